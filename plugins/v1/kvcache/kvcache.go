@@ -1,0 +1,283 @@
+// Package kvcache is version 1 of the cache-manager contract: the interface
+// the core holds for each pipeline stage, whether the manager runs in-process
+// or as a plugin over gRPC.
+//
+// A manager keeps metadata only (pools, block tables, prefix reuse, the
+// reservation ledger). KV memory lives in the worker; the manager hands out
+// block ids and copy plans.
+//
+// # The ledger
+//
+// Every sequence has a history (tokens whose KV is final; it only grows) and a
+// capacity (token slots backed by blocks). At every observable point
+// 0 <= history <= capacity. One step of a sequence is:
+//
+//	Reserve{Tokens: n, Draft: d}  capacity >= history + n + d (or a denial)
+//	Commit{Accepted: a}           a <= n + d; history += a; rejected drafts are
+//	                              released from the ledger, never from a width
+//	                              recomputed by the caller
+//
+// or Unreserve, which restores the state before Reserve exactly. Commit moves
+// only inside what Reserve allocated, so it cannot run out of memory.
+//
+// # Calls
+//
+// Calls are batch-granular: one call per stage per phase per step. The core
+// calls a manager from one goroutine at a time; managers need no locking of
+// their own. Slices passed in are owned by the caller and must not be retained;
+// slices returned are owned by the caller.
+package kvcache
+
+import (
+	"context"
+
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+)
+
+// ProtocolVersion is the contract version this package describes.
+const ProtocolVersion = 1
+
+// SeqID identifies one request's sequence; unique within an engine run.
+type SeqID uint64
+
+// BlockID is a block index inside one pool.
+type BlockID int32
+
+// Tier is where a pool's blocks live.
+type Tier string
+
+const (
+	TierDevice Tier = "device"
+	TierHost   Tier = "host"
+)
+
+// Info describes a manager before anything is configured.
+type Info struct {
+	Name         string
+	Version      string
+	Protocols    []int
+	Capabilities Capabilities
+}
+
+// Capabilities say what a manager can serve; a mismatch with the model is a
+// configuration error at startup.
+type Capabilities struct {
+	Mixers      []spec.Mixer // layer mixers whose buffers it can manage
+	PrefixReuse bool         // Lookup can return > 0
+	HostTier    bool         // Suspend and Resume work
+	SSMState    bool         // per-sequence state buffers (Mamba)
+	SSMReuse    bool         // prefix reuse of SSM state through snapshots
+}
+
+// SnapshotConfig places SSM snapshots (mamba_state_config).
+type SnapshotConfig struct {
+	Interval       int   // periodic_snapshot_interval in tokens; 0 = none
+	OffsetsFromEnd []int // additional_snapshot_offsets_from_end
+}
+
+// Config is everything a manager needs to lay out one stage's pools.
+type Config struct {
+	Stage  int // 0-based pipeline stage
+	Stages int // pipeline_parallel_size
+
+	Layers         []spec.Layer // this stage's layers with their per-rank buffers
+	TokensPerBlock int
+
+	DeviceBytes int64 // bytes of device memory this stage's cache may use (per rank)
+	HostBytes   int64 // host tier bytes; 0 = no host tier
+
+	MaxBatchSize   int // per micro-batch
+	MaxNumTokens   int // tokens per step
+	MaxSeqLen      int // prompt + output tokens of one request
+	MaxDraftTokens int // draft tokens reserved per generation step (MTP)
+
+	EnableBlockReuse bool
+	AvgSeqLen        int       // sizing hint only; 0 = unset
+	PoolRatio        []float64 // sizing hint only; nil = unset
+	Snapshots        SnapshotConfig
+}
+
+// Pool is one block pool of a layout.
+type Pool struct {
+	ID             int
+	Name           string // e.g. "full", "window-4096", "ssm"
+	Tier           Tier
+	Window         int   // attention window of its layers; 0 = full attention
+	Layers         []int // indexes into Config.Layers' Index values
+	TokensPerBlock int   // tokens per block; 0 for state pools (one block = one sequence state)
+	BlockBytes     int64 // bytes of one block over all its layers and buffers
+	Blocks         int
+}
+
+// Layout is a manager's answer to Configure.
+type Layout struct {
+	Pools []Pool
+	// MaxSeqTokens is the guaranteed capacity: the most tokens (history plus
+	// reservation) one sequence can hold when it is alone in the cache.
+	MaxSeqTokens int
+	// MaxSequences is the most resident sequences (state slots); 0 = unbounded.
+	MaxSequences int
+	Warnings     []string
+}
+
+// LookupItem asks how much of a prompt the cache already holds.
+type LookupItem struct {
+	Seq    SeqID
+	Prompt []int32
+}
+
+// ReserveItem asks for the capacity of one step of one sequence.
+type ReserveItem struct {
+	Seq SeqID
+	// Tokens is the number of tokens whose KV this step writes after history:
+	// a prefill chunk, or 1 in generation.
+	Tokens int
+	// Draft is the number of draft tokens written after Tokens (MTP).
+	Draft int
+	// Hold keeps capacity for this many tokens until Release, whatever
+	// Commit does (GUARANTEED_NO_EVICT reserves prompt + output + draft). 0 = none.
+	Hold int
+	// New marks the first reservation of a sequence.
+	New bool
+	// Prompt holds the prompt tokens (new sequences, when block reuse is on):
+	// full blocks of it are committed for reuse as history passes them.
+	Prompt []int32
+	// Reuse is the number of leading prompt tokens to take from the cache
+	// (new sequences only). It must not exceed what Lookup returned, and the
+	// sequence starts with history = Reuse.
+	Reuse int
+}
+
+// TableDelta replaces the tail of a block table: table = table[:From] ++ Blocks.
+type TableDelta struct {
+	Pool   int
+	From   int
+	Blocks []BlockID
+}
+
+// Copy asks the worker to copy one block (tier moves, snapshots, copy-on-write).
+type Copy struct {
+	SrcPool  int
+	SrcBlock BlockID
+	DstPool  int
+	DstBlock BlockID
+}
+
+// Grant is the answer to one ReserveItem. A denial (OK false) is a normal
+// answer, never an error, and leaves no trace in the manager.
+type Grant struct {
+	Seq    SeqID
+	OK     bool
+	Reason string // why it was denied, with the numbers
+	Tables []TableDelta
+	Copies []Copy
+}
+
+// CommitItem advances one sequence after a forward.
+type CommitItem struct {
+	Seq SeqID
+	// Accepted is the number of reserved tokens whose KV is now final: the
+	// step's Tokens plus the accepted drafts. Rejected drafts are released.
+	Accepted int
+}
+
+// CommitResult carries work the worker must do after a commit.
+type CommitResult struct {
+	Copies []Copy
+}
+
+// PoolStats counts one pool's blocks. Free + Cached + InUse == Total.
+type PoolStats struct {
+	Pool   int
+	Total  int
+	Free   int // unused, holding nothing
+	Cached int // unused by any sequence but holding reusable content (evictable)
+	InUse  int // referenced by at least one sequence
+}
+
+// SnapshotStats counts SSM snapshots (Mamba managers).
+type SnapshotStats struct {
+	Taken, Skipped, Evicted int64
+	ReusedTokens            int64
+}
+
+// Stats are cumulative counters since Configure.
+type Stats struct {
+	Pools          []PoolStats
+	Sequences      int
+	LookupTokens   int64 // prompt tokens looked up
+	ReusedTokens   int64 // prompt tokens taken from the cache by Reserve
+	Evictions      int64 // cached blocks evicted
+	Snapshots      SnapshotStats
+	SuspendedSeqs  int
+	ReserveDenials int64
+}
+
+// SeqState is one sequence's ledger as the manager sees it.
+type SeqState struct {
+	Seq       SeqID
+	History   int
+	Capacity  int
+	Reserved  int // tokens of the outstanding reservation (Tokens + Draft); 0 when none
+	Draft     int // drafts of the outstanding reservation
+	Hold      int
+	Suspended bool
+	Blocks    []int       // blocks held per pool, in Layout.Pools order
+	Tables    [][]BlockID // per pool; only with InspectOptions.Tables
+}
+
+// InspectOptions chooses how deep Inspect looks.
+type InspectOptions struct {
+	Tables bool // include block tables and reference counts (expensive)
+}
+
+// Snapshot is a debug view for invariant checks.
+type Snapshot struct {
+	Pools []PoolStats
+	Seqs  []SeqState
+	// RefCounts[pool][block] is the number of sequences referencing the block;
+	// only with InspectOptions.Tables.
+	RefCounts [][]int32
+	// Violations are the manager's own deep self-check findings; empty when sound.
+	Violations []string
+}
+
+// Manager is one pipeline stage's cache manager.
+//
+// Errors: every method may return a transport error (the plugin died:
+// ErrUnavailable). Per-item problems in Commit, Release and Unreserve are
+// reported as an *ItemError wrapped in the returned error after all valid
+// items were applied. ErrCorrupt means manager-wide state is broken and the
+// engine must stop.
+type Manager interface {
+	// Info describes the manager; it is called first, before Configure.
+	Info(ctx context.Context) (Info, error)
+	// Configure lays out the pools. It fails with ErrInvalidConfig, naming the
+	// numbers and the fix, when the budget cannot hold one MaxSeqLen request
+	// end to end or one MaxNumTokens chunk.
+	Configure(ctx context.Context, cfg Config) (Layout, error)
+	// Lookup returns, per item, how many leading prompt tokens could be taken
+	// from the cache now (a multiple of TokensPerBlock, at most len(Prompt)-1).
+	// It changes nothing.
+	Lookup(ctx context.Context, items []LookupItem) ([]int, error)
+	// Reserve grants or denies each item atomically over all pools. Items are
+	// processed in order; an earlier grant may cause a later denial.
+	Reserve(ctx context.Context, items []ReserveItem) ([]Grant, error)
+	// Unreserve undoes the outstanding reservation of each sequence exactly
+	// (a new sequence disappears).
+	Unreserve(ctx context.Context, seqs []SeqID) error
+	// Commit advances history; it never allocates and cannot run out of memory.
+	Commit(ctx context.Context, items []CommitItem) (CommitResult, error)
+	// Suspend moves sequences to the host tier (ErrUnsupported without one).
+	// A sequence that does not fit stays resident and is reported false.
+	Suspend(ctx context.Context, seqs []SeqID) ([]bool, []Copy, error)
+	// Resume brings suspended sequences back; false when they do not fit yet.
+	Resume(ctx context.Context, seqs []SeqID) ([]bool, []Copy, error)
+	// Release frees finished or preempted sequences; committed prompt blocks
+	// stay cached for reuse when block reuse is on.
+	Release(ctx context.Context, seqs []SeqID) error
+	// Stats returns cumulative counters.
+	Stats(ctx context.Context) (Stats, error)
+	// Inspect returns the ledger and pool accounting for invariant checks.
+	Inspect(ctx context.Context, opts InspectOptions) (Snapshot, error)
+}

@@ -1,0 +1,126 @@
+// Package worker is version 1 of the worker (attention backend) contract: the
+// interface the core holds for each pipeline stage's worker, in-process or as
+// a plugin over gRPC.
+//
+// A worker owns the KV memory of its stage and runs its layers on one device
+// (sim, cpu or cuda). It learns block tables from the deltas the cache
+// manager granted, writes each new token's KV where its table says, and hands
+// activations to the next stage. The last stage samples tokens and MTP drafts.
+//
+// Calls come from one goroutine at a time. Slices passed in are owned by the
+// caller and must not be retained; slices returned are owned by the caller.
+package worker
+
+import (
+	"context"
+
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+)
+
+// ProtocolVersion is the contract version this package describes.
+const ProtocolVersion = 1
+
+// Info describes a worker before it is configured.
+type Info struct {
+	Name      string
+	Version   string
+	Protocols []int
+	Device    string       // "sim", "cpu" or "cuda"
+	Mixers    []spec.Mixer // layer mixers it can run
+	// Memory of the device, when it has real memory (NVML on a GPU); 0 otherwise.
+	MemoryBytes int64
+	FreeBytes   int64
+}
+
+// Config tells a worker which part of which model to run.
+type Config struct {
+	Stage  int
+	Stages int
+	Model  spec.Model
+	First  int // this stage runs Model.Layers[First:Last]
+	Last   int
+	// Backend is the attention backend: "dsa", "mla" or "gqa".
+	Backend        string
+	Device         string // "sim", "cpu" or "cuda"
+	Hardware       spec.Hardware
+	TensorParallel int
+	WeightsDtype   string // "bf16", "fp8", "fp4", "w4afp8"
+	KVDtype        string // "bf16", "fp8"
+	Layout         kvcache.Layout
+	Seed           uint64
+	// Draft tokens proposed per step by the MTP head (last stage).
+	DraftTokens int
+	// DraftAcceptance is the probability that a draft is accepted, for
+	// devices without real sampling (sim). Real devices verify drafts.
+	DraftAcceptance float64
+}
+
+// Setup is a worker's answer to Configure.
+type Setup struct {
+	DeviceBytes int64 // memory it allocated for pools (0 on sim)
+	Notes       []string
+}
+
+// Item is one sequence's part of a step.
+type Item struct {
+	Seq kvcache.SeqID
+	// Pos is the sequence's history before this step: Tokens[0] sits at Pos.
+	Pos int
+	// Tokens are the token ids whose KV this step writes: a prefill chunk, or
+	// the last sampled token followed by Draft draft tokens.
+	Tokens []int32
+	Draft  int
+	// Sample asks the last stage to sample after the last non-draft token
+	// (the final prefill chunk, and every generation step).
+	Sample bool
+	// Tables are the block-table changes the manager granted for this step.
+	Tables []kvcache.TableDelta
+}
+
+// Batch is one micro-batch on one stage.
+type Batch struct {
+	Step  uint64
+	Items []Item
+	// Hidden holds the previous stage's activations (nil on stage 0); opaque.
+	Hidden []byte
+	// Released are sequences whose tables the worker may drop before this step.
+	Released []kvcache.SeqID
+	// Copies run before the forward (tier moves, snapshots, copy-on-write).
+	Copies []kvcache.Copy
+}
+
+// Output is what the last stage produced for one item that asked to sample.
+type Output struct {
+	Seq kvcache.SeqID
+	// Tokens are the accepted drafts followed by one sampled token, so
+	// len(Tokens)-1 drafts were accepted.
+	Tokens []int32
+	// Drafts are the MTP head's proposals for the next step.
+	Drafts []int32
+	// Logits of the last sampled position, on devices with real math (cpu,
+	// cuda) when the config asks for them; nil on sim.
+	Logits []float32
+}
+
+// Result is one stage's answer to Forward.
+type Result struct {
+	Hidden  []byte   // for the next stage; nil on the last stage
+	Outputs []Output // last stage only, in the order of the items that sampled
+	// Nanos is the device time of this forward: modelled on sim, measured on
+	// real devices.
+	Nanos    int64
+	Modelled bool
+}
+
+// Worker is one pipeline stage's worker.
+//
+// Errors: ErrUnavailable (kvcache.ErrUnavailable) when the plugin is gone; a
+// per-item problem is a *kvcache.Error with Seqs set.
+type Worker interface {
+	Info(ctx context.Context) (Info, error)
+	Configure(ctx context.Context, cfg Config) (Setup, error)
+	Forward(ctx context.Context, b Batch) (Result, error)
+	CopyBlocks(ctx context.Context, copies []kvcache.Copy) error
+	Health(ctx context.Context) error
+}
