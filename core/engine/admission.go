@@ -1,0 +1,144 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+)
+
+// admission is the scheduler's view of capacity: every call fans out to all
+// pipeline stages and the answer is the same on every stage, by construction.
+// A reservation is granted only when every stage grants it; a partial grant
+// is undone on the stages that granted.
+type admission struct {
+	e   *Engine
+	ctx context.Context
+}
+
+// Lookup returns, per request, the reusable prompt tokens on every stage:
+// the minimum over stages, so all stages reuse the same prefix.
+func (a admission) Lookup(ids []kvcache.SeqID) []int {
+	e := a.e
+	out := make([]int, len(ids))
+	if e.err != nil {
+		return out
+	}
+	items := make([]kvcache.LookupItem, len(ids))
+	for i, id := range ids {
+		items[i] = kvcache.LookupItem{Seq: id, Prompt: e.byID[id].tokens}
+	}
+	for s, st := range e.stages {
+		got, err := st.m.Lookup(a.ctx, items)
+		if err == nil && len(got) != len(items) {
+			err = fmt.Errorf("returned %d answers for %d items", len(got), len(items))
+		}
+		if err != nil {
+			e.err = fmt.Errorf("stage %d: lookup: %w", st.idx, err)
+			clear(out)
+			return out
+		}
+		for i, n := range got {
+			if s == 0 || n < out[i] {
+				out[i] = n
+			}
+		}
+	}
+	return out
+}
+
+// Reserve grants each ask on every stage or on none.
+func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
+	e := a.e
+	ok := make([]bool, len(asks))
+	if e.err != nil || len(asks) == 0 {
+		return ok
+	}
+	reuse := e.spec.Managers[0].EnableBlockReuse
+	for i := range asks {
+		ok[i] = true
+		if asks[i].New && reuse {
+			asks[i].Prompt = e.byID[asks[i].Seq].tokens
+		}
+	}
+	grants := make([][]kvcache.Grant, len(e.stages))
+	for s, st := range e.stages {
+		g, err := st.m.Reserve(a.ctx, asks)
+		if err == nil && len(g) != len(asks) {
+			err = fmt.Errorf("returned %d grants for %d asks", len(g), len(asks))
+		}
+		if err != nil {
+			e.err = fmt.Errorf("stage %d: reserve: %w", st.idx, err)
+			a.undo(grants[:s], asks, make([]bool, len(asks)))
+			clear(ok)
+			return ok
+		}
+		grants[s] = g
+		for i := range g {
+			if !g[i].OK {
+				ok[i] = false
+				e.log.Trace("reserve denied", "stage", st.idx, "seq", asks[i].Seq, "reason", g[i].Reason)
+			}
+		}
+	}
+	a.undo(grants, asks, ok)
+	if e.err != nil {
+		clear(ok)
+		return ok
+	}
+	for i, ask := range asks {
+		if !ok[i] {
+			continue
+		}
+		r := e.byID[ask.Seq]
+		if ask.New {
+			r.resident = true
+			r.history = ask.Reuse
+			e.resident++
+			if !r.admitted {
+				r.admitted = true
+				e.rep.Tokens.PrefixReused += int64(ask.Reuse)
+			}
+		}
+		for s, st := range e.stages {
+			if t := grants[s][i].Tables; len(t) > 0 {
+				st.deltas[ask.Seq] = append(st.deltas[ask.Seq], t...)
+			}
+			st.copies = append(st.copies, grants[s][i].Copies...)
+		}
+	}
+	return ok
+}
+
+// undo unreserves, on each stage of grants, the asks that stage granted but
+// that are not granted overall.
+func (a admission) undo(grants [][]kvcache.Grant, asks []kvcache.ReserveItem, ok []bool) {
+	e := a.e
+	for s, g := range grants {
+		var seqs []kvcache.SeqID
+		for i := range g {
+			if g[i].OK && !ok[i] {
+				seqs = append(seqs, asks[i].Seq)
+			}
+		}
+		if len(seqs) == 0 {
+			continue
+		}
+		if err := e.stages[s].m.Unreserve(a.ctx, seqs); err != nil && e.err == nil {
+			e.err = fmt.Errorf("stage %d: unreserve: %w", s, err)
+		}
+	}
+}
+
+// Release frees sequences on every stage: preempted requests (recomputed
+// when admitted again) or rejected ones. The loop counts preemptions from
+// the step's Preempted list.
+func (a admission) Release(ids []kvcache.SeqID) {
+	e := a.e
+	if e.err != nil {
+		return
+	}
+	if err := e.release(a.ctx, ids); err != nil {
+		e.err = err
+	}
+}

@@ -1,0 +1,610 @@
+// Package engine is the executor: it owns the step loop that drives the
+// scheduler, the per-stage cache managers and the per-stage workers, keeps
+// the (simulated or measured) clock, checks the managers' invariants, and
+// produces a report.
+//
+// The engine talks only to kvcache.Manager and worker.Worker values; it
+// cannot tell an in-process implementation from a plugin.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvx-dev/kvx/core/report"
+	"github.com/kvx-dev/kvx/core/sched"
+	"github.com/kvx-dev/kvx/core/workload"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+// Launcher makes a stage's manager and worker. The engine calls it at start
+// and again to replace a plugin that died.
+type Launcher interface {
+	Manager(ctx context.Context, stage int) (kvcache.Manager, error)
+	Worker(ctx context.Context, stage int) (worker.Worker, error)
+}
+
+// Spec is a fully resolved run: every number is decided before Run starts.
+type Spec struct {
+	Variant  string
+	Setup    report.Setup
+	Hardware spec.Hardware
+	Hidden   int // model hidden size, for the inter-stage transfer time
+
+	Managers []kvcache.Config // one per pipeline stage
+	Workers  []worker.Config  // one per pipeline stage; Layout is filled in by Run
+	Sched    sched.Config     // MaxSeqTokens is filled in by Run from the layouts
+
+	// CheckEvery inspects the managers after every CheckEvery-th commit (0 = never);
+	// DeepEvery adds block tables and reference counts every DeepEvery-th check.
+	CheckEvery int
+	DeepEvery  int
+
+	Workload workload.Workload
+	// Progress receives a progress bar; nil for none.
+	Progress io.Writer
+	Log      hclog.Logger
+}
+
+// ErrInvariant reports a broken manager invariant; the run stops.
+var ErrInvariant = errors.New("manager invariant violated")
+
+// request is the engine's record of one request.
+type request struct {
+	id       kvcache.SeqID
+	arrival  int64
+	prompt   int
+	maxNew   int
+	tokens   []int32 // prompt followed by generated tokens
+	drafts   []int32 // draft proposals from the last sample
+	history  int     // KV tokens committed on every stage
+	resident bool    // the managers hold a sequence for it
+	admitted bool    // first admission happened
+	reserved bool    // an outstanding reservation exists (in flight)
+	firstTok int64   // simulated ns of the first token; -1 before
+	finish   int64
+	preempts int
+	state    reqState
+	reason   string
+}
+
+type reqState uint8
+
+const (
+	stPending reqState = iota // not yet arrived
+	stActive                  // in the scheduler
+	stDone
+	stRejected
+	stFailed
+)
+
+// stage is one pipeline stage's plugins and pending work for its worker.
+type stage struct {
+	idx      int
+	m        kvcache.Manager
+	w        worker.Worker
+	layout   kvcache.Layout
+	released []kvcache.SeqID
+	copies   []kvcache.Copy
+	deltas   map[kvcache.SeqID][]kvcache.TableDelta
+	free     int64 // simulated ns when the stage can take the next micro-batch
+	peak     float64
+}
+
+// microBatch is a scheduled step in flight through the pipeline.
+type microBatch struct {
+	step    uint64
+	items   []sched.Item
+	outputs map[kvcache.SeqID]worker.Output
+	done    int64
+}
+
+// Engine runs one Spec.
+type Engine struct {
+	spec   Spec
+	launch Launcher
+	log    hclog.Logger
+	stages []*stage
+	sched  *sched.Scheduler
+	reqs   []*request // by arrival order
+	byID   map[kvcache.SeqID]*request
+
+	now      int64 // simulated ns
+	steps    uint64
+	commits  int64
+	inflight []*microBatch
+	next     int // next request of reqs to hand to the scheduler
+	active   int // handed to the scheduler and not finished
+	resident int // requests whose sequences the managers hold
+	err      error
+	rep      report.Report
+	modelled bool
+	started  time.Time
+	bar      *progress
+}
+
+// Run builds the engine (configures every stage) and runs the workload to the
+// end. The report is returned also when err != nil, describing how far it got.
+func Run(ctx context.Context, s Spec, l Launcher) (report.Report, error) {
+	e := &Engine{spec: s, launch: l, log: s.Log, byID: map[kvcache.SeqID]*request{}}
+	if e.log == nil {
+		e.log = hclog.NewNullLogger()
+	}
+	e.rep.Variant = s.Variant
+	e.rep.Config = s.Setup
+	e.started = time.Now()
+	err := e.setup(ctx)
+	if err == nil {
+		err = e.loop(ctx)
+	}
+	e.finishReport(ctx)
+	if err != nil && e.rep.Error == "" {
+		e.rep.Error = err.Error()
+	}
+	return e.rep, err
+}
+
+// setup launches and configures every stage, then the scheduler.
+func (e *Engine) setup(ctx context.Context) error {
+	n := len(e.spec.Managers)
+	if n == 0 || len(e.spec.Workers) != n {
+		return fmt.Errorf("engine: %d manager configs and %d worker configs; need one of each per stage", n, len(e.spec.Workers))
+	}
+	maxSeq := 0
+	for i := range n {
+		st := &stage{idx: i, deltas: map[kvcache.SeqID][]kvcache.TableDelta{}}
+		if err := e.startStage(ctx, st); err != nil {
+			return err
+		}
+		e.stages = append(e.stages, st)
+		if i == 0 || st.layout.MaxSeqTokens < maxSeq {
+			maxSeq = st.layout.MaxSeqTokens
+		}
+	}
+	sc := e.spec.Sched
+	sc.MaxSeqTokens = maxSeq
+	sch, err := sched.New(sc)
+	if err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	e.sched = sch
+	for _, r := range e.spec.Workload.Requests {
+		req := &request{
+			id: kvcache.SeqID(r.ID), arrival: r.Arrival, prompt: len(r.Prompt), maxNew: r.OutputLen,
+			tokens: r.Prompt, firstTok: -1,
+		}
+		e.reqs = append(e.reqs, req)
+		e.byID[req.id] = req
+	}
+	if e.spec.Workload.Concurrency == 0 {
+		slices.SortStableFunc(e.reqs, func(a, b *request) int { return cmpInt64(a.arrival, b.arrival) })
+	}
+	e.rep.Requests.Total = len(e.reqs)
+	if e.spec.Progress != nil {
+		e.bar = newProgress(e.spec.Progress, len(e.reqs), e.spec.Variant)
+	}
+	return nil
+}
+
+// startStage launches (or relaunches) a stage's plugins and configures them.
+func (e *Engine) startStage(ctx context.Context, st *stage) error {
+	i := st.idx
+	m, err := e.launch.Manager(ctx, i)
+	if err != nil {
+		return fmt.Errorf("stage %d: cache manager: %w", i, err)
+	}
+	info, err := m.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("stage %d: cache manager info: %w", i, err)
+	}
+	if err := checkCapabilities(info, e.spec.Managers[i]); err != nil {
+		return fmt.Errorf("stage %d: %w", i, err)
+	}
+	layout, err := m.Configure(ctx, e.spec.Managers[i])
+	if err != nil {
+		return fmt.Errorf("stage %d: configure %s: %w", i, info.Name, err)
+	}
+	for _, w := range layout.Warnings {
+		e.log.Warn("cache manager", "stage", i, "warning", w)
+	}
+	w, err := e.launch.Worker(ctx, i)
+	if err != nil {
+		return fmt.Errorf("stage %d: worker: %w", i, err)
+	}
+	wc := e.spec.Workers[i]
+	wc.Layout = layout
+	if _, err := w.Configure(ctx, wc); err != nil {
+		return fmt.Errorf("stage %d: configure worker: %w", i, err)
+	}
+	st.m, st.w, st.layout = m, w, layout
+	return nil
+}
+
+// checkCapabilities refuses a manager that cannot hold the stage's layers.
+func checkCapabilities(info kvcache.Info, cfg kvcache.Config) error {
+	for _, l := range cfg.Layers {
+		if !l.HasCache() {
+			continue
+		}
+		if !slices.Contains(info.Capabilities.Mixers, l.Mixer) {
+			return fmt.Errorf("cache manager %s cannot serve layer %d (mixer %q); it supports %v", info.Name, l.Index, l.Mixer, info.Capabilities.Mixers)
+		}
+	}
+	if cfg.EnableBlockReuse && !info.Capabilities.PrefixReuse {
+		return fmt.Errorf("cache manager %s has no prefix reuse; set kv_cache_config.enable_block_reuse: false", info.Name)
+	}
+	return nil
+}
+
+// loop is the discrete-event step loop. Simulated time advances to when the
+// first stage can take a micro-batch; micro-batches commit when their last
+// stage finishes; at most one micro-batch per pipeline stage is in flight.
+func (e *Engine) loop(ctx context.Context) error {
+	pp := len(e.stages)
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if e.err != nil {
+			return e.err
+		}
+		e.now = max(e.now, e.stages[0].free)
+		if err := e.completeUpTo(ctx, e.now); err != nil {
+			return err
+		}
+		e.admitArrivals()
+		if len(e.inflight) >= pp {
+			e.now = e.inflight[0].done
+			continue
+		}
+		step := e.sched.Schedule(admission{e, ctx})
+		if e.err != nil {
+			return e.err
+		}
+		e.handleRejected(step.Rejected)
+		for _, id := range step.Preempted {
+			r := e.byID[id]
+			r.preempts++
+			r.drafts = r.drafts[:0]
+			e.rep.Requests.Preemptions++
+		}
+		if len(step.Items) == 0 {
+			switch {
+			case len(e.inflight) > 0:
+				e.now = max(e.now, e.inflight[0].done)
+			case e.next < len(e.reqs) && e.spec.Workload.Concurrency == 0:
+				e.now = max(e.now, e.reqs[e.next].arrival)
+			case e.sched.Idle() && e.next >= len(e.reqs):
+				return nil
+			case e.sched.Idle():
+				// Closed loop with nothing active: admitArrivals adds more next turn.
+				if e.active == 0 && !e.canAdmitMore() {
+					return fmt.Errorf("engine: %d requests never handed to the scheduler", len(e.reqs)-e.next)
+				}
+			default:
+				return fmt.Errorf("engine: scheduler made no progress at step %d with %d waiting and %d running requests", e.steps, e.sched.Waiting(), e.sched.Running())
+			}
+			continue
+		}
+		mb, err := e.forward(ctx, step.Items)
+		if err != nil {
+			return err
+		}
+		e.inflight = append(e.inflight, mb)
+		slices.SortStableFunc(e.inflight, func(a, b *microBatch) int { return cmpInt64(a.done, b.done) })
+	}
+}
+
+// admitArrivals hands arrived requests to the scheduler: by timestamp in an
+// open loop, or keeping Concurrency requests active in a closed loop.
+func (e *Engine) admitArrivals() {
+	for e.next < len(e.reqs) {
+		r := e.reqs[e.next]
+		if c := e.spec.Workload.Concurrency; c > 0 {
+			if e.active >= c {
+				return
+			}
+			r.arrival = e.now
+		} else if r.arrival > e.now {
+			return
+		}
+		e.next++
+		e.active++
+		r.state = stActive
+		e.sched.Add(sched.Request{ID: r.id, Prompt: r.prompt, MaxNew: r.maxNew})
+	}
+}
+
+func (e *Engine) canAdmitMore() bool {
+	c := e.spec.Workload.Concurrency
+	return e.next < len(e.reqs) && (c == 0 || e.active < c)
+}
+
+func (e *Engine) handleRejected(rs []sched.Rejection) {
+	for _, rj := range rs {
+		r := e.byID[rj.ID]
+		if r == nil || r.state != stActive {
+			continue
+		}
+		r.state, r.reason = stRejected, rj.Reason
+		e.active--
+		e.rep.Requests.Rejections = append(e.rep.Requests.Rejections, report.Rejection{ID: uint64(rj.ID), Reason: rj.Reason})
+		e.bar.tick(e)
+	}
+}
+
+// forward runs one micro-batch through every stage and schedules its
+// completion on the simulated clock.
+func (e *Engine) forward(ctx context.Context, items []sched.Item) (*microBatch, error) {
+	e.steps++
+	mb := &microBatch{step: e.steps, items: items}
+	wItems := make([]worker.Item, len(items))
+	tokens := 0
+	for i, it := range items {
+		r := e.byID[it.ID]
+		toks := make([]int32, 0, it.Tokens+it.Draft)
+		toks = append(toks, r.tokens[it.Pos:it.Pos+it.Tokens]...)
+		for d := range it.Draft {
+			var t int32
+			if d < len(r.drafts) {
+				t = r.drafts[d]
+			}
+			toks = append(toks, t)
+		}
+		wItems[i] = worker.Item{Seq: it.ID, Pos: it.Pos, Tokens: toks, Draft: it.Draft, Sample: it.Sample}
+		tokens += len(toks)
+		if it.Prefill && r.preempts > 0 {
+			e.rep.Tokens.Recomputed += int64(it.Tokens)
+		}
+		if it.Draft > 0 {
+			e.rep.Tokens.DraftProposed += int64(it.Draft)
+		}
+		r.reserved = true
+	}
+	var hidden []byte
+	prevEnd := e.now
+	var last worker.Result
+	for _, st := range e.stages {
+		for i := range wItems {
+			wItems[i].Tables = st.deltas[wItems[i].Seq]
+		}
+		b := worker.Batch{Step: mb.step, Items: wItems, Hidden: hidden, Released: st.released, Copies: st.copies}
+		res, err := st.w.Forward(ctx, b)
+		if err != nil {
+			return nil, fmt.Errorf("stage %d: forward step %d: %w", st.idx, mb.step, err)
+		}
+		st.released, st.copies = st.released[:0], st.copies[:0]
+		clear(st.deltas)
+		e.modelled = res.Modelled
+		start := max(prevEnd, st.free)
+		if st.idx > 0 {
+			start = max(prevEnd+e.transferNanos(tokens), st.free)
+		}
+		st.free = start + res.Nanos
+		prevEnd = st.free
+		hidden = res.Hidden
+		last = res
+	}
+	mb.done = prevEnd
+	mb.outputs = make(map[kvcache.SeqID]worker.Output, len(last.Outputs))
+	for _, o := range last.Outputs {
+		mb.outputs[o.Seq] = o
+	}
+	return mb, nil
+}
+
+// transferNanos is the simulated time to hand activations to the next stage.
+func (e *Engine) transferNanos(tokens int) int64 {
+	bw := e.spec.Hardware.NVLinkBW
+	if bw <= 0 {
+		return 0
+	}
+	return int64(float64(tokens*e.spec.Hidden*2) / bw * 1e9)
+}
+
+// completeUpTo commits every in-flight micro-batch that finished by t.
+func (e *Engine) completeUpTo(ctx context.Context, t int64) error {
+	for len(e.inflight) > 0 && e.inflight[0].done <= t {
+		mb := e.inflight[0]
+		e.inflight = e.inflight[1:]
+		if err := e.complete(ctx, mb); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// complete commits one micro-batch on every stage, advances the scheduler,
+// releases finished requests and checks invariants.
+func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
+	commits := make([]kvcache.CommitItem, 0, len(mb.items))
+	emits := make([][]int32, len(mb.items))
+	sampled := make([]int, len(mb.items)) // before capping at the request's output length
+	for i, it := range mb.items {
+		r := e.byID[it.ID]
+		accepted := it.Tokens
+		if it.Sample {
+			out, ok := mb.outputs[it.ID]
+			if !ok || len(out.Tokens) == 0 {
+				return fmt.Errorf("step %d: last stage returned no output for request %d", mb.step, it.ID)
+			}
+			if it.Prefill && len(out.Tokens) != 1 {
+				return fmt.Errorf("step %d: request %d: prefill sampled %d tokens, want 1", mb.step, it.ID, len(out.Tokens))
+			}
+			acc := len(out.Tokens) - 1
+			if acc > it.Draft {
+				return fmt.Errorf("step %d: request %d: %d drafts accepted of %d proposed", mb.step, it.ID, acc, it.Draft)
+			}
+			accepted += acc
+			e.rep.Tokens.DraftAccepted += int64(acc)
+			emit := out.Tokens
+			sampled[i] = len(emit)
+			if rem := r.maxNew - (len(r.tokens) - r.prompt); len(emit) > rem {
+				emit = emit[:rem]
+			}
+			emits[i] = emit
+			r.drafts = append(r.drafts[:0], out.Drafts...)
+		}
+		commits = append(commits, kvcache.CommitItem{Seq: it.ID, Accepted: accepted})
+	}
+	for _, st := range e.stages {
+		res, err := st.m.Commit(ctx, commits)
+		if err != nil {
+			return fmt.Errorf("stage %d: commit step %d: %w", st.idx, mb.step, err)
+		}
+		st.copies = append(st.copies, res.Copies...)
+	}
+	var finished []kvcache.SeqID
+	for i, it := range mb.items {
+		r := e.byID[it.ID]
+		r.reserved = false
+		r.history += commits[i].Accepted
+		r.tokens = append(r.tokens, emits[i]...)
+		if len(emits[i]) > 0 && r.firstTok < 0 {
+			r.firstTok = mb.done
+		}
+		e.rep.Tokens.Generated += int64(len(emits[i]))
+		if e.sched.Complete(it.ID, commits[i].Accepted, sampled[i]) {
+			r.state, r.finish = stDone, mb.done
+			e.active--
+			finished = append(finished, it.ID)
+			e.bar.tick(e)
+		}
+	}
+	if len(finished) > 0 {
+		if err := e.release(ctx, finished); err != nil {
+			return err
+		}
+	}
+	e.commits++
+	if c := e.spec.CheckEvery; c > 0 && e.commits%int64(c) == 0 {
+		if err := e.check(ctx); err != nil {
+			return err
+		}
+	}
+	e.bar.update(e)
+	return nil
+}
+
+// release frees sequences on every stage and tells the workers.
+func (e *Engine) release(ctx context.Context, ids []kvcache.SeqID) error {
+	for _, st := range e.stages {
+		if err := st.m.Release(ctx, ids); err != nil {
+			return fmt.Errorf("stage %d: release: %w", st.idx, err)
+		}
+		st.released = append(st.released, ids...)
+		for _, id := range ids {
+			delete(st.deltas, id)
+		}
+	}
+	for _, id := range ids {
+		r := e.byID[id]
+		if r.resident {
+			e.resident--
+		}
+		r.resident, r.history, r.reserved = false, 0, false
+	}
+	return nil
+}
+
+// finishReport fills in the figures that are known only at the end.
+func (e *Engine) finishReport(ctx context.Context) {
+	rep := &e.rep
+	rep.Engine.Steps = int64(e.steps)
+	rep.Engine.WallS = time.Since(e.started).Seconds()
+	rep.Engine.Modelled = e.modelled
+	rep.Engine.Uncalibrated = e.spec.Hardware.Uncalibrated && e.modelled
+	var ttft, tpot, e2e []float64
+	digest := xxh3.New()
+	var buf [4]byte
+	var end int64
+	for _, r := range e.reqs {
+		rep.Tokens.Prompt += int64(r.prompt)
+		switch r.state {
+		case stDone:
+			rep.Requests.Completed++
+			ttft = append(ttft, float64(r.firstTok-r.arrival)/1e6)
+			e2e = append(e2e, float64(r.finish-r.arrival)/1e6)
+			if n := len(r.tokens) - r.prompt; n > 1 {
+				tpot = append(tpot, float64(r.finish-r.firstTok)/1e6/float64(n-1))
+			}
+			end = max(end, r.finish)
+		case stRejected:
+			rep.Requests.Rejected++
+		case stFailed:
+			rep.Requests.Failed++
+		}
+		for _, t := range r.tokens[r.prompt:] {
+			buf[0], buf[1], buf[2], buf[3] = byte(t), byte(t>>8), byte(t>>16), byte(t>>24)
+			digest.Write(buf[:])
+		}
+		buf = [4]byte{0xff, 0xff, 0xff, 0xff} // request separator
+		digest.Write(buf[:])
+	}
+	rep.Outputs.Digest = fmt.Sprintf("%016x", digest.Sum64())
+	rep.Latency = report.Latency{
+		TTFTP50: report.Percentile(ttft, 50), TTFTP99: report.Percentile(ttft, 99),
+		TPOTP50: report.Percentile(tpot, 50), TPOTP99: report.Percentile(tpot, 99),
+		E2EP50: report.Percentile(e2e, 50),
+	}
+	if end > 0 {
+		s := float64(end) / 1e9
+		rep.Throughput = report.Throughput{
+			OutputTokensPerS: float64(rep.Tokens.Generated) / s,
+			RequestsPerS:     float64(rep.Requests.Completed) / s,
+			SimulatedS:       s,
+		}
+	}
+	if rep.Tokens.Prompt > 0 {
+		rep.Tokens.HitRate = float64(rep.Tokens.PrefixReused) / float64(rep.Tokens.Prompt)
+	}
+	rep.KV.Stages = rep.KV.Stages[:0]
+	var snaps report.Snapshots
+	hasSnaps := false
+	for _, st := range e.stages {
+		u := report.StageUsage{Stage: st.idx, PeakUsage: st.peak, MaxSeqTokens: st.layout.MaxSeqTokens}
+		for _, p := range st.layout.Pools {
+			u.Pools = append(u.Pools, report.Pool{Name: p.Name, Tier: string(p.Tier), Blocks: p.Blocks, BlockBytes: p.BlockBytes, Tokens: p.TokensPerBlock})
+		}
+		if st.m != nil {
+			if info, err := st.m.Info(ctx); err == nil {
+				u.Manager = info.Name + " " + info.Version
+			}
+			if s, err := st.m.Stats(ctx); err == nil {
+				u.Evictions = s.Evictions
+				if s.Snapshots != (kvcache.SnapshotStats{}) {
+					hasSnaps = true
+					snaps.Taken += s.Snapshots.Taken
+					snaps.Skipped += s.Snapshots.Skipped
+					snaps.Evicted += s.Snapshots.Evicted
+					snaps.ReusedTokens += s.Snapshots.ReusedTokens
+				}
+			}
+		}
+		rep.KV.Stages = append(rep.KV.Stages, u)
+		rep.KV.PeakUsage = max(rep.KV.PeakUsage, st.peak)
+	}
+	if hasSnaps {
+		rep.Snapshots = &snaps
+	}
+	e.bar.finish(e)
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

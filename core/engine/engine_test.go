@@ -1,0 +1,235 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
+	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/core/engine"
+	"github.com/kvx-dev/kvx/core/hw"
+	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/core/report"
+	"github.com/kvx-dev/kvx/core/sched"
+	"github.com/kvx-dev/kvx/core/workload"
+	"github.com/kvx-dev/kvx/dsa"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+// inproc launches fresh in-process managers and workers.
+type inproc struct {
+	manager func() kvcache.Manager
+	worker  func() worker.Worker
+}
+
+func (l inproc) Manager(context.Context, int) (kvcache.Manager, error) { return l.manager(), nil }
+func (l inproc) Worker(context.Context, int) (worker.Worker, error)    { return l.worker(), nil }
+
+// testSpec is DeepSeek-V3.2 with MTP on PP stages with a small cache budget.
+type testSpec struct {
+	pp          int
+	draft       int
+	reuse       bool
+	policy      sched.Policy
+	cacheTokens int // tokens of cache per stage
+	reqs        workload.Workload
+	maxSeqLen   int
+}
+
+func buildSpec(t *testing.T, ts testSpec) engine.Spec {
+	t.Helper()
+	m, err := model.Load("deepseek-v3.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ts.draft == 0 {
+		m.Layers = m.Layers[:len(m.Layers)-m.NumNextN]
+		m.NumNextN = 0
+	}
+	if err := model.FillBuffers(&m, model.Dtypes{KV: "fp8"}, 8); err != nil {
+		t.Fatal(err)
+	}
+	h, err := hw.Lookup("h200")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stages, err := model.SplitStages(m, ts.pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const tpb, maxTokens, batch = 32, 512, 8
+	s := engine.Spec{Variant: "test", Hardware: h, Hidden: m.Hidden, CheckEvery: 1, DeepEvery: 4, Workload: ts.reqs}
+	for i, st := range stages {
+		var perTok int64
+		for _, l := range m.Layers[st[0]:st[1]] {
+			for _, b := range l.Buffers {
+				perTok += b.BytesPerToken
+			}
+		}
+		s.Managers = append(s.Managers, kvcache.Config{
+			Stage: i, Stages: ts.pp, Layers: m.Layers[st[0]:st[1]], TokensPerBlock: tpb,
+			DeviceBytes: perTok * int64(ts.cacheTokens), MaxBatchSize: batch, MaxNumTokens: maxTokens,
+			MaxSeqLen: ts.maxSeqLen, MaxDraftTokens: ts.draft, EnableBlockReuse: ts.reuse,
+		})
+		s.Workers = append(s.Workers, worker.Config{
+			Stage: i, Stages: ts.pp, Model: m, First: st[0], Last: st[1], Backend: "dsa", Device: "sim",
+			Hardware: h, TensorParallel: 8, WeightsDtype: "fp8", KVDtype: "fp8", Seed: 7,
+			DraftTokens: ts.draft, DraftAcceptance: 0.6,
+		})
+	}
+	s.Sched = sched.Config{
+		MaxBatchSize: batch, MaxResident: batch * ts.pp, MaxNumTokens: maxTokens, MaxSeqLen: ts.maxSeqLen,
+		ChunkedPrefill: true, TokensPerBlock: tpb, Draft: ts.draft, Reuse: ts.reuse, Policy: ts.policy,
+	}
+	return s
+}
+
+func genWorkload(t *testing.T, n int, shared int) workload.Workload {
+	t.Helper()
+	w, err := workload.GenerateWorkload(workload.GenOptions{
+		Requests: n, PromptMin: 300, PromptMax: 900, OutputMin: 5, OutputMax: 60,
+		SharedPrefix: shared, SharedGroups: 2, Seed: 3, Rate: 50,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func v1Launcher() engine.Launcher {
+	return inproc{
+		manager: func() kvcache.Manager { return cachemgrv1.New() },
+		worker:  func() worker.Worker { return device.NewWorker(dsa.Backend) },
+	}
+}
+
+func runSpec(t *testing.T, s engine.Spec, l engine.Launcher) report.Report {
+	t.Helper()
+	rep, err := engine.Run(context.Background(), s, l)
+	if err != nil {
+		t.Fatalf("Run: %v\nviolations: %v", err, rep.Invariants.First)
+	}
+	return rep
+}
+
+// TestRunCompletesEveryRequest runs the whole path — scheduler, atomic
+// admission over stages, commits with MTP drafts, invariant checks — and
+// checks the accounting of the report.
+func TestRunCompletesEveryRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		pp     int
+		draft  int
+		reuse  bool
+		policy sched.Policy
+		cache  int
+	}{
+		{"pp1", 1, 0, false, sched.GuaranteedNoEvict, 1 << 16},
+		{"pp2-mtp-reuse", 2, 1, true, sched.GuaranteedNoEvict, 1 << 16},
+		{"pp2-mtp-tight-maxutil", 2, 1, true, sched.MaxUtilization, 2600},
+		{"pp3-mtp2-tight-gne", 3, 2, false, sched.GuaranteedNoEvict, 2600},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wl := genWorkload(t, 40, 256)
+			s := buildSpec(t, testSpec{pp: tc.pp, draft: tc.draft, reuse: tc.reuse, policy: tc.policy, cacheTokens: tc.cache, reqs: wl, maxSeqLen: 2048})
+			rep := runSpec(t, s, v1Launcher())
+			if rep.Requests.Completed != len(wl.Requests) || rep.Requests.Failed != 0 || rep.Requests.Rejected != 0 {
+				t.Fatalf("requests = %+v, want all %d completed", rep.Requests, len(wl.Requests))
+			}
+			var want int64
+			for _, r := range wl.Requests {
+				want += int64(r.OutputLen)
+			}
+			if rep.Tokens.Generated != want {
+				t.Errorf("generated %d tokens, want %d", rep.Tokens.Generated, want)
+			}
+			if rep.Invariants.Violations != 0 || rep.Invariants.CheckedSteps == 0 || rep.Invariants.DeepChecks == 0 {
+				t.Errorf("invariants = %+v, want checks and no violation", rep.Invariants)
+			}
+			if tc.reuse && rep.Tokens.PrefixReused == 0 {
+				t.Errorf("prefix_reused = 0 with block reuse on and shared prefixes")
+			}
+			if !tc.reuse && rep.Tokens.PrefixReused != 0 {
+				t.Errorf("prefix_reused = %d with block reuse off", rep.Tokens.PrefixReused)
+			}
+			if tc.draft > 0 && (rep.Tokens.DraftProposed == 0 || rep.Tokens.DraftAccepted == 0) {
+				t.Errorf("drafts proposed %d accepted %d, want both > 0", rep.Tokens.DraftProposed, rep.Tokens.DraftAccepted)
+			}
+			if rep.Latency.TTFTP50 <= 0 || rep.Throughput.OutputTokensPerS <= 0 {
+				t.Errorf("latency %+v throughput %+v, want > 0", rep.Latency, rep.Throughput)
+			}
+			if tc.name == "pp2-mtp-tight-maxutil" && rep.Requests.Preemptions == 0 {
+				t.Errorf("no preemption in a cache of %d tokens with 16 resident requests", tc.cache)
+			}
+		})
+	}
+}
+
+// TestOutputsIndependentOfManagerState: the same workload gives the same
+// generated tokens whatever the cache pressure, reuse and pipeline split,
+// because the sim worker samples from (seed, request, position).
+func TestOutputsIndependentOfManagerState(t *testing.T) {
+	wl := genWorkload(t, 30, 256)
+	var digests []string
+	for _, ts := range []testSpec{
+		{pp: 1, draft: 1, reuse: false, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 16},
+		{pp: 2, draft: 1, reuse: true, policy: sched.MaxUtilization, cacheTokens: 2600},
+		{pp: 4, draft: 1, reuse: true, policy: sched.GuaranteedNoEvict, cacheTokens: 4096},
+	} {
+		ts.reqs, ts.maxSeqLen = wl, 2048
+		rep := runSpec(t, buildSpec(t, ts), v1Launcher())
+		digests = append(digests, rep.Outputs.Digest)
+	}
+	for i := 1; i < len(digests); i++ {
+		if digests[i] != digests[0] {
+			t.Fatalf("outputs digest %d = %s, want %s (variant 0)", i, digests[i], digests[0])
+		}
+	}
+}
+
+// TestRejectsWhatCannotFit: a request longer than max_seq_len is rejected
+// with its numbers; the rest complete.
+func TestRejectsWhatCannotFit(t *testing.T) {
+	wl := genWorkload(t, 6, 0)
+	wl.Requests[2].OutputLen = 5000
+	s := buildSpec(t, testSpec{pp: 2, draft: 1, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048})
+	rep := runSpec(t, s, v1Launcher())
+	if rep.Requests.Rejected != 1 || rep.Requests.Completed != 5 {
+		t.Fatalf("requests = %+v, want 1 rejected and 5 completed", rep.Requests)
+	}
+	if rj := rep.Requests.Rejections[0]; rj.ID != wl.Requests[2].ID || rj.Reason == "" {
+		t.Errorf("rejection = %+v, want request %d with a reason", rj, wl.Requests[2].ID)
+	}
+}
+
+// lying wraps a manager and corrupts its Inspect answer: the engine must
+// notice a stage whose history disagrees with what was committed.
+type lying struct{ kvcache.Manager }
+
+func (l lying) Inspect(ctx context.Context, o kvcache.InspectOptions) (kvcache.Snapshot, error) {
+	s, err := l.Manager.Inspect(ctx, o)
+	if len(s.Seqs) > 0 {
+		s.Seqs[0].History++
+		s.Seqs[0].Capacity++
+	}
+	return s, err
+}
+
+func TestInvariantViolationStopsTheRun(t *testing.T) {
+	wl := genWorkload(t, 4, 0)
+	s := buildSpec(t, testSpec{pp: 2, draft: 1, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048})
+	l := inproc{
+		manager: func() kvcache.Manager { return lying{cachemgrv1.New()} },
+		worker:  func() worker.Worker { return device.NewWorker(dsa.Backend) },
+	}
+	rep, err := engine.Run(context.Background(), s, l)
+	if !errors.Is(err, engine.ErrInvariant) {
+		t.Fatalf("Run error = %v, want ErrInvariant", err)
+	}
+	if rep.Invariants.Violations == 0 || len(rep.Invariants.First) == 0 {
+		t.Errorf("report invariants = %+v, want the violation recorded", rep.Invariants)
+	}
+}
+

@@ -1,0 +1,271 @@
+// Package report holds the result of one engine run (a variant) and renders
+// reports as JSON for machines and as side-by-side tables for people.
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+// Report is the outcome of one run. Times are simulated on the sim device and
+// measured on real devices (Engine.Modelled says which).
+type Report struct {
+	Variant    string     `json:"variant"`
+	Config     Setup      `json:"config"`
+	Requests   Requests   `json:"requests"`
+	Tokens     Tokens     `json:"tokens"`
+	KV         KV         `json:"kv"`
+	Latency    Latency    `json:"latency_ms"`
+	Throughput Throughput `json:"throughput"`
+	Invariants Invariants `json:"invariants"`
+	Engine     Engine     `json:"engine"`
+	Snapshots  *Snapshots `json:"snapshots,omitempty"`
+	Outputs    Outputs    `json:"outputs"`
+	// Error is set when the run stopped early (engine failure, invariant broken).
+	Error string `json:"error,omitempty"`
+}
+
+// Setup records what ran.
+type Setup struct {
+	Model        string `json:"model"`
+	CacheManager string `json:"cache_manager"`
+	Backend      string `json:"attention_backend"`
+	Device       string `json:"device"`
+	Hardware     string `json:"hardware"`
+	Isolation    string `json:"isolation"`
+	Policy       string `json:"capacity_scheduler_policy"`
+	PP           int    `json:"pipeline_parallel_size"`
+	TP           int    `json:"tensor_parallel_size"`
+	Draft        int    `json:"draft_tokens"`
+	BlockReuse   bool   `json:"enable_block_reuse"`
+}
+
+type Requests struct {
+	Total       int         `json:"total"`
+	Completed   int         `json:"completed"`
+	Rejected    int         `json:"rejected"`
+	Failed      int         `json:"failed"`
+	Preemptions int         `json:"preemptions"`
+	Rejections  []Rejection `json:"rejections"`
+	Failures    []Rejection `json:"failures,omitempty"`
+}
+
+// Rejection names a request that was refused or failed, and why.
+type Rejection struct {
+	ID     uint64 `json:"id"`
+	Reason string `json:"reason"`
+}
+
+type Tokens struct {
+	Prompt       int64 `json:"prompt"`
+	Generated    int64 `json:"generated"`
+	PrefixReused int64 `json:"prefix_reused"`
+	Recomputed   int64 `json:"recomputed"`
+	// HitRate is PrefixReused / Prompt.
+	HitRate float64 `json:"hit_rate"`
+	// DraftAccepted / DraftProposed is the MTP acceptance.
+	DraftProposed int64 `json:"draft_proposed"`
+	DraftAccepted int64 `json:"draft_accepted"`
+}
+
+type KV struct {
+	PeakUsage float64      `json:"peak_usage"`
+	Stages    []StageUsage `json:"stages"`
+}
+
+// StageUsage describes one pipeline stage's cache.
+type StageUsage struct {
+	Stage        int     `json:"stage"`
+	PeakUsage    float64 `json:"peak_usage"`
+	Pools        []Pool  `json:"pools"`
+	MaxSeqTokens int     `json:"max_seq_tokens"`
+	Evictions    int64   `json:"evictions"`
+	Manager      string  `json:"manager"`
+}
+
+// Pool is one pool of a stage's layout.
+type Pool struct {
+	Name       string `json:"name"`
+	Tier       string `json:"tier"`
+	Blocks     int    `json:"blocks"`
+	BlockBytes int64  `json:"block_bytes"`
+	Tokens     int    `json:"tokens_per_block"`
+}
+
+type Latency struct {
+	TTFTP50 float64 `json:"ttft_p50"`
+	TTFTP99 float64 `json:"ttft_p99"`
+	TPOTP50 float64 `json:"tpot_p50"`
+	TPOTP99 float64 `json:"tpot_p99"`
+	E2EP50  float64 `json:"e2e_p50"`
+}
+
+type Throughput struct {
+	OutputTokensPerS float64 `json:"output_tokens_per_s"`
+	RequestsPerS     float64 `json:"requests_per_s"`
+	SimulatedS       float64 `json:"simulated_s"`
+}
+
+type Invariants struct {
+	CheckedSteps int64    `json:"checked_steps"`
+	DeepChecks   int64    `json:"deep_checks"`
+	Violations   int      `json:"violations"`
+	First        []string `json:"first,omitempty"`
+}
+
+type Engine struct {
+	Steps          int64   `json:"steps"`
+	WallS          float64 `json:"wall_s"`
+	PluginRestarts int     `json:"plugin_restarts"`
+	Modelled       bool    `json:"modelled"`
+	Uncalibrated   bool    `json:"uncalibrated"`
+}
+
+// Snapshots are SSM snapshot counters (Mamba managers), summed over stages.
+type Snapshots struct {
+	Taken        int64 `json:"taken"`
+	Skipped      int64 `json:"skipped"`
+	Evicted      int64 `json:"evicted"`
+	ReusedTokens int64 `json:"reused_tokens"`
+}
+
+// Outputs summarises generated tokens: Digest is a hash of every request's
+// generated tokens in request order, equal across variants when outputs are.
+type Outputs struct {
+	Digest string `json:"digest"`
+}
+
+// Percentile returns the p-th percentile (0..100) of xs by nearest rank; 0 for none.
+// xs is sorted in place.
+func Percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	sort.Float64s(xs)
+	rank := int(math.Ceil(p/100*float64(len(xs)))) - 1
+	rank = max(0, min(rank, len(xs)-1))
+	return xs[rank]
+}
+
+// WriteJSON writes one report, or a list for several.
+func WriteJSON(w io.Writer, rs []Report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if len(rs) == 1 {
+		return enc.Encode(rs[0])
+	}
+	return enc.Encode(rs)
+}
+
+// row is one line of the side-by-side table.
+type row struct {
+	name string
+	val  func(r *Report) string
+}
+
+var rows = []row{
+	{"cache manager", func(r *Report) string { return r.Config.CacheManager }},
+	{"backend / device", func(r *Report) string { return r.Config.Backend + " / " + r.Config.Device }},
+	{"policy", func(r *Report) string { return r.Config.Policy }},
+	{"requests total", func(r *Report) string { return itoa(r.Requests.Total) }},
+	{"  completed", func(r *Report) string { return itoa(r.Requests.Completed) }},
+	{"  rejected", func(r *Report) string { return itoa(r.Requests.Rejected) }},
+	{"  failed", func(r *Report) string { return itoa(r.Requests.Failed) }},
+	{"  preemptions", func(r *Report) string { return itoa(r.Requests.Preemptions) }},
+	{"prompt tokens", func(r *Report) string { return i64(r.Tokens.Prompt) }},
+	{"  prefix reused", func(r *Report) string {
+		return fmt.Sprintf("%s (%.1f%%)", i64(r.Tokens.PrefixReused), 100*r.Tokens.HitRate)
+	}},
+	{"  recomputed", func(r *Report) string { return i64(r.Tokens.Recomputed) }},
+	{"generated tokens", func(r *Report) string { return i64(r.Tokens.Generated) }},
+	{"draft acceptance", func(r *Report) string {
+		if r.Tokens.DraftProposed == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f%%", 100*float64(r.Tokens.DraftAccepted)/float64(r.Tokens.DraftProposed))
+	}},
+	{"kv peak usage", func(r *Report) string {
+		parts := make([]string, len(r.KV.Stages))
+		for i, s := range r.KV.Stages {
+			parts[i] = fmt.Sprintf("%.0f%%", 100*s.PeakUsage)
+		}
+		return strings.Join(parts, " / ")
+	}},
+	{"kv tokens per seq (max)", func(r *Report) string {
+		parts := make([]string, len(r.KV.Stages))
+		for i, s := range r.KV.Stages {
+			parts[i] = itoa(s.MaxSeqTokens)
+		}
+		return strings.Join(parts, " / ")
+	}},
+	{"ttft p50 / p99 ms", func(r *Report) string { return fmt.Sprintf("%.0f / %.0f", r.Latency.TTFTP50, r.Latency.TTFTP99) }},
+	{"tpot p50 / p99 ms", func(r *Report) string { return fmt.Sprintf("%.2f / %.2f", r.Latency.TPOTP50, r.Latency.TPOTP99) }},
+	{"output tok/s", func(r *Report) string { return fmt.Sprintf("%.0f", r.Throughput.OutputTokensPerS) }},
+	{"simulated time s", func(r *Report) string { return fmt.Sprintf("%.1f", r.Throughput.SimulatedS) }},
+	{"snapshots taken/skipped", func(r *Report) string {
+		if r.Snapshots == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%d / %d", r.Snapshots.Taken, r.Snapshots.Skipped)
+	}},
+	{"invariant checks", func(r *Report) string { return i64(r.Invariants.CheckedSteps) }},
+	{"violations", func(r *Report) string { return itoa(r.Invariants.Violations) }},
+	{"engine steps", func(r *Report) string { return i64(r.Engine.Steps) }},
+	{"plugin restarts", func(r *Report) string { return itoa(r.Engine.PluginRestarts) }},
+	{"wall time s", func(r *Report) string { return fmt.Sprintf("%.2f", r.Engine.WallS) }},
+	{"outputs digest", func(r *Report) string { return r.Outputs.Digest }},
+	{"error", func(r *Report) string {
+		if r.Error == "" {
+			return "-"
+		}
+		return r.Error
+	}},
+}
+
+// WriteTable prints the reports side by side, one column per variant.
+func WriteTable(w io.Writer, rs []Report) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "variant")
+	for i := range rs {
+		fmt.Fprintf(tw, "\t%s", rs[i].Variant)
+	}
+	fmt.Fprintln(tw)
+	for _, rw := range rows {
+		fmt.Fprint(tw, rw.name)
+		for i := range rs {
+			fmt.Fprintf(tw, "\t%s", rw.val(&rs[i]))
+		}
+		fmt.Fprintln(tw)
+	}
+	if len(rs) > 0 && rs[0].Engine.Modelled {
+		fmt.Fprintln(tw, "times are simulated by an uncalibrated roofline cost model")
+	}
+	return tw.Flush()
+}
+
+func itoa(n int) string { return i64(int64(n)) }
+
+// i64 formats with thousands separators.
+func i64(n int64) string {
+	s := fmt.Sprint(n)
+	neg := strings.HasPrefix(s, "-")
+	if neg {
+		s = s[1:]
+	}
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
