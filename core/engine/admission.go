@@ -34,7 +34,7 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 			err = fmt.Errorf("returned %d answers for %d items", len(got), len(items))
 		}
 		if err != nil {
-			e.err = fmt.Errorf("stage %d: lookup: %w", st.idx, err)
+			e.err = stageErr(st.idx, "lookup", err)
 			clear(out)
 			return out
 		}
@@ -68,7 +68,7 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 			err = fmt.Errorf("returned %d grants for %d asks", len(g), len(asks))
 		}
 		if err != nil {
-			e.err = fmt.Errorf("stage %d: reserve: %w", st.idx, err)
+			e.err = stageErr(st.idx, "reserve", err)
 			a.undo(grants[:s], asks, make([]bool, len(asks)))
 			clear(ok)
 			return ok
@@ -125,7 +125,7 @@ func (a admission) undo(grants [][]kvcache.Grant, asks []kvcache.ReserveItem, ok
 			continue
 		}
 		if err := e.stages[s].m.Unreserve(a.ctx, seqs); err != nil && e.err == nil {
-			e.err = fmt.Errorf("stage %d: unreserve: %w", s, err)
+			e.err = stageErr(s, "unreserve", err)
 		}
 	}
 }

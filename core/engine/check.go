@@ -24,7 +24,7 @@ func (e *Engine) check(ctx context.Context) error {
 	for _, st := range e.stages {
 		snap, err := st.m.Inspect(ctx, kvcache.InspectOptions{Tables: deep})
 		if err != nil {
-			return fmt.Errorf("stage %d: inspect: %w", st.idx, err)
+			return stageErr(st.idx, "inspect", err)
 		}
 		v = append(v, e.checkStage(st, &snap, deep)...)
 	}

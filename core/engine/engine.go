@@ -245,63 +245,80 @@ func checkCapabilities(info kvcache.Info, cfg kvcache.Config) error {
 	return nil
 }
 
+// errDone ends the loop.
+var errDone = errors.New("done")
+
 // loop is the discrete-event step loop. Simulated time advances to when the
 // first stage can take a micro-batch; micro-batches commit when their last
 // stage finishes; at most one micro-batch per pipeline stage is in flight.
+// A plugin that dies is restarted and every request recomputed.
 func (e *Engine) loop(ctx context.Context) error {
-	pp := len(e.stages)
 	for {
-		if err := ctx.Err(); err != nil {
-			return err
+		err := e.iterate(ctx)
+		if err == errDone {
+			return nil
 		}
-		if e.err != nil {
-			return e.err
-		}
-		e.now = max(e.now, e.stages[0].free)
-		if err := e.completeUpTo(ctx, e.now); err != nil {
-			return err
-		}
-		e.admitArrivals()
-		if len(e.inflight) >= pp {
-			e.now = e.inflight[0].done
+		if err == nil {
 			continue
 		}
-		step := e.sched.Schedule(admission{e, ctx})
-		if e.err != nil {
-			return e.err
-		}
-		e.handleRejected(step.Rejected)
-		for _, id := range step.Preempted {
-			r := e.byID[id]
-			r.preempts++
-			r.drafts = r.drafts[:0]
-			e.rep.Requests.Preemptions++
-		}
-		if len(step.Items) == 0 {
-			switch {
-			case len(e.inflight) > 0:
-				e.now = max(e.now, e.inflight[0].done)
-			case e.next < len(e.reqs) && e.spec.Workload.Concurrency == 0:
-				e.now = max(e.now, e.reqs[e.next].arrival)
-			case e.sched.Idle() && e.next >= len(e.reqs):
-				return nil
-			case e.sched.Idle():
-				// Closed loop with nothing active: admitArrivals adds more next turn.
-				if e.active == 0 && !e.canAdmitMore() {
-					return fmt.Errorf("engine: %d requests never handed to the scheduler", len(e.reqs)-e.next)
-				}
-			default:
-				return fmt.Errorf("engine: scheduler made no progress at step %d with %d waiting and %d running requests", e.steps, e.sched.Waiting(), e.sched.Running())
-			}
-			continue
-		}
-		mb, err := e.forward(ctx, step.Items)
-		if err != nil {
+		dead, ok := deadStage(err)
+		if !ok || ctx.Err() != nil {
 			return err
 		}
-		e.inflight = append(e.inflight, mb)
-		slices.SortStableFunc(e.inflight, func(a, b *microBatch) int { return cmpInt64(a.done, b.done) })
+		if err := e.recoverStage(ctx, dead, err); err != nil {
+			return err
+		}
+		e.err = nil
 	}
+}
+
+// iterate schedules and forwards at most one micro-batch.
+func (e *Engine) iterate(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	e.now = max(e.now, e.stages[0].free)
+	if err := e.completeUpTo(ctx, e.now); err != nil {
+		return err
+	}
+	e.admitArrivals()
+	if len(e.inflight) >= len(e.stages) {
+		e.now = e.inflight[0].done
+		return nil
+	}
+	step := e.sched.Schedule(admission{e, ctx})
+	if e.err != nil {
+		return e.err
+	}
+	e.handleRejected(step.Rejected)
+	for _, id := range step.Preempted {
+		r := e.byID[id]
+		r.preempts++
+		r.drafts = r.drafts[:0]
+		e.rep.Requests.Preemptions++
+	}
+	if len(step.Items) == 0 {
+		switch {
+		case len(e.inflight) > 0:
+			e.now = max(e.now, e.inflight[0].done)
+		case e.next < len(e.reqs) && e.spec.Workload.Concurrency == 0:
+			e.now = max(e.now, e.reqs[e.next].arrival)
+		case e.sched.Idle() && e.next >= len(e.reqs):
+			return errDone
+		case e.sched.Idle() && e.canAdmitMore():
+			// Closed loop: admitArrivals adds more on the next turn.
+		default:
+			return fmt.Errorf("engine: scheduler made no progress at step %d with %d waiting and %d running requests", e.steps, e.sched.Waiting(), e.sched.Running())
+		}
+		return nil
+	}
+	mb, err := e.forward(ctx, step.Items)
+	if err != nil || mb == nil {
+		return err
+	}
+	e.inflight = append(e.inflight, mb)
+	slices.SortStableFunc(e.inflight, func(a, b *microBatch) int { return cmpInt64(a.done, b.done) })
+	return nil
 }
 
 // admitArrivals hands arrived requests to the scheduler: by timestamp in an
@@ -343,10 +360,35 @@ func (e *Engine) handleRejected(rs []sched.Rejection) {
 }
 
 // forward runs one micro-batch through every stage and schedules its
-// completion on the simulated clock.
+// completion on the simulated clock. Items a worker refuses (a
+// request-scoped error) fail alone and the rest run again from the first
+// stage; table deltas are idempotent, so a repeat is safe. It returns nil
+// when no item is left.
 func (e *Engine) forward(ctx context.Context, items []sched.Item) (*microBatch, error) {
 	e.steps++
-	mb := &microBatch{step: e.steps, items: items}
+	mb := &microBatch{step: e.steps}
+	for {
+		var err error
+		items, err = e.forwardOnce(ctx, mb, items)
+		if err == nil {
+			return mb, nil
+		}
+		bad := itemSeqs(err)
+		if len(bad) == 0 {
+			return nil, err
+		}
+		if ferr := e.failRequests(ctx, bad, true, err.Error()); ferr != nil {
+			return nil, ferr
+		}
+		items = slices.DeleteFunc(items, func(it sched.Item) bool { return slices.Contains(bad, it.ID) })
+		if len(items) == 0 {
+			return nil, nil
+		}
+	}
+}
+
+func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.Item) ([]sched.Item, error) {
+	mb.items = items
 	wItems := make([]worker.Item, len(items))
 	tokens := 0
 	for i, it := range items {
@@ -362,17 +404,11 @@ func (e *Engine) forward(ctx context.Context, items []sched.Item) (*microBatch, 
 		}
 		wItems[i] = worker.Item{Seq: it.ID, Pos: it.Pos, Tokens: toks, Draft: it.Draft, Sample: it.Sample}
 		tokens += len(toks)
-		if it.Prefill && r.preempts > 0 {
-			e.rep.Tokens.Recomputed += int64(it.Tokens)
-		}
-		if it.Draft > 0 {
-			e.rep.Tokens.DraftProposed += int64(it.Draft)
-		}
-		r.reserved = true
 	}
 	var hidden []byte
 	prevEnd := e.now
 	var last worker.Result
+	free := make([]int64, len(e.stages))
 	for _, st := range e.stages {
 		for i := range wItems {
 			wItems[i].Tables = st.deltas[wItems[i].Seq]
@@ -380,26 +416,40 @@ func (e *Engine) forward(ctx context.Context, items []sched.Item) (*microBatch, 
 		b := worker.Batch{Step: mb.step, Items: wItems, Hidden: hidden, Released: st.released, Copies: st.copies}
 		res, err := st.w.Forward(ctx, b)
 		if err != nil {
-			return nil, fmt.Errorf("stage %d: forward step %d: %w", st.idx, mb.step, err)
+			return items, stageErr(st.idx, fmt.Sprintf("forward step %d", mb.step), err)
 		}
 		st.released, st.copies = st.released[:0], st.copies[:0]
-		clear(st.deltas)
 		e.modelled = res.Modelled
 		start := max(prevEnd, st.free)
 		if st.idx > 0 {
 			start = max(prevEnd+e.transferNanos(tokens), st.free)
 		}
-		st.free = start + res.Nanos
-		prevEnd = st.free
+		free[st.idx] = start + res.Nanos
+		prevEnd = free[st.idx]
 		hidden = res.Hidden
 		last = res
+	}
+	// The micro-batch ran on every stage: account for it.
+	for i, st := range e.stages {
+		st.free = free[i]
+		for _, it := range items {
+			delete(st.deltas, it.ID)
+		}
+	}
+	for _, it := range items {
+		r := e.byID[it.ID]
+		if it.Prefill && r.preempts > 0 {
+			e.rep.Tokens.Recomputed += int64(it.Tokens)
+		}
+		e.rep.Tokens.DraftProposed += int64(it.Draft)
+		r.reserved = true
 	}
 	mb.done = prevEnd
 	mb.outputs = make(map[kvcache.SeqID]worker.Output, len(last.Outputs))
 	for _, o := range last.Outputs {
 		mb.outputs[o.Seq] = o
 	}
-	return mb, nil
+	return items, nil
 }
 
 // transferNanos is the simulated time to hand activations to the next stage.
@@ -456,16 +506,30 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 		}
 		commits = append(commits, kvcache.CommitItem{Seq: it.ID, Accepted: accepted})
 	}
+	var bad []kvcache.SeqID
 	for _, st := range e.stages {
 		res, err := st.m.Commit(ctx, commits)
+		if seqs := itemSeqs(err); len(seqs) > 0 {
+			// The valid items were applied; the refused ones fail alone.
+			bad = append(bad, seqs...)
+			err = nil
+		}
 		if err != nil {
-			return fmt.Errorf("stage %d: commit step %d: %w", st.idx, mb.step, err)
+			return stageErr(st.idx, fmt.Sprintf("commit step %d", mb.step), err)
 		}
 		st.copies = append(st.copies, res.Copies...)
+	}
+	if len(bad) > 0 {
+		if err := e.failRequests(ctx, bad, true, fmt.Sprintf("commit refused at step %d", mb.step)); err != nil {
+			return err
+		}
 	}
 	var finished []kvcache.SeqID
 	for i, it := range mb.items {
 		r := e.byID[it.ID]
+		if r.state != stActive {
+			continue // failed above
+		}
 		r.reserved = false
 		r.history += commits[i].Accepted
 		r.tokens = append(r.tokens, emits[i]...)
@@ -499,7 +563,7 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 func (e *Engine) release(ctx context.Context, ids []kvcache.SeqID) error {
 	for _, st := range e.stages {
 		if err := st.m.Release(ctx, ids); err != nil {
-			return fmt.Errorf("stage %d: release: %w", st.idx, err)
+			return stageErr(st.idx, "release", err)
 		}
 		st.released = append(st.released, ids...)
 		for _, id := range ids {

@@ -624,6 +624,29 @@ func (s *Scheduler) fail(r *req, reason string) {
 	s.rejected = append(s.rejected, Rejection{ID: r.ID, Reason: reason})
 }
 
+// RequeueAll returns every admitted request, in flight or not, to the front
+// of the waiting queue in admission order, for recompute from scratch: the
+// executor lost their caches (a plugin died) and releases them itself, so the
+// scheduler calls no Capacity method. Requests aborted while in flight are
+// forgotten; failures not yet reported stay reported by the next Schedule.
+// It returns the requeued ids.
+func (s *Scheduler) RequeueAll() []kvcache.SeqID {
+	ids := make([]kvcache.SeqID, 0, len(s.running))
+	front := make([]*req, 0, len(s.running)+len(s.waiting))
+	for _, r := range s.running {
+		r.inFlight, r.inBatch, r.running = false, false, false
+		r.history, r.order = 0, 0
+		front = append(front, r)
+		ids = append(ids, r.ID)
+	}
+	s.running = s.running[:0]
+	s.inFlight = 0
+	clear(s.aborted)
+	s.toRelease = s.toRelease[:0]
+	s.waiting = append(front, s.waiting...)
+	return ids
+}
+
 // Abort forgets a request in any state (a request-scoped failure, a client
 // that went away, a stop token). The executor releases its capacity if it was
 // admitted: at once when no item of it is in flight, else after the

@@ -1,0 +1,116 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/kvx-dev/kvx/core/report"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+)
+
+// MaxRestarts bounds plugin restarts in one run: a plugin that keeps dying
+// stops the engine (non-zero exit) instead of looping forever.
+const MaxRestarts = 8
+
+// stageError is an error of one stage's plugin call.
+type stageError struct {
+	stage int
+	op    string
+	err   error
+}
+
+func (e *stageError) Error() string { return fmt.Sprintf("stage %d: %s: %v", e.stage, e.op, e.err) }
+func (e *stageError) Unwrap() error { return e.err }
+
+func stageErr(stage int, op string, err error) error {
+	return &stageError{stage: stage, op: op, err: err}
+}
+
+// deadStage returns the stage whose plugin went away, if err says so.
+func deadStage(err error) (int, bool) {
+	var se *stageError
+	if errors.As(err, &se) && errors.Is(se.err, kvcache.ErrUnavailable) {
+		return se.stage, true
+	}
+	return 0, false
+}
+
+// itemSeqs returns the requests a request-scoped error is about.
+func itemSeqs(err error) []kvcache.SeqID {
+	var ke *kvcache.Error
+	if errors.As(err, &ke) && ke.Kind == kvcache.KindInvalidArg {
+		return ke.Seqs
+	}
+	return nil
+}
+
+// recoverStage restarts the plugins of a stage that died and recomputes every
+// request: micro-batches in flight are dropped, every resident sequence is
+// released on the other stages, and the scheduler requeues every admitted
+// request at the front. Generated tokens are kept; nothing is lost.
+func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error {
+	if e.rep.Engine.PluginRestarts >= MaxRestarts {
+		return fmt.Errorf("%d plugin restarts, giving up: %w", e.rep.Engine.PluginRestarts, cause)
+	}
+	e.rep.Engine.PluginRestarts++
+	e.log.Warn("plugin died; restarting it and recomputing every request", "stage", dead, "error", cause)
+	if err := e.startStage(ctx, e.stages[dead]); err != nil {
+		return fmt.Errorf("restart after %v: %w", cause, err)
+	}
+	var resident []kvcache.SeqID
+	for _, r := range e.reqs {
+		if r.resident {
+			resident = append(resident, r.id)
+		}
+		r.resident, r.reserved, r.history = false, false, 0
+		r.drafts = r.drafts[:0]
+	}
+	e.resident = 0
+	e.inflight = e.inflight[:0]
+	for _, st := range e.stages {
+		clear(st.deltas)
+		st.copies = st.copies[:0]
+		st.released = append(st.released[:0], resident...)
+		if st.idx == dead || len(resident) == 0 {
+			continue
+		}
+		if err := st.m.Release(ctx, resident); err != nil {
+			return fmt.Errorf("stage %d: release after restart of stage %d: %w", st.idx, dead, err)
+		}
+	}
+	for _, id := range e.sched.RequeueAll() {
+		r := e.byID[id]
+		r.preempts++
+		e.rep.Requests.Preemptions++
+	}
+	return nil
+}
+
+// failRequests ends requests with a request-scoped error: the scheduler
+// forgets them, their sequences are released, the report names them, and
+// the engine goes on.
+func (e *Engine) failRequests(ctx context.Context, ids []kvcache.SeqID, inFlight bool, reason string) error {
+	var release []kvcache.SeqID
+	for _, id := range ids {
+		r := e.byID[id]
+		if r == nil || r.state != stActive {
+			continue
+		}
+		e.sched.Abort(id)
+		if inFlight {
+			e.sched.Complete(id, 0, 0) // ends the in-flight state of the aborted request
+		}
+		r.state, r.reason = stFailed, reason
+		e.active--
+		e.rep.Requests.Failures = append(e.rep.Requests.Failures, report.Rejection{ID: uint64(id), Reason: reason})
+		if r.resident {
+			release = append(release, id)
+		}
+		e.bar.tick(e)
+	}
+	if len(release) == 0 {
+		return nil
+	}
+	return e.release(ctx, release)
+}

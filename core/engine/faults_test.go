@@ -1,0 +1,123 @@
+package engine_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
+	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/core/engine"
+	"github.com/kvx-dev/kvx/core/sched"
+	"github.com/kvx-dev/kvx/dsa"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+// refusingWorker fails every forward that contains request bad, with a
+// request-scoped error, as a worker does for an item it cannot run.
+type refusingWorker struct {
+	worker.Worker
+	bad kvcache.SeqID
+}
+
+func (w refusingWorker) Forward(ctx context.Context, b worker.Batch) (worker.Result, error) {
+	for _, it := range b.Items {
+		if it.Seq == w.bad {
+			return worker.Result{}, kvcache.ItemErrorf([]kvcache.SeqID{w.bad}, "request %d: injected fault", w.bad)
+		}
+	}
+	return w.Worker.Forward(ctx, b)
+}
+
+// TestOneBadRequestFailsAlone: a request the worker refuses fails with its
+// reason; every other request completes and no invariant breaks.
+func TestOneBadRequestFailsAlone(t *testing.T) {
+	wl := genWorkload(t, 12, 128)
+	bad := kvcache.SeqID(wl.Requests[4].ID)
+	s := buildSpec(t, testSpec{pp: 2, draft: 1, reuse: true, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048})
+	l := inproc{
+		manager: func() kvcache.Manager { return cachemgrv1.New() },
+		worker:  func() worker.Worker { return refusingWorker{device.NewWorker(dsa.Backend), bad} },
+	}
+	rep := runSpec(t, s, l)
+	if rep.Requests.Failed != 1 || rep.Requests.Completed != 11 {
+		t.Fatalf("requests = %+v, want 1 failed and 11 completed", rep.Requests)
+	}
+	if f := rep.Requests.Failures[0]; f.ID != uint64(bad) || f.Reason == "" {
+		t.Errorf("failure = %+v, want request %d with a reason", f, bad)
+	}
+	if rep.Invariants.Violations != 0 {
+		t.Errorf("violations = %v", rep.Invariants.First)
+	}
+}
+
+// dyingManager answers like a dead plugin (ErrUnavailable) from its n-th
+// Commit on, the way the gRPC client does once the process is gone.
+type dyingManager struct {
+	kvcache.Manager
+	commits *atomic.Int64
+	dieAt   int64
+}
+
+func (m dyingManager) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.CommitResult, error) {
+	if m.commits.Add(1) >= m.dieAt {
+		return kvcache.CommitResult{}, kvcache.Errorf(kvcache.KindUnavailable, "plugin process exited")
+	}
+	return m.Manager.Commit(ctx, items)
+}
+
+// TestDeadPluginIsRestartedAndNothingIsLost: a stage's manager dies mid-run;
+// the engine starts a new one, recomputes every request, and every request
+// completes with the same outputs as an undisturbed run.
+func TestDeadPluginIsRestartedAndNothingIsLost(t *testing.T) {
+	wl := genWorkload(t, 16, 128)
+	ts := testSpec{pp: 2, draft: 1, reuse: true, policy: sched.MaxUtilization, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048}
+	clean := runSpec(t, buildSpec(t, ts), v1Launcher())
+
+	var launches atomic.Int64
+	l := inproc{
+		manager: func() kvcache.Manager {
+			n := launches.Add(1)
+			if n == 2 { // the second stage's first manager dies at its 40th commit
+				return dyingManager{cachemgrv1.New(), new(atomic.Int64), 40}
+			}
+			return cachemgrv1.New()
+		},
+		worker: func() worker.Worker { return device.NewWorker(dsa.Backend) },
+	}
+	rep := runSpec(t, buildSpec(t, ts), l)
+	if rep.Engine.PluginRestarts != 1 {
+		t.Errorf("plugin restarts = %d, want 1", rep.Engine.PluginRestarts)
+	}
+	if rep.Requests.Completed != len(wl.Requests) || rep.Requests.Failed != 0 {
+		t.Fatalf("requests = %+v, want all %d completed", rep.Requests, len(wl.Requests))
+	}
+	if rep.Outputs.Digest != clean.Outputs.Digest {
+		t.Errorf("outputs digest %s after a restart, %s without", rep.Outputs.Digest, clean.Outputs.Digest)
+	}
+	if rep.Tokens.Recomputed == 0 {
+		t.Errorf("recomputed = 0 after a restart")
+	}
+	if rep.Invariants.Violations != 0 {
+		t.Errorf("violations = %v", rep.Invariants.First)
+	}
+}
+
+// TestPluginThatKeepsDyingStopsTheEngine: restarts are bounded; the run ends
+// with an error (a non-zero exit) instead of looping.
+func TestPluginThatKeepsDyingStopsTheEngine(t *testing.T) {
+	wl := genWorkload(t, 8, 0)
+	ts := testSpec{pp: 1, draft: 0, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048}
+	l := inproc{
+		manager: func() kvcache.Manager { return dyingManager{cachemgrv1.New(), new(atomic.Int64), 3} },
+		worker:  func() worker.Worker { return device.NewWorker(dsa.Backend) },
+	}
+	rep, err := engine.Run(context.Background(), buildSpec(t, ts), l)
+	if err == nil {
+		t.Fatal("Run succeeded with a manager that dies every third commit")
+	}
+	if rep.Engine.PluginRestarts != engine.MaxRestarts {
+		t.Errorf("plugin restarts = %d, want %d", rep.Engine.PluginRestarts, engine.MaxRestarts)
+	}
+}
