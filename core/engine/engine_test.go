@@ -232,4 +232,3 @@ func TestInvariantViolationStopsTheRun(t *testing.T) {
 		t.Errorf("report invariants = %+v, want the violation recorded", rep.Invariants)
 	}
 }
-
