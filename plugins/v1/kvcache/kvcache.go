@@ -245,10 +245,12 @@ type Snapshot struct {
 // Manager is one pipeline stage's cache manager.
 //
 // Errors: every method may return a transport error (the plugin died:
-// ErrUnavailable). Per-item problems in Commit, Release and Unreserve are
-// reported as an *ItemError wrapped in the returned error after all valid
-// items were applied. ErrCorrupt means manager-wide state is broken and the
-// engine must stop.
+// ErrUnavailable). Per-item problems in Commit, Release, Unreserve, Suspend
+// and Resume are reported, after every valid item was applied, as one
+// *Error of KindInvalidArg whose Seqs lists the refused sequences; a
+// refused item changes nothing. A bad Reserve item is a denial whose Reason
+// starts with "invalid:". ErrCorrupt means manager-wide state is broken and
+// the engine must stop.
 type Manager interface {
 	// Info describes the manager; it is called first, before Configure.
 	Info(ctx context.Context) (Info, error)
@@ -263,8 +265,9 @@ type Manager interface {
 	// Reserve grants or denies each item atomically over all pools. Items are
 	// processed in order; an earlier grant may cause a later denial.
 	Reserve(ctx context.Context, items []ReserveItem) ([]Grant, error)
-	// Unreserve undoes the outstanding reservation of each sequence exactly
-	// (a new sequence disappears).
+	// Unreserve undoes the outstanding reservation of each sequence exactly:
+	// its ledger and block table are as before Reserve (a new sequence
+	// disappears). Cached blocks evicted to make room stay evicted.
 	Unreserve(ctx context.Context, seqs []SeqID) error
 	// Commit advances history; it never allocates and cannot run out of memory.
 	Commit(ctx context.Context, items []CommitItem) (CommitResult, error)
@@ -272,6 +275,8 @@ type Manager interface {
 	// A sequence that does not fit stays resident and is reported false.
 	Suspend(ctx context.Context, seqs []SeqID) ([]bool, []Copy, error)
 	// Resume brings suspended sequences back; false when they do not fit yet.
+	// The new block ids reach the worker in the sequence's next Grant.Tables.
+	// Suspending a sequence with an outstanding reservation is refused.
 	Resume(ctx context.Context, seqs []SeqID) ([]bool, []Copy, error)
 	// Release frees finished or preempted sequences; committed prompt blocks
 	// stay cached for reuse when block reuse is on.

@@ -1,0 +1,284 @@
+package cachemgrv2
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+)
+
+// Inspect implements kvcache.Manager. Sequences come in SeqID order. With
+// Tables, each device pool's table lists the sequence's device blocks in
+// logical order (blocks on the host tier left out) and each host pool's table
+// its host blocks; RefCounts are the pools' reference counts. Violations come
+// from a deep self-check that recomputes every count (see check).
+func (m *Manager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
+	if err := m.ready(ctx, "Inspect"); err != nil {
+		return kvcache.Snapshot{}, err
+	}
+	var snap kvcache.Snapshot
+	for _, p := range m.pools {
+		snap.Pools = append(snap.Pools, p.Stats())
+	}
+	for _, id := range m.seqIDs() {
+		s := m.seqs[id]
+		st := kvcache.SeqState{
+			Seq: id, History: s.led.History, Capacity: s.led.Capacity, Hold: s.led.Hold,
+			Suspended: s.suspended, Blocks: make([]int, len(m.pools)),
+		}
+		if s.led.Reserved {
+			st.Reserved, st.Draft = s.led.Tokens+s.led.Draft, s.led.Draft
+		}
+		if opts.Tables {
+			st.Tables = make([][]kvcache.BlockID, len(m.pools))
+		}
+		for g := range m.dev {
+			dev := present(s.tables[g])
+			st.Blocks[g] = len(dev)
+			if opts.Tables {
+				st.Tables[g] = dev
+			}
+			if m.host != nil {
+				h := present(s.host[g])
+				st.Blocks[len(m.dev)+g] = len(h)
+				if opts.Tables {
+					st.Tables[len(m.dev)+g] = h
+				}
+			}
+		}
+		snap.Seqs = append(snap.Seqs, st)
+	}
+	if opts.Tables {
+		for _, p := range m.pools {
+			snap.RefCounts = append(snap.RefCounts, slices.Clone(p.refs))
+		}
+	}
+	snap.Violations = m.check()
+	return snap, nil
+}
+
+func (m *Manager) seqIDs() []kvcache.SeqID {
+	ids := make([]kvcache.SeqID, 0, len(m.seqs))
+	for id := range m.seqs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// present returns the entries of t that are not NoBlock, in a new slice.
+func present(t []kvcache.BlockID) []kvcache.BlockID {
+	out := make([]kvcache.BlockID, 0, len(t))
+	for _, b := range t {
+		if b != NoBlock {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// check is the deep self-check behind Inspect's Violations: every count the
+// manager keeps incrementally is recomputed from first principles.
+//
+//   - per sequence: 0 <= history <= capacity <= max_seq_len+max_draft, blocks ==
+//     ceil(capacity/tpb) in every group (device plus host), capacity ==
+//     max(history, hold) without a reservation, suspended sequences hold no
+//     reservation, tree path i holds prompt block i and, where table block i is
+//     a page, it is that node's page;
+//   - per pool: reference counts equal the references recomputed from all
+//     tables; free + cached + in use == total; the free stack holds exactly the
+//     unreferenced unowned blocks, once each; owned pages match their node;
+//   - tree: pins recomputed from sequence paths (and copy-on-write sources)
+//     equal the nodes' pins; pinned nodes hold all their pages (never evicted)
+//     and their parents are pinned; live-kid counts, the evictable count and the
+//     eviction heap (exactly the unpinned leaves with pages, heap-ordered) are
+//     right; every node reachable from the root has a correct parent link.
+func (m *Manager) check() []string {
+	var v []string
+	bad := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
+	tpb := m.tpb
+
+	refs := make([][]int32, len(m.pools))
+	for i, p := range m.pools {
+		refs[i] = make([]int32, p.Total())
+	}
+	pins := map[*Node]int32{}
+	for _, id := range m.seqIDs() {
+		s := m.seqs[id]
+		l := &s.led
+		if l.History < 0 || l.History > l.Capacity || l.Capacity > m.maxTokens {
+			bad("seq %d: history %d, capacity %d: want 0 <= history <= capacity <= %d", id, l.History, l.Capacity, m.maxTokens)
+		}
+		if !l.Reserved && l.Capacity != max(l.History, l.Hold) {
+			bad("seq %d: capacity %d without a reservation, want max(history %d, hold %d)", id, l.Capacity, l.History, l.Hold)
+		}
+		if s.suspended && l.Reserved {
+			bad("seq %d: suspended with a reservation outstanding", id)
+		}
+		want := blocksFor(l.Capacity, tpb)
+		for g, pool := range m.dev {
+			if len(s.tables[g]) != want {
+				bad("seq %d: pool %s: %d table entries, want ceil(capacity %d / %d) = %d", id, m.groups[g].Name, len(s.tables[g]), l.Capacity, tpb, want)
+			}
+			if s.suspended && len(s.host[g]) != len(s.tables[g]) {
+				bad("seq %d: pool %s: %d host entries for %d table entries", id, m.groups[g].Name, len(s.host[g]), len(s.tables[g]))
+			}
+			if !s.suspended && len(s.host[g]) != 0 {
+				bad("seq %d: resident with %d host entries", id, len(s.host[g]))
+			}
+			for j, b := range s.tables[g] {
+				onHost := j < len(s.host[g]) && s.host[g][j] != NoBlock
+				switch {
+				case b == NoBlock && !onHost:
+					bad("seq %d: pool %s: table entry %d is on no tier", id, m.groups[g].Name, j)
+				case b != NoBlock && onHost:
+					bad("seq %d: pool %s: table entry %d is on both tiers", id, m.groups[g].Name, j)
+				case b != NoBlock && (b < 0 || int(b) >= pool.Total()):
+					bad("seq %d: pool %s: block %d out of range [0, %d)", id, m.groups[g].Name, b, pool.Total())
+				case b != NoBlock:
+					refs[pool.id][b]++
+				case onHost:
+					h := s.host[g][j]
+					if h < 0 || int(h) >= m.host[g].Total() {
+						bad("seq %d: host pool %s: block %d out of range", id, m.groups[g].Name, h)
+					} else {
+						refs[m.host[g].id][h]++
+					}
+				}
+			}
+		}
+		if len(s.path) > l.History/tpb || len(s.path) > len(s.prompt)/tpb {
+			bad("seq %d: tree path of %d blocks beyond history %d / prompt %d", id, len(s.path), l.History, len(s.prompt))
+		}
+		parent := m.tree.root
+		for i, n := range s.path {
+			pins[n]++
+			if n.parent != parent {
+				bad("seq %d: path node %d is not a child of path node %d", id, i, i-1)
+			}
+			if i < len(s.prompt)/tpb && !slices.Equal(n.tokens, s.prompt[i*tpb:(i+1)*tpb]) {
+				bad("seq %d: path node %d holds other tokens than prompt block %d", id, i, i)
+			}
+			for g, pool := range m.dev {
+				if b := s.tables[g][i]; b != NoBlock && pool.owner[b] != nil && pool.owner[b] != n {
+					bad("seq %d: pool %s: table block %d (%d) is the page of another node", id, m.groups[g].Name, i, b)
+				}
+			}
+			parent = n
+		}
+		if s.cow != nil {
+			pins[s.cow]++
+		}
+	}
+
+	for i, p := range m.pools {
+		inFree := make([]bool, p.Total())
+		for _, b := range p.free {
+			if inFree[b] {
+				bad("pool %d: block %d twice on the free stack", p.id, b)
+			}
+			inFree[b] = true
+		}
+		cached := 0
+		for b := range p.refs {
+			if p.refs[b] != refs[i][b] {
+				bad("pool %d: block %d: refcount %d, recomputed %d", p.id, b, p.refs[b], refs[i][b])
+			}
+			free := p.refs[b] == 0 && p.owner[b] == nil
+			if free != inFree[b] {
+				bad("pool %d: block %d: unreferenced and unowned %v, on the free stack %v", p.id, b, free, inFree[b])
+			}
+			if p.refs[b] == 0 && p.owner[b] != nil {
+				cached++
+			}
+			if o := p.owner[b]; o != nil && (i >= len(m.dev) || o.pages[i] != kvcache.BlockID(b)) {
+				bad("pool %d: block %d owned by a node that does not hold it", p.id, b)
+			}
+		}
+		st := p.Stats()
+		if cached != p.cached || st.Free+st.Cached+st.InUse != st.Total || st.InUse < 0 {
+			bad("pool %d: free %d + cached %d (recomputed %d) + in use %d != total %d", p.id, st.Free, st.Cached, cached, st.InUse, st.Total)
+		}
+	}
+
+	// Walk the tree.
+	evictable, nodes := 0, 0
+	leaves := map[*Node]bool{}
+	var walk func(n *Node)
+	walk = func(n *Node) {
+		live := int32(0)
+		for h, c := range n.children {
+			nodes++
+			if c.parent != n || c.hash != h {
+				bad("node %p: parent link or hash key wrong", c)
+			}
+			if c.nPages > 0 {
+				live++
+			}
+			walk(c)
+		}
+		if n.liveKids != live {
+			bad("node %p: live kids %d, recomputed %d", n, n.liveKids, live)
+		}
+		if n == m.tree.root {
+			return
+		}
+		if n.pins != pins[n] {
+			bad("node %p: pins %d, recomputed %d", n, n.pins, pins[n])
+		}
+		delete(pins, n)
+		got := 0
+		for g, b := range n.pages {
+			if b != NoBlock {
+				got++
+				if m.dev[g].owner[b] != n {
+					bad("node %p: page %d in pool %s not owned by it", n, b, m.groups[g].Name)
+				}
+			}
+		}
+		if got != n.nPages {
+			bad("node %p: %d pages, counted %d", n, n.nPages, got)
+		}
+		if n.pins > 0 && !n.complete() {
+			bad("node %p: pinned by %d without all its pages (evicted while pinned)", n, n.pins)
+		}
+		if n.pins > 0 && n.parent != m.tree.root && n.parent.pins == 0 {
+			bad("node %p: pinned but its parent is not", n)
+		}
+		if n.nPages == 0 && live > 0 {
+			bad("node %p: no pages but %d children with pages", n, live)
+		}
+		if n.pins == 0 && n.nPages > 0 {
+			evictable++
+			if live == 0 {
+				leaves[n] = true
+			}
+		}
+		if n.nPages == 0 && n.pins == 0 && !n.queued && len(n.children) == 0 {
+			bad("node %p: empty and unpinned but not queued for pruning", n)
+		}
+	}
+	walk(m.tree.root)
+	for n := range pins {
+		bad("node %p: pinned by a sequence but not attached to the tree", n)
+	}
+	if nodes != m.tree.nodes {
+		bad("tree: %d nodes attached, counted %d", nodes, m.tree.nodes)
+	}
+	if evictable != m.tree.evictable {
+		bad("tree: evictable %d, recomputed %d", m.tree.evictable, evictable)
+	}
+	if len(leaves) != len(m.tree.heap) {
+		bad("tree: eviction heap has %d nodes, %d evictable leaves", len(m.tree.heap), len(leaves))
+	}
+	for i, n := range m.tree.heap {
+		if !leaves[n] || int(n.heapIdx) != i {
+			bad("tree: heap entry %d is not an evictable leaf at its index", i)
+		}
+		if i > 0 && m.tree.less(n, m.tree.heap[(i-1)/2]) {
+			bad("tree: heap order broken at %d", i)
+		}
+	}
+	return v
+}

@@ -1,0 +1,267 @@
+package cachemgrv2
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+)
+
+// PoolGroup is the set of paged buffers that share one life cycle: all
+// buffers of all layers with the same attention window. One block of a group
+// holds tokens_per_block tokens of every one of its buffers (a DSA layer's
+// latent and indexer key, the MTP layer's KV), so the buffers of a group share
+// block ids and advance in the same call: no side pool can lag.
+//
+// Windowed groups keep their out-of-window blocks (stale-block release is not
+// implemented), so every group needs ceil(capacity/tpb) blocks per sequence.
+type PoolGroup struct {
+	Name       string // "full" or "window-<W>"
+	Window     int    // attention window; 0 = full attention
+	Layers     []int  // spec.Layer.Index of its layers
+	BlockBytes int64  // bytes of one block over all its layers and buffers
+	Dev        *BlockPool
+	Host       *BlockPool // nil without a host tier
+}
+
+// groupLayers sorts the stage's paged buffers into pool groups by window.
+// A layer with state buffers (Mamba) is refused.
+func groupLayers(stage int, layers []spec.Layer, tpb int) ([]*PoolGroup, error) {
+	var groups []*PoolGroup
+	stateLayers := 0
+	for _, l := range layers {
+		var perToken int64
+		state := false
+		for _, b := range l.Buffers {
+			if b.BytesPerToken < 0 || b.BytesPerSeq < 0 || (b.BytesPerToken > 0) == (b.BytesPerSeq > 0) {
+				return nil, kvcache.Errorf(kvcache.KindInvalidConfig,
+					"cachemgr_v2: layer %d buffer %s: bytes_per_token %d, bytes_per_seq %d: exactly one must be > 0",
+					l.Index, b.Role, b.BytesPerToken, b.BytesPerSeq)
+			}
+			perToken += b.BytesPerToken
+			state = state || b.BytesPerSeq > 0
+		}
+		if state {
+			stateLayers++
+			continue
+		}
+		if perToken == 0 {
+			continue // no cache (a pure FFN block)
+		}
+		if l.Window < 0 {
+			return nil, kvcache.Errorf(kvcache.KindInvalidConfig, "cachemgr_v2: layer %d window %d must be >= 0", l.Index, l.Window)
+		}
+		i := slices.IndexFunc(groups, func(g *PoolGroup) bool { return g.Window == l.Window })
+		if i < 0 {
+			name := "full"
+			if l.Window > 0 {
+				name = fmt.Sprintf("window-%d", l.Window)
+			}
+			groups = append(groups, &PoolGroup{Name: name, Window: l.Window})
+			i = len(groups) - 1
+		}
+		groups[i].Layers = append(groups[i].Layers, l.Index)
+		groups[i].BlockBytes += perToken * int64(tpb)
+	}
+	if stateLayers > 0 {
+		return nil, kvcache.Errorf(kvcache.KindInvalidConfig,
+			"hybrid model (%d mamba layers): use cache_manager: mamba", stateLayers)
+	}
+	if len(groups) == 0 {
+		return nil, kvcache.Errorf(kvcache.KindInvalidConfig, "cachemgr_v2: stage %d has no layer with a paged cache buffer", stage)
+	}
+	slices.SortStableFunc(groups, func(a, b *PoolGroup) int { return a.Window - b.Window })
+	return groups, nil
+}
+
+// validateConfig checks the scalar fields of cfg.
+func validateConfig(cfg *kvcache.Config) error {
+	bad := func(field string, v any, want string) error {
+		return kvcache.Errorf(kvcache.KindInvalidConfig, "cachemgr_v2: %s = %v: %s", field, v, want)
+	}
+	switch {
+	case cfg.TokensPerBlock <= 0:
+		return bad("tokens_per_block", cfg.TokensPerBlock, "must be > 0")
+	case cfg.DeviceBytes <= 0:
+		return bad("device_bytes", cfg.DeviceBytes, "must be > 0")
+	case cfg.HostBytes < 0:
+		return bad("host_bytes", cfg.HostBytes, "must be >= 0 (0 = no host tier)")
+	case cfg.MaxBatchSize <= 0:
+		return bad("max_batch_size", cfg.MaxBatchSize, "must be > 0")
+	case cfg.MaxNumTokens <= 0:
+		return bad("max_num_tokens", cfg.MaxNumTokens, "must be > 0")
+	case cfg.MaxSeqLen <= 0:
+		return bad("max_seq_len", cfg.MaxSeqLen, "must be > 0")
+	case cfg.MaxDraftTokens < 0:
+		return bad("max_draft_tokens", cfg.MaxDraftTokens, "must be >= 0")
+	case cfg.AvgSeqLen < 0 || cfg.AvgSeqLen > cfg.MaxSeqLen:
+		return bad("avg_seq_len", cfg.AvgSeqLen, fmt.Sprintf("must be in [0, max_seq_len %d] (0 = unset)", cfg.MaxSeqLen))
+	}
+	return nil
+}
+
+// typicalBlocks is a group's block demand in the typical step: one context
+// chunk plus MaxBatchSize-1 generating sequences of the typical length (the
+// avg_seq_len hint, else the max_seq_len limit), each with its drafts. Every
+// life cycle of this manager keeps ceil(tokens/tpb) blocks per sequence.
+func typicalBlocks(cfg *kvcache.Config, g *PoolGroup) float64 {
+	typical := cfg.AvgSeqLen
+	if typical == 0 {
+		typical = cfg.MaxSeqLen
+	}
+	tpb := cfg.TokensPerBlock
+	chunk := blocksFor(min(cfg.MaxNumTokens, cfg.MaxSeqLen)+cfg.MaxDraftTokens, tpb)
+	gen := blocksFor(typical+cfg.MaxDraftTokens, tpb)
+	return float64(chunk) + float64(cfg.MaxBatchSize-1)*float64(gen)
+}
+
+// SplitBudget divides budget bytes between pool groups in proportion to
+// weights (a typical step's bytes per group, or a pool_ratio), in whole
+// blocks of blockBytes[g], giving every group at least floors[g] blocks (the
+// hard constraints) and sharing the rest among the others in proportion. It
+// returns nil when the floors alone do not fit. All slices have one entry per
+// group; weights must be > 0.
+func SplitBudget(budget int64, weights []float64, blockBytes []int64, floors []int) []int {
+	n := len(weights)
+	blocks := make([]int, n)
+	fixed := make([]bool, n)
+	var floorBytes int64
+	for g := range n {
+		floorBytes += int64(floors[g]) * blockBytes[g]
+	}
+	if floorBytes > budget {
+		return nil
+	}
+	for {
+		rest, w := budget, 0.0
+		for g := range n {
+			if fixed[g] {
+				rest -= int64(blocks[g]) * blockBytes[g]
+			} else {
+				w += weights[g]
+			}
+		}
+		changed := false
+		for g := range n {
+			if fixed[g] {
+				continue
+			}
+			blocks[g] = int(math.Floor(float64(rest) * weights[g] / w / float64(blockBytes[g])))
+			if blocks[g] < floors[g] {
+				blocks[g], fixed[g], changed = floors[g], true, true
+			}
+		}
+		if !changed {
+			return blocks
+		}
+	}
+}
+
+// planLayout groups the layers, splits the budgets and proves the layout can
+// hold one MaxSeqLen+MaxDraftTokens request end to end and one MaxNumTokens
+// chunk. The groups' pools are created by the caller.
+func planLayout(cfg *kvcache.Config) ([]*PoolGroup, kvcache.Layout, []int, []int, error) {
+	var lay kvcache.Layout
+	if err := validateConfig(cfg); err != nil {
+		return nil, lay, nil, nil, err
+	}
+	tpb := cfg.TokensPerBlock
+	groups, err := groupLayers(cfg.Stage, cfg.Layers, tpb)
+	if err != nil {
+		return nil, lay, nil, nil, err
+	}
+	n := len(groups)
+	names := make([]string, n)
+	weights := make([]float64, n)
+	bb := make([]int64, n)
+	floors := make([]int, n)
+	reqTokens := cfg.MaxSeqLen + cfg.MaxDraftTokens
+	floor := max(blocksFor(reqTokens, tpb), blocksFor(cfg.MaxNumTokens, tpb))
+	var minBytes, perBlockAll int64
+	for g, pg := range groups {
+		names[g] = pg.Name
+		bb[g] = pg.BlockBytes
+		floors[g] = floor
+		weights[g] = typicalBlocks(cfg, pg) * float64(pg.BlockBytes)
+		minBytes += int64(floor) * pg.BlockBytes
+		perBlockAll += pg.BlockBytes
+	}
+	if cfg.AvgSeqLen == 0 {
+		lay.Warnings = append(lay.Warnings, fmt.Sprintf(
+			"avg_seq_len unset: the pool split uses a typical step of max_seq_len %d tokens per sequence (a sizing hint: speed only)", cfg.MaxSeqLen))
+	}
+	if cfg.PoolRatio != nil {
+		if len(cfg.PoolRatio) != n {
+			return nil, lay, nil, nil, kvcache.Errorf(kvcache.KindInvalidConfig,
+				"cachemgr_v2: pool_ratio has %d entries, want %d (one per pool group: %s)", len(cfg.PoolRatio), n, strings.Join(names, ", "))
+		}
+		for g, r := range cfg.PoolRatio {
+			if !(r > 0) || math.IsInf(r, 0) {
+				return nil, lay, nil, nil, kvcache.Errorf(kvcache.KindInvalidConfig,
+					"cachemgr_v2: pool_ratio[%d] (%s) = %v: must be > 0", g, names[g], r)
+			}
+		}
+		copy(weights, cfg.PoolRatio)
+	}
+	dev := SplitBudget(cfg.DeviceBytes, weights, bb, floors)
+	if dev == nil {
+		fit := int(cfg.DeviceBytes/perBlockAll) * tpb
+		fix := fmt.Sprintf("lower max_seq_len to at most %d", max(fit-cfg.MaxDraftTokens, 0))
+		if blocksFor(cfg.MaxNumTokens, tpb) > blocksFor(reqTokens, tpb) {
+			fix = fmt.Sprintf("lower max_num_tokens to at most %d", fit)
+		}
+		return nil, lay, nil, nil, kvcache.Errorf(kvcache.KindInvalidConfig,
+			"cachemgr_v2: device_bytes %d cannot hold one request end to end: max_seq_len %d + max_draft_tokens %d = %d tokens "+
+				"and one max_num_tokens %d chunk need %d blocks of %d tokens in each pool group (%s), %d bytes in all; "+
+				"raise the KV budget (free_gpu_memory_fraction) to at least %d bytes, or %s",
+			cfg.DeviceBytes, cfg.MaxSeqLen, cfg.MaxDraftTokens, reqTokens, cfg.MaxNumTokens, floor, tpb,
+			strings.Join(names, ", "), minBytes, minBytes, fix)
+	}
+	if cfg.PoolRatio != nil {
+		for g := range n {
+			got := float64(int64(dev[g])*bb[g]) / float64(cfg.DeviceBytes)
+			if math.Abs(got-cfg.PoolRatio[g]) > 0.01 {
+				lay.Warnings = append(lay.Warnings, fmt.Sprintf(
+					"pool_ratio[%d] (%s) = %.3f raised to %.3f to hold one max_seq_len request", g, names[g], cfg.PoolRatio[g], got))
+			}
+		}
+	}
+	var host []int
+	var devTotal int64
+	for g := range n {
+		devTotal += int64(dev[g]) * bb[g]
+	}
+	if cfg.HostBytes > 0 {
+		host = make([]int, n)
+		for g := range n {
+			share := float64(int64(dev[g])*bb[g]) / float64(devTotal)
+			host[g] = int(float64(cfg.HostBytes) * share / float64(bb[g]))
+			if host[g] == 0 {
+				lay.Warnings = append(lay.Warnings, fmt.Sprintf(
+					"host_bytes %d gives pool group %s no host block (%d bytes each): Suspend will fail", cfg.HostBytes, names[g], bb[g]))
+			}
+		}
+	}
+	poolTokens := math.MaxInt
+	for g, pg := range groups {
+		pg.Layers = slices.Clip(pg.Layers)
+		lay.Pools = append(lay.Pools, kvcache.Pool{
+			ID: g, Name: pg.Name, Tier: kvcache.TierDevice, Window: pg.Window, Layers: pg.Layers,
+			TokensPerBlock: tpb, BlockBytes: pg.BlockBytes, Blocks: dev[g],
+		})
+		poolTokens = min(poolTokens, dev[g]*tpb)
+	}
+	for g, pg := range groups {
+		if host != nil {
+			lay.Pools = append(lay.Pools, kvcache.Pool{
+				ID: n + g, Name: "host-" + pg.Name, Tier: kvcache.TierHost, Window: pg.Window, Layers: pg.Layers,
+				TokensPerBlock: tpb, BlockBytes: pg.BlockBytes, Blocks: host[g],
+			})
+		}
+	}
+	lay.MaxSeqTokens = min(poolTokens, reqTokens)
+	return groups, lay, dev, host, nil
+}

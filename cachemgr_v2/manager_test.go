@@ -1,0 +1,235 @@
+package cachemgrv2
+
+import (
+	"errors"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+)
+
+// smallCfg: tpb 4, one GQA group, reuse on, blocks device blocks.
+func smallCfg(blocks, hostBlocks int) kvcache.Config {
+	layers := []spec.Layer{gqaLayer(0, 0)}
+	bb := stageBlockBytes(layers, 4)
+	return kvcache.Config{Layers: layers, TokensPerBlock: 4, DeviceBytes: int64(blocks) * bb, HostBytes: int64(hostBlocks) * bb,
+		MaxBatchSize: 4, MaxNumTokens: 16, MaxSeqLen: 32, MaxDraftTokens: 2, EnableBlockReuse: true}
+}
+
+func TestReuseSharesPages(t *testing.T) {
+	m, _ := configure(t, smallCfg(16, 0))
+	p := tokens(13, 1)
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 13, New: true, Prompt: p})
+	mustCommit(t, m, 1, 13) // 3 full prompt blocks registered
+	look, _ := m.Lookup(ctx, []kvcache.LookupItem{{Prompt: p}, {Prompt: p[:12]}, {Prompt: p[:3]}, {Prompt: tokens(13, 2)}})
+	if !slices.Equal(look, []int{12, 8, 0, 0}) {
+		t.Fatalf("Lookup = %v, want [12 8 0 0] (at most len-1, full blocks)", look)
+	}
+	// Seq 2 takes 12 tokens while seq 1 is still live: shared pages, refcount 2.
+	g := mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 1, New: true, Prompt: p, Reuse: 12})
+	snap := inspect(t, m)
+	s1, s2 := seqState(t, snap, 1), seqState(t, snap, 2)
+	if !slices.Equal(s1.Tables[0][:3], s2.Tables[0][:3]) || s2.History != 12 || s2.Capacity != 13 {
+		t.Fatalf("seq 2 = %+v, want seq 1's first 3 blocks and history 12", s2)
+	}
+	for _, b := range s2.Tables[0][:3] {
+		if snap.RefCounts[0][b] != 2 {
+			t.Errorf("shared block %d refcount %d, want 2", b, snap.RefCounts[0][b])
+		}
+	}
+	if len(g.Tables) != 1 || g.Tables[0].From != 0 || !slices.Equal(g.Tables[0].Blocks, s2.Tables[0]) {
+		t.Errorf("new sequence grant tables %+v, want its whole table", g.Tables)
+	}
+	if st, _ := m.Stats(ctx); st.ReusedTokens != 12 || st.LookupTokens != 13+12+3+13 {
+		t.Errorf("Stats = %+v", st)
+	}
+	// Releasing both leaves the prompt blocks cached, the private ones free.
+	m.Release(ctx, []kvcache.SeqID{1, 2})
+	if ps := inspect(t, m).Pools[0]; ps.Cached != 3 || ps.InUse != 0 || ps.Free != ps.Total-3 {
+		t.Errorf("after release %+v, want 3 cached", ps)
+	}
+	// Reuse rules.
+	for _, tc := range []struct {
+		it   kvcache.ReserveItem
+		want string
+	}{
+		{kvcache.ReserveItem{Seq: 3, Tokens: 1, New: true, Prompt: p, Reuse: 6}, "invalid: seq 3: reuse 6 is not a multiple"},
+		{kvcache.ReserveItem{Seq: 3, Tokens: 1, New: true, Prompt: p[:12], Reuse: 12}, "invalid: seq 3: reuse 12 > len(prompt)-1"},
+		{kvcache.ReserveItem{Seq: 3, Tokens: 1, New: true, Prompt: tokens(13, 5), Reuse: 4}, "reuse 4 tokens no longer cached (0 now)"},
+		{kvcache.ReserveItem{Seq: 3, Tokens: 1, Draft: 3, New: true}, "invalid: seq 3: draft 3 > max_draft_tokens 2"},
+		{kvcache.ReserveItem{Seq: 3, Tokens: 40, New: true}, "invalid: seq 3: needs 40 tokens"},
+		{kvcache.ReserveItem{Seq: 3, Tokens: -1, New: true}, "invalid: seq 3: tokens -1"},
+		{kvcache.ReserveItem{Seq: 3, Tokens: 1}, "invalid: seq 3: unknown sequence"},
+	} {
+		before := inspect(t, m)
+		g := reserve1(t, m, tc.it)
+		if g.OK || !strings.Contains(g.Reason, tc.want) {
+			t.Errorf("Reserve(%+v) = %+v, want denial %q", tc.it, g, tc.want)
+		}
+		if !reflect.DeepEqual(inspect(t, m), before) {
+			t.Errorf("denied Reserve(%+v) changed state", tc.it)
+		}
+	}
+}
+
+// TestDenialLeavesNoTrace: a denial after pinning reuse candidates restores
+// the eviction order exactly.
+func TestDenialLeavesNoTrace(t *testing.T) {
+	m, _ := configure(t, smallCfg(10, 0))
+	for i := range 3 {
+		p := tokens(9, int32(i))
+		id := kvcache.SeqID(i + 1)
+		mustGrant(t, m, kvcache.ReserveItem{Seq: id, Tokens: 9, New: true, Prompt: p})
+		mustCommit(t, m, id, 9)
+		m.Release(ctx, []kvcache.SeqID{id})
+	}
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 9, Tokens: 8, New: true}) // 2 free left + 6 cached
+	order := evictionOrder(m.tree)
+	before := inspect(t, m)
+	// Needs 8 reused + 26 = 34 tokens: 7 new blocks, 2 free + 4 evictable.
+	g := reserve1(t, m, kvcache.ReserveItem{Seq: 10, Tokens: 24, Draft: 2, New: true, Prompt: tokens(25, 0), Reuse: 8})
+	if g.OK || !strings.Contains(g.Reason, "no capacity") {
+		t.Fatalf("Reserve = %+v, want no capacity", g)
+	}
+	if after := inspect(t, m); !reflect.DeepEqual(after, before) {
+		t.Fatalf("denied Reserve changed state:\n got %+v\nwant %+v", after, before)
+	}
+	if !slices.Equal(evictionOrder(m.tree), order) {
+		t.Fatal("denied Reserve changed the eviction order")
+	}
+}
+
+func TestUnreserveRestoresExactly(t *testing.T) {
+	m, _ := configure(t, smallCfg(16, 0))
+	p := tokens(9, 1)
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 9, New: true, Prompt: p})
+	mustCommit(t, m, 1, 9)
+	m.Release(ctx, []kvcache.SeqID{1})
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 7, New: true})
+	mustCommit(t, m, 2, 7)
+	g0 := mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 1})
+	mustCommit(t, m, 2, 1) // history 8: block boundary
+	if len(g0.Tables) != 0 {
+		t.Fatalf("grant within the known table: %+v, want no delta", g0.Tables)
+	}
+	order := evictionOrder(m.tree)
+	before := inspect(t, m)
+
+	g1 := mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 1, Draft: 2})                 // crosses into block 2
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 3, Tokens: 2, New: true, Prompt: p, Reuse: 8}) // pins cached nodes
+	if err := m.Unreserve(ctx, []kvcache.SeqID{2, 3}); err != nil {
+		t.Fatal(err)
+	}
+	if after := inspect(t, m); !reflect.DeepEqual(after, before) || !slices.Equal(evictionOrder(m.tree), order) {
+		t.Fatalf("Unreserve did not restore:\n got %+v\nwant %+v", after, before)
+	}
+	if err := m.Unreserve(ctx, []kvcache.SeqID{2, 3}); !errors.Is(err, kvcache.ErrInvalidArg) {
+		t.Errorf("second Unreserve = %v, want item error", err)
+	}
+	// The worker may have applied the unreserved grant; the next one replaces the same tail.
+	g2 := mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 1, Draft: 2})
+	if len(g2.Tables) != 1 || g2.Tables[0].From != g1.Tables[0].From || len(g2.Tables[0].Blocks) != len(g1.Tables[0].Blocks) {
+		t.Errorf("grant after Unreserve %+v, want the same tail as %+v", g2.Tables, g1.Tables)
+	}
+}
+
+// TestPartialReuseCopyOnWrite exercises the partial-match primitive behind
+// the internal switch: Lookup may end inside a block and Reserve copies the
+// partly matched block into a private one.
+func TestPartialReuseCopyOnWrite(t *testing.T) {
+	m := New()
+	m.partial = true
+	if _, err := m.Configure(ctx, smallCfg(16, 0)); err != nil {
+		t.Fatal(err)
+	}
+	a := tokens(12, 1)
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 12, New: true, Prompt: a})
+	mustCommit(t, m, 1, 12)
+	m.Release(ctx, []kvcache.SeqID{1})
+	b := append(slices.Clone(a[:6]), 99, 98, 97, 96)
+	look, _ := m.Lookup(ctx, []kvcache.LookupItem{{Prompt: b}, {Prompt: a[:7]}})
+	if !slices.Equal(look, []int{6, 6}) {
+		t.Fatalf("Lookup = %v, want [6 6] (one block + 2 tokens; capped at len-1)", look)
+	}
+	path := m.tree.Match(a, 2, nil)
+	g := mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 4, New: true, Prompt: b, Reuse: 6})
+	s := seqState(t, inspect(t, m), 2)
+	want := []kvcache.Copy{{SrcPool: 0, SrcBlock: path[1].pages[0], DstPool: 0, DstBlock: s.Tables[0][1]}}
+	if !reflect.DeepEqual(g.Copies, want) || s.Tables[0][0] != path[0].pages[0] || s.History != 6 || s.Capacity != 10 {
+		t.Fatalf("grant %+v, state %+v; want copy %+v", g, s, want)
+	}
+	if path[1].pins != 1 {
+		t.Fatalf("copy source pins = %d, want 1 until Commit", path[1].pins)
+	}
+	mustCommit(t, m, 2, 4)
+	if path[1].pins != 0 {
+		t.Fatalf("copy source pins = %d after Commit, want 0", path[1].pins)
+	}
+	inspect(t, m)
+	// b's second block is registered as a sibling of a's.
+	if got := m.tree.MatchLen(append(slices.Clone(b[:8]), 0), 2); got != 2 {
+		t.Errorf("b's blocks not registered: MatchLen = %d", got)
+	}
+	// With the switch off (the v1 contract) the same lookup is block-granular.
+	m.partial = false
+	if look, _ := m.Lookup(ctx, []kvcache.LookupItem{{Prompt: b}}); look[0] != 8 {
+		t.Errorf("Lookup without partial = %v, want 8 (b's own blocks)", look)
+	}
+}
+
+func TestReleaseAndItemErrors(t *testing.T) {
+	m, _ := configure(t, smallCfg(16, 8))
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 5, New: true})
+	err := m.Release(ctx, []kvcache.SeqID{1, 2, 1})
+	var ke *kvcache.Error
+	if !errors.As(err, &ke) || !slices.Equal(ke.Seqs, []kvcache.SeqID{2, 1}) {
+		t.Fatalf("Release = %v, want item errors for 2 and the repeated 1", err)
+	}
+	if snap := inspect(t, m); len(snap.Seqs) != 0 || snap.Pools[0].Free != snap.Pools[0].Total {
+		t.Fatalf("after release: %+v", snap)
+	}
+	if _, _, err := m.Resume(ctx, []kvcache.SeqID{5}); !errors.Is(err, kvcache.ErrInvalidArg) {
+		t.Errorf("Resume(unknown) = %v", err)
+	}
+	if st, _ := m.Stats(ctx); st.Sequences != 0 || len(st.Pools) != 2 {
+		t.Errorf("Stats = %+v", st)
+	}
+}
+
+// TestBatchOrderAndAtomicity: items are served in order, an earlier grant can
+// cause a later denial, and a denial in the middle leaves the others intact.
+func TestBatchOrderAndAtomicity(t *testing.T) {
+	m, _ := configure(t, smallCfg(10, 0))
+	gs, err := m.Reserve(ctx, []kvcache.ReserveItem{
+		{Seq: 1, Tokens: 16, New: true},
+		{Seq: 2, Tokens: 16, New: true}, // 4 + 4 > 10 - ... denied: only 6 left
+		{Seq: 3, Tokens: 16, New: true},
+		{Seq: 1, Tokens: 1}, // duplicate in the batch: outstanding
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !gs[0].OK || !gs[1].OK || gs[2].OK || gs[3].OK || !strings.Contains(gs[3].Reason, "outstanding") {
+		t.Fatalf("grants = %+v", gs)
+	}
+	if st, _ := m.Stats(ctx); st.ReserveDenials != 2 {
+		t.Errorf("ReserveDenials = %d, want 2", st.ReserveDenials)
+	}
+	inspect(t, m)
+}
+
+// evictionOrder is the order in which the tree would evict its current
+// evictable leaves.
+func evictionOrder(t *Tree) []*Node {
+	o := slices.Clone(t.heap)
+	slices.SortFunc(o, func(a, b *Node) int {
+		if t.less(a, b) {
+			return -1
+		}
+		return 1
+	})
+	return o
+}

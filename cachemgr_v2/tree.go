@@ -1,0 +1,387 @@
+package cachemgrv2
+
+import (
+	"slices"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+)
+
+// DefaultPriority is the eviction priority of a node; lower priorities are
+// evicted first, then the least recently used.
+const DefaultPriority int8 = 35
+
+// Node is one committed full block of tokens in the radix tree, keyed by its
+// token content under its parent. It holds one page per pool group (NoBlock
+// where it holds none) in that group's device pool.
+//
+// A node is pinned while any live sequence relies on it (its path passes
+// through it, or it is the source of a pending copy-on-write). Pins cover the
+// whole path from the root, so every ancestor of a pinned node is pinned.
+// Pinned nodes are never evicted and never pruned.
+type Node struct {
+	parent   *Node
+	hash     uint64
+	tokens   []int32
+	children map[uint64]*Node
+	pages    []kvcache.BlockID
+	nPages   int
+	pins     int32
+	liveKids int32 // children that hold at least one page
+	prio     int8
+	tick     uint64 // LRU key: when the last pin went away
+	heapIdx  int32  // position in the eviction heap; -1 when not in it
+	queued   bool   // in the prune queue
+}
+
+// Pages returns the node's page per pool group (NoBlock where absent); the
+// slice belongs to the node and must not be modified.
+func (n *Node) Pages() []kvcache.BlockID { return n.pages }
+
+// Pins is the number of pins on the node.
+func (n *Node) Pins() int { return int(n.pins) }
+
+// Parent is the node's parent; nil for the root.
+func (n *Node) Parent() *Node { return n.parent }
+
+// Tokens are the block's tokens; the slice belongs to the node.
+func (n *Node) Tokens() []int32 { return n.tokens }
+
+// complete reports whether the node holds a page in every pool group, so a
+// sequence may take the whole block from the cache.
+func (n *Node) complete() bool { return n.nPages == len(n.pages) }
+
+// Tree is a radix tree of committed full blocks with pins, leaf-first
+// eviction (priority, then LRU) and deferred pruning.
+//
+// Eviction (EvictOne) frees pages only: an evicted node stays attached to its
+// parent, without pages, until Prune removes it. Call Prune only at a safe
+// point, when no caller holds a *Node obtained from a walk that it has not
+// pinned: the Manager prunes at the start of a Reserve batch and at the end
+// of Commit, Suspend and Resume batches, never inside an allocation or a
+// commit walk. A pinned node and its ancestors are never detached, so a live
+// sequence's path is always attached to the root.
+//
+// Not safe for concurrent use.
+type Tree struct {
+	root      *Node
+	tpb       int
+	pools     []*BlockPool // device pool per group
+	heap      []*Node      // evictable leaves: unpinned, with pages, no live kids
+	evictable int          // unpinned nodes with pages (all of them can be evicted, leaves first)
+	pruneQ    []*Node
+	tick      uint64
+	nodes     int
+	spare     []*Node
+}
+
+// NewTree returns an empty tree of blocks of tpb tokens whose nodes hold one
+// page in each of pools (one device pool per pool group).
+func NewTree(tpb int, pools []*BlockPool) *Tree {
+	t := &Tree{tpb: tpb, pools: pools}
+	t.root = &Node{heapIdx: -1, children: map[uint64]*Node{}}
+	return t
+}
+
+// Root is the tree's root; it holds no tokens and no pages.
+func (t *Tree) Root() *Node { return t.root }
+
+// Nodes is the number of nodes attached or awaiting pruning, root excluded.
+func (t *Tree) Nodes() int { return t.nodes }
+
+// Evictable is the number of unpinned nodes holding pages: EvictOne succeeds
+// that many times in a row.
+func (t *Tree) Evictable() int { return t.evictable }
+
+// hashTokens hashes a block's tokens; children are keyed by it, and a hit is
+// confirmed by comparing the tokens, so a collision never gives a false match.
+func hashTokens(tokens []int32) uint64 {
+	if len(tokens) == 0 {
+		return 0
+	}
+	return xxh3.Hash(unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens)))
+}
+
+// child returns parent's child holding exactly tokens, or nil.
+func (t *Tree) child(parent *Node, tokens []int32) *Node {
+	c := parent.children[hashTokens(tokens)]
+	if c == nil || !slices.Equal(c.tokens, tokens) {
+		return nil
+	}
+	return c
+}
+
+// Match walks the tree from the root with tokens, one full block at a time, up
+// to maxBlocks blocks, and appends each matched node that holds all its pages
+// to path. It changes nothing; the nodes are not pinned.
+func (t *Tree) Match(tokens []int32, maxBlocks int, path []*Node) []*Node {
+	n := t.root
+	for i := 0; i < maxBlocks; i++ {
+		c := t.child(n, tokens[i*t.tpb:(i+1)*t.tpb])
+		if c == nil || !c.complete() {
+			break
+		}
+		path = append(path, c)
+		n = c
+	}
+	return path
+}
+
+// MatchLen is Match that only counts the matched blocks.
+func (t *Tree) MatchLen(tokens []int32, maxBlocks int) int {
+	n := t.root
+	i := 0
+	for ; i < maxBlocks; i++ {
+		c := t.child(n, tokens[i*t.tpb:(i+1)*t.tpb])
+		if c == nil || !c.complete() {
+			break
+		}
+		n = c
+	}
+	return i
+}
+
+// MatchPartial returns the child of parent, holding all its pages, whose
+// tokens share the longest common prefix with tokens, and that length. It is
+// the partial-reuse primitive: the matched tokens of the returned node's
+// block can be copied into a private block (copy-on-write). It changes
+// nothing. len(tokens) may be shorter than a block.
+func (t *Tree) MatchPartial(parent *Node, tokens []int32) (*Node, int) {
+	var best *Node
+	bestN := 0
+	for _, c := range parent.children {
+		if !c.complete() {
+			continue
+		}
+		n := 0
+		for n < len(tokens) && n < len(c.tokens) && c.tokens[n] == tokens[n] {
+			n++
+		}
+		// Ties go to the lower hash so the answer does not depend on map order.
+		if n > bestN || (n == bestN && n > 0 && c.hash < best.hash) {
+			best, bestN = c, n
+		}
+	}
+	return best, bestN
+}
+
+// Extend continues a sequence's path below parent (pinned by the caller) with
+// the block tokens whose KV sits in pages (one block per pool group, each
+// referenced by the sequence). It returns the node now pinned for the path:
+//
+//   - a new node, which adopts pages (adopted true);
+//   - an existing node without pages (evicted, awaiting pruning), which adopts
+//     pages and is thereby re-attached to the cache (adopted true);
+//   - an existing node with pages: the sequence keeps its own blocks private
+//     and pins the node only to extend its path (adopted false).
+//
+// It returns nil when a different block has the same hash (never in
+// practice): the caller stops registering that sequence's blocks. Extend
+// never allocates blocks, never evicts and never prunes.
+func (t *Tree) Extend(parent *Node, tokens []int32, pages []kvcache.BlockID) (n *Node, adopted bool) {
+	h := hashTokens(tokens)
+	c := parent.children[h]
+	switch {
+	case c == nil:
+		c = t.newNode(parent, h, tokens)
+		if parent.children == nil {
+			parent.children = make(map[uint64]*Node, 1)
+		}
+		parent.children[h] = c
+	case !slices.Equal(c.tokens, tokens):
+		return nil, false
+	}
+	t.Pin(c)
+	if c.nPages > 0 {
+		return c, false
+	}
+	for g, b := range pages {
+		c.pages[g] = b
+		t.pools[g].adopt(b, c)
+	}
+	c.nPages = len(pages)
+	t.addLiveKid(parent)
+	return c, true
+}
+
+func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
+	var n *Node
+	if k := len(t.spare); k > 0 {
+		n = t.spare[k-1]
+		t.spare = t.spare[:k-1]
+	} else {
+		n = &Node{pages: make([]kvcache.BlockID, len(t.pools)), tokens: make([]int32, 0, t.tpb)}
+	}
+	n.parent, n.hash, n.prio, n.heapIdx = parent, h, DefaultPriority, -1
+	n.tokens = append(n.tokens[:0], tokens...)
+	for g := range n.pages {
+		n.pages[g] = NoBlock
+	}
+	t.nodes++
+	return n
+}
+
+func (t *Tree) addLiveKid(p *Node) {
+	p.liveKids++
+	if p.heapIdx >= 0 {
+		t.heapRemove(p)
+	}
+}
+
+// Pin adds a pin. The caller pins a path from the root down, so that pins
+// cover the whole path.
+func (t *Tree) Pin(n *Node) {
+	if n.pins == 0 && n.nPages > 0 {
+		t.evictable--
+		if n.heapIdx >= 0 {
+			t.heapRemove(n)
+		}
+	}
+	n.pins++
+}
+
+// Unpin drops a pin. touch marks the node as used now (its LRU key); undoing
+// a pin taken moments ago (a denied or unreserved reservation) passes false so
+// that the eviction order is exactly as before.
+func (t *Tree) Unpin(n *Node, touch bool) {
+	n.pins--
+	if n.pins > 0 {
+		return
+	}
+	if touch {
+		t.tick++
+		n.tick = t.tick
+	}
+	if n.nPages == 0 {
+		t.queuePrune(n)
+		return
+	}
+	t.evictable++
+	if n.liveKids == 0 {
+		t.heapPush(n)
+	}
+}
+
+// EvictOne frees the pages of the least valuable evictable leaf (lowest
+// priority, then least recently used) and queues the node for pruning. It
+// reports false when nothing is evictable.
+func (t *Tree) EvictOne() bool {
+	if len(t.heap) == 0 {
+		return false
+	}
+	n := t.heap[0]
+	t.heapRemove(n)
+	for g, b := range n.pages {
+		if b != NoBlock {
+			t.pools[g].drop(b)
+			n.pages[g] = NoBlock
+		}
+	}
+	n.nPages = 0
+	t.evictable--
+	p := n.parent
+	p.liveKids--
+	if p != t.root && p.liveKids == 0 && p.pins == 0 && p.nPages > 0 {
+		t.heapPush(p)
+	}
+	t.queuePrune(n)
+	return true
+}
+
+func (t *Tree) queuePrune(n *Node) {
+	if !n.queued {
+		n.queued = true
+		t.pruneQ = append(t.pruneQ, n)
+	}
+}
+
+// Prune detaches queued nodes that hold no pages, no pins and no children,
+// then their ancestors that became so. Call it only at a safe point (see Tree).
+func (t *Tree) Prune() {
+	for len(t.pruneQ) > 0 {
+		n := t.pruneQ[len(t.pruneQ)-1]
+		t.pruneQ = t.pruneQ[:len(t.pruneQ)-1]
+		n.queued = false
+		for n != t.root && !n.queued && n.pins == 0 && n.nPages == 0 && len(n.children) == 0 {
+			p := n.parent
+			delete(p.children, n.hash)
+			t.recycle(n)
+			n = p
+		}
+	}
+}
+
+func (t *Tree) recycle(n *Node) {
+	n.parent = nil
+	n.tokens = n.tokens[:0] // children is empty and kept for reuse
+	t.nodes--
+	t.spare = append(t.spare, n)
+}
+
+// ---- eviction heap: min-heap on (prio, tick), intrusive index ----
+
+func (t *Tree) less(a, b *Node) bool {
+	if a.prio != b.prio {
+		return a.prio < b.prio
+	}
+	return a.tick < b.tick
+}
+
+func (t *Tree) heapPush(n *Node) {
+	n.heapIdx = int32(len(t.heap))
+	t.heap = append(t.heap, n)
+	t.up(int(n.heapIdx))
+}
+
+func (t *Tree) heapRemove(n *Node) {
+	i := int(n.heapIdx)
+	last := len(t.heap) - 1
+	if i != last {
+		t.swap(i, last)
+	}
+	t.heap[last] = nil
+	t.heap = t.heap[:last]
+	n.heapIdx = -1
+	if i != last {
+		t.down(i)
+		t.up(i)
+	}
+}
+
+func (t *Tree) swap(i, j int) {
+	t.heap[i], t.heap[j] = t.heap[j], t.heap[i]
+	t.heap[i].heapIdx = int32(i)
+	t.heap[j].heapIdx = int32(j)
+}
+
+func (t *Tree) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if !t.less(t.heap[i], t.heap[p]) {
+			return
+		}
+		t.swap(i, p)
+		i = p
+	}
+}
+
+func (t *Tree) down(i int) {
+	n := len(t.heap)
+	for {
+		l := 2*i + 1
+		if l >= n {
+			return
+		}
+		m := l
+		if r := l + 1; r < n && t.less(t.heap[r], t.heap[l]) {
+			m = r
+		}
+		if !t.less(t.heap[m], t.heap[i]) {
+			return
+		}
+		t.swap(i, m)
+		i = m
+	}
+}
