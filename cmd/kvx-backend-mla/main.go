@@ -1,0 +1,14 @@
+// Command kvx-backend-mla is the dense MLA attention backend as a worker plugin.
+// The kvx host starts it (plugins/sdk serves it over go-plugin gRPC).
+package main
+
+import (
+	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/dsa/mla"
+	"github.com/kvx-dev/kvx/plugins/sdk"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+func main() {
+	sdk.ServeWorker(func() worker.Worker { return device.NewWorker(mla.Backend) })
+}

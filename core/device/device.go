@@ -1,0 +1,89 @@
+// Package device is the worker runtime shared by every attention backend, and
+// the seam between that runtime and the device that runs the kernels.
+//
+// A backend (dsa, dsa/mla, gqa) says which layer mixers it runs and what each
+// costs; NewWorker wraps it into a worker.Worker that does what every backend
+// needs the same way: it checks the config against the backend, keeps the
+// block tables the cache manager granted, validates every item, carries
+// activations between stages, and on the last stage samples tokens and MTP
+// drafts. The layers themselves run on a Device picked by Config.Device:
+//
+//	sim   no memory, no math: a roofline cost model (package sim); built in
+//	cpu   pure-Go reference kernels: not built yet
+//	cuda  GPU kernels (build tag cuda): not built yet
+//
+// On sim the sampled tokens are placeholders that depend only on (Seed, Seq,
+// position), never on the batch, the process or the order of calls, so replays
+// are reproducible and A/B comparisons see the same tokens.
+package device
+
+import (
+	"context"
+
+	"github.com/kvx-dev/kvx/core/device/sim"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+// Version is the worker runtime's version, reported by Info.
+const Version = "0.1.0"
+
+// Backend is an attention backend: the layer mixers it runs and their cost.
+// Implementations are stateless values, safe for concurrent use.
+type Backend interface {
+	// Name is the backend's config name ("dsa", "mla", "gqa"); Configure
+	// refuses a Config.Backend other than this.
+	Name() string
+	// Mixers lists the layer mixers it runs. A stage whose layers need a
+	// mixer not listed here is refused at Configure. The caller may not
+	// modify the slice.
+	Mixers() []spec.Mixer
+	// MixerWork adds to w the work on one rank of layer l's mixer for batch
+	// b, for the sim device: the mixer's weight matmuls, its attention (or
+	// scan) and its cache reads and writes. l.Mixer is one that Mixers lists,
+	// never MixerNone. FFN, embeddings, LM head and all-reduce are the
+	// runtime's (package sim helpers). It must be pure and must not retain l
+	// or b.
+	MixerWork(e *sim.Env, l *spec.Layer, b *sim.Batch, w *sim.Work)
+}
+
+// Device runs a configured stage's layers: the seam between the runtime and
+// the kernels (sim cost model, cpu reference kernels, cuda). The runtime has
+// validated the batch and applied its Released sequences and table deltas to
+// t before it calls Forward; the device must not retain b or t. Calls come
+// from one goroutine at a time.
+type Device interface {
+	// Modelled reports whether Forward's time is modelled (sim) rather than
+	// measured.
+	Modelled() bool
+	// Forward runs b's copies, then its layers, and returns the device time
+	// in nanoseconds, including any copies CopyBlocks queued since the last
+	// Forward.
+	Forward(ctx context.Context, b *worker.Batch, t *Tables) (nanos int64, err error)
+	// CopyBlocks runs (or queues) block copies that the runtime validated.
+	CopyBlocks(ctx context.Context, copies []kvcache.Copy) error
+}
+
+// Stage is what a device learns at Configure, already validated: the config
+// (its slices are the caller's: copy what you keep), the backend, the stage's
+// layers (a slice of cfg.Model.Layers) and the pools in layout order.
+type Stage struct {
+	Config  *worker.Config
+	Backend Backend
+	Layers  []spec.Layer
+	Pools   []kvcache.Pool
+}
+
+// OpenFunc makes the device for one Configure.
+type OpenFunc func(s Stage) (Device, error)
+
+// Option configures NewWorker.
+type Option func(*Worker)
+
+// WithDevice makes Config.Device name open the device, replacing any device
+// of that name (the built-in "sim" included). Tests use it to swap in a fake
+// device; the cpu and cuda devices will arrive this way.
+func WithDevice(name string, open OpenFunc) Option {
+	return func(w *Worker) { w.devices[name] = open }
+}

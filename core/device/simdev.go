@@ -1,0 +1,105 @@
+package device
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvx-dev/kvx/core/device/sim"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+// simDevice is the sim device: it allocates nothing, computes nothing, and
+// returns the modelled time of each forward (package sim).
+//
+// Block copies are counted, not performed: each costs its source pool's
+// BlockBytes over PCIe when it crosses host and device (or stays on the
+// host), or a device-memory read plus write when both pools are on the
+// device. CopyBlocks queues that time and the next Forward adds it to its
+// Nanos, together with the time of the batch's own Copies, because the copies
+// run on the stage's device before its layers.
+type simDevice struct {
+	env     *sim.Env
+	stage   *sim.Stage
+	pools   map[int]simPool // by pool id
+	pending float64         // seconds of copies queued by CopyBlocks
+
+	// Scratch reused between forwards.
+	step          sim.Step
+	seqs, sampled []sim.Seq
+}
+
+type simPool struct {
+	bytes  float64
+	device bool
+}
+
+func openSim(s Stage) (Device, error) {
+	cfg := s.Config
+	m := cfg.Model // the Env keeps the dimensions, not the caller's layers
+	m.Layers = nil
+	env, err := sim.NewEnv(&m, cfg.Hardware, cfg.TensorParallel, cfg.WeightsDtype)
+	if err != nil {
+		return nil, err
+	}
+	d := &simDevice{env: env, pools: make(map[int]simPool, len(s.Pools))}
+	for _, p := range s.Pools {
+		dev := p.Tier != kvcache.TierHost
+		if !dev && !(cfg.Hardware.PCIeBW > 0) {
+			return nil, fmt.Errorf("hardware %q: pcie_bandwidth %g must be > 0 with host-tier pool %d (%s)", cfg.Hardware.Name, cfg.Hardware.PCIeBW, p.ID, p.Name)
+		}
+		d.pools[p.ID] = simPool{bytes: float64(p.BlockBytes), device: dev}
+	}
+	d.stage, err = sim.NewStage(sim.StageConfig{
+		Env:         env,
+		Layers:      s.Layers,
+		Embed:       cfg.Stage == 0,
+		Head:        cfg.Stage == cfg.Stages-1,
+		DraftTokens: cfg.DraftTokens,
+		Mixer:       s.Backend.MixerWork,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *simDevice) Modelled() bool { return true }
+
+func (d *simDevice) copySeconds(copies []kvcache.Copy) float64 {
+	var s float64
+	for _, c := range copies {
+		src, dst := d.pools[c.SrcPool], d.pools[c.DstPool]
+		s += d.env.CopySeconds(src.bytes, src.device && dst.device)
+	}
+	return s
+}
+
+func (d *simDevice) CopyBlocks(_ context.Context, copies []kvcache.Copy) error {
+	d.pending += d.copySeconds(copies)
+	return nil
+}
+
+func (d *simDevice) Forward(_ context.Context, b *worker.Batch, _ *Tables) (int64, error) {
+	secs := d.pending + d.copySeconds(b.Copies)
+	d.pending = 0
+	st := &d.step
+	*st = sim.Step{}
+	seqs, sampled := d.seqs[:0], d.sampled[:0]
+	for i := range b.Items {
+		it := &b.Items[i]
+		n := len(it.Tokens)
+		seqs = append(seqs, sim.Seq{Context: it.Pos + n, New: n})
+		st.Tokens += n
+		if it.Sample {
+			st.Logits += 1 + it.Draft
+			sampled = append(sampled, sim.Seq{Context: it.Pos + n + 1, New: 1})
+		}
+	}
+	d.seqs, d.sampled = seqs, sampled
+	st.Seqs = seqs
+	st.Sampled = sim.Batch{Seqs: sampled, Tokens: len(sampled)}
+	w := d.stage.Forward(st)
+	*st = sim.Step{} // keep nothing of the batch
+	return nanos(secs + w.Seconds), nil
+}
