@@ -1,0 +1,89 @@
+// Package workload produces the requests that the engine replays: Mooncake
+// JSONL traces (ReadMooncake, LoadMooncake) and seeded synthetic scenarios
+// (Generate). It also measures a request list (Analyze), notably its
+// infinite-cache prefix hit ratio.
+//
+// Prompts are synthesized deterministically, so a run is reproducible from
+// its inputs: Mooncake blocks from (seed, hash id), generated prompts from
+// (seed, group) and (seed, request index). Equal hash ids give equal token
+// blocks, so prefix reuse reaches the cache managers through their own token
+// hashing, exactly as real traffic would.
+//
+// Prompts may share backing arrays (a prompt that is a prefix of another is
+// a sub-slice of it). Every Prompt has cap == len, so an append by a caller
+// copies instead of writing into another request's tokens, but the elements
+// themselves are read-only: callers must not modify them in place.
+//
+// Everything in this package is pure computation over its inputs; functions
+// are safe to call from several goroutines at once.
+package workload
+
+import "fmt"
+
+// Defaults applied where an option is left at zero.
+const (
+	// DefaultBlockTokens is the Mooncake hash block size in tokens.
+	DefaultBlockTokens = 512
+	// DefaultVocab is the token id range [0, DefaultVocab) of synthesized prompts.
+	DefaultVocab = 32000
+	// MaxVocab is the largest vocabulary whose ids fit in an int32.
+	MaxVocab = 1 << 31
+	// MaxTotalTokens bounds Requests × PromptMax in Generate (4 GiB of int32):
+	// a guard against a typo that would exhaust memory.
+	MaxTotalTokens = 1 << 30
+)
+
+// Request is one request to replay.
+type Request struct {
+	// ID is unique within a workload: the request's index (Mooncake: its
+	// position among the file's requests; Generate: 0..Requests-1).
+	ID uint64
+	// Arrival is the arrival time in nanoseconds since the start of the run.
+	// Closed-loop workloads leave it 0.
+	Arrival int64
+	// Prompt holds the prompt token ids, each in [0, Vocab). Read-only and
+	// possibly shared with other requests; cap(Prompt) == len(Prompt).
+	Prompt []int32
+	// OutputLen is the number of tokens to generate (at least 1).
+	OutputLen int
+	// Group labels requests that share a prefix (Generate with SharedPrefix >
+	// 0); empty otherwise.
+	Group string
+}
+
+// Workload is a request list plus how the engine admits it.
+type Workload struct {
+	Requests []Request
+	// Concurrency > 0 makes a closed loop: the engine keeps this many
+	// requests in flight and admits the next (in slice order, Arrival
+	// ignored) when one finishes. 0 is an open loop driven by Arrival.
+	Concurrency int
+}
+
+// OptionError reports an option outside its allowed range. Field is the
+// option's configuration key (snake_case), Value what was given and Limit
+// what is allowed.
+type OptionError struct {
+	Field string
+	Value any
+	Limit string
+}
+
+func (e *OptionError) Error() string {
+	return fmt.Sprintf("workload: %s = %v: %s", e.Field, e.Value, e.Limit)
+}
+
+func optErr(field string, value any, format string, args ...any) error {
+	return &OptionError{Field: field, Value: value, Limit: fmt.Sprintf(format, args...)}
+}
+
+// resolveVocab applies the default and checks the range of a vocabulary size.
+func resolveVocab(v int) (int, error) {
+	switch {
+	case v == 0:
+		return DefaultVocab, nil
+	case v < 2 || v > MaxVocab:
+		return 0, optErr("vocab", v, "must be in [2, %d] (0 = %d)", MaxVocab, DefaultVocab)
+	}
+	return v, nil
+}
