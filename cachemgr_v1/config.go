@@ -159,7 +159,7 @@ func plan(cfg kvcache.Config) (kvcache.Layout, []poolPlan, error) {
 				bytesPerToken: g.bpt,
 			})
 		}
-		layout.MaxSeqTokens = hold
+		layout.MaxSeqTokens = min(hold, limit)
 	} else {
 		// A stage of state layers only: no token limit beyond the request's.
 		layout.MaxSeqTokens = limit

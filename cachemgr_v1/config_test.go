@@ -67,7 +67,7 @@ func TestConfigureLayout(t *testing.T) {
 		pools: []kvcache.Pool{{ID: 0, Name: "full", Tier: kvcache.TierDevice,
 			Layers:         seqInts(31, 62),
 			TokensPerBlock: 64, BlockBytes: 64 * 31 * 788, Blocks: int(60 * gib / (64 * 31 * 788))}},
-		maxSeq: int(60*gib/(64*31*788)) * 64,
+		maxSeq: min(int(60*gib/(64*31*788))*64, 262144+1), // capped at max_seq_len + draft
 	}, {
 		name: "sliding window pools, huge window merged into full",
 		cfg:  swa,
@@ -75,7 +75,7 @@ func TestConfigureLayout(t *testing.T) {
 			{ID: 0, Name: "full", Tier: kvcache.TierDevice, Layers: []int{0, 1, 4}, TokensPerBlock: 32, BlockBytes: 32 * 4096, Blocks: (64 << 20) / (32 * 6144)},
 			{ID: 1, Name: "window-4096", Tier: kvcache.TierDevice, Window: 4096, Layers: []int{2, 3}, TokensPerBlock: 32, BlockBytes: 32 * 2048, Blocks: (64 << 20) / (32 * 6144)},
 		},
-		maxSeq:    (64 << 20) / (32 * 6144) * 32,
+		maxSeq:    min((64<<20)/(32*6144)*32, 8192), // capped at max_seq_len
 		warnWords: []string{"window 1,048,576", "full-attention pool"},
 	}, {
 		name: "hybrid mamba: ssm slots carved out first, reuse off",
@@ -84,7 +84,7 @@ func TestConfigureLayout(t *testing.T) {
 			{ID: 0, Name: "full", Tier: kvcache.TierDevice, Layers: []int{0, 1}, TokensPerBlock: 64, BlockBytes: 64 * 1024, Blocks: hyBlocks},
 			{ID: 1, Name: "ssm", Tier: kvcache.TierDevice, Layers: []int{2, 3, 4, 5}, BlockBytes: 40000, Blocks: 16},
 		},
-		maxSeq:    hyBlocks * 64,
+		maxSeq:    min(hyBlocks*64, 65536), // capped at max_seq_len
 		maxSeqs:   16,
 		warnWords: []string{"enable_block_reuse is off"},
 	}}

@@ -536,7 +536,6 @@ func (m *Manager) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 			continue
 		}
 		if s.isNew {
-			m.c.reusedTokens -= int64(s.reused)
 			m.drop(s)
 			continue
 		}
@@ -668,9 +667,6 @@ func (m *Manager) Release(ctx context.Context, seqs []kvcache.SeqID) error {
 			bad.add(id, "unknown sequence")
 			continue
 		}
-		if s.isNew && s.reserved {
-			m.c.reusedTokens -= int64(s.reused)
-		}
 		m.drop(s)
 	}
 	return bad.err("Release", len(seqs))
@@ -762,7 +758,9 @@ func (m *Manager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvc
 			snap.RefCounts = append(snap.RefCounts, slices.Clone(m.ssm.ref))
 		}
 	}
-	snap.Violations = m.check()
+	if opts.Tables {
+		snap.Violations = m.check()
+	}
 	return snap, nil
 }
 

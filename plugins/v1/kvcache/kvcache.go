@@ -201,7 +201,8 @@ type SnapshotStats struct {
 	ReusedTokens            int64
 }
 
-// Stats are cumulative counters since Configure.
+// Stats are cumulative counters since Configure; they never decrease (an
+// Unreserve does not take back what its Reserve counted).
 type Stats struct {
 	Pools          []PoolStats
 	Sequences      int
@@ -228,7 +229,7 @@ type SeqState struct {
 
 // InspectOptions chooses how deep Inspect looks.
 type InspectOptions struct {
-	Tables bool // include block tables and reference counts (expensive)
+	Tables bool // include block tables, reference counts and the self-check (expensive)
 }
 
 // Snapshot is a debug view for invariant checks.
@@ -238,7 +239,8 @@ type Snapshot struct {
 	// RefCounts[pool][block] is the number of sequences referencing the block;
 	// only with InspectOptions.Tables.
 	RefCounts [][]int32
-	// Violations are the manager's own deep self-check findings; empty when sound.
+	// Violations are the manager's own deep self-check findings (only with
+	// InspectOptions.Tables, since a full check is expensive); empty when sound.
 	Violations []string
 }
 

@@ -1,0 +1,119 @@
+package conformance_test
+
+import (
+	"context"
+	"flag"
+	"testing"
+
+	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
+	cachemgrv2 "github.com/kvx-dev/kvx/cachemgr_v2"
+	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/dsa"
+	"github.com/kvx-dev/kvx/dsa/mla"
+	"github.com/kvx-dev/kvx/gqa"
+	"github.com/kvx-dev/kvx/plugins/conformance"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+// managers are the repo's cache managers, each with the options it is run
+// under.
+var managers = []struct {
+	name string
+	new  func() kvcache.Manager
+}{
+	{"cachemgr_v1", func() kvcache.Manager { return cachemgrv1.New() }},
+	{"cachemgr_v2", func() kvcache.Manager { return cachemgrv2.New() }},
+}
+
+// windowed is a Gemma-style model: GQA layers alternating full attention
+// and a 64-token sliding window.
+func windowed() []spec.Layer {
+	m, err := conformance.SmallModel(spec.MixerGQA)
+	if err != nil {
+		panic(err)
+	}
+	for i := range m.Layers {
+		if i%2 == 1 {
+			m.Layers[i].Window = 64
+		}
+	}
+	return m.Layers
+}
+
+// variants are the option sets every manager is checked under.
+var variants = []struct {
+	name string
+	opts conformance.ManagerOptions
+}{
+	{"default", conformance.ManagerOptions{}},
+	{"reuse", conformance.ManagerOptions{Reuse: true}},
+	{"window-reuse", conformance.ManagerOptions{Layers: windowed(), Reuse: true, Seed: 2}},
+	{"tpb32-draft1-reuse", conformance.ManagerOptions{TokensPerBlock: 32, MaxDraftTokens: 1, Reuse: true, Seed: 3}},
+}
+
+func TestManagers(t *testing.T) {
+	for _, m := range managers {
+		for _, v := range variants {
+			opts := v.opts
+			name := m.name + "/" + v.name
+			t.Run(name+"/inprocess", func(t *testing.T) {
+				t.Parallel()
+				conformance.TestManager(t, m.new, opts)
+			})
+			t.Run(name+"/grpc", func(t *testing.T) {
+				t.Parallel()
+				conformance.TestManager(t, func() kvcache.Manager { return pluginrpc.TestManagerPair(t, m.new()) }, opts)
+			})
+		}
+	}
+}
+
+var seeds = flag.Int("seeds", 0, "run the Random check of every manager and variant under this many more seeds (5,000 operations each)")
+
+// TestManagersManySeeds is the long random search, off by default:
+// go test ./plugins/conformance -run ManySeeds -seeds 50
+func TestManagersManySeeds(t *testing.T) {
+	if *seeds == 0 {
+		t.Skip("-seeds 0")
+	}
+	for _, m := range managers {
+		for _, v := range variants {
+			t.Run(m.name+"/"+v.name, func(t *testing.T) {
+				t.Parallel()
+				for seed := uint64(100); seed < 100+uint64(*seeds); seed++ {
+					opts := v.opts
+					opts.Checks, opts.Seed, opts.RandomOps = []string{"Random"}, seed, 5000
+					if err := conformance.CheckManager(context.Background(), m.new, opts); err != nil {
+						t.Errorf("seed %d: %v", seed, err)
+					}
+				}
+			})
+		}
+	}
+}
+
+var backends = []struct {
+	name string
+	b    device.Backend
+}{
+	{"dsa", dsa.Backend},
+	{"mla", mla.Backend},
+	{"gqa", gqa.Backend},
+}
+
+func TestWorkers(t *testing.T) {
+	for _, b := range backends {
+		newWorker := func() worker.Worker { return device.NewWorker(b.b) }
+		t.Run(b.name+"/inprocess", func(t *testing.T) {
+			t.Parallel()
+			conformance.TestWorker(t, newWorker, conformance.WorkerOptions{})
+		})
+		t.Run(b.name+"/grpc", func(t *testing.T) {
+			t.Parallel()
+			conformance.TestWorker(t, func() worker.Worker { return pluginrpc.TestWorkerPair(t, newWorker()) }, conformance.WorkerOptions{})
+		})
+	}
+}
