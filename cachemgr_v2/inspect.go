@@ -54,7 +54,9 @@ func (m *Manager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvc
 			snap.RefCounts = append(snap.RefCounts, slices.Clone(p.refs))
 		}
 	}
-	snap.Violations = m.check()
+	if opts.Tables {
+		snap.Violations = m.check()
+	}
 	return snap, nil
 }
 

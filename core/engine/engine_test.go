@@ -60,7 +60,7 @@ func buildSpec(t *testing.T, ts testSpec) engine.Spec {
 		t.Fatal(err)
 	}
 	const tpb, maxTokens, batch = 32, 512, 8
-	s := engine.Spec{Variant: "test", Hardware: h, Hidden: m.Hidden, CheckEvery: 1, DeepEvery: 4, Workload: ts.reqs}
+	s := engine.Spec{Variant: "test", Hardware: h, Hidden: m.Hidden, CheckEvery: 1, DeepEvery: 8, Workload: ts.reqs}
 	for i, st := range stages {
 		var perTok int64
 		for _, l := range m.Layers[st[0]:st[1]] {

@@ -1,0 +1,77 @@
+// Command kvx runs, compares and plans LLM-serving engine configurations
+// whose cache managers and attention backends are plugins.
+//
+//	kvx run --config F [--set k=v]... [--json out.json]
+//	kvx compare [--config F] --vary key=a,b[,c] [--json out.json]
+//	kvx plan --config F
+//	kvx plugins
+//
+// Exit status: 0 when every run finished, 1 when an engine failed or an
+// invariant broke, 2 for bad configuration or usage.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/spf13/cobra"
+)
+
+// exitError carries an exit status through cobra.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func usageErr(err error) error  { return &exitError{code: 2, err: err} }
+func engineErr(err error) error { return &exitError{code: 1, err: err} }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := newRoot()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return
+	}
+	fmt.Fprintln(os.Stderr, "kvx:", err)
+	var ee *exitError
+	if errors.As(err, &ee) {
+		os.Exit(ee.code)
+	}
+	os.Exit(2)
+}
+
+// globals are the flags every command shares.
+type globals struct {
+	configs  []string
+	sets     []string
+	logLevel string
+}
+
+func (g *globals) logger() hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Name: "kvx", Level: hclog.LevelFromString(g.logLevel), Output: os.Stderr})
+}
+
+func newRoot() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "kvx",
+		Short:         "An LLM-serving engine whose KV cache managers and attention backends are plugins",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringArrayVarP(&g.configs, "config", "c", nil, "YAML config file (repeatable; later files override earlier ones)")
+	root.PersistentFlags().StringArrayVar(&g.sets, "set", nil, "override one key, e.g. --set kv_cache_config.tokens_per_block=64 (repeatable)")
+	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "warn", "log level: trace, debug, info, warn, error")
+	root.AddCommand(newRunCmd(g), newCompareCmd(g), newPlanCmd(g), newPluginsCmd(g))
+	return root
+}

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/kvx-dev/kvx/core/config"
+	"github.com/kvx-dev/kvx/core/engine"
+	"github.com/kvx-dev/kvx/core/report"
+	"github.com/kvx-dev/kvx/core/setup"
+	"github.com/kvx-dev/kvx/scenarios"
+)
+
+// runOpts are the flags of run and compare.
+type runOpts struct {
+	jsonOut    string
+	noProgress bool
+	varies     []string
+}
+
+func newRunCmd(g *globals) *cobra.Command {
+	o := &runOpts{}
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Replay a trace or scenario and print the report",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runVariants(cmd.Context(), g, o, []variant{{name: "run"}})
+		},
+	}
+	addRunFlags(cmd, o)
+	return cmd
+}
+
+func newCompareCmd(g *globals) *cobra.Command {
+	o := &runOpts{}
+	cmd := &cobra.Command{
+		Use:   "compare",
+		Short: "Run variants of one config on the same workload and print them side by side",
+		Long: `Run variants of one config on the same workload and print them side by side.
+Each --vary key=a,b,c adds one variant per value; several --vary flags give
+every combination. Without --config, the bundled demo scenario runs.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			vs, err := variants(o.varies)
+			if err != nil {
+				return usageErr(err)
+			}
+			return runVariants(cmd.Context(), g, o, vs)
+		},
+	}
+	addRunFlags(cmd, o)
+	cmd.Flags().StringArrayVar(&o.varies, "vary", nil, "key=a,b[,c]: one variant per value (repeatable)")
+	return cmd
+}
+
+func addRunFlags(cmd *cobra.Command, o *runOpts) {
+	cmd.Flags().StringVar(&o.jsonOut, "json", "", "write the report as JSON to this file ('-' for stdout)")
+	cmd.Flags().BoolVar(&o.noProgress, "no-progress", false, "do not show the progress bar")
+}
+
+// variant is one configuration of a comparison: the base plus some sets.
+type variant struct {
+	name string
+	sets []string
+}
+
+// variants expands --vary flags into their cartesian product.
+func variants(varies []string) ([]variant, error) {
+	if len(varies) == 0 {
+		return nil, errors.New("compare needs at least one --vary key=a,b")
+	}
+	out := []variant{{}}
+	for _, v := range varies {
+		key, vals, ok := strings.Cut(v, "=")
+		key = strings.TrimSpace(key)
+		if !ok || key == "" || vals == "" {
+			return nil, fmt.Errorf("--vary %q: want key=a,b[,c]", v)
+		}
+		var next []variant
+		for _, base := range out {
+			for _, val := range strings.Split(vals, ",") {
+				val = strings.TrimSpace(val)
+				nv := variant{sets: append(slices.Clone(base.sets), key+"="+val)}
+				nv.name = strings.TrimPrefix(base.name+" "+key+"="+val, " ")
+				next = append(next, nv)
+			}
+		}
+		out = next
+	}
+	return out, nil
+}
+
+// loadConfig loads the configuration of one variant; without --config it
+// uses the bundled demo scenario.
+func loadConfig(g *globals, extra []string) (*config.Config, error) {
+	files := g.configs
+	sets := slices.Clone(g.sets)
+	if len(files) == 0 {
+		path, trace, err := scenarios.WriteDemo(os.TempDir())
+		if err != nil {
+			return nil, err
+		}
+		files = []string{path}
+		sets = append([]string{"workload.trace=" + trace}, sets...)
+	}
+	cfg, notices, err := config.Load(files, os.Environ(), append(sets, extra...))
+	for _, n := range notices {
+		fmt.Fprintln(os.Stderr, "notice:", n)
+	}
+	return cfg, err
+}
+
+func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) error {
+	log := g.logger()
+	var reports []report.Report
+	var failed error
+	for _, v := range vs {
+		cfg, err := loadConfig(g, v.sets)
+		if err != nil {
+			return usageErr(err)
+		}
+		name := v.name
+		if name == "run" {
+			name = cfg.CacheManager
+		}
+		res, err := setup.Resolve(cfg, name, true)
+		if err != nil {
+			return usageErr(err)
+		}
+		if !o.noProgress && term.IsTerminal(int(os.Stderr.Fd())) {
+			res.Spec.Progress = os.Stderr
+		}
+		res.Spec.Log = log
+		l := setup.NewLauncher(cfg, registry(), log)
+		rep, err := engine.Run(ctx, res.Spec, l)
+		l.Close()
+		reports = append(reports, rep)
+		if err != nil {
+			failed = errors.Join(failed, fmt.Errorf("variant %s: %w", name, err))
+			if errors.Is(err, context.Canceled) {
+				break
+			}
+		}
+	}
+	if err := report.WriteTable(os.Stdout, reports); err != nil {
+		return err
+	}
+	if o.jsonOut != "" {
+		if err := writeJSON(o.jsonOut, reports); err != nil {
+			return err
+		}
+	}
+	if failed != nil {
+		return engineErr(failed)
+	}
+	return nil
+}
+
+func writeJSON(path string, reports []report.Report) error {
+	var w io.Writer = os.Stdout
+	if path != "-" {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := report.WriteJSON(f, reports); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+	return report.WriteJSON(w, reports)
+}

@@ -1,0 +1,111 @@
+//go:build unix
+
+package host
+
+import (
+	"context"
+	"testing"
+
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+// BenchmarkReserveCommitProcess is pluginrpc's BenchmarkReserveCommitGRPC
+// against a real plugin process (the fake manager answers Reserve like
+// pluginrpc's trivial manager: one new block per sequence): one Reserve and
+// one Commit of 256 items per iteration, with and without AutoMTLS.
+func BenchmarkReserveCommitProcess(b *testing.B) {
+	const n = 256
+	reserve := make([]kvcache.ReserveItem, n)
+	commit := make([]kvcache.CommitItem, n)
+	for i := range n {
+		reserve[i] = kvcache.ReserveItem{Seq: kvcache.SeqID(1000 + i), Tokens: 1, Draft: 1}
+		commit[i] = kvcache.CommitItem{Seq: kvcache.SeqID(1000 + i), Accepted: 2}
+	}
+	for _, mtls := range []bool{false, true} {
+		name := "plain"
+		if mtls {
+			name = "mtls"
+		}
+		b.Run(name, func(b *testing.B) {
+			h := New(nil, nil)
+			h.AutoMTLS = mtls
+			defer h.Close()
+			ctx := context.Background()
+			m, _, err := h.LaunchManager(ctx, fakeManager)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := m.Reserve(ctx, reserve); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := m.Commit(ctx, commit); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkEmptyCallProcess: the fixed cost of one call to a plugin process
+// (Health, no payload).
+func BenchmarkEmptyCallProcess(b *testing.B) {
+	h := New(nil, nil)
+	defer h.Close()
+	ctx := context.Background()
+	w, _, err := h.LaunchWorker(ctx, fakeWorker)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := w.Health(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkStepProcess: one step of one stage at 256 running requests
+// against real plugin processes: Reserve (manager), Forward (worker),
+// Commit (manager), the calls the executor makes per stage per step.
+// Compare with pluginrpc's BenchmarkStepGRPC/inprocess.
+func BenchmarkStepProcess(b *testing.B) {
+	const n = 256
+	reserve := make([]kvcache.ReserveItem, n)
+	commit := make([]kvcache.CommitItem, n)
+	batch := worker.Batch{Step: 1, Items: make([]worker.Item, n)}
+	blocks := make([]kvcache.BlockID, n)
+	for i := range n {
+		seq := kvcache.SeqID(1000 + i)
+		reserve[i] = kvcache.ReserveItem{Seq: seq, Tokens: 1, Draft: 1}
+		commit[i] = kvcache.CommitItem{Seq: seq, Accepted: 2}
+		blocks[i] = kvcache.BlockID(i)
+		batch.Items[i] = worker.Item{Seq: seq, Pos: 4000 + i, Tokens: []int32{int32(i), int32(i + 1)}, Draft: 1, Sample: true,
+			Tables: []kvcache.TableDelta{{Pool: 0, From: 100, Blocks: blocks[i : i+1]}}}
+	}
+	h := New(nil, nil)
+	defer h.Close()
+	ctx := context.Background()
+	m, _, err := h.LaunchManager(ctx, fakeManager)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, _, err := h.LaunchWorker(ctx, fakeWorker)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := m.Reserve(ctx, reserve); err != nil {
+			b.Fatal(err)
+		}
+		if res, err := w.Forward(ctx, batch); err != nil || len(res.Outputs) != n {
+			b.Fatalf("Forward = %d outputs, %v", len(res.Outputs), err)
+		}
+		if _, err := m.Commit(ctx, commit); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,9 @@
+//go:build !linux
+
+package host
+
+import "os/exec"
+
+// setParentDeathSignal does nothing where the kernel has no parent-death
+// signal; Close, HandleSignals or plugin.CleanupClients must end children.
+func setParentDeathSignal(*exec.Cmd) {}

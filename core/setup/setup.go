@@ -1,0 +1,302 @@
+// Package setup turns a validated configuration into a runnable engine.Spec:
+// it loads the model, splits it over pipeline stages, sizes every stage's
+// cache budget from the hardware, and launches each stage's manager and
+// worker, as plugins or in-process.
+package setup
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/kvx-dev/kvx/core/config"
+	"github.com/kvx-dev/kvx/core/engine"
+	"github.com/kvx-dev/kvx/core/host"
+	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/core/report"
+	"github.com/kvx-dev/kvx/core/sched"
+	"github.com/kvx-dev/kvx/core/workload"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+// Registry holds the in-process implementations, by the names the config
+// uses: cache_manager (v1, v2, mamba) and attention_backend (dsa, mla, gqa).
+type Registry struct {
+	Managers map[string]func() kvcache.Manager
+	Workers  map[string]func() worker.Worker
+}
+
+// ManagerBinary is the plugin binary of a cache_manager value: a path is
+// used as is.
+func ManagerBinary(name string) string {
+	if strings.ContainsRune(name, os.PathSeparator) {
+		return name
+	}
+	if name == "mamba" {
+		return "kvx-mamba"
+	}
+	return "kvx-cachemgr-" + name
+}
+
+// WorkerBinary is the plugin binary of an attention backend.
+func WorkerBinary(backend string) string { return "kvx-backend-" + backend }
+
+// Budget is one stage's device memory split, per GPU.
+type Budget struct {
+	Memory      int64 // the device's memory
+	Weights     int64 // this stage's weights on one GPU
+	Activations int64 // workspace estimate
+	Reserved    int64 // runtime overhead (context, communication buffers)
+	Fraction    float64
+	Cache       int64 // what the cache manager may use
+}
+
+// runtimeReserve is the fixed per-GPU overhead kept out of the cache budget:
+// CUDA context, NCCL buffers and graphs, about 1 GiB on current stacks.
+const runtimeReserve = 1 << 30
+
+// activationFactor approximates the live activations of one forward as this
+// many hidden-size bf16 vectors per scheduled token (residual, norms, Q/K/V,
+// attention output and the MLP's intermediate in flight).
+const activationFactor = 12
+
+// StageBudget sizes one stage's cache as TensorRT-LLM does: the free memory
+// after weights and activations, times free_gpu_memory_fraction, capped by
+// kv_cache_config.max_tokens when set.
+func StageBudget(cfg *config.Config, m *spec.Model, hw spec.Hardware, stage int, first, last int) (Budget, error) {
+	tp := cfg.TensorParallelSize
+	b := Budget{Memory: hw.MemoryBytes, Fraction: cfg.KVCache.FreeGPUMemoryFraction, Reserved: runtimeReserve}
+	b.Weights = model.WeightBytes(*m, first, last, cfg.WeightsDtype, tp)
+	b.Activations = int64(cfg.MaxNumTokens) * int64(m.Hidden) * 2 * activationFactor
+	if last == len(m.Layers) { // logits of the last stage, fp32
+		b.Activations += int64(cfg.MaxBatchSize) * int64(cfg.Speculative.MaxDraftLen+1) * int64(m.Vocab) * 4
+	}
+	free := b.Memory - b.Weights - b.Activations - b.Reserved
+	if free <= 0 {
+		return b, fmt.Errorf("stage %d: weights %s + activations %s + runtime %s exceed the %s of one %s; raise tensor_parallel_size (%d) or pipeline_parallel_size (%d), or use a smaller weights_dtype (%s)",
+			stage, gib(b.Weights), gib(b.Activations), gib(b.Reserved), gib(b.Memory), hw.Name, tp, cfg.PipelineParallelSize, cfg.WeightsDtype)
+	}
+	b.Cache = int64(float64(free) * b.Fraction)
+	if mt := cfg.KVCache.MaxTokens; mt > 0 {
+		var perToken int64
+		for _, l := range m.Layers[first:last] {
+			for _, buf := range l.Buffers {
+				perToken += buf.BytesPerToken
+			}
+		}
+		b.Cache = min(b.Cache, int64(mt)*perToken)
+	}
+	return b, nil
+}
+
+func gib(n int64) string { return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30)) }
+
+// Resolved is a configuration made concrete: the engine spec plus what was
+// decided on the way, for `kvx plan` and the logs.
+type Resolved struct {
+	Spec    engine.Spec
+	Model   spec.Model
+	Stages  [][2]int
+	Budgets []Budget
+}
+
+// Resolve builds the engine spec of one configuration. Requests of the
+// workload are loaded too (a trace is read here, so its errors surface before
+// anything is launched).
+func Resolve(cfg *config.Config, variant string, withWorkload bool) (*Resolved, error) {
+	m := cfg.ModelSpec()
+	if !cfg.Speculative.Enabled() {
+		// Without speculative decoding the MTP layers are not loaded.
+		m.Layers = slices.DeleteFunc(m.Layers, func(l spec.Layer) bool { return l.MTP })
+		m.NumNextN = 0
+	}
+	if err := model.FillBuffers(&m, cfg.Dtypes(), cfg.TensorParallelSize); err != nil {
+		return nil, err
+	}
+	hw := cfg.HardwareSpec()
+	pp := cfg.PipelineParallelSize
+	stages, err := model.SplitStages(m, pp)
+	if err != nil {
+		return nil, err
+	}
+	draft := 0
+	if cfg.Speculative.Enabled() {
+		draft = cfg.Speculative.MaxDraftLen
+	}
+	host := cfg.KVCache.HostCacheSize
+	r := &Resolved{Model: m, Stages: stages}
+	s := &r.Spec
+	s.Variant = variant
+	s.Hardware = hw
+	s.Hidden = m.Hidden
+	s.Setup = report.Setup{
+		Model: m.Name, CacheManager: cfg.CacheManager, Backend: cfg.AttentionBackend, Device: cfg.Device,
+		Hardware: hw.Name, Isolation: cfg.Isolation, Policy: cfg.Scheduler.CapacitySchedulerPolicy,
+		PP: pp, TP: cfg.TensorParallelSize, Draft: draft, BlockReuse: cfg.KVCache.EnableBlockReuse,
+	}
+	for i, st := range stages {
+		b, err := StageBudget(cfg, &m, hw, i, st[0], st[1])
+		if err != nil {
+			return nil, err
+		}
+		r.Budgets = append(r.Budgets, b)
+		mc := kvcache.Config{
+			Stage: i, Stages: pp,
+			Layers:           m.Layers[st[0]:st[1]],
+			TokensPerBlock:   cfg.KVCache.TokensPerBlock,
+			DeviceBytes:      b.Cache,
+			MaxBatchSize:     cfg.MaxBatchSize,
+			MaxNumTokens:     cfg.MaxNumTokens,
+			MaxSeqLen:        cfg.MaxSeqLen,
+			MaxDraftTokens:   draft,
+			EnableBlockReuse: cfg.KVCache.EnableBlockReuse,
+			AvgSeqLen:        cfg.KVCache.AvgSeqLen,
+			PoolRatio:        cfg.KVCache.PoolRatio,
+			Snapshots: kvcache.SnapshotConfig{
+				Interval:       cfg.MambaState.PeriodicSnapshotInterval,
+				OffsetsFromEnd: cfg.MambaState.AdditionalSnapshotOffsetsFromEnd,
+			},
+		}
+		if host != nil {
+			mc.HostBytes = *host
+		}
+		s.Managers = append(s.Managers, mc)
+		s.Workers = append(s.Workers, worker.Config{
+			Stage: i, Stages: pp, Model: m, First: st[0], Last: st[1],
+			Backend: cfg.AttentionBackend, Device: cfg.Device, Hardware: hw,
+			TensorParallel: cfg.TensorParallelSize, WeightsDtype: cfg.WeightsDtype,
+			KVDtype: cfg.KVCache.Dtype, Seed: cfg.Seed,
+			DraftTokens: draft, DraftAcceptance: cfg.Speculative.AcceptanceRate,
+		})
+	}
+	policy, err := sched.ParsePolicy(cfg.Scheduler.CapacitySchedulerPolicy)
+	if err != nil {
+		return nil, err
+	}
+	s.Sched = sched.Config{
+		MaxBatchSize:   cfg.MaxBatchSize,
+		MaxResident:    cfg.MaxBatchSize * pp,
+		MaxNumTokens:   cfg.MaxNumTokens,
+		MaxSeqLen:      cfg.MaxSeqLen,
+		ChunkedPrefill: cfg.EnableChunkedPrefill,
+		TokensPerBlock: cfg.KVCache.TokensPerBlock,
+		Draft:          draft,
+		Reuse:          cfg.KVCache.EnableBlockReuse,
+		Policy:         policy,
+	}
+	s.CheckEvery = cfg.CheckInvariants
+	s.DeepEvery = cfg.DeepCheckEvery
+	if withWorkload {
+		wl, err := Workload(cfg, m.Vocab)
+		if err != nil {
+			return nil, err
+		}
+		s.Workload = wl
+	}
+	return r, nil
+}
+
+// Workload loads the configured trace or generates the configured scenario.
+func Workload(cfg *config.Config, vocab int) (workload.Workload, error) {
+	w := cfg.Workload
+	seed := w.Seed
+	switch w.Kind() {
+	case config.WorkloadTrace:
+		reqs, err := workload.LoadMooncake(w.Trace, workload.MooncakeOptions{
+			Limit: w.Limit, TimeScale: w.TimeScale, Vocab: vocab, Seed: seed,
+		})
+		if err != nil {
+			return workload.Workload{}, err
+		}
+		return workload.Workload{Requests: reqs, Concurrency: w.Concurrency}, nil
+	case config.WorkloadGenerator:
+		return workload.GenerateWorkload(workload.GenOptions{
+			Requests: w.Requests, Concurrency: w.Concurrency, Rate: w.Rate,
+			PromptMin: w.PromptTokens.Min, PromptMax: w.PromptTokens.Max,
+			OutputMin: w.OutputTokens.Min, OutputMax: w.OutputTokens.Max,
+			SharedPrefix: w.SharedPrefixTokens, SharedGroups: w.SharedPrefixGroups,
+			Vocab: vocab, Seed: seed,
+		})
+	}
+	return workload.Workload{}, fmt.Errorf("workload: neither workload.trace nor workload.requests is set")
+}
+
+// Launcher starts each stage's manager and worker, as plugin processes
+// (isolation: plugin) or in this process (isolation: inprocess).
+type Launcher struct {
+	cfg  *config.Config
+	reg  Registry
+	host *host.Host
+}
+
+var _ engine.Launcher = (*Launcher)(nil)
+
+// NewLauncher returns a launcher; with plugin isolation it owns a plugin host
+// that Close shuts down.
+func NewLauncher(cfg *config.Config, reg Registry, log hclog.Logger) *Launcher {
+	l := &Launcher{cfg: cfg, reg: reg}
+	if cfg.Isolation == "plugin" {
+		l.host = host.New(log, cfg.PluginDirs)
+	}
+	return l
+}
+
+// Manager implements engine.Launcher.
+func (l *Launcher) Manager(ctx context.Context, stage int) (kvcache.Manager, error) {
+	name := l.cfg.CacheManager
+	if l.host == nil {
+		f, ok := l.reg.Managers[name]
+		if !ok {
+			return nil, fmt.Errorf("cache_manager %q has no in-process implementation (known: %s); use isolation: plugin", name, keys(l.reg.Managers))
+		}
+		return f(), nil
+	}
+	path, err := l.host.Find(ManagerBinary(name))
+	if err != nil {
+		return nil, err
+	}
+	m, _, err := l.host.LaunchManager(ctx, path)
+	return m, err
+}
+
+// Worker implements engine.Launcher.
+func (l *Launcher) Worker(ctx context.Context, stage int) (worker.Worker, error) {
+	name := l.cfg.AttentionBackend
+	if l.host == nil {
+		f, ok := l.reg.Workers[name]
+		if !ok {
+			return nil, fmt.Errorf("attention_backend %q has no in-process implementation (known: %s)", name, keys(l.reg.Workers))
+		}
+		return f(), nil
+	}
+	path, err := l.host.Find(WorkerBinary(name))
+	if err != nil {
+		return nil, err
+	}
+	w, _, err := l.host.LaunchWorker(ctx, path)
+	return w, err
+}
+
+// Close stops every plugin process this launcher started.
+func (l *Launcher) Close() {
+	if l.host != nil {
+		l.host.Close()
+	}
+}
+
+// Host is the plugin host, nil in-process.
+func (l *Launcher) Host() *host.Host { return l.host }
+
+func keys[V any](m map[string]V) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	return strings.Join(slices.Sorted(maps.Keys(m)), ", ")
+}

@@ -1,0 +1,586 @@
+package pluginrpc
+
+// Converters between the contract's Go types and the generated messages: one
+// small function per message and direction. Rules:
+//
+//   - fromProto* accept nil and return the zero value.
+//   - Empty slices travel as nothing and come back nil.
+//   - Slices whose element types match on both sides ([]int32 tokens,
+//     []float32 logits, []string, ...) are shared, not copied: a message is
+//     marshalled before the call returns and a decoded message is owned by
+//     whoever decoded it, so no slice outlives its owner's contract.
+//   - Per-step messages are columnar (columns.go): no allocation per item in
+//     either direction; nested slices of the items are carved out of one
+//     allocation per column, with capped capacity.
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+)
+
+type integer interface {
+	~int | ~int32 | ~int64 | ~uint64
+}
+
+// ints converts an integer slice element by element; nil when empty.
+func ints[D, S integer](s []S) []D {
+	if len(s) == 0 {
+		return nil
+	}
+	d := make([]D, len(s))
+	for i, v := range s {
+		d[i] = D(v)
+	}
+	return d
+}
+
+// strs converts a string-typed slice; nil when empty.
+func strs[D, S ~string](s []S) []D {
+	if len(s) == 0 {
+		return nil
+	}
+	d := make([]D, len(s))
+	for i, v := range s {
+		d[i] = D(v)
+	}
+	return d
+}
+
+// share returns s, or nil when it is empty.
+func share[T any](s []T) []T {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
+}
+
+func fromSeqIDs(s []kvcache.SeqID) []uint64 { return ints[uint64](s) }
+func toSeqIDs(s []uint64) []kvcache.SeqID   { return ints[kvcache.SeqID](s) }
+
+// ptrs returns pointers to each element of msgs, which must not move.
+func ptrs[T any](msgs []T) []*T {
+	if len(msgs) == 0 {
+		return nil
+	}
+	p := make([]*T, len(msgs))
+	for i := range msgs {
+		p[i] = &msgs[i]
+	}
+	return p
+}
+
+// --- Info and Capabilities ---
+
+func toProtoCapabilities(c kvcache.Capabilities) *kvxpb.Capabilities {
+	return &kvxpb.Capabilities{
+		Mixers:      strs[string](c.Mixers),
+		PrefixReuse: c.PrefixReuse,
+		HostTier:    c.HostTier,
+		SsmState:    c.SSMState,
+		SsmReuse:    c.SSMReuse,
+	}
+}
+
+func fromProtoCapabilities(p *kvxpb.Capabilities) kvcache.Capabilities {
+	return kvcache.Capabilities{
+		Mixers:      strs[spec.Mixer](p.GetMixers()),
+		PrefixReuse: p.GetPrefixReuse(),
+		HostTier:    p.GetHostTier(),
+		SSMState:    p.GetSsmState(),
+		SSMReuse:    p.GetSsmReuse(),
+	}
+}
+
+func toProtoManagerInfo(in kvcache.Info) *kvxpb.ManagerInfo {
+	return &kvxpb.ManagerInfo{
+		Name:         in.Name,
+		Version:      in.Version,
+		Protocols:    ints[int64](in.Protocols),
+		Capabilities: toProtoCapabilities(in.Capabilities),
+	}
+}
+
+func fromProtoManagerInfo(p *kvxpb.ManagerInfo) kvcache.Info {
+	return kvcache.Info{
+		Name:         p.GetName(),
+		Version:      p.GetVersion(),
+		Protocols:    ints[int](p.GetProtocols()),
+		Capabilities: fromProtoCapabilities(p.GetCapabilities()),
+	}
+}
+
+// --- Configure ---
+
+func toProtoSnapshotConfig(c kvcache.SnapshotConfig) *kvxpb.SnapshotConfig {
+	return &kvxpb.SnapshotConfig{Interval: int64(c.Interval), OffsetsFromEnd: ints[int64](c.OffsetsFromEnd)}
+}
+
+func fromProtoSnapshotConfig(p *kvxpb.SnapshotConfig) kvcache.SnapshotConfig {
+	return kvcache.SnapshotConfig{Interval: int(p.GetInterval()), OffsetsFromEnd: ints[int](p.GetOffsetsFromEnd())}
+}
+
+// toProtoManagerConfig fails only when the layers cannot be JSON-encoded.
+func toProtoManagerConfig(c kvcache.Config) (*kvxpb.ManagerConfig, error) {
+	var layers []byte
+	if len(c.Layers) > 0 {
+		var err error
+		if layers, err = json.Marshal(c.Layers); err != nil {
+			return nil, fmt.Errorf("encode Config.Layers: %w", err)
+		}
+	}
+	return &kvxpb.ManagerConfig{
+		Stage:            int64(c.Stage),
+		Stages:           int64(c.Stages),
+		LayersJson:       layers,
+		TokensPerBlock:   int64(c.TokensPerBlock),
+		DeviceBytes:      c.DeviceBytes,
+		HostBytes:        c.HostBytes,
+		MaxBatchSize:     int64(c.MaxBatchSize),
+		MaxNumTokens:     int64(c.MaxNumTokens),
+		MaxSeqLen:        int64(c.MaxSeqLen),
+		MaxDraftTokens:   int64(c.MaxDraftTokens),
+		EnableBlockReuse: c.EnableBlockReuse,
+		AvgSeqLen:        int64(c.AvgSeqLen),
+		PoolRatio:        share(c.PoolRatio),
+		Snapshots:        toProtoSnapshotConfig(c.Snapshots),
+	}, nil
+}
+
+// fromProtoManagerConfig fails with KindInvalidConfig when layers_json does
+// not decode.
+func fromProtoManagerConfig(p *kvxpb.ManagerConfig) (kvcache.Config, error) {
+	var layers []spec.Layer
+	if b := p.GetLayersJson(); len(b) > 0 {
+		if err := json.Unmarshal(b, &layers); err != nil {
+			return kvcache.Config{}, kvcache.Errorf(kvcache.KindInvalidConfig,
+				"Config.Layers: layers_json (%d bytes) is not the JSON of []spec.Layer: %v", len(b), err)
+		}
+	}
+	return kvcache.Config{
+		Stage:            int(p.GetStage()),
+		Stages:           int(p.GetStages()),
+		Layers:           share(layers),
+		TokensPerBlock:   int(p.GetTokensPerBlock()),
+		DeviceBytes:      p.GetDeviceBytes(),
+		HostBytes:        p.GetHostBytes(),
+		MaxBatchSize:     int(p.GetMaxBatchSize()),
+		MaxNumTokens:     int(p.GetMaxNumTokens()),
+		MaxSeqLen:        int(p.GetMaxSeqLen()),
+		MaxDraftTokens:   int(p.GetMaxDraftTokens()),
+		EnableBlockReuse: p.GetEnableBlockReuse(),
+		AvgSeqLen:        int(p.GetAvgSeqLen()),
+		PoolRatio:        share(p.GetPoolRatio()),
+		Snapshots:        fromProtoSnapshotConfig(p.GetSnapshots()),
+	}, nil
+}
+
+func fillProtoPool(m *kvxpb.Pool, p *kvcache.Pool) {
+	m.Id = int64(p.ID)
+	m.Name = p.Name
+	m.Tier = string(p.Tier)
+	m.Window = int64(p.Window)
+	m.Layers = ints[int64](p.Layers)
+	m.TokensPerBlock = int64(p.TokensPerBlock)
+	m.BlockBytes = p.BlockBytes
+	m.Blocks = int64(p.Blocks)
+}
+
+func fromProtoPool(m *kvxpb.Pool) kvcache.Pool {
+	return kvcache.Pool{
+		ID:             int(m.GetId()),
+		Name:           m.GetName(),
+		Tier:           kvcache.Tier(m.GetTier()),
+		Window:         int(m.GetWindow()),
+		Layers:         ints[int](m.GetLayers()),
+		TokensPerBlock: int(m.GetTokensPerBlock()),
+		BlockBytes:     m.GetBlockBytes(),
+		Blocks:         int(m.GetBlocks()),
+	}
+}
+
+func toProtoLayout(l kvcache.Layout) *kvxpb.Layout {
+	pools := make([]kvxpb.Pool, len(l.Pools))
+	for i := range l.Pools {
+		fillProtoPool(&pools[i], &l.Pools[i])
+	}
+	return &kvxpb.Layout{
+		Pools:        ptrs(pools),
+		MaxSeqTokens: int64(l.MaxSeqTokens),
+		MaxSequences: int64(l.MaxSequences),
+		Warnings:     share(l.Warnings),
+	}
+}
+
+func fromProtoLayout(p *kvxpb.Layout) kvcache.Layout {
+	var pools []kvcache.Pool
+	if ps := p.GetPools(); len(ps) > 0 {
+		pools = make([]kvcache.Pool, len(ps))
+		for i, m := range ps {
+			pools[i] = fromProtoPool(m)
+		}
+	}
+	return kvcache.Layout{
+		Pools:        pools,
+		MaxSeqTokens: int(p.GetMaxSeqTokens()),
+		MaxSequences: int(p.GetMaxSequences()),
+		Warnings:     share(p.GetWarnings()),
+	}
+}
+
+// --- Lookup ---
+
+func toProtoLookupRequest(items []kvcache.LookupItem) *kvxpb.LookupRequest {
+	msgs := make([]kvxpb.LookupItem, len(items))
+	for i := range items {
+		msgs[i].Seq = uint64(items[i].Seq)
+		msgs[i].Prompt = share(items[i].Prompt)
+	}
+	return &kvxpb.LookupRequest{Items: ptrs(msgs)}
+}
+
+func fromProtoLookupRequest(p *kvxpb.LookupRequest) []kvcache.LookupItem {
+	ms := p.GetItems()
+	if len(ms) == 0 {
+		return nil
+	}
+	items := make([]kvcache.LookupItem, len(ms))
+	for i, m := range ms {
+		items[i] = kvcache.LookupItem{Seq: kvcache.SeqID(m.GetSeq()), Prompt: share(m.GetPrompt())}
+	}
+	return items
+}
+
+func toProtoLookupResponse(tokens []int) *kvxpb.LookupResponse {
+	return &kvxpb.LookupResponse{Tokens: ints[int64](tokens)}
+}
+
+func fromProtoLookupResponse(p *kvxpb.LookupResponse) []int {
+	return ints[int](p.GetTokens())
+}
+
+// --- Reserve ---
+
+func toProtoReserveRequest(items []kvcache.ReserveItem) *kvxpb.ReserveRequest {
+	n := len(items)
+	m := &kvxpb.ReserveRequest{
+		Seq:    make([]uint64, n),
+		Tokens: column(n, func(i int) int64 { return int64(items[i].Tokens) }),
+		Draft:  column(n, func(i int) int64 { return int64(items[i].Draft) }),
+		Hold:   column(n, func(i int) int64 { return int64(items[i].Hold) }),
+		New:    column(n, func(i int) bool { return items[i].New }),
+		Reuse:  column(n, func(i int) int64 { return int64(items[i].Reuse) }),
+	}
+	for i := range items {
+		m.Seq[i] = uint64(items[i].Seq) // the count column is never left out
+	}
+	m.Seq = share(m.Seq)
+	m.PromptLen, m.Prompt = concat(n, func(i int) []int32 { return items[i].Prompt })
+	return m
+}
+
+func fromProtoReserveRequest(p *kvxpb.ReserveRequest) ([]kvcache.ReserveItem, error) {
+	const msg = "ReserveRequest"
+	seq := p.GetSeq()
+	n := len(seq)
+	tokens, err1 := optional(msg, "tokens", p.GetTokens(), n)
+	draft, err2 := optional(msg, "draft", p.GetDraft(), n)
+	hold, err3 := optional(msg, "hold", p.GetHold(), n)
+	isNew, err4 := optional(msg, "new", p.GetNew(), n)
+	reuse, err5 := optional(msg, "reuse", p.GetReuse(), n)
+	prompt, err6 := newSplitter(msg, "prompt_len", "prompt", p.GetPromptLen(), p.GetPrompt(), n)
+	if err := firstErr(err1, err2, err3, err4, err5, err6); err != nil || n == 0 {
+		return nil, err
+	}
+	items := make([]kvcache.ReserveItem, n)
+	for i := range items {
+		items[i] = kvcache.ReserveItem{
+			Seq:    kvcache.SeqID(seq[i]),
+			Tokens: int(at(tokens, i)),
+			Draft:  int(at(draft, i)),
+			Hold:   int(at(hold, i)),
+			New:    at(isNew, i),
+			Prompt: prompt.part(i),
+			Reuse:  int(at(reuse, i)),
+		}
+	}
+	return items, nil
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// --- Grants ---
+
+func toProtoReserveResponse(gs []kvcache.Grant) *kvxpb.ReserveResponse {
+	n := len(gs)
+	if n == 0 {
+		return &kvxpb.ReserveResponse{}
+	}
+	m := &kvxpb.ReserveResponse{Seq: make([]uint64, n), Ok: make([]bool, n)}
+	for i := range gs {
+		g := &gs[i]
+		m.Seq[i] = uint64(g.Seq)
+		m.Ok[i] = g.OK
+		if g.Reason != "" {
+			m.ReasonItem = append(m.ReasonItem, int32(i))
+			m.Reason = append(m.Reason, g.Reason)
+		}
+	}
+	m.Ok = trimZero(m.Ok)
+	m.Tables = toProtoTableDeltas(n, func(i int) []kvcache.TableDelta { return gs[i].Tables })
+	m.Copies = toProtoCopies(n, func(i int) []kvcache.Copy { return gs[i].Copies })
+	return m
+}
+
+func fromProtoReserveResponse(p *kvxpb.ReserveResponse) ([]kvcache.Grant, error) {
+	const msg = "ReserveResponse"
+	seq := p.GetSeq()
+	n := len(seq)
+	ok, err := optional(msg, "ok", p.GetOk(), n)
+	if err != nil {
+		return nil, err
+	}
+	reasonItem, reason := p.GetReasonItem(), p.GetReason()
+	if len(reasonItem) != len(reason) {
+		return nil, colError("%s: %d reason_item values for %d reasons, want equal", msg, len(reasonItem), len(reason))
+	}
+	gs := make([]kvcache.Grant, n)
+	for i := range gs {
+		gs[i] = kvcache.Grant{Seq: kvcache.SeqID(seq[i]), OK: at(ok, i)}
+	}
+	for k, it := range reasonItem {
+		if it < 0 || int(it) >= n || (k > 0 && it <= reasonItem[k-1]) {
+			return nil, colError("%s: reason_item[%d] = %d, want 0..%d and increasing", msg, k, it, n-1)
+		}
+		gs[it].Reason = reason[k]
+	}
+	if err := fromProtoTableDeltas(msg, p.GetTables(), n, func(i int, ds []kvcache.TableDelta) { gs[i].Tables = ds }); err != nil {
+		return nil, err
+	}
+	if err := fromProtoCopies(msg, p.GetCopies(), n, func(i int, cs []kvcache.Copy) { gs[i].Copies = cs }); err != nil {
+		return nil, err
+	}
+	return share(gs), nil
+}
+
+// --- Seqs, Commit, Suspend/Resume ---
+
+func toProtoSeqs(seqs []kvcache.SeqID) *kvxpb.Seqs { return &kvxpb.Seqs{Seqs: fromSeqIDs(seqs)} }
+
+func fromProtoSeqs(p *kvxpb.Seqs) []kvcache.SeqID { return toSeqIDs(p.GetSeqs()) }
+
+func toProtoCommitRequest(items []kvcache.CommitItem) *kvxpb.CommitRequest {
+	n := len(items)
+	m := &kvxpb.CommitRequest{
+		Seq:      make([]uint64, n),
+		Accepted: column(n, func(i int) int64 { return int64(items[i].Accepted) }),
+	}
+	for i := range items {
+		m.Seq[i] = uint64(items[i].Seq)
+	}
+	m.Seq = share(m.Seq)
+	return m
+}
+
+func fromProtoCommitRequest(p *kvxpb.CommitRequest) ([]kvcache.CommitItem, error) {
+	seq := p.GetSeq()
+	accepted, err := optional("CommitRequest", "accepted", p.GetAccepted(), len(seq))
+	if err != nil || len(seq) == 0 {
+		return nil, err
+	}
+	items := make([]kvcache.CommitItem, len(seq))
+	for i, s := range seq {
+		items[i] = kvcache.CommitItem{Seq: kvcache.SeqID(s), Accepted: int(at(accepted, i))}
+	}
+	return items, nil
+}
+
+func toProtoCommitResult(r kvcache.CommitResult) *kvxpb.CommitResult {
+	return &kvxpb.CommitResult{Copies: toProtoCopyList(r.Copies)}
+}
+
+func fromProtoCommitResult(p *kvxpb.CommitResult) (kvcache.CommitResult, error) {
+	cs, err := fromProtoCopyList("CommitResult", p.GetCopies())
+	return kvcache.CommitResult{Copies: cs}, err
+}
+
+func toProtoMoveResult(ok []bool, copies []kvcache.Copy) *kvxpb.MoveResult {
+	return &kvxpb.MoveResult{Ok: share(ok), Copies: toProtoCopyList(copies)}
+}
+
+func fromProtoMoveResult(p *kvxpb.MoveResult) ([]bool, []kvcache.Copy, error) {
+	cs, err := fromProtoCopyList("MoveResult", p.GetCopies())
+	return share(p.GetOk()), cs, err
+}
+
+// --- Stats and Inspect ---
+
+func fillProtoPoolStats(m *kvxpb.PoolStats, s *kvcache.PoolStats) {
+	m.Pool = int64(s.Pool)
+	m.Total = int64(s.Total)
+	m.Free = int64(s.Free)
+	m.Cached = int64(s.Cached)
+	m.InUse = int64(s.InUse)
+}
+
+func fromProtoPoolStats(m *kvxpb.PoolStats) kvcache.PoolStats {
+	return kvcache.PoolStats{
+		Pool:   int(m.GetPool()),
+		Total:  int(m.GetTotal()),
+		Free:   int(m.GetFree()),
+		Cached: int(m.GetCached()),
+		InUse:  int(m.GetInUse()),
+	}
+}
+
+func protoPoolStats(ss []kvcache.PoolStats) []*kvxpb.PoolStats {
+	msgs := make([]kvxpb.PoolStats, len(ss))
+	for i := range ss {
+		fillProtoPoolStats(&msgs[i], &ss[i])
+	}
+	return ptrs(msgs)
+}
+
+func goPoolStats(ms []*kvxpb.PoolStats) []kvcache.PoolStats {
+	if len(ms) == 0 {
+		return nil
+	}
+	ss := make([]kvcache.PoolStats, len(ms))
+	for i, m := range ms {
+		ss[i] = fromProtoPoolStats(m)
+	}
+	return ss
+}
+
+func toProtoSnapshotStats(s kvcache.SnapshotStats) *kvxpb.SnapshotStats {
+	return &kvxpb.SnapshotStats{Taken: s.Taken, Skipped: s.Skipped, Evicted: s.Evicted, ReusedTokens: s.ReusedTokens}
+}
+
+func fromProtoSnapshotStats(p *kvxpb.SnapshotStats) kvcache.SnapshotStats {
+	return kvcache.SnapshotStats{
+		Taken:        p.GetTaken(),
+		Skipped:      p.GetSkipped(),
+		Evicted:      p.GetEvicted(),
+		ReusedTokens: p.GetReusedTokens(),
+	}
+}
+
+func toProtoStats(s kvcache.Stats) *kvxpb.ManagerStats {
+	return &kvxpb.ManagerStats{
+		Pools:          protoPoolStats(s.Pools),
+		Sequences:      int64(s.Sequences),
+		LookupTokens:   s.LookupTokens,
+		ReusedTokens:   s.ReusedTokens,
+		Evictions:      s.Evictions,
+		Snapshots:      toProtoSnapshotStats(s.Snapshots),
+		SuspendedSeqs:  int64(s.SuspendedSeqs),
+		ReserveDenials: s.ReserveDenials,
+	}
+}
+
+func fromProtoStats(p *kvxpb.ManagerStats) kvcache.Stats {
+	return kvcache.Stats{
+		Pools:          goPoolStats(p.GetPools()),
+		Sequences:      int(p.GetSequences()),
+		LookupTokens:   p.GetLookupTokens(),
+		ReusedTokens:   p.GetReusedTokens(),
+		Evictions:      p.GetEvictions(),
+		Snapshots:      fromProtoSnapshotStats(p.GetSnapshots()),
+		SuspendedSeqs:  int(p.GetSuspendedSeqs()),
+		ReserveDenials: p.GetReserveDenials(),
+	}
+}
+
+func toProtoInspectOptions(o kvcache.InspectOptions) *kvxpb.InspectOptions {
+	return &kvxpb.InspectOptions{Tables: o.Tables}
+}
+
+func fromProtoInspectOptions(p *kvxpb.InspectOptions) kvcache.InspectOptions {
+	return kvcache.InspectOptions{Tables: p.GetTables()}
+}
+
+func toProtoSeqState(s *kvcache.SeqState) *kvxpb.SeqState {
+	m := &kvxpb.SeqState{
+		Seq:       uint64(s.Seq),
+		History:   int64(s.History),
+		Capacity:  int64(s.Capacity),
+		Reserved:  int64(s.Reserved),
+		Draft:     int64(s.Draft),
+		Hold:      int64(s.Hold),
+		Suspended: s.Suspended,
+		Blocks:    ints[int64](s.Blocks),
+	}
+	if len(s.Tables) > 0 {
+		tables := make([]kvxpb.BlockTable, len(s.Tables))
+		for i, t := range s.Tables {
+			tables[i].Blocks = ints[int32](t)
+		}
+		m.Tables = ptrs(tables)
+	}
+	return m
+}
+
+func fromProtoSeqState(m *kvxpb.SeqState) kvcache.SeqState {
+	s := kvcache.SeqState{
+		Seq:       kvcache.SeqID(m.GetSeq()),
+		History:   int(m.GetHistory()),
+		Capacity:  int(m.GetCapacity()),
+		Reserved:  int(m.GetReserved()),
+		Draft:     int(m.GetDraft()),
+		Hold:      int(m.GetHold()),
+		Suspended: m.GetSuspended(),
+		Blocks:    ints[int](m.GetBlocks()),
+	}
+	if ts := m.GetTables(); len(ts) > 0 {
+		s.Tables = make([][]kvcache.BlockID, len(ts))
+		for i, t := range ts {
+			s.Tables[i] = ints[kvcache.BlockID](t.GetBlocks())
+		}
+	}
+	return s
+}
+
+func toProtoSnapshot(s kvcache.Snapshot) *kvxpb.Snapshot {
+	m := &kvxpb.Snapshot{Pools: protoPoolStats(s.Pools), Violations: share(s.Violations)}
+	if len(s.Seqs) > 0 {
+		m.Seqs = make([]*kvxpb.SeqState, len(s.Seqs))
+		for i := range s.Seqs {
+			m.Seqs[i] = toProtoSeqState(&s.Seqs[i])
+		}
+	}
+	if len(s.RefCounts) > 0 {
+		rc := make([]kvxpb.RefCounts, len(s.RefCounts))
+		for i, c := range s.RefCounts {
+			rc[i].Counts = share(c)
+		}
+		m.RefCounts = ptrs(rc)
+	}
+	return m
+}
+
+func fromProtoSnapshot(p *kvxpb.Snapshot) kvcache.Snapshot {
+	s := kvcache.Snapshot{Pools: goPoolStats(p.GetPools()), Violations: share(p.GetViolations())}
+	if ms := p.GetSeqs(); len(ms) > 0 {
+		s.Seqs = make([]kvcache.SeqState, len(ms))
+		for i, m := range ms {
+			s.Seqs[i] = fromProtoSeqState(m)
+		}
+	}
+	if rc := p.GetRefCounts(); len(rc) > 0 {
+		s.RefCounts = make([][]int32, len(rc))
+		for i, c := range rc {
+			s.RefCounts[i] = share(c.GetCounts())
+		}
+	}
+	return s
+}

@@ -1,0 +1,244 @@
+package pluginrpc
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+func toProtoWorkerInfo(in worker.Info) *kvxpb.WorkerInfo {
+	return &kvxpb.WorkerInfo{
+		Name:        in.Name,
+		Version:     in.Version,
+		Protocols:   ints[int64](in.Protocols),
+		Device:      in.Device,
+		Mixers:      strs[string](in.Mixers),
+		MemoryBytes: in.MemoryBytes,
+		FreeBytes:   in.FreeBytes,
+	}
+}
+
+func fromProtoWorkerInfo(p *kvxpb.WorkerInfo) worker.Info {
+	return worker.Info{
+		Name:        p.GetName(),
+		Version:     p.GetVersion(),
+		Protocols:   ints[int](p.GetProtocols()),
+		Device:      p.GetDevice(),
+		Mixers:      strs[spec.Mixer](p.GetMixers()),
+		MemoryBytes: p.GetMemoryBytes(),
+		FreeBytes:   p.GetFreeBytes(),
+	}
+}
+
+func toProtoHardware(h spec.Hardware) *kvxpb.Hardware {
+	return &kvxpb.Hardware{
+		Name:            h.Name,
+		MemoryBytes:     h.MemoryBytes,
+		MemBandwidth:    h.MemBandwidth,
+		FlopsBf16:       h.FLOPSBF16,
+		FlopsFp8:        h.FLOPSFP8,
+		FlopsFp4:        h.FLOPSFP4,
+		NvlinkBandwidth: h.NVLinkBW,
+		PcieBandwidth:   h.PCIeBW,
+		Uncalibrated:    h.Uncalibrated,
+		LaunchLatency:   h.LaunchLatency,
+	}
+}
+
+func fromProtoHardware(p *kvxpb.Hardware) spec.Hardware {
+	return spec.Hardware{
+		Name:          p.GetName(),
+		MemoryBytes:   p.GetMemoryBytes(),
+		MemBandwidth:  p.GetMemBandwidth(),
+		FLOPSBF16:     p.GetFlopsBf16(),
+		FLOPSFP8:      p.GetFlopsFp8(),
+		FLOPSFP4:      p.GetFlopsFp4(),
+		NVLinkBW:      p.GetNvlinkBandwidth(),
+		PCIeBW:        p.GetPcieBandwidth(),
+		Uncalibrated:  p.GetUncalibrated(),
+		LaunchLatency: p.GetLaunchLatency(),
+	}
+}
+
+// toProtoWorkerConfig fails only when the model cannot be JSON-encoded.
+func toProtoWorkerConfig(c worker.Config) (*kvxpb.WorkerConfig, error) {
+	model, err := json.Marshal(&c.Model)
+	if err != nil {
+		return nil, fmt.Errorf("encode Config.Model: %w", err)
+	}
+	return &kvxpb.WorkerConfig{
+		Stage:           int64(c.Stage),
+		Stages:          int64(c.Stages),
+		ModelJson:       model,
+		First:           int64(c.First),
+		Last:            int64(c.Last),
+		Backend:         c.Backend,
+		Device:          c.Device,
+		Hardware:        toProtoHardware(c.Hardware),
+		TensorParallel:  int64(c.TensorParallel),
+		WeightsDtype:    c.WeightsDtype,
+		KvDtype:         c.KVDtype,
+		Layout:          toProtoLayout(c.Layout),
+		Seed:            c.Seed,
+		DraftTokens:     int64(c.DraftTokens),
+		DraftAcceptance: c.DraftAcceptance,
+	}, nil
+}
+
+// fromProtoWorkerConfig fails with KindInvalidConfig when model_json does
+// not decode. An empty model_json gives the zero spec.Model.
+func fromProtoWorkerConfig(p *kvxpb.WorkerConfig) (worker.Config, error) {
+	var model spec.Model
+	if b := p.GetModelJson(); len(b) > 0 {
+		if err := json.Unmarshal(b, &model); err != nil {
+			return worker.Config{}, kvcache.Errorf(kvcache.KindInvalidConfig,
+				"Config.Model: model_json (%d bytes) is not the JSON of spec.Model: %v", len(b), err)
+		}
+	}
+	model.Layers = share(model.Layers)
+	return worker.Config{
+		Stage:           int(p.GetStage()),
+		Stages:          int(p.GetStages()),
+		Model:           model,
+		First:           int(p.GetFirst()),
+		Last:            int(p.GetLast()),
+		Backend:         p.GetBackend(),
+		Device:          p.GetDevice(),
+		Hardware:        fromProtoHardware(p.GetHardware()),
+		TensorParallel:  int(p.GetTensorParallel()),
+		WeightsDtype:    p.GetWeightsDtype(),
+		KVDtype:         p.GetKvDtype(),
+		Layout:          fromProtoLayout(p.GetLayout()),
+		Seed:            p.GetSeed(),
+		DraftTokens:     int(p.GetDraftTokens()),
+		DraftAcceptance: p.GetDraftAcceptance(),
+	}, nil
+}
+
+func toProtoSetup(s worker.Setup) *kvxpb.Setup {
+	return &kvxpb.Setup{DeviceBytes: s.DeviceBytes, Notes: share(s.Notes)}
+}
+
+func fromProtoSetup(p *kvxpb.Setup) worker.Setup {
+	return worker.Setup{DeviceBytes: p.GetDeviceBytes(), Notes: share(p.GetNotes())}
+}
+
+// --- Forward ---
+
+func toProtoBatch(b *worker.Batch) *kvxpb.Batch {
+	items := b.Items
+	n := len(items)
+	m := &kvxpb.Batch{
+		Step:     b.Step,
+		Hidden:   share(b.Hidden),
+		Released: fromSeqIDs(b.Released),
+		Copies:   toProtoCopyList(b.Copies),
+	}
+	if n == 0 {
+		return m
+	}
+	m.Seq = make([]uint64, n)
+	for i := range items {
+		m.Seq[i] = uint64(items[i].Seq)
+	}
+	m.Pos = column(n, func(i int) int64 { return int64(items[i].Pos) })
+	m.Draft = column(n, func(i int) int64 { return int64(items[i].Draft) })
+	m.Sample = column(n, func(i int) bool { return items[i].Sample })
+	m.TokensLen, m.Tokens = concat(n, func(i int) []int32 { return items[i].Tokens })
+	m.Tables = toProtoTableDeltas(n, func(i int) []kvcache.TableDelta { return items[i].Tables })
+	return m
+}
+
+func fromProtoBatch(p *kvxpb.Batch) (worker.Batch, error) {
+	const msg = "Batch"
+	b := worker.Batch{
+		Step:     p.GetStep(),
+		Hidden:   share(p.GetHidden()),
+		Released: toSeqIDs(p.GetReleased()),
+	}
+	var err error
+	if b.Copies, err = fromProtoCopyList(msg, p.GetCopies()); err != nil {
+		return worker.Batch{}, err
+	}
+	seq := p.GetSeq()
+	n := len(seq)
+	pos, err1 := optional(msg, "pos", p.GetPos(), n)
+	draft, err2 := optional(msg, "draft", p.GetDraft(), n)
+	sample, err3 := optional(msg, "sample", p.GetSample(), n)
+	tokens, err4 := newSplitter(msg, "tokens_len", "tokens", p.GetTokensLen(), p.GetTokens(), n)
+	if err := firstErr(err1, err2, err3, err4); err != nil {
+		return worker.Batch{}, err
+	}
+	if n == 0 {
+		if p.GetTables() != nil && len(p.GetTables().GetItem()) > 0 {
+			return worker.Batch{}, colError("%s: tables for no items", msg)
+		}
+		return b, nil
+	}
+	b.Items = make([]worker.Item, n)
+	for i := range b.Items {
+		b.Items[i] = worker.Item{
+			Seq:    kvcache.SeqID(seq[i]),
+			Pos:    int(at(pos, i)),
+			Tokens: tokens.part(i),
+			Draft:  int(at(draft, i)),
+			Sample: at(sample, i),
+		}
+	}
+	if err := fromProtoTableDeltas(msg, p.GetTables(), n, func(i int, ds []kvcache.TableDelta) { b.Items[i].Tables = ds }); err != nil {
+		return worker.Batch{}, err
+	}
+	return b, nil
+}
+
+func toProtoResult(r *worker.Result) *kvxpb.Result {
+	outs := r.Outputs
+	n := len(outs)
+	m := &kvxpb.Result{Hidden: share(r.Hidden), Nanos: r.Nanos, Modelled: r.Modelled}
+	if n == 0 {
+		return m
+	}
+	m.Seq = make([]uint64, n)
+	for i := range outs {
+		m.Seq[i] = uint64(outs[i].Seq)
+	}
+	m.TokensLen, m.Tokens = concat(n, func(i int) []int32 { return outs[i].Tokens })
+	m.DraftsLen, m.Drafts = concat(n, func(i int) []int32 { return outs[i].Drafts })
+	m.LogitsLen, m.Logits = concat(n, func(i int) []float32 { return outs[i].Logits })
+	return m
+}
+
+func fromProtoResult(p *kvxpb.Result) (worker.Result, error) {
+	const msg = "Result"
+	r := worker.Result{Hidden: share(p.GetHidden()), Nanos: p.GetNanos(), Modelled: p.GetModelled()}
+	seq := p.GetSeq()
+	n := len(seq)
+	tokens, err1 := newSplitter(msg, "tokens_len", "tokens", p.GetTokensLen(), p.GetTokens(), n)
+	drafts, err2 := newSplitter(msg, "drafts_len", "drafts", p.GetDraftsLen(), p.GetDrafts(), n)
+	logits, err3 := newSplitter(msg, "logits_len", "logits", p.GetLogitsLen(), p.GetLogits(), n)
+	if err := firstErr(err1, err2, err3); err != nil || n == 0 {
+		return r, err
+	}
+	r.Outputs = make([]worker.Output, n)
+	for i := range r.Outputs {
+		r.Outputs[i] = worker.Output{
+			Seq:    kvcache.SeqID(seq[i]),
+			Tokens: tokens.part(i),
+			Drafts: drafts.part(i),
+			Logits: logits.part(i),
+		}
+	}
+	return r, nil
+}
+
+func toProtoCopyBlocksRequest(cs []kvcache.Copy) *kvxpb.CopyBlocksRequest {
+	return &kvxpb.CopyBlocksRequest{Copies: toProtoCopyList(cs)}
+}
+
+func fromProtoCopyBlocksRequest(p *kvxpb.CopyBlocksRequest) ([]kvcache.Copy, error) {
+	return fromProtoCopyList("CopyBlocksRequest", p.GetCopies())
+}

@@ -1,0 +1,393 @@
+package pluginrpc
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+
+	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+)
+
+// ManagerClient is a kvcache.Manager whose calls go to a plugin over gRPC.
+//
+// It is safe for concurrent use. Errors follow the package doc: the plugin's
+// *kvcache.Error survives the wire, a dead plugin gives KindUnavailable and
+// the caller's cancelled ctx gives an error wrapping ctx.Err(). A result the
+// plugin returned together with its error (Commit's copies after it applied
+// the valid items) is returned with the error.
+type ManagerClient struct {
+	rpc  kvxpb.CacheManagerClient
+	done <-chan struct{}
+}
+
+var _ kvcache.Manager = (*ManagerClient)(nil)
+
+// NewManagerClient returns a client on cc. lifetime ends when the plugin is
+// gone (go-plugin's GRPCClient ctx); after that every call fails at once
+// with KindUnavailable. A lifetime that never ends (context.Background) is
+// fine.
+func NewManagerClient(lifetime context.Context, cc grpc.ClientConnInterface) *ManagerClient {
+	return &ManagerClient{rpc: kvxpb.NewCacheManagerClient(cc), done: lifetime.Done()}
+}
+
+// Done is closed when the plugin process has exited (never, for clients
+// without a process lifetime).
+func (c *ManagerClient) Done() <-chan struct{} { return c.done }
+
+const managerService = "CacheManager."
+
+// Info implements kvcache.Manager.
+func (c *ManagerClient) Info(ctx context.Context) (kvcache.Info, error) {
+	const m = managerService + "Info"
+	if exited(c.done) {
+		return kvcache.Info{}, errExited(m)
+	}
+	resp, err := c.rpc.Info(ctx, &kvxpb.ManagerInfoRequest{}, callOpts...)
+	if err != nil {
+		return kvcache.Info{}, fromStatus(ctx, c.done, m, err, nil)
+	}
+	return fromProtoManagerInfo(resp), nil
+}
+
+// Configure implements kvcache.Manager.
+func (c *ManagerClient) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.Layout, error) {
+	const m = managerService + "Configure"
+	if exited(c.done) {
+		return kvcache.Layout{}, errExited(m)
+	}
+	req, err := toProtoManagerConfig(cfg)
+	if err != nil {
+		return kvcache.Layout{}, kvcache.Errorf(kvcache.KindInvalidConfig, "kvx plugin %s: %v", m, err)
+	}
+	resp, err := c.rpc.Configure(ctx, req, callOpts...)
+	if err != nil {
+		partial := new(kvxpb.Layout)
+		err = fromStatus(ctx, c.done, m, err, partial)
+		return fromProtoLayout(partial), err
+	}
+	return fromProtoLayout(resp), nil
+}
+
+// Lookup implements kvcache.Manager.
+func (c *ManagerClient) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, error) {
+	const m = managerService + "Lookup"
+	if exited(c.done) {
+		return nil, errExited(m)
+	}
+	resp, err := c.rpc.Lookup(ctx, toProtoLookupRequest(items), callOpts...)
+	if err != nil {
+		partial := new(kvxpb.LookupResponse)
+		err = fromStatus(ctx, c.done, m, err, partial)
+		return fromProtoLookupResponse(partial), err
+	}
+	return fromProtoLookupResponse(resp), nil
+}
+
+// Reserve implements kvcache.Manager.
+func (c *ManagerClient) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvcache.Grant, error) {
+	const m = managerService + "Reserve"
+	if exited(c.done) {
+		return nil, errExited(m)
+	}
+	resp, err := c.rpc.Reserve(ctx, toProtoReserveRequest(items), callOpts...)
+	if err != nil {
+		partial := new(kvxpb.ReserveResponse)
+		err = fromStatus(ctx, c.done, m, err, partial)
+		grants, _ := fromProtoReserveResponse(partial)
+		return grants, err
+	}
+	grants, err := fromProtoReserveResponse(resp)
+	if err != nil {
+		return nil, malformed(m, err)
+	}
+	return grants, nil
+}
+
+// Unreserve implements kvcache.Manager.
+func (c *ManagerClient) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
+	const m = managerService + "Unreserve"
+	if exited(c.done) {
+		return errExited(m)
+	}
+	if _, err := c.rpc.Unreserve(ctx, toProtoSeqs(seqs), callOpts...); err != nil {
+		return fromStatus(ctx, c.done, m, err, nil)
+	}
+	return nil
+}
+
+// Commit implements kvcache.Manager.
+func (c *ManagerClient) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.CommitResult, error) {
+	const m = managerService + "Commit"
+	if exited(c.done) {
+		return kvcache.CommitResult{}, errExited(m)
+	}
+	resp, err := c.rpc.Commit(ctx, toProtoCommitRequest(items), callOpts...)
+	if err != nil {
+		partial := new(kvxpb.CommitResult)
+		err = fromStatus(ctx, c.done, m, err, partial)
+		res, _ := fromProtoCommitResult(partial)
+		return res, err
+	}
+	res, err := fromProtoCommitResult(resp)
+	if err != nil {
+		return kvcache.CommitResult{}, malformed(m, err)
+	}
+	return res, nil
+}
+
+// Suspend implements kvcache.Manager.
+func (c *ManagerClient) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
+	return c.move(ctx, managerService+"Suspend", c.rpc.Suspend, seqs)
+}
+
+// Resume implements kvcache.Manager.
+func (c *ManagerClient) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
+	return c.move(ctx, managerService+"Resume", c.rpc.Resume, seqs)
+}
+
+func (c *ManagerClient) move(ctx context.Context, m string,
+	call func(context.Context, *kvxpb.Seqs, ...grpc.CallOption) (*kvxpb.MoveResult, error),
+	seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
+	if exited(c.done) {
+		return nil, nil, errExited(m)
+	}
+	resp, err := call(ctx, toProtoSeqs(seqs), callOpts...)
+	if err != nil {
+		partial := new(kvxpb.MoveResult)
+		err = fromStatus(ctx, c.done, m, err, partial)
+		ok, copies, _ := fromProtoMoveResult(partial)
+		return ok, copies, err
+	}
+	ok, copies, err := fromProtoMoveResult(resp)
+	if err != nil {
+		return nil, nil, malformed(m, err)
+	}
+	return ok, copies, nil
+}
+
+// Release implements kvcache.Manager.
+func (c *ManagerClient) Release(ctx context.Context, seqs []kvcache.SeqID) error {
+	const m = managerService + "Release"
+	if exited(c.done) {
+		return errExited(m)
+	}
+	if _, err := c.rpc.Release(ctx, toProtoSeqs(seqs), callOpts...); err != nil {
+		return fromStatus(ctx, c.done, m, err, nil)
+	}
+	return nil
+}
+
+// Stats implements kvcache.Manager.
+func (c *ManagerClient) Stats(ctx context.Context) (kvcache.Stats, error) {
+	const m = managerService + "Stats"
+	if exited(c.done) {
+		return kvcache.Stats{}, errExited(m)
+	}
+	resp, err := c.rpc.Stats(ctx, &kvxpb.StatsRequest{}, callOpts...)
+	if err != nil {
+		partial := new(kvxpb.ManagerStats)
+		err = fromStatus(ctx, c.done, m, err, partial)
+		return fromProtoStats(partial), err
+	}
+	return fromProtoStats(resp), nil
+}
+
+// Inspect implements kvcache.Manager.
+func (c *ManagerClient) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
+	const m = managerService + "Inspect"
+	if exited(c.done) {
+		return kvcache.Snapshot{}, errExited(m)
+	}
+	resp, err := c.rpc.Inspect(ctx, toProtoInspectOptions(opts), callOpts...)
+	if err != nil {
+		partial := new(kvxpb.Snapshot)
+		err = fromStatus(ctx, c.done, m, err, partial)
+		return fromProtoSnapshot(partial), err
+	}
+	return fromProtoSnapshot(resp), nil
+}
+
+// RegisterManagerServer serves m as the CacheManager service on s. The server
+// runs one call at a time (a call waits for the previous one, or for its ctx
+// to end), so m needs no locking. Errors m returns travel as described in the
+// package doc.
+func RegisterManagerServer(s grpc.ServiceRegistrar, m kvcache.Manager) {
+	kvxpb.RegisterCacheManagerServer(s, &managerServer{impl: m, gate: newGate()})
+}
+
+type managerServer struct {
+	kvxpb.UnimplementedCacheManagerServer
+	impl kvcache.Manager
+	gate gate
+}
+
+func (s *managerServer) Info(ctx context.Context, _ *kvxpb.ManagerInfoRequest) (*kvxpb.ManagerInfo, error) {
+	if err := s.gate.enter(ctx); err != nil {
+		return nil, toStatus(err, nil)
+	}
+	defer s.gate.leave()
+	info, err := s.impl.Info(ctx)
+	out := toProtoManagerInfo(info)
+	if err != nil {
+		return nil, toStatus(err, out)
+	}
+	return out, nil
+}
+
+func (s *managerServer) Configure(ctx context.Context, req *kvxpb.ManagerConfig) (*kvxpb.Layout, error) {
+	cfg, err := fromProtoManagerConfig(req)
+	if err != nil {
+		return nil, toStatus(err, nil)
+	}
+	if err := s.gate.enter(ctx); err != nil {
+		return nil, toStatus(err, nil)
+	}
+	defer s.gate.leave()
+	layout, err := s.impl.Configure(ctx, cfg)
+	out := toProtoLayout(layout)
+	if err != nil {
+		return nil, toStatus(err, out)
+	}
+	return out, nil
+}
+
+func (s *managerServer) Lookup(ctx context.Context, req *kvxpb.LookupRequest) (*kvxpb.LookupResponse, error) {
+	if err := s.gate.enter(ctx); err != nil {
+		return nil, toStatus(err, nil)
+	}
+	defer s.gate.leave()
+	tokens, err := s.impl.Lookup(ctx, fromProtoLookupRequest(req))
+	out := toProtoLookupResponse(tokens)
+	if err != nil {
+		return nil, toStatus(err, out)
+	}
+	return out, nil
+}
+
+func (s *managerServer) Reserve(ctx context.Context, req *kvxpb.ReserveRequest) (*kvxpb.ReserveResponse, error) {
+	if err := s.gate.enter(ctx); err != nil {
+		return nil, toStatus(err, nil)
+	}
+	defer s.gate.leave()
+	items, err := fromProtoReserveRequest(req)
+	if err != nil {
+		return nil, toStatus(err, nil)
+	}
+	grants, err := s.impl.Reserve(ctx, items)
+	out := toProtoReserveResponse(grants)
+	if err != nil {
+		return nil, toStatus(err, out)
+	}
+	return out, nil
+}
+
+func (s *managerServer) Unreserve(ctx context.Context, req *kvxpb.Seqs) (*kvxpb.Empty, error) {
+	if err := s.gate.enter(ctx); err != nil {
+		return nil, toStatus(err, nil)
+	}
+	defer s.gate.leave()
+	if err := s.impl.Unreserve(ctx, fromProtoSeqs(req)); err != nil {
+		return nil, toStatus(err, nil)
+	}
+	return &kvxpb.Empty{}, nil
+}
+
+func (s *managerServer) Commit(ctx context.Context, req *kvxpb.CommitRequest) (*kvxpb.CommitResult, error) {
+	if err := s.gate.enter(ctx); err != nil {
+		return nil, toStatus(err, nil)
+	}
+	defer s.gate.leave()
+	items, err := fromProtoCommitRequest(req)
+	if err != nil {
+		return nil, toStatus(err, nil)
+	}
+	res, err := s.impl.Commit(ctx, items)
+	out := toProtoCommitResult(res)
+	if err != nil {
+		return nil, toStatus(err, out)
+	}
+	return out, nil
+}
+
+func (s *managerServer) Suspend(ctx context.Context, req *kvxpb.Seqs) (*kvxpb.MoveResult, error) {
+	return s.move(ctx, s.impl.Suspend, req)
+}
+
+func (s *managerServer) Resume(ctx context.Context, req *kvxpb.Seqs) (*kvxpb.MoveResult, error) {
+	return s.move(ctx, s.impl.Resume, req)
+}
+
+func (s *managerServer) move(ctx context.Context,
+	call func(context.Context, []kvcache.SeqID) ([]bool, []kvcache.Copy, error),
+	req *kvxpb.Seqs) (*kvxpb.MoveResult, error) {
+	if err := s.gate.enter(ctx); err != nil {
+		return nil, toStatus(err, nil)
+	}
+	defer s.gate.leave()
+	ok, copies, err := call(ctx, fromProtoSeqs(req))
+	out := toProtoMoveResult(ok, copies)
+	if err != nil {
+		return nil, toStatus(err, out)
+	}
+	return out, nil
+}
+
+func (s *managerServer) Release(ctx context.Context, req *kvxpb.Seqs) (*kvxpb.Empty, error) {
+	if err := s.gate.enter(ctx); err != nil {
+		return nil, toStatus(err, nil)
+	}
+	defer s.gate.leave()
+	if err := s.impl.Release(ctx, fromProtoSeqs(req)); err != nil {
+		return nil, toStatus(err, nil)
+	}
+	return &kvxpb.Empty{}, nil
+}
+
+func (s *managerServer) Stats(ctx context.Context, _ *kvxpb.StatsRequest) (*kvxpb.ManagerStats, error) {
+	if err := s.gate.enter(ctx); err != nil {
+		return nil, toStatus(err, nil)
+	}
+	defer s.gate.leave()
+	st, err := s.impl.Stats(ctx)
+	out := toProtoStats(st)
+	if err != nil {
+		return nil, toStatus(err, out)
+	}
+	return out, nil
+}
+
+func (s *managerServer) Inspect(ctx context.Context, req *kvxpb.InspectOptions) (*kvxpb.Snapshot, error) {
+	if err := s.gate.enter(ctx); err != nil {
+		return nil, toStatus(err, nil)
+	}
+	defer s.gate.leave()
+	snap, err := s.impl.Inspect(ctx, fromProtoInspectOptions(req))
+	out := toProtoSnapshot(snap)
+	if err != nil {
+		return nil, toStatus(err, out)
+	}
+	return out, nil
+}
+
+// gate lets one call at a time into an implementation; a waiting call gives
+// up when its ctx ends.
+type gate chan struct{}
+
+func newGate() gate { return make(gate, 1) }
+
+func (g gate) enter(ctx context.Context) error {
+	select {
+	case g <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case g <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g gate) leave() { <-g }

@@ -1,0 +1,158 @@
+// Package pluginrpc carries contract v1 (plugins/v1/kvcache and
+// plugins/v1/worker) over hashicorp/go-plugin with gRPC.
+//
+// The host side dispenses a *ManagerClient or *WorkerClient, which satisfy
+// kvcache.Manager and worker.Worker: the core cannot tell them from an
+// in-process implementation. The plugin side registers an implementation
+// with ManagerPlugin or WorkerPlugin (plugin authors use plugins/sdk, which
+// does that for them).
+//
+// # Wire
+//
+// The protocol is plugins/proto/kvx/v1/kvx.proto; its generated code stays
+// internal. One converter per message translates each way. Calls are
+// batch-granular and unary; ctx deadlines and cancellation cross the wire.
+//
+// # Errors
+//
+// A method's error crosses as a gRPC status: the code comes from the
+// kvcache.Kind (one table, see errors.go), the message is the error text and
+// a detail carries kvcache.Error.Seqs. The client rebuilds a *kvcache.Error,
+// so errors.Is(err, kvcache.ErrCorrupt), kvcache.KindOf and Seqs work as
+// in-process. A result returned together with an error (Commit after applying
+// the valid items) crosses too. Transport failures (plugin killed, connection
+// gone) come back as kind KindUnavailable; a call cut short by the caller's
+// own ctx comes back wrapping ctx.Err().
+//
+// # Concurrency
+//
+// The contract lets the core call a plugin from one goroutine at a time; the
+// server side serializes calls anyway, so a plugin never sees two at once.
+// Clients are safe for concurrent use (calls queue at the server).
+package pluginrpc
+
+import (
+	"context"
+
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+// Handshake is the go-plugin handshake of every kvx plugin. The cookie only
+// keeps plugin binaries from being run by hand; protocol versions are
+// negotiated through VersionedPlugins.
+var Handshake = plugin.HandshakeConfig{
+	ProtocolVersion:  kvcache.ProtocolVersion,
+	MagicCookieKey:   "KVX_PLUGIN",
+	MagicCookieValue: "kvx-plugin-5b0e3c1d7a9f",
+}
+
+// Names under which the plugins are dispensed.
+const (
+	ManagerPluginName = "cachemanager"
+	WorkerPluginName  = "worker"
+)
+
+// LogLevelEnv names the environment variable from which a plugin takes its
+// default log level ("trace", "debug", "info", "warn", "error"); the host
+// sets it from its own logger's level.
+const LogLevelEnv = "KVX_PLUGIN_LOG_LEVEL"
+
+// MaxMessageBytes bounds one gRPC message in either direction. Forward
+// carries a stage's activations (Batch.Hidden, Result.Hidden), which can reach
+// hundreds of MiB for a long prefill chunk of a large model.
+const MaxMessageBytes = 1 << 30
+
+// VersionedPlugins returns the plugin sets per protocol version for
+// plugin.ClientConfig and plugin.ServeConfig. The host passes nil, nil; a
+// plugin binary passes the implementation it serves and nil for the other,
+// whose gRPC service is then not registered (calling it answers
+// KindUnsupported).
+func VersionedPlugins(m kvcache.Manager, w worker.Worker) map[int]plugin.PluginSet {
+	return map[int]plugin.PluginSet{
+		kvcache.ProtocolVersion: {
+			ManagerPluginName: &ManagerPlugin{Impl: m},
+			WorkerPluginName:  &WorkerPlugin{Impl: w},
+		},
+	}
+}
+
+// NewGRPCServer makes the gRPC server a plugin serves on: opts (TLS from
+// go-plugin) plus message limits raised to MaxMessageBytes. It fits
+// plugin.ServeConfig.GRPCServer.
+func NewGRPCServer(opts []grpc.ServerOption) *grpc.Server {
+	opts = append(opts, grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes),
+		grpc.InitialWindowSize(windowBytes), grpc.InitialConnWindowSize(windowBytes),
+		grpc.NumStreamWorkers(2))
+	return grpc.NewServer(opts...)
+}
+
+// windowBytes is the HTTP/2 flow-control window of both ends. A fixed
+// window, larger than a 256-request step's messages, turns off gRPC's
+// bandwidth-delay probing (a ping per data burst) which only costs time on
+// a local socket.
+const windowBytes = 4 << 20
+
+// DialOptions are the client options the host passes to go-plugin
+// (plugin.ClientConfig.GRPCDialOptions); they match NewGRPCServer.
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithInitialWindowSize(windowBytes),
+		grpc.WithInitialConnWindowSize(windowBytes),
+	}
+}
+
+// ManagerPlugin is the go-plugin plugin.GRPCPlugin of a cache manager. On
+// the plugin side Impl is served; on the host side Impl is nil and
+// GRPCClient dispenses a *ManagerClient.
+type ManagerPlugin struct {
+	plugin.NetRPCUnsupportedPlugin
+	Impl kvcache.Manager
+}
+
+var _ plugin.GRPCPlugin = (*ManagerPlugin)(nil)
+
+// GRPCServer registers Impl on s; with a nil Impl it registers nothing.
+func (p *ManagerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+	if p.Impl != nil {
+		RegisterManagerServer(s, p.Impl)
+	}
+	return nil
+}
+
+// GRPCClient returns a *ManagerClient on c. go-plugin passes a ctx that ends
+// when the plugin process exits; the client uses it to fail fast.
+func (p *ManagerPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	return NewManagerClient(ctx, c), nil
+}
+
+// WorkerPlugin is the go-plugin plugin.GRPCPlugin of a worker; see
+// ManagerPlugin.
+type WorkerPlugin struct {
+	plugin.NetRPCUnsupportedPlugin
+	Impl worker.Worker
+}
+
+var _ plugin.GRPCPlugin = (*WorkerPlugin)(nil)
+
+// GRPCServer registers Impl on s; with a nil Impl it registers nothing.
+func (p *WorkerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+	if p.Impl != nil {
+		RegisterWorkerServer(s, p.Impl)
+	}
+	return nil
+}
+
+// GRPCClient returns a *WorkerClient on c; see ManagerPlugin.GRPCClient.
+func (p *WorkerPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	return NewWorkerClient(ctx, c), nil
+}
+
+// callOpts lift the client-side message limits for every call.
+var callOpts = []grpc.CallOption{
+	grpc.MaxCallRecvMsgSize(MaxMessageBytes),
+	grpc.MaxCallSendMsgSize(MaxMessageBytes),
+}
