@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -52,9 +53,10 @@ func main() {
 
 // globals are the flags every command shares.
 type globals struct {
-	configs  []string
-	sets     []string
-	logLevel string
+	configs    []string
+	sets       []string
+	logLevel   string
+	cpuProfile string
 }
 
 func (g *globals) logger() hclog.Logger {
@@ -72,6 +74,22 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringArrayVarP(&g.configs, "config", "c", nil, "YAML config file (repeatable; later files override earlier ones)")
 	root.PersistentFlags().StringArrayVar(&g.sets, "set", nil, "override one key, e.g. --set kv_cache_config.tokens_per_block=64 (repeatable)")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "warn", "log level: trace, debug, info, warn, error")
+	root.PersistentFlags().StringVar(&g.cpuProfile, "cpuprofile", "", "write a CPU profile of kvx itself to this file")
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		if g.cpuProfile == "" {
+			return nil
+		}
+		f, err := os.Create(g.cpuProfile)
+		if err != nil {
+			return err
+		}
+		return pprof.StartCPUProfile(f)
+	}
+	root.PersistentPostRun = func(*cobra.Command, []string) {
+		if g.cpuProfile != "" {
+			pprof.StopCPUProfile()
+		}
+	}
 	root.AddCommand(newRunCmd(g), newCompareCmd(g), newPlanCmd(g), newPluginsCmd(g))
 	return root
 }

@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -137,7 +138,7 @@ type Range struct{ Min, Max int }
 // WorkloadConfig is workload: a Mooncake trace or a generator, not both.
 type WorkloadConfig struct {
 	// Trace mode.
-	Trace     string  // trace: path to a Mooncake JSONL file (relative to the working directory)
+	Trace     string  // trace: path to a Mooncake JSONL file; relative to the YAML file that sets it, else to the working directory
 	Limit     int     // limit: replay the first N lines; 0 = all
 	TimeScale float64 // time_scale > 0 multiplies trace timestamps (1)
 
@@ -227,6 +228,7 @@ const EnvPrefix = "KVX_"
 type origin struct {
 	where string // "file a.yaml", "env KVX_X", "--set"
 	rank  int    // source order: later sources override earlier ones
+	file  string // the YAML file, when the value came from one
 }
 
 // Load builds the configuration from YAML files, then env (a list of
@@ -245,6 +247,11 @@ func Load(files []string, env []string, sets []string) (*Config, []string, error
 			continue
 		}
 		ld.merge(merged, k, func(string) string { return "file " + f }, rank)
+		for key := range k.All() {
+			o := ld.origins[key]
+			o.file = f
+			ld.origins[key] = o
+		}
 		rank++
 	}
 
@@ -712,6 +719,10 @@ func (ld *loader) resolveWorkload(c *Config) {
 			}
 		}
 		if !ld.bad["workload.trace"] {
+			// A relative path in a YAML file is relative to that file.
+			if o := ld.originOf("workload.trace"); o.file != "" && !filepath.IsAbs(w.Trace) {
+				w.Trace = filepath.Join(filepath.Dir(o.file), w.Trace)
+			}
 			if fi, err := os.Stat(w.Trace); err != nil {
 				ld.crossErr("workload.trace: %v", err)
 			} else if fi.IsDir() {

@@ -196,6 +196,10 @@ func TestPrecedence(t *testing.T) {
 // Every error class, with its exact message.
 func TestErrors(t *testing.T) {
 	trace := filepath.Join(t.TempDir(), "none.jsonl")
+	existing, err := filepath.Abs("testdata/seed_a_000.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		yaml string
@@ -275,7 +279,7 @@ func TestErrors(t *testing.T) {
 			`model: "llama-4" (--set): unknown model preset "llama-4"; presets: deepseek-v3, deepseek-v3.2, glm-5, glm-5.1, glm-5.2, llama-3.1-8b, llama-3.1-8b-instruct, nemotron-3-nano-30b-a3b, nemotron-3-super-120b-a12b-fp8, nemotron-3-ultra-550b-a55b, nemotron-h-56b-base-8k, qwen3-next-80b-a3b-thinking (or give a path to a config.json)`},
 		{"trace and generator", "workload: {trace: x.jsonl, requests: 3}\n", nil, nil,
 			`workload: trace "x.jsonl" and requests 3 are exclusive: a workload is a trace or a generator`},
-		{"trace with generator key", "workload: {trace: testdata/seed_a_000.yml, rate: 2}\n", nil, nil,
+		{"trace with generator key", "workload: {trace: " + existing + ", rate: 2}\n", nil, nil,
 			`workload.rate: a generator key, but workload.trace is set`},
 		{"trace missing", "workload: {trace: " + trace + "}\n", nil, nil,
 			`workload.trace: stat ` + trace + `: no such file or directory`},
@@ -485,5 +489,32 @@ func BenchmarkLoadSeedB(b *testing.B) {
 		if _, _, err := Load([]string{"testdata/seed_b_003.yml"}, []string{"KVX_MAX_BATCH_SIZE=16"}, []string{"tp_size=4"}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A relative workload.trace in a YAML file is relative to that file; given
+// with --set it is relative to the working directory.
+func TestTracePathRelativeToFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "traces"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	trace := filepath.Join(dir, "traces", "t.jsonl")
+	if err := os.WriteFile(trace, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(cfgPath, []byte("model: llama-3.1-8b\nworkload:\n  trace: traces/t.jsonl\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := Load([]string{cfgPath}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Workload.Trace != trace {
+		t.Errorf("workload.trace = %q, want %q", c.Workload.Trace, trace)
+	}
+	if _, _, err := Load([]string{cfgPath}, nil, []string{"workload.trace=traces/t.jsonl"}); err == nil {
+		t.Errorf("--set workload.trace=traces/t.jsonl resolved against the config file's directory, want the working directory")
 	}
 }

@@ -28,16 +28,23 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 	for i, id := range ids {
 		items[i] = kvcache.LookupItem{Seq: id, Prompt: e.byID[id].tokens}
 	}
-	for s, st := range e.stages {
+	answers := make([][]int, len(e.stages))
+	err := e.eachStage(func(st *stage) error {
 		got, err := st.m.Lookup(a.ctx, items)
 		if err == nil && len(got) != len(items) {
 			err = fmt.Errorf("returned %d answers for %d items", len(got), len(items))
 		}
 		if err != nil {
-			e.err = stageErr(st.idx, "lookup", err)
-			clear(out)
-			return out
+			return stageErr(st.idx, "lookup", err)
 		}
+		answers[st.idx] = got
+		return nil
+	})
+	if err != nil {
+		e.err = err
+		return out
+	}
+	for s, got := range answers {
 		for i, n := range got {
 			if s == 0 || n < out[i] {
 				out[i] = n
@@ -62,22 +69,29 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 		}
 	}
 	grants := make([][]kvcache.Grant, len(e.stages))
-	for s, st := range e.stages {
+	err := e.eachStage(func(st *stage) error {
 		g, err := st.m.Reserve(a.ctx, asks)
 		if err == nil && len(g) != len(asks) {
 			err = fmt.Errorf("returned %d grants for %d asks", len(g), len(asks))
 		}
 		if err != nil {
-			e.err = stageErr(st.idx, "reserve", err)
-			a.undo(grants[:s], asks, make([]bool, len(asks)))
-			clear(ok)
-			return ok
+			return stageErr(st.idx, "reserve", err)
 		}
-		grants[s] = g
+		grants[st.idx] = g
+		return nil
+	})
+	if err != nil {
+		// Undo what the stages that answered granted; nothing is granted.
+		e.err = err
+		a.undo(grants, asks, make([]bool, len(asks)))
+		clear(ok)
+		return ok
+	}
+	for s, g := range grants {
 		for i := range g {
 			if !g[i].OK {
 				ok[i] = false
-				e.log.Trace("reserve denied", "stage", st.idx, "seq", asks[i].Seq, "reason", g[i].Reason)
+				e.log.Trace("reserve denied", "stage", s, "seq", asks[i].Seq, "reason", g[i].Reason)
 			}
 		}
 	}
@@ -114,19 +128,23 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 // that are not granted overall.
 func (a admission) undo(grants [][]kvcache.Grant, asks []kvcache.ReserveItem, ok []bool) {
 	e := a.e
-	for s, g := range grants {
+	err := e.eachStage(func(st *stage) error {
 		var seqs []kvcache.SeqID
-		for i := range g {
-			if g[i].OK && !ok[i] {
+		for i, g := range grants[st.idx] {
+			if g.OK && !ok[i] {
 				seqs = append(seqs, asks[i].Seq)
 			}
 		}
 		if len(seqs) == 0 {
-			continue
+			return nil
 		}
-		if err := e.stages[s].m.Unreserve(a.ctx, seqs); err != nil && e.err == nil {
-			e.err = stageErr(s, "unreserve", err)
+		if err := st.m.Unreserve(a.ctx, seqs); err != nil {
+			return stageErr(st.idx, "unreserve", err)
 		}
+		return nil
+	})
+	if err != nil && e.err == nil {
+		e.err = err
 	}
 }
 

@@ -20,13 +20,21 @@ func (e *Engine) check(ctx context.Context) error {
 	if deep {
 		inv.DeepChecks++
 	}
-	var v []string
-	for _, st := range e.stages {
+	found := make([][]string, len(e.stages))
+	err := e.eachStage(func(st *stage) error {
 		snap, err := st.m.Inspect(ctx, kvcache.InspectOptions{Tables: deep})
 		if err != nil {
 			return stageErr(st.idx, "inspect", err)
 		}
-		v = append(v, e.checkStage(st, &snap, deep)...)
+		found[st.idx] = e.checkStage(st, &snap, deep)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var v []string
+	for _, f := range found {
+		v = append(v, f...)
 	}
 	if len(v) == 0 {
 		return nil

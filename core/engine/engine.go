@@ -506,18 +506,26 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 		}
 		commits = append(commits, kvcache.CommitItem{Seq: it.ID, Accepted: accepted})
 	}
-	var bad []kvcache.SeqID
-	for _, st := range e.stages {
+	badBy := make([][]kvcache.SeqID, len(e.stages))
+	err := e.eachStage(func(st *stage) error {
 		res, err := st.m.Commit(ctx, commits)
 		if seqs := itemSeqs(err); len(seqs) > 0 {
 			// The valid items were applied; the refused ones fail alone.
-			bad = append(bad, seqs...)
+			badBy[st.idx] = seqs
 			err = nil
 		}
 		if err != nil {
 			return stageErr(st.idx, fmt.Sprintf("commit step %d", mb.step), err)
 		}
 		st.copies = append(st.copies, res.Copies...)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var bad []kvcache.SeqID
+	for _, b := range badBy {
+		bad = append(bad, b...)
 	}
 	if len(bad) > 0 {
 		if err := e.failRequests(ctx, bad, true, fmt.Sprintf("commit refused at step %d", mb.step)); err != nil {
@@ -561,7 +569,7 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 
 // release frees sequences on every stage and tells the workers.
 func (e *Engine) release(ctx context.Context, ids []kvcache.SeqID) error {
-	for _, st := range e.stages {
+	err := e.eachStage(func(st *stage) error {
 		if err := st.m.Release(ctx, ids); err != nil {
 			return stageErr(st.idx, "release", err)
 		}
@@ -569,6 +577,10 @@ func (e *Engine) release(ctx context.Context, ids []kvcache.SeqID) error {
 		for _, id := range ids {
 			delete(st.deltas, id)
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	for _, id := range ids {
 		r := e.byID[id]

@@ -220,8 +220,12 @@ var rows = []row{
 	{"wall time s", func(r *Report) string { return fmt.Sprintf("%.2f", r.Engine.WallS) }},
 	{"outputs digest", func(r *Report) string { return r.Outputs.Digest }},
 	{"error", func(r *Report) string {
-		if r.Error == "" {
+		const width = 48
+		switch {
+		case r.Error == "":
 			return "-"
+		case len(r.Error) > width:
+			return r.Error[:width] + "... (see the message below)"
 		}
 		return r.Error
 	}},

@@ -1,0 +1,280 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvx-dev/kvx/core/report"
+)
+
+// binDir holds kvx and every plugin binary, built once for the package.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kvx-cmd-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	build := exec.Command("go", "build", "-o", dir+string(os.PathSeparator), "./cmd/...")
+	build.Dir = filepath.Join("..", "..")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building the binaries: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// kvx runs the built kvx binary and returns stdout, stderr and the exit code.
+func kvx(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "kvx"), args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("kvx %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+func readReports(t *testing.T, path string) []report.Report {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs []report.Report
+	if err := json.Unmarshal(data, &rs); err != nil {
+		var r report.Report
+		if err2 := json.Unmarshal(data, &r); err2 != nil {
+			t.Fatalf("report JSON: %v", err)
+		}
+		rs = []report.Report{r}
+	}
+	return rs
+}
+
+// comparable strips what legitimately differs between two runs of the same
+// configuration: wall time and the variant's own name and isolation.
+func comparable(r report.Report) report.Report {
+	r.Variant, r.Config.Isolation = "", ""
+	r.Engine.WallS = 0
+	return r
+}
+
+// TestPluginAndInprocessGiveIdenticalReports: isolation changes nothing but
+// wall time, for both managers.
+func TestPluginAndInprocessGiveIdenticalReports(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "r.json")
+	out, stderr, code := kvx(t, "compare", "-c", "testdata/small.yaml", "--vary", "cache_manager=v1,v2", "--vary", "isolation=inprocess,plugin", "--json", js)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out, stderr)
+	}
+	rs := readReports(t, js)
+	if len(rs) != 4 {
+		t.Fatalf("%d reports, want 4", len(rs))
+	}
+	for i := 0; i < 4; i += 2 {
+		a, b := comparable(rs[i]), comparable(rs[i+1])
+		ja, _ := json.Marshal(a)
+		jb, _ := json.Marshal(b)
+		if !bytes.Equal(ja, jb) {
+			t.Errorf("%s and %s differ:\n%s\n%s", rs[i].Variant, rs[i+1].Variant, ja, jb)
+		}
+		if a.Requests.Completed != a.Requests.Total || a.Invariants.Violations != 0 || a.Requests.Preemptions == 0 {
+			t.Errorf("%s: requests %+v, invariants %+v; want all completed, preemptions, no violation", rs[i].Variant, a.Requests, a.Invariants)
+		}
+	}
+	for _, col := range []string{"cache_manager=v1", "cache_manager=v2", "outputs digest", "prefix reused"} {
+		if !strings.Contains(out, col) {
+			t.Errorf("table lacks %q:\n%s", col, out)
+		}
+	}
+}
+
+// pluginPIDs lists live processes whose executable is one of our plugins.
+func pluginPIDs(t *testing.T) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Skip("no /proc")
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
+		if err != nil || !strings.HasPrefix(exe, binDir) || strings.HasSuffix(exe, "/kvx") {
+			continue
+		}
+		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && strings.Contains(string(stat), ") Z ") {
+			continue // a zombie: dead, waiting for a reaper
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// TestNoOrphanPluginProcesses: after a run, and after a run interrupted with
+// SIGINT, no plugin process is left.
+func TestNoOrphanPluginProcesses(t *testing.T) {
+	if _, _, code := kvx(t, "run", "-c", "testdata/small.yaml", "--set", "workload.requests=10"); code != 0 {
+		t.Fatalf("run exit %d", code)
+	}
+	if pids := pluginPIDs(t); len(pids) > 0 {
+		t.Fatalf("plugin processes left after a run: %v", pids)
+	}
+
+	cmd := exec.Command(filepath.Join(binDir, "kvx"), "run", "-c", "testdata/small.yaml", "--set", "workload.requests=100000", "--set", "workload.rate=0")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(pluginPIDs(t)) < 4 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := len(pluginPIDs(t)); n < 4 {
+		cmd.Process.Kill()
+		t.Fatalf("%d plugin processes running, want 4 (2 stages x manager and worker)", n)
+	}
+	cmd.Process.Signal(os.Interrupt)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("kvx did not stop within 20 s of SIGINT")
+	}
+	time.Sleep(200 * time.Millisecond)
+	if pids := pluginPIDs(t); len(pids) > 0 {
+		t.Fatalf("plugin processes left after SIGINT: %v", pids)
+	}
+}
+
+// TestKilledPluginIsRestarted: kill -9 of a cache-manager plugin mid-run;
+// the engine restarts it, recomputes, and every request completes.
+func TestKilledPluginIsRestarted(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "r.json")
+	cmd := exec.Command(filepath.Join(binDir, "kvx"), "run", "-c", "testdata/small.yaml", "--set", "workload.requests=400", "--json", js)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	victim := 0
+	deadline := time.Now().Add(20 * time.Second)
+	for victim == 0 && time.Now().Before(deadline) {
+		time.Sleep(300 * time.Millisecond)
+		for _, pid := range pluginPIDs(t) {
+			exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+			if strings.HasSuffix(exe, "kvx-cachemgr-v2") {
+				victim = pid
+				break
+			}
+		}
+	}
+	if victim == 0 {
+		cmd.Process.Kill()
+		t.Fatal("no cache manager plugin process found")
+	}
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("kvx run after kill -9 of a plugin: %v\n%s", err, stderr.String())
+	}
+	r := readReports(t, js)[0]
+	if r.Engine.PluginRestarts < 1 {
+		t.Skipf("the run finished before the kill landed (restarts %d)", r.Engine.PluginRestarts)
+	}
+	if r.Requests.Completed != r.Requests.Total || r.Requests.Failed != 0 || r.Invariants.Violations != 0 {
+		t.Errorf("after a restart: requests %+v invariants %+v; want every request completed", r.Requests, r.Invariants)
+	}
+}
+
+// TestBadConfigExitsTwoNamingTheKey: typos, bad values and bad files are
+// reported at once with the key, the value and what is allowed.
+func TestBadConfigExitsTwoNamingTheKey(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"run", "-c", "testdata/small.yaml", "--set", "max_batch_sise=4"}, []string{"max_batch_sise", "max_batch_size"}},
+		{[]string{"run", "-c", "testdata/small.yaml", "--set", "kv_cache_config.free_gpu_memory_fraction=1.5"}, []string{"free_gpu_memory_fraction", "1.5"}},
+		{[]string{"run", "-c", "testdata/small.yaml", "--set", "cache_manager=v9"}, []string{"cache_manager", "v9", "v1, v2"}},
+		{[]string{"run", "-c", "testdata/missing.yaml"}, []string{"missing.yaml"}},
+		{[]string{"compare", "-c", "testdata/small.yaml", "--vary", "nonsense"}, []string{"--vary", "key=a,b"}},
+		{[]string{"run", "-c", "testdata/small.yaml", "--set", "workload.requests=0", "--set", "workload.trace=testdata/nope.jsonl"}, []string{"nope.jsonl"}},
+	} {
+		out, stderr, code := kvx(t, tc.args...)
+		if code == 0 {
+			t.Errorf("kvx %v: exit 0, want non-zero", tc.args)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stderr+out, w) {
+				t.Errorf("kvx %v: message lacks %q:\n%s", tc.args, w, stderr)
+			}
+		}
+	}
+	if _, stderr, code := kvx(t, "run", "-c", "testdata/small.yaml", "--set", "max_num_tokens=-3"); code != 2 {
+		t.Errorf("bad value: exit %d, want 2\n%s", code, stderr)
+	}
+}
+
+// TestPlanAndPluginsCommands: plan prints every stage's budget and layout;
+// plugins lists every binary with what it supports.
+func TestPlanAndPluginsCommands(t *testing.T) {
+	out, stderr, code := kvx(t, "plan", "-c", "testdata/small.yaml")
+	if code != 0 {
+		t.Fatalf("plan exit %d: %s", code, stderr)
+	}
+	for _, w := range []string{"stage 0", "stage 1", "cache budget", "guaranteed tokens per sequence"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("plan output lacks %q:\n%s", w, out)
+		}
+	}
+	out, stderr, code = kvx(t, "plugins")
+	if code != 0 {
+		t.Fatalf("plugins exit %d: %s", code, stderr)
+	}
+	for _, w := range []string{"kvx-cachemgr-v1", "kvx-cachemgr-v2", "kvx-backend-dsa", "kvx-backend-mla", "kvx-backend-gqa", "prefix-reuse", "host-tier"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("plugins output lacks %q:\n%s", w, out)
+		}
+	}
+}
+
+// TestBundledScenariosPlan: every bundled scenario loads and plans.
+func TestBundledScenariosPlan(t *testing.T) {
+	files, err := filepath.Glob("../../scenarios/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scenarios: %v", err)
+	}
+	for _, f := range files {
+		if out, stderr, code := kvx(t, "plan", "-c", f); code != 0 {
+			t.Errorf("plan %s: exit %d\n%s%s", f, code, out, stderr)
+		}
+	}
+}

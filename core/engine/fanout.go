@@ -1,0 +1,25 @@
+package engine
+
+import "sync"
+
+// eachStage calls f for every stage, concurrently when there are several, and
+// returns the error of the lowest stage that failed. Each phase's calls go to
+// different plugin processes, so running them side by side hides the
+// round-trip latency of all but one; f must touch only its own stage.
+func (e *Engine) eachStage(f func(st *stage) error) error {
+	if len(e.stages) == 1 {
+		return f(e.stages[0])
+	}
+	errs := make([]error, len(e.stages))
+	var wg sync.WaitGroup
+	for i, st := range e.stages {
+		wg.Go(func() { errs[i] = f(st) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
