@@ -33,10 +33,12 @@ test: tools build vet
 demo: build
 	$(BIN)/kvx compare --config scenarios/demo.yaml --vary cache_manager=v1,v2
 
-## bench: manager bookkeeping, plugin overhead, sim replay
+## bench: manager bookkeeping, transport, sim worker, scheduler, engine replay, and the
+## plugin-isolation ratio (the same run in-process and as plugins, side by side)
 bench: build
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 1x ./core/engine/ 
-	$(GO) test -run '^$$' -bench . -benchmem ./cachemgr_v1/ ./cachemgr_v2/ ./plugins/v1/pluginrpc/
+	$(GO) test -run '^$$' -bench . -benchmem ./cachemgr_v1/ ./cachemgr_v2/ ./core/sched/ ./core/device/ ./plugins/v1/pluginrpc/
+	$(GO) test -run '^$$' -bench Replay -benchtime 2x ./core/engine/
+	$(BIN)/kvx compare -c cmd/kvx/testdata/small.yaml --set workload.requests=300 --vary isolation=inprocess,plugin
 
 clean:
 	rm -rf $(BIN)

@@ -287,8 +287,13 @@ func (e *Engine) iterate(ctx context.Context) error {
 		return nil
 	}
 	step := e.sched.Schedule(admission{e, ctx})
-	if e.err != nil {
-		return e.err
+	failed := e.err
+	if failed != nil {
+		// A plugin call failed inside Schedule, so its denials were not the
+		// cache's answers: a request rejected for lack of space goes back to
+		// the scheduler (a rejection it deserves comes again).
+		e.requeueRejected(step.Rejected)
+		step.Rejected = nil
 	}
 	e.handleRejected(step.Rejected)
 	for _, id := range step.Preempted {
@@ -296,6 +301,9 @@ func (e *Engine) iterate(ctx context.Context) error {
 		r.preempts++
 		r.drafts = r.drafts[:0]
 		e.rep.Requests.Preemptions++
+	}
+	if failed != nil {
+		return failed
 	}
 	if len(step.Items) == 0 {
 		switch {
@@ -338,6 +346,19 @@ func (e *Engine) admitArrivals() {
 		e.active++
 		r.state = stActive
 		e.sched.Add(sched.Request{ID: r.id, Prompt: r.prompt, MaxNew: r.maxNew})
+	}
+}
+
+// requeueRejected hands rejected requests back to the scheduler as they
+// stand: prompt plus what they generated so far, for what is left to generate.
+func (e *Engine) requeueRejected(rs []sched.Rejection) {
+	for _, rj := range rs {
+		r := e.byID[rj.ID]
+		if r == nil || r.state != stActive {
+			continue
+		}
+		generated := len(r.tokens) - r.prompt
+		e.sched.Add(sched.Request{ID: r.id, Prompt: len(r.tokens), MaxNew: r.maxNew - generated})
 	}
 }
 
@@ -393,16 +414,15 @@ func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.
 	tokens := 0
 	for i, it := range items {
 		r := e.byID[it.ID]
-		toks := make([]int32, 0, it.Tokens+it.Draft)
+		// Drafts come from the last sample: a generation step right after a
+		// prefill chunk that did not sample (a recompute split at a block
+		// boundary) has none, and its reserved draft slots are released by
+		// the commit like rejected drafts.
+		draft := min(it.Draft, len(r.drafts))
+		toks := make([]int32, 0, it.Tokens+draft)
 		toks = append(toks, r.tokens[it.Pos:it.Pos+it.Tokens]...)
-		for d := range it.Draft {
-			var t int32
-			if d < len(r.drafts) {
-				t = r.drafts[d]
-			}
-			toks = append(toks, t)
-		}
-		wItems[i] = worker.Item{Seq: it.ID, Pos: it.Pos, Tokens: toks, Draft: it.Draft, Sample: it.Sample}
+		toks = append(toks, r.drafts[:draft]...)
+		wItems[i] = worker.Item{Seq: it.ID, Pos: it.Pos, Tokens: toks, Draft: draft, Sample: it.Sample}
 		tokens += len(toks)
 	}
 	var hidden []byte
@@ -441,7 +461,7 @@ func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.
 		if it.Prefill && r.preempts > 0 {
 			e.rep.Tokens.Recomputed += int64(it.Tokens)
 		}
-		e.rep.Tokens.DraftProposed += int64(it.Draft)
+		e.rep.Tokens.DraftProposed += int64(min(it.Draft, len(r.drafts)))
 		r.reserved = true
 	}
 	mb.done = prevEnd

@@ -38,7 +38,7 @@ type testSpec struct {
 	maxSeqLen   int
 }
 
-func buildSpec(t *testing.T, ts testSpec) engine.Spec {
+func buildSpec(t testing.TB, ts testSpec) engine.Spec {
 	t.Helper()
 	m, err := model.Load("deepseek-v3.2")
 	if err != nil {
@@ -105,7 +105,7 @@ func v1Launcher() engine.Launcher {
 	}
 }
 
-func runSpec(t *testing.T, s engine.Spec, l engine.Launcher) report.Report {
+func runSpec(t testing.TB, s engine.Spec, l engine.Launcher) report.Report {
 	t.Helper()
 	rep, err := engine.Run(context.Background(), s, l)
 	if err != nil {

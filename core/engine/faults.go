@@ -72,12 +72,26 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 		clear(st.deltas)
 		st.copies = st.copies[:0]
 		st.released = append(st.released[:0], resident...)
-		if st.idx == dead || len(resident) == 0 {
+		if st.idx == dead {
 			continue
 		}
-		if err := st.m.Release(ctx, resident); err != nil {
-			return fmt.Errorf("stage %d: release after restart of stage %d: %w", st.idx, dead, err)
+		// Release whatever the surviving stage holds: a call that failed may
+		// have reached some stages and not others, so ask the stage itself.
+		snap, err := st.m.Inspect(ctx, kvcache.InspectOptions{})
+		if err != nil {
+			return stageErr(st.idx, "inspect after restart", err)
 		}
+		held := make([]kvcache.SeqID, len(snap.Seqs))
+		for i, sq := range snap.Seqs {
+			held[i] = sq.Seq
+		}
+		if len(held) == 0 {
+			continue
+		}
+		if err := st.m.Release(ctx, held); err != nil {
+			return stageErr(st.idx, fmt.Sprintf("release after restart of stage %d", dead), err)
+		}
+		st.released = append(st.released, held...)
 	}
 	for _, id := range e.sched.RequeueAll() {
 		r := e.byID[id]

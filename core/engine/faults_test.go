@@ -52,19 +52,51 @@ func TestOneBadRequestFailsAlone(t *testing.T) {
 	}
 }
 
-// dyingManager answers like a dead plugin (ErrUnavailable) from its n-th
-// Commit on, the way the gRPC client does once the process is gone.
+// dyingManager answers like a dead plugin (ErrUnavailable) from its dieAt-th
+// per-step call on (Lookup, Reserve, Unreserve, Commit, Release, Inspect), the
+// way the gRPC client does once the process is gone.
 type dyingManager struct {
 	kvcache.Manager
-	commits *atomic.Int64
-	dieAt   int64
+	calls *atomic.Int64 // shared by the copies of the value
+	dieAt int64
 }
 
-func (m dyingManager) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.CommitResult, error) {
-	if m.commits.Add(1) >= m.dieAt {
-		return kvcache.CommitResult{}, kvcache.Errorf(kvcache.KindUnavailable, "plugin process exited")
+func (m dyingManager) dead() bool { return m.calls.Add(1) >= m.dieAt }
+func (m dyingManager) Lookup(ctx context.Context, it []kvcache.LookupItem) ([]int, error) {
+	if m.dead() {
+		return nil, kvcache.Errorf(kvcache.KindUnavailable, "gone")
 	}
-	return m.Manager.Commit(ctx, items)
+	return m.Manager.Lookup(ctx, it)
+}
+func (m dyingManager) Reserve(ctx context.Context, it []kvcache.ReserveItem) ([]kvcache.Grant, error) {
+	if m.dead() {
+		return nil, kvcache.Errorf(kvcache.KindUnavailable, "gone")
+	}
+	return m.Manager.Reserve(ctx, it)
+}
+func (m dyingManager) Unreserve(ctx context.Context, s []kvcache.SeqID) error {
+	if m.dead() {
+		return kvcache.Errorf(kvcache.KindUnavailable, "gone")
+	}
+	return m.Manager.Unreserve(ctx, s)
+}
+func (m dyingManager) Release(ctx context.Context, s []kvcache.SeqID) error {
+	if m.dead() {
+		return kvcache.Errorf(kvcache.KindUnavailable, "gone")
+	}
+	return m.Manager.Release(ctx, s)
+}
+func (m dyingManager) Commit(ctx context.Context, it []kvcache.CommitItem) (kvcache.CommitResult, error) {
+	if m.dead() {
+		return kvcache.CommitResult{}, kvcache.Errorf(kvcache.KindUnavailable, "gone")
+	}
+	return m.Manager.Commit(ctx, it)
+}
+func (m dyingManager) Inspect(ctx context.Context, o kvcache.InspectOptions) (kvcache.Snapshot, error) {
+	if m.dead() {
+		return kvcache.Snapshot{}, kvcache.Errorf(kvcache.KindUnavailable, "gone")
+	}
+	return m.Manager.Inspect(ctx, o)
 }
 
 // TestDeadPluginIsRestartedAndNothingIsLost: a stage's manager dies mid-run;
@@ -80,7 +112,7 @@ func TestDeadPluginIsRestartedAndNothingIsLost(t *testing.T) {
 		manager: func() kvcache.Manager {
 			n := launches.Add(1)
 			if n == 2 { // the second stage's first manager dies at its 40th commit
-				return dyingManager{cachemgrv1.New(), new(atomic.Int64), 40}
+				return dyingManager{cachemgrv1.New(), new(atomic.Int64), 120}
 			}
 			return cachemgrv1.New()
 		},
@@ -104,13 +136,39 @@ func TestDeadPluginIsRestartedAndNothingIsLost(t *testing.T) {
 	}
 }
 
+// TestRestartAtEveryCall: whichever call finds the plugin dead — in the
+// middle of admission, a commit, a release or an invariant check — every
+// request still completes with the outputs of an undisturbed run.
+func TestRestartAtEveryCall(t *testing.T) {
+	wl := genWorkload(t, 40, 128)
+	ts := testSpec{pp: 2, draft: 1, reuse: true, policy: sched.MaxUtilization, cacheTokens: 2600, reqs: wl, maxSeqLen: 2048}
+	clean := runSpec(t, buildSpec(t, ts), v1Launcher())
+	for die := int64(1); die < 400; die += 3 {
+		var launches atomic.Int64
+		l := inproc{
+			manager: func() kvcache.Manager {
+				if launches.Add(1) == 2 {
+					return dyingManager{cachemgrv1.New(), new(atomic.Int64), die}
+				}
+				return cachemgrv1.New()
+			},
+			worker: func() worker.Worker { return device.NewWorker(dsa.Backend) },
+		}
+		rep := runSpec(t, buildSpec(t, ts), l)
+		if rep.Requests.Completed != len(wl.Requests) || rep.Engine.PluginRestarts != 1 || rep.Outputs.Digest != clean.Outputs.Digest {
+			t.Fatalf("plugin dead from call %d: requests %+v, restarts %d, digest %s (undisturbed %s)",
+				die, rep.Requests, rep.Engine.PluginRestarts, rep.Outputs.Digest, clean.Outputs.Digest)
+		}
+	}
+}
+
 // TestPluginThatKeepsDyingStopsTheEngine: restarts are bounded; the run ends
 // with an error (a non-zero exit) instead of looping.
 func TestPluginThatKeepsDyingStopsTheEngine(t *testing.T) {
 	wl := genWorkload(t, 8, 0)
 	ts := testSpec{pp: 1, draft: 0, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048}
 	l := inproc{
-		manager: func() kvcache.Manager { return dyingManager{cachemgrv1.New(), new(atomic.Int64), 3} },
+		manager: func() kvcache.Manager { return dyingManager{cachemgrv1.New(), new(atomic.Int64), 9} },
 		worker:  func() worker.Worker { return device.NewWorker(dsa.Backend) },
 	}
 	rep, err := engine.Run(context.Background(), buildSpec(t, ts), l)

@@ -246,6 +246,13 @@ func WriteTable(w io.Writer, rs []Report) error {
 		}
 		fmt.Fprintln(tw)
 	}
+	if len(rs) > 1 && rs[0].Engine.WallS > 0 {
+		fmt.Fprint(tw, "wall time vs first")
+		for i := range rs {
+			fmt.Fprintf(tw, "\t%.2fx", rs[i].Engine.WallS/rs[0].Engine.WallS)
+		}
+		fmt.Fprintln(tw)
+	}
 	if len(rs) > 0 && rs[0].Engine.Modelled {
 		fmt.Fprintln(tw, "times are simulated by an uncalibrated roofline cost model")
 	}
