@@ -109,10 +109,6 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 			r.resident = true
 			r.history = ask.Reuse
 			e.resident++
-			if !r.admitted {
-				r.admitted = true
-				e.rep.Tokens.PrefixReused += int64(ask.Reuse)
-			}
 		}
 		for s, st := range e.stages {
 			if t := grants[s][i].Tables; len(t) > 0 {

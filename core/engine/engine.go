@@ -68,7 +68,6 @@ type request struct {
 	drafts   []int32 // draft proposals from the last sample
 	history  int     // KV tokens committed on every stage
 	resident bool    // the managers hold a sequence for it
-	admitted bool    // first admission happened
 	reserved bool    // an outstanding reservation exists (in flight)
 	firstTok int64   // simulated ns of the first token; -1 before
 	finish   int64
@@ -458,8 +457,13 @@ func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.
 	}
 	for _, it := range items {
 		r := e.byID[it.ID]
-		if it.Prefill && r.preempts > 0 {
+		switch {
+		case it.Prefill && r.preempts > 0:
 			e.rep.Tokens.Recomputed += int64(it.Tokens)
+		case it.Reuse > 0:
+			// The first chunk of the first admission: prompt tokens the
+			// cache supplied. (After a preemption reuse only saves recompute.)
+			e.rep.Tokens.PrefixReused += int64(it.Reuse)
 		}
 		e.rep.Tokens.DraftProposed += int64(min(it.Draft, len(r.drafts)))
 		r.reserved = true

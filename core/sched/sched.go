@@ -128,6 +128,14 @@ type Scheduler struct {
 	toRelease []kvcache.SeqID // released by the next Schedule
 	order     uint64
 
+	// freed counts the events that give capacity back (a request leaves the
+	// running set). After the head of the waiting queue is denied, admission
+	// waits for the next such event instead of resending the same prompts to
+	// every stage each step: between them the cache only fills up.
+	freed        uint64
+	headDenied   bool
+	headDeniedAt uint64
+
 	// scratch, reused between calls
 	cands []*req
 	items []Item
@@ -400,7 +408,33 @@ func (s *Scheduler) admit(p *pass) bool {
 	if n <= 0 {
 		return false
 	}
-	cands := s.waiting[:n]
+	empty := s.resident() == 0 && s.InFlight() == 0
+	if s.headDenied && s.headDeniedAt == s.freed && !empty {
+		return false // nothing left the cache since the head was denied
+	}
+	s.headDenied = false
+	// Candidates go in windows that double while every ask is granted: under
+	// memory pressure the head is denied and only a few prompts were sent
+	// to Lookup, instead of the whole waiting queue every step.
+	for w := admitWindow; n > 0; w *= 2 {
+		k := min(w, n)
+		granted, denied, rejected := s.admitWindow(p, s.waiting[:k], empty)
+		if rejected || denied || granted < k {
+			return rejected
+		}
+		empty = false
+		n = min(len(s.waiting), s.cfg.MaxResident-s.resident(), p.slots, p.tokens)
+	}
+	return false
+}
+
+// admitWindow is the first window of candidates to look up and reserve.
+const admitWindow = 4
+
+// admitWindow tries to admit cands, the head of the waiting queue, in order.
+// It returns how many were admitted, whether one was denied, and whether the
+// head was rejected for not fitting an empty cache.
+func (s *Scheduler) admitWindow(p *pass, cands []*req, empty bool) (granted int, denied, rejected bool) {
 	var hits []int
 	if s.cfg.Reuse {
 		ids := s.ids[:0]
@@ -433,9 +467,8 @@ func (s *Scheduler) admit(p *pass) bool {
 	}
 	s.items, s.asks = items, asks
 	if len(asks) == 0 {
-		return false
+		return 0, true, false
 	}
-	empty := s.resident() == 0 && s.InFlight() == 0
 	ok := p.c.Reserve(asks)
 	first := 0
 	for first < len(asks) && first < len(ok) && ok[first] {
@@ -465,15 +498,19 @@ func (s *Scheduler) admit(p *pass) bool {
 		s.grant(p, r, it)
 	}
 	s.waiting = s.waiting[first:]
+	if first == 0 && !empty {
+		// The cache refused the head: wait until something leaves it.
+		s.headDenied, s.headDeniedAt = true, s.freed
+	}
 	if first == 0 && empty {
 		r, a := s.waiting[0], asks[0]
 		s.drop(r)
 		p.st.Rejected = append(p.st.Rejected, Rejection{ID: r.ID, Reason: fmt.Sprintf(
 			"does not fit in an empty cache: prompt %d + generated %d, first chunk of %d tokens after %d reused, hold %d, was denied with no other request resident",
 			r.Prompt, r.emitted, a.Tokens, a.Reuse, a.Hold)})
-		return true
+		return 0, true, true
 	}
-	return false
+	return first, first < len(cands), false
 }
 
 // chunk is the number of tokens to prefill from pos, with rem left and budget
@@ -510,6 +547,7 @@ func (s *Scheduler) newestIdle() *req {
 // the waiting queue with history 0.
 func (s *Scheduler) preempt(p *pass, v *req) {
 	p.c.Release([]kvcache.SeqID{v.ID})
+	s.freed++
 	if v.inBatch {
 		s.unbatch(p, v)
 	}
@@ -556,6 +594,7 @@ func (s *Scheduler) removeWaiting(r *req) {
 // drop forgets r, which must not be in flight.
 func (s *Scheduler) drop(r *req) {
 	if r.running {
+		s.freed++
 		s.removeRunning(r)
 	} else {
 		s.removeWaiting(r)
@@ -641,6 +680,7 @@ func (s *Scheduler) RequeueAll() []kvcache.SeqID {
 	}
 	s.running = s.running[:0]
 	s.inFlight = 0
+	s.freed++
 	clear(s.aborted)
 	s.toRelease = s.toRelease[:0]
 	s.waiting = append(front, s.waiting...)
