@@ -47,7 +47,8 @@ func newCompareCmd(g *globals) *cobra.Command {
 		Short: "Run variants of one config on the same workload and print them side by side",
 		Long: `Run variants of one config on the same workload and print them side by side.
 Each --vary key=a,b,c adds one variant per value; several --vary flags give
-every combination. Without --config, the bundled demo scenario runs.`,
+every combination; without --vary, compare varies cache_manager=v1,v2.
+Without --config, the bundled demo scenario runs.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			vs, err := variants(o.varies)
@@ -58,7 +59,7 @@ every combination. Without --config, the bundled demo scenario runs.`,
 		},
 	}
 	addRunFlags(cmd, o)
-	cmd.Flags().StringArrayVar(&o.varies, "vary", nil, "key=a,b[,c]: one variant per value (repeatable)")
+	cmd.Flags().StringArrayVar(&o.varies, "vary", nil, "key=a,b[,c]: one variant per value (repeatable; default "+defaultVary+")")
 	return cmd
 }
 
@@ -66,6 +67,9 @@ func addRunFlags(cmd *cobra.Command, o *runOpts) {
 	cmd.Flags().StringVar(&o.jsonOut, "json", "", "write the report as JSON to this file ('-' for stdout)")
 	cmd.Flags().BoolVar(&o.noProgress, "no-progress", false, "do not show the progress bar")
 }
+
+// defaultVary is what compare varies without --vary: the cache managers.
+const defaultVary = "cache_manager=v1,v2"
 
 // variant is one configuration of a comparison: the base plus some sets.
 type variant struct {
@@ -76,7 +80,7 @@ type variant struct {
 // variants expands --vary flags into their cartesian product.
 func variants(varies []string) ([]variant, error) {
 	if len(varies) == 0 {
-		return nil, errors.New("compare needs at least one --vary key=a,b")
+		varies = []string{defaultVary}
 	}
 	out := []variant{{}}
 	for _, v := range varies {

@@ -213,7 +213,7 @@ func (e *Engine) startStage(ctx context.Context, st *stage) error {
 		return fmt.Errorf("stage %d: configure %s: %w", i, info.Name, err)
 	}
 	for _, w := range layout.Warnings {
-		e.log.Warn("cache manager", "stage", i, "warning", w)
+		e.log.Info("cache manager", "stage", i, "warning", w)
 	}
 	w, err := e.launch.Worker(ctx, i)
 	if err != nil {
