@@ -278,3 +278,13 @@ func TestBundledScenariosPlan(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultDtypesRun: kv_cache_config.dtype left at auto reaches the
+// worker as a dtype it runs (a short run of the seed-A scenario's shape).
+func TestDefaultDtypesRun(t *testing.T) {
+	out, stderr, code := kvx(t, "run", "-c", "../../scenarios/seed-a.yaml", "--set", "isolation=inprocess",
+		"--set", "workload.requests=3", "--set", "workload.prompt_tokens=20000", "--set", "workload.output_tokens=50")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out, stderr)
+	}
+}

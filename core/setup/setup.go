@@ -96,6 +96,15 @@ func StageBudget(cfg *config.Config, m *spec.Model, hw spec.Hardware, stage int,
 	return b, nil
 }
 
+// kvDtype resolves kv_cache_config.dtype for the worker: "auto" is bf16, as
+// model.FillBuffers sizes it (no supported checkpoint quantizes its KV).
+func kvDtype(d string) string {
+	if d == "" || d == "auto" {
+		return "bf16"
+	}
+	return d
+}
+
 func gib(n int64) string { return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30)) }
 
 // Resolved is a configuration made concrete: the engine spec plus what was
@@ -172,7 +181,7 @@ func Resolve(cfg *config.Config, variant string, withWorkload bool) (*Resolved, 
 			Stage: i, Stages: pp, Model: m, First: st[0], Last: st[1],
 			Backend: cfg.AttentionBackend, Device: cfg.Device, Hardware: hw,
 			TensorParallel: cfg.TensorParallelSize, WeightsDtype: cfg.WeightsDtype,
-			KVDtype: cfg.KVCache.Dtype, Seed: cfg.Seed,
+			KVDtype: kvDtype(cfg.KVCache.Dtype), Seed: cfg.Seed,
 			DraftTokens: draft, DraftAcceptance: cfg.Speculative.AcceptanceRate,
 		})
 	}
