@@ -90,6 +90,6 @@ func newRoot() *cobra.Command {
 			pprof.StopCPUProfile()
 		}
 	}
-	root.AddCommand(newRunCmd(g), newCompareCmd(g), newPlanCmd(g), newPluginsCmd(g))
+	root.AddCommand(newRunCmd(g), newCompareCmd(g), newPlanCmd(g), newPluginsCmd(g), newConformanceCmd(g))
 	return root
 }

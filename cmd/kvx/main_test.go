@@ -288,3 +288,20 @@ func TestDefaultDtypesRun(t *testing.T) {
 		t.Fatalf("exit %d\n%s\n%s", code, out, stderr)
 	}
 }
+
+// TestConformanceCommand: the suite runs against plugin binaries from the
+// CLI, one process per check, and refuses what is not a plugin.
+func TestConformanceCommand(t *testing.T) {
+	for _, bin := range []string{"kvx-cachemgr-v2", "kvx-backend-gqa"} {
+		out, stderr, code := kvx(t, "conformance", filepath.Join(binDir, bin))
+		if code != 0 || !strings.Contains(out, " 0 failed") {
+			t.Errorf("conformance %s: exit %d\n%s%s", bin, code, out, stderr)
+		}
+	}
+	if _, _, code := kvx(t, "conformance", filepath.Join(binDir, "kvx")); code != 2 {
+		t.Errorf("conformance of kvx itself (not a plugin): exit %d, want 2", code)
+	}
+	if pids := pluginPIDs(t); len(pids) > 0 {
+		t.Errorf("plugin processes left after conformance: %v", pids)
+	}
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvx-dev/kvx/core/host"
+	"github.com/kvx-dev/kvx/plugins/conformance"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+// managerProcess is a plugin client whose process stops when the suite
+// closes it at the end of a check.
+type managerProcess struct {
+	kvcache.Manager
+	proc *host.Process
+}
+
+func (m managerProcess) Close() error { m.proc.Kill(); return nil }
+
+type workerProcess struct {
+	worker.Worker
+	proc *host.Process
+}
+
+func (w workerProcess) Close() error { w.proc.Kill(); return nil }
+
+func newConformanceCmd(g *globals) *cobra.Command {
+	var reuse bool
+	cmd := &cobra.Command{
+		Use:   "conformance PLUGIN",
+		Short: "Run the contract conformance suite against a plugin binary (a cache manager or a worker)",
+		Long: `Run every contract check of plugins/conformance against a plugin binary,
+each check on a fresh plugin process, and report all violations at once.
+PLUGIN is a path or a binary name found like the engine finds plugins.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log := g.logger()
+			h := host.New(log, nil)
+			defer h.Close()
+			path, err := h.Find(args[0])
+			if err != nil {
+				return usageErr(err)
+			}
+			ctx := cmd.Context()
+			var failed error
+			var kind string
+			_, probe, err := h.LaunchManager(ctx, path)
+			switch {
+			case err == nil:
+				probe.Kill()
+				kind = "cache manager"
+				failed = conformance.CheckManager(ctx, func() kvcache.Manager {
+					m, proc, err := h.LaunchManager(ctx, path)
+					if err != nil {
+						fmt.Fprintln(os.Stderr, "launch:", err)
+						return nil // the suite reports a nil manager as a violation
+					}
+					return managerProcess{m, proc}
+				}, conformance.ManagerOptions{Reuse: reuse})
+			case kvcache.KindOf(err) == kvcache.KindUnsupported && !errors.Is(err, host.ErrProtocol):
+				kind = "worker"
+				failed = conformance.CheckWorker(ctx, func() worker.Worker {
+					w, proc, err := h.LaunchWorker(ctx, path)
+					if err != nil {
+						fmt.Fprintln(os.Stderr, "launch:", err)
+						return nil
+					}
+					return workerProcess{w, proc}
+				}, conformance.WorkerOptions{})
+			default:
+				return usageErr(err)
+			}
+			vs := conformance.Violations(failed)
+			if failed != nil && len(vs) == 0 {
+				return usageErr(failed)
+			}
+			for _, v := range vs {
+				fmt.Println("FAIL", v.Error())
+			}
+			checks := len(conformance.ManagerChecks())
+			if kind == "worker" {
+				checks = len(conformance.WorkerChecks())
+			}
+			fmt.Printf("%s %s: %d passed, %d failed\n", kind, path, checks-len(vs), len(vs))
+			if len(vs) > 0 {
+				return engineErr(fmt.Errorf("%d conformance violations", len(vs)))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&reuse, "reuse", true, "also check prefix reuse when the manager reports the capability")
+	return cmd
+}
