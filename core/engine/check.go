@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -10,31 +9,22 @@ import (
 // maxViolationsKept bounds the violations quoted in the report.
 const maxViolationsKept = 10
 
-// check inspects every stage and compares what each manager holds with what
-// the engine committed. Any difference stops the run: a manager whose ledger
-// disagrees with the engine, or with another stage, is the seed-A failure.
-func (e *Engine) check(ctx context.Context) error {
+// check compares every stage's snapshot, taken at the end of a step, with
+// what the engine committed. Any difference stops the run: a manager whose
+// ledger disagrees with the engine, or with another stage, is the seed-A
+// failure.
+func (e *Engine) check(snaps []*kvcache.Snapshot, deep bool) error {
 	inv := &e.rep.Invariants
-	inv.CheckedSteps++
-	deep := e.spec.DeepEvery > 0 && inv.CheckedSteps%int64(e.spec.DeepEvery) == 0
 	if deep {
 		inv.DeepChecks++
 	}
-	found := make([][]string, len(e.stages))
-	err := e.eachStage(func(st *stage) error {
-		snap, err := st.m.Inspect(ctx, kvcache.InspectOptions{Tables: deep})
-		if err != nil {
-			return stageErr(st.idx, "inspect", err)
-		}
-		found[st.idx] = e.checkStage(st, &snap, deep)
-		return nil
-	})
-	if err != nil {
-		return err
-	}
 	var v []string
-	for _, f := range found {
-		v = append(v, f...)
+	for i, st := range e.stages {
+		if snaps[i] == nil {
+			v = append(v, fmt.Sprintf("stage %d: no snapshot at the end of the step", i))
+			continue
+		}
+		v = append(v, e.checkStage(st, snaps[i], deep)...)
 	}
 	if len(v) == 0 {
 		return nil

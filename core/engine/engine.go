@@ -530,22 +530,52 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 		}
 		commits = append(commits, kvcache.CommitItem{Seq: it.ID, Accepted: accepted})
 	}
+	// Requests that this step finishes are released in the same call.
+	var finishing []kvcache.SeqID
+	for i, it := range mb.items {
+		r := e.byID[it.ID]
+		if len(r.tokens)-r.prompt+len(emits[i]) >= r.maxNew {
+			finishing = append(finishing, it.ID)
+		}
+	}
+	e.commits++
+	var inspect *kvcache.InspectOptions
+	deep := false
+	if c := e.spec.CheckEvery; c > 0 && e.commits%int64(c) == 0 {
+		e.rep.Invariants.CheckedSteps++
+		deep = e.spec.DeepEvery > 0 && e.rep.Invariants.CheckedSteps%int64(e.spec.DeepEvery) == 0
+		inspect = &kvcache.InspectOptions{Tables: deep}
+	}
+	// One round trip per stage: commit, release the finished, inspect.
 	badBy := make([][]kvcache.SeqID, len(e.stages))
+	snaps := make([]*kvcache.Snapshot, len(e.stages))
 	err := e.eachStage(func(st *stage) error {
-		res, err := st.m.Commit(ctx, commits)
+		res, err := kvcache.EndStep(ctx, st.m, kvcache.EndStepRequest{Commits: commits, Release: finishing, Inspect: inspect})
 		if seqs := itemSeqs(err); len(seqs) > 0 {
 			// The valid items were applied; the refused ones fail alone.
 			badBy[st.idx] = seqs
 			err = nil
 		}
 		if err != nil {
-			return stageErr(st.idx, fmt.Sprintf("commit step %d", mb.step), err)
+			return stageErr(st.idx, fmt.Sprintf("end of step %d", mb.step), err)
 		}
-		st.copies = append(st.copies, res.Copies...)
+		st.copies = append(st.copies, res.Commit.Copies...)
+		st.released = append(st.released, finishing...)
+		for _, id := range finishing {
+			delete(st.deltas, id)
+		}
+		snaps[st.idx] = res.Snapshot
 		return nil
 	})
 	if err != nil {
 		return err
+	}
+	for _, id := range finishing {
+		r := e.byID[id]
+		if r.resident {
+			e.resident--
+		}
+		r.resident = false
 	}
 	var bad []kvcache.SeqID
 	for _, b := range badBy {
@@ -556,7 +586,6 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 			return err
 		}
 	}
-	var finished []kvcache.SeqID
 	for i, it := range mb.items {
 		r := e.byID[it.ID]
 		if r.state != stActive {
@@ -569,21 +598,19 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 			r.firstTok = mb.done
 		}
 		e.rep.Tokens.Generated += int64(len(emits[i]))
-		if e.sched.Complete(it.ID, commits[i].Accepted, sampled[i]) {
+		finished := e.sched.Complete(it.ID, commits[i].Accepted, sampled[i])
+		if finished != slices.Contains(finishing, it.ID) {
+			return fmt.Errorf("step %d: request %d: the scheduler says finished %v, the engine released it %v", mb.step, it.ID, finished, !finished)
+		}
+		if finished {
 			r.state, r.finish = stDone, mb.done
+			r.history = 0
 			e.active--
-			finished = append(finished, it.ID)
 			e.bar.tick(e)
 		}
 	}
-	if len(finished) > 0 {
-		if err := e.release(ctx, finished); err != nil {
-			return err
-		}
-	}
-	e.commits++
-	if c := e.spec.CheckEvery; c > 0 && e.commits%int64(c) == 0 {
-		if err := e.check(ctx); err != nil {
+	if inspect != nil {
+		if err := e.check(snaps, deep); err != nil {
 			return err
 		}
 	}

@@ -1288,6 +1288,120 @@ func (x *CommitResult) GetCopies() *Copies {
 	return nil
 }
 
+// kvcache.EndStepRequest.
+type EndStepRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Commit        *CommitRequest         `protobuf:"bytes,1,opt,name=commit,proto3" json:"commit,omitempty"`
+	Release       *Seqs                  `protobuf:"bytes,2,opt,name=release,proto3" json:"release,omitempty"`
+	Inspect       *InspectOptions        `protobuf:"bytes,3,opt,name=inspect,proto3" json:"inspect,omitempty"` // absent: no snapshot
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndStepRequest) Reset() {
+	*x = EndStepRequest{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndStepRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndStepRequest) ProtoMessage() {}
+
+func (x *EndStepRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndStepRequest.ProtoReflect.Descriptor instead.
+func (*EndStepRequest) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *EndStepRequest) GetCommit() *CommitRequest {
+	if x != nil {
+		return x.Commit
+	}
+	return nil
+}
+
+func (x *EndStepRequest) GetRelease() *Seqs {
+	if x != nil {
+		return x.Release
+	}
+	return nil
+}
+
+func (x *EndStepRequest) GetInspect() *InspectOptions {
+	if x != nil {
+		return x.Inspect
+	}
+	return nil
+}
+
+// kvcache.EndStepResult.
+type EndStepResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Commit        *CommitResult          `protobuf:"bytes,1,opt,name=commit,proto3" json:"commit,omitempty"`
+	Snapshot      *Snapshot              `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"` // absent unless asked for
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndStepResult) Reset() {
+	*x = EndStepResult{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndStepResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndStepResult) ProtoMessage() {}
+
+func (x *EndStepResult) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndStepResult.ProtoReflect.Descriptor instead.
+func (*EndStepResult) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *EndStepResult) GetCommit() *CommitResult {
+	if x != nil {
+		return x.Commit
+	}
+	return nil
+}
+
+func (x *EndStepResult) GetSnapshot() *Snapshot {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
 // The answer of Suspend and Resume.
 type MoveResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1299,7 +1413,7 @@ type MoveResult struct {
 
 func (x *MoveResult) Reset() {
 	*x = MoveResult{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1425,7 @@ func (x *MoveResult) String() string {
 func (*MoveResult) ProtoMessage() {}
 
 func (x *MoveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1438,7 @@ func (x *MoveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResult.ProtoReflect.Descriptor instead.
 func (*MoveResult) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{18}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *MoveResult) GetOk() []bool {
@@ -1349,7 +1463,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1475,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1488,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{19}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{21}
 }
 
 // kvcache.PoolStats
@@ -1391,7 +1505,7 @@ type PoolStats struct {
 
 func (x *PoolStats) Reset() {
 	*x = PoolStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1517,7 @@ func (x *PoolStats) String() string {
 func (*PoolStats) ProtoMessage() {}
 
 func (x *PoolStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1530,7 @@ func (x *PoolStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStats.ProtoReflect.Descriptor instead.
 func (*PoolStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{20}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PoolStats) GetPool() int64 {
@@ -1467,7 +1581,7 @@ type SnapshotStats struct {
 
 func (x *SnapshotStats) Reset() {
 	*x = SnapshotStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1479,7 +1593,7 @@ func (x *SnapshotStats) String() string {
 func (*SnapshotStats) ProtoMessage() {}
 
 func (x *SnapshotStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1492,7 +1606,7 @@ func (x *SnapshotStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotStats.ProtoReflect.Descriptor instead.
 func (*SnapshotStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{21}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SnapshotStats) GetTaken() int64 {
@@ -1540,7 +1654,7 @@ type ManagerStats struct {
 
 func (x *ManagerStats) Reset() {
 	*x = ManagerStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1552,7 +1666,7 @@ func (x *ManagerStats) String() string {
 func (*ManagerStats) ProtoMessage() {}
 
 func (x *ManagerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1565,7 +1679,7 @@ func (x *ManagerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagerStats.ProtoReflect.Descriptor instead.
 func (*ManagerStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{22}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ManagerStats) GetPools() []*PoolStats {
@@ -1634,7 +1748,7 @@ type InspectOptions struct {
 
 func (x *InspectOptions) Reset() {
 	*x = InspectOptions{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +1760,7 @@ func (x *InspectOptions) String() string {
 func (*InspectOptions) ProtoMessage() {}
 
 func (x *InspectOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,7 +1773,7 @@ func (x *InspectOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectOptions.ProtoReflect.Descriptor instead.
 func (*InspectOptions) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{23}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *InspectOptions) GetTables() bool {
@@ -1679,7 +1793,7 @@ type BlockTable struct {
 
 func (x *BlockTable) Reset() {
 	*x = BlockTable{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1805,7 @@ func (x *BlockTable) String() string {
 func (*BlockTable) ProtoMessage() {}
 
 func (x *BlockTable) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1818,7 @@ func (x *BlockTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockTable.ProtoReflect.Descriptor instead.
 func (*BlockTable) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{24}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BlockTable) GetBlocks() []int32 {
@@ -1732,7 +1846,7 @@ type SeqState struct {
 
 func (x *SeqState) Reset() {
 	*x = SeqState{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +1858,7 @@ func (x *SeqState) String() string {
 func (*SeqState) ProtoMessage() {}
 
 func (x *SeqState) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +1871,7 @@ func (x *SeqState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeqState.ProtoReflect.Descriptor instead.
 func (*SeqState) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{25}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SeqState) GetSeq() uint64 {
@@ -1833,7 +1947,7 @@ type RefCounts struct {
 
 func (x *RefCounts) Reset() {
 	*x = RefCounts{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +1959,7 @@ func (x *RefCounts) String() string {
 func (*RefCounts) ProtoMessage() {}
 
 func (x *RefCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +1972,7 @@ func (x *RefCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefCounts.ProtoReflect.Descriptor instead.
 func (*RefCounts) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{26}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RefCounts) GetCounts() []int32 {
@@ -1881,7 +1995,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +2007,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +2020,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{27}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Snapshot) GetPools() []*PoolStats {
@@ -1947,7 +2061,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1959,7 +2073,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1972,7 +2086,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{28}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ErrorDetail) GetSeqs() []uint64 {
@@ -1990,7 +2104,7 @@ type WorkerInfoRequest struct {
 
 func (x *WorkerInfoRequest) Reset() {
 	*x = WorkerInfoRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2116,7 @@ func (x *WorkerInfoRequest) String() string {
 func (*WorkerInfoRequest) ProtoMessage() {}
 
 func (x *WorkerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2129,7 @@ func (x *WorkerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfoRequest.ProtoReflect.Descriptor instead.
 func (*WorkerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{29}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{31}
 }
 
 // worker.Info
@@ -2034,7 +2148,7 @@ type WorkerInfo struct {
 
 func (x *WorkerInfo) Reset() {
 	*x = WorkerInfo{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2160,7 @@ func (x *WorkerInfo) String() string {
 func (*WorkerInfo) ProtoMessage() {}
 
 func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2173,7 @@ func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
 func (*WorkerInfo) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{30}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WorkerInfo) GetName() string {
@@ -2130,7 +2244,7 @@ type Hardware struct {
 
 func (x *Hardware) Reset() {
 	*x = Hardware{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2142,7 +2256,7 @@ func (x *Hardware) String() string {
 func (*Hardware) ProtoMessage() {}
 
 func (x *Hardware) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2155,7 +2269,7 @@ func (x *Hardware) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hardware.ProtoReflect.Descriptor instead.
 func (*Hardware) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{31}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Hardware) GetName() string {
@@ -2253,7 +2367,7 @@ type WorkerConfig struct {
 
 func (x *WorkerConfig) Reset() {
 	*x = WorkerConfig{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2379,7 @@ func (x *WorkerConfig) String() string {
 func (*WorkerConfig) ProtoMessage() {}
 
 func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2392,7 @@ func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerConfig.ProtoReflect.Descriptor instead.
 func (*WorkerConfig) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{32}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WorkerConfig) GetStage() int64 {
@@ -2397,7 +2511,7 @@ type Setup struct {
 
 func (x *Setup) Reset() {
 	*x = Setup{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2409,7 +2523,7 @@ func (x *Setup) String() string {
 func (*Setup) ProtoMessage() {}
 
 func (x *Setup) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2422,7 +2536,7 @@ func (x *Setup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Setup.ProtoReflect.Descriptor instead.
 func (*Setup) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{33}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Setup) GetDeviceBytes() int64 {
@@ -2461,7 +2575,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2473,7 +2587,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2486,7 +2600,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{34}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Batch) GetStep() uint64 {
@@ -2587,7 +2701,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2599,7 +2713,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2612,7 +2726,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{35}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Result) GetHidden() []byte {
@@ -2694,7 +2808,7 @@ type CopyBlocksRequest struct {
 
 func (x *CopyBlocksRequest) Reset() {
 	*x = CopyBlocksRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2706,7 +2820,7 @@ func (x *CopyBlocksRequest) String() string {
 func (*CopyBlocksRequest) ProtoMessage() {}
 
 func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2719,7 +2833,7 @@ func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyBlocksRequest.ProtoReflect.Descriptor instead.
 func (*CopyBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{36}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CopyBlocksRequest) GetCopies() *Copies {
@@ -2737,7 +2851,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2749,7 +2863,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2762,7 +2876,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{37}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
 }
 
 var File_kvx_v1_kvx_proto protoreflect.FileDescriptor
@@ -2864,7 +2978,14 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x03seq\x18\x01 \x03(\x04R\x03seq\x12\x1a\n" +
 	"\baccepted\x18\x02 \x03(\x03R\baccepted\"6\n" +
 	"\fCommitResult\x12&\n" +
-	"\x06copies\x18\x01 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\"D\n" +
+	"\x06copies\x18\x01 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\"\x99\x01\n" +
+	"\x0eEndStepRequest\x12-\n" +
+	"\x06commit\x18\x01 \x01(\v2\x15.kvx.v1.CommitRequestR\x06commit\x12&\n" +
+	"\arelease\x18\x02 \x01(\v2\f.kvx.v1.SeqsR\arelease\x120\n" +
+	"\ainspect\x18\x03 \x01(\v2\x16.kvx.v1.InspectOptionsR\ainspect\"k\n" +
+	"\rEndStepResult\x12,\n" +
+	"\x06commit\x18\x01 \x01(\v2\x14.kvx.v1.CommitResultR\x06commit\x12,\n" +
+	"\bsnapshot\x18\x02 \x01(\v2\x10.kvx.v1.SnapshotR\bsnapshot\"D\n" +
 	"\n" +
 	"MoveResult\x12\x0e\n" +
 	"\x02ok\x18\x01 \x03(\bR\x02ok\x12&\n" +
@@ -2993,7 +3114,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	" \x01(\bR\bmodelled\";\n" +
 	"\x11CopyBlocksRequest\x12&\n" +
 	"\x06copies\x18\x01 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\"\x0f\n" +
-	"\rHealthRequest2\xbc\x04\n" +
+	"\rHealthRequest2\xf6\x04\n" +
 	"\fCacheManager\x127\n" +
 	"\x04Info\x12\x1a.kvx.v1.ManagerInfoRequest\x1a\x13.kvx.v1.ManagerInfo\x122\n" +
 	"\tConfigure\x12\x15.kvx.v1.ManagerConfig\x1a\x0e.kvx.v1.Layout\x127\n" +
@@ -3005,7 +3126,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x06Resume\x12\f.kvx.v1.Seqs\x1a\x12.kvx.v1.MoveResult\x12&\n" +
 	"\aRelease\x12\f.kvx.v1.Seqs\x1a\r.kvx.v1.Empty\x123\n" +
 	"\x05Stats\x12\x14.kvx.v1.StatsRequest\x1a\x14.kvx.v1.ManagerStats\x123\n" +
-	"\aInspect\x12\x16.kvx.v1.InspectOptions\x1a\x10.kvx.v1.Snapshot2\x83\x02\n" +
+	"\aInspect\x12\x16.kvx.v1.InspectOptions\x1a\x10.kvx.v1.Snapshot\x128\n" +
+	"\aEndStep\x12\x16.kvx.v1.EndStepRequest\x1a\x15.kvx.v1.EndStepResult2\x83\x02\n" +
 	"\x06Worker\x125\n" +
 	"\x04Info\x12\x19.kvx.v1.WorkerInfoRequest\x1a\x12.kvx.v1.WorkerInfo\x120\n" +
 	"\tConfigure\x12\x14.kvx.v1.WorkerConfig\x1a\r.kvx.v1.Setup\x12(\n" +
@@ -3026,7 +3148,7 @@ func file_kvx_v1_kvx_proto_rawDescGZIP() []byte {
 	return file_kvx_v1_kvx_proto_rawDescData
 }
 
-var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*Empty)(nil),              // 0: kvx.v1.Empty
 	(*ManagerInfoRequest)(nil), // 1: kvx.v1.ManagerInfoRequest
@@ -3046,26 +3168,28 @@ var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*Seqs)(nil),               // 15: kvx.v1.Seqs
 	(*CommitRequest)(nil),      // 16: kvx.v1.CommitRequest
 	(*CommitResult)(nil),       // 17: kvx.v1.CommitResult
-	(*MoveResult)(nil),         // 18: kvx.v1.MoveResult
-	(*StatsRequest)(nil),       // 19: kvx.v1.StatsRequest
-	(*PoolStats)(nil),          // 20: kvx.v1.PoolStats
-	(*SnapshotStats)(nil),      // 21: kvx.v1.SnapshotStats
-	(*ManagerStats)(nil),       // 22: kvx.v1.ManagerStats
-	(*InspectOptions)(nil),     // 23: kvx.v1.InspectOptions
-	(*BlockTable)(nil),         // 24: kvx.v1.BlockTable
-	(*SeqState)(nil),           // 25: kvx.v1.SeqState
-	(*RefCounts)(nil),          // 26: kvx.v1.RefCounts
-	(*Snapshot)(nil),           // 27: kvx.v1.Snapshot
-	(*ErrorDetail)(nil),        // 28: kvx.v1.ErrorDetail
-	(*WorkerInfoRequest)(nil),  // 29: kvx.v1.WorkerInfoRequest
-	(*WorkerInfo)(nil),         // 30: kvx.v1.WorkerInfo
-	(*Hardware)(nil),           // 31: kvx.v1.Hardware
-	(*WorkerConfig)(nil),       // 32: kvx.v1.WorkerConfig
-	(*Setup)(nil),              // 33: kvx.v1.Setup
-	(*Batch)(nil),              // 34: kvx.v1.Batch
-	(*Result)(nil),             // 35: kvx.v1.Result
-	(*CopyBlocksRequest)(nil),  // 36: kvx.v1.CopyBlocksRequest
-	(*HealthRequest)(nil),      // 37: kvx.v1.HealthRequest
+	(*EndStepRequest)(nil),     // 18: kvx.v1.EndStepRequest
+	(*EndStepResult)(nil),      // 19: kvx.v1.EndStepResult
+	(*MoveResult)(nil),         // 20: kvx.v1.MoveResult
+	(*StatsRequest)(nil),       // 21: kvx.v1.StatsRequest
+	(*PoolStats)(nil),          // 22: kvx.v1.PoolStats
+	(*SnapshotStats)(nil),      // 23: kvx.v1.SnapshotStats
+	(*ManagerStats)(nil),       // 24: kvx.v1.ManagerStats
+	(*InspectOptions)(nil),     // 25: kvx.v1.InspectOptions
+	(*BlockTable)(nil),         // 26: kvx.v1.BlockTable
+	(*SeqState)(nil),           // 27: kvx.v1.SeqState
+	(*RefCounts)(nil),          // 28: kvx.v1.RefCounts
+	(*Snapshot)(nil),           // 29: kvx.v1.Snapshot
+	(*ErrorDetail)(nil),        // 30: kvx.v1.ErrorDetail
+	(*WorkerInfoRequest)(nil),  // 31: kvx.v1.WorkerInfoRequest
+	(*WorkerInfo)(nil),         // 32: kvx.v1.WorkerInfo
+	(*Hardware)(nil),           // 33: kvx.v1.Hardware
+	(*WorkerConfig)(nil),       // 34: kvx.v1.WorkerConfig
+	(*Setup)(nil),              // 35: kvx.v1.Setup
+	(*Batch)(nil),              // 36: kvx.v1.Batch
+	(*Result)(nil),             // 37: kvx.v1.Result
+	(*CopyBlocksRequest)(nil),  // 38: kvx.v1.CopyBlocksRequest
+	(*HealthRequest)(nil),      // 39: kvx.v1.HealthRequest
 }
 var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	3,  // 0: kvx.v1.ManagerInfo.capabilities:type_name -> kvx.v1.Capabilities
@@ -3075,55 +3199,62 @@ var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	12, // 4: kvx.v1.ReserveResponse.tables:type_name -> kvx.v1.TableDeltas
 	13, // 5: kvx.v1.ReserveResponse.copies:type_name -> kvx.v1.Copies
 	13, // 6: kvx.v1.CommitResult.copies:type_name -> kvx.v1.Copies
-	13, // 7: kvx.v1.MoveResult.copies:type_name -> kvx.v1.Copies
-	20, // 8: kvx.v1.ManagerStats.pools:type_name -> kvx.v1.PoolStats
-	21, // 9: kvx.v1.ManagerStats.snapshots:type_name -> kvx.v1.SnapshotStats
-	24, // 10: kvx.v1.SeqState.tables:type_name -> kvx.v1.BlockTable
-	20, // 11: kvx.v1.Snapshot.pools:type_name -> kvx.v1.PoolStats
-	25, // 12: kvx.v1.Snapshot.seqs:type_name -> kvx.v1.SeqState
-	26, // 13: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
-	31, // 14: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
-	7,  // 15: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
-	12, // 16: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
-	13, // 17: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
-	13, // 18: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
-	1,  // 19: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
-	5,  // 20: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
-	9,  // 21: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
-	11, // 22: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
-	15, // 23: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
-	16, // 24: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
-	15, // 25: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
-	15, // 26: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
-	15, // 27: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
-	19, // 28: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
-	23, // 29: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
-	29, // 30: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
-	32, // 31: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
-	34, // 32: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
-	36, // 33: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
-	37, // 34: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
-	2,  // 35: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
-	7,  // 36: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
-	10, // 37: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
-	14, // 38: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
-	0,  // 39: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
-	17, // 40: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
-	18, // 41: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
-	18, // 42: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
-	0,  // 43: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
-	22, // 44: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
-	27, // 45: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
-	30, // 46: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
-	33, // 47: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
-	35, // 48: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
-	0,  // 49: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
-	0,  // 50: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
-	35, // [35:51] is the sub-list for method output_type
-	19, // [19:35] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	16, // 7: kvx.v1.EndStepRequest.commit:type_name -> kvx.v1.CommitRequest
+	15, // 8: kvx.v1.EndStepRequest.release:type_name -> kvx.v1.Seqs
+	25, // 9: kvx.v1.EndStepRequest.inspect:type_name -> kvx.v1.InspectOptions
+	17, // 10: kvx.v1.EndStepResult.commit:type_name -> kvx.v1.CommitResult
+	29, // 11: kvx.v1.EndStepResult.snapshot:type_name -> kvx.v1.Snapshot
+	13, // 12: kvx.v1.MoveResult.copies:type_name -> kvx.v1.Copies
+	22, // 13: kvx.v1.ManagerStats.pools:type_name -> kvx.v1.PoolStats
+	23, // 14: kvx.v1.ManagerStats.snapshots:type_name -> kvx.v1.SnapshotStats
+	26, // 15: kvx.v1.SeqState.tables:type_name -> kvx.v1.BlockTable
+	22, // 16: kvx.v1.Snapshot.pools:type_name -> kvx.v1.PoolStats
+	27, // 17: kvx.v1.Snapshot.seqs:type_name -> kvx.v1.SeqState
+	28, // 18: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
+	33, // 19: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
+	7,  // 20: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
+	12, // 21: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
+	13, // 22: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
+	13, // 23: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
+	1,  // 24: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
+	5,  // 25: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
+	9,  // 26: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
+	11, // 27: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
+	15, // 28: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
+	16, // 29: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
+	15, // 30: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
+	15, // 31: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
+	15, // 32: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
+	21, // 33: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
+	25, // 34: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
+	18, // 35: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
+	31, // 36: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
+	34, // 37: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
+	36, // 38: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
+	38, // 39: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
+	39, // 40: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
+	2,  // 41: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
+	7,  // 42: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
+	10, // 43: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
+	14, // 44: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
+	0,  // 45: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
+	17, // 46: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
+	20, // 47: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
+	20, // 48: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
+	0,  // 49: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
+	24, // 50: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
+	29, // 51: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
+	19, // 52: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
+	32, // 53: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
+	35, // 54: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
+	37, // 55: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
+	0,  // 56: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
+	0,  // 57: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
+	41, // [41:58] is the sub-list for method output_type
+	24, // [24:41] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_kvx_v1_kvx_proto_init() }
@@ -3137,7 +3268,7 @@ func file_kvx_v1_kvx_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvx_v1_kvx_proto_rawDesc), len(file_kvx_v1_kvx_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

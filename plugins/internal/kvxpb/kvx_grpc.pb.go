@@ -73,6 +73,7 @@ const (
 	CacheManager_Release_FullMethodName   = "/kvx.v1.CacheManager/Release"
 	CacheManager_Stats_FullMethodName     = "/kvx.v1.CacheManager/Stats"
 	CacheManager_Inspect_FullMethodName   = "/kvx.v1.CacheManager/Inspect"
+	CacheManager_EndStep_FullMethodName   = "/kvx.v1.CacheManager/EndStep"
 )
 
 // CacheManagerClient is the client API for CacheManager service.
@@ -90,6 +91,9 @@ type CacheManagerClient interface {
 	Release(ctx context.Context, in *Seqs, opts ...grpc.CallOption) (*Empty, error)
 	Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*ManagerStats, error)
 	Inspect(ctx context.Context, in *InspectOptions, opts ...grpc.CallOption) (*Snapshot, error)
+	// Commit, then Release, then (when inspect is set) Inspect, in one round
+	// trip: kvcache.StepEnder.
+	EndStep(ctx context.Context, in *EndStepRequest, opts ...grpc.CallOption) (*EndStepResult, error)
 }
 
 type cacheManagerClient struct {
@@ -210,6 +214,16 @@ func (c *cacheManagerClient) Inspect(ctx context.Context, in *InspectOptions, op
 	return out, nil
 }
 
+func (c *cacheManagerClient) EndStep(ctx context.Context, in *EndStepRequest, opts ...grpc.CallOption) (*EndStepResult, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EndStepResult)
+	err := c.cc.Invoke(ctx, CacheManager_EndStep_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CacheManagerServer is the server API for CacheManager service.
 // All implementations must embed UnimplementedCacheManagerServer
 // for forward compatibility.
@@ -225,6 +239,9 @@ type CacheManagerServer interface {
 	Release(context.Context, *Seqs) (*Empty, error)
 	Stats(context.Context, *StatsRequest) (*ManagerStats, error)
 	Inspect(context.Context, *InspectOptions) (*Snapshot, error)
+	// Commit, then Release, then (when inspect is set) Inspect, in one round
+	// trip: kvcache.StepEnder.
+	EndStep(context.Context, *EndStepRequest) (*EndStepResult, error)
 	mustEmbedUnimplementedCacheManagerServer()
 }
 
@@ -267,6 +284,9 @@ func (UnimplementedCacheManagerServer) Stats(context.Context, *StatsRequest) (*M
 }
 func (UnimplementedCacheManagerServer) Inspect(context.Context, *InspectOptions) (*Snapshot, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Inspect not implemented")
+}
+func (UnimplementedCacheManagerServer) EndStep(context.Context, *EndStepRequest) (*EndStepResult, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method EndStep not implemented")
 }
 func (UnimplementedCacheManagerServer) mustEmbedUnimplementedCacheManagerServer() {}
 func (UnimplementedCacheManagerServer) testEmbeddedByValue()                      {}
@@ -487,6 +507,24 @@ func _CacheManager_Inspect_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CacheManager_EndStep_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EndStepRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CacheManagerServer).EndStep(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CacheManager_EndStep_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CacheManagerServer).EndStep(ctx, req.(*EndStepRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CacheManager_ServiceDesc is the grpc.ServiceDesc for CacheManager service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -537,6 +575,10 @@ var CacheManager_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Inspect",
 			Handler:    _CacheManager_Inspect_Handler,
+		},
+		{
+			MethodName: "EndStep",
+			Handler:    _CacheManager_EndStep_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -584,3 +584,45 @@ func fromProtoSnapshot(p *kvxpb.Snapshot) kvcache.Snapshot {
 	}
 	return s
 }
+
+func toProtoEndStepRequest(r kvcache.EndStepRequest) *kvxpb.EndStepRequest {
+	p := &kvxpb.EndStepRequest{Commit: toProtoCommitRequest(r.Commits), Release: toProtoSeqs(r.Release)}
+	if r.Inspect != nil {
+		p.Inspect = toProtoInspectOptions(*r.Inspect)
+	}
+	return p
+}
+
+func fromProtoEndStepRequest(p *kvxpb.EndStepRequest) (kvcache.EndStepRequest, error) {
+	commits, err := fromProtoCommitRequest(p.GetCommit())
+	if err != nil {
+		return kvcache.EndStepRequest{}, err
+	}
+	r := kvcache.EndStepRequest{Commits: commits, Release: fromProtoSeqs(p.GetRelease())}
+	if p.GetInspect() != nil {
+		o := fromProtoInspectOptions(p.GetInspect())
+		r.Inspect = &o
+	}
+	return r, nil
+}
+
+func toProtoEndStepResult(r kvcache.EndStepResult) *kvxpb.EndStepResult {
+	p := &kvxpb.EndStepResult{Commit: toProtoCommitResult(r.Commit)}
+	if r.Snapshot != nil {
+		p.Snapshot = toProtoSnapshot(*r.Snapshot)
+	}
+	return p
+}
+
+func fromProtoEndStepResult(p *kvxpb.EndStepResult) (kvcache.EndStepResult, error) {
+	c, err := fromProtoCommitResult(p.GetCommit())
+	if err != nil {
+		return kvcache.EndStepResult{}, err
+	}
+	r := kvcache.EndStepResult{Commit: c}
+	if p.GetSnapshot() != nil {
+		s := fromProtoSnapshot(p.GetSnapshot())
+		r.Snapshot = &s
+	}
+	return r, nil
+}

@@ -22,6 +22,7 @@ type ManagerClient struct {
 }
 
 var _ kvcache.Manager = (*ManagerClient)(nil)
+var _ kvcache.StepEnder = (*ManagerClient)(nil)
 
 // NewManagerClient returns a client on cc. lifetime ends when the plugin is
 // gone (go-plugin's GRPCClient ctx); after that every call fails at once
@@ -208,6 +209,27 @@ func (c *ManagerClient) Inspect(ctx context.Context, opts kvcache.InspectOptions
 	return fromProtoSnapshot(resp), nil
 }
 
+// EndStep implements kvcache.StepEnder: Commit, Release and Inspect in one
+// round trip.
+func (c *ManagerClient) EndStep(ctx context.Context, req kvcache.EndStepRequest) (kvcache.EndStepResult, error) {
+	const m = managerService + "EndStep"
+	if exited(c.done) {
+		return kvcache.EndStepResult{}, errExited(m)
+	}
+	resp, err := c.rpc.EndStep(ctx, toProtoEndStepRequest(req), callOpts...)
+	if err != nil {
+		partial := new(kvxpb.EndStepResult)
+		err = fromStatus(ctx, c.done, m, err, partial)
+		res, _ := fromProtoEndStepResult(partial)
+		return res, err
+	}
+	res, err := fromProtoEndStepResult(resp)
+	if err != nil {
+		return kvcache.EndStepResult{}, malformed(m, err)
+	}
+	return res, nil
+}
+
 // RegisterManagerServer serves m as the CacheManager service on s. The server
 // runs one call at a time (a call waits for the previous one, or for its ctx
 // to end), so m needs no locking. Errors m returns travel as described in the
@@ -364,6 +386,23 @@ func (s *managerServer) Inspect(ctx context.Context, req *kvxpb.InspectOptions) 
 	defer s.gate.leave()
 	snap, err := s.impl.Inspect(ctx, fromProtoInspectOptions(req))
 	out := toProtoSnapshot(snap)
+	if err != nil {
+		return nil, toStatus(err, out)
+	}
+	return out, nil
+}
+
+func (s *managerServer) EndStep(ctx context.Context, req *kvxpb.EndStepRequest) (*kvxpb.EndStepResult, error) {
+	if err := s.gate.enter(ctx); err != nil {
+		return nil, toStatus(err, nil)
+	}
+	defer s.gate.leave()
+	r, err := fromProtoEndStepRequest(req)
+	if err != nil {
+		return nil, toStatus(err, nil)
+	}
+	res, err := kvcache.EndStep(ctx, s.impl, r)
+	out := toProtoEndStepResult(res)
 	if err != nil {
 		return nil, toStatus(err, out)
 	}

@@ -1,0 +1,74 @@
+package kvcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// StepEnder is an optional Manager interface, found by type assertion: one
+// call that ends a step on a stage. EndStep has exactly the effects of
+// Commit(Commits), then Release(Release), then, when Inspect is set,
+// Inspect(*Inspect). The plugin client implements it, so over gRPC the end
+// of a step costs one round trip per stage instead of three; a manager need
+// not implement it (EndStep below falls back to the three calls).
+type StepEnder interface {
+	EndStep(ctx context.Context, req EndStepRequest) (EndStepResult, error)
+}
+
+// EndStepRequest is the end of one step on one stage.
+type EndStepRequest struct {
+	Commits []CommitItem
+	Release []SeqID
+	Inspect *InspectOptions // nil: no snapshot
+}
+
+// EndStepResult is what the three calls return.
+type EndStepResult struct {
+	Commit   CommitResult
+	Snapshot *Snapshot // nil unless the request asked for one
+}
+
+// EndStep ends a step on m: through StepEnder when m implements it, else with
+// Commit, Release and Inspect in that order. Refused commit or release items
+// come back as one item-scoped *Error listing their sequences, after
+// everything valid was applied and the snapshot taken; any other error
+// stops the sequence of calls and is returned as is.
+func EndStep(ctx context.Context, m Manager, req EndStepRequest) (EndStepResult, error) {
+	if se, ok := m.(StepEnder); ok {
+		return se.EndStep(ctx, req)
+	}
+	var res EndStepResult
+	var refused []SeqID
+	var msgs []string
+	keep := func(err error) error {
+		var ke *Error
+		if errors.As(err, &ke) && ke.Kind == KindInvalidArg && len(ke.Seqs) > 0 {
+			refused = append(refused, ke.Seqs...)
+			msgs = append(msgs, ke.Msg)
+			return nil
+		}
+		return err
+	}
+	cr, err := m.Commit(ctx, req.Commits)
+	res.Commit = cr
+	if err := keep(err); err != nil {
+		return res, err
+	}
+	if len(req.Release) > 0 {
+		if err := keep(m.Release(ctx, req.Release)); err != nil {
+			return res, err
+		}
+	}
+	if req.Inspect != nil {
+		snap, err := m.Inspect(ctx, *req.Inspect)
+		if err != nil {
+			return res, err
+		}
+		res.Snapshot = &snap
+	}
+	if len(refused) > 0 {
+		return res, ItemErrorf(refused, "%s", fmt.Sprint(msgs))
+	}
+	return res, nil
+}
