@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 
@@ -144,6 +145,7 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 			res.Spec.Progress = os.Stderr
 		}
 		res.Spec.Log = log
+		oneThreadForSim(cfg.Device)
 		l := setup.NewLauncher(cfg, registry(), log)
 		rep, err := engine.Run(ctx, res.Spec, l)
 		l.Close()
@@ -183,4 +185,20 @@ func writeJSON(path string, reports []report.Report) error {
 		return f.Close()
 	}
 	return report.WriteJSON(w, reports)
+}
+
+// oneThreadForSim runs kvx on one OS thread at a time for the sim device:
+// the step loop is sequential and plugin calls wait on the network, so more
+// threads only spin (measured on 2 cores: a third of the wall time). A
+// device that computes in this process keeps every core. GOMAXPROCS in the
+// environment always wins.
+func oneThreadForSim(device string) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return
+	}
+	if device == "sim" {
+		runtime.GOMAXPROCS(1)
+	} else {
+		runtime.GOMAXPROCS(runtime.NumCPU())
+	}
 }

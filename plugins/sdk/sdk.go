@@ -21,6 +21,7 @@ package sdk
 
 import (
 	"os"
+	"runtime"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
@@ -64,14 +65,28 @@ func DefaultLogger() hclog.Logger {
 // manager. It does not return while serving; when started by hand (no
 // handshake cookie) it exits the process with status 1.
 func ServeCacheManager(factory func() kvcache.Manager, opts ...Option) {
+	singleThread()
 	logger := setup(opts)
 	serve(pluginrpc.VersionedPlugins(factory(), nil), logger)
 }
 
 // ServeWorker serves the worker factory makes; see ServeCacheManager.
 func ServeWorker(factory func() worker.Worker, opts ...Option) {
+	singleThread()
 	logger := setup(opts)
 	serve(pluginrpc.VersionedPlugins(nil, factory()), logger)
+}
+
+// singleThread runs the plugin on one OS thread at a time. A plugin serves
+// one call at a time (the contract), so further scheduler threads only spin
+// between calls: on a 2-core host that costs the engine about a third of its
+// step time. A worker whose device computes in parallel raises it again
+// with runtime.GOMAXPROCS when configured; GOMAXPROCS in the environment
+// always wins.
+func singleThread() {
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(1)
+	}
 }
 
 // setup applies opts and installs the logger as hclog's default. The
