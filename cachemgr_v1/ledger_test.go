@@ -365,7 +365,7 @@ func TestTableDeltasRebuildTables(t *testing.T) {
 	apply(g)
 	check()
 	// An unreserved reservation never reached the worker.
-	g = reserve(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 8})
+	reserve(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 8})
 	if err := m.Unreserve(bg, []kvcache.SeqID{2}); err != nil {
 		t.Fatal(err)
 	}

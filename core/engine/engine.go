@@ -73,7 +73,6 @@ type request struct {
 	finish   int64
 	preempts int
 	state    reqState
-	reason   string
 }
 
 type reqState uint8
@@ -372,7 +371,7 @@ func (e *Engine) handleRejected(rs []sched.Rejection) {
 		if r == nil || r.state != stActive {
 			continue
 		}
-		r.state, r.reason = stRejected, rj.Reason
+		r.state = stRejected
 		e.active--
 		e.rep.Requests.Rejections = append(e.rep.Requests.Rejections, report.Rejection{ID: uint64(rj.ID), Reason: rj.Reason})
 		e.bar.tick(e)

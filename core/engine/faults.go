@@ -115,7 +115,7 @@ func (e *Engine) failRequests(ctx context.Context, ids []kvcache.SeqID, inFlight
 		if inFlight {
 			e.sched.Complete(id, 0, 0) // ends the in-flight state of the aborted request
 		}
-		r.state, r.reason = stFailed, reason
+		r.state = stFailed
 		e.active--
 		e.rep.Requests.Failures = append(e.rep.Requests.Failures, report.Rejection{ID: uint64(id), Reason: reason})
 		if r.resident {

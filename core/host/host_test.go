@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -67,7 +66,7 @@ func buildFakes(dir string) error {
 	} else {
 		goBin, err := exec.LookPath("go")
 		if err != nil {
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+			return fmt.Errorf("building the fake plugin needs the go command on PATH: %v", err)
 		}
 		cmd := exec.Command(goBin, "build", "-o", fakeManager, "./testdata/fakeplugin")
 		if out, err := cmd.CombinedOutput(); err != nil {
