@@ -128,10 +128,11 @@ type Scheduler struct {
 	toRelease []kvcache.SeqID // released by the next Schedule
 	order     uint64
 
-	// freed counts the events that give capacity back (a request leaves the
-	// running set). After the head of the waiting queue is denied, admission
-	// waits for the next such event instead of resending the same prompts to
-	// every stage each step: between them the cache only fills up.
+	// freed counts the events that give capacity back for good (a request
+	// finishes, fails or is aborted). After the head of the waiting queue is
+	// denied, or a request is preempted, admission waits for the next such
+	// event instead of resending the same prompts to every stage each step
+	// or re-admitting a victim: between them the cache only fills up.
 	freed        uint64
 	headDenied   bool
 	headDeniedAt uint64
@@ -547,7 +548,10 @@ func (s *Scheduler) newestIdle() *req {
 // the waiting queue with history 0.
 func (s *Scheduler) preempt(p *pass, v *req) {
 	p.c.Release([]kvcache.SeqID{v.ID})
-	s.freed++
+	// The space was taken back for the running requests to grow into:
+	// admitting the victim again before anything finishes would only
+	// recompute it to be preempted again (a recompute storm).
+	s.headDenied, s.headDeniedAt = true, s.freed
 	if v.inBatch {
 		s.unbatch(p, v)
 	}
