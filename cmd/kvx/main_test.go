@@ -305,3 +305,18 @@ func TestConformanceCommand(t *testing.T) {
 		t.Errorf("plugin processes left after conformance: %v", pids)
 	}
 }
+
+// TestHTMLReport: --html writes a page with the table and the charts.
+func TestHTMLReport(t *testing.T) {
+	page := filepath.Join(t.TempDir(), "r.html")
+	if _, stderr, code := kvx(t, "compare", "-c", "testdata/small.yaml", "--set", "isolation=inprocess", "--set", "workload.requests=10", "--html", page); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	data, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := string(data); !strings.Contains(s, "<svg") || !strings.Contains(s, "cache_manager=v2") {
+		t.Errorf("HTML report lacks charts or variants (%d bytes)", len(data))
+	}
+}

@@ -23,6 +23,7 @@ import (
 // runOpts are the flags of run and compare.
 type runOpts struct {
 	jsonOut    string
+	htmlOut    string
 	noProgress bool
 	varies     []string
 }
@@ -66,6 +67,7 @@ Without --config, the bundled demo scenario runs.`,
 
 func addRunFlags(cmd *cobra.Command, o *runOpts) {
 	cmd.Flags().StringVar(&o.jsonOut, "json", "", "write the report as JSON to this file ('-' for stdout)")
+	cmd.Flags().StringVar(&o.htmlOut, "html", "", "write the report as an HTML page with charts to this file")
 	cmd.Flags().BoolVar(&o.noProgress, "no-progress", false, "do not show the progress bar")
 }
 
@@ -161,7 +163,12 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 		return err
 	}
 	if o.jsonOut != "" {
-		if err := writeJSON(o.jsonOut, reports); err != nil {
+		if err := writeFile(o.jsonOut, reports, report.WriteJSON); err != nil {
+			return err
+		}
+	}
+	if o.htmlOut != "" {
+		if err := writeFile(o.htmlOut, reports, report.WriteHTML); err != nil {
 			return err
 		}
 	}
@@ -171,20 +178,20 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 	return nil
 }
 
-func writeJSON(path string, reports []report.Report) error {
-	var w io.Writer = os.Stdout
-	if path != "-" {
-		f, err := os.Create(path)
-		if err != nil {
-			return err
-		}
-		if err := report.WriteJSON(f, reports); err != nil {
-			f.Close()
-			return err
-		}
-		return f.Close()
+// writeFile writes the reports with write to path ('-' for stdout).
+func writeFile(path string, reports []report.Report, write func(io.Writer, []report.Report) error) error {
+	if path == "-" {
+		return write(os.Stdout, reports)
 	}
-	return report.WriteJSON(w, reports)
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f, reports); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // oneThreadForSim runs kvx on one OS thread at a time for the sim device:

@@ -1,0 +1,94 @@
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func sample() []Report {
+	a := Report{Variant: "cache_manager=v1"}
+	a.Requests = Requests{Total: 10, Completed: 9, Rejected: 1, Preemptions: 3,
+		Rejections: []Rejection{{ID: 4, Reason: "prompt 9000 + max_new_tokens 10 exceeds max_seq_len 8192"}}}
+	a.Tokens = Tokens{Prompt: 1000, PrefixReused: 250, HitRate: 0.25, Generated: 90}
+	a.Latency = Latency{TTFTP50: 12, TTFTP99: 40, TPOTP50: 3.5, TPOTP99: 9}
+	a.Throughput.OutputTokensPerS = 1234
+	a.Engine = Engine{Steps: 100, WallS: 2, Modelled: true}
+	b := a
+	b.Variant = "cache_manager=v2"
+	b.Engine.WallS = 3
+	b.Error = strings.Repeat("x", 80)
+	return []Report{a, b}
+}
+
+func TestWriteTable(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, sample()); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{"cache_manager=v1", "cache_manager=v2", "1,000", "250 (25.0%)", "12 / 40", "1.50x", "see the message below", "uncalibrated"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestWriteJSONFields(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteJSON(&buf, sample()); err != nil {
+		t.Fatal(err)
+	}
+	var got []map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil || len(got) != 2 {
+		t.Fatalf("JSON list of 2 reports: %v (%d)", err, len(got))
+	}
+	for _, path := range [][]string{
+		{"requests", "total"}, {"requests", "completed"}, {"requests", "rejected"}, {"requests", "failed"},
+		{"requests", "preemptions"}, {"requests", "rejections"}, {"tokens", "prompt"}, {"tokens", "generated"},
+		{"tokens", "prefix_reused"}, {"kv", "peak_usage"}, {"latency_ms", "ttft_p50"}, {"latency_ms", "ttft_p99"},
+		{"latency_ms", "tpot_p50"}, {"latency_ms", "tpot_p99"}, {"throughput", "output_tokens_per_s"},
+		{"invariants", "checked_steps"}, {"invariants", "violations"}, {"engine", "steps"}, {"engine", "wall_s"},
+		{"engine", "plugin_restarts"},
+	} {
+		m, ok := got[0][path[0]].(map[string]any)
+		if !ok {
+			t.Errorf("no %s object", path[0])
+			continue
+		}
+		if _, ok := m[path[1]]; !ok {
+			t.Errorf("no %s.%s", path[0], path[1])
+		}
+	}
+}
+
+func TestWriteHTML(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteHTML(&buf, sample()); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	if n := strings.Count(out, "<svg"); n != len(charts) {
+		t.Errorf("%d charts, want %d", n, len(charts))
+	}
+	for _, want := range []string{"<table>", "cache_manager=v2", "Time to first token", "uncalibrated"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("HTML lacks %q", want)
+		}
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	for _, tc := range []struct {
+		xs   []float64
+		p    float64
+		want float64
+	}{
+		{nil, 50, 0}, {[]float64{3, 1, 2}, 50, 2}, {[]float64{5}, 99, 5}, {[]float64{4, 3, 2, 1}, 100, 4}, {[]float64{4, 3, 2, 1}, 1, 1},
+	} {
+		if got := Percentile(append([]float64(nil), tc.xs...), tc.p); got != tc.want {
+			t.Errorf("Percentile(%v, %v) = %v, want %v", tc.xs, tc.p, got, tc.want)
+		}
+	}
+}
