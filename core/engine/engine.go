@@ -160,7 +160,15 @@ func (e *Engine) setup(ctx context.Context) error {
 	maxSeq := 0
 	for i := range n {
 		st := &stage{idx: i, deltas: map[kvcache.SeqID][]kvcache.TableDelta{}}
-		if err := e.startStage(ctx, st); err != nil {
+		err := e.startStage(ctx, st)
+		// A plugin that dies while it starts is started again, within the
+		// same restart budget as one that dies mid-run.
+		for err != nil && errors.Is(err, kvcache.ErrUnavailable) && ctx.Err() == nil && e.rep.Engine.PluginRestarts < MaxRestarts {
+			e.rep.Engine.PluginRestarts++
+			e.log.Warn("plugin died while starting; starting it again", "stage", i, "error", err)
+			err = e.startStage(ctx, st)
+		}
+		if err != nil {
 			return err
 		}
 		e.stages = append(e.stages, st)

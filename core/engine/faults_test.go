@@ -179,3 +179,30 @@ func TestPluginThatKeepsDyingStopsTheEngine(t *testing.T) {
 		t.Errorf("plugin restarts = %d, want %d", rep.Engine.PluginRestarts, engine.MaxRestarts)
 	}
 }
+
+// deadOnArrival is a manager whose plugin died before it answered Info.
+type deadOnArrival struct{ kvcache.Manager }
+
+func (deadOnArrival) Info(context.Context) (kvcache.Info, error) {
+	return kvcache.Info{}, kvcache.Errorf(kvcache.KindUnavailable, "plugin process exited")
+}
+
+// TestPluginDeadAtStartIsStartedAgain: a plugin that dies while the engine
+// starts is launched again and the run completes.
+func TestPluginDeadAtStartIsStartedAgain(t *testing.T) {
+	wl := genWorkload(t, 6, 0)
+	var launches atomic.Int64
+	l := inproc{
+		manager: func() kvcache.Manager {
+			if launches.Add(1) == 2 {
+				return deadOnArrival{cachemgrv1.New()}
+			}
+			return cachemgrv1.New()
+		},
+		worker: func() worker.Worker { return device.NewWorker(dsa.Backend) },
+	}
+	rep := runSpec(t, buildSpec(t, testSpec{pp: 2, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048}), l)
+	if rep.Engine.PluginRestarts != 1 || rep.Requests.Completed != len(wl.Requests) {
+		t.Errorf("restarts %d, requests %+v; want 1 restart and every request completed", rep.Engine.PluginRestarts, rep.Requests)
+	}
+}
