@@ -10,24 +10,7 @@ import (
 	"github.com/kvx-dev/kvx/core/host"
 	"github.com/kvx-dev/kvx/plugins/conformance"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
-	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
-
-// managerProcess is a plugin client whose process stops when the suite
-// closes it at the end of a check.
-type managerProcess struct {
-	kvcache.Manager
-	proc *host.Process
-}
-
-func (m managerProcess) Close() error { m.proc.Kill(); return nil }
-
-type workerProcess struct {
-	worker.Worker
-	proc *host.Process
-}
-
-func (w workerProcess) Close() error { w.proc.Kill(); return nil }
 
 func newConformanceCmd(g *globals) *cobra.Command {
 	var reuse bool
@@ -54,24 +37,11 @@ PLUGIN is a path or a binary name found like the engine finds plugins.`,
 			case err == nil:
 				probe.Kill()
 				kind = "cache manager"
-				failed = conformance.CheckManager(ctx, func() kvcache.Manager {
-					m, proc, err := h.LaunchManager(ctx, path)
-					if err != nil {
-						fmt.Fprintln(os.Stderr, "launch:", err)
-						return nil // the suite reports a nil manager as a violation
-					}
-					return managerProcess{m, proc}
-				}, conformance.ManagerOptions{Reuse: reuse})
+				// A failed launch yields nil, which the suite reports as a violation.
+				failed = conformance.CheckManager(ctx, h.ManagerFactory(ctx, path, launchFailed), conformance.ManagerOptions{Reuse: reuse})
 			case kvcache.KindOf(err) == kvcache.KindUnsupported && !errors.Is(err, host.ErrProtocol):
 				kind = "worker"
-				failed = conformance.CheckWorker(ctx, func() worker.Worker {
-					w, proc, err := h.LaunchWorker(ctx, path)
-					if err != nil {
-						fmt.Fprintln(os.Stderr, "launch:", err)
-						return nil
-					}
-					return workerProcess{w, proc}
-				}, conformance.WorkerOptions{})
+				failed = conformance.CheckWorker(ctx, h.WorkerFactory(ctx, path, launchFailed), conformance.WorkerOptions{})
 			default:
 				return usageErr(err)
 			}
@@ -96,3 +66,5 @@ PLUGIN is a path or a binary name found like the engine finds plugins.`,
 	cmd.Flags().BoolVar(&reuse, "reuse", true, "also check prefix reuse when the manager reports the capability")
 	return cmd
 }
+
+func launchFailed(err error) { fmt.Fprintln(os.Stderr, "launch:", err) }

@@ -490,3 +490,45 @@ func (h *Host) probe(f *Found) {
 	}
 	f.Kind, f.Worker, f.Err = pluginrpc.WorkerPluginName, &winfo, checkProtocols(winfo.Protocols)
 }
+
+// closingManager is a plugin client that stops its process on Close.
+type closingManager struct {
+	kvcache.Manager
+	proc *Process
+}
+
+func (m closingManager) Close() error { m.proc.Kill(); return nil }
+
+type closingWorker struct {
+	worker.Worker
+	proc *Process
+}
+
+func (w closingWorker) Close() error { w.proc.Kill(); return nil }
+
+// ManagerFactory returns a factory that launches the cache-manager plugin at
+// path on every call, for suites that want a fresh plugin each time (the
+// conformance suite). Each manager it returns implements io.Closer, which
+// stops its process. A failed launch is passed to onErr and yields nil.
+func (h *Host) ManagerFactory(ctx context.Context, path string, onErr func(error)) func() kvcache.Manager {
+	return func() kvcache.Manager {
+		m, proc, err := h.LaunchManager(ctx, path)
+		if err != nil {
+			onErr(err)
+			return nil
+		}
+		return closingManager{m, proc}
+	}
+}
+
+// WorkerFactory is ManagerFactory for a worker plugin.
+func (h *Host) WorkerFactory(ctx context.Context, path string, onErr func(error)) func() worker.Worker {
+	return func() worker.Worker {
+		w, proc, err := h.LaunchWorker(ctx, path)
+		if err != nil {
+			onErr(err)
+			return nil
+		}
+		return closingWorker{w, proc}
+	}
+}

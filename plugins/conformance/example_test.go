@@ -11,48 +11,9 @@ import (
 
 	"github.com/kvx-dev/kvx/core/host"
 	"github.com/kvx-dev/kvx/plugins/conformance"
-	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
-	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
-// managerProcess is a plugin client that stops its process on Close, which
-// the suite calls when a check is done.
-type managerProcess struct {
-	kvcache.Manager
-	proc *host.Process
-}
-
-func (m managerProcess) Close() error { m.proc.Kill(); return nil }
-
-type workerProcess struct {
-	worker.Worker
-	proc *host.Process
-}
-
-func (w workerProcess) Close() error { w.proc.Kill(); return nil }
-
-// managerFactory launches the plugin binary at path once per check.
-func managerFactory(h *host.Host, path string) func() kvcache.Manager {
-	return func() kvcache.Manager {
-		m, proc, err := h.LaunchManager(context.Background(), path)
-		if err != nil {
-			log.Print(err)
-			return nil // reported as a violation of the check
-		}
-		return managerProcess{m, proc}
-	}
-}
-
-func workerFactory(h *host.Host, path string) func() worker.Worker {
-	return func() worker.Worker {
-		w, proc, err := h.LaunchWorker(context.Background(), path)
-		if err != nil {
-			log.Print(err)
-			return nil
-		}
-		return workerProcess{w, proc}
-	}
-}
+func logLaunch(err error) { log.Print(err) }
 
 // The CLI's use: every check on a fresh plugin process, all violations at
 // once.
@@ -63,7 +24,7 @@ func ExampleCheckManager() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	err = conformance.CheckManager(context.Background(), managerFactory(h, path), conformance.ManagerOptions{Reuse: true})
+	err = conformance.CheckManager(context.Background(), h.ManagerFactory(context.Background(), path, logLaunch), conformance.ManagerOptions{Reuse: true})
 	for _, v := range conformance.Violations(err) {
 		fmt.Println(v)
 	}
@@ -83,7 +44,7 @@ func TestPluginBinaries(t *testing.T) {
 			continue
 		}
 		t.Run(name, func(t *testing.T) {
-			conformance.TestManager(t, managerFactory(h, path), conformance.ManagerOptions{Reuse: true, RandomOps: 500})
+			conformance.TestManager(t, h.ManagerFactory(context.Background(), path, logLaunch), conformance.ManagerOptions{Reuse: true, RandomOps: 500})
 		})
 	}
 	for _, name := range []string{"kvx-backend-dsa", "kvx-backend-mla", "kvx-backend-gqa"} {
@@ -92,7 +53,7 @@ func TestPluginBinaries(t *testing.T) {
 			continue
 		}
 		t.Run(name, func(t *testing.T) {
-			conformance.TestWorker(t, workerFactory(h, path), conformance.WorkerOptions{})
+			conformance.TestWorker(t, h.WorkerFactory(context.Background(), path, logLaunch), conformance.WorkerOptions{})
 		})
 	}
 }
