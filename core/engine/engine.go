@@ -33,6 +33,14 @@ type Launcher interface {
 	Worker(ctx context.Context, stage int) (worker.Worker, error)
 }
 
+// Stopper is an optional Launcher interface: Stop ends the process behind a
+// manager or worker the launcher returned. The engine calls it on a stage's
+// old plugins when it replaces them after one died, so no process is left
+// behind a restart.
+type Stopper interface {
+	Stop(client any)
+}
+
 // Spec is a fully resolved run: every number is decided before Run starts.
 type Spec struct {
 	Variant  string

@@ -55,6 +55,10 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 	}
 	e.rep.Engine.PluginRestarts++
 	e.log.Warn("plugin died; restarting it and recomputing every request", "stage", dead, "error", cause)
+	if st, ok := e.launch.(Stopper); ok {
+		st.Stop(e.stages[dead].m)
+		st.Stop(e.stages[dead].w)
+	}
 	if err := e.startStage(ctx, e.stages[dead]); err != nil {
 		return fmt.Errorf("restart after %v: %w", cause, err)
 	}

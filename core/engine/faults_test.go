@@ -206,3 +206,34 @@ func TestPluginDeadAtStartIsStartedAgain(t *testing.T) {
 		t.Errorf("restarts %d, requests %+v; want 1 restart and every request completed", rep.Engine.PluginRestarts, rep.Requests)
 	}
 }
+
+// stoppingLauncher records the clients the engine asks it to stop.
+type stoppingLauncher struct {
+	inproc
+	stopped []any
+}
+
+func (l *stoppingLauncher) Stop(client any) { l.stopped = append(l.stopped, client) }
+
+// TestRestartStopsTheOldPlugins: replacing a dead stage's plugins stops the
+// old manager and worker, so no process outlives its replacement.
+func TestRestartStopsTheOldPlugins(t *testing.T) {
+	wl := genWorkload(t, 10, 0)
+	var launches atomic.Int64
+	var first kvcache.Manager
+	l := &stoppingLauncher{inproc: inproc{
+		manager: func() kvcache.Manager {
+			if launches.Add(1) == 1 {
+				first = dyingManager{cachemgrv1.New(), new(atomic.Int64), 30}
+				return first
+			}
+			return cachemgrv1.New()
+		},
+		worker: func() worker.Worker { return device.NewWorker(dsa.Backend) },
+	}}
+	rep := runSpec(t, buildSpec(t, testSpec{pp: 1, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048}), l)
+	if rep.Engine.PluginRestarts != 1 || len(l.stopped) != 2 || l.stopped[0] != first {
+		t.Errorf("restarts %d, stopped %d clients (first is the dead manager: %v); want 1 restart, manager and worker stopped",
+			rep.Engine.PluginRestarts, len(l.stopped), len(l.stopped) > 0 && l.stopped[0] == first)
+	}
+}

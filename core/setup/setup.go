@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -243,9 +244,14 @@ type Launcher struct {
 	cfg  *config.Config
 	reg  Registry
 	host *host.Host
+	mu   sync.Mutex
+	proc map[any]*host.Process // plugin clients handed out, and their processes
 }
 
-var _ engine.Launcher = (*Launcher)(nil)
+var (
+	_ engine.Launcher = (*Launcher)(nil)
+	_ engine.Stopper  = (*Launcher)(nil)
+)
 
 // NewLauncher returns a launcher; with plugin isolation it owns a plugin host
 // that Close shuts down.
@@ -271,8 +277,12 @@ func (l *Launcher) Manager(ctx context.Context, stage int) (kvcache.Manager, err
 	if err != nil {
 		return nil, err
 	}
-	m, _, err := l.host.LaunchManager(ctx, path)
-	return m, err
+	m, proc, err := l.host.LaunchManager(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	l.track(m, proc)
+	return m, nil
 }
 
 // Worker implements engine.Launcher.
@@ -289,8 +299,34 @@ func (l *Launcher) Worker(ctx context.Context, stage int) (worker.Worker, error)
 	if err != nil {
 		return nil, err
 	}
-	w, _, err := l.host.LaunchWorker(ctx, path)
-	return w, err
+	w, proc, err := l.host.LaunchWorker(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	l.track(w, proc)
+	return w, nil
+}
+
+func (l *Launcher) track(client any, proc *host.Process) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.proc == nil {
+		l.proc = map[any]*host.Process{}
+	}
+	l.proc[client] = proc
+}
+
+// Stop implements engine.Stopper: it kills the process behind a manager or
+// worker this launcher returned (the engine replaces a stage's plugins after
+// one of them died). In-process values have nothing to stop.
+func (l *Launcher) Stop(client any) {
+	l.mu.Lock()
+	proc := l.proc[client]
+	delete(l.proc, client)
+	l.mu.Unlock()
+	if proc != nil {
+		proc.Kill()
+	}
 }
 
 // Close stops every plugin process this launcher started.
