@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
@@ -155,4 +156,77 @@ func (a admission) Release(ids []kvcache.SeqID) {
 	if err := e.release(a.ctx, ids); err != nil {
 		e.err = err
 	}
+}
+
+// Suspend implements sched.Suspender: each sequence moves to the host tier on
+// every stage or stays resident on all.
+func (a admission) Suspend(ids []kvcache.SeqID) []bool { return a.move(ids, true) }
+
+// Resume implements sched.Suspender: each sequence comes back on every stage
+// or stays suspended on all.
+func (a admission) Resume(ids []kvcache.SeqID) []bool { return a.move(ids, false) }
+
+// move suspends or resumes ids on every stage. A sequence one stage refused
+// is moved back on the stages that moved it, so all stages agree; a refused
+// item (a reservation in flight) is a refusal, not an error.
+func (a admission) move(ids []kvcache.SeqID, suspend bool) []bool {
+	e := a.e
+	ok := make([]bool, len(ids))
+	if e.err != nil || len(ids) == 0 {
+		return ok
+	}
+	op := func(m kvcache.Manager, to bool, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
+		if to {
+			return m.Suspend(a.ctx, seqs)
+		}
+		return m.Resume(a.ctx, seqs)
+	}
+	moved := make([][]bool, len(e.stages))
+	err := e.eachStage(func(st *stage) error {
+		res, copies, err := op(st.m, suspend, ids)
+		if err != nil && len(itemSeqs(err)) == 0 {
+			return stageErr(st.idx, "suspend or resume", err)
+		}
+		if len(res) != len(ids) {
+			res = make([]bool, len(ids)) // refused as a whole
+		}
+		moved[st.idx] = res
+		st.copies = append(st.copies, copies...)
+		return nil
+	})
+	if err != nil {
+		e.err = err
+		return ok
+	}
+	for i := range ids {
+		ok[i] = true
+		for _, res := range moved {
+			ok[i] = ok[i] && res[i]
+		}
+	}
+	err = e.eachStage(func(st *stage) error {
+		var back []kvcache.SeqID
+		for i, id := range ids {
+			if moved[st.idx][i] && !ok[i] {
+				back = append(back, id)
+			}
+		}
+		if len(back) == 0 {
+			return nil
+		}
+		res, copies, err := op(st.m, !suspend, back)
+		st.copies = append(st.copies, copies...)
+		if err == nil && slices.Contains(res, false) {
+			err = fmt.Errorf("could not undo a partial suspend or resume of %v", back)
+		}
+		if err != nil {
+			return stageErr(st.idx, "undo suspend or resume", err)
+		}
+		return nil
+	})
+	if err != nil {
+		e.err = err
+		clear(ok)
+	}
+	return ok
 }

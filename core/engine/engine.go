@@ -103,6 +103,7 @@ type stage struct {
 	copies   []kvcache.Copy
 	deltas   map[kvcache.SeqID][]kvcache.TableDelta
 	free     int64 // simulated ns when the stage can take the next micro-batch
+	hostTier bool  // the manager can suspend sequences to a host tier
 	peak     float64
 }
 
@@ -166,6 +167,7 @@ func (e *Engine) setup(ctx context.Context) error {
 		return fmt.Errorf("engine: %d manager configs and %d worker configs; need one of each per stage", n, len(e.spec.Workers))
 	}
 	maxSeq := 0
+	suspendable := true // every stage has a host tier to suspend to
 	for i := range n {
 		st := &stage{idx: i, deltas: map[kvcache.SeqID][]kvcache.TableDelta{}}
 		err := e.startStage(ctx, st)
@@ -180,12 +182,14 @@ func (e *Engine) setup(ctx context.Context) error {
 			return err
 		}
 		e.stages = append(e.stages, st)
+		suspendable = suspendable && st.hostTier
 		if i == 0 || st.layout.MaxSeqTokens < maxSeq {
 			maxSeq = st.layout.MaxSeqTokens
 		}
 	}
 	sc := e.spec.Sched
 	sc.MaxSeqTokens = maxSeq
+	sc.Suspend = suspendable
 	sch, err := sched.New(sc)
 	if err != nil {
 		return fmt.Errorf("scheduler: %w", err)
@@ -240,6 +244,12 @@ func (e *Engine) startStage(ctx context.Context, st *stage) error {
 		return fmt.Errorf("stage %d: configure worker: %w", i, err)
 	}
 	st.m, st.w, st.layout = m, w, layout
+	st.hostTier = false
+	if info.Capabilities.HostTier {
+		for _, p := range layout.Pools {
+			st.hostTier = st.hostTier || (p.Tier == kvcache.TierHost && p.Blocks > 0)
+		}
+	}
 	return nil
 }
 
@@ -311,10 +321,14 @@ func (e *Engine) iterate(ctx context.Context) error {
 	}
 	e.handleRejected(step.Rejected)
 	for _, id := range step.Preempted {
+		e.rep.Requests.Preemptions++
+		if slices.Contains(step.Suspended, id) {
+			e.rep.Requests.Suspensions++ // cache kept on the host tier: nothing to recompute
+			continue
+		}
 		r := e.byID[id]
 		r.preempts++
 		r.drafts = r.drafts[:0]
-		e.rep.Requests.Preemptions++
 	}
 	if failed != nil {
 		return failed

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
+	cachemgrv2 "github.com/kvx-dev/kvx/cachemgr_v2"
 	"github.com/kvx-dev/kvx/core/device"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/hw"
@@ -230,5 +231,36 @@ func TestInvariantViolationStopsTheRun(t *testing.T) {
 	}
 	if rep.Invariants.Violations == 0 || len(rep.Invariants.First) == 0 {
 		t.Errorf("report invariants = %+v, want the violation recorded", rep.Invariants)
+	}
+}
+
+// TestSuspendToHostTier: under MAX_UTILIZATION with a host tier (v2), a
+// preemption suspends the victim instead of recomputing it; outputs equal a
+// run without the tier and every invariant holds with sequences on the host.
+func TestSuspendToHostTier(t *testing.T) {
+	wl := genWorkload(t, 40, 0)
+	ts := testSpec{pp: 2, draft: 1, policy: sched.MaxUtilization, cacheTokens: 2700, reqs: wl, maxSeqLen: 2048}
+	v2 := inproc{
+		manager: func() kvcache.Manager { return cachemgrv2.New() },
+		worker:  func() worker.Worker { return device.NewWorker(dsa.Backend) },
+	}
+	plain := runSpec(t, buildSpec(t, ts), v2)
+	s := buildSpec(t, ts)
+	for i := range s.Managers {
+		s.Managers[i].HostBytes = 4 * s.Managers[i].DeviceBytes
+	}
+	host := runSpec(t, s, v2)
+	t.Logf("without a host tier: %d preemptions, %d recomputed; with: %d preemptions, %d suspended, %d recomputed", plain.Requests.Preemptions, plain.Tokens.Recomputed, host.Requests.Preemptions, host.Requests.Suspensions, host.Tokens.Recomputed)
+	if host.Requests.Suspensions == 0 || host.Requests.Completed != len(wl.Requests) {
+		t.Fatalf("with a host tier: requests %+v; want suspensions and every request completed", host.Requests)
+	}
+	if host.Tokens.Recomputed >= plain.Tokens.Recomputed {
+		t.Errorf("recomputed %d tokens with a host tier, %d without; want fewer", host.Tokens.Recomputed, plain.Tokens.Recomputed)
+	}
+	if host.Outputs.Digest != plain.Outputs.Digest {
+		t.Errorf("outputs digest %s with a host tier, %s without", host.Outputs.Digest, plain.Outputs.Digest)
+	}
+	if host.Invariants.Violations != 0 || plain.Requests.Suspensions != 0 {
+		t.Errorf("violations %d; suspensions without a host tier %d", host.Invariants.Violations, plain.Requests.Suspensions)
 	}
 }

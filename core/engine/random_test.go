@@ -18,7 +18,8 @@ import (
 // TestRandomTracesV1V2 drives cachemgr_v1 and cachemgr_v2 through the whole
 // engine with the same seeded random traces — pipeline depth 1 to 4, 0 to 2
 // drafts, reuse on and off, both capacity policies, caches from roomy to
-// barely one request — for at least 10^5 engine steps in all. Every step is
+// barely one request, with and without a host tier to suspend to — for at
+// least 10^5 engine steps in all. Every step is
 // checked against the managers' ledgers (every 8th deeply); no request may
 // fail, and both managers must produce the same tokens.
 func TestRandomTracesV1V2(t *testing.T) {
@@ -42,6 +43,7 @@ func TestRandomTracesV1V2(t *testing.T) {
 		}
 		const maxSeqLen = 2048
 		cache := maxSeqLen + 600 + rng.IntN(6*maxSeqLen) // one request end to end plus a chunk, and up
+		hostTier := rng.IntN(2) == 0                     // v2 suspends to it under MAX_UTILIZATION; v1 has none
 		wl, err := workload.GenerateWorkload(workload.GenOptions{
 			Requests: 10 + rng.IntN(40), PromptMin: 64, PromptMax: 64 + rng.IntN(1500),
 			OutputMin: 1, OutputMax: 1 + rng.IntN(200), SharedPrefix: rng.IntN(2) * 64,
@@ -55,6 +57,11 @@ func TestRandomTracesV1V2(t *testing.T) {
 		for name, mk := range managers {
 			s := buildSpec(t, ts)
 			s.DeepEvery = 8
+			if hostTier && name == "v2" {
+				for i := range s.Managers {
+					s.Managers[i].HostBytes = 2 * s.Managers[i].DeviceBytes
+				}
+			}
 			rep, err := engine.Run(t.Context(), s, inproc{manager: mk, worker: func() worker.Worker { return device.NewWorker(dsa.Backend) }})
 			if err != nil {
 				t.Fatalf("seed %d (pp %d draft %d reuse %v policy %v cache %d) %s: %v\nviolations: %v", seed, pp, draft, reuse, policy, cache, name, err, rep.Invariants.First)

@@ -51,6 +51,7 @@ type Requests struct {
 	Rejected    int         `json:"rejected"`
 	Failed      int         `json:"failed"`
 	Preemptions int         `json:"preemptions"`
+	Suspensions int         `json:"suspensions"` // preemptions that suspended to the host tier instead of recomputing
 	Rejections  []Rejection `json:"rejections"`
 	Failures    []Rejection `json:"failures,omitempty"`
 }
@@ -177,6 +178,7 @@ var rows = []row{
 	{"  rejected", func(r *Report) string { return itoa(r.Requests.Rejected) }},
 	{"  failed", func(r *Report) string { return itoa(r.Requests.Failed) }},
 	{"  preemptions", func(r *Report) string { return itoa(r.Requests.Preemptions) }},
+	{"    suspended to host", func(r *Report) string { return itoa(r.Requests.Suspensions) }},
 	{"prompt tokens", func(r *Report) string { return i64(r.Tokens.Prompt) }},
 	{"  prefix reused", func(r *Report) string {
 		return fmt.Sprintf("%s (%.1f%%)", i64(r.Tokens.PrefixReused), 100*r.Tokens.HitRate)

@@ -61,6 +61,9 @@ type Config struct {
 	Draft          int  // draft tokens per generation step (MTP); 0 = none
 	Reuse          bool // ask Capacity.Lookup for requests being admitted (enable_block_reuse)
 	Policy         Policy
+	// Suspend lets MAX_UTILIZATION pause a request by suspending it to the
+	// host tier when the Capacity implements Suspender (every stage has one).
+	Suspend bool
 }
 
 // validate checks cfg; the error names the field, its value and the limit.

@@ -71,6 +71,18 @@ type Capacity interface {
 	Release(ids []kvcache.SeqID)
 }
 
+// Suspender is an optional Capacity interface. With Config.Suspend, a
+// MAX_UTILIZATION preemption suspends the victim to the host tier (its cache
+// survives, so it resumes where it stopped) instead of releasing it for
+// recompute; when Suspend says no, the victim is released as before.
+type Suspender interface {
+	// Suspend moves each sequence's cache to the host tier, atomically over
+	// the stages; false leaves it where it was.
+	Suspend(ids []kvcache.SeqID) []bool
+	// Resume brings suspended sequences back; false when they do not fit yet.
+	Resume(ids []kvcache.SeqID) []bool
+}
+
 // Item is one request's share of a micro-batch.
 type Item struct {
 	ID      kvcache.SeqID
@@ -94,8 +106,10 @@ type Step struct {
 	// prefills, admissions.
 	Items []Item
 	// Preempted requests were released through Capacity.Release and queued
-	// at the front of the waiting queue for recompute.
+	// at the front of the waiting queue for recompute, or, when also listed
+	// in Suspended, suspended to the host tier to resume where they stopped.
 	Preempted []kvcache.SeqID
+	Suspended []kvcache.SeqID
 	// Rejected requests are forgotten; any capacity they held was released
 	// through Capacity.Release. The executor answers them with the reason.
 	Rejected []Rejection
@@ -106,6 +120,8 @@ type req struct {
 	emitted  int  // output tokens produced, capped at MaxNew
 	history  int  // KV tokens computed
 	running  bool // admitted (holds capacity)
+	// suspended requests wait with their cache on the host tier (history kept).
+	suspended bool
 	inFlight bool
 	inBatch  bool // granted in the step being built
 	item     Item // the in-batch or in-flight item
@@ -414,6 +430,14 @@ func (s *Scheduler) admit(p *pass) bool {
 		return false // nothing left the cache since the head was denied
 	}
 	s.headDenied = false
+	if s.resume(p) {
+		return false // FCFS: a suspended head resumes before anyone is admitted
+	}
+	n = min(len(s.waiting), s.cfg.MaxResident-s.resident(), p.slots, p.tokens)
+	if n <= 0 {
+		return false
+	}
+	empty = s.resident() == 0 && s.InFlight() == 0
 	// Candidates go in windows that double while every ask is granted: under
 	// memory pressure the head is denied and only a few prompts were sent
 	// to Lookup, instead of the whole waiting queue every step.
@@ -547,6 +571,9 @@ func (s *Scheduler) newestIdle() *req {
 // preempt releases v, removes it from the pass, and queues it at the front of
 // the waiting queue with history 0.
 func (s *Scheduler) preempt(p *pass, v *req) {
+	if s.suspend(p, v) {
+		return
+	}
 	p.c.Release([]kvcache.SeqID{v.ID})
 	// The space was taken back for the running requests to grow into:
 	// admitting the victim again before anything finishes would only
@@ -563,6 +590,60 @@ func (s *Scheduler) preempt(p *pass, v *req) {
 	s.waiting[0] = v
 	p.st.Preempted = append(p.st.Preempted, v.ID)
 	p.pressure = true
+}
+
+// suspend pauses v by moving its cache to the host tier, when configured
+// and possible: v keeps its history and resumes at the head of the queue.
+// A request granted in the step being built holds a reservation and cannot
+// be suspended.
+func (s *Scheduler) suspend(p *pass, v *req) bool {
+	sp, ok := p.c.(Suspender)
+	if !ok || !s.cfg.Suspend || s.cfg.Policy != MaxUtilization || v.inBatch {
+		return false
+	}
+	if res := sp.Suspend([]kvcache.SeqID{v.ID}); len(res) != 1 || !res[0] {
+		return false
+	}
+	s.removeRunning(v)
+	v.suspended = true
+	v.order = 0
+	s.waiting = append(s.waiting, nil)
+	copy(s.waiting[1:], s.waiting)
+	s.waiting[0] = v
+	p.st.Preempted = append(p.st.Preempted, v.ID)
+	p.st.Suspended = append(p.st.Suspended, v.ID)
+	p.pressure = true
+	s.headDenied, s.headDeniedAt = true, s.freed
+	return true
+}
+
+// resume brings suspended requests at the head of the queue back, in order,
+// while they fit; it reports whether the head is still suspended.
+func (s *Scheduler) resume(p *pass) (blocked bool) {
+	for len(s.waiting) > 0 && s.waiting[0].suspended && s.resident() < s.cfg.MaxResident {
+		r := s.waiting[0]
+		sp, _ := p.c.(Suspender)
+		if sp == nil {
+			return true
+		}
+		if res := sp.Resume([]kvcache.SeqID{r.ID}); len(res) != 1 || !res[0] {
+			if s.resident() > 0 || s.InFlight() > 0 {
+				s.headDenied, s.headDeniedAt = true, s.freed
+				return true
+			}
+			// Not even an empty cache takes it back: recompute instead.
+			p.c.Release([]kvcache.SeqID{r.ID})
+			r.suspended, r.history = false, 0
+			return false
+		}
+		r.suspended = false
+		s.order++
+		r.order = s.order
+		r.running = true
+		s.running = append(s.running, r)
+		s.waiting = s.waiting[1:]
+	}
+	return len(s.waiting) > 0 && s.waiting[0].suspended
 }
 
 func (s *Scheduler) unbatch(p *pass, r *req) {
@@ -597,6 +678,10 @@ func (s *Scheduler) removeWaiting(r *req) {
 
 // drop forgets r, which must not be in flight.
 func (s *Scheduler) drop(r *req) {
+	if r.suspended {
+		// Its cache waits on the host tier: the next Schedule releases it.
+		s.toRelease = append(s.toRelease, r.ID)
+	}
 	if r.running {
 		s.freed++
 		s.removeRunning(r)
@@ -685,6 +770,12 @@ func (s *Scheduler) RequeueAll() []kvcache.SeqID {
 	s.running = s.running[:0]
 	s.inFlight = 0
 	s.freed++
+	for _, r := range s.waiting {
+		if r.suspended { // its cache is gone with the plugin, or released
+			r.suspended, r.history = false, 0
+			ids = append(ids, r.ID)
+		}
+	}
 	clear(s.aborted)
 	s.toRelease = s.toRelease[:0]
 	s.waiting = append(front, s.waiting...)
