@@ -117,15 +117,15 @@ type Step struct {
 
 type req struct {
 	Request
-	emitted  int  // output tokens produced, capped at MaxNew
-	history  int  // KV tokens computed
-	running  bool // admitted (holds capacity)
+	emitted int  // output tokens produced, capped at MaxNew
+	history int  // KV tokens computed
+	running bool // admitted (holds capacity)
 	// suspended requests wait with their cache on the host tier (history kept).
 	suspended bool
-	inFlight bool
-	inBatch  bool // granted in the step being built
-	item     Item // the in-batch or in-flight item
-	order    uint64
+	inFlight  bool
+	inBatch   bool // granted in the step being built
+	item      Item // the in-batch or in-flight item
+	order     uint64
 }
 
 func (r *req) known() int { return r.Prompt + r.emitted }
