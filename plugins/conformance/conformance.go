@@ -191,3 +191,21 @@ func unknownChecks(only []string, names []string) error {
 	}
 	return fmt.Errorf("conformance: unknown checks %q; the checks are %s", bad, strings.Join(names, ", "))
 }
+
+// checkNames lists the names of cs in order.
+func checkNames[H any](cs []check[H]) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = c.name
+	}
+	return out
+}
+
+// checkDocs maps each check's name to its one-line rule.
+func checkDocs[H any](cs []check[H]) map[string]string {
+	out := make(map[string]string, len(cs))
+	for _, c := range cs {
+		out[c.name] = c.doc
+	}
+	return out
+}

@@ -84,20 +84,12 @@ func TestManager(t *testing.T, factory func() kvcache.Manager, opts ManagerOptio
 // ManagerChecks lists the names of the manager checks in the order they run
 // (ManagerCheckDocs gives each one's rule).
 func ManagerChecks() []string {
-	out := make([]string, len(managerChecks))
-	for i, c := range managerChecks {
-		out[i] = c.name
-	}
-	return out
+	return checkNames(managerChecks)
 }
 
 // ManagerCheckDocs returns each manager check's one-line rule by name.
 func ManagerCheckDocs() map[string]string {
-	out := make(map[string]string, len(managerChecks))
-	for _, c := range managerChecks {
-		out[c.name] = c.doc
-	}
-	return out
+	return checkDocs(managerChecks)
 }
 
 func runManagerCheck(ctx context.Context, factory func() kvcache.Manager, opts ManagerOptions, c check[*mh]) *Violation {

@@ -69,20 +69,12 @@ func TestWorker(t *testing.T, factory func() worker.Worker, opts WorkerOptions) 
 // WorkerChecks lists the names of the worker checks in the order they run
 // (WorkerCheckDocs gives each one's rule).
 func WorkerChecks() []string {
-	out := make([]string, len(workerChecks))
-	for i, c := range workerChecks {
-		out[i] = c.name
-	}
-	return out
+	return checkNames(workerChecks)
 }
 
 // WorkerCheckDocs returns each worker check's one-line rule by name.
 func WorkerCheckDocs() map[string]string {
-	out := make(map[string]string, len(workerChecks))
-	for _, c := range workerChecks {
-		out[c.name] = c.doc
-	}
-	return out
+	return checkDocs(workerChecks)
 }
 
 var workerChecks = []check[*wh]{
