@@ -209,3 +209,22 @@ func checkDocs[H any](cs []check[H]) map[string]string {
 	}
 	return out
 }
+
+// runChecks runs the checks of cs that names selects (nil: all), each with
+// run, and returns errors.Join of the violations; an unknown name is an
+// options error.
+func runChecks[H any](cs []check[H], names []string, run func(check[H]) *Violation) error {
+	if err := unknownChecks(names, checkNames(cs)); err != nil {
+		return err
+	}
+	var vs []*Violation
+	for _, c := range cs {
+		if !selected(names, c.name) {
+			continue
+		}
+		if v := run(c); v != nil {
+			vs = append(vs, v)
+		}
+	}
+	return report(vs)
+}

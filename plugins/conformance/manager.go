@@ -57,19 +57,9 @@ type ManagerOptions struct {
 // name, layers without a built-in model). See the package doc for what the
 // factory may return.
 func CheckManager(ctx context.Context, factory func() kvcache.Manager, opts ManagerOptions) error {
-	if err := unknownChecks(opts.Checks, ManagerChecks()); err != nil {
-		return err
-	}
-	var vs []*Violation
-	for _, c := range managerChecks {
-		if !selected(opts.Checks, c.name) {
-			continue
-		}
-		if v := runManagerCheck(ctx, factory, opts, c); v != nil {
-			vs = append(vs, v)
-		}
-	}
-	return report(vs)
+	return runChecks(managerChecks, opts.Checks, func(c check[*mh]) *Violation {
+		return runManagerCheck(ctx, factory, opts, c)
+	})
 }
 
 // TestManager runs CheckManager and reports each violation with t.Error.

@@ -45,19 +45,9 @@ type WorkerOptions struct {
 // check (nil when all pass). See the package doc for what the factory may
 // return.
 func CheckWorker(ctx context.Context, factory func() worker.Worker, opts WorkerOptions) error {
-	if err := unknownChecks(opts.Checks, WorkerChecks()); err != nil {
-		return err
-	}
-	var vs []*Violation
-	for _, c := range workerChecks {
-		if !selected(opts.Checks, c.name) {
-			continue
-		}
-		if v := runWorkerCheck(ctx, factory, opts, c); v != nil {
-			vs = append(vs, v)
-		}
-	}
-	return report(vs)
+	return runChecks(workerChecks, opts.Checks, func(c check[*wh]) *Violation {
+		return runWorkerCheck(ctx, factory, opts, c)
+	})
 }
 
 // TestWorker runs CheckWorker and reports each violation with t.Error.
