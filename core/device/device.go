@@ -12,9 +12,12 @@
 //	cpu   pure-Go reference kernels: not built yet
 //	cuda  GPU kernels (build tag cuda): not built yet
 //
-// On sim the sampled tokens are placeholders that depend only on (Seed, Seq,
-// position), never on the batch, the process or the order of calls, so replays
-// are reproducible and A/B comparisons see the same tokens.
+// A device that computes returns the next stage's activations and the last
+// stage's samples itself (Pass). A device that only models time (sim) returns
+// neither; the runtime then hands on placeholder activations (a tag per item
+// that the next stage checks) and samples placeholder tokens that depend only
+// on (Seed, Seq, position), never on the batch, the process or the order of
+// calls, so replays are reproducible and A/B comparisons see the same tokens.
 package device
 
 import (
@@ -57,12 +60,24 @@ type Device interface {
 	// Modelled reports whether Forward's time is modelled (sim) rather than
 	// measured.
 	Modelled() bool
-	// Forward runs b's copies, then its layers, and returns the device time
-	// in nanoseconds, including any copies CopyBlocks queued since the last
-	// Forward.
-	Forward(ctx context.Context, b *worker.Batch, t *Tables) (nanos int64, err error)
+	// Forward runs b's copies, then its layers. Pass.Nanos is the device time,
+	// including any copies CopyBlocks queued since the last Forward. A
+	// modelled device leaves Pass.Hidden and Pass.Outputs nil; a computing
+	// device fills Hidden on every stage but the last and Outputs on the last
+	// (one per item that samples, in item order), checks b.Hidden itself
+	// (an error of kind KindInvalidArg when it does not fit the items), and
+	// verifies drafts for real instead of drawing acceptance.
+	Forward(ctx context.Context, b *worker.Batch, t *Tables) (Pass, error)
 	// CopyBlocks runs (or queues) block copies that the runtime validated.
 	CopyBlocks(ctx context.Context, copies []kvcache.Copy) error
+}
+
+// Pass is what one Forward of a device produced. The runtime hands Hidden
+// and Outputs to its caller, who owns them.
+type Pass struct {
+	Nanos   int64
+	Hidden  []byte          // computing devices, every stage but the last
+	Outputs []worker.Output // computing devices, last stage
 }
 
 // Stage is what a device learns at Configure, already validated: the config

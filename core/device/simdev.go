@@ -80,7 +80,7 @@ func (d *simDevice) CopyBlocks(_ context.Context, copies []kvcache.Copy) error {
 	return nil
 }
 
-func (d *simDevice) Forward(_ context.Context, b *worker.Batch, _ *Tables) (int64, error) {
+func (d *simDevice) Forward(_ context.Context, b *worker.Batch, _ *Tables) (Pass, error) {
 	secs := d.pending + d.copySeconds(b.Copies)
 	d.pending = 0
 	st := &d.step
@@ -101,5 +101,5 @@ func (d *simDevice) Forward(_ context.Context, b *worker.Batch, _ *Tables) (int6
 	st.Sampled = sim.Batch{Seqs: sampled, Tokens: len(sampled)}
 	w := d.stage.Forward(st)
 	*st = sim.Step{} // keep nothing of the batch
-	return nanos(secs + w.Seconds), nil
+	return Pass{Nanos: nanos(secs + w.Seconds)}, nil
 }

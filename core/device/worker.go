@@ -285,8 +285,10 @@ func (w *Worker) Forward(ctx context.Context, b worker.Batch) (worker.Result, er
 	if err := w.checkItems(b.Items); err != nil {
 		return worker.Result{}, err
 	}
-	if err := w.checkHidden(&b); err != nil {
-		return worker.Result{}, err
+	if w.dev.Modelled() {
+		if err := w.checkHidden(&b); err != nil {
+			return worker.Result{}, err
+		}
 	}
 	if err := w.checkCopies(b.Copies); err != nil {
 		return worker.Result{}, err
@@ -307,15 +309,20 @@ func (w *Worker) Forward(ctx context.Context, b worker.Batch) (worker.Result, er
 		}
 	}
 	w.batch = b // a field, so that handing the device a pointer allocates nothing
-	nanos, err := w.dev.Forward(ctx, &w.batch, &w.tables)
+	pass, err := w.dev.Forward(ctx, &w.batch, &w.tables)
 	w.batch = worker.Batch{} // retain none of the caller's slices
 	if err != nil {
 		return worker.Result{}, err
 	}
-	res := worker.Result{Nanos: nanos, Modelled: w.dev.Modelled()}
-	if w.last {
+	res := worker.Result{Nanos: pass.Nanos, Modelled: w.dev.Modelled()}
+	switch {
+	case !res.Modelled && w.last:
+		res.Outputs = pass.Outputs
+	case !res.Modelled:
+		res.Hidden = pass.Hidden
+	case w.last:
 		res.Outputs = w.sample(b.Items)
-	} else {
+	default:
 		res.Hidden = hiddenFor(b.Items)
 	}
 	return res, nil

@@ -533,13 +533,19 @@ type recorder struct {
 }
 
 func (r *recorder) Modelled() bool { return false }
-func (r *recorder) Forward(_ context.Context, b *worker.Batch, t *device.Tables) (int64, error) {
+func (r *recorder) Forward(_ context.Context, b *worker.Batch, t *device.Tables) (device.Pass, error) {
 	r.batch = len(b.Items)
 	r.tables = r.tables[:0]
+	var outs []worker.Output
 	for _, it := range b.Items {
 		r.tables = append(r.tables, slices.Clone(t.Table(it.Seq, 0)))
+		if it.Sample {
+			// A computing device's own samples: the runtime must pass them on
+			// instead of drawing placeholders.
+			outs = append(outs, worker.Output{Seq: it.Seq, Tokens: []int32{7}, Logits: []float32{0.5}})
+		}
 	}
-	return 1234, nil
+	return device.Pass{Nanos: 1234, Outputs: outs}, nil
 }
 func (r *recorder) CopyBlocks(context.Context, []kvcache.Copy) error { return nil }
 
@@ -563,6 +569,9 @@ func TestDeviceSeesAppliedTables(t *testing.T) {
 	}
 	if res.Nanos != 1234 || res.Modelled || !slices.Equal(rec.tables[0], it.Tables[0].Blocks) {
 		t.Errorf("device saw tables %v and returned %+v; want %v, 1234 ns, measured", rec.tables, res, it.Tables[0].Blocks)
+	}
+	if len(res.Outputs) != 1 || !slices.Equal(res.Outputs[0].Tokens, []int32{7}) || len(res.Outputs[0].Logits) != 1 {
+		t.Errorf("outputs %+v, want the device's own sample [7] with its logits", res.Outputs)
 	}
 	// Released before the step: a released sequence may start again from 0.
 	it2 := item(1, 0, 4, 0, true)
