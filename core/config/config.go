@@ -85,6 +85,13 @@ type Config struct {
 	Speculative SpeculativeConfig // speculative_config
 	Scheduler   SchedulerConfig   // scheduler_config
 	Workload    WorkloadConfig    // workload
+	// Synthetic is synthetic: overrides for the small synthetic model that
+	// device cpu runs instead of the full model (keys synthetic.<field> in
+	// snake_case, see model.SyntheticFields; 0 = default). Accepted only
+	// with device: cpu. With speculative decoding on and synthetic.mtp_layers
+	// unset, the synthetic model gets max(base MTP layers, max_draft_len,
+	// num_nextn_predict_layers) MTP layers: one per draft depth.
+	Synthetic model.SyntheticSpec
 
 	model    spec.Model
 	hardware spec.Hardware
@@ -174,8 +181,9 @@ func (w WorkloadConfig) Kind() string {
 	return WorkloadNone
 }
 
-// ModelSpec returns the loaded model (buffers not filled). The Layers slice
-// is a copy the caller owns.
+// ModelSpec returns the loaded model (buffers not filled): with device cpu,
+// the synthetic model built from the configured one and Synthetic. The
+// Layers slice is a copy the caller owns.
 func (c *Config) ModelSpec() spec.Model {
 	m := c.model
 	m.Layers = slices.Clone(m.Layers)
@@ -560,6 +568,7 @@ func (ld *loader) resolve(c *Config) {
 			c.model, haveModel = m, true
 		}
 	}
+	haveModel = ld.resolveSynthetic(c, haveModel)
 
 	kv := &c.KVCache
 	if c.MaxSeqLen == 0 && haveModel {
@@ -618,6 +627,55 @@ func (ld *loader) resolve(c *Config) {
 	if haveModel {
 		ld.resolveModel(c)
 	}
+}
+
+// resolveSynthetic checks the synthetic keys against device and, with device
+// cpu, replaces the model by its synthetic version. It returns whether a
+// model is still at hand.
+func (ld *loader) resolveSynthetic(c *Config, haveModel bool) bool {
+	var given []string
+	for _, f := range model.SyntheticFields() {
+		if k := "synthetic." + f.Key; ld.given[k] {
+			given = append(given, k)
+		}
+	}
+	if c.Device != "cpu" {
+		if len(given) > 0 && !ld.bad["device"] {
+			where := "default"
+			if ld.given["device"] {
+				where = ld.originOf("device").where
+			}
+			ld.crossErr("%s: set with device %q (%s); synthetic models run only with device: cpu",
+				strings.Join(given, ", "), c.Device, where)
+		}
+		return haveModel
+	}
+	if !haveModel {
+		return false
+	}
+	for _, f := range model.SyntheticFields() {
+		if ld.bad["synthetic."+f.Key] {
+			return false
+		}
+	}
+	sp := c.Synthetic
+	if s := c.Speculative; sp.MTPLayers == 0 && s.Enabled() && c.model.NumNextN > 0 {
+		// The synthetic MTP head runs one MTP layer per draft depth.
+		sp.MTPLayers = max(c.model.NumNextN, s.MaxDraftLen, s.NumNextNPredictLayers)
+	}
+	m, err := model.Synthetic(c.model, sp)
+	if err != nil {
+		errs := []error{err}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			errs = j.Unwrap()
+		}
+		for _, e := range errs {
+			ld.crossErr("%v (synthetic model of %q for device cpu)", e, c.Model)
+		}
+		return false
+	}
+	c.model = m
+	return true
 }
 
 // resolveModel applies the rules that need the model.

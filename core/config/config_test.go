@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/kvx-dev/kvx/core/model"
 )
 
 func load(t *testing.T, files, env, sets []string) (*Config, []string) {
@@ -129,6 +131,9 @@ func TestDefaultsFlatten(t *testing.T) {
 		"workload.rate": nil, "workload.prompt_tokens.min": nil, "workload.prompt_tokens.max": nil, "workload.output_tokens.min": nil,
 		"workload.output_tokens.max": nil, "workload.shared_prefix_tokens": nil, "workload.shared_prefix_groups": nil,
 		"workload.seed": uint64(0),
+	}
+	for _, f := range model.SyntheticFields() {
+		want["synthetic."+f.Key] = nil // zero = default; only device cpu uses them
 	}
 	got := c.Flatten()
 	if !reflect.DeepEqual(got, want) {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/kvx-dev/kvx/core/hw"
+	"github.com/kvx-dev/kvx/core/model"
 )
 
 // field is one settable key. set parses and range-checks a non-null value
@@ -24,7 +25,9 @@ type field struct {
 }
 
 // fields is the schema. Order does not matter; KnownKeys sorts.
-var fields = []field{
+var fields = slices.Concat(baseFields, syntheticFields())
+
+var baseFields = []field{
 	// kvx keys.
 	stringField("model", func(c *Config) *string { return &c.Model }, nil),
 	enumField("hardware", func(c *Config) *string { return &c.Hardware }, hw.Names(), nil),
@@ -291,6 +294,16 @@ var fields = []field{
 	uintField("workload.seed", func(c *Config) *uint64 { return &c.Workload.Seed }),
 }
 
+// syntheticFields are the synthetic.* keys, one per model.SyntheticSpec field.
+func syntheticFields() []field {
+	var out []field
+	for _, sf := range model.SyntheticFields() {
+		ptr := sf.Ptr
+		out = append(out, intField("synthetic."+sf.Key, func(c *Config) *int { return ptr(&c.Synthetic) }, 0, true))
+	}
+	return out
+}
+
 var fieldsByKey = func() map[string]*field {
 	m := make(map[string]*field, len(fields))
 	for i := range fields {
@@ -317,7 +330,7 @@ var aliases = map[string]string{
 // sections are the maps that hold keys.
 var sections = map[string]bool{
 	"kv_cache_config": true, "kv_cache_config.mamba_state_config": true, "mamba_state_config": true,
-	"speculative_config": true, "scheduler_config": true, "workload": true,
+	"speculative_config": true, "scheduler_config": true, "workload": true, "synthetic": true,
 }
 
 // ignoredKeys are TensorRT-LLM LLM-API keys (and everything under them) that
