@@ -63,6 +63,7 @@ type Config struct {
 	CacheManager     string   // cache_manager: v1, v2, mamba or a plugin path (mamba for hybrid models, else v2)
 	AttentionBackend string   // attention_backend: dsa, mla or gqa (from the model)
 	Isolation        string   // isolation: plugin or inprocess (plugin)
+	PluginTransport  string   // plugin_transport: auto (gRPC plus a framed data plane for per-step calls when the plugin offers one) or grpc (auto)
 	WeightsDtype     string   // weights_dtype: bf16, fp8, fp4 or w4afp8 (bf16)
 	PluginDirs       []string // plugin_dirs
 	Seed             uint64   // seed (0)
@@ -203,6 +204,7 @@ func defaults() *Config {
 		Hardware:             "h200",
 		Device:               "sim",
 		Isolation:            "plugin",
+		PluginTransport:      "auto",
 		WeightsDtype:         "bf16",
 		CheckInvariants:      1,
 		DeepCheckEvery:       64,

@@ -40,6 +40,7 @@ var baseFields = []field{
 	}),
 	enumField("attention_backend", func(c *Config) *string { return &c.AttentionBackend }, []string{"dsa", "mla", "gqa"}, nil),
 	enumField("isolation", func(c *Config) *string { return &c.Isolation }, []string{"plugin", "inprocess"}, nil),
+	enumField("plugin_transport", func(c *Config) *string { return &c.PluginTransport }, []string{"auto", "grpc"}, nil),
 	enumField("weights_dtype", func(c *Config) *string { return &c.WeightsDtype }, []string{"bf16", "fp8", "fp4", "w4afp8"},
 		map[string]string{"bfloat16": "bf16", "nvfp4": "fp4"}),
 	stringListField("plugin_dirs", func(c *Config) *[]string { return &c.PluginDirs }),

@@ -259,6 +259,7 @@ func NewLauncher(cfg *config.Config, reg Registry, log hclog.Logger) *Launcher {
 	l := &Launcher{cfg: cfg, reg: reg}
 	if cfg.Isolation == "plugin" {
 		l.host = host.New(log, cfg.PluginDirs)
+		l.host.GRPCOnly = cfg.PluginTransport == "grpc"
 	}
 	return l
 }

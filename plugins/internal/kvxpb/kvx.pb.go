@@ -100,6 +100,137 @@ func (*Empty) Descriptor() ([]byte, []int) {
 	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{0}
 }
 
+// The data plane is an optional fast path for the per-step calls (Lookup,
+// Reserve, Unreserve, Commit, Suspend, Resume, Release, EndStep, Forward,
+// CopyBlocks). The host asks with OpenDataPlane; the plugin listens on a
+// private local stream socket and sends one DataPlane message: where, with a
+// one-time token. The host connects and sends the token. The RPC's stream
+// stays open as long as the plane: when either end closes it (or the gRPC
+// connection goes), the plane closes too. Each call is one request frame and
+// one response frame carrying the very messages of the RPC:
+//
+//	request   u32 length | u8 method | u8[3] zero | i64 deadline (unix ns, 0 = none) | message
+//	response  u32 length | u8 status | u8[3] zero | i64 zero                         | message
+//
+// little endian; length counts the message bytes only. method numbers the
+// RPC (pluginrpc's dataplane.go lists them); status 0 carries the RPC's
+// response message, status 1 a google.rpc.Status exactly as gRPC would have
+// returned it (details included). Calls on one data plane are sequential. A
+// plugin that does not implement OpenDataPlane answers UNIMPLEMENTED and the
+// host stays on gRPC for everything; gRPC always carries the rest (Info,
+// Configure, Stats, Inspect, Health).
+type DataPlaneRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"` // frame format the host speaks (1)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DataPlaneRequest) Reset() {
+	*x = DataPlaneRequest{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataPlaneRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataPlaneRequest) ProtoMessage() {}
+
+func (x *DataPlaneRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataPlaneRequest.ProtoReflect.Descriptor instead.
+func (*DataPlaneRequest) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DataPlaneRequest) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+type DataPlane struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Network       string                 `protobuf:"bytes,1,opt,name=network,proto3" json:"network,omitempty"`  // "unix"
+	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`  // socket path
+	Token         []byte                 `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"`      // sent first by the host, once
+	Version       uint32                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"` // frame format the plugin speaks (1)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DataPlane) Reset() {
+	*x = DataPlane{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataPlane) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataPlane) ProtoMessage() {}
+
+func (x *DataPlane) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataPlane.ProtoReflect.Descriptor instead.
+func (*DataPlane) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *DataPlane) GetNetwork() string {
+	if x != nil {
+		return x.Network
+	}
+	return ""
+}
+
+func (x *DataPlane) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *DataPlane) GetToken() []byte {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *DataPlane) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 type ManagerInfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -108,7 +239,7 @@ type ManagerInfoRequest struct {
 
 func (x *ManagerInfoRequest) Reset() {
 	*x = ManagerInfoRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[1]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -120,7 +251,7 @@ func (x *ManagerInfoRequest) String() string {
 func (*ManagerInfoRequest) ProtoMessage() {}
 
 func (x *ManagerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[1]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -133,7 +264,7 @@ func (x *ManagerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagerInfoRequest.ProtoReflect.Descriptor instead.
 func (*ManagerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{1}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{3}
 }
 
 // kvcache.Info
@@ -149,7 +280,7 @@ type ManagerInfo struct {
 
 func (x *ManagerInfo) Reset() {
 	*x = ManagerInfo{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[2]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -161,7 +292,7 @@ func (x *ManagerInfo) String() string {
 func (*ManagerInfo) ProtoMessage() {}
 
 func (x *ManagerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[2]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -174,7 +305,7 @@ func (x *ManagerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagerInfo.ProtoReflect.Descriptor instead.
 func (*ManagerInfo) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{2}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ManagerInfo) GetName() string {
@@ -219,7 +350,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[3]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -231,7 +362,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[3]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -244,7 +375,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{3}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Capabilities) GetMixers() []string {
@@ -293,7 +424,7 @@ type SnapshotConfig struct {
 
 func (x *SnapshotConfig) Reset() {
 	*x = SnapshotConfig{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[4]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -305,7 +436,7 @@ func (x *SnapshotConfig) String() string {
 func (*SnapshotConfig) ProtoMessage() {}
 
 func (x *SnapshotConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[4]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -318,7 +449,7 @@ func (x *SnapshotConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotConfig.ProtoReflect.Descriptor instead.
 func (*SnapshotConfig) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{4}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SnapshotConfig) GetInterval() int64 {
@@ -359,7 +490,7 @@ type ManagerConfig struct {
 
 func (x *ManagerConfig) Reset() {
 	*x = ManagerConfig{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[5]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -371,7 +502,7 @@ func (x *ManagerConfig) String() string {
 func (*ManagerConfig) ProtoMessage() {}
 
 func (x *ManagerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[5]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -384,7 +515,7 @@ func (x *ManagerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagerConfig.ProtoReflect.Descriptor instead.
 func (*ManagerConfig) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{5}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ManagerConfig) GetStage() int64 {
@@ -502,7 +633,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[6]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +645,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[6]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +658,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{6}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Pool) GetId() int64 {
@@ -599,7 +730,7 @@ type Layout struct {
 
 func (x *Layout) Reset() {
 	*x = Layout{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[7]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +742,7 @@ func (x *Layout) String() string {
 func (*Layout) ProtoMessage() {}
 
 func (x *Layout) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[7]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +755,7 @@ func (x *Layout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layout.ProtoReflect.Descriptor instead.
 func (*Layout) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{7}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Layout) GetPools() []*Pool {
@@ -666,7 +797,7 @@ type LookupItem struct {
 
 func (x *LookupItem) Reset() {
 	*x = LookupItem{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[8]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +809,7 @@ func (x *LookupItem) String() string {
 func (*LookupItem) ProtoMessage() {}
 
 func (x *LookupItem) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[8]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +822,7 @@ func (x *LookupItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupItem.ProtoReflect.Descriptor instead.
 func (*LookupItem) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{8}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LookupItem) GetSeq() uint64 {
@@ -717,7 +848,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[9]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +860,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[9]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +873,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{9}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LookupRequest) GetItems() []*LookupItem {
@@ -761,7 +892,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[10]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +904,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[10]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +917,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{10}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LookupResponse) GetTokens() []int64 {
@@ -815,7 +946,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[11]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +958,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[11]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +971,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{11}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReserveRequest) GetSeq() []uint64 {
@@ -916,7 +1047,7 @@ type TableDeltas struct {
 
 func (x *TableDeltas) Reset() {
 	*x = TableDeltas{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[12]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -928,7 +1059,7 @@ func (x *TableDeltas) String() string {
 func (*TableDeltas) ProtoMessage() {}
 
 func (x *TableDeltas) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[12]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -941,7 +1072,7 @@ func (x *TableDeltas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableDeltas.ProtoReflect.Descriptor instead.
 func (*TableDeltas) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{12}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TableDeltas) GetItem() []int32 {
@@ -995,7 +1126,7 @@ type Copies struct {
 
 func (x *Copies) Reset() {
 	*x = Copies{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[13]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1007,7 +1138,7 @@ func (x *Copies) String() string {
 func (*Copies) ProtoMessage() {}
 
 func (x *Copies) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[13]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1020,7 +1151,7 @@ func (x *Copies) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copies.ProtoReflect.Descriptor instead.
 func (*Copies) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{13}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Copies) GetSrcPool() []int64 {
@@ -1075,7 +1206,7 @@ type ReserveResponse struct {
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[14]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1218,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[14]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1231,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{14}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReserveResponse) GetSeq() []uint64 {
@@ -1155,7 +1286,7 @@ type Seqs struct {
 
 func (x *Seqs) Reset() {
 	*x = Seqs{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[15]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1167,7 +1298,7 @@ func (x *Seqs) String() string {
 func (*Seqs) ProtoMessage() {}
 
 func (x *Seqs) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[15]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1180,7 +1311,7 @@ func (x *Seqs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Seqs.ProtoReflect.Descriptor instead.
 func (*Seqs) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{15}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Seqs) GetSeqs() []uint64 {
@@ -1201,7 +1332,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[16]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1344,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[16]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1357,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{16}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CommitRequest) GetSeq() []uint64 {
@@ -1253,7 +1384,7 @@ type CommitResult struct {
 
 func (x *CommitResult) Reset() {
 	*x = CommitResult{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[17]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1265,7 +1396,7 @@ func (x *CommitResult) String() string {
 func (*CommitResult) ProtoMessage() {}
 
 func (x *CommitResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[17]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1278,7 +1409,7 @@ func (x *CommitResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResult.ProtoReflect.Descriptor instead.
 func (*CommitResult) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{17}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CommitResult) GetCopies() *Copies {
@@ -1300,7 +1431,7 @@ type EndStepRequest struct {
 
 func (x *EndStepRequest) Reset() {
 	*x = EndStepRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1443,7 @@ func (x *EndStepRequest) String() string {
 func (*EndStepRequest) ProtoMessage() {}
 
 func (x *EndStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1456,7 @@ func (x *EndStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepRequest.ProtoReflect.Descriptor instead.
 func (*EndStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{18}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EndStepRequest) GetCommit() *CommitRequest {
@@ -1360,7 +1491,7 @@ type EndStepResult struct {
 
 func (x *EndStepResult) Reset() {
 	*x = EndStepResult{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1372,7 +1503,7 @@ func (x *EndStepResult) String() string {
 func (*EndStepResult) ProtoMessage() {}
 
 func (x *EndStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1385,7 +1516,7 @@ func (x *EndStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepResult.ProtoReflect.Descriptor instead.
 func (*EndStepResult) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{19}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EndStepResult) GetCommit() *CommitResult {
@@ -1413,7 +1544,7 @@ type MoveResult struct {
 
 func (x *MoveResult) Reset() {
 	*x = MoveResult{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1425,7 +1556,7 @@ func (x *MoveResult) String() string {
 func (*MoveResult) ProtoMessage() {}
 
 func (x *MoveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1438,7 +1569,7 @@ func (x *MoveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResult.ProtoReflect.Descriptor instead.
 func (*MoveResult) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{20}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *MoveResult) GetOk() []bool {
@@ -1463,7 +1594,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1475,7 +1606,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1488,7 +1619,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{21}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{23}
 }
 
 // kvcache.PoolStats
@@ -1505,7 +1636,7 @@ type PoolStats struct {
 
 func (x *PoolStats) Reset() {
 	*x = PoolStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1648,7 @@ func (x *PoolStats) String() string {
 func (*PoolStats) ProtoMessage() {}
 
 func (x *PoolStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1661,7 @@ func (x *PoolStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStats.ProtoReflect.Descriptor instead.
 func (*PoolStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{22}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PoolStats) GetPool() int64 {
@@ -1581,7 +1712,7 @@ type SnapshotStats struct {
 
 func (x *SnapshotStats) Reset() {
 	*x = SnapshotStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1724,7 @@ func (x *SnapshotStats) String() string {
 func (*SnapshotStats) ProtoMessage() {}
 
 func (x *SnapshotStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1737,7 @@ func (x *SnapshotStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotStats.ProtoReflect.Descriptor instead.
 func (*SnapshotStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{23}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SnapshotStats) GetTaken() int64 {
@@ -1654,7 +1785,7 @@ type ManagerStats struct {
 
 func (x *ManagerStats) Reset() {
 	*x = ManagerStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1797,7 @@ func (x *ManagerStats) String() string {
 func (*ManagerStats) ProtoMessage() {}
 
 func (x *ManagerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1810,7 @@ func (x *ManagerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagerStats.ProtoReflect.Descriptor instead.
 func (*ManagerStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{24}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ManagerStats) GetPools() []*PoolStats {
@@ -1748,7 +1879,7 @@ type InspectOptions struct {
 
 func (x *InspectOptions) Reset() {
 	*x = InspectOptions{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +1891,7 @@ func (x *InspectOptions) String() string {
 func (*InspectOptions) ProtoMessage() {}
 
 func (x *InspectOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +1904,7 @@ func (x *InspectOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectOptions.ProtoReflect.Descriptor instead.
 func (*InspectOptions) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{25}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *InspectOptions) GetTables() bool {
@@ -1793,7 +1924,7 @@ type BlockTable struct {
 
 func (x *BlockTable) Reset() {
 	*x = BlockTable{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1805,7 +1936,7 @@ func (x *BlockTable) String() string {
 func (*BlockTable) ProtoMessage() {}
 
 func (x *BlockTable) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1818,7 +1949,7 @@ func (x *BlockTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockTable.ProtoReflect.Descriptor instead.
 func (*BlockTable) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{26}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *BlockTable) GetBlocks() []int32 {
@@ -1846,7 +1977,7 @@ type SeqState struct {
 
 func (x *SeqState) Reset() {
 	*x = SeqState{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1858,7 +1989,7 @@ func (x *SeqState) String() string {
 func (*SeqState) ProtoMessage() {}
 
 func (x *SeqState) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1871,7 +2002,7 @@ func (x *SeqState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeqState.ProtoReflect.Descriptor instead.
 func (*SeqState) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{27}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SeqState) GetSeq() uint64 {
@@ -1947,7 +2078,7 @@ type RefCounts struct {
 
 func (x *RefCounts) Reset() {
 	*x = RefCounts{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1959,7 +2090,7 @@ func (x *RefCounts) String() string {
 func (*RefCounts) ProtoMessage() {}
 
 func (x *RefCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1972,7 +2103,7 @@ func (x *RefCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefCounts.ProtoReflect.Descriptor instead.
 func (*RefCounts) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{28}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RefCounts) GetCounts() []int32 {
@@ -1995,7 +2126,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2138,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2151,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{29}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Snapshot) GetPools() []*PoolStats {
@@ -2061,7 +2192,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2073,7 +2204,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +2217,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{30}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ErrorDetail) GetSeqs() []uint64 {
@@ -2104,7 +2235,7 @@ type WorkerInfoRequest struct {
 
 func (x *WorkerInfoRequest) Reset() {
 	*x = WorkerInfoRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2247,7 @@ func (x *WorkerInfoRequest) String() string {
 func (*WorkerInfoRequest) ProtoMessage() {}
 
 func (x *WorkerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2260,7 @@ func (x *WorkerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfoRequest.ProtoReflect.Descriptor instead.
 func (*WorkerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{31}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{33}
 }
 
 // worker.Info
@@ -2148,7 +2279,7 @@ type WorkerInfo struct {
 
 func (x *WorkerInfo) Reset() {
 	*x = WorkerInfo{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2160,7 +2291,7 @@ func (x *WorkerInfo) String() string {
 func (*WorkerInfo) ProtoMessage() {}
 
 func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2173,7 +2304,7 @@ func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
 func (*WorkerInfo) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{32}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WorkerInfo) GetName() string {
@@ -2244,7 +2375,7 @@ type Hardware struct {
 
 func (x *Hardware) Reset() {
 	*x = Hardware{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2256,7 +2387,7 @@ func (x *Hardware) String() string {
 func (*Hardware) ProtoMessage() {}
 
 func (x *Hardware) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2269,7 +2400,7 @@ func (x *Hardware) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hardware.ProtoReflect.Descriptor instead.
 func (*Hardware) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{33}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Hardware) GetName() string {
@@ -2367,7 +2498,7 @@ type WorkerConfig struct {
 
 func (x *WorkerConfig) Reset() {
 	*x = WorkerConfig{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2379,7 +2510,7 @@ func (x *WorkerConfig) String() string {
 func (*WorkerConfig) ProtoMessage() {}
 
 func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2392,7 +2523,7 @@ func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerConfig.ProtoReflect.Descriptor instead.
 func (*WorkerConfig) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{34}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WorkerConfig) GetStage() int64 {
@@ -2511,7 +2642,7 @@ type Setup struct {
 
 func (x *Setup) Reset() {
 	*x = Setup{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2523,7 +2654,7 @@ func (x *Setup) String() string {
 func (*Setup) ProtoMessage() {}
 
 func (x *Setup) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2536,7 +2667,7 @@ func (x *Setup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Setup.ProtoReflect.Descriptor instead.
 func (*Setup) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{35}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Setup) GetDeviceBytes() int64 {
@@ -2575,7 +2706,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2587,7 +2718,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2600,7 +2731,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{36}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Batch) GetStep() uint64 {
@@ -2701,7 +2832,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2713,7 +2844,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2726,7 +2857,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{37}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Result) GetHidden() []byte {
@@ -2808,7 +2939,7 @@ type CopyBlocksRequest struct {
 
 func (x *CopyBlocksRequest) Reset() {
 	*x = CopyBlocksRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2820,7 +2951,7 @@ func (x *CopyBlocksRequest) String() string {
 func (*CopyBlocksRequest) ProtoMessage() {}
 
 func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2833,7 +2964,7 @@ func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyBlocksRequest.ProtoReflect.Descriptor instead.
 func (*CopyBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{38}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CopyBlocksRequest) GetCopies() *Copies {
@@ -2851,7 +2982,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +2994,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +3007,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{41}
 }
 
 var File_kvx_v1_kvx_proto protoreflect.FileDescriptor
@@ -2884,7 +3015,14 @@ var File_kvx_v1_kvx_proto protoreflect.FileDescriptor
 const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\n" +
 	"\x10kvx/v1/kvx.proto\x12\x06kvx.v1\"\a\n" +
-	"\x05Empty\"\x14\n" +
+	"\x05Empty\",\n" +
+	"\x10DataPlaneRequest\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\rR\aversion\"o\n" +
+	"\tDataPlane\x12\x18\n" +
+	"\anetwork\x18\x01 \x01(\tR\anetwork\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\fR\x05token\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\rR\aversion\"\x14\n" +
 	"\x12ManagerInfoRequest\"\x93\x01\n" +
 	"\vManagerInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -3114,7 +3252,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	" \x01(\bR\bmodelled\";\n" +
 	"\x11CopyBlocksRequest\x12&\n" +
 	"\x06copies\x18\x01 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\"\x0f\n" +
-	"\rHealthRequest2\xf6\x04\n" +
+	"\rHealthRequest2\xb6\x05\n" +
 	"\fCacheManager\x127\n" +
 	"\x04Info\x12\x1a.kvx.v1.ManagerInfoRequest\x1a\x13.kvx.v1.ManagerInfo\x122\n" +
 	"\tConfigure\x12\x15.kvx.v1.ManagerConfig\x1a\x0e.kvx.v1.Layout\x127\n" +
@@ -3127,14 +3265,16 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\aRelease\x12\f.kvx.v1.Seqs\x1a\r.kvx.v1.Empty\x123\n" +
 	"\x05Stats\x12\x14.kvx.v1.StatsRequest\x1a\x14.kvx.v1.ManagerStats\x123\n" +
 	"\aInspect\x12\x16.kvx.v1.InspectOptions\x1a\x10.kvx.v1.Snapshot\x128\n" +
-	"\aEndStep\x12\x16.kvx.v1.EndStepRequest\x1a\x15.kvx.v1.EndStepResult2\x83\x02\n" +
+	"\aEndStep\x12\x16.kvx.v1.EndStepRequest\x1a\x15.kvx.v1.EndStepResult\x12>\n" +
+	"\rOpenDataPlane\x12\x18.kvx.v1.DataPlaneRequest\x1a\x11.kvx.v1.DataPlane0\x012\xc3\x02\n" +
 	"\x06Worker\x125\n" +
 	"\x04Info\x12\x19.kvx.v1.WorkerInfoRequest\x1a\x12.kvx.v1.WorkerInfo\x120\n" +
 	"\tConfigure\x12\x14.kvx.v1.WorkerConfig\x1a\r.kvx.v1.Setup\x12(\n" +
 	"\aForward\x12\r.kvx.v1.Batch\x1a\x0e.kvx.v1.Result\x126\n" +
 	"\n" +
 	"CopyBlocks\x12\x19.kvx.v1.CopyBlocksRequest\x1a\r.kvx.v1.Empty\x12.\n" +
-	"\x06Health\x12\x15.kvx.v1.HealthRequest\x1a\r.kvx.v1.EmptyB5Z3github.com/kvx-dev/kvx/plugins/internal/kvxpb;kvxpbb\x06proto3"
+	"\x06Health\x12\x15.kvx.v1.HealthRequest\x1a\r.kvx.v1.Empty\x12>\n" +
+	"\rOpenDataPlane\x12\x18.kvx.v1.DataPlaneRequest\x1a\x11.kvx.v1.DataPlane0\x01B5Z3github.com/kvx-dev/kvx/plugins/internal/kvxpb;kvxpbb\x06proto3"
 
 var (
 	file_kvx_v1_kvx_proto_rawDescOnce sync.Once
@@ -3148,110 +3288,116 @@ func file_kvx_v1_kvx_proto_rawDescGZIP() []byte {
 	return file_kvx_v1_kvx_proto_rawDescData
 }
 
-var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*Empty)(nil),              // 0: kvx.v1.Empty
-	(*ManagerInfoRequest)(nil), // 1: kvx.v1.ManagerInfoRequest
-	(*ManagerInfo)(nil),        // 2: kvx.v1.ManagerInfo
-	(*Capabilities)(nil),       // 3: kvx.v1.Capabilities
-	(*SnapshotConfig)(nil),     // 4: kvx.v1.SnapshotConfig
-	(*ManagerConfig)(nil),      // 5: kvx.v1.ManagerConfig
-	(*Pool)(nil),               // 6: kvx.v1.Pool
-	(*Layout)(nil),             // 7: kvx.v1.Layout
-	(*LookupItem)(nil),         // 8: kvx.v1.LookupItem
-	(*LookupRequest)(nil),      // 9: kvx.v1.LookupRequest
-	(*LookupResponse)(nil),     // 10: kvx.v1.LookupResponse
-	(*ReserveRequest)(nil),     // 11: kvx.v1.ReserveRequest
-	(*TableDeltas)(nil),        // 12: kvx.v1.TableDeltas
-	(*Copies)(nil),             // 13: kvx.v1.Copies
-	(*ReserveResponse)(nil),    // 14: kvx.v1.ReserveResponse
-	(*Seqs)(nil),               // 15: kvx.v1.Seqs
-	(*CommitRequest)(nil),      // 16: kvx.v1.CommitRequest
-	(*CommitResult)(nil),       // 17: kvx.v1.CommitResult
-	(*EndStepRequest)(nil),     // 18: kvx.v1.EndStepRequest
-	(*EndStepResult)(nil),      // 19: kvx.v1.EndStepResult
-	(*MoveResult)(nil),         // 20: kvx.v1.MoveResult
-	(*StatsRequest)(nil),       // 21: kvx.v1.StatsRequest
-	(*PoolStats)(nil),          // 22: kvx.v1.PoolStats
-	(*SnapshotStats)(nil),      // 23: kvx.v1.SnapshotStats
-	(*ManagerStats)(nil),       // 24: kvx.v1.ManagerStats
-	(*InspectOptions)(nil),     // 25: kvx.v1.InspectOptions
-	(*BlockTable)(nil),         // 26: kvx.v1.BlockTable
-	(*SeqState)(nil),           // 27: kvx.v1.SeqState
-	(*RefCounts)(nil),          // 28: kvx.v1.RefCounts
-	(*Snapshot)(nil),           // 29: kvx.v1.Snapshot
-	(*ErrorDetail)(nil),        // 30: kvx.v1.ErrorDetail
-	(*WorkerInfoRequest)(nil),  // 31: kvx.v1.WorkerInfoRequest
-	(*WorkerInfo)(nil),         // 32: kvx.v1.WorkerInfo
-	(*Hardware)(nil),           // 33: kvx.v1.Hardware
-	(*WorkerConfig)(nil),       // 34: kvx.v1.WorkerConfig
-	(*Setup)(nil),              // 35: kvx.v1.Setup
-	(*Batch)(nil),              // 36: kvx.v1.Batch
-	(*Result)(nil),             // 37: kvx.v1.Result
-	(*CopyBlocksRequest)(nil),  // 38: kvx.v1.CopyBlocksRequest
-	(*HealthRequest)(nil),      // 39: kvx.v1.HealthRequest
+	(*DataPlaneRequest)(nil),   // 1: kvx.v1.DataPlaneRequest
+	(*DataPlane)(nil),          // 2: kvx.v1.DataPlane
+	(*ManagerInfoRequest)(nil), // 3: kvx.v1.ManagerInfoRequest
+	(*ManagerInfo)(nil),        // 4: kvx.v1.ManagerInfo
+	(*Capabilities)(nil),       // 5: kvx.v1.Capabilities
+	(*SnapshotConfig)(nil),     // 6: kvx.v1.SnapshotConfig
+	(*ManagerConfig)(nil),      // 7: kvx.v1.ManagerConfig
+	(*Pool)(nil),               // 8: kvx.v1.Pool
+	(*Layout)(nil),             // 9: kvx.v1.Layout
+	(*LookupItem)(nil),         // 10: kvx.v1.LookupItem
+	(*LookupRequest)(nil),      // 11: kvx.v1.LookupRequest
+	(*LookupResponse)(nil),     // 12: kvx.v1.LookupResponse
+	(*ReserveRequest)(nil),     // 13: kvx.v1.ReserveRequest
+	(*TableDeltas)(nil),        // 14: kvx.v1.TableDeltas
+	(*Copies)(nil),             // 15: kvx.v1.Copies
+	(*ReserveResponse)(nil),    // 16: kvx.v1.ReserveResponse
+	(*Seqs)(nil),               // 17: kvx.v1.Seqs
+	(*CommitRequest)(nil),      // 18: kvx.v1.CommitRequest
+	(*CommitResult)(nil),       // 19: kvx.v1.CommitResult
+	(*EndStepRequest)(nil),     // 20: kvx.v1.EndStepRequest
+	(*EndStepResult)(nil),      // 21: kvx.v1.EndStepResult
+	(*MoveResult)(nil),         // 22: kvx.v1.MoveResult
+	(*StatsRequest)(nil),       // 23: kvx.v1.StatsRequest
+	(*PoolStats)(nil),          // 24: kvx.v1.PoolStats
+	(*SnapshotStats)(nil),      // 25: kvx.v1.SnapshotStats
+	(*ManagerStats)(nil),       // 26: kvx.v1.ManagerStats
+	(*InspectOptions)(nil),     // 27: kvx.v1.InspectOptions
+	(*BlockTable)(nil),         // 28: kvx.v1.BlockTable
+	(*SeqState)(nil),           // 29: kvx.v1.SeqState
+	(*RefCounts)(nil),          // 30: kvx.v1.RefCounts
+	(*Snapshot)(nil),           // 31: kvx.v1.Snapshot
+	(*ErrorDetail)(nil),        // 32: kvx.v1.ErrorDetail
+	(*WorkerInfoRequest)(nil),  // 33: kvx.v1.WorkerInfoRequest
+	(*WorkerInfo)(nil),         // 34: kvx.v1.WorkerInfo
+	(*Hardware)(nil),           // 35: kvx.v1.Hardware
+	(*WorkerConfig)(nil),       // 36: kvx.v1.WorkerConfig
+	(*Setup)(nil),              // 37: kvx.v1.Setup
+	(*Batch)(nil),              // 38: kvx.v1.Batch
+	(*Result)(nil),             // 39: kvx.v1.Result
+	(*CopyBlocksRequest)(nil),  // 40: kvx.v1.CopyBlocksRequest
+	(*HealthRequest)(nil),      // 41: kvx.v1.HealthRequest
 }
 var file_kvx_v1_kvx_proto_depIdxs = []int32{
-	3,  // 0: kvx.v1.ManagerInfo.capabilities:type_name -> kvx.v1.Capabilities
-	4,  // 1: kvx.v1.ManagerConfig.snapshots:type_name -> kvx.v1.SnapshotConfig
-	6,  // 2: kvx.v1.Layout.pools:type_name -> kvx.v1.Pool
-	8,  // 3: kvx.v1.LookupRequest.items:type_name -> kvx.v1.LookupItem
-	12, // 4: kvx.v1.ReserveResponse.tables:type_name -> kvx.v1.TableDeltas
-	13, // 5: kvx.v1.ReserveResponse.copies:type_name -> kvx.v1.Copies
-	13, // 6: kvx.v1.CommitResult.copies:type_name -> kvx.v1.Copies
-	16, // 7: kvx.v1.EndStepRequest.commit:type_name -> kvx.v1.CommitRequest
-	15, // 8: kvx.v1.EndStepRequest.release:type_name -> kvx.v1.Seqs
-	25, // 9: kvx.v1.EndStepRequest.inspect:type_name -> kvx.v1.InspectOptions
-	17, // 10: kvx.v1.EndStepResult.commit:type_name -> kvx.v1.CommitResult
-	29, // 11: kvx.v1.EndStepResult.snapshot:type_name -> kvx.v1.Snapshot
-	13, // 12: kvx.v1.MoveResult.copies:type_name -> kvx.v1.Copies
-	22, // 13: kvx.v1.ManagerStats.pools:type_name -> kvx.v1.PoolStats
-	23, // 14: kvx.v1.ManagerStats.snapshots:type_name -> kvx.v1.SnapshotStats
-	26, // 15: kvx.v1.SeqState.tables:type_name -> kvx.v1.BlockTable
-	22, // 16: kvx.v1.Snapshot.pools:type_name -> kvx.v1.PoolStats
-	27, // 17: kvx.v1.Snapshot.seqs:type_name -> kvx.v1.SeqState
-	28, // 18: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
-	33, // 19: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
-	7,  // 20: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
-	12, // 21: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
-	13, // 22: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
-	13, // 23: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
-	1,  // 24: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
-	5,  // 25: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
-	9,  // 26: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
-	11, // 27: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
-	15, // 28: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
-	16, // 29: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
-	15, // 30: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
-	15, // 31: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
-	15, // 32: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
-	21, // 33: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
-	25, // 34: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
-	18, // 35: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
-	31, // 36: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
-	34, // 37: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
-	36, // 38: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
-	38, // 39: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
-	39, // 40: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
-	2,  // 41: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
-	7,  // 42: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
-	10, // 43: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
-	14, // 44: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
-	0,  // 45: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
-	17, // 46: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
-	20, // 47: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
-	20, // 48: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
-	0,  // 49: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
-	24, // 50: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
-	29, // 51: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
-	19, // 52: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
-	32, // 53: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
-	35, // 54: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
-	37, // 55: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
-	0,  // 56: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
-	0,  // 57: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
-	41, // [41:58] is the sub-list for method output_type
-	24, // [24:41] is the sub-list for method input_type
+	5,  // 0: kvx.v1.ManagerInfo.capabilities:type_name -> kvx.v1.Capabilities
+	6,  // 1: kvx.v1.ManagerConfig.snapshots:type_name -> kvx.v1.SnapshotConfig
+	8,  // 2: kvx.v1.Layout.pools:type_name -> kvx.v1.Pool
+	10, // 3: kvx.v1.LookupRequest.items:type_name -> kvx.v1.LookupItem
+	14, // 4: kvx.v1.ReserveResponse.tables:type_name -> kvx.v1.TableDeltas
+	15, // 5: kvx.v1.ReserveResponse.copies:type_name -> kvx.v1.Copies
+	15, // 6: kvx.v1.CommitResult.copies:type_name -> kvx.v1.Copies
+	18, // 7: kvx.v1.EndStepRequest.commit:type_name -> kvx.v1.CommitRequest
+	17, // 8: kvx.v1.EndStepRequest.release:type_name -> kvx.v1.Seqs
+	27, // 9: kvx.v1.EndStepRequest.inspect:type_name -> kvx.v1.InspectOptions
+	19, // 10: kvx.v1.EndStepResult.commit:type_name -> kvx.v1.CommitResult
+	31, // 11: kvx.v1.EndStepResult.snapshot:type_name -> kvx.v1.Snapshot
+	15, // 12: kvx.v1.MoveResult.copies:type_name -> kvx.v1.Copies
+	24, // 13: kvx.v1.ManagerStats.pools:type_name -> kvx.v1.PoolStats
+	25, // 14: kvx.v1.ManagerStats.snapshots:type_name -> kvx.v1.SnapshotStats
+	28, // 15: kvx.v1.SeqState.tables:type_name -> kvx.v1.BlockTable
+	24, // 16: kvx.v1.Snapshot.pools:type_name -> kvx.v1.PoolStats
+	29, // 17: kvx.v1.Snapshot.seqs:type_name -> kvx.v1.SeqState
+	30, // 18: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
+	35, // 19: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
+	9,  // 20: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
+	14, // 21: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
+	15, // 22: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
+	15, // 23: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
+	3,  // 24: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
+	7,  // 25: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
+	11, // 26: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
+	13, // 27: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
+	17, // 28: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
+	18, // 29: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
+	17, // 30: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
+	17, // 31: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
+	17, // 32: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
+	23, // 33: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
+	27, // 34: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
+	20, // 35: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
+	1,  // 36: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	33, // 37: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
+	36, // 38: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
+	38, // 39: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
+	40, // 40: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
+	41, // 41: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
+	1,  // 42: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	4,  // 43: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
+	9,  // 44: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
+	12, // 45: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
+	16, // 46: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
+	0,  // 47: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
+	19, // 48: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
+	22, // 49: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
+	22, // 50: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
+	0,  // 51: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
+	26, // 52: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
+	31, // 53: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
+	21, // 54: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
+	2,  // 55: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	34, // 56: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
+	37, // 57: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
+	39, // 58: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
+	0,  // 59: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
+	0,  // 60: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
+	2,  // 61: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	43, // [43:62] is the sub-list for method output_type
+	24, // [24:43] is the sub-list for method input_type
 	24, // [24:24] is the sub-list for extension type_name
 	24, // [24:24] is the sub-list for extension extendee
 	0,  // [0:24] is the sub-list for field type_name
@@ -3268,7 +3414,7 @@ func file_kvx_v1_kvx_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvx_v1_kvx_proto_rawDesc), len(file_kvx_v1_kvx_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -62,18 +62,19 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	CacheManager_Info_FullMethodName      = "/kvx.v1.CacheManager/Info"
-	CacheManager_Configure_FullMethodName = "/kvx.v1.CacheManager/Configure"
-	CacheManager_Lookup_FullMethodName    = "/kvx.v1.CacheManager/Lookup"
-	CacheManager_Reserve_FullMethodName   = "/kvx.v1.CacheManager/Reserve"
-	CacheManager_Unreserve_FullMethodName = "/kvx.v1.CacheManager/Unreserve"
-	CacheManager_Commit_FullMethodName    = "/kvx.v1.CacheManager/Commit"
-	CacheManager_Suspend_FullMethodName   = "/kvx.v1.CacheManager/Suspend"
-	CacheManager_Resume_FullMethodName    = "/kvx.v1.CacheManager/Resume"
-	CacheManager_Release_FullMethodName   = "/kvx.v1.CacheManager/Release"
-	CacheManager_Stats_FullMethodName     = "/kvx.v1.CacheManager/Stats"
-	CacheManager_Inspect_FullMethodName   = "/kvx.v1.CacheManager/Inspect"
-	CacheManager_EndStep_FullMethodName   = "/kvx.v1.CacheManager/EndStep"
+	CacheManager_Info_FullMethodName          = "/kvx.v1.CacheManager/Info"
+	CacheManager_Configure_FullMethodName     = "/kvx.v1.CacheManager/Configure"
+	CacheManager_Lookup_FullMethodName        = "/kvx.v1.CacheManager/Lookup"
+	CacheManager_Reserve_FullMethodName       = "/kvx.v1.CacheManager/Reserve"
+	CacheManager_Unreserve_FullMethodName     = "/kvx.v1.CacheManager/Unreserve"
+	CacheManager_Commit_FullMethodName        = "/kvx.v1.CacheManager/Commit"
+	CacheManager_Suspend_FullMethodName       = "/kvx.v1.CacheManager/Suspend"
+	CacheManager_Resume_FullMethodName        = "/kvx.v1.CacheManager/Resume"
+	CacheManager_Release_FullMethodName       = "/kvx.v1.CacheManager/Release"
+	CacheManager_Stats_FullMethodName         = "/kvx.v1.CacheManager/Stats"
+	CacheManager_Inspect_FullMethodName       = "/kvx.v1.CacheManager/Inspect"
+	CacheManager_EndStep_FullMethodName       = "/kvx.v1.CacheManager/EndStep"
+	CacheManager_OpenDataPlane_FullMethodName = "/kvx.v1.CacheManager/OpenDataPlane"
 )
 
 // CacheManagerClient is the client API for CacheManager service.
@@ -94,6 +95,8 @@ type CacheManagerClient interface {
 	// Commit, then Release, then (when inspect is set) Inspect, in one round
 	// trip: kvcache.StepEnder.
 	EndStep(ctx context.Context, in *EndStepRequest, opts ...grpc.CallOption) (*EndStepResult, error)
+	// Opens a data plane for the per-step calls; see DataPlane.
+	OpenDataPlane(ctx context.Context, in *DataPlaneRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DataPlane], error)
 }
 
 type cacheManagerClient struct {
@@ -224,6 +227,25 @@ func (c *cacheManagerClient) EndStep(ctx context.Context, in *EndStepRequest, op
 	return out, nil
 }
 
+func (c *cacheManagerClient) OpenDataPlane(ctx context.Context, in *DataPlaneRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DataPlane], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &CacheManager_ServiceDesc.Streams[0], CacheManager_OpenDataPlane_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DataPlaneRequest, DataPlane]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type CacheManager_OpenDataPlaneClient = grpc.ServerStreamingClient[DataPlane]
+
 // CacheManagerServer is the server API for CacheManager service.
 // All implementations must embed UnimplementedCacheManagerServer
 // for forward compatibility.
@@ -242,6 +264,8 @@ type CacheManagerServer interface {
 	// Commit, then Release, then (when inspect is set) Inspect, in one round
 	// trip: kvcache.StepEnder.
 	EndStep(context.Context, *EndStepRequest) (*EndStepResult, error)
+	// Opens a data plane for the per-step calls; see DataPlane.
+	OpenDataPlane(*DataPlaneRequest, grpc.ServerStreamingServer[DataPlane]) error
 	mustEmbedUnimplementedCacheManagerServer()
 }
 
@@ -287,6 +311,9 @@ func (UnimplementedCacheManagerServer) Inspect(context.Context, *InspectOptions)
 }
 func (UnimplementedCacheManagerServer) EndStep(context.Context, *EndStepRequest) (*EndStepResult, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method EndStep not implemented")
+}
+func (UnimplementedCacheManagerServer) OpenDataPlane(*DataPlaneRequest, grpc.ServerStreamingServer[DataPlane]) error {
+	return status.Errorf(codes.Unimplemented, "method OpenDataPlane not implemented")
 }
 func (UnimplementedCacheManagerServer) mustEmbedUnimplementedCacheManagerServer() {}
 func (UnimplementedCacheManagerServer) testEmbeddedByValue()                      {}
@@ -525,6 +552,17 @@ func _CacheManager_EndStep_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CacheManager_OpenDataPlane_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(DataPlaneRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(CacheManagerServer).OpenDataPlane(m, &grpc.GenericServerStream[DataPlaneRequest, DataPlane]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type CacheManager_OpenDataPlaneServer = grpc.ServerStreamingServer[DataPlane]
+
 // CacheManager_ServiceDesc is the grpc.ServiceDesc for CacheManager service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -581,16 +619,23 @@ var CacheManager_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _CacheManager_EndStep_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "OpenDataPlane",
+			Handler:       _CacheManager_OpenDataPlane_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "kvx/v1/kvx.proto",
 }
 
 const (
-	Worker_Info_FullMethodName       = "/kvx.v1.Worker/Info"
-	Worker_Configure_FullMethodName  = "/kvx.v1.Worker/Configure"
-	Worker_Forward_FullMethodName    = "/kvx.v1.Worker/Forward"
-	Worker_CopyBlocks_FullMethodName = "/kvx.v1.Worker/CopyBlocks"
-	Worker_Health_FullMethodName     = "/kvx.v1.Worker/Health"
+	Worker_Info_FullMethodName          = "/kvx.v1.Worker/Info"
+	Worker_Configure_FullMethodName     = "/kvx.v1.Worker/Configure"
+	Worker_Forward_FullMethodName       = "/kvx.v1.Worker/Forward"
+	Worker_CopyBlocks_FullMethodName    = "/kvx.v1.Worker/CopyBlocks"
+	Worker_Health_FullMethodName        = "/kvx.v1.Worker/Health"
+	Worker_OpenDataPlane_FullMethodName = "/kvx.v1.Worker/OpenDataPlane"
 )
 
 // WorkerClient is the client API for Worker service.
@@ -602,6 +647,8 @@ type WorkerClient interface {
 	Forward(ctx context.Context, in *Batch, opts ...grpc.CallOption) (*Result, error)
 	CopyBlocks(ctx context.Context, in *CopyBlocksRequest, opts ...grpc.CallOption) (*Empty, error)
 	Health(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*Empty, error)
+	// Opens a data plane for Forward and CopyBlocks; see DataPlane.
+	OpenDataPlane(ctx context.Context, in *DataPlaneRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DataPlane], error)
 }
 
 type workerClient struct {
@@ -662,6 +709,25 @@ func (c *workerClient) Health(ctx context.Context, in *HealthRequest, opts ...gr
 	return out, nil
 }
 
+func (c *workerClient) OpenDataPlane(ctx context.Context, in *DataPlaneRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DataPlane], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Worker_ServiceDesc.Streams[0], Worker_OpenDataPlane_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DataPlaneRequest, DataPlane]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Worker_OpenDataPlaneClient = grpc.ServerStreamingClient[DataPlane]
+
 // WorkerServer is the server API for Worker service.
 // All implementations must embed UnimplementedWorkerServer
 // for forward compatibility.
@@ -671,6 +737,8 @@ type WorkerServer interface {
 	Forward(context.Context, *Batch) (*Result, error)
 	CopyBlocks(context.Context, *CopyBlocksRequest) (*Empty, error)
 	Health(context.Context, *HealthRequest) (*Empty, error)
+	// Opens a data plane for Forward and CopyBlocks; see DataPlane.
+	OpenDataPlane(*DataPlaneRequest, grpc.ServerStreamingServer[DataPlane]) error
 	mustEmbedUnimplementedWorkerServer()
 }
 
@@ -695,6 +763,9 @@ func (UnimplementedWorkerServer) CopyBlocks(context.Context, *CopyBlocksRequest)
 }
 func (UnimplementedWorkerServer) Health(context.Context, *HealthRequest) (*Empty, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Health not implemented")
+}
+func (UnimplementedWorkerServer) OpenDataPlane(*DataPlaneRequest, grpc.ServerStreamingServer[DataPlane]) error {
+	return status.Errorf(codes.Unimplemented, "method OpenDataPlane not implemented")
 }
 func (UnimplementedWorkerServer) mustEmbedUnimplementedWorkerServer() {}
 func (UnimplementedWorkerServer) testEmbeddedByValue()                {}
@@ -807,6 +878,17 @@ func _Worker_Health_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Worker_OpenDataPlane_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(DataPlaneRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(WorkerServer).OpenDataPlane(m, &grpc.GenericServerStream[DataPlaneRequest, DataPlane]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Worker_OpenDataPlaneServer = grpc.ServerStreamingServer[DataPlane]
+
 // Worker_ServiceDesc is the grpc.ServiceDesc for Worker service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -835,6 +917,12 @@ var Worker_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Worker_Health_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "OpenDataPlane",
+			Handler:       _Worker_OpenDataPlane_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "kvx/v1/kvx.proto",
 }

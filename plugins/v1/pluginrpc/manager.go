@@ -28,8 +28,10 @@ var _ kvcache.StepEnder = (*ManagerClient)(nil)
 // gone (go-plugin's GRPCClient ctx); after that every call fails at once
 // with KindUnavailable. A lifetime that never ends (context.Background) is
 // fine.
-func NewManagerClient(lifetime context.Context, cc grpc.ClientConnInterface) *ManagerClient {
-	return &ManagerClient{rpc: kvxpb.NewCacheManagerClient(cc), done: lifetime.Done()}
+func NewManagerClient(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *ManagerClient {
+	rpc := &managerRPC{CacheManagerClient: kvxpb.NewCacheManagerClient(cc)}
+	rpc.opener.off = clientOpts(opts).grpcOnly
+	return &ManagerClient{rpc: rpc, done: lifetime.Done()}
 }
 
 // Done is closed when the plugin process has exited (never, for clients

@@ -80,6 +80,17 @@ func VersionedPlugins(m kvcache.Manager, w worker.Worker) map[int]plugin.PluginS
 	}
 }
 
+// HostPlugins returns the plugin sets a host passes to plugin.ClientConfig:
+// VersionedPlugins(nil, nil) whose clients are made with opts.
+func HostPlugins(opts ...ClientOption) map[int]plugin.PluginSet {
+	return map[int]plugin.PluginSet{
+		kvcache.ProtocolVersion: {
+			ManagerPluginName: &ManagerPlugin{ClientOptions: opts},
+			WorkerPluginName:  &WorkerPlugin{ClientOptions: opts},
+		},
+	}
+}
+
 // NewGRPCServer makes the gRPC server a plugin serves on: opts (TLS from
 // go-plugin) plus message limits raised to MaxMessageBytes. It fits
 // plugin.ServeConfig.GRPCServer.
@@ -110,7 +121,8 @@ func DialOptions() []grpc.DialOption {
 // GRPCClient dispenses a *ManagerClient.
 type ManagerPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
-	Impl kvcache.Manager
+	Impl          kvcache.Manager
+	ClientOptions []ClientOption // host side: how GRPCClient makes the client
 }
 
 var _ plugin.GRPCPlugin = (*ManagerPlugin)(nil)
@@ -126,14 +138,15 @@ func (p *ManagerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 // GRPCClient returns a *ManagerClient on c. go-plugin passes a ctx that ends
 // when the plugin process exits; the client uses it to fail fast.
 func (p *ManagerPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
-	return NewManagerClient(ctx, c), nil
+	return NewManagerClient(ctx, c, p.ClientOptions...), nil
 }
 
 // WorkerPlugin is the go-plugin plugin.GRPCPlugin of a worker; see
 // ManagerPlugin.
 type WorkerPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
-	Impl worker.Worker
+	Impl          worker.Worker
+	ClientOptions []ClientOption // host side: how GRPCClient makes the client
 }
 
 var _ plugin.GRPCPlugin = (*WorkerPlugin)(nil)
@@ -148,7 +161,7 @@ func (p *WorkerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 
 // GRPCClient returns a *WorkerClient on c; see ManagerPlugin.GRPCClient.
 func (p *WorkerPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
-	return NewWorkerClient(ctx, c), nil
+	return NewWorkerClient(ctx, c, p.ClientOptions...), nil
 }
 
 // callOpts lift the client-side message limits for every call.

@@ -21,15 +21,18 @@ func managerPair(t *testing.T, f kvcache.Manager) (*ManagerClient, *pair) {
 	t.Helper()
 	p := newPair(t, func(s *grpc.Server) error { RegisterManagerServer(s, f); return nil })
 	t.Cleanup(p.close)
-	return NewManagerClient(context.Background(), p.conn), p
+	return NewManagerClient(context.Background(), p.conn, pairOpts...), p
 }
 
 func workerPair(t *testing.T, f worker.Worker) (*WorkerClient, *pair) {
 	t.Helper()
 	p := newPair(t, func(s *grpc.Server) error { RegisterWorkerServer(s, f); return nil })
 	t.Cleanup(p.close)
-	return NewWorkerClient(context.Background(), p.conn), p
+	return NewWorkerClient(context.Background(), p.conn, pairOpts...), p
 }
+
+// pairOpts are the client options of managerPair and workerPair.
+var pairOpts []ClientOption
 
 var ctx = context.Background()
 

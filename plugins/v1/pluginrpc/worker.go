@@ -20,8 +20,10 @@ type WorkerClient struct {
 var _ worker.Worker = (*WorkerClient)(nil)
 
 // NewWorkerClient returns a client on cc; see NewManagerClient for lifetime.
-func NewWorkerClient(lifetime context.Context, cc grpc.ClientConnInterface) *WorkerClient {
-	return &WorkerClient{rpc: kvxpb.NewWorkerClient(cc), done: lifetime.Done()}
+func NewWorkerClient(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *WorkerClient {
+	rpc := &workerRPC{WorkerClient: kvxpb.NewWorkerClient(cc)}
+	rpc.opener.off = clientOpts(opts).grpcOnly
+	return &WorkerClient{rpc: rpc, done: lifetime.Done()}
 }
 
 // Done is closed when the plugin process has exited (never, for clients

@@ -1,0 +1,570 @@
+package pluginrpc
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-plugin"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
+)
+
+// The data plane: the per-step calls as length-prefixed frames of the RPCs'
+// own messages on a private local socket, beside the gRPC connection (the
+// frame format is documented at DataPlane in kvx.proto).
+//
+// Why: every call of a step crosses processes. Over gRPC a unary call costs
+// about twenty system calls on the two sides (HTTP/2 frames, the netpoller,
+// goroutine hand-offs between the reader, the handler and the writer); on a
+// virtual machine with page-table isolation those dominate a sim replay. A
+// frame costs one write and one read per side. gRPC stays the control plane
+// (the handshake, Info, Configure, Stats, Inspect, Health) and the fallback:
+// a plugin that does not open a data plane is called over gRPC for
+// everything, and a client made with GRPCOnly never asks.
+
+// ClientOption configures a ManagerClient or WorkerClient.
+type ClientOption func(*clientOptions)
+
+type clientOptions struct {
+	grpcOnly bool
+}
+
+// GRPCOnly keeps every call of the client on gRPC: it never opens a data
+// plane (for comparisons, and for plugins whose host cannot share a local
+// socket).
+func GRPCOnly() ClientOption { return func(o *clientOptions) { o.grpcOnly = true } }
+
+func clientOpts(opts []ClientOption) clientOptions {
+	var o clientOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+// dataPlaneVersion is the frame format this package speaks.
+const dataPlaneVersion = 1
+
+const (
+	frameHeader = 16 // u32 length, u8 method or status, 3 zero bytes, i64 deadline
+	tokenBytes  = 32
+	// acceptWait bounds how long a plugin waits for the host to connect.
+	acceptWait = 30 * time.Second
+)
+
+// method numbers the RPCs a data plane carries. Append only.
+type method uint8
+
+const (
+	mLookup method = iota + 1
+	mReserve
+	mUnreserve
+	mCommit
+	mSuspend
+	mResume
+	mRelease
+	mEndStep
+	mForward
+	mCopyBlocks
+)
+
+// Response status byte.
+const (
+	frameOK  = 0
+	frameErr = 1
+)
+
+// handler runs one framed call: it decodes the request message from b and
+// returns the response message, or an error that is (or becomes) a status.
+type handler func(ctx context.Context, b []byte) (proto.Message, error)
+
+// handle adapts one server method to a handler.
+func handle[Req any, PReq interface {
+	*Req
+	proto.Message
+}, Resp proto.Message](f func(context.Context, PReq) (Resp, error)) handler {
+	return func(ctx context.Context, b []byte) (proto.Message, error) {
+		req := PReq(new(Req))
+		if err := proto.Unmarshal(b, req); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "data plane: undecodable request: %v", err)
+		}
+		return f(ctx, req)
+	}
+}
+
+// serveDataPlane serves one OpenDataPlane call: it listens on a fresh socket
+// in a private directory, sends where to connect, serves the first
+// connection that presents the token with handlers, and returns when the
+// plane or the RPC's stream ends, whichever comes first. The socket and its
+// directory are removed once a connection is accepted (or none came within
+// acceptWait). Framed calls run under the stream's ctx, so they end with the
+// gRPC connection like any RPC.
+func serveDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.DataPlane], handlers map[method]handler) error {
+	if v := req.GetVersion(); v != dataPlaneVersion {
+		return status.Errorf(codes.Unimplemented, "data plane version %d is not served (this plugin speaks %d)", v, dataPlaneVersion)
+	}
+	// Beside go-plugin's own socket when the host chose a directory for them
+	// (core/host does: a private one); mode 0700 either way.
+	dir, err := os.MkdirTemp(os.Getenv(plugin.EnvUnixSocketDir), "kvx-dp-")
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "data plane: %v", err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "s")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "data plane: %v", err)
+	}
+	defer l.Close()
+	token := make([]byte, tokenBytes)
+	_, _ = rand.Read(token) // never fails (crypto/rand)
+	if err := stream.Send(&kvxpb.DataPlane{Network: "unix", Address: path, Token: token, Version: dataPlaneVersion}); err != nil {
+		return err
+	}
+	ctx := stream.Context()
+	_ = l.SetDeadline(time.Now().Add(acceptWait))
+	stopAccept := context.AfterFunc(ctx, func() { _ = l.SetDeadline(aLongTimeAgo) })
+	c, err := l.AcceptUnix()
+	stopAccept()
+	_ = l.Close()
+	_ = os.RemoveAll(dir)
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "data plane: no connection: %v", err)
+	}
+	defer c.Close()
+	stopServe := context.AfterFunc(ctx, func() { _ = c.Close() })
+	defer stopServe()
+	serveFrames(ctx, c, token, handlers)
+	return nil
+}
+
+// frame is one request read off a data plane.
+type frame struct {
+	m        method
+	deadline int64
+	body     []byte
+}
+
+// serveFrames answers framed calls on c, one at a time, until c fails or
+// sends something that is not a frame. A reader goroutine keeps reading, so
+// that the host closing the plane (it does when the caller's ctx ends
+// mid-call) cancels the call in progress, as gRPC would. The handlers take
+// the server's gate themselves, so framed and gRPC calls never overlap.
+func serveFrames(ctx context.Context, c net.Conn, token []byte, handlers map[method]handler) {
+	r := newReader(c)
+	got := make([]byte, len(token))
+	if _, err := io.ReadFull(r, got); err != nil || subtle.ConstantTimeCompare(got, token) != 1 {
+		return
+	}
+	ctx, hangUp := context.WithCancel(ctx)
+	defer hangUp()
+	frames := make(chan frame)
+	done := make(chan []byte, 1) // the body buffer back, for the next frame
+	go func() {
+		defer hangUp() // the host went, or broke the framing: cancel the call in progress
+		defer close(frames)
+		var hdr [frameHeader]byte
+		var in []byte
+		lent := false // in is with the handler loop
+		for {
+			// Read the next header while the previous call runs: EOF here
+			// means the host hung up on it.
+			if _, err := io.ReadFull(r, hdr[:]); err != nil {
+				return
+			}
+			if lent {
+				select {
+				case in = <-done:
+					lent = false
+				case <-ctx.Done():
+					return
+				}
+			}
+			n := binary.LittleEndian.Uint32(hdr[0:])
+			if n > MaxMessageBytes {
+				return
+			}
+			in = grow(in, int(n))
+			if _, err := io.ReadFull(r, in); err != nil {
+				return
+			}
+			select {
+			case frames <- frame{m: method(hdr[4]), deadline: int64(binary.LittleEndian.Uint64(hdr[8:])), body: in}:
+				lent = true
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var out []byte
+	for f := range frames {
+		cctx, cancel := ctx, context.CancelFunc(func() {})
+		if f.deadline != 0 {
+			cctx, cancel = context.WithDeadline(ctx, time.Unix(0, f.deadline))
+		}
+		var resp proto.Message
+		var err error
+		if h := handlers[f.m]; h != nil {
+			resp, err = h(cctx, f.body)
+		} else {
+			err = status.Errorf(codes.Unimplemented, "data plane: method %d is not served", f.m)
+		}
+		cancel()
+		out, err = appendResponse(out[:0], resp, err)
+		if err != nil {
+			return
+		}
+		if _, err := c.Write(out); err != nil {
+			return
+		}
+		select {
+		case done <- f.body:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// appendResponse appends the response frame of (resp, callErr) to b.
+func appendResponse(b []byte, resp proto.Message, callErr error) ([]byte, error) {
+	b = append(b, make([]byte, frameHeader)...)
+	var err error
+	if callErr != nil {
+		b[4] = frameErr
+		b, err = proto.MarshalOptions{}.MarshalAppend(b, status.Convert(callErr).Proto())
+	} else {
+		b, err = proto.MarshalOptions{}.MarshalAppend(b, resp)
+	}
+	if err != nil {
+		return nil, err
+	}
+	binary.LittleEndian.PutUint32(b, uint32(len(b)-frameHeader))
+	return b, nil
+}
+
+// newReader buffers a plane's reads: a frame header and a small message
+// come in one read.
+func newReader(c net.Conn) *bufio.Reader { return bufio.NewReaderSize(c, 64<<10) }
+
+func grow(b []byte, n int) []byte {
+	if cap(b) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}
+
+// dataPlane is the host end of a data plane. It is safe for concurrent use;
+// calls are sent one at a time.
+type dataPlane struct {
+	mu     sync.Mutex
+	conn   *net.UnixConn
+	r      *bufio.Reader
+	buf    []byte
+	broken error // set on the first transport failure; the plane is closed then
+}
+
+// dialDataPlane connects to the plane a plugin opened and presents its token.
+func dialDataPlane(ctx context.Context, dp *kvxpb.DataPlane) (*dataPlane, error) {
+	if dp.GetNetwork() != "unix" || dp.GetVersion() != dataPlaneVersion {
+		return nil, fmt.Errorf("data plane %s version %d is not spoken here (unix, %d)", dp.GetNetwork(), dp.GetVersion(), dataPlaneVersion)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", dp.GetAddress())
+	if err != nil {
+		return nil, err
+	}
+	conn := c.(*net.UnixConn)
+	if _, err := conn.Write(dp.GetToken()); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	return &dataPlane{conn: conn, r: newReader(conn)}, nil
+}
+
+// isShut reports whether the plane was closed.
+func (d *dataPlane) isShut() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.broken != nil
+}
+
+// shut closes the plane for good with cause; a call in flight fails.
+func (d *dataPlane) shut(cause error) {
+	_ = d.conn.Close() // first, so that a call holding mu returns
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.broken == nil {
+		d.broken = cause
+	}
+}
+
+// aLongTimeAgo is a deadline that has passed: setting it unblocks a pending
+// read or write at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// call sends req as method m and decodes the answer into resp. The error is
+// a gRPC status error, as the same call over gRPC would have returned: the
+// plugin's own (status frame), codes.Canceled or DeadlineExceeded when ctx
+// ended, codes.Unavailable when the plane failed. After a transport failure
+// the plane is closed: the call may or may not have run, so the caller must
+// treat the plugin as lost (KindUnavailable), and later calls fail the same.
+func (d *dataPlane) call(ctx context.Context, m method, req, resp proto.Message) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.broken != nil {
+		return status.Errorf(codes.Unavailable, "data plane closed after an earlier failure: %v", d.broken)
+	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	b := append(d.buf[:0], make([]byte, frameHeader)...)
+	b[4] = byte(m)
+	dl, hasDL := ctx.Deadline()
+	if hasDL {
+		binary.LittleEndian.PutUint64(b[8:], uint64(dl.UnixNano()))
+	}
+	b, err := proto.MarshalOptions{}.MarshalAppend(b, req)
+	if err != nil {
+		return status.Errorf(codes.Internal, "data plane: encode request: %v", err)
+	}
+	binary.LittleEndian.PutUint32(b, uint32(len(b)-frameHeader))
+	if hasDL {
+		_ = d.conn.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = d.conn.SetDeadline(aLongTimeAgo) })
+	var st byte
+	b, st, err = d.roundTrip(b)
+	if !stop() || err != nil {
+		// ctx ended during the call, or the plane failed: the stream may be
+		// out of step with the plugin, so it is closed for good.
+		if err == nil {
+			err = context.Cause(ctx)
+		}
+		d.broken = err
+		_ = d.conn.Close()
+		if ctx.Err() != nil {
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		return status.Errorf(codes.Unavailable, "data plane: %v", err)
+	}
+	if hasDL {
+		_ = d.conn.SetDeadline(time.Time{})
+	}
+	d.buf = b
+	if st == frameErr {
+		sp := new(spb.Status)
+		if err := proto.Unmarshal(b, sp); err != nil {
+			return status.Errorf(codes.Internal, "data plane: undecodable error status: %v", err)
+		}
+		return status.ErrorProto(sp)
+	}
+	if err := proto.Unmarshal(b, resp); err != nil {
+		return status.Errorf(codes.Internal, "data plane: undecodable response: %v", err)
+	}
+	return nil
+}
+
+// roundTrip writes the request frame in b and reads the response into b's
+// storage, returning the message bytes and the status byte.
+func (d *dataPlane) roundTrip(b []byte) ([]byte, byte, error) {
+	if _, err := d.conn.Write(b); err != nil {
+		return b, 0, err
+	}
+	var hdr [frameHeader]byte
+	if _, err := io.ReadFull(d.r, hdr[:]); err != nil {
+		return b, 0, err
+	}
+	n := binary.LittleEndian.Uint32(hdr[0:])
+	if n > MaxMessageBytes {
+		return b, 0, fmt.Errorf("response of %d bytes exceeds the limit of %d", n, MaxMessageBytes)
+	}
+	b = grow(b, int(n))
+	if _, err := io.ReadFull(d.r, b); err != nil {
+		return b, 0, err
+	}
+	if s := hdr[4]; s != frameOK && s != frameErr {
+		return b, 0, fmt.Errorf("response status byte %d is not 0 or 1", s)
+	}
+	return b, hdr[4], nil
+}
+
+// planeOpener keeps a client's data plane: it opens one on first use, and
+// a fresh one after the last was closed (a call whose ctx ended mid-call
+// leaves the stream out of step, so it closes the plane). After a failed or
+// refused open, or for a GRPCOnly client, get returns nil for good and
+// every call goes over gRPC.
+type planeOpener struct {
+	mu    sync.Mutex
+	plane *dataPlane
+	off   bool
+}
+
+type openFunc func(ctx context.Context, req *kvxpb.DataPlaneRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[kvxpb.DataPlane], error)
+
+func (o *planeOpener) get(open openFunc) *dataPlane {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.plane != nil && !o.plane.isShut() {
+		return o.plane
+	}
+	o.plane = nil
+	if o.off {
+		return nil
+	}
+	// The stream lives as long as the plane; the open itself is bounded.
+	life, end := context.WithCancel(context.Background())
+	slow := time.AfterFunc(10*time.Second, end)
+	plane, stream, err := openPlane(life, open)
+	if !slow.Stop() || err != nil {
+		end()
+		if plane != nil {
+			plane.shut(errors.New("data plane open timed out"))
+		}
+		o.off = true // UNIMPLEMENTED from an older plugin, or no socket: stay on gRPC
+		return nil
+	}
+	o.plane = plane
+	go func() {
+		// Recv returns only when the stream ends: the plugin closed the
+		// plane, or the connection or the process went.
+		_, err := stream.Recv()
+		if err == nil {
+			err = errors.New("the plugin sent a second data plane message")
+		}
+		plane.shut(fmt.Errorf("data plane stream ended: %w", err))
+		end()
+	}()
+	return plane
+}
+
+func openPlane(ctx context.Context, open openFunc) (*dataPlane, grpc.ServerStreamingClient[kvxpb.DataPlane], error) {
+	stream, err := open(ctx, &kvxpb.DataPlaneRequest{Version: dataPlaneVersion}, callOpts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	dp, err := stream.Recv()
+	if err != nil {
+		return nil, nil, err
+	}
+	plane, err := dialDataPlane(ctx, dp)
+	return plane, stream, err
+}
+
+// viaPlane sends one call over plane p, or over gRPC when p is nil.
+func viaPlane[Req proto.Message, Resp any, PResp interface {
+	*Resp
+	proto.Message
+}](ctx context.Context, p *dataPlane, m method, in Req, overGRPC func(context.Context, Req, ...grpc.CallOption) (PResp, error), opts []grpc.CallOption) (PResp, error) {
+	if p == nil {
+		return overGRPC(ctx, in, opts...)
+	}
+	out := PResp(new(Resp))
+	if err := p.call(ctx, m, in, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// managerRPC is the host's CacheManager stub: the per-step calls go over
+// the data plane when the plugin offers one, everything else over gRPC.
+type managerRPC struct {
+	kvxpb.CacheManagerClient
+	opener planeOpener
+}
+
+func (r *managerRPC) plane(context.Context) *dataPlane {
+	return r.opener.get(r.CacheManagerClient.OpenDataPlane)
+}
+
+func (r *managerRPC) Lookup(ctx context.Context, in *kvxpb.LookupRequest, opts ...grpc.CallOption) (*kvxpb.LookupResponse, error) {
+	return viaPlane(ctx, r.plane(ctx), mLookup, in, r.CacheManagerClient.Lookup, opts)
+}
+
+func (r *managerRPC) Reserve(ctx context.Context, in *kvxpb.ReserveRequest, opts ...grpc.CallOption) (*kvxpb.ReserveResponse, error) {
+	return viaPlane(ctx, r.plane(ctx), mReserve, in, r.CacheManagerClient.Reserve, opts)
+}
+
+func (r *managerRPC) Unreserve(ctx context.Context, in *kvxpb.Seqs, opts ...grpc.CallOption) (*kvxpb.Empty, error) {
+	return viaPlane(ctx, r.plane(ctx), mUnreserve, in, r.CacheManagerClient.Unreserve, opts)
+}
+
+func (r *managerRPC) Commit(ctx context.Context, in *kvxpb.CommitRequest, opts ...grpc.CallOption) (*kvxpb.CommitResult, error) {
+	return viaPlane(ctx, r.plane(ctx), mCommit, in, r.CacheManagerClient.Commit, opts)
+}
+
+func (r *managerRPC) Suspend(ctx context.Context, in *kvxpb.Seqs, opts ...grpc.CallOption) (*kvxpb.MoveResult, error) {
+	return viaPlane(ctx, r.plane(ctx), mSuspend, in, r.CacheManagerClient.Suspend, opts)
+}
+
+func (r *managerRPC) Resume(ctx context.Context, in *kvxpb.Seqs, opts ...grpc.CallOption) (*kvxpb.MoveResult, error) {
+	return viaPlane(ctx, r.plane(ctx), mResume, in, r.CacheManagerClient.Resume, opts)
+}
+
+func (r *managerRPC) Release(ctx context.Context, in *kvxpb.Seqs, opts ...grpc.CallOption) (*kvxpb.Empty, error) {
+	return viaPlane(ctx, r.plane(ctx), mRelease, in, r.CacheManagerClient.Release, opts)
+}
+
+func (r *managerRPC) EndStep(ctx context.Context, in *kvxpb.EndStepRequest, opts ...grpc.CallOption) (*kvxpb.EndStepResult, error) {
+	return viaPlane(ctx, r.plane(ctx), mEndStep, in, r.CacheManagerClient.EndStep, opts)
+}
+
+// managerHandlers are the framed calls a manager server answers.
+func (s *managerServer) handlers() map[method]handler {
+	return map[method]handler{
+		mLookup:    handle(s.Lookup),
+		mReserve:   handle(s.Reserve),
+		mUnreserve: handle(s.Unreserve),
+		mCommit:    handle(s.Commit),
+		mSuspend:   handle(s.Suspend),
+		mResume:    handle(s.Resume),
+		mRelease:   handle(s.Release),
+		mEndStep:   handle(s.EndStep),
+	}
+}
+
+// OpenDataPlane implements the CacheManager service.
+func (s *managerServer) OpenDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.DataPlane]) error {
+	return serveDataPlane(req, stream, s.handlers())
+}
+
+// workerRPC is managerRPC for a worker.
+type workerRPC struct {
+	kvxpb.WorkerClient
+	opener planeOpener
+}
+
+func (r *workerRPC) plane(context.Context) *dataPlane {
+	return r.opener.get(r.WorkerClient.OpenDataPlane)
+}
+
+func (r *workerRPC) Forward(ctx context.Context, in *kvxpb.Batch, opts ...grpc.CallOption) (*kvxpb.Result, error) {
+	return viaPlane(ctx, r.plane(ctx), mForward, in, r.WorkerClient.Forward, opts)
+}
+
+func (r *workerRPC) CopyBlocks(ctx context.Context, in *kvxpb.CopyBlocksRequest, opts ...grpc.CallOption) (*kvxpb.Empty, error) {
+	return viaPlane(ctx, r.plane(ctx), mCopyBlocks, in, r.WorkerClient.CopyBlocks, opts)
+}
+
+// OpenDataPlane implements the Worker service.
+func (s *workerServer) OpenDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.DataPlane]) error {
+	return serveDataPlane(req, stream, map[method]handler{
+		mForward:    handle(s.Forward),
+		mCopyBlocks: handle(s.CopyBlocks),
+	})
+}

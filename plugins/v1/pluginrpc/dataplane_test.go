@@ -1,0 +1,175 @@
+package pluginrpc
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+)
+
+// The wire tests of rpc_test.go run over the data plane
+// (the default); these run them again with every call on gRPC, so both
+// transports keep the same behaviour.
+func TestOverGRPCOnly(t *testing.T) {
+	pairOpts = []ClientOption{GRPCOnly()}
+	defer func() { pairOpts = nil }()
+	for _, tc := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"ManagerOverWire", TestManagerOverWire},
+		{"WorkerOverWire", TestWorkerOverWire},
+		{"ErrorsCrossTheWire", TestErrorsCrossTheWire},
+		{"PartialResultCrossesWithError", TestPartialResultCrossesWithError},
+		{"TransportFailureIsUnavailable", TestTransportFailureIsUnavailable},
+		{"ContextCrossesTheWire", TestContextCrossesTheWire},
+		{"ServerSerializesCalls", TestServerSerializesCalls},
+	} {
+		t.Run(tc.name, tc.f)
+	}
+}
+
+// TestPerStepCallsUseTheDataPlane: the per-step calls travel as frames, and
+// with the plane turned off none is opened.
+func TestPerStepCallsUseTheDataPlane(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		f := &fakeManager{grants: fullGrants}
+		p := newPair(t, func(s *grpc.Server) error { RegisterManagerServer(s, f); return nil })
+		t.Cleanup(p.close)
+		var opts []ClientOption
+		if off {
+			opts = append(opts, GRPCOnly())
+		}
+		m := NewManagerClient(context.Background(), p.conn, opts...)
+		if _, err := m.Reserve(ctx, fullReserveItems); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Stats(ctx); err != nil { // control plane: always gRPC
+			t.Fatal(err)
+		}
+		r := m.rpc.(*managerRPC)
+		if used := r.opener.plane != nil; used == off {
+			t.Errorf("transport off=%v: data plane open = %v", off, used)
+		}
+		if len(f.calls) != 2 || f.calls[0].method != "Reserve" || f.calls[1].method != "Stats" {
+			t.Errorf("plugin saw %+v, want Reserve then Stats", f.calls)
+		}
+	}
+}
+
+// oldManagerServer is a manager server from before the data plane.
+type oldManagerServer struct{ *managerServer }
+
+func (oldManagerServer) OpenDataPlane(*kvxpb.DataPlaneRequest, grpc.ServerStreamingServer[kvxpb.DataPlane]) error {
+	return status.Error(codes.Unimplemented, "method OpenDataPlane not implemented")
+}
+
+// TestOlderPluginStaysOnGRPC: a plugin without OpenDataPlane is served over
+// gRPC for everything.
+func TestOlderPluginStaysOnGRPC(t *testing.T) {
+	f := &fakeManager{grants: fullGrants}
+	p := newPair(t, func(s *grpc.Server) error {
+		kvxpb.RegisterCacheManagerServer(s, oldManagerServer{&managerServer{impl: f, gate: newGate()}})
+		return nil
+	})
+	t.Cleanup(p.close)
+	m := NewManagerClient(context.Background(), p.conn)
+	for range 2 {
+		grants, err := m.Reserve(ctx, fullReserveItems)
+		if err != nil || !deepEqual(grants, fullGrants) {
+			t.Fatalf("Reserve = %v, %v; want %v", grants, err, fullGrants)
+		}
+	}
+	if r := m.rpc.(*managerRPC); r.opener.plane != nil || !r.opener.off {
+		t.Errorf("opener plane %v, off %v: want no plane and off", r.opener.plane, r.opener.off)
+	}
+}
+
+// openRaw opens a data plane of a fresh manager pair by hand and returns
+// the DataPlane message.
+func openRaw(t *testing.T, f kvcache.Manager) *kvxpb.DataPlane {
+	t.Helper()
+	p := newPair(t, func(s *grpc.Server) error { RegisterManagerServer(s, f); return nil })
+	t.Cleanup(p.close)
+	sctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	stream, err := kvxpb.NewCacheManagerClient(p.conn).OpenDataPlane(sctx, &kvxpb.DataPlaneRequest{Version: dataPlaneVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dp
+}
+
+// TestDataPlaneNeedsTheToken: a connection that does not present the token
+// is hung up on before any call reaches the manager.
+func TestDataPlaneNeedsTheToken(t *testing.T) {
+	f := &fakeManager{}
+	dp := openRaw(t, f)
+	c, err := net.Dial("unix", dp.GetAddress())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	bad := make([]byte, tokenBytes)
+	frame := make([]byte, frameHeader)
+	frame[4] = byte(mRelease)
+	_, _ = c.Write(append(bad, frame...))
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("read after a wrong token = %d bytes, %v; want EOF", n, err)
+	}
+	if len(f.calls) != 0 {
+		t.Errorf("manager saw %+v, want no call", f.calls)
+	}
+	// The socket is gone once a connection was accepted: nobody else can try.
+	if c2, err := net.Dial("unix", dp.GetAddress()); err == nil {
+		c2.Close()
+		t.Error("a second connection to the data plane socket succeeded")
+	}
+}
+
+// TestDataPlaneBadFrames: an unknown method is answered UNIMPLEMENTED and
+// the plane goes on; an oversized frame ends the plane.
+func TestDataPlaneBadFrames(t *testing.T) {
+	f := &fakeManager{}
+	dp := openRaw(t, f)
+	c, err := net.Dial("unix", dp.GetAddress())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(dp.GetToken()); err != nil {
+		t.Fatal(err)
+	}
+	plane := &dataPlane{conn: c.(*net.UnixConn), r: nil}
+	plane.r = newReader(c)
+	var out kvxpb.Empty
+	err = plane.call(ctx, method(200), &kvxpb.Seqs{}, &out)
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("unknown method: %v, want UNIMPLEMENTED", err)
+	}
+	if err := plane.call(ctx, mRelease, &kvxpb.Seqs{Seqs: []uint64{4}}, &out); err != nil {
+		t.Errorf("Release after an unknown method: %v", err)
+	}
+	hdr := make([]byte, frameHeader)
+	binary.LittleEndian.PutUint32(hdr, MaxMessageBytes+1)
+	hdr[4] = byte(mRelease)
+	_, _ = c.Write(hdr)
+	if n, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("read after an oversized frame = %d bytes, %v; want EOF", n, err)
+	}
+}
