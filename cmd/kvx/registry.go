@@ -8,6 +8,7 @@ import (
 	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/dsa/mla"
 	"github.com/kvx-dev/kvx/gqa"
+	"github.com/kvx-dev/kvx/mamba"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
@@ -17,8 +18,9 @@ import (
 func registry() setup.Registry {
 	return setup.Registry{
 		Managers: map[string]func() kvcache.Manager{
-			"v1": func() kvcache.Manager { return cachemgrv1.New() },
-			"v2": func() kvcache.Manager { return cachemgrv2.New() },
+			"v1":    func() kvcache.Manager { return cachemgrv1.New() },
+			"v2":    func() kvcache.Manager { return cachemgrv2.New() },
+			"mamba": func() kvcache.Manager { return mamba.New() },
 		},
 		Workers: map[string]func() worker.Worker{
 			"dsa": func() worker.Worker { return device.NewWorker(dsa.Backend) },

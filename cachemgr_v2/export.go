@@ -1,0 +1,157 @@
+package cachemgrv2
+
+import "fmt"
+
+// This file holds exports for managers built from these parts (the mamba
+// manager). They add no behaviour: each one exposes what the Manager already
+// does internally.
+
+// Complete reports whether the node holds a page in every pool group, so a
+// sequence may take the whole block from the cache.
+func (n *Node) Complete() bool { return n.complete() }
+
+// Child returns parent's child holding exactly tokens (one full block), or
+// nil. It changes nothing.
+func (t *Tree) Child(parent *Node, tokens []int32) *Node { return t.child(parent, tokens) }
+
+// EvictLeaf is EvictOne that returns the evicted node (nil when nothing is
+// evictable). The node keeps its place in the tree, without pages, until a
+// Prune at a safe point; the caller must drop whatever it keeps about the
+// node's content now.
+func (t *Tree) EvictLeaf() *Node {
+	if len(t.heap) == 0 {
+		return nil
+	}
+	n := t.heap[0]
+	t.EvictOne()
+	return n
+}
+
+// Attached reports whether n is reachable from the root through child links
+// (every ancestor lists its child under the child's hash). A pinned node is
+// always attached; an evicted one stays attached until Prune.
+func (t *Tree) Attached(n *Node) bool {
+	for n != t.root {
+		p := n.parent
+		if p == nil || p.children[n.hash] != n {
+			return false
+		}
+		n = p
+	}
+	return true
+}
+
+// Depth is the number of blocks from the root to n (n's block included).
+func (t *Tree) Depth(n *Node) int {
+	d := 0
+	for ; n != t.root && n != nil; n = n.parent {
+		d++
+	}
+	return d
+}
+
+// Walk calls f for every node attached to the tree, root excluded, parents
+// before their children. f must not change the tree.
+func (t *Tree) Walk(f func(n *Node)) {
+	var walk func(n *Node)
+	walk = func(n *Node) {
+		for _, c := range n.children {
+			f(c)
+			walk(c)
+		}
+	}
+	walk(t.root)
+}
+
+// Check recomputes the tree's incremental state and returns what is wrong:
+// pins equal pins (the pins each node should hold, recomputed by the caller
+// from its sequences), pinned nodes hold all their pages and have pinned
+// parents, parent links and hash keys, live-kid counts, the node count, the
+// evictable count, and the eviction heap (exactly the unpinned leaves with
+// pages, heap-ordered), and that every page is owned by its node in its
+// pool. A node in pins but not attached is reported. It changes nothing.
+func (t *Tree) Check(pins map[*Node]int32) []string {
+	var v []string
+	bad := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
+	seen := map[*Node]bool{}
+	evictable, nodes := 0, 0
+	leaves := map[*Node]bool{}
+	var walk func(n *Node)
+	walk = func(n *Node) {
+		live := int32(0)
+		for h, c := range n.children {
+			nodes++
+			if c.parent != n || c.hash != h {
+				bad("tree: node %p: parent link or hash key wrong", c)
+			}
+			if c.nPages > 0 {
+				live++
+			}
+			walk(c)
+		}
+		if n.liveKids != live {
+			bad("tree: node %p: live kids %d, recomputed %d", n, n.liveKids, live)
+		}
+		if n == t.root {
+			return
+		}
+		seen[n] = true
+		if n.pins != pins[n] {
+			bad("tree: node %p: pins %d, recomputed %d", n, n.pins, pins[n])
+		}
+		got := 0
+		for g, b := range n.pages {
+			if b != NoBlock {
+				got++
+				if t.pools[g].owner[b] != n {
+					bad("tree: node %p: page %d in pool %d not owned by it", n, b, t.pools[g].id)
+				}
+			}
+		}
+		if got != n.nPages {
+			bad("tree: node %p: %d pages, counted %d", n, n.nPages, got)
+		}
+		if n.pins > 0 && !n.complete() {
+			bad("tree: node %p: pinned by %d without all its pages (evicted while pinned)", n, n.pins)
+		}
+		if n.pins > 0 && n.parent != t.root && n.parent.pins == 0 {
+			bad("tree: node %p: pinned but its parent is not", n)
+		}
+		if n.nPages == 0 && live > 0 {
+			bad("tree: node %p: no pages but %d children with pages", n, live)
+		}
+		if n.pins == 0 && n.nPages > 0 {
+			evictable++
+			if live == 0 {
+				leaves[n] = true
+			}
+		}
+		if n.nPages == 0 && n.pins == 0 && !n.queued && len(n.children) == 0 {
+			bad("tree: node %p: empty and unpinned but not queued for pruning", n)
+		}
+	}
+	walk(t.root)
+	for n, k := range pins {
+		if k > 0 && !seen[n] {
+			bad("tree: node %p: pinned %d times by sequences but not attached to the tree", n, k)
+		}
+	}
+	if nodes != t.nodes {
+		bad("tree: %d nodes attached, counted %d", nodes, t.nodes)
+	}
+	if evictable != t.evictable {
+		bad("tree: evictable %d, recomputed %d", t.evictable, evictable)
+	}
+	if len(leaves) != len(t.heap) {
+		bad("tree: eviction heap has %d nodes, %d evictable leaves", len(t.heap), len(leaves))
+	}
+	for i, n := range t.heap {
+		if !leaves[n] || int(n.heapIdx) != i {
+			bad("tree: heap entry %d is not an evictable leaf at its index", i)
+		}
+		if i > 0 && t.less(n, t.heap[(i-1)/2]) {
+			bad("tree: heap order broken at %d", i)
+		}
+	}
+	return v
+}

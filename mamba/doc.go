@@ -1,0 +1,80 @@
+// Package mamba is the cache manager for hybrid Mamba models (cache_manager:
+// mamba): the V2 parts of cachemgr_v2 (pool groups, BlockPool, Tree with pins
+// and deferred pruning, Ledger, SplitBudget) plus an SSM life cycle with
+// prefix reuse through state snapshots. It implements
+// plugins/v1/kvcache.Manager; cmd/kvx-mamba serves it as a plugin.
+//
+// # Pools
+//
+// Paged buffers (attention KV, MLA latent, DSA indexer key) are grouped by
+// attention window as in cachemgr_v2: one block id covers every buffer of a
+// group. State buffers (Mamba conv and SSM state) of all the stage's mamba
+// layers form one "ssm" pool, listed last, whose block is one sequence state
+// (TokensPerBlock 0). It holds MaxBatchSize × Stages live slots (one per
+// resident sequence: Layout.MaxSequences) and the snapshot slots.
+//
+// # SSM life cycle
+//
+// A new sequence takes a live slot in Reserve and keeps it until Release; its
+// ssm table entry 0 is that slot. When block reuse is on and the prompt is
+// known, snapshots are placed every Snapshots.Interval tokens (rounded up to
+// a multiple of TokensPerBlock when it is not one) and at each
+// OffsetsFromEnd offset (rounded down to a block boundary), over the prompt's
+// full blocks. A step whose tokens cross such boundaries gets, in the same
+// Reserve, one snapshot slot per boundary: the grant's ssm TableDelta lists
+// them after the live slot (entries 1..k, boundaries ascending), and the
+// forward writes the state at each boundary there (the worker convention;
+// Mamba2's chunked scan produces these states). Commit installs each written
+// slot on the tree node of the block that ends at its boundary. So the only
+// allocation of a snapshot, and the only eviction it causes, happens in
+// Reserve, before the forward: Commit never allocates, never evicts and
+// never prunes inside its walk (seed B, upstream #17926).
+//
+// Snapshots are best-effort cache entries. A snapshot slot is taken from the
+// free slots, else by evicting an unpinned snapshot, else the snapshot is
+// skipped (Stats.Snapshots.Skipped). Evicting a snapshot frees its slot only:
+// the tree node keeps its pages and its place; no node is detached. A
+// snapshot is pinned while a sequence copies it into its live slot (from the
+// grant that reuses it until that sequence's next Commit) and while it is
+// being written (between Reserve and Commit); pinned snapshots are never
+// evicted.
+//
+// Retention keeps reuse working when one prompt takes more snapshots than
+// the pool holds. Victims are chosen first among cold snapshots (on no live
+// sequence's path): the least recently used lineage first (a sequence's path
+// snapshots are touched together when it is released or reused), lowest
+// level first within it. Then among hot ones, lowest level first, but only
+// when the victim's level is below the new snapshot's, else the new one is
+// skipped. The level of a boundary at position b is the number of trailing
+// zero bits of b / step. A prompt longer than the pool can hold thus keeps
+// an evenly thinned set of snapshots over its whole length (every 2^k-th
+// boundary) instead of only its tail, and a later request that shares a long
+// prefix with it still hits.
+//
+// # Reuse
+//
+// Lookup returns the largest block boundary b <= len(Prompt)-1 such that the
+// tree holds every full block up to b with all its pages and a snapshot at
+// b. Reserve{New, Reuse: b} shares those attention blocks (as cachemgr_v2)
+// and copies the snapshot into the new live slot (Grant.Copies, ssm pool to
+// ssm pool). A stage without state layers reuses any full-block prefix.
+//
+// # Sizing
+//
+// The split of DeviceBytes between the attention groups and the ssm pool is
+// a hint that changes speed only: with avg_seq_len, a typical step of
+// MaxBatchSize × Stages sequences of avg_seq_len tokens, each with its
+// periodic snapshots; without it, the limits: one max_seq_len request with
+// all its snapshots plus one max_num_tokens chunk (with its snapshots) for
+// every other resident sequence. pool_ratio (attention groups in window
+// order, then ssm) overrides both. The hard floors are checked first:
+// every attention group holds one MaxSeqLen+MaxDraftTokens request and one
+// MaxNumTokens chunk, and the ssm pool holds every live state plus one
+// snapshot slot when snapshots are on; otherwise Configure fails with
+// ErrInvalidConfig naming the numbers and the fix.
+//
+// # Not supported
+//
+// There is no host tier: Suspend and Resume fail with ErrUnsupported (the
+// scheduler frees and recomputes). Snapshots cover prompt tokens only.
+package mamba
