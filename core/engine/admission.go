@@ -17,43 +17,80 @@ type admission struct {
 	ctx context.Context
 }
 
-// Lookup returns, per request, the reusable prompt tokens on every stage:
-// the minimum over stages, so all stages reuse the same prefix.
+// Lookup returns, per request, the prompt tokens every stage can reuse.
+// Stages may answer different lengths (a Mamba stage reuses only at its
+// snapshot boundaries, an attention-only stage at any block), and the
+// minimum of two valid lengths need not be valid on both. So the stages are
+// asked again about the prompt cut at the minimum, which each answers with
+// its longest valid length within it, until they agree: the answers only
+// shrink, so this ends, at 0 at worst (reuse off for that request).
 func (a admission) Lookup(ids []kvcache.SeqID) []int {
 	e := a.e
 	out := make([]int, len(ids))
 	if e.err != nil {
 		return out
 	}
-	items := make([]kvcache.LookupItem, len(ids))
+	limit := make([]int, len(ids)) // prompt length asked about
+	open := make([]int, len(ids))  // indexes of ids still to settle
 	for i, id := range ids {
-		items[i] = kvcache.LookupItem{Seq: id, Prompt: e.byID[id].tokens}
+		limit[i] = len(e.byID[id].tokens)
+		open[i] = i
 	}
-	answers := make([][]int, len(e.stages))
-	err := e.eachStage(func(st *stage) error {
-		got, err := st.m.Lookup(a.ctx, items)
-		if err == nil && len(got) != len(items) {
-			err = fmt.Errorf("returned %d answers for %d items", len(got), len(items))
+	for round := 0; len(open) > 0; round++ {
+		if round == maxLookupRounds {
+			for _, i := range open {
+				out[i] = 0
+			}
+			break
 		}
+		items := make([]kvcache.LookupItem, len(open))
+		for k, i := range open {
+			items[k] = kvcache.LookupItem{Seq: ids[i], Prompt: e.byID[ids[i]].tokens[:limit[i]]}
+		}
+		answers := make([][]int, len(e.stages))
+		err := e.eachStage(func(st *stage) error {
+			got, err := st.m.Lookup(a.ctx, items)
+			if err == nil && len(got) != len(items) {
+				err = fmt.Errorf("returned %d answers for %d items", len(got), len(items))
+			}
+			if err == nil {
+				for k, n := range got {
+					if n < 0 || (n > 0 && n >= len(items[k].Prompt)) {
+						err = fmt.Errorf("request %d: %d reusable tokens of a %d-token prompt: want 0 <= n < prompt length", items[k].Seq, n, len(items[k].Prompt))
+						break
+					}
+				}
+			}
+			if err != nil {
+				return stageErr(st.idx, "lookup", err)
+			}
+			answers[st.idx] = got
+			return nil
+		})
 		if err != nil {
-			return stageErr(st.idx, "lookup", err)
+			e.err = err
+			return make([]int, len(ids))
 		}
-		answers[st.idx] = got
-		return nil
-	})
-	if err != nil {
-		e.err = err
-		return out
-	}
-	for s, got := range answers {
-		for i, n := range got {
-			if s == 0 || n < out[i] {
-				out[i] = n
+		next := open[:0]
+		for k, i := range open {
+			lo, hi := answers[0][k], answers[0][k]
+			for _, got := range answers[1:] {
+				lo, hi = min(lo, got[k]), max(hi, got[k])
+			}
+			out[i] = lo
+			if lo != hi {
+				limit[i] = lo + 1 // the stages disagree: ask again within lo
+				next = append(next, i)
 			}
 		}
+		open = next
 	}
 	return out
 }
+
+// maxLookupRounds bounds Lookup's rounds; requests whose stages still
+// disagree after it reuse nothing. Real managers agree within two or three.
+const maxLookupRounds = 8
 
 // Reserve grants each ask on every stage or on none.
 func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
