@@ -260,7 +260,11 @@ func checkCapabilities(info kvcache.Info, cfg kvcache.Config) error {
 			continue
 		}
 		if !slices.Contains(info.Capabilities.Mixers, l.Mixer) {
-			return fmt.Errorf("cache manager %s cannot serve layer %d (mixer %q); it supports %v", info.Name, l.Index, l.Mixer, info.Capabilities.Mixers)
+			hint := ""
+			if l.Mixer == spec.MixerMamba {
+				hint = "; hybrid Mamba models need a manager with an SSM life cycle: set cache_manager: mamba (or v1, without SSM reuse)"
+			}
+			return fmt.Errorf("cache manager %s cannot serve layer %d (mixer %q); it supports %v%s", info.Name, l.Index, l.Mixer, info.Capabilities.Mixers, hint)
 		}
 	}
 	if cfg.EnableBlockReuse && !info.Capabilities.PrefixReuse {

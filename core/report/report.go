@@ -215,6 +215,12 @@ var rows = []row{
 		}
 		return fmt.Sprintf("%d / %d", r.Snapshots.Taken, r.Snapshots.Skipped)
 	}},
+	{"  evicted / reused tok", func(r *Report) string {
+		if r.Snapshots == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%d / %s", r.Snapshots.Evicted, i64(r.Snapshots.ReusedTokens))
+	}},
 	{"invariant checks", func(r *Report) string { return i64(r.Invariants.CheckedSteps) }},
 	{"violations", func(r *Report) string { return itoa(r.Invariants.Violations) }},
 	{"engine steps", func(r *Report) string { return i64(r.Engine.Steps) }},
