@@ -4,6 +4,7 @@ package host
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -67,12 +68,26 @@ func BenchmarkEmptyCallProcess(b *testing.B) {
 	}
 }
 
-// BenchmarkStepProcess: one step of one stage at 256 running requests
-// against real plugin processes: Reserve (manager), Forward (worker),
-// Commit (manager), the calls the executor makes per stage per step.
-// Compare with pluginrpc's BenchmarkStepGRPC/inprocess.
+// BenchmarkStepProcess: one step of one stage against real plugin
+// processes: Reserve (manager), Forward (worker), Commit (manager), the
+// calls the executor makes per stage per step, at 16 running requests (seed
+// A's batch) and 256, over gRPC alone and with the data plane. Compare with
+// pluginrpc's BenchmarkStepGRPC/inprocess.
 func BenchmarkStepProcess(b *testing.B) {
-	const n = 256
+	for _, n := range []int{16, 256} {
+		for _, grpcOnly := range []bool{true, false} {
+			transport := "dataplane"
+			if grpcOnly {
+				transport = "grpc"
+			}
+			b.Run(fmt.Sprintf("requests=%d/%s", n, transport), func(b *testing.B) {
+				stepProcess(b, n, grpcOnly)
+			})
+		}
+	}
+}
+
+func stepProcess(b *testing.B, n int, grpcOnly bool) {
 	reserve := make([]kvcache.ReserveItem, n)
 	commit := make([]kvcache.CommitItem, n)
 	batch := worker.Batch{Step: 1, Items: make([]worker.Item, n)}
@@ -86,6 +101,7 @@ func BenchmarkStepProcess(b *testing.B) {
 			Tables: []kvcache.TableDelta{{Pool: 0, From: 100, Blocks: blocks[i : i+1]}}}
 	}
 	h := New(nil, nil)
+	h.GRPCOnly = grpcOnly
 	defer h.Close()
 	ctx := context.Background()
 	m, _, err := h.LaunchManager(ctx, fakeManager)
