@@ -1,0 +1,326 @@
+package kernel
+
+import "math"
+
+// GQA is grouped-query attention (MHA and MQA included) with an optional
+// sliding window, over a paged K/V cache.
+//
+// Row layout of one token (RowBytes bytes, at Dtype, little-endian):
+//
+//	K[KVHeads][HeadDim] then V[KVHeads][HeadDim]
+//
+// i.e. 2*KVHeads*HeadDim*Dtype.Size() bytes, what core/model.FillBuffers
+// sizes a GQA layer's kv buffer with (per-rank KVHeads).
+type GQA struct {
+	Heads   int // query heads (per rank)
+	KVHeads int // key/value heads; divides Heads; query head h uses kv head h/(Heads/KVHeads)
+	HeadDim int
+	Window  int     // attention window in tokens; 0 = full attention
+	Scale   float32 // softmax scale; 0 = 1/sqrt(HeadDim)
+	Dtype   Dtype   // cache dtype
+	// RoPE, when Theta != 0, is applied by the kernel to q and to the new k
+	// at their positions (before k is stored); Theta 0 = inputs come rotated.
+	RoPE RoPE
+}
+
+// Validate checks the dimensions.
+func (g GQA) Validate() error {
+	switch {
+	case g.Heads <= 0:
+		return invalidf("gqa: heads %d must be > 0", g.Heads)
+	case g.KVHeads <= 0 || g.Heads%g.KVHeads != 0:
+		return invalidf("gqa: kv heads %d must be > 0 and divide heads %d", g.KVHeads, g.Heads)
+	case g.HeadDim <= 0:
+		return invalidf("gqa: head dim %d must be > 0", g.HeadDim)
+	case g.Window < 0:
+		return invalidf("gqa: window %d must be >= 0", g.Window)
+	case !g.Dtype.valid():
+		return invalidf("gqa: dtype %d: allowed bf16, fp8, float32", g.Dtype)
+	}
+	return g.RoPE.validate("gqa", g.HeadDim)
+}
+
+// RowBytes returns the bytes of one token's row.
+func (g GQA) RowBytes() int { return 2 * g.KVHeads * g.HeadDim * g.Dtype.Size() }
+
+func (g GQA) scale() float32 {
+	if g.Scale != 0 {
+		return g.Scale
+	}
+	return float32(1 / math.Sqrt(float64(g.HeadDim)))
+}
+
+// first returns the first position query position p attends to.
+func (g GQA) first(p int) int {
+	if g.Window > 0 && p-g.Window+1 > 0 {
+		return p - g.Window + 1
+	}
+	return 0
+}
+
+// tokens checks the input lengths and returns the number of new tokens.
+func (g GQA) tokens(pos int, q, out []float32) (int, error) {
+	if err := g.Validate(); err != nil {
+		return 0, err
+	}
+	qw := g.Heads * g.HeadDim
+	if pos < 0 {
+		return 0, invalidf("gqa: pos %d must be >= 0", pos)
+	}
+	if len(q)%qw != 0 {
+		return 0, invalidf("gqa: len(q) %d is not a multiple of heads×head dim %d", len(q), qw)
+	}
+	n := len(q) / qw
+	if len(out) != n*qw {
+		return 0, invalidf("gqa: len(out) %d, want %d (%d tokens × %d)", len(out), n*qw, n, qw)
+	}
+	return n, nil
+}
+
+// Forward runs one sequence's step: it writes the n new tokens' K and V
+// (k, v: n × KVHeads × HeadDim, token i at position pos+i) into kv, then for
+// each query i (q: n × Heads × HeadDim) at position p = pos+i attends to the
+// cached positions max(0, p-Window+1) .. p (Window 0: 0 .. p) and writes out
+// (n × Heads × HeadDim). A prefill chunk, one decode token and 1+draft MTP
+// verification tokens are all the same call. Positions before pos must have
+// been written by earlier calls.
+//
+// Per query and head, in this order (DenseGQA does the same on float32):
+// s_j = Dot(q, K_j) * scale for j ascending; m = max s_j; e_j = exp(s_j - m),
+// l = Σ e_j (j ascending); acc = Σ e_j V_j (j ascending, Axpy); out = acc / l.
+// K and V are read back from the cache, so out depends only on the logical
+// contents, never on placement, block size, chunking or GOMAXPROCS.
+//
+// Errors (wrapping ErrInvalid): bad dimensions, lengths, pos, or a table
+// that does not cover pos+n-1 with valid blocks (entries before the first
+// block the window reads are not checked). q, k, v are not modified.
+func (g GQA) Forward(kv Paged, pos int, q, k, v, out []float32) error {
+	n, err := g.tokens(pos, q, out)
+	if err != nil {
+		return err
+	}
+	kw := g.KVHeads * g.HeadDim
+	if len(k) != n*kw || len(v) != n*kw {
+		return invalidf("gqa: len(k) %d, len(v) %d, want %d (%d tokens × %d)", len(k), len(v), n*kw, n, kw)
+	}
+	if n == 0 {
+		return nil
+	}
+	rb := g.RowBytes()
+	stride, err := kv.check("gqa kv", rb, g.first(pos), pos+n)
+	if err != nil {
+		return err
+	}
+	// Write the new rows.
+	sz := g.Dtype.Size()
+	kr := make([]float32, kw)
+	for i := 0; i < n; i++ {
+		copy(kr, k[i*kw:(i+1)*kw])
+		g.RoPE.Apply(kr, g.HeadDim, pos+i)
+		row := kv.rowAt(stride, rb, pos+i)
+		encodeRow(g.Dtype, row, kr)
+		encodeRow(g.Dtype, row[kw*sz:], v[i*kw:(i+1)*kw])
+	}
+	qr := g.rotateQ(pos, q)
+	G := g.Heads / g.KVHeads
+	ctx := pos + n
+	if g.Window > 0 && g.Window < ctx {
+		ctx = g.Window
+	}
+	// One unit = one query token × one kv head, i.e. the G query heads that
+	// share that kv head: each K/V row is decoded once for all of them. Each
+	// head's arithmetic is exactly the per-head formula (decoding is exact).
+	parallelFor(n*g.KVHeads, n*g.Heads*ctx*g.HeadDim*2,
+		func() *gqaScratch {
+			return &gqaScratch{scores: make([]float32, G*ctx), row: make([]float32, g.HeadDim), acc: make([]float32, G*g.HeadDim)}
+		},
+		func(s *gqaScratch, u int) {
+			i, kh := u/g.KVHeads, u%g.KVHeads
+			at := (i*g.Heads + kh*G) * g.HeadDim
+			g.attendGroup(kv, stride, s, qr[at:at+G*g.HeadDim], pos+i, kh, out[at:at+G*g.HeadDim])
+		})
+	return nil
+}
+
+func (g GQA) rotateQ(pos int, q []float32) []float32 {
+	if !g.RoPE.on() {
+		return q
+	}
+	qw := g.Heads * g.HeadDim
+	qr := make([]float32, len(q))
+	copy(qr, q)
+	for i := 0; i < len(q)/qw; i++ {
+		g.RoPE.Apply(qr[i*qw:(i+1)*qw], g.HeadDim, pos+i)
+	}
+	return qr
+}
+
+type gqaScratch struct{ scores, row, acc []float32 }
+
+// attendGroup computes the G = Heads/KVHeads query heads of kv head kh for
+// the query at position p: q and out are G × HeadDim.
+func (g GQA) attendGroup(kv Paged, stride int, s *gqaScratch, q []float32, p, kh int, out []float32) {
+	D := g.HeadDim
+	G := len(q) / D
+	lo := g.first(p)
+	ctx := p + 1 - lo
+	sz := g.Dtype.Size()
+	koff := kh * D * sz
+	voff := (g.KVHeads + kh) * D * sz
+	kb := D * sz
+	scale := g.scale()
+	row := s.row
+	// Pass 1: scores[h*ctx + j-lo], one block base per block, one decode per row.
+	for j := lo; j <= p; {
+		base, cnt := kv.span(stride, j, p+1)
+		for t := 0; t < cnt; t++ {
+			r := base[t*stride+koff:][:kb]
+			if g.Dtype == BF16 { // fused: two heads per pass over the row
+				for h := 0; h < G; h += 2 {
+					h2 := min(h+1, G-1)
+					sa, sb := dot2BF16(q[h*D:(h+1)*D], q[h2*D:(h2+1)*D], r)
+					s.scores[h*ctx+j-lo+t] = sa * scale
+					s.scores[h2*ctx+j-lo+t] = sb * scale
+				}
+				continue
+			}
+			decodeRow(g.Dtype, row, r)
+			for h := 0; h < G; h++ {
+				s.scores[h*ctx+j-lo+t] = Dot(q[h*D:(h+1)*D], row) * scale
+			}
+		}
+		j += cnt
+	}
+	var ls [64]float32
+	l := ls[:0]
+	if G > len(ls) {
+		l = make([]float32, 0, G)
+	}
+	for h := 0; h < G; h++ {
+		l = append(l, expNormalize(s.scores[h*ctx:(h+1)*ctx]))
+	}
+	acc := s.acc[:G*D]
+	clear(acc)
+	for j := lo; j <= p; {
+		base, cnt := kv.span(stride, j, p+1)
+		for t := 0; t < cnt; t++ {
+			r := base[t*stride+voff:][:kb]
+			if g.Dtype == BF16 {
+				h := 0
+				for ; h+2 <= G; h += 2 {
+					axpy2BF16(acc[h*D:(h+1)*D], acc[(h+1)*D:(h+2)*D], s.scores[h*ctx+j-lo+t], s.scores[(h+1)*ctx+j-lo+t], r)
+				}
+				if h < G { // odd G: the last head alone
+					decodeRow(g.Dtype, row, r)
+					Axpy(acc[h*D:(h+1)*D], s.scores[h*ctx+j-lo+t], row)
+				}
+				continue
+			}
+			decodeRow(g.Dtype, row, r)
+			for h := 0; h < G; h++ {
+				Axpy(acc[h*D:(h+1)*D], s.scores[h*ctx+j-lo+t], row)
+			}
+		}
+		j += cnt
+	}
+	for h := 0; h < G; h++ {
+		for d := 0; d < D; d++ {
+			out[h*D+d] = acc[h*D+d] / l[h]
+		}
+	}
+}
+
+// expNormalize replaces s_j by e_j = exp(s_j - max) and returns Σ e_j
+// (j ascending): the softmax numerators and denominator.
+func expNormalize(s []float32) float32 {
+	m := s[0]
+	for _, v := range s[1:] {
+		if v > m {
+			m = v
+		}
+	}
+	var l float32
+	for j, v := range s {
+		e := exp32(v - m)
+		s[j] = e
+		l += e
+	}
+	return l
+}
+
+// span returns the bytes from logical position j's row to the end of the
+// pool data, and how many rows of j's block, starting at j and below hi,
+// lie there (rows at base[t*stride:]). The block base is resolved once.
+func (p Paged) span(stride, j, hi int) ([]byte, int) {
+	b := j / p.TokensPerBlock
+	t := j - b*p.TokensPerBlock
+	cnt := p.TokensPerBlock - t
+	if j+cnt > hi {
+		cnt = hi - j
+	}
+	at := int(p.Table[b])*p.BlockBytes + p.Offset + t*stride
+	return p.Data[at:], cnt
+}
+
+// DenseGQA is the dense reference of GQA.Forward: no cache, naive loops.
+// k and v hold every position 0 .. pos+n-1 (T × KVHeads × HeadDim, before
+// RoPE and before rounding: it rotates each k at its position and rounds k
+// and v to g.Dtype, as the cache would); q holds the n queries at pos ..
+// pos+n-1 (n × Heads × HeadDim); out is n × Heads × HeadDim. Its output is
+// bit-identical to Forward's for the same inputs.
+func DenseGQA(g GQA, pos int, q, k, v, out []float32) error {
+	n, err := g.tokens(pos, q, out)
+	if err != nil {
+		return err
+	}
+	kw := g.KVHeads * g.HeadDim
+	if len(k) != (pos+n)*kw || len(v) != (pos+n)*kw {
+		return invalidf("gqa dense: len(k) %d, len(v) %d, want %d (%d positions × %d)", len(k), len(v), (pos+n)*kw, pos+n, kw)
+	}
+	kc := append([]float32(nil), k...)
+	vc := append([]float32(nil), v...)
+	for t := 0; t < pos+n; t++ {
+		g.RoPE.Apply(kc[t*kw:(t+1)*kw], g.HeadDim, t)
+	}
+	Round(g.Dtype, kc)
+	Round(g.Dtype, vc)
+	denseGQA(g, pos, g.rotateQ(pos, q), kc, vc, out)
+	return nil
+}
+
+// denseGQA is DenseGQA on rotated q and rotated, rounded k and v.
+func denseGQA(g GQA, pos int, q, k, v, out []float32) {
+	D, kw := g.HeadDim, g.KVHeads*g.HeadDim
+	n := len(q) / (g.Heads * D)
+	for i := 0; i < n; i++ {
+		p := pos + i
+		lo := g.first(p)
+		for h := 0; h < g.Heads; h++ {
+			kh := h / (g.Heads / g.KVHeads)
+			qv := q[(i*g.Heads+h)*D:][:D]
+			s := make([]float32, p+1-lo)
+			for j := lo; j <= p; j++ {
+				s[j-lo] = Dot(qv, k[j*kw+kh*D:][:D]) * g.scale()
+			}
+			m := s[0]
+			for _, x := range s {
+				if x > m {
+					m = x
+				}
+			}
+			var l float32
+			for j := range s {
+				s[j] = exp32(s[j] - m)
+				l += s[j]
+			}
+			acc := make([]float32, D)
+			for j := lo; j <= p; j++ {
+				Axpy(acc, s[j-lo], v[j*kw+kh*D:][:D])
+			}
+			o := out[(i*g.Heads+h)*D:][:D]
+			for d := range o {
+				o[d] = acc[d] / l
+			}
+		}
+	}
+}

@@ -1,0 +1,173 @@
+package synth
+
+import (
+	"math"
+	"slices"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+func TestTokenizerRoundTrip(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		s := string(rapid.SliceOf(rapid.Byte()).Draw(t, "bytes"))
+		ids := Encode(s)
+		if len(ids) != len(s)+1 || ids[0] != BOS {
+			t.Fatalf("Encode(%q) = %v, want BOS + %d bytes", s, ids, len(s))
+		}
+		for i, id := range ids[1:] {
+			if id != int32(s[i]) {
+				t.Fatalf("Encode(%q)[%d] = %d, want %d", s, i+1, id, s[i])
+			}
+		}
+		// EOS and ids beyond the bytes (a vocab > 258) decode to nothing.
+		extra := rapid.SliceOf(rapid.Int32Range(256, 1000)).Draw(t, "extra")
+		at := rapid.IntRange(0, len(ids)).Draw(t, "at")
+		mixed := slices.Insert(slices.Clone(ids), at, extra...)
+		if got := Decode(mixed); got != s {
+			t.Fatalf("Decode(%v) = %q, want %q", mixed, got, s)
+		}
+	})
+}
+
+func TestWeightsDeterminism(t *testing.T) {
+	a := Weights{Seed: 7, Layers: 4}
+	b := Weights{Seed: 7, Layers: 4}
+	c := Weights{Seed: 8, Layers: 4}
+	bits := func(x []float32) []uint32 {
+		out := make([]uint32, len(x))
+		for i, v := range x {
+			out[i] = math.Float32bits(v)
+		}
+		return out
+	}
+	x, y := a.Linear("layers.1.mlp.up", 32, 16), b.Linear("layers.1.mlp.up", 32, 16)
+	if !slices.Equal(bits(x), bits(y)) {
+		t.Fatal("same seed and name gave different bits")
+	}
+	if slices.Equal(bits(x), bits(c.Linear("layers.1.mlp.up", 32, 16))) {
+		t.Fatal("seeds 7 and 8 gave the same tensor")
+	}
+	if slices.Equal(bits(x), bits(a.Linear("layers.2.mlp.up", 32, 16))) {
+		t.Fatal("two names gave the same tensor")
+	}
+	bound := float32(math.Sqrt(3.0 / 16))
+	for _, v := range x {
+		if v < -bound || v >= bound {
+			t.Fatalf("Linear element %v outside ±%v", v, bound)
+		}
+	}
+	out := a.Output("o", 8, 16)
+	ob := bound / float32(math.Sqrt(8))
+	for _, v := range out {
+		if v < -ob*1.0001 || v > ob*1.0001 {
+			t.Fatalf("Output element %v outside ±%v", v, ob)
+		}
+	}
+	for _, v := range a.Norm("n", 64) {
+		if v < 0.9 || v >= 1.1 {
+			t.Fatalf("Norm gain %v outside [0.9, 1.1)", v)
+		}
+	}
+}
+
+func TestRoute(t *testing.T) {
+	tests := []struct {
+		logits  []float32
+		k       int
+		experts []int
+	}{
+		{[]float32{1, 1, 1, 1}, 2, []int{0, 1}},    // all tied: lowest indices
+		{[]float32{0, 3, 3, 2}, 2, []int{1, 2}},    // the tie at the top
+		{[]float32{0, 3, 2, 2, 2}, 2, []int{1, 2}}, // tie for the last slot: lowest index wins
+		{[]float32{5, -1, 5}, 1, []int{0}},
+		{[]float32{-1, 4, 2}, 3, []int{0, 1, 2}},
+		{[]float32{-1, 4, 2}, 9, []int{0, 1, 2}}, // k clamped
+		{[]float32{2, 1}, 0, []int{0}},           // k clamped to 1
+	}
+	for _, tt := range tests {
+		experts, weights := Route(tt.logits, tt.k)
+		if !slices.Equal(experts, tt.experts) {
+			t.Errorf("Route(%v, %d) experts = %v, want %v", tt.logits, tt.k, experts, tt.experts)
+		}
+		var sum float64
+		for _, w := range weights {
+			sum += float64(w)
+		}
+		if math.Abs(sum-1) > 1e-6 || len(weights) != len(experts) {
+			t.Errorf("Route(%v, %d) weights = %v, want %d summing to 1", tt.logits, tt.k, weights, len(experts))
+		}
+	}
+	// Weights follow the probabilities: larger logit, larger weight.
+	_, w := Route([]float32{0, 2, 1}, 2)
+	if !(w[0] > w[1]) {
+		t.Errorf("Route weights %v: expert 1 (logit 2) should outweigh expert 2 (logit 1)", w)
+	}
+}
+
+func TestGreedy(t *testing.T) {
+	nan := float32(math.NaN())
+	inf := float32(math.Inf(1))
+	tests := []struct {
+		logits []float32
+		want   int32
+	}{
+		{[]float32{1, 5, 5, 2}, 1},
+		{[]float32{3, 3, 3}, 0},
+		{[]float32{nan, 2, 2}, 1},
+		{[]float32{-inf, -inf}, 0},
+		{[]float32{0, inf, inf}, 1},
+		{nil, -1},
+	}
+	for _, tt := range tests {
+		if got := Greedy(tt.logits); got != tt.want {
+			t.Errorf("Greedy(%v) = %d, want %d", tt.logits, got, tt.want)
+		}
+	}
+}
+
+func TestVerify(t *testing.T) {
+	tests := []struct {
+		name   string
+		tokens []int32
+		draft  int
+		greedy []int32
+		want   []int32
+	}{
+		{"no drafts", []int32{5}, 0, []int32{9}, []int32{9}},
+		{"prefill no drafts", []int32{1, 2, 3}, 0, []int32{4}, []int32{4}},
+		{"all accepted", []int32{5, 6, 7}, 2, []int32{6, 7, 8}, []int32{6, 7, 8}},
+		{"first rejected", []int32{5, 6, 7}, 2, []int32{1, 7, 8}, []int32{1}},
+		{"second rejected", []int32{5, 6, 7}, 2, []int32{6, 1, 8}, []int32{6, 1}},
+		{"later match after a miss is not accepted", []int32{5, 6, 7}, 2, []int32{0, 7, 8}, []int32{0}},
+		{"one draft accepted", []int32{5, 6}, 1, []int32{6, 2}, []int32{6, 2}},
+	}
+	for _, tt := range tests {
+		if got := Verify(tt.tokens, tt.draft, tt.greedy); !slices.Equal(got, tt.want) {
+			t.Errorf("%s: Verify(%v, %d, %v) = %v, want %v", tt.name, tt.tokens, tt.draft, tt.greedy, got, tt.want)
+		}
+	}
+}
+
+func TestHiddenRoundTrip(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		raw := rapid.SliceOf(rapid.Uint32()).Draw(t, "bits") // NaN payloads, -0, subnormals
+		h := make([]float32, len(raw))
+		for i, b := range raw {
+			h[i] = math.Float32frombits(b)
+		}
+		enc := EncodeHidden(nil, h)
+		got, err := DecodeHidden(enc, len(h), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range h {
+			if math.Float32bits(got[i]) != raw[i] {
+				t.Fatalf("element %d: %#x, want %#x", i, math.Float32bits(got[i]), raw[i])
+			}
+		}
+		if _, err := DecodeHidden(append(enc, 0), len(h), 1); err == nil {
+			t.Fatal("DecodeHidden accepted a wrong length")
+		}
+	})
+}
