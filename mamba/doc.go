@@ -22,9 +22,10 @@
 // OffsetsFromEnd offset (rounded down to a block boundary), over the prompt's
 // full blocks. A step whose tokens cross such boundaries gets, in the same
 // Reserve, one snapshot slot per boundary: the grant's ssm TableDelta lists
-// them after the live slot (entries 1..k, boundaries ascending), and the
-// forward writes the state at each boundary there (the worker convention;
-// Mamba2's chunked scan produces these states). Commit installs each written
+// them after the live slot (entries 1..k, boundaries ascending), and
+// Grant.Snapshots names each slot with its boundary, so that the forward
+// writes the state at each boundary there (kvcache.SnapshotSlot; Mamba2's
+// chunked scan produces these states). Commit installs each written
 // slot on the tree node of the block that ends at its boundary. So the only
 // allocation of a snapshot, and the only eviction it causes, happens in
 // Reserve, before the forward: Commit never allocates, never evicts and

@@ -80,7 +80,40 @@ func reserve(t testing.TB, m *Manager, items ...kvcache.ReserveItem) []kvcache.G
 	if err != nil {
 		t.Fatalf("Reserve: %v", err)
 	}
+	for i := range g {
+		checkSnapshotSlots(t, m, &g[i])
+	}
 	return g
+}
+
+// checkSnapshotSlots: a grant's Snapshots name exactly the snapshot slots of
+// its ssm table delta (the entries after the live slot), in increasing Pos.
+func checkSnapshotSlots(t testing.TB, m *Manager, g *kvcache.Grant) {
+	t.Helper()
+	if m.ssm == nil {
+		if len(g.Snapshots) > 0 {
+			t.Fatalf("seq %d: snapshot slots %v on a stage without state", g.Seq, g.Snapshots)
+		}
+		return
+	}
+	var slots []kvcache.BlockID
+	for _, d := range g.Tables {
+		if d.Pool != m.ssm.id {
+			continue
+		}
+		slots = d.Blocks
+		if d.From == 0 && len(slots) > 0 {
+			slots = slots[1:] // the live slot
+		}
+	}
+	if len(slots) != len(g.Snapshots) {
+		t.Fatalf("seq %d: ssm table delta has snapshot slots %v, Snapshots %v", g.Seq, slots, g.Snapshots)
+	}
+	for k, ss := range g.Snapshots {
+		if ss.Block != slots[k] || ss.Pool != m.ssm.id || (k > 0 && ss.Pos <= g.Snapshots[k-1].Pos) {
+			t.Fatalf("seq %d: Snapshots %v do not match the slots %v of pool %d in increasing pos", g.Seq, g.Snapshots, slots, m.ssm.id)
+		}
+	}
 }
 
 func commit(t testing.TB, m *Manager, items ...kvcache.CommitItem) {

@@ -540,7 +540,8 @@ func hotLess(a, b *snapshot) bool {
 
 // deltas fills g.Tables: each attention group's table from the first entry
 // the worker may not know, and the ssm table (the live slot, then this
-// step's snapshot slots).
+// step's snapshot slots); and g.Snapshots: where each snapshot slot is
+// written (the position its state covers).
 func (m *Manager) deltas(s *sequence, g *kvcache.Grant, isNew bool) {
 	n := len(m.dev)
 	if m.ssm != nil {
@@ -562,6 +563,7 @@ func (m *Manager) deltas(s *sequence, g *kvcache.Grant, isNew bool) {
 		}
 		for _, p := range s.pend {
 			d.Blocks = append(d.Blocks, p.slot)
+			g.Snapshots = append(g.Snapshots, kvcache.SnapshotSlot{Pos: p.pos, Pool: m.ssm.id, Block: p.slot})
 		}
 		g.Tables = append(g.Tables, d)
 	}

@@ -355,6 +355,19 @@ func (w *Worker) checkItems(items []worker.Item) error {
 		if it.Draft < 0 || it.Draft > n-1 {
 			return itemErr(it.Seq, "seq %d at pos %d: draft %d must be in [0, %d] (len(tokens)-1)", it.Seq, it.Pos, it.Draft, n-1)
 		}
+		for k, ss := range it.Snapshots {
+			p := w.pool(ss.Pool)
+			switch {
+			case p < 0:
+				return itemErr(it.Seq, "seq %d: snapshots[%d]: pool %d does not exist (the layout has %d pools)", it.Seq, k, ss.Pool, len(w.pools))
+			case ss.Block < 0 || (w.pools[p].Blocks > 0 && int(ss.Block) >= w.pools[p].Blocks):
+				return itemErr(it.Seq, "seq %d: snapshots[%d]: block %d is outside pool %d (%s) of %d blocks", it.Seq, k, ss.Block, ss.Pool, w.pools[p].Name, w.pools[p].Blocks)
+			case ss.Pos <= it.Pos || ss.Pos > it.Pos+n-it.Draft:
+				return itemErr(it.Seq, "seq %d: snapshots[%d]: pos %d must be in (%d, %d], the positions this step's tokens reach", it.Seq, k, ss.Pos, it.Pos, it.Pos+n-it.Draft)
+			case k > 0 && ss.Pos <= it.Snapshots[k-1].Pos:
+				return itemErr(it.Seq, "seq %d: snapshots[%d]: pos %d after pos %d: want increasing", it.Seq, k, ss.Pos, it.Snapshots[k-1].Pos)
+			}
+		}
 		st := w.hint[i]
 		if st == nil || !st.live || st.seq != it.Seq {
 			st = w.tables.get(it.Seq)

@@ -206,6 +206,26 @@ func TestBadItems(t *testing.T) {
 		{"empty tokens", func() worker.Item { it := item(seq, 0, 4, 0, true); it.Tokens = nil; return it }, "tokens is empty"},
 		{"draft too many", func() worker.Item { return item(seq, 0, 3, 3, true) }, "draft 3 must be in [0, 2]"},
 		{"draft negative", func() worker.Item { return item(seq, 0, 3, -1, true) }, "draft -1"},
+		{"snapshot pool", func() worker.Item {
+			it := item(seq, 0, 4, 0, true)
+			it.Snapshots = []kvcache.SnapshotSlot{{Pos: 2, Pool: 3}}
+			return it
+		}, "snapshots[0]: pool 3 does not exist"},
+		{"snapshot block", func() worker.Item {
+			it := item(seq, 0, 4, 0, true)
+			it.Snapshots = []kvcache.SnapshotSlot{{Pos: 2, Pool: 0, Block: 1 << 20}}
+			return it
+		}, "snapshots[0]: block 1048576 is outside"},
+		{"snapshot pos", func() worker.Item {
+			it := item(seq, 0, 4, 1, true)
+			it.Snapshots = []kvcache.SnapshotSlot{{Pos: 4, Pool: 0}}
+			return it
+		}, "snapshots[0]: pos 4 must be in (0, 3]"},
+		{"snapshot order", func() worker.Item {
+			it := item(seq, 0, 4, 0, true)
+			it.Snapshots = []kvcache.SnapshotSlot{{Pos: 3, Pool: 0}, {Pos: 2, Pool: 0}}
+			return it
+		}, "snapshots[1]: pos 2 after pos 3"},
 		{"pool", func() worker.Item {
 			it := item(seq, 0, 4, 0, true)
 			it.Tables[1].Pool = 3

@@ -152,6 +152,11 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 			if t := grants[s][i].Tables; len(t) > 0 {
 				st.deltas[ask.Seq] = append(st.deltas[ask.Seq], t...)
 			}
+			if ss := grants[s][i].Snapshots; len(ss) > 0 {
+				st.snaps[ask.Seq] = ss
+			} else {
+				delete(st.snaps, ask.Seq)
+			}
 			st.copies = append(st.copies, grants[s][i].Copies...)
 		}
 	}

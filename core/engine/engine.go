@@ -102,9 +102,16 @@ type stage struct {
 	released []kvcache.SeqID
 	copies   []kvcache.Copy
 	deltas   map[kvcache.SeqID][]kvcache.TableDelta
-	free     int64 // simulated ns when the stage can take the next micro-batch
-	hostTier bool  // the manager can suspend sequences to a host tier
+	snaps    map[kvcache.SeqID][]kvcache.SnapshotSlot // state saves granted for the next forward
+	free     int64                                    // simulated ns when the stage can take the next micro-batch
+	hostTier bool                                     // the manager can suspend sequences to a host tier
 	peak     float64
+}
+
+// forget drops what the stage keeps for seq's next forward.
+func (st *stage) forget(seq kvcache.SeqID) {
+	delete(st.deltas, seq)
+	delete(st.snaps, seq)
 }
 
 // microBatch is a scheduled step in flight through the pipeline.
@@ -169,7 +176,7 @@ func (e *Engine) setup(ctx context.Context) error {
 	maxSeq := 0
 	suspendable := true // every stage has a host tier to suspend to
 	for i := range n {
-		st := &stage{idx: i, deltas: map[kvcache.SeqID][]kvcache.TableDelta{}}
+		st := &stage{idx: i, deltas: map[kvcache.SeqID][]kvcache.TableDelta{}, snaps: map[kvcache.SeqID][]kvcache.SnapshotSlot{}}
 		err := e.startStage(ctx, st)
 		// A plugin that dies while it starts is started again, within the
 		// same restart budget as one that dies mid-run.
@@ -464,6 +471,7 @@ func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.
 	for _, st := range e.stages {
 		for i := range wItems {
 			wItems[i].Tables = st.deltas[wItems[i].Seq]
+			wItems[i].Snapshots = st.snaps[wItems[i].Seq]
 		}
 		b := worker.Batch{Step: mb.step, Items: wItems, Hidden: hidden, Released: st.released, Copies: st.copies}
 		res, err := st.w.Forward(ctx, b)
@@ -485,7 +493,7 @@ func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.
 	for i, st := range e.stages {
 		st.free = free[i]
 		for _, it := range items {
-			delete(st.deltas, it.ID)
+			st.forget(it.ID)
 		}
 	}
 	for _, it := range items {
@@ -595,7 +603,7 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 		st.copies = append(st.copies, res.Commit.Copies...)
 		st.released = append(st.released, finishing...)
 		for _, id := range finishing {
-			delete(st.deltas, id)
+			st.forget(id)
 		}
 		snaps[st.idx] = res.Snapshot
 		return nil
@@ -659,7 +667,7 @@ func (e *Engine) release(ctx context.Context, ids []kvcache.SeqID) error {
 		}
 		st.released = append(st.released, ids...)
 		for _, id := range ids {
-			delete(st.deltas, id)
+			st.forget(id)
 		}
 		return nil
 	})

@@ -74,6 +74,7 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 	e.inflight = e.inflight[:0]
 	for _, st := range e.stages {
 		clear(st.deltas)
+		clear(st.snaps)
 		st.copies = st.copies[:0]
 		st.released = append(st.released[:0], resident...)
 		if st.idx == dead {

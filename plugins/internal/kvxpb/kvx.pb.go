@@ -1189,6 +1189,77 @@ func (x *Copies) GetItem() []int32 {
 	return nil
 }
 
+// A []kvcache.SnapshotSlot by column (pos sets the count): slot j belongs
+// to item[j] (non-decreasing, in range) of the enclosing ReserveResponse or
+// Batch.
+type SnapshotSlots struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pos           []int64                `protobuf:"varint,1,rep,packed,name=pos,proto3" json:"pos,omitempty"`
+	Pool          []int64                `protobuf:"varint,2,rep,packed,name=pool,proto3" json:"pool,omitempty"`
+	Block         []int32                `protobuf:"varint,3,rep,packed,name=block,proto3" json:"block,omitempty"`
+	Item          []int32                `protobuf:"varint,4,rep,packed,name=item,proto3" json:"item,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotSlots) Reset() {
+	*x = SnapshotSlots{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotSlots) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotSlots) ProtoMessage() {}
+
+func (x *SnapshotSlots) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotSlots.ProtoReflect.Descriptor instead.
+func (*SnapshotSlots) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *SnapshotSlots) GetPos() []int64 {
+	if x != nil {
+		return x.Pos
+	}
+	return nil
+}
+
+func (x *SnapshotSlots) GetPool() []int64 {
+	if x != nil {
+		return x.Pool
+	}
+	return nil
+}
+
+func (x *SnapshotSlots) GetBlock() []int32 {
+	if x != nil {
+		return x.Block
+	}
+	return nil
+}
+
+func (x *SnapshotSlots) GetItem() []int32 {
+	if x != nil {
+		return x.Item
+	}
+	return nil
+}
+
 // []kvcache.Grant by column (seq sets the count): grant i is seq[i], ok[i],
 // its tables and its copies. Reasons are sparse: grant reason_item[k] has
 // Reason reason[k] (reason_item increasing, in range), all others "".
@@ -1200,13 +1271,14 @@ type ReserveResponse struct {
 	Reason        []string               `protobuf:"bytes,4,rep,name=reason,proto3" json:"reason,omitempty"`
 	Tables        *TableDeltas           `protobuf:"bytes,5,opt,name=tables,proto3" json:"tables,omitempty"`
 	Copies        *Copies                `protobuf:"bytes,6,opt,name=copies,proto3" json:"copies,omitempty"`
+	Snapshots     *SnapshotSlots         `protobuf:"bytes,7,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[16]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1218,7 +1290,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[16]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1231,7 +1303,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{16}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReserveResponse) GetSeq() []uint64 {
@@ -1276,6 +1348,13 @@ func (x *ReserveResponse) GetCopies() *Copies {
 	return nil
 }
 
+func (x *ReserveResponse) GetSnapshots() *SnapshotSlots {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
 // A list of kvcache.SeqID (Unreserve, Suspend, Resume, Release).
 type Seqs struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1286,7 +1365,7 @@ type Seqs struct {
 
 func (x *Seqs) Reset() {
 	*x = Seqs{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[17]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1377,7 @@ func (x *Seqs) String() string {
 func (*Seqs) ProtoMessage() {}
 
 func (x *Seqs) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[17]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1390,7 @@ func (x *Seqs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Seqs.ProtoReflect.Descriptor instead.
 func (*Seqs) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{17}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Seqs) GetSeqs() []uint64 {
@@ -1332,7 +1411,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1423,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1436,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{18}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CommitRequest) GetSeq() []uint64 {
@@ -1384,7 +1463,7 @@ type CommitResult struct {
 
 func (x *CommitResult) Reset() {
 	*x = CommitResult{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1475,7 @@ func (x *CommitResult) String() string {
 func (*CommitResult) ProtoMessage() {}
 
 func (x *CommitResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1488,7 @@ func (x *CommitResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResult.ProtoReflect.Descriptor instead.
 func (*CommitResult) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{19}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CommitResult) GetCopies() *Copies {
@@ -1431,7 +1510,7 @@ type EndStepRequest struct {
 
 func (x *EndStepRequest) Reset() {
 	*x = EndStepRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1443,7 +1522,7 @@ func (x *EndStepRequest) String() string {
 func (*EndStepRequest) ProtoMessage() {}
 
 func (x *EndStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1456,7 +1535,7 @@ func (x *EndStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepRequest.ProtoReflect.Descriptor instead.
 func (*EndStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{20}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EndStepRequest) GetCommit() *CommitRequest {
@@ -1491,7 +1570,7 @@ type EndStepResult struct {
 
 func (x *EndStepResult) Reset() {
 	*x = EndStepResult{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1582,7 @@ func (x *EndStepResult) String() string {
 func (*EndStepResult) ProtoMessage() {}
 
 func (x *EndStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1595,7 @@ func (x *EndStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepResult.ProtoReflect.Descriptor instead.
 func (*EndStepResult) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{21}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EndStepResult) GetCommit() *CommitResult {
@@ -1544,7 +1623,7 @@ type MoveResult struct {
 
 func (x *MoveResult) Reset() {
 	*x = MoveResult{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1635,7 @@ func (x *MoveResult) String() string {
 func (*MoveResult) ProtoMessage() {}
 
 func (x *MoveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1648,7 @@ func (x *MoveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResult.ProtoReflect.Descriptor instead.
 func (*MoveResult) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{22}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *MoveResult) GetOk() []bool {
@@ -1594,7 +1673,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1685,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1698,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{23}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{24}
 }
 
 // kvcache.PoolStats
@@ -1636,7 +1715,7 @@ type PoolStats struct {
 
 func (x *PoolStats) Reset() {
 	*x = PoolStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1648,7 +1727,7 @@ func (x *PoolStats) String() string {
 func (*PoolStats) ProtoMessage() {}
 
 func (x *PoolStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1661,7 +1740,7 @@ func (x *PoolStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStats.ProtoReflect.Descriptor instead.
 func (*PoolStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{24}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PoolStats) GetPool() int64 {
@@ -1712,7 +1791,7 @@ type SnapshotStats struct {
 
 func (x *SnapshotStats) Reset() {
 	*x = SnapshotStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +1803,7 @@ func (x *SnapshotStats) String() string {
 func (*SnapshotStats) ProtoMessage() {}
 
 func (x *SnapshotStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +1816,7 @@ func (x *SnapshotStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotStats.ProtoReflect.Descriptor instead.
 func (*SnapshotStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{25}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SnapshotStats) GetTaken() int64 {
@@ -1785,7 +1864,7 @@ type ManagerStats struct {
 
 func (x *ManagerStats) Reset() {
 	*x = ManagerStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1797,7 +1876,7 @@ func (x *ManagerStats) String() string {
 func (*ManagerStats) ProtoMessage() {}
 
 func (x *ManagerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1810,7 +1889,7 @@ func (x *ManagerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagerStats.ProtoReflect.Descriptor instead.
 func (*ManagerStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{26}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ManagerStats) GetPools() []*PoolStats {
@@ -1879,7 +1958,7 @@ type InspectOptions struct {
 
 func (x *InspectOptions) Reset() {
 	*x = InspectOptions{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1891,7 +1970,7 @@ func (x *InspectOptions) String() string {
 func (*InspectOptions) ProtoMessage() {}
 
 func (x *InspectOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1904,7 +1983,7 @@ func (x *InspectOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectOptions.ProtoReflect.Descriptor instead.
 func (*InspectOptions) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{27}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *InspectOptions) GetTables() bool {
@@ -1924,7 +2003,7 @@ type BlockTable struct {
 
 func (x *BlockTable) Reset() {
 	*x = BlockTable{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1936,7 +2015,7 @@ func (x *BlockTable) String() string {
 func (*BlockTable) ProtoMessage() {}
 
 func (x *BlockTable) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1949,7 +2028,7 @@ func (x *BlockTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockTable.ProtoReflect.Descriptor instead.
 func (*BlockTable) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{28}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *BlockTable) GetBlocks() []int32 {
@@ -1977,7 +2056,7 @@ type SeqState struct {
 
 func (x *SeqState) Reset() {
 	*x = SeqState{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1989,7 +2068,7 @@ func (x *SeqState) String() string {
 func (*SeqState) ProtoMessage() {}
 
 func (x *SeqState) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2002,7 +2081,7 @@ func (x *SeqState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeqState.ProtoReflect.Descriptor instead.
 func (*SeqState) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{29}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SeqState) GetSeq() uint64 {
@@ -2078,7 +2157,7 @@ type RefCounts struct {
 
 func (x *RefCounts) Reset() {
 	*x = RefCounts{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2090,7 +2169,7 @@ func (x *RefCounts) String() string {
 func (*RefCounts) ProtoMessage() {}
 
 func (x *RefCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2103,7 +2182,7 @@ func (x *RefCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefCounts.ProtoReflect.Descriptor instead.
 func (*RefCounts) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{30}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RefCounts) GetCounts() []int32 {
@@ -2126,7 +2205,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2138,7 +2217,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2151,7 +2230,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{31}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Snapshot) GetPools() []*PoolStats {
@@ -2192,7 +2271,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2204,7 +2283,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2217,7 +2296,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{32}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ErrorDetail) GetSeqs() []uint64 {
@@ -2235,7 +2314,7 @@ type WorkerInfoRequest struct {
 
 func (x *WorkerInfoRequest) Reset() {
 	*x = WorkerInfoRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2247,7 +2326,7 @@ func (x *WorkerInfoRequest) String() string {
 func (*WorkerInfoRequest) ProtoMessage() {}
 
 func (x *WorkerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2260,7 +2339,7 @@ func (x *WorkerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfoRequest.ProtoReflect.Descriptor instead.
 func (*WorkerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{33}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{34}
 }
 
 // worker.Info
@@ -2279,7 +2358,7 @@ type WorkerInfo struct {
 
 func (x *WorkerInfo) Reset() {
 	*x = WorkerInfo{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2291,7 +2370,7 @@ func (x *WorkerInfo) String() string {
 func (*WorkerInfo) ProtoMessage() {}
 
 func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2304,7 +2383,7 @@ func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
 func (*WorkerInfo) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{34}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *WorkerInfo) GetName() string {
@@ -2375,7 +2454,7 @@ type Hardware struct {
 
 func (x *Hardware) Reset() {
 	*x = Hardware{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2387,7 +2466,7 @@ func (x *Hardware) String() string {
 func (*Hardware) ProtoMessage() {}
 
 func (x *Hardware) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2400,7 +2479,7 @@ func (x *Hardware) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hardware.ProtoReflect.Descriptor instead.
 func (*Hardware) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{35}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Hardware) GetName() string {
@@ -2498,7 +2577,7 @@ type WorkerConfig struct {
 
 func (x *WorkerConfig) Reset() {
 	*x = WorkerConfig{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2510,7 +2589,7 @@ func (x *WorkerConfig) String() string {
 func (*WorkerConfig) ProtoMessage() {}
 
 func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2523,7 +2602,7 @@ func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerConfig.ProtoReflect.Descriptor instead.
 func (*WorkerConfig) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{36}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WorkerConfig) GetStage() int64 {
@@ -2642,7 +2721,7 @@ type Setup struct {
 
 func (x *Setup) Reset() {
 	*x = Setup{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2654,7 +2733,7 @@ func (x *Setup) String() string {
 func (*Setup) ProtoMessage() {}
 
 func (x *Setup) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2667,7 +2746,7 @@ func (x *Setup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Setup.ProtoReflect.Descriptor instead.
 func (*Setup) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{37}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Setup) GetDeviceBytes() int64 {
@@ -2700,13 +2779,14 @@ type Batch struct {
 	Hidden        []byte                 `protobuf:"bytes,9,opt,name=hidden,proto3" json:"hidden,omitempty"`
 	Released      []uint64               `protobuf:"varint,10,rep,packed,name=released,proto3" json:"released,omitempty"`
 	Copies        *Copies                `protobuf:"bytes,11,opt,name=copies,proto3" json:"copies,omitempty"`
+	Snapshots     *SnapshotSlots         `protobuf:"bytes,12,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2718,7 +2798,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2731,7 +2811,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{38}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Batch) GetStep() uint64 {
@@ -2811,6 +2891,13 @@ func (x *Batch) GetCopies() *Copies {
 	return nil
 }
 
+func (x *Batch) GetSnapshots() *SnapshotSlots {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
 // worker.Result; its outputs by column (seq sets the count): output i is
 // seq[i] and the next tokens_len[i], drafts_len[i] and logits_len[i] values
 // of tokens, drafts and logits.
@@ -2832,7 +2919,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2844,7 +2931,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2857,7 +2944,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Result) GetHidden() []byte {
@@ -2939,7 +3026,7 @@ type CopyBlocksRequest struct {
 
 func (x *CopyBlocksRequest) Reset() {
 	*x = CopyBlocksRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2951,7 +3038,7 @@ func (x *CopyBlocksRequest) String() string {
 func (*CopyBlocksRequest) ProtoMessage() {}
 
 func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2964,7 +3051,7 @@ func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyBlocksRequest.ProtoReflect.Descriptor instead.
 func (*CopyBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{40}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CopyBlocksRequest) GetCopies() *Copies {
@@ -2982,7 +3069,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2994,7 +3081,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3007,7 +3094,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{41}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{42}
 }
 
 var File_kvx_v1_kvx_proto protoreflect.FileDescriptor
@@ -3101,7 +3188,12 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\tsrc_block\x18\x02 \x03(\x05R\bsrcBlock\x12\x19\n" +
 	"\bdst_pool\x18\x03 \x03(\x03R\adstPool\x12\x1b\n" +
 	"\tdst_block\x18\x04 \x03(\x05R\bdstBlock\x12\x12\n" +
-	"\x04item\x18\x05 \x03(\x05R\x04item\"\xc1\x01\n" +
+	"\x04item\x18\x05 \x03(\x05R\x04item\"_\n" +
+	"\rSnapshotSlots\x12\x10\n" +
+	"\x03pos\x18\x01 \x03(\x03R\x03pos\x12\x12\n" +
+	"\x04pool\x18\x02 \x03(\x03R\x04pool\x12\x14\n" +
+	"\x05block\x18\x03 \x03(\x05R\x05block\x12\x12\n" +
+	"\x04item\x18\x04 \x03(\x05R\x04item\"\xf6\x01\n" +
 	"\x0fReserveResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x03(\x04R\x03seq\x12\x0e\n" +
 	"\x02ok\x18\x02 \x03(\bR\x02ok\x12\x1f\n" +
@@ -3109,7 +3201,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"reasonItem\x12\x16\n" +
 	"\x06reason\x18\x04 \x03(\tR\x06reason\x12+\n" +
 	"\x06tables\x18\x05 \x01(\v2\x13.kvx.v1.TableDeltasR\x06tables\x12&\n" +
-	"\x06copies\x18\x06 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\"\x1a\n" +
+	"\x06copies\x18\x06 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\x123\n" +
+	"\tsnapshots\x18\a \x01(\v2\x15.kvx.v1.SnapshotSlotsR\tsnapshots\"\x1a\n" +
 	"\x04Seqs\x12\x12\n" +
 	"\x04seqs\x18\x01 \x03(\x04R\x04seqs\"=\n" +
 	"\rCommitRequest\x12\x10\n" +
@@ -3220,7 +3313,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x10draft_acceptance\x18\x0f \x01(\x01R\x0fdraftAcceptance\"@\n" +
 	"\x05Setup\x12!\n" +
 	"\fdevice_bytes\x18\x01 \x01(\x03R\vdeviceBytes\x12\x14\n" +
-	"\x05notes\x18\x02 \x03(\tR\x05notes\"\xad\x02\n" +
+	"\x05notes\x18\x02 \x03(\tR\x05notes\"\xe2\x02\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x10\n" +
 	"\x03seq\x18\x02 \x03(\x04R\x03seq\x12\x10\n" +
@@ -3234,7 +3327,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x06hidden\x18\t \x01(\fR\x06hidden\x12\x1a\n" +
 	"\breleased\x18\n" +
 	" \x03(\x04R\breleased\x12&\n" +
-	"\x06copies\x18\v \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\"\x89\x02\n" +
+	"\x06copies\x18\v \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\x123\n" +
+	"\tsnapshots\x18\f \x01(\v2\x15.kvx.v1.SnapshotSlotsR\tsnapshots\"\x89\x02\n" +
 	"\x06Result\x12\x16\n" +
 	"\x06hidden\x18\x01 \x01(\fR\x06hidden\x12\x10\n" +
 	"\x03seq\x18\x02 \x03(\x04R\x03seq\x12\x1d\n" +
@@ -3288,7 +3382,7 @@ func file_kvx_v1_kvx_proto_rawDescGZIP() []byte {
 	return file_kvx_v1_kvx_proto_rawDescData
 }
 
-var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*Empty)(nil),              // 0: kvx.v1.Empty
 	(*DataPlaneRequest)(nil),   // 1: kvx.v1.DataPlaneRequest
@@ -3306,32 +3400,33 @@ var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*ReserveRequest)(nil),     // 13: kvx.v1.ReserveRequest
 	(*TableDeltas)(nil),        // 14: kvx.v1.TableDeltas
 	(*Copies)(nil),             // 15: kvx.v1.Copies
-	(*ReserveResponse)(nil),    // 16: kvx.v1.ReserveResponse
-	(*Seqs)(nil),               // 17: kvx.v1.Seqs
-	(*CommitRequest)(nil),      // 18: kvx.v1.CommitRequest
-	(*CommitResult)(nil),       // 19: kvx.v1.CommitResult
-	(*EndStepRequest)(nil),     // 20: kvx.v1.EndStepRequest
-	(*EndStepResult)(nil),      // 21: kvx.v1.EndStepResult
-	(*MoveResult)(nil),         // 22: kvx.v1.MoveResult
-	(*StatsRequest)(nil),       // 23: kvx.v1.StatsRequest
-	(*PoolStats)(nil),          // 24: kvx.v1.PoolStats
-	(*SnapshotStats)(nil),      // 25: kvx.v1.SnapshotStats
-	(*ManagerStats)(nil),       // 26: kvx.v1.ManagerStats
-	(*InspectOptions)(nil),     // 27: kvx.v1.InspectOptions
-	(*BlockTable)(nil),         // 28: kvx.v1.BlockTable
-	(*SeqState)(nil),           // 29: kvx.v1.SeqState
-	(*RefCounts)(nil),          // 30: kvx.v1.RefCounts
-	(*Snapshot)(nil),           // 31: kvx.v1.Snapshot
-	(*ErrorDetail)(nil),        // 32: kvx.v1.ErrorDetail
-	(*WorkerInfoRequest)(nil),  // 33: kvx.v1.WorkerInfoRequest
-	(*WorkerInfo)(nil),         // 34: kvx.v1.WorkerInfo
-	(*Hardware)(nil),           // 35: kvx.v1.Hardware
-	(*WorkerConfig)(nil),       // 36: kvx.v1.WorkerConfig
-	(*Setup)(nil),              // 37: kvx.v1.Setup
-	(*Batch)(nil),              // 38: kvx.v1.Batch
-	(*Result)(nil),             // 39: kvx.v1.Result
-	(*CopyBlocksRequest)(nil),  // 40: kvx.v1.CopyBlocksRequest
-	(*HealthRequest)(nil),      // 41: kvx.v1.HealthRequest
+	(*SnapshotSlots)(nil),      // 16: kvx.v1.SnapshotSlots
+	(*ReserveResponse)(nil),    // 17: kvx.v1.ReserveResponse
+	(*Seqs)(nil),               // 18: kvx.v1.Seqs
+	(*CommitRequest)(nil),      // 19: kvx.v1.CommitRequest
+	(*CommitResult)(nil),       // 20: kvx.v1.CommitResult
+	(*EndStepRequest)(nil),     // 21: kvx.v1.EndStepRequest
+	(*EndStepResult)(nil),      // 22: kvx.v1.EndStepResult
+	(*MoveResult)(nil),         // 23: kvx.v1.MoveResult
+	(*StatsRequest)(nil),       // 24: kvx.v1.StatsRequest
+	(*PoolStats)(nil),          // 25: kvx.v1.PoolStats
+	(*SnapshotStats)(nil),      // 26: kvx.v1.SnapshotStats
+	(*ManagerStats)(nil),       // 27: kvx.v1.ManagerStats
+	(*InspectOptions)(nil),     // 28: kvx.v1.InspectOptions
+	(*BlockTable)(nil),         // 29: kvx.v1.BlockTable
+	(*SeqState)(nil),           // 30: kvx.v1.SeqState
+	(*RefCounts)(nil),          // 31: kvx.v1.RefCounts
+	(*Snapshot)(nil),           // 32: kvx.v1.Snapshot
+	(*ErrorDetail)(nil),        // 33: kvx.v1.ErrorDetail
+	(*WorkerInfoRequest)(nil),  // 34: kvx.v1.WorkerInfoRequest
+	(*WorkerInfo)(nil),         // 35: kvx.v1.WorkerInfo
+	(*Hardware)(nil),           // 36: kvx.v1.Hardware
+	(*WorkerConfig)(nil),       // 37: kvx.v1.WorkerConfig
+	(*Setup)(nil),              // 38: kvx.v1.Setup
+	(*Batch)(nil),              // 39: kvx.v1.Batch
+	(*Result)(nil),             // 40: kvx.v1.Result
+	(*CopyBlocksRequest)(nil),  // 41: kvx.v1.CopyBlocksRequest
+	(*HealthRequest)(nil),      // 42: kvx.v1.HealthRequest
 }
 var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	5,  // 0: kvx.v1.ManagerInfo.capabilities:type_name -> kvx.v1.Capabilities
@@ -3340,67 +3435,69 @@ var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	10, // 3: kvx.v1.LookupRequest.items:type_name -> kvx.v1.LookupItem
 	14, // 4: kvx.v1.ReserveResponse.tables:type_name -> kvx.v1.TableDeltas
 	15, // 5: kvx.v1.ReserveResponse.copies:type_name -> kvx.v1.Copies
-	15, // 6: kvx.v1.CommitResult.copies:type_name -> kvx.v1.Copies
-	18, // 7: kvx.v1.EndStepRequest.commit:type_name -> kvx.v1.CommitRequest
-	17, // 8: kvx.v1.EndStepRequest.release:type_name -> kvx.v1.Seqs
-	27, // 9: kvx.v1.EndStepRequest.inspect:type_name -> kvx.v1.InspectOptions
-	19, // 10: kvx.v1.EndStepResult.commit:type_name -> kvx.v1.CommitResult
-	31, // 11: kvx.v1.EndStepResult.snapshot:type_name -> kvx.v1.Snapshot
-	15, // 12: kvx.v1.MoveResult.copies:type_name -> kvx.v1.Copies
-	24, // 13: kvx.v1.ManagerStats.pools:type_name -> kvx.v1.PoolStats
-	25, // 14: kvx.v1.ManagerStats.snapshots:type_name -> kvx.v1.SnapshotStats
-	28, // 15: kvx.v1.SeqState.tables:type_name -> kvx.v1.BlockTable
-	24, // 16: kvx.v1.Snapshot.pools:type_name -> kvx.v1.PoolStats
-	29, // 17: kvx.v1.Snapshot.seqs:type_name -> kvx.v1.SeqState
-	30, // 18: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
-	35, // 19: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
-	9,  // 20: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
-	14, // 21: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
-	15, // 22: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
-	15, // 23: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
-	3,  // 24: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
-	7,  // 25: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
-	11, // 26: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
-	13, // 27: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
-	17, // 28: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
-	18, // 29: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
-	17, // 30: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
-	17, // 31: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
-	17, // 32: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
-	23, // 33: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
-	27, // 34: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
-	20, // 35: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
-	1,  // 36: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	33, // 37: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
-	36, // 38: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
-	38, // 39: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
-	40, // 40: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
-	41, // 41: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
-	1,  // 42: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	4,  // 43: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
-	9,  // 44: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
-	12, // 45: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
-	16, // 46: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
-	0,  // 47: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
-	19, // 48: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
-	22, // 49: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
-	22, // 50: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
-	0,  // 51: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
-	26, // 52: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
-	31, // 53: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
-	21, // 54: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
-	2,  // 55: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	34, // 56: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
-	37, // 57: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
-	39, // 58: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
-	0,  // 59: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
-	0,  // 60: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
-	2,  // 61: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	43, // [43:62] is the sub-list for method output_type
-	24, // [24:43] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	16, // 6: kvx.v1.ReserveResponse.snapshots:type_name -> kvx.v1.SnapshotSlots
+	15, // 7: kvx.v1.CommitResult.copies:type_name -> kvx.v1.Copies
+	19, // 8: kvx.v1.EndStepRequest.commit:type_name -> kvx.v1.CommitRequest
+	18, // 9: kvx.v1.EndStepRequest.release:type_name -> kvx.v1.Seqs
+	28, // 10: kvx.v1.EndStepRequest.inspect:type_name -> kvx.v1.InspectOptions
+	20, // 11: kvx.v1.EndStepResult.commit:type_name -> kvx.v1.CommitResult
+	32, // 12: kvx.v1.EndStepResult.snapshot:type_name -> kvx.v1.Snapshot
+	15, // 13: kvx.v1.MoveResult.copies:type_name -> kvx.v1.Copies
+	25, // 14: kvx.v1.ManagerStats.pools:type_name -> kvx.v1.PoolStats
+	26, // 15: kvx.v1.ManagerStats.snapshots:type_name -> kvx.v1.SnapshotStats
+	29, // 16: kvx.v1.SeqState.tables:type_name -> kvx.v1.BlockTable
+	25, // 17: kvx.v1.Snapshot.pools:type_name -> kvx.v1.PoolStats
+	30, // 18: kvx.v1.Snapshot.seqs:type_name -> kvx.v1.SeqState
+	31, // 19: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
+	36, // 20: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
+	9,  // 21: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
+	14, // 22: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
+	15, // 23: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
+	16, // 24: kvx.v1.Batch.snapshots:type_name -> kvx.v1.SnapshotSlots
+	15, // 25: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
+	3,  // 26: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
+	7,  // 27: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
+	11, // 28: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
+	13, // 29: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
+	18, // 30: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
+	19, // 31: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
+	18, // 32: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
+	18, // 33: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
+	18, // 34: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
+	24, // 35: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
+	28, // 36: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
+	21, // 37: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
+	1,  // 38: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	34, // 39: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
+	37, // 40: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
+	39, // 41: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
+	41, // 42: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
+	42, // 43: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
+	1,  // 44: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	4,  // 45: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
+	9,  // 46: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
+	12, // 47: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
+	17, // 48: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
+	0,  // 49: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
+	20, // 50: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
+	23, // 51: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
+	23, // 52: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
+	0,  // 53: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
+	27, // 54: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
+	32, // 55: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
+	22, // 56: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
+	2,  // 57: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	35, // 58: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
+	38, // 59: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
+	40, // 60: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
+	0,  // 61: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
+	0,  // 62: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
+	2,  // 63: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	45, // [45:64] is the sub-list for method output_type
+	26, // [26:45] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_kvx_v1_kvx_proto_init() }
@@ -3414,7 +3511,7 @@ func file_kvx_v1_kvx_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvx_v1_kvx_proto_rawDesc), len(file_kvx_v1_kvx_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   42,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

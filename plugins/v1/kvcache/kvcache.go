@@ -163,6 +163,16 @@ type Copy struct {
 	DstBlock BlockID
 }
 
+// SnapshotSlot asks the worker to save a sequence's state (its Mamba conv
+// and SSM state) as it stands after the first Pos tokens of the sequence,
+// into Block of Pool (a state pool), during the step whose tokens reach
+// Pos. Hybrid managers use it for snapshots that later requests reuse.
+type SnapshotSlot struct {
+	Pos   int
+	Pool  int
+	Block BlockID
+}
+
 // Grant is the answer to one ReserveItem. A denial (OK false) is a normal
 // answer, never an error, and leaves no trace in the manager.
 type Grant struct {
@@ -171,6 +181,9 @@ type Grant struct {
 	Reason string // why it was denied, with the numbers
 	Tables []TableDelta
 	Copies []Copy
+	// Snapshots are the state saves this step must make (hybrid managers),
+	// in increasing Pos; the core hands them to the worker with the item.
+	Snapshots []SnapshotSlot
 }
 
 // CommitItem advances one sequence after a forward.

@@ -301,3 +301,69 @@ func fromProtoCopyList(msg string, p *kvxpb.Copies) ([]kvcache.Copy, error) {
 	err := fromProtoCopies(msg, p, 1, func(_ int, cs []kvcache.Copy) { out = cs })
 	return out, err
 }
+
+// --- Snapshot slots ---
+
+// toProtoSnapshotSlots encodes the snapshot slots of n owners; nil when
+// there are none.
+func toProtoSnapshotSlots(n int, of func(i int) []kvcache.SnapshotSlot) *kvxpb.SnapshotSlots {
+	count := 0
+	for i := range n {
+		count += len(of(i))
+	}
+	if count == 0 {
+		return nil
+	}
+	m := &kvxpb.SnapshotSlots{
+		Pos:   make([]int64, 0, count),
+		Pool:  make([]int64, 0, count),
+		Block: make([]int32, 0, count),
+		Item:  make([]int32, 0, count),
+	}
+	for i := range n {
+		for _, s := range of(i) {
+			m.Pos = append(m.Pos, int64(s.Pos))
+			m.Pool = append(m.Pool, int64(s.Pool))
+			m.Block = append(m.Block, int32(s.Block))
+			m.Item = append(m.Item, int32(i))
+		}
+	}
+	m.Pool, m.Block, m.Item = trimZero(m.Pool), trimZero(m.Block), trimZero(m.Item)
+	return m
+}
+
+// fromProtoSnapshotSlots decodes snapshot slots owned by n owners and calls
+// set once per owner that has any, in order. All slots share one allocation.
+func fromProtoSnapshotSlots(msg string, p *kvxpb.SnapshotSlots, n int, set func(i int, ss []kvcache.SnapshotSlot)) error {
+	pos := p.GetPos()
+	count := len(pos)
+	if count == 0 {
+		if len(p.GetPool())+len(p.GetBlock())+len(p.GetItem()) > 0 {
+			return colError("%s: snapshot slots have values but no pos column", msg)
+		}
+		return nil
+	}
+	if n == 0 {
+		return colError("%s: %d snapshot slots but no entry to own them", msg, count)
+	}
+	pool, err1 := optional(msg, "snapshots.pool", p.GetPool(), count)
+	block, err2 := optional(msg, "snapshots.block", p.GetBlock(), count)
+	items, err3 := optional(msg, "snapshots.item", p.GetItem(), count)
+	if err := firstErr(err1, err2, err3); err != nil {
+		return err
+	}
+	ss := make([]kvcache.SnapshotSlot, count)
+	start := 0
+	for j := range count {
+		it := int(at(items, j))
+		if it < 0 || it >= n || (j > 0 && it < int(at(items, j-1))) {
+			return colError("%s: snapshots.item[%d] = %d, want 0..%d and non-decreasing", msg, j, it, n-1)
+		}
+		ss[j] = kvcache.SnapshotSlot{Pos: int(pos[j]), Pool: int(at(pool, j)), Block: kvcache.BlockID(at(block, j))}
+		if j+1 == count || int(at(items, j+1)) != it {
+			set(it, ss[start:j+1:j+1])
+			start = j + 1
+		}
+	}
+	return nil
+}

@@ -339,6 +339,7 @@ func toProtoReserveResponse(gs []kvcache.Grant) *kvxpb.ReserveResponse {
 	m.Ok = trimZero(m.Ok)
 	m.Tables = toProtoTableDeltas(n, func(i int) []kvcache.TableDelta { return gs[i].Tables })
 	m.Copies = toProtoCopies(n, func(i int) []kvcache.Copy { return gs[i].Copies })
+	m.Snapshots = toProtoSnapshotSlots(n, func(i int) []kvcache.SnapshotSlot { return gs[i].Snapshots })
 	return m
 }
 
@@ -368,6 +369,9 @@ func fromProtoReserveResponse(p *kvxpb.ReserveResponse) ([]kvcache.Grant, error)
 		return nil, err
 	}
 	if err := fromProtoCopies(msg, p.GetCopies(), n, func(i int, cs []kvcache.Copy) { gs[i].Copies = cs }); err != nil {
+		return nil, err
+	}
+	if err := fromProtoSnapshotSlots(msg, p.GetSnapshots(), n, func(i int, ss []kvcache.SnapshotSlot) { gs[i].Snapshots = ss }); err != nil {
 		return nil, err
 	}
 	return share(gs), nil

@@ -150,6 +150,7 @@ func toProtoBatch(b *worker.Batch) *kvxpb.Batch {
 	m.Sample = column(n, func(i int) bool { return items[i].Sample })
 	m.TokensLen, m.Tokens = concat(n, func(i int) []int32 { return items[i].Tokens })
 	m.Tables = toProtoTableDeltas(n, func(i int) []kvcache.TableDelta { return items[i].Tables })
+	m.Snapshots = toProtoSnapshotSlots(n, func(i int) []kvcache.SnapshotSlot { return items[i].Snapshots })
 	return m
 }
 
@@ -177,6 +178,9 @@ func fromProtoBatch(p *kvxpb.Batch) (worker.Batch, error) {
 		if p.GetTables() != nil && len(p.GetTables().GetItem()) > 0 {
 			return worker.Batch{}, colError("%s: tables for no items", msg)
 		}
+		if len(p.GetSnapshots().GetPos()) > 0 {
+			return worker.Batch{}, colError("%s: snapshot slots for no items", msg)
+		}
 		return b, nil
 	}
 	b.Items = make([]worker.Item, n)
@@ -190,6 +194,9 @@ func fromProtoBatch(p *kvxpb.Batch) (worker.Batch, error) {
 		}
 	}
 	if err := fromProtoTableDeltas(msg, p.GetTables(), n, func(i int, ds []kvcache.TableDelta) { b.Items[i].Tables = ds }); err != nil {
+		return worker.Batch{}, err
+	}
+	if err := fromProtoSnapshotSlots(msg, p.GetSnapshots(), n, func(i int, ss []kvcache.SnapshotSlot) { b.Items[i].Snapshots = ss }); err != nil {
 		return worker.Batch{}, err
 	}
 	return b, nil

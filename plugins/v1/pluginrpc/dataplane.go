@@ -358,8 +358,9 @@ func (d *dataPlane) call(ctx context.Context, m method, req, resp proto.Message)
 		}
 		d.broken = err
 		_ = d.conn.Close()
-		if ctx.Err() != nil {
-			return status.FromContextError(ctx.Err()).Err()
+		if cerr := ctxErr(ctx); cerr != nil {
+			// Our deadline on the socket can fire before ctx's own timer.
+			return status.FromContextError(cerr).Err()
 		}
 		return status.Errorf(codes.Unavailable, "data plane: %v", err)
 	}

@@ -139,9 +139,11 @@ var fullReserveItems = []kvcache.ReserveItem{
 	{Seq: 43, Tokens: 1, Draft: 3, Hold: 1, New: true, Prompt: []int32{1}, Reuse: 1},
 }
 
+var fullSnapshots = []kvcache.SnapshotSlot{{Pos: 256, Pool: 3, Block: 9}, {Pos: 512, Pool: 3, Block: 11}}
+
 var fullGrants = []kvcache.Grant{
-	{Seq: 42, OK: true, Reason: "granted", Tables: fullTables, Copies: fullCopies},
-	{Seq: 43, OK: true, Reason: "device pool full: need 3 blocks, 1 free", Tables: fullTables[1:], Copies: fullCopies[:1]},
+	{Seq: 42, OK: true, Reason: "granted", Tables: fullTables, Copies: fullCopies, Snapshots: fullSnapshots},
+	{Seq: 43, OK: true, Reason: "device pool full: need 3 blocks, 1 free", Tables: fullTables[1:], Copies: fullCopies[:1], Snapshots: fullSnapshots[1:]},
 }
 
 var fullStats = kvcache.Stats{
@@ -173,8 +175,8 @@ var fullWorkerConfig = worker.Config{
 var fullBatch = worker.Batch{
 	Step: 99,
 	Items: []worker.Item{
-		{Seq: 42, Pos: 100, Tokens: []int32{5, 6}, Draft: 1, Sample: true, Tables: fullTables},
-		{Seq: 43, Pos: 1, Tokens: []int32{7}, Draft: 2, Sample: true, Tables: fullTables[:1]},
+		{Seq: 42, Pos: 100, Tokens: []int32{5, 6}, Draft: 1, Sample: true, Tables: fullTables, Snapshots: fullSnapshots[:1]},
+		{Seq: 43, Pos: 1, Tokens: []int32{7}, Draft: 2, Sample: true, Tables: fullTables[:1], Snapshots: fullSnapshots[1:]},
 	},
 	Hidden:   []byte{1, 2, 3, 0, 255},
 	Released: []kvcache.SeqID{7, 8},

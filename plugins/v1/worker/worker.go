@@ -76,6 +76,10 @@ type Item struct {
 	Sample bool
 	// Tables are the block-table changes the manager granted for this step.
 	Tables []kvcache.TableDelta
+	// Snapshots are the state saves the manager granted for this step: each
+	// Pos is in (Pos, Pos+len(Tokens)-Draft] and the slots are in increasing
+	// Pos.
+	Snapshots []kvcache.SnapshotSlot
 }
 
 // Batch is one micro-batch on one stage.
