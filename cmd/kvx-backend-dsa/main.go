@@ -3,12 +3,12 @@
 package main
 
 import (
-	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/core/builtin"
 	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/plugins/sdk"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
 func main() {
-	sdk.ServeWorker(func() worker.Worker { return device.NewWorker(dsa.Backend) })
+	sdk.ServeWorker(func() worker.Worker { return builtin.Worker(dsa.Backend) })
 }

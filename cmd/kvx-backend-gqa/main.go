@@ -3,12 +3,12 @@
 package main
 
 import (
-	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/core/builtin"
 	"github.com/kvx-dev/kvx/gqa"
 	"github.com/kvx-dev/kvx/plugins/sdk"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
 func main() {
-	sdk.ServeWorker(func() worker.Worker { return device.NewWorker(gqa.Backend) })
+	sdk.ServeWorker(func() worker.Worker { return builtin.Worker(gqa.Backend) })
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvx-dev/kvx/core/builtin"
 	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
@@ -26,7 +27,7 @@ func newPlanCmd(g *globals) *cobra.Command {
 				return usageErr(err)
 			}
 			log := g.logger()
-			l := setup.NewLauncher(cfg, registry(), log)
+			l := setup.NewLauncher(cfg, builtin.Registry(), log)
 			defer l.Close()
 			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintf(tw, "model %s on %s, TP %d, PP %d, weights %s, cache manager %s, backend %s\n",

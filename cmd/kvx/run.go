@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/kvx-dev/kvx/core/builtin"
 	"github.com/kvx-dev/kvx/core/config"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/report"
@@ -148,7 +149,7 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 		}
 		res.Spec.Log = log
 		oneThreadForSim(cfg.Device)
-		l := setup.NewLauncher(cfg, registry(), log)
+		l := setup.NewLauncher(cfg, builtin.Registry(), log)
 		rep, err := engine.Run(ctx, res.Spec, l)
 		l.Close()
 		reports = append(reports, rep)
