@@ -652,6 +652,10 @@ func (ld *loader) resolveSynthetic(c *Config, haveModel bool) bool {
 		}
 		return haveModel
 	}
+	if c.TensorParallelSize > 1 && !ld.bad["tensor_parallel_size"] {
+		ld.crossErr("tensor_parallel_size: %d with device cpu (%s): the cpu device runs one rank per stage; set 1",
+			c.TensorParallelSize, ld.originOf("tensor_parallel_size").where)
+	}
 	if !haveModel {
 		return false
 	}

@@ -75,6 +75,8 @@ func TestSyntheticErrors(t *testing.T) {
 			[]string{`synthetic.vocab: 10 is out of range; allowed: 258`, `synthetic.experts: 4 is set but model "llama-3.1-8b" has no MoE layers`}},
 		{"pp over synthetic layers", []string{"device=cpu", "synthetic.layers=2", "pipeline_parallel_size=3"},
 			[]string{`pipeline_parallel_size: pipeline parallel size 3 exceeds the 2 decoder layers of model "llama-3.1-8b-synthetic"`}},
+		{"tensor parallel on cpu", []string{"device=cpu", "tensor_parallel_size=2"},
+			[]string{`tensor_parallel_size: 2 with device cpu (--set): the cpu device runs one rank per stage; set 1`}},
 	}
 	for _, tt := range tests {
 		sets := append([]string{"model=llama-3.1-8b"}, tt.sets...)

@@ -58,6 +58,10 @@ type Spec struct {
 	DeepEvery  int
 
 	Workload workload.Workload
+	// KeepOutputs puts every request's generated tokens, and the logits of
+	// its last sampled position on devices that compute them, in the report
+	// (Outputs.Requests): the equivalence suite compares them.
+	KeepOutputs bool
 	// Progress receives a progress bar; nil for none.
 	Progress io.Writer
 	Log      hclog.Logger
@@ -81,6 +85,8 @@ type request struct {
 	finish   int64
 	preempts int
 	state    reqState
+	logits   []float32 // of the last sampled position (KeepOutputs)
+	logitsAt int       // index among the generated tokens of the token those logits sampled
 }
 
 type reqState uint8
@@ -568,6 +574,9 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 			}
 			emits[i] = emit
 			r.drafts = append(r.drafts[:0], out.Drafts...)
+			if e.spec.KeepOutputs && out.Logits != nil {
+				r.logits, r.logitsAt = out.Logits, len(r.tokens)-r.prompt+len(out.Tokens)-1
+			}
 		}
 		commits = append(commits, kvcache.CommitItem{Seq: it.ID, Accepted: accepted})
 	}
@@ -717,6 +726,11 @@ func (e *Engine) finishReport(ctx context.Context) {
 		}
 		buf = [4]byte{0xff, 0xff, 0xff, 0xff} // request separator
 		digest.Write(buf[:])
+		if e.spec.KeepOutputs {
+			rep.Outputs.Requests = append(rep.Outputs.Requests, report.RequestOutput{
+				ID: uint64(r.id), Tokens: slices.Clone(r.tokens[r.prompt:]), Logits: r.logits, LogitsAt: r.logitsAt,
+			})
+		}
 	}
 	rep.Outputs.Digest = fmt.Sprintf("%016x", digest.Sum64())
 	rep.Latency = report.Latency{

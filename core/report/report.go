@@ -139,6 +139,20 @@ type Snapshots struct {
 // generated tokens in request order, equal across variants when outputs are.
 type Outputs struct {
 	Digest string `json:"digest"`
+	// Requests are every request's outputs, in request order, when the run
+	// kept them (engine.Spec.KeepOutputs).
+	Requests []RequestOutput `json:"requests,omitempty"`
+}
+
+// RequestOutput is what one request generated.
+type RequestOutput struct {
+	ID     uint64  `json:"id"`
+	Tokens []int32 `json:"tokens"`
+	// Logits are those of the last sampled position, which sampled
+	// generated token LogitsAt (past len(Tokens) when the output was cut at
+	// its length); nil on devices without real math.
+	Logits   []float32 `json:"logits,omitempty"`
+	LogitsAt int       `json:"logits_at,omitempty"`
 }
 
 // Percentile returns the p-th percentile (0..100) of xs by nearest rank; 0 for none.

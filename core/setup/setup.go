@@ -59,6 +59,11 @@ type Budget struct {
 	Cache       int64 // what the cache manager may use
 }
 
+// CPUMemoryBytes is the memory of one stage on the cpu device: synthetic
+// models are small, and their cache pools are allocated for real.
+// kv_cache_config.max_tokens and free_gpu_memory_fraction shrink it.
+const CPUMemoryBytes = 256 << 20
+
 // runtimeReserve is the fixed per-GPU overhead kept out of the cache budget:
 // CUDA context, NCCL buffers and graphs, about 1 GiB on current stacks.
 const runtimeReserve = 1 << 30
@@ -71,9 +76,16 @@ const activationFactor = 12
 // StageBudget sizes one stage's cache as TensorRT-LLM does: the free memory
 // after weights and activations, times free_gpu_memory_fraction, capped by
 // kv_cache_config.max_tokens when set.
+//
+// On the cpu device the memory is CPUMemoryBytes of host memory per stage
+// (its pools are real allocations) with no runtime reserve.
 func StageBudget(cfg *config.Config, m *spec.Model, hw spec.Hardware, stage int, first, last int) (Budget, error) {
 	tp := cfg.TensorParallelSize
 	b := Budget{Memory: hw.MemoryBytes, Fraction: cfg.KVCache.FreeGPUMemoryFraction, Reserved: runtimeReserve}
+	if cfg.Device == "cpu" {
+		b.Memory, b.Reserved = CPUMemoryBytes, 0
+		hw.Name = "cpu stage"
+	}
 	b.Weights = model.WeightBytes(*m, first, last, cfg.WeightsDtype, tp)
 	b.Activations = int64(cfg.MaxNumTokens) * int64(m.Hidden) * 2 * activationFactor
 	if last == len(m.Layers) { // logits of the last stage, fp32
