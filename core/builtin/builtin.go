@@ -8,6 +8,7 @@ import (
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
 	cachemgrv2 "github.com/kvx-dev/kvx/cachemgr_v2"
 	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/core/device/cpu"
 	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/dsa/mla"
@@ -34,7 +35,8 @@ func Registry() setup.Registry {
 	}
 }
 
-// Worker is the worker runtime for backend b with every built-in device.
+// Worker is the worker runtime for backend b with every built-in device:
+// sim (built into the runtime) and cpu.
 func Worker(b device.Backend) *device.Worker {
-	return device.NewWorker(b)
+	return device.NewWorker(b, device.WithDevice("cpu", cpu.Open))
 }

@@ -124,7 +124,7 @@ func New(m spec.Model, seed uint64, first, last int) (*Stage, error) {
 	case m.Vocab < MinVocab:
 		return nil, fmt.Errorf("synth: model %q: vocab %d is less than %d (256 bytes + BOS + EOS)", m.Name, m.Vocab, MinVocab)
 	}
-	s := &Stage{m: m, first: first, last: last, decEnd: decEnd, w: Weights{Seed: seed, Layers: n}}
+	s := &Stage{m: m, first: first, last: last, decEnd: decEnd, w: Weights{Seed: seed, Layers: decEnd}}
 	h := m.Hidden
 	gated := m.Arch != archNemotronH
 	if first == 0 || (last == n && m.NumNextN > 0) {

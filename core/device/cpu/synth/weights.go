@@ -28,7 +28,7 @@ import (
 // use; returned slices are the caller's.
 type Weights struct {
 	Seed   uint64
-	Layers int // layers of the whole model (decoder + MTP), for the Output scaling; < 1 counts as 1
+	Layers int // decoder layers of the model (MTP layers excluded, so that turning MTP on or off leaves the main model as it is), for the Output scaling; < 1 counts as 1
 }
 
 func (w Weights) fill(name string, n int, a float64) []float32 {

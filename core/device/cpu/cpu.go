@@ -1,0 +1,577 @@
+// Package cpu is the cpu device of the worker runtime: real attention on
+// real KV. It runs a synthetic model (package synth: seeded weights, FFNs,
+// LM head, greedy sampling, MTP) whose token mixers are the paged reference
+// kernels of package kernel over pools the device allocates from the
+// manager's layout, addressed through the block tables the runtime keeps.
+// Plug it in with device.WithDevice("cpu", cpu.Open).
+//
+// Because every kernel reads the cache in logical token order with one fixed
+// summation order, the tokens and logits it produces are bit-identical to
+// Reference, a dense no-cache recomputation: that equality is the oracle of
+// every cache manager (a wrong block table or a stale state slot changes
+// them).
+//
+// # In-block layout
+//
+// Every pool of the layout (device and host tier) is Blocks × BlockBytes
+// bytes. A paged pool's block holds, for each layer of Pool.Layers in order
+// and each of that layer's paged buffers in order, TokensPerBlock ×
+// BytesPerToken bytes (token row stride BytesPerToken); a state pool's block
+// (TokensPerBlock 0) holds, for each layer in order, its conv then its ssm
+// state. Row formats are the kernels' (kernel.GQA, kernel.MLA,
+// kernel.Indexer, kernel.Mamba2).
+//
+// # Mamba2 state
+//
+// A sequence's live state is entry 0 of its table in the state pool (the
+// other entries are snapshot blocks). A step at Pos 0 starts from zeroed
+// state; a sequence first seen at Pos > 0 starts from whatever its slot
+// holds (prefix reuse copies a snapshot there before the forward). The
+// device keeps, per sequence, the states after each row of the last step's
+// draft tail and, when the next step's Pos says drafts were rejected, puts
+// the matching one back into the live slot. Item.Snapshots save the live
+// state after their Pos tokens into their block.
+package cpu
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/core/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/core/device/cpu/synth"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+// MaxPoolBytes is the most pool memory (all pools, both tiers) one stage may
+// allocate on the cpu device.
+const MaxPoolBytes int64 = 2 << 30
+
+// archGDN is Qwen3-Next, whose Gated DeltaNet layers core/model maps onto
+// the Mamba mixer for sizing; the kernels run Mamba2, not GDN.
+const archGDN = "Qwen3NextForCausalLM"
+
+var _ device.Device = (*Device)(nil)
+
+// Device is one configured stage on the cpu. Make it with Open. Like every
+// device its calls come from one goroutine at a time.
+type Device struct {
+	cfg    worker.Config // Layout and Model.Layers are not kept
+	stage  *synth.Stage
+	first  bool // stage 0: embeds tokens, takes no hidden
+	last   bool
+	hidden int
+
+	pools  []pool
+	byID   []kernel.Pool // indexed by pool id, for kernel.CopyBlocks
+	idx    map[int]int   // pool id -> index in pools
+	place  map[int]*placement
+	mix    map[int]*layerMix // mixer layers of the stage by layer index
+	mambas []int             // Mamba layers of the stage, ascending
+
+	queued []kvcache.Copy // CopyBlocks since the last Forward
+	seqs   map[kvcache.SeqID]*seqState
+}
+
+// seqState is what the device remembers of a sequence with Mamba layers.
+type seqState struct {
+	covered  int // tokens the live state covers
+	tailBase int // tokens covered by tail[l][0]
+	// tail[l][i] is layer l's state (conv then ssm) after tailBase+i tokens:
+	// the states through the last step's draft rows, but the last.
+	tail map[int][][]byte
+}
+
+// Open makes the cpu device for a stage. It fails, naming the field, the
+// value and the limit, on tensor parallelism > 1, a GDN model (Qwen3-Next),
+// a KV dtype other than bf16 or fp8, more draft tokens than the model's MTP
+// layers, buffer widths the kernels do not produce, a pool whose BlockBytes
+// differs from the in-block layout (see the package doc), or pools above
+// MaxPoolBytes in all.
+func Open(s device.Stage) (device.Device, error) {
+	cfg := s.Config
+	m := &cfg.Model
+	if cfg.TensorParallel > 1 {
+		return nil, fmt.Errorf("tensor_parallel %d: the cpu device runs one rank (limit 1)", cfg.TensorParallel)
+	}
+	if m.Arch == archGDN {
+		for _, l := range s.Layers {
+			if l.Mixer == spec.MixerMamba {
+				return nil, fmt.Errorf("model %q arch %s: layer %d is Gated DeltaNet, which the cpu kernels cannot run (they run Mamba2)", m.Name, m.Arch, l.Index)
+			}
+		}
+	}
+	kv, err := kvDtype(cfg.KVDtype)
+	if err != nil {
+		return nil, err
+	}
+	last := cfg.Stage == cfg.Stages-1
+	if last && cfg.DraftTokens > m.NumNextN {
+		return nil, fmt.Errorf("draft tokens %d exceed the %d MTP layers of model %q (one per draft depth)", cfg.DraftTokens, m.NumNextN, m.Name)
+	}
+	conv, ssm, err := stateDtypes(m, s.Layers)
+	if err != nil {
+		return nil, err
+	}
+	st, err := synth.New(*m, cfg.Seed, cfg.First, cfg.Last)
+	if err != nil {
+		return nil, err
+	}
+	d := &Device{cfg: *cfg, stage: st, first: cfg.First == 0, last: last, hidden: m.Hidden,
+		idx: map[int]int{}, mix: map[int]*layerMix{}, seqs: map[kvcache.SeqID]*seqState{}}
+	d.cfg.Layout = kvcache.Layout{}
+	d.cfg.Model.Layers = nil
+	for _, l := range s.Layers {
+		if l.Mixer == spec.MixerNone {
+			continue
+		}
+		x, err := newLayerMix(m, st.Weights(), l, cfg.Backend, kv, conv, ssm)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkWidths(x, l); err != nil {
+			return nil, err
+		}
+		d.mix[l.Index] = x
+		if x.kind == kindMamba {
+			d.mambas = append(d.mambas, l.Index)
+		}
+	}
+	// The runtime's Stage.Pools drop Layers; the config's layout has them
+	// (same pools, same order).
+	pools := cfg.Layout.Pools
+	if d.place, err = placeLayout(s.Layers, pools); err != nil {
+		return nil, err
+	}
+	var total int64
+	maxID := -1
+	for _, p := range pools {
+		total += int64(p.Blocks) * p.BlockBytes
+		maxID = max(maxID, p.ID)
+	}
+	if total > MaxPoolBytes {
+		return nil, fmt.Errorf("pools take %d bytes in all (%d pools), above the cpu device's limit of %d per stage: lower kv_cache_config.max_tokens or free_gpu_memory_fraction",
+			total, len(pools), MaxPoolBytes)
+	}
+	d.byID = make([]kernel.Pool, maxID+1)
+	for i, p := range pools {
+		p.Layers = slices.Clone(p.Layers)
+		mem := kernel.Pool{Data: make([]byte, int64(p.Blocks)*p.BlockBytes), BlockBytes: int(p.BlockBytes)}
+		d.pools = append(d.pools, pool{Pool: p, mem: mem})
+		d.byID[p.ID] = mem
+		d.idx[p.ID] = i
+	}
+	return d, nil
+}
+
+// kvDtype maps Config.KVDtype ("" is bf16, as core/model's "auto").
+func kvDtype(name string) (kernel.Dtype, error) {
+	switch name {
+	case "", "auto", "bf16", "bfloat16":
+		return kernel.BF16, nil
+	case "fp8":
+		return kernel.FP8, nil
+	}
+	return 0, fmt.Errorf("kv dtype %q: the cpu device runs bf16 and fp8", name)
+}
+
+// stateDtypes reads the Mamba conv and SSM state dtypes off the state
+// buffers' widths (the config carries only the KV dtype): 4 bytes per
+// element is float32, 2 is bf16 (float16 state runs as bf16).
+func stateDtypes(m *spec.Model, layers []spec.Layer) (conv, ssm kernel.Dtype, err error) {
+	conv, ssm = kernel.F32, kernel.F32
+	probe := kernel.Mamba2{Heads: m.MambaHeads, HeadDim: m.MambaHeadDim, State: m.SSMStateSize, Groups: m.NGroups, ConvKernel: m.ConvKernel,
+		ConvDtype: kernel.F32, SSMDtype: kernel.F32}
+	pick := func(role spec.Role, bytes int64, elems int) (kernel.Dtype, error) {
+		switch {
+		case elems > 0 && bytes == int64(4*elems):
+			return kernel.F32, nil
+		case elems > 0 && bytes == int64(2*elems):
+			return kernel.BF16, nil
+		}
+		return 0, fmt.Errorf("mamba %s state: %d bytes per sequence, want %d (float32) or %d (bf16) for %d elements", role, bytes, 4*elems, 2*elems, elems)
+	}
+	for _, l := range layers {
+		if l.Mixer != spec.MixerMamba {
+			continue
+		}
+		for _, b := range l.Buffers {
+			switch b.Role {
+			case spec.RoleConvState:
+				if conv, err = pick(b.Role, b.BytesPerSeq, probe.ConvBytes()/4); err != nil {
+					return 0, 0, fmt.Errorf("layer %d: %w", l.Index, err)
+				}
+			case spec.RoleSSMState:
+				if ssm, err = pick(b.Role, b.BytesPerSeq, probe.SSMBytes()/4); err != nil {
+					return 0, 0, fmt.Errorf("layer %d: %w", l.Index, err)
+				}
+			}
+		}
+	}
+	return conv, ssm, nil
+}
+
+// checkWidths checks layer l's buffers against what its kernels read and
+// write: the roles, in order, and the bytes per token or per sequence.
+func checkWidths(x *layerMix, l spec.Layer) error {
+	type want struct {
+		role  spec.Role
+		bytes int // 0: any width (a buffer the kernel does not touch)
+		paged bool
+	}
+	var ws []want
+	switch x.kind {
+	case kindGQA:
+		ws = []want{{spec.RoleKV, x.gqa.RowBytes(), true}}
+	case kindMLA, kindDSA:
+		ws = []want{{spec.RoleLatent, x.dsa.MLA.RowBytes(), true}}
+		if l.Mixer == spec.MixerDSA {
+			w := want{spec.RoleIndexKey, x.dsa.Indexer.RowBytes(), true}
+			if x.kind == kindMLA {
+				w.bytes = 0 // dense MLA on a DSA model leaves the indexer keys alone
+			}
+			ws = append(ws, w)
+		}
+	case kindMamba:
+		if c := x.mamba.ConvBytes(); c > 0 {
+			ws = append(ws, want{spec.RoleConvState, c, false})
+		}
+		ws = append(ws, want{spec.RoleSSMState, x.mamba.SSMBytes(), false})
+	}
+	if len(l.Buffers) != len(ws) {
+		return fmt.Errorf("layer %d (%s): %d cache buffers, the %s kernel uses %d", l.Index, l.Mixer, len(l.Buffers), x.kind, len(ws))
+	}
+	for i, w := range ws {
+		b := l.Buffers[i]
+		got := b.BytesPerSeq
+		if w.paged {
+			got = b.BytesPerToken
+		}
+		if b.Role != w.role || (w.bytes > 0 && got != int64(w.bytes)) {
+			unit := "sequence"
+			if w.paged {
+				unit = "token"
+			}
+			return fmt.Errorf("layer %d (%s) buffer %d: role %s with %d bytes per %s, the %s kernel needs role %s with %d",
+				l.Index, l.Mixer, i, b.Role, got, unit, x.kind, w.role, w.bytes)
+		}
+	}
+	return nil
+}
+
+// Modelled is false: Forward's time is measured.
+func (d *Device) Modelled() bool { return false }
+
+// CopyBlocks queues copies for the next Forward, which runs them before
+// b.Copies. Errors: copies between pools of different BlockBytes (nothing
+// is queued then).
+func (d *Device) CopyBlocks(_ context.Context, copies []kvcache.Copy) error {
+	for i, c := range copies {
+		if d.byID[c.SrcPool].BlockBytes != d.byID[c.DstPool].BlockBytes {
+			return kvcache.Errorf(kvcache.KindInvalidArg, "copies[%d]: src pool %d block bytes %d, dst pool %d block bytes %d: must be equal",
+				i, c.SrcPool, d.byID[c.SrcPool].BlockBytes, c.DstPool, d.byID[c.DstPool].BlockBytes)
+		}
+	}
+	d.queued = append(d.queued, copies...)
+	return nil
+}
+
+// Forward runs the queued copies and b.Copies, then the stage's layers on
+// b's items, reading and writing the KV through t. Pass.Nanos is the
+// measured wall time of the whole call. Errors: a hidden state that does not
+// fit the items (KindInvalidArg), item problems (*kvcache.Error with Seqs:
+// bad snapshots, a Mamba state that cannot be brought to Pos, a table that
+// does not cover the tokens), invalid copies (KindInvalidArg).
+func (d *Device) Forward(ctx context.Context, b *worker.Batch, t *device.Tables) (device.Pass, error) {
+	start := time.Now()
+	for _, s := range b.Released {
+		delete(d.seqs, s)
+	}
+	copies := append(d.queued, b.Copies...)
+	d.queued = nil
+	if err := kernel.CopyBlocks(d.byID, copies); err != nil {
+		return device.Pass{}, kvcache.Errorf(kvcache.KindInvalidArg, "%v", err)
+	}
+	rows := 0
+	for i := range b.Items {
+		rows += len(b.Items[i].Tokens)
+	}
+	if d.first && len(b.Hidden) != 0 {
+		return device.Pass{}, kvcache.Errorf(kvcache.KindInvalidArg, "stage %d got %d bytes of hidden state; the first stage takes none", d.cfg.Stage, len(b.Hidden))
+	}
+	if !d.first {
+		if _, err := synth.DecodeHidden(b.Hidden, rows, d.hidden); err != nil {
+			return device.Pass{}, kvcache.Errorf(kvcache.KindInvalidArg, "stage %d: %v", d.cfg.Stage, err)
+		}
+	}
+	pm := &pagedMixer{d: d, t: t, items: make(map[kvcache.SeqID]*worker.Item, len(b.Items))}
+	for i := range b.Items {
+		pm.items[b.Items[i].Seq] = &b.Items[i]
+	}
+	if len(d.mambas) > 0 {
+		if err := d.prepareStates(b.Items, t); err != nil {
+			return device.Pass{}, err
+		}
+		pm.tails = map[kvcache.SeqID]map[int][][]byte{}
+	}
+	step := synth.Step{Items: synth.ItemsFrom(b.Items), Hidden: b.Hidden, Logits: true}
+	if d.last {
+		step.Drafts = d.cfg.DraftTokens
+	}
+	res, err := d.stage.Forward(ctx, pm, step)
+	if err != nil {
+		return device.Pass{}, err
+	}
+	for i := range b.Items {
+		it := &b.Items[i]
+		if len(d.mambas) == 0 {
+			break
+		}
+		s := d.seqs[it.Seq]
+		if s == nil {
+			s = &seqState{}
+			d.seqs[it.Seq] = s
+		}
+		n := len(it.Tokens)
+		s.covered = it.Pos + n
+		s.tailBase = it.Pos + n - it.Draft
+		s.tail = pm.tails[it.Seq]
+	}
+	return device.Pass{Nanos: time.Since(start).Nanoseconds(), Hidden: res.Hidden, Outputs: res.Outputs}, nil
+}
+
+// liveSlot returns layer l's conv and ssm bytes in seq's live state slot.
+func (d *Device) liveSlot(l int, seq kvcache.SeqID, t *device.Tables) (conv, ssm []byte, err error) {
+	pl := d.place[l]
+	tab := t.Table(seq, pl.live)
+	if len(tab) == 0 {
+		return nil, nil, kvcache.ItemErrorf([]kvcache.SeqID{seq}, "seq %d: no live state slot in pool %d (%s) for mamba layer %d: its table there is empty",
+			seq, d.pools[pl.live].ID, d.pools[pl.live].Name, l)
+	}
+	return d.slot(l, pl.live, tab[0])
+}
+
+// slot returns layer l's conv and ssm bytes in block b of the pool at index pi.
+func (d *Device) slot(l, pi int, b kvcache.BlockID) (conv, ssm []byte, err error) {
+	at := d.place[l].state[pi]
+	mem := d.pools[pi].mem
+	if conv, err = kernel.StateSlot(mem, b, at.conv, at.convLen); err != nil {
+		return nil, nil, err
+	}
+	if ssm, err = kernel.StateSlot(mem, b, at.ssm, at.ssmLen); err != nil {
+		return nil, nil, err
+	}
+	return conv, ssm, nil
+}
+
+// prepareStates brings every item's live Mamba state to cover exactly Pos
+// tokens: zero at Pos 0, the saved draft-tail state after rejected drafts.
+// It also validates the items' snapshots.
+func (d *Device) prepareStates(items []worker.Item, t *device.Tables) error {
+	for i := range items {
+		it := &items[i]
+		bad := func(format string, args ...any) error {
+			return kvcache.ItemErrorf([]kvcache.SeqID{it.Seq}, "seq %d at pos %d: "+format, append([]any{it.Seq, it.Pos}, args...)...)
+		}
+		end := it.Pos + len(it.Tokens) - it.Draft
+		prev := it.Pos
+		for k, sn := range it.Snapshots {
+			pi, ok := d.idx[sn.Pool]
+			switch {
+			case !ok || !d.pools[pi].state():
+				return bad("snapshots[%d]: pool %d is not a state pool of the layout", k, sn.Pool)
+			case sn.Block < 0 || int(sn.Block) >= d.pools[pi].Blocks:
+				return bad("snapshots[%d]: block %d is outside pool %d of %d blocks", k, sn.Block, sn.Pool, d.pools[pi].Blocks)
+			case sn.Pos <= prev || sn.Pos > end:
+				return bad("snapshots[%d]: pos %d must be in (%d, %d] and increasing", k, sn.Pos, prev, end)
+			}
+			for _, l := range d.mambas {
+				if _, ok := d.place[l].state[pi]; !ok {
+					return bad("snapshots[%d]: pool %d does not hold mamba layer %d", k, sn.Pool, l)
+				}
+			}
+			prev = sn.Pos
+		}
+		s := d.seqs[it.Seq]
+		switch {
+		case it.Pos == 0:
+			for _, l := range d.mambas {
+				conv, ssm, err := d.liveSlot(l, it.Seq, t)
+				if err != nil {
+					return err
+				}
+				clear(conv)
+				clear(ssm)
+			}
+		case s == nil || s.covered == it.Pos:
+			// Fresh at Pos > 0: prefix reuse copied a snapshot into the slot.
+		case it.Pos >= s.tailBase && it.Pos-s.tailBase < len(s.tail[d.mambas[0]]):
+			for _, l := range d.mambas {
+				conv, ssm, err := d.liveSlot(l, it.Seq, t)
+				if err != nil {
+					return err
+				}
+				saved := s.tail[l][it.Pos-s.tailBase]
+				copy(conv, saved)
+				copy(ssm, saved[len(conv):])
+			}
+		default:
+			return bad("its mamba state covers %d tokens and no kept draft state covers %d", s.covered, it.Pos)
+		}
+	}
+	return nil
+}
+
+// pagedMixer is synth.Mixer over the paged kernels, for one Forward.
+type pagedMixer struct {
+	d     *Device
+	t     *device.Tables
+	items map[kvcache.SeqID]*worker.Item
+	tails map[kvcache.SeqID]map[int][][]byte // states through the draft rows, by seq and layer
+}
+
+func itemErr(seq kvcache.SeqID, layer int, err error) error {
+	return kvcache.ItemErrorf([]kvcache.SeqID{seq}, "seq %d layer %d: %v", seq, layer, err)
+}
+
+// paged returns the view of layer's buffer role for seq.
+func (pm *pagedMixer) paged(layer int, role spec.Role, seq kvcache.SeqID) kernel.Paged {
+	at := pm.d.place[layer].paged[role]
+	p := &pm.d.pools[at.pool]
+	return kernel.Paged{Data: p.mem.Data, BlockBytes: int(p.BlockBytes), Offset: at.offset, TokensPerBlock: p.TokensPerBlock,
+		Stride: at.stride, Table: pm.t.Table(seq, at.pool)}
+}
+
+// Mix implements synth.Mixer.
+func (pm *pagedMixer) Mix(_ context.Context, layer int, segs []synth.Seg, in, out []float32) error {
+	x := pm.d.mix[layer]
+	if x == nil {
+		return fmt.Errorf("cpu: layer %d has no mixer on this stage", layer)
+	}
+	rows := len(in) / x.hidden
+	core := make([]float32, rows*x.core)
+	r := 0
+	switch x.kind {
+	case kindGQA:
+		p := x.projectGQA(in)
+		qw, kw := x.gqa.Heads*x.gqa.HeadDim, x.gqa.KVHeads*x.gqa.HeadDim
+		for _, sg := range segs {
+			lo, hi := r, r+sg.Rows
+			err := x.gqa.Forward(pm.paged(layer, spec.RoleKV, sg.Seq), sg.Pos, sub(p.q, qw, lo, hi), sub(p.k, kw, lo, hi), sub(p.v, kw, lo, hi), sub(core, x.core, lo, hi))
+			if err != nil {
+				return itemErr(sg.Seq, layer, err)
+			}
+			r = hi
+		}
+	case kindMLA, kindDSA:
+		p := x.projectMLA(in)
+		m := x.dsa.MLA
+		for _, sg := range segs {
+			lo, hi := r, r+sg.Rows
+			mi := sliceMLA(&p, m, x.dsa.Indexer, lo, hi)
+			mi.in.Pos = sg.Pos
+			lat := pm.paged(layer, spec.RoleLatent, sg.Seq)
+			var err error
+			if x.kind == kindDSA {
+				err = x.dsa.Forward(lat, pm.paged(layer, spec.RoleIndexKey, sg.Seq), &x.mlaW, mi.in, mi.ix, sub(core, x.core, lo, hi), nil)
+			} else {
+				err = m.Forward(lat, &x.mlaW, mi.in, sub(core, x.core, lo, hi))
+			}
+			if err != nil {
+				return itemErr(sg.Seq, layer, err)
+			}
+			r = hi
+		}
+	case kindMamba:
+		p := x.projectMamba(in)
+		for _, sg := range segs {
+			if err := pm.mamba(x, sg, &p, r, core); err != nil {
+				return err
+			}
+			r += sg.Rows
+		}
+	default:
+		return fmt.Errorf("cpu: layer %d has no token mixer", layer)
+	}
+	x.finish(out, core)
+	return nil
+}
+
+// sliceMLA returns rows [lo, hi) of p.
+func sliceMLA(p *mlaIn, m kernel.MLA, ix kernel.Indexer, lo, hi int) mlaIn {
+	var o mlaIn
+	o.in.QNope = sub(p.in.QNope, m.Heads*m.QKNopeHeadDim, lo, hi)
+	o.in.QPE = sub(p.in.QPE, m.Heads*m.QKRopeHeadDim, lo, hi)
+	o.in.CKV = sub(p.in.CKV, m.KVLoraRank, lo, hi)
+	o.in.KPE = sub(p.in.KPE, m.QKRopeHeadDim, lo, hi)
+	if p.ix.Q != nil {
+		o.ix.Q = sub(p.ix.Q, ix.Heads*ix.HeadDim, lo, hi)
+		o.ix.W = sub(p.ix.W, ix.Heads, lo, hi)
+		o.ix.K = sub(p.ix.K, ix.HeadDim, lo, hi)
+	}
+	return o
+}
+
+// mamba runs one sequence's rows (starting at row r of the call) through
+// layer x's Mamba2 kernel on its live slot, stopping at every snapshot
+// position (to save the state there) and after every row of the draft tail
+// (to keep the state for a rollback).
+func (pm *pagedMixer) mamba(x *layerMix, sg synth.Seg, p *mambaIn, r int, core []float32) error {
+	d := pm.d
+	conv, ssm, err := d.liveSlot(x.layer, sg.Seq, pm.t)
+	if err != nil {
+		return err
+	}
+	var snaps []kvcache.SnapshotSlot
+	if it := pm.items[sg.Seq]; it != nil && it.Pos == sg.Pos && len(it.Tokens) == sg.Rows {
+		snaps = it.Snapshots
+	}
+	end := sg.Pos + sg.Rows
+	tailFrom := end - sg.Draft
+	var tail [][]byte
+	mb := x.mamba
+	di, cd, H := mb.Inner(), mb.ConvDim(), mb.Heads
+	at := sg.Pos // tokens the state covers
+	for at < end {
+		next := end
+		if len(snaps) > 0 && snaps[0].Pos < next {
+			next = snaps[0].Pos
+		}
+		if at >= tailFrom {
+			next = at + 1
+		} else if sg.Draft > 0 && tailFrom < next {
+			next = tailFrom
+		}
+		lo, hi := r+at-sg.Pos, r+next-sg.Pos
+		if err := mb.Forward(&x.mambW, conv, ssm, sub(p.z, di, lo, hi), sub(p.xBC, cd, lo, hi), sub(p.dt, H, lo, hi), sub(core, di, lo, hi)); err != nil {
+			return itemErr(sg.Seq, x.layer, err)
+		}
+		at = next
+		for len(snaps) > 0 && snaps[0].Pos == at {
+			sn := snaps[0]
+			snaps = snaps[1:]
+			sc, ss, err := d.slot(x.layer, d.idx[sn.Pool], sn.Block)
+			if err != nil {
+				return itemErr(sg.Seq, x.layer, err)
+			}
+			copy(sc, conv)
+			copy(ss, ssm)
+		}
+		if sg.Draft > 0 && at >= tailFrom && at < end {
+			tail = append(tail, append(slices.Clip(slices.Clone(conv)), ssm...))
+		}
+	}
+	if sg.Draft > 0 {
+		byLayer := pm.tails[sg.Seq]
+		if byLayer == nil {
+			byLayer = map[int][][]byte{}
+			pm.tails[sg.Seq] = byLayer
+		}
+		byLayer[x.layer] = tail
+	}
+	return nil
+}

@@ -1,0 +1,137 @@
+package cpu_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/kvx-dev/kvx/core/device/cpu"
+	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+)
+
+// requests are three prompts generated together, prefilled in chunks of 1,
+// 7 and whole.
+func requests(vocab int, lens [3]int, want int) []*req {
+	var rs []*req
+	for i, c := range []int{1, 7, 0} {
+		rs = append(rs, &req{seq: kvcache.SeqID(10 + i), prompt: prompt(lens[i], i+1, vocab), chunk: c, want: want})
+	}
+	return rs
+}
+
+type equivCase struct {
+	preset  string
+	backend string
+	manager string
+	kv      string
+	drafts  int
+	pp      int
+	edit    func(*spec.Model)
+}
+
+func (c equivCase) name() string {
+	return fmt.Sprintf("%s/%s/%s/%s/drafts=%d/pp=%d", c.preset, c.backend, c.manager, c.kv, c.drafts, c.pp)
+}
+
+func runEquiv(t *testing.T, c equivCase) {
+	m := synthModel(t, c.preset, model.SyntheticSpec{}, c.kv)
+	if c.edit != nil {
+		c.edit(&m)
+	}
+	ref, err := cpu.NewReference(m, seed, c.backend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, m, opts{backend: c.backend, manager: c.manager, kv: c.kv, drafts: c.drafts, pp: c.pp})
+	reqs := requests(m.Vocab, [3]int{9, 23, 30}, 5)
+	r.run(reqs)
+	for _, q := range reqs {
+		t.Logf("seq %d: tokens %v, %d drafts accepted", q.seq, q.out, q.accepted)
+	}
+	checkReference(t, ref, reqs)
+	if c.pp > 1 { // and equal to the same run on one stage
+		one := newRig(t, m, opts{backend: c.backend, manager: c.manager, kv: c.kv, drafts: c.drafts})
+		reqs1 := requests(m.Vocab, [3]int{9, 23, 30}, 5)
+		one.run(reqs1)
+		for i, q := range reqs {
+			if !slices.Equal(q.out, reqs1[i].out) || !sameBits(q.logits, reqs1[i].logits) {
+				t.Errorf("seq %d: PP %d tokens %v, PP 1 tokens %v (or last logits differ)", q.seq, c.pp, q.out, reqs1[i].out)
+			}
+		}
+	}
+}
+
+func TestEquivalenceLlama(t *testing.T) {
+	for _, c := range []equivCase{
+		{preset: "llama-3.1-8b", backend: "gqa", manager: "v1", kv: "bf16"},
+		{preset: "llama-3.1-8b", backend: "gqa", manager: "v2", kv: "fp8"},
+	} {
+		t.Run(c.name(), func(t *testing.T) { runEquiv(t, c) })
+	}
+}
+
+func TestEquivalenceDeepSeek(t *testing.T) {
+	for _, c := range []equivCase{
+		{preset: "deepseek-v3.2", backend: "dsa", manager: "v2", kv: "bf16"},
+		{preset: "deepseek-v3.2", backend: "dsa", manager: "v1", kv: "fp8", drafts: 1},
+		{preset: "deepseek-v3.2", backend: "mla", manager: "v2", kv: "bf16", drafts: 1},
+		{preset: "deepseek-v3.2", backend: "mla", manager: "v1", kv: "fp8"},
+	} {
+		t.Run(c.name(), func(t *testing.T) { runEquiv(t, c) })
+	}
+}
+
+func TestEquivalenceNemotronH(t *testing.T) {
+	for _, c := range []equivCase{
+		{preset: "nemotron-3-nano-30b-a3b", backend: "gqa", manager: "mamba", kv: "bf16"},
+		{preset: "nemotron-3-nano-30b-a3b", backend: "gqa", manager: "mamba", kv: "fp8"},
+	} {
+		t.Run(c.name(), func(t *testing.T) { runEquiv(t, c) })
+	}
+}
+
+// withMTP appends one MTP layer (GQA + the model's FFN) to a model without
+// one, so that a hybrid model runs drafts and Mamba rollback.
+func withMTP(m *spec.Model) {
+	ffn := spec.FFNMoE
+	for _, l := range m.Layers {
+		if l.FFN != spec.FFNNone {
+			ffn = l.FFN
+		}
+	}
+	m.Layers = append(m.Layers, spec.Layer{Index: len(m.Layers), Mixer: spec.MixerGQA, FFN: ffn, MTP: true})
+	m.NumNextN = 1
+	if err := model.FillBuffers(m, model.Dtypes{KV: "bf16"}, 1); err != nil {
+		panic(err)
+	}
+}
+
+// windowed gives layers 1 and 3 a sliding window of 8 tokens.
+func windowed(m *spec.Model) {
+	m.Layers[1].Window = 8
+	m.Layers[3].Window = 8
+}
+
+func TestEquivalenceDraftsAndWindows(t *testing.T) {
+	for _, c := range []equivCase{
+		{preset: "nemotron-3-nano-30b-a3b", backend: "gqa", manager: "mamba", kv: "bf16", drafts: 1, edit: withMTP},
+		{preset: "llama-3.1-8b", backend: "gqa", manager: "v2", kv: "bf16", edit: windowed},
+		{preset: "llama-3.1-8b", backend: "gqa", manager: "v1", kv: "bf16", edit: windowed},
+		{preset: "llama-3.1-8b", backend: "gqa", manager: "v2", kv: "bf16", drafts: 1, edit: func(m *spec.Model) { windowed(m); withMTP(m) }},
+	} {
+		t.Run(c.name(), func(t *testing.T) { runEquiv(t, c) })
+	}
+}
+
+func TestEquivalencePipeline(t *testing.T) {
+	for _, c := range []equivCase{
+		{preset: "llama-3.1-8b", backend: "gqa", manager: "v2", kv: "bf16", pp: 2},
+		{preset: "deepseek-v3.2", backend: "dsa", manager: "v1", kv: "bf16", drafts: 1, pp: 2},
+		{preset: "deepseek-v3.2", backend: "mla", manager: "v2", kv: "fp8", pp: 2},
+		{preset: "nemotron-3-nano-30b-a3b", backend: "gqa", manager: "mamba", kv: "bf16", drafts: 1, pp: 2, edit: withMTP},
+	} {
+		t.Run(c.name(), func(t *testing.T) { runEquiv(t, c) })
+	}
+}
