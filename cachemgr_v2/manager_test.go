@@ -233,3 +233,27 @@ func evictionOrder(t *Tree) []*Node {
 	})
 	return o
 }
+
+// TestDuplicatePrefixIsNotPinned: two sequences that computed the same
+// prompt side by side (neither could reuse the other) register it once; the
+// second keeps its private blocks and does not pin the first's copy, which
+// stays evictable after the first is released, so a max_seq_len request
+// still fits beside the second (found by the cpu equivalence suite, where a
+// request was refused in an otherwise empty cache).
+func TestDuplicatePrefixIsNotPinned(t *testing.T) {
+	m, _ := configure(t, smallCfg(13, 0)) // one 32-token request (+2 drafts) needs 9 blocks
+	p := tokens(13, 1)
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 13, New: true, Prompt: p})
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 13, New: true, Prompt: p})
+	mustCommit(t, m, 1, 13)
+	mustCommit(t, m, 2, 13)
+	if err := m.Release(ctx, []kvcache.SeqID{1}); err != nil {
+		t.Fatal(err)
+	}
+	if ps := inspect(t, m).Pools[0]; ps.Cached != 3 || ps.InUse != 4 {
+		t.Fatalf("pool %+v, want seq 1's 3 prompt blocks cached and seq 2's 4 in use", ps)
+	}
+	if g := reserve1(t, m, kvcache.ReserveItem{Seq: 3, Tokens: 16, Hold: 34, New: true, Prompt: tokens(16, 3)}); !g.OK {
+		t.Fatalf("a max_seq_len request beside seq 2 was denied: %s", g.Reason)
+	}
+}

@@ -174,8 +174,9 @@ func (t *Tree) MatchPartial(parent *Node, tokens []int32) (*Node, int) {
 //   - a new node, which adopts pages (adopted true);
 //   - an existing node without pages (evicted, awaiting pruning), which adopts
 //     pages and is thereby re-attached to the cache (adopted true);
-//   - an existing node with pages: the sequence keeps its own blocks private
-//     and pins the node only to extend its path (adopted false).
+//   - an existing node with pages: the node is pinned but holds another
+//     sequence's copy (adopted false); the managers unpin it and stop
+//     registering that sequence, whose blocks stay private.
 //
 // It returns nil when a different block has the same hash (never in
 // practice): the caller stops registering that sequence's blocks. Extend
