@@ -75,7 +75,8 @@ const activationFactor = 12
 
 // StageBudget sizes one stage's cache as TensorRT-LLM does: the free memory
 // after weights and activations, times free_gpu_memory_fraction, capped by
-// kv_cache_config.max_tokens when set.
+// kv_cache_config.max_tokens when set (plus, for hybrid models, a state slot
+// per resident sequence and one for a snapshot).
 //
 // On the cpu device the memory is CPUMemoryBytes of host memory per stage
 // (its pools are real allocations) with no runtime reserve.
@@ -98,13 +99,18 @@ func StageBudget(cfg *config.Config, m *spec.Model, hw spec.Hardware, stage int,
 	}
 	b.Cache = int64(float64(free) * b.Fraction)
 	if mt := cfg.KVCache.MaxTokens; mt > 0 {
-		var perToken int64
+		// max_tokens counts tokens of paged cache. The state buffers of a
+		// hybrid model come on top: a live state for every resident
+		// sequence and one more (the least a snapshot policy needs).
+		var perToken, perSeq int64
 		for _, l := range m.Layers[first:last] {
 			for _, buf := range l.Buffers {
 				perToken += buf.BytesPerToken
+				perSeq += buf.BytesPerSeq
 			}
 		}
-		b.Cache = min(b.Cache, int64(mt)*perToken)
+		resident := int64(cfg.MaxBatchSize) * int64(cfg.PipelineParallelSize)
+		b.Cache = min(b.Cache, int64(mt)*perToken+(resident+1)*perSeq)
 	}
 	return b, nil
 }
