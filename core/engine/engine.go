@@ -347,6 +347,13 @@ func (e *Engine) iterate(ctx context.Context) error {
 		r.preempts++
 		r.drafts = r.drafts[:0]
 	}
+	for _, id := range step.Dropped {
+		// A suspension given up: the request recomputes after all.
+		e.rep.Requests.Suspensions--
+		r := e.byID[id]
+		r.preempts++
+		r.drafts = r.drafts[:0]
+	}
 	if failed != nil {
 		return failed
 	}

@@ -4,15 +4,19 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
 	cachemgrv2 "github.com/kvx-dev/kvx/cachemgr_v2"
+	"github.com/kvx-dev/kvx/core/builtin"
+	"github.com/kvx-dev/kvx/core/config"
 	"github.com/kvx-dev/kvx/core/device"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/hw"
 	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/sched"
+	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/core/workload"
 	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -262,5 +266,45 @@ func TestSuspendToHostTier(t *testing.T) {
 	}
 	if host.Invariants.Violations != 0 || plain.Requests.Suspensions != 0 {
 		t.Errorf("violations %d; suspensions without a host tier %d", host.Invariants.Violations, plain.Requests.Suspensions)
+	}
+}
+
+// TestSuspendWithReuseUnderPressure: with block reuse on, a suspended
+// sequence keeps its registered prompt blocks pinned on the device. In a
+// cache that holds two requests this once rejected a request "in an empty
+// cache" and then suspended and resumed the others millions of times; the
+// scheduler now drops suspended requests to recompute before it rejects
+// anyone or lets the last running request fail to grow.
+func TestSuspendWithReuseUnderPressure(t *testing.T) {
+	sets := []string{
+		"model=llama-3.1-8b", "attention_backend=gqa", "device=sim", "isolation=inprocess", "cache_manager=v2",
+		"max_batch_size=4", "max_num_tokens=64", "max_seq_len=320", "enable_chunked_prefill=true",
+		"kv_cache_config.enable_block_reuse=true", "kv_cache_config.tokens_per_block=16", "kv_cache_config.max_tokens=640",
+		"kv_cache_config.host_cache_size=20000000000", "scheduler_config.capacity_scheduler_policy=MAX_UTILIZATION",
+		"workload.requests=16", "workload.concurrency=6", "workload.prompt_tokens={min: 120, max: 260}",
+		"workload.output_tokens={min: 16, max: 48}", "workload.shared_prefix_tokens=96", "workload.shared_prefix_groups=3", "workload.seed=7",
+	}
+	cfg, _, err := config.Load(nil, nil, sets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := setup.Resolve(cfg, "pressure", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := setup.NewLauncher(cfg, builtin.Registry(), nil)
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rep, err := engine.Run(ctx, res.Spec, l)
+	if err != nil {
+		t.Fatalf("run: %v (requests %+v)", err, rep.Requests)
+	}
+	t.Logf("preemptions %d, suspended %d, recomputed %d", rep.Requests.Preemptions, rep.Requests.Suspensions, rep.Tokens.Recomputed)
+	if rep.Requests.Completed != rep.Requests.Total || rep.Requests.Rejected != 0 || rep.Invariants.Violations != 0 {
+		t.Fatalf("requests %+v, violations %d: want every request completed", rep.Requests, rep.Invariants.Violations)
+	}
+	if rep.Requests.Suspensions == 0 || rep.Requests.Preemptions > 20*rep.Requests.Total {
+		t.Errorf("%d preemptions, %d suspended for %d requests: want some suspensions, and no circles", rep.Requests.Preemptions, rep.Requests.Suspensions, rep.Requests.Total)
 	}
 }

@@ -110,6 +110,13 @@ type Step struct {
 	// in Suspended, suspended to the host tier to resume where they stopped.
 	Preempted []kvcache.SeqID
 	Suspended []kvcache.SeqID
+	// Dropped are requests suspended earlier whose host copy was released
+	// through Capacity.Release in this step: they recompute from the start.
+	// A suspended request still pins its shared blocks on the device, so
+	// when the only running request cannot grow, or the head of the queue
+	// does not fit with nothing resident, the suspended ones are dropped
+	// before anybody is rejected (no livelock of suspensions either).
+	Dropped []kvcache.SeqID
 	// Rejected requests are forgotten; any capacity they held was released
 	// through Capacity.Release. The executor answers them with the reason.
 	Rejected []Rejection
@@ -354,6 +361,25 @@ func (s *Scheduler) scheduleRunning(p *pass, gen bool) {
 	cands, items = cands[:n], items[:n]
 
 	for len(cands) > 0 {
+		if len(s.running) == 1 && s.InFlight() == 0 && s.dropSuspended(p) > 0 {
+			// The suspended requests held device blocks: try again.
+			asks = asks[:0]
+			for _, it := range items {
+				asks = append(asks, kvcache.ReserveItem{Seq: it.ID, Tokens: it.Tokens, Draft: it.Draft})
+			}
+			ok = p.c.Reserve(asks)
+			n = 0
+			for i, r := range cands {
+				if i < len(ok) && ok[i] {
+					s.grant(p, r, items[i])
+					continue
+				}
+				cands[n], items[n] = r, items[i]
+				n++
+			}
+			cands, items = cands[:n], items[:n]
+			continue
+		}
 		if len(s.running) == 1 && s.InFlight() == 0 {
 			// The denied request is alone in the cache: recomputing it would
 			// only come back here.
@@ -433,7 +459,7 @@ func (s *Scheduler) admit(p *pass) bool {
 	if s.resume(p) {
 		return false // FCFS: a suspended head resumes before anyone is admitted
 	}
-	n = min(len(s.waiting), s.cfg.MaxResident-s.resident(), p.slots, p.tokens)
+	n = min(s.newAtHead(), s.cfg.MaxResident-s.resident(), p.slots, p.tokens)
 	if n <= 0 {
 		return false
 	}
@@ -448,9 +474,23 @@ func (s *Scheduler) admit(p *pass) bool {
 			return rejected
 		}
 		empty = false
-		n = min(len(s.waiting), s.cfg.MaxResident-s.resident(), p.slots, p.tokens)
+		n = min(s.newAtHead(), s.cfg.MaxResident-s.resident(), p.slots, p.tokens)
 	}
 	return false
+}
+
+// newAtHead is the number of waiting requests before the first suspended
+// one: those admit is free to admit anew. A suspended request resumes (it
+// holds a sequence on the host tier) and never goes through admission as a
+// new one; it can sit behind others when a later victim was released to
+// the head of the queue after it was suspended.
+func (s *Scheduler) newAtHead() int {
+	for i, r := range s.waiting {
+		if r.suspended {
+			return i
+		}
+	}
+	return len(s.waiting)
 }
 
 // admitWindow is the first window of candidates to look up and reserve.
@@ -527,6 +567,10 @@ func (s *Scheduler) admitWindow(p *pass, cands []*req, empty bool) (granted int,
 		// The cache refused the head: wait until something leaves it.
 		s.headDenied, s.headDeniedAt = true, s.freed
 	}
+	if first == 0 && empty && s.dropSuspended(p) > 0 {
+		// Suspended requests held device blocks: the next pass tries again.
+		return 0, true, false
+	}
 	if first == 0 && empty {
 		r, a := s.waiting[0], asks[0]
 		s.drop(r)
@@ -556,6 +600,24 @@ func (s *Scheduler) chunk(pos, rem, budget int) int {
 		return 0
 	}
 	return end - pos
+}
+
+// dropSuspended releases every suspended request's cache (host copy and
+// the device blocks it still pins); they wait where they are and recompute.
+// It returns how many it dropped.
+func (s *Scheduler) dropSuspended(p *pass) int {
+	var ids []kvcache.SeqID
+	for _, r := range s.waiting {
+		if r.suspended {
+			r.suspended, r.history = false, 0
+			ids = append(ids, r.ID)
+		}
+	}
+	if len(ids) > 0 {
+		p.c.Release(ids)
+		p.st.Dropped = append(p.st.Dropped, ids...)
+	}
+	return len(ids)
 }
 
 // newestIdle is the most recently admitted running request not in flight.
