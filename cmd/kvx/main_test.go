@@ -320,3 +320,43 @@ func TestHTMLReport(t *testing.T) {
 		t.Errorf("HTML report lacks charts or variants (%d bytes)", len(data))
 	}
 }
+
+// TestCPUScenariosSameOutputs: on the bundled cpu scenarios (real kernels on
+// real KV, as plugins) the outputs digest is the same whatever the manager
+// and with block reuse on or off, and each variant does what it is named for.
+func TestCPUScenariosSameOutputs(t *testing.T) {
+	for _, tc := range []struct {
+		scenario string
+		vary     []string
+		reusers  int // variants that must reuse a prefix
+	}{
+		{"cpu-llama.yaml", []string{"--vary", "cache_manager=v1,v2", "--vary", "kv_cache_config.enable_block_reuse=true,false"}, 2},
+		{"cpu-hybrid.yaml", []string{"--vary", "cache_manager=v1,mamba"}, 1},
+	} {
+		js := filepath.Join(t.TempDir(), "r.json")
+		args := append([]string{"compare", "-c", "../../scenarios/" + tc.scenario, "--json", js}, tc.vary...)
+		out, stderr, code := kvx(t, args...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d\n%s\n%s", tc.scenario, code, out, stderr)
+		}
+		rs := readReports(t, js)
+		reused := 0
+		for _, r := range rs {
+			if r.Requests.Completed != r.Requests.Total || r.Requests.Failed != 0 || r.Invariants.Violations != 0 {
+				t.Errorf("%s %s: requests %+v, violations %d", tc.scenario, r.Variant, r.Requests, r.Invariants.Violations)
+			}
+			if r.Outputs.Digest != rs[0].Outputs.Digest {
+				t.Errorf("%s: %s digest %s, %s digest %s", tc.scenario, r.Variant, r.Outputs.Digest, rs[0].Variant, rs[0].Outputs.Digest)
+			}
+			if r.Config.Device != "cpu" || r.Engine.Modelled {
+				t.Errorf("%s %s: device %q, modelled %v: want measured cpu", tc.scenario, r.Variant, r.Config.Device, r.Engine.Modelled)
+			}
+			if r.Tokens.PrefixReused > 0 {
+				reused++
+			}
+		}
+		if reused != tc.reusers {
+			t.Errorf("%s: %d variants reused a prefix, want %d", tc.scenario, reused, tc.reusers)
+		}
+	}
+}
