@@ -82,7 +82,9 @@ type Pass struct {
 
 // Stage is what a device learns at Configure, already validated: the config
 // (its slices are the caller's: copy what you keep), the backend, the stage's
-// layers (a slice of cfg.Model.Layers) and the pools in layout order.
+// layers (a slice of cfg.Model.Layers) and the pools in layout order, without
+// their Layers (the runtime keeps none of the caller's slices; a device that
+// needs them reads Config.Layout.Pools).
 type Stage struct {
 	Config  *worker.Config
 	Backend Backend
