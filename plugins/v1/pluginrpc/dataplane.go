@@ -322,8 +322,10 @@ var aLongTimeAgo = time.Unix(1, 0)
 // a gRPC status error, as the same call over gRPC would have returned: the
 // plugin's own (status frame), codes.Canceled or DeadlineExceeded when ctx
 // ended, codes.Unavailable when the plane failed. After a transport failure
-// the plane is closed: the call may or may not have run, so the caller must
-// treat the plugin as lost (KindUnavailable), and later calls fail the same.
+// or a ctx that ended mid-call the plane is closed for good (the stream may
+// be out of step with the plugin; the call may or may not have run, so an
+// Unavailable caller treats the plugin as lost); the client's next call
+// opens a fresh plane (planeOpener).
 func (d *dataPlane) call(ctx context.Context, m method, req, resp proto.Message) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
