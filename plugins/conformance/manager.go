@@ -301,8 +301,32 @@ func (h *mh) reserveRaw(items []kvcache.ReserveItem) ([]kvcache.Grant, error) {
 		for _, c := range g.Copies {
 			h.checkCopy(c, "Grant.Copies of seq "+fmt.Sprint(g.Seq))
 		}
+		h.checkSnapshotSlots(g)
 	}
 	return gs, nil
+}
+
+// checkSnapshotSlots: a grant's state saves name blocks of state pools of
+// the layout, at increasing positions; a denial names none.
+func (h *mh) checkSnapshotSlots(g kvcache.Grant) {
+	const want = "Grant.Snapshots name blocks of state pools (TokensPerBlock 0) of the layout, at increasing positions > 0; a denial has none"
+	if !g.OK && len(g.Snapshots) > 0 {
+		h.failf(h.last, want, "seq %d denied with snapshot slots %v", g.Seq, g.Snapshots)
+		return
+	}
+	for k, ss := range g.Snapshots {
+		i := slices.IndexFunc(h.layout.Pools, func(p kvcache.Pool) bool { return p.ID == ss.Pool })
+		switch {
+		case i < 0:
+			h.failf(h.last, want, "seq %d: snapshot slot %d names pool %d, not in the layout", g.Seq, k, ss.Pool)
+		case h.layout.Pools[i].TokensPerBlock != 0:
+			h.failf(h.last, want, "seq %d: snapshot slot %d names pool %d (%s), a paged pool", g.Seq, k, ss.Pool, h.layout.Pools[i].Name)
+		case ss.Block < 0 || int(ss.Block) >= h.layout.Pools[i].Blocks:
+			h.failf(h.last, want, "seq %d: snapshot slot %d: block %d outside pool %d of %d blocks", g.Seq, k, ss.Block, ss.Pool, h.layout.Pools[i].Blocks)
+		case ss.Pos <= 0 || (k > 0 && ss.Pos <= g.Snapshots[k-1].Pos):
+			h.failf(h.last, want, "seq %d: snapshot positions %v", g.Seq, g.Snapshots)
+		}
+	}
 }
 
 // reserve calls Reserve, which must not fail; it records the grants'

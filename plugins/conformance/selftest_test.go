@@ -227,3 +227,35 @@ func TestSuiteCatchesBrokenWorkers(t *testing.T) {
 		})
 	}
 }
+
+// pagedSnapshots names a paged pool's block as a state save in every grant.
+type pagedSnapshots struct {
+	kvcache.Manager
+	pool int
+}
+
+func (p *pagedSnapshots) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.Layout, error) {
+	l, err := p.Manager.Configure(ctx, cfg)
+	if len(l.Pools) > 0 {
+		p.pool = l.Pools[0].ID
+	}
+	return l, err
+}
+
+func (p *pagedSnapshots) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvcache.Grant, error) {
+	gs, err := p.Manager.Reserve(ctx, items)
+	for i := range gs {
+		if gs[i].OK {
+			gs[i].Snapshots = []kvcache.SnapshotSlot{{Pos: 1, Pool: p.pool}}
+		}
+	}
+	return gs, err
+}
+
+func TestSuiteCatchesBadSnapshotSlots(t *testing.T) {
+	err := conformance.CheckManager(ctx, func() kvcache.Manager { return &pagedSnapshots{Manager: &refManager{}} }, conformance.ManagerOptions{RandomOps: 50})
+	vs := conformance.Violations(err)
+	if !slices.ContainsFunc(vs, func(v *conformance.Violation) bool { return strings.Contains(v.Got, "a paged pool") }) {
+		t.Fatalf("CheckManager = %v; want a violation about a snapshot slot in a paged pool", err)
+	}
+}
