@@ -51,20 +51,31 @@ func BenchmarkReserveCommitProcess(b *testing.B) {
 }
 
 // BenchmarkEmptyCallProcess: the fixed cost of one call to a plugin process
-// (Health, no payload).
+// (Release of nothing), over gRPC and over the data plane: the floor of every
+// process crossing, paid at least four times per step with PP 2 (reserve,
+// two forwards, end of step).
 func BenchmarkEmptyCallProcess(b *testing.B) {
-	h := New(nil, nil)
-	defer h.Close()
-	ctx := context.Background()
-	w, _, err := h.LaunchWorker(ctx, fakeWorker)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := w.Health(ctx); err != nil {
-			b.Fatal(err)
+	for _, grpcOnly := range []bool{true, false} {
+		name := "dataplane"
+		if grpcOnly {
+			name = "grpc"
 		}
+		b.Run(name, func(b *testing.B) {
+			h := New(nil, nil)
+			h.GRPCOnly = grpcOnly
+			defer h.Close()
+			ctx := context.Background()
+			m, _, err := h.LaunchManager(ctx, fakeManager)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := m.Release(ctx, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
