@@ -257,3 +257,41 @@ func TestDuplicatePrefixIsNotPinned(t *testing.T) {
 		t.Fatalf("a max_seq_len request beside seq 2 was denied: %s", g.Reason)
 	}
 }
+
+// TestSelfCheckFindsCorruption: the deep Inspect notices a broken tree (a
+// pin count off by one, a wrong evictable count) and a broken pool.
+func TestSelfCheckFindsCorruption(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		corrupt func(m *Manager)
+		want    string
+	}{
+		{"pins", func(m *Manager) {
+			for _, c := range m.tree.root.children {
+				c.pins++
+				return
+			}
+		}, "pins"},
+		{"evictable", func(m *Manager) { m.tree.evictable++ }, "evictable"},
+		{"refcount", func(m *Manager) { m.pools[0].refs[0]++ }, "refcount"},
+	} {
+		m, _ := configure(t, smallCfg(16, 0))
+		mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 13, New: true, Prompt: tokens(13, 1)})
+		mustCommit(t, m, 1, 13)
+		deep := func() []string {
+			snap, err := m.Inspect(ctx, kvcache.InspectOptions{Tables: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return snap.Violations
+		}
+		if v := deep(); len(v) != 0 {
+			t.Fatalf("%s: violations before corrupting: %v", tc.name, v)
+		}
+		tc.corrupt(m)
+		v := deep()
+		if !slices.ContainsFunc(v, func(s string) bool { return strings.Contains(s, tc.want) }) {
+			t.Errorf("%s: violations %v, want one about %q", tc.name, v, tc.want)
+		}
+	}
+}
