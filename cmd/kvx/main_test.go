@@ -15,21 +15,16 @@ import (
 	"time"
 
 	"github.com/kvx-dev/kvx/core/report"
+	"github.com/kvx-dev/kvx/core/testbin"
 )
 
 // binDir holds kvx and every plugin binary, built once for the package.
 var binDir string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "kvx-cmd-test-")
+	dir, err := testbin.Build()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	build := exec.Command("go", "build", "-o", dir+string(os.PathSeparator), "./cmd/...")
-	build.Dir = filepath.Join("..", "..")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building the binaries: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	binDir = dir
