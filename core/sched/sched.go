@@ -341,43 +341,11 @@ func (s *Scheduler) scheduleRunning(p *pass, gen bool) {
 	if len(cands) == 0 {
 		return
 	}
-	asks := s.asks[:0]
-	for _, it := range items {
-		asks = append(asks, kvcache.ReserveItem{Seq: it.ID, Tokens: it.Tokens, Draft: it.Draft})
-	}
-	s.asks = asks
-	ok := p.c.Reserve(asks)
-
-	// Keep the denied ones at the front of cands/items.
-	n := 0
-	for i, r := range cands {
-		if i < len(ok) && ok[i] {
-			s.grant(p, r, items[i])
-			continue
-		}
-		cands[n], items[n] = r, items[i]
-		n++
-	}
-	cands, items = cands[:n], items[:n]
-
+	cands, items = s.reserveRunning(p, cands, items)
 	for len(cands) > 0 {
 		if len(s.running) == 1 && s.InFlight() == 0 && s.dropSuspended(p) > 0 {
 			// The suspended requests held device blocks: try again.
-			asks = asks[:0]
-			for _, it := range items {
-				asks = append(asks, kvcache.ReserveItem{Seq: it.ID, Tokens: it.Tokens, Draft: it.Draft})
-			}
-			ok = p.c.Reserve(asks)
-			n = 0
-			for i, r := range cands {
-				if i < len(ok) && ok[i] {
-					s.grant(p, r, items[i])
-					continue
-				}
-				cands[n], items[n] = r, items[i]
-				n++
-			}
-			cands, items = cands[:n], items[:n]
+			cands, items = s.reserveRunning(p, cands, items)
 			continue
 		}
 		if len(s.running) == 1 && s.InFlight() == 0 {
@@ -408,29 +376,36 @@ func (s *Scheduler) scheduleRunning(p *pass, gen bool) {
 				break
 			}
 		}
-		if len(cands) == 0 {
-			break
-		}
-		asks = asks[:0]
-		for _, it := range items {
-			asks = append(asks, kvcache.ReserveItem{Seq: it.ID, Tokens: it.Tokens, Draft: it.Draft})
-		}
-		ok = p.c.Reserve(asks)
-		n = 0
-		for i, r := range cands {
-			if i < len(ok) && ok[i] {
-				s.grant(p, r, items[i])
-				continue
-			}
-			cands[n], items[n] = r, items[i]
-			n++
-		}
-		cands, items = cands[:n], items[:n]
+		cands, items = s.reserveRunning(p, cands, items)
 	}
 	for _, it := range items {
 		p.refund(it) // still denied: skipped this step
 	}
+}
+
+// reserveRunning asks the cache for the items of the running requests cands
+// (in one Reserve), grants the step to those it accepts and returns the
+// denied ones, in order, reusing the slices.
+func (s *Scheduler) reserveRunning(p *pass, cands []*req, items []Item) ([]*req, []Item) {
+	if len(cands) == 0 {
+		return cands, items
+	}
+	asks := s.asks[:0]
+	for _, it := range items {
+		asks = append(asks, kvcache.ReserveItem{Seq: it.ID, Tokens: it.Tokens, Draft: it.Draft})
+	}
+	ok := p.c.Reserve(asks)
 	s.asks = asks[:0]
+	n := 0
+	for i, r := range cands {
+		if i < len(ok) && ok[i] {
+			s.grant(p, r, items[i])
+			continue
+		}
+		cands[n], items[n] = r, items[i]
+		n++
+	}
+	return cands[:n], items[:n]
 }
 
 func (s *Scheduler) grant(p *pass, r *req, it Item) {
