@@ -11,6 +11,31 @@ import (
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
+// benchHost starts a host for a benchmark, set by edit, closed when b ends.
+func benchHost(b *testing.B, edit func(h *Host)) *Host {
+	h := New(nil, nil)
+	if edit != nil {
+		edit(h)
+	}
+	b.Cleanup(func() { h.Close() })
+	return h
+}
+
+// benchManager launches the fake manager plugin on a host set by edit.
+func benchManager(b *testing.B, edit func(h *Host)) kvcache.Manager {
+	m, _, err := benchHost(b, edit).LaunchManager(context.Background(), fakeManager)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+// transports names the two plugin transports, for sub-benchmarks.
+var transports = []struct {
+	name     string
+	grpcOnly bool
+}{{"grpc", true}, {"dataplane", false}}
+
 // BenchmarkReserveCommitProcess is pluginrpc's BenchmarkReserveCommitGRPC
 // against a real plugin process (the fake manager answers Reserve like
 // pluginrpc's trivial manager: one new block per sequence): one Reserve and
@@ -29,14 +54,8 @@ func BenchmarkReserveCommitProcess(b *testing.B) {
 			name = "mtls"
 		}
 		b.Run(name, func(b *testing.B) {
-			h := New(nil, nil)
-			h.AutoMTLS = mtls
-			defer h.Close()
+			m := benchManager(b, func(h *Host) { h.AutoMTLS = mtls })
 			ctx := context.Background()
-			m, _, err := h.LaunchManager(ctx, fakeManager)
-			if err != nil {
-				b.Fatal(err)
-			}
 			b.ReportAllocs()
 			for b.Loop() {
 				if _, err := m.Reserve(ctx, reserve); err != nil {
@@ -55,20 +74,10 @@ func BenchmarkReserveCommitProcess(b *testing.B) {
 // process crossing, paid at least four times per step with PP 2 (reserve,
 // two forwards, end of step).
 func BenchmarkEmptyCallProcess(b *testing.B) {
-	for _, grpcOnly := range []bool{true, false} {
-		name := "dataplane"
-		if grpcOnly {
-			name = "grpc"
-		}
-		b.Run(name, func(b *testing.B) {
-			h := New(nil, nil)
-			h.GRPCOnly = grpcOnly
-			defer h.Close()
+	for _, tr := range transports {
+		b.Run(tr.name, func(b *testing.B) {
+			m := benchManager(b, func(h *Host) { h.GRPCOnly = tr.grpcOnly })
 			ctx := context.Background()
-			m, _, err := h.LaunchManager(ctx, fakeManager)
-			if err != nil {
-				b.Fatal(err)
-			}
 			b.ReportAllocs()
 			for b.Loop() {
 				if err := m.Release(ctx, nil); err != nil {
@@ -86,13 +95,9 @@ func BenchmarkEmptyCallProcess(b *testing.B) {
 // pluginrpc's BenchmarkStepGRPC/inprocess.
 func BenchmarkStepProcess(b *testing.B) {
 	for _, n := range []int{16, 256} {
-		for _, grpcOnly := range []bool{true, false} {
-			transport := "dataplane"
-			if grpcOnly {
-				transport = "grpc"
-			}
-			b.Run(fmt.Sprintf("requests=%d/%s", n, transport), func(b *testing.B) {
-				stepProcess(b, n, grpcOnly)
+		for _, tr := range transports {
+			b.Run(fmt.Sprintf("requests=%d/%s", n, tr.name), func(b *testing.B) {
+				stepProcess(b, n, tr.grpcOnly)
 			})
 		}
 	}
@@ -111,9 +116,7 @@ func stepProcess(b *testing.B, n int, grpcOnly bool) {
 		batch.Items[i] = worker.Item{Seq: seq, Pos: 4000 + i, Tokens: []int32{int32(i), int32(i + 1)}, Draft: 1, Sample: true,
 			Tables: []kvcache.TableDelta{{Pool: 0, From: 100, Blocks: blocks[i : i+1]}}}
 	}
-	h := New(nil, nil)
-	h.GRPCOnly = grpcOnly
-	defer h.Close()
+	h := benchHost(b, func(h *Host) { h.GRPCOnly = grpcOnly })
 	ctx := context.Background()
 	m, _, err := h.LaunchManager(ctx, fakeManager)
 	if err != nil {
