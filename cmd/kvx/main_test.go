@@ -21,17 +21,7 @@ import (
 // binDir holds kvx and every plugin binary, built once for the package.
 var binDir string
 
-func TestMain(m *testing.M) {
-	dir, err := testbin.Build()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testbin.Main(m, &binDir) }
 
 // kvx runs the built kvx binary and returns stdout, stderr and the exit code.
 func kvx(t *testing.T, args ...string) (string, string, int) {

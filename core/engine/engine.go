@@ -484,7 +484,9 @@ func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.
 	for _, st := range e.stages {
 		for i := range wItems {
 			wItems[i].Tables = st.deltas[wItems[i].Seq]
-			wItems[i].Snapshots = st.snaps[wItems[i].Seq]
+			if len(st.snaps) > 0 { // only hybrid managers grant state saves
+				wItems[i].Snapshots = st.snaps[wItems[i].Seq]
+			}
 		}
 		b := worker.Batch{Step: mb.step, Items: wItems, Hidden: hidden, Released: st.released, Copies: st.copies}
 		res, err := st.w.Forward(ctx, b)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -23,17 +22,7 @@ import (
 // binDir holds the plugin binaries for isolation: plugin, built once.
 var binDir string
 
-func TestMain(m *testing.M) {
-	dir, err := testbin.Build()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testbin.Main(m, &binDir) }
 
 // family is one model family on the cpu device: a preset scaled down by
 // synthetic.* keys, the backend that runs it and the managers that serve it.

@@ -7,7 +7,22 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"testing"
 )
+
+// Main is a TestMain: it builds the binaries into a temporary directory,
+// stores it in *dir, runs the tests, removes the directory and exits.
+func Main(m *testing.M, dir *string) {
+	d, err := Build()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*dir = d
+	code := m.Run()
+	os.RemoveAll(d)
+	os.Exit(code)
+}
 
 // Build compiles every command of the module (./cmd/...) into a fresh
 // temporary directory and returns it; the caller removes it. It runs the go
