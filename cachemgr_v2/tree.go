@@ -174,9 +174,9 @@ func (t *Tree) MatchPartial(parent *Node, tokens []int32) (*Node, int) {
 //   - a new node, which adopts pages (adopted true);
 //   - an existing node without pages (evicted, awaiting pruning), which adopts
 //     pages and is thereby re-attached to the cache (adopted true);
-//   - an existing node with pages: the node is pinned but holds another
-//     sequence's copy (adopted false); the managers unpin it and stop
-//     registering that sequence, whose blocks stay private.
+//   - an existing node with pages: it is pinned, but its pages are another
+//     sequence's copy (adopted false). Managers use Register, which refuses
+//     this case.
 //
 // It returns nil when a different block has the same hash (never in
 // practice): the caller stops registering that sequence's blocks. Extend
@@ -205,6 +205,23 @@ func (t *Tree) Extend(parent *Node, tokens []int32, pages []kvcache.BlockID) (n 
 	c.nPages = len(pages)
 	t.addLiveKid(parent)
 	return c, true
+}
+
+// Register is Extend for a sequence registering its own blocks: it returns
+// the node when the node now holds the sequence's pages (new or
+// re-attached). When the tree already holds the block with another
+// sequence's pages, or on a hash collision, it pins nothing and returns nil:
+// the caller stops registering and its blocks stay private. (Pinning the
+// other copy beside its own would hold two blocks for one, unevictable while
+// the sequence lives, and break the guarantee that one max_seq_len request
+// fits alone.)
+func (t *Tree) Register(parent *Node, tokens []int32, pages []kvcache.BlockID) *Node {
+	n, adopted := t.Extend(parent, tokens, pages)
+	if n != nil && !adopted {
+		t.Unpin(n, false)
+		return nil
+	}
+	return n
 }
 
 func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {

@@ -672,15 +672,7 @@ func (m *Manager) register(s *sequence) {
 		for g := range m.pages {
 			m.pages[g] = s.tables[g][i]
 		}
-		n, adopted := m.tree.Extend(parent, s.prompt[i*m.tpb:(i+1)*m.tpb], m.pages)
-		if n != nil && !adopted {
-			// The tree already holds this block with pages of another
-			// sequence. Pinning that copy beside our private one would hold
-			// two blocks for one, unevictable while we live, and break the
-			// guarantee that one max_seq_len request fits alone: stop here.
-			m.tree.Unpin(n, false)
-			n = nil
-		}
+		n := m.tree.Register(parent, s.prompt[i*m.tpb:(i+1)*m.tpb], m.pages)
 		if n == nil {
 			s.regStop = true
 			return
