@@ -28,6 +28,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -75,6 +76,13 @@ type Host struct {
 	// offers (pluginrpc: one framed write and read per call instead of an
 	// HTTP/2 exchange). Set it before launching.
 	GRPCOnly bool
+	// ManagerThreads and WorkerThreads, when positive, are the GOMAXPROCS
+	// of the cache manager and worker plugins (0: Go's default, every
+	// core). A manager answers one call at a time, and so does a worker
+	// that only models its device (sim): on a small machine their idle
+	// threads would only take cores from the busy process of the step.
+	// Set them before launching.
+	ManagerThreads, WorkerThreads int
 
 	mu        sync.Mutex
 	procs     map[*Process]struct{}
@@ -91,6 +99,13 @@ func New(logger hclog.Logger, searchDirs []string) *Host {
 		logger = hclog.NewNullLogger()
 	}
 	return &Host{logger: logger, searchDirs: slices.Clone(searchDirs), procs: map[*Process]struct{}{}}
+}
+
+func (h *Host) threads(kind string) int {
+	if kind == pluginrpc.ManagerPluginName {
+		return h.ManagerThreads
+	}
+	return h.WorkerThreads
 }
 
 func (h *Host) clientOptions() []pluginrpc.ClientOption {
@@ -308,6 +323,9 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 		// Sockets go to a directory only we can enter, removed by Close
 		// even when a plugin was killed before it could remove its own.
 		plugin.EnvUnixSocketDir + "=" + h.socketDir,
+	}
+	if n := h.threads(name); n > 0 {
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(n))
 	}
 	parentDeathSignal(cmd)
 	client := plugin.NewClient(&plugin.ClientConfig{

@@ -1,18 +1,17 @@
 package pluginrpc
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-plugin"
@@ -154,90 +153,80 @@ func serveDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServ
 	return nil
 }
 
-// frame is one request read off a data plane.
-type frame struct {
-	m        method
-	deadline int64
-	body     []byte
-}
-
 // serveFrames answers framed calls on c, one at a time, until c fails or
-// sends something that is not a frame. A reader goroutine keeps reading, so
-// that the host closing the plane (it does when the caller's ctx ends
-// mid-call) cancels the call in progress, as gRPC would. The handlers take
-// the server's gate themselves, so framed and gRPC calls never overlap.
-func serveFrames(ctx context.Context, c net.Conn, token []byte, handlers map[method]handler) {
-	r := newReader(c)
-	got := make([]byte, len(token))
-	if _, err := io.ReadFull(r, got); err != nil || subtle.ConstantTimeCompare(got, token) != 1 {
+// sends something that is not a frame. The handlers take the server's gate
+// themselves, so framed and gRPC calls never overlap. A call that runs past
+// watchAfter is watched: the host closing the plane (it does when the
+// caller's ctx ends mid-call) cancels it, as gRPC would. Shorter calls are
+// not worth a second goroutine.
+func serveFrames(ctx context.Context, c *net.UnixConn, token []byte, handlers map[method]handler) {
+	pc, err := newPlaneConn(c)
+	if err != nil {
 		return
 	}
-	ctx, hangUp := context.WithCancel(ctx)
-	defer hangUp()
-	frames := make(chan frame)
-	done := make(chan []byte, 1) // the body buffer back, for the next frame
-	go func() {
-		defer hangUp() // the host went, or broke the framing: cancel the call in progress
-		defer close(frames)
-		var hdr [frameHeader]byte
-		var in []byte
-		lent := false // in is with the handler loop
-		for {
-			// Read the next header while the previous call runs: EOF here
-			// means the host hung up on it.
-			if _, err := io.ReadFull(r, hdr[:]); err != nil {
-				return
-			}
-			if lent {
-				select {
-				case in = <-done:
-					lent = false
-				case <-ctx.Done():
-					return
-				}
-			}
-			n := binary.LittleEndian.Uint32(hdr[0:])
-			if n > MaxMessageBytes {
-				return
-			}
-			in = grow(in, int(n))
-			if _, err := io.ReadFull(r, in); err != nil {
-				return
-			}
-			select {
-			case frames <- frame{m: method(hdr[4]), deadline: int64(binary.LittleEndian.Uint64(hdr[8:])), body: in}:
-				lent = true
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	got, err := pc.next(len(token))
+	if err != nil || subtle.ConstantTimeCompare(got, token) != 1 {
+		return
+	}
 	var out []byte
-	for f := range frames {
-		cctx, cancel := ctx, context.CancelFunc(func() {})
-		if f.deadline != 0 {
-			cctx, cancel = context.WithDeadline(ctx, time.Unix(0, f.deadline))
+	for {
+		hdr, body, err := pc.readFrame()
+		if err != nil {
+			return
 		}
+		cctx, cancel := context.WithCancel(ctx)
+		if dl := int64(binary.LittleEndian.Uint64(hdr[8:])); dl != 0 {
+			cctx, cancel = context.WithDeadline(ctx, time.Unix(0, dl))
+		}
+		watch := watchHangUp(pc, cancel)
 		var resp proto.Message
-		var err error
-		if h := handlers[f.m]; h != nil {
-			resp, err = h(cctx, f.body)
+		if h := handlers[method(hdr[4])]; h != nil {
+			resp, err = h(cctx, body)
 		} else {
-			err = status.Errorf(codes.Unimplemented, "data plane: method %d is not served", f.m)
+			err = status.Errorf(codes.Unimplemented, "data plane: method %d is not served", hdr[4])
 		}
+		hungUp := watch()
 		cancel()
+		if hungUp {
+			return
+		}
 		out, err = appendResponse(out[:0], resp, err)
 		if err != nil {
 			return
 		}
-		if _, err := c.Write(out); err != nil {
+		if err := pc.write(out); err != nil {
 			return
 		}
-		select {
-		case done <- f.body:
-		case <-ctx.Done():
-			return
+	}
+}
+
+// watchAfter is how long a framed call runs before the plugin watches for
+// the host hanging up on it.
+const watchAfter = time.Millisecond
+
+// watchHangUp starts watching pc for the host hanging up once the call has
+// run for watchAfter, calling cancel then. The returned stop ends the watch
+// (waiting for the watcher, which holds pc's read side) and reports whether
+// the host hung up.
+func watchHangUp(pc *planeConn, cancel context.CancelFunc) (stop func() bool) {
+	var hungUp atomic.Bool
+	done := make(chan struct{})
+	t := time.AfterFunc(watchAfter, func() {
+		defer close(done)
+		if err := pc.waitHangUp(); !errors.Is(err, os.ErrDeadlineExceeded) {
+			// EOF, a reset, or data out of turn: the call is abandoned.
+			hungUp.Store(true)
+			cancel()
 		}
+	})
+	return func() bool {
+		if t.Stop() {
+			return false
+		}
+		_ = pc.c.SetReadDeadline(aLongTimeAgo)
+		<-done
+		_ = pc.c.SetReadDeadline(time.Time{})
+		return hungUp.Load()
 	}
 }
 
@@ -258,10 +247,6 @@ func appendResponse(b []byte, resp proto.Message, callErr error) ([]byte, error)
 	return b, nil
 }
 
-// newReader buffers a plane's reads: a frame header and a small message
-// come in one read.
-func newReader(c net.Conn) *bufio.Reader { return bufio.NewReaderSize(c, 64<<10) }
-
 func grow(b []byte, n int) []byte {
 	if cap(b) < n {
 		return make([]byte, n)
@@ -274,7 +259,7 @@ func grow(b []byte, n int) []byte {
 type dataPlane struct {
 	mu     sync.Mutex
 	conn   *net.UnixConn
-	r      *bufio.Reader
+	pc     *planeConn
 	buf    []byte
 	broken error // set on the first transport failure; the plane is closed then
 }
@@ -294,7 +279,17 @@ func dialDataPlane(ctx context.Context, dp *kvxpb.DataPlane) (*dataPlane, error)
 		_ = conn.Close()
 		return nil, err
 	}
-	return &dataPlane{conn: conn, r: newReader(conn)}, nil
+	return newDataPlane(conn)
+}
+
+func newDataPlane(conn *net.UnixConn) (*dataPlane, error) {
+	pc, err := newPlaneConn(conn)
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	pc.spin = replySpin
+	return &dataPlane{conn: conn, pc: pc}, nil
 }
 
 // isShut reports whether the plane was closed.
@@ -350,6 +345,7 @@ func (d *dataPlane) call(ctx context.Context, m method, req, resp proto.Message)
 		_ = d.conn.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = d.conn.SetDeadline(aLongTimeAgo) })
+	d.buf = b
 	var st byte
 	b, st, err = d.roundTrip(b)
 	if !stop() || err != nil {
@@ -369,7 +365,6 @@ func (d *dataPlane) call(ctx context.Context, m method, req, resp proto.Message)
 	if hasDL {
 		_ = d.conn.SetDeadline(time.Time{})
 	}
-	d.buf = b
 	if st == frameErr {
 		sp := new(spb.Status)
 		if err := proto.Unmarshal(b, sp); err != nil {
@@ -383,28 +378,20 @@ func (d *dataPlane) call(ctx context.Context, m method, req, resp proto.Message)
 	return nil
 }
 
-// roundTrip writes the request frame in b and reads the response into b's
-// storage, returning the message bytes and the status byte.
+// roundTrip writes the request frame in b and reads the response,
+// returning its message bytes (valid until the next call) and status byte.
 func (d *dataPlane) roundTrip(b []byte) ([]byte, byte, error) {
-	if _, err := d.conn.Write(b); err != nil {
-		return b, 0, err
+	if err := d.pc.write(b); err != nil {
+		return nil, 0, err
 	}
-	var hdr [frameHeader]byte
-	if _, err := io.ReadFull(d.r, hdr[:]); err != nil {
-		return b, 0, err
-	}
-	n := binary.LittleEndian.Uint32(hdr[0:])
-	if n > MaxMessageBytes {
-		return b, 0, fmt.Errorf("response of %d bytes exceeds the limit of %d", n, MaxMessageBytes)
-	}
-	b = grow(b, int(n))
-	if _, err := io.ReadFull(d.r, b); err != nil {
-		return b, 0, err
+	hdr, body, err := d.pc.readFrame()
+	if err != nil {
+		return nil, 0, err
 	}
 	if s := hdr[4]; s != frameOK && s != frameErr {
-		return b, 0, fmt.Errorf("response status byte %d is not 0 or 1", s)
+		return nil, 0, fmt.Errorf("response status byte %d is not 0 or 1", s)
 	}
-	return b, hdr[4], nil
+	return body, hdr[4], nil
 }
 
 // planeOpener keeps a client's data plane: it opens one on first use, and

@@ -155,8 +155,10 @@ func TestDataPlaneBadFrames(t *testing.T) {
 	if _, err := c.Write(dp.GetToken()); err != nil {
 		t.Fatal(err)
 	}
-	plane := &dataPlane{conn: c.(*net.UnixConn), r: nil}
-	plane.r = newReader(c)
+	plane, err := newDataPlane(c.(*net.UnixConn))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var out kvxpb.Empty
 	err = plane.call(ctx, method(200), &kvxpb.Seqs{}, &out)
 	if status.Code(err) != codes.Unimplemented {

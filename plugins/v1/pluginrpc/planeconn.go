@@ -1,0 +1,174 @@
+package pluginrpc
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"syscall"
+	"time"
+)
+
+// planeConn is one end of a data plane: buffered reads of whole frames and
+// whole-frame writes, done as raw reads and writes on the socket inside the
+// net package's fd guards (RawConn), so a Close waits for them and an fd is
+// never used after it closed.
+//
+// Why not net.Conn's own Read: every wait for a frame through the Go
+// netpoller costs several system calls and thread wake-ups (epoll, the
+// runtime's sysmon thread woken on each call), and a plugin waits for a
+// frame on every call of every step. On a virtual machine that makes each
+// kernel entry and each thread switch expensive, those wake-ups were most
+// of a manager plugin's time in a sim replay. So a waiting plugin first
+// sleeps in one poll system call on the socket, for up to idleWait
+// (pollSoon), and only then parks in the netpoller like any goroutine.
+// Other goroutines of the process wait for the thread meanwhile, so
+// idleWait is short.
+type planeConn struct {
+	c    *net.UnixConn
+	rc   syscall.RawConn
+	in   []byte // in[r:w] is read and not yet consumed
+	r, w int
+	// spin, when positive, makes a wait poll the socket without sleeping
+	// for up to spin (yielding to other goroutines between polls) instead
+	// of sleeping in ppoll: the host's end spins for replies.
+	spin time.Duration
+}
+
+// replySpin is how long the host polls for a reply before it sleeps. A
+// reply comes within tens of microseconds in a sim replay; waking a
+// sleeping process costs about as much again on a virtual machine, so the
+// host keeps its core. Longer calls (a cpu forward) sleep after it.
+var replySpin = 200 * time.Microsecond
+
+// idleWait bounds how long a data plane end holds its thread in a poll
+// before it parks in the netpoller.
+const idleWait = time.Millisecond
+
+func newPlaneConn(c *net.UnixConn) (*planeConn, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	return &planeConn{c: c, rc: rc, in: make([]byte, 64<<10)}, nil
+}
+
+// fill reads at least one more byte into the buffer.
+func (p *planeConn) fill() error {
+	if p.r == p.w {
+		p.r, p.w = 0, 0
+	}
+	if p.w == len(p.in) {
+		if p.r > 0 {
+			p.w = copy(p.in, p.in[p.r:p.w])
+			p.r = 0
+		} else {
+			p.in = append(p.in, make([]byte, len(p.in))...)
+		}
+	}
+	var n int
+	var rerr error
+	var until time.Time
+	err := p.rc.Read(func(fd uintptr) bool {
+		if p.spin <= 0 {
+			n, rerr = readSoon(fd, p.in[p.w:])
+			return rerr != syscall.EAGAIN
+		}
+		for {
+			n, rerr = readNow(fd, p.in[p.w:])
+			if rerr != syscall.EAGAIN {
+				return true
+			}
+			now := time.Now()
+			if until.IsZero() {
+				until = now.Add(p.spin)
+			} else if now.After(until) {
+				return false
+			}
+			runtime.Gosched()
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if rerr != nil {
+		return rerr
+	}
+	if n == 0 {
+		return io.EOF
+	}
+	p.w += n
+	return nil
+}
+
+// next returns the next n bytes, valid until the following call.
+func (p *planeConn) next(n int) ([]byte, error) {
+	for p.w-p.r < n {
+		if n > len(p.in) {
+			p.in = append(p.in[:p.w], make([]byte, n-p.w)...)
+			p.in = p.in[:cap(p.in)]
+		}
+		if err := p.fill(); err != nil {
+			return nil, err
+		}
+	}
+	b := p.in[p.r : p.r+n]
+	p.r += n
+	return b, nil
+}
+
+// readFrame reads one frame: its header and its body, valid until the next
+// read.
+func (p *planeConn) readFrame() (hdr [frameHeader]byte, body []byte, err error) {
+	h, err := p.next(frameHeader)
+	if err != nil {
+		return hdr, nil, err
+	}
+	copy(hdr[:], h)
+	n := binary.LittleEndian.Uint32(hdr[0:])
+	if n > MaxMessageBytes {
+		return hdr, nil, fmt.Errorf("frame of %d bytes exceeds the limit of %d", n, MaxMessageBytes)
+	}
+	body, err = p.next(int(n))
+	return hdr, body, err
+}
+
+// write writes all of b.
+func (p *planeConn) write(b []byte) error {
+	for len(b) > 0 {
+		var n int
+		var werr error
+		err := p.rc.Write(func(fd uintptr) bool {
+			n, werr = rawWrite(fd, b)
+			return werr != syscall.EAGAIN
+		})
+		if err != nil {
+			return err
+		}
+		if werr != nil {
+			return werr
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// waitHangUp blocks until the peer closes its end or sends data, or the
+// read deadline passes (errors.Is os.ErrDeadlineExceeded). It consumes
+// nothing.
+func (p *planeConn) waitHangUp() error {
+	var one [1]byte
+	var rerr error
+	err := p.rc.Read(func(fd uintptr) bool {
+		_, rerr = peek(fd, one[:])
+		return rerr != syscall.EAGAIN
+	})
+	if err != nil {
+		return err
+	}
+	return rerr
+}
+
+var errHungUp = errors.New("the host closed the data plane")

@@ -1,0 +1,40 @@
+//go:build !linux
+
+package pluginrpc
+
+import "syscall"
+
+// readSoon reads from the non-blocking socket fd; EAGAIN sends the caller
+// to the netpoller.
+func readSoon(fd uintptr, b []byte) (int, error) {
+	for {
+		n, err := syscall.Read(int(fd), b)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		return n, nil
+	}
+}
+
+func readNow(fd uintptr, b []byte) (int, error) { return readSoon(fd, b) }
+
+func rawWrite(fd uintptr, b []byte) (int, error) {
+	for {
+		n, err := syscall.Write(int(fd), b)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		return n, nil
+	}
+}
+
+func peek(fd uintptr, b []byte) (int, error) {
+	n, _, err := syscall.Recvfrom(int(fd), b, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	return n, err
+}
