@@ -12,8 +12,11 @@ import (
 )
 
 // benchHost starts a host for a benchmark, set by edit, closed when b ends.
+// Its plugins run on one thread each, as kvx runs them for the sim device;
+// run the benchmarks with -cpu 1 to match kvx itself.
 func benchHost(b *testing.B, edit func(h *Host)) *Host {
 	h := New(nil, nil)
+	h.ManagerThreads, h.WorkerThreads = 1, 1
 	if edit != nil {
 		edit(h)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -173,5 +174,39 @@ func TestDataPlaneBadFrames(t *testing.T) {
 	_, _ = c.Write(hdr)
 	if n, err := c.Read(make([]byte, 1)); err != io.EOF {
 		t.Errorf("read after an oversized frame = %d bytes, %v; want EOF", n, err)
+	}
+}
+
+// TestDataPlaneLargeFrames: requests and answers larger than a plane's
+// read buffer (64 KiB) arrive whole and in order, both ways, many times.
+func TestDataPlaneLargeFrames(t *testing.T) {
+	const n = 60000 // about 300 KiB of request, 120 KiB of answer
+	items := make([]kvcache.LookupItem, n)
+	answer := make([]int, n)
+	for i := range items {
+		items[i] = kvcache.LookupItem{Seq: kvcache.SeqID(i + 1), Prompt: []int32{int32(i), 7, 9}}
+		answer[i] = i % 3
+	}
+	f := &fakeManager{lookup: answer}
+	m, _ := managerPair(t, f)
+	for round := range 3 {
+		got, err := m.Lookup(ctx, items)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if !slices.Equal(got, answer) {
+			t.Fatalf("round %d: answer differs from what the plugin sent", round)
+		}
+		sent := f.last().arg.([]kvcache.LookupItem)
+		if len(sent) != n || sent[n-1].Seq != items[n-1].Seq || !slices.Equal(sent[n/2].Prompt, items[n/2].Prompt) {
+			t.Fatalf("round %d: plugin got %d items, want %d as sent", round, len(sent), n)
+		}
+		// A small call between large ones finds the stream in step.
+		if err := m.Release(ctx, []kvcache.SeqID{4}); err != nil {
+			t.Fatalf("round %d: Release after a large call: %v", round, err)
+		}
+	}
+	if r := m.rpc.(*managerRPC); r.opener.plane == nil {
+		t.Fatal("the calls did not use the data plane")
 	}
 }
