@@ -2,7 +2,6 @@ package pluginrpc
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -23,7 +22,7 @@ import (
 // kernel entry and each thread switch expensive, those wake-ups were most
 // of a manager plugin's time in a sim replay. So a waiting plugin first
 // sleeps in one poll system call on the socket, for up to idleWait
-// (pollSoon), and only then parks in the netpoller like any goroutine.
+// (readSoon), and only then parks in the netpoller like any goroutine.
 // Other goroutines of the process wait for the thread meanwhile, so
 // idleWait is short.
 type planeConn struct {
@@ -41,7 +40,7 @@ type planeConn struct {
 // reply comes within tens of microseconds in a sim replay; waking a
 // sleeping process costs about as much again on a virtual machine, so the
 // host keeps its core. Longer calls (a cpu forward) sleep after it.
-var replySpin = 200 * time.Microsecond
+const replySpin = 200 * time.Microsecond
 
 // idleWait bounds how long a data plane end holds its thread in a poll
 // before it parks in the netpoller.
@@ -170,5 +169,3 @@ func (p *planeConn) waitHangUp() error {
 	}
 	return rerr
 }
-
-var errHungUp = errors.New("the host closed the data plane")
