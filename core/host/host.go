@@ -77,11 +77,10 @@ type Host struct {
 	// HTTP/2 exchange). Set it before launching.
 	GRPCOnly bool
 	// ManagerThreads and WorkerThreads, when positive, are the GOMAXPROCS
-	// of the cache manager and worker plugins (0: Go's default, every
-	// core). A manager answers one call at a time, and so does a worker
-	// that only models its device (sim): on a small machine their idle
-	// threads would only take cores from the busy process of the step.
-	// Set them before launching.
+	// of the cache manager and worker plugins; 0 leaves the plugin's own
+	// choice (a plugin built on the SDK runs on one thread: it answers one
+	// call at a time). A worker whose device computes (cpu) wants every
+	// core for its kernels. Set them before launching.
 	ManagerThreads, WorkerThreads int
 
 	mu        sync.Mutex

@@ -426,3 +426,29 @@ func TestPlugins(t *testing.T) {
 		t.Errorf("host tracks %d processes after Plugins, want 0", n)
 	}
 }
+
+// TestPluginThreads: ManagerThreads reaches the plugin's GOMAXPROCS (the
+// host starts plugins with an environment of its own, so nothing else
+// would), and 0 leaves the plugin's own choice (the SDK's: one thread).
+func TestPluginThreads(t *testing.T) {
+	for _, n := range []int{0, 1, 3} {
+		h, _ := newHost(t)
+		h.ManagerThreads = n
+		ctx := ctxTimeout(t)
+		m, _, err := h.LaunchManager(ctx, fakeManager)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := m.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := n
+		if n == 0 {
+			want = 1
+		}
+		if st.SuspendedSeqs != want {
+			t.Errorf("ManagerThreads %d: plugin GOMAXPROCS %d, want %d", n, st.SuspendedSeqs, want)
+		}
+	}
+}

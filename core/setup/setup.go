@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -278,11 +279,12 @@ func NewLauncher(cfg *config.Config, reg Registry, log hclog.Logger) *Launcher {
 	if cfg.Isolation == "plugin" {
 		l.host = host.New(log, cfg.PluginDirs)
 		l.host.GRPCOnly = cfg.PluginTransport == "grpc"
-		// Managers answer one call at a time; so does a worker that only
-		// models its device. A computing worker keeps every core.
-		l.host.ManagerThreads = 1
-		if cfg.Device == "sim" {
-			l.host.WorkerThreads = 1
+		// Managers answer one call at a time, and so does a worker that
+		// only models its device (sim); a worker whose device computes
+		// runs its kernels on every core.
+		l.host.ManagerThreads, l.host.WorkerThreads = 1, 1
+		if cfg.Device != "sim" {
+			l.host.WorkerThreads = runtime.NumCPU()
 		}
 	}
 	return l

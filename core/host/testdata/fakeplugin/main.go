@@ -6,13 +6,14 @@
 //
 // Lookup, and Forward of Step 7, block until their ctx ends, so tests can
 // kill the process in the middle of a call. Stats reports the plugin's pid as
-// Sequences.
+// Sequences and its GOMAXPROCS as SuspendedSeqs.
 package main
 
 import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -77,7 +78,7 @@ func (manager) Resume(context.Context, []kvcache.SeqID) ([]bool, []kvcache.Copy,
 }
 func (manager) Release(context.Context, []kvcache.SeqID) error { return nil }
 func (manager) Stats(context.Context) (kvcache.Stats, error) {
-	return kvcache.Stats{Sequences: os.Getpid()}, nil
+	return kvcache.Stats{Sequences: os.Getpid(), SuspendedSeqs: runtime.GOMAXPROCS(0)}, nil
 }
 func (manager) Inspect(context.Context, kvcache.InspectOptions) (kvcache.Snapshot, error) {
 	return kvcache.Snapshot{}, nil
