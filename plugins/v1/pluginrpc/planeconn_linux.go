@@ -20,43 +20,28 @@ const pollIn = 0x1
 // raw: the runtime is not told, so it does not wake its monitor thread for
 // them; the wait is bounded so the thread comes back soon.
 func readSoon(fd uintptr, b []byte) (int, error) {
-	for tries := 0; ; tries++ {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-		if e == 0 {
-			return int(n), nil
-		}
-		if e != syscall.EAGAIN && e != syscall.EINTR {
-			return 0, e
-		}
-		if tries > 0 {
-			return 0, syscall.EAGAIN
-		}
-		pfd := pollFd{fd: int32(fd), events: pollIn}
-		ts := syscall.NsecToTimespec(int64(idleWait))
-		syscall.RawSyscall6(syscall.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
+	n, err := readNow(fd, b)
+	if err != syscall.EAGAIN {
+		return n, err
 	}
+	pfd := pollFd{fd: int32(fd), events: pollIn}
+	ts := syscall.NsecToTimespec(int64(idleWait))
+	syscall.RawSyscall6(syscall.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
+	return readNow(fd, b)
 }
 
 // readNow reads from the non-blocking socket fd once: EAGAIN when nothing
 // is there.
-func readNow(fd uintptr, b []byte) (int, error) {
-	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-		if e == syscall.EINTR {
-			continue
-		}
-		if e != 0 {
-			return 0, e
-		}
-		return int(n), nil
-	}
-}
+func readNow(fd uintptr, b []byte) (int, error) { return rawIO(syscall.SYS_READ, fd, b) }
 
-// rawWrite writes to the non-blocking socket fd without telling the
-// runtime (it cannot block).
-func rawWrite(fd uintptr, b []byte) (int, error) {
+// rawWrite writes to the non-blocking socket fd.
+func rawWrite(fd uintptr, b []byte) (int, error) { return rawIO(syscall.SYS_WRITE, fd, b) }
+
+// rawIO makes the read or write system call trap on the non-blocking fd
+// without telling the runtime (it cannot block), again after an interrupt.
+func rawIO(trap, fd uintptr, b []byte) (int, error) {
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		n, _, e := syscall.RawSyscall(trap, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
 		if e == syscall.EINTR {
 			continue
 		}
