@@ -67,6 +67,9 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 			answers[st.idx] = got
 			return nil
 		})
+		if err == nil {
+			err = e.settle()
+		}
 		if err != nil {
 			e.err = err
 			return make([]int, len(ids))
@@ -118,6 +121,9 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 		grants[st.idx] = g
 		return nil
 	})
+	if err == nil {
+		err = e.settle()
+	}
 	if err != nil {
 		// Undo what the stages that answered granted; nothing is granted.
 		e.err = err
@@ -182,6 +188,9 @@ func (a admission) undo(grants [][]kvcache.Grant, asks []kvcache.ReserveItem, ok
 		}
 		return nil
 	})
+	if err == nil {
+		err = e.settle()
+	}
 	if err != nil && e.err == nil {
 		e.err = err
 	}
@@ -224,21 +233,27 @@ func (a admission) move(ids []kvcache.SeqID, suspend bool) []bool {
 		return m.Resume(a.ctx, seqs)
 	}
 	moved := make([][]bool, len(e.stages))
+	copies := make([][]kvcache.Copy, len(e.stages))
 	err := e.eachStage(func(st *stage) error {
-		res, copies, err := op(st.m, suspend, ids)
+		res, c, err := op(st.m, suspend, ids)
 		if err != nil && len(itemSeqs(err)) == 0 {
 			return stageErr(st.idx, "suspend or resume", err)
 		}
 		if len(res) != len(ids) {
 			res = make([]bool, len(ids)) // refused as a whole
 		}
-		moved[st.idx] = res
-		st.copies = append(st.copies, copies...)
+		moved[st.idx], copies[st.idx] = res, c
 		return nil
 	})
+	if err == nil {
+		err = e.settle() // the last end of step's copies go first
+	}
 	if err != nil {
 		e.err = err
 		return ok
+	}
+	for i, st := range e.stages {
+		st.copies = append(st.copies, copies[i]...)
 	}
 	for i := range ids {
 		ok[i] = true

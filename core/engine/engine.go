@@ -142,9 +142,10 @@ type Engine struct {
 	steps    uint64
 	commits  int64
 	inflight []*microBatch
-	next     int // next request of reqs to hand to the scheduler
-	active   int // handed to the scheduler and not finished
-	resident int // requests whose sequences the managers hold
+	ending   *ending // an end of step started on every stage, not yet settled
+	next     int     // next request of reqs to hand to the scheduler
+	active   int     // handed to the scheduler and not finished
+	resident int     // requests whose sequences the managers hold
 	err      error
 	rep      report.Report
 	modelled bool
@@ -297,7 +298,7 @@ func (e *Engine) loop(ctx context.Context) error {
 	for {
 		err := e.iterate(ctx)
 		if err == errDone {
-			return nil
+			return e.settle()
 		}
 		if err == nil {
 			continue
@@ -438,6 +439,9 @@ func (e *Engine) handleRejected(rs []sched.Rejection) {
 // stage; table deltas are idempotent, so a repeat is safe. It returns nil
 // when no item is left.
 func (e *Engine) forward(ctx context.Context, items []sched.Item) (*microBatch, error) {
+	if err := e.settle(); err != nil { // the copies of the last end of step go with this forward
+		return nil, err
+	}
 	e.steps++
 	mb := &microBatch{step: e.steps}
 	for {
@@ -556,6 +560,9 @@ func (e *Engine) completeUpTo(ctx context.Context, t int64) error {
 // complete commits one micro-batch on every stage, advances the scheduler,
 // releases finished requests and checks invariants.
 func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
+	if err := e.settle(); err != nil { // no call went out since the last end of step
+		return err
+	}
 	commits := make([]kvcache.CommitItem, 0, len(mb.items))
 	emits := make([][]int32, len(mb.items))
 	sampled := make([]int, len(mb.items)) // before capping at the request's output length
@@ -605,30 +612,20 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 		deep = e.spec.DeepEvery > 0 && e.rep.Invariants.CheckedSteps%int64(e.spec.DeepEvery) == 0
 		inspect = &kvcache.InspectOptions{Tables: deep}
 	}
-	// One round trip per stage: commit, release the finished, inspect.
-	badBy := make([][]kvcache.SeqID, len(e.stages))
-	snaps := make([]*kvcache.Snapshot, len(e.stages))
-	err := e.eachStage(func(st *stage) error {
-		res, err := kvcache.EndStep(ctx, st.m, kvcache.EndStepRequest{Commits: commits, Release: finishing, Inspect: inspect})
-		if seqs := itemSeqs(err); len(seqs) > 0 {
-			// The valid items were applied; the refused ones fail alone.
-			badBy[st.idx] = seqs
-			err = nil
-		}
-		if err != nil {
-			return stageErr(st.idx, fmt.Sprintf("end of step %d", mb.step), err)
-		}
-		st.copies = append(st.copies, res.Commit.Copies...)
+	// Commit, release the finished and inspect, in one call per stage that
+	// is only started here: a plugin gets it with the next step's first
+	// call, and settle checks the answers then (see ending).
+	end := &ending{step: mb.step, waits: make([]func() (kvcache.EndStepResult, error), len(e.stages)), inspect: inspect != nil, deep: deep}
+	req := kvcache.EndStepRequest{Commits: commits, Release: finishing, Inspect: inspect}
+	_ = e.eachStage(func(st *stage) error {
+		end.waits[st.idx] = kvcache.StartEndStep(ctx, st.m, req)
 		st.released = append(st.released, finishing...)
 		for _, id := range finishing {
 			st.forget(id)
 		}
-		snaps[st.idx] = res.Snapshot
 		return nil
 	})
-	if err != nil {
-		return err
-	}
+	e.ending = end
 	for _, id := range finishing {
 		r := e.byID[id]
 		if r.resident {
@@ -636,20 +633,8 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 		}
 		r.resident = false
 	}
-	var bad []kvcache.SeqID
-	for _, b := range badBy {
-		bad = append(bad, b...)
-	}
-	if len(bad) > 0 {
-		if err := e.failRequests(ctx, bad, true, fmt.Sprintf("commit refused at step %d", mb.step)); err != nil {
-			return err
-		}
-	}
 	for i, it := range mb.items {
 		r := e.byID[it.ID]
-		if r.state != stActive {
-			continue // failed above
-		}
 		r.reserved = false
 		r.history += commits[i].Accepted
 		r.tokens = append(r.tokens, emits[i]...)
@@ -668,13 +653,69 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 			e.bar.tick(e)
 		}
 	}
-	if inspect != nil {
-		if err := e.check(snaps, deep); err != nil {
-			return err
-		}
-	}
 	e.bar.update(e)
 	return nil
+}
+
+// ending is the end of one step, started on every stage by complete and
+// settled by the engine's next call to the managers. Everything the engine
+// does in between depends only on what it committed, not on the answers:
+// the answers carry block copies for the next forward, the snapshot for the
+// invariant check and the items a stage refused. So a plugin manager is
+// woken once per step for the end of one step and the start of the next
+// (kvcache.StepStarter), and the check still sees the engine exactly as it
+// was at the end of the step: settle runs after the next phase's calls
+// return and before their answers are applied.
+type ending struct {
+	step    uint64
+	waits   []func() (kvcache.EndStepResult, error) // per stage
+	inspect bool
+	deep    bool
+}
+
+// settle takes the answers of the started end of a step, if any: it hands
+// their copies to the workers and checks the snapshots. A stage that refused
+// a commit or a release broke the contract (a commit cannot fail): the run
+// stops with the stage, the step and the requests.
+func (e *Engine) settle() error {
+	end := e.ending
+	if end == nil {
+		return nil
+	}
+	e.ending = nil
+	res := make([]kvcache.EndStepResult, len(e.stages))
+	err := e.eachStage(func(st *stage) error {
+		r, err := end.waits[st.idx]()
+		if err != nil {
+			return stageErr(st.idx, fmt.Sprintf("end of step %d", end.step), err)
+		}
+		res[st.idx] = r
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	snaps := make([]*kvcache.Snapshot, len(e.stages))
+	for i, st := range e.stages {
+		st.copies = append(st.copies, res[i].Commit.Copies...)
+		snaps[i] = res[i].Snapshot
+	}
+	if end.inspect {
+		return e.check(snaps, end.deep)
+	}
+	return nil
+}
+
+// dropEnding forgets the started end of a step after a stage died: the
+// surviving stages still get it (before anything else the engine sends
+// them), and the answers no longer matter.
+func (e *Engine) dropEnding() {
+	if end := e.ending; end != nil {
+		e.ending = nil
+		for _, wait := range end.waits {
+			_, _ = wait()
+		}
+	}
 }
 
 // release frees sequences on every stage and tells the workers.
@@ -689,6 +730,9 @@ func (e *Engine) release(ctx context.Context, ids []kvcache.SeqID) error {
 		}
 		return nil
 	})
+	if err == nil {
+		err = e.settle()
+	}
 	if err != nil {
 		return err
 	}

@@ -54,6 +54,7 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 		return fmt.Errorf("%d plugin restarts, giving up: %w", e.rep.Engine.PluginRestarts, cause)
 	}
 	e.rep.Engine.PluginRestarts++
+	e.dropEnding()
 	e.log.Warn("plugin died; restarting it and recomputing every request", "stage", dead, "error", cause)
 	if st, ok := e.launch.(Stopper); ok {
 		st.Stop(e.stages[dead].m)

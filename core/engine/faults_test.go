@@ -2,6 +2,9 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -235,5 +238,57 @@ func TestRestartStopsTheOldPlugins(t *testing.T) {
 	if rep.Engine.PluginRestarts != 1 || len(l.stopped) != 2 || l.stopped[0] != first {
 		t.Errorf("restarts %d, stopped %d clients (first is the dead manager: %v); want 1 restart, manager and worker stopped",
 			rep.Engine.PluginRestarts, len(l.stopped), len(l.stopped) > 0 && l.stopped[0] == first)
+	}
+}
+
+// refusingManager refuses the commit of one request once, applying the
+// others, like a manager whose ledger lost that sequence.
+type refusingManager struct {
+	kvcache.Manager
+	seq     kvcache.SeqID
+	refused *bool
+}
+
+func (m refusingManager) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.CommitResult, error) {
+	if *m.refused || !slices.ContainsFunc(items, func(it kvcache.CommitItem) bool { return it.Seq == m.seq }) {
+		return m.Manager.Commit(ctx, items)
+	}
+	*m.refused = true
+	rest := slices.DeleteFunc(slices.Clone(items), func(it kvcache.CommitItem) bool { return it.Seq == m.seq })
+	res, err := m.Manager.Commit(ctx, rest)
+	if err != nil {
+		return res, err
+	}
+	return res, kvcache.ItemErrorf([]kvcache.SeqID{m.seq}, "seq %d: not mine", m.seq)
+}
+
+// TestRefusedCommitStopsTheRun: a commit cannot fail, so a stage that
+// refuses one has lost track of a sequence: the run stops, naming the
+// stage, the step and the request, with invariant checks on or off.
+func TestRefusedCommitStopsTheRun(t *testing.T) {
+	wl := genWorkload(t, 6, 0)
+	bad := kvcache.SeqID(wl.Requests[2].ID)
+	for _, checks := range []int{0, 1} {
+		s := buildSpec(t, testSpec{pp: 2, draft: 1, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048})
+		s.CheckEvery = checks
+		var launches int
+		refused := false
+		l := inproc{
+			manager: func() kvcache.Manager {
+				launches++
+				if launches == 2 { // stage 1
+					return refusingManager{cachemgrv1.New(), bad, &refused}
+				}
+				return cachemgrv1.New()
+			},
+			worker: func() worker.Worker { return device.NewWorker(dsa.Backend) },
+		}
+		_, err := engine.Run(context.Background(), s, l)
+		if !refused {
+			t.Fatalf("checks %d: request %d was never committed", checks, bad)
+		}
+		if err == nil || !strings.Contains(err.Error(), "stage 1: end of step") || !strings.Contains(err.Error(), fmt.Sprint(bad)) {
+			t.Errorf("checks %d: Run error = %v; want stage 1's end of step refusing request %d", checks, err, bad)
+		}
 	}
 }

@@ -72,3 +72,23 @@ func EndStep(ctx context.Context, m Manager, req EndStepRequest) (EndStepResult,
 	}
 	return res, nil
 }
+
+// StepStarter is an optional Manager interface, found by type assertion: it
+// sends the end of a step without waiting for the answer, which wait
+// returns. Every later call on the manager is applied after it, so a caller
+// may go on with the next step's calls before it waits; the plugin client
+// implements it by sending the end of a step together with the next call,
+// one round trip where there were two. Call wait once.
+type StepStarter interface {
+	StartEndStep(ctx context.Context, req EndStepRequest) (wait func() (EndStepResult, error))
+}
+
+// StartEndStep starts the end of a step on m: through StepStarter when m
+// implements it, else by running EndStep now, whose answer wait returns.
+func StartEndStep(ctx context.Context, m Manager, req EndStepRequest) (wait func() (EndStepResult, error)) {
+	if ss, ok := m.(StepStarter); ok {
+		return ss.StartEndStep(ctx, req)
+	}
+	res, err := EndStep(ctx, m, req)
+	return func() (EndStepResult, error) { return res, err }
+}

@@ -257,11 +257,13 @@ func grow(b []byte, n int) []byte {
 // dataPlane is the host end of a data plane. It is safe for concurrent use;
 // calls are sent one at a time.
 type dataPlane struct {
-	mu     sync.Mutex
-	conn   *net.UnixConn
-	pc     *planeConn
-	buf    []byte
-	broken error // set on the first transport failure; the plane is closed then
+	mu        sync.Mutex
+	conn      *net.UnixConn
+	pc        *planeConn
+	buf       []byte
+	corkedOut []byte        // the corked calls' frames, not yet written
+	corked    []*corkedCall // in corkedOut's order
+	broken    error         // set on the first transport failure; the plane is closed then
 }
 
 // dialDataPlane connects to the plane a plugin opened and presents its token.
@@ -320,7 +322,8 @@ var aLongTimeAgo = time.Unix(1, 0)
 // or a ctx that ended mid-call the plane is closed for good (the stream may
 // be out of step with the plugin; the call may or may not have run, so an
 // Unavailable caller treats the plugin as lost); the client's next call
-// opens a fresh plane (planeOpener).
+// opens a fresh plane (planeOpener). Corked calls go first, in the same
+// write, and get their answers first.
 func (d *dataPlane) call(ctx context.Context, m method, req, resp proto.Message) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -330,24 +333,112 @@ func (d *dataPlane) call(ctx context.Context, m method, req, resp proto.Message)
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
-	b := append(d.buf[:0], make([]byte, frameHeader)...)
-	b[4] = byte(m)
-	dl, hasDL := ctx.Deadline()
-	if hasDL {
-		binary.LittleEndian.PutUint64(b[8:], uint64(dl.UnixNano()))
+	b, err := appendRequest(append(d.buf[:0], d.corkedOut...), ctx, m, req)
+	if err != nil {
+		return err
+	}
+	d.corkedOut = d.corkedOut[:0]
+	d.buf = b
+	return d.exchange(ctx, b, resp)
+}
+
+// corkedCall is a call written to the plane with the next call instead of
+// on its own (cork): its answer comes with that call's.
+type corkedCall struct {
+	ctx  context.Context
+	resp proto.Message
+	err  error
+	done bool
+}
+
+// cork queues req as method m without writing it: it goes with the next
+// call on this plane, or when its answer is waited for (finish). The end of
+// a step, corked, rides with the first call of the next step: the plugin
+// wakes once for both.
+func (d *dataPlane) cork(ctx context.Context, m method, req, resp proto.Message) *corkedCall {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := &corkedCall{ctx: ctx, resp: resp}
+	if d.broken != nil {
+		c.err, c.done = status.Errorf(codes.Unavailable, "data plane closed after an earlier failure: %v", d.broken), true
+		return c
+	}
+	b, err := appendRequest(d.corkedOut, ctx, m, req)
+	if err != nil {
+		c.err, c.done = err, true
+		return c
+	}
+	d.corkedOut = b
+	d.corked = append(d.corked, c)
+	return c
+}
+
+// finish returns c's answer, writing the corked calls now if no call has
+// taken them yet.
+func (d *dataPlane) finish(c *corkedCall) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c.done {
+		return c.err
+	}
+	if d.broken == nil {
+		b := append(d.buf[:0], d.corkedOut...)
+		d.corkedOut = d.corkedOut[:0]
+		d.buf = b
+		_ = d.exchange(c.ctx, b, nil)
+	}
+	if !c.done { // the plane broke before the call was written
+		c.err, c.done = status.Errorf(codes.Unavailable, "data plane closed after an earlier failure: %v", d.broken), true
+	}
+	return c.err
+}
+
+// appendRequest appends the request frame of req as method m, with ctx's
+// deadline, to b.
+func appendRequest(b []byte, ctx context.Context, m method, req proto.Message) ([]byte, error) {
+	at := len(b)
+	b = append(b, make([]byte, frameHeader)...)
+	b[at+4] = byte(m)
+	if dl, ok := ctx.Deadline(); ok {
+		binary.LittleEndian.PutUint64(b[at+8:], uint64(dl.UnixNano()))
 	}
 	b, err := proto.MarshalOptions{}.MarshalAppend(b, req)
 	if err != nil {
-		return status.Errorf(codes.Internal, "data plane: encode request: %v", err)
+		return b[:at], status.Errorf(codes.Internal, "data plane: encode request: %v", err)
 	}
-	binary.LittleEndian.PutUint32(b, uint32(len(b)-frameHeader))
+	binary.LittleEndian.PutUint32(b[at:], uint32(len(b)-at-frameHeader))
+	return b, nil
+}
+
+// exchange writes the frames in b and reads the answers: the corked calls'
+// first, then, when resp is not nil, the caller's. Called with mu held.
+func (d *dataPlane) exchange(ctx context.Context, b []byte, resp proto.Message) error {
+	dl, hasDL := ctx.Deadline()
 	if hasDL {
 		_ = d.conn.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = d.conn.SetDeadline(aLongTimeAgo) })
-	d.buf = b
-	var st byte
-	b, st, err = d.roundTrip(b)
+	err := d.pc.write(b)
+	corked := d.corked
+	d.corked = d.corked[:0]
+	for _, c := range corked {
+		if err != nil {
+			break
+		}
+		var body []byte
+		var st byte
+		if body, st, err = d.readAnswer(); err == nil {
+			c.err, c.done = decodeAnswer(body, st, c.resp), true
+		}
+	}
+	var callErr error
+	if err == nil && resp != nil {
+		var body []byte
+		var st byte
+		if body, st, err = d.readAnswer(); err == nil {
+			callErr = decodeAnswer(body, st, resp)
+		}
+	}
 	if !stop() || err != nil {
 		// ctx ended during the call, or the plane failed: the stream may be
 		// out of step with the plugin, so it is closed for good.
@@ -356,34 +447,27 @@ func (d *dataPlane) call(ctx context.Context, m method, req, resp proto.Message)
 		}
 		d.broken = err
 		_ = d.conn.Close()
+		err = status.Errorf(codes.Unavailable, "data plane: %v", err)
 		if cerr := ctxErr(ctx); cerr != nil {
 			// Our deadline on the socket can fire before ctx's own timer.
-			return status.FromContextError(cerr).Err()
+			err = status.FromContextError(cerr).Err()
 		}
-		return status.Errorf(codes.Unavailable, "data plane: %v", err)
+		for _, c := range corked {
+			if !c.done {
+				c.err, c.done = err, true
+			}
+		}
+		return err
 	}
 	if hasDL {
 		_ = d.conn.SetDeadline(time.Time{})
 	}
-	if st == frameErr {
-		sp := new(spb.Status)
-		if err := proto.Unmarshal(b, sp); err != nil {
-			return status.Errorf(codes.Internal, "data plane: undecodable error status: %v", err)
-		}
-		return status.ErrorProto(sp)
-	}
-	if err := proto.Unmarshal(b, resp); err != nil {
-		return status.Errorf(codes.Internal, "data plane: undecodable response: %v", err)
-	}
-	return nil
+	return callErr
 }
 
-// roundTrip writes the request frame in b and reads the response,
-// returning its message bytes (valid until the next call) and status byte.
-func (d *dataPlane) roundTrip(b []byte) ([]byte, byte, error) {
-	if err := d.pc.write(b); err != nil {
-		return nil, 0, err
-	}
+// readAnswer reads one answer frame, returning its message bytes (valid
+// until the next read) and status byte.
+func (d *dataPlane) readAnswer() ([]byte, byte, error) {
 	hdr, body, err := d.pc.readFrame()
 	if err != nil {
 		return nil, 0, err
@@ -392,6 +476,22 @@ func (d *dataPlane) roundTrip(b []byte) ([]byte, byte, error) {
 		return nil, 0, fmt.Errorf("response status byte %d is not 0 or 1", s)
 	}
 	return body, hdr[4], nil
+}
+
+// decodeAnswer decodes an answer's message into resp, or the status it
+// carries into an error.
+func decodeAnswer(body []byte, st byte, resp proto.Message) error {
+	if st == frameErr {
+		sp := new(spb.Status)
+		if err := proto.Unmarshal(body, sp); err != nil {
+			return status.Errorf(codes.Internal, "data plane: undecodable error status: %v", err)
+		}
+		return status.ErrorProto(sp)
+	}
+	if err := proto.Unmarshal(body, resp); err != nil {
+		return status.Errorf(codes.Internal, "data plane: undecodable response: %v", err)
+	}
+	return nil
 }
 
 // planeOpener keeps a client's data plane: it opens one on first use, and

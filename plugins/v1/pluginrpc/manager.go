@@ -23,6 +23,7 @@ type ManagerClient struct {
 
 var _ kvcache.Manager = (*ManagerClient)(nil)
 var _ kvcache.StepEnder = (*ManagerClient)(nil)
+var _ kvcache.StepStarter = (*ManagerClient)(nil)
 
 // NewManagerClient returns a client on cc. lifetime ends when the plugin is
 // gone (go-plugin's GRPCClient ctx); after that every call fails at once
@@ -230,6 +231,36 @@ func (c *ManagerClient) EndStep(ctx context.Context, req kvcache.EndStepRequest)
 		return kvcache.EndStepResult{}, malformed(m, err)
 	}
 	return res, nil
+}
+
+// StartEndStep implements kvcache.StepStarter. On a data plane the end of
+// the step is corked: it goes to the plugin with the next call, whose answer
+// brings its answer too. Over gRPC alone it is EndStep, run now.
+func (c *ManagerClient) StartEndStep(ctx context.Context, req kvcache.EndStepRequest) func() (kvcache.EndStepResult, error) {
+	const m = managerService + "EndStep"
+	r, ok := c.rpc.(*managerRPC)
+	var plane *dataPlane
+	if ok && !exited(c.done) {
+		plane = r.plane(ctx)
+	}
+	if plane == nil {
+		res, err := c.EndStep(ctx, req)
+		return func() (kvcache.EndStepResult, error) { return res, err }
+	}
+	resp := new(kvxpb.EndStepResult)
+	call := plane.cork(ctx, mEndStep, toProtoEndStepRequest(req), resp)
+	return func() (kvcache.EndStepResult, error) {
+		if err := plane.finish(call); err != nil {
+			err = fromStatus(ctx, c.done, m, err, resp)
+			res, _ := fromProtoEndStepResult(resp)
+			return res, err
+		}
+		res, err := fromProtoEndStepResult(resp)
+		if err != nil {
+			return kvcache.EndStepResult{}, malformed(m, err)
+		}
+		return res, nil
+	}
 }
 
 // RegisterManagerServer serves m as the CacheManager service on s. The server
