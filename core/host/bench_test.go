@@ -95,18 +95,23 @@ func BenchmarkEmptyCallProcess(b *testing.B) {
 // processes: Reserve (manager), Forward (worker), Commit (manager), the
 // calls the executor makes per stage per step, at 16 running requests (seed
 // A's batch) and 256, over gRPC alone and with the data plane. Compare with
-// pluginrpc's BenchmarkStepGRPC/inprocess.
+// pluginrpc's BenchmarkStepGRPC/inprocess. The started variant ends each
+// step as the engine does (kvcache.StartEndStep): on the data plane the
+// commit goes to the plugin with the next step's Reserve.
 func BenchmarkStepProcess(b *testing.B) {
 	for _, n := range []int{16, 256} {
 		for _, tr := range transports {
 			b.Run(fmt.Sprintf("requests=%d/%s", n, tr.name), func(b *testing.B) {
-				stepProcess(b, n, tr.grpcOnly)
+				stepProcess(b, n, tr.grpcOnly, false)
 			})
 		}
+		b.Run(fmt.Sprintf("requests=%d/dataplane-started", n), func(b *testing.B) {
+			stepProcess(b, n, false, true)
+		})
 	}
 }
 
-func stepProcess(b *testing.B, n int, grpcOnly bool) {
+func stepProcess(b *testing.B, n int, grpcOnly, started bool) {
 	reserve := make([]kvcache.ReserveItem, n)
 	commit := make([]kvcache.CommitItem, n)
 	batch := worker.Batch{Step: 1, Items: make([]worker.Item, n)}
@@ -130,14 +135,29 @@ func stepProcess(b *testing.B, n int, grpcOnly bool) {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
+	var wait func() (kvcache.EndStepResult, error)
 	for b.Loop() {
 		if _, err := m.Reserve(ctx, reserve); err != nil {
 			b.Fatal(err)
 		}
+		if wait != nil {
+			if _, err := wait(); err != nil {
+				b.Fatal(err)
+			}
+		}
 		if res, err := w.Forward(ctx, batch); err != nil || len(res.Outputs) != n {
 			b.Fatalf("Forward = %d outputs, %v", len(res.Outputs), err)
 		}
+		if started {
+			wait = kvcache.StartEndStep(ctx, m, kvcache.EndStepRequest{Commits: commit})
+			continue
+		}
 		if _, err := m.Commit(ctx, commit); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if wait != nil {
+		if _, err := wait(); err != nil {
 			b.Fatal(err)
 		}
 	}
