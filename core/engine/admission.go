@@ -48,7 +48,7 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 			items[k] = kvcache.LookupItem{Seq: ids[i], Prompt: e.byID[ids[i]].tokens[:limit[i]]}
 		}
 		answers := make([][]int, len(e.stages))
-		err := e.eachStage(func(st *stage) error {
+		err := e.eachManager(func(st *stage) error {
 			got, err := st.m.Lookup(a.ctx, items)
 			if err == nil && len(got) != len(items) {
 				err = fmt.Errorf("returned %d answers for %d items", len(got), len(items))
@@ -67,9 +67,6 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 			answers[st.idx] = got
 			return nil
 		})
-		if err == nil {
-			err = e.settle()
-		}
 		if err != nil {
 			e.err = err
 			return make([]int, len(ids))
@@ -110,7 +107,7 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 		}
 	}
 	grants := make([][]kvcache.Grant, len(e.stages))
-	err := e.eachStage(func(st *stage) error {
+	err := e.eachManager(func(st *stage) error {
 		g, err := st.m.Reserve(a.ctx, asks)
 		if err == nil && len(g) != len(asks) {
 			err = fmt.Errorf("returned %d grants for %d asks", len(g), len(asks))
@@ -121,9 +118,6 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 		grants[st.idx] = g
 		return nil
 	})
-	if err == nil {
-		err = e.settle()
-	}
 	if err != nil {
 		// Undo what the stages that answered granted; nothing is granted.
 		e.err = err
@@ -173,7 +167,7 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 // that are not granted overall.
 func (a admission) undo(grants [][]kvcache.Grant, asks []kvcache.ReserveItem, ok []bool) {
 	e := a.e
-	err := e.eachStage(func(st *stage) error {
+	err := e.eachManager(func(st *stage) error {
 		var seqs []kvcache.SeqID
 		for i, g := range grants[st.idx] {
 			if g.OK && !ok[i] {
@@ -188,9 +182,6 @@ func (a admission) undo(grants [][]kvcache.Grant, asks []kvcache.ReserveItem, ok
 		}
 		return nil
 	})
-	if err == nil {
-		err = e.settle()
-	}
 	if err != nil && e.err == nil {
 		e.err = err
 	}
@@ -233,8 +224,8 @@ func (a admission) move(ids []kvcache.SeqID, suspend bool) []bool {
 		return m.Resume(a.ctx, seqs)
 	}
 	moved := make([][]bool, len(e.stages))
-	copies := make([][]kvcache.Copy, len(e.stages))
-	err := e.eachStage(func(st *stage) error {
+	copies := make([][]kvcache.Copy, len(e.stages)) // after the last end of step's
+	err := e.eachManager(func(st *stage) error {
 		res, c, err := op(st.m, suspend, ids)
 		if err != nil && len(itemSeqs(err)) == 0 {
 			return stageErr(st.idx, "suspend or resume", err)
@@ -245,9 +236,6 @@ func (a admission) move(ids []kvcache.SeqID, suspend bool) []bool {
 		moved[st.idx], copies[st.idx] = res, c
 		return nil
 	})
-	if err == nil {
-		err = e.settle() // the last end of step's copies go first
-	}
 	if err != nil {
 		e.err = err
 		return ok

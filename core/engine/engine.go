@@ -557,8 +557,9 @@ func (e *Engine) completeUpTo(ctx context.Context, t int64) error {
 	return nil
 }
 
-// complete commits one micro-batch on every stage, advances the scheduler,
-// releases finished requests and checks invariants.
+// complete ends one micro-batch's step: it starts the commit, the release
+// of the finished requests and the invariant snapshot on every stage (settle
+// takes their answers), and advances the requests and the scheduler.
 func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 	if err := e.settle(); err != nil { // no call went out since the last end of step
 		return err
@@ -720,7 +721,7 @@ func (e *Engine) dropEnding() {
 
 // release frees sequences on every stage and tells the workers.
 func (e *Engine) release(ctx context.Context, ids []kvcache.SeqID) error {
-	err := e.eachStage(func(st *stage) error {
+	err := e.eachManager(func(st *stage) error {
 		if err := st.m.Release(ctx, ids); err != nil {
 			return stageErr(st.idx, "release", err)
 		}
@@ -730,9 +731,6 @@ func (e *Engine) release(ctx context.Context, ids []kvcache.SeqID) error {
 		}
 		return nil
 	})
-	if err == nil {
-		err = e.settle()
-	}
 	if err != nil {
 		return err
 	}

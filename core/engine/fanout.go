@@ -26,3 +26,13 @@ func (e *Engine) eachStage(f func(st *stage) error) error {
 	}
 	return nil
 }
+
+// eachManager is eachStage for a phase of manager calls: when every stage
+// answered, it settles the end of step those calls carried to the managers
+// (see ending), before the caller applies their answers.
+func (e *Engine) eachManager(f func(st *stage) error) error {
+	if err := e.eachStage(f); err != nil {
+		return err
+	}
+	return e.settle()
+}

@@ -378,19 +378,34 @@ func (d *dataPlane) cork(ctx context.Context, m method, req, resp proto.Message)
 func (d *dataPlane) finish(c *corkedCall) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if c.done {
-		return c.err
+	if !c.done {
+		d.flushLocked(c.ctx)
+	}
+	return c.err
+}
+
+// flush writes the corked calls, if any, and reads their answers: a call
+// that does not travel on the plane (gRPC) must find them applied.
+func (d *dataPlane) flush(ctx context.Context) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.flushLocked(ctx)
+}
+
+func (d *dataPlane) flushLocked(ctx context.Context) {
+	if len(d.corked) == 0 {
+		return
 	}
 	if d.broken == nil {
 		b := append(d.buf[:0], d.corkedOut...)
 		d.corkedOut = d.corkedOut[:0]
 		d.buf = b
-		_ = d.exchange(c.ctx, b, nil)
+		_ = d.exchange(ctx, b, nil)
 	}
-	if !c.done { // the plane broke before the call was written
+	for _, c := range d.corked { // the plane broke before they were written
 		c.err, c.done = status.Errorf(codes.Unavailable, "data plane closed after an earlier failure: %v", d.broken), true
 	}
-	return c.err
+	d.corked, d.corkedOut = d.corked[:0], d.corkedOut[:0]
 }
 
 // appendRequest appends the request frame of req as method m, with ctx's
@@ -580,6 +595,33 @@ type managerRPC struct {
 
 func (r *managerRPC) plane(context.Context) *dataPlane {
 	return r.opener.get(r.CacheManagerClient.OpenDataPlane)
+}
+
+// The control-plane calls travel on gRPC: corked calls go first.
+
+func (r *managerRPC) Configure(ctx context.Context, in *kvxpb.ManagerConfig, opts ...grpc.CallOption) (*kvxpb.Layout, error) {
+	r.flush(ctx)
+	return r.CacheManagerClient.Configure(ctx, in, opts...)
+}
+
+func (r *managerRPC) Stats(ctx context.Context, in *kvxpb.StatsRequest, opts ...grpc.CallOption) (*kvxpb.ManagerStats, error) {
+	r.flush(ctx)
+	return r.CacheManagerClient.Stats(ctx, in, opts...)
+}
+
+func (r *managerRPC) Inspect(ctx context.Context, in *kvxpb.InspectOptions, opts ...grpc.CallOption) (*kvxpb.Snapshot, error) {
+	r.flush(ctx)
+	return r.CacheManagerClient.Inspect(ctx, in, opts...)
+}
+
+// flush sends the corked calls of an open plane; it opens none.
+func (r *managerRPC) flush(ctx context.Context) {
+	r.opener.mu.Lock()
+	p := r.opener.plane
+	r.opener.mu.Unlock()
+	if p != nil {
+		p.flush(ctx)
+	}
 }
 
 func (r *managerRPC) Lookup(ctx context.Context, in *kvxpb.LookupRequest, opts ...grpc.CallOption) (*kvxpb.LookupResponse, error) {

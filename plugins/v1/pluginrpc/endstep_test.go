@@ -99,15 +99,16 @@ func normalize(s kvcache.Snapshot) kvcache.Snapshot {
 
 // TestStartedEndStep: a started end of a step has EndStep's results, and a
 // call made before waiting for it is applied after it, whether that call
-// carries it to the plugin (fused) or the wait sends it alone; refused
-// items come back from the wait.
+// carries it to the plugin on the data plane (Reserve), travels on gRPC
+// (Stats), or the wait sends it alone; refused items come back from the
+// wait.
 func TestStartedEndStep(t *testing.T) {
 	ctx := context.Background()
 	prompt := make([]int32, 100)
 	for i := range prompt {
 		prompt[i] = int32(i + 1)
 	}
-	for _, fused := range []bool{true, false} {
+	for _, next := range []string{"reserve", "stats", "none"} {
 		inner := cachemgrv1.New()
 		m := pluginrpc.TestManagerPair(t, inner)
 		if _, ok := m.(kvcache.StepStarter); !ok {
@@ -124,24 +125,28 @@ func TestStartedEndStep(t *testing.T) {
 			Release: []kvcache.SeqID{2},
 			Inspect: &kvcache.InspectOptions{},
 		})
-		if fused {
+		switch next {
+		case "reserve":
 			// Seq 1 can grow only once its commit ended its reservation.
 			g, err := m.Reserve(ctx, []kvcache.ReserveItem{{Seq: 1, Tokens: 1, Draft: 1}})
 			if err != nil || !g[0].OK {
 				t.Fatalf("Reserve after the started end of step = %+v, %v; want granted", g, err)
 			}
+		case "stats":
+			if st, err := m.Stats(ctx); err != nil || st.Sequences != 1 {
+				t.Errorf("Stats after the started end of step = %+v, %v; want 1 sequence (seq 2 released)", st, err)
+			}
 		}
 		res, err := wait()
 		var ke *kvcache.Error
 		if !errors.As(err, &ke) || ke.Kind != kvcache.KindInvalidArg || !slices.Equal(ke.Seqs, []kvcache.SeqID{9}) {
-			t.Errorf("fused=%v: wait error = %v, want an item error about seq 9", fused, err)
+			t.Errorf("next %s: wait error = %v, want an item error about seq 9", next, err)
 		}
 		if res.Snapshot == nil || len(res.Snapshot.Seqs) != 1 || res.Snapshot.Seqs[0].History != 100 || res.Snapshot.Seqs[0].Reserved != 0 {
-			t.Fatalf("fused=%v: snapshot %+v, want seq 1 alone, history 100, nothing reserved (taken before the next call)", fused, res.Snapshot)
+			t.Fatalf("next %s: snapshot %+v, want seq 1 alone, history 100, nothing reserved (taken before the next call)", next, res.Snapshot)
 		}
-		st, err := m.Stats(ctx)
-		if err != nil || st.Sequences != 1 {
-			t.Errorf("fused=%v: Stats = %+v, %v; want 1 sequence (seq 2 released)", fused, st, err)
+		if st, err := m.Stats(ctx); err != nil || st.Sequences != 1 {
+			t.Errorf("next %s: Stats = %+v, %v; want 1 sequence (seq 2 released)", next, st, err)
 		}
 	}
 }
