@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
@@ -51,6 +52,9 @@ func (e *Engine) checkStage(st *stage, snap *kvcache.Snapshot, deep bool) []stri
 	}
 	var used, total int
 	for i, p := range snap.Pools {
+		if p.Total != pools[i].Blocks {
+			bad("pool %s: %d blocks in the snapshot, %d in the layout", pools[i].Name, p.Total, pools[i].Blocks)
+		}
 		if p.Free+p.Cached+p.InUse != p.Total || p.Free < 0 || p.Cached < 0 || p.InUse < 0 {
 			bad("pool %s: free %d + cached %d + in use %d != total %d", pools[i].Name, p.Free, p.Cached, p.InUse, p.Total)
 		}
@@ -97,58 +101,15 @@ func (e *Engine) checkStage(st *stage, snap *kvcache.Snapshot, deep bool) []stri
 		bad("holds %d sequences, the engine has %d resident", len(snap.Seqs), e.resident)
 	}
 	for _, s := range snap.Violations {
-		bad("manager self-check: %s", s)
-	}
-	if deep {
-		v = append(v, checkRefs(st, snap)...)
-	}
-	return v
-}
-
-// checkRefs recounts block references from the tables and compares them with
-// the manager's reference counts: no block owned twice except shared reuse
-// with matching counts, no block beyond its pool.
-func checkRefs(st *stage, snap *kvcache.Snapshot) []string {
-	var v []string
-	pools := st.layout.Pools
-	if len(snap.RefCounts) != len(pools) {
-		return []string{fmt.Sprintf("stage %d: %d reference-count tables for %d pools", st.idx, len(snap.RefCounts), len(pools))}
-	}
-	counts := make([][]int32, len(pools))
-	for i, p := range pools {
-		counts[i] = make([]int32, p.Blocks)
-	}
-	for _, s := range snap.Seqs {
-		for p, table := range s.Tables {
-			if p >= len(pools) {
-				v = append(v, fmt.Sprintf("stage %d: request %d: table for pool %d of %d", st.idx, s.Seq, p, len(pools)))
-				break
-			}
-			for _, b := range table {
-				if b < 0 {
-					continue // released slot of a windowed pool
-				}
-				if int(b) >= len(counts[p]) {
-					v = append(v, fmt.Sprintf("stage %d: request %d: block %d beyond pool %s of %d blocks", st.idx, s.Seq, b, pools[p].Name, len(counts[p])))
-					continue
-				}
-				counts[p][b]++
-			}
+		if strings.HasPrefix(s, "tables: ") {
+			bad("%s", s) // found by kvcache.CheckTables where the tables are
+		} else {
+			bad("manager self-check: %s", s)
 		}
 	}
-	for p := range pools {
-		got := snap.RefCounts[p]
-		if len(got) != len(counts[p]) {
-			v = append(v, fmt.Sprintf("stage %d: pool %s: %d reference counts for %d blocks", st.idx, pools[p].Name, len(got), len(counts[p])))
-			continue
-		}
-		for b, n := range counts[p] {
-			if got[b] != n {
-				v = append(v, fmt.Sprintf("stage %d: pool %s block %d: reference count %d, tables reference it %d times", st.idx, pools[p].Name, b, got[b], n))
-				if len(v) > maxViolationsKept {
-					return v
-				}
-			}
+	if deep && !snap.TablesChecked {
+		for _, s := range kvcache.CheckTables(pools, snap) {
+			bad("tables: %s", s)
 		}
 	}
 	return v

@@ -611,7 +611,7 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 	if c := e.spec.CheckEvery; c > 0 && e.commits%int64(c) == 0 {
 		e.rep.Invariants.CheckedSteps++
 		deep = e.spec.DeepEvery > 0 && e.rep.Invariants.CheckedSteps%int64(e.spec.DeepEvery) == 0
-		inspect = &kvcache.InspectOptions{Tables: deep}
+		inspect = &kvcache.InspectOptions{Tables: deep, CheckTables: deep}
 	}
 	// Commit, release the finished and inspect, in one call per stage that
 	// is only started here: a plugin gets it with the next step's first

@@ -3,6 +3,8 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/kvx-dev/kvx/core/workload"
 	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
@@ -306,5 +309,51 @@ func TestSuspendWithReuseUnderPressure(t *testing.T) {
 	}
 	if rep.Requests.Suspensions == 0 || rep.Requests.Preemptions > 20*rep.Requests.Total {
 		t.Errorf("%d preemptions, %d suspended for %d requests: want some suspensions, and no circles", rep.Requests.Preemptions, rep.Requests.Suspensions, rep.Requests.Total)
+	}
+}
+
+// leakyRefs wraps a manager and reports one reference too many on block 0
+// of its first pool in deep snapshots, as a manager that leaked it would.
+type leakyRefs struct{ kvcache.Manager }
+
+func (l leakyRefs) Inspect(ctx context.Context, o kvcache.InspectOptions) (kvcache.Snapshot, error) {
+	s, err := l.Manager.Inspect(ctx, o)
+	if o.Tables && len(s.RefCounts) > 0 {
+		s.RefCounts[0][0]++
+	}
+	return s, err
+}
+
+// TestDeepCheckFindsALeakedBlock: a reference count that disagrees with the
+// tables stops the run, whether the engine checks the tables (in-process)
+// or the plugin server does where they are and sends only the findings.
+func TestDeepCheckFindsALeakedBlock(t *testing.T) {
+	for _, plugin := range []bool{false, true} {
+		t.Run(fmt.Sprintf("plugin=%v", plugin), func(t *testing.T) {
+			wl := genWorkload(t, 4, 0)
+			s := buildSpec(t, testSpec{pp: 2, draft: 1, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048})
+			s.CheckEvery, s.DeepEvery = 1, 4
+			l := inproc{
+				manager: func() kvcache.Manager {
+					var m kvcache.Manager = leakyRefs{cachemgrv1.New()}
+					if plugin {
+						m = pluginrpc.TestManagerPair(t, m)
+					}
+					return m
+				},
+				worker: func() worker.Worker { return device.NewWorker(dsa.Backend) },
+			}
+			rep, err := engine.Run(context.Background(), s, l)
+			if !errors.Is(err, engine.ErrInvariant) {
+				t.Fatalf("Run error = %v, want ErrInvariant", err)
+			}
+			want := "tables: pool full block 0: reference count"
+			if len(rep.Invariants.First) == 0 || !strings.Contains(rep.Invariants.First[0], want) {
+				t.Fatalf("first violations %q, want one with %q", rep.Invariants.First, want)
+			}
+			if rep.Invariants.DeepChecks != 1 {
+				t.Errorf("%d deep checks, want the run to stop at the first", rep.Invariants.DeepChecks)
+			}
+		})
 	}
 }

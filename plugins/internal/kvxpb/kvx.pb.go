@@ -1952,6 +1952,7 @@ func (x *ManagerStats) GetReserveDenials() int64 {
 type InspectOptions struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tables        bool                   `protobuf:"varint,1,opt,name=tables,proto3" json:"tables,omitempty"`
+	CheckTables   bool                   `protobuf:"varint,2,opt,name=check_tables,json=checkTables,proto3" json:"check_tables,omitempty"` // kvcache.InspectOptions.CheckTables
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1989,6 +1990,13 @@ func (*InspectOptions) Descriptor() ([]byte, []int) {
 func (x *InspectOptions) GetTables() bool {
 	if x != nil {
 		return x.Tables
+	}
+	return false
+}
+
+func (x *InspectOptions) GetCheckTables() bool {
+	if x != nil {
+		return x.CheckTables
 	}
 	return false
 }
@@ -2199,6 +2207,7 @@ type Snapshot struct {
 	Seqs          []*SeqState            `protobuf:"bytes,2,rep,name=seqs,proto3" json:"seqs,omitempty"`
 	RefCounts     []*RefCounts           `protobuf:"bytes,3,rep,name=ref_counts,json=refCounts,proto3" json:"ref_counts,omitempty"`
 	Violations    []string               `protobuf:"bytes,4,rep,name=violations,proto3" json:"violations,omitempty"`
+	TablesChecked bool                   `protobuf:"varint,5,opt,name=tables_checked,json=tablesChecked,proto3" json:"tables_checked,omitempty"` // kvcache.Snapshot.TablesChecked
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2259,6 +2268,13 @@ func (x *Snapshot) GetViolations() []string {
 		return x.Violations
 	}
 	return nil
+}
+
+func (x *Snapshot) GetTablesChecked() bool {
+	if x != nil {
+		return x.TablesChecked
+	}
+	return false
 }
 
 // Status detail of every error a plugin method returns (kvcache.Error).
@@ -3241,9 +3257,10 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\tevictions\x18\x05 \x01(\x03R\tevictions\x123\n" +
 	"\tsnapshots\x18\x06 \x01(\v2\x15.kvx.v1.SnapshotStatsR\tsnapshots\x12%\n" +
 	"\x0esuspended_seqs\x18\a \x01(\x03R\rsuspendedSeqs\x12'\n" +
-	"\x0freserve_denials\x18\b \x01(\x03R\x0ereserveDenials\"(\n" +
+	"\x0freserve_denials\x18\b \x01(\x03R\x0ereserveDenials\"K\n" +
 	"\x0eInspectOptions\x12\x16\n" +
-	"\x06tables\x18\x01 \x01(\bR\x06tables\"$\n" +
+	"\x06tables\x18\x01 \x01(\bR\x06tables\x12!\n" +
+	"\fcheck_tables\x18\x02 \x01(\bR\vcheckTables\"$\n" +
 	"\n" +
 	"BlockTable\x12\x16\n" +
 	"\x06blocks\x18\x01 \x03(\x05R\x06blocks\"\xfa\x01\n" +
@@ -3258,7 +3275,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x06blocks\x18\b \x03(\x03R\x06blocks\x12*\n" +
 	"\x06tables\x18\t \x03(\v2\x12.kvx.v1.BlockTableR\x06tables\"#\n" +
 	"\tRefCounts\x12\x16\n" +
-	"\x06counts\x18\x01 \x03(\x05R\x06counts\"\xab\x01\n" +
+	"\x06counts\x18\x01 \x03(\x05R\x06counts\"\xd2\x01\n" +
 	"\bSnapshot\x12'\n" +
 	"\x05pools\x18\x01 \x03(\v2\x11.kvx.v1.PoolStatsR\x05pools\x12$\n" +
 	"\x04seqs\x18\x02 \x03(\v2\x10.kvx.v1.SeqStateR\x04seqs\x120\n" +
@@ -3266,7 +3283,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"ref_counts\x18\x03 \x03(\v2\x11.kvx.v1.RefCountsR\trefCounts\x12\x1e\n" +
 	"\n" +
 	"violations\x18\x04 \x03(\tR\n" +
-	"violations\"!\n" +
+	"violations\x12%\n" +
+	"\x0etables_checked\x18\x05 \x01(\bR\rtablesChecked\"!\n" +
 	"\vErrorDetail\x12\x12\n" +
 	"\x04seqs\x18\x01 \x03(\x04R\x04seqs\"\x13\n" +
 	"\x11WorkerInfoRequest\"\xca\x01\n" +

@@ -243,6 +243,13 @@ type SeqState struct {
 // InspectOptions chooses how deep Inspect looks.
 type InspectOptions struct {
 	Tables bool // include block tables, reference counts and the self-check (expensive)
+	// CheckTables, with Tables, asks the side that holds the tables to check
+	// them against the reference counts (CheckTables) and to leave both out
+	// of the snapshot: the findings join Violations and TablesChecked is set.
+	// The plugin server honours it for every manager, so the tables of a deep
+	// check never cross the wire; a manager itself may ignore it, and the
+	// caller then checks the tables it got.
+	CheckTables bool
 }
 
 // Snapshot is a debug view for invariant checks.
@@ -255,6 +262,10 @@ type Snapshot struct {
 	// Violations are the manager's own deep self-check findings (only with
 	// InspectOptions.Tables, since a full check is expensive); empty when sound.
 	Violations []string
+	// TablesChecked says the tables and reference counts were checked where
+	// they are held (InspectOptions.CheckTables) and left out: Tables and
+	// RefCounts are empty and the findings are in Violations.
+	TablesChecked bool
 }
 
 // Manager is one pipeline stage's cache manager.

@@ -506,11 +506,11 @@ func fromProtoStats(p *kvxpb.ManagerStats) kvcache.Stats {
 }
 
 func toProtoInspectOptions(o kvcache.InspectOptions) *kvxpb.InspectOptions {
-	return &kvxpb.InspectOptions{Tables: o.Tables}
+	return &kvxpb.InspectOptions{Tables: o.Tables, CheckTables: o.CheckTables}
 }
 
 func fromProtoInspectOptions(p *kvxpb.InspectOptions) kvcache.InspectOptions {
-	return kvcache.InspectOptions{Tables: p.GetTables()}
+	return kvcache.InspectOptions{Tables: p.GetTables(), CheckTables: p.GetCheckTables()}
 }
 
 func toProtoSeqState(s *kvcache.SeqState) *kvxpb.SeqState {
@@ -555,7 +555,7 @@ func fromProtoSeqState(m *kvxpb.SeqState) kvcache.SeqState {
 }
 
 func toProtoSnapshot(s kvcache.Snapshot) *kvxpb.Snapshot {
-	m := &kvxpb.Snapshot{Pools: protoPoolStats(s.Pools), Violations: share(s.Violations)}
+	m := &kvxpb.Snapshot{Pools: protoPoolStats(s.Pools), Violations: share(s.Violations), TablesChecked: s.TablesChecked}
 	if len(s.Seqs) > 0 {
 		m.Seqs = make([]*kvxpb.SeqState, len(s.Seqs))
 		for i := range s.Seqs {
@@ -573,7 +573,7 @@ func toProtoSnapshot(s kvcache.Snapshot) *kvxpb.Snapshot {
 }
 
 func fromProtoSnapshot(p *kvxpb.Snapshot) kvcache.Snapshot {
-	s := kvcache.Snapshot{Pools: goPoolStats(p.GetPools()), Violations: share(p.GetViolations())}
+	s := kvcache.Snapshot{Pools: goPoolStats(p.GetPools()), Violations: share(p.GetViolations()), TablesChecked: p.GetTablesChecked()}
 	if ms := p.GetSeqs(); len(ms) > 0 {
 		s.Seqs = make([]kvcache.SeqState, len(ms))
 		for i, m := range ms {

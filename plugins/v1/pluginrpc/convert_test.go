@@ -124,7 +124,7 @@ var converters = []converter{
 		fromProtoPoolStats),
 	conv("kvcache.SnapshotStats", fullStats.Snapshots, toProtoSnapshotStats, fromProtoSnapshotStats),
 	conv("kvcache.Stats", fullStats, toProtoStats, fromProtoStats),
-	conv("kvcache.InspectOptions", kvcache.InspectOptions{Tables: true}, toProtoInspectOptions, fromProtoInspectOptions),
+	conv("kvcache.InspectOptions", kvcache.InspectOptions{Tables: true, CheckTables: true}, toProtoInspectOptions, fromProtoInspectOptions),
 	conv("kvcache.SeqState", fullSnapshot.Seqs[0],
 		func(s kvcache.SeqState) *kvxpb.SeqState { return toProtoSeqState(&s) }, fromProtoSeqState),
 	conv("kvcache.Snapshot", fullSnapshot, toProtoSnapshot, fromProtoSnapshot),

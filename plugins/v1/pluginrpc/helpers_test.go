@@ -157,8 +157,9 @@ var fullSnapshot = kvcache.Snapshot{
 	Pools: fullStats.Pools,
 	Seqs: []kvcache.SeqState{{Seq: 5, History: 100, Capacity: 128, Reserved: 2, Draft: 1, Hold: 4096, Suspended: true,
 		Blocks: []int{2, 1}, Tables: [][]kvcache.BlockID{{1, 2}, {3}}}},
-	RefCounts:  [][]int32{{0, 1, 2}, {1}},
-	Violations: []string{"seq 5: history 100 > capacity 96"},
+	RefCounts:     [][]int32{{0, 1, 2}, {1}},
+	Violations:    []string{"seq 5: history 100 > capacity 96"},
+	TablesChecked: true,
 }
 
 var fullWorkerInfo = worker.Info{
@@ -316,7 +317,7 @@ func TestFullValuesAreFull(t *testing.T) {
 	for _, v := range []any{
 		fullInfo, fullConfig, fullLayout, fullLookupItems[0], fullReserveItems[0], fullGrants[0], fullStats,
 		fullSnapshot, fullWorkerInfo, fullWorkerConfig, fullBatch, fullResult, fullHardware, fullModel,
-		kvcache.CommitItem{Seq: 1, Accepted: 2}, kvcache.InspectOptions{Tables: true},
+		kvcache.CommitItem{Seq: 1, Accepted: 2}, kvcache.InspectOptions{Tables: true, CheckTables: true},
 		worker.Setup{DeviceBytes: 1, Notes: []string{"x"}},
 		kvcache.Error{Kind: kvcache.KindCorrupt, Msg: "m", Seqs: []kvcache.SeqID{1}},
 	} {

@@ -275,6 +275,10 @@ type managerServer struct {
 	kvxpb.UnimplementedCacheManagerServer
 	impl kvcache.Manager
 	gate gate
+	// pools is the layout of the last Configure that succeeded, for the
+	// table checks it runs on a deep inspection (kvcache.SealTables); set
+	// and read inside the gate.
+	pools []kvcache.Pool
 }
 
 func (s *managerServer) Info(ctx context.Context, _ *kvxpb.ManagerInfoRequest) (*kvxpb.ManagerInfo, error) {
@@ -304,6 +308,7 @@ func (s *managerServer) Configure(ctx context.Context, req *kvxpb.ManagerConfig)
 	if err != nil {
 		return nil, toStatus(err, out)
 	}
+	s.pools = layout.Pools
 	return out, nil
 }
 
@@ -417,7 +422,11 @@ func (s *managerServer) Inspect(ctx context.Context, req *kvxpb.InspectOptions) 
 		return nil, toStatus(err, nil)
 	}
 	defer s.gate.leave()
-	snap, err := s.impl.Inspect(ctx, fromProtoInspectOptions(req))
+	opts := fromProtoInspectOptions(req)
+	snap, err := s.impl.Inspect(ctx, opts)
+	if err == nil {
+		kvcache.SealTables(s.pools, opts, &snap)
+	}
 	out := toProtoSnapshot(snap)
 	if err != nil {
 		return nil, toStatus(err, out)
@@ -435,6 +444,9 @@ func (s *managerServer) EndStep(ctx context.Context, req *kvxpb.EndStepRequest) 
 		return nil, toStatus(err, nil)
 	}
 	res, err := kvcache.EndStep(ctx, s.impl, r)
+	if res.Snapshot != nil && r.Inspect != nil {
+		kvcache.SealTables(s.pools, *r.Inspect, res.Snapshot)
+	}
 	out := toProtoEndStepResult(res)
 	if err != nil {
 		return nil, toStatus(err, out)
