@@ -481,22 +481,31 @@ func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.
 		wItems[i] = worker.Item{Seq: it.ID, Pos: it.Pos, Tokens: toks, Draft: draft, Sample: it.Sample}
 		tokens += len(toks)
 	}
-	var hidden []byte
+	// Every stage's batch is known before the first runs: the activations
+	// go from stage to stage inside ForwardStages (inside the worker
+	// process, when one serves every stage).
+	ws := make([]worker.Worker, len(e.stages))
+	bs := make([]worker.Batch, len(e.stages))
+	for _, st := range e.stages {
+		its := wItems
+		if st.idx > 0 {
+			its = slices.Clone(wItems)
+		}
+		for i := range its {
+			its[i].Tables, its[i].Snapshots = st.deltas[its[i].Seq], nil
+			if len(st.snaps) > 0 { // only hybrid managers grant state saves
+				its[i].Snapshots = st.snaps[its[i].Seq]
+			}
+		}
+		ws[st.idx] = st.w
+		bs[st.idx] = worker.Batch{Step: mb.step, Items: its, Released: st.released, Copies: st.copies}
+	}
+	results, err := worker.ForwardStages(ctx, ws, bs)
 	prevEnd := e.now
 	var last worker.Result
 	free := make([]int64, len(e.stages))
-	for _, st := range e.stages {
-		for i := range wItems {
-			wItems[i].Tables = st.deltas[wItems[i].Seq]
-			if len(st.snaps) > 0 { // only hybrid managers grant state saves
-				wItems[i].Snapshots = st.snaps[wItems[i].Seq]
-			}
-		}
-		b := worker.Batch{Step: mb.step, Items: wItems, Hidden: hidden, Released: st.released, Copies: st.copies}
-		res, err := st.w.Forward(ctx, b)
-		if err != nil {
-			return items, stageErr(st.idx, fmt.Sprintf("forward step %d", mb.step), err)
-		}
+	for i, res := range results {
+		st := e.stages[i]
 		st.released, st.copies = st.released[:0], st.copies[:0]
 		e.modelled = res.Modelled
 		start := max(prevEnd, st.free)
@@ -505,8 +514,15 @@ func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.
 		}
 		free[st.idx] = start + res.Nanos
 		prevEnd = free[st.idx]
-		hidden = res.Hidden
 		last = res
+	}
+	if err != nil {
+		stage := len(results)
+		var se *worker.StageError
+		if errors.As(err, &se) {
+			stage, err = se.Stage, se.Err
+		}
+		return items, stageErr(stage, fmt.Sprintf("forward step %d", mb.step), err)
 	}
 	// The micro-batch ran on every stage: account for it.
 	for i, st := range e.stages {

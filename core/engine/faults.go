@@ -48,7 +48,9 @@ func itemSeqs(err error) []kvcache.SeqID {
 // recoverStage restarts the plugins of a stage that died and recomputes every
 // request: micro-batches in flight are dropped, every resident sequence is
 // released on the other stages, and the scheduler requeues every admitted
-// request at the front. Generated tokens are kept; nothing is lost.
+// request at the front. Generated tokens are kept; nothing is lost. A stage
+// whose manager went with the dead one (one process serves every stage's
+// instance) is restarted too.
 func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error {
 	if e.rep.Engine.PluginRestarts >= MaxRestarts {
 		return fmt.Errorf("%d plugin restarts, giving up: %w", e.rep.Engine.PluginRestarts, cause)
@@ -56,12 +58,20 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 	e.rep.Engine.PluginRestarts++
 	e.dropEnding()
 	e.log.Warn("plugin died; restarting it and recomputing every request", "stage", dead, "error", cause)
-	if st, ok := e.launch.(Stopper); ok {
-		st.Stop(e.stages[dead].m)
-		st.Stop(e.stages[dead].w)
+	restarted := make([]bool, len(e.stages))
+	restart := func(i int) error {
+		if st, ok := e.launch.(Stopper); ok {
+			st.Stop(e.stages[i].m)
+			st.Stop(e.stages[i].w)
+		}
+		if err := e.startStage(ctx, e.stages[i]); err != nil {
+			return fmt.Errorf("restart of stage %d after %v: %w", i, cause, err)
+		}
+		restarted[i] = true
+		return nil
 	}
-	if err := e.startStage(ctx, e.stages[dead]); err != nil {
-		return fmt.Errorf("restart after %v: %w", cause, err)
+	if err := restart(dead); err != nil {
+		return err
 	}
 	var resident []kvcache.SeqID
 	for _, r := range e.reqs {
@@ -78,12 +88,19 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 		clear(st.snaps)
 		st.copies = st.copies[:0]
 		st.released = append(st.released[:0], resident...)
-		if st.idx == dead {
+		if restarted[st.idx] {
 			continue
 		}
 		// Release whatever the surviving stage holds: a call that failed may
 		// have reached some stages and not others, so ask the stage itself.
 		snap, err := st.m.Inspect(ctx, kvcache.InspectOptions{})
+		if errors.Is(err, kvcache.ErrUnavailable) {
+			// Its plugins went too (a process shared with the dead stage).
+			if err := restart(st.idx); err != nil {
+				return err
+			}
+			continue
+		}
 		if err != nil {
 			return stageErr(st.idx, "inspect after restart", err)
 		}

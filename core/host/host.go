@@ -273,6 +273,53 @@ func (h *Host) LaunchWorker(ctx context.Context, path string) (worker.Worker, *P
 	return w, proc, nil
 }
 
+// ManagerInstance returns a further manager served by proc, the process
+// behind of (a client LaunchManager returned): one process serves every
+// pipeline stage (pluginrpc.InstancesProtocol). The instance is checked as
+// a launch is (Info, protocol). It fails with kvcache.KindUnsupported when
+// proc serves one instance (a plugin built before instances): launch
+// another process then.
+func (h *Host) ManagerInstance(ctx context.Context, of kvcache.Manager, proc *Process) (kvcache.Manager, error) {
+	first, ok := of.(*pluginrpc.ManagerClient)
+	if !ok {
+		return nil, kvcache.Errorf(kvcache.KindUnsupported, "%T is not a plugin client", of)
+	}
+	m, err := first.NewInstance()
+	if err != nil {
+		return nil, err
+	}
+	info, err := m.Info(ctx)
+	if err == nil {
+		err = checkProtocols(info.Protocols)
+	}
+	if err != nil {
+		return nil, launchError(proc.path, "cache manager instance", err)
+	}
+	h.logger.Debug("plugin instance ready", "kind", pluginrpc.ManagerPluginName, "path", proc.path, "pid", proc.pid)
+	return m, nil
+}
+
+// WorkerInstance is ManagerInstance for workers.
+func (h *Host) WorkerInstance(ctx context.Context, of worker.Worker, proc *Process) (worker.Worker, error) {
+	first, ok := of.(*pluginrpc.WorkerClient)
+	if !ok {
+		return nil, kvcache.Errorf(kvcache.KindUnsupported, "%T is not a plugin client", of)
+	}
+	w, err := first.NewInstance()
+	if err != nil {
+		return nil, err
+	}
+	info, err := w.Info(ctx)
+	if err == nil {
+		err = checkProtocols(info.Protocols)
+	}
+	if err != nil {
+		return nil, launchError(proc.path, "worker instance", err)
+	}
+	h.logger.Debug("plugin instance ready", "kind", pluginrpc.WorkerPluginName, "path", proc.path, "pid", proc.pid)
+	return w, nil
+}
+
 func checkProtocols(protocols []int) error {
 	if slices.Contains(protocols, kvcache.ProtocolVersion) {
 		return nil

@@ -152,7 +152,7 @@ func TestLaunchManagerAndClose(t *testing.T) {
 	if !alive(proc.Pid()) || proc.Exited() {
 		t.Fatalf("plugin pid %d not running after launch", proc.Pid())
 	}
-	for _, want := range []string{"plugin ready", "kind=cachemanager", "name=fake", "version=0.0.1", "protocol=1", "prefix_reuse=true",
+	for _, want := range []string{"plugin ready", "kind=cachemanager", "name=fake", "version=0.0.1", "protocol=2", "prefix_reuse=true",
 		"fake manager starting"} { // the last one is the plugin's own log line, forwarded
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("host log lacks %q:\n%s", want, logs)
@@ -450,5 +450,66 @@ func TestPluginThreads(t *testing.T) {
 		if st.SuspendedSeqs != want {
 			t.Errorf("ManagerThreads %d: plugin GOMAXPROCS %d, want %d", n, st.SuspendedSeqs, want)
 		}
+	}
+}
+
+// TestInstancesShareAProcess: one plugin process serves several managers,
+// each made by the plugin's factory; their calls, concurrent or not, reach
+// their own instance, and all of them go when the process does. A plugin
+// that serves one instance per process (built before instances) refuses
+// with KindUnsupported, and its host launches another process instead.
+func TestInstancesShareAProcess(t *testing.T) {
+	h, _ := newHost(t)
+	t.Cleanup(h.Close)
+	ctx := ctxTimeout(t)
+	first, proc, err := h.LaunchManager(ctx, fakeManager)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := []kvcache.Manager{first}
+	for range 2 {
+		m, err := h.ManagerInstance(ctx, first, proc)
+		if err != nil {
+			t.Fatalf("ManagerInstance: %v", err)
+		}
+		ms = append(ms, m)
+	}
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Go(func() {
+			for range 50 {
+				g, err := m.Reserve(ctx, []kvcache.ReserveItem{{Seq: kvcache.SeqID(i), New: true, Tokens: 1}})
+				if err != nil || len(g) != 1 || g[0].Seq != kvcache.SeqID(i) || !g[0].OK {
+					t.Errorf("instance %d: Reserve = %+v, %v", i, g, err)
+					return
+				}
+				st, err := m.Stats(ctx)
+				if err != nil || st.Evictions != int64(i) || st.Sequences != proc.Pid() {
+					t.Errorf("instance %d: Stats = instance %d of pid %d (%v), want instance %d of pid %d", i, st.Evictions, st.Sequences, err, i, proc.Pid())
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := tracked(h); n != 1 {
+		t.Errorf("%d processes tracked, want 1", n)
+	}
+	proc.Kill()
+	for i, m := range ms {
+		_, err := m.Stats(ctx)
+		wantUnavailable(t, fmt.Sprintf("instance %d after the process was killed", i), err)
+	}
+
+	t.Setenv("FAKEPLUGIN_ONE_INSTANCE", "1")
+	old, oldProc, err := h.LaunchManager(ctx, fakeManager)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.ManagerInstance(ctx, old, oldProc); kvcache.KindOf(err) != kvcache.KindUnsupported {
+		t.Errorf("ManagerInstance of a one-instance plugin: %v, want kind %v", err, kvcache.KindUnsupported)
+	}
+	if _, err := old.Stats(ctx); err != nil {
+		t.Errorf("the one-instance plugin after the refusal: %v", err)
 	}
 }

@@ -265,6 +265,15 @@ type Launcher struct {
 	host *host.Host
 	mu   sync.Mutex
 	proc map[any]*host.Process // plugin clients handed out, and their processes
+	// shared is, per plugin binary, the process that serves every stage's
+	// instance and the first client it gave, from which the others come.
+	shared map[string]shared
+}
+
+// shared is a plugin process serving several stages.
+type shared struct {
+	first any
+	proc  *host.Process
 }
 
 var (
@@ -304,11 +313,22 @@ func (l *Launcher) Manager(ctx context.Context, stage int) (kvcache.Manager, err
 	if err != nil {
 		return nil, err
 	}
+	if sh, ok := l.sharedProc(path); ok {
+		m, err := l.host.ManagerInstance(ctx, sh.first.(kvcache.Manager), sh.proc)
+		if err == nil {
+			l.track(m, sh.proc)
+			return m, nil
+		}
+		if kvcache.KindOf(err) != kvcache.KindUnsupported {
+			return nil, err
+		}
+	}
 	m, proc, err := l.host.LaunchManager(ctx, path)
 	if err != nil {
 		return nil, err
 	}
 	l.track(m, proc)
+	l.share(path, m, proc)
 	return m, nil
 }
 
@@ -326,12 +346,50 @@ func (l *Launcher) Worker(ctx context.Context, stage int) (worker.Worker, error)
 	if err != nil {
 		return nil, err
 	}
+	if sh, ok := l.sharedProc(path); ok {
+		w, err := l.host.WorkerInstance(ctx, sh.first.(worker.Worker), sh.proc)
+		if err == nil {
+			l.track(w, sh.proc)
+			return w, nil
+		}
+		if kvcache.KindOf(err) != kvcache.KindUnsupported {
+			return nil, err
+		}
+	}
 	w, proc, err := l.host.LaunchWorker(ctx, path)
 	if err != nil {
 		return nil, err
 	}
 	l.track(w, proc)
+	l.share(path, w, proc)
 	return w, nil
+}
+
+// sharedProc returns the live process that serves the stages' instances of
+// the plugin binary at path, if there is one.
+func (l *Launcher) sharedProc(path string) (shared, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sh, ok := l.shared[path]
+	if ok && sh.proc.Exited() {
+		delete(l.shared, path)
+		return shared{}, false
+	}
+	return sh, ok
+}
+
+// share makes proc, just launched, the process later stages' instances of
+// path come from, unless a live one is there already.
+func (l *Launcher) share(path string, first any, proc *host.Process) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.shared == nil {
+		l.shared = map[string]shared{}
+	}
+	if sh, ok := l.shared[path]; ok && !sh.proc.Exited() {
+		return
+	}
+	l.shared[path] = shared{first: first, proc: proc}
 }
 
 func (l *Launcher) track(client any, proc *host.Process) {
@@ -350,6 +408,11 @@ func (l *Launcher) Stop(client any) {
 	l.mu.Lock()
 	proc := l.proc[client]
 	delete(l.proc, client)
+	for path, sh := range l.shared {
+		if sh.proc == proc {
+			delete(l.shared, path) // the next stage gets a fresh process
+		}
+	}
 	l.mu.Unlock()
 	if proc != nil {
 		proc.Kill()

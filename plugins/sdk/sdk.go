@@ -59,22 +59,25 @@ func DefaultLogger() hclog.Logger {
 	})
 }
 
-// ServeCacheManager serves the manager factory makes, as protocol v1, until
+// ServeCacheManager serves the managers factory makes, contract v1, until
 // the host closes the connection or kills the process. The factory is
-// called once, before serving: one plugin process serves one stage's
-// manager. It does not return while serving; when started by hand (no
-// handshake cookie) it exits the process with status 1.
+// called once before serving, and once more for each further instance the
+// host asks for: a kvx host runs one process per plugin binary and one
+// instance per pipeline stage (pluginrpc.InstancesProtocol); an older host
+// gets one instance per process. Instances share nothing but the process.
+// It does not return while serving; when started by hand (no handshake
+// cookie) it exits the process with status 1.
 func ServeCacheManager(factory func() kvcache.Manager, opts ...Option) {
 	singleThread()
 	logger := setup(opts)
-	serve(pluginrpc.VersionedPlugins(factory(), nil), logger)
+	serve(pluginrpc.ServedPlugins(factory, nil), logger)
 }
 
-// ServeWorker serves the worker factory makes; see ServeCacheManager.
+// ServeWorker serves the workers factory makes; see ServeCacheManager.
 func ServeWorker(factory func() worker.Worker, opts ...Option) {
 	singleThread()
 	logger := setup(opts)
-	serve(pluginrpc.VersionedPlugins(nil, factory()), logger)
+	serve(pluginrpc.ServedPlugins(nil, factory), logger)
 }
 
 // singleThread runs the plugin on one OS thread at a time. A plugin serves

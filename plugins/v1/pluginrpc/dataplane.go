@@ -57,11 +57,14 @@ func clientOpts(opts []ClientOption) clientOptions {
 	return o
 }
 
-// dataPlaneVersion is the frame format this package speaks.
-const dataPlaneVersion = 1
+// dataPlaneVersion is the newest frame format this package speaks. Version
+// 2 adds an instance (u16, header bytes 5-6) and flags (byte 7) to request
+// frames; in version 1 those bytes are zero. A plugin serves both; a host
+// asks for 2 when the plugin serves instances (InstancesProtocol).
+const dataPlaneVersion = 2
 
 const (
-	frameHeader = 16 // u32 length, u8 method or status, 3 zero bytes, i64 deadline
+	frameHeader = 16 // u32 length, u8 method or status, u16 instance, u8 flags, i64 deadline
 	tokenBytes  = 32
 	// acceptWait bounds how long a plugin waits for the host to connect.
 	acceptWait = 30 * time.Second
@@ -91,14 +94,25 @@ const (
 
 // handler runs one framed call: it decodes the request message from b and
 // returns the response message, or an error that is (or becomes) a status.
-type handler func(ctx context.Context, b []byte) (proto.Message, error)
+// ch carries Forward's chain state between frames (see flagKeep).
+type handler func(ctx context.Context, b []byte, ch *chain) (proto.Message, error)
+
+// chain is a serve loop's state for the frames of a ForwardChain.
+type chain struct {
+	flags byte   // of the frame being served
+	kept  []byte // the Result.Hidden a flagKeep frame left for the next frame
+	ok    bool   // the last frame was a flagKeep frame that succeeded
+}
+
+// route returns the handlers of an instance.
+type route func(inst uint16) (map[method]handler, error)
 
 // handle adapts one server method to a handler.
 func handle[Req any, PReq interface {
 	*Req
 	proto.Message
 }, Resp proto.Message](f func(context.Context, PReq) (Resp, error)) handler {
-	return func(ctx context.Context, b []byte) (proto.Message, error) {
+	return func(ctx context.Context, b []byte, _ *chain) (proto.Message, error) {
 		req := PReq(new(Req))
 		if err := proto.Unmarshal(b, req); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "data plane: undecodable request: %v", err)
@@ -109,14 +123,16 @@ func handle[Req any, PReq interface {
 
 // serveDataPlane serves one OpenDataPlane call: it listens on a fresh socket
 // in a private directory, sends where to connect, serves the first
-// connection that presents the token with handlers, and returns when the
+// connection that presents the token with the handlers of the instance each
+// frame names (routes), and returns when the
 // plane or the RPC's stream ends, whichever comes first. The socket and its
 // directory are removed once a connection is accepted (or none came within
 // acceptWait). Framed calls run under the stream's ctx, so they end with the
 // gRPC connection like any RPC.
-func serveDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.DataPlane], handlers map[method]handler) error {
-	if v := req.GetVersion(); v != dataPlaneVersion {
-		return status.Errorf(codes.Unimplemented, "data plane version %d is not served (this plugin speaks %d)", v, dataPlaneVersion)
+func serveDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.DataPlane], routes route) error {
+	v := req.GetVersion()
+	if v != 1 && v != dataPlaneVersion {
+		return status.Errorf(codes.Unimplemented, "data plane version %d is not served (this plugin speaks 1 and %d)", v, dataPlaneVersion)
 	}
 	// Beside go-plugin's own socket when the host chose a directory for them
 	// (core/host does: a private one); mode 0700 either way.
@@ -133,7 +149,7 @@ func serveDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServ
 	defer l.Close()
 	token := make([]byte, tokenBytes)
 	_, _ = rand.Read(token) // never fails (crypto/rand)
-	if err := stream.Send(&kvxpb.DataPlane{Network: "unix", Address: path, Token: token, Version: dataPlaneVersion}); err != nil {
+	if err := stream.Send(&kvxpb.DataPlane{Network: "unix", Address: path, Token: token, Version: v}); err != nil {
 		return err
 	}
 	ctx := stream.Context()
@@ -149,17 +165,20 @@ func serveDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServ
 	defer c.Close()
 	stopServe := context.AfterFunc(ctx, func() { _ = c.Close() })
 	defer stopServe()
-	serveFrames(ctx, c, token, handlers)
+	serveFrames(ctx, c, token, v >= 2, routes)
 	return nil
 }
 
 // serveFrames answers framed calls on c, one at a time, until c fails or
-// sends something that is not a frame. The handlers take the server's gate
+// sends something that is not a frame. With instanced frames (version 2)
+// each goes to the instance it names, else to instance 0. An answer is
+// written when no further frame is already read, so the answers to frames
+// that came together go back together. The handlers take the server's gate
 // themselves, so framed and gRPC calls never overlap. A call that runs past
 // watchAfter is watched: the host closing the plane (it does when the
 // caller's ctx ends mid-call) cancels it, as gRPC would. Shorter calls are
 // not worth a second goroutine.
-func serveFrames(ctx context.Context, c *net.UnixConn, token []byte, handlers map[method]handler) {
+func serveFrames(ctx context.Context, c *net.UnixConn, token []byte, instanced bool, routes route) {
 	pc, err := newPlaneConn(c)
 	if err != nil {
 		return
@@ -169,10 +188,19 @@ func serveFrames(ctx context.Context, c *net.UnixConn, token []byte, handlers ma
 		return
 	}
 	var out []byte
+	var ch chain
 	for {
 		hdr, body, err := pc.readFrame()
 		if err != nil {
 			return
+		}
+		var inst uint16
+		ch.flags = 0
+		if instanced {
+			inst, ch.flags = binary.LittleEndian.Uint16(hdr[5:]), hdr[7]
+		}
+		if ch.flags&flagTake == 0 {
+			ch.kept, ch.ok = nil, false
 		}
 		cctx, cancel := context.WithCancel(ctx)
 		if dl := int64(binary.LittleEndian.Uint64(hdr[8:])); dl != 0 {
@@ -180,23 +208,30 @@ func serveFrames(ctx context.Context, c *net.UnixConn, token []byte, handlers ma
 		}
 		watch := watchHangUp(pc, cancel)
 		var resp proto.Message
-		if h := handlers[method(hdr[4])]; h != nil {
-			resp, err = h(cctx, body)
-		} else {
-			err = status.Errorf(codes.Unimplemented, "data plane: method %d is not served", hdr[4])
+		handlers, err := routes(inst)
+		if err == nil {
+			if h := handlers[method(hdr[4])]; h != nil {
+				resp, err = h(cctx, body, &ch)
+			} else {
+				err = status.Errorf(codes.Unimplemented, "data plane: method %d is not served", hdr[4])
+			}
 		}
 		hungUp := watch()
 		cancel()
 		if hungUp {
 			return
 		}
-		out, err = appendResponse(out[:0], resp, err)
+		out, err = appendResponse(out, resp, err)
 		if err != nil {
 			return
+		}
+		if pc.buffered() >= frameHeader {
+			continue // the next call came with this one: answer both at once
 		}
 		if err := pc.write(out); err != nil {
 			return
 		}
+		out = out[:0]
 	}
 }
 
@@ -205,16 +240,17 @@ func serveFrames(ctx context.Context, c *net.UnixConn, token []byte, handlers ma
 const watchAfter = time.Millisecond
 
 // watchHangUp starts watching pc for the host hanging up once the call has
-// run for watchAfter, calling cancel then. The returned stop ends the watch
-// (waiting for the watcher, which holds pc's read side) and reports whether
-// the host hung up.
+// run for watchAfter, calling cancel then. Frames that arrive meanwhile
+// (other instances' calls, pipelined) are kept for after the call. The
+// returned stop ends the watch (waiting for the watcher, which holds pc's
+// read side) and reports whether the host hung up.
 func watchHangUp(pc *planeConn, cancel context.CancelFunc) (stop func() bool) {
 	var hungUp atomic.Bool
 	done := make(chan struct{})
 	t := time.AfterFunc(watchAfter, func() {
 		defer close(done)
-		if err := pc.waitHangUp(); !errors.Is(err, os.ErrDeadlineExceeded) {
-			// EOF, a reset, or data out of turn: the call is abandoned.
+		if err := pc.readAside(); !errors.Is(err, os.ErrDeadlineExceeded) {
+			// EOF or a reset: the call is abandoned.
 			hungUp.Store(true)
 			cancel()
 		}
@@ -226,16 +262,18 @@ func watchHangUp(pc *planeConn, cancel context.CancelFunc) (stop func() bool) {
 		_ = pc.c.SetReadDeadline(aLongTimeAgo)
 		<-done
 		_ = pc.c.SetReadDeadline(time.Time{})
+		pc.takeAside()
 		return hungUp.Load()
 	}
 }
 
 // appendResponse appends the response frame of (resp, callErr) to b.
 func appendResponse(b []byte, resp proto.Message, callErr error) ([]byte, error) {
+	at := len(b)
 	b = append(b, make([]byte, frameHeader)...)
 	var err error
 	if callErr != nil {
-		b[4] = frameErr
+		b[at+4] = frameErr
 		b, err = proto.MarshalOptions{}.MarshalAppend(b, status.Convert(callErr).Proto())
 	} else {
 		b, err = proto.MarshalOptions{}.MarshalAppend(b, resp)
@@ -243,7 +281,7 @@ func appendResponse(b []byte, resp proto.Message, callErr error) ([]byte, error)
 	if err != nil {
 		return nil, err
 	}
-	binary.LittleEndian.PutUint32(b, uint32(len(b)-frameHeader))
+	binary.LittleEndian.PutUint32(b[at:], uint32(len(b)-at-frameHeader))
 	return b, nil
 }
 
@@ -254,22 +292,53 @@ func grow(b []byte, n int) []byte {
 	return b[:n]
 }
 
-// dataPlane is the host end of a data plane. It is safe for concurrent use;
-// calls are sent one at a time.
+// dataPlane is the host end of a data plane. It is safe for concurrent use
+// and pipelined: a call writes its frame and then waits for its answer, so
+// calls of several goroutines (the pipeline stages' instances of one plugin
+// process) are in the plugin together and it serves them in one wake-up.
+// Answers come in the order of the frames; whichever caller is waiting
+// reads them, each into its own call's message.
 type dataPlane struct {
-	mu        sync.Mutex
 	conn      *net.UnixConn
 	pc        *planeConn
+	instanced bool // frames carry instance ids (data plane version 2)
+
+	// wmu orders the writes: frames go out in the order of queue.
+	wmu       sync.Mutex
 	buf       []byte
-	corkedOut []byte        // the corked calls' frames, not yet written
-	corked    []*corkedCall // in corkedOut's order
-	broken    error         // set on the first transport failure; the plane is closed then
+	corkedOut []byte     // the corked calls' frames, not yet written
+	corked    []*pending // in corkedOut's order
+	queue     []*pending // written, in order; their answers not yet read
+	broken    error      // set on the first transport failure; the plane is closed then
+
+	// rmu is held by the caller that reads answers.
+	rmu sync.Mutex
 }
+
+// pending is one call on the plane: written (or corked), then answered.
+// Its fields are set once, under the plane's wmu, before done is.
+type pending struct {
+	ctx  context.Context
+	resp proto.Message // nil: the answer is read and dropped
+	err  error
+	done atomic.Bool
+}
+
+// frameFlags are bits of a request frame's byte 7 (data plane version 2).
+const (
+	// flagKeep: this Forward's Result.Hidden stays in the plugin for the
+	// next frame instead of crossing back (ForwardChain).
+	flagKeep = 1 << 0
+	// flagTake: this Forward's Batch.Hidden is what the previous frame
+	// kept; the call fails, unrun, when that frame failed.
+	flagTake = 1 << 1
+)
 
 // dialDataPlane connects to the plane a plugin opened and presents its token.
 func dialDataPlane(ctx context.Context, dp *kvxpb.DataPlane) (*dataPlane, error) {
-	if dp.GetNetwork() != "unix" || dp.GetVersion() != dataPlaneVersion {
-		return nil, fmt.Errorf("data plane %s version %d is not spoken here (unix, %d)", dp.GetNetwork(), dp.GetVersion(), dataPlaneVersion)
+	v := dp.GetVersion()
+	if dp.GetNetwork() != "unix" || (v != 1 && v != dataPlaneVersion) {
+		return nil, fmt.Errorf("data plane %s version %d is not spoken here (unix, 1 or %d)", dp.GetNetwork(), v, dataPlaneVersion)
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", dp.GetAddress())
@@ -281,7 +350,11 @@ func dialDataPlane(ctx context.Context, dp *kvxpb.DataPlane) (*dataPlane, error)
 		_ = conn.Close()
 		return nil, err
 	}
-	return newDataPlane(conn)
+	plane, err := newDataPlane(conn)
+	if err == nil {
+		plane.instanced = v >= 2
+	}
+	return plane, err
 }
 
 func newDataPlane(conn *net.UnixConn) (*dataPlane, error) {
@@ -296,18 +369,44 @@ func newDataPlane(conn *net.UnixConn) (*dataPlane, error) {
 
 // isShut reports whether the plane was closed.
 func (d *dataPlane) isShut() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
 	return d.broken != nil
 }
 
-// shut closes the plane for good with cause; a call in flight fails.
+// shut closes the plane for good with cause; calls in flight fail.
 func (d *dataPlane) shut(cause error) {
-	_ = d.conn.Close() // first, so that a call holding mu returns
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	_ = d.conn.Close() // first, so that a blocked read or write returns
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	d.breakLocked(cause)
+}
+
+// breakLocked marks the plane broken with cause (the first cause stays),
+// closes it and fails every call not yet answered. Called with wmu held.
+func (d *dataPlane) breakLocked(cause error) {
 	if d.broken == nil {
 		d.broken = cause
+		_ = d.conn.Close()
+	}
+	err := d.closedErr()
+	for _, p := range d.queue {
+		p.fail(err)
+	}
+	for _, p := range d.corked {
+		p.fail(err)
+	}
+	d.queue, d.corked, d.corkedOut = nil, nil, d.corkedOut[:0]
+}
+
+func (d *dataPlane) closedErr() error {
+	return status.Errorf(codes.Unavailable, "data plane closed after an earlier failure: %v", d.broken)
+}
+
+func (p *pending) fail(err error) {
+	if !p.done.Load() {
+		p.err = err
+		p.done.Store(true)
 	}
 }
 
@@ -315,57 +414,92 @@ func (d *dataPlane) shut(cause error) {
 // read or write at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// call sends req as method m and decodes the answer into resp. The error is
-// a gRPC status error, as the same call over gRPC would have returned: the
-// plugin's own (status frame), codes.Canceled or DeadlineExceeded when ctx
-// ended, codes.Unavailable when the plane failed. After a transport failure
-// or a ctx that ended mid-call the plane is closed for good (the stream may
-// be out of step with the plugin; the call may or may not have run, so an
-// Unavailable caller treats the plugin as lost); the client's next call
-// opens a fresh plane (planeOpener). Corked calls go first, in the same
-// write, and get their answers first.
-func (d *dataPlane) call(ctx context.Context, m method, req, resp proto.Message) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.broken != nil {
-		return status.Errorf(codes.Unavailable, "data plane closed after an earlier failure: %v", d.broken)
-	}
+// call sends req as method m to instance inst and decodes the answer into
+// resp. The error is a gRPC status error, as the same call over gRPC would
+// have returned: the plugin's own (status frame), codes.Canceled or
+// DeadlineExceeded when ctx ended, codes.Unavailable when the plane failed.
+// After a transport failure or a ctx that ended mid-call the plane is
+// closed for good (the stream may be out of step with the plugin; the call
+// may or may not have run, so an Unavailable caller treats the plugin as
+// lost); the client's next call opens a fresh plane (planeOpener). Corked
+// calls go first, in the same write.
+func (d *dataPlane) call(ctx context.Context, inst uint16, m method, req, resp proto.Message) error {
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
-	b, err := appendRequest(append(d.buf[:0], d.corkedOut...), ctx, m, req)
+	calls, err := d.send(ctx, []outFrame{{inst: inst, m: m, req: req, resp: resp}})
 	if err != nil {
 		return err
 	}
-	d.corkedOut = d.corkedOut[:0]
-	d.buf = b
-	return d.exchange(ctx, b, resp)
+	return d.await(ctx, calls[0])
 }
 
-// corkedCall is a call written to the plane with the next call instead of
-// on its own (cork): its answer comes with that call's.
-type corkedCall struct {
-	ctx  context.Context
-	resp proto.Message
-	err  error
-	done bool
+// outFrame is one request to send.
+type outFrame struct {
+	inst  uint16
+	m     method
+	flags byte
+	req   proto.Message
+	resp  proto.Message
 }
 
-// cork queues req as method m without writing it: it goes with the next
-// call on this plane, or when its answer is waited for (finish). The end of
-// a step, corked, rides with the first call of the next step: the plugin
-// wakes once for both.
-func (d *dataPlane) cork(ctx context.Context, m method, req, resp proto.Message) *corkedCall {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	c := &corkedCall{ctx: ctx, resp: resp}
+// send writes the corked calls and then fs in one write, and returns the
+// pending calls of fs, in order. An encoding error writes nothing.
+func (d *dataPlane) send(ctx context.Context, fs []outFrame) ([]*pending, error) {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
 	if d.broken != nil {
-		c.err, c.done = status.Errorf(codes.Unavailable, "data plane closed after an earlier failure: %v", d.broken), true
+		return nil, d.closedErr()
+	}
+	b := append(d.buf[:0], d.corkedOut...)
+	calls := make([]*pending, len(fs))
+	for i, f := range fs {
+		var err error
+		if b, err = d.appendRequest(b, ctx, f); err != nil {
+			d.buf = b[:0]
+			return nil, err
+		}
+		calls[i] = &pending{ctx: ctx, resp: f.resp}
+	}
+	d.buf = b
+	d.queue = append(append(d.queue, d.corked...), calls...)
+	d.corked, d.corkedOut = d.corked[:0], d.corkedOut[:0]
+	d.writeLocked(ctx, b)
+	return calls, nil
+}
+
+// writeLocked writes b, bounded by ctx; a failure breaks the plane.
+// Called with wmu held.
+func (d *dataPlane) writeLocked(ctx context.Context, b []byte) {
+	if dl, ok := ctx.Deadline(); ok {
+		_ = d.conn.SetWriteDeadline(dl)
+		defer func() { _ = d.conn.SetWriteDeadline(time.Time{}) }()
+	}
+	stop := context.AfterFunc(ctx, func() { _ = d.conn.SetWriteDeadline(aLongTimeAgo) })
+	err := d.pc.write(b)
+	if !stop() && err == nil {
+		err = context.Cause(ctx) // it ended as the write finished: out of step
+	}
+	if err != nil {
+		d.breakLocked(err)
+	}
+}
+
+// cork queues req as method m to instance inst without writing it: it goes
+// with the next call on this plane, or when its answer is waited for
+// (finish). The end of a step, corked, rides with the first call of the
+// next step: the plugin wakes once for both.
+func (d *dataPlane) cork(ctx context.Context, inst uint16, m method, req, resp proto.Message) *pending {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	c := &pending{ctx: ctx, resp: resp}
+	if d.broken != nil {
+		c.fail(d.closedErr())
 		return c
 	}
-	b, err := appendRequest(d.corkedOut, ctx, m, req)
+	b, err := d.appendRequest(d.corkedOut, ctx, outFrame{inst: inst, m: m, req: req})
 	if err != nil {
-		c.err, c.done = err, true
+		c.fail(err)
 		return c
 	}
 	d.corkedOut = b
@@ -375,49 +509,45 @@ func (d *dataPlane) cork(ctx context.Context, m method, req, resp proto.Message)
 
 // finish returns c's answer, writing the corked calls now if no call has
 // taken them yet.
-func (d *dataPlane) finish(c *corkedCall) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !c.done {
-		d.flushLocked(c.ctx)
-	}
-	return c.err
+func (d *dataPlane) finish(c *pending) error {
+	d.flush(c.ctx)
+	return d.await(c.ctx, c)
 }
 
 // flush writes the corked calls, if any, and reads their answers: a call
 // that does not travel on the plane (gRPC) must find them applied.
 func (d *dataPlane) flush(ctx context.Context) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.flushLocked(ctx)
-}
-
-func (d *dataPlane) flushLocked(ctx context.Context) {
-	if len(d.corked) == 0 {
-		return
-	}
-	if d.broken == nil {
+	d.wmu.Lock()
+	var last *pending
+	if n := len(d.corked); n > 0 && d.broken == nil {
+		last = d.corked[n-1]
 		b := append(d.buf[:0], d.corkedOut...)
-		d.corkedOut = d.corkedOut[:0]
 		d.buf = b
-		_ = d.exchange(ctx, b, nil)
+		d.queue = append(d.queue, d.corked...)
+		d.corked, d.corkedOut = d.corked[:0], d.corkedOut[:0]
+		d.writeLocked(ctx, b)
 	}
-	for _, c := range d.corked { // the plane broke before they were written
-		c.err, c.done = status.Errorf(codes.Unavailable, "data plane closed after an earlier failure: %v", d.broken), true
+	d.wmu.Unlock()
+	if last != nil {
+		_ = d.await(ctx, last)
 	}
-	d.corked, d.corkedOut = d.corked[:0], d.corkedOut[:0]
 }
 
-// appendRequest appends the request frame of req as method m, with ctx's
-// deadline, to b.
-func appendRequest(b []byte, ctx context.Context, m method, req proto.Message) ([]byte, error) {
+// appendRequest appends the request frame of f, with ctx's deadline, to b.
+func (d *dataPlane) appendRequest(b []byte, ctx context.Context, f outFrame) ([]byte, error) {
 	at := len(b)
 	b = append(b, make([]byte, frameHeader)...)
-	b[at+4] = byte(m)
+	b[at+4] = byte(f.m)
+	if d.instanced {
+		binary.LittleEndian.PutUint16(b[at+5:], f.inst)
+		b[at+7] = f.flags
+	} else if f.inst != 0 || f.flags != 0 {
+		return b[:at], status.Errorf(codes.Internal, "data plane version 1 carries no instance %d or flags %#x", f.inst, f.flags)
+	}
 	if dl, ok := ctx.Deadline(); ok {
 		binary.LittleEndian.PutUint64(b[at+8:], uint64(dl.UnixNano()))
 	}
-	b, err := proto.MarshalOptions{}.MarshalAppend(b, req)
+	b, err := proto.MarshalOptions{}.MarshalAppend(b, f.req)
 	if err != nil {
 		return b[:at], status.Errorf(codes.Internal, "data plane: encode request: %v", err)
 	}
@@ -425,59 +555,58 @@ func appendRequest(b []byte, ctx context.Context, m method, req proto.Message) (
 	return b, nil
 }
 
-// exchange writes the frames in b and reads the answers: the corked calls'
-// first, then, when resp is not nil, the caller's. Called with mu held.
-func (d *dataPlane) exchange(ctx context.Context, b []byte, resp proto.Message) error {
-	dl, hasDL := ctx.Deadline()
-	if hasDL {
-		_ = d.conn.SetDeadline(dl)
+// await returns c's answer: it reads answers, in order, until c's has come
+// (another caller may read it first). ctx bounds the reading; when it ends
+// mid-read the plane is closed for good, as is the call's stream.
+func (d *dataPlane) await(ctx context.Context, c *pending) error {
+	if c.done.Load() {
+		return c.err
 	}
-	stop := context.AfterFunc(ctx, func() { _ = d.conn.SetDeadline(aLongTimeAgo) })
-	err := d.pc.write(b)
-	corked := d.corked
-	d.corked = d.corked[:0]
-	for _, c := range corked {
-		if err != nil {
+	d.rmu.Lock()
+	defer d.rmu.Unlock()
+	for !c.done.Load() {
+		if err := d.readOne(ctx); err != nil {
+			if cerr := ctxErr(ctx); cerr != nil {
+				// Our deadline on the socket can fire before ctx's own timer.
+				return status.FromContextError(cerr).Err()
+			}
 			break
 		}
-		var body []byte
-		var st byte
-		if body, st, err = d.readAnswer(); err == nil {
-			c.err, c.done = decodeAnswer(body, st, c.resp), true
-		}
 	}
-	var callErr error
-	if err == nil && resp != nil {
-		var body []byte
-		var st byte
-		if body, st, err = d.readAnswer(); err == nil {
-			callErr = decodeAnswer(body, st, resp)
-		}
+	return c.err
+}
+
+// readOne reads the next answer into the oldest written call. A failure
+// breaks the plane. Called with rmu held.
+func (d *dataPlane) readOne(ctx context.Context) error {
+	dl, hasDL := ctx.Deadline()
+	if hasDL {
+		_ = d.conn.SetReadDeadline(dl)
 	}
-	if !stop() || err != nil {
-		// ctx ended during the call, or the plane failed: the stream may be
-		// out of step with the plugin, so it is closed for good.
-		if err == nil {
-			err = context.Cause(ctx)
-		}
-		d.broken = err
-		_ = d.conn.Close()
-		err = status.Errorf(codes.Unavailable, "data plane: %v", err)
-		if cerr := ctxErr(ctx); cerr != nil {
-			// Our deadline on the socket can fire before ctx's own timer.
-			err = status.FromContextError(cerr).Err()
-		}
-		for _, c := range corked {
-			if !c.done {
-				c.err, c.done = err, true
-			}
-		}
-		return err
+	stop := context.AfterFunc(ctx, func() { _ = d.conn.SetReadDeadline(aLongTimeAgo) })
+	body, st, err := d.readAnswer()
+	if !stop() && err == nil {
+		err = context.Cause(ctx) // ctx ended as the answer came: out of step
 	}
 	if hasDL {
-		_ = d.conn.SetDeadline(time.Time{})
+		_ = d.conn.SetReadDeadline(time.Time{})
 	}
-	return callErr
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	if err == nil && len(d.queue) == 0 {
+		err = errors.New("an answer came for no call")
+	}
+	if err != nil {
+		d.breakLocked(err)
+		return err
+	}
+	c := d.queue[0]
+	d.queue = d.queue[1:]
+	if c.resp != nil || st == frameErr {
+		c.err = decodeAnswer(body, st, c.resp)
+	}
+	c.done.Store(true)
+	return nil
 }
 
 // readAnswer reads one answer frame, returning its message bytes (valid
@@ -515,9 +644,10 @@ func decodeAnswer(body []byte, st byte, resp proto.Message) error {
 // refused open, or for a GRPCOnly client, get returns nil for good and
 // every call goes over gRPC.
 type planeOpener struct {
-	mu    sync.Mutex
-	plane *dataPlane
-	off   bool
+	mu      sync.Mutex
+	plane   *dataPlane
+	off     bool
+	version uint32 // the data plane version to ask for
 }
 
 type openFunc func(ctx context.Context, req *kvxpb.DataPlaneRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[kvxpb.DataPlane], error)
@@ -535,7 +665,7 @@ func (o *planeOpener) get(open openFunc) *dataPlane {
 	// The stream lives as long as the plane; the open itself is bounded.
 	life, end := context.WithCancel(context.Background())
 	slow := time.AfterFunc(10*time.Second, end)
-	plane, stream, err := openPlane(life, open)
+	plane, stream, err := openPlane(life, open, o.version)
 	if !slow.Stop() || err != nil {
 		end()
 		if plane != nil {
@@ -558,8 +688,8 @@ func (o *planeOpener) get(open openFunc) *dataPlane {
 	return plane
 }
 
-func openPlane(ctx context.Context, open openFunc) (*dataPlane, grpc.ServerStreamingClient[kvxpb.DataPlane], error) {
-	stream, err := open(ctx, &kvxpb.DataPlaneRequest{Version: dataPlaneVersion}, callOpts...)
+func openPlane(ctx context.Context, open openFunc, version uint32) (*dataPlane, grpc.ServerStreamingClient[kvxpb.DataPlane], error) {
+	stream, err := open(ctx, &kvxpb.DataPlaneRequest{Version: version}, callOpts...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -567,30 +697,37 @@ func openPlane(ctx context.Context, open openFunc) (*dataPlane, grpc.ServerStrea
 	if err != nil {
 		return nil, nil, err
 	}
+	if dp.GetVersion() != version {
+		return nil, nil, fmt.Errorf("asked for data plane version %d, the plugin opened %d", version, dp.GetVersion())
+	}
 	plane, err := dialDataPlane(ctx, dp)
 	return plane, stream, err
 }
 
-// viaPlane sends one call over plane p, or over gRPC when p is nil.
+// viaPlane sends one call to instance inst over plane p, or over gRPC when
+// p is nil.
 func viaPlane[Req proto.Message, Resp any, PResp interface {
 	*Resp
 	proto.Message
-}](ctx context.Context, p *dataPlane, m method, in Req, overGRPC func(context.Context, Req, ...grpc.CallOption) (PResp, error), opts []grpc.CallOption) (PResp, error) {
+}](ctx context.Context, p *dataPlane, inst uint16, m method, in Req, overGRPC func(context.Context, Req, ...grpc.CallOption) (PResp, error), opts []grpc.CallOption) (PResp, error) {
 	if p == nil {
 		return overGRPC(ctx, in, opts...)
 	}
 	out := PResp(new(Resp))
-	if err := p.call(ctx, m, in, out); err != nil {
+	if err := p.call(ctx, inst, m, in, out); err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-// managerRPC is the host's CacheManager stub: the per-step calls go over
-// the data plane when the plugin offers one, everything else over gRPC.
+// managerRPC is the host's CacheManager stub of one instance: the per-step
+// calls go over the data plane when the plugin offers one, everything else
+// over gRPC. The instances of one process share the opener, so their calls
+// travel on one plane.
 type managerRPC struct {
 	kvxpb.CacheManagerClient
-	opener planeOpener
+	opener *planeOpener
+	inst   uint16
 }
 
 func (r *managerRPC) plane(context.Context) *dataPlane {
@@ -625,39 +762,44 @@ func (r *managerRPC) flush(ctx context.Context) {
 }
 
 func (r *managerRPC) Lookup(ctx context.Context, in *kvxpb.LookupRequest, opts ...grpc.CallOption) (*kvxpb.LookupResponse, error) {
-	return viaPlane(ctx, r.plane(ctx), mLookup, in, r.CacheManagerClient.Lookup, opts)
+	return viaPlane(ctx, r.plane(ctx), r.inst, mLookup, in, r.CacheManagerClient.Lookup, opts)
 }
 
 func (r *managerRPC) Reserve(ctx context.Context, in *kvxpb.ReserveRequest, opts ...grpc.CallOption) (*kvxpb.ReserveResponse, error) {
-	return viaPlane(ctx, r.plane(ctx), mReserve, in, r.CacheManagerClient.Reserve, opts)
+	return viaPlane(ctx, r.plane(ctx), r.inst, mReserve, in, r.CacheManagerClient.Reserve, opts)
 }
 
 func (r *managerRPC) Unreserve(ctx context.Context, in *kvxpb.Seqs, opts ...grpc.CallOption) (*kvxpb.Empty, error) {
-	return viaPlane(ctx, r.plane(ctx), mUnreserve, in, r.CacheManagerClient.Unreserve, opts)
+	return viaPlane(ctx, r.plane(ctx), r.inst, mUnreserve, in, r.CacheManagerClient.Unreserve, opts)
 }
 
 func (r *managerRPC) Commit(ctx context.Context, in *kvxpb.CommitRequest, opts ...grpc.CallOption) (*kvxpb.CommitResult, error) {
-	return viaPlane(ctx, r.plane(ctx), mCommit, in, r.CacheManagerClient.Commit, opts)
+	return viaPlane(ctx, r.plane(ctx), r.inst, mCommit, in, r.CacheManagerClient.Commit, opts)
 }
 
 func (r *managerRPC) Suspend(ctx context.Context, in *kvxpb.Seqs, opts ...grpc.CallOption) (*kvxpb.MoveResult, error) {
-	return viaPlane(ctx, r.plane(ctx), mSuspend, in, r.CacheManagerClient.Suspend, opts)
+	return viaPlane(ctx, r.plane(ctx), r.inst, mSuspend, in, r.CacheManagerClient.Suspend, opts)
 }
 
 func (r *managerRPC) Resume(ctx context.Context, in *kvxpb.Seqs, opts ...grpc.CallOption) (*kvxpb.MoveResult, error) {
-	return viaPlane(ctx, r.plane(ctx), mResume, in, r.CacheManagerClient.Resume, opts)
+	return viaPlane(ctx, r.plane(ctx), r.inst, mResume, in, r.CacheManagerClient.Resume, opts)
 }
 
 func (r *managerRPC) Release(ctx context.Context, in *kvxpb.Seqs, opts ...grpc.CallOption) (*kvxpb.Empty, error) {
-	return viaPlane(ctx, r.plane(ctx), mRelease, in, r.CacheManagerClient.Release, opts)
+	return viaPlane(ctx, r.plane(ctx), r.inst, mRelease, in, r.CacheManagerClient.Release, opts)
 }
 
 func (r *managerRPC) EndStep(ctx context.Context, in *kvxpb.EndStepRequest, opts ...grpc.CallOption) (*kvxpb.EndStepResult, error) {
-	return viaPlane(ctx, r.plane(ctx), mEndStep, in, r.CacheManagerClient.EndStep, opts)
+	return viaPlane(ctx, r.plane(ctx), r.inst, mEndStep, in, r.CacheManagerClient.EndStep, opts)
 }
 
-// managerHandlers are the framed calls a manager server answers.
+// handlers are the framed calls a manager server answers.
 func (s *managerServer) handlers() map[method]handler {
+	s.once.Do(func() { s.framed = s.makeHandlers() })
+	return s.framed
+}
+
+func (s *managerServer) makeHandlers() map[method]handler {
 	return map[method]handler{
 		mLookup:    handle(s.Lookup),
 		mReserve:   handle(s.Reserve),
@@ -672,13 +814,28 @@ func (s *managerServer) handlers() map[method]handler {
 
 // OpenDataPlane implements the CacheManager service.
 func (s *managerServer) OpenDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.DataPlane]) error {
-	return serveDataPlane(req, stream, s.handlers())
+	return serveDataPlane(req, stream, s.routes())
+}
+
+// routes returns the handlers of the instances that the plane serves: the
+// process's instances (registerManagers), or s alone as instance 0.
+func (s *managerServer) routes() route {
+	if s.route != nil {
+		return s.route
+	}
+	return func(inst uint16) (map[method]handler, error) {
+		if inst != 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "data plane: instance %d: this plugin process serves one instance", inst)
+		}
+		return s.handlers(), nil
+	}
 }
 
 // workerRPC is managerRPC for a worker.
 type workerRPC struct {
 	kvxpb.WorkerClient
-	opener planeOpener
+	opener *planeOpener
+	inst   uint16
 }
 
 func (r *workerRPC) plane(context.Context) *dataPlane {
@@ -686,17 +843,61 @@ func (r *workerRPC) plane(context.Context) *dataPlane {
 }
 
 func (r *workerRPC) Forward(ctx context.Context, in *kvxpb.Batch, opts ...grpc.CallOption) (*kvxpb.Result, error) {
-	return viaPlane(ctx, r.plane(ctx), mForward, in, r.WorkerClient.Forward, opts)
+	return viaPlane(ctx, r.plane(ctx), r.inst, mForward, in, r.WorkerClient.Forward, opts)
 }
 
 func (r *workerRPC) CopyBlocks(ctx context.Context, in *kvxpb.CopyBlocksRequest, opts ...grpc.CallOption) (*kvxpb.Empty, error) {
-	return viaPlane(ctx, r.plane(ctx), mCopyBlocks, in, r.WorkerClient.CopyBlocks, opts)
+	return viaPlane(ctx, r.plane(ctx), r.inst, mCopyBlocks, in, r.WorkerClient.CopyBlocks, opts)
 }
 
 // OpenDataPlane implements the Worker service.
 func (s *workerServer) OpenDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.DataPlane]) error {
-	return serveDataPlane(req, stream, map[method]handler{
-		mForward:    handle(s.Forward),
-		mCopyBlocks: handle(s.CopyBlocks),
+	return serveDataPlane(req, stream, s.routes())
+}
+
+// handlers are the framed calls a worker server answers.
+func (s *workerServer) handlers() map[method]handler {
+	s.once.Do(func() {
+		s.framed = map[method]handler{
+			mForward:    s.forwardFramed,
+			mCopyBlocks: handle(s.CopyBlocks),
+		}
 	})
+	return s.framed
+}
+
+// forwardFramed is Forward on the data plane, in a chain or not: a
+// flagTake frame's batch gets the activations the previous frame kept,
+// and a flagKeep frame keeps its result's for the next (ForwardChain).
+func (s *workerServer) forwardFramed(ctx context.Context, b []byte, ch *chain) (proto.Message, error) {
+	req := new(kvxpb.Batch)
+	if err := proto.Unmarshal(b, req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "data plane: undecodable request: %v", err)
+	}
+	if ch.flags&flagTake != 0 {
+		if !ch.ok {
+			return nil, status.Error(codes.Aborted, "data plane: not run: the previous stage of the chain failed")
+		}
+		req.Hidden = ch.kept
+	}
+	ch.kept, ch.ok = nil, false
+	resp, err := s.Forward(ctx, req)
+	if err == nil && ch.flags&flagKeep != 0 {
+		ch.kept, ch.ok = resp.GetHidden(), true
+		resp.Hidden = nil
+	}
+	return resp, err
+}
+
+// routes: see managerServer.routes.
+func (s *workerServer) routes() route {
+	if s.route != nil {
+		return s.route
+	}
+	return func(inst uint16) (map[method]handler, error) {
+		if inst != 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "data plane: instance %d: this plugin process serves one instance", inst)
+		}
+		return s.handlers(), nil
+	}
 }

@@ -161,11 +161,11 @@ func TestDataPlaneBadFrames(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out kvxpb.Empty
-	err = plane.call(ctx, method(200), &kvxpb.Seqs{}, &out)
+	err = plane.call(ctx, 0, method(200), &kvxpb.Seqs{}, &out)
 	if status.Code(err) != codes.Unimplemented {
 		t.Errorf("unknown method: %v, want UNIMPLEMENTED", err)
 	}
-	if err := plane.call(ctx, mRelease, &kvxpb.Seqs{Seqs: []uint64{4}}, &out); err != nil {
+	if err := plane.call(ctx, 0, mRelease, &kvxpb.Seqs{Seqs: []uint64{4}}, &out); err != nil {
 		t.Errorf("Release after an unknown method: %v", err)
 	}
 	hdr := make([]byte, frameHeader)

@@ -2,6 +2,7 @@ package pluginrpc
 
 import (
 	"context"
+	"sync"
 
 	"google.golang.org/grpc"
 
@@ -19,6 +20,10 @@ import (
 type ManagerClient struct {
 	rpc  kvxpb.CacheManagerClient
 	done <-chan struct{}
+	// fam is shared by the instances of one plugin process; nil when the
+	// process serves one instance (protocol 1).
+	fam  *family
+	opts []ClientOption
 }
 
 var _ kvcache.Manager = (*ManagerClient)(nil)
@@ -30,9 +35,45 @@ var _ kvcache.StepStarter = (*ManagerClient)(nil)
 // with KindUnavailable. A lifetime that never ends (context.Background) is
 // fine.
 func NewManagerClient(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *ManagerClient {
-	rpc := &managerRPC{CacheManagerClient: kvxpb.NewCacheManagerClient(cc)}
-	rpc.opener.off = clientOpts(opts).grpcOnly
-	return &ManagerClient{rpc: rpc, done: lifetime.Done()}
+	opener := &planeOpener{off: clientOpts(opts).grpcOnly, version: 1}
+	rpc := &managerRPC{CacheManagerClient: kvxpb.NewCacheManagerClient(cc), opener: opener}
+	return &ManagerClient{rpc: rpc, done: lifetime.Done(), opts: opts}
+}
+
+// newManagerFamily returns instance 0 of a plugin process that serves
+// instances (InstancesProtocol); NewInstance makes the others.
+func newManagerFamily(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *ManagerClient {
+	fam := &family{cc: cc, opener: &planeOpener{off: clientOpts(opts).grpcOnly, version: dataPlaneVersion}}
+	c, _ := newManagerInstance(lifetime.Done(), fam, opts)
+	return c
+}
+
+func newManagerInstance(done <-chan struct{}, fam *family, opts []ClientOption) (*ManagerClient, error) {
+	id, err := fam.take()
+	if err != nil {
+		return nil, err
+	}
+	rpc := &managerRPC{CacheManagerClient: kvxpb.NewCacheManagerClient(fam.conn(id)), opener: fam.opener, inst: id}
+	return &ManagerClient{rpc: rpc, done: done, fam: fam, opts: opts}, nil
+}
+
+// NewInstance returns a client of a further manager in the same plugin
+// process, made by the plugin's factory: a fresh manager, to be configured
+// like any other. The instances of a process share its data plane, so the
+// calls of several instances made together reach it together (one wake-up
+// for all the pipeline stages). It fails with ErrUnsupported when the
+// process serves one instance (an older plugin: launch another process),
+// and past MaxInstances.
+func (c *ManagerClient) NewInstance() (*ManagerClient, error) {
+	if c.fam == nil {
+		return nil, kvcache.Errorf(kvcache.KindUnsupported, "kvx plugin: this plugin process serves one instance (transport protocol 1)")
+	}
+	return newManagerInstance(c.done, c.fam, c.opts)
+}
+
+// SharesProcess reports whether c and o are instances of one plugin process.
+func (c *ManagerClient) SharesProcess(o *ManagerClient) bool {
+	return c.fam != nil && c.fam == o.fam
 }
 
 // Done is closed when the plugin process has exited (never, for clients
@@ -248,7 +289,7 @@ func (c *ManagerClient) StartEndStep(ctx context.Context, req kvcache.EndStepReq
 		return func() (kvcache.EndStepResult, error) { return res, err }
 	}
 	resp := new(kvxpb.EndStepResult)
-	call := plane.cork(ctx, mEndStep, toProtoEndStepRequest(req), resp)
+	call := plane.cork(ctx, r.inst, mEndStep, toProtoEndStepRequest(req), resp)
 	return func() (kvcache.EndStepResult, error) {
 		if err := plane.finish(call); err != nil {
 			err = fromStatus(ctx, c.done, m, err, resp)
@@ -279,6 +320,10 @@ type managerServer struct {
 	// table checks it runs on a deep inspection (kvcache.SealTables); set
 	// and read inside the gate.
 	pools []kvcache.Pool
+	// route finds the instances of its process (nil: s serves alone).
+	route  route
+	once   sync.Once
+	framed map[method]handler
 }
 
 func (s *managerServer) Info(ctx context.Context, _ *kvxpb.ManagerInfoRequest) (*kvxpb.ManagerInfo, error) {

@@ -26,10 +26,11 @@ import (
 // Other goroutines of the process wait for the thread meanwhile, so
 // idleWait is short.
 type planeConn struct {
-	c    *net.UnixConn
-	rc   syscall.RawConn
-	in   []byte // in[r:w] is read and not yet consumed
-	r, w int
+	c     *net.UnixConn
+	rc    syscall.RawConn
+	in    []byte // in[r:w] is read and not yet consumed
+	r, w  int
+	aside []byte // read by the watcher of a running call (readAside)
 	// spin, when positive, makes a wait poll the socket without sleeping
 	// for up to spin (yielding to other goroutines between polls) instead
 	// of sleeping in ppoll: the host's end spins for replies.
@@ -102,6 +103,9 @@ func (p *planeConn) fill() error {
 	return nil
 }
 
+// buffered returns how many bytes are read and not yet consumed.
+func (p *planeConn) buffered() int { return p.w - p.r }
+
 // next returns the next n bytes, valid until the following call.
 func (p *planeConn) next(n int) ([]byte, error) {
 	for p.w-p.r < n {
@@ -154,18 +158,44 @@ func (p *planeConn) write(b []byte) error {
 	return nil
 }
 
-// waitHangUp blocks until the peer closes its end or sends data, or the
-// read deadline passes (errors.Is os.ErrDeadlineExceeded). It consumes
-// nothing.
-func (p *planeConn) waitHangUp() error {
-	var one [1]byte
-	var rerr error
-	err := p.rc.Read(func(fd uintptr) bool {
-		_, rerr = peek(fd, one[:])
-		return rerr != syscall.EAGAIN
-	})
-	if err != nil {
-		return err
+// readAside blocks until the peer closes its end (io.EOF), the connection
+// fails, or the read deadline passes (errors.Is os.ErrDeadlineExceeded),
+// keeping whatever arrives meanwhile (the next calls, pipelined) in
+// p.aside; takeAside moves it into the buffer. It leaves the buffer alone,
+// so a frame read from it stays valid: the watcher of a running call uses
+// it.
+func (p *planeConn) readAside() error {
+	var chunk [4096]byte
+	for {
+		var n int
+		var rerr error
+		err := p.rc.Read(func(fd uintptr) bool {
+			n, rerr = readNow(fd, chunk[:])
+			return rerr != syscall.EAGAIN
+		})
+		if err != nil {
+			return err
+		}
+		if rerr != nil {
+			return rerr
+		}
+		if n == 0 {
+			return io.EOF
+		}
+		p.aside = append(p.aside, chunk[:n]...)
 	}
-	return rerr
+}
+
+// takeAside appends what readAside kept to the buffer's unread bytes.
+func (p *planeConn) takeAside() {
+	if len(p.aside) == 0 {
+		return
+	}
+	if len(p.in)-p.w < len(p.aside) {
+		in := make([]byte, max(len(p.in), p.w-p.r+len(p.aside)))
+		p.w = copy(in, p.in[p.r:p.w])
+		p.r, p.in = 0, in
+	}
+	p.w += copy(p.in[p.w:], p.aside)
+	p.aside = p.aside[:0]
 }

@@ -66,11 +66,11 @@ const LogLevelEnv = "KVX_PLUGIN_LOG_LEVEL"
 // hundreds of MiB for a long prefill chunk of a large model.
 const MaxMessageBytes = 1 << 30
 
-// VersionedPlugins returns the plugin sets per protocol version for
-// plugin.ClientConfig and plugin.ServeConfig. The host passes nil, nil; a
-// plugin binary passes the implementation it serves and nil for the other,
-// whose gRPC service is then not registered (calling it answers
-// KindUnsupported).
+// VersionedPlugins returns the plugin sets of transport protocol 1 for
+// plugin.ServeConfig: a process that serves one instance, m or w (nil for
+// the kind it does not serve, whose gRPC service is then not registered:
+// calling it answers KindUnsupported). Plugins built on plugins/sdk serve
+// ServedPlugins instead.
 func VersionedPlugins(m kvcache.Manager, w worker.Worker) map[int]plugin.PluginSet {
 	return map[int]plugin.PluginSet{
 		kvcache.ProtocolVersion: {
@@ -80,13 +80,64 @@ func VersionedPlugins(m kvcache.Manager, w worker.Worker) map[int]plugin.PluginS
 	}
 }
 
-// HostPlugins returns the plugin sets a host passes to plugin.ClientConfig:
-// VersionedPlugins(nil, nil) whose clients are made with opts.
+// ServedPlugins returns the plugin sets a plugin binary passes to
+// plugin.ServeConfig: transport protocol 1 serves one instance made by the
+// factory, protocol 2 (InstancesProtocol) as many as the host asks for, one
+// per call of the factory. A nil factory leaves that kind unserved. go-plugin
+// picks the newest protocol the host speaks.
+func ServedPlugins(newManager func() kvcache.Manager, newWorker func() worker.Worker) map[int]plugin.PluginSet {
+	var m kvcache.Manager
+	var w worker.Worker
+	if newManager != nil {
+		m = newManager()
+	}
+	if newWorker != nil {
+		w = newWorker()
+	}
+	first := func() func() kvcache.Manager { // protocol 2's instance 0 is protocol 1's
+		used := false
+		return func() kvcache.Manager {
+			if !used {
+				used = true
+				return m
+			}
+			return newManager()
+		}
+	}
+	firstWorker := func() func() worker.Worker {
+		used := false
+		return func() worker.Worker {
+			if !used {
+				used = true
+				return w
+			}
+			return newWorker()
+		}
+	}
+	v2 := plugin.PluginSet{ManagerPluginName: &ManagerPlugin{}, WorkerPluginName: &WorkerPlugin{}}
+	if newManager != nil {
+		v2[ManagerPluginName] = &ManagerPlugin{New: first()}
+	}
+	if newWorker != nil {
+		v2[WorkerPluginName] = &WorkerPlugin{New: firstWorker()}
+	}
+	vp := VersionedPlugins(m, w)
+	vp[InstancesProtocol] = v2
+	return vp
+}
+
+// HostPlugins returns the plugin sets a host passes to plugin.ClientConfig,
+// whose clients are made with opts: under protocol 2 the dispensed client
+// is instance 0 of its process, and NewInstance makes the others.
 func HostPlugins(opts ...ClientOption) map[int]plugin.PluginSet {
 	return map[int]plugin.PluginSet{
 		kvcache.ProtocolVersion: {
 			ManagerPluginName: &ManagerPlugin{ClientOptions: opts},
 			WorkerPluginName:  &WorkerPlugin{ClientOptions: opts},
+		},
+		InstancesProtocol: {
+			ManagerPluginName: &ManagerPlugin{ClientOptions: opts, instances: true},
+			WorkerPluginName:  &WorkerPlugin{ClientOptions: opts, instances: true},
 		},
 	}
 }
@@ -121,15 +172,23 @@ func DialOptions() []grpc.DialOption {
 // GRPCClient dispenses a *ManagerClient.
 type ManagerPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
-	Impl          kvcache.Manager
+	Impl kvcache.Manager
+	// New, when set, makes the manager of each instance the host asks for
+	// (InstancesProtocol); it takes precedence over Impl.
+	New           func() kvcache.Manager
 	ClientOptions []ClientOption // host side: how GRPCClient makes the client
+	instances     bool           // host side: the process serves instances
 }
 
 var _ plugin.GRPCPlugin = (*ManagerPlugin)(nil)
 
-// GRPCServer registers Impl on s; with a nil Impl it registers nothing.
+// GRPCServer registers New's instances or Impl on s; with neither it
+// registers nothing.
 func (p *ManagerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
-	if p.Impl != nil {
+	switch {
+	case p.New != nil:
+		registerManagers(s, p.New)
+	case p.Impl != nil:
 		RegisterManagerServer(s, p.Impl)
 	}
 	return nil
@@ -138,6 +197,9 @@ func (p *ManagerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 // GRPCClient returns a *ManagerClient on c. go-plugin passes a ctx that ends
 // when the plugin process exits; the client uses it to fail fast.
 func (p *ManagerPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	if p.instances {
+		return newManagerFamily(ctx, c, p.ClientOptions...), nil
+	}
 	return NewManagerClient(ctx, c, p.ClientOptions...), nil
 }
 
@@ -146,14 +208,20 @@ func (p *ManagerPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, c 
 type WorkerPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
 	Impl          worker.Worker
-	ClientOptions []ClientOption // host side: how GRPCClient makes the client
+	New           func() worker.Worker // see ManagerPlugin.New
+	ClientOptions []ClientOption       // host side: how GRPCClient makes the client
+	instances     bool                 // host side: the process serves instances
 }
 
 var _ plugin.GRPCPlugin = (*WorkerPlugin)(nil)
 
-// GRPCServer registers Impl on s; with a nil Impl it registers nothing.
+// GRPCServer registers New's instances or Impl on s; with neither it
+// registers nothing.
 func (p *WorkerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
-	if p.Impl != nil {
+	switch {
+	case p.New != nil:
+		registerWorkers(s, p.New)
+	case p.Impl != nil:
 		RegisterWorkerServer(s, p.Impl)
 	}
 	return nil
@@ -161,6 +229,9 @@ func (p *WorkerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 
 // GRPCClient returns a *WorkerClient on c; see ManagerPlugin.GRPCClient.
 func (p *WorkerPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	if p.instances {
+		return newWorkerFamily(ctx, c, p.ClientOptions...), nil
+	}
 	return NewWorkerClient(ctx, c, p.ClientOptions...), nil
 }
 

@@ -2,6 +2,7 @@ package pluginrpc
 
 import (
 	"context"
+	"sync"
 
 	"google.golang.org/grpc"
 
@@ -15,15 +16,47 @@ import (
 type WorkerClient struct {
 	rpc  kvxpb.WorkerClient
 	done <-chan struct{}
+	fam  *family // see ManagerClient
+	opts []ClientOption
 }
 
 var _ worker.Worker = (*WorkerClient)(nil)
 
 // NewWorkerClient returns a client on cc; see NewManagerClient for lifetime.
 func NewWorkerClient(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *WorkerClient {
-	rpc := &workerRPC{WorkerClient: kvxpb.NewWorkerClient(cc)}
-	rpc.opener.off = clientOpts(opts).grpcOnly
-	return &WorkerClient{rpc: rpc, done: lifetime.Done()}
+	opener := &planeOpener{off: clientOpts(opts).grpcOnly, version: 1}
+	rpc := &workerRPC{WorkerClient: kvxpb.NewWorkerClient(cc), opener: opener}
+	return &WorkerClient{rpc: rpc, done: lifetime.Done(), opts: opts}
+}
+
+// newWorkerFamily: see newManagerFamily.
+func newWorkerFamily(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *WorkerClient {
+	fam := &family{cc: cc, opener: &planeOpener{off: clientOpts(opts).grpcOnly, version: dataPlaneVersion}}
+	c, _ := newWorkerInstance(lifetime.Done(), fam, opts)
+	return c
+}
+
+func newWorkerInstance(done <-chan struct{}, fam *family, opts []ClientOption) (*WorkerClient, error) {
+	id, err := fam.take()
+	if err != nil {
+		return nil, err
+	}
+	rpc := &workerRPC{WorkerClient: kvxpb.NewWorkerClient(fam.conn(id)), opener: fam.opener, inst: id}
+	return &WorkerClient{rpc: rpc, done: done, fam: fam, opts: opts}, nil
+}
+
+// NewInstance returns a client of a further worker in the same plugin
+// process; see ManagerClient.NewInstance.
+func (c *WorkerClient) NewInstance() (*WorkerClient, error) {
+	if c.fam == nil {
+		return nil, kvcache.Errorf(kvcache.KindUnsupported, "kvx plugin: this plugin process serves one instance (transport protocol 1)")
+	}
+	return newWorkerInstance(c.done, c.fam, c.opts)
+}
+
+// SharesProcess reports whether c and o are instances of one plugin process.
+func (c *WorkerClient) SharesProcess(o *WorkerClient) bool {
+	return c.fam != nil && c.fam == o.fam
 }
 
 // Done is closed when the plugin process has exited (never, for clients
@@ -120,6 +153,10 @@ type workerServer struct {
 	kvxpb.UnimplementedWorkerServer
 	impl worker.Worker
 	gate gate
+	// route finds the instances of its process (nil: s serves alone).
+	route  route
+	once   sync.Once
+	framed map[method]handler
 }
 
 func (s *workerServer) Info(ctx context.Context, _ *kvxpb.WorkerInfoRequest) (*kvxpb.WorkerInfo, error) {
@@ -193,4 +230,69 @@ func (s *workerServer) Health(ctx context.Context, _ *kvxpb.HealthRequest) (*kvx
 		return nil, toStatus(err, nil)
 	}
 	return &kvxpb.Empty{}, nil
+}
+
+var _ worker.Chainer = (*WorkerClient)(nil)
+
+// ForwardChain implements worker.Chainer for the instances of one plugin
+// process on a data plane: the stages' batches go in one write, each marked
+// to take the activations the previous one kept in the plugin, and the
+// answers come back together. Other workers, or no data plane: ok is false.
+func (c *WorkerClient) ForwardChain(ctx context.Context, next []worker.Worker, bs []worker.Batch) ([]worker.Result, bool, error) {
+	const m = workerService + "Forward"
+	if len(bs) != len(next)+1 || exited(c.done) {
+		return nil, false, nil
+	}
+	rpcs := []*workerRPC{}
+	for _, w := range append([]worker.Worker{c}, next...) {
+		wc, ok := w.(*WorkerClient)
+		if !ok || !c.SharesProcess(wc) {
+			return nil, false, nil
+		}
+		r, ok := wc.rpc.(*workerRPC)
+		if !ok {
+			return nil, false, nil
+		}
+		rpcs = append(rpcs, r)
+	}
+	plane := rpcs[0].plane(ctx)
+	if plane == nil || !plane.instanced {
+		return nil, false, nil
+	}
+	frames := make([]outFrame, len(bs))
+	for i := range bs {
+		b := bs[i]
+		var flags byte
+		if i > 0 {
+			b.Hidden, flags = nil, flagTake
+		}
+		if i < len(bs)-1 {
+			flags |= flagKeep
+		}
+		frames[i] = outFrame{inst: rpcs[i].inst, m: mForward, flags: flags, req: toProtoBatch(&b), resp: new(kvxpb.Result)}
+	}
+	calls, err := plane.send(ctx, frames)
+	if err != nil {
+		return nil, true, &worker.StageError{Stage: 0, Err: fromStatus(ctx, c.done, m, err, nil)}
+	}
+	res := make([]worker.Result, 0, len(bs))
+	var failed error
+	for i, call := range calls {
+		err := plane.await(ctx, call) // every answer is read, so the plane stays in step
+		if failed != nil {
+			continue
+		}
+		resp := frames[i].resp.(*kvxpb.Result)
+		if err != nil {
+			failed = &worker.StageError{Stage: i, Err: fromStatus(ctx, c.done, m, err, resp)}
+			continue
+		}
+		r, err := fromProtoResult(resp)
+		if err != nil {
+			failed = &worker.StageError{Stage: i, Err: malformed(m, err)}
+			continue
+		}
+		res = append(res, r)
+	}
+	return res, true, failed
 }

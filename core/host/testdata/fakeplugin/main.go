@@ -2,11 +2,15 @@
 // binary whose name contains "worker" it serves a worker, otherwise a cache
 // manager. Environment (for tests):
 //
-//	FAKEPLUGIN_PROTOCOLS  comma-separated protocols Info reports (default "1")
+//	FAKEPLUGIN_PROTOCOLS     comma-separated protocols Info reports (default "1")
+//	FAKEPLUGIN_ONE_INSTANCE  set: serve transport protocol 1 only, one
+//	                         instance per process, as plugins built before
+//	                         instances do
 //
 // Lookup, and Forward of Step 7, block until their ctx ends, so tests can
 // kill the process in the middle of a call. Stats reports the plugin's pid as
-// Sequences and its GOMAXPROCS as SuspendedSeqs.
+// Sequences, its GOMAXPROCS as SuspendedSeqs and the manager's instance
+// number (the order the factory made it in, from 0) as Evictions.
 package main
 
 import (
@@ -18,9 +22,11 @@ import (
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
 
 	"github.com/kvx-dev/kvx/plugins/sdk"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
@@ -42,7 +48,7 @@ func protocols() []int {
 	return ps
 }
 
-type manager struct{}
+type manager struct{ instance int }
 
 func (manager) Info(context.Context) (kvcache.Info, error) {
 	return kvcache.Info{Name: "fake", Version: "0.0.1", Protocols: protocols(),
@@ -77,8 +83,8 @@ func (manager) Resume(context.Context, []kvcache.SeqID) ([]bool, []kvcache.Copy,
 	return nil, nil, kvcache.ErrUnsupported
 }
 func (manager) Release(context.Context, []kvcache.SeqID) error { return nil }
-func (manager) Stats(context.Context) (kvcache.Stats, error) {
-	return kvcache.Stats{Sequences: os.Getpid(), SuspendedSeqs: runtime.GOMAXPROCS(0)}, nil
+func (m manager) Stats(context.Context) (kvcache.Stats, error) {
+	return kvcache.Stats{Sequences: os.Getpid(), SuspendedSeqs: runtime.GOMAXPROCS(0), Evictions: int64(m.instance)}, nil
 }
 func (manager) Inspect(context.Context, kvcache.InspectOptions) (kvcache.Snapshot, error) {
 	return kvcache.Snapshot{}, nil
@@ -115,8 +121,20 @@ func main() {
 		sdk.ServeWorker(func() worker.Worker { return fakeWorker{} })
 		return
 	}
-	sdk.ServeCacheManager(func() kvcache.Manager {
-		hclog.Default().Info("fake manager starting", "pid", os.Getpid())
-		return manager{}
-	})
+	made := 0
+	newManager := func() kvcache.Manager {
+		hclog.Default().Info("fake manager starting", "pid", os.Getpid(), "instance", made)
+		made++
+		return manager{instance: made - 1}
+	}
+	if os.Getenv("FAKEPLUGIN_ONE_INSTANCE") != "" {
+		plugin.Serve(&plugin.ServeConfig{
+			HandshakeConfig:  pluginrpc.Handshake,
+			VersionedPlugins: pluginrpc.VersionedPlugins(newManager(), nil),
+			GRPCServer:       pluginrpc.NewGRPCServer,
+			Logger:           sdk.DefaultLogger(),
+		})
+		return
+	}
+	sdk.ServeCacheManager(newManager)
 }

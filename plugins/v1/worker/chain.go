@@ -1,0 +1,69 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+)
+
+// Chainer is an optional Worker interface, found by type assertion: one
+// call runs a micro-batch over several pipeline stages, each stage's
+// activations handed to the next where the workers run instead of through
+// the caller. The plugin client implements it for the stages' workers that
+// one plugin process serves (pluginrpc.InstancesProtocol), so a step's
+// forward wakes that process once instead of once per stage. Callers use
+// ForwardStages.
+type Chainer interface {
+	// ForwardChain runs bs[0] on this worker, then bs[i] on next[i-1] for
+	// each i > 0, in order, each with the previous result's activations as
+	// its Hidden (bs[i].Hidden is ignored for i > 0). It returns the results
+	// of the stages that ran, in order, every Hidden but the last one's
+	// left out. When a stage fails, the results before it come back with a
+	// *StageError naming it, and the later stages did not run. ok false
+	// means it cannot chain these workers (they are not served together):
+	// nothing ran.
+	ForwardChain(ctx context.Context, next []Worker, bs []Batch) (res []Result, ok bool, err error)
+}
+
+// StageError is the error of one stage of ForwardStages.
+type StageError struct {
+	Stage int // index into the workers
+	Err   error
+}
+
+func (e *StageError) Error() string { return fmt.Sprintf("stage %d: %v", e.Stage, e.Err) }
+func (e *StageError) Unwrap() error { return e.Err }
+
+// ForwardStages runs bs[i] on ws[i] in order, each batch taking the previous
+// result's Hidden: in one call when ws[0] chains the others (Chainer), else
+// by Forward on each. Its results and errors are ForwardChain's: the
+// results of the stages that ran and, when one failed, a *StageError. The
+// two ways give the same results, Hidden of the stages before the last
+// aside (nil after a chain).
+func ForwardStages(ctx context.Context, ws []Worker, bs []Batch) ([]Result, error) {
+	if len(ws) != len(bs) {
+		return nil, fmt.Errorf("forward over %d stages with %d batches", len(ws), len(bs))
+	}
+	if len(ws) == 0 {
+		return nil, nil
+	}
+	if c, ok := ws[0].(Chainer); ok && len(ws) > 1 {
+		if res, ok, err := c.ForwardChain(ctx, ws[1:], bs); ok {
+			return res, err
+		}
+	}
+	res := make([]Result, 0, len(ws))
+	var hidden []byte
+	for i, w := range ws {
+		b := bs[i]
+		if i > 0 {
+			b.Hidden = hidden
+		}
+		r, err := w.Forward(ctx, b)
+		if err != nil {
+			return res, &StageError{Stage: i, Err: err}
+		}
+		hidden = r.Hidden
+		res = append(res, r)
+	}
+	return res, nil
+}
