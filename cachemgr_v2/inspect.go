@@ -18,14 +18,18 @@ func (m *Manager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvc
 		return kvcache.Snapshot{}, err
 	}
 	var snap kvcache.Snapshot
+	snap.Pools = make([]kvcache.PoolStats, 0, len(m.pools))
 	for _, p := range m.pools {
 		snap.Pools = append(snap.Pools, p.Stats())
 	}
-	for _, id := range m.seqIDs() {
+	ids := m.seqIDs()
+	snap.Seqs = make([]kvcache.SeqState, 0, len(ids))
+	blocks := make([]int, len(ids)*len(m.pools)) // one allocation: Inspect runs after every step
+	for i, id := range ids {
 		s := m.seqs[id]
 		st := kvcache.SeqState{
 			Seq: id, History: s.led.History, Capacity: s.led.Capacity, Hold: s.led.Hold,
-			Suspended: s.suspended, Blocks: make([]int, len(m.pools)),
+			Suspended: s.suspended, Blocks: blocks[i*len(m.pools) : (i+1)*len(m.pools) : (i+1)*len(m.pools)],
 		}
 		if s.led.Reserved {
 			st.Reserved, st.Draft = s.led.Tokens+s.led.Draft, s.led.Draft

@@ -2155,6 +2155,118 @@ func (x *SeqState) GetTables() []*BlockTable {
 	return nil
 }
 
+// The sequences of a snapshot without tables, one column per field: a
+// shallow snapshot goes with every step. seq, history and capacity have one
+// value per sequence; reserved, draft, hold and suspended are optional
+// columns (empty when all zero); blocks holds pools values per sequence.
+type SeqColumns struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           []uint64               `protobuf:"varint,1,rep,packed,name=seq,proto3" json:"seq,omitempty"`
+	History       []int64                `protobuf:"varint,2,rep,packed,name=history,proto3" json:"history,omitempty"`
+	Capacity      []int64                `protobuf:"varint,3,rep,packed,name=capacity,proto3" json:"capacity,omitempty"`
+	Reserved      []int64                `protobuf:"varint,4,rep,packed,name=reserved,proto3" json:"reserved,omitempty"`
+	Draft         []int64                `protobuf:"varint,5,rep,packed,name=draft,proto3" json:"draft,omitempty"`
+	Hold          []int64                `protobuf:"varint,6,rep,packed,name=hold,proto3" json:"hold,omitempty"`
+	Suspended     []bool                 `protobuf:"varint,7,rep,packed,name=suspended,proto3" json:"suspended,omitempty"`
+	Pools         uint32                 `protobuf:"varint,8,opt,name=pools,proto3" json:"pools,omitempty"`
+	Blocks        []int64                `protobuf:"varint,9,rep,packed,name=blocks,proto3" json:"blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SeqColumns) Reset() {
+	*x = SeqColumns{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SeqColumns) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SeqColumns) ProtoMessage() {}
+
+func (x *SeqColumns) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SeqColumns.ProtoReflect.Descriptor instead.
+func (*SeqColumns) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *SeqColumns) GetSeq() []uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return nil
+}
+
+func (x *SeqColumns) GetHistory() []int64 {
+	if x != nil {
+		return x.History
+	}
+	return nil
+}
+
+func (x *SeqColumns) GetCapacity() []int64 {
+	if x != nil {
+		return x.Capacity
+	}
+	return nil
+}
+
+func (x *SeqColumns) GetReserved() []int64 {
+	if x != nil {
+		return x.Reserved
+	}
+	return nil
+}
+
+func (x *SeqColumns) GetDraft() []int64 {
+	if x != nil {
+		return x.Draft
+	}
+	return nil
+}
+
+func (x *SeqColumns) GetHold() []int64 {
+	if x != nil {
+		return x.Hold
+	}
+	return nil
+}
+
+func (x *SeqColumns) GetSuspended() []bool {
+	if x != nil {
+		return x.Suspended
+	}
+	return nil
+}
+
+func (x *SeqColumns) GetPools() uint32 {
+	if x != nil {
+		return x.Pools
+	}
+	return 0
+}
+
+func (x *SeqColumns) GetBlocks() []int64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
 // One pool's reference counts ([]int32).
 type RefCounts struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2165,7 +2277,7 @@ type RefCounts struct {
 
 func (x *RefCounts) Reset() {
 	*x = RefCounts{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2177,7 +2289,7 @@ func (x *RefCounts) String() string {
 func (*RefCounts) ProtoMessage() {}
 
 func (x *RefCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2190,7 +2302,7 @@ func (x *RefCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefCounts.ProtoReflect.Descriptor instead.
 func (*RefCounts) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{31}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RefCounts) GetCounts() []int32 {
@@ -2204,7 +2316,8 @@ func (x *RefCounts) GetCounts() []int32 {
 type Snapshot struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pools         []*PoolStats           `protobuf:"bytes,1,rep,name=pools,proto3" json:"pools,omitempty"`
-	Seqs          []*SeqState            `protobuf:"bytes,2,rep,name=seqs,proto3" json:"seqs,omitempty"`
+	Seqs          []*SeqState            `protobuf:"bytes,2,rep,name=seqs,proto3" json:"seqs,omitempty"` // when some sequence has tables; else seq_columns
+	SeqColumns    *SeqColumns            `protobuf:"bytes,6,opt,name=seq_columns,json=seqColumns,proto3" json:"seq_columns,omitempty"`
 	RefCounts     []*RefCounts           `protobuf:"bytes,3,rep,name=ref_counts,json=refCounts,proto3" json:"ref_counts,omitempty"`
 	Violations    []string               `protobuf:"bytes,4,rep,name=violations,proto3" json:"violations,omitempty"`
 	TablesChecked bool                   `protobuf:"varint,5,opt,name=tables_checked,json=tablesChecked,proto3" json:"tables_checked,omitempty"` // kvcache.Snapshot.TablesChecked
@@ -2214,7 +2327,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2226,7 +2339,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2239,7 +2352,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{32}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Snapshot) GetPools() []*PoolStats {
@@ -2252,6 +2365,13 @@ func (x *Snapshot) GetPools() []*PoolStats {
 func (x *Snapshot) GetSeqs() []*SeqState {
 	if x != nil {
 		return x.Seqs
+	}
+	return nil
+}
+
+func (x *Snapshot) GetSeqColumns() *SeqColumns {
+	if x != nil {
+		return x.SeqColumns
 	}
 	return nil
 }
@@ -2287,7 +2407,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2299,7 +2419,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2312,7 +2432,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{33}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ErrorDetail) GetSeqs() []uint64 {
@@ -2330,7 +2450,7 @@ type WorkerInfoRequest struct {
 
 func (x *WorkerInfoRequest) Reset() {
 	*x = WorkerInfoRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2342,7 +2462,7 @@ func (x *WorkerInfoRequest) String() string {
 func (*WorkerInfoRequest) ProtoMessage() {}
 
 func (x *WorkerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2355,7 +2475,7 @@ func (x *WorkerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfoRequest.ProtoReflect.Descriptor instead.
 func (*WorkerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{34}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{35}
 }
 
 // worker.Info
@@ -2374,7 +2494,7 @@ type WorkerInfo struct {
 
 func (x *WorkerInfo) Reset() {
 	*x = WorkerInfo{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +2506,7 @@ func (x *WorkerInfo) String() string {
 func (*WorkerInfo) ProtoMessage() {}
 
 func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +2519,7 @@ func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
 func (*WorkerInfo) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{35}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WorkerInfo) GetName() string {
@@ -2470,7 +2590,7 @@ type Hardware struct {
 
 func (x *Hardware) Reset() {
 	*x = Hardware{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2482,7 +2602,7 @@ func (x *Hardware) String() string {
 func (*Hardware) ProtoMessage() {}
 
 func (x *Hardware) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2495,7 +2615,7 @@ func (x *Hardware) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hardware.ProtoReflect.Descriptor instead.
 func (*Hardware) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{36}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Hardware) GetName() string {
@@ -2593,7 +2713,7 @@ type WorkerConfig struct {
 
 func (x *WorkerConfig) Reset() {
 	*x = WorkerConfig{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2605,7 +2725,7 @@ func (x *WorkerConfig) String() string {
 func (*WorkerConfig) ProtoMessage() {}
 
 func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2618,7 +2738,7 @@ func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerConfig.ProtoReflect.Descriptor instead.
 func (*WorkerConfig) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{37}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WorkerConfig) GetStage() int64 {
@@ -2737,7 +2857,7 @@ type Setup struct {
 
 func (x *Setup) Reset() {
 	*x = Setup{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2749,7 +2869,7 @@ func (x *Setup) String() string {
 func (*Setup) ProtoMessage() {}
 
 func (x *Setup) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2762,7 +2882,7 @@ func (x *Setup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Setup.ProtoReflect.Descriptor instead.
 func (*Setup) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{38}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Setup) GetDeviceBytes() int64 {
@@ -2802,7 +2922,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2814,7 +2934,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2827,7 +2947,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Batch) GetStep() uint64 {
@@ -2935,7 +3055,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2947,7 +3067,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2960,7 +3080,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{40}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Result) GetHidden() []byte {
@@ -3042,7 +3162,7 @@ type CopyBlocksRequest struct {
 
 func (x *CopyBlocksRequest) Reset() {
 	*x = CopyBlocksRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3054,7 +3174,7 @@ func (x *CopyBlocksRequest) String() string {
 func (*CopyBlocksRequest) ProtoMessage() {}
 
 func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3067,7 +3187,7 @@ func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyBlocksRequest.ProtoReflect.Descriptor instead.
 func (*CopyBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{41}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CopyBlocksRequest) GetCopies() *Copies {
@@ -3085,7 +3205,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3097,7 +3217,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3110,7 +3230,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{42}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{43}
 }
 
 var File_kvx_v1_kvx_proto protoreflect.FileDescriptor
@@ -3273,12 +3393,25 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x04hold\x18\x06 \x01(\x03R\x04hold\x12\x1c\n" +
 	"\tsuspended\x18\a \x01(\bR\tsuspended\x12\x16\n" +
 	"\x06blocks\x18\b \x03(\x03R\x06blocks\x12*\n" +
-	"\x06tables\x18\t \x03(\v2\x12.kvx.v1.BlockTableR\x06tables\"#\n" +
+	"\x06tables\x18\t \x03(\v2\x12.kvx.v1.BlockTableR\x06tables\"\xe6\x01\n" +
+	"\n" +
+	"SeqColumns\x12\x10\n" +
+	"\x03seq\x18\x01 \x03(\x04R\x03seq\x12\x18\n" +
+	"\ahistory\x18\x02 \x03(\x03R\ahistory\x12\x1a\n" +
+	"\bcapacity\x18\x03 \x03(\x03R\bcapacity\x12\x1a\n" +
+	"\breserved\x18\x04 \x03(\x03R\breserved\x12\x14\n" +
+	"\x05draft\x18\x05 \x03(\x03R\x05draft\x12\x12\n" +
+	"\x04hold\x18\x06 \x03(\x03R\x04hold\x12\x1c\n" +
+	"\tsuspended\x18\a \x03(\bR\tsuspended\x12\x14\n" +
+	"\x05pools\x18\b \x01(\rR\x05pools\x12\x16\n" +
+	"\x06blocks\x18\t \x03(\x03R\x06blocks\"#\n" +
 	"\tRefCounts\x12\x16\n" +
-	"\x06counts\x18\x01 \x03(\x05R\x06counts\"\xd2\x01\n" +
+	"\x06counts\x18\x01 \x03(\x05R\x06counts\"\x87\x02\n" +
 	"\bSnapshot\x12'\n" +
 	"\x05pools\x18\x01 \x03(\v2\x11.kvx.v1.PoolStatsR\x05pools\x12$\n" +
-	"\x04seqs\x18\x02 \x03(\v2\x10.kvx.v1.SeqStateR\x04seqs\x120\n" +
+	"\x04seqs\x18\x02 \x03(\v2\x10.kvx.v1.SeqStateR\x04seqs\x123\n" +
+	"\vseq_columns\x18\x06 \x01(\v2\x12.kvx.v1.SeqColumnsR\n" +
+	"seqColumns\x120\n" +
 	"\n" +
 	"ref_counts\x18\x03 \x03(\v2\x11.kvx.v1.RefCountsR\trefCounts\x12\x1e\n" +
 	"\n" +
@@ -3400,7 +3533,7 @@ func file_kvx_v1_kvx_proto_rawDescGZIP() []byte {
 	return file_kvx_v1_kvx_proto_rawDescData
 }
 
-var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*Empty)(nil),              // 0: kvx.v1.Empty
 	(*DataPlaneRequest)(nil),   // 1: kvx.v1.DataPlaneRequest
@@ -3433,18 +3566,19 @@ var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*InspectOptions)(nil),     // 28: kvx.v1.InspectOptions
 	(*BlockTable)(nil),         // 29: kvx.v1.BlockTable
 	(*SeqState)(nil),           // 30: kvx.v1.SeqState
-	(*RefCounts)(nil),          // 31: kvx.v1.RefCounts
-	(*Snapshot)(nil),           // 32: kvx.v1.Snapshot
-	(*ErrorDetail)(nil),        // 33: kvx.v1.ErrorDetail
-	(*WorkerInfoRequest)(nil),  // 34: kvx.v1.WorkerInfoRequest
-	(*WorkerInfo)(nil),         // 35: kvx.v1.WorkerInfo
-	(*Hardware)(nil),           // 36: kvx.v1.Hardware
-	(*WorkerConfig)(nil),       // 37: kvx.v1.WorkerConfig
-	(*Setup)(nil),              // 38: kvx.v1.Setup
-	(*Batch)(nil),              // 39: kvx.v1.Batch
-	(*Result)(nil),             // 40: kvx.v1.Result
-	(*CopyBlocksRequest)(nil),  // 41: kvx.v1.CopyBlocksRequest
-	(*HealthRequest)(nil),      // 42: kvx.v1.HealthRequest
+	(*SeqColumns)(nil),         // 31: kvx.v1.SeqColumns
+	(*RefCounts)(nil),          // 32: kvx.v1.RefCounts
+	(*Snapshot)(nil),           // 33: kvx.v1.Snapshot
+	(*ErrorDetail)(nil),        // 34: kvx.v1.ErrorDetail
+	(*WorkerInfoRequest)(nil),  // 35: kvx.v1.WorkerInfoRequest
+	(*WorkerInfo)(nil),         // 36: kvx.v1.WorkerInfo
+	(*Hardware)(nil),           // 37: kvx.v1.Hardware
+	(*WorkerConfig)(nil),       // 38: kvx.v1.WorkerConfig
+	(*Setup)(nil),              // 39: kvx.v1.Setup
+	(*Batch)(nil),              // 40: kvx.v1.Batch
+	(*Result)(nil),             // 41: kvx.v1.Result
+	(*CopyBlocksRequest)(nil),  // 42: kvx.v1.CopyBlocksRequest
+	(*HealthRequest)(nil),      // 43: kvx.v1.HealthRequest
 }
 var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	5,  // 0: kvx.v1.ManagerInfo.capabilities:type_name -> kvx.v1.Capabilities
@@ -3459,63 +3593,64 @@ var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	18, // 9: kvx.v1.EndStepRequest.release:type_name -> kvx.v1.Seqs
 	28, // 10: kvx.v1.EndStepRequest.inspect:type_name -> kvx.v1.InspectOptions
 	20, // 11: kvx.v1.EndStepResult.commit:type_name -> kvx.v1.CommitResult
-	32, // 12: kvx.v1.EndStepResult.snapshot:type_name -> kvx.v1.Snapshot
+	33, // 12: kvx.v1.EndStepResult.snapshot:type_name -> kvx.v1.Snapshot
 	15, // 13: kvx.v1.MoveResult.copies:type_name -> kvx.v1.Copies
 	25, // 14: kvx.v1.ManagerStats.pools:type_name -> kvx.v1.PoolStats
 	26, // 15: kvx.v1.ManagerStats.snapshots:type_name -> kvx.v1.SnapshotStats
 	29, // 16: kvx.v1.SeqState.tables:type_name -> kvx.v1.BlockTable
 	25, // 17: kvx.v1.Snapshot.pools:type_name -> kvx.v1.PoolStats
 	30, // 18: kvx.v1.Snapshot.seqs:type_name -> kvx.v1.SeqState
-	31, // 19: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
-	36, // 20: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
-	9,  // 21: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
-	14, // 22: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
-	15, // 23: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
-	16, // 24: kvx.v1.Batch.snapshots:type_name -> kvx.v1.SnapshotSlots
-	15, // 25: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
-	3,  // 26: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
-	7,  // 27: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
-	11, // 28: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
-	13, // 29: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
-	18, // 30: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
-	19, // 31: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
-	18, // 32: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
-	18, // 33: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
-	18, // 34: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
-	24, // 35: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
-	28, // 36: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
-	21, // 37: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
-	1,  // 38: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	34, // 39: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
-	37, // 40: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
-	39, // 41: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
-	41, // 42: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
-	42, // 43: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
-	1,  // 44: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	4,  // 45: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
-	9,  // 46: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
-	12, // 47: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
-	17, // 48: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
-	0,  // 49: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
-	20, // 50: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
-	23, // 51: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
-	23, // 52: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
-	0,  // 53: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
-	27, // 54: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
-	32, // 55: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
-	22, // 56: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
-	2,  // 57: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	35, // 58: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
-	38, // 59: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
-	40, // 60: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
-	0,  // 61: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
-	0,  // 62: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
-	2,  // 63: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	45, // [45:64] is the sub-list for method output_type
-	26, // [26:45] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	31, // 19: kvx.v1.Snapshot.seq_columns:type_name -> kvx.v1.SeqColumns
+	32, // 20: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
+	37, // 21: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
+	9,  // 22: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
+	14, // 23: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
+	15, // 24: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
+	16, // 25: kvx.v1.Batch.snapshots:type_name -> kvx.v1.SnapshotSlots
+	15, // 26: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
+	3,  // 27: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
+	7,  // 28: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
+	11, // 29: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
+	13, // 30: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
+	18, // 31: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
+	19, // 32: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
+	18, // 33: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
+	18, // 34: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
+	18, // 35: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
+	24, // 36: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
+	28, // 37: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
+	21, // 38: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
+	1,  // 39: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	35, // 40: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
+	38, // 41: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
+	40, // 42: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
+	42, // 43: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
+	43, // 44: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
+	1,  // 45: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	4,  // 46: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
+	9,  // 47: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
+	12, // 48: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
+	17, // 49: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
+	0,  // 50: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
+	20, // 51: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
+	23, // 52: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
+	23, // 53: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
+	0,  // 54: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
+	27, // 55: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
+	33, // 56: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
+	22, // 57: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
+	2,  // 58: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	36, // 59: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
+	39, // 60: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
+	41, // 61: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
+	0,  // 62: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
+	0,  // 63: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
+	2,  // 64: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	46, // [46:65] is the sub-list for method output_type
+	27, // [27:46] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_kvx_v1_kvx_proto_init() }
@@ -3529,7 +3664,7 @@ func file_kvx_v1_kvx_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvx_v1_kvx_proto_rawDesc), len(file_kvx_v1_kvx_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   43,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -556,11 +556,18 @@ func fromProtoSeqState(m *kvxpb.SeqState) kvcache.SeqState {
 
 func toProtoSnapshot(s kvcache.Snapshot) *kvxpb.Snapshot {
 	m := &kvxpb.Snapshot{Pools: protoPoolStats(s.Pools), Violations: share(s.Violations), TablesChecked: s.TablesChecked}
-	if len(s.Seqs) > 0 {
+	tables := false
+	for i := range s.Seqs {
+		tables = tables || len(s.Seqs[i].Tables) > 0
+	}
+	switch {
+	case tables:
 		m.Seqs = make([]*kvxpb.SeqState, len(s.Seqs))
 		for i := range s.Seqs {
 			m.Seqs[i] = toProtoSeqState(&s.Seqs[i])
 		}
+	case len(s.Seqs) > 0:
+		m.SeqColumns = toProtoSeqColumns(s.Seqs)
 	}
 	if len(s.RefCounts) > 0 {
 		rc := make([]kvxpb.RefCounts, len(s.RefCounts))
@@ -572,7 +579,81 @@ func toProtoSnapshot(s kvcache.Snapshot) *kvxpb.Snapshot {
 	return m
 }
 
-func fromProtoSnapshot(p *kvxpb.Snapshot) kvcache.Snapshot {
+// toProtoSeqColumns encodes sequences without tables as columns.
+func toProtoSeqColumns(seqs []kvcache.SeqState) *kvxpb.SeqColumns {
+	n := len(seqs)
+	pools := len(seqs[0].Blocks)
+	for i := range seqs {
+		pools = max(pools, len(seqs[i].Blocks))
+	}
+	c := &kvxpb.SeqColumns{
+		Seq:       make([]uint64, n),
+		History:   make([]int64, n),
+		Capacity:  make([]int64, n),
+		Reserved:  column(n, func(i int) int64 { return int64(seqs[i].Reserved) }),
+		Draft:     column(n, func(i int) int64 { return int64(seqs[i].Draft) }),
+		Hold:      column(n, func(i int) int64 { return int64(seqs[i].Hold) }),
+		Suspended: column(n, func(i int) bool { return seqs[i].Suspended }),
+		Pools:     uint32(pools),
+	}
+	if pools > 0 {
+		c.Blocks = make([]int64, n*pools)
+	}
+	for i := range seqs {
+		s := &seqs[i]
+		c.Seq[i], c.History[i], c.Capacity[i] = uint64(s.Seq), int64(s.History), int64(s.Capacity)
+		for p, b := range s.Blocks {
+			c.Blocks[i*pools+p] = int64(b)
+		}
+	}
+	return c
+}
+
+// fromProtoSeqColumns decodes toProtoSeqColumns' columns.
+func fromProtoSeqColumns(c *kvxpb.SeqColumns) ([]kvcache.SeqState, error) {
+	const msg = "Snapshot.seq_columns"
+	n := len(c.GetSeq())
+	if len(c.GetHistory()) != n || len(c.GetCapacity()) != n {
+		return nil, colError("%s: %d seq, %d history and %d capacity values, want one each per sequence", msg, n, len(c.GetHistory()), len(c.GetCapacity()))
+	}
+	reserved, err := optional(msg, "reserved", c.GetReserved(), n)
+	if err != nil {
+		return nil, err
+	}
+	draft, err := optional(msg, "draft", c.GetDraft(), n)
+	if err != nil {
+		return nil, err
+	}
+	hold, err := optional(msg, "hold", c.GetHold(), n)
+	if err != nil {
+		return nil, err
+	}
+	suspended, err := optional(msg, "suspended", c.GetSuspended(), n)
+	if err != nil {
+		return nil, err
+	}
+	pools := int(c.GetPools())
+	if pools > 1<<16 || len(c.GetBlocks()) != n*pools {
+		return nil, colError("%s: %d blocks values for %d sequences of %d pools", msg, len(c.GetBlocks()), n, pools)
+	}
+	seqs := make([]kvcache.SeqState, n)
+	blocks := make([]int, n*pools)
+	for i, b := range c.GetBlocks() {
+		blocks[i] = int(b)
+	}
+	for i := range seqs {
+		seqs[i] = kvcache.SeqState{
+			Seq: kvcache.SeqID(c.Seq[i]), History: int(c.History[i]), Capacity: int(c.Capacity[i]),
+			Reserved: int(at(reserved, i)), Draft: int(at(draft, i)), Hold: int(at(hold, i)), Suspended: at(suspended, i),
+		}
+		if pools > 0 {
+			seqs[i].Blocks = blocks[i*pools : (i+1)*pools : (i+1)*pools]
+		}
+	}
+	return seqs, nil
+}
+
+func fromProtoSnapshot(p *kvxpb.Snapshot) (kvcache.Snapshot, error) {
 	s := kvcache.Snapshot{Pools: goPoolStats(p.GetPools()), Violations: share(p.GetViolations()), TablesChecked: p.GetTablesChecked()}
 	if ms := p.GetSeqs(); len(ms) > 0 {
 		s.Seqs = make([]kvcache.SeqState, len(ms))
@@ -580,13 +661,23 @@ func fromProtoSnapshot(p *kvxpb.Snapshot) kvcache.Snapshot {
 			s.Seqs[i] = fromProtoSeqState(m)
 		}
 	}
+	if c := p.GetSeqColumns(); c != nil {
+		if len(s.Seqs) > 0 {
+			return s, colError("Snapshot: sequences both as messages and as columns")
+		}
+		seqs, err := fromProtoSeqColumns(c)
+		if err != nil {
+			return s, err
+		}
+		s.Seqs = seqs
+	}
 	if rc := p.GetRefCounts(); len(rc) > 0 {
 		s.RefCounts = make([][]int32, len(rc))
 		for i, c := range rc {
 			s.RefCounts[i] = share(c.GetCounts())
 		}
 	}
-	return s
+	return s, nil
 }
 
 func toProtoEndStepRequest(r kvcache.EndStepRequest) *kvxpb.EndStepRequest {
@@ -625,8 +716,11 @@ func fromProtoEndStepResult(p *kvxpb.EndStepResult) (kvcache.EndStepResult, erro
 	}
 	r := kvcache.EndStepResult{Commit: c}
 	if p.GetSnapshot() != nil {
-		s := fromProtoSnapshot(p.GetSnapshot())
+		s, err := fromProtoSnapshot(p.GetSnapshot())
 		r.Snapshot = &s
+		if err != nil {
+			return r, err
+		}
 	}
 	return r, nil
 }

@@ -127,7 +127,7 @@ var converters = []converter{
 	conv("kvcache.InspectOptions", kvcache.InspectOptions{Tables: true, CheckTables: true}, toProtoInspectOptions, fromProtoInspectOptions),
 	conv("kvcache.SeqState", fullSnapshot.Seqs[0],
 		func(s kvcache.SeqState) *kvxpb.SeqState { return toProtoSeqState(&s) }, fromProtoSeqState),
-	conv("kvcache.Snapshot", fullSnapshot, toProtoSnapshot, fromProtoSnapshot),
+	conv("kvcache.Snapshot", fullSnapshot, toProtoSnapshot, mustFrom(fromProtoSnapshot)),
 	conv("worker.Info", fullWorkerInfo, toProtoWorkerInfo, fromProtoWorkerInfo),
 	conv("spec.Hardware", fullHardware, toProtoHardware, fromProtoHardware),
 	conv("worker.Config", fullWorkerConfig,
@@ -250,3 +250,53 @@ func TestMalformedColumns(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// TestSnapshotColumns: a snapshot without tables (the one that goes with
+// every step) crosses as columns and comes back equal, zero columns and
+// all; malformed columns are refused naming the column.
+func TestSnapshotColumns(t *testing.T) {
+	snap := kvcache.Snapshot{
+		Pools: fullStats.Pools,
+		Seqs: []kvcache.SeqState{
+			{Seq: 5, History: 100, Capacity: 128, Reserved: 2, Draft: 1, Hold: 4096, Suspended: true, Blocks: []int{2, 1}},
+			{Seq: 9, History: 7, Capacity: 64, Blocks: []int{1, 0}},
+			{Seq: 1 << 63, History: 1 << 40, Capacity: 1 << 41, Blocks: []int{3, 3}},
+		},
+		Violations: []string{"x"},
+	}
+	m := toProtoSnapshot(snap)
+	if m.GetSeqColumns() == nil || len(m.GetSeqs()) != 0 {
+		t.Fatalf("a snapshot without tables went as %d messages, columns %v", len(m.GetSeqs()), m.GetSeqColumns() != nil)
+	}
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := new(kvxpb.Snapshot)
+	if err := proto.Unmarshal(b, back); err != nil {
+		t.Fatal(err)
+	}
+	got, err := fromProtoSnapshot(back)
+	if err != nil || !deepEqual(got, snap) {
+		t.Fatalf("round trip = %+v, %v\nwant %+v", got, err, snap)
+	}
+	// Only the first sequence has optional fields: without it those columns are empty.
+	if m := toProtoSnapshot(kvcache.Snapshot{Seqs: snap.Seqs[1:]}); m.GetSeqColumns().GetReserved() != nil || m.GetSeqColumns().GetSuspended() != nil {
+		t.Errorf("all-zero optional columns were sent: %+v", m.GetSeqColumns())
+	}
+	for _, c := range []struct {
+		name   string
+		mutate func(c *kvxpb.SeqColumns)
+		want   string
+	}{
+		{"short history", func(c *kvxpb.SeqColumns) { c.History = c.History[:2] }, "history"},
+		{"short optional", func(c *kvxpb.SeqColumns) { c.Hold = c.Hold[:1] }, "column hold"},
+		{"short blocks", func(c *kvxpb.SeqColumns) { c.Blocks = c.Blocks[:5] }, "blocks"},
+	} {
+		m := toProtoSnapshot(snap)
+		c.mutate(m.SeqColumns)
+		if _, err := fromProtoSnapshot(m); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one naming %q", c.name, err, c.want)
+		}
+	}
+}

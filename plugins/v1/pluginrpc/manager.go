@@ -248,9 +248,14 @@ func (c *ManagerClient) Inspect(ctx context.Context, opts kvcache.InspectOptions
 	if err != nil {
 		partial := new(kvxpb.Snapshot)
 		err = fromStatus(ctx, c.done, m, err, partial)
-		return fromProtoSnapshot(partial), err
+		snap, _ := fromProtoSnapshot(partial)
+		return snap, err
 	}
-	return fromProtoSnapshot(resp), nil
+	snap, err := fromProtoSnapshot(resp)
+	if err != nil {
+		return kvcache.Snapshot{}, malformed(m, err)
+	}
+	return snap, nil
 }
 
 // EndStep implements kvcache.StepEnder: Commit, Release and Inspect in one

@@ -74,3 +74,48 @@ func (p *pair) close() {
 	_ = p.conn.Close()
 	p.server.Stop()
 }
+
+// TestManagerInstances serves the managers newManager makes as the
+// instances of one plugin process (InstancesProtocol) on an in-memory gRPC
+// connection, and returns n instance clients, which share its data plane.
+// Torn down when the test ends.
+func TestManagerInstances(t testing.TB, newManager func() kvcache.Manager, n int) []kvcache.Manager {
+	t.Helper()
+	p := newPair(t, func(s *grpc.Server) error { return (&ManagerPlugin{New: newManager}).GRPCServer(nil, s) })
+	t.Cleanup(p.close)
+	c, err := (&ManagerPlugin{instances: true}).GRPCClient(context.Background(), nil, p.conn)
+	if err != nil {
+		t.Fatalf("ManagerPlugin.GRPCClient: %v", err)
+	}
+	first := c.(*ManagerClient)
+	ms := []kvcache.Manager{first}
+	for len(ms) < n {
+		m, err := first.NewInstance()
+		if err != nil {
+			t.Fatalf("NewInstance: %v", err)
+		}
+		ms = append(ms, m)
+	}
+	return ms
+}
+
+// TestWorkerInstances is TestManagerInstances for workers.
+func TestWorkerInstances(t testing.TB, newWorker func() worker.Worker, n int) []worker.Worker {
+	t.Helper()
+	p := newPair(t, func(s *grpc.Server) error { return (&WorkerPlugin{New: newWorker}).GRPCServer(nil, s) })
+	t.Cleanup(p.close)
+	c, err := (&WorkerPlugin{instances: true}).GRPCClient(context.Background(), nil, p.conn)
+	if err != nil {
+		t.Fatalf("WorkerPlugin.GRPCClient: %v", err)
+	}
+	first := c.(*WorkerClient)
+	ws := []worker.Worker{first}
+	for len(ws) < n {
+		w, err := first.NewInstance()
+		if err != nil {
+			t.Fatalf("NewInstance: %v", err)
+		}
+		ws = append(ws, w)
+	}
+	return ws
+}
