@@ -158,9 +158,16 @@ func TestNoOrphanPluginProcesses(t *testing.T) {
 	}
 }
 
-// TestKilledPluginIsRestarted: kill -9 of a cache-manager plugin mid-run;
-// the engine restarts it, recomputes, and every request completes.
+// TestKilledPluginIsRestarted: kill -9 of the cache-manager plugin, or of
+// the worker plugin, mid-run (each serves both pipeline stages); the engine
+// restarts it, recomputes, and every request completes.
 func TestKilledPluginIsRestarted(t *testing.T) {
+	for _, binary := range []string{"kvx-cachemgr-v2", "kvx-backend-dsa"} {
+		t.Run(binary, func(t *testing.T) { killPluginMidRun(t, binary) })
+	}
+}
+
+func killPluginMidRun(t *testing.T, binary string) {
 	js := filepath.Join(t.TempDir(), "r.json")
 	cmd := exec.Command(filepath.Join(binDir, "kvx"), "run", "-c", "testdata/small.yaml", "--set", "workload.requests=400", "--json", js)
 	var stderr bytes.Buffer
@@ -174,7 +181,7 @@ func TestKilledPluginIsRestarted(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		for _, pid := range pluginPIDs(t) {
 			exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-			if strings.HasSuffix(exe, "kvx-cachemgr-v2") {
+			if strings.HasSuffix(exe, binary) {
 				victim = pid
 				break
 			}
@@ -182,7 +189,7 @@ func TestKilledPluginIsRestarted(t *testing.T) {
 	}
 	if victim == 0 {
 		cmd.Process.Kill()
-		t.Fatal("no cache manager plugin process found")
+		t.Fatalf("no %s plugin process found", binary)
 	}
 	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
 		t.Fatal(err)

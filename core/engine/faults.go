@@ -96,6 +96,7 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 		snap, err := st.m.Inspect(ctx, kvcache.InspectOptions{})
 		if errors.Is(err, kvcache.ErrUnavailable) {
 			// Its plugins went too (a process shared with the dead stage).
+			e.log.Warn("restarting a stage whose plugins went with the dead one", "stage", st.idx)
 			if err := restart(st.idx); err != nil {
 				return err
 			}
