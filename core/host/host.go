@@ -2,12 +2,16 @@
 // managers and workers) and hands the core plain kvcache.Manager and
 // worker.Worker values: the core never sees the transport.
 //
-// Life cycle: New, then LaunchManager / LaunchWorker per stage; each launch
-// starts the binary with go-plugin (gRPC only), asks Info, checks that the
-// plugin speaks protocol 1 and logs what was negotiated. Close kills every
-// child. A plugin that dies is reported by its Process (Done, Exited) and by
-// its client, whose calls then fail with kvcache.KindUnavailable; restarting
-// it is the caller's policy.
+// Life cycle: New, then LaunchManager / LaunchWorker; each launch starts
+// the binary with go-plugin (gRPC only), asks Info, checks that the plugin
+// speaks contract protocol 1 and logs what was negotiated. A process that
+// serves instances (transport protocol 2, pluginrpc.InstancesProtocol)
+// gives the further pipeline stages theirs through ManagerInstance /
+// WorkerInstance, so one process per plugin binary serves every stage; an
+// older plugin refuses, and the caller launches a process per stage. Close
+// kills every child. A plugin that dies is reported by its Process (Done,
+// Exited) and by its clients, whose calls then fail with
+// kvcache.KindUnavailable; restarting it is the caller's policy.
 //
 // Children and signals: plugins ignore SIGINT (a terminal's Ctrl-C reaches
 // the whole process group; the host decides), so the host must kill them.

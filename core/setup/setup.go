@@ -258,7 +258,10 @@ func Workload(cfg *config.Config, vocab int) (workload.Workload, error) {
 }
 
 // Launcher starts each stage's manager and worker, as plugin processes
-// (isolation: plugin) or in this process (isolation: inprocess).
+// (isolation: plugin) or in this process (isolation: inprocess). With
+// plugins, one process per plugin binary serves every stage (an instance
+// each) when the plugin serves instances; an older plugin gets a process
+// per stage.
 type Launcher struct {
 	cfg  *config.Config
 	reg  Registry
@@ -403,7 +406,10 @@ func (l *Launcher) track(client any, proc *host.Process) {
 
 // Stop implements engine.Stopper: it kills the process behind a manager or
 // worker this launcher returned (the engine replaces a stage's plugins after
-// one of them died). In-process values have nothing to stop.
+// one of them died). A process that serves several stages goes for all of
+// them: their calls fail as unavailable, the engine restarts those stages
+// too, and the next launch starts a fresh process. In-process values have
+// nothing to stop.
 func (l *Launcher) Stop(client any) {
 	l.mu.Lock()
 	proc := l.proc[client]

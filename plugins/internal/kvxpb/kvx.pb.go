@@ -109,19 +109,28 @@ func (*Empty) Descriptor() ([]byte, []int) {
 // connection goes), the plane closes too. Each call is one request frame and
 // one response frame carrying the very messages of the RPC:
 //
-//	request   u32 length | u8 method | u8[3] zero | i64 deadline (unix ns, 0 = none) | message
-//	response  u32 length | u8 status | u8[3] zero | i64 zero                         | message
+//	request   u32 length | u8 method | u16 instance | u8 flags | i64 deadline (unix ns, 0 = none) | message
+//	response  u32 length | u8 status | u8[3] zero              | i64 zero                         | message
 //
 // little endian; length counts the message bytes only. method numbers the
 // RPC (pluginrpc's dataplane.go lists them); status 0 carries the RPC's
 // response message, status 1 a google.rpc.Status exactly as gRPC would have
-// returned it (details included). Calls on one data plane are sequential. A
-// plugin that does not implement OpenDataPlane answers UNIMPLEMENTED and the
-// host stays on gRPC for everything; gRPC always carries the rest (Info,
-// Configure, Stats, Inspect, Health).
+// returned it (details included). The plugin answers the frames in order,
+// one at a time; a host may send several before reading the answers (they
+// are pipelined), and the plugin writes the answers to frames that came
+// together in one write. In version 1 the instance and flags bytes are
+// zero. Version 2 (transport protocol 2: a process serves one instance per
+// pipeline stage, named in gRPC calls by the metadata key kvx-instance)
+// routes each frame to its instance and defines two flags for chained
+// Forward calls (worker.Chainer): 1 = keep this result's hidden in the
+// plugin for the next frame, 2 = this batch's hidden is what the previous
+// frame kept (the call fails with ABORTED, unrun, when that frame failed).
+// A plugin that does not implement OpenDataPlane answers UNIMPLEMENTED and
+// the host stays on gRPC for everything; gRPC always carries the rest
+// (Info, Configure, Stats, Inspect, Health).
 type DataPlaneRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"` // frame format the host speaks (1)
+	Version       uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"` // frame format the host asks for (1 or 2)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -168,7 +177,7 @@ type DataPlane struct {
 	Network       string                 `protobuf:"bytes,1,opt,name=network,proto3" json:"network,omitempty"`  // "unix"
 	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`  // socket path
 	Token         []byte                 `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"`      // sent first by the host, once
-	Version       uint32                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"` // frame format the plugin speaks (1)
+	Version       uint32                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"` // the frame format of this plane: the one the host asked for
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
