@@ -121,9 +121,16 @@ func (m *Manager) check() []string {
 	bad := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
 	tpb := m.tpb
 
-	refs := make([][]int32, len(m.pools))
+	// The recounts are scratch kept across checks: a deep check every few
+	// dozen steps of pools with tens of thousands of blocks would otherwise
+	// allocate (and the GC scan) megabytes each time.
+	if len(m.checkRefs) != len(m.pools) {
+		m.checkRefs = make([][]int32, len(m.pools))
+	}
+	refs := m.checkRefs
 	for i, p := range m.pools {
-		refs[i] = make([]int32, p.Total())
+		refs[i] = slices.Grow(refs[i][:0], p.Total())[:p.Total()]
+		clear(refs[i])
 	}
 	pins := map[*Node]int32{}
 	for _, id := range m.seqIDs() {
@@ -148,6 +155,22 @@ func (m *Manager) check() []string {
 			}
 			if !s.suspended && len(s.host[g]) != 0 {
 				bad("seq %d: resident with %d host entries", id, len(s.host[g]))
+			}
+			if len(s.host[g]) == 0 {
+				// Resident with nothing on the host: every entry is a
+				// device block (the common case, kept tight).
+				total, r := pool.Total(), refs[pool.id]
+				for j, b := range s.tables[g] {
+					switch {
+					case b == NoBlock:
+						bad("seq %d: pool %s: table entry %d is on no tier", id, m.groups[g].Name, j)
+					case b < 0 || int(b) >= total:
+						bad("seq %d: pool %s: block %d out of range [0, %d)", id, m.groups[g].Name, b, total)
+					default:
+						r[b]++
+					}
+				}
+				continue
 			}
 			for j, b := range s.tables[g] {
 				onHost := j < len(s.host[g]) && s.host[g][j] != NoBlock
@@ -195,7 +218,9 @@ func (m *Manager) check() []string {
 	}
 
 	for i, p := range m.pools {
-		inFree := make([]bool, p.Total())
+		m.checkFree = slices.Grow(m.checkFree[:0], p.Total())[:p.Total()]
+		inFree := m.checkFree
+		clear(inFree)
 		for _, b := range p.free {
 			if inFree[b] {
 				bad("pool %d: block %d twice on the free stack", p.id, b)

@@ -47,6 +47,9 @@ type Manager struct {
 	pending []pendingDelta
 	copies  []kvcache.Copy
 	copyAt  []copyRange
+	// the deep self-check's recounts, per pool (check)
+	checkRefs [][]int32
+	checkFree []bool
 }
 
 // sequence is one request's state on this stage.

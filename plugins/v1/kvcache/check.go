@@ -1,6 +1,9 @@
 package kvcache
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // maxTableFindings bounds what CheckTables reports: past it the tables are
 // broken enough that more lines add nothing.
@@ -14,45 +17,78 @@ const maxTableFindings = 10
 // maxTableFindings plus one, and none for a sound snapshot. snap needs
 // InspectOptions.Tables; it is not changed.
 func CheckTables(pools []Pool, snap *Snapshot) []string {
-	var v []string
 	if len(snap.RefCounts) != len(pools) {
 		return []string{fmt.Sprintf("%d reference-count tables for %d pools", len(snap.RefCounts), len(pools))}
 	}
-	counts := make([][]int32, len(pools))
-	for i, p := range pools {
-		counts[i] = make([]int32, p.Blocks)
+	left := make([][]int32, len(pools))
+	for i := range pools {
+		left[i] = slices.Clone(snap.RefCounts[i])
 	}
+	return checkTables(pools, snap, left)
+}
+
+// checkTables is CheckTables, recounting in left (a copy of the reference
+// counts, which it changes): every table reference takes one off its block,
+// so a sound snapshot leaves zeros.
+func checkTables(pools []Pool, snap *Snapshot, left [][]int32) []string {
+	var v []string
 	for _, s := range snap.Seqs {
 		for p, table := range s.Tables {
 			if p >= len(pools) {
 				v = append(v, fmt.Sprintf("request %d: table for pool %d of %d", s.Seq, p, len(pools)))
 				break
 			}
+			if len(left[p]) != pools[p].Blocks {
+				continue // reported below
+			}
 			for _, b := range table {
 				if b < 0 {
 					continue
 				}
-				if int(b) >= len(counts[p]) {
-					v = append(v, fmt.Sprintf("request %d: block %d beyond pool %s of %d blocks", s.Seq, b, pools[p].Name, len(counts[p])))
+				if int(b) >= len(left[p]) {
+					v = append(v, fmt.Sprintf("request %d: block %d beyond pool %s of %d blocks", s.Seq, b, pools[p].Name, len(left[p])))
 					continue
 				}
-				counts[p][b]++
+				left[p][b]--
 			}
 		}
 	}
+	type block struct{ pool, b int }
+	var odd []block
 	for p := range pools {
-		got := snap.RefCounts[p]
-		if len(got) != len(counts[p]) {
-			v = append(v, fmt.Sprintf("pool %s: %d reference counts for %d blocks", pools[p].Name, len(got), len(counts[p])))
+		if len(left[p]) != pools[p].Blocks {
+			v = append(v, fmt.Sprintf("pool %s: %d reference counts for %d blocks", pools[p].Name, len(left[p]), pools[p].Blocks))
 			continue
 		}
-		for b, n := range counts[p] {
-			if got[b] != n {
-				v = append(v, fmt.Sprintf("pool %s block %d: reference count %d, tables reference it %d times", pools[p].Name, b, got[b], n))
-				if len(v) > maxTableFindings {
-					return v
+		for b, n := range left[p] {
+			if n != 0 && len(odd) <= maxTableFindings {
+				odd = append(odd, block{p, b})
+			}
+		}
+	}
+	if len(odd) == 0 {
+		return v
+	}
+	// Name the numbers of the blocks that do not add up: recount their
+	// references (a second pass, only when something is wrong).
+	refs := make(map[block]int32, len(odd))
+	for _, o := range odd {
+		refs[o] = 0
+	}
+	for _, s := range snap.Seqs {
+		for p, table := range s.Tables {
+			for _, b := range table {
+				if _, ok := refs[block{p, int(b)}]; ok {
+					refs[block{p, int(b)}]++
 				}
 			}
+		}
+	}
+	for _, o := range odd {
+		n := refs[o]
+		v = append(v, fmt.Sprintf("pool %s block %d: reference count %d, tables reference it %d times", pools[o.pool].Name, o.b, left[o.pool][o.b]+n, n))
+		if len(v) > maxTableFindings {
+			break
 		}
 	}
 	return v
@@ -67,7 +103,13 @@ func SealTables(pools []Pool, opts InspectOptions, snap *Snapshot) {
 	if !opts.Tables || !opts.CheckTables || snap.TablesChecked {
 		return
 	}
-	for _, f := range CheckTables(pools, snap) {
+	var findings []string
+	if len(snap.RefCounts) != len(pools) {
+		findings = []string{fmt.Sprintf("%d reference-count tables for %d pools", len(snap.RefCounts), len(pools))}
+	} else {
+		findings = checkTables(pools, snap, snap.RefCounts) // dropped below: recount in place
+	}
+	for _, f := range findings {
 		snap.Violations = append(snap.Violations, "tables: "+f)
 	}
 	for i := range snap.Seqs {
