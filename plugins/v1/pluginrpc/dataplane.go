@@ -316,7 +316,8 @@ type dataPlane struct {
 }
 
 // pending is one call on the plane: written (or corked), then answered.
-// Its fields are set once, under the plane's wmu, before done is.
+// Its fields are set once before done is: by the reader that took it off
+// the queue, or under wmu when the plane breaks.
 type pending struct {
 	ctx  context.Context
 	resp proto.Message // nil: the answer is read and dropped
@@ -577,8 +578,21 @@ func (d *dataPlane) await(ctx context.Context, c *pending) error {
 }
 
 // readOne reads the next answer into the oldest written call. A failure
-// breaks the plane. Called with rmu held.
+// breaks the plane. Called with rmu held. The call is taken off the queue
+// before its answer is read, so the read does not hold wmu: a writer
+// blocked on a full socket never keeps the reader from draining answers.
 func (d *dataPlane) readOne(ctx context.Context) error {
+	d.wmu.Lock()
+	if len(d.queue) == 0 {
+		err := errors.New("waiting for an answer to no call")
+		d.breakLocked(err)
+		d.wmu.Unlock()
+		return err
+	}
+	c := d.queue[0]
+	d.queue = d.queue[1:]
+	d.wmu.Unlock()
+
 	dl, hasDL := ctx.Deadline()
 	if hasDL {
 		_ = d.conn.SetReadDeadline(dl)
@@ -591,17 +605,13 @@ func (d *dataPlane) readOne(ctx context.Context) error {
 	if hasDL {
 		_ = d.conn.SetReadDeadline(time.Time{})
 	}
-	d.wmu.Lock()
-	defer d.wmu.Unlock()
-	if err == nil && len(d.queue) == 0 {
-		err = errors.New("an answer came for no call")
-	}
 	if err != nil {
+		d.wmu.Lock()
 		d.breakLocked(err)
+		c.fail(d.closedErr())
+		d.wmu.Unlock()
 		return err
 	}
-	c := d.queue[0]
-	d.queue = d.queue[1:]
 	if c.resp != nil || st == frameErr {
 		c.err = decodeAnswer(body, st, c.resp)
 	}

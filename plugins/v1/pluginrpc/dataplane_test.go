@@ -7,6 +7,8 @@ import (
 	"net"
 	"slices"
 	"testing"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -209,4 +211,51 @@ func TestDataPlaneLargeFrames(t *testing.T) {
 	if r := m.rpc.(*managerRPC); r.opener.plane == nil {
 		t.Fatal("the calls did not use the data plane")
 	}
+}
+
+// TestDataPlanePipelinedLargeFrames: several instances of one process send
+// large frames at once and get large answers on one plane; nothing blocks
+// (a writer waiting on a full socket never keeps the answers from being
+// read) and every caller gets its own answer.
+func TestDataPlanePipelinedLargeFrames(t *testing.T) {
+	const n, callers = 60000, 4 // about 300 KiB of request, 120 KiB of answer each
+	answer := make([]int, n)
+	for i := range answer {
+		answer[i] = i % 5
+	}
+	var made atomic.Int32
+	ms := TestManagerInstances(t, func() kvcache.Manager {
+		k := int(made.Add(1))
+		a := slices.Clone(answer)
+		a[0] = k // tells the instances' answers apart
+		return &fakeManager{lookup: a}
+	}, callers)
+	for _, m := range ms { // make the instances in order: instance i answers i+1
+		if _, err := m.Stats(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	items := make([]kvcache.LookupItem, n)
+	for i := range items {
+		items[i] = kvcache.LookupItem{Seq: kvcache.SeqID(i + 1), Prompt: []int32{int32(i), 7, 9}}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Go(func() {
+			for round := range 3 {
+				got, err := m.Lookup(ctx, items)
+				if err != nil {
+					t.Errorf("instance %d round %d: %v", i, round, err)
+					return
+				}
+				if len(got) != n || got[0] != i+1 || !slices.Equal(got[1:], answer[1:]) {
+					t.Errorf("instance %d round %d: got another instance's answer or a damaged one (first %v)", i, round, got[:min(len(got), 1)])
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
