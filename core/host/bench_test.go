@@ -5,6 +5,7 @@ package host
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -157,6 +158,100 @@ func stepProcess(b *testing.B, n int, grpcOnly, started bool) {
 		}
 	}
 	if wait != nil {
+		if _, err := wait(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPipelineStepProcess: one step of a 2-stage pipeline at 16
+// requests, as the engine makes it: on each stage the end of the last step
+// (started, kvcache.StartEndStep) and this step's Reserve, the two stages'
+// manager calls side by side, then the forward over both stages
+// (worker.ForwardStages). "shared" runs one process per plugin binary, an
+// instance per stage, with the chained forward; "per-stage" runs a process
+// per stage and binary, as before instances.
+func BenchmarkPipelineStepProcess(b *testing.B) {
+	for _, shared := range []bool{false, true} {
+		name := "per-stage"
+		if shared {
+			name = "shared"
+		}
+		b.Run(name, func(b *testing.B) { pipelineStepProcess(b, 16, shared) })
+	}
+}
+
+func pipelineStepProcess(b *testing.B, n int, shared bool) {
+	const stages = 2
+	reserve := make([]kvcache.ReserveItem, n)
+	commit := make([]kvcache.CommitItem, n)
+	items := make([]worker.Item, n)
+	for i := range n {
+		seq := kvcache.SeqID(1000 + i)
+		reserve[i] = kvcache.ReserveItem{Seq: seq, Tokens: 1, Draft: 1}
+		commit[i] = kvcache.CommitItem{Seq: seq, Accepted: 2}
+		items[i] = worker.Item{Seq: seq, Pos: 4000 + i, Tokens: []int32{int32(i), int32(i + 1)}, Draft: 1, Sample: true}
+	}
+	h := benchHost(b, nil)
+	ctx := context.Background()
+	ms := make([]kvcache.Manager, stages)
+	ws := make([]worker.Worker, stages)
+	var mp, wp *Process // the first stage's processes
+	for s := range stages {
+		var err error
+		if shared && s > 0 {
+			if ms[s], err = h.ManagerInstance(ctx, ms[0], mp); err != nil {
+				b.Fatal(err)
+			}
+			if ws[s], err = h.WorkerInstance(ctx, ws[0], wp); err != nil {
+				b.Fatal(err)
+			}
+			continue
+		}
+		var m kvcache.Manager
+		var w worker.Worker
+		var p, q *Process
+		if m, p, err = h.LaunchManager(ctx, fakeManager); err != nil {
+			b.Fatal(err)
+		}
+		if w, q, err = h.LaunchWorker(ctx, fakeWorker); err != nil {
+			b.Fatal(err)
+		}
+		ms[s], ws[s] = m, w
+		if s == 0 {
+			mp, wp = p, q
+		}
+	}
+	bs := make([]worker.Batch, stages)
+	for s := range bs {
+		bs[s] = worker.Batch{Step: 1, Items: items}
+	}
+	waits := make([]func() (kvcache.EndStepResult, error), stages)
+	b.ReportAllocs()
+	for b.Loop() {
+		var wg sync.WaitGroup
+		for s := range stages {
+			wg.Go(func() {
+				if _, err := ms[s].Reserve(ctx, reserve); err != nil {
+					b.Error(err)
+				}
+				if waits[s] != nil {
+					if _, err := waits[s](); err != nil {
+						b.Error(err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		res, err := worker.ForwardStages(ctx, ws, bs)
+		if err != nil || len(res) != stages || len(res[stages-1].Outputs) != n {
+			b.Fatalf("ForwardStages = %d results, %v", len(res), err)
+		}
+		for s := range stages {
+			waits[s] = kvcache.StartEndStep(ctx, ms[s], kvcache.EndStepRequest{Commits: commit})
+		}
+	}
+	for _, wait := range waits {
 		if _, err := wait(); err != nil {
 			b.Fatal(err)
 		}

@@ -6,9 +6,9 @@ import (
 	"io"
 	"net"
 	"slices"
-	"testing"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"google.golang.org/grpc"

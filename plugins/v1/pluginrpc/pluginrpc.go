@@ -27,8 +27,19 @@
 // # Concurrency
 //
 // The contract lets the core call a plugin from one goroutine at a time; the
-// server side serializes calls anyway, so a plugin never sees two at once.
-// Clients are safe for concurrent use (calls queue at the server).
+// server side serializes each instance's calls anyway, so a manager or
+// worker never sees two at once. Clients are safe for concurrent use (calls
+// queue at the server).
+//
+// # Instances
+//
+// Under transport protocol 2 (InstancesProtocol, see instances.go) one
+// plugin process serves an instance per pipeline stage, each made by the
+// plugin's factory; the host gets the further instances of a process with
+// NewInstance. The instances share the process's data plane: their calls
+// are pipelined on it, the plugin serves the frames in order and answers
+// the frames that came together in one write, and a forward over every
+// stage is one chained call (worker.Chainer).
 package pluginrpc
 
 import (
