@@ -252,6 +252,9 @@ func pipelineStepProcess(b *testing.B, n int, shared bool) {
 		}
 	}
 	for _, wait := range waits {
+		if wait == nil {
+			continue
+		}
 		if _, err := wait(); err != nil {
 			b.Fatal(err)
 		}
