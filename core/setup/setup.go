@@ -316,23 +316,7 @@ func (l *Launcher) Manager(ctx context.Context, stage int) (kvcache.Manager, err
 	if err != nil {
 		return nil, err
 	}
-	if sh, ok := l.sharedProc(path); ok {
-		m, err := l.host.ManagerInstance(ctx, sh.first.(kvcache.Manager), sh.proc)
-		if err == nil {
-			l.track(m, sh.proc)
-			return m, nil
-		}
-		if kvcache.KindOf(err) != kvcache.KindUnsupported {
-			return nil, err
-		}
-	}
-	m, proc, err := l.host.LaunchManager(ctx, path)
-	if err != nil {
-		return nil, err
-	}
-	l.track(m, proc)
-	l.share(path, m, proc)
-	return m, nil
+	return launchShared(ctx, l, path, l.host.ManagerInstance, l.host.LaunchManager)
 }
 
 // Worker implements engine.Launcher.
@@ -349,23 +333,34 @@ func (l *Launcher) Worker(ctx context.Context, stage int) (worker.Worker, error)
 	if err != nil {
 		return nil, err
 	}
+	return launchShared(ctx, l, path, l.host.WorkerInstance, l.host.LaunchWorker)
+}
+
+// launchShared returns a further instance of the live process that serves
+// the plugin binary at path, or launches it. A process that serves one
+// instance (an older plugin) refuses, and a process of its own is launched.
+func launchShared[C any](ctx context.Context, l *Launcher, path string,
+	instance func(context.Context, C, *host.Process) (C, error),
+	launch func(context.Context, string) (C, *host.Process, error)) (C, error) {
 	if sh, ok := l.sharedProc(path); ok {
-		w, err := l.host.WorkerInstance(ctx, sh.first.(worker.Worker), sh.proc)
+		c, err := instance(ctx, sh.first.(C), sh.proc)
 		if err == nil {
-			l.track(w, sh.proc)
-			return w, nil
+			l.track(c, sh.proc)
+			return c, nil
 		}
 		if kvcache.KindOf(err) != kvcache.KindUnsupported {
-			return nil, err
+			var none C
+			return none, err
 		}
 	}
-	w, proc, err := l.host.LaunchWorker(ctx, path)
+	c, proc, err := launch(ctx, path)
 	if err != nil {
-		return nil, err
+		var none C
+		return none, err
 	}
-	l.track(w, proc)
-	l.share(path, w, proc)
-	return w, nil
+	l.track(c, proc)
+	l.share(path, c, proc)
+	return c, nil
 }
 
 // sharedProc returns the live process that serves the stages' instances of

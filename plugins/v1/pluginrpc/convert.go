@@ -556,12 +556,15 @@ func fromProtoSeqState(m *kvxpb.SeqState) kvcache.SeqState {
 
 func toProtoSnapshot(s kvcache.Snapshot) *kvxpb.Snapshot {
 	m := &kvxpb.Snapshot{Pools: protoPoolStats(s.Pools), Violations: share(s.Violations), TablesChecked: s.TablesChecked}
-	tables := false
+	// Columns hold sequences without tables that all count blocks in the
+	// same number of pools (every real snapshot); anything else goes as
+	// messages.
+	asMessages := false
 	for i := range s.Seqs {
-		tables = tables || len(s.Seqs[i].Tables) > 0
+		asMessages = asMessages || len(s.Seqs[i].Tables) > 0 || len(s.Seqs[i].Blocks) != len(s.Seqs[0].Blocks)
 	}
 	switch {
-	case tables:
+	case asMessages:
 		m.Seqs = make([]*kvxpb.SeqState, len(s.Seqs))
 		for i := range s.Seqs {
 			m.Seqs[i] = toProtoSeqState(&s.Seqs[i])
@@ -579,13 +582,11 @@ func toProtoSnapshot(s kvcache.Snapshot) *kvxpb.Snapshot {
 	return m
 }
 
-// toProtoSeqColumns encodes sequences without tables as columns.
+// toProtoSeqColumns encodes sequences without tables, each with as many
+// block counts as the first, as columns.
 func toProtoSeqColumns(seqs []kvcache.SeqState) *kvxpb.SeqColumns {
 	n := len(seqs)
 	pools := len(seqs[0].Blocks)
-	for i := range seqs {
-		pools = max(pools, len(seqs[i].Blocks))
-	}
 	c := &kvxpb.SeqColumns{
 		Seq:       make([]uint64, n),
 		History:   make([]int64, n),

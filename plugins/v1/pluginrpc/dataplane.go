@@ -833,11 +833,16 @@ func (s *managerServer) routes() route {
 	if s.route != nil {
 		return s.route
 	}
+	return sole(s.handlers)
+}
+
+// sole routes the frames of a process that serves one instance.
+func sole(handlers func() map[method]handler) route {
 	return func(inst uint16) (map[method]handler, error) {
 		if inst != 0 {
 			return nil, status.Errorf(codes.InvalidArgument, "data plane: instance %d: this plugin process serves one instance", inst)
 		}
-		return s.handlers(), nil
+		return handlers(), nil
 	}
 }
 
@@ -904,10 +909,5 @@ func (s *workerServer) routes() route {
 	if s.route != nil {
 		return s.route
 	}
-	return func(inst uint16) (map[method]handler, error) {
-		if inst != 0 {
-			return nil, status.Errorf(codes.InvalidArgument, "data plane: instance %d: this plugin process serves one instance", inst)
-		}
-		return s.handlers(), nil
-	}
+	return sole(s.handlers)
 }

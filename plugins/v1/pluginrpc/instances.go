@@ -112,42 +112,44 @@ func routed(desc grpc.ServiceDesc, pick func(ctx context.Context) (any, error)) 
 // registerManagers registers a CacheManager service on s whose calls go to
 // the instance they name, each made by newManager on first use.
 func registerManagers(s grpc.ServiceRegistrar, newManager func() kvcache.Manager) {
-	var r *instances[*managerServer]
-	r = newInstances(func(uint16) *managerServer {
-		m := &managerServer{impl: newManager(), gate: newGate()}
-		m.route = func(id uint16) (map[method]handler, error) {
-			inst, err := r.get(id)
-			if err != nil {
-				return nil, err
-			}
-			return inst.handlers(), nil
-		}
-		return m
+	registerInstances(s, kvxpb.CacheManager_ServiceDesc, func() *managerServer {
+		return &managerServer{impl: newManager(), gate: newGate()}
 	})
-	s.RegisterService(routed(kvxpb.CacheManager_ServiceDesc, func(ctx context.Context) (any, error) {
-		id, err := instanceOf(ctx)
-		if err != nil {
-			return nil, err
-		}
-		return r.get(id)
-	}), nil)
 }
 
 // registerWorkers is registerManagers for workers.
 func registerWorkers(s grpc.ServiceRegistrar, newWorker func() worker.Worker) {
-	var r *instances[*workerServer]
-	r = newInstances(func(uint16) *workerServer {
-		w := &workerServer{impl: newWorker(), gate: newGate()}
-		w.route = func(id uint16) (map[method]handler, error) {
+	registerInstances(s, kvxpb.Worker_ServiceDesc, func() *workerServer {
+		return &workerServer{impl: newWorker(), gate: newGate()}
+	})
+}
+
+// server is what registerInstances needs of a service's server.
+type server interface {
+	handlers() map[method]handler
+	setRoute(route)
+}
+
+func (s *managerServer) setRoute(r route) { s.route = r }
+func (s *workerServer) setRoute(r route) { s.route = r }
+
+// registerInstances registers desc on reg with each call going to the
+// instance it names, made by newServer on first use; every instance's data
+// plane serves the frames of all of them.
+func registerInstances[S server](reg grpc.ServiceRegistrar, desc grpc.ServiceDesc, newServer func() S) {
+	var r *instances[S]
+	r = newInstances(func(uint16) S {
+		srv := newServer()
+		srv.setRoute(func(id uint16) (map[method]handler, error) {
 			inst, err := r.get(id)
 			if err != nil {
 				return nil, err
 			}
 			return inst.handlers(), nil
-		}
-		return w
+		})
+		return srv
 	})
-	s.RegisterService(routed(kvxpb.Worker_ServiceDesc, func(ctx context.Context) (any, error) {
+	reg.RegisterService(routed(desc, func(ctx context.Context) (any, error) {
 		id, err := instanceOf(ctx)
 		if err != nil {
 			return nil, err
