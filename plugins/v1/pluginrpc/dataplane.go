@@ -303,12 +303,17 @@ type dataPlane struct {
 	pc        *planeConn
 	instanced bool // frames carry instance ids (data plane version 2)
 
-	// wmu orders the writes: frames go out in the order of queue.
-	wmu       sync.Mutex
-	buf       []byte
+	// wmu is held across a write: frames go out in the order of queue.
+	wmu sync.Mutex
+	buf []byte // the frames being written (wmu)
+
+	// qmu guards the calls' state. It is never held across a read or a
+	// write, so a writer blocked on a full socket never keeps the reader
+	// from draining answers (nor the plugin from finishing its write).
+	qmu       sync.Mutex
 	corkedOut []byte     // the corked calls' frames, not yet written
 	corked    []*pending // in corkedOut's order
-	queue     []*pending // written, in order; their answers not yet read
+	queue     []*pending // written (or being written), in order; their answers not yet read
 	broken    error      // set on the first transport failure; the plane is closed then
 
 	// rmu is held by the caller that reads answers.
@@ -317,7 +322,7 @@ type dataPlane struct {
 
 // pending is one call on the plane: written (or corked), then answered.
 // Its fields are set once before done is: by the reader that took it off
-// the queue, or under wmu when the plane breaks.
+// the queue, or under qmu when the plane breaks.
 type pending struct {
 	ctx  context.Context
 	resp proto.Message // nil: the answer is read and dropped
@@ -370,21 +375,21 @@ func newDataPlane(conn *net.UnixConn) (*dataPlane, error) {
 
 // isShut reports whether the plane was closed.
 func (d *dataPlane) isShut() bool {
-	d.wmu.Lock()
-	defer d.wmu.Unlock()
+	d.qmu.Lock()
+	defer d.qmu.Unlock()
 	return d.broken != nil
 }
 
 // shut closes the plane for good with cause; calls in flight fail.
 func (d *dataPlane) shut(cause error) {
 	_ = d.conn.Close() // first, so that a blocked read or write returns
-	d.wmu.Lock()
-	defer d.wmu.Unlock()
+	d.qmu.Lock()
+	defer d.qmu.Unlock()
 	d.breakLocked(cause)
 }
 
 // breakLocked marks the plane broken with cause (the first cause stays),
-// closes it and fails every call not yet answered. Called with wmu held.
+// closes it and fails every call not yet answered. Called with qmu held.
 func (d *dataPlane) breakLocked(cause error) {
 	if d.broken == nil {
 		d.broken = cause
@@ -449,7 +454,9 @@ type outFrame struct {
 func (d *dataPlane) send(ctx context.Context, fs []outFrame) ([]*pending, error) {
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
+	d.qmu.Lock()
 	if d.broken != nil {
+		d.qmu.Unlock()
 		return nil, d.closedErr()
 	}
 	b := append(d.buf[:0], d.corkedOut...)
@@ -457,6 +464,7 @@ func (d *dataPlane) send(ctx context.Context, fs []outFrame) ([]*pending, error)
 	for i, f := range fs {
 		var err error
 		if b, err = d.appendRequest(b, ctx, f); err != nil {
+			d.qmu.Unlock()
 			d.buf = b[:0]
 			return nil, err
 		}
@@ -465,13 +473,14 @@ func (d *dataPlane) send(ctx context.Context, fs []outFrame) ([]*pending, error)
 	d.buf = b
 	d.queue = append(append(d.queue, d.corked...), calls...)
 	d.corked, d.corkedOut = d.corked[:0], d.corkedOut[:0]
-	d.writeLocked(ctx, b)
+	d.qmu.Unlock()
+	d.write(ctx, b)
 	return calls, nil
 }
 
-// writeLocked writes b, bounded by ctx; a failure breaks the plane.
-// Called with wmu held.
-func (d *dataPlane) writeLocked(ctx context.Context, b []byte) {
+// write writes b, bounded by ctx; a failure breaks the plane. Called with
+// wmu held, not qmu.
+func (d *dataPlane) write(ctx context.Context, b []byte) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = d.conn.SetWriteDeadline(dl)
 		defer func() { _ = d.conn.SetWriteDeadline(time.Time{}) }()
@@ -482,7 +491,9 @@ func (d *dataPlane) writeLocked(ctx context.Context, b []byte) {
 		err = context.Cause(ctx) // it ended as the write finished: out of step
 	}
 	if err != nil {
+		d.qmu.Lock()
 		d.breakLocked(err)
+		d.qmu.Unlock()
 	}
 }
 
@@ -491,8 +502,8 @@ func (d *dataPlane) writeLocked(ctx context.Context, b []byte) {
 // (finish). The end of a step, corked, rides with the first call of the
 // next step: the plugin wakes once for both.
 func (d *dataPlane) cork(ctx context.Context, inst uint16, m method, req, resp proto.Message) *pending {
-	d.wmu.Lock()
-	defer d.wmu.Unlock()
+	d.qmu.Lock()
+	defer d.qmu.Unlock()
 	c := &pending{ctx: ctx, resp: resp}
 	if d.broken != nil {
 		c.fail(d.closedErr())
@@ -519,14 +530,19 @@ func (d *dataPlane) finish(c *pending) error {
 // that does not travel on the plane (gRPC) must find them applied.
 func (d *dataPlane) flush(ctx context.Context) {
 	d.wmu.Lock()
+	d.qmu.Lock()
 	var last *pending
+	var b []byte
 	if n := len(d.corked); n > 0 && d.broken == nil {
 		last = d.corked[n-1]
-		b := append(d.buf[:0], d.corkedOut...)
+		b = append(d.buf[:0], d.corkedOut...)
 		d.buf = b
 		d.queue = append(d.queue, d.corked...)
 		d.corked, d.corkedOut = d.corked[:0], d.corkedOut[:0]
-		d.writeLocked(ctx, b)
+	}
+	d.qmu.Unlock()
+	if last != nil {
+		d.write(ctx, b)
 	}
 	d.wmu.Unlock()
 	if last != nil {
@@ -579,19 +595,18 @@ func (d *dataPlane) await(ctx context.Context, c *pending) error {
 
 // readOne reads the next answer into the oldest written call. A failure
 // breaks the plane. Called with rmu held. The call is taken off the queue
-// before its answer is read, so the read does not hold wmu: a writer
-// blocked on a full socket never keeps the reader from draining answers.
+// under qmu, which no write holds, and the answer read without it.
 func (d *dataPlane) readOne(ctx context.Context) error {
-	d.wmu.Lock()
+	d.qmu.Lock()
 	if len(d.queue) == 0 {
 		err := errors.New("waiting for an answer to no call")
 		d.breakLocked(err)
-		d.wmu.Unlock()
+		d.qmu.Unlock()
 		return err
 	}
 	c := d.queue[0]
 	d.queue = d.queue[1:]
-	d.wmu.Unlock()
+	d.qmu.Unlock()
 
 	dl, hasDL := ctx.Deadline()
 	if hasDL {
@@ -606,10 +621,10 @@ func (d *dataPlane) readOne(ctx context.Context) error {
 		_ = d.conn.SetReadDeadline(time.Time{})
 	}
 	if err != nil {
-		d.wmu.Lock()
+		d.qmu.Lock()
 		d.breakLocked(err)
 		c.fail(d.closedErr())
-		d.wmu.Unlock()
+		d.qmu.Unlock()
 		return err
 	}
 	if c.resp != nil || st == frameErr {
