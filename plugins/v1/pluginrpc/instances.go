@@ -131,7 +131,7 @@ type server interface {
 }
 
 func (s *managerServer) setRoute(r route) { s.route = r }
-func (s *workerServer) setRoute(r route) { s.route = r }
+func (s *workerServer) setRoute(r route)  { s.route = r }
 
 // registerInstances registers desc on reg with each call going to the
 // instance it names, made by newServer on first use; every instance's data
