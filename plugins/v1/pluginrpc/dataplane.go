@@ -478,8 +478,10 @@ func (d *dataPlane) send(ctx context.Context, fs []outFrame) ([]*pending, error)
 	return calls, nil
 }
 
-// write writes b, bounded by ctx; a failure breaks the plane. Called with
-// wmu held, not qmu.
+// write writes b, bounded by ctx; a failure breaks the plane (a frame cut
+// short leaves the stream out of step). A ctx that ends once b is out
+// changes nothing: the answers are read under their callers' ctx. Called
+// with wmu held, not qmu.
 func (d *dataPlane) write(ctx context.Context, b []byte) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = d.conn.SetWriteDeadline(dl)
@@ -487,9 +489,7 @@ func (d *dataPlane) write(ctx context.Context, b []byte) {
 	}
 	stop := context.AfterFunc(ctx, func() { _ = d.conn.SetWriteDeadline(aLongTimeAgo) })
 	err := d.pc.write(b)
-	if !stop() && err == nil {
-		err = context.Cause(ctx) // it ended as the write finished: out of step
-	}
+	stop()
 	if err != nil {
 		d.qmu.Lock()
 		d.breakLocked(err)
@@ -614,9 +614,7 @@ func (d *dataPlane) readOne(ctx context.Context) error {
 	}
 	stop := context.AfterFunc(ctx, func() { _ = d.conn.SetReadDeadline(aLongTimeAgo) })
 	body, st, err := d.readAnswer()
-	if !stop() && err == nil {
-		err = context.Cause(ctx) // ctx ended as the answer came: out of step
-	}
+	stop() // an answer read whole leaves the stream in step, ctx or not
 	if hasDL {
 		_ = d.conn.SetReadDeadline(time.Time{})
 	}
