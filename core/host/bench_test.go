@@ -75,8 +75,9 @@ func BenchmarkReserveCommitProcess(b *testing.B) {
 
 // BenchmarkEmptyCallProcess: the fixed cost of one call to a plugin process
 // (Release of nothing), over gRPC and over the data plane: the floor of every
-// process crossing, paid at least four times per step with PP 2 (reserve,
-// two forwards, end of step).
+// process crossing, paid twice per step when one process per plugin binary
+// serves every stage (the managers' phase, the chained forward), four times
+// with a process per stage and PP 2.
 func BenchmarkEmptyCallProcess(b *testing.B) {
 	for _, tr := range transports {
 		b.Run(tr.name, func(b *testing.B) {
