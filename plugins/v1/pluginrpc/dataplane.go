@@ -285,13 +285,6 @@ func appendResponse(b []byte, resp proto.Message, callErr error) ([]byte, error)
 	return b, nil
 }
 
-func grow(b []byte, n int) []byte {
-	if cap(b) < n {
-		return make([]byte, n)
-	}
-	return b[:n]
-}
-
 // dataPlane is the host end of a data plane. It is safe for concurrent use
 // and pipelined: a call writes its frame and then waits for its answer, so
 // calls of several goroutines (the pipeline stages' instances of one plugin

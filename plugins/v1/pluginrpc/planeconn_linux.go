@@ -51,12 +51,3 @@ func rawIO(trap, fd uintptr, b []byte) (int, error) {
 		return int(n), nil
 	}
 }
-
-// peek looks at what is waiting on fd without consuming it.
-func peek(fd uintptr, b []byte) (int, error) {
-	n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
-}

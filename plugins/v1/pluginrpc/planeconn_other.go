@@ -28,8 +28,3 @@ func retryEINTR(f func() (int, error)) (int, error) {
 		return n, nil
 	}
 }
-
-func peek(fd uintptr, b []byte) (int, error) {
-	n, _, err := syscall.Recvfrom(int(fd), b, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	return n, err
-}
