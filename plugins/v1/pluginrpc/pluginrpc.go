@@ -97,44 +97,34 @@ func VersionedPlugins(m kvcache.Manager, w worker.Worker) map[int]plugin.PluginS
 // per call of the factory. A nil factory leaves that kind unserved. go-plugin
 // picks the newest protocol the host speaks.
 func ServedPlugins(newManager func() kvcache.Manager, newWorker func() worker.Worker) map[int]plugin.PluginSet {
+	v2 := plugin.PluginSet{ManagerPluginName: &ManagerPlugin{}, WorkerPluginName: &WorkerPlugin{}}
 	var m kvcache.Manager
 	var w worker.Worker
 	if newManager != nil {
 		m = newManager()
+		v2[ManagerPluginName] = &ManagerPlugin{New: firstThen(m, newManager)}
 	}
 	if newWorker != nil {
 		w = newWorker()
-	}
-	first := func() func() kvcache.Manager { // protocol 2's instance 0 is protocol 1's
-		used := false
-		return func() kvcache.Manager {
-			if !used {
-				used = true
-				return m
-			}
-			return newManager()
-		}
-	}
-	firstWorker := func() func() worker.Worker {
-		used := false
-		return func() worker.Worker {
-			if !used {
-				used = true
-				return w
-			}
-			return newWorker()
-		}
-	}
-	v2 := plugin.PluginSet{ManagerPluginName: &ManagerPlugin{}, WorkerPluginName: &WorkerPlugin{}}
-	if newManager != nil {
-		v2[ManagerPluginName] = &ManagerPlugin{New: first()}
-	}
-	if newWorker != nil {
-		v2[WorkerPluginName] = &WorkerPlugin{New: firstWorker()}
+		v2[WorkerPluginName] = &WorkerPlugin{New: firstThen(w, newWorker)}
 	}
 	vp := VersionedPlugins(m, w)
 	vp[InstancesProtocol] = v2
 	return vp
+}
+
+// firstThen returns first on its first call and what more makes after: the
+// instance made before serving is protocol 2's instance 0, as it is
+// protocol 1's only one. Its callers are serialized (instances.get).
+func firstThen[T any](first T, more func() T) func() T {
+	used := false
+	return func() T {
+		if used {
+			return more()
+		}
+		used = true
+		return first
+	}
 }
 
 // HostPlugins returns the plugin sets a host passes to plugin.ClientConfig,
