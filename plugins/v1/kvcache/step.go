@@ -92,3 +92,75 @@ func StartEndStep(ctx context.Context, m Manager, req EndStepRequest) (wait func
 	res, err := EndStep(ctx, m, req)
 	return func() (EndStepResult, error) { return res, err }
 }
+
+// CallStarter is an optional Manager interface, found by type assertion:
+// each method starts the call of the same name and returns without its
+// answer, which wait returns. The caller waits before it makes any other
+// call on the same manager; calls on other managers may come in between.
+// The plugin client implements it so that the calls of the stages one
+// process serves go in one write, sent when the first of them is waited
+// for: the engine starts a call on every stage, then waits for each, and
+// the process wakes once. Call each wait exactly once. Callers use the
+// functions Start* below, which fall back to the plain call, run at once.
+type CallStarter interface {
+	StartLookup(ctx context.Context, items []LookupItem) (wait func() ([]int, error))
+	StartReserve(ctx context.Context, items []ReserveItem) (wait func() ([]Grant, error))
+	StartUnreserve(ctx context.Context, seqs []SeqID) (wait func() error)
+	StartSuspend(ctx context.Context, seqs []SeqID) (wait func() ([]bool, []Copy, error))
+	StartResume(ctx context.Context, seqs []SeqID) (wait func() ([]bool, []Copy, error))
+	StartRelease(ctx context.Context, seqs []SeqID) (wait func() error)
+}
+
+// StartLookup starts m.Lookup (see CallStarter).
+func StartLookup(ctx context.Context, m Manager, items []LookupItem) (wait func() ([]int, error)) {
+	if cs, ok := m.(CallStarter); ok {
+		return cs.StartLookup(ctx, items)
+	}
+	n, err := m.Lookup(ctx, items)
+	return func() ([]int, error) { return n, err }
+}
+
+// StartReserve starts m.Reserve (see CallStarter).
+func StartReserve(ctx context.Context, m Manager, items []ReserveItem) (wait func() ([]Grant, error)) {
+	if cs, ok := m.(CallStarter); ok {
+		return cs.StartReserve(ctx, items)
+	}
+	g, err := m.Reserve(ctx, items)
+	return func() ([]Grant, error) { return g, err }
+}
+
+// StartUnreserve starts m.Unreserve (see CallStarter).
+func StartUnreserve(ctx context.Context, m Manager, seqs []SeqID) (wait func() error) {
+	if cs, ok := m.(CallStarter); ok {
+		return cs.StartUnreserve(ctx, seqs)
+	}
+	err := m.Unreserve(ctx, seqs)
+	return func() error { return err }
+}
+
+// StartSuspend starts m.Suspend (see CallStarter).
+func StartSuspend(ctx context.Context, m Manager, seqs []SeqID) (wait func() ([]bool, []Copy, error)) {
+	if cs, ok := m.(CallStarter); ok {
+		return cs.StartSuspend(ctx, seqs)
+	}
+	ok, copies, err := m.Suspend(ctx, seqs)
+	return func() ([]bool, []Copy, error) { return ok, copies, err }
+}
+
+// StartResume starts m.Resume (see CallStarter).
+func StartResume(ctx context.Context, m Manager, seqs []SeqID) (wait func() ([]bool, []Copy, error)) {
+	if cs, ok := m.(CallStarter); ok {
+		return cs.StartResume(ctx, seqs)
+	}
+	ok, copies, err := m.Resume(ctx, seqs)
+	return func() ([]bool, []Copy, error) { return ok, copies, err }
+}
+
+// StartRelease starts m.Release (see CallStarter).
+func StartRelease(ctx context.Context, m Manager, seqs []SeqID) (wait func() error) {
+	if cs, ok := m.(CallStarter); ok {
+		return cs.StartRelease(ctx, seqs)
+	}
+	err := m.Release(ctx, seqs)
+	return func() error { return err }
+}

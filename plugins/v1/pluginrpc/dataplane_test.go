@@ -36,6 +36,7 @@ func TestOverGRPCOnly(t *testing.T) {
 		{"TransportFailureIsUnavailable", TestTransportFailureIsUnavailable},
 		{"ContextCrossesTheWire", TestContextCrossesTheWire},
 		{"ServerSerializesCalls", TestServerSerializesCalls},
+		{"StartedCallsOverWire", TestStartedCallsOverWire},
 	} {
 		t.Run(tc.name, tc.f)
 	}

@@ -267,7 +267,10 @@ func (f *fakeManager) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error
 	return f.enter(ctx, "Unreserve", seqs)
 }
 func (f *fakeManager) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.CommitResult, error) {
-	return f.commit, f.enter(ctx, "Commit", items)
+	f.mu.Lock() // a test may change it between calls
+	res := f.commit
+	f.mu.Unlock()
+	return res, f.enter(ctx, "Commit", items)
 }
 func (f *fakeManager) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
 	return f.moveOK, f.moveCopies, f.enter(ctx, "Suspend", seqs)

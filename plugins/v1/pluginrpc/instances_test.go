@@ -109,7 +109,8 @@ func (w *stageWorker) Health(context.Context) error                     { return
 func TestForwardChain(t *testing.T) {
 	ctx := context.Background()
 	const stages = 3
-	setup := func(shared bool, failStage int, failStep uint64) ([]worker.Worker, *[]string) {
+	// setup returns the workers and a copy of their log so far.
+	setup := func(shared bool, failStage int, failStep uint64) ([]worker.Worker, func() []string) {
 		var mu sync.Mutex
 		log := new([]string)
 		made := 0
@@ -134,7 +135,11 @@ func TestForwardChain(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		return ws, log
+		return ws, func() []string {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(*log)
+		}
 	}
 	batches := func(step uint64) []worker.Batch {
 		bs := make([]worker.Batch, stages)
@@ -158,8 +163,8 @@ func TestForwardChain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(*chainLog, *apartLog) {
-		t.Errorf("chained forwards got %q, stage by stage %q", *chainLog, *apartLog)
+	if c, a := chainLog(), apartLog(); !slices.Equal(c, a) {
+		t.Errorf("chained forwards got %q, stage by stage %q", c, a)
 	}
 	if len(got) != stages || len(want) != stages {
 		t.Fatalf("%d chained and %d separate results, want %d", len(got), len(want), stages)
@@ -184,8 +189,8 @@ func TestForwardChain(t *testing.T) {
 			if !errors.As(err, &se) || se.Stage != failStage || kvcache.KindOf(err) != kvcache.KindInvalidArg {
 				t.Fatalf("error %v, want a StageError of stage %d with the worker's item error", err, failStage)
 			}
-			if len(res) != failStage || len(*log) != failStage+1 {
-				t.Errorf("%d results and %d forwards run (%q), want %d and %d", len(res), len(*log), *log, failStage, failStage+1)
+			if ran := log(); len(res) != failStage || len(ran) != failStage+1 {
+				t.Errorf("%d results and %d forwards run (%q), want %d and %d", len(res), len(ran), ran, failStage, failStage+1)
 			}
 			// The plane is still in step: the next chain runs whole.
 			if res, err := worker.ForwardStages(ctx, ws, batches(6)); err != nil || len(res) != stages {

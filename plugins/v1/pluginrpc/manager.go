@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -525,3 +526,162 @@ func (g gate) enter(ctx context.Context) error {
 }
 
 func (g gate) leave() { <-g }
+
+var _ kvcache.CallStarter = (*ManagerClient)(nil)
+
+// startCall starts call m with request in. On a data plane that serves
+// several instances it is corked, so the calls the stages start together
+// share one write, sent by the first wait; on a plane of one instance it
+// is written now; without a plane the gRPC call runs on a goroutine of its
+// own. wait returns the answer, or a status error.
+func startCall[Resp any, PResp interface {
+	*Resp
+	proto.Message
+}](ctx context.Context, c *ManagerClient, m method, in proto.Message, overGRPC func(context.Context) (PResp, error)) (wait func() (PResp, error)) {
+	var plane *dataPlane
+	r, ok := c.rpc.(*managerRPC)
+	if ok {
+		plane = r.plane(ctx)
+	}
+	if plane == nil {
+		var out PResp
+		var err error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			out, err = overGRPC(ctx)
+		}()
+		return func() (PResp, error) {
+			<-done
+			return out, err
+		}
+	}
+	out := PResp(new(Resp))
+	var finish func() error
+	if plane.instanced {
+		call := plane.cork(ctx, r.inst, m, in, out)
+		finish = func() error { return plane.finish(call) }
+	} else if calls, err := plane.send(ctx, []outFrame{{inst: r.inst, m: m, req: in, resp: out}}); err != nil {
+		finish = func() error { return err }
+	} else {
+		finish = func() error { return plane.await(ctx, calls[0]) }
+	}
+	return func() (PResp, error) {
+		if err := finish(); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
+}
+
+// StartLookup implements kvcache.CallStarter.
+func (c *ManagerClient) StartLookup(ctx context.Context, items []kvcache.LookupItem) func() ([]int, error) {
+	const m = managerService + "Lookup"
+	if exited(c.done) {
+		return func() ([]int, error) { return nil, errExited(m) }
+	}
+	in := toProtoLookupRequest(items)
+	wait := startCall(ctx, c, mLookup, in, func(ctx context.Context) (*kvxpb.LookupResponse, error) {
+		return c.rpc.Lookup(ctx, in, callOpts...)
+	})
+	return func() ([]int, error) {
+		resp, err := wait()
+		if err != nil {
+			partial := new(kvxpb.LookupResponse)
+			err = fromStatus(ctx, c.done, m, err, partial)
+			return fromProtoLookupResponse(partial), err
+		}
+		return fromProtoLookupResponse(resp), nil
+	}
+}
+
+// StartReserve implements kvcache.CallStarter.
+func (c *ManagerClient) StartReserve(ctx context.Context, items []kvcache.ReserveItem) func() ([]kvcache.Grant, error) {
+	const m = managerService + "Reserve"
+	if exited(c.done) {
+		return func() ([]kvcache.Grant, error) { return nil, errExited(m) }
+	}
+	in := toProtoReserveRequest(items)
+	wait := startCall(ctx, c, mReserve, in, func(ctx context.Context) (*kvxpb.ReserveResponse, error) {
+		return c.rpc.Reserve(ctx, in, callOpts...)
+	})
+	return func() ([]kvcache.Grant, error) {
+		resp, err := wait()
+		if err != nil {
+			partial := new(kvxpb.ReserveResponse)
+			err = fromStatus(ctx, c.done, m, err, partial)
+			grants, _ := fromProtoReserveResponse(partial)
+			return grants, err
+		}
+		grants, err := fromProtoReserveResponse(resp)
+		if err != nil {
+			return nil, malformed(m, err)
+		}
+		return grants, nil
+	}
+}
+
+// StartUnreserve implements kvcache.CallStarter.
+func (c *ManagerClient) StartUnreserve(ctx context.Context, seqs []kvcache.SeqID) func() error {
+	return c.startSeqs(ctx, managerService+"Unreserve", mUnreserve, c.rpc.Unreserve, seqs)
+}
+
+// StartRelease implements kvcache.CallStarter.
+func (c *ManagerClient) StartRelease(ctx context.Context, seqs []kvcache.SeqID) func() error {
+	return c.startSeqs(ctx, managerService+"Release", mRelease, c.rpc.Release, seqs)
+}
+
+// startSeqs starts a call that takes sequences and answers nothing.
+func (c *ManagerClient) startSeqs(ctx context.Context, name string, m method,
+	call func(context.Context, *kvxpb.Seqs, ...grpc.CallOption) (*kvxpb.Empty, error), seqs []kvcache.SeqID) func() error {
+	if exited(c.done) {
+		return func() error { return errExited(name) }
+	}
+	in := toProtoSeqs(seqs)
+	wait := startCall(ctx, c, m, in, func(ctx context.Context) (*kvxpb.Empty, error) {
+		return call(ctx, in, callOpts...)
+	})
+	return func() error {
+		if _, err := wait(); err != nil {
+			return fromStatus(ctx, c.done, name, err, nil)
+		}
+		return nil
+	}
+}
+
+// StartSuspend implements kvcache.CallStarter.
+func (c *ManagerClient) StartSuspend(ctx context.Context, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
+	return c.startMove(ctx, managerService+"Suspend", mSuspend, c.rpc.Suspend, seqs)
+}
+
+// StartResume implements kvcache.CallStarter.
+func (c *ManagerClient) StartResume(ctx context.Context, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
+	return c.startMove(ctx, managerService+"Resume", mResume, c.rpc.Resume, seqs)
+}
+
+// startMove starts Suspend or Resume.
+func (c *ManagerClient) startMove(ctx context.Context, name string, m method,
+	call func(context.Context, *kvxpb.Seqs, ...grpc.CallOption) (*kvxpb.MoveResult, error),
+	seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
+	if exited(c.done) {
+		return func() ([]bool, []kvcache.Copy, error) { return nil, nil, errExited(name) }
+	}
+	in := toProtoSeqs(seqs)
+	wait := startCall(ctx, c, m, in, func(ctx context.Context) (*kvxpb.MoveResult, error) {
+		return call(ctx, in, callOpts...)
+	})
+	return func() ([]bool, []kvcache.Copy, error) {
+		resp, err := wait()
+		if err != nil {
+			partial := new(kvxpb.MoveResult)
+			err = fromStatus(ctx, c.done, name, err, partial)
+			ok, copies, _ := fromProtoMoveResult(partial)
+			return ok, copies, err
+		}
+		ok, copies, err := fromProtoMoveResult(resp)
+		if err != nil {
+			return nil, nil, malformed(name, err)
+		}
+		return ok, copies, nil
+	}
+}

@@ -209,7 +209,9 @@ func TestPartialResultCrossesWithError(t *testing.T) {
 		t.Errorf("Suspend = %v, %v, %v; want [true], %v and an item error", ok, copies, err, fullCopies[:1])
 	}
 	// Without a result, nothing extra travels and the caller gets zero values.
+	f.mu.Lock()
 	f.commit = kvcache.CommitResult{}
+	f.mu.Unlock()
 	if res, err := m.Commit(ctx, nil); res.Copies != nil || err == nil {
 		t.Errorf("Commit = %v, %v; want no copies and an error", res, err)
 	}

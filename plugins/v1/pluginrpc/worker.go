@@ -232,32 +232,46 @@ func (s *workerServer) Health(ctx context.Context, _ *kvxpb.HealthRequest) (*kvx
 	return &kvxpb.Empty{}, nil
 }
 
-var _ worker.Chainer = (*WorkerClient)(nil)
+var (
+	_ worker.Chainer      = (*WorkerClient)(nil)
+	_ worker.ChainStarter = (*WorkerClient)(nil)
+)
 
 // ForwardChain implements worker.Chainer for the instances of one plugin
 // process on a data plane: the stages' batches go in one write, each marked
 // to take the activations the previous one kept in the plugin, and the
 // answers come back together. Other workers, or no data plane: ok is false.
 func (c *WorkerClient) ForwardChain(ctx context.Context, next []worker.Worker, bs []worker.Batch) ([]worker.Result, bool, error) {
+	wait, ok := c.StartForwardChain(ctx, next, bs)
+	if !ok {
+		return nil, false, nil
+	}
+	res, err := wait()
+	return res, true, err
+}
+
+// StartForwardChain implements worker.ChainStarter: ForwardChain's write
+// now, its answers read by wait.
+func (c *WorkerClient) StartForwardChain(ctx context.Context, next []worker.Worker, bs []worker.Batch) (func() ([]worker.Result, error), bool) {
 	const m = workerService + "Forward"
 	if len(bs) != len(next)+1 || exited(c.done) {
-		return nil, false, nil
+		return nil, false
 	}
 	rpcs := []*workerRPC{}
 	for _, w := range append([]worker.Worker{c}, next...) {
 		wc, ok := w.(*WorkerClient)
 		if !ok || !c.SharesProcess(wc) {
-			return nil, false, nil
+			return nil, false
 		}
 		r, ok := wc.rpc.(*workerRPC)
 		if !ok {
-			return nil, false, nil
+			return nil, false
 		}
 		rpcs = append(rpcs, r)
 	}
 	plane := rpcs[0].plane(ctx)
 	if plane == nil || !plane.instanced {
-		return nil, false, nil
+		return nil, false
 	}
 	frames := make([]outFrame, len(bs))
 	for i := range bs {
@@ -273,26 +287,29 @@ func (c *WorkerClient) ForwardChain(ctx context.Context, next []worker.Worker, b
 	}
 	calls, err := plane.send(ctx, frames)
 	if err != nil {
-		return nil, true, &worker.StageError{Stage: 0, Err: fromStatus(ctx, c.done, m, err, nil)}
+		err = &worker.StageError{Stage: 0, Err: fromStatus(ctx, c.done, m, err, nil)}
+		return func() ([]worker.Result, error) { return nil, err }, true
 	}
-	res := make([]worker.Result, 0, len(bs))
-	var failed error
-	for i, call := range calls {
-		err := plane.await(ctx, call) // every answer is read, so the plane stays in step
-		if failed != nil {
-			continue
+	return func() ([]worker.Result, error) {
+		res := make([]worker.Result, 0, len(bs))
+		var failed error
+		for i, call := range calls {
+			err := plane.await(ctx, call) // every answer is read, so the plane stays in step
+			if failed != nil {
+				continue
+			}
+			resp := frames[i].resp.(*kvxpb.Result)
+			if err != nil {
+				failed = &worker.StageError{Stage: i, Err: fromStatus(ctx, c.done, m, err, resp)}
+				continue
+			}
+			r, err := fromProtoResult(resp)
+			if err != nil {
+				failed = &worker.StageError{Stage: i, Err: malformed(m, err)}
+				continue
+			}
+			res = append(res, r)
 		}
-		resp := frames[i].resp.(*kvxpb.Result)
-		if err != nil {
-			failed = &worker.StageError{Stage: i, Err: fromStatus(ctx, c.done, m, err, resp)}
-			continue
-		}
-		r, err := fromProtoResult(resp)
-		if err != nil {
-			failed = &worker.StageError{Stage: i, Err: malformed(m, err)}
-			continue
-		}
-		res = append(res, r)
-	}
-	return res, true, failed
+		return res, failed
+	}, true
 }

@@ -24,6 +24,18 @@ type Chainer interface {
 	ForwardChain(ctx context.Context, next []Worker, bs []Batch) (res []Result, ok bool, err error)
 }
 
+// ChainStarter is an optional Worker interface, found by type assertion,
+// beside Chainer: it sends what ForwardChain would and returns without
+// waiting for the answers, which wait returns. The caller may do other work
+// (a pipeline's next manager phase) while the stages run. The batches are
+// encoded before it returns, so the caller may change them afterwards. Call
+// wait exactly once; no other call on these workers may come before it.
+// ok false means it cannot chain these workers: nothing was sent and wait
+// is nil. Callers use StartForwardStages.
+type ChainStarter interface {
+	StartForwardChain(ctx context.Context, next []Worker, bs []Batch) (wait func() ([]Result, error), ok bool)
+}
+
 // StageError is the error of one stage of ForwardStages.
 type StageError struct {
 	Stage int // index into the workers
@@ -51,6 +63,29 @@ func ForwardStages(ctx context.Context, ws []Worker, bs []Batch) ([]Result, erro
 			return res, err
 		}
 	}
+	return forwardEach(ctx, ws, bs)
+}
+
+// StartForwardStages starts ForwardStages and returns a wait that gives its
+// results and error. When ws[0] is a ChainStarter for the others, the
+// batches are sent before it returns and the workers run while the caller
+// goes on; otherwise the forward runs now, on the calling goroutine, and
+// wait only returns what it gave. Either way the results are the same.
+// Call wait exactly once, before any other call on these workers.
+func StartForwardStages(ctx context.Context, ws []Worker, bs []Batch) (wait func() ([]Result, error)) {
+	if len(ws) > 1 && len(ws) == len(bs) {
+		if c, ok := ws[0].(ChainStarter); ok {
+			if wait, ok := c.StartForwardChain(ctx, ws[1:], bs); ok {
+				return wait
+			}
+		}
+	}
+	res, err := ForwardStages(ctx, ws, bs)
+	return func() ([]Result, error) { return res, err }
+}
+
+// forwardEach runs bs[i] on ws[i] by Forward, in order.
+func forwardEach(ctx context.Context, ws []Worker, bs []Batch) ([]Result, error) {
 	res := make([]Result, 0, len(ws))
 	var hidden []byte
 	for i, w := range ws {
