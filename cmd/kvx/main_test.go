@@ -61,7 +61,7 @@ func readReports(t *testing.T, path string) []report.Report {
 // configuration: wall time and the variant's own name and isolation.
 func comparable(r report.Report) report.Report {
 	r.Variant, r.Config.Isolation = "", ""
-	r.Engine.WallS = 0
+	r.Engine.WallS, r.Engine.OverlappedSteps = 0, 0
 	return r
 }
 
@@ -92,6 +92,34 @@ func TestPluginAndInprocessGiveIdenticalReports(t *testing.T) {
 		if !strings.Contains(out, col) {
 			t.Errorf("table lacks %q:\n%s", col, out)
 		}
+	}
+}
+
+// TestStepOverlapChangesNothing: plugin managers and workers that run side
+// by side (the next step scheduled during the forward, in a closed loop)
+// give the same report as one after the other.
+func TestStepOverlapChangesNothing(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "r.json")
+	out, stderr, code := kvx(t, "compare", "-c", "testdata/small.yaml", "--set", "workload.concurrency=8", "--set", "workload.rate=0",
+		"--vary", "step_overlap=auto,off", "--json", js)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out, stderr)
+	}
+	rs := readReports(t, js)
+	if len(rs) != 2 {
+		t.Fatalf("%d reports, want 2", len(rs))
+	}
+	if rs[0].Engine.OverlappedSteps == 0 || rs[1].Engine.OverlappedSteps != 0 {
+		t.Errorf("overlapped steps %d and %d; want some, then none", rs[0].Engine.OverlappedSteps, rs[1].Engine.OverlappedSteps)
+	}
+	a, b := comparable(rs[0]), comparable(rs[1])
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	if !bytes.Equal(ja, jb) {
+		t.Errorf("reports differ:\n%s\n%s", ja, jb)
+	}
+	if a.Requests.Completed != a.Requests.Total || a.Invariants.Violations != 0 {
+		t.Errorf("requests %+v, invariants %+v; want all completed, no violation", a.Requests, a.Invariants)
 	}
 }
 

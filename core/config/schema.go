@@ -43,6 +43,7 @@ var baseFields = []field{
 	enumField("plugin_transport", func(c *Config) *string { return &c.PluginTransport }, []string{"auto", "grpc"}, nil),
 	enumField("weights_dtype", func(c *Config) *string { return &c.WeightsDtype }, []string{"bf16", "fp8", "fp4", "w4afp8"},
 		map[string]string{"bfloat16": "bf16", "nvfp4": "fp4"}),
+	enumField("step_overlap", func(c *Config) *string { return &c.StepOverlap }, []string{"auto", "off"}, nil),
 	stringListField("plugin_dirs", func(c *Config) *[]string { return &c.PluginDirs }),
 	uintField("seed", func(c *Config) *uint64 { return &c.Seed }),
 	{

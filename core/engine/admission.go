@@ -48,24 +48,9 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 			items[k] = kvcache.LookupItem{Seq: ids[i], Prompt: e.byID[ids[i]].tokens[:limit[i]]}
 		}
 		answers := make([][]int, len(e.stages))
-		err := e.eachManager(func(st *stage) error {
-			got, err := st.m.Lookup(a.ctx, items)
-			if err == nil && len(got) != len(items) {
-				err = fmt.Errorf("returned %d answers for %d items", len(got), len(items))
-			}
-			if err == nil {
-				for k, n := range got {
-					if n < 0 || (n > 0 && n >= len(items[k].Prompt)) {
-						err = fmt.Errorf("request %d: %d reusable tokens of a %d-token prompt: want 0 <= n < prompt length", items[k].Seq, n, len(items[k].Prompt))
-						break
-					}
-				}
-			}
-			if err != nil {
-				return stageErr(st.idx, "lookup", err)
-			}
-			answers[st.idx] = got
-			return nil
+		err := e.eachManager(func(st *stage) func() error {
+			wait := kvcache.StartLookup(a.ctx, st.m, items)
+			return func() error { return lookupAnswer(st, wait, items, answers) }
 		})
 		if err != nil {
 			e.err = err
@@ -88,6 +73,27 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 	return out
 }
 
+// lookupAnswer takes a stage's answer to Lookup into answers.
+func lookupAnswer(st *stage, wait func() ([]int, error), items []kvcache.LookupItem, answers [][]int) error {
+	got, err := wait()
+	if err == nil && len(got) != len(items) {
+		err = fmt.Errorf("returned %d answers for %d items", len(got), len(items))
+	}
+	if err == nil {
+		for k, n := range got {
+			if n < 0 || (n > 0 && n >= len(items[k].Prompt)) {
+				err = fmt.Errorf("request %d: %d reusable tokens of a %d-token prompt: want 0 <= n < prompt length", items[k].Seq, n, len(items[k].Prompt))
+				break
+			}
+		}
+	}
+	if err != nil {
+		return stageErr(st.idx, "lookup", err)
+	}
+	answers[st.idx] = got
+	return nil
+}
+
 // maxLookupRounds bounds Lookup's rounds; requests whose stages still
 // disagree after it reuse nothing. Real managers agree within two or three.
 const maxLookupRounds = 8
@@ -107,16 +113,19 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 		}
 	}
 	grants := make([][]kvcache.Grant, len(e.stages))
-	err := e.eachManager(func(st *stage) error {
-		g, err := st.m.Reserve(a.ctx, asks)
-		if err == nil && len(g) != len(asks) {
-			err = fmt.Errorf("returned %d grants for %d asks", len(g), len(asks))
+	err := e.eachManager(func(st *stage) func() error {
+		wait := kvcache.StartReserve(a.ctx, st.m, asks)
+		return func() error {
+			g, err := wait()
+			if err == nil && len(g) != len(asks) {
+				err = fmt.Errorf("returned %d grants for %d asks", len(g), len(asks))
+			}
+			if err != nil {
+				return stageErr(st.idx, "reserve", err)
+			}
+			grants[st.idx] = g
+			return nil
 		}
-		if err != nil {
-			return stageErr(st.idx, "reserve", err)
-		}
-		grants[st.idx] = g
-		return nil
 	})
 	if err != nil {
 		// Undo what the stages that answered granted; nothing is granted.
@@ -167,7 +176,7 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 // that are not granted overall.
 func (a admission) undo(grants [][]kvcache.Grant, asks []kvcache.ReserveItem, ok []bool) {
 	e := a.e
-	err := e.eachManager(func(st *stage) error {
+	err := e.eachManager(func(st *stage) func() error {
 		var seqs []kvcache.SeqID
 		for i, g := range grants[st.idx] {
 			if g.OK && !ok[i] {
@@ -175,12 +184,15 @@ func (a admission) undo(grants [][]kvcache.Grant, asks []kvcache.ReserveItem, ok
 			}
 		}
 		if len(seqs) == 0 {
+			return noCall
+		}
+		wait := kvcache.StartUnreserve(a.ctx, st.m, seqs)
+		return func() error {
+			if err := wait(); err != nil {
+				return stageErr(st.idx, "unreserve", err)
+			}
 			return nil
 		}
-		if err := st.m.Unreserve(a.ctx, seqs); err != nil {
-			return stageErr(st.idx, "unreserve", err)
-		}
-		return nil
 	})
 	if err != nil && e.err == nil {
 		e.err = err
@@ -217,24 +229,27 @@ func (a admission) move(ids []kvcache.SeqID, suspend bool) []bool {
 	if e.err != nil || len(ids) == 0 {
 		return ok
 	}
-	op := func(m kvcache.Manager, to bool, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
+	start := func(m kvcache.Manager, to bool, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
 		if to {
-			return m.Suspend(a.ctx, seqs)
+			return kvcache.StartSuspend(a.ctx, m, seqs)
 		}
-		return m.Resume(a.ctx, seqs)
+		return kvcache.StartResume(a.ctx, m, seqs)
 	}
 	moved := make([][]bool, len(e.stages))
 	copies := make([][]kvcache.Copy, len(e.stages)) // after the last end of step's
-	err := e.eachManager(func(st *stage) error {
-		res, c, err := op(st.m, suspend, ids)
-		if err != nil && len(itemSeqs(err)) == 0 {
-			return stageErr(st.idx, "suspend or resume", err)
+	err := e.eachManager(func(st *stage) func() error {
+		wait := start(st.m, suspend, ids)
+		return func() error {
+			res, c, err := wait()
+			if err != nil && len(itemSeqs(err)) == 0 {
+				return stageErr(st.idx, "suspend or resume", err)
+			}
+			if len(res) != len(ids) {
+				res = make([]bool, len(ids)) // refused as a whole
+			}
+			moved[st.idx], copies[st.idx] = res, c
+			return nil
 		}
-		if len(res) != len(ids) {
-			res = make([]bool, len(ids)) // refused as a whole
-		}
-		moved[st.idx], copies[st.idx] = res, c
-		return nil
 	})
 	if err != nil {
 		e.err = err
@@ -249,7 +264,7 @@ func (a admission) move(ids []kvcache.SeqID, suspend bool) []bool {
 			ok[i] = ok[i] && res[i]
 		}
 	}
-	err = e.eachStage(func(st *stage) error {
+	err = e.eachManager(func(st *stage) func() error {
 		var back []kvcache.SeqID
 		for i, id := range ids {
 			if moved[st.idx][i] && !ok[i] {
@@ -257,17 +272,20 @@ func (a admission) move(ids []kvcache.SeqID, suspend bool) []bool {
 			}
 		}
 		if len(back) == 0 {
+			return noCall
+		}
+		wait := start(st.m, !suspend, back)
+		return func() error {
+			res, copies, err := wait()
+			st.copies = append(st.copies, copies...)
+			if err == nil && slices.Contains(res, false) {
+				err = fmt.Errorf("could not undo a partial suspend or resume of %v", back)
+			}
+			if err != nil {
+				return stageErr(st.idx, "undo suspend or resume", err)
+			}
 			return nil
 		}
-		res, copies, err := op(st.m, !suspend, back)
-		st.copies = append(st.copies, copies...)
-		if err == nil && slices.Contains(res, false) {
-			err = fmt.Errorf("could not undo a partial suspend or resume of %v", back)
-		}
-		if err != nil {
-			return stageErr(st.idx, "undo suspend or resume", err)
-		}
-		return nil
 	})
 	if err != nil {
 		e.err = err

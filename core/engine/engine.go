@@ -58,6 +58,12 @@ type Spec struct {
 	DeepEvery  int
 
 	Workload workload.Workload
+	// Sequential waits for each micro-batch's forward before the next step
+	// is scheduled. Otherwise, where the next schedule cannot depend on that
+	// forward (see overlaps), the engine schedules the next step while the
+	// workers run it: plugin managers and workers then work side by side,
+	// and the calls, their order and the results are the same.
+	Sequential bool
 	// KeepOutputs puts every request's generated tokens, and the logits of
 	// its last sampled position on devices that compute them, in the report
 	// (Outputs.Requests): the equivalence suite compares them.
@@ -141,11 +147,12 @@ type Engine struct {
 	now      int64 // simulated ns
 	steps    uint64
 	commits  int64
-	inflight []*microBatch
-	ending   *ending // an end of step started on every stage, not yet settled
-	next     int     // next request of reqs to hand to the scheduler
-	active   int     // handed to the scheduler and not finished
-	resident int     // requests whose sequences the managers hold
+	inflight []*microBatch   // forwarded and waited for, by done
+	pend     *pendingForward // a forward started and not yet waited for
+	ending   *ending         // an end of step started on every stage, not yet settled
+	next     int             // next request of reqs to hand to the scheduler
+	active   int             // handed to the scheduler and not finished
+	resident int             // requests whose sequences the managers hold
 	err      error
 	rep      report.Report
 	modelled bool
@@ -303,6 +310,7 @@ func (e *Engine) loop(ctx context.Context) error {
 		if err == nil {
 			continue
 		}
+		e.dropForward()
 		dead, ok := deadStage(err)
 		if !ok || ctx.Err() != nil {
 			return err
@@ -319,14 +327,36 @@ func (e *Engine) iterate(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	e.now = max(e.now, e.stages[0].free)
-	if err := e.completeUpTo(ctx, e.now); err != nil {
-		return err
-	}
-	e.admitArrivals()
-	if len(e.inflight) >= len(e.stages) {
-		e.now = e.inflight[0].done
-		return nil
+	overlap := e.pend != nil && e.overlaps()
+	var at int64 // overlap: the clock before the forward's answer
+	admitted := e.next
+	if overlap {
+		// The forward in flight is the newest micro-batch, and every older
+		// one completes before the next schedule, whatever the forward's
+		// times (see overlaps). So they complete now, while the workers run.
+		at = e.now
+		e.rep.Engine.OverlappedSteps++
+		for _, mb := range e.inflight {
+			at = max(at, mb.done)
+			if err := e.complete(ctx, mb); err != nil {
+				return err
+			}
+		}
+		e.inflight = e.inflight[:0]
+		e.admitArrivals() // stamped again below, once the clock is known
+	} else {
+		if err := e.awaitForward(ctx); err != nil {
+			return err
+		}
+		e.now = max(e.now, e.stages[0].free)
+		if err := e.completeUpTo(ctx, e.now); err != nil {
+			return err
+		}
+		e.admitArrivals()
+		if len(e.inflight) >= len(e.stages) {
+			e.now = e.inflight[0].done
+			return nil
+		}
 	}
 	step := e.sched.Schedule(admission{e, ctx})
 	failed := e.err
@@ -355,6 +385,20 @@ func (e *Engine) iterate(ctx context.Context) error {
 		r.preempts++
 		r.drafts = r.drafts[:0]
 	}
+	if overlap {
+		// The forward's answer sets the clock the sequential engine would
+		// have scheduled at: the arrivals just admitted take it.
+		err := e.awaitForward(ctx)
+		e.now = max(at, e.stages[0].free)
+		if e.spec.Workload.Concurrency > 0 {
+			for _, r := range e.reqs[admitted:e.next] {
+				r.arrival = e.now
+			}
+		}
+		if failed == nil {
+			failed = err
+		}
+	}
 	if failed != nil {
 		return failed
 	}
@@ -373,13 +417,25 @@ func (e *Engine) iterate(ctx context.Context) error {
 		}
 		return nil
 	}
-	mb, err := e.forward(ctx, step.Items)
-	if err != nil || mb == nil {
-		return err
-	}
-	e.inflight = append(e.inflight, mb)
-	slices.SortStableFunc(e.inflight, func(a, b *microBatch) int { return cmpInt64(a.done, b.done) })
-	return nil
+	return e.startForward(ctx, step.Items)
+}
+
+// overlaps reports whether the next step may be scheduled while the
+// started forward runs, with the same result as after it. The forward
+// decides the clock (when stage 0 is free and when the micro-batch is
+// done), and the sequential engine schedules once stage 0 is free and
+// fewer micro-batches than stages are in flight, completing those done by
+// then. With two stages that is every micro-batch but the newest, whatever
+// the times: the one before it is in flight until then or completes, and
+// the newest finishes after both stage 0 and the one before it (a forward
+// takes time on the last stage). The clock itself is used only to stamp
+// arrivals: closed-loop arrivals are stamped once it is known; open-loop
+// ones would be admitted by it, so an open loop overlaps only once every
+// request has arrived. With more stages which micro-batches complete
+// depends on the times.
+func (e *Engine) overlaps() bool {
+	return !e.spec.Sequential && len(e.stages) == 2 && len(e.inflight) < len(e.stages) &&
+		(e.spec.Workload.Concurrency > 0 || e.next >= len(e.reqs))
 }
 
 // admitArrivals hands arrived requests to the scheduler: by timestamp in an
@@ -433,41 +489,76 @@ func (e *Engine) handleRejected(rs []sched.Rejection) {
 	}
 }
 
-// forward runs one micro-batch through every stage and schedules its
-// completion on the simulated clock. Items a worker refuses (a
-// request-scoped error) fail alone and the rest run again from the first
-// stage; table deltas are idempotent, so a repeat is safe. It returns nil
-// when no item is left.
-func (e *Engine) forward(ctx context.Context, items []sched.Item) (*microBatch, error) {
+// pendingForward is a micro-batch whose forward was started and not yet
+// waited for.
+type pendingForward struct {
+	mb       *microBatch
+	items    []sched.Item
+	at       int64 // the clock when it was started: no stage starts before
+	tokens   int
+	proposed int // draft tokens
+	// sent counts, per stage, the releases and copies that went with it:
+	// the first ones of the stage's lists.
+	released, copies []int
+	wait             func() ([]worker.Result, error)
+}
+
+// startForward starts one micro-batch's forward through every stage;
+// awaitForward waits for it and puts it in flight.
+func (e *Engine) startForward(ctx context.Context, items []sched.Item) error {
 	if err := e.settle(); err != nil { // the copies of the last end of step go with this forward
-		return nil, err
+		return err
 	}
 	e.steps++
-	mb := &microBatch{step: e.steps}
-	for {
-		var err error
-		items, err = e.forwardOnce(ctx, mb, items)
+	e.pend = e.startOnce(ctx, &microBatch{step: e.steps}, items, e.now)
+	return nil
+}
+
+// awaitForward waits for the started forward, if any, and schedules its
+// completion on the simulated clock. Items a worker refuses (a
+// request-scoped error) fail alone and the rest run again from the first
+// stage, at once; table deltas are idempotent, so a repeat is safe.
+func (e *Engine) awaitForward(ctx context.Context) error {
+	p := e.pend
+	e.pend = nil
+	for p != nil {
+		res, err := p.wait()
+		err = e.finishOnce(p, res, err)
 		if err == nil {
-			return mb, nil
+			e.inflight = append(e.inflight, p.mb)
+			slices.SortStableFunc(e.inflight, func(a, b *microBatch) int { return cmpInt64(a.done, b.done) })
+			return nil
 		}
 		bad := itemSeqs(err)
 		if len(bad) == 0 {
-			return nil, err
+			return err
 		}
 		if ferr := e.failRequests(ctx, bad, true, err.Error()); ferr != nil {
-			return nil, ferr
+			return ferr
 		}
-		items = slices.DeleteFunc(items, func(it sched.Item) bool { return slices.Contains(bad, it.ID) })
+		items := slices.DeleteFunc(p.items, func(it sched.Item) bool { return slices.Contains(bad, it.ID) })
 		if len(items) == 0 {
-			return nil, nil
+			return nil
 		}
+		p = e.startOnce(ctx, p.mb, items, p.at)
+	}
+	return nil
+}
+
+// dropForward waits for the started forward, if any, and forgets it: a
+// stage died, or the run stops.
+func (e *Engine) dropForward() {
+	if p := e.pend; p != nil {
+		e.pend = nil
+		_, _ = p.wait()
 	}
 }
 
-func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.Item) ([]sched.Item, error) {
+// startOnce builds every stage's batch for items and starts the forward.
+func (e *Engine) startOnce(ctx context.Context, mb *microBatch, items []sched.Item, at int64) *pendingForward {
 	mb.items = items
 	wItems := make([]worker.Item, len(items))
-	tokens := 0
+	tokens, proposed := 0, 0
 	for i, it := range items {
 		r := e.byID[it.ID]
 		// Drafts come from the last sample: a generation step right after a
@@ -480,10 +571,14 @@ func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.
 		toks = append(toks, r.drafts[:draft]...)
 		wItems[i] = worker.Item{Seq: it.ID, Pos: it.Pos, Tokens: toks, Draft: draft, Sample: it.Sample}
 		tokens += len(toks)
+		proposed += draft
+		r.reserved = true // in flight: an end of step the forward overlaps sees it so
 	}
 	// Every stage's batch is known before the first runs: the activations
-	// go from stage to stage inside ForwardStages (inside the worker
-	// process, when one serves every stage).
+	// go from stage to stage inside the workers (inside the worker process,
+	// when one serves every stage).
+	p := &pendingForward{mb: mb, items: items, at: at, tokens: tokens, proposed: proposed,
+		released: make([]int, len(e.stages)), copies: make([]int, len(e.stages))}
 	ws := make([]worker.Worker, len(e.stages))
 	bs := make([]worker.Batch, len(e.stages))
 	for _, st := range e.stages {
@@ -499,20 +594,30 @@ func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.
 		}
 		ws[st.idx] = st.w
 		bs[st.idx] = worker.Batch{Step: mb.step, Items: its, Released: st.released, Copies: st.copies}
+		p.released[st.idx], p.copies[st.idx] = len(st.released), len(st.copies)
 	}
-	results, err := worker.ForwardStages(ctx, ws, bs)
-	prevEnd := e.now
+	p.wait = worker.StartForwardStages(ctx, ws, bs)
+	return p
+}
+
+// finishOnce takes the results of a forward startOnce started: the stages
+// that ran took their releases and copies, and when every stage ran the
+// micro-batch is accounted for and gets its time on the clock.
+func (e *Engine) finishOnce(p *pendingForward, results []worker.Result, err error) error {
+	mb, items := p.mb, p.items
+	prevEnd := p.at
 	var last worker.Result
 	free := make([]int64, len(e.stages))
 	for i, res := range results {
 		st := e.stages[i]
-		st.released, st.copies = st.released[:0], st.copies[:0]
+		st.released = st.released[:copy(st.released, st.released[p.released[i]:])]
+		st.copies = st.copies[:copy(st.copies, st.copies[p.copies[i]:])]
 		e.modelled = res.Modelled
 		start := max(prevEnd, st.free)
 		if st.idx > 0 {
-			start = max(prevEnd+e.transferNanos(tokens), st.free)
+			start = max(prevEnd+e.transferNanos(p.tokens), st.free)
 		}
-		free[st.idx] = start + res.Nanos
+		free[st.idx] = start + max(res.Nanos, 1) // a forward takes time (see overlaps)
 		prevEnd = free[st.idx]
 		last = res
 	}
@@ -522,7 +627,7 @@ func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.
 		if errors.As(err, &se) {
 			stage, err = se.Stage, se.Err
 		}
-		return items, stageErr(stage, fmt.Sprintf("forward step %d", mb.step), err)
+		return stageErr(stage, fmt.Sprintf("forward step %d", mb.step), err)
 	}
 	// The micro-batch ran on every stage: account for it.
 	for i, st := range e.stages {
@@ -541,15 +646,14 @@ func (e *Engine) forwardOnce(ctx context.Context, mb *microBatch, items []sched.
 			// cache supplied. (After a preemption reuse only saves recompute.)
 			e.rep.Tokens.PrefixReused += int64(it.Reuse)
 		}
-		e.rep.Tokens.DraftProposed += int64(min(it.Draft, len(r.drafts)))
-		r.reserved = true
 	}
+	e.rep.Tokens.DraftProposed += int64(p.proposed)
 	mb.done = prevEnd
 	mb.outputs = make(map[kvcache.SeqID]worker.Output, len(last.Outputs))
 	for _, o := range last.Outputs {
 		mb.outputs[o.Seq] = o
 	}
-	return items, nil
+	return nil
 }
 
 // transferNanos is the simulated time to hand activations to the next stage.
@@ -737,15 +841,18 @@ func (e *Engine) dropEnding() {
 
 // release frees sequences on every stage and tells the workers.
 func (e *Engine) release(ctx context.Context, ids []kvcache.SeqID) error {
-	err := e.eachManager(func(st *stage) error {
-		if err := st.m.Release(ctx, ids); err != nil {
-			return stageErr(st.idx, "release", err)
+	err := e.eachManager(func(st *stage) func() error {
+		wait := kvcache.StartRelease(ctx, st.m, ids)
+		return func() error {
+			if err := wait(); err != nil {
+				return stageErr(st.idx, "release", err)
+			}
+			st.released = append(st.released, ids...)
+			for _, id := range ids {
+				st.forget(id)
+			}
+			return nil
 		}
-		st.released = append(st.released, ids...)
-		for _, id := range ids {
-			st.forget(id)
-		}
-		return nil
 	})
 	if err != nil {
 		return err

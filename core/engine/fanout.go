@@ -1,38 +1,41 @@
 package engine
 
-import "sync"
-
-// eachStage calls f for every stage, concurrently when there are several, and
-// returns the error of the lowest stage that failed. Each phase's calls go to
-// different plugin processes, so running them side by side hides the
-// round-trip latency of all but one; f must touch only its own stage. Stage
-// 0 runs on the calling goroutine, whose stack has long grown to what a
-// call needs (a fresh goroutine's stack is copied as it grows, every phase).
+// eachStage calls f for every stage, in stage order, and returns the error
+// of the lowest stage that failed; every stage's f runs.
 func (e *Engine) eachStage(f func(st *stage) error) error {
-	if len(e.stages) == 1 {
-		return f(e.stages[0])
-	}
-	errs := make([]error, len(e.stages))
-	var wg sync.WaitGroup
-	for i, st := range e.stages[1:] {
-		wg.Go(func() { errs[i+1] = f(st) })
-	}
-	errs[0] = f(e.stages[0])
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
+	var first error
+	for _, st := range e.stages {
+		if err := f(st); err != nil && first == nil {
+			first = err
 		}
 	}
-	return nil
+	return first
 }
 
-// eachManager is eachStage for a phase of manager calls: when every stage
-// answered, it settles the end of step those calls carried to the managers
-// (see ending), before the caller applies their answers.
-func (e *Engine) eachManager(f func(st *stage) error) error {
-	if err := e.eachStage(f); err != nil {
-		return err
+// eachManager runs one manager call on every stage: start sends stage st's
+// call (kvcache.Start*) and returns its wait, which takes the answer; the
+// waits run, in stage order, once every stage's call is started. So a
+// plugin process that serves every stage gets the calls in one write and
+// wakes once, and separate processes work side by side. It returns the
+// error of the lowest stage that failed, after every wait ran. When every
+// stage answered, it settles the end of step those calls carried to the
+// managers (see ending), before the caller applies their answers.
+func (e *Engine) eachManager(start func(st *stage) (wait func() error)) error {
+	waits := make([]func() error, len(e.stages))
+	for _, st := range e.stages {
+		waits[st.idx] = start(st)
+	}
+	var first error
+	for _, wait := range waits {
+		if err := wait(); err != nil && first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		return first
 	}
 	return e.settle()
 }
+
+// noCall is the wait of a stage that has no call to make.
+func noCall() error { return nil }

@@ -56,6 +56,7 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 		return fmt.Errorf("%d plugin restarts, giving up: %w", e.rep.Engine.PluginRestarts, cause)
 	}
 	e.rep.Engine.PluginRestarts++
+	e.dropForward()
 	e.dropEnding()
 	e.log.Warn("plugin died; restarting it and recomputing every request", "stage", dead, "error", cause)
 	restarted := make([]bool, len(e.stages))

@@ -120,11 +120,14 @@ type Invariants struct {
 }
 
 type Engine struct {
-	Steps          int64   `json:"steps"`
-	WallS          float64 `json:"wall_s"`
-	PluginRestarts int     `json:"plugin_restarts"`
-	Modelled       bool    `json:"modelled"`
-	Uncalibrated   bool    `json:"uncalibrated"`
+	Steps int64 `json:"steps"`
+	// OverlappedSteps were scheduled while the forward of the step before
+	// them ran (step_overlap).
+	OverlappedSteps int64   `json:"overlapped_steps"`
+	WallS           float64 `json:"wall_s"`
+	PluginRestarts  int     `json:"plugin_restarts"`
+	Modelled        bool    `json:"modelled"`
+	Uncalibrated    bool    `json:"uncalibrated"`
 }
 
 // Snapshots are SSM snapshot counters (Mamba managers), summed over stages.
@@ -238,6 +241,7 @@ var rows = []row{
 	{"invariant checks", func(r *Report) string { return i64(r.Invariants.CheckedSteps) }},
 	{"violations", func(r *Report) string { return itoa(r.Invariants.Violations) }},
 	{"engine steps", func(r *Report) string { return i64(r.Engine.Steps) }},
+	{"  overlapped", func(r *Report) string { return i64(r.Engine.OverlappedSteps) }},
 	{"plugin restarts", func(r *Report) string { return itoa(r.Engine.PluginRestarts) }},
 	{"wall time s", func(r *Report) string { return fmt.Sprintf("%.2f", r.Engine.WallS) }},
 	{"outputs digest", func(r *Report) string { return r.Outputs.Digest }},

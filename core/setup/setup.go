@@ -221,6 +221,7 @@ func Resolve(cfg *config.Config, variant string, withWorkload bool) (*Resolved, 
 		Policy:         policy,
 	}
 	s.CheckEvery = cfg.CheckInvariants
+	s.Sequential = cfg.StepOverlap == "off"
 	s.DeepEvery = cfg.DeepCheckEvery
 	if withWorkload {
 		wl, err := Workload(cfg, m.Vocab)
