@@ -66,11 +66,11 @@ type Config struct {
 	PluginTransport  string   // plugin_transport: auto (gRPC plus a framed data plane for per-step calls when the plugin offers one) or grpc (auto)
 	WeightsDtype     string   // weights_dtype: bf16, fp8, fp4 or w4afp8 (bf16)
 	PluginDirs       []string // plugin_dirs
+	Seed             uint64   // seed (0)
 	// StepOverlap is step_overlap: auto schedules the next step while the
 	// workers run the last one, where that cannot change the result (two
 	// pipeline stages); off waits for every forward first (auto).
 	StepOverlap string
-	Seed             uint64   // seed (0)
 	// CheckInvariants is check_invariants: inspect the managers every N steps;
 	// 0 = off ("off"), 1 = every step ("every", the default).
 	CheckInvariants int
