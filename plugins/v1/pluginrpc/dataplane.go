@@ -57,11 +57,17 @@ func clientOpts(opts []ClientOption) clientOptions {
 	return o
 }
 
-// dataPlaneVersion is the newest frame format this package speaks. Version
-// 2 adds an instance (u16, header bytes 5-6) and flags (byte 7) to request
-// frames; in version 1 those bytes are zero. A plugin serves both; a host
-// asks for 2 when the plugin serves instances (InstancesProtocol).
-const dataPlaneVersion = 2
+// Data plane versions. Version 2 adds an instance (u16, header bytes 5-6)
+// and flags (byte 7) to request frames; in version 1 those bytes are zero.
+// Version 3 is version 2's frames in shared memory (shmLink), on Linux.
+// dataPlaneVersion, the newest this package speaks, is 3 on Linux and 2
+// elsewhere (shm_*.go). A plugin serves every version it speaks; a host
+// asks for the newest when the plugin serves instances (InstancesProtocol),
+// and for 2 when the plugin does not serve 3 (an older plugin, or one on
+// another system).
+
+// servesVersion reports whether this package serves data plane version v.
+func servesVersion(v uint32) bool { return v >= 1 && v <= dataPlaneVersion }
 
 const (
 	frameHeader = 16 // u32 length, u8 method or status, u16 instance, u8 flags, i64 deadline
@@ -131,8 +137,8 @@ func handle[Req any, PReq interface {
 // gRPC connection like any RPC.
 func serveDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.DataPlane], routes route) error {
 	v := req.GetVersion()
-	if v != 1 && v != dataPlaneVersion {
-		return status.Errorf(codes.Unimplemented, "data plane version %d is not served (this plugin speaks 1 and %d)", v, dataPlaneVersion)
+	if !servesVersion(v) {
+		return status.Errorf(codes.Unimplemented, "data plane version %d is not served (this plugin speaks 1 to %d)", v, dataPlaneVersion)
 	}
 	// Beside go-plugin's own socket when the host chose a directory for them
 	// (core/host does: a private one); mode 0700 either way.
@@ -162,11 +168,51 @@ func serveDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServ
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "data plane: no connection: %v", err)
 	}
-	defer c.Close()
-	stopServe := context.AfterFunc(ctx, func() { _ = c.Close() })
+	pc, err := acceptPlane(c, token, v)
+	if err != nil {
+		_ = c.Close()
+		return nil // a connection without the token, or a broken one: serve nothing
+	}
+	defer pc.close()
+	stopServe := context.AfterFunc(ctx, func() { _ = pc.close() })
 	defer stopServe()
-	serveFrames(ctx, c, token, v >= 2, routes)
+	serveFrames(ctx, pc, v >= 2, routes)
 	return nil
+}
+
+// acceptPlane checks the token the host sent on c, and on version 3 maps
+// the memory file that came with it.
+func acceptPlane(c *net.UnixConn, token []byte, v uint32) (*planeConn, error) {
+	_ = c.SetReadDeadline(time.Now().Add(acceptWait))
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	if v < 3 {
+		pc, err := newPlaneConn(c)
+		if err != nil {
+			return nil, err
+		}
+		got, err := pc.next(len(token))
+		if err != nil || subtle.ConstantTimeCompare(got, token) != 1 {
+			return nil, errors.New("data plane: bad token")
+		}
+		return pc, nil
+	}
+	got, f, err := recvShm(c, len(token))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if subtle.ConstantTimeCompare(got, token) != 1 {
+		return nil, errors.New("data plane: bad token")
+	}
+	pc, err := newPlaneConn(c)
+	if err != nil {
+		return nil, err
+	}
+	if pc.shm, err = mapShm(f, false, c); err != nil {
+		return nil, err
+	}
+	pc.shm.spin = serveSpin
+	return pc, nil
 }
 
 // serveFrames answers framed calls on c, one at a time, until c fails or
@@ -178,17 +224,14 @@ func serveDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServ
 // watchAfter is watched: the host closing the plane (it does when the
 // caller's ctx ends mid-call) cancels it, as gRPC would. Shorter calls are
 // not worth a second goroutine.
-func serveFrames(ctx context.Context, c *net.UnixConn, token []byte, instanced bool, routes route) {
-	pc, err := newPlaneConn(c)
-	if err != nil {
-		return
-	}
-	got, err := pc.next(len(token))
-	if err != nil || subtle.ConstantTimeCompare(got, token) != 1 {
-		return
-	}
+func serveFrames(ctx context.Context, pc *planeConn, instanced bool, routes route) {
 	var out []byte
 	var ch chain
+	// A hang-up ends the plane, so it cancels every call at once: a call
+	// without a deadline runs under planeCtx itself.
+	planeCtx, cancelPlane := context.WithCancel(ctx)
+	defer cancelPlane()
+	watch := newHangUpWatch(pc, cancelPlane)
 	for {
 		hdr, body, err := pc.readFrame()
 		if err != nil {
@@ -202,11 +245,11 @@ func serveFrames(ctx context.Context, c *net.UnixConn, token []byte, instanced b
 		if ch.flags&flagTake == 0 {
 			ch.kept, ch.ok = nil, false
 		}
-		cctx, cancel := context.WithCancel(ctx)
+		cctx, cancel := planeCtx, context.CancelFunc(nil)
 		if dl := int64(binary.LittleEndian.Uint64(hdr[8:])); dl != 0 {
-			cctx, cancel = context.WithDeadline(ctx, time.Unix(0, dl))
+			cctx, cancel = context.WithDeadline(planeCtx, time.Unix(0, dl))
 		}
-		watch := watchHangUp(pc, cancel)
+		watch.start()
 		var resp proto.Message
 		handlers, err := routes(inst)
 		if err == nil {
@@ -216,8 +259,10 @@ func serveFrames(ctx context.Context, c *net.UnixConn, token []byte, instanced b
 				err = status.Errorf(codes.Unimplemented, "data plane: method %d is not served", hdr[4])
 			}
 		}
-		hungUp := watch()
-		cancel()
+		hungUp := watch.stop()
+		if cancel != nil {
+			cancel()
+		}
 		if hungUp {
 			return
 		}
@@ -239,32 +284,48 @@ func serveFrames(ctx context.Context, c *net.UnixConn, token []byte, instanced b
 // the host hanging up on it.
 const watchAfter = time.Millisecond
 
-// watchHangUp starts watching pc for the host hanging up once the call has
-// run for watchAfter, calling cancel then. Frames that arrive meanwhile
-// (other instances' calls, pipelined) are kept for after the call. The
-// returned stop ends the watch (waiting for the watcher, which holds pc's
-// read side) and reports whether the host hung up.
-func watchHangUp(pc *planeConn, cancel context.CancelFunc) (stop func() bool) {
-	var hungUp atomic.Bool
-	done := make(chan struct{})
-	t := time.AfterFunc(watchAfter, func() {
-		defer close(done)
-		if err := pc.readAside(); !errors.Is(err, os.ErrDeadlineExceeded) {
-			// EOF or a reset: the call is abandoned.
-			hungUp.Store(true)
-			cancel()
-		}
-	})
-	return func() bool {
-		if t.Stop() {
-			return false
-		}
-		_ = pc.c.SetReadDeadline(aLongTimeAgo)
-		<-done
-		_ = pc.c.SetReadDeadline(time.Time{})
-		pc.takeAside()
-		return hungUp.Load()
+// hangUpWatch watches pc for the host hanging up on a call that has run
+// for watchAfter, and cancels the plane's calls then. Frames that arrive
+// meanwhile (other instances' calls, pipelined) are kept for after the
+// call. One timer serves every call of a plane.
+type hangUpWatch struct {
+	pc     *planeConn
+	cancel context.CancelFunc
+	t      *time.Timer
+	done   chan struct{} // a token when a watch that fired has ended
+	hungUp atomic.Bool
+}
+
+func newHangUpWatch(pc *planeConn, cancel context.CancelFunc) *hangUpWatch {
+	w := &hangUpWatch{pc: pc, cancel: cancel, done: make(chan struct{}, 1)}
+	w.t = time.AfterFunc(time.Hour, w.watch)
+	w.t.Stop()
+	return w
+}
+
+func (w *hangUpWatch) watch() {
+	if err := w.pc.readAside(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		// EOF or a reset: the call is abandoned.
+		w.hungUp.Store(true)
+		w.cancel()
 	}
+	w.done <- struct{}{}
+}
+
+// start arms the watch for a call.
+func (w *hangUpWatch) start() { w.t.Reset(watchAfter) }
+
+// stop ends the watch of a call (waiting for the watcher, which holds pc's
+// read side, when it fired) and reports whether the host hung up.
+func (w *hangUpWatch) stop() bool {
+	if w.t.Stop() {
+		return false
+	}
+	_ = w.pc.c.SetReadDeadline(aLongTimeAgo) // the watcher reads the socket only
+	<-w.done
+	_ = w.pc.c.SetReadDeadline(time.Time{})
+	w.pc.takeAside()
+	return w.hungUp.Load()
 }
 
 // appendResponse appends the response frame of (resp, callErr) to b.
@@ -336,8 +397,8 @@ const (
 // dialDataPlane connects to the plane a plugin opened and presents its token.
 func dialDataPlane(ctx context.Context, dp *kvxpb.DataPlane) (*dataPlane, error) {
 	v := dp.GetVersion()
-	if dp.GetNetwork() != "unix" || (v != 1 && v != dataPlaneVersion) {
-		return nil, fmt.Errorf("data plane %s version %d is not spoken here (unix, 1 or %d)", dp.GetNetwork(), v, dataPlaneVersion)
+	if dp.GetNetwork() != "unix" || !servesVersion(v) {
+		return nil, fmt.Errorf("data plane %s version %d is not spoken here (unix, 1 to %d)", dp.GetNetwork(), v, dataPlaneVersion)
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", dp.GetAddress())
@@ -345,15 +406,48 @@ func dialDataPlane(ctx context.Context, dp *kvxpb.DataPlane) (*dataPlane, error)
 		return nil, err
 	}
 	conn := c.(*net.UnixConn)
-	if _, err := conn.Write(dp.GetToken()); err != nil {
+	var shm *shmLink
+	if v >= 3 {
+		shm, err = offerShm(conn, dp.GetToken())
+	} else {
+		_, err = conn.Write(dp.GetToken())
+	}
+	if err != nil {
 		_ = conn.Close()
 		return nil, err
 	}
 	plane, err := newDataPlane(conn)
-	if err == nil {
-		plane.instanced = v >= 2
+	if err != nil {
+		if shm != nil {
+			shm.close()
+		}
+		return nil, err
 	}
-	return plane, err
+	plane.instanced = v >= 2
+	if shm != nil {
+		shm.spin = shmReplySpin
+		plane.pc.shm = shm
+	}
+	return plane, nil
+}
+
+// offerShm makes and maps the memory of a version 3 plane and sends it to
+// the plugin with the token.
+func offerShm(conn *net.UnixConn, token []byte) (*shmLink, error) {
+	f, err := newShmFile()
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	shm, err := mapShm(f, true, conn)
+	if err != nil {
+		return nil, err
+	}
+	if err := sendShm(conn, token, f); err != nil {
+		shm.close()
+		return nil, err
+	}
+	return shm, nil
 }
 
 func newDataPlane(conn *net.UnixConn) (*dataPlane, error) {
@@ -375,7 +469,7 @@ func (d *dataPlane) isShut() bool {
 
 // shut closes the plane for good with cause; calls in flight fail.
 func (d *dataPlane) shut(cause error) {
-	_ = d.conn.Close() // first, so that a blocked read or write returns
+	_ = d.pc.close() // first, so that a blocked read or write returns
 	d.qmu.Lock()
 	defer d.qmu.Unlock()
 	d.breakLocked(cause)
@@ -386,7 +480,7 @@ func (d *dataPlane) shut(cause error) {
 func (d *dataPlane) breakLocked(cause error) {
 	if d.broken == nil {
 		d.broken = cause
-		_ = d.conn.Close()
+		_ = d.pc.close()
 	}
 	err := d.closedErr()
 	for _, p := range d.queue {
@@ -477,10 +571,10 @@ func (d *dataPlane) send(ctx context.Context, fs []outFrame) ([]*pending, error)
 // with wmu held, not qmu.
 func (d *dataPlane) write(ctx context.Context, b []byte) {
 	if dl, ok := ctx.Deadline(); ok {
-		_ = d.conn.SetWriteDeadline(dl)
-		defer func() { _ = d.conn.SetWriteDeadline(time.Time{}) }()
+		d.pc.setWriteDeadline(dl)
+		defer d.pc.setWriteDeadline(time.Time{})
 	}
-	stop := context.AfterFunc(ctx, func() { _ = d.conn.SetWriteDeadline(aLongTimeAgo) })
+	stop := context.AfterFunc(ctx, func() { d.pc.setWriteDeadline(aLongTimeAgo) })
 	err := d.pc.write(b)
 	stop()
 	if err != nil {
@@ -603,13 +697,13 @@ func (d *dataPlane) readOne(ctx context.Context) error {
 
 	dl, hasDL := ctx.Deadline()
 	if hasDL {
-		_ = d.conn.SetReadDeadline(dl)
+		d.pc.setReadDeadline(dl)
 	}
-	stop := context.AfterFunc(ctx, func() { _ = d.conn.SetReadDeadline(aLongTimeAgo) })
+	stop := context.AfterFunc(ctx, func() { d.pc.setReadDeadline(aLongTimeAgo) })
 	body, st, err := d.readAnswer()
 	stop() // an answer read whole leaves the stream in step, ctx or not
 	if hasDL {
-		_ = d.conn.SetReadDeadline(time.Time{})
+		d.pc.setReadDeadline(time.Time{})
 	}
 	if err != nil {
 		d.qmu.Lock()
@@ -682,6 +776,12 @@ func (o *planeOpener) get(open openFunc) *dataPlane {
 	life, end := context.WithCancel(context.Background())
 	slow := time.AfterFunc(10*time.Second, end)
 	plane, stream, err := openPlane(life, open, o.version)
+	if status.Code(err) == codes.Unimplemented && o.version > 2 {
+		// A plugin from before shared memory, or one built for another
+		// system: frames on the socket, as version 2.
+		o.version = 2
+		plane, stream, err = openPlane(life, open, o.version)
+	}
 	if !slow.Stop() || err != nil {
 		end()
 		if plane != nil {

@@ -3,6 +3,8 @@ package pluginrpc
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"slices"
@@ -70,6 +72,39 @@ func TestPerStepCallsUseTheDataPlane(t *testing.T) {
 	}
 }
 
+// v2ManagerServer is a manager server from before shared memory: it
+// serves data plane versions 1 and 2 only.
+type v2ManagerServer struct{ *managerServer }
+
+func (s v2ManagerServer) OpenDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.DataPlane]) error {
+	if req.GetVersion() > 2 {
+		return status.Errorf(codes.Unimplemented, "data plane version %d is not served", req.GetVersion())
+	}
+	return s.managerServer.OpenDataPlane(req, stream)
+}
+
+// TestPluginWithoutSharedMemory: a host that asks for shared memory gets
+// frames on the socket from a plugin that does not speak it.
+func TestPluginWithoutSharedMemory(t *testing.T) {
+	if !shmSupported {
+		t.Skip("no shared memory here")
+	}
+	f := &fakeManager{grants: fullGrants}
+	p := newPair(t, func(s *grpc.Server) error {
+		kvxpb.RegisterCacheManagerServer(s, v2ManagerServer{&managerServer{impl: f, gate: newGate()}})
+		return nil
+	})
+	t.Cleanup(p.close)
+	m := newManagerFamily(context.Background(), p.conn)
+	if grants, err := m.Reserve(ctx, fullReserveItems); err != nil || !deepEqual(grants, fullGrants) {
+		t.Fatalf("Reserve = %v, %v; want %v", grants, err, fullGrants)
+	}
+	r := m.rpc.(*managerRPC)
+	if r.opener.plane == nil || r.opener.version != 2 || r.opener.plane.pc.shm != nil || !r.opener.plane.instanced {
+		t.Errorf("opener version %d, plane %v: want an instanced version 2 plane on the socket", r.opener.version, r.opener.plane)
+	}
+}
+
 // oldManagerServer is a manager server from before the data plane.
 type oldManagerServer struct{ *managerServer }
 
@@ -98,15 +133,15 @@ func TestOlderPluginStaysOnGRPC(t *testing.T) {
 	}
 }
 
-// openRaw opens a data plane of a fresh manager pair by hand and returns
-// the DataPlane message.
-func openRaw(t *testing.T, f kvcache.Manager) *kvxpb.DataPlane {
+// openRaw opens a data plane of version v of a fresh manager pair by hand
+// and returns the DataPlane message.
+func openRaw(t *testing.T, f kvcache.Manager, v uint32) *kvxpb.DataPlane {
 	t.Helper()
 	p := newPair(t, func(s *grpc.Server) error { RegisterManagerServer(s, f); return nil })
 	t.Cleanup(p.close)
 	sctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	stream, err := kvxpb.NewCacheManagerClient(p.conn).OpenDataPlane(sctx, &kvxpb.DataPlaneRequest{Version: dataPlaneVersion})
+	stream, err := kvxpb.NewCacheManagerClient(p.conn).OpenDataPlane(sctx, &kvxpb.DataPlaneRequest{Version: v})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,10 +153,11 @@ func openRaw(t *testing.T, f kvcache.Manager) *kvxpb.DataPlane {
 }
 
 // TestDataPlaneNeedsTheToken: a connection that does not present the token
-// is hung up on before any call reaches the manager.
+// is hung up on before any call reaches the manager (frames on the socket,
+// version 2; TestSharedMemoryNeedsTheToken covers version 3).
 func TestDataPlaneNeedsTheToken(t *testing.T) {
 	f := &fakeManager{}
-	dp := openRaw(t, f)
+	dp := openRaw(t, f, 2)
 	c, err := net.Dial("unix", dp.GetAddress())
 	if err != nil {
 		t.Fatal(err)
@@ -146,22 +182,24 @@ func TestDataPlaneNeedsTheToken(t *testing.T) {
 }
 
 // TestDataPlaneBadFrames: an unknown method is answered UNIMPLEMENTED and
-// the plane goes on; an oversized frame ends the plane.
+// the plane goes on; an oversized frame ends the plane. On the socket
+// (version 2) and in shared memory (version 3, where it is spoken).
 func TestDataPlaneBadFrames(t *testing.T) {
+	for v := uint32(2); v <= dataPlaneVersion; v++ {
+		t.Run(fmt.Sprintf("version %d", v), func(t *testing.T) { testBadFrames(t, v) })
+	}
+}
+
+func testBadFrames(t *testing.T, v uint32) {
 	f := &fakeManager{}
-	dp := openRaw(t, f)
-	c, err := net.Dial("unix", dp.GetAddress())
+	dp := openRaw(t, f, v)
+	plane, err := dialDataPlane(ctx, dp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Write(dp.GetToken()); err != nil {
-		t.Fatal(err)
-	}
-	plane, err := newDataPlane(c.(*net.UnixConn))
-	if err != nil {
-		t.Fatal(err)
+	defer plane.shut(errors.New("test over"))
+	if (plane.pc.shm != nil) != (v >= 3) {
+		t.Fatalf("version %d: shared memory %v", v, plane.pc.shm != nil)
 	}
 	var out kvxpb.Empty
 	err = plane.call(ctx, 0, method(200), &kvxpb.Seqs{}, &out)
@@ -174,9 +212,12 @@ func TestDataPlaneBadFrames(t *testing.T) {
 	hdr := make([]byte, frameHeader)
 	binary.LittleEndian.PutUint32(hdr, MaxMessageBytes+1)
 	hdr[4] = byte(mRelease)
-	_, _ = c.Write(hdr)
-	if n, err := c.Read(make([]byte, 1)); err != io.EOF {
-		t.Errorf("read after an oversized frame = %d bytes, %v; want EOF", n, err)
+	if err := plane.pc.write(hdr); err != nil {
+		t.Fatal(err)
+	}
+	plane.pc.setReadDeadline(time.Now().Add(5 * time.Second))
+	if err := plane.pc.fill(); err != io.EOF {
+		t.Errorf("read after an oversized frame: %v; want EOF", err)
 	}
 }
 
@@ -218,8 +259,16 @@ func TestDataPlaneLargeFrames(t *testing.T) {
 // large frames at once and get large answers on one plane; nothing blocks
 // (a writer waiting on a full socket never keeps the answers from being
 // read) and every caller gets its own answer.
+// On shared memory (version 3) the larger size takes frames through the
+// rings in pieces: 2.5 MiB requests, 1 MiB answers, against 2 MiB rings.
 func TestDataPlanePipelinedLargeFrames(t *testing.T) {
-	const n, callers = 60000, 4 // about 300 KiB of request, 120 KiB of answer each
+	for _, n := range []int{60000, 500000} {
+		t.Run(fmt.Sprintf("%d items", n), func(t *testing.T) { testPipelinedLargeFrames(t, n) })
+	}
+}
+
+func testPipelinedLargeFrames(t *testing.T, n int) {
+	const callers = 4 // about 5 bytes of request and 2 of answer an item, each
 	answer := make([]int, n)
 	for i := range answer {
 		answer[i] = i % 5
@@ -236,11 +285,17 @@ func TestDataPlanePipelinedLargeFrames(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if _, err := ms[0].Lookup(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if plane := ms[0].(*ManagerClient).rpc.(*managerRPC).opener.plane; plane == nil || (plane.pc.shm != nil) != shmSupported {
+		t.Fatalf("plane %v: want one, in shared memory where that is supported (%v)", plane, shmSupported)
+	}
 	items := make([]kvcache.LookupItem, n)
 	for i := range items {
 		items[i] = kvcache.LookupItem{Seq: kvcache.SeqID(i + 1), Prompt: []int32{int32(i), 7, 9}}
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // a hang guard: slow under -race
 	defer cancel()
 	var wg sync.WaitGroup
 	for i, m := range ms {
