@@ -5,7 +5,6 @@ package host
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -167,22 +166,23 @@ func stepProcess(b *testing.B, n int, grpcOnly, started bool) {
 
 // BenchmarkPipelineStepProcess: one step of a 2-stage pipeline at 16
 // requests, as the engine makes it: on each stage the end of the last step
-// (started, kvcache.StartEndStep) and this step's Reserve, the two stages'
-// manager calls side by side, then the forward over both stages
-// (worker.ForwardStages). "shared" runs one process per plugin binary, an
-// instance per stage, with the chained forward; "per-stage" runs a process
-// per stage and binary, as before instances.
+// (started, kvcache.StartEndStep) and this step's Reserve, started on both
+// stages before either is waited for (kvcache.StartReserve), then the
+// forward over both stages (worker.StartForwardStages). "shared" runs one
+// process per plugin binary, an instance per stage, with the chained
+// forward; "per-stage" runs a process per stage and binary, as before
+// instances. "shared-overlap" waits for each forward only after the next
+// step's manager phase, as the engine does with two stages (step_overlap).
 func BenchmarkPipelineStepProcess(b *testing.B) {
-	for _, shared := range []bool{false, true} {
-		name := "per-stage"
-		if shared {
-			name = "shared"
-		}
-		b.Run(name, func(b *testing.B) { pipelineStepProcess(b, 16, shared) })
+	for _, v := range []struct {
+		name            string
+		shared, overlap bool
+	}{{"per-stage", false, false}, {"shared", true, false}, {"shared-overlap", true, true}} {
+		b.Run(v.name, func(b *testing.B) { pipelineStepProcess(b, 16, v.shared, v.overlap) })
 	}
 }
 
-func pipelineStepProcess(b *testing.B, n int, shared bool) {
+func pipelineStepProcess(b *testing.B, n int, shared, overlap bool) {
 	const stages = 2
 	reserve := make([]kvcache.ReserveItem, n)
 	commit := make([]kvcache.CommitItem, n)
@@ -228,29 +228,43 @@ func pipelineStepProcess(b *testing.B, n int, shared bool) {
 		bs[s] = worker.Batch{Step: 1, Items: items}
 	}
 	waits := make([]func() (kvcache.EndStepResult, error), stages)
-	b.ReportAllocs()
-	for b.Loop() {
-		var wg sync.WaitGroup
-		for s := range stages {
-			wg.Go(func() {
-				if _, err := ms[s].Reserve(ctx, reserve); err != nil {
-					b.Error(err)
-				}
-				if waits[s] != nil {
-					if _, err := waits[s](); err != nil {
-						b.Error(err)
-					}
-				}
-			})
-		}
-		wg.Wait()
-		res, err := worker.ForwardStages(ctx, ws, bs)
+	reserves := make([]func() ([]kvcache.Grant, error), stages)
+	var forward func() ([]worker.Result, error) // started, not yet waited for
+	check := func() {
+		res, err := forward()
+		forward = nil
 		if err != nil || len(res) != stages || len(res[stages-1].Outputs) != n {
 			b.Fatalf("ForwardStages = %d results, %v", len(res), err)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		for s := range stages {
+			reserves[s] = kvcache.StartReserve(ctx, ms[s], reserve)
+		}
+		for s := range stages {
+			if _, err := reserves[s](); err != nil {
+				b.Fatal(err)
+			}
+			if waits[s] != nil {
+				if _, err := waits[s](); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		if forward != nil {
+			check() // the last step's, which ran beside this manager phase
+		}
+		forward = worker.StartForwardStages(ctx, ws, bs)
+		if !overlap {
+			check()
 		}
 		for s := range stages {
 			waits[s] = kvcache.StartEndStep(ctx, ms[s], kvcache.EndStepRequest{Commits: commit})
 		}
+	}
+	if forward != nil {
+		check()
 	}
 	for _, wait := range waits {
 		if wait == nil {
