@@ -63,19 +63,41 @@ func (t *Tree) Walk(f func(n *Node)) {
 	walk(t.root)
 }
 
+// BeginCheck starts a deep self-check of the tree: the caller then counts,
+// with CountPin, every pin its sequences hold, and calls Check.
+func (t *Tree) BeginCheck() {
+	t.epoch++
+	t.counted = t.counted[:0]
+}
+
+// CountPin counts one pin on n that a sequence holds, for Check.
+func (t *Tree) CountPin(n *Node) {
+	t.scratch(n)
+	if n.chkPins == 0 {
+		t.counted = append(t.counted, n)
+	}
+	n.chkPins++
+}
+
+// scratch readies n's check scratch for this check.
+func (t *Tree) scratch(n *Node) {
+	if n.chkEpoch != t.epoch {
+		n.chkEpoch, n.chkPins, n.chkFlags = t.epoch, 0, 0
+	}
+}
+
 // Check recomputes the tree's incremental state and returns what is wrong:
-// pins equal pins (the pins each node should hold, recomputed by the caller
-// from its sequences), pinned nodes hold all their pages and have pinned
-// parents, parent links and hash keys, live-kid counts, the node count, the
-// evictable count, and the eviction heap (exactly the unpinned leaves with
-// pages, heap-ordered), and that every page is owned by its node in its
-// pool. A node in pins but not attached is reported. It changes nothing.
-func (t *Tree) Check(pins map[*Node]int32) []string {
+// each node's pins equal the pins counted since BeginCheck (CountPin: what
+// the caller's sequences hold), pinned nodes hold all their pages and have
+// pinned parents, parent links and hash keys, live-kid counts, the node
+// count, the evictable count, and the eviction heap (exactly the unpinned
+// leaves with pages, heap-ordered), and that every page is owned by its
+// node in its pool. A counted node that is not attached is reported. It
+// changes nothing but the nodes' check scratch.
+func (t *Tree) Check() []string {
 	var v []string
 	bad := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
-	seen := map[*Node]bool{}
-	evictable, nodes := 0, 0
-	leaves := map[*Node]bool{}
+	evictable, nodes, leaves := 0, 0, 0
 	var walk func(n *Node)
 	walk = func(n *Node) {
 		live := int32(0)
@@ -95,9 +117,10 @@ func (t *Tree) Check(pins map[*Node]int32) []string {
 		if n == t.root {
 			return
 		}
-		seen[n] = true
-		if n.pins != pins[n] {
-			bad("tree: node %p: pins %d, recomputed %d", n, n.pins, pins[n])
+		t.scratch(n)
+		n.chkFlags |= chkSeen
+		if n.pins != n.chkPins {
+			bad("tree: node %p: pins %d, recomputed %d", n, n.pins, n.chkPins)
 		}
 		got := 0
 		for g, b := range n.pages {
@@ -123,7 +146,8 @@ func (t *Tree) Check(pins map[*Node]int32) []string {
 		if n.pins == 0 && n.nPages > 0 {
 			evictable++
 			if live == 0 {
-				leaves[n] = true
+				n.chkFlags |= chkLeaf
+				leaves++
 			}
 		}
 		if n.nPages == 0 && n.pins == 0 && !n.queued && len(n.children) == 0 {
@@ -131,9 +155,9 @@ func (t *Tree) Check(pins map[*Node]int32) []string {
 		}
 	}
 	walk(t.root)
-	for n, k := range pins {
-		if k > 0 && !seen[n] {
-			bad("tree: node %p: pinned %d times by sequences but not attached to the tree", n, k)
+	for _, n := range t.counted {
+		if n.chkFlags&chkSeen == 0 {
+			bad("tree: node %p: pinned %d times by sequences but not attached to the tree", n, n.chkPins)
 		}
 	}
 	if nodes != t.nodes {
@@ -142,11 +166,11 @@ func (t *Tree) Check(pins map[*Node]int32) []string {
 	if evictable != t.evictable {
 		bad("tree: evictable %d, recomputed %d", t.evictable, evictable)
 	}
-	if len(leaves) != len(t.heap) {
-		bad("tree: eviction heap has %d nodes, %d evictable leaves", len(t.heap), len(leaves))
+	if leaves != len(t.heap) {
+		bad("tree: eviction heap has %d nodes, %d evictable leaves", len(t.heap), leaves)
 	}
 	for i, n := range t.heap {
-		if !leaves[n] || int(n.heapIdx) != i {
+		if n.chkEpoch != t.epoch || n.chkFlags&chkLeaf == 0 || int(n.heapIdx) != i {
 			bad("tree: heap entry %d is not an evictable leaf at its index", i)
 		}
 		if i > 0 && t.less(n, t.heap[(i-1)/2]) {

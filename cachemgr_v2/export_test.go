@@ -31,11 +31,11 @@ func TestExportsForMamba(t *testing.T) {
 	if d := tr.Depth(path[2]); d != 3 {
 		t.Fatalf("Depth = %d, want 3", d)
 	}
-	pins := map[*Node]int32{}
+	tr.BeginCheck()
 	for _, n := range path {
-		pins[n] = 1
+		tr.CountPin(n)
 	}
-	if v := tr.Check(pins); len(v) > 0 {
+	if v := tr.Check(); len(v) > 0 {
 		t.Fatalf("Check with pins: %v", v)
 	}
 	if tr.EvictLeaf() != nil {
@@ -45,7 +45,8 @@ func TestExportsForMamba(t *testing.T) {
 		pool.Unref(path[i].Pages()[0])
 		tr.Unpin(path[i], true)
 	}
-	if v := tr.Check(map[*Node]int32{}); len(v) > 0 {
+	tr.BeginCheck()
+	if v := tr.Check(); len(v) > 0 {
 		t.Fatalf("Check unpinned: %v", v)
 	}
 	n := tr.EvictLeaf()
@@ -61,7 +62,8 @@ func TestExportsForMamba(t *testing.T) {
 	if tr.Attached(n) || tr.Nodes() != 2 {
 		t.Fatalf("after Prune: attached %v, %d nodes; want detached, 2", tr.Attached(n), tr.Nodes())
 	}
-	if v := tr.Check(map[*Node]int32{}); len(v) > 0 {
+	tr.BeginCheck()
+	if v := tr.Check(); len(v) > 0 {
 		t.Fatalf("Check after Prune: %v", v)
 	}
 }

@@ -132,7 +132,7 @@ func (m *Manager) check() []string {
 		refs[i] = slices.Grow(refs[i][:0], p.Total())[:p.Total()]
 		clear(refs[i])
 	}
-	pins := map[*Node]int32{}
+	m.tree.BeginCheck()
 	for _, id := range m.seqIDs() {
 		s := m.seqs[id]
 		l := &s.led
@@ -198,7 +198,7 @@ func (m *Manager) check() []string {
 		}
 		parent := m.tree.root
 		for i, n := range s.path {
-			pins[n]++
+			m.tree.CountPin(n)
 			if n.parent != parent {
 				bad("seq %d: path node %d is not a child of path node %d", id, i, i-1)
 			}
@@ -213,7 +213,7 @@ func (m *Manager) check() []string {
 			parent = n
 		}
 		if s.cow != nil {
-			pins[s.cow]++
+			m.tree.CountPin(s.cow)
 		}
 	}
 
@@ -250,6 +250,6 @@ func (m *Manager) check() []string {
 	}
 
 	// Walk the tree.
-	v = append(v, m.tree.Check(pins)...)
+	v = append(v, m.tree.Check()...)
 	return v
 }

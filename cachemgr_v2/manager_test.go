@@ -259,7 +259,8 @@ func TestDuplicatePrefixIsNotPinned(t *testing.T) {
 }
 
 // TestSelfCheckFindsCorruption: the deep Inspect notices a broken tree (a
-// pin count off by one, a wrong evictable count) and a broken pool.
+// pin count off by one, a wrong evictable count, a pinned node cut off the
+// tree, a pinned node in the eviction heap) and a broken pool.
 func TestSelfCheckFindsCorruption(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -273,6 +274,20 @@ func TestSelfCheckFindsCorruption(t *testing.T) {
 			}
 		}, "pins"},
 		{"evictable", func(m *Manager) { m.tree.evictable++ }, "evictable"},
+		{"detached", func(m *Manager) {
+			for h, c := range m.tree.root.children {
+				if c.pins > 0 {
+					delete(m.tree.root.children, h)
+					return
+				}
+			}
+		}, "not attached"},
+		{"heap", func(m *Manager) {
+			for _, c := range m.tree.root.children {
+				m.tree.heap = append(m.tree.heap, c) // pinned: no evictable leaf
+				return
+			}
+		}, "eviction heap"},
 		{"refcount", func(m *Manager) { m.pools[0].refs[0]++ }, "refcount"},
 	} {
 		m, _ := configure(t, smallCfg(16, 0))

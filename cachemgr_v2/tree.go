@@ -34,7 +34,19 @@ type Node struct {
 	tick     uint64 // LRU key: when the last pin went away
 	heapIdx  int32  // position in the eviction heap; -1 when not in it
 	queued   bool   // in the prune queue
+
+	// Scratch of the deep self-check (Tree.Check), valid while chkEpoch is
+	// the tree's check epoch: recounting in the nodes themselves instead of
+	// in maps keeps a check of a large tree cheap.
+	chkEpoch uint32
+	chkPins  int32 // pins recounted from the sequences (CountPin)
+	chkFlags uint8 // chkSeen, chkLeaf
 }
+
+const (
+	chkSeen = 1 << iota // attached: the check's walk reached it
+	chkLeaf             // an unpinned leaf with pages
+)
 
 // Pages returns the node's page per pool group (NoBlock where absent); the
 // slice belongs to the node and must not be modified.
@@ -75,6 +87,8 @@ type Tree struct {
 	tick      uint64
 	nodes     int
 	spare     []*Node
+	epoch     uint32  // of the current deep self-check (BeginCheck)
+	counted   []*Node // nodes CountPin counted in this check
 }
 
 // NewTree returns an empty tree of blocks of tpb tokens whose nodes hold one

@@ -116,7 +116,7 @@ func (m *Manager) check() []string {
 	if m.ssm != nil {
 		srefs = make([]int32, len(m.ssm.refs))
 	}
-	pins := map[*cachemgrv2.Node]int32{}
+	m.tree.BeginCheck()
 	snapPins := map[*snapshot]int32{}
 	live, pending := 0, 0
 	for _, id := range m.seqIDs() {
@@ -176,7 +176,7 @@ func (m *Manager) check() []string {
 		}
 		parent := m.tree.Root()
 		for i, n := range s.path {
-			pins[n]++
+			m.tree.CountPin(n)
 			if n.Parent() != parent {
 				bad("seq %d: path node %d is not a child of path node %d", id, i, i-1)
 			}
@@ -217,7 +217,7 @@ func (m *Manager) check() []string {
 			bad("pool %s: stats %+v, recomputed free %d, cached %d", m.groups[g].Name, st, free, cached)
 		}
 	}
-	v = append(v, m.tree.Check(pins)...)
+	v = append(v, m.tree.Check()...)
 
 	if m.ssm == nil {
 		if len(m.snaps) > 0 || m.nSnaps != 0 {
