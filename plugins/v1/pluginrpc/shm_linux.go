@@ -100,6 +100,10 @@ type shmLink struct {
 	refs int // the link's own, while open, and one per read or write in progress
 }
 
+// errCorruptRing: the counters of a ring say more than it can hold; the
+// other end wrote where it must not.
+var errCorruptRing = errors.New("data plane: a shared-memory ring's counters are corrupt")
+
 // newShmFile makes the memory file of a plane, for the host to map and
 // hand to the plugin.
 func newShmFile() (*os.File, error) {
@@ -145,7 +149,7 @@ func mapShm(f *os.File, host bool, c *net.UnixConn) (*shmLink, error) {
 func (l *shmLink) enter() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.refs == 0 {
+	if l.refs == 0 || l.closed.Load() {
 		return false
 	}
 	l.refs++
@@ -213,7 +217,11 @@ func (l *shmLink) read(p []byte) (int, error) {
 			return 0, err
 		}
 	}
-	n := min(int(atomic.LoadUint64(r.tail)-head), len(p))
+	held := atomic.LoadUint64(r.tail) - head
+	if held > ringBytes {
+		return 0, errCorruptRing
+	}
+	n := min(int(held), len(p))
 	at := int(head % ringBytes)
 	k := copy(p[:n], r.data[at:])
 	copy(p[k:n], r.data)
@@ -231,6 +239,9 @@ func (l *shmLink) write(b []byte) error {
 	r := &l.out
 	for len(b) > 0 {
 		tail := atomic.LoadUint64(r.tail)
+		if atomic.LoadUint64(r.head) > tail {
+			return errCorruptRing
+		}
 		room := func() bool { return int(tail-atomic.LoadUint64(r.head)) < ringBytes }
 		if !room() {
 			if err := l.wait(r.writerWaits, room, &l.wdl, l.spin, false); err != nil {

@@ -256,3 +256,17 @@ func TestShmNeedsTheToken(t *testing.T) {
 		t.Errorf("manager saw %+v, want no call", f.calls)
 	}
 }
+
+// TestShmCorruptCounters: counters that say a ring holds more than it can,
+// or was read past what was written, are an error, not a wild read.
+func TestShmCorruptCounters(t *testing.T) {
+	host, plugin, _, _ := shmPair(t)
+	atomic.StoreUint64(host.out.tail, ringBytes+1) // the plugin's ring of requests
+	if _, err := plugin.read(make([]byte, 16)); !errors.Is(err, errCorruptRing) {
+		t.Errorf("read of an overfull ring: %v", err)
+	}
+	atomic.StoreUint64(plugin.in.head, ringBytes+2) // read past what was written
+	if err := host.write([]byte{1}); !errors.Is(err, errCorruptRing) {
+		t.Errorf("write after the reader overran: %v", err)
+	}
+}
