@@ -39,7 +39,18 @@
 // NewInstance. The instances share the process's data plane: their calls
 // are pipelined on it, the plugin serves the frames in order and answers
 // the frames that came together in one write, and a forward over every
-// stage is one chained call (worker.Chainer).
+// stage is one chained call (worker.Chainer). Calls started on several
+// instances (kvcache.CallStarter, kvcache.StepStarter) go in one write,
+// and a started chained forward (worker.ChainStarter) runs while the caller
+// goes on.
+//
+// # Data plane
+//
+// The per-step calls travel as frames on a data plane beside gRPC
+// (dataplane.go): on a unix socket (versions 1 and 2), or on Linux in two
+// byte rings in shared memory, the socket then carrying only doorbells and
+// hang-ups (version 3, shm_linux.go). A host asks for the newest version
+// the plugin serves; GRPCOnly keeps every call on gRPC.
 package pluginrpc
 
 import (
