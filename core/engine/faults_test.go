@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
+	cachemgrv2 "github.com/kvx-dev/kvx/cachemgr_v2"
 	"github.com/kvx-dev/kvx/core/device"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/sched"
@@ -34,24 +35,45 @@ func (w refusingWorker) Forward(ctx context.Context, b worker.Batch) (worker.Res
 }
 
 // TestOneBadRequestFailsAlone: a request the worker refuses fails with its
-// reason; every other request completes and no invariant breaks.
+// reason; every other request completes and no invariant breaks. Also when
+// the refusal comes back after the next step was scheduled beside the
+// forward (a closed loop, overlapped steps).
 func TestOneBadRequestFailsAlone(t *testing.T) {
-	wl := genWorkload(t, 12, 128)
-	bad := kvcache.SeqID(wl.Requests[4].ID)
-	s := buildSpec(t, testSpec{pp: 2, draft: 1, reuse: true, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048})
-	l := inproc{
-		manager: func() kvcache.Manager { return cachemgrv1.New() },
-		worker:  func() worker.Worker { return refusingWorker{device.NewWorker(dsa.Backend), bad} },
-	}
-	rep := runSpec(t, s, l)
-	if rep.Requests.Failed != 1 || rep.Requests.Completed != 11 {
-		t.Fatalf("requests = %+v, want 1 failed and 11 completed", rep.Requests)
-	}
-	if f := rep.Requests.Failures[0]; f.ID != uint64(bad) || f.Reason == "" {
-		t.Errorf("failure = %+v, want request %d with a reason", f, bad)
-	}
-	if rep.Invariants.Violations != 0 {
-		t.Errorf("violations = %v", rep.Invariants.First)
+	for _, tc := range []struct {
+		name        string
+		concurrency int
+		manager     func() kvcache.Manager
+		overlap     bool // the worker runs a forward when it is waited for
+	}{
+		{"open loop, v1", 0, func() kvcache.Manager { return cachemgrv1.New() }, false},
+		{"closed loop overlapped, v2", 6, func() kvcache.Manager { return cachemgrv2.New() }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wl := genWorkload(t, 12, 128)
+			wl.Concurrency = tc.concurrency
+			bad := kvcache.SeqID(wl.Requests[4].ID)
+			s := buildSpec(t, testSpec{pp: 2, draft: 1, reuse: true, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048})
+			l := inproc{manager: tc.manager, worker: func() worker.Worker {
+				var w worker.Worker = refusingWorker{device.NewWorker(dsa.Backend), bad}
+				if tc.overlap {
+					w = deferredWorker{w}
+				}
+				return w
+			}}
+			rep := runSpec(t, s, l)
+			if rep.Requests.Failed != 1 || rep.Requests.Completed != 11 {
+				t.Fatalf("requests = %+v, want 1 failed and 11 completed", rep.Requests)
+			}
+			if f := rep.Requests.Failures[0]; f.ID != uint64(bad) || f.Reason == "" {
+				t.Errorf("failure = %+v, want request %d with a reason", f, bad)
+			}
+			if rep.Invariants.Violations != 0 {
+				t.Errorf("violations = %v", rep.Invariants.First)
+			}
+			if tc.overlap && rep.Engine.OverlappedSteps == 0 {
+				t.Error("no step overlapped a forward")
+			}
+		})
 	}
 }
 

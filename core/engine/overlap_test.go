@@ -144,30 +144,3 @@ func TestOverlapMatchesSequential(t *testing.T) {
 	}
 	t.Logf("%d traces, %d steps overlapped", seeds, overlapped)
 }
-
-// TestOverlapWithARefusedRequest: a forward that fails for one request
-// while the next step was scheduled beside it fails that request alone;
-// the rest complete, with no invariant broken.
-func TestOverlapWithARefusedRequest(t *testing.T) {
-	wl := genWorkload(t, 12, 128)
-	wl.Concurrency = 6
-	bad := kvcache.SeqID(wl.Requests[4].ID)
-	s := buildSpec(t, testSpec{pp: 2, draft: 1, reuse: true, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048})
-	l := inproc{
-		manager: func() kvcache.Manager { return cachemgrv2.New() },
-		worker:  func() worker.Worker { return deferredWorker{refusingWorker{device.NewWorker(dsa.Backend), bad}} },
-	}
-	rep := runSpec(t, s, l)
-	if rep.Requests.Failed != 1 || rep.Requests.Completed != 11 {
-		t.Fatalf("requests = %+v, want 1 failed and 11 completed", rep.Requests)
-	}
-	if f := rep.Requests.Failures[0]; f.ID != uint64(bad) || f.Reason == "" {
-		t.Errorf("failure = %+v, want request %d with a reason", f, bad)
-	}
-	if rep.Invariants.Violations != 0 {
-		t.Errorf("violations = %v", rep.Invariants.First)
-	}
-	if rep.Engine.OverlappedSteps == 0 {
-		t.Error("no step overlapped a forward")
-	}
-}

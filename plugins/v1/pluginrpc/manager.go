@@ -122,9 +122,14 @@ func (c *ManagerClient) Lookup(ctx context.Context, items []kvcache.LookupItem) 
 		return nil, errExited(m)
 	}
 	resp, err := c.rpc.Lookup(ctx, toProtoLookupRequest(items), callOpts...)
+	return c.lookupAnswer(ctx, resp, err)
+}
+
+// lookupAnswer decodes a Lookup answer, or the partial one beside err.
+func (c *ManagerClient) lookupAnswer(ctx context.Context, resp *kvxpb.LookupResponse, err error) ([]int, error) {
 	if err != nil {
 		partial := new(kvxpb.LookupResponse)
-		err = fromStatus(ctx, c.done, m, err, partial)
+		err = fromStatus(ctx, c.done, managerService+"Lookup", err, partial)
 		return fromProtoLookupResponse(partial), err
 	}
 	return fromProtoLookupResponse(resp), nil
@@ -137,6 +142,12 @@ func (c *ManagerClient) Reserve(ctx context.Context, items []kvcache.ReserveItem
 		return nil, errExited(m)
 	}
 	resp, err := c.rpc.Reserve(ctx, toProtoReserveRequest(items), callOpts...)
+	return c.reserveAnswer(ctx, resp, err)
+}
+
+// reserveAnswer decodes a Reserve answer, or the partial one beside err.
+func (c *ManagerClient) reserveAnswer(ctx context.Context, resp *kvxpb.ReserveResponse, err error) ([]kvcache.Grant, error) {
+	const m = managerService + "Reserve"
 	if err != nil {
 		partial := new(kvxpb.ReserveResponse)
 		err = fromStatus(ctx, c.done, m, err, partial)
@@ -199,6 +210,12 @@ func (c *ManagerClient) move(ctx context.Context, m string,
 		return nil, nil, errExited(m)
 	}
 	resp, err := call(ctx, toProtoSeqs(seqs), callOpts...)
+	return c.moveAnswer(ctx, m, resp, err)
+}
+
+// moveAnswer decodes a Suspend or Resume (m) answer, or the partial one
+// beside err.
+func (c *ManagerClient) moveAnswer(ctx context.Context, m string, resp *kvxpb.MoveResult, err error) ([]bool, []kvcache.Copy, error) {
 	if err != nil {
 		partial := new(kvxpb.MoveResult)
 		err = fromStatus(ctx, c.done, m, err, partial)
@@ -586,12 +603,7 @@ func (c *ManagerClient) StartLookup(ctx context.Context, items []kvcache.LookupI
 	})
 	return func() ([]int, error) {
 		resp, err := wait()
-		if err != nil {
-			partial := new(kvxpb.LookupResponse)
-			err = fromStatus(ctx, c.done, m, err, partial)
-			return fromProtoLookupResponse(partial), err
-		}
-		return fromProtoLookupResponse(resp), nil
+		return c.lookupAnswer(ctx, resp, err)
 	}
 }
 
@@ -607,17 +619,7 @@ func (c *ManagerClient) StartReserve(ctx context.Context, items []kvcache.Reserv
 	})
 	return func() ([]kvcache.Grant, error) {
 		resp, err := wait()
-		if err != nil {
-			partial := new(kvxpb.ReserveResponse)
-			err = fromStatus(ctx, c.done, m, err, partial)
-			grants, _ := fromProtoReserveResponse(partial)
-			return grants, err
-		}
-		grants, err := fromProtoReserveResponse(resp)
-		if err != nil {
-			return nil, malformed(m, err)
-		}
-		return grants, nil
+		return c.reserveAnswer(ctx, resp, err)
 	}
 }
 
@@ -672,16 +674,6 @@ func (c *ManagerClient) startMove(ctx context.Context, name string, m method,
 	})
 	return func() ([]bool, []kvcache.Copy, error) {
 		resp, err := wait()
-		if err != nil {
-			partial := new(kvxpb.MoveResult)
-			err = fromStatus(ctx, c.done, name, err, partial)
-			ok, copies, _ := fromProtoMoveResult(partial)
-			return ok, copies, err
-		}
-		ok, copies, err := fromProtoMoveResult(resp)
-		if err != nil {
-			return nil, nil, malformed(name, err)
-		}
-		return ok, copies, nil
+		return c.moveAnswer(ctx, name, resp, err)
 	}
 }

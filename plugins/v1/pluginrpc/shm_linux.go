@@ -377,40 +377,27 @@ func (l *shmLink) wait(word *uint32, ready func() bool, deadline *atomic.Int64, 
 
 // park waits on the socket, in the netpoller, for a doorbell (nil), the
 // peer's hang-up (io.EOF), the read deadline or a failure.
-func (l *shmLink) park() error {
-	var b [64]byte
-	var n int
-	var rerr error
-	err := l.rc.Read(func(fd uintptr) bool {
-		n, rerr = readNow(fd, b[:])
-		return rerr != syscall.EAGAIN
-	})
-	switch {
-	case err != nil:
-		return err
-	case rerr != nil:
-		return rerr
-	case n == 0:
-		return io.EOF
-	}
-	return nil
-}
+func (l *shmLink) park() error { return l.readSocket(true) }
 
 // peerGone reads the socket without waiting: io.EOF when the peer closed
 // it (or its process died), an error when it failed, nil while it is quiet
 // or holds doorbells (which it drops).
-func (l *shmLink) peerGone() error {
+func (l *shmLink) peerGone() error { return l.readSocket(false) }
+
+// readSocket reads doorbells off the socket, dropping them; block waits
+// for one when there is none.
+func (l *shmLink) readSocket(block bool) error {
 	var b [64]byte
 	var n int
 	var rerr error
 	err := l.rc.Read(func(fd uintptr) bool {
 		n, rerr = readNow(fd, b[:])
-		return true
+		return !block || rerr != syscall.EAGAIN
 	})
 	switch {
 	case err != nil:
 		return err
-	case rerr == syscall.EAGAIN:
+	case rerr == syscall.EAGAIN: // only when not blocking
 		return nil
 	case rerr != nil:
 		return rerr
