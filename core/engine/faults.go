@@ -49,8 +49,8 @@ func itemSeqs(err error) []kvcache.SeqID {
 // request: micro-batches in flight are dropped, every resident sequence is
 // released on the other stages, and the scheduler requeues every admitted
 // request at the front. Generated tokens are kept; nothing is lost. A stage
-// whose manager went with the dead one (one process serves every stage's
-// instance) is restarted too.
+// whose manager or worker went with the dead one (one process serves every
+// stage's instance) is restarted too.
 func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error {
 	if e.rep.Engine.PluginRestarts >= MaxRestarts {
 		return fmt.Errorf("%d plugin restarts, giving up: %w", e.rep.Engine.PluginRestarts, cause)
@@ -95,8 +95,10 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 		// Release whatever the surviving stage holds: a call that failed may
 		// have reached some stages and not others, so ask the stage itself.
 		snap, err := st.m.Inspect(ctx, kvcache.InspectOptions{})
-		if errors.Is(err, kvcache.ErrUnavailable) {
-			// Its plugins went too (a process shared with the dead stage).
+		if errors.Is(err, kvcache.ErrUnavailable) || errors.Is(st.w.Health(ctx), kvcache.ErrUnavailable) {
+			// Its manager or its worker went too (a process shared with the
+			// dead stage, or stopped with it): replace both now, or the next
+			// step finds the dead one and restarts again.
 			e.log.Warn("restarting a stage whose plugins went with the dead one", "stage", st.idx)
 			if err := restart(st.idx); err != nil {
 				return err

@@ -314,3 +314,82 @@ func TestRefusedCommitStopsTheRun(t *testing.T) {
 		}
 	}
 }
+
+// workerProc is a fake worker plugin process that serves every stage, an
+// instance each: the instances share its life, and Stop of any one ends it.
+type workerProc struct {
+	dead    atomic.Bool
+	forward atomic.Int64
+	dieAt   int64 // it dies at its dieAt-th forward; 0 never
+}
+
+type procWorker struct {
+	worker.Worker
+	p *workerProc
+}
+
+func (w procWorker) gone() error {
+	if w.p.dead.Load() {
+		return kvcache.Errorf(kvcache.KindUnavailable, "plugin process exited")
+	}
+	return nil
+}
+
+func (w procWorker) Forward(ctx context.Context, b worker.Batch) (worker.Result, error) {
+	if n := w.p.forward.Add(1); n == w.p.dieAt {
+		w.p.dead.Store(true)
+	}
+	if err := w.gone(); err != nil {
+		return worker.Result{}, err
+	}
+	return w.Worker.Forward(ctx, b)
+}
+
+func (w procWorker) Health(ctx context.Context) error {
+	if err := w.gone(); err != nil {
+		return err
+	}
+	return w.Worker.Health(ctx)
+}
+
+// sharedWorkerLauncher hands every stage an instance of one worker process,
+// launching a new one when it died, as core/setup does with a plugin binary.
+type sharedWorkerLauncher struct {
+	inproc
+	procs []*workerProc
+}
+
+func (l *sharedWorkerLauncher) Worker(context.Context, int) (worker.Worker, error) {
+	if n := len(l.procs); n == 0 || l.procs[n-1].dead.Load() {
+		p := &workerProc{}
+		if n == 0 {
+			p.dieAt = 40
+		}
+		l.procs = append(l.procs, p)
+	}
+	return procWorker{device.NewWorker(dsa.Backend), l.procs[len(l.procs)-1]}, nil
+}
+
+func (l *sharedWorkerLauncher) Stop(client any) {
+	if w, ok := client.(procWorker); ok {
+		w.p.dead.Store(true)
+	}
+}
+
+// TestDeadSharedWorkerRestartsEveryStage: when the worker process that
+// serves both stages dies, one restart replaces both stages' workers (the
+// surviving stage's too, though its manager lives), and nothing is lost.
+func TestDeadSharedWorkerRestartsEveryStage(t *testing.T) {
+	wl := genWorkload(t, 10, 0)
+	s := buildSpec(t, testSpec{pp: 2, draft: 1, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048})
+	clean := runSpec(t, s, v1Launcher())
+	l := &sharedWorkerLauncher{inproc: inproc{manager: func() kvcache.Manager { return cachemgrv1.New() }}}
+	rep := runSpec(t, s, l)
+	if rep.Engine.PluginRestarts != 1 || rep.Requests.Completed != len(wl.Requests) || rep.Outputs.Digest != clean.Outputs.Digest {
+		t.Errorf("restarts %d, requests %+v, digest %s (clean %s); want 1 restart, every request completed, the clean digest",
+			rep.Engine.PluginRestarts, rep.Requests, rep.Outputs.Digest, clean.Outputs.Digest)
+	}
+	if len(l.procs) != 2 {
+		t.Errorf("%d worker processes launched, want 2", len(l.procs))
+	}
+}
