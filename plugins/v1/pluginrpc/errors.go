@@ -174,3 +174,25 @@ func errExited(method string) error {
 func malformed(method string, err error) error {
 	return &kvcache.Error{Kind: kvcache.KindOther, Msg: fmt.Sprintf("kvx plugin %s: malformed answer: %v", method, err)}
 }
+
+// answerOf decodes the answer of a call to method: from(resp) when the call
+// succeeded (a decode failure is malformed), and when it failed the error
+// (fromStatus) beside the partial answer its status carries, decoded by
+// from, whose own failure then leaves the zero value.
+func answerOf[R any, M any, PM interface {
+	*M
+	proto.Message
+}](ctx context.Context, done <-chan struct{}, method string, resp PM, err error, from func(PM) (R, error)) (R, error) {
+	if err != nil {
+		partial := PM(new(M))
+		err = fromStatus(ctx, done, method, err, partial)
+		r, _ := from(partial)
+		return r, err
+	}
+	r, err := from(resp)
+	if err != nil {
+		var zero R
+		return zero, malformed(method, err)
+	}
+	return r, nil
+}

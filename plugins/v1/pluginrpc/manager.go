@@ -147,18 +147,7 @@ func (c *ManagerClient) Reserve(ctx context.Context, items []kvcache.ReserveItem
 
 // reserveAnswer decodes a Reserve answer, or the partial one beside err.
 func (c *ManagerClient) reserveAnswer(ctx context.Context, resp *kvxpb.ReserveResponse, err error) ([]kvcache.Grant, error) {
-	const m = managerService + "Reserve"
-	if err != nil {
-		partial := new(kvxpb.ReserveResponse)
-		err = fromStatus(ctx, c.done, m, err, partial)
-		grants, _ := fromProtoReserveResponse(partial)
-		return grants, err
-	}
-	grants, err := fromProtoReserveResponse(resp)
-	if err != nil {
-		return nil, malformed(m, err)
-	}
-	return grants, nil
+	return answerOf(ctx, c.done, managerService+"Reserve", resp, err, fromProtoReserveResponse)
 }
 
 // Unreserve implements kvcache.Manager.
@@ -180,17 +169,7 @@ func (c *ManagerClient) Commit(ctx context.Context, items []kvcache.CommitItem) 
 		return kvcache.CommitResult{}, errExited(m)
 	}
 	resp, err := c.rpc.Commit(ctx, toProtoCommitRequest(items), callOpts...)
-	if err != nil {
-		partial := new(kvxpb.CommitResult)
-		err = fromStatus(ctx, c.done, m, err, partial)
-		res, _ := fromProtoCommitResult(partial)
-		return res, err
-	}
-	res, err := fromProtoCommitResult(resp)
-	if err != nil {
-		return kvcache.CommitResult{}, malformed(m, err)
-	}
-	return res, nil
+	return answerOf(ctx, c.done, m, resp, err, fromProtoCommitResult)
 }
 
 // Suspend implements kvcache.Manager.
@@ -263,17 +242,7 @@ func (c *ManagerClient) Inspect(ctx context.Context, opts kvcache.InspectOptions
 		return kvcache.Snapshot{}, errExited(m)
 	}
 	resp, err := c.rpc.Inspect(ctx, toProtoInspectOptions(opts), callOpts...)
-	if err != nil {
-		partial := new(kvxpb.Snapshot)
-		err = fromStatus(ctx, c.done, m, err, partial)
-		snap, _ := fromProtoSnapshot(partial)
-		return snap, err
-	}
-	snap, err := fromProtoSnapshot(resp)
-	if err != nil {
-		return kvcache.Snapshot{}, malformed(m, err)
-	}
-	return snap, nil
+	return answerOf(ctx, c.done, m, resp, err, fromProtoSnapshot)
 }
 
 // EndStep implements kvcache.StepEnder: Commit, Release and Inspect in one
@@ -284,17 +253,7 @@ func (c *ManagerClient) EndStep(ctx context.Context, req kvcache.EndStepRequest)
 		return kvcache.EndStepResult{}, errExited(m)
 	}
 	resp, err := c.rpc.EndStep(ctx, toProtoEndStepRequest(req), callOpts...)
-	if err != nil {
-		partial := new(kvxpb.EndStepResult)
-		err = fromStatus(ctx, c.done, m, err, partial)
-		res, _ := fromProtoEndStepResult(partial)
-		return res, err
-	}
-	res, err := fromProtoEndStepResult(resp)
-	if err != nil {
-		return kvcache.EndStepResult{}, malformed(m, err)
-	}
-	return res, nil
+	return answerOf(ctx, c.done, m, resp, err, fromProtoEndStepResult)
 }
 
 // StartEndStep implements kvcache.StepStarter. On a data plane the end of
@@ -314,16 +273,7 @@ func (c *ManagerClient) StartEndStep(ctx context.Context, req kvcache.EndStepReq
 	resp := new(kvxpb.EndStepResult)
 	call := plane.cork(ctx, r.inst, mEndStep, toProtoEndStepRequest(req), resp)
 	return func() (kvcache.EndStepResult, error) {
-		if err := plane.finish(call); err != nil {
-			err = fromStatus(ctx, c.done, m, err, resp)
-			res, _ := fromProtoEndStepResult(resp)
-			return res, err
-		}
-		res, err := fromProtoEndStepResult(resp)
-		if err != nil {
-			return kvcache.EndStepResult{}, malformed(m, err)
-		}
-		return res, nil
+		return answerOf(ctx, c.done, m, resp, plane.finish(call), fromProtoEndStepResult)
 	}
 }
 

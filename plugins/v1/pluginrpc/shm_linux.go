@@ -5,7 +5,6 @@ package pluginrpc
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"sync"
@@ -394,17 +393,10 @@ func (l *shmLink) readSocket(block bool) error {
 		n, rerr = readNow(fd, b[:])
 		return !block || rerr != syscall.EAGAIN
 	})
-	switch {
-	case err != nil:
-		return err
-	case rerr == syscall.EAGAIN: // only when not blocking
+	if err == nil && rerr == syscall.EAGAIN { // only when not blocking
 		return nil
-	case rerr != nil:
-		return rerr
-	case n == 0:
-		return io.EOF
 	}
-	return nil
+	return readOutcome(err, rerr, n)
 }
 
 // Futex operations, shared between processes (no FUTEX_PRIVATE_FLAG).

@@ -106,17 +106,7 @@ func (c *WorkerClient) Forward(ctx context.Context, b worker.Batch) (worker.Resu
 		return worker.Result{}, errExited(m)
 	}
 	resp, err := c.rpc.Forward(ctx, toProtoBatch(&b), callOpts...)
-	if err != nil {
-		partial := new(kvxpb.Result)
-		err = fromStatus(ctx, c.done, m, err, partial)
-		res, _ := fromProtoResult(partial)
-		return res, err
-	}
-	res, err := fromProtoResult(resp)
-	if err != nil {
-		return worker.Result{}, malformed(m, err)
-	}
-	return res, nil
+	return answerOf(ctx, c.done, m, resp, err, fromProtoResult)
 }
 
 // CopyBlocks implements worker.Worker.
@@ -298,14 +288,9 @@ func (c *WorkerClient) StartForwardChain(ctx context.Context, next []worker.Work
 			if failed != nil {
 				continue
 			}
-			resp := frames[i].resp.(*kvxpb.Result)
+			r, err := answerOf(ctx, c.done, m, frames[i].resp.(*kvxpb.Result), err, fromProtoResult)
 			if err != nil {
-				failed = &worker.StageError{Stage: i, Err: fromStatus(ctx, c.done, m, err, resp)}
-				continue
-			}
-			r, err := fromProtoResult(resp)
-			if err != nil {
-				failed = &worker.StageError{Stage: i, Err: malformed(m, err)}
+				failed = &worker.StageError{Stage: i, Err: err}
 				continue
 			}
 			res = append(res, r)
