@@ -36,7 +36,7 @@ demo: build
 ## bench: manager bookkeeping, transport, sim worker, scheduler, engine replay, and the
 ## plugin-isolation ratio (the same run in-process and as plugins, side by side)
 bench: build
-	$(GO) test -run '^$$' -bench . -benchmem ./cachemgr_v1/ ./cachemgr_v2/ ./core/sched/ ./core/device/ ./plugins/v1/pluginrpc/ ./core/host/
+	$(GO) test -run '^$$' -bench . -benchmem ./cachemgr_v1/ ./cachemgr_v2/ ./core/sched/ ./device/ ./plugins/v1/pluginrpc/ ./core/host/
 	$(GO) test -run '^$$' -bench Replay -benchtime 2x ./core/engine/
 	$(BIN)/kvx compare -c cmd/kvx/testdata/small.yaml --set workload.requests=300 --vary isolation=inprocess,plugin
 

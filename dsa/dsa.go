@@ -13,8 +13,8 @@
 package dsa
 
 import (
-	"github.com/kvx-dev/kvx/core/device"
-	"github.com/kvx-dev/kvx/core/device/sim"
+	"github.com/kvx-dev/kvx/device"
+	"github.com/kvx-dev/kvx/device/sim"
 	"github.com/kvx-dev/kvx/dsa/mla"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )

@@ -5,8 +5,8 @@
 package gqa
 
 import (
-	"github.com/kvx-dev/kvx/core/device"
-	"github.com/kvx-dev/kvx/core/device/sim"
+	"github.com/kvx-dev/kvx/device"
+	"github.com/kvx-dev/kvx/device/sim"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 

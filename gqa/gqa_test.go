@@ -5,8 +5,8 @@ import (
 	"math"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/device"
-	"github.com/kvx-dev/kvx/core/device/sim"
+	"github.com/kvx-dev/kvx/device"
+	"github.com/kvx-dev/kvx/device/sim"
 	"github.com/kvx-dev/kvx/gqa"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"

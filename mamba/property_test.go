@@ -8,7 +8,7 @@ import (
 	"pgregory.net/rapid"
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
-	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/hw"
 	"github.com/kvx-dev/kvx/core/model"

@@ -3,7 +3,7 @@
 package main
 
 import (
-	"github.com/kvx-dev/kvx/core/builtin"
+	"github.com/kvx-dev/kvx/cmd/builtin"
 	"github.com/kvx-dev/kvx/dsa/mla"
 	"github.com/kvx-dev/kvx/plugins/sdk"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"

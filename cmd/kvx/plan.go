@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvx-dev/kvx/core/builtin"
+	"github.com/kvx-dev/kvx/cmd/builtin"
 	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )

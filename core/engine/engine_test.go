@@ -10,9 +10,9 @@ import (
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
 	cachemgrv2 "github.com/kvx-dev/kvx/cachemgr_v2"
-	"github.com/kvx-dev/kvx/core/builtin"
+	"github.com/kvx-dev/kvx/cmd/builtin"
 	"github.com/kvx-dev/kvx/core/config"
-	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/hw"
 	"github.com/kvx-dev/kvx/core/model"

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	cachemgrv2 "github.com/kvx-dev/kvx/cachemgr_v2"
-	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/sched"

@@ -9,9 +9,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/builtin"
+	"github.com/kvx-dev/kvx/cmd/builtin"
 	"github.com/kvx-dev/kvx/core/config"
-	"github.com/kvx-dev/kvx/core/device/cpu"
+	"github.com/kvx-dev/kvx/device/cpu"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/setup"

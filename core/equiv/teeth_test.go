@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
-	"github.com/kvx-dev/kvx/core/builtin"
+	"github.com/kvx-dev/kvx/cmd/builtin"
 	"github.com/kvx-dev/kvx/core/config"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/setup"

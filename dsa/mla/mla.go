@@ -11,8 +11,8 @@
 package mla
 
 import (
-	"github.com/kvx-dev/kvx/core/device"
-	"github.com/kvx-dev/kvx/core/device/sim"
+	"github.com/kvx-dev/kvx/device"
+	"github.com/kvx-dev/kvx/device/sim"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 

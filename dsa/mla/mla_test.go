@@ -4,7 +4,7 @@ import (
 	"math"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/device/sim"
+	"github.com/kvx-dev/kvx/device/sim"
 	"github.com/kvx-dev/kvx/dsa/mla"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )

@@ -7,7 +7,7 @@ import (
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
 	cachemgrv2 "github.com/kvx-dev/kvx/cachemgr_v2"
-	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/dsa/mla"
 	"github.com/kvx-dev/kvx/gqa"

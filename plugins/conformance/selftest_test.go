@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/gqa"
 	"github.com/kvx-dev/kvx/plugins/conformance"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"

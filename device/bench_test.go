@@ -3,7 +3,7 @@ package device_test
 import (
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/device"
+	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/gqa"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"

@@ -1,7 +1,7 @@
 package synth
 
 import (
-	"github.com/kvx-dev/kvx/core/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/cpu/kernel"
 )
 
 // Route picks the experts of one token from its router logits: softmax over

@@ -4,7 +4,7 @@
 // head, greedy sampling with draft verification, and a DeepSeek-V3 style MTP
 // head. Token mixers (attention, Mamba2) are not here: the model calls them
 // through the Mixer interface, which the cpu device implements with the paged
-// kernels of core/device/cpu/kernel.
+// kernels of device/cpu/kernel.
 //
 // Every function is deterministic with a fixed summation order (the order of
 // kernel.Dot), parallel only across independent outputs, so a stage's
@@ -19,7 +19,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/kvx-dev/kvx/core/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/cpu/kernel"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"

@@ -23,7 +23,7 @@ package device
 import (
 	"context"
 
-	"github.com/kvx-dev/kvx/core/device/sim"
+	"github.com/kvx-dev/kvx/device/sim"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"

@@ -3,7 +3,7 @@ package cpu
 import (
 	"fmt"
 
-	"github.com/kvx-dev/kvx/core/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/cpu/kernel"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )

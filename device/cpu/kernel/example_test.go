@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/kvx-dev/kvx/core/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/cpu/kernel"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/device/cpu"
+	"github.com/kvx-dev/kvx/device/cpu"
 	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/kvx-dev/kvx/core/device/cpu/kernel"
-	"github.com/kvx-dev/kvx/core/device/cpu/synth"
+	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/cpu/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 

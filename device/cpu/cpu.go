@@ -39,9 +39,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvx-dev/kvx/core/device"
-	"github.com/kvx-dev/kvx/core/device/cpu/kernel"
-	"github.com/kvx-dev/kvx/core/device/cpu/synth"
+	"github.com/kvx-dev/kvx/device"
+	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/cpu/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
