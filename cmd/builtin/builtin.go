@@ -7,9 +7,9 @@ package builtin
 import (
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
 	cachemgrv2 "github.com/kvx-dev/kvx/cachemgr_v2"
+	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu"
-	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/dsa/mla"
 	"github.com/kvx-dev/kvx/gqa"

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
-	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/core/sched"
+	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"

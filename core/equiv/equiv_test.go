@@ -11,12 +11,12 @@ import (
 
 	"github.com/kvx-dev/kvx/cmd/builtin"
 	"github.com/kvx-dev/kvx/core/config"
-	"github.com/kvx-dev/kvx/device/cpu"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/core/testbin"
 	"github.com/kvx-dev/kvx/core/workload"
+	"github.com/kvx-dev/kvx/device/cpu"
 )
 
 // binDir holds the plugin binaries for isolation: plugin, built once.

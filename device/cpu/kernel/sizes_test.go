@@ -4,8 +4,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/kvx-dev/kvx/device/cpu/kernel"
 	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/device/cpu/kernel"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
