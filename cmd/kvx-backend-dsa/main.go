@@ -1,14 +1,17 @@
 // Command kvx-backend-dsa is the DeepSeek Sparse Attention attention backend as a worker plugin.
 // The kvx host starts it (plugins/sdk serves it over go-plugin gRPC).
+// It links the worker runtime and its devices (device/, device/sim,
+// device/cpu) and the backend, never the engine or a cache manager.
 package main
 
 import (
-	"github.com/kvx-dev/kvx/cmd/builtin"
+	"github.com/kvx-dev/kvx/device"
+	"github.com/kvx-dev/kvx/device/cpu"
 	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/plugins/sdk"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
 func main() {
-	sdk.ServeWorker(func() worker.Worker { return builtin.Worker(dsa.Backend) })
+	sdk.ServeWorker(func() worker.Worker { return device.NewWorker(dsa.Backend, device.WithDevice("cpu", cpu.Open)) })
 }
