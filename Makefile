@@ -4,7 +4,12 @@ BIN     := $(CURDIR)/bin
 TOOLS   := $(BIN)/tools
 export PATH := $(TOOLS):$(PATH)
 
-.PHONY: all build test test-short demo bench proto tools vet clean
+.PHONY: all build test test-short test-race bench-smoke fmt-check demo bench proto tools vet clean
+
+# Packages that run goroutines of their own (plugin transport, host, engine
+# with started calls and step overlap, setup's launcher, the worker runtime
+# and the cpu kernels' parallel loops): the race detector runs their tests.
+RACE_PKGS := ./core/host/ ./core/engine/ ./core/setup/ ./plugins/... ./device/...
 
 all: build
 
@@ -25,9 +30,28 @@ tools:
 vet:
 	$(GO) vet ./...
 
-## test: vet and the whole test suite (sim and cpu devices; no GPU needed)
-test: tools build vet
+## fmt-check: fail when a Go file is not gofmt-formatted
+fmt-check:
+	@out="$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' 2>/dev/null || find . -name '*.go'))"; \
+	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+## test: formatting, vet, the whole suite, the concurrent packages under the
+## race detector, and every benchmark once (sim and cpu devices; no GPU needed)
+test: tools build fmt-check vet
 	$(GO) test -timeout 15m -count=1 ./...
+	@$(MAKE) --no-print-directory test-race bench-smoke
+
+## test-short: the suite without its long randomized runs
+test-short: build
+	$(GO) test -short -count=1 ./...
+
+## test-race: the packages with goroutines of their own, under -race (short mode)
+test-race:
+	$(GO) test -race -short -timeout 15m -count=1 $(RACE_PKGS)
+
+## bench-smoke: every benchmark once, so a broken benchmark fails the suite
+bench-smoke:
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 15m ./...
 
 ## demo: side-by-side comparison of the cache managers on the bundled scenario (sim device)
 demo: build
