@@ -129,8 +129,13 @@ func (r Reattach) Config() (*plugin.ReattachConfig, error) {
 }
 
 // debugName returns the binary name debug mode is on for, or "" when it is
-// off.
+// off. A plugin that a host started (the handshake cookie is set) serves
+// normally whatever DebugEnv says, so that a variable exported in the
+// host's shell cannot stall every launch.
 func debugName() string {
+	if os.Getenv(pluginrpc.Handshake.MagicCookieKey) == pluginrpc.Handshake.MagicCookieValue {
+		return ""
+	}
 	switch v := os.Getenv(DebugEnv); v {
 	case "", "0", "false":
 		return ""

@@ -123,3 +123,22 @@ func TestServeDebug(t *testing.T) {
 		t.Fatal("serveDebug did not return within 10s of cancel")
 	}
 }
+
+func TestDebugName(t *testing.T) {
+	for _, tc := range []struct {
+		debug, cookie, want string
+	}{
+		{"", "", ""},
+		{"0", "", ""},
+		{"1", "", os.Args[0]},
+		{"true", "", os.Args[0]},
+		{"kvx-fifo", "", "kvx-fifo"},
+		{"1", pluginrpc.Handshake.MagicCookieValue, ""}, // started by a host: serve normally
+	} {
+		t.Setenv(DebugEnv, tc.debug)
+		t.Setenv(pluginrpc.Handshake.MagicCookieKey, tc.cookie)
+		if got := debugName(); got != tc.want {
+			t.Errorf("%s=%q, cookie %q: debugName() = %q, want %q", DebugEnv, tc.debug, tc.cookie, got, tc.want)
+		}
+	}
+}
