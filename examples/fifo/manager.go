@@ -22,9 +22,8 @@ const maxBlocks = 1 << 22
 // in use (refs > 0). A cached or in-use block that holds a prompt block is
 // registered: it has a stamp, an entry in index and a place in queue.
 type Manager struct {
-	cfg    kvcache.Config
-	layout kvcache.Layout
-	tpb    int
+	cfg kvcache.Config
+	tpb int
 
 	blocks []block
 	free   []kvcache.BlockID // free blocks, a stack
@@ -50,7 +49,8 @@ type block struct {
 // stamp of the previous block of the prefix (0 for the first block) and the
 // block's own tokens. Stamps are never reused, so a key is exact: no hash
 // can collide, and when a block is evicted the keys that follow it can no
-// longer be reached from the start of a prompt.
+// longer be reached from the start of a prompt (their blocks stay cached,
+// unreachable, until their turn in the queue comes).
 type key struct {
 	parent uint64
 	tokens string
@@ -150,16 +150,12 @@ func (m *Manager) Configure(_ context.Context, cfg kvcache.Config) (kvcache.Layo
 	for b := n - 1; b >= 0; b-- {
 		m.free = append(m.free, kvcache.BlockID(b))
 	}
-	m.layout = kvcache.Layout{
+	return kvcache.Layout{
 		Pools: []kvcache.Pool{{ID: 0, Name: "full", Tier: kvcache.TierDevice, Layers: layers,
 			TokensPerBlock: tpb, BlockBytes: blockBytes, Blocks: int(n)}},
 		MaxSeqTokens: min(int(n)*tpb, limit),
 		Warnings:     warnings,
-	}
-	out := m.layout
-	out.Pools = slices.Clone(out.Pools)
-	out.Pools[0].Layers = slices.Clone(layers)
-	return out, nil
+	}, nil
 }
 
 // Lookup implements kvcache.Manager: the registered full blocks at the
@@ -196,6 +192,9 @@ func (m *Manager) match(prompt []int32, n int) ([]kvcache.BlockID, uint64) {
 // Reserve implements kvcache.Manager. Each item is granted or denied on its
 // own, in order; a denial changes nothing.
 func (m *Manager) Reserve(_ context.Context, items []kvcache.ReserveItem) ([]kvcache.Grant, error) {
+	if m.tpb == 0 {
+		return nil, kvcache.Errorf(kvcache.KindInvalidArg, "fifo: Reserve before Configure")
+	}
 	gs := make([]kvcache.Grant, len(items))
 	for i, it := range items {
 		gs[i] = m.reserve(it)
@@ -391,7 +390,10 @@ func (m *Manager) alloc() kvcache.BlockID {
 }
 
 // evict unregisters the cached block that was registered first and returns
-// it. Blocks in use keep their place in the queue.
+// it. Blocks in use keep their place in the queue. The scan is linear in the
+// blocks in use ahead of the first cached one: simple, and fast enough for
+// an example; a production manager would keep the cached blocks in a heap
+// ordered by stamp.
 func (m *Manager) evict() kvcache.BlockID {
 	for i, b := range m.queue {
 		if m.blocks[b].refs > 0 {
