@@ -25,6 +25,7 @@ func TestUnknownTransportProtocol(t *testing.T) {
 	if !errors.Is(err, ErrProtocol) {
 		t.Errorf("errors.Is(%v, ErrProtocol) = false", err)
 	}
+	t.Log(err)
 	for _, want := range []string{
 		fakeManager,
 		"the plugin speaks protocol 9",
