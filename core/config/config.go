@@ -12,7 +12,9 @@
 //     a double underscore nests, so KVX_KV_CACHE_CONFIG__TOKENS_PER_BLOCK=64
 //     sets kv_cache_config.tokens_per_block (single underscores stay part of
 //     the key name). Every KVX_ variable is a config key: an unknown one is an
-//     error like any unknown key.
+//     error like any unknown key. The one exception is KVX_REATTACH_*, the
+//     variables through which core/host attaches to a plugin running in the
+//     SDK's debug mode (plugins/sdk.ReattachEnvPrefix): Load skips them.
 //  3. --set key=value pairs, in order: dotted keys; the value is read as a YAML
 //     scalar or flow collection ("64", "fp8", "[0.5, 0.5]", "{min: 1, max: 9}",
 //     "null" to unset).
@@ -239,6 +241,10 @@ func defaults() *Config {
 // EnvPrefix starts every environment variable that Load reads.
 const EnvPrefix = "KVX_"
 
+// ReattachEnvPrefix starts the variables Load skips: plugins/sdk's
+// reattach variables (sdk.ReattachEnvPrefix; a test keeps them equal).
+const ReattachEnvPrefix = EnvPrefix + "REATTACH_"
+
 // origin says where a value came from, for messages.
 type origin struct {
 	where string // "file a.yaml", "env KVX_X", "--set"
@@ -276,6 +282,9 @@ func Load(files []string, env []string, sets []string) (*Config, []string, error
 		Prefix:      EnvPrefix,
 		EnvironFunc: func() []string { return env },
 		TransformFunc: func(name, value string) (string, any) {
+			if strings.HasPrefix(name, ReattachEnvPrefix) {
+				return "", nil // read by core/host, not a config key
+			}
 			key := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(name, EnvPrefix), "__", "."))
 			if key == "" {
 				return "", nil

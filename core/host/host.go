@@ -378,7 +378,7 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(n))
 	}
 	parentDeathSignal(cmd)
-	client := plugin.NewClient(&plugin.ClientConfig{
+	cfg := &plugin.ClientConfig{
 		HandshakeConfig:  pluginrpc.Handshake,
 		VersionedPlugins: pluginrpc.HostPlugins(h.clientOptions()...),
 		Cmd:              cmd,
@@ -388,7 +388,12 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 		AutoMTLS:         h.AutoMTLS,
 		StartTimeout:     timeout,
 		GRPCDialOptions:  pluginrpc.DialOptions(),
-	})
+	}
+	if err := h.reattach(cfg, path); err != nil { // a plugin in debug mode (reattach.go)
+		h.mu.Unlock()
+		return nil, nil, err
+	}
+	client := plugin.NewClient(cfg)
 	proc := &Process{host: h, path: path, client: client}
 	h.procs[proc] = struct{}{}
 	h.mu.Unlock()
@@ -399,7 +404,7 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 	}
 	rpc, err := client.Client() // starts the process and connects
 	if err != nil {
-		return fail(fmt.Errorf("start: %w", err))
+		return fail(startError(err, cfg.VersionedPlugins))
 	}
 	proc.rpc = rpc
 	if rc := client.ReattachConfig(); rc != nil {

@@ -9,7 +9,9 @@
 //
 // Name the binary kvx-<something> and put it next to kvx, in ./bin, or in a
 // directory the host searches. Run by hand (without the host), it prints a
-// notice and exits with status 1.
+// notice and exits with status 1, unless DebugEnv is set: then it serves in
+// debug mode (see debug.go), so that it can run under a debugger and kvx
+// attaches to it.
 //
 // Logging: the plugin's stdout belongs to go-plugin's handshake. Log through
 // hclog.Default(), which the SDK sets to its logger before it calls the
@@ -66,7 +68,8 @@ func DefaultLogger() hclog.Logger {
 // instance per pipeline stage (pluginrpc.InstancesProtocol); an older host
 // gets one instance per process. Instances share nothing but the process.
 // It does not return while serving; when started by hand (no handshake
-// cookie) it exits the process with status 1.
+// cookie) it exits the process with status 1. In debug mode (DebugEnv) it
+// returns once interrupted.
 func ServeCacheManager(factory func() kvcache.Manager, opts ...Option) {
 	singleThread()
 	logger := setup(opts)
@@ -102,16 +105,30 @@ func setup(opts []Option) hclog.Logger {
 	}
 	if o.logger == nil {
 		o.logger = DefaultLogger()
+		if debugName() != "" {
+			o.logger = debugLogger()
+		}
 	}
 	hclog.SetDefault(o.logger)
 	return o.logger
 }
 
 func serve(plugins map[int]plugin.PluginSet, logger hclog.Logger) {
-	plugin.Serve(&plugin.ServeConfig{
+	cfg := &plugin.ServeConfig{
 		HandshakeConfig:  pluginrpc.Handshake,
 		VersionedPlugins: plugins,
 		GRPCServer:       pluginrpc.NewGRPCServer,
 		Logger:           logger,
-	})
+	}
+	if name := debugName(); name != "" {
+		ctx, stop := debugContext()
+		defer stop()
+		if err := serveDebug(ctx, cfg, name, os.Stdout); err != nil {
+			logger.Error("debug mode", "error", err)
+			stop()
+			os.Exit(1)
+		}
+		return
+	}
+	plugin.Serve(cfg)
 }

@@ -6,6 +6,11 @@
 //	FAKEPLUGIN_ONE_INSTANCE  set: serve transport protocol 1 only, one
 //	                         instance per process, as plugins built before
 //	                         instances do
+//	FAKEPLUGIN_TRANSPORT     serve only this transport protocol version (a
+//	                         plugin built for a kvx of another major version)
+//
+// With KVX_PLUGIN_DEBUG=1 it serves in the SDK's debug mode, for the
+// reattach tests.
 //
 // Lookup, and Forward of Step 7, block until their ctx ends, so tests can
 // kill the process in the middle of a call. Stats reports the plugin's pid as
@@ -126,6 +131,20 @@ func main() {
 		hclog.Default().Info("fake manager starting", "pid", os.Getpid(), "instance", made)
 		made++
 		return manager{instance: made - 1}
+	}
+	if v := os.Getenv("FAKEPLUGIN_TRANSPORT"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			hclog.Default().Error("bad FAKEPLUGIN_TRANSPORT", "value", v)
+			os.Exit(2)
+		}
+		plugin.Serve(&plugin.ServeConfig{
+			HandshakeConfig:  pluginrpc.Handshake,
+			VersionedPlugins: map[int]plugin.PluginSet{n: pluginrpc.VersionedPlugins(newManager(), nil)[kvcache.ProtocolVersion]},
+			GRPCServer:       pluginrpc.NewGRPCServer,
+			Logger:           sdk.DefaultLogger(),
+		})
+		return
 	}
 	if os.Getenv("FAKEPLUGIN_ONE_INSTANCE") != "" {
 		plugin.Serve(&plugin.ServeConfig{
