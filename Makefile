@@ -36,10 +36,11 @@ fmt-check:
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
 ## test: formatting, vet, the whole suite, the concurrent packages under the
-## race detector, and every benchmark once (sim and cpu devices; no GPU needed)
+## race detector, every benchmark once, and the example plugin proved against
+## v1 (sim and cpu devices; no GPU needed)
 test: tools build fmt-check vet
 	$(GO) test -timeout 15m -count=1 ./...
-	@$(MAKE) --no-print-directory test-race bench-smoke
+	@$(MAKE) --no-print-directory test-race bench-smoke examples
 
 ## test-short: the suite without its long randomized runs
 test-short: build
@@ -68,3 +69,4 @@ clean:
 	rm -rf $(BIN)
 
 include mk/proto.mk
+include mk/examples.mk
