@@ -129,7 +129,7 @@ func Open(s device.Stage) (device.Device, error) {
 		if l.Mixer == spec.MixerNone {
 			continue
 		}
-		x, err := newLayerMix(m, st.Weights(), l, cfg.Backend, kv, conv, ssm)
+		x, err := newLayerMix(m, st.Weights(), l, s.Backend.Kernel(l.Mixer), kv, conv, ssm)
 		if err != nil {
 			return nil, err
 		}
@@ -137,7 +137,7 @@ func Open(s device.Stage) (device.Device, error) {
 			return nil, err
 		}
 		d.mix[l.Index] = x
-		if x.kind == kindMamba {
+		if x.kind == device.KernelMamba2 {
 			d.mambas = append(d.mambas, l.Index)
 		}
 	}
@@ -225,18 +225,18 @@ func checkWidths(x *layerMix, l spec.Layer) error {
 	}
 	var ws []want
 	switch x.kind {
-	case kindGQA:
+	case device.KernelGQA:
 		ws = []want{{spec.RoleKV, x.gqa.RowBytes(), true}}
-	case kindMLA, kindDSA:
+	case device.KernelMLA, device.KernelDSA:
 		ws = []want{{spec.RoleLatent, x.dsa.MLA.RowBytes(), true}}
 		if l.Mixer == spec.MixerDSA {
 			w := want{spec.RoleIndexKey, x.dsa.Indexer.RowBytes(), true}
-			if x.kind == kindMLA {
+			if x.kind == device.KernelMLA {
 				w.bytes = 0 // dense MLA on a DSA model leaves the indexer keys alone
 			}
 			ws = append(ws, w)
 		}
-	case kindMamba:
+	case device.KernelMamba2:
 		if c := x.mamba.ConvBytes(); c > 0 {
 			ws = append(ws, want{spec.RoleConvState, c, false})
 		}
@@ -450,7 +450,7 @@ func (pm *pagedMixer) Mix(_ context.Context, layer int, segs []synth.Seg, in, ou
 	core := make([]float32, rows*x.core)
 	r := 0
 	switch x.kind {
-	case kindGQA:
+	case device.KernelGQA:
 		p := x.projectGQA(in)
 		qw, kw := x.gqa.Heads*x.gqa.HeadDim, x.gqa.KVHeads*x.gqa.HeadDim
 		for _, sg := range segs {
@@ -461,7 +461,7 @@ func (pm *pagedMixer) Mix(_ context.Context, layer int, segs []synth.Seg, in, ou
 			}
 			r = hi
 		}
-	case kindMLA, kindDSA:
+	case device.KernelMLA, device.KernelDSA:
 		p := x.projectMLA(in)
 		m := x.dsa.MLA
 		for _, sg := range segs {
@@ -470,7 +470,7 @@ func (pm *pagedMixer) Mix(_ context.Context, layer int, segs []synth.Seg, in, ou
 			mi.in.Pos = sg.Pos
 			lat := pm.paged(layer, spec.RoleLatent, sg.Seq)
 			var err error
-			if x.kind == kindDSA {
+			if x.kind == device.KernelDSA {
 				err = x.dsa.Forward(lat, pm.paged(layer, spec.RoleIndexKey, sg.Seq), &x.mlaW, mi.in, mi.ix, sub(core, x.core, lo, hi), nil)
 			} else {
 				err = m.Forward(lat, &x.mlaW, mi.in, sub(core, x.core, lo, hi))
@@ -480,7 +480,7 @@ func (pm *pagedMixer) Mix(_ context.Context, layer int, segs []synth.Seg, in, ou
 			}
 			r = hi
 		}
-	case kindMamba:
+	case device.KernelMamba2:
 		p := x.projectMamba(in)
 		for _, sg := range segs {
 			if err := pm.mamba(x, sg, &p, r, core); err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
 	"github.com/kvx-dev/kvx/device/cpu/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -11,39 +12,6 @@ import (
 
 // ropeTheta is the RoPE base of every synthetic attention layer.
 const ropeTheta = 10000
-
-// kind is what a mixer layer runs on this backend.
-type kind uint8
-
-const (
-	kindNone  kind = iota
-	kindGQA        // GQA, with the layer's window
-	kindMLA        // dense absorbed MLA (MLA layers, and DSA layers on backend "mla")
-	kindDSA        // indexer top-k + sparse MLA
-	kindMamba      // Mamba2
-)
-
-func (k kind) String() string {
-	return [...]string{"none", "gqa", "mla", "dsa", "mamba"}[k]
-}
-
-// kindOf maps a layer's mixer to what runs it on backend.
-func kindOf(m spec.Mixer, backend string) kind {
-	switch m {
-	case spec.MixerGQA:
-		return kindGQA
-	case spec.MixerMLA:
-		return kindMLA
-	case spec.MixerDSA:
-		if backend == "mla" {
-			return kindMLA
-		}
-		return kindDSA
-	case spec.MixerMamba:
-		return kindMamba
-	}
-	return kindNone
-}
 
 // layerMix is one mixer layer: its projections (drawn from synth Weights
 // under LayerName(layer)+"mixer.") and its kernel configuration. The paged
@@ -53,7 +21,7 @@ func kindOf(m spec.Mixer, backend string) kind {
 // Immutable after newLayerMix; safe for concurrent use.
 type layerMix struct {
 	layer  int
-	kind   kind
+	kind   device.Kernel
 	hidden int
 
 	gqa        kernel.GQA
@@ -76,16 +44,20 @@ type layerMix struct {
 	core int       // width of the core's output per row
 }
 
-// newLayerMix draws layer l's mixer weights for backend. kvDtype is the
-// attention cache dtype; conv and ssm the Mamba state dtypes.
-func newLayerMix(m *spec.Model, w synth.Weights, l spec.Layer, backend string, kvDtype, conv, ssm kernel.Dtype) (*layerMix, error) {
-	x := &layerMix{layer: l.Index, kind: kindOf(l.Mixer, backend), hidden: m.Hidden}
+// newLayerMix draws layer l's mixer weights for kernel k, the backend's
+// choice for l.Mixer. kvDtype is the attention cache dtype; conv and ssm the
+// Mamba state dtypes.
+func newLayerMix(m *spec.Model, w synth.Weights, l spec.Layer, k device.Kernel, kvDtype, conv, ssm kernel.Dtype) (*layerMix, error) {
+	x := &layerMix{layer: l.Index, kind: k, hidden: m.Hidden}
 	p := synth.LayerName(l.Index) + "mixer."
 	h := m.Hidden
 	switch x.kind {
-	case kindNone:
+	case device.KernelNone:
+		if l.Mixer != spec.MixerNone {
+			return nil, fmt.Errorf("layer %d: mixer %q runs no kernel on this backend", l.Index, l.Mixer)
+		}
 		return x, nil
-	case kindGQA:
+	case device.KernelGQA:
 		kvh := m.KVHeads
 		if kvh == 0 {
 			kvh = m.Heads
@@ -99,7 +71,7 @@ func newLayerMix(m *spec.Model, w synth.Weights, l spec.Layer, backend string, k
 		x.wk = w.Linear(p+"k_proj", kvh*m.HeadDim, h)
 		x.wv = w.Linear(p+"v_proj", kvh*m.HeadDim, h)
 		x.core = m.Heads * m.HeadDim
-	case kindMLA, kindDSA:
+	case device.KernelMLA, device.KernelDSA:
 		H, N, P, R, V := m.Heads, m.QKNopeHeadDim, m.QKRopeHeadDim, m.KVLoraRank, m.VHeadDim
 		x.dsa.MLA = kernel.MLA{Heads: H, KVLoraRank: R, QKNopeHeadDim: N, QKRopeHeadDim: P, VHeadDim: V, Dtype: kvDtype,
 			RoPE: kernel.RoPE{Dim: P, Theta: ropeTheta, Interleaved: true}}
@@ -117,7 +89,7 @@ func newLayerMix(m *spec.Model, w synth.Weights, l spec.Layer, backend string, k
 		x.kvaN = w.Norm(p+"kv_a_norm", R)
 		x.mlaW = kernel.MLAWeights{UK: w.Linear(p+"w_uk", H*N, R), UV: w.Linear(p+"w_uv", H*V, R)}
 		x.core = H * V
-		if x.kind == kindDSA {
+		if x.kind == device.KernelDSA {
 			x.dsa.Indexer = kernel.Indexer{Heads: m.IndexHeads, HeadDim: m.IndexHeadDim, TopK: m.IndexTopK}
 			if err := x.dsa.Indexer.Validate(); err != nil {
 				return nil, fmt.Errorf("layer %d: %w", l.Index, err)
@@ -127,7 +99,7 @@ func newLayerMix(m *spec.Model, w synth.Weights, l spec.Layer, backend string, k
 			x.wiw = w.Linear(p+"indexer.weights_proj", m.IndexHeads, h)
 			x.iwScale = float32(1 / math.Sqrt(float64(m.IndexHeads*m.IndexHeadDim)))
 		}
-	case kindMamba:
+	case device.KernelMamba2:
 		x.mamba = kernel.Mamba2{Heads: m.MambaHeads, HeadDim: m.MambaHeadDim, State: m.SSMStateSize, Groups: m.NGroups,
 			ConvKernel: m.ConvKernel, ConvDtype: conv, SSMDtype: ssm, Eps: synth.NormEps}
 		if err := x.mamba.Validate(); err != nil {
@@ -145,6 +117,8 @@ func newLayerMix(m *spec.Model, w synth.Weights, l spec.Layer, backend string, k
 			NormW:  w.Norm(p+"norm", mb.Inner()),
 		}
 		x.core = mb.Inner()
+	default:
+		return nil, fmt.Errorf("layer %d: mixer %q: kernel %v does not run on the cpu device", l.Index, l.Mixer, k)
 	}
 	x.wo = w.Output(p+"o_proj", h, x.core)
 	return x, nil
@@ -216,7 +190,7 @@ func (x *layerMix) projectMLA(in []float32) mlaIn {
 		kernel.RMSNorm(o.in.CKV[r*R:(r+1)*R], kva[r*(R+P):r*(R+P)+R], x.kvaN, synth.NormEps)
 		copy(o.in.KPE[r*P:(r+1)*P], kva[r*(R+P)+R:(r+1)*(R+P)])
 	}
-	if x.kind == kindDSA {
+	if x.kind == device.KernelDSA {
 		ix := x.dsa.Indexer
 		o.ix.Q = make([]float32, rows*ix.Heads*ix.HeadDim)
 		kernel.MatMul(o.ix.Q, qin, x.wiq, qw)

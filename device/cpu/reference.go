@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
 	"github.com/kvx-dev/kvx/device/cpu/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -21,13 +22,12 @@ type Reference struct {
 // NewReference builds the reference of model m (its Buffers filled by
 // core/model.FillBuffers with TP 1: the cache dtypes are read off them; a
 // model without buffers runs bf16 KV and float32 state) with the weights of
-// seed, for backend "gqa", "mla" or "dsa" (which decides how DSA layers
-// run, as on the device). Errors name the field, the value and the limit.
-func NewReference(m spec.Model, seed uint64, backend string) (*Reference, error) {
-	switch backend {
-	case "gqa", "mla", "dsa":
-	default:
-		return nil, fmt.Errorf("backend %q: want gqa, mla or dsa", backend)
+// seed, running each layer with the kernel that kernelOf, the backend's
+// Kernel method, picks for its mixer (so DSA layers run sparse or dense as on
+// the device). Errors name the field, the value and the limit.
+func NewReference(m spec.Model, seed uint64, kernelOf func(spec.Mixer) device.Kernel) (*Reference, error) {
+	if kernelOf == nil {
+		return nil, fmt.Errorf("reference: no kernel choice (want a backend's Kernel method)")
 	}
 	if m.Arch == archGDN {
 		return nil, fmt.Errorf("model %q arch %s: Gated DeltaNet layers cannot run on the cpu kernels", m.Name, m.Arch)
@@ -36,7 +36,7 @@ func NewReference(m spec.Model, seed uint64, backend string) (*Reference, error)
 	if err != nil {
 		return nil, err
 	}
-	kv, err := kvFromBuffers(&m, backend)
+	kv, err := kvFromBuffers(&m, kernelOf)
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +49,7 @@ func NewReference(m spec.Model, seed uint64, backend string) (*Reference, error)
 		if l.Mixer == spec.MixerNone {
 			continue
 		}
-		if r.mix[l.Index], err = newLayerMix(&m, st.Weights(), l, backend, kv, conv, ssm); err != nil {
+		if r.mix[l.Index], err = newLayerMix(&m, st.Weights(), l, kernelOf(l.Mixer), kv, conv, ssm); err != nil {
 			return nil, err
 		}
 	}
@@ -102,16 +102,16 @@ func (dm denseMixer) Mix(_ context.Context, layer int, segs []synth.Seg, in, out
 		o := sub(core, x.core, lo, hi)
 		var err error
 		switch x.kind {
-		case kindGQA:
+		case device.KernelGQA:
 			p := x.projectGQA(seg)
 			err = kernel.DenseGQA(x.gqa, 0, p.q, p.k, p.v, o)
-		case kindMLA:
+		case device.KernelMLA:
 			p := x.projectMLA(seg)
 			err = kernel.DenseMLA(x.dsa.MLA, &x.mlaW, p.in, o)
-		case kindDSA:
+		case device.KernelDSA:
 			p := x.projectMLA(seg)
 			err = kernel.DenseDSA(x.dsa, &x.mlaW, p.in, p.ix, o, nil)
-		case kindMamba:
+		case device.KernelMamba2:
 			p := x.projectMamba(seg)
 			_, _, err = kernel.DenseMamba2(x.mamba, &x.mambW, p.z, p.xBC, p.dt, o)
 		default:
@@ -128,13 +128,13 @@ func (dm denseMixer) Mix(_ context.Context, layer int, segs []synth.Seg, in, out
 
 // kvFromBuffers reads the KV dtype off the first attention layer's buffers
 // (bf16 when no layer has buffers).
-func kvFromBuffers(m *spec.Model, backend string) (kernel.Dtype, error) {
+func kvFromBuffers(m *spec.Model, kernelOf func(spec.Mixer) device.Kernel) (kernel.Dtype, error) {
 	for _, l := range m.Layers {
 		if len(l.Buffers) == 0 || l.Mixer == spec.MixerMamba || l.Mixer == spec.MixerNone {
 			continue
 		}
 		for _, dt := range []kernel.Dtype{kernel.BF16, kernel.FP8} {
-			x, err := newLayerMix(m, synth.Weights{}, l, backend, dt, kernel.F32, kernel.F32)
+			x, err := newLayerMix(m, synth.Weights{}, l, kernelOf(l.Mixer), dt, kernel.F32, kernel.F32)
 			if err != nil {
 				return 0, err
 			}
