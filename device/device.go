@@ -95,6 +95,15 @@ func (k Kernel) String() string {
 // validated the batch and applied its Released sequences and table deltas to
 // t before it calls Forward; the device must not retain b or t. Calls come
 // from one goroutine at a time.
+//
+// What may influence an output: a computing device's tokens, logits and
+// activations for an item's row r depend only on the weights (Seed), the
+// kernels the backend chose, and the tokens at positions 0..Pos+r of the
+// item's own sequence, read in logical order through its tables; never on
+// how the sequence was chunked, on physical block placement, on the batch's
+// order or its other items, or on the process. (A modelled device's time
+// depends on the whole batch; its placeholder tokens only on (Seed, Seq,
+// position).)
 type Device interface {
 	// Modelled reports whether Forward's time is modelled (sim) rather than
 	// measured.
