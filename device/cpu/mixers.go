@@ -11,7 +11,8 @@ import (
 
 // layerKernel is how one mixer layer runs on the cpu: the kernel the
 // backend chose for it and that kernel's configuration (dimensions, cache
-// dtypes, RoPE). The layer's projections and weights are the model's
+// dtypes; RoPE is validated here but applied by the model, so the kernels
+// run with it off). The layer's projections and weights are the model's
 // (package synth); the paged device and the dense Reference share this.
 // Immutable after newLayerKernel; safe for concurrent use.
 type layerKernel struct {
@@ -42,12 +43,14 @@ func newLayerKernel(m *spec.Model, l spec.Layer, k device.Kernel, kvDtype, conv,
 		if err := x.gqa.Validate(); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", l.Index, err)
 		}
+		x.gqa.RoPE = kernel.RoPE{} // the model rotates q and k (synth.Ops.RoPE)
 	case device.KernelMLA, device.KernelDSA:
 		x.dsa.MLA = kernel.MLA{Heads: m.Heads, KVLoraRank: m.KVLoraRank, QKNopeHeadDim: m.QKNopeHeadDim, QKRopeHeadDim: m.QKRopeHeadDim,
 			VHeadDim: m.VHeadDim, Dtype: kvDtype, RoPE: kernel.RoPE{Dim: m.QKRopeHeadDim, Theta: synth.RoPETheta, Interleaved: true}}
 		if err := x.dsa.MLA.Validate(); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", l.Index, err)
 		}
+		x.dsa.MLA.RoPE = kernel.RoPE{} // the model rotates q_pe and k_pe (synth.Ops.RoPE)
 		if k == device.KernelDSA {
 			x.dsa.Indexer = kernel.Indexer{Heads: m.IndexHeads, HeadDim: m.IndexHeadDim, TopK: m.IndexTopK}
 			if err := x.dsa.Indexer.Validate(); err != nil {

@@ -219,6 +219,21 @@ func (hostOps) ReLU2(x synth.Tensor) synth.Tensor {
 	return out
 }
 
+func (hostOps) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
+	xt := cpuTensor(x)
+	kr := kernel.RoPE{Dim: r.Dim, Theta: r.Theta, Interleaved: r.Interleaved}
+	row := 0
+	for _, sg := range segs {
+		for j := range sg.Rows {
+			kr.Apply(xt.rowsOf(row, row+1), stride, sg.Pos+j)
+			row++
+		}
+	}
+	if row != xt.r {
+		panic(fmt.Sprintf("cpu: RoPE: segments cover %d rows of %d", row, xt.r))
+	}
+}
+
 func (hostOps) Route(logits synth.Tensor, k int) synth.Routing {
 	lt := cpuTensor(logits)
 	r := &routing{rows: lt.r, of: make([][]int, lt.c), w: make([][]float32, lt.c)}

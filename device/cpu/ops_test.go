@@ -217,3 +217,29 @@ func TestDenseOpsAreDenseKernels(t *testing.T) {
 		}
 	}
 }
+
+// RoPE rotates row j of a segment at position Pos+j, as kernel.RoPE.Apply.
+func TestOpsRoPEIsKernelRoPE(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	var o hostOps
+	segs := []synth.Seg{{Seq: 1, Pos: 5, Rows: 3}, {Seq: 2, Pos: 0, Rows: 2}, {Seq: 3, Pos: 130, Rows: 1}}
+	for _, r := range []synth.RoPE{{Dim: 8, Theta: 10000}, {Dim: 4, Theta: 10000, Interleaved: true}, {Dim: 6, Theta: 500000}} {
+		x := randT(rng, 6, 3*8)
+		orig := slices.Clone(x.d)
+		want := slices.Clone(x.d)
+		o.RoPE(x, segs, 8, r)
+		if sameBits(x.d, orig) {
+			t.Errorf("RoPE %+v left x as it was", r)
+		}
+		row := 0
+		for _, sg := range segs {
+			for j := range sg.Rows {
+				kernel.RoPE{Dim: r.Dim, Theta: r.Theta, Interleaved: r.Interleaved}.Apply(want[row*24:(row+1)*24], 8, sg.Pos+j)
+				row++
+			}
+		}
+		if !sameBits(x.d, want) {
+			t.Errorf("RoPE %+v differs from kernel.RoPE.Apply at the segments' positions", r)
+		}
+	}
+}

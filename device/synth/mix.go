@@ -9,8 +9,7 @@ import (
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
-// RoPETheta is the RoPE base of every synthetic attention layer; the device
-// applies RoPE inside its attention kernels.
+// RoPETheta is the RoPE base of every synthetic attention layer.
 const RoPETheta = 10000
 
 // mixW is one mixer layer's projections, drawn under LayerName(i)+"mixer.",
@@ -18,17 +17,19 @@ const RoPETheta = 10000
 // (cache dtype, layout) is the device's.
 type mixW struct {
 	kernel device.Kernel
+	rope   RoPE // on q and k (GQA: every head_dim; MLA, DSA: q_pe and k_pe)
+	stride int  // elements per head of the rotated tensors
 
 	wq, wk, wv Tensor // GQA projections (out × hidden)
 
-	heads, nope, rope, rank int
-	wqa, qaN                Tensor // q LoRA down projection and its norm (QLoraRank > 0)
-	wqb                     Tensor // q up projection (from q LoRA, or from hidden when there is none)
-	wkva, kvaN              Tensor // kv_a_proj_with_mqa (rank+rope × hidden) and the latent norm
-	mla                     MLAWeights
-	wiq                     Tensor // indexer query projection (from the q LoRA, or hidden)
-	wik, wiw                Tensor // indexer key projection and head weights
-	iwScale                 float32
+	heads, nope, ropeDim, rank int
+	wqa, qaN                   Tensor // q LoRA down projection and its norm (QLoraRank > 0)
+	wqb                        Tensor // q up projection (from q LoRA, or from hidden when there is none)
+	wkva, kvaN                 Tensor // kv_a_proj_with_mqa (rank+rope × hidden) and the latent norm
+	mla                        MLAWeights
+	wiq                        Tensor // indexer query projection (from the q LoRA, or hidden)
+	wik, wiw                   Tensor // indexer key projection and head weights
+	iwScale                    float32
 
 	inner, convDim, mheads int
 	win                    Tensor // in_proj: (d_inner + conv dim + heads) × hidden
@@ -54,10 +55,12 @@ func newMixW(ops Loader, w Weights, m *spec.Model, l spec.Layer, k device.Kernel
 		x.wq = lin("q_proj", m.Heads*m.HeadDim, h)
 		x.wk = lin("k_proj", kvh*m.HeadDim, h)
 		x.wv = lin("v_proj", kvh*m.HeadDim, h)
+		x.rope, x.stride = RoPE{Dim: m.HeadDim, Theta: RoPETheta}, m.HeadDim
 		core = m.Heads * m.HeadDim
 	case device.KernelMLA, device.KernelDSA:
 		H, N, P, R, V := m.Heads, m.QKNopeHeadDim, m.QKRopeHeadDim, m.KVLoraRank, m.VHeadDim
-		x.heads, x.nope, x.rope, x.rank = H, N, P, R
+		x.heads, x.nope, x.ropeDim, x.rank = H, N, P, R
+		x.rope, x.stride = RoPE{Dim: P, Theta: RoPETheta, Interleaved: true}, P
 		qin := h
 		if m.QLoraRank > 0 {
 			qin = m.QLoraRank
@@ -111,21 +114,26 @@ func offset(v []float32, d float32) []float32 {
 }
 
 // mix runs mixer layer li on in (the normed hidden rows) and returns its
-// output in the residual stream: projections, the device's kernel, output
-// projection.
+// output in the residual stream: projections, RoPE on queries and keys, the
+// device's kernel, output projection.
 func (x *mixW) mix(ctx context.Context, ops Ops, li int, segs []Seg, in Tensor) (Tensor, error) {
 	var core Tensor
 	var err error
 	switch x.kernel {
 	case device.KernelGQA:
-		core, err = ops.GQA(ctx, li, segs, ops.MatMul(in, x.wq), ops.MatMul(in, x.wk), ops.MatMul(in, x.wv))
+		q, k := ops.MatMul(in, x.wq), ops.MatMul(in, x.wk)
+		ops.RoPE(q, segs, x.stride, x.rope)
+		ops.RoPE(k, segs, x.stride, x.rope)
+		core, err = ops.GQA(ctx, li, segs, q, k, ops.MatMul(in, x.wv))
 	case device.KernelMLA, device.KernelDSA:
 		qin := in
 		if x.wqa != nil {
 			qin = ops.RMSNorm(ops.MatMul(in, x.wqa), x.qaN, NormEps)
 		}
-		q := ops.Split(ops.MatMul(qin, x.wqb), x.heads, x.nope, x.rope)
-		kva := ops.Split(ops.MatMul(in, x.wkva), 1, x.rank, x.rope)
+		q := ops.Split(ops.MatMul(qin, x.wqb), x.heads, x.nope, x.ropeDim)
+		kva := ops.Split(ops.MatMul(in, x.wkva), 1, x.rank, x.ropeDim)
+		ops.RoPE(q[1], segs, x.stride, x.rope)
+		ops.RoPE(kva[1], segs, x.stride, x.rope)
 		mi := MLAIn{QNope: q[0], QPE: q[1], CKV: ops.RMSNorm(kva[0], x.kvaN, NormEps), KPE: kva[1]}
 		if x.kernel == device.KernelDSA {
 			iw := ops.MatMul(in, x.wiw)

@@ -71,6 +71,16 @@ type Loader interface {
 	Weight(data []float32, rows, cols int) Tensor
 }
 
+// RoPE is rotary position embedding: for a row at position pos, the first
+// Dim elements of every head (heads Stride elements apart) are rotated by
+// angles pos·Theta^(-2i/Dim), pairs (x[2i], x[2i+1]) when Interleaved
+// (GPT-J, DeepSeek) and (x[i], x[i+Dim/2]) otherwise (GPT-NeoX, Llama).
+type RoPE struct {
+	Dim         int
+	Theta       float64
+	Interleaved bool
+}
+
 // Ops is what a device gives the model: the operations a synthetic model's
 // forward is written in, once, for every device. The cpu device implements
 // it with the reference kernels of device/cpu/kernel; a cuda device
@@ -83,7 +93,8 @@ type Loader interface {
 // Element (r, j) of an op's result depends only on row r of its row-wise
 // inputs (and on the weights), never on the other rows, on how many rows the
 // call has or on their order: MatMul, RMSNorm, Add, Scale, SwiGLU, ReLU2,
-// Split, Concat, Embed, Rows, Route, Argmax and the expert ops are row-wise,
+// Split, Concat, Embed, Rows, Route, Argmax and the expert ops are row-wise
+// (RoPE too, given the row's position),
 // each element computed in one fixed order (the cpu's kernel.Dot order for
 // every dot product, no fused multiply-add). The mixer kernels (GQA, MLA,
 // DSA, Mamba2) are causal instead: row r of a segment, at logical position
@@ -99,7 +110,7 @@ type Loader interface {
 // Weight keeps a tensor for the lifetime of the device; every other tensor an
 // op returns is new and the caller's, valid until the step (the device's
 // Forward) that made it returns, and aliases no input. Ops mutate only the
-// tensors they say they mutate (Add, Scale, AddRouted's acc); they never
+// tensors they say they mutate (Add, Scale, RoPE, AddRouted's acc); they never
 // retain an argument past the call. Host slices passed in (Weight, FromHost)
 // become the device's; host slices returned (ToHost, Argmax) are the
 // caller's. The model calls an Ops from one goroutine at a time; an
@@ -140,6 +151,10 @@ type Ops interface {
 	SwiGLU(gate, up Tensor) Tensor
 	// ReLU2 returns max(x, 0)² element-wise.
 	ReLU2(x Tensor) Tensor
+	// RoPE rotates x in place, every head of stride elements of each row,
+	// row j of a segment at position Pos+j of its sequence (segs cover
+	// x's rows in order).
+	RoPE(x Tensor, segs []Seg, stride int, r RoPE)
 
 	// Route picks every row's k experts from its router logits: softmax,
 	// the k most probable (the lowest index among equals), renormalized.
@@ -160,8 +175,8 @@ type Ops interface {
 	// layer's cache, for segs (their rows in order). Each returns the
 	// kernel's output, one row per input row (Heads × head_dim for GQA,
 	// Heads × v_head_dim for MLA and DSA, d_inner for Mamba2). The device
-	// knows the layer's cache layout and kernel configuration; RoPE is
-	// applied inside GQA, MLA and DSA.
+	// knows the layer's cache layout and kernel configuration. Queries and
+	// keys come rotated (RoPE): the kernels cache keys as they get them.
 	GQA(ctx context.Context, layer int, segs []Seg, q, k, v Tensor) (Tensor, error)
 	MLA(ctx context.Context, layer int, segs []Seg, in MLAIn, w MLAWeights) (Tensor, error)
 	DSA(ctx context.Context, layer int, segs []Seg, in MLAIn, ix IndexIn, w MLAWeights) (Tensor, error)

@@ -146,6 +146,16 @@ func (*meanOps) ReLU2(x Tensor) Tensor {
 	return out
 }
 
+func (*meanOps) RoPE(x Tensor, segs []Seg, stride int, r RoPE) {
+	row := 0
+	for _, sg := range segs {
+		for j := range sg.Rows {
+			kernel.RoPE{Dim: r.Dim, Theta: r.Theta, Interleaved: r.Interleaved}.Apply(m_(x).row(row), stride, sg.Pos+j)
+			row++
+		}
+	}
+}
+
 func (*meanOps) Route(logits Tensor, k int) Routing {
 	r := &route{rows: logits.Rows(), of: make([][]int, logits.Cols()), w: make([][]float32, logits.Cols())}
 	for row := range logits.Rows() {
