@@ -90,18 +90,18 @@ type RoPE struct {
 //
 // # What may influence an output
 //
-// Element (r, j) of an op's result depends only on row r of its row-wise
-// inputs (and on the weights), never on the other rows, on how many rows the
-// call has or on their order: MatMul, RMSNorm, Add, Scale, SwiGLU, ReLU2,
-// Split, Concat, Embed, Rows, Route, Argmax and the expert ops are row-wise
-// (RoPE too, given the row's position),
-// each element computed in one fixed order (the cpu's kernel.Dot order for
-// every dot product, no fused multiply-add). The mixer kernels (GQA, MLA,
-// DSA, Mamba2) are causal instead: row r of a segment, at logical position
-// Pos+r of its own sequence, depends only on the inputs at positions
-// 0..Pos+r of that sequence (written by this call or earlier ones, read back
-// in logical order), never on how the sequence was chunked, on physical
-// block placement, on the batch order or on the other sequences of the call.
+// The row-wise ops (MatMul, RMSNorm, Add, Scale, SwiGLU, ReLU2, RoPE, Split,
+// Concat, Embed, Rows, Route, Gather, AddRouted, Argmax) compute each output
+// row from the matching input row alone (and the weights; RoPE from the
+// row's position too): never from the other rows, how many rows the call
+// has or their order, each element in one fixed order (the cpu's kernel.Dot
+// order for every dot product, no fused multiply-add). The mixer kernels
+// (GQA, MLA, DSA, Mamba2) are causal instead: row r of a segment, at logical
+// position Pos+r of its own sequence, depends only on the inputs at
+// positions 0..Pos+r of that sequence (written by this call or earlier
+// ones, read back in logical order), never on how the sequence was chunked,
+// on physical block placement, on the batch order or on the other sequences
+// of the call.
 // That contract is what keeps tokens bit-identical across managers, chunk
 // sizes, batches, pipeline splits and devices.
 //
