@@ -37,6 +37,15 @@ type fake struct{}
 
 func (fake) Name() string         { return "fake" }
 func (fake) Mixers() []spec.Mixer { return []spec.Mixer{spec.MixerGQA, spec.MixerMamba} }
+func (fake) Kernel(m spec.Mixer) device.Kernel {
+	switch m {
+	case spec.MixerGQA:
+		return device.KernelGQA
+	case spec.MixerMamba:
+		return device.KernelMamba2
+	}
+	return device.KernelNone
+}
 func (fake) MixerWork(e *sim.Env, l *spec.Layer, b *sim.Batch, w *sim.Work) {
 	var c float64
 	for _, s := range b.Seqs {

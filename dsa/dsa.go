@@ -29,6 +29,14 @@ var mixers = []spec.Mixer{spec.MixerDSA}
 func (backend) Name() string         { return "dsa" }
 func (backend) Mixers() []spec.Mixer { return mixers }
 
+// Kernel runs DSA layers with the indexer top-k and sparse MLA.
+func (backend) Kernel(m spec.Mixer) device.Kernel {
+	if m == spec.MixerDSA {
+		return device.KernelDSA
+	}
+	return device.KernelNone
+}
+
 func (backend) MixerWork(e *sim.Env, l *spec.Layer, b *sim.Batch, w *sim.Work) {
 	mla.Projections(e, w, b.Tokens)
 	Indexer(e, w, l, b)

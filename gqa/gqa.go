@@ -20,6 +20,18 @@ var mixers = []spec.Mixer{spec.MixerGQA, spec.MixerMamba, spec.MixerNone}
 func (backend) Name() string         { return "gqa" }
 func (backend) Mixers() []spec.Mixer { return mixers }
 
+// Kernel runs GQA layers with GQA attention (their window included) and
+// Mamba layers with Mamba2; mixer-less layers need no kernel.
+func (backend) Kernel(m spec.Mixer) device.Kernel {
+	switch m {
+	case spec.MixerGQA:
+		return device.KernelGQA
+	case spec.MixerMamba:
+		return device.KernelMamba2
+	}
+	return device.KernelNone
+}
+
 func (backend) MixerWork(e *sim.Env, l *spec.Layer, b *sim.Batch, w *sim.Work) {
 	switch l.Mixer {
 	case spec.MixerGQA:

@@ -35,6 +35,17 @@ func Registry() setup.Registry {
 	}
 }
 
+// Backend returns the built-in attention backend named name (its config
+// name, Backend.Name), or nil when there is none.
+func Backend(name string) device.Backend {
+	for _, b := range []device.Backend{dsa.Backend, mla.Backend, gqa.Backend} {
+		if b.Name() == name {
+			return b
+		}
+	}
+	return nil
+}
+
 // Worker is the worker runtime for backend b with every built-in device:
 // sim (built into the runtime) and cpu.
 func Worker(b device.Backend) *device.Worker {

@@ -129,7 +129,11 @@ func newOracle(t *testing.T, cfg *config.Config, wl workload.Workload) *oracle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, err := cpu.NewReference(res.Model, cfg.Seed, cfg.AttentionBackend)
+	b := builtin.Backend(cfg.AttentionBackend)
+	if b == nil {
+		t.Fatalf("attention backend %q is not built in", cfg.AttentionBackend)
+	}
+	ref, err := cpu.NewReference(res.Model, cfg.Seed, b.Kernel)
 	if err != nil {
 		t.Fatalf("reference: %v", err)
 	}

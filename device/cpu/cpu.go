@@ -1,8 +1,20 @@
 // Package cpu is the cpu device of the worker runtime: real attention on
-// real KV. It runs a synthetic model (package synth: seeded weights, FFNs,
-// LM head, greedy sampling, MTP) whose token mixers are the paged reference
-// kernels of package kernel over pools the device allocates from the
-// manager's layout, addressed through the block tables the runtime keeps.
+// real KV. It runs the synthetic model of package synth, written once over
+// synth.Ops, by implementing those ops with the pure-Go reference kernels of
+// package kernel:
+//
+//   - hostOps (ops.go): the row-wise ops (matmul, norms, activations, MoE
+//     routing, embedding, argmax), each a loop over the kernel function it
+//     wraps, pinned to it bit for bit by ops_test.go, so a faster loop
+//     cannot change a token;
+//   - pagedOps (this file): the mixer kernels the backend chose
+//     (device.Backend.Kernel, layerKernel in mixers.go) on pools the device
+//     allocates from the manager's layout, addressed through the block
+//     tables the runtime keeps, so a wrong table shows in the tokens;
+//   - Reference (reference.go): the same model over the same hostOps with
+//     the kernels' dense no-cache references, the oracle the paged device
+//     must equal.
+//
 // Plug it in with device.WithDevice("cpu", cpu.Open).
 //
 // Because every kernel reads the cache in logical token order with one fixed
@@ -41,7 +53,7 @@ import (
 
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
-	"github.com/kvx-dev/kvx/device/cpu/synth"
+	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
@@ -70,8 +82,8 @@ type Device struct {
 	byID   []kernel.Pool // indexed by pool id, for kernel.CopyBlocks
 	idx    map[int]int   // pool id -> index in pools
 	place  map[int]*placement
-	mix    map[int]*layerMix // mixer layers of the stage by layer index
-	mambas []int             // Mamba layers of the stage, ascending
+	mix    map[int]*layerKernel // mixer layers of the stage by layer index
+	mambas []int                // Mamba layers of the stage, ascending
 
 	queued []kvcache.Copy // CopyBlocks since the last Forward
 	seqs   map[kvcache.SeqID]*seqState
@@ -117,27 +129,20 @@ func Open(s device.Stage) (device.Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := synth.New(*m, cfg.Seed, cfg.First, cfg.Last)
+	mix, err := layerKernels(m, s.Layers, s.Backend.Kernel, kv, conv, ssm, true)
+	if err != nil {
+		return nil, err
+	}
+	st, err := synth.New(*m, cfg.Seed, cfg.First, cfg.Last, s.Backend.Kernel, hostOps{})
 	if err != nil {
 		return nil, err
 	}
 	d := &Device{cfg: *cfg, stage: st, first: cfg.First == 0, last: last, hidden: m.Hidden,
-		idx: map[int]int{}, mix: map[int]*layerMix{}, seqs: map[kvcache.SeqID]*seqState{}}
+		idx: map[int]int{}, mix: mix, seqs: map[kvcache.SeqID]*seqState{}}
 	d.cfg.Layout = kvcache.Layout{}
 	d.cfg.Model.Layers = nil
 	for _, l := range s.Layers {
-		if l.Mixer == spec.MixerNone {
-			continue
-		}
-		x, err := newLayerMix(m, st.Weights(), l, cfg.Backend, kv, conv, ssm)
-		if err != nil {
-			return nil, err
-		}
-		if err := checkWidths(x, l); err != nil {
-			return nil, err
-		}
-		d.mix[l.Index] = x
-		if x.kind == kindMamba {
+		if x := mix[l.Index]; x != nil && x.kind == device.KernelMamba2 {
 			d.mambas = append(d.mambas, l.Index)
 		}
 	}
@@ -217,7 +222,7 @@ func stateDtypes(m *spec.Model, layers []spec.Layer) (conv, ssm kernel.Dtype, er
 
 // checkWidths checks layer l's buffers against what its kernels read and
 // write: the roles, in order, and the bytes per token or per sequence.
-func checkWidths(x *layerMix, l spec.Layer) error {
+func checkWidths(x *layerKernel, l spec.Layer) error {
 	type want struct {
 		role  spec.Role
 		bytes int // 0: any width (a buffer the kernel does not touch)
@@ -225,18 +230,18 @@ func checkWidths(x *layerMix, l spec.Layer) error {
 	}
 	var ws []want
 	switch x.kind {
-	case kindGQA:
+	case device.KernelGQA:
 		ws = []want{{spec.RoleKV, x.gqa.RowBytes(), true}}
-	case kindMLA, kindDSA:
+	case device.KernelMLA, device.KernelDSA:
 		ws = []want{{spec.RoleLatent, x.dsa.MLA.RowBytes(), true}}
 		if l.Mixer == spec.MixerDSA {
 			w := want{spec.RoleIndexKey, x.dsa.Indexer.RowBytes(), true}
-			if x.kind == kindMLA {
+			if x.kind == device.KernelMLA {
 				w.bytes = 0 // dense MLA on a DSA model leaves the indexer keys alone
 			}
 			ws = append(ws, w)
 		}
-	case kindMamba:
+	case device.KernelMamba2:
 		if c := x.mamba.ConvBytes(); c > 0 {
 			ws = append(ws, want{spec.RoleConvState, c, false})
 		}
@@ -308,7 +313,7 @@ func (d *Device) Forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 			return device.Pass{}, kvcache.Errorf(kvcache.KindInvalidArg, "stage %d: %v", d.cfg.Stage, err)
 		}
 	}
-	pm := &pagedMixer{d: d, t: t, items: make(map[kvcache.SeqID]*worker.Item, len(b.Items))}
+	pm := &pagedOps{d: d, t: t, items: make(map[kvcache.SeqID]*worker.Item, len(b.Items))}
 	for i := range b.Items {
 		pm.items[b.Items[i].Seq] = &b.Items[i]
 	}
@@ -420,101 +425,118 @@ func (d *Device) prepareStates(items []worker.Item, t *device.Tables) error {
 	return nil
 }
 
-// pagedMixer is synth.Mixer over the paged kernels, for one Forward.
-type pagedMixer struct {
+// pagedOps is synth.Ops over the paged kernels, for one Forward: hostOps'
+// row-wise ops, and the mixer kernels on the device's pools through the
+// runtime's block tables.
+type pagedOps struct {
+	hostOps
 	d     *Device
 	t     *device.Tables
 	items map[kvcache.SeqID]*worker.Item
 	tails map[kvcache.SeqID]map[int][][]byte // states through the draft rows, by seq and layer
 }
 
+var _ synth.Ops = (*pagedOps)(nil)
+
 func itemErr(seq kvcache.SeqID, layer int, err error) error {
 	return kvcache.ItemErrorf([]kvcache.SeqID{seq}, "seq %d layer %d: %v", seq, layer, err)
 }
 
 // paged returns the view of layer's buffer role for seq.
-func (pm *pagedMixer) paged(layer int, role spec.Role, seq kvcache.SeqID) kernel.Paged {
+func (pm *pagedOps) paged(layer int, role spec.Role, seq kvcache.SeqID) kernel.Paged {
 	at := pm.d.place[layer].paged[role]
 	p := &pm.d.pools[at.pool]
 	return kernel.Paged{Data: p.mem.Data, BlockBytes: int(p.BlockBytes), Offset: at.offset, TokensPerBlock: p.TokensPerBlock,
 		Stride: at.stride, Table: pm.t.Table(seq, at.pool)}
 }
 
-// Mix implements synth.Mixer.
-func (pm *pagedMixer) Mix(_ context.Context, layer int, segs []synth.Seg, in, out []float32) error {
-	x := pm.d.mix[layer]
-	if x == nil {
-		return fmt.Errorf("cpu: layer %d has no mixer on this stage", layer)
+// kernelOf returns layer's kernel configuration, which must be k.
+func kernelOf(mix map[int]*layerKernel, layer int, k device.Kernel) (*layerKernel, error) {
+	x := mix[layer]
+	if x == nil || x.kind != k {
+		return nil, fmt.Errorf("cpu: layer %d does not run the %v kernel on this stage", layer, k)
 	}
-	rows := len(in) / x.hidden
-	core := make([]float32, rows*x.core)
-	r := 0
-	switch x.kind {
-	case kindGQA:
-		p := x.projectGQA(in)
-		qw, kw := x.gqa.Heads*x.gqa.HeadDim, x.gqa.KVHeads*x.gqa.HeadDim
-		for _, sg := range segs {
-			lo, hi := r, r+sg.Rows
-			err := x.gqa.Forward(pm.paged(layer, spec.RoleKV, sg.Seq), sg.Pos, sub(p.q, qw, lo, hi), sub(p.k, kw, lo, hi), sub(p.v, kw, lo, hi), sub(core, x.core, lo, hi))
-			if err != nil {
-				return itemErr(sg.Seq, layer, err)
-			}
-			r = hi
-		}
-	case kindMLA, kindDSA:
-		p := x.projectMLA(in)
-		m := x.dsa.MLA
-		for _, sg := range segs {
-			lo, hi := r, r+sg.Rows
-			mi := sliceMLA(&p, m, x.dsa.Indexer, lo, hi)
-			mi.in.Pos = sg.Pos
-			lat := pm.paged(layer, spec.RoleLatent, sg.Seq)
-			var err error
-			if x.kind == kindDSA {
-				err = x.dsa.Forward(lat, pm.paged(layer, spec.RoleIndexKey, sg.Seq), &x.mlaW, mi.in, mi.ix, sub(core, x.core, lo, hi), nil)
-			} else {
-				err = m.Forward(lat, &x.mlaW, mi.in, sub(core, x.core, lo, hi))
-			}
-			if err != nil {
-				return itemErr(sg.Seq, layer, err)
-			}
-			r = hi
-		}
-	case kindMamba:
-		p := x.projectMamba(in)
-		for _, sg := range segs {
-			if err := pm.mamba(x, sg, &p, r, core); err != nil {
-				return err
-			}
-			r += sg.Rows
-		}
-	default:
-		return fmt.Errorf("cpu: layer %d has no token mixer", layer)
-	}
-	x.finish(out, core)
-	return nil
+	return x, nil
 }
 
-// sliceMLA returns rows [lo, hi) of p.
-func sliceMLA(p *mlaIn, m kernel.MLA, ix kernel.Indexer, lo, hi int) mlaIn {
-	var o mlaIn
-	o.in.QNope = sub(p.in.QNope, m.Heads*m.QKNopeHeadDim, lo, hi)
-	o.in.QPE = sub(p.in.QPE, m.Heads*m.QKRopeHeadDim, lo, hi)
-	o.in.CKV = sub(p.in.CKV, m.KVLoraRank, lo, hi)
-	o.in.KPE = sub(p.in.KPE, m.QKRopeHeadDim, lo, hi)
-	if p.ix.Q != nil {
-		o.ix.Q = sub(p.ix.Q, ix.Heads*ix.HeadDim, lo, hi)
-		o.ix.W = sub(p.ix.W, ix.Heads, lo, hi)
-		o.ix.K = sub(p.ix.K, ix.HeadDim, lo, hi)
+func (pm *pagedOps) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.Tensor) (synth.Tensor, error) {
+	x, err := kernelOf(pm.d.mix, layer, device.KernelGQA)
+	if err != nil {
+		return nil, err
 	}
-	return o
+	core := newTensor(q.Rows(), x.outWidth())
+	r := 0
+	for _, sg := range segs {
+		lo, hi := r, r+sg.Rows
+		if err := x.gqa.Forward(pm.paged(layer, spec.RoleKV, sg.Seq), sg.Pos, rowsOf(q, lo, hi), rowsOf(k, lo, hi), rowsOf(v, lo, hi), core.rowsOf(lo, hi)); err != nil {
+			return nil, itemErr(sg.Seq, layer, err)
+		}
+		r = hi
+	}
+	return core, nil
+}
+
+func (pm *pagedOps) MLA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn, w synth.MLAWeights) (synth.Tensor, error) {
+	x, err := kernelOf(pm.d.mix, layer, device.KernelMLA)
+	if err != nil {
+		return nil, err
+	}
+	mw := mlaWeights(w)
+	core := newTensor(in.QNope.Rows(), x.outWidth())
+	r := 0
+	for _, sg := range segs {
+		lo, hi := r, r+sg.Rows
+		mi, _ := mlaRows(in, nil, sg.Pos, lo, hi)
+		if err := x.dsa.MLA.Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), &mw, mi, core.rowsOf(lo, hi)); err != nil {
+			return nil, itemErr(sg.Seq, layer, err)
+		}
+		r = hi
+	}
+	return core, nil
+}
+
+func (pm *pagedOps) DSA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn, ix synth.IndexIn, w synth.MLAWeights) (synth.Tensor, error) {
+	x, err := kernelOf(pm.d.mix, layer, device.KernelDSA)
+	if err != nil {
+		return nil, err
+	}
+	mw := mlaWeights(w)
+	core := newTensor(in.QNope.Rows(), x.outWidth())
+	r := 0
+	for _, sg := range segs {
+		lo, hi := r, r+sg.Rows
+		mi, ki := mlaRows(in, &ix, sg.Pos, lo, hi)
+		err := x.dsa.Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), pm.paged(layer, spec.RoleIndexKey, sg.Seq), &mw, mi, ki, core.rowsOf(lo, hi), nil)
+		if err != nil {
+			return nil, itemErr(sg.Seq, layer, err)
+		}
+		r = hi
+	}
+	return core, nil
+}
+
+func (pm *pagedOps) Mamba2(_ context.Context, layer int, segs []synth.Seg, in synth.Mamba2In, w synth.Mamba2Weights) (synth.Tensor, error) {
+	x, err := kernelOf(pm.d.mix, layer, device.KernelMamba2)
+	if err != nil {
+		return nil, err
+	}
+	mw := mamba2Weights(w)
+	core := newTensor(in.Z.Rows(), x.outWidth())
+	r := 0
+	for _, sg := range segs {
+		if err := pm.mamba(x, &mw, sg, in, r, core.d); err != nil {
+			return nil, err
+		}
+		r += sg.Rows
+	}
+	return core, nil
 }
 
 // mamba runs one sequence's rows (starting at row r of the call) through
 // layer x's Mamba2 kernel on its live slot, stopping at every snapshot
 // position (to save the state there) and after every row of the draft tail
 // (to keep the state for a rollback).
-func (pm *pagedMixer) mamba(x *layerMix, sg synth.Seg, p *mambaIn, r int, core []float32) error {
+func (pm *pagedOps) mamba(x *layerKernel, w *kernel.Mamba2Weights, sg synth.Seg, p synth.Mamba2In, r int, core []float32) error {
 	d := pm.d
 	conv, ssm, err := d.liveSlot(x.layer, sg.Seq, pm.t)
 	if err != nil {
@@ -528,7 +550,7 @@ func (pm *pagedMixer) mamba(x *layerMix, sg synth.Seg, p *mambaIn, r int, core [
 	tailFrom := end - sg.Draft
 	var tail [][]byte
 	mb := x.mamba
-	di, cd, H := mb.Inner(), mb.ConvDim(), mb.Heads
+	di := mb.Inner()
 	at := sg.Pos // tokens the state covers
 	for at < end {
 		next := end
@@ -541,7 +563,7 @@ func (pm *pagedMixer) mamba(x *layerMix, sg synth.Seg, p *mambaIn, r int, core [
 			next = tailFrom
 		}
 		lo, hi := r+at-sg.Pos, r+next-sg.Pos
-		if err := mb.Forward(&x.mambW, conv, ssm, sub(p.z, di, lo, hi), sub(p.xBC, cd, lo, hi), sub(p.dt, H, lo, hi), sub(core, di, lo, hi)); err != nil {
+		if err := mb.Forward(w, conv, ssm, rowsOf(p.Z, lo, hi), rowsOf(p.XBC, lo, hi), rowsOf(p.DT, lo, hi), core[lo*di:hi*di:hi*di]); err != nil {
 			return itemErr(sg.Seq, x.layer, err)
 		}
 		at = next

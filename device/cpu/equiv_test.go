@@ -40,7 +40,7 @@ func runEquiv(t *testing.T, c equivCase) {
 	if c.edit != nil {
 		c.edit(&m)
 	}
-	ref, err := cpu.NewReference(m, seed, c.backend)
+	ref, err := cpu.NewReference(m, seed, backends[c.backend].Kernel)
 	if err != nil {
 		t.Fatal(err)
 	}

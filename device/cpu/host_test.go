@@ -16,7 +16,7 @@ import (
 func TestSuspendResume(t *testing.T) {
 	m := synthModel(t, "llama-3.1-8b", model.SyntheticSpec{}, "bf16")
 	windowed(&m)
-	ref, err := cpu.NewReference(m, seed, "gqa")
+	ref, err := cpu.NewReference(m, seed, backends["gqa"].Kernel)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ func TestMambaSnapshotsAndPrefixReuse(t *testing.T) {
 	for _, l := range m.Layers {
 		t.Logf("layer %d: %s %s", l.Index, l.Mixer, l.FFN)
 	}
-	ref, err := cpu.NewReference(m, seed, "gqa")
+	ref, err := cpu.NewReference(m, seed, backends["gqa"].Kernel)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestMambaSnapshotsAndPrefixReuse(t *testing.T) {
 // what the slot's previous owner left.
 func TestMambaSlotReuse(t *testing.T) {
 	m := synthModel(t, "nemotron-3-nano-30b-a3b", model.SyntheticSpec{}, "bf16")
-	ref, err := cpu.NewReference(m, seed, "gqa")
+	ref, err := cpu.NewReference(m, seed, backends["gqa"].Kernel)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func TestMetamorphic(t *testing.T) {
 	}
 	refs := map[int]*cpu.Reference{}
 	for i, mm := range models {
-		ref, err := cpu.NewReference(mm.m, seed, mm.backend)
+		ref, err := cpu.NewReference(mm.m, seed, backends[mm.backend].Kernel)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,39 +4,36 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
-	"github.com/kvx-dev/kvx/device/cpu/synth"
+	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
 // Reference is the dense, no-cache model the cpu device must equal: the same
-// synthetic weights and per-row math, every token recomputed from scratch
-// through all layers with the kernels' Dense* references. It is immutable
-// after NewReference and safe for concurrent use.
+// model code (synth.Stage) over the same row-wise ops (hostOps), every token
+// recomputed from scratch through all layers with the kernels' Dense*
+// references in place of the paged kernels. It is immutable after
+// NewReference and safe for concurrent use.
 type Reference struct {
 	stage *synth.Stage
-	mix   map[int]*layerMix
+	ops   denseOps
 }
 
 // NewReference builds the reference of model m (its Buffers filled by
 // core/model.FillBuffers with TP 1: the cache dtypes are read off them; a
 // model without buffers runs bf16 KV and float32 state) with the weights of
-// seed, for backend "gqa", "mla" or "dsa" (which decides how DSA layers
-// run, as on the device). Errors name the field, the value and the limit.
-func NewReference(m spec.Model, seed uint64, backend string) (*Reference, error) {
-	switch backend {
-	case "gqa", "mla", "dsa":
-	default:
-		return nil, fmt.Errorf("backend %q: want gqa, mla or dsa", backend)
+// seed, running each layer with the kernel that kernelOf, the backend's
+// Kernel method, picks for its mixer (so DSA layers run sparse or dense as on
+// the device). Errors name the field, the value and the limit.
+func NewReference(m spec.Model, seed uint64, kernelOf func(spec.Mixer) device.Kernel) (*Reference, error) {
+	if kernelOf == nil {
+		return nil, fmt.Errorf("reference: no kernel choice (want a backend's Kernel method)")
 	}
 	if m.Arch == archGDN {
 		return nil, fmt.Errorf("model %q arch %s: Gated DeltaNet layers cannot run on the cpu kernels", m.Name, m.Arch)
 	}
-	st, err := synth.New(m, seed, 0, len(m.Layers))
-	if err != nil {
-		return nil, err
-	}
-	kv, err := kvFromBuffers(&m, backend)
+	kv, err := kvFromBuffers(&m, kernelOf)
 	if err != nil {
 		return nil, err
 	}
@@ -44,16 +41,15 @@ func NewReference(m spec.Model, seed uint64, backend string) (*Reference, error)
 	if err != nil {
 		return nil, err
 	}
-	r := &Reference{stage: st, mix: map[int]*layerMix{}}
-	for _, l := range m.Layers {
-		if l.Mixer == spec.MixerNone {
-			continue
-		}
-		if r.mix[l.Index], err = newLayerMix(&m, st.Weights(), l, backend, kv, conv, ssm); err != nil {
-			return nil, err
-		}
+	mix, err := layerKernels(&m, m.Layers, kernelOf, kv, conv, ssm, false)
+	if err != nil {
+		return nil, err
 	}
-	return r, nil
+	st, err := synth.New(m, seed, 0, len(m.Layers), kernelOf, hostOps{})
+	if err != nil {
+		return nil, err
+	}
+	return &Reference{stage: st, ops: denseOps{mix: mix}}, nil
 }
 
 // Generate greedily generates n tokens after prompt, recomputing the whole
@@ -65,7 +61,7 @@ func (r *Reference) Generate(ctx context.Context, prompt []int32, n int) (tokens
 	}
 	seq := append([]int32(nil), prompt...)
 	for range n {
-		res, err := r.stage.Forward(ctx, denseMixer{r}, synth.Step{
+		res, err := r.stage.Forward(ctx, r.ops, synth.Step{
 			Items:  []synth.Item{{Seq: 1, Tokens: seq, Sample: true}},
 			Logits: true,
 		})
@@ -80,61 +76,75 @@ func (r *Reference) Generate(ctx context.Context, prompt []int32, n int) (tokens
 	return tokens, logits, nil
 }
 
-// denseMixer runs whole sequences (every Seg at Pos 0) through the Dense*
-// kernel references.
-type denseMixer struct{ r *Reference }
+// denseOps is synth.Ops with the Dense* kernel references as mixers: whole
+// sequences (every Seg at Pos 0), no cache.
+type denseOps struct {
+	hostOps
+	mix map[int]*layerKernel
+}
 
-// Mix implements synth.Mixer.
-func (dm denseMixer) Mix(_ context.Context, layer int, segs []synth.Seg, in, out []float32) error {
-	x := dm.r.mix[layer]
-	if x == nil {
-		return fmt.Errorf("reference: layer %d has no mixer", layer)
+var _ synth.Ops = denseOps{}
+
+// each runs fn on every seg's rows [lo, hi), which must start at Pos 0.
+func (dm denseOps) each(layer int, k device.Kernel, segs []synth.Seg, rows int, fn func(x *layerKernel, lo, hi int, out []float32) error) (synth.Tensor, error) {
+	x, err := kernelOf(dm.mix, layer, k)
+	if err != nil {
+		return nil, fmt.Errorf("reference: %w", err)
 	}
-	rows := len(in) / x.hidden
-	core := make([]float32, rows*x.core)
+	core := newTensor(rows, x.outWidth())
 	r := 0
 	for _, sg := range segs {
 		if sg.Pos != 0 {
-			return fmt.Errorf("reference: seq %d at pos %d: the dense reference recomputes from pos 0", sg.Seq, sg.Pos)
+			return nil, fmt.Errorf("reference: seq %d at pos %d: the dense reference recomputes from pos 0", sg.Seq, sg.Pos)
 		}
 		lo, hi := r, r+sg.Rows
-		seg := sub(in, x.hidden, lo, hi)
-		o := sub(core, x.core, lo, hi)
-		var err error
-		switch x.kind {
-		case kindGQA:
-			p := x.projectGQA(seg)
-			err = kernel.DenseGQA(x.gqa, 0, p.q, p.k, p.v, o)
-		case kindMLA:
-			p := x.projectMLA(seg)
-			err = kernel.DenseMLA(x.dsa.MLA, &x.mlaW, p.in, o)
-		case kindDSA:
-			p := x.projectMLA(seg)
-			err = kernel.DenseDSA(x.dsa, &x.mlaW, p.in, p.ix, o, nil)
-		case kindMamba:
-			p := x.projectMamba(seg)
-			_, _, err = kernel.DenseMamba2(x.mamba, &x.mambW, p.z, p.xBC, p.dt, o)
-		default:
-			err = fmt.Errorf("no token mixer")
-		}
-		if err != nil {
-			return fmt.Errorf("reference: layer %d: %w", layer, err)
+		if err := fn(x, lo, hi, core.rowsOf(lo, hi)); err != nil {
+			return nil, fmt.Errorf("reference: layer %d: %w", layer, err)
 		}
 		r = hi
 	}
-	x.finish(out, core)
-	return nil
+	return core, nil
+}
+
+func (dm denseOps) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.Tensor) (synth.Tensor, error) {
+	return dm.each(layer, device.KernelGQA, segs, q.Rows(), func(x *layerKernel, lo, hi int, out []float32) error {
+		return kernel.DenseGQA(x.gqa, 0, rowsOf(q, lo, hi), rowsOf(k, lo, hi), rowsOf(v, lo, hi), out)
+	})
+}
+
+func (dm denseOps) MLA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn, w synth.MLAWeights) (synth.Tensor, error) {
+	mw := mlaWeights(w)
+	return dm.each(layer, device.KernelMLA, segs, in.QNope.Rows(), func(x *layerKernel, lo, hi int, out []float32) error {
+		mi, _ := mlaRows(in, nil, 0, lo, hi)
+		return kernel.DenseMLA(x.dsa.MLA, &mw, mi, out)
+	})
+}
+
+func (dm denseOps) DSA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn, ix synth.IndexIn, w synth.MLAWeights) (synth.Tensor, error) {
+	mw := mlaWeights(w)
+	return dm.each(layer, device.KernelDSA, segs, in.QNope.Rows(), func(x *layerKernel, lo, hi int, out []float32) error {
+		mi, ki := mlaRows(in, &ix, 0, lo, hi)
+		return kernel.DenseDSA(x.dsa, &mw, mi, ki, out, nil)
+	})
+}
+
+func (dm denseOps) Mamba2(_ context.Context, layer int, segs []synth.Seg, in synth.Mamba2In, w synth.Mamba2Weights) (synth.Tensor, error) {
+	mw := mamba2Weights(w)
+	return dm.each(layer, device.KernelMamba2, segs, in.Z.Rows(), func(x *layerKernel, lo, hi int, out []float32) error {
+		_, _, err := kernel.DenseMamba2(x.mamba, &mw, rowsOf(in.Z, lo, hi), rowsOf(in.XBC, lo, hi), rowsOf(in.DT, lo, hi), out)
+		return err
+	})
 }
 
 // kvFromBuffers reads the KV dtype off the first attention layer's buffers
 // (bf16 when no layer has buffers).
-func kvFromBuffers(m *spec.Model, backend string) (kernel.Dtype, error) {
+func kvFromBuffers(m *spec.Model, kernelOf func(spec.Mixer) device.Kernel) (kernel.Dtype, error) {
 	for _, l := range m.Layers {
 		if len(l.Buffers) == 0 || l.Mixer == spec.MixerMamba || l.Mixer == spec.MixerNone {
 			continue
 		}
 		for _, dt := range []kernel.Dtype{kernel.BF16, kernel.FP8} {
-			x, err := newLayerMix(m, synth.Weights{}, l, backend, dt, kernel.F32, kernel.F32)
+			x, err := newLayerKernel(m, l, kernelOf(l.Mixer), dt, kernel.F32, kernel.F32)
 			if err != nil {
 				return 0, err
 			}

@@ -35,7 +35,7 @@ func TestWrongBlockTableIsCaught(t *testing.T) {
 	} {
 		t.Run(c.preset+"/"+c.backend+"/"+c.manager, func(t *testing.T) {
 			m := synthModel(t, c.preset, model.SyntheticSpec{}, "bf16")
-			ref, err := cpu.NewReference(m, seed, c.backend)
+			ref, err := cpu.NewReference(m, seed, backends[c.backend].Kernel)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -74,7 +74,7 @@ func TestWrongBlockTableIsCaught(t *testing.T) {
 
 func TestStaleStateSlotIsCaught(t *testing.T) {
 	m := synthModel(t, "nemotron-3-nano-30b-a3b", model.SyntheticSpec{}, "bf16")
-	ref, err := cpu.NewReference(m, seed, "gqa")
+	ref, err := cpu.NewReference(m, seed, backends["gqa"].Kernel)
 	if err != nil {
 		t.Fatal(err)
 	}

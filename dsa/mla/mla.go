@@ -26,6 +26,16 @@ var mixers = []spec.Mixer{spec.MixerMLA, spec.MixerDSA}
 func (backend) Name() string         { return "mla" }
 func (backend) Mixers() []spec.Mixer { return mixers }
 
+// Kernel runs MLA layers and DSA layers alike with dense absorbed MLA: a DSA
+// layer's indexer keys are left alone and attention covers the whole context.
+func (backend) Kernel(m spec.Mixer) device.Kernel {
+	switch m {
+	case spec.MixerMLA, spec.MixerDSA:
+		return device.KernelMLA
+	}
+	return device.KernelNone
+}
+
 func (backend) MixerWork(e *sim.Env, l *spec.Layer, b *sim.Batch, w *sim.Work) {
 	Projections(e, w, b.Tokens)
 	Dense(e, w, l, b)

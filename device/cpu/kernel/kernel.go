@@ -2,7 +2,8 @@
 // GQA attention (with sliding window), MLA in absorbed form, DSA (lightning
 // indexer, top-k and sparse MLA), the Mamba2 mixer, block copies, cache dtype
 // converters (bf16, fp8 e4m3) and the small dense helpers a model needs
-// (RMSNorm, RoPE, matvec, softmax, SiLU, argmax).
+// (RMSNorm, RoPE, matvec, softmax, SiLU, argmax, MoE top-k routing). The cpu
+// device's synth.Ops are loops over these functions.
 //
 // # Storage
 //

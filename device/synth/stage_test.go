@@ -11,61 +11,15 @@ import (
 	"testing"
 
 	"github.com/kvx-dev/kvx/core/model"
-	"github.com/kvx-dev/kvx/device/cpu/kernel"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
-// meanMixer is a trivial deterministic mixer with a dense per-sequence cache:
-// row p's output is Output-projection · (mean of the inputs at positions 0..p,
-// summed in position order). Writing at Pos drops whatever was cached from Pos
-// on (rejected drafts), as paged attention overwrites those slots.
-type meanMixer struct {
-	w    Weights
-	h    int
-	proj map[int][]float32
-	hist map[[2]uint64][]float32
-}
-
-func newMeanMixer(w Weights, h int) *meanMixer {
-	return &meanMixer{w: w, h: h, proj: map[int][]float32{}, hist: map[[2]uint64][]float32{}}
-}
-
-func (m *meanMixer) Mix(_ context.Context, layer int, segs []Seg, in, out []float32) error {
-	h := m.h
-	p, ok := m.proj[layer]
-	if !ok {
-		p = m.w.Output(LayerName(layer)+"mixer.o_proj", h, h)
-		m.proj[layer] = p
-	}
-	r := 0
-	acc := make([]float32, h)
-	for _, sg := range segs {
-		k := [2]uint64{uint64(layer), uint64(sg.Seq)}
-		buf := m.hist[k]
-		if len(buf) < sg.Pos*h {
-			return kvcache.ItemErrorf([]kvcache.SeqID{sg.Seq}, "layer %d seq %d: write at %d leaves a hole after %d cached rows", layer, sg.Seq, sg.Pos, len(buf)/h)
-		}
-		buf = append(buf[:sg.Pos*h], in[r*h:(r+sg.Rows)*h]...)
-		m.hist[k] = buf
-		for j := range sg.Rows {
-			pos := sg.Pos + j
-			clear(acc)
-			for q := 0; q <= pos; q++ {
-				kernel.Axpy(acc, 1/float32(pos+1), buf[q*h:(q+1)*h])
-			}
-			kernel.MatVec(out[(r+j)*h:(r+j+1)*h], p, acc)
-		}
-		r += sg.Rows
-	}
-	return nil
-}
-
-// pipe is a model split into stages, each with its own mixer (as separate
+// pipe is a model split into stages, each with its own device (as separate
 // processes would have).
 type pipe struct {
 	stages []*Stage
-	mixers []*meanMixer
+	ops    []*meanOps
 }
 
 func newPipe(t *testing.T, m spec.Model, seed uint64, pp int) *pipe {
@@ -76,12 +30,13 @@ func newPipe(t *testing.T, m spec.Model, seed uint64, pp int) *pipe {
 	}
 	p := &pipe{}
 	for _, r := range ranges {
-		s, err := New(m, seed, r[0], r[1])
+		ops := newMeanOps(m.Hidden)
+		s, err := New(m, seed, r[0], r[1], testKernels, ops)
 		if err != nil {
 			t.Fatal(err)
 		}
 		p.stages = append(p.stages, s)
-		p.mixers = append(p.mixers, newMeanMixer(s.Weights(), m.Hidden))
+		p.ops = append(p.ops, ops)
 	}
 	return p
 }
@@ -91,7 +46,7 @@ func (p *pipe) forward(t *testing.T, st Step) Result {
 	var hidden []byte
 	for i, s := range p.stages {
 		st.Hidden = hidden
-		res, err := s.Forward(context.Background(), p.mixers[i], st)
+		res, err := s.Forward(context.Background(), p.ops[i], st)
 		if err != nil {
 			t.Fatalf("stage %d Forward: %v", i, err)
 		}
@@ -116,7 +71,7 @@ func (p *pipe) forward(t *testing.T, st Step) Result {
 // included.
 func (p *pipe) caches(seq kvcache.SeqID) []string {
 	var out []string
-	for _, m := range p.mixers {
+	for _, m := range p.ops {
 		for k, buf := range m.hist {
 			if k[1] != uint64(seq) {
 				continue
@@ -125,7 +80,7 @@ func (p *pipe) caches(seq kvcache.SeqID) []string {
 			for _, v := range buf {
 				binary.Write(h, binary.LittleEndian, math.Float32bits(v))
 			}
-			out = append(out, fmt.Sprintf("layer %d: %d rows, fnv %x", k[0], len(buf)/m.h, h.Sum64()))
+			out = append(out, fmt.Sprintf("layer %d: %d rows, fnv %x", k[0], len(buf)/m.cols[k], h.Sum64()))
 		}
 	}
 	slices.Sort(out)
@@ -302,12 +257,13 @@ func TestDraftsKeepGreedyStream(t *testing.T) {
 // Activations stay in a sane range through the stack (the init rule).
 func TestActivationScale(t *testing.T) {
 	m := synthModel(t, "llama-3.1-8b", model.SyntheticSpec{Layers: 16})
-	s, err := New(m, 1, 0, len(m.Layers)-1)
+	ops := newMeanOps(m.Hidden)
+	s, err := New(m, 1, 0, len(m.Layers)-1, testKernels, ops)
 	if err != nil {
 		t.Fatal(err)
 	}
 	toks := Encode("scale check")
-	res, err := s.Forward(context.Background(), newMeanMixer(s.Weights(), m.Hidden), Step{Items: []Item{{Seq: 1, Tokens: toks}}})
+	res, err := s.Forward(context.Background(), ops, Step{Items: []Item{{Seq: 1, Tokens: toks}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,11 +282,11 @@ func TestActivationScale(t *testing.T) {
 
 func TestForwardErrors(t *testing.T) {
 	m := synthModel(t, "deepseek-v3", model.SyntheticSpec{})
-	s, err := New(m, 1, 0, len(m.Layers))
+	mix := newMeanOps(m.Hidden)
+	s, err := New(m, 1, 0, len(m.Layers), testKernels, mix)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mix := newMeanMixer(s.Weights(), m.Hidden)
 	tests := []struct {
 		name string
 		st   Step
@@ -349,7 +305,7 @@ func TestForwardErrors(t *testing.T) {
 			t.Errorf("%s: Forward = %v, want %q", tt.name, err, tt.want)
 		}
 	}
-	s2, err := New(m, 1, 1, len(m.Layers))
+	s2, err := New(m, 1, 1, len(m.Layers), testKernels, mix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,25 +314,25 @@ func TestForwardErrors(t *testing.T) {
 		t.Errorf("short hidden: Forward = %v", err)
 	}
 	for _, r := range [][2]int{{0, 0}, {2, 1}, {0, len(m.Layers) + 1}, {-1, 2}} {
-		if _, err := New(m, 1, r[0], r[1]); err == nil || !strings.Contains(err.Error(), "are not a non-empty range") {
+		if _, err := New(m, 1, r[0], r[1], testKernels, mix); err == nil || !strings.Contains(err.Error(), "are not a non-empty range") {
 			t.Errorf("New(%v) = %v, want a range error", r, err)
 		}
 	}
 	m2 := synthModel(t, "deepseek-v3", model.SyntheticSpec{MTPLayers: 2})
-	if _, err := New(m2, 1, 0, len(m2.Layers)-1); err == nil || !strings.Contains(err.Error(), "MTP layers are on the last stage") {
+	if _, err := New(m2, 1, 0, len(m2.Layers)-1, testKernels, mix); err == nil || !strings.Contains(err.Error(), "MTP layers are on the last stage") {
 		t.Errorf("New(MTP layer on a middle stage) = %v", err)
 	}
-	if _, err := New(m, 1, 0, len(m.Layers)-1); err != nil {
+	if _, err := New(m, 1, 0, len(m.Layers)-1, testKernels, mix); err != nil {
 		t.Errorf("New(decoder only) = %v", err)
 	}
 	m.Vocab = 100
-	if _, err := New(m, 1, 0, 1); err == nil || !strings.Contains(err.Error(), "vocab 100 is less than 258") {
+	if _, err := New(m, 1, 0, 1, testKernels, mix); err == nil || !strings.Contains(err.Error(), "vocab 100 is less than 258") {
 		t.Errorf("New(vocab 100) = %v", err)
 	}
 }
 
 // BenchmarkPrefill is one 256-token prefill chunk through the default
-// synthetic DeepSeek-V3.2 (MoE, MTP) with the test mixer, one stage.
+// synthetic DeepSeek-V3.2 (MoE, MTP) with the test mixers, one stage.
 func BenchmarkPrefill(b *testing.B) {
 	base, err := model.Load("deepseek-v3.2")
 	if err != nil {
@@ -386,7 +342,7 @@ func BenchmarkPrefill(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := New(m, 1, 0, len(m.Layers))
+	s, err := New(m, 1, 0, len(m.Layers), testKernels, newMeanOps(m.Hidden))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -396,7 +352,7 @@ func BenchmarkPrefill(b *testing.B) {
 	}
 	b.ResetTimer()
 	for range b.N {
-		mix := newMeanMixer(s.Weights(), m.Hidden)
+		mix := newMeanOps(m.Hidden)
 		if _, err := s.Forward(context.Background(), mix, Step{Items: []Item{{Seq: 1, Tokens: toks, Sample: true}}, Drafts: 1}); err != nil {
 			b.Fatal(err)
 		}

@@ -1,25 +1,37 @@
-// Package synth is the math of kvx's synthetic models on the cpu device:
+// Package synth is kvx's synthetic model, written once for every device:
 // seeded random weights shaped by a (scaled-down) spec.Model, a byte-level
-// tokenizer, embeddings, RMSNorm, dense and MoE FFNs, the final norm and LM
-// head, greedy sampling with draft verification, and a DeepSeek-V3 style MTP
-// head. Token mixers (attention, Mamba2) are not here: the model calls them
-// through the Mixer interface, which the cpu device implements with the paged
-// kernels of device/cpu/kernel.
+// tokenizer, and the forward of a pipeline stage (embeddings, decoder layers
+// with their norms, the mixer projections, dense and MoE FFNs, the final norm
+// and LM head, greedy sampling with draft verification, and a DeepSeek-V3
+// style MTP head).
 //
-// Every function is deterministic with a fixed summation order (the order of
-// kernel.Dot), parallel only across independent outputs, so a stage's
-// results are bit-identical whatever the batching, chunking, pipeline split
-// or process, given a Mixer that keeps its own contract.
+// Its parts, and the failure each prevents:
+//
+//   - Ops (ops.go) is the only way the model computes: every matmul, norm,
+//     activation, MoE routing step, mixer kernel and sampling call goes
+//     through it, on opaque device-owned Tensors. The order of operations
+//     therefore exists once, here; the cpu device (reference kernels) and a
+//     cuda device implement Ops, so they cannot drift into two models whose
+//     tokens disagree.
+//   - The mixer projections (mix.go) are the model's too: the backend only
+//     picks the kernel (device.Backend.Kernel), the device only runs it, so
+//     a dense no-cache reference built over the same Ops with a dense mixer
+//     path differs from the paged device in nothing but the cache.
+//   - Weights (weights.go) are a pure function of (seed, name, shape), so
+//     every stage, process and device draws the same bits without sharing
+//     memory.
+//
+// Given an Ops that keeps its contract (row-wise ops, causal mixer kernels
+// with one fixed summation order), a stage's results are bit-identical
+// whatever the batching, chunking, pipeline split or process.
 package synth
 
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
-	"sync"
 
-	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
@@ -81,35 +93,37 @@ type Result struct {
 
 type layerW struct {
 	spec             spec.Layer
-	mixNorm, ffnNorm []float32
+	mixNorm, ffnNorm Tensor
+	mix              *mixW
 	mlp              *mlp
 	moe              *moe
-	enorm, hnorm     []float32 // MTP: norms of the token embedding and of the hidden input
-	ehProj           []float32 // MTP: Hidden × 2·Hidden, input [enorm(emb) ; hnorm(h)]
+	enorm, hnorm     Tensor // MTP: norms of the token embedding and of the hidden input
+	ehProj           Tensor // MTP: Hidden × 2·Hidden, input [enorm(emb) ; hnorm(h)]
 }
 
 // Stage runs layers [First, Last) of a synthetic model. Stage 0 embeds
 // tokens; the stage that holds the last layer applies the final norm and the
 // (untied) LM head, samples greedily, verifies drafts and runs the MTP layers
-// (which are always last in spec.Model.Layers). A Stage holds only weights:
-// it is immutable after New and safe for concurrent use with distinct Mixers.
+// (which are always last in spec.Model.Layers). A Stage holds only weights
+// (tensors of the device whose Ops built it): it is immutable after New and
+// safe for concurrent use with distinct Ops of that device.
 type Stage struct {
 	m           spec.Model
 	first, last int
 	decEnd      int // index of the first MTP layer
-	w           Weights
-	embed       []float32
-	finalNorm   []float32
-	lmHead      []float32
+	embed       Tensor
+	finalNorm   Tensor
+	lmHead      Tensor
 	layers      []layerW // [first, last)
-	maxInter    int
 }
 
-// New builds the weights of layers [first, last) of m from seed (eagerly).
-// It fails, naming the value and the limit, when the range is empty or out
-// of m, an MTP layer would sit on a stage that is not the last, or m lacks
-// a dimension its layers need (vocab >= 258, hidden, intermediate, experts).
-func New(m spec.Model, seed uint64, first, last int) (*Stage, error) {
+// New builds the weights of layers [first, last) of m from seed (eagerly) on
+// the device of ops, each mixer layer's projections for the kernel that
+// kernelOf (the backend's Kernel method) picks for its mixer. It fails,
+// naming the value and the limit, when the range is empty or out of m, an
+// MTP layer would sit on a stage that is not the last, or m lacks a
+// dimension its layers need (vocab >= 258, hidden, intermediate, experts).
+func New(m spec.Model, seed uint64, first, last int, kernelOf func(spec.Mixer) device.Kernel, ops Loader) (*Stage, error) {
 	n := len(m.Layers)
 	decEnd := n - m.NumNextN
 	switch {
@@ -124,62 +138,64 @@ func New(m spec.Model, seed uint64, first, last int) (*Stage, error) {
 	case m.Vocab < MinVocab:
 		return nil, fmt.Errorf("synth: model %q: vocab %d is less than %d (256 bytes + BOS + EOS)", m.Name, m.Vocab, MinVocab)
 	}
-	s := &Stage{m: m, first: first, last: last, decEnd: decEnd, w: Weights{Seed: seed, Layers: decEnd}}
+	w := Weights{Seed: seed, Layers: decEnd}
+	s := &Stage{m: m, first: first, last: last, decEnd: decEnd}
 	h := m.Hidden
+	norm := func(name string) Tensor { return ops.Weight(w.Norm(name, h), 1, h) }
 	gated := m.Arch != archNemotronH
 	if first == 0 || (last == n && m.NumNextN > 0) {
-		s.embed = s.w.Embedding("embed", m.Vocab, h)
+		s.embed = ops.Weight(w.Embedding("embed", m.Vocab, h), m.Vocab, h)
 	}
 	if last == n {
-		s.finalNorm = s.w.Norm("norm", h)
-		s.lmHead = s.w.Linear("lm_head", m.Vocab, h)
+		s.finalNorm = norm("norm")
+		s.lmHead = ops.Weight(w.Linear("lm_head", m.Vocab, h), m.Vocab, h)
 	}
 	for i := first; i < last; i++ {
 		l := m.Layers[i]
 		p := LayerName(i)
 		lw := layerW{spec: l}
 		if l.Mixer != spec.MixerNone {
-			lw.mixNorm = s.w.Norm(p+"mixer_norm", h)
+			lw.mixNorm = norm(p + "mixer_norm")
+			var err error
+			if lw.mix, err = newMixW(ops, w, &m, l, kernelOf(l.Mixer)); err != nil {
+				return nil, err
+			}
 		}
 		switch l.FFN {
 		case spec.FFNDense:
 			if m.Intermediate <= 0 {
 				return nil, fmt.Errorf("synth: model %q layer %d is dense but intermediate is %d", m.Name, i, m.Intermediate)
 			}
-			lw.ffnNorm = s.w.Norm(p+"ffn_norm", h)
-			lw.mlp = newMLP(s.w, p+"mlp.", h, m.Intermediate, gated)
-			s.maxInter = max(s.maxInter, m.Intermediate)
+			lw.ffnNorm = norm(p + "ffn_norm")
+			lw.mlp = newMLP(ops, w, p+"mlp.", h, m.Intermediate, gated)
 		case spec.FFNMoE:
 			if m.Experts <= 0 || m.MoEIntermediate <= 0 || m.ExpertsPerToken < 1 || m.ExpertsPerToken > m.Experts {
 				return nil, fmt.Errorf("synth: model %q layer %d is MoE but experts %d, moe_intermediate %d, experts_per_token %d (want >= 1, >= 1, 1..experts)",
 					m.Name, i, m.Experts, m.MoEIntermediate, m.ExpertsPerToken)
 			}
-			lw.ffnNorm = s.w.Norm(p+"ffn_norm", h)
-			mo := &moe{router: s.w.Linear(p+"moe.router", m.Experts, h), topK: m.ExpertsPerToken}
-			dim := h
+			lw.ffnNorm = norm(p + "ffn_norm")
+			mo := &moe{router: ops.Weight(w.Linear(p+"moe.router", m.Experts, h), m.Experts, h), topK: m.ExpertsPerToken, dim: h}
 			if m.MoELatent > 0 {
-				dim = m.MoELatent
-				mo.latentDown = s.w.Linear(p+"moe.latent_down", dim, h)
-				mo.latentUp = s.w.Output(p+"moe.latent_up", h, dim)
+				mo.dim = m.MoELatent
+				mo.latentDown = ops.Weight(w.Linear(p+"moe.latent_down", m.MoELatent, h), m.MoELatent, h)
+				mo.latentUp = ops.Weight(w.Output(p+"moe.latent_up", h, m.MoELatent), h, m.MoELatent)
 			}
 			for e := range m.Experts {
-				mo.experts = append(mo.experts, newMLP(s.w, fmt.Sprintf("%smoe.experts.%d.", p, e), dim, m.MoEIntermediate, gated))
+				mo.experts = append(mo.experts, newMLP(ops, w, fmt.Sprintf("%smoe.experts.%d.", p, e), mo.dim, m.MoEIntermediate, gated))
 			}
-			s.maxInter = max(s.maxInter, m.MoEIntermediate)
 			if m.SharedExperts > 0 {
 				width := m.SharedIntermediate
 				if width <= 0 {
 					width = m.SharedExperts * m.MoEIntermediate
 				}
-				mo.shared = newMLP(s.w, p+"moe.shared.", h, width, gated)
-				s.maxInter = max(s.maxInter, width)
+				mo.shared = newMLP(ops, w, p+"moe.shared.", h, width, gated)
 			}
 			lw.moe = mo
 		}
 		if l.MTP {
-			lw.enorm = s.w.Norm(p+"mtp.enorm", h)
-			lw.hnorm = s.w.Norm(p+"mtp.hnorm", h)
-			lw.ehProj = s.w.Linear(p+"mtp.eh_proj", h, 2*h)
+			lw.enorm = norm(p + "mtp.enorm")
+			lw.hnorm = norm(p + "mtp.hnorm")
+			lw.ehProj = ops.Weight(w.Linear(p+"mtp.eh_proj", h, 2*h), h, 2*h)
 		}
 		s.layers = append(s.layers, lw)
 	}
@@ -193,34 +209,20 @@ func (s *Stage) Model() spec.Model { return s.m }
 // Range returns the stage's layers [first, last).
 func (s *Stage) Range() (first, last int) { return s.first, s.last }
 
-// Weights returns the generator the stage drew its tensors from, for Mixers.
-func (s *Stage) Weights() Weights { return s.w }
-
 // MTPLayers returns the number of MTP layers the stage runs.
 func (s *Stage) MTPLayers() int { return max(0, s.last-max(s.first, s.decEnd)) }
 
 func (s *Stage) isLast() bool { return s.last == len(s.m.Layers) }
 
-// scratch is per-row scratch space for the FFNs.
-type scratch struct {
-	a, b, y, router []float32
-	lat, latAcc     []float32 // latent MoE input and output
-}
-
-func (s *Stage) newScratch() *scratch {
-	return &scratch{a: make([]float32, s.maxInter), b: make([]float32, s.maxInter), y: make([]float32, max(s.m.Hidden, s.m.MoELatent)),
-		router: make([]float32, max(s.m.Experts, 1)), lat: make([]float32, s.m.MoELatent), latAcc: make([]float32, s.m.MoELatent)}
-}
-
-// Forward runs the stage's decoder layers on st.Items, calling mix for every
-// mixer layer, and on the last stage samples, verifies drafts and runs the
-// MTP head. The rows of item i are Tokens' positions Pos..Pos+len-1, in item
-// order. Item problems (no tokens, Draft outside [0, len), drafts without
-// Sample, token outside the vocabulary, position beyond max_position) are
-// *kvcache.Error values with Seqs set; a Hidden of the wrong length is a
-// plain error; the Mixer's errors are returned as they are. The result is
-// the caller's.
-func (s *Stage) Forward(ctx context.Context, mix Mixer, st Step) (Result, error) {
+// Forward runs the stage's decoder layers on st.Items over ops (an Ops of
+// the device that built the stage, holding this step's caches), and on the
+// last stage samples, verifies drafts and runs the MTP head. The rows of
+// item i are Tokens' positions Pos..Pos+len-1, in item order. Item problems
+// (no tokens, Draft outside [0, len), drafts without Sample, token outside
+// the vocabulary, position beyond max_position) are *kvcache.Error values
+// with Seqs set; a Hidden of the wrong length is a plain error; the mixer
+// kernels' errors are returned as they are. The result is the caller's.
+func (s *Stage) Forward(ctx context.Context, ops Ops, st Step) (Result, error) {
 	rows := 0
 	segs := make([]Seg, len(st.Items))
 	for i, it := range st.Items {
@@ -235,32 +237,33 @@ func (s *Stage) Forward(ctx context.Context, mix Mixer, st Step) (Result, error)
 			st.Drafts, s.MTPLayers(), s.m.Name)
 	}
 	h := s.m.Hidden
-	var x []float32
+	var x Tensor
 	if s.first == 0 {
-		x = make([]float32, 0, rows*h)
+		toks := make([]int32, 0, rows)
 		for _, it := range st.Items {
-			for _, t := range it.Tokens {
-				x = append(x, s.embed[int(t)*h:(int(t)+1)*h]...)
-			}
+			toks = append(toks, it.Tokens...)
 		}
+		x = ops.Embed(s.embed, toks)
 	} else {
-		var err error
-		if x, err = DecodeHidden(st.Hidden, rows, h); err != nil {
+		hid, err := DecodeHidden(st.Hidden, rows, h)
+		if err != nil {
 			return Result{}, err
 		}
+		x = ops.FromHost(hid, rows, h)
 	}
 	for i := s.first; i < min(s.last, s.decEnd); i++ {
 		if err := ctx.Err(); err != nil {
 			return Result{}, err
 		}
-		if err := s.layer(ctx, mix, i, segs, x); err != nil {
+		if err := s.layer(ctx, ops, i, segs, x); err != nil {
 			return Result{}, err
 		}
 	}
 	if !s.isLast() {
-		return Result{Hidden: EncodeHidden(make([]byte, 0, 4*len(x)), x)}, nil
+		hid := ops.ToHost(x)
+		return Result{Hidden: EncodeHidden(make([]byte, 0, 4*len(hid)), hid)}, nil
 	}
-	return s.head(ctx, mix, st, x)
+	return s.head(ctx, ops, st, x)
 }
 
 func (s *Stage) checkItem(it Item) error {
@@ -287,84 +290,35 @@ func (s *Stage) checkItem(it Item) error {
 }
 
 // layer runs decoder layer i on x in place: x += mixer(norm(x)); x += ffn(norm(x)).
-func (s *Stage) layer(ctx context.Context, mix Mixer, i int, segs []Seg, x []float32) error {
+func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []Seg, x Tensor) error {
 	lw := &s.layers[i-s.first]
-	h := s.m.Hidden
-	rows := len(x) / h
-	if lw.spec.Mixer != spec.MixerNone {
-		in := make([]float32, len(x))
-		for r := range rows {
-			kernel.RMSNorm(in[r*h:(r+1)*h], x[r*h:(r+1)*h], lw.mixNorm, NormEps)
-		}
-		out := make([]float32, len(x))
-		if err := mix.Mix(ctx, i, segs, in, out); err != nil {
+	if lw.mix != nil {
+		out, err := lw.mix.mix(ctx, ops, i, segs, ops.RMSNorm(x, lw.mixNorm, NormEps))
+		if err != nil {
 			return err
 		}
-		for j := range x {
-			x[j] += out[j]
-		}
+		ops.Add(x, out)
 	}
 	if lw.spec.FFN != spec.FFNNone {
-		// Rows are independent: split them over goroutines, each row computed
-		// whole by one of them, so the split cannot change a bit.
-		work := rows * h * 3 * max(s.m.Intermediate, s.m.MoEIntermediate*(s.m.ExpertsPerToken+s.m.SharedExperts))
-		parallelRows(rows, work, func(lo, hi int) {
-			sc := s.newScratch()
-			in := make([]float32, h)
-			out := make([]float32, h)
-			for r := lo; r < hi; r++ {
-				row := x[r*h : (r+1)*h]
-				kernel.RMSNorm(in, row, lw.ffnNorm, NormEps)
-				if lw.moe != nil {
-					lw.moe.forward(out, in, sc)
-				} else {
-					lw.mlp.forward(out, in, sc.a[:lw.mlp.inter], sc.b[:lw.mlp.inter])
-				}
-				for j := range row {
-					row[j] += out[j]
-				}
-			}
-		})
+		in := ops.RMSNorm(x, lw.ffnNorm, NormEps)
+		var out Tensor
+		if lw.moe != nil {
+			out = lw.moe.forward(ops, in)
+		} else {
+			out = lw.mlp.forward(ops, in)
+		}
+		ops.Add(x, out)
 	}
 	return nil
 }
 
-// parallelMin is the multiply-adds below which parallelRows stays on the
-// calling goroutine.
-const parallelMin = 1 << 16
-
-// parallelRows calls fn on contiguous row ranges covering [0, rows), on up
-// to GOMAXPROCS goroutines when work (multiply-adds) is large enough.
-func parallelRows(rows, work int, fn func(lo, hi int)) {
-	workers := min(runtime.GOMAXPROCS(0), rows)
-	if workers <= 1 || work < parallelMin {
-		fn(0, rows)
-		return
-	}
-	var wg sync.WaitGroup
-	for w := range workers {
-		lo, hi := w*rows/workers, (w+1)*rows/workers
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			fn(lo, hi)
-		}()
-	}
-	wg.Wait()
+// greedy returns the greedy token after each row idx of x (the main
+// model's or an MTP depth's hidden, before the final norm), and the logits
+// tensor of those rows, in idx order.
+func (s *Stage) greedy(ops Ops, x Tensor, idx []int) ([]int32, Tensor) {
+	lg := ops.MatMul(ops.RMSNorm(ops.Rows(x, idx), s.finalNorm, NormEps), s.lmHead)
+	return ops.Argmax(lg), lg
 }
-
-// logits returns the final norm and LM head of one hidden row.
-func (s *Stage) logits(row []float32) []float32 {
-	n := make([]float32, len(row))
-	kernel.RMSNorm(n, row, s.finalNorm, NormEps)
-	out := make([]float32, s.m.Vocab)
-	kernel.MatVec(out, s.lmHead, n)
-	return out
-}
-
-// Greedy returns the token with the largest logit, the lowest id among
-// equals (kernel.Argmax); -1 when logits is empty or all NaN.
-func Greedy(logits []float32) int32 { return int32(kernel.Argmax(logits)) }
 
 // Verify applies the greedy draft rule to one sampling item: tokens ends
 // with draft drafts, and greedy[i] (i = 0..draft) is the greedy token after
@@ -386,8 +340,7 @@ func Verify(tokens []int32, draft int, greedy []int32) []int32 {
 
 // head runs the last stage's sampling, verification and MTP head. x is the
 // main model's final hidden (before the final norm).
-func (s *Stage) head(ctx context.Context, mix Mixer, st Step, x []float32) (Result, error) {
-	h := s.m.Hidden
+func (s *Stage) head(ctx context.Context, ops Ops, st Step, x Tensor) (Result, error) {
 	var res Result
 	type mtpItem struct {
 		seq  kvcache.SeqID
@@ -397,36 +350,58 @@ func (s *Stage) head(ctx context.Context, mix Mixer, st Step, x []float32) (Resu
 		ext  []int32 // Tokens[:m] followed by the next tokens: sampled, lookahead or guessed
 		out  int     // index into res.Outputs, or -1
 	}
-	var mi []mtpItem
+	// The rows whose greedy token is needed: each sampling item's last
+	// non-draft row and its draft rows; the last row of a chunk whose MTP
+	// head has no lookahead.
+	var idx []int
 	base := 0
+	for _, it := range st.Items {
+		n := len(it.Tokens)
+		switch {
+		case it.Sample:
+			for i := range it.Draft + 1 {
+				idx = append(idx, base+n-1-it.Draft+i)
+			}
+		case st.Drafts > 0 && len(it.Lookahead) == 0:
+			idx = append(idx, base+n-1)
+		}
+		base += n
+	}
+	var greedy []int32
+	var lg Tensor
+	if len(idx) > 0 {
+		greedy, lg = s.greedy(ops, x, idx)
+	}
+	var mi []mtpItem
+	var keep []int // rows of lg whose logits the outputs carry
+	base, g := 0, 0
 	for _, it := range st.Items {
 		n := len(it.Tokens)
 		if it.Sample {
 			first := n - 1 - it.Draft
-			greedy := make([]int32, it.Draft+1)
-			var lg [][]float32
-			for i := range greedy {
-				l := s.logits(x[(base+first+i)*h : (base+first+i+1)*h])
-				greedy[i] = Greedy(l)
-				lg = append(lg, l)
-			}
-			toks := Verify(it.Tokens, it.Draft, greedy)
-			o := worker.Output{Seq: it.Seq, Tokens: toks}
-			if st.Logits {
-				o.Logits = lg[len(toks)-1]
-			}
-			res.Outputs = append(res.Outputs, o)
+			toks := Verify(it.Tokens, it.Draft, greedy[g:g+it.Draft+1])
+			keep = append(keep, g+len(toks)-1)
+			g += it.Draft + 1
+			res.Outputs = append(res.Outputs, worker.Output{Seq: it.Seq, Tokens: toks})
 			m := first + len(toks)
 			ext := append(slices.Clone(it.Tokens[:m]), toks[len(toks)-1])
 			mi = append(mi, mtpItem{seq: it.Seq, pos: it.Pos, base: base, m: m, ext: ext, out: len(res.Outputs) - 1})
 		} else if st.Drafts > 0 {
 			ext := append(slices.Clone(it.Tokens), it.Lookahead...)
 			if len(ext) == n {
-				ext = append(ext, Greedy(s.logits(x[(base+n-1)*h:(base+n)*h])))
+				ext = append(ext, greedy[g])
+				g++
 			}
 			mi = append(mi, mtpItem{seq: it.Seq, pos: it.Pos, base: base, m: n, ext: ext, out: -1})
 		}
-		base += len(it.Tokens)
+		base += n
+	}
+	if st.Logits && len(keep) > 0 {
+		v := s.m.Vocab
+		host := ops.ToHost(ops.Rows(lg, keep))
+		for i := range keep {
+			res.Outputs[i].Logits = host[i*v : (i+1)*v : (i+1)*v]
+		}
 	}
 	if st.Drafts == 0 || len(mi) == 0 {
 		return res, nil
@@ -437,52 +412,55 @@ func (s *Stage) head(ctx context.Context, mix Mixer, st Step, x []float32) (Resu
 	// at j (the main model's for k = 1) with the token at j+k, and its
 	// output at the last row proposes draft k. Positions never leave the
 	// step's rows, so the MTP caches stay inside what the manager reserved.
-	rows := 0
-	for _, it := range mi {
-		rows += it.m
-	}
-	prev := make([]float32, 0, rows*h)
-	for _, it := range mi {
-		prev = append(prev, x[it.base*h:(it.base+it.m)*h]...)
-	}
+	var rows []int
 	segs := make([]Seg, len(mi))
 	for i, it := range mi {
+		for j := range it.m {
+			rows = append(rows, it.base+j)
+		}
 		segs[i] = Seg{Seq: it.seq, Pos: it.pos, Rows: it.m}
 	}
-	cat := make([]float32, 2*h)
+	prev := ops.Rows(x, rows)
+	toks := make([]int32, len(rows))
 	for k := 1; k <= st.Drafts; k++ {
 		if err := ctx.Err(); err != nil {
 			return Result{}, err
 		}
 		li := s.decEnd + k - 1
 		lw := &s.layers[li-s.first]
-		cur := make([]float32, rows*h)
-		r := 0
+		toks = toks[:0]
 		for _, it := range mi {
-			for j := range it.m {
-				t := int(it.ext[j+k])
-				kernel.RMSNorm(cat[:h], s.embed[t*h:(t+1)*h], lw.enorm, NormEps)
-				kernel.RMSNorm(cat[h:], prev[r*h:(r+1)*h], lw.hnorm, NormEps)
-				kernel.MatVec(cur[r*h:(r+1)*h], lw.ehProj, cat)
-				r++
-			}
+			toks = append(toks, it.ext[k:k+it.m]...)
 		}
-		if err := s.layer(ctx, mix, li, segs, cur); err != nil {
+		e := ops.RMSNorm(ops.Embed(s.embed, toks), lw.enorm, NormEps)
+		cur := ops.MatMul(ops.Concat(e, ops.RMSNorm(prev, lw.hnorm, NormEps)), lw.ehProj)
+		if err := s.layer(ctx, ops, li, segs, cur); err != nil {
 			return Result{}, err
 		}
-		r = 0
+		// Draft k of each sampling item, and the guess at position m+k of a
+		// chunk that has neither lookahead nor sample there (while a later
+		// depth needs it).
+		var last, who []int
+		r := 0
 		for i := range mi {
 			it := &mi[i]
 			r += it.m
 			if it.out < 0 && len(it.ext) > it.m+k || k == st.Drafts && it.out < 0 {
 				continue
 			}
-			d := Greedy(s.logits(cur[(r-1)*h : r*h]))
-			if len(it.ext) <= it.m+k {
-				it.ext = append(it.ext, d)
-			}
-			if it.out >= 0 {
-				res.Outputs[it.out].Drafts = append(res.Outputs[it.out].Drafts, d)
+			last = append(last, r-1)
+			who = append(who, i)
+		}
+		if len(last) > 0 {
+			d, _ := s.greedy(ops, cur, last)
+			for j, i := range who {
+				it := &mi[i]
+				if len(it.ext) <= it.m+k {
+					it.ext = append(it.ext, d[j])
+				}
+				if it.out >= 0 {
+					res.Outputs[it.out].Drafts = append(res.Outputs[it.out].Drafts, d[j])
+				}
 			}
 		}
 		prev = cur
