@@ -18,14 +18,7 @@ func (t *Tree) Child(parent *Node, tokens []int32) *Node { return t.child(parent
 // evictable). The node keeps its place in the tree, without pages, until a
 // Prune at a safe point; the caller must drop whatever it keeps about the
 // node's content now.
-func (t *Tree) EvictLeaf() *Node {
-	if len(t.heap) == 0 {
-		return nil
-	}
-	n := t.heap[0]
-	t.EvictOne()
-	return n
-}
+func (t *Tree) EvictLeaf() *Node { return t.evictLeaf() }
 
 // Attached reports whether n is reachable from the root through child links
 // (every ancestor lists its child under the child's hash). A pinned node is
