@@ -172,6 +172,34 @@ func SplitBudget(budget int64, weights []float64, blockBytes []int64, floors []i
 	}
 }
 
+// CheckPoolRatio checks a pool_ratio hint: one entry per pool (named by
+// names), each > 0 and finite; else ErrInvalidConfig prefixed with name.
+func CheckPoolRatio(name string, ratio []float64, names []string) error {
+	if len(ratio) != len(names) {
+		return kvcache.Errorf(kvcache.KindInvalidConfig,
+			"%s: pool_ratio has %d entries, want %d (one per pool: %s)", name, len(ratio), len(names), strings.Join(names, ", "))
+	}
+	for i, r := range ratio {
+		if !(r > 0) || math.IsInf(r, 0) {
+			return kvcache.Errorf(kvcache.KindInvalidConfig, "%s: pool_ratio[%d] (%s) = %v: must be > 0", name, i, names[i], r)
+		}
+	}
+	return nil
+}
+
+// RatioWarnings says, for each pool whose share of budget (blocks of
+// blockBytes) is more than 0.01 off its pool_ratio entry, that the floors
+// (what) moved it; none without a ratio.
+func RatioWarnings(ratio []float64, blocks []int, blockBytes []int64, budget int64, names []string, what string) []string {
+	var w []string
+	for i, r := range ratio {
+		if got := float64(int64(blocks[i])*blockBytes[i]) / float64(budget); math.Abs(got-r) > 0.01 {
+			w = append(w, fmt.Sprintf("pool_ratio[%d] (%s) = %.3f became %.3f to hold %s", i, names[i], r, got, what))
+		}
+	}
+	return w
+}
+
 // SplitHost divides hostBytes between pools in proportion to devBytes (each
 // pool's device bytes, or the part of them that can be suspended), in whole
 // blocks of blockBytes. It returns nil when hostBytes is 0 (no host tier),
@@ -232,15 +260,8 @@ func planLayout(cfg *kvcache.Config) ([]*PoolGroup, kvcache.Layout, []int, []int
 			"avg_seq_len unset: the pool split uses a typical step of max_seq_len %d tokens per sequence (a sizing hint: speed only)", cfg.MaxSeqLen))
 	}
 	if cfg.PoolRatio != nil {
-		if len(cfg.PoolRatio) != n {
-			return nil, lay, nil, nil, kvcache.Errorf(kvcache.KindInvalidConfig,
-				"cachemgr_v2: pool_ratio has %d entries, want %d (one per pool group: %s)", len(cfg.PoolRatio), n, strings.Join(names, ", "))
-		}
-		for g, r := range cfg.PoolRatio {
-			if !(r > 0) || math.IsInf(r, 0) {
-				return nil, lay, nil, nil, kvcache.Errorf(kvcache.KindInvalidConfig,
-					"cachemgr_v2: pool_ratio[%d] (%s) = %v: must be > 0", g, names[g], r)
-			}
+		if err := CheckPoolRatio("cachemgr_v2", cfg.PoolRatio, names); err != nil {
+			return nil, lay, nil, nil, err
 		}
 		copy(weights, cfg.PoolRatio)
 	}
@@ -258,15 +279,7 @@ func planLayout(cfg *kvcache.Config) ([]*PoolGroup, kvcache.Layout, []int, []int
 			cfg.DeviceBytes, cfg.MaxSeqLen, cfg.MaxDraftTokens, reqTokens, cfg.MaxNumTokens, floor, tpb,
 			strings.Join(names, ", "), minBytes, minBytes, fix)
 	}
-	if cfg.PoolRatio != nil {
-		for g := range n {
-			got := float64(int64(dev[g])*bb[g]) / float64(cfg.DeviceBytes)
-			if math.Abs(got-cfg.PoolRatio[g]) > 0.01 {
-				lay.Warnings = append(lay.Warnings, fmt.Sprintf(
-					"pool_ratio[%d] (%s) = %.3f raised to %.3f to hold one max_seq_len request", g, names[g], cfg.PoolRatio[g], got))
-			}
-		}
-	}
+	lay.Warnings = append(lay.Warnings, RatioWarnings(cfg.PoolRatio, dev, bb, cfg.DeviceBytes, names, "one max_seq_len request")...)
 	devBytes := make([]int64, n)
 	for g := range n {
 		devBytes[g] = int64(dev[g]) * bb[g]

@@ -30,19 +30,20 @@ func New() *Manager { return &Manager{Core: NewCore("cachemgr_v2")} }
 
 // Info implements kvcache.Manager.
 func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
+	return Describe(ctx, "cachemgr_v2", Version, kvcache.Capabilities{
+		Mixers:      []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA},
+		PrefixReuse: true,
+		HostTier:    true,
+	})
+}
+
+// Describe is the Info answer of a manager built on Core: its name, version
+// and capabilities under this contract's protocol version, or ctx's error.
+func Describe(ctx context.Context, name, version string, caps kvcache.Capabilities) (kvcache.Info, error) {
 	if err := ctx.Err(); err != nil {
 		return kvcache.Info{}, err
 	}
-	return kvcache.Info{
-		Name:      "cachemgr_v2",
-		Version:   Version,
-		Protocols: []int{kvcache.ProtocolVersion},
-		Capabilities: kvcache.Capabilities{
-			Mixers:      []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA},
-			PrefixReuse: true,
-			HostTier:    true,
-		},
-	}, nil
+	return kvcache.Info{Name: name, Version: version, Protocols: []int{kvcache.ProtocolVersion}, Capabilities: caps}, nil
 }
 
 // Configure implements kvcache.Manager. It groups the stage's paged buffers

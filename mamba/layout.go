@@ -213,13 +213,8 @@ func planLayout(cfg *kvcache.Config) (*plan, error) {
 		weights[n] = (float64(p.live) + snaps) * float64(p.stateBytes)
 	}
 	if cfg.PoolRatio != nil {
-		if len(cfg.PoolRatio) != m {
-			return nil, invalid("pool_ratio has %d entries, want %d (one per pool: %s)", len(cfg.PoolRatio), m, strings.Join(names, ", "))
-		}
-		for i, r := range cfg.PoolRatio {
-			if !(r > 0) || math.IsInf(r, 0) {
-				return nil, invalid("pool_ratio[%d] (%s) = %v: must be > 0", i, names[i], r)
-			}
+		if err := cachemgrv2.CheckPoolRatio(Name, cfg.PoolRatio, names); err != nil {
+			return nil, err
 		}
 		copy(weights, cfg.PoolRatio)
 	}
@@ -237,15 +232,7 @@ func planLayout(cfg *kvcache.Config) (*plan, error) {
 	if blocks == nil {
 		return nil, invalid("stage %d: the floors of %d bytes do not fit device_bytes %d", cfg.Stage, attnFloorBytes+ssmFloorBytes, cfg.DeviceBytes) // checked above
 	}
-	if cfg.PoolRatio != nil {
-		for i := range m {
-			got := float64(int64(blocks[i])*bb[i]) / float64(cfg.DeviceBytes)
-			if math.Abs(got-cfg.PoolRatio[i]) > 0.01 {
-				lay.Warnings = append(lay.Warnings, fmt.Sprintf(
-					"pool_ratio[%d] (%s) = %.3f became %.3f to hold one max_seq_len request and the live states", i, names[i], cfg.PoolRatio[i], got))
-			}
-		}
-	}
+	lay.Warnings = append(lay.Warnings, cachemgrv2.RatioWarnings(cfg.PoolRatio, blocks, bb, cfg.DeviceBytes, names, "one max_seq_len request and the live states")...)
 	p.devBlocks = blocks[:n]
 	// The host tier holds what Suspend moves: attention blocks in proportion
 	// to their device pools, and the live states (never the snapshots).

@@ -94,23 +94,16 @@ func stateOf(s *cachemgrv2.Seq) *seqState {
 // New returns an unconfigured manager.
 func New() *Manager { return &Manager{Core: cachemgrv2.NewCore(Name)} }
 
-// Info implements kvcache.Manager.
+// Info implements kvcache.Manager. The host tier works when Configure is
+// given host bytes (Suspend, Resume).
 func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
-	if err := ctx.Err(); err != nil {
-		return kvcache.Info{}, err
-	}
-	return kvcache.Info{
-		Name:      Name,
-		Version:   Version,
-		Protocols: []int{kvcache.ProtocolVersion},
-		Capabilities: kvcache.Capabilities{
-			Mixers:      []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA, spec.MixerMamba},
-			PrefixReuse: true,
-			HostTier:    true,
-			SSMState:    true,
-			SSMReuse:    true,
-		},
-	}, nil
+	return cachemgrv2.Describe(ctx, Name, Version, kvcache.Capabilities{
+		Mixers:      []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA, spec.MixerMamba},
+		PrefixReuse: true,
+		HostTier:    true,
+		SSMState:    true,
+		SSMReuse:    true,
+	})
 }
 
 // Configure implements kvcache.Manager: it lays out the attention pool groups,
