@@ -37,7 +37,6 @@ type Manager struct {
 // their retention, and live states on the host tier. It implements
 // cachemgrv2.Hooks; per sequence it keeps a *seqState in Seq.Ext.
 type life struct {
-	core *cachemgrv2.Core
 	tree *cachemgrv2.Tree
 	tpb  int
 	cfg  *kvcache.Config
@@ -123,7 +122,6 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 	hasState := p.stateBytes > 0
 	reuse := cfg.EnableBlockReuse && n > 0 && (!hasState || p.snapshots)
 	m.life = life{
-		core:    &m.Core,
 		tpb:     cfg.TokensPerBlock,
 		live:    p.live,
 		snapOn:  p.snapshots,
