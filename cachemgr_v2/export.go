@@ -2,9 +2,11 @@ package cachemgrv2
 
 import "fmt"
 
-// This file holds exports for managers built from these parts (the mamba
-// manager). They add no behaviour: each one exposes what the Manager already
-// does internally.
+// This file holds exports of the Tree for managers built on Core (the mamba
+// manager's Hooks and its self-check read the tree through them). They add
+// no behaviour: each one exposes what the Core already does internally.
+// Managers evict only through the Core (Hooks.Evicted tells them); EvictLeaf
+// is for tests that break a tree behind a manager's back.
 
 // Complete reports whether the node holds a page in every pool group, so a
 // sequence may take the whole block from the cache.
