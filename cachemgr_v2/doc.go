@@ -5,8 +5,21 @@
 //
 // # Parts
 //
-// The manager is assembled from parts that a hybrid (Mamba) manager can reuse:
+// The manager is assembled from parts that a hybrid (Mamba) manager reuses:
 //
+//   - Core: the sequence life cycle, written once for both managers: per
+//     sequence (Seq) a Ledger and one block table per pool group;
+//     Reserve/Unreserve/Commit/Release with the undo record stored, never
+//     recomputed; registration of committed prompt blocks in the Tree and
+//     their reuse, partial reuse with a copy-on-write; the host tier; Stats,
+//     Inspect and the deep self-check. Manager is a Core without hooks. A
+//     fix to the life cycle is made once (the same bug was once fixed twice,
+//     in this manager and in mamba's copy of it).
+//   - Hooks: what a manager built on Core adds (the mamba manager's SSM
+//     slots and snapshots), called by the Core at reserve, commit, release,
+//     lookup, eviction, suspend and resume. Hooks never deny after the core
+//     granted and never touch attention blocks or the tree, so the Core's
+//     guarantees below hold for every manager built on it.
 //   - PoolGroup: the paged buffers of all layers with one life cycle (attention
 //     window). A DSA layer's latent and indexer key and the last stage's MTP
 //     layer sit in the same group as the main KV, so one block id covers them
@@ -44,9 +57,19 @@
 // Lookup walks the tree over full blocks (the v1 contract: a multiple of
 // TokensPerBlock, at most len(Prompt)-1). The partial-block primitive
 // (Tree.MatchPartial, with a copy-on-write of the matched block into a
-// private block returned in Grant.Copies) is implemented and tested behind an
-// internal switch, pending a contract change that lets Lookup return any
-// length.
+// private block returned in Grant.Copies) is implemented and tested behind a
+// switch (Core.SetPartialReuse, off), pending a contract change that lets
+// Lookup return any length.
+//
+// Commit registers the full prompt blocks that history passed. When the tree
+// already holds a block under another copy (two requests computed the same
+// prefix side by side), registration goes on past it with the sequence's
+// later, unique blocks, and one copy is kept: the sequence takes the node's
+// pages when a live sequence uses them (its next grant carries the new table
+// tail), else the node takes the sequence's copy; the other copy is freed.
+// So the cache holds one block per content, a sequence never holds a
+// private copy of a cached block (one max_seq_len request still fits
+// alone), and Commit references no block that was unreferenced.
 //
 // # Safety
 //

@@ -2,9 +2,11 @@ package cachemgrv2
 
 import "fmt"
 
-// This file holds exports for managers built from these parts (the mamba
-// manager). They add no behaviour: each one exposes what the Manager already
-// does internally.
+// This file holds exports of the Tree for managers built on Core (the mamba
+// manager's Hooks and its self-check read the tree through them). They add
+// no behaviour: each one exposes what the Core already does internally.
+// Managers evict only through the Core (Hooks.Evicted tells them); EvictLeaf
+// is for tests that break a tree behind a manager's back.
 
 // Complete reports whether the node holds a page in every pool group, so a
 // sequence may take the whole block from the cache.
@@ -18,14 +20,7 @@ func (t *Tree) Child(parent *Node, tokens []int32) *Node { return t.child(parent
 // evictable). The node keeps its place in the tree, without pages, until a
 // Prune at a safe point; the caller must drop whatever it keeps about the
 // node's content now.
-func (t *Tree) EvictLeaf() *Node {
-	if len(t.heap) == 0 {
-		return nil
-	}
-	n := t.heap[0]
-	t.EvictOne()
-	return n
-}
+func (t *Tree) EvictLeaf() *Node { return t.evictLeaf() }
 
 // Attached reports whether n is reachable from the root through child links
 // (every ancestor lists its child under the child's hash). A pinned node is

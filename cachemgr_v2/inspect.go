@@ -13,31 +13,31 @@ import (
 // logical order (blocks on the host tier left out) and each host pool's table
 // its host blocks; RefCounts are the pools' reference counts. Violations come
 // from a deep self-check that recomputes every count (see check).
-func (m *Manager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
-	if err := m.ready(ctx, "Inspect"); err != nil {
+func (c *Core) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
+	if err := c.ready(ctx, "Inspect"); err != nil {
 		return kvcache.Snapshot{}, err
 	}
 	var snap kvcache.Snapshot
-	snap.Pools = make([]kvcache.PoolStats, 0, len(m.pools))
-	for _, p := range m.pools {
+	snap.Pools = make([]kvcache.PoolStats, 0, len(c.pools))
+	for _, p := range c.pools {
 		snap.Pools = append(snap.Pools, p.Stats())
 	}
-	ids := m.seqIDs()
+	ids := c.seqIDs()
 	snap.Seqs = make([]kvcache.SeqState, 0, len(ids))
-	blocks := make([]int, len(ids)*len(m.pools)) // one allocation: Inspect runs after every step
+	blocks := make([]int, len(ids)*len(c.pools)) // one allocation: Inspect runs after every step
 	for i, id := range ids {
-		s := m.seqs[id]
+		s := c.seqs[id]
 		st := kvcache.SeqState{
 			Seq: id, History: s.led.History, Capacity: s.led.Capacity, Hold: s.led.Hold,
-			Suspended: s.suspended, Blocks: blocks[i*len(m.pools) : (i+1)*len(m.pools) : (i+1)*len(m.pools)],
+			Suspended: s.suspended, Blocks: blocks[i*len(c.pools) : (i+1)*len(c.pools) : (i+1)*len(c.pools)],
 		}
 		if s.led.Reserved {
 			st.Reserved, st.Draft = s.led.Tokens+s.led.Draft, s.led.Draft
 		}
 		if opts.Tables {
-			st.Tables = make([][]kvcache.BlockID, len(m.pools))
+			st.Tables = make([][]kvcache.BlockID, len(c.pools))
 		}
-		for g := range m.dev {
+		for g := range c.dev {
 			// Only a suspended sequence has holes (blocks on the host tier);
 			// the deep self-check verifies that.
 			if s.suspended {
@@ -48,29 +48,29 @@ func (m *Manager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvc
 			if opts.Tables {
 				st.Tables[g] = present(s.tables[g])
 			}
-			if m.host != nil {
-				st.Blocks[len(m.dev)+g] = countPresent(s.host[g])
+			if c.host != nil {
+				st.Blocks[len(c.dev)+g] = countPresent(s.host[g])
 				if opts.Tables {
-					st.Tables[len(m.dev)+g] = present(s.host[g])
+					st.Tables[len(c.dev)+g] = present(s.host[g])
 				}
 			}
 		}
 		snap.Seqs = append(snap.Seqs, st)
 	}
 	if opts.Tables {
-		for _, p := range m.pools {
+		for _, p := range c.pools {
 			snap.RefCounts = append(snap.RefCounts, slices.Clone(p.refs))
 		}
 	}
 	if opts.Tables {
-		snap.Violations = m.check()
+		snap.Violations = c.check()
 	}
 	return snap, nil
 }
 
-func (m *Manager) seqIDs() []kvcache.SeqID {
-	ids := make([]kvcache.SeqID, 0, len(m.seqs))
-	for id := range m.seqs {
+func (c *Core) seqIDs() []kvcache.SeqID {
+	ids := make([]kvcache.SeqID, 0, len(c.seqs))
+	for id := range c.seqs {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
@@ -106,8 +106,8 @@ func present(t []kvcache.BlockID) []kvcache.BlockID {
 //   - per sequence: 0 <= history <= capacity <= max_seq_len+max_draft, blocks ==
 //     ceil(capacity/tpb) in every group (device plus host), capacity ==
 //     max(history, hold) without a reservation, suspended sequences hold no
-//     reservation, tree path i holds prompt block i and, where table block i is
-//     a page, it is that node's page;
+//     reservation, tree path i holds prompt block i and table block i is that
+//     node's page (a sequence never holds a private copy of a cached block);
 //   - per pool: reference counts equal the references recomputed from all
 //     tables; free + cached + in use == total; the free stack holds exactly the
 //     unreferenced unowned blocks, once each; owned pages match their node;
@@ -116,28 +116,28 @@ func present(t []kvcache.BlockID) []kvcache.BlockID {
 //     and their parents are pinned; live-kid counts, the evictable count and the
 //     eviction heap (exactly the unpinned leaves with pages, heap-ordered) are
 //     right; every node reachable from the root has a correct parent link.
-func (m *Manager) check() []string {
+func (c *Core) check() []string {
 	var v []string
 	bad := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
-	tpb := m.tpb
+	tpb := c.tpb
 
 	// The recounts are scratch kept across checks: a deep check every few
 	// dozen steps of pools with tens of thousands of blocks would otherwise
 	// allocate (and the GC scan) megabytes each time.
-	if len(m.checkRefs) != len(m.pools) {
-		m.checkRefs = make([][]int32, len(m.pools))
+	if len(c.checkRefs) != len(c.pools) {
+		c.checkRefs = make([][]int32, len(c.pools))
 	}
-	refs := m.checkRefs
-	for i, p := range m.pools {
+	refs := c.checkRefs
+	for i, p := range c.pools {
 		refs[i] = slices.Grow(refs[i][:0], p.Total())[:p.Total()]
 		clear(refs[i])
 	}
-	m.tree.BeginCheck()
-	for _, id := range m.seqIDs() {
-		s := m.seqs[id]
+	c.tree.BeginCheck()
+	for _, id := range c.seqIDs() {
+		s := c.seqs[id]
 		l := &s.led
-		if l.History < 0 || l.History > l.Capacity || l.Capacity > m.maxTokens {
-			bad("seq %d: history %d, capacity %d: want 0 <= history <= capacity <= %d", id, l.History, l.Capacity, m.maxTokens)
+		if l.History < 0 || l.History > l.Capacity || l.Capacity > c.maxTokens {
+			bad("seq %d: history %d, capacity %d: want 0 <= history <= capacity <= %d", id, l.History, l.Capacity, c.maxTokens)
 		}
 		if !l.Reserved && l.Capacity != max(l.History, l.Hold) {
 			bad("seq %d: capacity %d without a reservation, want max(history %d, hold %d)", id, l.Capacity, l.History, l.Hold)
@@ -146,12 +146,12 @@ func (m *Manager) check() []string {
 			bad("seq %d: suspended with a reservation outstanding", id)
 		}
 		want := blocksFor(l.Capacity, tpb)
-		for g, pool := range m.dev {
+		for g, pool := range c.dev {
 			if len(s.tables[g]) != want {
-				bad("seq %d: pool %s: %d table entries, want ceil(capacity %d / %d) = %d", id, m.groups[g].Name, len(s.tables[g]), l.Capacity, tpb, want)
+				bad("seq %d: pool %s: %d table entries, want ceil(capacity %d / %d) = %d", id, c.groups[g].Name, len(s.tables[g]), l.Capacity, tpb, want)
 			}
 			if s.suspended && len(s.host[g]) != len(s.tables[g]) {
-				bad("seq %d: pool %s: %d host entries for %d table entries", id, m.groups[g].Name, len(s.host[g]), len(s.tables[g]))
+				bad("seq %d: pool %s: %d host entries for %d table entries", id, c.groups[g].Name, len(s.host[g]), len(s.tables[g]))
 			}
 			if !s.suspended && len(s.host[g]) != 0 {
 				bad("seq %d: resident with %d host entries", id, len(s.host[g]))
@@ -163,9 +163,9 @@ func (m *Manager) check() []string {
 				for j, b := range s.tables[g] {
 					switch {
 					case b == NoBlock:
-						bad("seq %d: pool %s: table entry %d is on no tier", id, m.groups[g].Name, j)
+						bad("seq %d: pool %s: table entry %d is on no tier", id, c.groups[g].Name, j)
 					case b < 0 || int(b) >= total:
-						bad("seq %d: pool %s: block %d out of range [0, %d)", id, m.groups[g].Name, b, total)
+						bad("seq %d: pool %s: block %d out of range [0, %d)", id, c.groups[g].Name, b, total)
 					default:
 						r[b]++
 					}
@@ -176,19 +176,19 @@ func (m *Manager) check() []string {
 				onHost := j < len(s.host[g]) && s.host[g][j] != NoBlock
 				switch {
 				case b == NoBlock && !onHost:
-					bad("seq %d: pool %s: table entry %d is on no tier", id, m.groups[g].Name, j)
+					bad("seq %d: pool %s: table entry %d is on no tier", id, c.groups[g].Name, j)
 				case b != NoBlock && onHost:
-					bad("seq %d: pool %s: table entry %d is on both tiers", id, m.groups[g].Name, j)
+					bad("seq %d: pool %s: table entry %d is on both tiers", id, c.groups[g].Name, j)
 				case b != NoBlock && (b < 0 || int(b) >= pool.Total()):
-					bad("seq %d: pool %s: block %d out of range [0, %d)", id, m.groups[g].Name, b, pool.Total())
+					bad("seq %d: pool %s: block %d out of range [0, %d)", id, c.groups[g].Name, b, pool.Total())
 				case b != NoBlock:
 					refs[pool.id][b]++
 				case onHost:
 					h := s.host[g][j]
-					if h < 0 || int(h) >= m.host[g].Total() {
-						bad("seq %d: host pool %s: block %d out of range", id, m.groups[g].Name, h)
+					if h < 0 || int(h) >= c.host[g].Total() {
+						bad("seq %d: host pool %s: block %d out of range", id, c.groups[g].Name, h)
 					} else {
-						refs[m.host[g].id][h]++
+						refs[c.host[g].id][h]++
 					}
 				}
 			}
@@ -196,30 +196,30 @@ func (m *Manager) check() []string {
 		if len(s.path) > l.History/tpb || len(s.path) > len(s.prompt)/tpb {
 			bad("seq %d: tree path of %d blocks beyond history %d / prompt %d", id, len(s.path), l.History, len(s.prompt))
 		}
-		parent := m.tree.root
+		parent := c.tree.root
 		for i, n := range s.path {
-			m.tree.CountPin(n)
+			c.tree.CountPin(n)
 			if n.parent != parent {
 				bad("seq %d: path node %d is not a child of path node %d", id, i, i-1)
 			}
 			if i < len(s.prompt)/tpb && !slices.Equal(n.tokens, s.prompt[i*tpb:(i+1)*tpb]) {
 				bad("seq %d: path node %d holds other tokens than prompt block %d", id, i, i)
 			}
-			for g, pool := range m.dev {
-				if b := s.tables[g][i]; b != NoBlock && pool.owner[b] != nil && pool.owner[b] != n {
-					bad("seq %d: pool %s: table block %d (%d) is the page of another node", id, m.groups[g].Name, i, b)
+			for g, pool := range c.dev {
+				if b := s.tables[g][i]; b == NoBlock || pool.owner[b] != n {
+					bad("seq %d: pool %s: table block %d (%d) is not the page of its path node", id, c.groups[g].Name, i, b)
 				}
 			}
 			parent = n
 		}
 		if s.cow != nil {
-			m.tree.CountPin(s.cow)
+			c.tree.CountPin(s.cow)
 		}
 	}
 
-	for i, p := range m.pools {
-		m.checkFree = slices.Grow(m.checkFree[:0], p.Total())[:p.Total()]
-		inFree := m.checkFree
+	for i, p := range c.pools {
+		c.checkFree = slices.Grow(c.checkFree[:0], p.Total())[:p.Total()]
+		inFree := c.checkFree
 		clear(inFree)
 		for _, b := range p.free {
 			if inFree[b] {
@@ -239,7 +239,7 @@ func (m *Manager) check() []string {
 			if p.refs[b] == 0 && p.owner[b] != nil {
 				cached++
 			}
-			if o := p.owner[b]; o != nil && (i >= len(m.dev) || o.pages[i] != kvcache.BlockID(b)) {
+			if o := p.owner[b]; o != nil && (i >= len(c.dev) || o.pages[i] != kvcache.BlockID(b)) {
 				bad("pool %d: block %d owned by a node that does not hold it", p.id, b)
 			}
 		}
@@ -250,6 +250,6 @@ func (m *Manager) check() []string {
 	}
 
 	// Walk the tree.
-	v = append(v, m.tree.Check()...)
+	v = append(v, c.tree.Check()...)
 	return v
 }

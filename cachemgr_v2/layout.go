@@ -27,60 +27,72 @@ type PoolGroup struct {
 	Host       *BlockPool // nil without a host tier
 }
 
-// groupLayers sorts the stage's paged buffers into pool groups by window.
-// A layer with state buffers (Mamba) is refused.
-func groupLayers(stage int, layers []spec.Layer, tpb int) ([]*PoolGroup, error) {
-	var groups []*PoolGroup
-	stateLayers := 0
+// GroupLayers sorts the stage's buffers: paged buffers into pool groups by
+// attention window (sorted by window), state buffers (Mamba conv and SSM
+// state) into one per-sequence state, of stateBytes over stateLayers (their
+// spec.Layer.Index). A buffer must have exactly one of BytesPerToken and
+// BytesPerSeq, a layer a window >= 0: else ErrInvalidConfig, prefixed with
+// name.
+func GroupLayers(name string, layers []spec.Layer, tpb int) (groups []*PoolGroup, stateBytes int64, stateLayers []int, err error) {
 	for _, l := range layers {
-		var perToken int64
-		state := false
+		var perToken, perSeq int64
 		for _, b := range l.Buffers {
 			if b.BytesPerToken < 0 || b.BytesPerSeq < 0 || (b.BytesPerToken > 0) == (b.BytesPerSeq > 0) {
-				return nil, kvcache.Errorf(kvcache.KindInvalidConfig,
-					"cachemgr_v2: layer %d buffer %s: bytes_per_token %d, bytes_per_seq %d: exactly one must be > 0",
-					l.Index, b.Role, b.BytesPerToken, b.BytesPerSeq)
+				return nil, 0, nil, kvcache.Errorf(kvcache.KindInvalidConfig,
+					"%s: layer %d buffer %s: bytes_per_token %d, bytes_per_seq %d: exactly one must be > 0",
+					name, l.Index, b.Role, b.BytesPerToken, b.BytesPerSeq)
 			}
 			perToken += b.BytesPerToken
-			state = state || b.BytesPerSeq > 0
+			perSeq += b.BytesPerSeq
 		}
-		if state {
-			stateLayers++
-			continue
+		if perSeq > 0 {
+			stateBytes += perSeq
+			stateLayers = append(stateLayers, l.Index)
 		}
 		if perToken == 0 {
-			continue // no cache (a pure FFN block)
+			continue // no paged cache (a pure FFN block, or a state layer)
 		}
 		if l.Window < 0 {
-			return nil, kvcache.Errorf(kvcache.KindInvalidConfig, "cachemgr_v2: layer %d window %d must be >= 0", l.Index, l.Window)
+			return nil, 0, nil, kvcache.Errorf(kvcache.KindInvalidConfig, "%s: layer %d window %d must be >= 0", name, l.Index, l.Window)
 		}
 		i := slices.IndexFunc(groups, func(g *PoolGroup) bool { return g.Window == l.Window })
 		if i < 0 {
-			name := "full"
+			gname := "full"
 			if l.Window > 0 {
-				name = fmt.Sprintf("window-%d", l.Window)
+				gname = fmt.Sprintf("window-%d", l.Window)
 			}
-			groups = append(groups, &PoolGroup{Name: name, Window: l.Window})
+			groups = append(groups, &PoolGroup{Name: gname, Window: l.Window})
 			i = len(groups) - 1
 		}
 		groups[i].Layers = append(groups[i].Layers, l.Index)
 		groups[i].BlockBytes += perToken * int64(tpb)
 	}
-	if stateLayers > 0 {
+	slices.SortStableFunc(groups, func(a, b *PoolGroup) int { return a.Window - b.Window })
+	return groups, stateBytes, stateLayers, nil
+}
+
+// groupLayers is GroupLayers for this manager: a layer with state buffers
+// (Mamba) is refused, and so is a stage without a paged buffer.
+func groupLayers(stage int, layers []spec.Layer, tpb int) ([]*PoolGroup, error) {
+	groups, _, state, err := GroupLayers("cachemgr_v2", layers, tpb)
+	switch {
+	case err != nil:
+		return nil, err
+	case len(state) > 0:
 		return nil, kvcache.Errorf(kvcache.KindInvalidConfig,
-			"hybrid model (%d mamba layers): use cache_manager: mamba", stateLayers)
-	}
-	if len(groups) == 0 {
+			"hybrid model (%d mamba layers): use cache_manager: mamba", len(state))
+	case len(groups) == 0:
 		return nil, kvcache.Errorf(kvcache.KindInvalidConfig, "cachemgr_v2: stage %d has no layer with a paged cache buffer", stage)
 	}
-	slices.SortStableFunc(groups, func(a, b *PoolGroup) int { return a.Window - b.Window })
 	return groups, nil
 }
 
-// validateConfig checks the scalar fields of cfg.
-func validateConfig(cfg *kvcache.Config) error {
+// ValidateConfig checks the scalar limits of cfg shared by the managers built
+// on Core; errors are ErrInvalidConfig prefixed with name, naming the field,
+// the value and what is allowed.
+func ValidateConfig(name string, cfg *kvcache.Config) error {
 	bad := func(field string, v any, want string) error {
-		return kvcache.Errorf(kvcache.KindInvalidConfig, "cachemgr_v2: %s = %v: %s", field, v, want)
+		return kvcache.Errorf(kvcache.KindInvalidConfig, "%s: %s = %v: %s", name, field, v, want)
 	}
 	switch {
 	case cfg.TokensPerBlock <= 0:
@@ -160,12 +172,66 @@ func SplitBudget(budget int64, weights []float64, blockBytes []int64, floors []i
 	}
 }
 
+// CheckPoolRatio checks a pool_ratio hint: one entry per pool (named by
+// names), each > 0 and finite; else ErrInvalidConfig prefixed with name.
+func CheckPoolRatio(name string, ratio []float64, names []string) error {
+	if len(ratio) != len(names) {
+		return kvcache.Errorf(kvcache.KindInvalidConfig,
+			"%s: pool_ratio has %d entries, want %d (one per pool: %s)", name, len(ratio), len(names), strings.Join(names, ", "))
+	}
+	for i, r := range ratio {
+		if !(r > 0) || math.IsInf(r, 0) {
+			return kvcache.Errorf(kvcache.KindInvalidConfig, "%s: pool_ratio[%d] (%s) = %v: must be > 0", name, i, names[i], r)
+		}
+	}
+	return nil
+}
+
+// RatioWarnings says, for each pool whose share of budget (blocks of
+// blockBytes) is more than 0.01 off its pool_ratio entry, that the floors
+// (what) moved it; none without a ratio.
+func RatioWarnings(ratio []float64, blocks []int, blockBytes []int64, budget int64, names []string, what string) []string {
+	var w []string
+	for i, r := range ratio {
+		if got := float64(int64(blocks[i])*blockBytes[i]) / float64(budget); math.Abs(got-r) > 0.01 {
+			w = append(w, fmt.Sprintf("pool_ratio[%d] (%s) = %.3f became %.3f to hold %s", i, names[i], r, got, what))
+		}
+	}
+	return w
+}
+
+// SplitHost divides hostBytes between pools in proportion to devBytes (each
+// pool's device bytes, or the part of them that can be suspended), in whole
+// blocks of blockBytes. It returns nil when hostBytes is 0 (no host tier),
+// and a warning for each pool (named by names) that gets no block, whose
+// sequences then cannot be suspended.
+func SplitHost(hostBytes int64, devBytes, blockBytes []int64, names []string) ([]int, []string) {
+	if hostBytes <= 0 {
+		return nil, nil
+	}
+	var total int64
+	for _, b := range devBytes {
+		total += b
+	}
+	host := make([]int, len(devBytes))
+	var warn []string
+	for g := range devBytes {
+		share := float64(devBytes[g]) / float64(total)
+		host[g] = int(float64(hostBytes) * share / float64(blockBytes[g]))
+		if host[g] == 0 {
+			warn = append(warn, fmt.Sprintf(
+				"host_bytes %d gives pool %s no host block (%d bytes each): Suspend will fail", hostBytes, names[g], blockBytes[g]))
+		}
+	}
+	return host, warn
+}
+
 // planLayout groups the layers, splits the budgets and proves the layout can
 // hold one MaxSeqLen+MaxDraftTokens request end to end and one MaxNumTokens
 // chunk. The groups' pools are created by the caller.
 func planLayout(cfg *kvcache.Config) ([]*PoolGroup, kvcache.Layout, []int, []int, error) {
 	var lay kvcache.Layout
-	if err := validateConfig(cfg); err != nil {
+	if err := ValidateConfig("cachemgr_v2", cfg); err != nil {
 		return nil, lay, nil, nil, err
 	}
 	tpb := cfg.TokensPerBlock
@@ -194,15 +260,8 @@ func planLayout(cfg *kvcache.Config) ([]*PoolGroup, kvcache.Layout, []int, []int
 			"avg_seq_len unset: the pool split uses a typical step of max_seq_len %d tokens per sequence (a sizing hint: speed only)", cfg.MaxSeqLen))
 	}
 	if cfg.PoolRatio != nil {
-		if len(cfg.PoolRatio) != n {
-			return nil, lay, nil, nil, kvcache.Errorf(kvcache.KindInvalidConfig,
-				"cachemgr_v2: pool_ratio has %d entries, want %d (one per pool group: %s)", len(cfg.PoolRatio), n, strings.Join(names, ", "))
-		}
-		for g, r := range cfg.PoolRatio {
-			if !(r > 0) || math.IsInf(r, 0) {
-				return nil, lay, nil, nil, kvcache.Errorf(kvcache.KindInvalidConfig,
-					"cachemgr_v2: pool_ratio[%d] (%s) = %v: must be > 0", g, names[g], r)
-			}
+		if err := CheckPoolRatio("cachemgr_v2", cfg.PoolRatio, names); err != nil {
+			return nil, lay, nil, nil, err
 		}
 		copy(weights, cfg.PoolRatio)
 	}
@@ -220,31 +279,13 @@ func planLayout(cfg *kvcache.Config) ([]*PoolGroup, kvcache.Layout, []int, []int
 			cfg.DeviceBytes, cfg.MaxSeqLen, cfg.MaxDraftTokens, reqTokens, cfg.MaxNumTokens, floor, tpb,
 			strings.Join(names, ", "), minBytes, minBytes, fix)
 	}
-	if cfg.PoolRatio != nil {
-		for g := range n {
-			got := float64(int64(dev[g])*bb[g]) / float64(cfg.DeviceBytes)
-			if math.Abs(got-cfg.PoolRatio[g]) > 0.01 {
-				lay.Warnings = append(lay.Warnings, fmt.Sprintf(
-					"pool_ratio[%d] (%s) = %.3f raised to %.3f to hold one max_seq_len request", g, names[g], cfg.PoolRatio[g], got))
-			}
-		}
-	}
-	var host []int
-	var devTotal int64
+	lay.Warnings = append(lay.Warnings, RatioWarnings(cfg.PoolRatio, dev, bb, cfg.DeviceBytes, names, "one max_seq_len request")...)
+	devBytes := make([]int64, n)
 	for g := range n {
-		devTotal += int64(dev[g]) * bb[g]
+		devBytes[g] = int64(dev[g]) * bb[g]
 	}
-	if cfg.HostBytes > 0 {
-		host = make([]int, n)
-		for g := range n {
-			share := float64(int64(dev[g])*bb[g]) / float64(devTotal)
-			host[g] = int(float64(cfg.HostBytes) * share / float64(bb[g]))
-			if host[g] == 0 {
-				lay.Warnings = append(lay.Warnings, fmt.Sprintf(
-					"host_bytes %d gives pool group %s no host block (%d bytes each): Suspend will fail", cfg.HostBytes, names[g], bb[g]))
-			}
-		}
-	}
+	host, warn := SplitHost(cfg.HostBytes, devBytes, bb, names)
+	lay.Warnings = append(lay.Warnings, warn...)
 	poolTokens := math.MaxInt
 	for g, pg := range groups {
 		pg.Layers = slices.Clip(pg.Layers)

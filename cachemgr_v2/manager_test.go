@@ -234,28 +234,133 @@ func evictionOrder(t *Tree) []*Node {
 	return o
 }
 
-// TestDuplicatePrefixIsNotPinned: two sequences that computed the same
-// prompt side by side (neither could reuse the other) register it once; the
-// second keeps its private blocks and does not pin the first's copy, which
-// stays evictable after the first is released, so a max_seq_len request
-// still fits beside the second (found by the cpu equivalence suite, where a
-// request was refused in an otherwise empty cache).
-func TestDuplicatePrefixIsNotPinned(t *testing.T) {
+// TestDuplicatePrefixIsAdopted: two sequences that computed the same prompt
+// side by side (neither could reuse the other) register it once: the second
+// one's Commit swaps its private copies for the tree's pages and frees them,
+// so it holds no more blocks than one copy, and its next grant tells the
+// worker the new table. A max_seq_len request then fits beside the second
+// once the first is gone (the guarantee that the earlier fix, stopping
+// registration, protected; found by the cpu equivalence suite).
+func TestDuplicatePrefixIsAdopted(t *testing.T) {
 	m, _ := configure(t, smallCfg(13, 0)) // one 32-token request (+2 drafts) needs 9 blocks
 	p := tokens(13, 1)
 	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 13, New: true, Prompt: p})
 	mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 13, New: true, Prompt: p})
 	mustCommit(t, m, 1, 13)
 	mustCommit(t, m, 2, 13)
+	snap := inspect(t, m)
+	s1, s2 := seqState(t, snap, 1), seqState(t, snap, 2)
+	if !slices.Equal(s1.Tables[0][:3], s2.Tables[0][:3]) || s1.Tables[0][3] == s2.Tables[0][3] {
+		t.Fatalf("tables %v and %v: want the 3 prompt blocks shared, the 4th private", s1.Tables[0], s2.Tables[0])
+	}
+	if ps := snap.Pools[0]; ps.InUse != 5 || ps.Free != 8 {
+		t.Fatalf("pool %+v, want 5 blocks in use (3 shared + 2 private), seq 2's 3 copies freed", ps)
+	}
+	g := mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 1})
+	if len(g.Tables) != 1 || g.Tables[0].From != 0 || !slices.Equal(g.Tables[0].Blocks, s2.Tables[0]) {
+		t.Fatalf("seq 2's next grant tables %+v, want its whole table %v from 0", g.Tables, s2.Tables[0])
+	}
+	mustCommit(t, m, 2, 1)
 	if err := m.Release(ctx, []kvcache.SeqID{1}); err != nil {
 		t.Fatal(err)
 	}
-	if ps := inspect(t, m).Pools[0]; ps.Cached != 3 || ps.InUse != 4 {
-		t.Fatalf("pool %+v, want seq 1's 3 prompt blocks cached and seq 2's 4 in use", ps)
+	if ps := inspect(t, m).Pools[0]; ps.Cached != 0 || ps.InUse != 4 {
+		t.Fatalf("pool %+v, want seq 2's 4 blocks in use (3 of them the tree's), nothing else held", ps)
 	}
 	if g := reserve1(t, m, kvcache.ReserveItem{Seq: 3, Tokens: 16, Hold: 34, New: true, Prompt: tokens(16, 3)}); !g.OK {
 		t.Fatalf("a max_seq_len request beside seq 2 was denied: %s", g.Reason)
 	}
+
+	// The other way round: the first copy is only cached (its sequence is
+	// gone) when the second commits. The node takes the second copy, whose
+	// table does not change, and the cached copy is freed: Commit
+	// references no block that was unreferenced.
+	m, _ = configure(t, smallCfg(13, 0))
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 13, New: true, Prompt: p})
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 13, New: true, Prompt: p})
+	mustCommit(t, m, 1, 13)
+	if err := m.Release(ctx, []kvcache.SeqID{1}); err != nil {
+		t.Fatal(err)
+	}
+	before := seqState(t, inspect(t, m), 2)
+	mustCommit(t, m, 2, 13)
+	snap = inspect(t, m)
+	if s2 := seqState(t, snap, 2); !slices.Equal(s2.Tables[0], before.Tables[0]) {
+		t.Fatalf("seq 2's table %v changed from %v", s2.Tables[0], before.Tables[0])
+	}
+	if ps := snap.Pools[0]; ps.Cached != 0 || ps.InUse != 4 || ps.Free != 9 {
+		t.Fatalf("pool %+v, want seq 2's 4 blocks in use (3 now the tree's), the cached copy freed", ps)
+	}
+	for i, n := range m.tree.Match(p, 3, nil) {
+		if n.pages[0] != before.Tables[0][i] {
+			t.Fatalf("tree page %d = %d, want seq 2's block %d", i, n.pages[0], before.Tables[0][i])
+		}
+	}
+	if g := mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 1}); len(g.Tables) != 0 {
+		t.Fatalf("seq 2's next grant tables %+v, want none (its table did not change)", g.Tables)
+	}
+}
+
+// TestDivergingPrefixRegistersLaterBlocks: two concurrent requests share a
+// two-block prefix, computed by both, then diverge for two blocks each.
+// Registration goes on past the shared blocks that the tree already held
+// from the other request, so both requests' unique blocks are registered
+// under the one shared node and found by Lookup, also after both are gone.
+func TestDivergingPrefixRegistersLaterBlocks(t *testing.T) {
+	m, _ := configure(t, smallCfg(32, 0))
+	shared := tokens(8, 1)
+	a := append(slices.Clone(shared), tokens(8, 2)...)
+	b := append(slices.Clone(shared), tokens(8, 3)...)
+	gs, err := m.Reserve(ctx, []kvcache.ReserveItem{
+		{Seq: 1, Tokens: 4, New: true, Prompt: append(slices.Clone(a), 7)},
+		{Seq: 2, Tokens: 4, New: true, Prompt: append(slices.Clone(b), 7)},
+	})
+	if err != nil || !gs[0].OK || !gs[1].OK {
+		t.Fatalf("Reserve = %+v, %v", gs, err)
+	}
+	// Chunked prefill, both in every step: 4 tokens, then 13 (all but the last).
+	if _, err := m.Commit(ctx, []kvcache.CommitItem{{Seq: 1, Accepted: 4}, {Seq: 2, Accepted: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	gs, err = m.Reserve(ctx, []kvcache.ReserveItem{{Seq: 1, Tokens: 13}, {Seq: 2, Tokens: 13}})
+	if err != nil || !gs[0].OK || !gs[1].OK {
+		t.Fatalf("Reserve = %+v, %v", gs, err)
+	}
+	if _, err := m.Commit(ctx, []kvcache.CommitItem{{Seq: 1, Accepted: 13}, {Seq: 2, Accepted: 13}}); err != nil {
+		t.Fatal(err)
+	}
+	snap := inspect(t, m)
+	s1, s2 := seqState(t, snap, 1), seqState(t, snap, 2)
+	if !slices.Equal(s1.Tables[0][:2], s2.Tables[0][:2]) {
+		t.Fatalf("tables %v and %v: want the shared prefix's 2 blocks shared", s1.Tables[0], s2.Tables[0])
+	}
+	if n := m.tree.Nodes(); n != 6 {
+		t.Fatalf("tree holds %d nodes, want 6 (2 shared + 2 + 2 unique)", n)
+	}
+	probe := func(p []int32) []int32 { return append(slices.Clone(p), 9) }
+	look, _ := m.Lookup(ctx, []kvcache.LookupItem{{Prompt: probe(a)}, {Prompt: probe(b)}, {Prompt: probe(shared)}})
+	if !slices.Equal(look, []int{16, 16, 8}) {
+		t.Fatalf("Lookup while both run = %v, want [16 16 8]: both requests' unique blocks registered", look)
+	}
+	if err := m.Release(ctx, []kvcache.SeqID{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	if ps := inspect(t, m).Pools[0]; ps.Cached != 6 || ps.InUse != 0 {
+		t.Fatalf("after release %+v, want the 6 registered blocks cached", ps)
+	}
+	look, _ = m.Lookup(ctx, []kvcache.LookupItem{{Prompt: probe(a)}, {Prompt: probe(b)}})
+	if !slices.Equal(look, []int{16, 16}) {
+		t.Fatalf("Lookup after release = %v, want [16 16]", look)
+	}
+	// A third request takes all of b's blocks from the cache.
+	g := mustGrant(t, m, kvcache.ReserveItem{Seq: 3, Tokens: 1, New: true, Prompt: probe(b), Reuse: 16})
+	path := m.tree.Match(b, 4, nil)
+	for i, n := range path {
+		if g.Tables[0].Blocks[i] != n.pages[0] {
+			t.Fatalf("seq 3 table %v, want the tree's pages of b for its first 4 blocks", g.Tables[0].Blocks)
+		}
+	}
+	inspect(t, m)
 }
 
 // TestSelfCheckFindsCorruption: the deep Inspect notices a broken tree (a

@@ -7,7 +7,8 @@ import (
 )
 
 // Suspend implements kvcache.Manager. Only a sequence's private blocks move
-// to the host tier (Copies device -> host, in Layout pool ids); its shared
+// to the host tier (Copies device -> host, in Layout pool ids), and what the
+// Hooks move of their own (CanSuspend, Suspended); its shared
 // blocks (pages of tree nodes: reused or registered prompt blocks) stay on
 // device, referenced and pinned, so the tree never points at the host tier
 // and no other sequence is affected. The ledger is kept.
@@ -15,20 +16,21 @@ import (
 // A sequence with an outstanding reservation is refused (false, and an item
 // error): the forward it was reserved for may still write its blocks; Commit
 // or Unreserve it first. A sequence whose private blocks do not fit on the
-// host stays resident (false). Suspending a suspended sequence is a no-op
+// host, or whose Hooks state does not (CanSuspend false), stays resident
+// (false). Suspending a suspended sequence is a no-op
 // (true). Without a host tier the call fails with ErrUnsupported.
-func (m *Manager) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
-	if err := m.ready(ctx, "Suspend"); err != nil {
+func (c *Core) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
+	if err := c.ready(ctx, "Suspend"); err != nil {
 		return nil, nil, err
 	}
-	if m.host == nil {
-		return nil, nil, kvcache.Errorf(kvcache.KindUnsupported, "cachemgr_v2: Suspend: no host tier (host_bytes 0)")
+	if !c.hostTier {
+		return nil, nil, kvcache.Errorf(kvcache.KindUnsupported, "%s: Suspend: no host tier (host_bytes 0)", c.name)
 	}
 	ok := make([]bool, len(seqs))
 	var copies []kvcache.Copy
 	var bad itemErrors
 	for i, id := range seqs {
-		s := m.seqs[id]
+		s := c.seqs[id]
 		switch {
 		case s == nil:
 			bad.add(id, "seq %d: unknown sequence", id)
@@ -41,16 +43,16 @@ func (m *Manager) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []
 			ok[i] = true
 			continue
 		}
-		if !m.hostFits(s) {
+		if !c.hostFits(s) || c.hooks != nil && !c.hooks.CanSuspend(s) {
 			continue
 		}
-		first := len(s.tables[0])
-		for g, pool := range m.dev {
-			hp := m.host[g]
+		first := c.held(s)
+		for g, pool := range c.dev {
+			hp := c.host[g]
 			for j, b := range s.tables[g] {
 				h := NoBlock
 				if pool.Owner(b) == nil {
-					h = hp.Take(m.pages[:0], 1)[0]
+					h = hp.Take(c.pages[:0], 1)[0]
 					copies = append(copies, kvcache.Copy{SrcPool: pool.id, SrcBlock: b, DstPool: hp.id, DstBlock: h})
 					pool.Unref(b)
 					s.tables[g][j] = NoBlock
@@ -59,24 +61,27 @@ func (m *Manager) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []
 				s.host[g] = append(s.host[g], h)
 			}
 		}
+		if c.hooks != nil {
+			copies = c.hooks.Suspended(s, copies)
+		}
 		s.suspended = true
 		s.sent = min(s.sent, first)
 		ok[i] = true
 	}
-	m.tree.Prune()
-	return ok, copies, bad.err("Suspend")
+	c.tree.Prune()
+	return ok, copies, bad.err(c.name, "Suspend")
 }
 
 // hostFits reports whether s's private blocks fit in the host pools.
-func (m *Manager) hostFits(s *sequence) bool {
-	for g, pool := range m.dev {
+func (c *Core) hostFits(s *Seq) bool {
+	for g, pool := range c.dev {
 		n := 0
 		for _, b := range s.tables[g] {
 			if pool.Owner(b) == nil {
 				n++
 			}
 		}
-		if m.host[g].Free() < n {
+		if c.host[g].Free() < n {
 			return false
 		}
 	}
@@ -85,21 +90,22 @@ func (m *Manager) hostFits(s *sequence) bool {
 
 // Resume implements kvcache.Manager: it allocates device blocks for a
 // suspended sequence's moved blocks (evicting cached unpinned blocks when
-// needed) and returns Copies host -> device; false when they do not fit yet
-// (nothing changes). Resuming a resident sequence is a no-op (true). The new
+// needed), and the Hooks bring their own state back (CanResume, Resumed);
+// it returns Copies host -> device; false when they do not fit yet (nothing
+// changes). Resuming a resident sequence is a no-op (true). The new
 // block ids reach the worker in the sequence's next grant, whose Tables
 // replace its table from the first moved block; the worker must not run the
 // sequence before that grant (a suspended sequence cannot be granted before
 // Resume, so this holds by construction).
-func (m *Manager) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
-	if err := m.ready(ctx, "Resume"); err != nil {
+func (c *Core) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
+	if err := c.ready(ctx, "Resume"); err != nil {
 		return nil, nil, err
 	}
 	ok := make([]bool, len(seqs))
 	var copies []kvcache.Copy
 	var bad itemErrors
 	for i, id := range seqs {
-		s := m.seqs[id]
+		s := c.seqs[id]
 		switch {
 		case s == nil:
 			bad.add(id, "seq %d: unknown sequence", id)
@@ -109,31 +115,32 @@ func (m *Manager) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []k
 			continue
 		}
 		moved := 0
-		for _, h := range s.host[0] {
-			if h != NoBlock {
-				moved++
-			}
+		if len(s.host) > 0 {
+			moved = countPresent(s.host[0])
 		}
-		if m.roomFor(moved) != "" {
+		if c.roomFor(moved) != "" || c.hooks != nil && !c.hooks.CanResume(s) {
 			continue
 		}
-		m.makeRoom(moved)
-		for g, pool := range m.dev {
-			hp := m.host[g]
+		c.makeRoom(moved)
+		for g, pool := range c.dev {
+			hp := c.host[g]
 			for j, h := range s.host[g] {
 				if h == NoBlock {
 					continue
 				}
-				b := pool.Take(m.pages[:0], 1)[0]
+				b := pool.Take(c.pages[:0], 1)[0]
 				copies = append(copies, kvcache.Copy{SrcPool: hp.id, SrcBlock: h, DstPool: pool.id, DstBlock: b})
 				hp.Unref(h)
 				s.tables[g][j] = b
 			}
 			s.host[g] = s.host[g][:0]
 		}
+		if c.hooks != nil {
+			copies = c.hooks.Resumed(s, copies)
+		}
 		s.suspended = false
 		ok[i] = true
 	}
-	m.tree.Prune()
-	return ok, copies, bad.err("Resume")
+	c.tree.Prune()
+	return ok, copies, bad.err(c.name, "Resume")
 }

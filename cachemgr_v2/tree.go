@@ -189,8 +189,9 @@ func (t *Tree) MatchPartial(parent *Node, tokens []int32) (*Node, int) {
 //   - an existing node without pages (evicted, awaiting pruning), which adopts
 //     pages and is thereby re-attached to the cache (adopted true);
 //   - an existing node with pages: it is pinned, but its pages are another
-//     sequence's copy (adopted false). Managers use Register, which refuses
-//     this case.
+//     copy of the same content (adopted false). The Core then keeps one of
+//     the two copies (Core.register), so that the sequence does not hold two
+//     blocks for one.
 //
 // It returns nil when a different block has the same hash (never in
 // practice): the caller stops registering that sequence's blocks. Extend
@@ -221,21 +222,15 @@ func (t *Tree) Extend(parent *Node, tokens []int32, pages []kvcache.BlockID) (n 
 	return c, true
 }
 
-// Register is Extend for a sequence registering its own blocks: it returns
-// the node when the node now holds the sequence's pages (new or
-// re-attached). When the tree already holds the block with another
-// sequence's pages, or on a hash collision, it pins nothing and returns nil:
-// the caller stops registering and its blocks stay private. (Pinning the
-// other copy beside its own would hold two blocks for one, unevictable while
-// the sequence lives, and break the guarantee that one max_seq_len request
-// fits alone.)
-func (t *Tree) Register(parent *Node, tokens []int32, pages []kvcache.BlockID) *Node {
-	n, adopted := t.Extend(parent, tokens, pages)
-	if n != nil && !adopted {
-		t.Unpin(n, false)
-		return nil
+// repage gives node n, whose pages no sequence references, pages instead: a
+// copy of the same content that a sequence references (Core.register). Its
+// old pages are freed. It never allocates and never evicts content.
+func (t *Tree) repage(n *Node, pages []kvcache.BlockID) {
+	for g, b := range pages {
+		t.pools[g].drop(n.pages[g])
+		n.pages[g] = b
+		t.pools[g].adopt(b, n)
 	}
-	return n
 }
 
 func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
@@ -299,9 +294,13 @@ func (t *Tree) Unpin(n *Node, touch bool) {
 // EvictOne frees the pages of the least valuable evictable leaf (lowest
 // priority, then least recently used) and queues the node for pruning. It
 // reports false when nothing is evictable.
-func (t *Tree) EvictOne() bool {
+func (t *Tree) EvictOne() bool { return t.evictLeaf() != nil }
+
+// evictLeaf is EvictOne that returns the evicted node (nil when nothing is
+// evictable).
+func (t *Tree) evictLeaf() *Node {
 	if len(t.heap) == 0 {
-		return false
+		return nil
 	}
 	n := t.heap[0]
 	t.heapRemove(n)
@@ -319,7 +318,7 @@ func (t *Tree) EvictOne() bool {
 		t.heapPush(p)
 	}
 	t.queuePrune(n)
-	return true
+	return n
 }
 
 func (t *Tree) queuePrune(n *Node) {

@@ -13,29 +13,29 @@ func TestCheckFindsCorruption(t *testing.T) {
 		corrupt func(m *Manager)
 	}{
 		{"snapshot position", func(m *Manager) {
-			for _, sn := range m.snaps {
+			for _, sn := range m.life.snaps {
 				sn.pos += tpb
 				return
 			}
 		}},
 		{"snapshot pins", func(m *Manager) {
-			for _, sn := range m.snaps {
+			for _, sn := range m.life.snaps {
 				sn.pins++
 				return
 			}
 		}},
 		{"slot freed while owned", func(m *Manager) {
-			for _, sn := range m.snaps {
-				m.ssm.free = append(m.ssm.free, sn.slot)
+			for _, sn := range m.life.snaps {
+				m.life.ssm.free = append(m.life.ssm.free, sn.slot)
 				return
 			}
 		}},
-		{"snapshot count", func(m *Manager) { m.nSnaps++ }},
-		{"live slot count", func(m *Manager) { m.liveUsed-- }},
+		{"snapshot count", func(m *Manager) { m.life.nSnaps++ }},
+		{"live slot count", func(m *Manager) { m.life.liveUsed-- }},
 		{"node evicted under its snapshot", func(m *Manager) {
 			// Evict behind the manager's back, as an eviction that forgets
 			// the snapshot would.
-			for n := m.tree.EvictLeaf(); n != nil && m.snaps[n] == nil; n = m.tree.EvictLeaf() {
+			for n := m.Tree().EvictLeaf(); n != nil && m.life.snaps[n] == nil; n = m.Tree().EvictLeaf() {
 			}
 		}},
 	} {

@@ -1,7 +1,10 @@
 // Package mamba is the cache manager for hybrid Mamba models (cache_manager:
-// mamba): the V2 parts of cachemgr_v2 (pool groups, BlockPool, Tree with pins
-// and deferred pruning, Ledger, SplitBudget) plus an SSM life cycle with
-// prefix reuse through state snapshots. It implements
+// mamba): cachemgr_v2's sequence core (cachemgrv2.Core: pool groups,
+// BlockPool, Tree with pins and deferred pruning, Ledger, reserve, commit,
+// release, registration and reuse, the host tier) plus an SSM life cycle
+// with prefix reuse through state snapshots, added to the core through its
+// hooks (cachemgrv2.Hooks, implemented by life): the sequence life cycle is
+// written once, so a fix to it is made once. It implements
 // plugins/v1/kvcache.Manager; cmd/kvx-mamba serves it as a plugin.
 //
 // # Pools
@@ -11,11 +14,14 @@
 // group. State buffers (Mamba conv and SSM state) of all the stage's mamba
 // layers form one "ssm" pool, listed last, whose block is one sequence state
 // (TokensPerBlock 0). It holds MaxBatchSize × Stages live slots (one per
-// resident sequence: Layout.MaxSequences) and the snapshot slots.
+// resident sequence: Layout.MaxSequences) and the snapshot slots. With a
+// host tier (host_bytes) the layout is: the attention groups' device pools,
+// their host pools, the ssm pool, and a "host-ssm" pool of live states.
 //
 // # SSM life cycle
 //
-// A new sequence takes a live slot in Reserve and keeps it until Release; its
+// A new sequence takes a live slot in Reserve and keeps it until Release (a
+// suspended sequence gives it up until Resume: Host tier); its
 // ssm table entry 0 is that slot. When block reuse is on and the prompt is
 // known, snapshots are placed every Snapshots.Interval tokens (rounded up to
 // a multiple of TokensPerBlock when it is not one) and at each
@@ -58,7 +64,26 @@
 // tree holds every full block up to b with all its pages and a snapshot at
 // b. Reserve{New, Reuse: b} shares those attention blocks (as cachemgr_v2)
 // and copies the snapshot into the new live slot (Grant.Copies, ssm pool to
-// ssm pool). A stage without state layers reuses any full-block prefix.
+// ssm pool). A stage without state layers reuses any full-block prefix, and
+// with the core's partial-reuse switch any prefix (a copy-on-write of the
+// partly matched block); with state layers reuse still ends on a snapshot
+// boundary, since no state exists inside a block. Registration goes on past
+// a prompt block another request put in the tree first (cachemgr_v2's
+// package doc, Reuse), so requests that share a prefix and then diverge
+// each cache their own later blocks and snapshots.
+//
+// # Host tier
+//
+// Suspend moves a sequence's private attention blocks to the host tier (as
+// cachemgr_v2) and its live SSM state to a host-ssm slot (a copy ssm to
+// host-ssm in the same answer), freeing its live slot for another resident
+// sequence; a sequence for which no host-ssm slot is free stays resident
+// (false, nothing changes), and the scheduler then frees and recomputes it.
+// Snapshots never move: they are cache entries on the device. Resume copies
+// the state back into a free live slot (false while every live slot is held
+// by a resident sequence) and the sequence's next grant names that slot as
+// its ssm table entry 0. The host split follows what Suspend moves: the
+// attention groups in proportion to their device pools, and the live states.
 //
 // # Sizing
 //
@@ -76,6 +101,7 @@
 //
 // # Not supported
 //
-// There is no host tier: Suspend and Resume fail with ErrUnsupported (the
-// scheduler frees and recomputes). Snapshots cover prompt tokens only.
+// Without host bytes there is no host tier: Suspend and Resume fail with
+// ErrUnsupported (the scheduler frees and recomputes). Snapshots cover prompt
+// tokens only, and do not move to the host tier.
 package mamba

@@ -90,7 +90,7 @@ func reserve(t testing.TB, m *Manager, items ...kvcache.ReserveItem) []kvcache.G
 // its ssm table delta (the entries after the live slot), in increasing Pos.
 func checkSnapshotSlots(t testing.TB, m *Manager, g *kvcache.Grant) {
 	t.Helper()
-	if m.ssm == nil {
+	if m.life.ssm == nil {
 		if len(g.Snapshots) > 0 {
 			t.Fatalf("seq %d: snapshot slots %v on a stage without state", g.Seq, g.Snapshots)
 		}
@@ -98,7 +98,7 @@ func checkSnapshotSlots(t testing.TB, m *Manager, g *kvcache.Grant) {
 	}
 	var slots []kvcache.BlockID
 	for _, d := range g.Tables {
-		if d.Pool != m.ssm.id {
+		if d.Pool != m.life.ssm.id {
 			continue
 		}
 		slots = d.Blocks
@@ -110,8 +110,8 @@ func checkSnapshotSlots(t testing.TB, m *Manager, g *kvcache.Grant) {
 		t.Fatalf("seq %d: ssm table delta has snapshot slots %v, Snapshots %v", g.Seq, slots, g.Snapshots)
 	}
 	for k, ss := range g.Snapshots {
-		if ss.Block != slots[k] || ss.Pool != m.ssm.id || (k > 0 && ss.Pos <= g.Snapshots[k-1].Pos) {
-			t.Fatalf("seq %d: Snapshots %v do not match the slots %v of pool %d in increasing pos", g.Seq, g.Snapshots, slots, m.ssm.id)
+		if ss.Block != slots[k] || ss.Pool != m.life.ssm.id || (k > 0 && ss.Pos <= g.Snapshots[k-1].Pos) {
+			t.Fatalf("seq %d: Snapshots %v do not match the slots %v of pool %d in increasing pos", g.Seq, g.Snapshots, slots, m.life.ssm.id)
 		}
 	}
 }

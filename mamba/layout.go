@@ -14,6 +14,8 @@ import (
 type plan struct {
 	groups     []*cachemgrv2.PoolGroup
 	devBlocks  []int // per attention group
+	hostBlocks []int // per attention group; nil without a host tier
+	hostSlots  int   // host ssm slots (live states of suspended sequences)
 	stateBytes int64 // bytes of one sequence state over the stage's state layers
 	stateLayer []int
 	ssmBlocks  int // live + snapshot slots; 0 without state layers
@@ -28,29 +30,18 @@ func invalid(format string, args ...any) error {
 	return kvcache.Errorf(kvcache.KindInvalidConfig, "mamba: "+format, args...)
 }
 
+// validate checks cfg's limits (cachemgrv2.ValidateConfig) and the
+// mamba-only fields.
 func validate(cfg *kvcache.Config) error {
+	if err := cachemgrv2.ValidateConfig(Name, cfg); err != nil {
+		return err
+	}
 	bad := func(field string, v any, want string) error {
 		return invalid("%s = %v: %s", field, v, want)
 	}
 	switch {
-	case cfg.TokensPerBlock <= 0:
-		return bad("tokens_per_block", cfg.TokensPerBlock, "must be > 0")
-	case cfg.DeviceBytes <= 0:
-		return bad("device_bytes", cfg.DeviceBytes, "must be > 0")
-	case cfg.HostBytes < 0:
-		return bad("host_bytes", cfg.HostBytes, "must be >= 0")
-	case cfg.MaxBatchSize <= 0:
-		return bad("max_batch_size", cfg.MaxBatchSize, "must be > 0")
 	case cfg.Stages < 0:
 		return bad("pipeline_parallel_size", cfg.Stages, "must be >= 1")
-	case cfg.MaxNumTokens <= 0:
-		return bad("max_num_tokens", cfg.MaxNumTokens, "must be > 0")
-	case cfg.MaxSeqLen <= 0:
-		return bad("max_seq_len", cfg.MaxSeqLen, "must be > 0")
-	case cfg.MaxDraftTokens < 0:
-		return bad("max_draft_tokens", cfg.MaxDraftTokens, "must be >= 0")
-	case cfg.AvgSeqLen < 0 || cfg.AvgSeqLen > cfg.MaxSeqLen:
-		return bad("avg_seq_len", cfg.AvgSeqLen, fmt.Sprintf("must be in [0, max_seq_len %d] (0 = unset)", cfg.MaxSeqLen))
 	case cfg.Snapshots.Interval < 0:
 		return bad("mamba_state_config.periodic_snapshot_interval", cfg.Snapshots.Interval, "must be >= 0 (0 = none)")
 	}
@@ -62,46 +53,17 @@ func validate(cfg *kvcache.Config) error {
 	return nil
 }
 
-// groupLayers sorts the stage's buffers: paged buffers into pool groups by
-// window (as cachemgr_v2), state buffers into one state.
+// groupLayers sorts the stage's buffers (cachemgrv2.GroupLayers): paged
+// buffers into pool groups by window, state buffers into one state.
 func groupLayers(p *plan, cfg *kvcache.Config) error {
-	tpb := int64(cfg.TokensPerBlock)
-	for _, l := range cfg.Layers {
-		var perToken, perSeq int64
-		for _, b := range l.Buffers {
-			if b.BytesPerToken < 0 || b.BytesPerSeq < 0 || (b.BytesPerToken > 0) == (b.BytesPerSeq > 0) {
-				return invalid("layer %d buffer %s: bytes_per_token %d, bytes_per_seq %d: exactly one must be > 0",
-					l.Index, b.Role, b.BytesPerToken, b.BytesPerSeq)
-			}
-			perToken += b.BytesPerToken
-			perSeq += b.BytesPerSeq
-		}
-		if perSeq > 0 {
-			p.stateBytes += perSeq
-			p.stateLayer = append(p.stateLayer, l.Index)
-		}
-		if perToken == 0 {
-			continue
-		}
-		if l.Window < 0 {
-			return invalid("layer %d window %d must be >= 0", l.Index, l.Window)
-		}
-		i := slices.IndexFunc(p.groups, func(g *cachemgrv2.PoolGroup) bool { return g.Window == l.Window })
-		if i < 0 {
-			name := "full"
-			if l.Window > 0 {
-				name = fmt.Sprintf("window-%d", l.Window)
-			}
-			p.groups = append(p.groups, &cachemgrv2.PoolGroup{Name: name, Window: l.Window})
-			i = len(p.groups) - 1
-		}
-		p.groups[i].Layers = append(p.groups[i].Layers, l.Index)
-		p.groups[i].BlockBytes += perToken * tpb
+	groups, stateBytes, stateLayers, err := cachemgrv2.GroupLayers(Name, cfg.Layers, cfg.TokensPerBlock)
+	if err != nil {
+		return err
 	}
-	if len(p.groups) == 0 && p.stateBytes == 0 {
+	if len(groups) == 0 && stateBytes == 0 {
 		return invalid("stage %d has no layer with a cache buffer", cfg.Stage)
 	}
-	slices.SortStableFunc(p.groups, func(a, b *cachemgrv2.PoolGroup) int { return a.Window - b.Window })
+	p.groups, p.stateBytes, p.stateLayer = groups, stateBytes, stateLayers
 	return nil
 }
 
@@ -251,13 +213,8 @@ func planLayout(cfg *kvcache.Config) (*plan, error) {
 		weights[n] = (float64(p.live) + snaps) * float64(p.stateBytes)
 	}
 	if cfg.PoolRatio != nil {
-		if len(cfg.PoolRatio) != m {
-			return nil, invalid("pool_ratio has %d entries, want %d (one per pool: %s)", len(cfg.PoolRatio), m, strings.Join(names, ", "))
-		}
-		for i, r := range cfg.PoolRatio {
-			if !(r > 0) || math.IsInf(r, 0) {
-				return nil, invalid("pool_ratio[%d] (%s) = %v: must be > 0", i, names[i], r)
-			}
+		if err := cachemgrv2.CheckPoolRatio(Name, cfg.PoolRatio, names); err != nil {
+			return nil, err
 		}
 		copy(weights, cfg.PoolRatio)
 	}
@@ -275,19 +232,25 @@ func planLayout(cfg *kvcache.Config) (*plan, error) {
 	if blocks == nil {
 		return nil, invalid("stage %d: the floors of %d bytes do not fit device_bytes %d", cfg.Stage, attnFloorBytes+ssmFloorBytes, cfg.DeviceBytes) // checked above
 	}
-	if cfg.PoolRatio != nil {
-		for i := range m {
-			got := float64(int64(blocks[i])*bb[i]) / float64(cfg.DeviceBytes)
-			if math.Abs(got-cfg.PoolRatio[i]) > 0.01 {
-				lay.Warnings = append(lay.Warnings, fmt.Sprintf(
-					"pool_ratio[%d] (%s) = %.3f became %.3f to hold one max_seq_len request and the live states", i, names[i], cfg.PoolRatio[i], got))
-			}
+	lay.Warnings = append(lay.Warnings, cachemgrv2.RatioWarnings(cfg.PoolRatio, blocks, bb, cfg.DeviceBytes, names, "one max_seq_len request and the live states")...)
+	p.devBlocks = blocks[:n]
+	// The host tier holds what Suspend moves: attention blocks in proportion
+	// to their device pools, and the live states (never the snapshots).
+	susp := make([]int64, m)
+	for i := range m {
+		susp[i] = int64(blocks[i]) * bb[i]
+	}
+	if hasState {
+		susp[n] = int64(p.live) * p.stateBytes
+	}
+	host, warn := cachemgrv2.SplitHost(cfg.HostBytes, susp, bb, names)
+	lay.Warnings = append(lay.Warnings, warn...)
+	if host != nil {
+		p.hostBlocks = host[:n]
+		if hasState {
+			p.hostSlots = host[n]
 		}
 	}
-	if cfg.HostBytes > 0 {
-		lay.Warnings = append(lay.Warnings, fmt.Sprintf("host_cache_size %d bytes ignored: the mamba manager has no host tier (pause frees and recomputes)", cfg.HostBytes))
-	}
-	p.devBlocks = blocks[:n]
 	poolTokens := math.MaxInt
 	for g, pg := range p.groups {
 		pg.Layers = slices.Clip(pg.Layers)
@@ -299,14 +262,34 @@ func planLayout(cfg *kvcache.Config) (*plan, error) {
 	}
 	if hasState {
 		p.ssmBlocks = blocks[n]
-		lay.Pools = append(lay.Pools, kvcache.Pool{
-			ID: n, Name: "ssm", Tier: kvcache.TierDevice, Layers: slices.Clone(p.stateLayer),
-			BlockBytes: p.stateBytes, Blocks: p.ssmBlocks,
-		})
 		if p.snapshots && p.ssmBlocks-p.live < 8 {
 			lay.Warnings = append(lay.Warnings, fmt.Sprintf(
 				"the ssm pool holds %d snapshot slots beside %d live states: prefix reuse will rarely hit; raise the KV budget or pool_ratio of ssm",
 				p.ssmBlocks-p.live, p.live))
+		}
+	}
+	if p.hostBlocks != nil {
+		for g, pg := range p.groups {
+			lay.Pools = append(lay.Pools, kvcache.Pool{
+				ID: n + g, Name: "host-" + pg.Name, Tier: kvcache.TierHost, Window: pg.Window, Layers: slices.Clone(pg.Layers),
+				TokensPerBlock: tpb, BlockBytes: pg.BlockBytes, Blocks: p.hostBlocks[g],
+			})
+		}
+	}
+	if hasState {
+		id := n
+		if p.hostBlocks != nil {
+			id = 2 * n
+		}
+		lay.Pools = append(lay.Pools, kvcache.Pool{
+			ID: id, Name: "ssm", Tier: kvcache.TierDevice, Layers: slices.Clone(p.stateLayer),
+			BlockBytes: p.stateBytes, Blocks: p.ssmBlocks,
+		})
+		if p.hostBlocks != nil {
+			lay.Pools = append(lay.Pools, kvcache.Pool{
+				ID: id + 1, Name: "host-ssm", Tier: kvcache.TierHost, Layers: slices.Clone(p.stateLayer),
+				BlockBytes: p.stateBytes, Blocks: p.hostSlots,
+			})
 		}
 	}
 	lay.MaxSeqTokens = min(poolTokens, reqTokens)

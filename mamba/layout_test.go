@@ -80,11 +80,11 @@ func TestSplitFromLimits(t *testing.T) {
 			if lay.MaxSeqTokens != cfg.MaxSeqLen || lay.MaxSequences != 8 {
 				t.Fatalf("avg %d ratio %v: MaxSeqTokens %d, MaxSequences %d", avg, ratio, lay.MaxSeqTokens, lay.MaxSequences)
 			}
-			if m.snapCap < 1 {
-				t.Fatalf("avg %d ratio %v: %d snapshot slots", avg, ratio, m.snapCap)
+			if m.life.snapCap < 1 {
+				t.Fatalf("avg %d ratio %v: %d snapshot slots", avg, ratio, m.life.snapCap)
 			}
-			if ratio == nil && m.snapCap < 500 {
-				t.Errorf("avg %d: %d snapshot slots (pools %+v): the split starves the snapshot pool", avg, m.snapCap, lay.Pools)
+			if ratio == nil && m.life.snapCap < 500 {
+				t.Errorf("avg %d: %d snapshot slots (pools %+v): the split starves the snapshot pool", avg, m.life.snapCap, lay.Pools)
 			}
 		}
 	}

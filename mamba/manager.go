@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 
 	cachemgrv2 "github.com/kvx-dev/kvx/cachemgr_v2"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -22,20 +21,28 @@ const NoBlock = cachemgrv2.NoBlock
 
 var _ kvcache.Manager = (*Manager)(nil)
 
-// Manager is the hybrid (Mamba) cache manager of one pipeline stage; see the
-// package doc. The zero value is not usable: call New, then Configure. The
-// core calls it from one goroutine at a time; it does no locking.
+var _ cachemgrv2.Hooks = (*life)(nil)
+
+// Manager is the hybrid (Mamba) cache manager of one pipeline stage: a
+// cachemgrv2.Core, which runs the sequence life cycle over the attention
+// pool groups, plus the SSM life cycle (life) hooked into it; see the package
+// doc. The zero value is not usable: call New, then Configure. The core
+// calls it from one goroutine at a time; it does no locking.
 type Manager struct {
-	cfg       kvcache.Config
-	tpb       int
-	maxTokens int // MaxSeqLen + MaxDraftTokens
+	cachemgrv2.Core
+	life life
+}
 
-	groups []*cachemgrv2.PoolGroup
-	dev    []*cachemgrv2.BlockPool // one per attention group, pool ids 0..G-1
-	tree   *cachemgrv2.Tree
-	reuse  bool // Lookup can return > 0
+// life is the SSM life cycle of a stage: live state slots, snapshots and
+// their retention, and live states on the host tier. It implements
+// cachemgrv2.Hooks; per sequence it keeps a *seqState in Seq.Ext.
+type life struct {
+	tree *cachemgrv2.Tree
+	tpb  int
+	cfg  *kvcache.Config
 
-	ssm      *slots // the state pool (pool id G); nil without state layers
+	ssm      *slots // the state pool; nil without state layers
+	host     *slots // live states of suspended sequences; nil without a host tier
 	live     int    // live slots: MaxBatchSize × Stages
 	liveUsed int
 	snapCap  int // slots for snapshots: the pool's slots beyond the live ones
@@ -45,12 +52,9 @@ type Manager struct {
 	offsets  []int
 	snaps    map[*cachemgrv2.Node]*snapshot
 	snapSeq  uint64
+	stats    kvcache.SnapshotStats
+	tick     uint64
 
-	seqs  map[kvcache.SeqID]*sequence
-	stats kvcache.Stats
-	tick  uint64
-
-	pages  []kvcache.BlockID
 	bounds []int
 }
 
@@ -72,50 +76,40 @@ type pendingSnap struct {
 	slot kvcache.BlockID
 }
 
-// sequence is one request's state on this stage.
-type sequence struct {
-	id      kvcache.SeqID
-	led     cachemgrv2.Ledger
-	tables  [][]kvcache.BlockID // per attention group
-	live    kvcache.BlockID     // live state slot; NoBlock without a state pool
-	pend    []pendingSnap
-	src     *snapshot // pinned reuse source until the first Commit
-	prompt  []int32   // the prompt's full blocks (block reuse on)
-	plen    int       // the prompt's length
-	path    []*cachemgrv2.Node
-	regStop bool
-	sent    int // attention table entries [0, sent) the worker knows
+// seqState is one sequence's SSM state on a stage with state layers.
+type seqState struct {
+	live     kvcache.BlockID // live state slot; NoBlock while suspended
+	host     kvcache.BlockID // host slot holding the live state while suspended; NoBlock otherwise
+	sentLive bool            // the worker knows live as its ssm table entry 0
+	pend     []pendingSnap
+	src      *snapshot // pinned reuse source until the first Commit
+}
 
-	created              bool
-	undoBlocks, undoSent int
+func stateOf(s *cachemgrv2.Seq) *seqState {
+	x, _ := s.Ext.(*seqState)
+	return x
 }
 
 // New returns an unconfigured manager.
-func New() *Manager { return &Manager{} }
+func New() *Manager { return &Manager{Core: cachemgrv2.NewCore(Name)} }
 
-// Info implements kvcache.Manager.
+// Info implements kvcache.Manager. The host tier works when Configure is
+// given host bytes (Suspend, Resume).
 func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
-	if err := ctx.Err(); err != nil {
-		return kvcache.Info{}, err
-	}
-	return kvcache.Info{
-		Name:      Name,
-		Version:   Version,
-		Protocols: []int{kvcache.ProtocolVersion},
-		Capabilities: kvcache.Capabilities{
-			Mixers:      []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA, spec.MixerMamba},
-			PrefixReuse: true,
-			SSMState:    true,
-			SSMReuse:    true,
-		},
-	}, nil
+	return cachemgrv2.Describe(ctx, Name, Version, kvcache.Capabilities{
+		Mixers:      []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA, spec.MixerMamba},
+		PrefixReuse: true,
+		HostTier:    true,
+		SSMState:    true,
+		SSMReuse:    true,
+	})
 }
 
-// Configure implements kvcache.Manager: it lays out the attention pool groups
-// and the ssm pool (package doc, Sizing) and resets all state. It fails with
-// ErrInvalidConfig, naming the numbers and the fix, when one MaxSeqLen
-// request with its states, the live states of every resident sequence, or
-// one MaxNumTokens chunk cannot fit.
+// Configure implements kvcache.Manager: it lays out the attention pool groups,
+// the ssm pool and, with HostBytes, their host pools (package doc, Sizing)
+// and resets all state. It fails with ErrInvalidConfig, naming the numbers
+// and the fix, when one MaxSeqLen request with its states, the live states
+// of every resident sequence, or one MaxNumTokens chunk cannot fit.
 func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.Layout, error) {
 	if err := ctx.Err(); err != nil {
 		return kvcache.Layout{}, err
@@ -124,380 +118,378 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 	if err != nil {
 		return kvcache.Layout{}, err
 	}
-	cfg.Layers = nil
-	cfg.PoolRatio = slices.Clone(cfg.PoolRatio)
-	cfg.Snapshots.OffsetsFromEnd = slices.Clone(cfg.Snapshots.OffsetsFromEnd)
-	*m = Manager{
-		cfg:       cfg,
-		tpb:       cfg.TokensPerBlock,
-		maxTokens: cfg.MaxSeqLen + cfg.MaxDraftTokens,
-		groups:    p.groups,
-		live:      p.live,
-		snapOn:    p.snapshots,
-		step:      p.step,
-		offsets:   p.offsets,
-		snaps:     map[*cachemgrv2.Node]*snapshot{},
-		seqs:      map[kvcache.SeqID]*sequence{},
-		pages:     make([]kvcache.BlockID, len(p.groups)),
+	n := len(p.groups)
+	hasState := p.stateBytes > 0
+	reuse := cfg.EnableBlockReuse && n > 0 && (!hasState || p.snapshots)
+	m.life = life{
+		tpb:     cfg.TokensPerBlock,
+		live:    p.live,
+		snapOn:  p.snapshots,
+		step:    p.step,
+		offsets: p.offsets,
+		snaps:   map[*cachemgrv2.Node]*snapshot{},
 	}
-	for g, pg := range p.groups {
-		pg.Dev = cachemgrv2.NewBlockPool(g, kvcache.TierDevice, p.devBlocks[g])
-		m.dev = append(m.dev, pg.Dev)
+	m.Init(cachemgrv2.CoreConfig{
+		Name: Name, Config: cfg, Groups: p.groups, DevBlocks: p.devBlocks, HostBlocks: p.hostBlocks, HostID: n,
+		Reuse:    reuse,
+		ReuseOff: fmt.Sprintf("enable_block_reuse %v, attention groups %d, snapshots %v", cfg.EnableBlockReuse, n, p.snapshots),
+		Hooks:    &m.life,
+	})
+	m.life.tree = m.Tree()
+	m.life.cfg = &cfg
+	if hasState {
+		id := n
+		if p.hostBlocks != nil {
+			id = 2 * n
+		}
+		m.life.ssm = newSlots(id, p.ssmBlocks)
+		m.life.snapCap = p.ssmBlocks - p.live
+		if p.hostBlocks != nil {
+			m.life.host = newSlots(id+1, p.hostSlots)
+		}
 	}
-	m.tree = cachemgrv2.NewTree(m.tpb, m.dev)
-	if p.stateBytes > 0 {
-		m.ssm = newSlots(len(p.groups), p.ssmBlocks)
-		m.snapCap = p.ssmBlocks - p.live
-	}
-	m.reuse = cfg.EnableBlockReuse && len(m.dev) > 0 && (m.ssm == nil || m.snapOn)
 	lay := p.layout
 	lay.Pools = slices.Clone(lay.Pools)
 	lay.Warnings = slices.Clone(lay.Warnings)
 	return lay, nil
 }
 
-func (m *Manager) ready(ctx context.Context, op string) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if m.tree == nil {
-		return kvcache.Errorf(kvcache.KindInvalidArg, "mamba: %s before Configure", op)
-	}
-	return nil
-}
-
-// Lookup implements kvcache.Manager: per item, the largest block boundary b
-// <= len(Prompt)-1 such that every full block up to b is cached with all its
-// pages and, on a stage with state layers, a snapshot sits at b. It changes
-// nothing but the LookupTokens counter.
-func (m *Manager) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, error) {
-	if err := m.ready(ctx, "Lookup"); err != nil {
-		return nil, err
-	}
-	out := make([]int, len(items))
-	for i := range items {
-		p := items[i].Prompt
-		m.stats.LookupTokens += int64(len(p))
-		if m.reuse && len(p) > 1 {
-			out[i] = m.lookup(p)
-		}
-	}
-	return out, nil
-}
-
-func (m *Manager) lookup(p []int32) int {
-	limit := (len(p) - 1) / m.tpb
-	if m.ssm == nil {
-		return m.tree.MatchLen(p, limit) * m.tpb
-	}
-	n := m.tree.Root()
-	best := 0
-	for i := 0; i < limit; i++ {
-		c := m.tree.Child(n, p[i*m.tpb:(i+1)*m.tpb])
-		if c == nil || !c.Complete() {
-			break
-		}
-		if m.snaps[c] != nil {
-			best = i + 1
-		}
-		n = c
-	}
-	return best * m.tpb
-}
-
-// Reserve implements kvcache.Manager. Per item, in order: need =
-// max(history+Tokens+Draft, Hold) is granted as ceil(need/tpb) blocks in
-// every attention group (evicting cached unpinned blocks, and the snapshots
-// on them, when the free lists are short) and, for a new sequence, a live
-// state slot; or the item is denied with a Reason and leaves no trace.
-// Invalid items are denied with a Reason starting "invalid: ". A granted
-// step that crosses snapshot boundaries of the prompt then gets its snapshot
-// slots, best-effort (package doc). Reuse copies the snapshot at Reuse into
-// the live slot (Grant.Copies).
+// Reserve implements kvcache.Manager: cachemgrv2.Core.Reserve, whose grants
+// for a new sequence also take a live state slot (denied when all are held
+// by resident sequences) and, with Reuse, copy the snapshot at Reuse into it
+// (Grant.Copies); a granted step that crosses snapshot boundaries of the
+// prompt gets its snapshot slots, best-effort (package doc). On a stage with
+// state layers every grant's Tables end with the ssm table delta: the live
+// slot (entry 0, when the worker may not know it), then this step's
+// snapshot slots, which Grant.Snapshots name with their positions.
 func (m *Manager) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvcache.Grant, error) {
-	if err := m.ready(ctx, "Reserve"); err != nil {
-		return nil, err
-	}
-	m.tree.Prune() // safe point: no walk in progress
-	m.tick++
-	grants := make([]kvcache.Grant, len(items))
-	for i := range items {
-		grants[i].Seq = items[i].Seq
-		if reason := m.reserve(&items[i], &grants[i]); reason != "" {
-			grants[i].Reason = reason
-			m.stats.ReserveDenials++
-			continue
-		}
-		grants[i].OK = true
-	}
-	return grants, nil
+	m.life.tick++
+	return m.Core.Reserve(ctx, items)
 }
 
-func (m *Manager) reserve(it *kvcache.ReserveItem, g *kvcache.Grant) string {
-	switch {
-	case it.Tokens < 0 || it.Draft < 0 || it.Hold < 0 || it.Reuse < 0:
-		return fmt.Sprintf("invalid: seq %d: tokens %d, draft %d, hold %d, reuse %d must be >= 0", it.Seq, it.Tokens, it.Draft, it.Hold, it.Reuse)
-	case it.Draft > m.cfg.MaxDraftTokens:
-		return fmt.Sprintf("invalid: seq %d: draft %d > max_draft_tokens %d", it.Seq, it.Draft, m.cfg.MaxDraftTokens)
-	case it.Hold > m.maxTokens:
-		return fmt.Sprintf("invalid: seq %d: hold %d > max_seq_len %d + max_draft_tokens %d", it.Seq, it.Hold, m.cfg.MaxSeqLen, m.cfg.MaxDraftTokens)
-	}
-	s := m.seqs[it.Seq]
-	if it.New {
-		if s != nil {
-			return fmt.Sprintf("invalid: seq %d: New set but the sequence exists", it.Seq)
-		}
-		return m.reserveNew(it, g)
-	}
-	switch {
-	case s == nil:
-		return fmt.Sprintf("invalid: seq %d: unknown sequence (New not set)", it.Seq)
-	case it.Reuse > 0:
-		return fmt.Sprintf("invalid: seq %d: reuse %d on an existing sequence", it.Seq, it.Reuse)
-	case s.led.Reserved:
-		return fmt.Sprintf("invalid: seq %d: reservation of tokens %d + draft %d outstanding: Commit or Unreserve it first",
-			it.Seq, s.led.Tokens, s.led.Draft)
-	}
-	need := s.led.Need(it.Tokens, it.Draft, it.Hold)
-	if need > m.maxTokens {
-		return fmt.Sprintf("invalid: seq %d: needs %d tokens (history %d + tokens %d + draft %d, hold %d) > max_seq_len %d + max_draft_tokens %d",
-			it.Seq, need, s.led.History, it.Tokens, it.Draft, max(s.led.Hold, it.Hold), m.cfg.MaxSeqLen, m.cfg.MaxDraftTokens)
-	}
-	have := m.held(s)
-	nb := m.blocksFor(need) - have
-	if r := m.roomFor(nb); r != "" {
-		return fmt.Sprintf("no capacity: seq %d needs %d tokens (capacity %d): %s", it.Seq, need, s.led.Capacity, r)
-	}
-	s.created = false
-	s.undoBlocks, s.undoSent = have, s.sent
-	m.grow(s, nb)
-	s.led.Reserve(it.Tokens, it.Draft, it.Hold)
-	m.planSnaps(s, it.Tokens)
-	m.deltas(s, g, false)
-	return ""
+// Commit implements kvcache.Manager: cachemgrv2.Core.Commit, which also ends
+// the pin of a reuse source and installs the snapshots the step wrote on the
+// tree nodes of their boundaries. It never allocates and never evicts.
+func (m *Manager) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.CommitResult, error) {
+	m.life.tick++
+	return m.Core.Commit(ctx, items)
 }
 
-func (m *Manager) reserveNew(it *kvcache.ReserveItem, g *kvcache.Grant) string {
-	reuse, tpb := it.Reuse, m.tpb
-	if reuse > 0 {
-		switch {
-		case !m.reuse:
-			return fmt.Sprintf("invalid: seq %d: reuse %d but prefix reuse is off on this stage (enable_block_reuse %v, snapshots %v)",
-				it.Seq, reuse, m.cfg.EnableBlockReuse, m.snapOn)
-		case reuse > len(it.Prompt)-1:
-			return fmt.Sprintf("invalid: seq %d: reuse %d > len(prompt)-1 = %d", it.Seq, reuse, len(it.Prompt)-1)
-		case reuse%tpb != 0:
-			return fmt.Sprintf("invalid: seq %d: reuse %d is not a multiple of tokens_per_block %d", it.Seq, reuse, tpb)
-		}
+// Release implements kvcache.Manager: cachemgrv2.Core.Release, which also
+// frees each sequence's live slot (or host slot) and unwritten snapshot
+// slots and marks its path's snapshots as used now.
+func (m *Manager) Release(ctx context.Context, seqs []kvcache.SeqID) error {
+	m.life.tick++
+	return m.Core.Release(ctx, seqs)
+}
+
+// Suspend implements kvcache.Manager: cachemgrv2.Core.Suspend. A sequence's
+// live SSM state moves with its private blocks: it is copied to a slot of
+// the host ssm pool (Copies, ssm to host-ssm) and its live slot is freed for
+// another resident sequence. A sequence stays resident (false) when no host
+// ssm slot is free. Without a host tier (host_bytes 0) the call fails with
+// ErrUnsupported.
+func (m *Manager) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
+	return m.Core.Suspend(ctx, seqs)
+}
+
+// Resume implements kvcache.Manager: cachemgrv2.Core.Resume. The live state
+// comes back into a free live slot (false while all are held by resident
+// sequences), and the sequence's next grant names the new slot as its ssm
+// table entry 0.
+func (m *Manager) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
+	return m.Core.Resume(ctx, seqs)
+}
+
+// Stats implements kvcache.Manager: the core's counters, every pool in
+// Layout order and the snapshot counters.
+func (m *Manager) Stats(ctx context.Context) (kvcache.Stats, error) {
+	st, err := m.Core.Stats(ctx)
+	if err != nil {
+		return st, err
 	}
-	need := max(reuse+it.Tokens+it.Draft, it.Hold)
-	if need > m.maxTokens {
-		return fmt.Sprintf("invalid: seq %d: needs %d tokens (reuse %d + tokens %d + draft %d, hold %d) > max_seq_len %d + max_draft_tokens %d",
-			it.Seq, need, reuse, it.Tokens, it.Draft, it.Hold, m.cfg.MaxSeqLen, m.cfg.MaxDraftTokens)
+	st.Pools = m.life.poolStats(st.Pools)
+	st.Snapshots = m.life.stats
+	return st, nil
+}
+
+// poolStats appends the state pools' stats (ssm, then host-ssm) to the
+// core's, which come first in the Layout.
+func (l *life) poolStats(out []kvcache.PoolStats) []kvcache.PoolStats {
+	if l.ssm != nil {
+		out = append(out, l.ssm.stats())
 	}
-	if m.ssm != nil && m.liveUsed >= m.live {
+	if l.host != nil {
+		out = append(out, l.host.stats())
+	}
+	return out
+}
+
+// Reusable implements cachemgrv2.Hooks: on a stage with state layers, reuse
+// must end on a block boundary that holds a snapshot (so partial-block reuse
+// never applies there); elsewhere any cached prefix is reusable.
+func (l *life) Reusable(end *cachemgrv2.Node, tokens int) bool {
+	return l.ssm == nil || tokens%l.tpb == 0 && l.snaps[end] != nil
+}
+
+// Admit implements cachemgrv2.Hooks: a new sequence needs a free live slot.
+func (l *life) Admit(it *kvcache.ReserveItem) string {
+	if l.ssm != nil && l.liveUsed >= l.live {
 		return fmt.Sprintf("no capacity: new seq %d: all %d live state slots (max_batch_size %d × pipeline_parallel_size %d) are held by resident sequences",
-			it.Seq, m.live, m.cfg.MaxBatchSize, max(m.cfg.Stages, 1))
-	}
-	s := &sequence{id: it.Seq, tables: make([][]kvcache.BlockID, len(m.dev)), live: NoBlock}
-	full := reuse / tpb
-	var src *snapshot
-	if reuse > 0 {
-		s.path = m.tree.Match(it.Prompt, full, nil)
-		if len(s.path) < full {
-			return fmt.Sprintf("reuse %d tokens no longer cached (%d now): seq %d: Lookup again", reuse, len(s.path)*tpb, it.Seq)
-		}
-		if m.ssm != nil {
-			if src = m.snaps[s.path[full-1]]; src == nil {
-				return fmt.Sprintf("reuse %d tokens: no SSM snapshot at %d any more: seq %d: Lookup again", reuse, reuse, it.Seq)
-			}
-		}
-		for _, n := range s.path {
-			m.tree.Pin(n)
-		}
-	}
-	nb := m.blocksFor(need) - full
-	if len(m.dev) == 0 {
-		nb = 0
-	}
-	if r := m.roomFor(nb); r != "" {
-		for i := len(s.path) - 1; i >= 0; i-- {
-			m.tree.Unpin(s.path[i], false)
-		}
-		return fmt.Sprintf("no capacity: new seq %d needs %d tokens (reuse %d): %s", it.Seq, need, reuse, r)
-	}
-	for gi, pool := range m.dev {
-		for _, n := range s.path {
-			b := n.Pages()[gi]
-			pool.Ref(b)
-			s.tables[gi] = append(s.tables[gi], b)
-		}
-	}
-	m.grow(s, nb)
-	if m.ssm != nil {
-		s.live = m.ssm.take()
-		m.liveUsed++
-		if src != nil {
-			src.pins++
-			src.tick = m.tick
-			s.src = src
-			g.Copies = []kvcache.Copy{{SrcPool: m.ssm.id, SrcBlock: src.slot, DstPool: m.ssm.id, DstBlock: s.live}}
-			m.stats.Snapshots.ReusedTokens += int64(reuse)
-		}
-	}
-	if m.reuse && len(it.Prompt) >= tpb {
-		s.prompt = slices.Clone(it.Prompt[:len(it.Prompt)/tpb*tpb])
-		s.plen = len(it.Prompt)
-	}
-	s.led = cachemgrv2.Ledger{History: reuse, Capacity: reuse}
-	s.led.Reserve(it.Tokens, it.Draft, it.Hold)
-	s.created = true
-	m.seqs[s.id] = s
-	m.stats.ReusedTokens += int64(reuse)
-	m.planSnaps(s, it.Tokens)
-	m.deltas(s, g, true)
-	return ""
-}
-
-// held is the number of blocks s holds in each attention group.
-func (m *Manager) held(s *sequence) int {
-	if len(s.tables) == 0 {
-		return 0
-	}
-	return len(s.tables[0])
-}
-
-// blocksFor is the number of attention blocks that back n token slots (0 on
-// a stage without attention groups).
-func (m *Manager) blocksFor(n int) int {
-	if len(m.dev) == 0 {
-		return 0
-	}
-	return ceilDiv(n, m.tpb)
-}
-
-// roomFor says why nb more blocks per group cannot be had; "" when they can.
-func (m *Manager) roomFor(nb int) string {
-	ev := m.tree.Evictable()
-	for g, pool := range m.dev {
-		if pool.Free()+ev < nb {
-			return fmt.Sprintf("%d more blocks in pool %s, %d free + %d evictable", nb, m.groups[g].Name, pool.Free(), ev)
-		}
+			it.Seq, l.live, l.cfg.MaxBatchSize, max(l.cfg.Stages, 1))
 	}
 	return ""
 }
 
-// grow appends nb fresh private blocks to every table of s, evicting cached
-// nodes (and the snapshots on them) first when needed; roomFor(nb) said yes.
-func (m *Manager) grow(s *sequence, nb int) {
-	if nb <= 0 {
+// Reserved implements cachemgrv2.Hooks: a new sequence takes its live slot
+// and, with Reuse, the copy of the snapshot at Reuse, pinned; then the step's
+// snapshot slots are placed.
+func (l *life) Reserved(s *cachemgrv2.Seq, it *kvcache.ReserveItem, g *kvcache.Grant) {
+	if l.ssm == nil {
 		return
 	}
-	for g := 0; g < len(m.dev); {
-		if m.dev[g].Free() >= nb {
-			g++
-			continue
+	x := stateOf(s)
+	if s.New() {
+		x = &seqState{live: l.ssm.take(), host: NoBlock}
+		s.Ext = x
+		l.liveUsed++
+		if it.Reuse > 0 {
+			path := s.Path()
+			src := l.snaps[path[len(path)-1]]
+			if src == nil {
+				panic(fmt.Sprintf("mamba: seq %d: the snapshot at %d that Reusable saw is gone", it.Seq, it.Reuse))
+			}
+			src.pins++
+			src.tick = l.tick
+			x.src = src
+			g.Copies = append(g.Copies, kvcache.Copy{SrcPool: l.ssm.id, SrcBlock: src.slot, DstPool: l.ssm.id, DstBlock: x.live})
+			l.stats.ReusedTokens += int64(it.Reuse)
 		}
-		n := m.tree.EvictLeaf()
-		if n == nil {
-			panic(fmt.Sprintf("mamba: pool %s short of %d blocks with nothing evictable", m.groups[g].Name, nb))
-		}
-		m.stats.Evictions += int64(len(m.dev))
-		if sn := m.snaps[n]; sn != nil {
-			m.dropSnap(sn)
-		}
-		g = 0
 	}
-	for g, pool := range m.dev {
-		s.tables[g] = pool.Take(s.tables[g], nb)
+	l.planSnaps(s, x, it.Tokens)
+	for _, p := range x.pend {
+		g.Snapshots = append(g.Snapshots, kvcache.SnapshotSlot{Pos: p.pos, Pool: l.ssm.id, Block: p.slot})
 	}
+}
+
+// Tables implements cachemgrv2.Hooks: the ssm table delta, the live slot
+// (from entry 0, when the worker may not know it: a new, resumed or
+// unreserved sequence) and then the step's snapshot slots (entries 1..k,
+// boundaries ascending).
+func (l *life) Tables(s *cachemgrv2.Seq, dst []kvcache.TableDelta) []kvcache.TableDelta {
+	if l.ssm == nil {
+		return dst
+	}
+	x := stateOf(s)
+	d := kvcache.TableDelta{Pool: l.ssm.id, From: 1}
+	if !x.sentLive {
+		d.From = 0
+		d.Blocks = append(d.Blocks, x.live)
+		x.sentLive = true
+	}
+	for _, p := range x.pend {
+		d.Blocks = append(d.Blocks, p.slot)
+	}
+	return append(dst, d)
+}
+
+// Unreserved implements cachemgrv2.Hooks: the step's snapshot slots are
+// freed; the worker may or may not have applied the undone grant, so the
+// next one names the live slot again.
+func (l *life) Unreserved(s *cachemgrv2.Seq) {
+	if x := stateOf(s); x != nil {
+		l.freePending(x)
+		x.sentLive = false
+	}
+}
+
+// Committed implements cachemgrv2.Hooks: the reuse source is unpinned and the
+// snapshots the step wrote are installed.
+func (l *life) Committed(s *cachemgrv2.Seq) {
+	x := stateOf(s)
+	if x == nil {
+		return
+	}
+	if x.src != nil {
+		x.src.pins--
+		x.src = nil
+	}
+	l.install(s, x)
+}
+
+// Dropped implements cachemgrv2.Hooks: the live (or host) slot and the
+// unwritten snapshot slots are freed, the reuse source unpinned, and on a
+// release the path's snapshots are marked as used now.
+func (l *life) Dropped(s *cachemgrv2.Seq, touch bool) {
+	if x := stateOf(s); x != nil {
+		if x.live != NoBlock {
+			l.ssm.unref(x.live)
+			l.liveUsed--
+		}
+		if x.host != NoBlock {
+			l.host.unref(x.host)
+		}
+		l.freePending(x)
+		if x.src != nil {
+			x.src.pins--
+			x.src = nil
+		}
+	}
+	if touch {
+		for _, n := range s.Path() {
+			if sn := l.snaps[n]; sn != nil {
+				sn.tick = l.tick
+			}
+		}
+	}
+}
+
+// Evicted implements cachemgrv2.Hooks: a node's snapshot goes with its pages
+// (the node itself stays until a prune).
+func (l *life) Evicted(n *cachemgrv2.Node) {
+	if sn := l.snaps[n]; sn != nil {
+		l.dropSnap(sn)
+	}
+}
+
+// CanSuspend implements cachemgrv2.Hooks: a live state needs a free host
+// ssm slot.
+func (l *life) CanSuspend(s *cachemgrv2.Seq) bool {
+	return l.ssm == nil || l.host != nil && len(l.host.free) > 0
+}
+
+// Suspended implements cachemgrv2.Hooks: the live state is copied to a host
+// ssm slot and the live slot freed.
+func (l *life) Suspended(s *cachemgrv2.Seq, copies []kvcache.Copy) []kvcache.Copy {
+	x := stateOf(s)
+	if x == nil {
+		return copies
+	}
+	x.host = l.host.take()
+	copies = append(copies, kvcache.Copy{SrcPool: l.ssm.id, SrcBlock: x.live, DstPool: l.host.id, DstBlock: x.host})
+	l.ssm.unref(x.live)
+	l.liveUsed--
+	x.live, x.sentLive = NoBlock, false
+	return copies
+}
+
+// CanResume implements cachemgrv2.Hooks: the live state needs a free live
+// slot.
+func (l *life) CanResume(s *cachemgrv2.Seq) bool {
+	return l.ssm == nil || l.liveUsed < l.live
+}
+
+// Resumed implements cachemgrv2.Hooks: the live state is copied back into a
+// fresh live slot and the host slot freed.
+func (l *life) Resumed(s *cachemgrv2.Seq, copies []kvcache.Copy) []kvcache.Copy {
+	x := stateOf(s)
+	if x == nil {
+		return copies
+	}
+	x.live = l.ssm.take()
+	l.liveUsed++
+	copies = append(copies, kvcache.Copy{SrcPool: l.host.id, SrcBlock: x.host, DstPool: l.ssm.id, DstBlock: x.live})
+	l.host.unref(x.host)
+	x.host = NoBlock
+	return copies
 }
 
 // dropSnap evicts an installed, unpinned snapshot: its slot becomes free; the
 // tree is not touched.
-func (m *Manager) dropSnap(sn *snapshot) {
-	delete(m.snaps, sn.node)
-	m.ssm.evict(sn.slot)
-	m.nSnaps--
-	m.stats.Snapshots.Evicted++
+func (l *life) dropSnap(sn *snapshot) {
+	delete(l.snaps, sn.node)
+	l.ssm.evict(sn.slot)
+	l.nSnaps--
+	l.stats.Evicted++
+}
+
+func (l *life) freePending(x *seqState) {
+	for _, p := range x.pend {
+		l.ssm.unref(p.slot)
+		l.nSnaps--
+	}
+	x.pend = x.pend[:0]
 }
 
 // planSnaps gives the outstanding step of s (tokens after history) a slot
 // for each snapshot boundary it crosses, best-effort.
-func (m *Manager) planSnaps(s *sequence, tokens int) {
-	if !m.snapOn || s.prompt == nil {
+func (l *life) planSnaps(s *cachemgrv2.Seq, x *seqState, tokens int) {
+	prompt := s.Prompt()
+	if !l.snapOn || len(prompt) == 0 {
 		return
 	}
-	lo, hi := s.led.History, min(s.led.History+tokens, len(s.prompt))
+	hist := s.Ledger().History
+	lo, hi := hist, min(hist+tokens, len(prompt))
 	if hi <= lo {
 		return
 	}
-	tpb := m.tpb
-	bs := m.bounds[:0]
-	if m.step > 0 {
-		for b := (lo/m.step + 1) * m.step; b <= hi; b += m.step {
+	tpb := l.tpb
+	bs := l.bounds[:0]
+	if l.step > 0 {
+		for b := (lo/l.step + 1) * l.step; b <= hi; b += l.step {
 			bs = append(bs, b)
 		}
 	}
-	for _, off := range m.offsets {
-		b := (s.plen - off) / tpb * tpb
+	for _, off := range l.offsets {
+		b := (s.PromptLen() - off) / tpb * tpb
 		if b > lo && b <= hi && !slices.Contains(bs, b) {
 			bs = append(bs, b)
 		}
 	}
-	m.bounds = bs
+	l.bounds = bs
 	if len(bs) == 0 {
 		return
 	}
 	slices.Sort(bs)
-	node, depth := m.tree.Root(), 0
-	if len(s.path) > 0 {
-		node, depth = s.path[len(s.path)-1], len(s.path)
+	path := s.Path()
+	node, depth := l.tree.Root(), 0
+	if len(path) > 0 {
+		node, depth = path[len(path)-1], len(path)
 	}
 	for _, b := range bs {
 		d := b / tpb
 		for node != nil && depth < d {
 			depth++
-			if depth <= len(s.path) {
-				node = s.path[depth-1]
+			if depth <= len(path) {
+				node = path[depth-1]
 			} else {
-				node = m.tree.Child(node, s.prompt[(depth-1)*tpb:depth*tpb])
+				node = l.tree.Child(node, prompt[(depth-1)*tpb:depth*tpb])
 			}
 		}
-		if node != nil && node.Complete() && m.snaps[node] != nil {
+		if node != nil && node.Complete() && l.snaps[node] != nil {
 			continue // already held by the cache
 		}
-		slot, ok := m.snapSlot(boundaryLevel(b, m.step))
+		slot, ok := l.snapSlot(boundaryLevel(b, l.step))
 		if !ok {
-			m.stats.Snapshots.Skipped++
+			l.stats.Skipped++
 			continue
 		}
-		s.pend = append(s.pend, pendingSnap{pos: b, slot: slot})
+		x.pend = append(x.pend, pendingSnap{pos: b, slot: slot})
 	}
 }
 
 // snapSlot takes a slot for a snapshot of level: a free one while fewer than
 // snapCap snapshots exist, else one freed by evicting a victim (package doc,
 // retention); false when there is none and the snapshot is skipped.
-func (m *Manager) snapSlot(level int) (kvcache.BlockID, bool) {
-	if m.nSnaps >= m.snapCap {
-		v := m.victim(level)
+func (l *life) snapSlot(level int) (kvcache.BlockID, bool) {
+	if l.nSnaps >= l.snapCap {
+		v := l.victim(level)
 		if v == nil {
 			return NoBlock, false
 		}
-		m.dropSnap(v)
+		l.dropSnap(v)
 	}
-	m.nSnaps++
-	return m.ssm.take(), true
+	l.nSnaps++
+	return l.ssm.take(), true
 }
 
 // victim is the snapshot to evict for a new one of level: the coldest
 // (least recently used lineage, then lowest level) snapshot on no live path;
 // else the lowest-level unpinned snapshot on a live path, if its level is
 // below level; else nil.
-func (m *Manager) victim(level int) *snapshot {
+func (l *life) victim(level int) *snapshot {
 	var cold, hot *snapshot
-	for _, sn := range m.snaps {
+	for _, sn := range l.snaps {
 		if sn.pins > 0 {
 			continue
 		}
@@ -538,278 +530,27 @@ func hotLess(a, b *snapshot) bool {
 	return a.id < b.id
 }
 
-// deltas fills g.Tables: each attention group's table from the first entry
-// the worker may not know, and the ssm table (the live slot, then this
-// step's snapshot slots); and g.Snapshots: where each snapshot slot is
-// written (the position its state covers).
-func (m *Manager) deltas(s *sequence, g *kvcache.Grant, isNew bool) {
-	n := len(m.dev)
-	if m.ssm != nil {
-		n++
-	}
-	if n == 0 {
-		return
-	}
-	g.Tables = make([]kvcache.TableDelta, 0, n)
-	for gi, pool := range m.dev {
-		g.Tables = append(g.Tables, kvcache.TableDelta{Pool: pool.ID(), From: s.sent, Blocks: slices.Clone(s.tables[gi][s.sent:])})
-	}
-	s.sent = m.held(s)
-	if m.ssm != nil {
-		d := kvcache.TableDelta{Pool: m.ssm.id, From: 1}
-		if isNew {
-			d.From = 0
-			d.Blocks = append(d.Blocks, s.live)
-		}
-		for _, p := range s.pend {
-			d.Blocks = append(d.Blocks, p.slot)
-			g.Snapshots = append(g.Snapshots, kvcache.SnapshotSlot{Pos: p.pos, Pool: m.ssm.id, Block: p.slot})
-		}
-		g.Tables = append(g.Tables, d)
-	}
-}
-
-// Unreserve implements kvcache.Manager: each sequence's outstanding
-// reservation is undone exactly (a new sequence disappears; its snapshot
-// slots are freed). Cached blocks and snapshots evicted to make room stay
-// evicted. A sequence without an outstanding reservation is an item error.
-func (m *Manager) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
-	if err := m.ready(ctx, "Unreserve"); err != nil {
-		return err
-	}
-	var bad itemErrors
-	for _, id := range seqs {
-		s := m.seqs[id]
-		switch {
-		case s == nil:
-			bad.add(id, "seq %d: unknown sequence", id)
-			continue
-		case !s.led.Reserved:
-			bad.add(id, "seq %d: no outstanding reservation", id)
-			continue
-		}
-		if s.created {
-			m.drop(s, false)
-			continue
-		}
-		for g, pool := range m.dev {
-			for _, b := range s.tables[g][s.undoBlocks:] {
-				pool.Unref(b)
-			}
-			s.tables[g] = s.tables[g][:s.undoBlocks]
-		}
-		m.freePending(s)
-		s.sent = min(s.undoSent, s.undoBlocks)
-		s.led.Unreserve()
-	}
-	return bad.err("Unreserve")
-}
-
-func (m *Manager) freePending(s *sequence) {
-	for _, p := range s.pend {
-		m.ssm.unref(p.slot)
-		m.nSnaps--
-	}
-	s.pend = s.pend[:0]
-}
-
-// Commit implements kvcache.Manager. Per item it checks Tokens <= Accepted
-// <= Tokens+Draft against the recorded reservation, advances history,
-// shrinks capacity to max(history, Hold) (freeing the rejected drafts'
-// blocks), ends the pin of a reuse source, registers the prompt blocks that
-// history passed in the tree and installs the snapshots the step wrote on
-// their nodes. It never allocates, never evicts and prunes only at the end.
-// Invalid items are skipped and reported as one item-scoped error after the
-// valid ones are applied.
-func (m *Manager) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.CommitResult, error) {
-	if err := m.ready(ctx, "Commit"); err != nil {
-		return kvcache.CommitResult{}, err
-	}
-	m.tick++
-	var bad itemErrors
-	for i := range items {
-		it := &items[i]
-		s := m.seqs[it.Seq]
-		if s == nil {
-			bad.add(it.Seq, "seq %d: unknown sequence", it.Seq)
-			continue
-		}
-		if r := s.led.CheckCommit(it.Accepted); r != "" {
-			bad.add(it.Seq, "seq %d: %s", it.Seq, r)
-			continue
-		}
-		nb := m.blocksFor(s.led.Commit(it.Accepted))
-		if nb < m.held(s) {
-			for g, pool := range m.dev {
-				for _, b := range s.tables[g][nb:] {
-					pool.Unref(b)
-				}
-				s.tables[g] = s.tables[g][:nb]
-			}
-			s.sent = min(s.sent, nb)
-		}
-		if s.src != nil {
-			s.src.pins--
-			s.src = nil
-		}
-		if len(s.path) < len(s.prompt)/m.tpb && !s.regStop {
-			m.register(s)
-		}
-		m.install(s)
-	}
-	m.tree.Prune() // safe point: the walks are done
-	return kvcache.CommitResult{}, bad.err("Commit")
-}
-
-// register extends s's tree path with the prompt blocks that history passed.
-func (m *Manager) register(s *sequence) {
-	limit := min(s.led.History, len(s.prompt)) / m.tpb
-	for i := len(s.path); i < limit && !s.regStop; i++ {
-		parent := m.tree.Root()
-		if i > 0 {
-			parent = s.path[i-1]
-		}
-		for g := range m.pages {
-			m.pages[g] = s.tables[g][i]
-		}
-		n := m.tree.Register(parent, s.prompt[i*m.tpb:(i+1)*m.tpb], m.pages)
-		if n == nil {
-			s.regStop = true
-			return
-		}
-		s.path = append(s.path, n)
-	}
-}
-
 // install puts the snapshots the committed step wrote on the tree nodes of
 // their boundaries (pinned by s's path). A boundary whose node already holds
 // a snapshot, or that registration could not reach, frees its slot.
-func (m *Manager) install(s *sequence) {
-	for _, p := range s.pend {
-		d := p.pos / m.tpb
-		if d < 1 || d > len(s.path) || m.snaps[s.path[d-1]] != nil {
-			if d < 1 || d > len(s.path) {
-				m.stats.Snapshots.Skipped++
+func (l *life) install(s *cachemgrv2.Seq, x *seqState) {
+	path := s.Path()
+	for _, p := range x.pend {
+		d := p.pos / l.tpb
+		if d < 1 || d > len(path) || l.snaps[path[d-1]] != nil {
+			if d < 1 || d > len(path) {
+				l.stats.Skipped++
 			}
-			m.ssm.unref(p.slot)
-			m.nSnaps--
+			l.ssm.unref(p.slot)
+			l.nSnaps--
 			continue
 		}
-		n := s.path[d-1]
-		m.snapSeq++
-		sn := &snapshot{node: n, slot: p.slot, pos: p.pos, level: boundaryLevel(p.pos, m.step), tick: m.tick, id: m.snapSeq}
-		m.snaps[n] = sn
-		m.ssm.install(p.slot, sn)
-		m.stats.Snapshots.Taken++
+		n := path[d-1]
+		l.snapSeq++
+		sn := &snapshot{node: n, slot: p.slot, pos: p.pos, level: boundaryLevel(p.pos, l.step), tick: l.tick, id: l.snapSeq}
+		l.snaps[n] = sn
+		l.ssm.install(p.slot, sn)
+		l.stats.Taken++
 	}
-	s.pend = s.pend[:0]
-}
-
-// Release implements kvcache.Manager: it frees each sequence's private
-// blocks, live slot and unwritten snapshot slots, drops its references to
-// shared pages (which stay cached, with their snapshots, for reuse) and
-// unpins its tree path, marking the path's snapshots as used now. Unknown
-// sequences are item errors.
-func (m *Manager) Release(ctx context.Context, seqs []kvcache.SeqID) error {
-	if err := m.ready(ctx, "Release"); err != nil {
-		return err
-	}
-	m.tick++
-	var bad itemErrors
-	for _, id := range seqs {
-		s := m.seqs[id]
-		if s == nil {
-			bad.add(id, "seq %d: unknown sequence", id)
-			continue
-		}
-		m.drop(s, true)
-	}
-	return bad.err("Release")
-}
-
-// drop frees everything s holds and forgets it. touch says whether its use
-// counts for LRU (false when undoing a reservation).
-func (m *Manager) drop(s *sequence, touch bool) {
-	for g, pool := range m.dev {
-		for _, b := range s.tables[g] {
-			pool.Unref(b)
-		}
-	}
-	if s.live != NoBlock {
-		m.ssm.unref(s.live)
-		m.liveUsed--
-	}
-	if m.ssm != nil {
-		m.freePending(s)
-	}
-	if s.src != nil {
-		s.src.pins--
-		s.src = nil
-	}
-	for i := len(s.path) - 1; i >= 0; i-- {
-		n := s.path[i]
-		if sn := m.snaps[n]; sn != nil && touch {
-			sn.tick = m.tick
-		}
-		m.tree.Unpin(n, touch)
-	}
-	delete(m.seqs, s.id)
-}
-
-// Suspend implements kvcache.Manager: the mamba manager has no host tier
-// (ErrUnsupported).
-func (m *Manager) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
-	if err := m.ready(ctx, "Suspend"); err != nil {
-		return nil, nil, err
-	}
-	return nil, nil, kvcache.Errorf(kvcache.KindUnsupported, "mamba: Suspend: no host tier")
-}
-
-// Resume implements kvcache.Manager: ErrUnsupported, as Suspend.
-func (m *Manager) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
-	if err := m.ready(ctx, "Resume"); err != nil {
-		return nil, nil, err
-	}
-	return nil, nil, kvcache.Errorf(kvcache.KindUnsupported, "mamba: Resume: no host tier")
-}
-
-// Stats implements kvcache.Manager.
-func (m *Manager) Stats(ctx context.Context) (kvcache.Stats, error) {
-	if err := m.ready(ctx, "Stats"); err != nil {
-		return kvcache.Stats{}, err
-	}
-	st := m.stats
-	st.Pools = m.poolStats()
-	st.Sequences = len(m.seqs)
-	return st, nil
-}
-
-func (m *Manager) poolStats() []kvcache.PoolStats {
-	out := make([]kvcache.PoolStats, 0, len(m.dev)+1)
-	for _, p := range m.dev {
-		out = append(out, p.Stats())
-	}
-	if m.ssm != nil {
-		out = append(out, m.ssm.stats())
-	}
-	return out
-}
-
-// itemErrors collects per-item problems of one call into one item-scoped
-// *kvcache.Error (kind KindInvalidArg) naming every bad sequence.
-type itemErrors struct {
-	seqs []kvcache.SeqID
-	msgs []string
-}
-
-func (e *itemErrors) add(id kvcache.SeqID, format string, args ...any) {
-	e.seqs = append(e.seqs, id)
-	e.msgs = append(e.msgs, fmt.Sprintf(format, args...))
-}
-
-func (e *itemErrors) err(op string) error {
-	if len(e.seqs) == 0 {
-		return nil
-	}
-	return kvcache.ItemErrorf(e.seqs, "mamba: %s: %s", op, strings.Join(e.msgs, "; "))
+	x.pend = x.pend[:0]
 }

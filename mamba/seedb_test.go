@@ -9,13 +9,13 @@ import (
 
 // pathAttached checks that every node of s's path is attached to the tree,
 // pinned, with all its pages, and that path[i] is path[i-1]'s child.
-func pathAttached(t *testing.T, m *Manager, s *sequence, when string) {
+func pathAttached(t *testing.T, m *Manager, s *cachemgrv2.Seq, when string) {
 	t.Helper()
-	parent := m.tree.Root()
-	for i, n := range s.path {
-		if !m.tree.Attached(n) || n.Parent() != parent || n.Pins() == 0 || !n.Complete() {
+	parent := m.Tree().Root()
+	for i, n := range s.Path() {
+		if !m.Tree().Attached(n) || n.Parent() != parent || n.Pins() == 0 || !n.Complete() {
 			t.Fatalf("%s: seq %d: path node %d: attached %v, child of path node %d %v, pins %d, complete %v",
-				when, s.id, i, m.tree.Attached(n), i-1, n.Parent() == parent, n.Pins(), n.Complete())
+				when, s.ID(), i, m.Tree().Attached(n), i-1, n.Parent() == parent, n.Pins(), n.Complete())
 		}
 		parent = n
 	}
@@ -35,8 +35,8 @@ func TestSnapshotEvictionMidCommit(t *testing.T) {
 	cfg := testConfig(tpb, 256, 4+3) // 4 live slots, 3 snapshot slots
 	cfg.MaxSeqLen = 64 * tpb
 	m, _ := configured(t, cfg)
-	if m.snapCap != 3 {
-		t.Fatalf("snapshot slots %d, want 3", m.snapCap)
+	if m.life.snapCap != 3 {
+		t.Fatalf("snapshot slots %d, want 3", m.life.snapCap)
 	}
 	chunk := 4 * tpb // four boundaries per step, more than the pool holds
 	p := tokens(40*tpb+5, 1)
@@ -51,27 +51,27 @@ func TestSnapshotEvictionMidCommit(t *testing.T) {
 	}
 	commit(t, m, kvcache.CommitItem{Seq: b, Accepted: 3 * tpb})
 	mustClean(t, m, "B step 1")
-	sb := m.seqs[b]
-	leaf := sb.path[len(sb.path)-1]
-	if m.snaps[leaf] == nil {
-		t.Fatalf("B's leaf (block %d) holds no snapshot: the shape needs an unpinned snapshot on a leaf of a live path", len(sb.path))
+	sb := m.Seq(b)
+	leaf := sb.Path()[len(sb.Path())-1]
+	if m.life.snaps[leaf] == nil {
+		t.Fatalf("B's leaf (block %d) holds no snapshot: the shape needs an unpinned snapshot on a leaf of a live path", len(sb.Path()))
 	}
 	for step := 2; step <= 6; step++ {
-		leafSnap := m.snaps[sb.path[len(sb.path)-1]]
-		nodes := m.tree.Nodes()
-		ev := m.stats.Snapshots.Evicted
+		leafSnap := m.life.snaps[sb.Path()[len(sb.Path())-1]]
+		nodes := m.Tree().Nodes()
+		ev := m.life.stats.Evicted
 		if g := reserve(t, m, kvcache.ReserveItem{Seq: b, Tokens: chunk}); !g[0].OK {
 			t.Fatal(g[0].Reason)
 		}
-		if m.stats.Snapshots.Evicted == ev && len(sb.pend) > 0 {
+		if m.life.stats.Evicted == ev && len(stateOf(sb).pend) > 0 {
 			t.Fatalf("step %d: snapshot slots were taken without eviction from a full pool", step)
 		}
-		if m.tree.Nodes() != nodes {
-			t.Fatalf("step %d: Reserve changed the tree from %d to %d nodes: snapshot eviction must not detach", step, nodes, m.tree.Nodes())
+		if m.Tree().Nodes() != nodes {
+			t.Fatalf("step %d: Reserve changed the tree from %d to %d nodes: snapshot eviction must not detach", step, nodes, m.Tree().Nodes())
 		}
 		pathAttached(t, m, sb, "after Reserve")
 		mustClean(t, m, "after Reserve")
-		if step == 2 && (leafSnap == nil || m.snaps[leaf] != nil) {
+		if step == 2 && (leafSnap == nil || m.life.snaps[leaf] != nil) {
 			t.Fatalf("step 2: B's leaf snapshot was not evicted by B's own allocations (snapshots at %v)", snapPositions(m))
 		}
 
@@ -85,10 +85,10 @@ func TestSnapshotEvictionMidCommit(t *testing.T) {
 		pathAttached(t, m, sb, "after another sequence's Reserve")
 		mustClean(t, m, "after another sequence's Reserve")
 
-		depth := len(sb.path)
+		depth := len(sb.Path())
 		commit(t, m, kvcache.CommitItem{Seq: b, Accepted: chunk}, kvcache.CommitItem{Seq: c, Accepted: len(q)})
-		if len(sb.path) != depth+4 || sb.path[depth].Parent() != sb.path[depth-1] {
-			t.Fatalf("step %d: Commit extended the path from %d to %d blocks, or not under its old leaf", step, depth, len(sb.path))
+		if len(sb.Path()) != depth+4 || sb.Path()[depth].Parent() != sb.Path()[depth-1] {
+			t.Fatalf("step %d: Commit extended the path from %d to %d blocks, or not under its old leaf", step, depth, len(sb.Path()))
 		}
 		pathAttached(t, m, sb, "after Commit")
 		mustClean(t, m, "after Commit")
@@ -102,7 +102,7 @@ func TestSnapshotEvictionMidCommit(t *testing.T) {
 	// What B kept is reusable: Lookup finds the deepest snapshot on its path.
 	release(t, m, b)
 	mustClean(t, m, "B released")
-	if got := lookup(t, m, p); got == 0 || m.snaps[m.tree.Match(p, got/tpb, nil)[got/tpb-1]] == nil {
+	if got := lookup(t, m, p); got == 0 || m.life.snaps[m.Tree().Match(p, got/tpb, nil)[got/tpb-1]] == nil {
 		t.Fatalf("Lookup after B = %d, want a boundary that holds a snapshot", got)
 	}
 }
@@ -127,8 +127,8 @@ func TestReuseSourcePinned(t *testing.T) {
 	if !g[0].OK || len(g[0].Copies) != 1 {
 		t.Fatalf("reuse grant %+v, want OK with one snapshot copy", g[0])
 	}
-	src := m.snaps[m.tree.Match(p, r/tpb, nil)[r/tpb-1]]
-	if src == nil || src.pins != 1 || g[0].Copies[0].SrcBlock != src.slot || g[0].Copies[0].DstBlock != m.seqs[2].live {
+	src := m.life.snaps[m.Tree().Match(p, r/tpb, nil)[r/tpb-1]]
+	if src == nil || src.pins != 1 || g[0].Copies[0].SrcBlock != src.slot || g[0].Copies[0].DstBlock != stateOf(m.Seq(2)).live {
 		t.Fatalf("copy %+v: want the snapshot at %d (pinned) into the live slot", g[0].Copies[0], r)
 	}
 	// Fill the snapshot pool with other prompts while the copy is pending.
@@ -137,7 +137,7 @@ func TestReuseSourcePinned(t *testing.T) {
 		if g := reserve(t, m, kvcache.ReserveItem{Seq: kvcache.SeqID(10 + i), New: true, Prompt: q, Tokens: len(q)}); !g[0].OK {
 			t.Fatal(g[0].Reason)
 		}
-		if m.snaps[src.node] != src {
+		if m.life.snaps[src.node] != src {
 			t.Fatalf("the pinned reuse source was evicted by seq %d's snapshots", 10+i)
 		}
 		commit(t, m, kvcache.CommitItem{Seq: kvcache.SeqID(10 + i), Accepted: len(q)})
@@ -184,8 +184,8 @@ func TestThinningKeepsSharedPrefix(t *testing.T) {
 
 func snapPositions(m *Manager) []int {
 	var out []int
-	m.tree.Walk(func(n *cachemgrv2.Node) {
-		if sn := m.snaps[n]; sn != nil {
+	m.Tree().Walk(func(n *cachemgrv2.Node) {
+		if sn := m.life.snaps[n]; sn != nil {
 			out = append(out, sn.pos)
 		}
 	})

@@ -1,6 +1,10 @@
 package mamba
 
-import "github.com/kvx-dev/kvx/plugins/v1/kvcache"
+import (
+	"fmt"
+
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+)
 
 // slots is the ssm pool: one block is one sequence state. Every slot is in
 // exactly one state:
@@ -65,4 +69,37 @@ func (s *slots) stats() kvcache.PoolStats {
 		}
 	}
 	return st
+}
+
+// check recomputes the pool's states against refs (the references
+// recomputed from the sequences) and says what is wrong, naming the pool
+// name: every slot is free exactly once on the stack, in use with the
+// recomputed references, or owned (owned says the owner is installed there).
+func (s *slots) check(name string, refs []int32, owned func(o *snapshot, b kvcache.BlockID) bool) []string {
+	var v []string
+	bad := func(format string, args ...any) { v = append(v, fmt.Sprintf(name+": "+format, args...)) }
+	onFree := make([]bool, len(s.refs))
+	for _, b := range s.free {
+		if b < 0 || int(b) >= len(onFree) || onFree[b] {
+			bad("slot %d on the free stack twice or out of range", b)
+			continue
+		}
+		onFree[b] = true
+	}
+	for b := range s.refs {
+		if s.refs[b] != refs[b] {
+			bad("slot %d: refcount %d, recomputed %d", b, s.refs[b], refs[b])
+		}
+		o := s.owner[b]
+		if o != nil && (s.refs[b] != 0 || !owned(o, kvcache.BlockID(b))) {
+			bad("slot %d owned by a snapshot that is not installed there (refs %d)", b, s.refs[b])
+		}
+		if f := s.refs[b] == 0 && o == nil; f != onFree[b] {
+			bad("slot %d: unreferenced and unowned %v, on the free stack %v", b, f, onFree[b])
+		}
+	}
+	if st := s.stats(); st.Free+st.Cached+st.InUse != st.Total {
+		bad("stats %+v", st)
+	}
+	return v
 }
