@@ -229,16 +229,17 @@ func (a admission) move(ids []kvcache.SeqID, suspend bool) []bool {
 	if e.err != nil || len(ids) == 0 {
 		return ok
 	}
-	start := func(m kvcache.Manager, to bool, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
+	// The scheduler suspends only when every stage has a Suspender (sp).
+	start := func(sp kvcache.Suspender, to bool, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
 		if to {
-			return kvcache.StartSuspend(a.ctx, m, seqs)
+			return kvcache.StartSuspend(a.ctx, sp, seqs)
 		}
-		return kvcache.StartResume(a.ctx, m, seqs)
+		return kvcache.StartResume(a.ctx, sp, seqs)
 	}
 	moved := make([][]bool, len(e.stages))
 	copies := make([][]kvcache.Copy, len(e.stages)) // after the last end of step's
 	err := e.eachManager(func(st *stage) func() error {
-		wait := start(st.m, suspend, ids)
+		wait := start(st.sp, suspend, ids)
 		return func() error {
 			res, c, err := wait()
 			if err != nil && len(itemSeqs(err)) == 0 {
@@ -274,7 +275,7 @@ func (a admission) move(ids []kvcache.SeqID, suspend bool) []bool {
 		if len(back) == 0 {
 			return noCall
 		}
-		wait := start(st.m, !suspend, back)
+		wait := start(st.sp, !suspend, back)
 		return func() error {
 			res, copies, err := wait()
 			st.copies = append(st.copies, copies...)

@@ -116,7 +116,7 @@ type stage struct {
 	deltas   map[kvcache.SeqID][]kvcache.TableDelta
 	snaps    map[kvcache.SeqID][]kvcache.SnapshotSlot // state saves granted for the next forward
 	free     int64                                    // simulated ns when the stage can take the next micro-batch
-	hostTier bool                                     // the manager can suspend sequences to a host tier
+	sp       kvcache.Suspender                        // m, when it can suspend sequences to a host tier; nil: it cannot
 	peak     float64
 }
 
@@ -203,7 +203,7 @@ func (e *Engine) setup(ctx context.Context) error {
 			return err
 		}
 		e.stages = append(e.stages, st)
-		suspendable = suspendable && st.hostTier
+		suspendable = suspendable && st.sp != nil
 		if i == 0 || st.layout.MaxSeqTokens < maxSeq {
 			maxSeq = st.layout.MaxSeqTokens
 		}
@@ -265,10 +265,24 @@ func (e *Engine) startStage(ctx context.Context, st *stage) error {
 		return fmt.Errorf("stage %d: configure worker: %w", i, err)
 	}
 	st.m, st.w, st.layout = m, w, layout
-	st.hostTier = false
-	if info.Capabilities.HostTier {
-		for _, p := range layout.Pools {
-			st.hostTier = st.hostTier || (p.Tier == kvcache.TierHost && p.Blocks > 0)
+	st.sp = suspender(m, info, layout)
+	return nil
+}
+
+// suspender returns m as a kvcache.Suspender when it can suspend sequences:
+// it implements one, its Info says HostTier and its layout has host blocks.
+// Otherwise it returns nil, and a preempted sequence is released and
+// recomputed. A plugin client always implements Suspender, but its Info
+// says HostTier only when the plugin's manager is one, so the answer is the
+// same in-process and over gRPC.
+func suspender(m kvcache.Manager, info kvcache.Info, layout kvcache.Layout) kvcache.Suspender {
+	sp, ok := m.(kvcache.Suspender)
+	if !ok || !info.Capabilities.HostTier {
+		return nil
+	}
+	for _, p := range layout.Pools {
+		if p.Tier == kvcache.TierHost && p.Blocks > 0 {
+			return sp
 		}
 	}
 	return nil

@@ -571,10 +571,17 @@ func (h *Host) probe(f *Found) {
 	f.Kind, f.Worker, f.Err = pluginrpc.WorkerPluginName, &winfo, checkProtocols(winfo.Protocols)
 }
 
-// closingManager is a plugin client that stops its process on Close.
+// closingManager is a plugin client that stops its process on Close. It
+// keeps the client's kvcache.Suspender.
 type closingManager struct {
-	kvcache.Manager
+	suspendingManager
 	proc *Process
+}
+
+// suspendingManager is what a manager plugin client implements.
+type suspendingManager interface {
+	kvcache.Manager
+	kvcache.Suspender
 }
 
 func (m closingManager) Close() error { m.proc.Kill(); return nil }
@@ -597,7 +604,7 @@ func (h *Host) ManagerFactory(ctx context.Context, path string, onErr func(error
 			onErr(err)
 			return nil
 		}
-		return closingManager{m, proc}
+		return closingManager{m.(*pluginrpc.ManagerClient), proc}
 	}
 }
 

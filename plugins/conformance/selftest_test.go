@@ -51,6 +51,15 @@ func (d denialErrors) Reserve(ctx context.Context, items []kvcache.ReserveItem) 
 	return gs, err
 }
 
+// claimsHostTier says HostTier in Info but is no kvcache.Suspender.
+type claimsHostTier struct{ kvcache.Manager }
+
+func (c claimsHostTier) Info(ctx context.Context) (kvcache.Info, error) {
+	info, err := c.Manager.Info(ctx)
+	info.Capabilities.HostTier = true
+	return info, err
+}
+
 // panicky panics in Commit.
 type panicky struct{ kvcache.Manager }
 
@@ -82,6 +91,9 @@ func TestSuiteCatchesBrokenManagers(t *testing.T) {
 		{"a panic", func(*testing.T) func() kvcache.Manager {
 			return func() kvcache.Manager { return panicky{&refManager{}} }
 		}, "CommitLedger", "panic: commit exploded"},
+		{"HostTier without a Suspender", func(*testing.T) func() kvcache.Manager {
+			return func() kvcache.Manager { return claimsHostTier{&refManager{}} }
+		}, "SuspendResume", "which has no Suspend and Resume"},
 		{"no manager", func(*testing.T) func() kvcache.Manager { return func() kvcache.Manager { return nil } }, "Configure", "nil"},
 	}
 	for _, tt := range tests {

@@ -106,9 +106,14 @@ type CallStarter interface {
 	StartLookup(ctx context.Context, items []LookupItem) (wait func() ([]int, error))
 	StartReserve(ctx context.Context, items []ReserveItem) (wait func() ([]Grant, error))
 	StartUnreserve(ctx context.Context, seqs []SeqID) (wait func() error)
+	StartRelease(ctx context.Context, seqs []SeqID) (wait func() error)
+}
+
+// SuspendStarter is CallStarter for a Suspender's two calls, found by type
+// assertion on the Suspender.
+type SuspendStarter interface {
 	StartSuspend(ctx context.Context, seqs []SeqID) (wait func() ([]bool, []Copy, error))
 	StartResume(ctx context.Context, seqs []SeqID) (wait func() ([]bool, []Copy, error))
-	StartRelease(ctx context.Context, seqs []SeqID) (wait func() error)
 }
 
 // StartLookup starts m.Lookup (see CallStarter).
@@ -138,21 +143,21 @@ func StartUnreserve(ctx context.Context, m Manager, seqs []SeqID) (wait func() e
 	return func() error { return err }
 }
 
-// StartSuspend starts m.Suspend (see CallStarter).
-func StartSuspend(ctx context.Context, m Manager, seqs []SeqID) (wait func() ([]bool, []Copy, error)) {
-	if cs, ok := m.(CallStarter); ok {
-		return cs.StartSuspend(ctx, seqs)
+// StartSuspend starts s.Suspend (see SuspendStarter).
+func StartSuspend(ctx context.Context, s Suspender, seqs []SeqID) (wait func() ([]bool, []Copy, error)) {
+	if ss, ok := s.(SuspendStarter); ok {
+		return ss.StartSuspend(ctx, seqs)
 	}
-	ok, copies, err := m.Suspend(ctx, seqs)
+	ok, copies, err := s.Suspend(ctx, seqs)
 	return func() ([]bool, []Copy, error) { return ok, copies, err }
 }
 
-// StartResume starts m.Resume (see CallStarter).
-func StartResume(ctx context.Context, m Manager, seqs []SeqID) (wait func() ([]bool, []Copy, error)) {
-	if cs, ok := m.(CallStarter); ok {
-		return cs.StartResume(ctx, seqs)
+// StartResume starts s.Resume (see SuspendStarter).
+func StartResume(ctx context.Context, s Suspender, seqs []SeqID) (wait func() ([]bool, []Copy, error)) {
+	if ss, ok := s.(SuspendStarter); ok {
+		return ss.StartResume(ctx, seqs)
 	}
-	ok, copies, err := m.Resume(ctx, seqs)
+	ok, copies, err := s.Resume(ctx, seqs)
 	return func() ([]bool, []Copy, error) { return ok, copies, err }
 }
 

@@ -27,7 +27,13 @@ type ManagerClient struct {
 	opts []ClientOption
 }
 
+// The client always implements kvcache.Suspender, whether or not the
+// served manager does: a plugin's manager without one answers
+// KindUnsupported and its Info says no HostTier (the server sees to both),
+// so the core, which suspends only on a HostTier manager, treats it as it
+// treats the same manager in-process.
 var _ kvcache.Manager = (*ManagerClient)(nil)
+var _ kvcache.Suspender = (*ManagerClient)(nil)
 var _ kvcache.StepEnder = (*ManagerClient)(nil)
 var _ kvcache.StepStarter = (*ManagerClient)(nil)
 
@@ -172,12 +178,12 @@ func (c *ManagerClient) Commit(ctx context.Context, items []kvcache.CommitItem) 
 	return answerOf(ctx, c.done, m, resp, err, fromProtoCommitResult)
 }
 
-// Suspend implements kvcache.Manager.
+// Suspend implements kvcache.Suspender.
 func (c *ManagerClient) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
 	return c.move(ctx, managerService+"Suspend", c.rpc.Suspend, seqs)
 }
 
-// Resume implements kvcache.Manager.
+// Resume implements kvcache.Suspender.
 func (c *ManagerClient) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
 	return c.move(ctx, managerService+"Resume", c.rpc.Resume, seqs)
 }
@@ -305,6 +311,10 @@ func (s *managerServer) Info(ctx context.Context, _ *kvxpb.ManagerInfoRequest) (
 	}
 	defer s.gate.leave()
 	info, err := s.impl.Info(ctx)
+	if _, ok := s.impl.(kvcache.Suspender); !ok {
+		// What is served: Suspend and Resume answer KindUnsupported.
+		info.Capabilities.HostTier = false
+	}
 	out := toProtoManagerInfo(info)
 	if err != nil {
 		return nil, toStatus(err, out)
@@ -389,11 +399,25 @@ func (s *managerServer) Commit(ctx context.Context, req *kvxpb.CommitRequest) (*
 }
 
 func (s *managerServer) Suspend(ctx context.Context, req *kvxpb.Seqs) (*kvxpb.MoveResult, error) {
-	return s.move(ctx, s.impl.Suspend, req)
+	sp, ok := s.impl.(kvcache.Suspender)
+	if !ok {
+		return nil, toStatus(errNoSuspender("Suspend"), nil)
+	}
+	return s.move(ctx, sp.Suspend, req)
 }
 
 func (s *managerServer) Resume(ctx context.Context, req *kvxpb.Seqs) (*kvxpb.MoveResult, error) {
-	return s.move(ctx, s.impl.Resume, req)
+	sp, ok := s.impl.(kvcache.Suspender)
+	if !ok {
+		return nil, toStatus(errNoSuspender("Resume"), nil)
+	}
+	return s.move(ctx, sp.Resume, req)
+}
+
+// errNoSuspender is the answer to Suspend or Resume (call) of a manager
+// that is no kvcache.Suspender.
+func errNoSuspender(call string) error {
+	return kvcache.Errorf(kvcache.KindUnsupported, "%s: the cache manager has no host tier (it is no kvcache.Suspender)", call)
 }
 
 func (s *managerServer) move(ctx context.Context,
@@ -495,6 +519,7 @@ func (g gate) enter(ctx context.Context) error {
 func (g gate) leave() { <-g }
 
 var _ kvcache.CallStarter = (*ManagerClient)(nil)
+var _ kvcache.SuspendStarter = (*ManagerClient)(nil)
 
 // startCall starts call m with request in. On a data plane that serves
 // several instances it is corked, so the calls the stages start together
@@ -601,12 +626,12 @@ func (c *ManagerClient) startSeqs(ctx context.Context, name string, m method,
 	}
 }
 
-// StartSuspend implements kvcache.CallStarter.
+// StartSuspend implements kvcache.SuspendStarter.
 func (c *ManagerClient) StartSuspend(ctx context.Context, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
 	return c.startMove(ctx, managerService+"Suspend", mSuspend, c.rpc.Suspend, seqs)
 }
 
-// StartResume implements kvcache.CallStarter.
+// StartResume implements kvcache.SuspendStarter.
 func (c *ManagerClient) StartResume(ctx context.Context, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
 	return c.startMove(ctx, managerService+"Resume", mResume, c.rpc.Resume, seqs)
 }

@@ -46,6 +46,7 @@ func TestManagerOverWire(t *testing.T) {
 		stats: fullStats, snap: fullSnapshot,
 	}
 	m := TestManagerPair(t, f)
+	sp := m.(kvcache.Suspender)
 	seqs := []kvcache.SeqID{3, 1 << 40}
 	commits := []kvcache.CommitItem{{Seq: 3, Accepted: 2}}
 	type result = []any
@@ -61,8 +62,8 @@ func TestManagerOverWire(t *testing.T) {
 		{"Reserve", fullReserveItems, func() (result, error) { v, err := m.Reserve(ctx, fullReserveItems); return result{v}, err }, result{fullGrants}},
 		{"Unreserve", seqs, func() (result, error) { return nil, m.Unreserve(ctx, seqs) }, nil},
 		{"Commit", commits, func() (result, error) { v, err := m.Commit(ctx, commits); return result{v}, err }, result{f.commit}},
-		{"Suspend", seqs, func() (result, error) { ok, c, err := m.Suspend(ctx, seqs); return result{ok, c}, err }, result{f.moveOK, fullCopies}},
-		{"Resume", seqs, func() (result, error) { ok, c, err := m.Resume(ctx, seqs); return result{ok, c}, err }, result{f.moveOK, fullCopies}},
+		{"Suspend", seqs, func() (result, error) { ok, c, err := sp.Suspend(ctx, seqs); return result{ok, c}, err }, result{f.moveOK, fullCopies}},
+		{"Resume", seqs, func() (result, error) { ok, c, err := sp.Resume(ctx, seqs); return result{ok, c}, err }, result{f.moveOK, fullCopies}},
 		{"Release", seqs, func() (result, error) { return nil, m.Release(ctx, seqs) }, nil},
 		{"Stats", nil, func() (result, error) { v, err := m.Stats(ctx); return result{v}, err }, result{fullStats}},
 		{"Inspect", kvcache.InspectOptions{Tables: true}, func() (result, error) {

@@ -40,11 +40,11 @@ func startedCalls(f *fakeManager) []struct {
 			return func() ([]any, error) { return nil, w() }
 		}, nil},
 		{"Suspend", seqs, func(m kvcache.Manager) func() ([]any, error) {
-			w := kvcache.StartSuspend(ctx, m, seqs)
+			w := kvcache.StartSuspend(ctx, m.(kvcache.Suspender), seqs)
 			return func() ([]any, error) { ok, c, err := w(); return []any{ok, c}, err }
 		}, []any{f.moveOK, fullCopies}},
 		{"Resume", seqs, func(m kvcache.Manager) func() ([]any, error) {
-			w := kvcache.StartResume(ctx, m, seqs)
+			w := kvcache.StartResume(ctx, m.(kvcache.Suspender), seqs)
 			return func() ([]any, error) { ok, c, err := w(); return []any{ok, c}, err }
 		}, []any{f.moveOK, fullCopies}},
 		{"Release", seqs, func(m kvcache.Manager) func() ([]any, error) {

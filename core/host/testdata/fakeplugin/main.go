@@ -76,12 +76,6 @@ func (manager) Unreserve(context.Context, []kvcache.SeqID) error { return nil }
 func (manager) Commit(context.Context, []kvcache.CommitItem) (kvcache.CommitResult, error) {
 	return kvcache.CommitResult{}, nil
 }
-func (manager) Suspend(context.Context, []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
-	return nil, nil, kvcache.ErrUnsupported
-}
-func (manager) Resume(context.Context, []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
-	return nil, nil, kvcache.ErrUnsupported
-}
 func (manager) Release(context.Context, []kvcache.SeqID) error { return nil }
 func (m manager) Stats(context.Context) (kvcache.Stats, error) {
 	return kvcache.Stats{Sequences: os.Getpid(), SuspendedSeqs: runtime.GOMAXPROCS(0), Evictions: int64(m.instance)}, nil
