@@ -22,6 +22,7 @@ import (
 	"github.com/kvx-dev/kvx/core/sched"
 	"github.com/kvx-dev/kvx/core/workload"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
@@ -610,7 +611,7 @@ func (e *Engine) startOnce(ctx context.Context, mb *microBatch, items []sched.It
 		bs[st.idx] = worker.Batch{Step: mb.step, Items: its, Released: st.released, Copies: st.copies}
 		p.released[st.idx], p.copies[st.idx] = len(st.released), len(st.copies)
 	}
-	p.wait = worker.StartForwardStages(ctx, ws, bs)
+	p.wait = pipeline.StartForwardStages(ctx, ws, bs)
 	return p
 }
 
@@ -637,7 +638,7 @@ func (e *Engine) finishOnce(p *pendingForward, results []worker.Result, err erro
 	}
 	if err != nil {
 		stage := len(results)
-		var se *worker.StageError
+		var se *pipeline.StageError
 		if errors.As(err, &se) {
 			stage, err = se.Stage, se.Err
 		}
@@ -750,10 +751,10 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 	// Commit, release the finished and inspect, in one call per stage that
 	// is only started here: a plugin gets it with the next step's first
 	// call, and settle checks the answers then (see ending).
-	end := &ending{step: mb.step, waits: make([]func() (kvcache.EndStepResult, error), len(e.stages)), inspect: inspect != nil, deep: deep}
-	req := kvcache.EndStepRequest{Commits: commits, Release: finishing, Inspect: inspect}
+	end := &ending{step: mb.step, waits: make([]func() (pipeline.EndStepResult, error), len(e.stages)), inspect: inspect != nil, deep: deep}
+	req := pipeline.EndStepRequest{Commits: commits, Release: finishing, Inspect: inspect}
 	_ = e.eachStage(func(st *stage) error {
-		end.waits[st.idx] = kvcache.StartEndStep(ctx, st.m, req)
+		end.waits[st.idx] = pipeline.StartEndStep(ctx, st.m, req)
 		st.released = append(st.released, finishing...)
 		for _, id := range finishing {
 			st.forget(id)
@@ -798,12 +799,12 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 // the answers carry block copies for the next forward, the snapshot for the
 // invariant check and the items a stage refused. So a plugin manager is
 // woken once per step for the end of one step and the start of the next
-// (kvcache.StepStarter), and the check still sees the engine exactly as it
+// (pipeline.StepStarter), and the check still sees the engine exactly as it
 // was at the end of the step: settle runs after the next phase's calls
 // return and before their answers are applied.
 type ending struct {
 	step    uint64
-	waits   []func() (kvcache.EndStepResult, error) // per stage
+	waits   []func() (pipeline.EndStepResult, error) // per stage
 	inspect bool
 	deep    bool
 }
@@ -818,7 +819,7 @@ func (e *Engine) settle() error {
 		return nil
 	}
 	e.ending = nil
-	res := make([]kvcache.EndStepResult, len(e.stages))
+	res := make([]pipeline.EndStepResult, len(e.stages))
 	err := e.eachStage(func(st *stage) error {
 		r, err := end.waits[st.idx]()
 		if err != nil {
@@ -856,7 +857,7 @@ func (e *Engine) dropEnding() {
 // release frees sequences on every stage and tells the workers.
 func (e *Engine) release(ctx context.Context, ids []kvcache.SeqID) error {
 	err := e.eachManager(func(st *stage) func() error {
-		wait := kvcache.StartRelease(ctx, st.m, ids)
+		wait := pipeline.StartRelease(ctx, st.m, ids)
 		return func() error {
 			if err := wait(); err != nil {
 				return stageErr(st.idx, "release", err)

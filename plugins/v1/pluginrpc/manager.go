@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 )
 
 // ManagerClient is a kvcache.Manager whose calls go to a plugin over gRPC.
@@ -34,8 +35,8 @@ type ManagerClient struct {
 // treats the same manager in-process.
 var _ kvcache.Manager = (*ManagerClient)(nil)
 var _ kvcache.Suspender = (*ManagerClient)(nil)
-var _ kvcache.StepEnder = (*ManagerClient)(nil)
-var _ kvcache.StepStarter = (*ManagerClient)(nil)
+var _ pipeline.StepEnder = (*ManagerClient)(nil)
+var _ pipeline.StepStarter = (*ManagerClient)(nil)
 
 // NewManagerClient returns a client on cc. lifetime ends when the plugin is
 // gone (go-plugin's GRPCClient ctx); after that every call fails at once
@@ -251,21 +252,21 @@ func (c *ManagerClient) Inspect(ctx context.Context, opts kvcache.InspectOptions
 	return answerOf(ctx, c.done, m, resp, err, fromProtoSnapshot)
 }
 
-// EndStep implements kvcache.StepEnder: Commit, Release and Inspect in one
+// EndStep implements pipeline.StepEnder: Commit, Release and Inspect in one
 // round trip.
-func (c *ManagerClient) EndStep(ctx context.Context, req kvcache.EndStepRequest) (kvcache.EndStepResult, error) {
+func (c *ManagerClient) EndStep(ctx context.Context, req pipeline.EndStepRequest) (pipeline.EndStepResult, error) {
 	const m = managerService + "EndStep"
 	if exited(c.done) {
-		return kvcache.EndStepResult{}, errExited(m)
+		return pipeline.EndStepResult{}, errExited(m)
 	}
 	resp, err := c.rpc.EndStep(ctx, toProtoEndStepRequest(req), callOpts...)
 	return answerOf(ctx, c.done, m, resp, err, fromProtoEndStepResult)
 }
 
-// StartEndStep implements kvcache.StepStarter. On a data plane the end of
+// StartEndStep implements pipeline.StepStarter. On a data plane the end of
 // the step is corked: it goes to the plugin with the next call, whose answer
 // brings its answer too. Over gRPC alone it is EndStep, run now.
-func (c *ManagerClient) StartEndStep(ctx context.Context, req kvcache.EndStepRequest) func() (kvcache.EndStepResult, error) {
+func (c *ManagerClient) StartEndStep(ctx context.Context, req pipeline.EndStepRequest) func() (pipeline.EndStepResult, error) {
 	const m = managerService + "EndStep"
 	r, ok := c.rpc.(*managerRPC)
 	var plane *dataPlane
@@ -274,11 +275,11 @@ func (c *ManagerClient) StartEndStep(ctx context.Context, req kvcache.EndStepReq
 	}
 	if plane == nil {
 		res, err := c.EndStep(ctx, req)
-		return func() (kvcache.EndStepResult, error) { return res, err }
+		return func() (pipeline.EndStepResult, error) { return res, err }
 	}
 	resp := new(kvxpb.EndStepResult)
 	call := plane.cork(ctx, r.inst, mEndStep, toProtoEndStepRequest(req), resp)
-	return func() (kvcache.EndStepResult, error) {
+	return func() (pipeline.EndStepResult, error) {
 		return answerOf(ctx, c.done, m, resp, plane.finish(call), fromProtoEndStepResult)
 	}
 }
@@ -485,7 +486,7 @@ func (s *managerServer) EndStep(ctx context.Context, req *kvxpb.EndStepRequest) 
 	if err != nil {
 		return nil, toStatus(err, nil)
 	}
-	res, err := kvcache.EndStep(ctx, s.impl, r)
+	res, err := pipeline.EndStep(ctx, s.impl, r)
 	if res.Snapshot != nil && r.Inspect != nil {
 		kvcache.SealTables(s.pools, *r.Inspect, res.Snapshot)
 	}
@@ -518,8 +519,8 @@ func (g gate) enter(ctx context.Context) error {
 
 func (g gate) leave() { <-g }
 
-var _ kvcache.CallStarter = (*ManagerClient)(nil)
-var _ kvcache.SuspendStarter = (*ManagerClient)(nil)
+var _ pipeline.CallStarter = (*ManagerClient)(nil)
+var _ pipeline.SuspendStarter = (*ManagerClient)(nil)
 
 // startCall starts call m with request in. On a data plane that serves
 // several instances it is corked, so the calls the stages start together
@@ -566,7 +567,7 @@ func startCall[Resp any, PResp interface {
 	}
 }
 
-// StartLookup implements kvcache.CallStarter.
+// StartLookup implements pipeline.CallStarter.
 func (c *ManagerClient) StartLookup(ctx context.Context, items []kvcache.LookupItem) func() ([]int, error) {
 	const m = managerService + "Lookup"
 	if exited(c.done) {
@@ -582,7 +583,7 @@ func (c *ManagerClient) StartLookup(ctx context.Context, items []kvcache.LookupI
 	}
 }
 
-// StartReserve implements kvcache.CallStarter.
+// StartReserve implements pipeline.CallStarter.
 func (c *ManagerClient) StartReserve(ctx context.Context, items []kvcache.ReserveItem) func() ([]kvcache.Grant, error) {
 	const m = managerService + "Reserve"
 	if exited(c.done) {
@@ -598,12 +599,12 @@ func (c *ManagerClient) StartReserve(ctx context.Context, items []kvcache.Reserv
 	}
 }
 
-// StartUnreserve implements kvcache.CallStarter.
+// StartUnreserve implements pipeline.CallStarter.
 func (c *ManagerClient) StartUnreserve(ctx context.Context, seqs []kvcache.SeqID) func() error {
 	return c.startSeqs(ctx, managerService+"Unreserve", mUnreserve, c.rpc.Unreserve, seqs)
 }
 
-// StartRelease implements kvcache.CallStarter.
+// StartRelease implements pipeline.CallStarter.
 func (c *ManagerClient) StartRelease(ctx context.Context, seqs []kvcache.SeqID) func() error {
 	return c.startSeqs(ctx, managerService+"Release", mRelease, c.rpc.Release, seqs)
 }
@@ -626,12 +627,12 @@ func (c *ManagerClient) startSeqs(ctx context.Context, name string, m method,
 	}
 }
 
-// StartSuspend implements kvcache.SuspendStarter.
+// StartSuspend implements pipeline.SuspendStarter.
 func (c *ManagerClient) StartSuspend(ctx context.Context, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
 	return c.startMove(ctx, managerService+"Suspend", mSuspend, c.rpc.Suspend, seqs)
 }
 
-// StartResume implements kvcache.SuspendStarter.
+// StartResume implements pipeline.SuspendStarter.
 func (c *ManagerClient) StartResume(ctx context.Context, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
 	return c.startMove(ctx, managerService+"Resume", mResume, c.rpc.Resume, seqs)
 }

@@ -39,9 +39,9 @@
 // NewInstance. The instances share the process's data plane: their calls
 // are pipelined on it, the plugin serves the frames in order and answers
 // the frames that came together in one write, and a forward over every
-// stage is one chained call (worker.Chainer). Calls started on several
-// instances (kvcache.CallStarter, kvcache.StepStarter) go in one write,
-// and a started chained forward (worker.ChainStarter) runs while the caller
+// stage is one chained call (pipeline.Chainer). Calls started on several
+// instances (pipeline.CallStarter, pipeline.StepStarter) go in one write,
+// and a started chained forward (pipeline.ChainStarter) runs while the caller
 // goes on.
 //
 // # Data plane

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
@@ -223,11 +224,11 @@ func (s *workerServer) Health(ctx context.Context, _ *kvxpb.HealthRequest) (*kvx
 }
 
 var (
-	_ worker.Chainer      = (*WorkerClient)(nil)
-	_ worker.ChainStarter = (*WorkerClient)(nil)
+	_ pipeline.Chainer      = (*WorkerClient)(nil)
+	_ pipeline.ChainStarter = (*WorkerClient)(nil)
 )
 
-// ForwardChain implements worker.Chainer for the instances of one plugin
+// ForwardChain implements pipeline.Chainer for the instances of one plugin
 // process on a data plane: the stages' batches go in one write, each marked
 // to take the activations the previous one kept in the plugin, and the
 // answers come back together. Other workers, or no data plane: ok is false.
@@ -240,7 +241,7 @@ func (c *WorkerClient) ForwardChain(ctx context.Context, next []worker.Worker, b
 	return res, true, err
 }
 
-// StartForwardChain implements worker.ChainStarter: ForwardChain's write
+// StartForwardChain implements pipeline.ChainStarter: ForwardChain's write
 // now, its answers read by wait.
 func (c *WorkerClient) StartForwardChain(ctx context.Context, next []worker.Worker, bs []worker.Batch) (func() ([]worker.Result, error), bool) {
 	const m = workerService + "Forward"
@@ -277,7 +278,7 @@ func (c *WorkerClient) StartForwardChain(ctx context.Context, next []worker.Work
 	}
 	calls, err := plane.send(ctx, frames)
 	if err != nil {
-		err = &worker.StageError{Stage: 0, Err: fromStatus(ctx, c.done, m, err, nil)}
+		err = &pipeline.StageError{Stage: 0, Err: fromStatus(ctx, c.done, m, err, nil)}
 		return func() ([]worker.Result, error) { return nil, err }, true
 	}
 	return func() ([]worker.Result, error) {
@@ -290,7 +291,7 @@ func (c *WorkerClient) StartForwardChain(ctx context.Context, next []worker.Work
 			}
 			r, err := answerOf(ctx, c.done, m, frames[i].resp.(*kvxpb.Result), err, fromProtoResult)
 			if err != nil {
-				failed = &worker.StageError{Stage: i, Err: err}
+				failed = &pipeline.StageError{Stage: i, Err: err}
 				continue
 			}
 			res = append(res, r)
