@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
+	"github.com/kvx-dev/kvx/plugins/internal/plane"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
@@ -126,12 +127,12 @@ func registerWorkers(s grpc.ServiceRegistrar, newWorker func() worker.Worker) {
 
 // server is what registerInstances needs of a service's server.
 type server interface {
-	handlers() map[method]handler
-	setRoute(route)
+	handlers() map[plane.Method]plane.Handler
+	setRoute(plane.Route)
 }
 
-func (s *managerServer) setRoute(r route) { s.route = r }
-func (s *workerServer) setRoute(r route)  { s.route = r }
+func (s *managerServer) setRoute(r plane.Route) { s.route = r }
+func (s *workerServer) setRoute(r plane.Route)  { s.route = r }
 
 // registerInstances registers desc on reg with each call going to the
 // instance it names, made by newServer on first use; every instance's data
@@ -140,7 +141,7 @@ func registerInstances[S server](reg grpc.ServiceRegistrar, desc grpc.ServiceDes
 	var r *instances[S]
 	r = newInstances(func(uint16) S {
 		srv := newServer()
-		srv.setRoute(func(id uint16) (map[method]handler, error) {
+		srv.setRoute(func(id uint16) (map[plane.Method]plane.Handler, error) {
 			inst, err := r.get(id)
 			if err != nil {
 				return nil, err
@@ -176,7 +177,7 @@ func (c instanceConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, meth
 // connection, the data plane and the next instance number.
 type family struct {
 	cc     grpc.ClientConnInterface
-	opener *planeOpener
+	opener *plane.Opener
 	mu     sync.Mutex
 	next   uint16
 }

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
+	"github.com/kvx-dev/kvx/plugins/internal/plane"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 )
@@ -43,7 +44,7 @@ var _ pipeline.StepStarter = (*ManagerClient)(nil)
 // with KindUnavailable. A lifetime that never ends (context.Background) is
 // fine.
 func NewManagerClient(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *ManagerClient {
-	opener := &planeOpener{off: clientOpts(opts).grpcOnly, version: 1}
+	opener := plane.NewOpener(clientOpts(opts).grpcOnly, 1)
 	rpc := &managerRPC{CacheManagerClient: kvxpb.NewCacheManagerClient(cc), opener: opener}
 	return &ManagerClient{rpc: rpc, done: lifetime.Done(), opts: opts}
 }
@@ -51,7 +52,7 @@ func NewManagerClient(lifetime context.Context, cc grpc.ClientConnInterface, opt
 // newManagerFamily returns instance 0 of a plugin process that serves
 // instances (InstancesProtocol); NewInstance makes the others.
 func newManagerFamily(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *ManagerClient {
-	fam := &family{cc: cc, opener: &planeOpener{off: clientOpts(opts).grpcOnly, version: dataPlaneVersion}}
+	fam := &family{cc: cc, opener: plane.NewOpener(clientOpts(opts).grpcOnly, plane.Version)}
 	c, _ := newManagerInstance(lifetime.Done(), fam, opts)
 	return c
 }
@@ -269,18 +270,18 @@ func (c *ManagerClient) EndStep(ctx context.Context, req pipeline.EndStepRequest
 func (c *ManagerClient) StartEndStep(ctx context.Context, req pipeline.EndStepRequest) func() (pipeline.EndStepResult, error) {
 	const m = managerService + "EndStep"
 	r, ok := c.rpc.(*managerRPC)
-	var plane *dataPlane
+	var dp *plane.Plane
 	if ok && !exited(c.done) {
-		plane = r.plane(ctx)
+		dp = r.plane(ctx)
 	}
-	if plane == nil {
+	if dp == nil {
 		res, err := c.EndStep(ctx, req)
 		return func() (pipeline.EndStepResult, error) { return res, err }
 	}
 	resp := new(kvxpb.EndStepResult)
-	call := plane.cork(ctx, r.inst, mEndStep, toProtoEndStepRequest(req), resp)
+	call := dp.Cork(ctx, r.inst, plane.EndStep, toProtoEndStepRequest(req), resp)
 	return func() (pipeline.EndStepResult, error) {
-		return answerOf(ctx, c.done, m, resp, plane.finish(call), fromProtoEndStepResult)
+		return answerOf(ctx, c.done, m, resp, dp.Finish(call), fromProtoEndStepResult)
 	}
 }
 
@@ -301,9 +302,9 @@ type managerServer struct {
 	// and read inside the gate.
 	pools []kvcache.Pool
 	// route finds the instances of its process (nil: s serves alone).
-	route  route
+	route  plane.Route
 	once   sync.Once
-	framed map[method]handler
+	framed map[plane.Method]plane.Handler
 }
 
 func (s *managerServer) Info(ctx context.Context, _ *kvxpb.ManagerInfoRequest) (*kvxpb.ManagerInfo, error) {
@@ -530,13 +531,13 @@ var _ pipeline.SuspendStarter = (*ManagerClient)(nil)
 func startCall[Resp any, PResp interface {
 	*Resp
 	proto.Message
-}](ctx context.Context, c *ManagerClient, m method, in proto.Message, overGRPC func(context.Context) (PResp, error)) (wait func() (PResp, error)) {
-	var plane *dataPlane
+}](ctx context.Context, c *ManagerClient, m plane.Method, in proto.Message, overGRPC func(context.Context) (PResp, error)) (wait func() (PResp, error)) {
+	var dp *plane.Plane
 	r, ok := c.rpc.(*managerRPC)
 	if ok {
-		plane = r.plane(ctx)
+		dp = r.plane(ctx)
 	}
-	if plane == nil {
+	if dp == nil {
 		var out PResp
 		var err error
 		done := make(chan struct{})
@@ -551,13 +552,13 @@ func startCall[Resp any, PResp interface {
 	}
 	out := PResp(new(Resp))
 	var finish func() error
-	if plane.instanced {
-		call := plane.cork(ctx, r.inst, m, in, out)
-		finish = func() error { return plane.finish(call) }
-	} else if calls, err := plane.send(ctx, []outFrame{{inst: r.inst, m: m, req: in, resp: out}}); err != nil {
+	if dp.Instanced() {
+		call := dp.Cork(ctx, r.inst, m, in, out)
+		finish = func() error { return dp.Finish(call) }
+	} else if calls, err := dp.Send(ctx, []plane.Frame{{Inst: r.inst, M: m, Req: in, Resp: out}}); err != nil {
 		finish = func() error { return err }
 	} else {
-		finish = func() error { return plane.await(ctx, calls[0]) }
+		finish = func() error { return dp.Await(ctx, calls[0]) }
 	}
 	return func() (PResp, error) {
 		if err := finish(); err != nil {
@@ -574,7 +575,7 @@ func (c *ManagerClient) StartLookup(ctx context.Context, items []kvcache.LookupI
 		return func() ([]int, error) { return nil, errExited(m) }
 	}
 	in := toProtoLookupRequest(items)
-	wait := startCall(ctx, c, mLookup, in, func(ctx context.Context) (*kvxpb.LookupResponse, error) {
+	wait := startCall(ctx, c, plane.Lookup, in, func(ctx context.Context) (*kvxpb.LookupResponse, error) {
 		return c.rpc.Lookup(ctx, in, callOpts...)
 	})
 	return func() ([]int, error) {
@@ -590,7 +591,7 @@ func (c *ManagerClient) StartReserve(ctx context.Context, items []kvcache.Reserv
 		return func() ([]kvcache.Grant, error) { return nil, errExited(m) }
 	}
 	in := toProtoReserveRequest(items)
-	wait := startCall(ctx, c, mReserve, in, func(ctx context.Context) (*kvxpb.ReserveResponse, error) {
+	wait := startCall(ctx, c, plane.Reserve, in, func(ctx context.Context) (*kvxpb.ReserveResponse, error) {
 		return c.rpc.Reserve(ctx, in, callOpts...)
 	})
 	return func() ([]kvcache.Grant, error) {
@@ -601,16 +602,16 @@ func (c *ManagerClient) StartReserve(ctx context.Context, items []kvcache.Reserv
 
 // StartUnreserve implements pipeline.CallStarter.
 func (c *ManagerClient) StartUnreserve(ctx context.Context, seqs []kvcache.SeqID) func() error {
-	return c.startSeqs(ctx, managerService+"Unreserve", mUnreserve, c.rpc.Unreserve, seqs)
+	return c.startSeqs(ctx, managerService+"Unreserve", plane.Unreserve, c.rpc.Unreserve, seqs)
 }
 
 // StartRelease implements pipeline.CallStarter.
 func (c *ManagerClient) StartRelease(ctx context.Context, seqs []kvcache.SeqID) func() error {
-	return c.startSeqs(ctx, managerService+"Release", mRelease, c.rpc.Release, seqs)
+	return c.startSeqs(ctx, managerService+"Release", plane.Release, c.rpc.Release, seqs)
 }
 
 // startSeqs starts a call that takes sequences and answers nothing.
-func (c *ManagerClient) startSeqs(ctx context.Context, name string, m method,
+func (c *ManagerClient) startSeqs(ctx context.Context, name string, m plane.Method,
 	call func(context.Context, *kvxpb.Seqs, ...grpc.CallOption) (*kvxpb.Empty, error), seqs []kvcache.SeqID) func() error {
 	if exited(c.done) {
 		return func() error { return errExited(name) }
@@ -629,16 +630,16 @@ func (c *ManagerClient) startSeqs(ctx context.Context, name string, m method,
 
 // StartSuspend implements pipeline.SuspendStarter.
 func (c *ManagerClient) StartSuspend(ctx context.Context, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
-	return c.startMove(ctx, managerService+"Suspend", mSuspend, c.rpc.Suspend, seqs)
+	return c.startMove(ctx, managerService+"Suspend", plane.Suspend, c.rpc.Suspend, seqs)
 }
 
 // StartResume implements pipeline.SuspendStarter.
 func (c *ManagerClient) StartResume(ctx context.Context, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
-	return c.startMove(ctx, managerService+"Resume", mResume, c.rpc.Resume, seqs)
+	return c.startMove(ctx, managerService+"Resume", plane.Resume, c.rpc.Resume, seqs)
 }
 
 // startMove starts Suspend or Resume.
-func (c *ManagerClient) startMove(ctx context.Context, name string, m method,
+func (c *ManagerClient) startMove(ctx context.Context, name string, m plane.Method,
 	call func(context.Context, *kvxpb.Seqs, ...grpc.CallOption) (*kvxpb.MoveResult, error),
 	seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
 	if exited(c.done) {

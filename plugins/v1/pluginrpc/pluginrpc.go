@@ -47,10 +47,11 @@
 // # Data plane
 //
 // The per-step calls travel as frames on a data plane beside gRPC
-// (dataplane.go): on a unix socket (versions 1 and 2), or on Linux in two
-// byte rings in shared memory, the socket then carrying only doorbells and
-// hang-ups (version 3, shm_linux.go). A host asks for the newest version
-// the plugin serves; GRPCOnly keeps every call on gRPC.
+// (plugins/internal/plane; the stubs that choose it are in stubs.go): on a
+// unix socket (versions 1 and 2), or on Linux in two byte rings in shared
+// memory, the socket then carrying only doorbells and hang-ups (version 3).
+// A host asks for the newest version the plugin serves; GRPCOnly keeps
+// every call on gRPC.
 package pluginrpc
 
 import (

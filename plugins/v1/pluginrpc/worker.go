@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
+	"github.com/kvx-dev/kvx/plugins/internal/plane"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
@@ -25,14 +26,14 @@ var _ worker.Worker = (*WorkerClient)(nil)
 
 // NewWorkerClient returns a client on cc; see NewManagerClient for lifetime.
 func NewWorkerClient(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *WorkerClient {
-	opener := &planeOpener{off: clientOpts(opts).grpcOnly, version: 1}
+	opener := plane.NewOpener(clientOpts(opts).grpcOnly, 1)
 	rpc := &workerRPC{WorkerClient: kvxpb.NewWorkerClient(cc), opener: opener}
 	return &WorkerClient{rpc: rpc, done: lifetime.Done(), opts: opts}
 }
 
 // newWorkerFamily: see newManagerFamily.
 func newWorkerFamily(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *WorkerClient {
-	fam := &family{cc: cc, opener: &planeOpener{off: clientOpts(opts).grpcOnly, version: dataPlaneVersion}}
+	fam := &family{cc: cc, opener: plane.NewOpener(clientOpts(opts).grpcOnly, plane.Version)}
 	c, _ := newWorkerInstance(lifetime.Done(), fam, opts)
 	return c
 }
@@ -145,9 +146,9 @@ type workerServer struct {
 	impl worker.Worker
 	gate gate
 	// route finds the instances of its process (nil: s serves alone).
-	route  route
+	route  plane.Route
 	once   sync.Once
-	framed map[method]handler
+	framed map[plane.Method]plane.Handler
 }
 
 func (s *workerServer) Info(ctx context.Context, _ *kvxpb.WorkerInfoRequest) (*kvxpb.WorkerInfo, error) {
@@ -260,23 +261,23 @@ func (c *WorkerClient) StartForwardChain(ctx context.Context, next []worker.Work
 		}
 		rpcs = append(rpcs, r)
 	}
-	plane := rpcs[0].plane(ctx)
-	if plane == nil || !plane.instanced {
+	dp := rpcs[0].plane(ctx)
+	if dp == nil || !dp.Instanced() {
 		return nil, false
 	}
-	frames := make([]outFrame, len(bs))
+	frames := make([]plane.Frame, len(bs))
 	for i := range bs {
 		b := bs[i]
 		var flags byte
 		if i > 0 {
-			b.Hidden, flags = nil, flagTake
+			b.Hidden, flags = nil, plane.FlagTake
 		}
 		if i < len(bs)-1 {
-			flags |= flagKeep
+			flags |= plane.FlagKeep
 		}
-		frames[i] = outFrame{inst: rpcs[i].inst, m: mForward, flags: flags, req: toProtoBatch(&b), resp: new(kvxpb.Result)}
+		frames[i] = plane.Frame{Inst: rpcs[i].inst, M: plane.Forward, Flags: flags, Req: toProtoBatch(&b), Resp: new(kvxpb.Result)}
 	}
-	calls, err := plane.send(ctx, frames)
+	calls, err := dp.Send(ctx, frames)
 	if err != nil {
 		err = &pipeline.StageError{Stage: 0, Err: fromStatus(ctx, c.done, m, err, nil)}
 		return func() ([]worker.Result, error) { return nil, err }, true
@@ -285,11 +286,11 @@ func (c *WorkerClient) StartForwardChain(ctx context.Context, next []worker.Work
 		res := make([]worker.Result, 0, len(bs))
 		var failed error
 		for i, call := range calls {
-			err := plane.await(ctx, call) // every answer is read, so the plane stays in step
+			err := dp.Await(ctx, call) // every answer is read, so the plane stays in step
 			if failed != nil {
 				continue
 			}
-			r, err := answerOf(ctx, c.done, m, frames[i].resp.(*kvxpb.Result), err, fromProtoResult)
+			r, err := answerOf(ctx, c.done, m, frames[i].Resp.(*kvxpb.Result), err, fromProtoResult)
 			if err != nil {
 				failed = &pipeline.StageError{Stage: i, Err: err}
 				continue
