@@ -11,17 +11,11 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Data plane versions. Version 2 adds an instance (u16, header bytes 5-6)
-// and flags (byte 7) to request frames; in version 1 those bytes are zero.
-// Version 3 is version 2's frames in shared memory (shmLink), on Linux.
-// Version, the newest this package speaks, is 3 on Linux and 2
-// elsewhere (shm_*.go). A plugin serves every version it speaks; a host
-// asks for the newest when the plugin serves instances (InstancesProtocol),
-// and for 2 when the plugin does not serve 3 (an older plugin, or one on
-// another system).
-
-// servesVersion reports whether this package serves data plane version v.
-func servesVersion(v uint32) bool { return v >= 1 && v <= Version }
+// Data plane versions: one per platform, Version (shm_*.go). Version 2
+// carries the frames on the socket (every system but Linux); version 3
+// carries the same frames in shared memory (shmLink), on Linux. A frame
+// names its instance (u16, header bytes 5-6) and has flags (byte 7). Host
+// and plugin are built for the same system, so they speak the same one.
 
 // MaxMessageBytes bounds the message of one frame, as it bounds one gRPC
 // message of the plugin connection (pluginrpc.MaxMessageBytes).
@@ -74,7 +68,7 @@ func appendResponse(b []byte, resp proto.Message, callErr error) ([]byte, error)
 	return b, nil
 }
 
-// frameFlags are bits of a request frame's byte 7 (data plane version 2).
+// frameFlags are bits of a request frame's byte 7.
 const (
 	// FlagKeep: this Forward's Result.Hidden stays in the plugin for the
 	// next frame instead of crossing back (ForwardChain).
@@ -89,12 +83,8 @@ func (d *Plane) appendRequest(b []byte, ctx context.Context, f Frame) ([]byte, e
 	at := len(b)
 	b = append(b, make([]byte, frameHeader)...)
 	b[at+4] = byte(f.M)
-	if d.instanced {
-		binary.LittleEndian.PutUint16(b[at+5:], f.Inst)
-		b[at+7] = f.Flags
-	} else if f.Inst != 0 || f.Flags != 0 {
-		return b[:at], status.Errorf(codes.Internal, "data plane version 1 carries no instance %d or flags %#x", f.Inst, f.Flags)
-	}
+	binary.LittleEndian.PutUint16(b[at+5:], f.Inst)
+	b[at+7] = f.Flags
 	if dl, ok := ctx.Deadline(); ok {
 		binary.LittleEndian.PutUint64(b[at+8:], uint64(dl.UnixNano()))
 	}

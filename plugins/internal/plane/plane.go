@@ -24,9 +24,8 @@ import (
 // Answers come in the order of the frames; whichever caller is waiting
 // reads them, each into its own call's message.
 type Plane struct {
-	conn      *net.UnixConn
-	pc        *planeConn
-	instanced bool // frames carry instance ids (data plane version 2)
+	conn *net.UnixConn
+	pc   *planeConn
 
 	// wmu is held across a write: frames go out in the order of queue.
 	wmu sync.Mutex
@@ -58,8 +57,8 @@ type Pending struct {
 // Dial connects to the plane a plugin opened and presents its token.
 func Dial(ctx context.Context, dp *kvxpb.DataPlane) (*Plane, error) {
 	v := dp.GetVersion()
-	if dp.GetNetwork() != "unix" || !servesVersion(v) {
-		return nil, fmt.Errorf("data plane %s version %d is not spoken here (unix, 1 to %d)", dp.GetNetwork(), v, Version)
+	if dp.GetNetwork() != "unix" || v != Version {
+		return nil, fmt.Errorf("data plane %s version %d is not spoken here (unix, version %d)", dp.GetNetwork(), v, Version)
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", dp.GetAddress())
@@ -68,7 +67,7 @@ func Dial(ctx context.Context, dp *kvxpb.DataPlane) (*Plane, error) {
 	}
 	conn := c.(*net.UnixConn)
 	var shm *shmLink
-	if v >= 3 {
+	if ShmSupported {
 		shm, err = offerShm(conn, dp.GetToken())
 	} else {
 		_, err = conn.Write(dp.GetToken())
@@ -84,7 +83,6 @@ func Dial(ctx context.Context, dp *kvxpb.DataPlane) (*Plane, error) {
 		}
 		return nil, err
 	}
-	plane.instanced = v >= 2
 	if shm != nil {
 		shm.spin = shmReplySpin
 		plane.pc.shm = shm
@@ -120,10 +118,6 @@ func newPlane(conn *net.UnixConn) (*Plane, error) {
 	pc.spin = replySpin
 	return &Plane{conn: conn, pc: pc}, nil
 }
-
-// Instanced reports whether the plane's frames name instances (data plane
-// version 2 and later): the calls of several instances may share it.
-func (d *Plane) Instanced() bool { return d.instanced }
 
 // SharedMemory reports whether the frames travel in shared memory (data
 // plane version 3).
@@ -386,16 +380,15 @@ func (d *Plane) readAnswer() ([]byte, byte, error) {
 // nil for good and every call goes over gRPC. The instance clients of one
 // plugin process share one Opener, so their calls travel on one plane.
 type Opener struct {
-	mu      sync.Mutex
-	plane   *Plane
-	off     bool
-	version uint32 // the data plane version to ask for
+	mu    sync.Mutex
+	plane *Plane
+	off   bool
 }
 
-// NewOpener returns an opener that asks for data plane version; with off
-// it never opens one.
-func NewOpener(off bool, version uint32) *Opener {
-	return &Opener{off: off, version: version}
+// NewOpener returns an opener of data plane Version; with off it never
+// opens one.
+func NewOpener(off bool) *Opener {
+	return &Opener{off: off}
 }
 
 // Current returns the plane that is open, nil when none is; it opens none.
@@ -403,14 +396,6 @@ func (o *Opener) Current() *Plane {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.plane
-}
-
-// Version returns the data plane version the opener asks for (lowered
-// when the plugin refused the newer one).
-func (o *Opener) Version() uint32 {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.version
 }
 
 // Off reports whether the opener keeps every call on gRPC for good.
@@ -437,19 +422,13 @@ func (o *Opener) Get(open OpenFunc) *Plane {
 	// The stream lives as long as the plane; the open itself is bounded.
 	life, end := context.WithCancel(context.Background())
 	slow := time.AfterFunc(10*time.Second, end)
-	plane, stream, err := openPlane(life, open, o.version)
-	if status.Code(err) == codes.Unimplemented && o.version > 2 {
-		// A plugin from before shared memory, or one built for another
-		// system: frames on the socket, as version 2.
-		o.version = 2
-		plane, stream, err = openPlane(life, open, o.version)
-	}
+	plane, stream, err := openPlane(life, open, Version)
 	if !slow.Stop() || err != nil {
 		end()
 		if plane != nil {
 			plane.Shut(errors.New("data plane open timed out"))
 		}
-		o.off = true // UNIMPLEMENTED from an older plugin, or no socket: stay on gRPC
+		o.off = true // UNIMPLEMENTED (a plugin without a data plane), or no socket: stay on gRPC
 		return nil
 	}
 	o.plane = plane

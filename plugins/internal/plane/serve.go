@@ -60,8 +60,8 @@ func Handle[Req any, PReq interface {
 // gRPC connection like any RPC.
 func Serve(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.DataPlane], routes Route) error {
 	v := req.GetVersion()
-	if !servesVersion(v) {
-		return status.Errorf(codes.Unimplemented, "data plane version %d is not served (this plugin speaks 1 to %d)", v, Version)
+	if v != Version {
+		return status.Errorf(codes.Unimplemented, "data plane version %d is not served (this plugin speaks %d)", v, Version)
 	}
 	// Beside go-plugin's own socket when the host chose a directory for them
 	// (core/host does: a private one); mode 0700 either way.
@@ -91,7 +91,7 @@ func Serve(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "data plane: no connection: %v", err)
 	}
-	pc, err := acceptPlane(c, token, v)
+	pc, err := acceptPlane(c, token)
 	if err != nil {
 		_ = c.Close()
 		return nil // a connection without the token, or a broken one: serve nothing
@@ -99,16 +99,16 @@ func Serve(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.
 	defer pc.close()
 	stopServe := context.AfterFunc(ctx, func() { _ = pc.close() })
 	defer stopServe()
-	serveFrames(ctx, pc, v >= 2, routes)
+	serveFrames(ctx, pc, routes)
 	return nil
 }
 
-// acceptPlane checks the token the host sent on c, and on version 3 maps
-// the memory file that came with it.
-func acceptPlane(c *net.UnixConn, token []byte, v uint32) (*planeConn, error) {
+// acceptPlane checks the token the host sent on c, and with shared memory
+// (version 3) maps the memory file that came with it.
+func acceptPlane(c *net.UnixConn, token []byte) (*planeConn, error) {
 	_ = c.SetReadDeadline(time.Now().Add(acceptWait))
 	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
-	if v < 3 {
+	if !ShmSupported {
 		pc, err := newPlaneConn(c)
 		if err != nil {
 			return nil, err
@@ -139,15 +139,14 @@ func acceptPlane(c *net.UnixConn, token []byte, v uint32) (*planeConn, error) {
 }
 
 // serveFrames answers framed calls on c, one at a time, until c fails or
-// sends something that is not a frame. With instanced frames (version 2)
-// each goes to the instance it names, else to instance 0. An answer is
-// written when no further frame is already read, so the answers to frames
-// that came together go back together. The handlers take the server's gate
+// sends something that is not a frame. Each frame goes to the instance it
+// names. An answer is written when no further frame is already read, so
+// the answers to frames that came together go back together. The handlers take the server's gate
 // themselves, so framed and gRPC calls never overlap. A call that runs past
 // watchAfter is watched: the host closing the plane (it does when the
 // caller's ctx ends mid-call) cancels it, as gRPC would. Shorter calls are
 // not worth a second goroutine.
-func serveFrames(ctx context.Context, pc *planeConn, instanced bool, routes Route) {
+func serveFrames(ctx context.Context, pc *planeConn, routes Route) {
 	var out []byte
 	var ch Chain
 	// A hang-up ends the plane, so it cancels every call at once: a call
@@ -160,11 +159,8 @@ func serveFrames(ctx context.Context, pc *planeConn, instanced bool, routes Rout
 		if err != nil {
 			return
 		}
-		var inst uint16
-		ch.Flags = 0
-		if instanced {
-			inst, ch.Flags = binary.LittleEndian.Uint16(hdr[5:]), hdr[7]
-		}
+		inst, flags := binary.LittleEndian.Uint16(hdr[5:]), hdr[7]
+		ch.Flags = flags
 		if ch.Flags&FlagTake == 0 {
 			ch.Kept, ch.OK = nil, false
 		}

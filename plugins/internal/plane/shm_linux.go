@@ -19,7 +19,7 @@ import (
 // ShmSupported: data plane version 3 (frames in shared memory) is spoken.
 const ShmSupported = true
 
-// Version is the newest data plane version spoken here: frames in shared memory.
+// Version is the data plane version spoken here: frames in shared memory.
 const Version uint32 = 3
 
 // A data plane of version 3 moves its frames through two byte rings in a

@@ -12,7 +12,7 @@ import (
 // ShmSupported: data plane version 3 (frames in shared memory) needs Linux.
 const ShmSupported = false
 
-// Version is the newest data plane version spoken here: frames on the socket.
+// Version is the data plane version spoken here: frames on the socket.
 const Version uint32 = 2
 
 var errNoShm = errors.New("data plane: shared memory needs Linux")

@@ -69,49 +69,16 @@ func TestPerStepCallsUseTheDataPlane(t *testing.T) {
 	}
 }
 
-// v2ManagerServer is a manager server from before shared memory: it
-// serves data plane versions 1 and 2 only.
-type v2ManagerServer struct{ *managerServer }
-
-func (s v2ManagerServer) OpenDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.DataPlane]) error {
-	if req.GetVersion() > 2 {
-		return status.Errorf(codes.Unimplemented, "data plane version %d is not served", req.GetVersion())
-	}
-	return s.managerServer.OpenDataPlane(req, stream)
-}
-
-// TestPluginWithoutSharedMemory: a host that asks for shared memory gets
-// frames on the socket from a plugin that does not speak it.
-func TestPluginWithoutSharedMemory(t *testing.T) {
-	if !plane.ShmSupported {
-		t.Skip("no shared memory here")
-	}
-	f := &fakeManager{grants: fullGrants}
-	p := newPair(t, func(s *grpc.Server) error {
-		kvxpb.RegisterCacheManagerServer(s, v2ManagerServer{&managerServer{impl: f, gate: newGate()}})
-		return nil
-	})
-	t.Cleanup(p.close)
-	m := newManagerFamily(context.Background(), p.conn)
-	if grants, err := m.Reserve(ctx, fullReserveItems); err != nil || !deepEqual(grants, fullGrants) {
-		t.Fatalf("Reserve = %v, %v; want %v", grants, err, fullGrants)
-	}
-	r := m.rpc.(*managerRPC)
-	if r.opener.Current() == nil || r.opener.Version() != 2 || r.opener.Current().SharedMemory() || !r.opener.Current().Instanced() {
-		t.Errorf("opener version %d, plane %v: want an instanced version 2 plane on the socket", r.opener.Version(), r.opener.Current())
-	}
-}
-
-// oldManagerServer is a manager server from before the data plane.
+// oldManagerServer is a manager server without a data plane.
 type oldManagerServer struct{ *managerServer }
 
 func (oldManagerServer) OpenDataPlane(*kvxpb.DataPlaneRequest, grpc.ServerStreamingServer[kvxpb.DataPlane]) error {
 	return status.Error(codes.Unimplemented, "method OpenDataPlane not implemented")
 }
 
-// TestOlderPluginStaysOnGRPC: a plugin without OpenDataPlane is served over
-// gRPC for everything.
-func TestOlderPluginStaysOnGRPC(t *testing.T) {
+// TestPluginWithoutPlaneStaysOnGRPC: a plugin without OpenDataPlane is
+// served over gRPC for everything.
+func TestPluginWithoutPlaneStaysOnGRPC(t *testing.T) {
 	f := &fakeManager{grants: fullGrants}
 	p := newPair(t, func(s *grpc.Server) error {
 		kvxpb.RegisterCacheManagerServer(s, oldManagerServer{&managerServer{impl: f, gate: newGate()}})

@@ -19,17 +19,17 @@ import (
 
 // Instances: one plugin process serves every pipeline stage.
 //
-// Under transport protocol 2 (InstancesProtocol) a plugin process serves
-// any number of instances of its manager or worker, each made by the
-// plugin's factory on first use: the host runs one process per plugin
-// binary instead of one per stage, and the stages' calls of a step reach
-// that process together. A gRPC call names its instance in the metadata key
-// instanceKey (none: instance 0); a data plane frame (version 2) in bytes 5
-// and 6 of its header. Under protocol 1 a process serves one instance.
+// A plugin process serves any number of instances of its manager or
+// worker, each made by the plugin's factory on first use: the host runs one
+// process per plugin binary instead of one per stage, and the stages' calls
+// of a step reach that process together. A gRPC call names its instance in
+// the metadata key instanceKey (none: instance 0); a data plane frame in
+// bytes 5 and 6 of its header.
 
-// InstancesProtocol is the go-plugin protocol version under which a plugin
-// process serves several instances. Both versions carry contract v1
-// (kvcache.ProtocolVersion); 2 adds instances and data plane version 2.
+// InstancesProtocol is the go-plugin protocol version of every kvx plugin:
+// a process serves several instances. It carries contract v1
+// (kvcache.ProtocolVersion). It is the only one: nothing that served one
+// instance per process was released.
 const InstancesProtocol = 2
 
 // MaxInstances bounds the instances one plugin process serves.

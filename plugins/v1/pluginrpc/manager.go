@@ -23,8 +23,7 @@ import (
 type ManagerClient struct {
 	rpc  kvxpb.CacheManagerClient
 	done <-chan struct{}
-	// fam is shared by the instances of one plugin process; nil when the
-	// process serves one instance (protocol 1).
+	// fam is shared by the instances of one plugin process.
 	fam  *family
 	opts []ClientOption
 }
@@ -39,20 +38,12 @@ var _ kvcache.Suspender = (*ManagerClient)(nil)
 var _ pipeline.StepEnder = (*ManagerClient)(nil)
 var _ pipeline.StepStarter = (*ManagerClient)(nil)
 
-// NewManagerClient returns a client on cc. lifetime ends when the plugin is
-// gone (go-plugin's GRPCClient ctx); after that every call fails at once
-// with KindUnavailable. A lifetime that never ends (context.Background) is
-// fine.
+// NewManagerClient returns a client of instance 0 of the plugin process on
+// cc; NewInstance makes the others. lifetime ends when the plugin is gone
+// (go-plugin's GRPCClient ctx); after that every call fails at once with
+// KindUnavailable. A lifetime that never ends (context.Background) is fine.
 func NewManagerClient(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *ManagerClient {
-	opener := plane.NewOpener(clientOpts(opts).grpcOnly, 1)
-	rpc := &managerRPC{CacheManagerClient: kvxpb.NewCacheManagerClient(cc), opener: opener}
-	return &ManagerClient{rpc: rpc, done: lifetime.Done(), opts: opts}
-}
-
-// newManagerFamily returns instance 0 of a plugin process that serves
-// instances (InstancesProtocol); NewInstance makes the others.
-func newManagerFamily(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *ManagerClient {
-	fam := &family{cc: cc, opener: plane.NewOpener(clientOpts(opts).grpcOnly, plane.Version)}
+	fam := &family{cc: cc, opener: plane.NewOpener(clientOpts(opts).grpcOnly)}
 	c, _ := newManagerInstance(lifetime.Done(), fam, opts)
 	return c
 }
@@ -70,19 +61,15 @@ func newManagerInstance(done <-chan struct{}, fam *family, opts []ClientOption) 
 // process, made by the plugin's factory: a fresh manager, to be configured
 // like any other. The instances of a process share its data plane, so the
 // calls of several instances made together reach it together (one wake-up
-// for all the pipeline stages). It fails with ErrUnsupported when the
-// process serves one instance (an older plugin: launch another process),
-// and past MaxInstances.
+// for all the pipeline stages). It fails past MaxInstances. The process
+// must serve instances (ServedPlugins; RegisterManagerServer serves one).
 func (c *ManagerClient) NewInstance() (*ManagerClient, error) {
-	if c.fam == nil {
-		return nil, kvcache.Errorf(kvcache.KindUnsupported, "kvx plugin: this plugin process serves one instance (transport protocol 1)")
-	}
 	return newManagerInstance(c.done, c.fam, c.opts)
 }
 
 // SharesProcess reports whether c and o are instances of one plugin process.
 func (c *ManagerClient) SharesProcess(o *ManagerClient) bool {
-	return c.fam != nil && c.fam == o.fam
+	return c.fam == o.fam
 }
 
 // Done is closed when the plugin process has exited (never, for clients
@@ -551,17 +538,9 @@ func startCall[Resp any, PResp interface {
 		}
 	}
 	out := PResp(new(Resp))
-	var finish func() error
-	if dp.Instanced() {
-		call := dp.Cork(ctx, r.inst, m, in, out)
-		finish = func() error { return dp.Finish(call) }
-	} else if calls, err := dp.Send(ctx, []plane.Frame{{Inst: r.inst, M: m, Req: in, Resp: out}}); err != nil {
-		finish = func() error { return err }
-	} else {
-		finish = func() error { return dp.Await(ctx, calls[0]) }
-	}
+	call := dp.Cork(ctx, r.inst, m, in, out)
 	return func() (PResp, error) {
-		if err := finish(); err != nil {
+		if err := dp.Finish(call); err != nil {
 			return nil, err
 		}
 		return out, nil

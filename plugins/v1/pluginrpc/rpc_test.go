@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
@@ -338,20 +339,29 @@ func TestUnservedServiceIsUnsupported(t *testing.T) {
 	}
 }
 
-// TestVersionedPlugins checks the plugin set the host and the SDK share.
-func TestVersionedPlugins(t *testing.T) {
-	vp := VersionedPlugins(nil, nil)
-	set, ok := vp[1]
-	if !ok || len(vp) != 1 {
-		t.Fatalf("VersionedPlugins versions = %v, want exactly [1]", vp)
+// TestPluginSets checks the plugin sets the host and the SDK share: one
+// protocol, InstancesProtocol, in the handshake too, with both kinds.
+func TestPluginSets(t *testing.T) {
+	served := ServedPlugins(func() kvcache.Manager { return &fakeManager{} }, nil)
+	for name, vp := range map[string]map[int]plugin.PluginSet{"ServedPlugins": served, "HostPlugins": HostPlugins()} {
+		set, ok := vp[InstancesProtocol]
+		if !ok || len(vp) != 1 {
+			t.Fatalf("%s versions = %v, want exactly [%d]", name, vp, InstancesProtocol)
+		}
+		if _, ok := set[ManagerPluginName].(*ManagerPlugin); !ok {
+			t.Errorf("%s: plugin %q is %T, want *ManagerPlugin", name, ManagerPluginName, set[ManagerPluginName])
+		}
+		if _, ok := set[WorkerPluginName].(*WorkerPlugin); !ok {
+			t.Errorf("%s: plugin %q is %T, want *WorkerPlugin", name, WorkerPluginName, set[WorkerPluginName])
+		}
 	}
-	if _, ok := set[ManagerPluginName].(*ManagerPlugin); !ok {
-		t.Errorf("plugin %q is %T, want *ManagerPlugin", ManagerPluginName, set[ManagerPluginName])
+	if p := served[InstancesProtocol][ManagerPluginName].(*ManagerPlugin); p.New == nil {
+		t.Error("ServedPlugins with a manager factory serves no manager instances")
 	}
-	if _, ok := set[WorkerPluginName].(*WorkerPlugin); !ok {
-		t.Errorf("plugin %q is %T, want *WorkerPlugin", WorkerPluginName, set[WorkerPluginName])
+	if p := served[InstancesProtocol][WorkerPluginName].(*WorkerPlugin); p.New != nil || p.Impl != nil {
+		t.Error("ServedPlugins without a worker factory serves a worker")
 	}
-	if Handshake.MagicCookieKey != "KVX_PLUGIN" || Handshake.MagicCookieValue == "" || Handshake.ProtocolVersion != 1 {
+	if Handshake.MagicCookieKey != "KVX_PLUGIN" || Handshake.MagicCookieValue == "" || Handshake.ProtocolVersion != InstancesProtocol {
 		t.Errorf("Handshake = %+v", Handshake)
 	}
 }

@@ -61,8 +61,8 @@ func fullFake() *fakeManager {
 
 // TestStartedCallsOverWire: every started call reaches the plugin with its
 // arguments and its wait returns what the plain call returns, on a data
-// plane of one instance (written at once) and, in TestOverGRPCOnly, over
-// gRPC (a goroutine per call).
+// plane (corked, written by the wait) and, in TestOverGRPCOnly, over gRPC
+// (a goroutine per call).
 func TestStartedCallsOverWire(t *testing.T) {
 	f := fullFake()
 	m, _ := managerPair(t, f)

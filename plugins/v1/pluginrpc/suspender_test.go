@@ -67,5 +67,5 @@ func managerClient(t *testing.T, m kvcache.Manager, opts []ClientOption) *Manage
 		return (&ManagerPlugin{New: func() kvcache.Manager { return m }}).GRPCServer(nil, s)
 	})
 	t.Cleanup(p.close)
-	return newManagerFamily(context.Background(), p.conn, opts...)
+	return NewManagerClient(context.Background(), p.conn, opts...)
 }

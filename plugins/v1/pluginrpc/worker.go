@@ -24,16 +24,10 @@ type WorkerClient struct {
 
 var _ worker.Worker = (*WorkerClient)(nil)
 
-// NewWorkerClient returns a client on cc; see NewManagerClient for lifetime.
+// NewWorkerClient returns a client of instance 0 of the plugin process on
+// cc; see NewManagerClient.
 func NewWorkerClient(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *WorkerClient {
-	opener := plane.NewOpener(clientOpts(opts).grpcOnly, 1)
-	rpc := &workerRPC{WorkerClient: kvxpb.NewWorkerClient(cc), opener: opener}
-	return &WorkerClient{rpc: rpc, done: lifetime.Done(), opts: opts}
-}
-
-// newWorkerFamily: see newManagerFamily.
-func newWorkerFamily(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *WorkerClient {
-	fam := &family{cc: cc, opener: plane.NewOpener(clientOpts(opts).grpcOnly, plane.Version)}
+	fam := &family{cc: cc, opener: plane.NewOpener(clientOpts(opts).grpcOnly)}
 	c, _ := newWorkerInstance(lifetime.Done(), fam, opts)
 	return c
 }
@@ -50,15 +44,12 @@ func newWorkerInstance(done <-chan struct{}, fam *family, opts []ClientOption) (
 // NewInstance returns a client of a further worker in the same plugin
 // process; see ManagerClient.NewInstance.
 func (c *WorkerClient) NewInstance() (*WorkerClient, error) {
-	if c.fam == nil {
-		return nil, kvcache.Errorf(kvcache.KindUnsupported, "kvx plugin: this plugin process serves one instance (transport protocol 1)")
-	}
 	return newWorkerInstance(c.done, c.fam, c.opts)
 }
 
 // SharesProcess reports whether c and o are instances of one plugin process.
 func (c *WorkerClient) SharesProcess(o *WorkerClient) bool {
-	return c.fam != nil && c.fam == o.fam
+	return c.fam == o.fam
 }
 
 // Done is closed when the plugin process has exited (never, for clients
@@ -262,7 +253,7 @@ func (c *WorkerClient) StartForwardChain(ctx context.Context, next []worker.Work
 		rpcs = append(rpcs, r)
 	}
 	dp := rpcs[0].plane(ctx)
-	if dp == nil || !dp.Instanced() {
+	if dp == nil {
 		return nil, false
 	}
 	frames := make([]plane.Frame, len(bs))

@@ -22,11 +22,9 @@ import (
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/go-plugin"
 
 	"github.com/kvx-dev/kvx/plugins/sdk"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
-	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
@@ -120,15 +118,6 @@ func main() {
 		hclog.Default().Info("fake manager starting", "pid", os.Getpid(), "instance", made)
 		made++
 		return manager{instance: made - 1}
-	}
-	if os.Getenv("FAKEPLUGIN_ONE_INSTANCE") != "" {
-		plugin.Serve(&plugin.ServeConfig{
-			HandshakeConfig:  pluginrpc.Handshake,
-			VersionedPlugins: pluginrpc.VersionedPlugins(newManager(), nil),
-			GRPCServer:       pluginrpc.NewGRPCServer,
-			Logger:           sdk.DefaultLogger(),
-		})
-		return
 	}
 	sdk.ServeCacheManager(newManager)
 }
