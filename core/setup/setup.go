@@ -261,8 +261,7 @@ func Workload(cfg *config.Config, vocab int) (workload.Workload, error) {
 // Launcher starts each stage's manager and worker, as plugin processes
 // (isolation: plugin) or in this process (isolation: inprocess). With
 // plugins, one process per plugin binary serves every stage (an instance
-// each) when the plugin serves instances; an older plugin gets a process
-// per stage.
+// each).
 type Launcher struct {
 	cfg  *config.Config
 	reg  Registry

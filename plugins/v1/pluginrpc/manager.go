@@ -510,10 +510,9 @@ func (g gate) leave() { <-g }
 var _ pipeline.CallStarter = (*ManagerClient)(nil)
 var _ pipeline.SuspendStarter = (*ManagerClient)(nil)
 
-// startCall starts call m with request in. On a data plane that serves
-// several instances it is corked, so the calls the stages start together
-// share one write, sent by the first wait; on a plane of one instance it
-// is written now; without a plane the gRPC call runs on a goroutine of its
+// startCall starts call m with request in. On a data plane it is corked,
+// so the calls the stages start together share one write, sent by the
+// first wait; without a plane the gRPC call runs on a goroutine of its
 // own. wait returns the answer, or a status error.
 func startCall[Resp any, PResp interface {
 	*Resp

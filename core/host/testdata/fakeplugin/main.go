@@ -3,9 +3,6 @@
 // manager. Environment (for tests):
 //
 //	FAKEPLUGIN_PROTOCOLS     comma-separated protocols Info reports (default "1")
-//	FAKEPLUGIN_ONE_INSTANCE  set: serve transport protocol 1 only, one
-//	                         instance per process, as plugins built before
-//	                         instances do
 //
 // Lookup, and Forward of Step 7, block until their ctx ends, so tests can
 // kill the process in the middle of a call. Stats reports the plugin's pid as
