@@ -642,16 +642,6 @@ func (m *Manager) drop(s *sequence) {
 	m.spare = append(m.spare, s)
 }
 
-// Suspend is unsupported: V1 has no host tier (pause = Release + recompute).
-func (m *Manager) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
-	return nil, nil, kvcache.Errorf(kvcache.KindUnsupported, "%s: Suspend: no host tier; pause by Release and recompute", Name)
-}
-
-// Resume is unsupported: V1 has no host tier.
-func (m *Manager) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
-	return nil, nil, kvcache.Errorf(kvcache.KindUnsupported, "%s: Resume: no host tier", Name)
-}
-
 // Release frees finished or preempted sequences, with or without an
 // outstanding reservation; registered prompt blocks stay cached for reuse.
 // Unknown sequences are reported in one item-scoped error after the others

@@ -11,7 +11,10 @@ import (
 // Version is the manager's version, reported by Info.
 const Version = "0.1.0"
 
-var _ kvcache.Manager = (*Manager)(nil)
+var (
+	_ kvcache.Manager   = (*Manager)(nil)
+	_ kvcache.Suspender = (*Manager)(nil) // the host tier
+)
 
 // Manager is a TensorRT-LLM "KV cache manager V2" style cache manager for one
 // pipeline stage: pool groups by life cycle, a device and a host tier with

@@ -6,7 +6,7 @@ import (
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
-// Suspend implements kvcache.Manager. Only a sequence's private blocks move
+// Suspend implements kvcache.Suspender. Only a sequence's private blocks move
 // to the host tier (Copies device -> host, in Layout pool ids), and what the
 // Hooks move of their own (CanSuspend, Suspended); its shared
 // blocks (pages of tree nodes: reused or registered prompt blocks) stay on
@@ -88,7 +88,7 @@ func (c *Core) hostFits(s *Seq) bool {
 	return true
 }
 
-// Resume implements kvcache.Manager: it allocates device blocks for a
+// Resume implements kvcache.Suspender: it allocates device blocks for a
 // suspended sequence's moved blocks (evicting cached unpinned blocks when
 // needed), and the Hooks bring their own state back (CanResume, Resumed);
 // it returns Copies host -> device; false when they do not fit yet (nothing

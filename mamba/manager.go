@@ -19,7 +19,10 @@ const (
 // NoBlock marks an absent block or slot.
 const NoBlock = cachemgrv2.NoBlock
 
-var _ kvcache.Manager = (*Manager)(nil)
+var (
+	_ kvcache.Manager   = (*Manager)(nil)
+	_ kvcache.Suspender = (*Manager)(nil) // the host tier
+)
 
 var _ cachemgrv2.Hooks = (*life)(nil)
 

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 )
 
 // admission is the scheduler's view of capacity: every call fans out to all
@@ -49,7 +50,7 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 		}
 		answers := make([][]int, len(e.stages))
 		err := e.eachManager(func(st *stage) func() error {
-			wait := kvcache.StartLookup(a.ctx, st.m, items)
+			wait := pipeline.StartLookup(a.ctx, st.m, items)
 			return func() error { return lookupAnswer(st, wait, items, answers) }
 		})
 		if err != nil {
@@ -114,7 +115,7 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 	}
 	grants := make([][]kvcache.Grant, len(e.stages))
 	err := e.eachManager(func(st *stage) func() error {
-		wait := kvcache.StartReserve(a.ctx, st.m, asks)
+		wait := pipeline.StartReserve(a.ctx, st.m, asks)
 		return func() error {
 			g, err := wait()
 			if err == nil && len(g) != len(asks) {
@@ -186,7 +187,7 @@ func (a admission) undo(grants [][]kvcache.Grant, asks []kvcache.ReserveItem, ok
 		if len(seqs) == 0 {
 			return noCall
 		}
-		wait := kvcache.StartUnreserve(a.ctx, st.m, seqs)
+		wait := pipeline.StartUnreserve(a.ctx, st.m, seqs)
 		return func() error {
 			if err := wait(); err != nil {
 				return stageErr(st.idx, "unreserve", err)
@@ -229,16 +230,17 @@ func (a admission) move(ids []kvcache.SeqID, suspend bool) []bool {
 	if e.err != nil || len(ids) == 0 {
 		return ok
 	}
-	start := func(m kvcache.Manager, to bool, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
+	// The scheduler suspends only when every stage has a Suspender (sp).
+	start := func(sp kvcache.Suspender, to bool, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
 		if to {
-			return kvcache.StartSuspend(a.ctx, m, seqs)
+			return pipeline.StartSuspend(a.ctx, sp, seqs)
 		}
-		return kvcache.StartResume(a.ctx, m, seqs)
+		return pipeline.StartResume(a.ctx, sp, seqs)
 	}
 	moved := make([][]bool, len(e.stages))
 	copies := make([][]kvcache.Copy, len(e.stages)) // after the last end of step's
 	err := e.eachManager(func(st *stage) func() error {
-		wait := start(st.m, suspend, ids)
+		wait := start(st.sp, suspend, ids)
 		return func() error {
 			res, c, err := wait()
 			if err != nil && len(itemSeqs(err)) == 0 {
@@ -274,7 +276,7 @@ func (a admission) move(ids []kvcache.SeqID, suspend bool) []bool {
 		if len(back) == 0 {
 			return noCall
 		}
-		wait := start(st.m, !suspend, back)
+		wait := start(st.sp, !suspend, back)
 		return func() error {
 			res, copies, err := wait()
 			st.copies = append(st.copies, copies...)

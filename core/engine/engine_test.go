@@ -272,6 +272,58 @@ func TestSuspendToHostTier(t *testing.T) {
 	}
 }
 
+// unsuspendable hides the kvcache.Suspender of the manager it wraps; its
+// Info still says HostTier and its layout has host pools.
+type unsuspendable struct{ kvcache.Manager }
+
+// TestManagerWithoutSuspenderRecomputes: a manager that is no
+// kvcache.Suspender is never asked to suspend, even with a host tier in its
+// layout and HostTier in its Info: a preempted request is released and
+// recomputed, as without a host tier. The same holds over gRPC, where the
+// client always has Suspend: the run matches the in-process one exactly,
+// and a Suspender served over gRPC suspends as it does in-process.
+func TestManagerWithoutSuspenderRecomputes(t *testing.T) {
+	wl := genWorkload(t, 40, 0)
+	ts := testSpec{pp: 2, draft: 1, policy: sched.MaxUtilization, cacheTokens: 2700, reqs: wl, maxSeqLen: 2048}
+	run := func(wrap, plugin bool) report.Report {
+		s := buildSpec(t, ts)
+		for i := range s.Managers {
+			s.Managers[i].HostBytes = 4 * s.Managers[i].DeviceBytes
+		}
+		return runSpec(t, s, inproc{
+			manager: func() kvcache.Manager {
+				var m kvcache.Manager = cachemgrv2.New()
+				if wrap {
+					m = unsuspendable{m}
+				}
+				if plugin {
+					m = pluginrpc.TestManagerPair(t, m)
+				}
+				return m
+			},
+			worker: func() worker.Worker { return device.NewWorker(dsa.Backend) },
+		})
+	}
+	plain := runSpec(t, buildSpec(t, ts), inproc{
+		manager: func() kvcache.Manager { return cachemgrv2.New() },
+		worker:  func() worker.Worker { return device.NewWorker(dsa.Backend) },
+	})
+	for _, plugin := range []bool{false, true} {
+		none, host := run(true, plugin), run(false, plugin)
+		if none.Requests.Suspensions != 0 || none.Requests.Preemptions != plain.Requests.Preemptions ||
+			none.Tokens.Recomputed != plain.Tokens.Recomputed || none.Outputs.Digest != plain.Outputs.Digest {
+			t.Errorf("plugin %v: without a Suspender: %d suspensions, %d preemptions, %d recomputed, digest %s; "+
+				"want none suspended and the run without a host tier (%d preemptions, %d recomputed, digest %s)",
+				plugin, none.Requests.Suspensions, none.Requests.Preemptions, none.Tokens.Recomputed, none.Outputs.Digest,
+				plain.Requests.Preemptions, plain.Tokens.Recomputed, plain.Outputs.Digest)
+		}
+		if host.Requests.Suspensions == 0 || host.Outputs.Digest != plain.Outputs.Digest {
+			t.Errorf("plugin %v: a Suspender with a host tier: %d suspensions, digest %s; want suspensions, digest %s",
+				plugin, host.Requests.Suspensions, host.Outputs.Digest, plain.Outputs.Digest)
+		}
+	}
+}
+
 // TestSuspendWithReuseUnderPressure: with block reuse on, a suspended
 // sequence keeps its registered prompt blocks pinned on the device. In a
 // cache that holds two requests this once rejected a request "in an empty

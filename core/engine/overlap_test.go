@@ -16,11 +16,12 @@ import (
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
 // deferredWorker runs a forward only when the engine waits for it, the way
-// a worker process runs while the engine goes on (worker.ChainStarter). It
+// a worker process runs while the engine goes on (pipeline.ChainStarter). It
 // keeps its own copy of the batches from the start, and the wait fails when
 // the engine changed the batches in between.
 type deferredWorker struct{ worker.Worker }
@@ -39,9 +40,9 @@ func (w deferredWorker) StartForwardChain(ctx context.Context, next []worker.Wor
 	kept := cloneBatches(bs)
 	return func() ([]worker.Result, error) {
 		if !reflect.DeepEqual(kept, bs) {
-			return nil, &worker.StageError{Stage: 0, Err: errBatchChanged}
+			return nil, &pipeline.StageError{Stage: 0, Err: errBatchChanged}
 		}
-		return worker.ForwardStages(ctx, ws, kept)
+		return pipeline.ForwardStages(ctx, ws, kept)
 	}, true
 }
 

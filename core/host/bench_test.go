@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
@@ -97,7 +98,7 @@ func BenchmarkEmptyCallProcess(b *testing.B) {
 // calls the executor makes per stage per step, at 16 running requests (seed
 // A's batch) and 256, over gRPC alone and with the data plane. Compare with
 // pluginrpc's BenchmarkStepGRPC/inprocess. The started variant ends each
-// step as the engine does (kvcache.StartEndStep): on the data plane the
+// step as the engine does (pipeline.StartEndStep): on the data plane the
 // commit goes to the plugin with the next step's Reserve.
 func BenchmarkStepProcess(b *testing.B) {
 	for _, n := range []int{16, 256} {
@@ -136,7 +137,7 @@ func stepProcess(b *testing.B, n int, grpcOnly, started bool) {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
-	var wait func() (kvcache.EndStepResult, error)
+	var wait func() (pipeline.EndStepResult, error)
 	for b.Loop() {
 		if _, err := m.Reserve(ctx, reserve); err != nil {
 			b.Fatal(err)
@@ -150,7 +151,7 @@ func stepProcess(b *testing.B, n int, grpcOnly, started bool) {
 			b.Fatalf("Forward = %d outputs, %v", len(res.Outputs), err)
 		}
 		if started {
-			wait = kvcache.StartEndStep(ctx, m, kvcache.EndStepRequest{Commits: commit})
+			wait = pipeline.StartEndStep(ctx, m, pipeline.EndStepRequest{Commits: commit})
 			continue
 		}
 		if _, err := m.Commit(ctx, commit); err != nil {
@@ -166,9 +167,9 @@ func stepProcess(b *testing.B, n int, grpcOnly, started bool) {
 
 // BenchmarkPipelineStepProcess: one step of a 2-stage pipeline at 16
 // requests, as the engine makes it: on each stage the end of the last step
-// (started, kvcache.StartEndStep) and this step's Reserve, started on both
-// stages before either is waited for (kvcache.StartReserve), then the
-// forward over both stages (worker.StartForwardStages). "shared" runs one
+// (started, pipeline.StartEndStep) and this step's Reserve, started on both
+// stages before either is waited for (pipeline.StartReserve), then the
+// forward over both stages (pipeline.StartForwardStages). "shared" runs one
 // process per plugin binary, an instance per stage, with the chained
 // forward; "per-stage" runs a process per stage and binary, as before
 // instances. "shared-overlap" waits for each forward only after the next
@@ -227,7 +228,7 @@ func pipelineStepProcess(b *testing.B, n int, shared, overlap bool) {
 	for s := range bs {
 		bs[s] = worker.Batch{Step: 1, Items: items}
 	}
-	waits := make([]func() (kvcache.EndStepResult, error), stages)
+	waits := make([]func() (pipeline.EndStepResult, error), stages)
 	reserves := make([]func() ([]kvcache.Grant, error), stages)
 	var forward func() ([]worker.Result, error) // started, not yet waited for
 	check := func() {
@@ -240,7 +241,7 @@ func pipelineStepProcess(b *testing.B, n int, shared, overlap bool) {
 	b.ReportAllocs()
 	for b.Loop() {
 		for s := range stages {
-			reserves[s] = kvcache.StartReserve(ctx, ms[s], reserve)
+			reserves[s] = pipeline.StartReserve(ctx, ms[s], reserve)
 		}
 		for s := range stages {
 			if _, err := reserves[s](); err != nil {
@@ -255,12 +256,12 @@ func pipelineStepProcess(b *testing.B, n int, shared, overlap bool) {
 		if forward != nil {
 			check() // the last step's, which ran beside this manager phase
 		}
-		forward = worker.StartForwardStages(ctx, ws, bs)
+		forward = pipeline.StartForwardStages(ctx, ws, bs)
 		if !overlap {
 			check()
 		}
 		for s := range stages {
-			waits[s] = kvcache.StartEndStep(ctx, ms[s], kvcache.EndStepRequest{Commits: commit})
+			waits[s] = pipeline.StartEndStep(ctx, ms[s], pipeline.EndStepRequest{Commits: commit})
 		}
 	}
 	if forward != nil {

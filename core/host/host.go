@@ -4,11 +4,10 @@
 //
 // Life cycle: New, then LaunchManager / LaunchWorker; each launch starts
 // the binary with go-plugin (gRPC only), asks Info, checks that the plugin
-// speaks contract protocol 1 and logs what was negotiated. A process that
-// serves instances (transport protocol 2, pluginrpc.InstancesProtocol)
-// gives the further pipeline stages theirs through ManagerInstance /
-// WorkerInstance, so one process per plugin binary serves every stage; an
-// older plugin refuses, and the caller launches a process per stage. Close
+// speaks contract protocol 1 and logs what was negotiated. A process serves
+// instances (pluginrpc.InstancesProtocol): it gives the further pipeline
+// stages theirs through ManagerInstance / WorkerInstance, so one process
+// per plugin binary serves every stage. Close
 // kills every child. A plugin that dies is reported by its Process (Done,
 // Exited) and by its clients, whose calls then fail with
 // kvcache.KindUnavailable; restarting it is the caller's policy.
@@ -281,8 +280,7 @@ func (h *Host) LaunchWorker(ctx context.Context, path string) (worker.Worker, *P
 // behind of (a client LaunchManager returned): one process serves every
 // pipeline stage (pluginrpc.InstancesProtocol). The instance is checked as
 // a launch is (Info, protocol). It fails with kvcache.KindUnsupported when
-// proc serves one instance (a plugin built before instances): launch
-// another process then.
+// of is not a plugin client.
 func (h *Host) ManagerInstance(ctx context.Context, of kvcache.Manager, proc *Process) (kvcache.Manager, error) {
 	first, ok := of.(*pluginrpc.ManagerClient)
 	if !ok {
@@ -576,10 +574,17 @@ func (h *Host) probe(f *Found) {
 	f.Kind, f.Worker, f.Err = pluginrpc.WorkerPluginName, &winfo, checkProtocols(winfo.Protocols)
 }
 
-// closingManager is a plugin client that stops its process on Close.
+// closingManager is a plugin client that stops its process on Close. It
+// keeps the client's kvcache.Suspender.
 type closingManager struct {
-	kvcache.Manager
+	suspendingManager
 	proc *Process
+}
+
+// suspendingManager is what a manager plugin client implements.
+type suspendingManager interface {
+	kvcache.Manager
+	kvcache.Suspender
 }
 
 func (m closingManager) Close() error { m.proc.Kill(); return nil }
@@ -602,7 +607,7 @@ func (h *Host) ManagerFactory(ctx context.Context, path string, onErr func(error
 			onErr(err)
 			return nil
 		}
-		return closingManager{m, proc}
+		return closingManager{m.(*pluginrpc.ManagerClient), proc}
 	}
 }
 

@@ -455,9 +455,7 @@ func TestPluginThreads(t *testing.T) {
 
 // TestInstancesShareAProcess: one plugin process serves several managers,
 // each made by the plugin's factory; their calls, concurrent or not, reach
-// their own instance, and all of them go when the process does. A plugin
-// that serves one instance per process (built before instances) refuses
-// with KindUnsupported, and its host launches another process instead.
+// their own instance, and all of them go when the process does.
 func TestInstancesShareAProcess(t *testing.T) {
 	h, _ := newHost(t)
 	t.Cleanup(h.Close)
@@ -499,17 +497,5 @@ func TestInstancesShareAProcess(t *testing.T) {
 	for i, m := range ms {
 		_, err := m.Stats(ctx)
 		wantUnavailable(t, fmt.Sprintf("instance %d after the process was killed", i), err)
-	}
-
-	t.Setenv("FAKEPLUGIN_ONE_INSTANCE", "1")
-	old, oldProc, err := h.LaunchManager(ctx, fakeManager)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := h.ManagerInstance(ctx, old, oldProc); kvcache.KindOf(err) != kvcache.KindUnsupported {
-		t.Errorf("ManagerInstance of a one-instance plugin: %v, want kind %v", err, kvcache.KindUnsupported)
-	}
-	if _, err := old.Stats(ctx); err != nil {
-		t.Errorf("the one-instance plugin after the refusal: %v", err)
 	}
 }

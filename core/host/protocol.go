@@ -36,7 +36,7 @@ func startError(err error, versions map[int]plugin.PluginSet) error {
 // theirs, which is not among the versions this kvx speaks.
 func protocolMismatch(theirs int, versions map[int]plugin.PluginSet) error {
 	ours := slices.Sorted(maps.Keys(versions))
-	return fmt.Errorf("the plugin speaks protocol %d, kvx speaks %s (each carries contract v%d); rebuild the plugin against this kvx's plugins/sdk: %w",
+	return fmt.Errorf("the plugin speaks protocol %d, kvx speaks %s (carrying contract v%d); rebuild the plugin against this kvx's plugins/sdk: %w",
 		theirs, speaks(ours), kvcache.ProtocolVersion, ErrProtocol)
 }
 

@@ -29,7 +29,7 @@ func TestUnknownTransportProtocol(t *testing.T) {
 	for _, want := range []string{
 		fakeManager,
 		"the plugin speaks protocol 9",
-		fmt.Sprintf("kvx speaks protocols %d and %d", kvcache.ProtocolVersion, pluginrpc.InstancesProtocol),
+		fmt.Sprintf("kvx speaks protocol %d (carrying contract v%d)", pluginrpc.InstancesProtocol, kvcache.ProtocolVersion),
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not contain %q", err, want)

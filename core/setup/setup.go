@@ -261,8 +261,7 @@ func Workload(cfg *config.Config, vocab int) (workload.Workload, error) {
 // Launcher starts each stage's manager and worker, as plugin processes
 // (isolation: plugin) or in this process (isolation: inprocess). With
 // plugins, one process per plugin binary serves every stage (an instance
-// each) when the plugin serves instances; an older plugin gets a process
-// per stage.
+// each).
 type Launcher struct {
 	cfg  *config.Config
 	reg  Registry
@@ -338,21 +337,18 @@ func (l *Launcher) Worker(ctx context.Context, stage int) (worker.Worker, error)
 }
 
 // launchShared returns a further instance of the live process that serves
-// the plugin binary at path, or launches it. A process that serves one
-// instance (an older plugin) refuses, and a process of its own is launched.
+// the plugin binary at path, or launches it.
 func launchShared[C any](ctx context.Context, l *Launcher, path string,
 	instance func(context.Context, C, *host.Process) (C, error),
 	launch func(context.Context, string) (C, *host.Process, error)) (C, error) {
 	if sh, ok := l.sharedProc(path); ok {
 		c, err := instance(ctx, sh.first.(C), sh.proc)
-		if err == nil {
-			l.track(c, sh.proc)
-			return c, nil
-		}
-		if kvcache.KindOf(err) != kvcache.KindUnsupported {
+		if err != nil {
 			var none C
 			return none, err
 		}
+		l.track(c, sh.proc)
+		return c, nil
 	}
 	c, proc, err := launch(ctx, path)
 	if err != nil {

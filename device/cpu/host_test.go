@@ -38,9 +38,9 @@ func TestSuspendResume(t *testing.T) {
 					return
 				}
 				for s, mg := range r.mgrs {
-					call = mg.Suspend
+					call = mg.(kvcache.Suspender).Suspend
 					if !victim.paused {
-						call = mg.Resume
+						call = mg.(kvcache.Suspender).Resume
 					}
 					ok, copies, err := call(ctx, []kvcache.SeqID{victim.seq})
 					if errors.Is(err, kvcache.ErrUnsupported) {

@@ -18,6 +18,9 @@ import (
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
+// cachemgr_v2 has a host tier: the suite's suspend checks run for it.
+var _ kvcache.Suspender = (*cachemgrv2.Manager)(nil)
+
 // managers are the repo's cache managers, each with the options it is run
 // under.
 var managers = []struct {

@@ -92,7 +92,8 @@ func runManagerCheck(ctx context.Context, factory func() kvcache.Manager, opts M
 		if m == nil {
 			panic(failure{&Violation{Call: "factory()", Got: "nil", Want: "a kvcache.Manager"}})
 		}
-		c.run(&mh{ctx: ctx, m: m, o: opts, check: c.name})
+		sp, _ := m.(kvcache.Suspender)
+		c.run(&mh{ctx: ctx, m: m, sp: sp, o: opts, check: c.name})
 	})
 }
 
@@ -100,7 +101,8 @@ func runManagerCheck(ctx context.Context, factory func() kvcache.Manager, opts M
 type mh struct {
 	ctx   context.Context
 	m     kvcache.Manager
-	o     ManagerOptions // defaults filled in by setup
+	sp    kvcache.Suspender // m, when it implements one; nil: no suspend checks
+	o     ManagerOptions    // defaults filled in by setup
 	check string
 
 	info   kvcache.Info

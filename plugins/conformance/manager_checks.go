@@ -30,7 +30,7 @@ var managerChecks = []check[*mh]{
 	{"Reuse", "with block reuse: committed prompt blocks stay cached after Release; Lookup finds them; Reserve{New, Reuse} starts at history = Reuse on the same blocks, shared (RefCount 2); ReusedTokens counts them", checkReuse},
 	{"UnreserveEviction", "with block reuse: Unreserve after a Reserve that evicted cached blocks restores every sequence exactly and the blocks in use; the evicted blocks are free or cached again, and Lookup never finds more than before", checkUnreserveEviction},
 	{"Hold", "Hold keeps capacity until Release, whatever Commit does", checkHold},
-	{"SuspendResume", "Suspend and Resume fail with ErrUnsupported without HostTier; with it they round-trip a sequence through the host tier with Copies", checkSuspendResume},
+	{"SuspendResume", "Info says HostTier only for a kvcache.Suspender; a Suspender's Suspend and Resume fail with ErrUnsupported without HostTier, with it they round-trip a sequence through the host tier with Copies", checkSuspendResume},
 	{"Ownership", "slices passed in are not retained (the caller reuses its buffers); slices returned are the caller's (scribbling on them changes nothing)", checkOwnership},
 	{"Stats", "Stats counters are non-negative, count since Configure, and agree with Inspect", checkStats},
 	{"EmptyCalls", "batch calls with nil or empty slices succeed, return nothing and change nothing", checkEmptyCalls},
@@ -797,6 +797,14 @@ func checkHold(h *mh) {
 }
 
 func checkSuspendResume(h *mh) {
+	h.info = h.callInfo()
+	if h.sp == nil {
+		if h.info.Capabilities.HostTier {
+			h.failf("Info()", "Capabilities.HostTier only for a manager that implements kvcache.Suspender",
+				"HostTier true on %T, which has no Suspend and Resume", h.m)
+		}
+		return // no Suspender: nothing to suspend
+	}
 	h.setup(false, nil)
 	d := h.cfg.MaxDraftTokens
 	a := h.id()
@@ -807,9 +815,9 @@ func checkSuspendResume(h *mh) {
 			call := name + "(" + fmt.Sprint([]kvcache.SeqID{a}) + ")"
 			var err error
 			if name == "Suspend" {
-				_, _, err = h.m.Suspend(h.ctx, []kvcache.SeqID{a})
+				_, _, err = h.sp.Suspend(h.ctx, []kvcache.SeqID{a})
 			} else {
-				_, _, err = h.m.Resume(h.ctx, []kvcache.SeqID{a})
+				_, _, err = h.sp.Resume(h.ctx, []kvcache.SeqID{a})
 			}
 			if !errors.Is(err, kvcache.ErrUnsupported) {
 				h.failf(call, "without Capabilities.HostTier, Suspend and Resume fail with ErrUnsupported", "error %v (kind %v)", err, kvcache.KindOf(err))
@@ -833,7 +841,7 @@ func checkSuspendResume(h *mh) {
 	stA := *h.mustSeq(a)
 
 	h.last = fmt.Sprintf("Suspend(%v)", []kvcache.SeqID{a})
-	ok, out, err := h.m.Suspend(h.ctx, []kvcache.SeqID{a})
+	ok, out, err := h.sp.Suspend(h.ctx, []kvcache.SeqID{a})
 	if err != nil || len(ok) != 1 || !ok[0] || len(out) == 0 {
 		h.failf(h.last, "Suspend moves a resident sequence that fits the host tier there, with Copies", "ok %v, %d copies, error %v", ok, len(out), err)
 	}
@@ -864,7 +872,7 @@ func checkSuspendResume(h *mh) {
 	}
 
 	h.last = fmt.Sprintf("Resume(%v)", []kvcache.SeqID{a})
-	ok, in, err := h.m.Resume(h.ctx, []kvcache.SeqID{a})
+	ok, in, err := h.sp.Resume(h.ctx, []kvcache.SeqID{a})
 	if err != nil || len(ok) != 1 || !ok[0] || len(in) != len(out) {
 		h.failf(h.last, "Resume brings a suspended sequence back when it fits, copying back what Suspend moved", "ok %v, %d copies (Suspend made %d), error %v", ok, len(in), len(out), err)
 	}
@@ -1078,13 +1086,20 @@ func checkEmptyCalls(h *mh) {
 		if err := h.m.Release(h.ctx, seqs); err != nil {
 			fail("Release", fmt.Sprint(err))
 		}
-		for _, mv := range []struct {
+		var moves []struct {
 			name string
 			f    func() ([]bool, []kvcache.Copy, error)
-		}{
-			{"Suspend", func() ([]bool, []kvcache.Copy, error) { return h.m.Suspend(h.ctx, seqs) }},
-			{"Resume", func() ([]bool, []kvcache.Copy, error) { return h.m.Resume(h.ctx, seqs) }},
-		} {
+		}
+		if h.sp != nil {
+			moves = append(moves, []struct {
+				name string
+				f    func() ([]bool, []kvcache.Copy, error)
+			}{
+				{"Suspend", func() ([]bool, []kvcache.Copy, error) { return h.sp.Suspend(h.ctx, seqs) }},
+				{"Resume", func() ([]bool, []kvcache.Copy, error) { return h.sp.Resume(h.ctx, seqs) }},
+			}...)
+		}
+		for _, mv := range moves {
 			ok, cs, err := mv.f()
 			if !h.info.Capabilities.HostTier && errors.Is(err, kvcache.ErrUnsupported) {
 				continue

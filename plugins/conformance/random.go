@@ -108,7 +108,7 @@ func (d *driver) step() {
 	case w < 90:
 		d.lookup()
 	default:
-		if d.h.info.Capabilities.HostTier {
+		if d.h.sp != nil && d.h.info.Capabilities.HostTier {
 			d.move()
 		} else {
 			d.release()
@@ -437,10 +437,10 @@ func (d *driver) move() {
 	var err error
 	if suspend {
 		h.last = fmt.Sprintf("Suspend(%v)", ids)
-		ok, cs, err = h.m.Suspend(h.ctx, ids)
+		ok, cs, err = h.sp.Suspend(h.ctx, ids)
 	} else {
 		h.last = fmt.Sprintf("Resume(%v)", ids)
-		ok, cs, err = h.m.Resume(h.ctx, ids)
+		ok, cs, err = h.sp.Resume(h.ctx, ids)
 	}
 	if err != nil || len(ok) != len(ids) {
 		h.failf(h.last, "Suspend and Resume of live sequences without a reservation answer one bool per sequence", "%v, error %v", ok, err)

@@ -224,14 +224,6 @@ func (m *refManager) drop(id kvcache.SeqID) {
 	delete(m.seqs, id)
 }
 
-func (m *refManager) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
-	return nil, nil, kvcache.Errorf(kvcache.KindUnsupported, "ref: no host tier")
-}
-
-func (m *refManager) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
-	return nil, nil, kvcache.Errorf(kvcache.KindUnsupported, "ref: no host tier")
-}
-
 func (m *refManager) Release(ctx context.Context, seqs []kvcache.SeqID) error {
 	var bad []kvcache.SeqID
 	for _, id := range seqs {

@@ -51,6 +51,27 @@ func (d denialErrors) Reserve(ctx context.Context, items []kvcache.ReserveItem) 
 	return gs, err
 }
 
+// claimsHostTier says HostTier in Info but is no kvcache.Suspender.
+type claimsHostTier struct{ kvcache.Manager }
+
+func (c claimsHostTier) Info(ctx context.Context) (kvcache.Info, error) {
+	info, err := c.Manager.Info(ctx)
+	info.Capabilities.HostTier = true
+	return info, err
+}
+
+// silentSuspender is a Suspender without a host tier whose Suspend and
+// Resume succeed instead of answering ErrUnsupported.
+type silentSuspender struct{ kvcache.Manager }
+
+func (silentSuspender) Suspend(context.Context, []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
+	return nil, nil, nil
+}
+
+func (silentSuspender) Resume(context.Context, []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
+	return nil, nil, nil
+}
+
 // panicky panics in Commit.
 type panicky struct{ kvcache.Manager }
 
@@ -82,6 +103,12 @@ func TestSuiteCatchesBrokenManagers(t *testing.T) {
 		{"a panic", func(*testing.T) func() kvcache.Manager {
 			return func() kvcache.Manager { return panicky{&refManager{}} }
 		}, "CommitLedger", "panic: commit exploded"},
+		{"HostTier without a Suspender", func(*testing.T) func() kvcache.Manager {
+			return func() kvcache.Manager { return claimsHostTier{&refManager{}} }
+		}, "SuspendResume", "which has no Suspend and Resume"},
+		{"a Suspender without a host tier that does not refuse", func(*testing.T) func() kvcache.Manager {
+			return func() kvcache.Manager { return silentSuspender{&refManager{}} }
+		}, "SuspendResume", "error <nil>"},
 		{"no manager", func(*testing.T) func() kvcache.Manager { return func() kvcache.Manager { return nil } }, "Configure", "nil"},
 	}
 	for _, tt := range tests {

@@ -65,8 +65,8 @@ func DefaultLogger() hclog.Logger {
 // the host closes the connection or kills the process. The factory is
 // called once before serving, and once more for each further instance the
 // host asks for: a kvx host runs one process per plugin binary and one
-// instance per pipeline stage (pluginrpc.InstancesProtocol); an older host
-// gets one instance per process. Instances share nothing but the process.
+// instance per pipeline stage (pluginrpc.InstancesProtocol). Instances
+// share nothing but the process.
 // It does not return while serving; when started by hand (no handshake
 // cookie) it exits the process with status 1. In debug mode (DebugEnv) it
 // returns once interrupted.

@@ -64,7 +64,7 @@ type Info struct {
 type Capabilities struct {
 	Mixers      []spec.Mixer // layer mixers whose buffers it can manage
 	PrefixReuse bool         // Lookup can return > 0
-	HostTier    bool         // Suspend and Resume work
+	HostTier    bool         // Suspend and Resume work (the manager is a Suspender)
 	SSMState    bool         // per-sequence state buffers (Mamba)
 	SSMReuse    bool         // prefix reuse of SSM state through snapshots
 }
@@ -271,8 +271,8 @@ type Snapshot struct {
 // Manager is one pipeline stage's cache manager.
 //
 // Errors: every method may return a transport error (the plugin died:
-// ErrUnavailable). Per-item problems in Commit, Release, Unreserve, Suspend
-// and Resume are reported, after every valid item was applied, as one
+// ErrUnavailable). Per-item problems in Commit, Release and Unreserve (and
+// Suspender's Suspend and Resume) are reported, after every valid item was applied, as one
 // *Error of KindInvalidArg whose Seqs lists the refused sequences; a
 // refused item changes nothing. A bad Reserve item is a denial whose Reason
 // starts with "invalid:". ErrCorrupt means manager-wide state is broken and
@@ -297,13 +297,6 @@ type Manager interface {
 	Unreserve(ctx context.Context, seqs []SeqID) error
 	// Commit advances history; it never allocates and cannot run out of memory.
 	Commit(ctx context.Context, items []CommitItem) (CommitResult, error)
-	// Suspend moves sequences to the host tier (ErrUnsupported without one).
-	// A sequence that does not fit stays resident and is reported false.
-	Suspend(ctx context.Context, seqs []SeqID) ([]bool, []Copy, error)
-	// Resume brings suspended sequences back; false when they do not fit yet.
-	// The new block ids reach the worker in the sequence's next Grant.Tables.
-	// Suspending a sequence with an outstanding reservation is refused.
-	Resume(ctx context.Context, seqs []SeqID) ([]bool, []Copy, error)
 	// Release frees finished or preempted sequences; committed prompt blocks
 	// stay cached for reuse when block reuse is on.
 	Release(ctx context.Context, seqs []SeqID) error
@@ -311,4 +304,23 @@ type Manager interface {
 	Stats(ctx context.Context) (Stats, error)
 	// Inspect returns the ledger and pool accounting for invariant checks.
 	Inspect(ctx context.Context, opts InspectOptions) (Snapshot, error)
+}
+
+// Suspender is an optional Manager interface, found by type assertion: a
+// manager with a host tier implements it. The core suspends a sequence only
+// on a Suspender whose Info says HostTier and whose layout has host blocks;
+// without one, a preempted sequence is released and recomputed. A manager
+// without a host tier need not implement it.
+//
+// Errors are Manager's: per-item problems come back as one item-scoped
+// *Error after the valid items were applied; ErrUnsupported when the
+// manager was configured without a host tier (HostBytes 0).
+type Suspender interface {
+	// Suspend moves sequences to the host tier. A sequence that does not
+	// fit stays resident and is reported false. Suspending a sequence with
+	// an outstanding reservation is refused. The copies are the worker's.
+	Suspend(ctx context.Context, seqs []SeqID) ([]bool, []Copy, error)
+	// Resume brings suspended sequences back; false when they do not fit yet.
+	// The new block ids reach the worker in the sequence's next Grant.Tables.
+	Resume(ctx context.Context, seqs []SeqID) ([]bool, []Copy, error)
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
@@ -681,7 +682,7 @@ func fromProtoSnapshot(p *kvxpb.Snapshot) (kvcache.Snapshot, error) {
 	return s, nil
 }
 
-func toProtoEndStepRequest(r kvcache.EndStepRequest) *kvxpb.EndStepRequest {
+func toProtoEndStepRequest(r pipeline.EndStepRequest) *kvxpb.EndStepRequest {
 	p := &kvxpb.EndStepRequest{Commit: toProtoCommitRequest(r.Commits), Release: toProtoSeqs(r.Release)}
 	if r.Inspect != nil {
 		p.Inspect = toProtoInspectOptions(*r.Inspect)
@@ -689,12 +690,12 @@ func toProtoEndStepRequest(r kvcache.EndStepRequest) *kvxpb.EndStepRequest {
 	return p
 }
 
-func fromProtoEndStepRequest(p *kvxpb.EndStepRequest) (kvcache.EndStepRequest, error) {
+func fromProtoEndStepRequest(p *kvxpb.EndStepRequest) (pipeline.EndStepRequest, error) {
 	commits, err := fromProtoCommitRequest(p.GetCommit())
 	if err != nil {
-		return kvcache.EndStepRequest{}, err
+		return pipeline.EndStepRequest{}, err
 	}
-	r := kvcache.EndStepRequest{Commits: commits, Release: fromProtoSeqs(p.GetRelease())}
+	r := pipeline.EndStepRequest{Commits: commits, Release: fromProtoSeqs(p.GetRelease())}
 	if p.GetInspect() != nil {
 		o := fromProtoInspectOptions(p.GetInspect())
 		r.Inspect = &o
@@ -702,7 +703,7 @@ func fromProtoEndStepRequest(p *kvxpb.EndStepRequest) (kvcache.EndStepRequest, e
 	return r, nil
 }
 
-func toProtoEndStepResult(r kvcache.EndStepResult) *kvxpb.EndStepResult {
+func toProtoEndStepResult(r pipeline.EndStepResult) *kvxpb.EndStepResult {
 	p := &kvxpb.EndStepResult{Commit: toProtoCommitResult(r.Commit)}
 	if r.Snapshot != nil {
 		p.Snapshot = toProtoSnapshot(*r.Snapshot)
@@ -710,12 +711,12 @@ func toProtoEndStepResult(r kvcache.EndStepResult) *kvxpb.EndStepResult {
 	return p
 }
 
-func fromProtoEndStepResult(p *kvxpb.EndStepResult) (kvcache.EndStepResult, error) {
+func fromProtoEndStepResult(p *kvxpb.EndStepResult) (pipeline.EndStepResult, error) {
 	c, err := fromProtoCommitResult(p.GetCommit())
 	if err != nil {
-		return kvcache.EndStepResult{}, err
+		return pipeline.EndStepResult{}, err
 	}
-	r := kvcache.EndStepResult{Commit: c}
+	r := pipeline.EndStepResult{Commit: c}
 	if p.GetSnapshot() != nil {
 		s, err := fromProtoSnapshot(p.GetSnapshot())
 		r.Snapshot = &s

@@ -2,11 +2,7 @@ package pluginrpc
 
 import (
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -18,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
+	"github.com/kvx-dev/kvx/plugins/internal/plane"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
@@ -63,7 +60,7 @@ func TestPerStepCallsUseTheDataPlane(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := m.rpc.(*managerRPC)
-		if used := r.opener.plane != nil; used == off {
+		if used := r.opener.Current() != nil; used == off {
 			t.Errorf("transport off=%v: data plane open = %v", off, used)
 		}
 		if len(f.calls) != 2 || f.calls[0].method != "Reserve" || f.calls[1].method != "Stats" {
@@ -72,49 +69,16 @@ func TestPerStepCallsUseTheDataPlane(t *testing.T) {
 	}
 }
 
-// v2ManagerServer is a manager server from before shared memory: it
-// serves data plane versions 1 and 2 only.
-type v2ManagerServer struct{ *managerServer }
-
-func (s v2ManagerServer) OpenDataPlane(req *kvxpb.DataPlaneRequest, stream grpc.ServerStreamingServer[kvxpb.DataPlane]) error {
-	if req.GetVersion() > 2 {
-		return status.Errorf(codes.Unimplemented, "data plane version %d is not served", req.GetVersion())
-	}
-	return s.managerServer.OpenDataPlane(req, stream)
-}
-
-// TestPluginWithoutSharedMemory: a host that asks for shared memory gets
-// frames on the socket from a plugin that does not speak it.
-func TestPluginWithoutSharedMemory(t *testing.T) {
-	if !shmSupported {
-		t.Skip("no shared memory here")
-	}
-	f := &fakeManager{grants: fullGrants}
-	p := newPair(t, func(s *grpc.Server) error {
-		kvxpb.RegisterCacheManagerServer(s, v2ManagerServer{&managerServer{impl: f, gate: newGate()}})
-		return nil
-	})
-	t.Cleanup(p.close)
-	m := newManagerFamily(context.Background(), p.conn)
-	if grants, err := m.Reserve(ctx, fullReserveItems); err != nil || !deepEqual(grants, fullGrants) {
-		t.Fatalf("Reserve = %v, %v; want %v", grants, err, fullGrants)
-	}
-	r := m.rpc.(*managerRPC)
-	if r.opener.plane == nil || r.opener.version != 2 || r.opener.plane.pc.shm != nil || !r.opener.plane.instanced {
-		t.Errorf("opener version %d, plane %v: want an instanced version 2 plane on the socket", r.opener.version, r.opener.plane)
-	}
-}
-
-// oldManagerServer is a manager server from before the data plane.
+// oldManagerServer is a manager server without a data plane.
 type oldManagerServer struct{ *managerServer }
 
 func (oldManagerServer) OpenDataPlane(*kvxpb.DataPlaneRequest, grpc.ServerStreamingServer[kvxpb.DataPlane]) error {
 	return status.Error(codes.Unimplemented, "method OpenDataPlane not implemented")
 }
 
-// TestOlderPluginStaysOnGRPC: a plugin without OpenDataPlane is served over
-// gRPC for everything.
-func TestOlderPluginStaysOnGRPC(t *testing.T) {
+// TestPluginWithoutPlaneStaysOnGRPC: a plugin without OpenDataPlane is
+// served over gRPC for everything.
+func TestPluginWithoutPlaneStaysOnGRPC(t *testing.T) {
 	f := &fakeManager{grants: fullGrants}
 	p := newPair(t, func(s *grpc.Server) error {
 		kvxpb.RegisterCacheManagerServer(s, oldManagerServer{&managerServer{impl: f, gate: newGate()}})
@@ -128,96 +92,8 @@ func TestOlderPluginStaysOnGRPC(t *testing.T) {
 			t.Fatalf("Reserve = %v, %v; want %v", grants, err, fullGrants)
 		}
 	}
-	if r := m.rpc.(*managerRPC); r.opener.plane != nil || !r.opener.off {
-		t.Errorf("opener plane %v, off %v: want no plane and off", r.opener.plane, r.opener.off)
-	}
-}
-
-// openRaw opens a data plane of version v of a fresh manager pair by hand
-// and returns the DataPlane message.
-func openRaw(t *testing.T, f kvcache.Manager, v uint32) *kvxpb.DataPlane {
-	t.Helper()
-	p := newPair(t, func(s *grpc.Server) error { RegisterManagerServer(s, f); return nil })
-	t.Cleanup(p.close)
-	sctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	stream, err := kvxpb.NewCacheManagerClient(p.conn).OpenDataPlane(sctx, &kvxpb.DataPlaneRequest{Version: v})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dp, err := stream.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dp
-}
-
-// TestDataPlaneNeedsTheToken: a connection that does not present the token
-// is hung up on before any call reaches the manager (frames on the socket,
-// version 2; TestSharedMemoryNeedsTheToken covers version 3).
-func TestDataPlaneNeedsTheToken(t *testing.T) {
-	f := &fakeManager{}
-	dp := openRaw(t, f, 2)
-	c, err := net.Dial("unix", dp.GetAddress())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	bad := make([]byte, tokenBytes)
-	frame := make([]byte, frameHeader)
-	frame[4] = byte(mRelease)
-	_, _ = c.Write(append(bad, frame...))
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	if n, err := c.Read(make([]byte, 1)); err != io.EOF {
-		t.Errorf("read after a wrong token = %d bytes, %v; want EOF", n, err)
-	}
-	if len(f.calls) != 0 {
-		t.Errorf("manager saw %+v, want no call", f.calls)
-	}
-	// The socket is gone once a connection was accepted: nobody else can try.
-	if c2, err := net.Dial("unix", dp.GetAddress()); err == nil {
-		c2.Close()
-		t.Error("a second connection to the data plane socket succeeded")
-	}
-}
-
-// TestDataPlaneBadFrames: an unknown method is answered UNIMPLEMENTED and
-// the plane goes on; an oversized frame ends the plane. On the socket
-// (version 2) and in shared memory (version 3, where it is spoken).
-func TestDataPlaneBadFrames(t *testing.T) {
-	for v := uint32(2); v <= dataPlaneVersion; v++ {
-		t.Run(fmt.Sprintf("version %d", v), func(t *testing.T) { testBadFrames(t, v) })
-	}
-}
-
-func testBadFrames(t *testing.T, v uint32) {
-	f := &fakeManager{}
-	dp := openRaw(t, f, v)
-	plane, err := dialDataPlane(ctx, dp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plane.shut(errors.New("test over"))
-	if (plane.pc.shm != nil) != (v >= 3) {
-		t.Fatalf("version %d: shared memory %v", v, plane.pc.shm != nil)
-	}
-	var out kvxpb.Empty
-	err = plane.call(ctx, 0, method(200), &kvxpb.Seqs{}, &out)
-	if status.Code(err) != codes.Unimplemented {
-		t.Errorf("unknown method: %v, want UNIMPLEMENTED", err)
-	}
-	if err := plane.call(ctx, 0, mRelease, &kvxpb.Seqs{Seqs: []uint64{4}}, &out); err != nil {
-		t.Errorf("Release after an unknown method: %v", err)
-	}
-	hdr := make([]byte, frameHeader)
-	binary.LittleEndian.PutUint32(hdr, MaxMessageBytes+1)
-	hdr[4] = byte(mRelease)
-	if err := plane.pc.write(hdr); err != nil {
-		t.Fatal(err)
-	}
-	plane.pc.setReadDeadline(time.Now().Add(5 * time.Second))
-	if err := plane.pc.fill(); err != io.EOF {
-		t.Errorf("read after an oversized frame: %v; want EOF", err)
+	if r := m.rpc.(*managerRPC); r.opener.Current() != nil || !r.opener.Off() {
+		t.Errorf("opener plane %v, off %v: want no plane and off", r.opener.Current(), r.opener.Off())
 	}
 }
 
@@ -250,7 +126,7 @@ func TestDataPlaneLargeFrames(t *testing.T) {
 			t.Fatalf("round %d: Release after a large call: %v", round, err)
 		}
 	}
-	if r := m.rpc.(*managerRPC); r.opener.plane == nil {
+	if r := m.rpc.(*managerRPC); r.opener.Current() == nil {
 		t.Fatal("the calls did not use the data plane")
 	}
 }
@@ -288,8 +164,8 @@ func testPipelinedLargeFrames(t *testing.T, n int) {
 	if _, err := ms[0].Lookup(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	if plane := ms[0].(*ManagerClient).rpc.(*managerRPC).opener.plane; plane == nil || (plane.pc.shm != nil) != shmSupported {
-		t.Fatalf("plane %v: want one, in shared memory where that is supported (%v)", plane, shmSupported)
+	if dp := ms[0].(*ManagerClient).rpc.(*managerRPC).opener.Current(); dp == nil || (dp.SharedMemory()) != plane.ShmSupported {
+		t.Fatalf("plane %v: want one, in shared memory where that is supported (%v)", dp, plane.ShmSupported)
 	}
 	items := make([]kvcache.LookupItem, n)
 	for i := range items {

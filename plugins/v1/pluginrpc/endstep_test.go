@@ -9,6 +9,7 @@ import (
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
@@ -29,14 +30,14 @@ func TestEndStepOverTheWire(t *testing.T) {
 	ctx := context.Background()
 	local, inner := cachemgrv1.New(), cachemgrv1.New()
 	remote := pluginrpc.TestManagerPair(t, inner)
-	if _, ok := remote.(kvcache.StepEnder); !ok {
-		t.Fatal("the gRPC client does not implement kvcache.StepEnder")
+	if _, ok := remote.(pipeline.StepEnder); !ok {
+		t.Fatal("the gRPC client does not implement pipeline.StepEnder")
 	}
 	prompt := make([]int32, 100)
 	for i := range prompt {
 		prompt[i] = int32(i + 1)
 	}
-	run := func(m kvcache.Manager) (kvcache.EndStepResult, error) {
+	run := func(m kvcache.Manager) (pipeline.EndStepResult, error) {
 		if _, err := m.Configure(ctx, endStepConfig()); err != nil {
 			t.Fatal(err)
 		}
@@ -48,7 +49,7 @@ func TestEndStepOverTheWire(t *testing.T) {
 			t.Fatalf("Reserve = %+v, %v", g, err)
 		}
 		// Seq 9 is unknown: refused as an item, the rest applied.
-		return kvcache.EndStep(ctx, m, kvcache.EndStepRequest{
+		return pipeline.EndStep(ctx, m, pipeline.EndStepRequest{
 			Commits: []kvcache.CommitItem{{Seq: 1, Accepted: 100}, {Seq: 2, Accepted: 40}, {Seq: 9, Accepted: 1}},
 			Release: []kvcache.SeqID{2},
 			Inspect: &kvcache.InspectOptions{Tables: true},
@@ -75,7 +76,7 @@ func TestEndStepOverTheWire(t *testing.T) {
 		t.Errorf("gRPC snapshot %+v\nin-process %+v", *got.Snapshot, *want.Snapshot)
 	}
 	// Without Inspect no snapshot comes back.
-	res, err := kvcache.EndStep(ctx, remote, kvcache.EndStepRequest{})
+	res, err := pipeline.EndStep(ctx, remote, pipeline.EndStepRequest{})
 	if err != nil || res.Snapshot != nil {
 		t.Errorf("empty EndStep = %+v, %v; want no snapshot and no error", res, err)
 	}
@@ -111,8 +112,8 @@ func TestStartedEndStep(t *testing.T) {
 	for _, next := range []string{"reserve", "stats", "none"} {
 		inner := cachemgrv1.New()
 		m := pluginrpc.TestManagerPair(t, inner)
-		if _, ok := m.(kvcache.StepStarter); !ok {
-			t.Fatal("the gRPC client does not implement kvcache.StepStarter")
+		if _, ok := m.(pipeline.StepStarter); !ok {
+			t.Fatal("the gRPC client does not implement pipeline.StepStarter")
 		}
 		if _, err := m.Configure(ctx, endStepConfig()); err != nil {
 			t.Fatal(err)
@@ -120,7 +121,7 @@ func TestStartedEndStep(t *testing.T) {
 		if g, err := m.Reserve(ctx, []kvcache.ReserveItem{{Seq: 1, New: true, Tokens: 100, Prompt: prompt}, {Seq: 2, New: true, Tokens: 40}}); err != nil || !g[0].OK || !g[1].OK {
 			t.Fatalf("Reserve = %+v, %v", g, err)
 		}
-		wait := kvcache.StartEndStep(ctx, m, kvcache.EndStepRequest{
+		wait := pipeline.StartEndStep(ctx, m, pipeline.EndStepRequest{
 			Commits: []kvcache.CommitItem{{Seq: 1, Accepted: 100}, {Seq: 2, Accepted: 40}, {Seq: 9, Accepted: 1}},
 			Release: []kvcache.SeqID{2},
 			Inspect: &kvcache.InspectOptions{},

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -13,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
+	"github.com/kvx-dev/kvx/plugins/internal/plane"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
@@ -115,7 +115,7 @@ func fromStatus(ctx context.Context, done <-chan struct{}, method string, err er
 		}
 	}
 	if code == codes.Canceled || code == codes.DeadlineExceeded {
-		if err := ctxErr(ctx); err != nil {
+		if err := plane.CtxErr(ctx); err != nil {
 			return fmt.Errorf("kvx plugin %s: %w", method, err)
 		}
 	}
@@ -132,19 +132,6 @@ func fromStatus(ctx context.Context, done <-chan struct{}, method string, err er
 			Msg: fmt.Sprintf("kvx plugin %s: not served by this plugin: %s", method, st.Message())}
 	}
 	return &kvcache.Error{Kind: kindOf(code), Msg: fmt.Sprintf("kvx plugin %s: %s: %s", method, code, st.Message())}
-}
-
-// ctxErr is ctx.Err(), or context.DeadlineExceeded once ctx's deadline has
-// passed even if its timer has not fired yet: the plugin's copy of the
-// deadline (never earlier than ours) can fire first on a busy machine.
-func ctxErr(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
-		return context.DeadlineExceeded
-	}
-	return nil
 }
 
 func unmarshalPartial(a *anypb.Any, partial proto.Message) {

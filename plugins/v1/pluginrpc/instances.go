@@ -12,23 +12,24 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
+	"github.com/kvx-dev/kvx/plugins/internal/plane"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
 // Instances: one plugin process serves every pipeline stage.
 //
-// Under transport protocol 2 (InstancesProtocol) a plugin process serves
-// any number of instances of its manager or worker, each made by the
-// plugin's factory on first use: the host runs one process per plugin
-// binary instead of one per stage, and the stages' calls of a step reach
-// that process together. A gRPC call names its instance in the metadata key
-// instanceKey (none: instance 0); a data plane frame (version 2) in bytes 5
-// and 6 of its header. Under protocol 1 a process serves one instance.
+// A plugin process serves any number of instances of its manager or
+// worker, each made by the plugin's factory on first use: the host runs one
+// process per plugin binary instead of one per stage, and the stages' calls
+// of a step reach that process together. A gRPC call names its instance in
+// the metadata key instanceKey (none: instance 0); a data plane frame in
+// bytes 5 and 6 of its header.
 
-// InstancesProtocol is the go-plugin protocol version under which a plugin
-// process serves several instances. Both versions carry contract v1
-// (kvcache.ProtocolVersion); 2 adds instances and data plane version 2.
+// InstancesProtocol is the go-plugin protocol version of every kvx plugin:
+// a process serves several instances. It carries contract v1
+// (kvcache.ProtocolVersion). It is the only one: nothing that served one
+// instance per process was released.
 const InstancesProtocol = 2
 
 // MaxInstances bounds the instances one plugin process serves.
@@ -126,12 +127,12 @@ func registerWorkers(s grpc.ServiceRegistrar, newWorker func() worker.Worker) {
 
 // server is what registerInstances needs of a service's server.
 type server interface {
-	handlers() map[method]handler
-	setRoute(route)
+	handlers() map[plane.Method]plane.Handler
+	setRoute(plane.Route)
 }
 
-func (s *managerServer) setRoute(r route) { s.route = r }
-func (s *workerServer) setRoute(r route)  { s.route = r }
+func (s *managerServer) setRoute(r plane.Route) { s.route = r }
+func (s *workerServer) setRoute(r plane.Route)  { s.route = r }
 
 // registerInstances registers desc on reg with each call going to the
 // instance it names, made by newServer on first use; every instance's data
@@ -140,7 +141,7 @@ func registerInstances[S server](reg grpc.ServiceRegistrar, desc grpc.ServiceDes
 	var r *instances[S]
 	r = newInstances(func(uint16) S {
 		srv := newServer()
-		srv.setRoute(func(id uint16) (map[method]handler, error) {
+		srv.setRoute(func(id uint16) (map[plane.Method]plane.Handler, error) {
 			inst, err := r.get(id)
 			if err != nil {
 				return nil, err
@@ -176,7 +177,7 @@ func (c instanceConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, meth
 // connection, the data plane and the next instance number.
 type family struct {
 	cc     grpc.ClientConnInterface
-	opener *planeOpener
+	opener *plane.Opener
 	mu     sync.Mutex
 	next   uint16
 }

@@ -11,6 +11,7 @@ import (
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
@@ -37,7 +38,7 @@ func TestInstancesAreSeparate(t *testing.T) {
 					t.Errorf("instance %d: Reserve = %+v, %v", i, g, err)
 					return
 				}
-				res, err := kvcache.StartEndStep(ctx, m, kvcache.EndStepRequest{
+				res, err := pipeline.StartEndStep(ctx, m, pipeline.EndStepRequest{
 					Commits: []kvcache.CommitItem{{Seq: seq, Accepted: 16}}, Inspect: &kvcache.InspectOptions{}})()
 				if err != nil || res.Snapshot == nil {
 					t.Errorf("instance %d: EndStep = %+v, %v", i, res, err)
@@ -151,15 +152,15 @@ func TestForwardChain(t *testing.T) {
 	}
 
 	chained, chainLog := setup(true, -1, 0)
-	if _, ok := chained[0].(worker.Chainer); !ok {
-		t.Fatal("the plugin client does not implement worker.Chainer")
+	if _, ok := chained[0].(pipeline.Chainer); !ok {
+		t.Fatal("the plugin client does not implement pipeline.Chainer")
 	}
 	apart, apartLog := setup(false, -1, 0)
-	got, err := worker.ForwardStages(ctx, chained, batches(1))
+	got, err := pipeline.ForwardStages(ctx, chained, batches(1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := worker.ForwardStages(ctx, apart, batches(1))
+	want, err := pipeline.ForwardStages(ctx, apart, batches(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,8 +185,8 @@ func TestForwardChain(t *testing.T) {
 	for _, failStage := range []int{0, 1, 2} {
 		t.Run(fmt.Sprintf("stage %d fails", failStage), func(t *testing.T) {
 			ws, log := setup(true, failStage, 5)
-			res, err := worker.ForwardStages(ctx, ws, batches(5))
-			var se *worker.StageError
+			res, err := pipeline.ForwardStages(ctx, ws, batches(5))
+			var se *pipeline.StageError
 			if !errors.As(err, &se) || se.Stage != failStage || kvcache.KindOf(err) != kvcache.KindInvalidArg {
 				t.Fatalf("error %v, want a StageError of stage %d with the worker's item error", err, failStage)
 			}
@@ -193,7 +194,7 @@ func TestForwardChain(t *testing.T) {
 				t.Errorf("%d results and %d forwards run (%q), want %d and %d", len(res), len(ran), ran, failStage, failStage+1)
 			}
 			// The plane is still in step: the next chain runs whole.
-			if res, err := worker.ForwardStages(ctx, ws, batches(6)); err != nil || len(res) != stages {
+			if res, err := pipeline.ForwardStages(ctx, ws, batches(6)); err != nil || len(res) != stages {
 				t.Errorf("the chain after a failure: %d results, %v", len(res), err)
 			}
 		})

@@ -8,7 +8,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
+	"github.com/kvx-dev/kvx/plugins/internal/plane"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 )
 
 // ManagerClient is a kvcache.Manager whose calls go to a plugin over gRPC.
@@ -21,30 +23,27 @@ import (
 type ManagerClient struct {
 	rpc  kvxpb.CacheManagerClient
 	done <-chan struct{}
-	// fam is shared by the instances of one plugin process; nil when the
-	// process serves one instance (protocol 1).
+	// fam is shared by the instances of one plugin process.
 	fam  *family
 	opts []ClientOption
 }
 
+// The client always implements kvcache.Suspender, whether or not the
+// served manager does: a plugin's manager without one answers
+// KindUnsupported and its Info says no HostTier (the server sees to both),
+// so the core, which suspends only on a HostTier manager, treats it as it
+// treats the same manager in-process.
 var _ kvcache.Manager = (*ManagerClient)(nil)
-var _ kvcache.StepEnder = (*ManagerClient)(nil)
-var _ kvcache.StepStarter = (*ManagerClient)(nil)
+var _ kvcache.Suspender = (*ManagerClient)(nil)
+var _ pipeline.StepEnder = (*ManagerClient)(nil)
+var _ pipeline.StepStarter = (*ManagerClient)(nil)
 
-// NewManagerClient returns a client on cc. lifetime ends when the plugin is
-// gone (go-plugin's GRPCClient ctx); after that every call fails at once
-// with KindUnavailable. A lifetime that never ends (context.Background) is
-// fine.
+// NewManagerClient returns a client of instance 0 of the plugin process on
+// cc; NewInstance makes the others. lifetime ends when the plugin is gone
+// (go-plugin's GRPCClient ctx); after that every call fails at once with
+// KindUnavailable. A lifetime that never ends (context.Background) is fine.
 func NewManagerClient(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *ManagerClient {
-	opener := &planeOpener{off: clientOpts(opts).grpcOnly, version: 1}
-	rpc := &managerRPC{CacheManagerClient: kvxpb.NewCacheManagerClient(cc), opener: opener}
-	return &ManagerClient{rpc: rpc, done: lifetime.Done(), opts: opts}
-}
-
-// newManagerFamily returns instance 0 of a plugin process that serves
-// instances (InstancesProtocol); NewInstance makes the others.
-func newManagerFamily(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *ManagerClient {
-	fam := &family{cc: cc, opener: &planeOpener{off: clientOpts(opts).grpcOnly, version: dataPlaneVersion}}
+	fam := &family{cc: cc, opener: plane.NewOpener(clientOpts(opts).grpcOnly)}
 	c, _ := newManagerInstance(lifetime.Done(), fam, opts)
 	return c
 }
@@ -62,19 +61,15 @@ func newManagerInstance(done <-chan struct{}, fam *family, opts []ClientOption) 
 // process, made by the plugin's factory: a fresh manager, to be configured
 // like any other. The instances of a process share its data plane, so the
 // calls of several instances made together reach it together (one wake-up
-// for all the pipeline stages). It fails with ErrUnsupported when the
-// process serves one instance (an older plugin: launch another process),
-// and past MaxInstances.
+// for all the pipeline stages). It fails past MaxInstances. The process
+// must serve instances (ServedPlugins; RegisterManagerServer serves one).
 func (c *ManagerClient) NewInstance() (*ManagerClient, error) {
-	if c.fam == nil {
-		return nil, kvcache.Errorf(kvcache.KindUnsupported, "kvx plugin: this plugin process serves one instance (transport protocol 1)")
-	}
 	return newManagerInstance(c.done, c.fam, c.opts)
 }
 
 // SharesProcess reports whether c and o are instances of one plugin process.
 func (c *ManagerClient) SharesProcess(o *ManagerClient) bool {
-	return c.fam != nil && c.fam == o.fam
+	return c.fam == o.fam
 }
 
 // Done is closed when the plugin process has exited (never, for clients
@@ -172,12 +167,12 @@ func (c *ManagerClient) Commit(ctx context.Context, items []kvcache.CommitItem) 
 	return answerOf(ctx, c.done, m, resp, err, fromProtoCommitResult)
 }
 
-// Suspend implements kvcache.Manager.
+// Suspend implements kvcache.Suspender.
 func (c *ManagerClient) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
 	return c.move(ctx, managerService+"Suspend", c.rpc.Suspend, seqs)
 }
 
-// Resume implements kvcache.Manager.
+// Resume implements kvcache.Suspender.
 func (c *ManagerClient) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
 	return c.move(ctx, managerService+"Resume", c.rpc.Resume, seqs)
 }
@@ -245,35 +240,35 @@ func (c *ManagerClient) Inspect(ctx context.Context, opts kvcache.InspectOptions
 	return answerOf(ctx, c.done, m, resp, err, fromProtoSnapshot)
 }
 
-// EndStep implements kvcache.StepEnder: Commit, Release and Inspect in one
+// EndStep implements pipeline.StepEnder: Commit, Release and Inspect in one
 // round trip.
-func (c *ManagerClient) EndStep(ctx context.Context, req kvcache.EndStepRequest) (kvcache.EndStepResult, error) {
+func (c *ManagerClient) EndStep(ctx context.Context, req pipeline.EndStepRequest) (pipeline.EndStepResult, error) {
 	const m = managerService + "EndStep"
 	if exited(c.done) {
-		return kvcache.EndStepResult{}, errExited(m)
+		return pipeline.EndStepResult{}, errExited(m)
 	}
 	resp, err := c.rpc.EndStep(ctx, toProtoEndStepRequest(req), callOpts...)
 	return answerOf(ctx, c.done, m, resp, err, fromProtoEndStepResult)
 }
 
-// StartEndStep implements kvcache.StepStarter. On a data plane the end of
+// StartEndStep implements pipeline.StepStarter. On a data plane the end of
 // the step is corked: it goes to the plugin with the next call, whose answer
 // brings its answer too. Over gRPC alone it is EndStep, run now.
-func (c *ManagerClient) StartEndStep(ctx context.Context, req kvcache.EndStepRequest) func() (kvcache.EndStepResult, error) {
+func (c *ManagerClient) StartEndStep(ctx context.Context, req pipeline.EndStepRequest) func() (pipeline.EndStepResult, error) {
 	const m = managerService + "EndStep"
 	r, ok := c.rpc.(*managerRPC)
-	var plane *dataPlane
+	var dp *plane.Plane
 	if ok && !exited(c.done) {
-		plane = r.plane(ctx)
+		dp = r.plane(ctx)
 	}
-	if plane == nil {
+	if dp == nil {
 		res, err := c.EndStep(ctx, req)
-		return func() (kvcache.EndStepResult, error) { return res, err }
+		return func() (pipeline.EndStepResult, error) { return res, err }
 	}
 	resp := new(kvxpb.EndStepResult)
-	call := plane.cork(ctx, r.inst, mEndStep, toProtoEndStepRequest(req), resp)
-	return func() (kvcache.EndStepResult, error) {
-		return answerOf(ctx, c.done, m, resp, plane.finish(call), fromProtoEndStepResult)
+	call := dp.Cork(ctx, r.inst, plane.EndStep, toProtoEndStepRequest(req), resp)
+	return func() (pipeline.EndStepResult, error) {
+		return answerOf(ctx, c.done, m, resp, dp.Finish(call), fromProtoEndStepResult)
 	}
 }
 
@@ -294,9 +289,9 @@ type managerServer struct {
 	// and read inside the gate.
 	pools []kvcache.Pool
 	// route finds the instances of its process (nil: s serves alone).
-	route  route
+	route  plane.Route
 	once   sync.Once
-	framed map[method]handler
+	framed map[plane.Method]plane.Handler
 }
 
 func (s *managerServer) Info(ctx context.Context, _ *kvxpb.ManagerInfoRequest) (*kvxpb.ManagerInfo, error) {
@@ -305,6 +300,10 @@ func (s *managerServer) Info(ctx context.Context, _ *kvxpb.ManagerInfoRequest) (
 	}
 	defer s.gate.leave()
 	info, err := s.impl.Info(ctx)
+	if _, ok := s.impl.(kvcache.Suspender); !ok {
+		// What is served: Suspend and Resume answer KindUnsupported.
+		info.Capabilities.HostTier = false
+	}
 	out := toProtoManagerInfo(info)
 	if err != nil {
 		return nil, toStatus(err, out)
@@ -389,11 +388,25 @@ func (s *managerServer) Commit(ctx context.Context, req *kvxpb.CommitRequest) (*
 }
 
 func (s *managerServer) Suspend(ctx context.Context, req *kvxpb.Seqs) (*kvxpb.MoveResult, error) {
-	return s.move(ctx, s.impl.Suspend, req)
+	sp, ok := s.impl.(kvcache.Suspender)
+	if !ok {
+		return nil, toStatus(errNoSuspender("Suspend"), nil)
+	}
+	return s.move(ctx, sp.Suspend, req)
 }
 
 func (s *managerServer) Resume(ctx context.Context, req *kvxpb.Seqs) (*kvxpb.MoveResult, error) {
-	return s.move(ctx, s.impl.Resume, req)
+	sp, ok := s.impl.(kvcache.Suspender)
+	if !ok {
+		return nil, toStatus(errNoSuspender("Resume"), nil)
+	}
+	return s.move(ctx, sp.Resume, req)
+}
+
+// errNoSuspender is the answer to Suspend or Resume (call) of a manager
+// that is no kvcache.Suspender.
+func errNoSuspender(call string) error {
+	return kvcache.Errorf(kvcache.KindUnsupported, "%s: the cache manager has no host tier (it is no kvcache.Suspender)", call)
 }
 
 func (s *managerServer) move(ctx context.Context,
@@ -461,7 +474,7 @@ func (s *managerServer) EndStep(ctx context.Context, req *kvxpb.EndStepRequest) 
 	if err != nil {
 		return nil, toStatus(err, nil)
 	}
-	res, err := kvcache.EndStep(ctx, s.impl, r)
+	res, err := pipeline.EndStep(ctx, s.impl, r)
 	if res.Snapshot != nil && r.Inspect != nil {
 		kvcache.SealTables(s.pools, *r.Inspect, res.Snapshot)
 	}
@@ -494,23 +507,23 @@ func (g gate) enter(ctx context.Context) error {
 
 func (g gate) leave() { <-g }
 
-var _ kvcache.CallStarter = (*ManagerClient)(nil)
+var _ pipeline.CallStarter = (*ManagerClient)(nil)
+var _ pipeline.SuspendStarter = (*ManagerClient)(nil)
 
-// startCall starts call m with request in. On a data plane that serves
-// several instances it is corked, so the calls the stages start together
-// share one write, sent by the first wait; on a plane of one instance it
-// is written now; without a plane the gRPC call runs on a goroutine of its
+// startCall starts call m with request in. On a data plane it is corked,
+// so the calls the stages start together share one write, sent by the
+// first wait; without a plane the gRPC call runs on a goroutine of its
 // own. wait returns the answer, or a status error.
 func startCall[Resp any, PResp interface {
 	*Resp
 	proto.Message
-}](ctx context.Context, c *ManagerClient, m method, in proto.Message, overGRPC func(context.Context) (PResp, error)) (wait func() (PResp, error)) {
-	var plane *dataPlane
+}](ctx context.Context, c *ManagerClient, m plane.Method, in proto.Message, overGRPC func(context.Context) (PResp, error)) (wait func() (PResp, error)) {
+	var dp *plane.Plane
 	r, ok := c.rpc.(*managerRPC)
 	if ok {
-		plane = r.plane(ctx)
+		dp = r.plane(ctx)
 	}
-	if plane == nil {
+	if dp == nil {
 		var out PResp
 		var err error
 		done := make(chan struct{})
@@ -524,31 +537,23 @@ func startCall[Resp any, PResp interface {
 		}
 	}
 	out := PResp(new(Resp))
-	var finish func() error
-	if plane.instanced {
-		call := plane.cork(ctx, r.inst, m, in, out)
-		finish = func() error { return plane.finish(call) }
-	} else if calls, err := plane.send(ctx, []outFrame{{inst: r.inst, m: m, req: in, resp: out}}); err != nil {
-		finish = func() error { return err }
-	} else {
-		finish = func() error { return plane.await(ctx, calls[0]) }
-	}
+	call := dp.Cork(ctx, r.inst, m, in, out)
 	return func() (PResp, error) {
-		if err := finish(); err != nil {
+		if err := dp.Finish(call); err != nil {
 			return nil, err
 		}
 		return out, nil
 	}
 }
 
-// StartLookup implements kvcache.CallStarter.
+// StartLookup implements pipeline.CallStarter.
 func (c *ManagerClient) StartLookup(ctx context.Context, items []kvcache.LookupItem) func() ([]int, error) {
 	const m = managerService + "Lookup"
 	if exited(c.done) {
 		return func() ([]int, error) { return nil, errExited(m) }
 	}
 	in := toProtoLookupRequest(items)
-	wait := startCall(ctx, c, mLookup, in, func(ctx context.Context) (*kvxpb.LookupResponse, error) {
+	wait := startCall(ctx, c, plane.Lookup, in, func(ctx context.Context) (*kvxpb.LookupResponse, error) {
 		return c.rpc.Lookup(ctx, in, callOpts...)
 	})
 	return func() ([]int, error) {
@@ -557,14 +562,14 @@ func (c *ManagerClient) StartLookup(ctx context.Context, items []kvcache.LookupI
 	}
 }
 
-// StartReserve implements kvcache.CallStarter.
+// StartReserve implements pipeline.CallStarter.
 func (c *ManagerClient) StartReserve(ctx context.Context, items []kvcache.ReserveItem) func() ([]kvcache.Grant, error) {
 	const m = managerService + "Reserve"
 	if exited(c.done) {
 		return func() ([]kvcache.Grant, error) { return nil, errExited(m) }
 	}
 	in := toProtoReserveRequest(items)
-	wait := startCall(ctx, c, mReserve, in, func(ctx context.Context) (*kvxpb.ReserveResponse, error) {
+	wait := startCall(ctx, c, plane.Reserve, in, func(ctx context.Context) (*kvxpb.ReserveResponse, error) {
 		return c.rpc.Reserve(ctx, in, callOpts...)
 	})
 	return func() ([]kvcache.Grant, error) {
@@ -573,18 +578,18 @@ func (c *ManagerClient) StartReserve(ctx context.Context, items []kvcache.Reserv
 	}
 }
 
-// StartUnreserve implements kvcache.CallStarter.
+// StartUnreserve implements pipeline.CallStarter.
 func (c *ManagerClient) StartUnreserve(ctx context.Context, seqs []kvcache.SeqID) func() error {
-	return c.startSeqs(ctx, managerService+"Unreserve", mUnreserve, c.rpc.Unreserve, seqs)
+	return c.startSeqs(ctx, managerService+"Unreserve", plane.Unreserve, c.rpc.Unreserve, seqs)
 }
 
-// StartRelease implements kvcache.CallStarter.
+// StartRelease implements pipeline.CallStarter.
 func (c *ManagerClient) StartRelease(ctx context.Context, seqs []kvcache.SeqID) func() error {
-	return c.startSeqs(ctx, managerService+"Release", mRelease, c.rpc.Release, seqs)
+	return c.startSeqs(ctx, managerService+"Release", plane.Release, c.rpc.Release, seqs)
 }
 
 // startSeqs starts a call that takes sequences and answers nothing.
-func (c *ManagerClient) startSeqs(ctx context.Context, name string, m method,
+func (c *ManagerClient) startSeqs(ctx context.Context, name string, m plane.Method,
 	call func(context.Context, *kvxpb.Seqs, ...grpc.CallOption) (*kvxpb.Empty, error), seqs []kvcache.SeqID) func() error {
 	if exited(c.done) {
 		return func() error { return errExited(name) }
@@ -601,18 +606,18 @@ func (c *ManagerClient) startSeqs(ctx context.Context, name string, m method,
 	}
 }
 
-// StartSuspend implements kvcache.CallStarter.
+// StartSuspend implements pipeline.SuspendStarter.
 func (c *ManagerClient) StartSuspend(ctx context.Context, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
-	return c.startMove(ctx, managerService+"Suspend", mSuspend, c.rpc.Suspend, seqs)
+	return c.startMove(ctx, managerService+"Suspend", plane.Suspend, c.rpc.Suspend, seqs)
 }
 
-// StartResume implements kvcache.CallStarter.
+// StartResume implements pipeline.SuspendStarter.
 func (c *ManagerClient) StartResume(ctx context.Context, seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
-	return c.startMove(ctx, managerService+"Resume", mResume, c.rpc.Resume, seqs)
+	return c.startMove(ctx, managerService+"Resume", plane.Resume, c.rpc.Resume, seqs)
 }
 
 // startMove starts Suspend or Resume.
-func (c *ManagerClient) startMove(ctx context.Context, name string, m method,
+func (c *ManagerClient) startMove(ctx context.Context, name string, m plane.Method,
 	call func(context.Context, *kvxpb.Seqs, ...grpc.CallOption) (*kvxpb.MoveResult, error),
 	seqs []kvcache.SeqID) func() ([]bool, []kvcache.Copy, error) {
 	if exited(c.done) {

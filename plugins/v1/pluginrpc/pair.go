@@ -76,14 +76,14 @@ func (p *pair) close() {
 }
 
 // TestManagerInstances serves the managers newManager makes as the
-// instances of one plugin process (InstancesProtocol) on an in-memory gRPC
+// instances of one plugin process on an in-memory gRPC
 // connection, and returns n instance clients, which share its data plane.
 // Torn down when the test ends.
 func TestManagerInstances(t testing.TB, newManager func() kvcache.Manager, n int) []kvcache.Manager {
 	t.Helper()
 	p := newPair(t, func(s *grpc.Server) error { return (&ManagerPlugin{New: newManager}).GRPCServer(nil, s) })
 	t.Cleanup(p.close)
-	c, err := (&ManagerPlugin{instances: true}).GRPCClient(context.Background(), nil, p.conn)
+	c, err := (&ManagerPlugin{}).GRPCClient(context.Background(), nil, p.conn)
 	if err != nil {
 		t.Fatalf("ManagerPlugin.GRPCClient: %v", err)
 	}
@@ -104,7 +104,7 @@ func TestWorkerInstances(t testing.TB, newWorker func() worker.Worker, n int) []
 	t.Helper()
 	p := newPair(t, func(s *grpc.Server) error { return (&WorkerPlugin{New: newWorker}).GRPCServer(nil, s) })
 	t.Cleanup(p.close)
-	c, err := (&WorkerPlugin{instances: true}).GRPCClient(context.Background(), nil, p.conn)
+	c, err := (&WorkerPlugin{}).GRPCClient(context.Background(), nil, p.conn)
 	if err != nil {
 		t.Fatalf("WorkerPlugin.GRPCClient: %v", err)
 	}

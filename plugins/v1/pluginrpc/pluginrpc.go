@@ -33,24 +33,25 @@
 //
 // # Instances
 //
-// Under transport protocol 2 (InstancesProtocol, see instances.go) one
+// Under the transport protocol (InstancesProtocol, see instances.go) one
 // plugin process serves an instance per pipeline stage, each made by the
 // plugin's factory; the host gets the further instances of a process with
 // NewInstance. The instances share the process's data plane: their calls
 // are pipelined on it, the plugin serves the frames in order and answers
 // the frames that came together in one write, and a forward over every
-// stage is one chained call (worker.Chainer). Calls started on several
-// instances (kvcache.CallStarter, kvcache.StepStarter) go in one write,
-// and a started chained forward (worker.ChainStarter) runs while the caller
+// stage is one chained call (pipeline.Chainer). Calls started on several
+// instances (pipeline.CallStarter, pipeline.StepStarter) go in one write,
+// and a started chained forward (pipeline.ChainStarter) runs while the caller
 // goes on.
 //
 // # Data plane
 //
 // The per-step calls travel as frames on a data plane beside gRPC
-// (dataplane.go): on a unix socket (versions 1 and 2), or on Linux in two
-// byte rings in shared memory, the socket then carrying only doorbells and
-// hang-ups (version 3, shm_linux.go). A host asks for the newest version
-// the plugin serves; GRPCOnly keeps every call on gRPC.
+// (plugins/internal/plane; the stubs that choose it are in stubs.go), in
+// one version per system: on Linux in two byte rings in shared memory, the
+// socket then carrying only doorbells and hang-ups (version 3); elsewhere
+// on the unix socket (version 2). A plugin without a data plane is called
+// over gRPC for everything; GRPCOnly keeps every call on gRPC.
 package pluginrpc
 
 import (
@@ -64,10 +65,11 @@ import (
 )
 
 // Handshake is the go-plugin handshake of every kvx plugin. The cookie only
-// keeps plugin binaries from being run by hand; protocol versions are
-// negotiated through VersionedPlugins.
+// keeps plugin binaries from being run by hand; the protocol version, the
+// one InstancesProtocol, is the key of the plugin sets (ServedPlugins,
+// HostPlugins).
 var Handshake = plugin.HandshakeConfig{
-	ProtocolVersion:  kvcache.ProtocolVersion,
+	ProtocolVersion:  InstancesProtocol,
 	MagicCookieKey:   "KVX_PLUGIN",
 	MagicCookieValue: "kvx-plugin-5b0e3c1d7a9f",
 }
@@ -88,45 +90,26 @@ const LogLevelEnv = "KVX_PLUGIN_LOG_LEVEL"
 // hundreds of MiB for a long prefill chunk of a large model.
 const MaxMessageBytes = 1 << 30
 
-// VersionedPlugins returns the plugin sets of transport protocol 1 for
-// plugin.ServeConfig: a process that serves one instance, m or w (nil for
-// the kind it does not serve, whose gRPC service is then not registered:
-// calling it answers KindUnsupported). Plugins built on plugins/sdk serve
-// ServedPlugins instead.
-func VersionedPlugins(m kvcache.Manager, w worker.Worker) map[int]plugin.PluginSet {
-	return map[int]plugin.PluginSet{
-		kvcache.ProtocolVersion: {
-			ManagerPluginName: &ManagerPlugin{Impl: m},
-			WorkerPluginName:  &WorkerPlugin{Impl: w},
-		},
-	}
-}
-
 // ServedPlugins returns the plugin sets a plugin binary passes to
-// plugin.ServeConfig: transport protocol 1 serves one instance made by the
-// factory, protocol 2 (InstancesProtocol) as many as the host asks for, one
-// per call of the factory. A nil factory leaves that kind unserved. go-plugin
-// picks the newest protocol the host speaks.
+// plugin.ServeConfig: under InstancesProtocol, the one transport protocol,
+// the process serves as many instances as the host asks for, one per call
+// of the factory (instance 0 is made before serving). A nil factory leaves
+// that kind unserved: its gRPC service is not registered, and calling it
+// answers KindUnsupported.
 func ServedPlugins(newManager func() kvcache.Manager, newWorker func() worker.Worker) map[int]plugin.PluginSet {
-	v2 := plugin.PluginSet{ManagerPluginName: &ManagerPlugin{}, WorkerPluginName: &WorkerPlugin{}}
-	var m kvcache.Manager
-	var w worker.Worker
+	set := plugin.PluginSet{ManagerPluginName: &ManagerPlugin{}, WorkerPluginName: &WorkerPlugin{}}
 	if newManager != nil {
-		m = newManager()
-		v2[ManagerPluginName] = &ManagerPlugin{New: firstThen(m, newManager)}
+		set[ManagerPluginName] = &ManagerPlugin{New: firstThen(newManager(), newManager)}
 	}
 	if newWorker != nil {
-		w = newWorker()
-		v2[WorkerPluginName] = &WorkerPlugin{New: firstThen(w, newWorker)}
+		set[WorkerPluginName] = &WorkerPlugin{New: firstThen(newWorker(), newWorker)}
 	}
-	vp := VersionedPlugins(m, w)
-	vp[InstancesProtocol] = v2
-	return vp
+	return map[int]plugin.PluginSet{InstancesProtocol: set}
 }
 
 // firstThen returns first on its first call and what more makes after: the
-// instance made before serving is protocol 2's instance 0, as it is
-// protocol 1's only one. Its callers are serialized (instances.get).
+// instance made before serving is instance 0. Its callers are serialized
+// (instances.get).
 func firstThen[T any](first T, more func() T) func() T {
 	used := false
 	return func() T {
@@ -139,17 +122,13 @@ func firstThen[T any](first T, more func() T) func() T {
 }
 
 // HostPlugins returns the plugin sets a host passes to plugin.ClientConfig,
-// whose clients are made with opts: under protocol 2 the dispensed client
-// is instance 0 of its process, and NewInstance makes the others.
+// whose clients are made with opts: the dispensed client is instance 0 of
+// its process, and NewInstance makes the others.
 func HostPlugins(opts ...ClientOption) map[int]plugin.PluginSet {
 	return map[int]plugin.PluginSet{
-		kvcache.ProtocolVersion: {
+		InstancesProtocol: {
 			ManagerPluginName: &ManagerPlugin{ClientOptions: opts},
 			WorkerPluginName:  &WorkerPlugin{ClientOptions: opts},
-		},
-		InstancesProtocol: {
-			ManagerPluginName: &ManagerPlugin{ClientOptions: opts, instances: true},
-			WorkerPluginName:  &WorkerPlugin{ClientOptions: opts, instances: true},
 		},
 	}
 }
@@ -185,11 +164,11 @@ func DialOptions() []grpc.DialOption {
 type ManagerPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
 	Impl kvcache.Manager
-	// New, when set, makes the manager of each instance the host asks for
-	// (InstancesProtocol); it takes precedence over Impl.
+	// New, when set, makes the manager of each instance the host asks for;
+	// it takes precedence over Impl, which is served as the only instance
+	// (TestManagerPair).
 	New           func() kvcache.Manager
 	ClientOptions []ClientOption // host side: how GRPCClient makes the client
-	instances     bool           // host side: the process serves instances
 }
 
 var _ plugin.GRPCPlugin = (*ManagerPlugin)(nil)
@@ -209,9 +188,6 @@ func (p *ManagerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 // GRPCClient returns a *ManagerClient on c. go-plugin passes a ctx that ends
 // when the plugin process exits; the client uses it to fail fast.
 func (p *ManagerPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
-	if p.instances {
-		return newManagerFamily(ctx, c, p.ClientOptions...), nil
-	}
 	return NewManagerClient(ctx, c, p.ClientOptions...), nil
 }
 
@@ -222,7 +198,6 @@ type WorkerPlugin struct {
 	Impl          worker.Worker
 	New           func() worker.Worker // see ManagerPlugin.New
 	ClientOptions []ClientOption       // host side: how GRPCClient makes the client
-	instances     bool                 // host side: the process serves instances
 }
 
 var _ plugin.GRPCPlugin = (*WorkerPlugin)(nil)
@@ -241,9 +216,6 @@ func (p *WorkerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 
 // GRPCClient returns a *WorkerClient on c; see ManagerPlugin.GRPCClient.
 func (p *WorkerPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
-	if p.instances {
-		return newWorkerFamily(ctx, c, p.ClientOptions...), nil
-	}
 	return NewWorkerClient(ctx, c, p.ClientOptions...), nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
@@ -46,6 +47,7 @@ func TestManagerOverWire(t *testing.T) {
 		stats: fullStats, snap: fullSnapshot,
 	}
 	m := TestManagerPair(t, f)
+	sp := m.(kvcache.Suspender)
 	seqs := []kvcache.SeqID{3, 1 << 40}
 	commits := []kvcache.CommitItem{{Seq: 3, Accepted: 2}}
 	type result = []any
@@ -61,8 +63,8 @@ func TestManagerOverWire(t *testing.T) {
 		{"Reserve", fullReserveItems, func() (result, error) { v, err := m.Reserve(ctx, fullReserveItems); return result{v}, err }, result{fullGrants}},
 		{"Unreserve", seqs, func() (result, error) { return nil, m.Unreserve(ctx, seqs) }, nil},
 		{"Commit", commits, func() (result, error) { v, err := m.Commit(ctx, commits); return result{v}, err }, result{f.commit}},
-		{"Suspend", seqs, func() (result, error) { ok, c, err := m.Suspend(ctx, seqs); return result{ok, c}, err }, result{f.moveOK, fullCopies}},
-		{"Resume", seqs, func() (result, error) { ok, c, err := m.Resume(ctx, seqs); return result{ok, c}, err }, result{f.moveOK, fullCopies}},
+		{"Suspend", seqs, func() (result, error) { ok, c, err := sp.Suspend(ctx, seqs); return result{ok, c}, err }, result{f.moveOK, fullCopies}},
+		{"Resume", seqs, func() (result, error) { ok, c, err := sp.Resume(ctx, seqs); return result{ok, c}, err }, result{f.moveOK, fullCopies}},
 		{"Release", seqs, func() (result, error) { return nil, m.Release(ctx, seqs) }, nil},
 		{"Stats", nil, func() (result, error) { v, err := m.Stats(ctx); return result{v}, err }, result{fullStats}},
 		{"Inspect", kvcache.InspectOptions{Tables: true}, func() (result, error) {
@@ -337,20 +339,29 @@ func TestUnservedServiceIsUnsupported(t *testing.T) {
 	}
 }
 
-// TestVersionedPlugins checks the plugin set the host and the SDK share.
-func TestVersionedPlugins(t *testing.T) {
-	vp := VersionedPlugins(nil, nil)
-	set, ok := vp[1]
-	if !ok || len(vp) != 1 {
-		t.Fatalf("VersionedPlugins versions = %v, want exactly [1]", vp)
+// TestPluginSets checks the plugin sets the host and the SDK share: one
+// protocol, InstancesProtocol, in the handshake too, with both kinds.
+func TestPluginSets(t *testing.T) {
+	served := ServedPlugins(func() kvcache.Manager { return &fakeManager{} }, nil)
+	for name, vp := range map[string]map[int]plugin.PluginSet{"ServedPlugins": served, "HostPlugins": HostPlugins()} {
+		set, ok := vp[InstancesProtocol]
+		if !ok || len(vp) != 1 {
+			t.Fatalf("%s versions = %v, want exactly [%d]", name, vp, InstancesProtocol)
+		}
+		if _, ok := set[ManagerPluginName].(*ManagerPlugin); !ok {
+			t.Errorf("%s: plugin %q is %T, want *ManagerPlugin", name, ManagerPluginName, set[ManagerPluginName])
+		}
+		if _, ok := set[WorkerPluginName].(*WorkerPlugin); !ok {
+			t.Errorf("%s: plugin %q is %T, want *WorkerPlugin", name, WorkerPluginName, set[WorkerPluginName])
+		}
 	}
-	if _, ok := set[ManagerPluginName].(*ManagerPlugin); !ok {
-		t.Errorf("plugin %q is %T, want *ManagerPlugin", ManagerPluginName, set[ManagerPluginName])
+	if p := served[InstancesProtocol][ManagerPluginName].(*ManagerPlugin); p.New == nil {
+		t.Error("ServedPlugins with a manager factory serves no manager instances")
 	}
-	if _, ok := set[WorkerPluginName].(*WorkerPlugin); !ok {
-		t.Errorf("plugin %q is %T, want *WorkerPlugin", WorkerPluginName, set[WorkerPluginName])
+	if p := served[InstancesProtocol][WorkerPluginName].(*WorkerPlugin); p.New != nil || p.Impl != nil {
+		t.Error("ServedPlugins without a worker factory serves a worker")
 	}
-	if Handshake.MagicCookieKey != "KVX_PLUGIN" || Handshake.MagicCookieValue == "" || Handshake.ProtocolVersion != 1 {
+	if Handshake.MagicCookieKey != "KVX_PLUGIN" || Handshake.MagicCookieValue == "" || Handshake.ProtocolVersion != InstancesProtocol {
 		t.Errorf("Handshake = %+v", Handshake)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 )
 
@@ -39,11 +40,11 @@ func TestTablesCheckedInThePlugin(t *testing.T) {
 			return m.Inspect(ctx, opts)
 		}},
 		{"EndStep", func(m kvcache.Manager, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
-			res, err := kvcache.EndStep(ctx, m, kvcache.EndStepRequest{Inspect: &opts})
+			res, err := pipeline.EndStep(ctx, m, pipeline.EndStepRequest{Inspect: &opts})
 			return *res.Snapshot, err
 		}},
 		{"StartEndStep", func(m kvcache.Manager, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
-			res, err := kvcache.StartEndStep(ctx, m, kvcache.EndStepRequest{Inspect: &opts})()
+			res, err := pipeline.StartEndStep(ctx, m, pipeline.EndStepRequest{Inspect: &opts})()
 			return *res.Snapshot, err
 		}},
 	}

@@ -7,10 +7,11 @@ import (
 	"time"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
-// startedCalls are the kvcache.CallStarter methods as table rows: start
+// startedCalls are the pipeline.CallStarter methods as table rows: start
 // begins the call on m, and the wait it returns gives what the plain call
 // gives.
 func startedCalls(f *fakeManager) []struct {
@@ -28,27 +29,27 @@ func startedCalls(f *fakeManager) []struct {
 	}
 	return []row{
 		{"Lookup", fullLookupItems, func(m kvcache.Manager) func() ([]any, error) {
-			w := kvcache.StartLookup(ctx, m, fullLookupItems)
+			w := pipeline.StartLookup(ctx, m, fullLookupItems)
 			return func() ([]any, error) { v, err := w(); return []any{v}, err }
 		}, []any{f.lookup}},
 		{"Reserve", fullReserveItems, func(m kvcache.Manager) func() ([]any, error) {
-			w := kvcache.StartReserve(ctx, m, fullReserveItems)
+			w := pipeline.StartReserve(ctx, m, fullReserveItems)
 			return func() ([]any, error) { v, err := w(); return []any{v}, err }
 		}, []any{fullGrants}},
 		{"Unreserve", seqs, func(m kvcache.Manager) func() ([]any, error) {
-			w := kvcache.StartUnreserve(ctx, m, seqs)
+			w := pipeline.StartUnreserve(ctx, m, seqs)
 			return func() ([]any, error) { return nil, w() }
 		}, nil},
 		{"Suspend", seqs, func(m kvcache.Manager) func() ([]any, error) {
-			w := kvcache.StartSuspend(ctx, m, seqs)
+			w := pipeline.StartSuspend(ctx, m.(kvcache.Suspender), seqs)
 			return func() ([]any, error) { ok, c, err := w(); return []any{ok, c}, err }
 		}, []any{f.moveOK, fullCopies}},
 		{"Resume", seqs, func(m kvcache.Manager) func() ([]any, error) {
-			w := kvcache.StartResume(ctx, m, seqs)
+			w := pipeline.StartResume(ctx, m.(kvcache.Suspender), seqs)
 			return func() ([]any, error) { ok, c, err := w(); return []any{ok, c}, err }
 		}, []any{f.moveOK, fullCopies}},
 		{"Release", seqs, func(m kvcache.Manager) func() ([]any, error) {
-			w := kvcache.StartRelease(ctx, m, seqs)
+			w := pipeline.StartRelease(ctx, m, seqs)
 			return func() ([]any, error) { return nil, w() }
 		}, nil},
 	}
@@ -60,8 +61,8 @@ func fullFake() *fakeManager {
 
 // TestStartedCallsOverWire: every started call reaches the plugin with its
 // arguments and its wait returns what the plain call returns, on a data
-// plane of one instance (written at once) and, in TestOverGRPCOnly, over
-// gRPC (a goroutine per call).
+// plane (corked, written by the wait) and, in TestOverGRPCOnly, over gRPC
+// (a goroutine per call).
 func TestStartedCallsOverWire(t *testing.T) {
 	f := fullFake()
 	m, _ := managerPair(t, f)
@@ -158,7 +159,7 @@ func TestStartedForwardRunsBeforeTheWait(t *testing.T) {
 	for i := range bs {
 		bs[i] = worker.Batch{Step: 4, Items: []worker.Item{{Seq: 7, Tokens: []int32{1}, Sample: true}}}
 	}
-	wait, ok := ws[0].(worker.ChainStarter).StartForwardChain(ctx, ws[1:], bs)
+	wait, ok := ws[0].(pipeline.ChainStarter).StartForwardChain(ctx, ws[1:], bs)
 	if !ok {
 		t.Fatal("the instances of one process cannot be chained")
 	}

@@ -7,7 +7,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
+	"github.com/kvx-dev/kvx/plugins/internal/plane"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
@@ -22,16 +24,10 @@ type WorkerClient struct {
 
 var _ worker.Worker = (*WorkerClient)(nil)
 
-// NewWorkerClient returns a client on cc; see NewManagerClient for lifetime.
+// NewWorkerClient returns a client of instance 0 of the plugin process on
+// cc; see NewManagerClient.
 func NewWorkerClient(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *WorkerClient {
-	opener := &planeOpener{off: clientOpts(opts).grpcOnly, version: 1}
-	rpc := &workerRPC{WorkerClient: kvxpb.NewWorkerClient(cc), opener: opener}
-	return &WorkerClient{rpc: rpc, done: lifetime.Done(), opts: opts}
-}
-
-// newWorkerFamily: see newManagerFamily.
-func newWorkerFamily(lifetime context.Context, cc grpc.ClientConnInterface, opts ...ClientOption) *WorkerClient {
-	fam := &family{cc: cc, opener: &planeOpener{off: clientOpts(opts).grpcOnly, version: dataPlaneVersion}}
+	fam := &family{cc: cc, opener: plane.NewOpener(clientOpts(opts).grpcOnly)}
 	c, _ := newWorkerInstance(lifetime.Done(), fam, opts)
 	return c
 }
@@ -48,15 +44,12 @@ func newWorkerInstance(done <-chan struct{}, fam *family, opts []ClientOption) (
 // NewInstance returns a client of a further worker in the same plugin
 // process; see ManagerClient.NewInstance.
 func (c *WorkerClient) NewInstance() (*WorkerClient, error) {
-	if c.fam == nil {
-		return nil, kvcache.Errorf(kvcache.KindUnsupported, "kvx plugin: this plugin process serves one instance (transport protocol 1)")
-	}
 	return newWorkerInstance(c.done, c.fam, c.opts)
 }
 
 // SharesProcess reports whether c and o are instances of one plugin process.
 func (c *WorkerClient) SharesProcess(o *WorkerClient) bool {
-	return c.fam != nil && c.fam == o.fam
+	return c.fam == o.fam
 }
 
 // Done is closed when the plugin process has exited (never, for clients
@@ -144,9 +137,9 @@ type workerServer struct {
 	impl worker.Worker
 	gate gate
 	// route finds the instances of its process (nil: s serves alone).
-	route  route
+	route  plane.Route
 	once   sync.Once
-	framed map[method]handler
+	framed map[plane.Method]plane.Handler
 }
 
 func (s *workerServer) Info(ctx context.Context, _ *kvxpb.WorkerInfoRequest) (*kvxpb.WorkerInfo, error) {
@@ -223,11 +216,11 @@ func (s *workerServer) Health(ctx context.Context, _ *kvxpb.HealthRequest) (*kvx
 }
 
 var (
-	_ worker.Chainer      = (*WorkerClient)(nil)
-	_ worker.ChainStarter = (*WorkerClient)(nil)
+	_ pipeline.Chainer      = (*WorkerClient)(nil)
+	_ pipeline.ChainStarter = (*WorkerClient)(nil)
 )
 
-// ForwardChain implements worker.Chainer for the instances of one plugin
+// ForwardChain implements pipeline.Chainer for the instances of one plugin
 // process on a data plane: the stages' batches go in one write, each marked
 // to take the activations the previous one kept in the plugin, and the
 // answers come back together. Other workers, or no data plane: ok is false.
@@ -240,7 +233,7 @@ func (c *WorkerClient) ForwardChain(ctx context.Context, next []worker.Worker, b
 	return res, true, err
 }
 
-// StartForwardChain implements worker.ChainStarter: ForwardChain's write
+// StartForwardChain implements pipeline.ChainStarter: ForwardChain's write
 // now, its answers read by wait.
 func (c *WorkerClient) StartForwardChain(ctx context.Context, next []worker.Worker, bs []worker.Batch) (func() ([]worker.Result, error), bool) {
 	const m = workerService + "Forward"
@@ -259,38 +252,38 @@ func (c *WorkerClient) StartForwardChain(ctx context.Context, next []worker.Work
 		}
 		rpcs = append(rpcs, r)
 	}
-	plane := rpcs[0].plane(ctx)
-	if plane == nil || !plane.instanced {
+	dp := rpcs[0].plane(ctx)
+	if dp == nil {
 		return nil, false
 	}
-	frames := make([]outFrame, len(bs))
+	frames := make([]plane.Frame, len(bs))
 	for i := range bs {
 		b := bs[i]
 		var flags byte
 		if i > 0 {
-			b.Hidden, flags = nil, flagTake
+			b.Hidden, flags = nil, plane.FlagTake
 		}
 		if i < len(bs)-1 {
-			flags |= flagKeep
+			flags |= plane.FlagKeep
 		}
-		frames[i] = outFrame{inst: rpcs[i].inst, m: mForward, flags: flags, req: toProtoBatch(&b), resp: new(kvxpb.Result)}
+		frames[i] = plane.Frame{Inst: rpcs[i].inst, M: plane.Forward, Flags: flags, Req: toProtoBatch(&b), Resp: new(kvxpb.Result)}
 	}
-	calls, err := plane.send(ctx, frames)
+	calls, err := dp.Send(ctx, frames)
 	if err != nil {
-		err = &worker.StageError{Stage: 0, Err: fromStatus(ctx, c.done, m, err, nil)}
+		err = &pipeline.StageError{Stage: 0, Err: fromStatus(ctx, c.done, m, err, nil)}
 		return func() ([]worker.Result, error) { return nil, err }, true
 	}
 	return func() ([]worker.Result, error) {
 		res := make([]worker.Result, 0, len(bs))
 		var failed error
 		for i, call := range calls {
-			err := plane.await(ctx, call) // every answer is read, so the plane stays in step
+			err := dp.Await(ctx, call) // every answer is read, so the plane stays in step
 			if failed != nil {
 				continue
 			}
-			r, err := answerOf(ctx, c.done, m, frames[i].resp.(*kvxpb.Result), err, fromProtoResult)
+			r, err := answerOf(ctx, c.done, m, frames[i].Resp.(*kvxpb.Result), err, fromProtoResult)
 			if err != nil {
-				failed = &worker.StageError{Stage: i, Err: err}
+				failed = &pipeline.StageError{Stage: i, Err: err}
 				continue
 			}
 			res = append(res, r)

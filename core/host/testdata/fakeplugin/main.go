@@ -3,9 +3,6 @@
 // manager. Environment (for tests):
 //
 //	FAKEPLUGIN_PROTOCOLS     comma-separated protocols Info reports (default "1")
-//	FAKEPLUGIN_ONE_INSTANCE  set: serve transport protocol 1 only, one
-//	                         instance per process, as plugins built before
-//	                         instances do
 //	FAKEPLUGIN_TRANSPORT     serve only this transport protocol version (a
 //	                         plugin built for a kvx of another major version)
 //
@@ -30,8 +27,8 @@ import (
 	"github.com/hashicorp/go-plugin"
 
 	"github.com/kvx-dev/kvx/plugins/sdk"
-	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
@@ -80,12 +77,6 @@ func (manager) Reserve(_ context.Context, items []kvcache.ReserveItem) ([]kvcach
 func (manager) Unreserve(context.Context, []kvcache.SeqID) error { return nil }
 func (manager) Commit(context.Context, []kvcache.CommitItem) (kvcache.CommitResult, error) {
 	return kvcache.CommitResult{}, nil
-}
-func (manager) Suspend(context.Context, []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
-	return nil, nil, kvcache.ErrUnsupported
-}
-func (manager) Resume(context.Context, []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
-	return nil, nil, kvcache.ErrUnsupported
 }
 func (manager) Release(context.Context, []kvcache.SeqID) error { return nil }
 func (m manager) Stats(context.Context) (kvcache.Stats, error) {
@@ -140,16 +131,7 @@ func main() {
 		}
 		plugin.Serve(&plugin.ServeConfig{
 			HandshakeConfig:  pluginrpc.Handshake,
-			VersionedPlugins: map[int]plugin.PluginSet{n: pluginrpc.VersionedPlugins(newManager(), nil)[kvcache.ProtocolVersion]},
-			GRPCServer:       pluginrpc.NewGRPCServer,
-			Logger:           sdk.DefaultLogger(),
-		})
-		return
-	}
-	if os.Getenv("FAKEPLUGIN_ONE_INSTANCE") != "" {
-		plugin.Serve(&plugin.ServeConfig{
-			HandshakeConfig:  pluginrpc.Handshake,
-			VersionedPlugins: pluginrpc.VersionedPlugins(newManager(), nil),
+			VersionedPlugins: map[int]plugin.PluginSet{n: pluginrpc.ServedPlugins(newManager, nil)[pluginrpc.InstancesProtocol]},
 			GRPCServer:       pluginrpc.NewGRPCServer,
 			Logger:           sdk.DefaultLogger(),
 		})

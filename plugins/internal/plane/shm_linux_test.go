@@ -1,6 +1,6 @@
 //go:build linux
 
-package pluginrpc
+package plane
 
 import (
 	"bytes"
@@ -240,20 +240,20 @@ func TestShmHangUpDeadlineClose(t *testing.T) {
 // TestShmNeedsTheToken: a version 3 connection with the memory file but a
 // wrong token is hung up on before any call reaches the manager.
 func TestShmNeedsTheToken(t *testing.T) {
-	f := &fakeManager{}
-	dp := openRaw(t, f, 3)
+	s := &server{}
+	dp := openRaw(t, s, 3)
 	dp.Token = bytes.Repeat([]byte{1}, tokenBytes)
-	plane, err := dialDataPlane(ctx, dp)
+	plane, err := Dial(ctx, dp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer plane.shut(errors.New("test over"))
+	defer plane.Shut(errors.New("test over"))
 	plane.pc.setReadDeadline(time.Now().Add(10 * time.Second))
 	if err := plane.pc.fill(); err != io.EOF {
 		t.Errorf("read after a wrong token: %v, want EOF", err)
 	}
-	if len(f.calls) != 0 {
-		t.Errorf("manager saw %+v, want no call", f.calls)
+	if n := s.seen(); n != 0 {
+		t.Errorf("manager saw %d calls, want none", n)
 	}
 }
 

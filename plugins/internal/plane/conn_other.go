@@ -1,8 +1,10 @@
 //go:build !linux
 
-package pluginrpc
+package plane
 
-import "syscall"
+import (
+	"syscall"
+)
 
 // readSoon reads from the non-blocking socket fd; EAGAIN sends the caller
 // to the netpoller.

@@ -1,4 +1,4 @@
-package pluginrpc
+package plane
 
 import (
 	"encoding/binary"
@@ -35,7 +35,7 @@ type planeConn struct {
 	// for up to spin (yielding to other goroutines between polls) instead
 	// of sleeping in ppoll: the host's end spins for replies.
 	spin time.Duration
-	// shm, on a plane of version 3, carries the frames instead of the
+	// shm, on a plane of version 3 (Linux), carries the frames instead of the
 	// socket (see shmLink); the socket then carries only doorbells and
 	// tells of a hang-up.
 	shm *shmLink

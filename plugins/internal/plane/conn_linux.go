@@ -1,4 +1,4 @@
-package pluginrpc
+package plane
 
 import (
 	"syscall"

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package pluginrpc
+package plane
 
 import (
 	"errors"
@@ -9,11 +9,11 @@ import (
 	"time"
 )
 
-// shmSupported: data plane version 3 (frames in shared memory) needs Linux.
-const shmSupported = false
+// ShmSupported: data plane version 3 (frames in shared memory) needs Linux.
+const ShmSupported = false
 
-// dataPlaneVersion is the newest data plane version spoken here: frames on the socket.
-const dataPlaneVersion uint32 = 2
+// Version is the data plane version spoken here: frames on the socket.
+const Version uint32 = 2
 
 var errNoShm = errors.New("data plane: shared memory needs Linux")
 

@@ -1,6 +1,6 @@
 //go:build linux
 
-package pluginrpc
+package plane
 
 import (
 	"errors"
@@ -16,11 +16,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// shmSupported: data plane version 3 (frames in shared memory) is spoken.
-const shmSupported = true
+// ShmSupported: data plane version 3 (frames in shared memory) is spoken.
+const ShmSupported = true
 
-// dataPlaneVersion is the newest data plane version spoken here: frames in shared memory.
-const dataPlaneVersion uint32 = 3
+// Version is the data plane version spoken here: frames in shared memory.
+const Version uint32 = 3
 
 // A data plane of version 3 moves its frames through two byte rings in a
 // memory file both processes map, one ring each way, instead of through

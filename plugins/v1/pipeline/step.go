@@ -1,12 +1,14 @@
-package kvcache
+package pipeline
 
 import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
-// StepEnder is an optional Manager interface, found by type assertion: one
+// StepEnder is an optional kvcache.Manager interface, found by type assertion: one
 // call that ends a step on a stage. EndStep has exactly the effects of
 // Commit(Commits), then Release(Release), then, when Inspect is set,
 // Inspect(*Inspect). The plugin client implements it, so over gRPC the end
@@ -18,32 +20,32 @@ type StepEnder interface {
 
 // EndStepRequest is the end of one step on one stage.
 type EndStepRequest struct {
-	Commits []CommitItem
-	Release []SeqID
-	Inspect *InspectOptions // nil: no snapshot
+	Commits []kvcache.CommitItem
+	Release []kvcache.SeqID
+	Inspect *kvcache.InspectOptions // nil: no snapshot
 }
 
 // EndStepResult is what the three calls return.
 type EndStepResult struct {
-	Commit   CommitResult
-	Snapshot *Snapshot // nil unless the request asked for one
+	Commit   kvcache.CommitResult
+	Snapshot *kvcache.Snapshot // nil unless the request asked for one
 }
 
 // EndStep ends a step on m: through StepEnder when m implements it, else with
 // Commit, Release and Inspect in that order. Refused commit or release items
-// come back as one item-scoped *Error listing their sequences, after
+// come back as one item-scoped *kvcache.Error listing their sequences, after
 // everything valid was applied and the snapshot taken; any other error
 // stops the sequence of calls and is returned as is.
-func EndStep(ctx context.Context, m Manager, req EndStepRequest) (EndStepResult, error) {
+func EndStep(ctx context.Context, m kvcache.Manager, req EndStepRequest) (EndStepResult, error) {
 	if se, ok := m.(StepEnder); ok {
 		return se.EndStep(ctx, req)
 	}
 	var res EndStepResult
-	var refused []SeqID
+	var refused []kvcache.SeqID
 	var msgs []string
 	keep := func(err error) error {
-		var ke *Error
-		if errors.As(err, &ke) && ke.Kind == KindInvalidArg && len(ke.Seqs) > 0 {
+		var ke *kvcache.Error
+		if errors.As(err, &ke) && ke.Kind == kvcache.KindInvalidArg && len(ke.Seqs) > 0 {
 			refused = append(refused, ke.Seqs...)
 			msgs = append(msgs, ke.Msg)
 			return nil
@@ -68,12 +70,12 @@ func EndStep(ctx context.Context, m Manager, req EndStepRequest) (EndStepResult,
 		res.Snapshot = &snap
 	}
 	if len(refused) > 0 {
-		return res, ItemErrorf(refused, "%s", fmt.Sprint(msgs))
+		return res, kvcache.ItemErrorf(refused, "%s", fmt.Sprint(msgs))
 	}
 	return res, nil
 }
 
-// StepStarter is an optional Manager interface, found by type assertion: it
+// StepStarter is an optional kvcache.Manager interface, found by type assertion: it
 // sends the end of a step without waiting for the answer, which wait
 // returns. Every later call on the manager is applied after it, so a caller
 // may go on with the next step's calls before it waits; the plugin client
@@ -85,7 +87,7 @@ type StepStarter interface {
 
 // StartEndStep starts the end of a step on m: through StepStarter when m
 // implements it, else by running EndStep now, whose answer wait returns.
-func StartEndStep(ctx context.Context, m Manager, req EndStepRequest) (wait func() (EndStepResult, error)) {
+func StartEndStep(ctx context.Context, m kvcache.Manager, req EndStepRequest) (wait func() (EndStepResult, error)) {
 	if ss, ok := m.(StepStarter); ok {
 		return ss.StartEndStep(ctx, req)
 	}
@@ -93,7 +95,7 @@ func StartEndStep(ctx context.Context, m Manager, req EndStepRequest) (wait func
 	return func() (EndStepResult, error) { return res, err }
 }
 
-// CallStarter is an optional Manager interface, found by type assertion:
+// CallStarter is an optional kvcache.Manager interface, found by type assertion:
 // each method starts the call of the same name and returns without its
 // answer, which wait returns. The caller waits before it makes any other
 // call on the same manager; calls on other managers may come in between.
@@ -103,16 +105,21 @@ func StartEndStep(ctx context.Context, m Manager, req EndStepRequest) (wait func
 // the process wakes once. Call each wait exactly once. Callers use the
 // functions Start* below, which fall back to the plain call, run at once.
 type CallStarter interface {
-	StartLookup(ctx context.Context, items []LookupItem) (wait func() ([]int, error))
-	StartReserve(ctx context.Context, items []ReserveItem) (wait func() ([]Grant, error))
-	StartUnreserve(ctx context.Context, seqs []SeqID) (wait func() error)
-	StartSuspend(ctx context.Context, seqs []SeqID) (wait func() ([]bool, []Copy, error))
-	StartResume(ctx context.Context, seqs []SeqID) (wait func() ([]bool, []Copy, error))
-	StartRelease(ctx context.Context, seqs []SeqID) (wait func() error)
+	StartLookup(ctx context.Context, items []kvcache.LookupItem) (wait func() ([]int, error))
+	StartReserve(ctx context.Context, items []kvcache.ReserveItem) (wait func() ([]kvcache.Grant, error))
+	StartUnreserve(ctx context.Context, seqs []kvcache.SeqID) (wait func() error)
+	StartRelease(ctx context.Context, seqs []kvcache.SeqID) (wait func() error)
+}
+
+// SuspendStarter is CallStarter for a kvcache.Suspender's two calls, found by type
+// assertion on the kvcache.Suspender.
+type SuspendStarter interface {
+	StartSuspend(ctx context.Context, seqs []kvcache.SeqID) (wait func() ([]bool, []kvcache.Copy, error))
+	StartResume(ctx context.Context, seqs []kvcache.SeqID) (wait func() ([]bool, []kvcache.Copy, error))
 }
 
 // StartLookup starts m.Lookup (see CallStarter).
-func StartLookup(ctx context.Context, m Manager, items []LookupItem) (wait func() ([]int, error)) {
+func StartLookup(ctx context.Context, m kvcache.Manager, items []kvcache.LookupItem) (wait func() ([]int, error)) {
 	if cs, ok := m.(CallStarter); ok {
 		return cs.StartLookup(ctx, items)
 	}
@@ -121,16 +128,16 @@ func StartLookup(ctx context.Context, m Manager, items []LookupItem) (wait func(
 }
 
 // StartReserve starts m.Reserve (see CallStarter).
-func StartReserve(ctx context.Context, m Manager, items []ReserveItem) (wait func() ([]Grant, error)) {
+func StartReserve(ctx context.Context, m kvcache.Manager, items []kvcache.ReserveItem) (wait func() ([]kvcache.Grant, error)) {
 	if cs, ok := m.(CallStarter); ok {
 		return cs.StartReserve(ctx, items)
 	}
 	g, err := m.Reserve(ctx, items)
-	return func() ([]Grant, error) { return g, err }
+	return func() ([]kvcache.Grant, error) { return g, err }
 }
 
 // StartUnreserve starts m.Unreserve (see CallStarter).
-func StartUnreserve(ctx context.Context, m Manager, seqs []SeqID) (wait func() error) {
+func StartUnreserve(ctx context.Context, m kvcache.Manager, seqs []kvcache.SeqID) (wait func() error) {
 	if cs, ok := m.(CallStarter); ok {
 		return cs.StartUnreserve(ctx, seqs)
 	}
@@ -138,26 +145,26 @@ func StartUnreserve(ctx context.Context, m Manager, seqs []SeqID) (wait func() e
 	return func() error { return err }
 }
 
-// StartSuspend starts m.Suspend (see CallStarter).
-func StartSuspend(ctx context.Context, m Manager, seqs []SeqID) (wait func() ([]bool, []Copy, error)) {
-	if cs, ok := m.(CallStarter); ok {
-		return cs.StartSuspend(ctx, seqs)
+// StartSuspend starts s.Suspend (see SuspendStarter).
+func StartSuspend(ctx context.Context, s kvcache.Suspender, seqs []kvcache.SeqID) (wait func() ([]bool, []kvcache.Copy, error)) {
+	if ss, ok := s.(SuspendStarter); ok {
+		return ss.StartSuspend(ctx, seqs)
 	}
-	ok, copies, err := m.Suspend(ctx, seqs)
-	return func() ([]bool, []Copy, error) { return ok, copies, err }
+	ok, copies, err := s.Suspend(ctx, seqs)
+	return func() ([]bool, []kvcache.Copy, error) { return ok, copies, err }
 }
 
-// StartResume starts m.Resume (see CallStarter).
-func StartResume(ctx context.Context, m Manager, seqs []SeqID) (wait func() ([]bool, []Copy, error)) {
-	if cs, ok := m.(CallStarter); ok {
-		return cs.StartResume(ctx, seqs)
+// StartResume starts s.Resume (see SuspendStarter).
+func StartResume(ctx context.Context, s kvcache.Suspender, seqs []kvcache.SeqID) (wait func() ([]bool, []kvcache.Copy, error)) {
+	if ss, ok := s.(SuspendStarter); ok {
+		return ss.StartResume(ctx, seqs)
 	}
-	ok, copies, err := m.Resume(ctx, seqs)
-	return func() ([]bool, []Copy, error) { return ok, copies, err }
+	ok, copies, err := s.Resume(ctx, seqs)
+	return func() ([]bool, []kvcache.Copy, error) { return ok, copies, err }
 }
 
 // StartRelease starts m.Release (see CallStarter).
-func StartRelease(ctx context.Context, m Manager, seqs []SeqID) (wait func() error) {
+func StartRelease(ctx context.Context, m kvcache.Manager, seqs []kvcache.SeqID) (wait func() error) {
 	if cs, ok := m.(CallStarter); ok {
 		return cs.StartRelease(ctx, seqs)
 	}

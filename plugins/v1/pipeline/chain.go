@@ -1,11 +1,13 @@
-package worker
+package pipeline
 
 import (
 	"context"
 	"fmt"
+
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
-// Chainer is an optional Worker interface, found by type assertion: one
+// Chainer is an optional worker.Worker interface, found by type assertion: one
 // call runs a micro-batch over several pipeline stages, each stage's
 // activations handed to the next where the workers run instead of through
 // the caller. The plugin client implements it for the stages' workers that
@@ -21,10 +23,10 @@ type Chainer interface {
 	// *StageError naming it, and the later stages did not run. ok false
 	// means it cannot chain these workers (they are not served together):
 	// nothing ran.
-	ForwardChain(ctx context.Context, next []Worker, bs []Batch) (res []Result, ok bool, err error)
+	ForwardChain(ctx context.Context, next []worker.Worker, bs []worker.Batch) (res []worker.Result, ok bool, err error)
 }
 
-// ChainStarter is an optional Worker interface, found by type assertion,
+// ChainStarter is an optional worker.Worker interface, found by type assertion,
 // beside Chainer: it sends what ForwardChain would and returns without
 // waiting for the answers, which wait returns. The caller may do other work
 // (a pipeline's next manager phase) while the stages run. The batches are
@@ -33,7 +35,7 @@ type Chainer interface {
 // ok false means it cannot chain these workers: nothing was sent and wait
 // is nil. Callers use StartForwardStages.
 type ChainStarter interface {
-	StartForwardChain(ctx context.Context, next []Worker, bs []Batch) (wait func() ([]Result, error), ok bool)
+	StartForwardChain(ctx context.Context, next []worker.Worker, bs []worker.Batch) (wait func() ([]worker.Result, error), ok bool)
 }
 
 // StageError is the error of one stage of ForwardStages.
@@ -51,7 +53,7 @@ func (e *StageError) Unwrap() error { return e.Err }
 // results of the stages that ran and, when one failed, a *StageError. The
 // two ways give the same results, Hidden of the stages before the last
 // aside (nil after a chain).
-func ForwardStages(ctx context.Context, ws []Worker, bs []Batch) ([]Result, error) {
+func ForwardStages(ctx context.Context, ws []worker.Worker, bs []worker.Batch) ([]worker.Result, error) {
 	if len(ws) != len(bs) {
 		return nil, fmt.Errorf("forward over %d stages with %d batches", len(ws), len(bs))
 	}
@@ -72,7 +74,7 @@ func ForwardStages(ctx context.Context, ws []Worker, bs []Batch) ([]Result, erro
 // goes on; otherwise the forward runs now, on the calling goroutine, and
 // wait only returns what it gave. Either way the results are the same.
 // Call wait exactly once, before any other call on these workers.
-func StartForwardStages(ctx context.Context, ws []Worker, bs []Batch) (wait func() ([]Result, error)) {
+func StartForwardStages(ctx context.Context, ws []worker.Worker, bs []worker.Batch) (wait func() ([]worker.Result, error)) {
 	if len(ws) > 1 && len(ws) == len(bs) {
 		if c, ok := ws[0].(ChainStarter); ok {
 			if wait, ok := c.StartForwardChain(ctx, ws[1:], bs); ok {
@@ -81,12 +83,12 @@ func StartForwardStages(ctx context.Context, ws []Worker, bs []Batch) (wait func
 		}
 	}
 	res, err := ForwardStages(ctx, ws, bs)
-	return func() ([]Result, error) { return res, err }
+	return func() ([]worker.Result, error) { return res, err }
 }
 
 // forwardEach runs bs[i] on ws[i] by Forward, in order.
-func forwardEach(ctx context.Context, ws []Worker, bs []Batch) ([]Result, error) {
-	res := make([]Result, 0, len(ws))
+func forwardEach(ctx context.Context, ws []worker.Worker, bs []worker.Batch) ([]worker.Result, error) {
+	res := make([]worker.Result, 0, len(ws))
 	var hidden []byte
 	for i, w := range ws {
 		b := bs[i]

@@ -1,0 +1,315 @@
+package config
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/kvx-dev/kvx/core/hw"
+	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+)
+
+// resolve fills model-derived defaults and checks cross-field rules.
+func (ld *loader) resolve(c *Config) {
+	// Hardware.
+	if !ld.bad["hardware"] {
+		h, err := hw.Lookup(c.Hardware)
+		if err != nil {
+			ld.valueErr("hardware", c.Hardware, "is not one of "+strings.Join(hw.Names(), ", "))
+			ld.bad["hardware"] = true
+		}
+		c.hardware = h
+	}
+
+	// Model.
+	haveModel := false
+	switch {
+	case ld.bad["model"]:
+	case c.Model == "":
+		ld.crossErr("model: missing; give a preset (%s) or a path to a config.json", strings.Join(model.Presets(), ", "))
+	default:
+		m, err := model.Load(c.Model)
+		if err != nil {
+			ld.crossErr("model: %q (%s): %v", c.Model, ld.originOf("model").where, err)
+		} else {
+			c.model, haveModel = m, true
+		}
+	}
+	haveModel = ld.resolveSynthetic(c, haveModel)
+
+	kv := &c.KVCache
+	if c.MaxSeqLen == 0 && haveModel {
+		c.MaxSeqLen = c.model.MaxPosition
+	}
+	if haveModel && c.MaxSeqLen > c.model.MaxPosition && !ld.bad["max_seq_len"] {
+		ld.notices = append(ld.notices, fmt.Sprintf("max_seq_len %d exceeds the model's max_position_embeddings %d",
+			c.MaxSeqLen, c.model.MaxPosition))
+	}
+	if kv.AvgSeqLen > 0 && c.MaxSeqLen > 0 && kv.AvgSeqLen > c.MaxSeqLen && !ld.anyBad("kv_cache_config.avg_seq_len", "max_seq_len") {
+		ld.crossErr("kv_cache_config.avg_seq_len: %d exceeds max_seq_len %d", kv.AvgSeqLen, c.MaxSeqLen)
+	}
+	if c.MaxNumTokens < kv.TokensPerBlock && !ld.anyBad("max_num_tokens", "kv_cache_config.tokens_per_block") {
+		ld.crossErr("max_num_tokens: %d is less than kv_cache_config.tokens_per_block %d", c.MaxNumTokens, kv.TokensPerBlock)
+	}
+	if kv.MaxTokens > 0 && kv.MaxTokens < kv.TokensPerBlock && !ld.anyBad("kv_cache_config.max_tokens", "kv_cache_config.tokens_per_block") {
+		ld.crossErr("kv_cache_config.max_tokens: %d is less than kv_cache_config.tokens_per_block %d", kv.MaxTokens, kv.TokensPerBlock)
+	}
+	if len(kv.PoolRatio) > 0 && !ld.bad["kv_cache_config.pool_ratio"] {
+		sum := 0.0
+		for _, r := range kv.PoolRatio {
+			sum += r
+		}
+		if math.Abs(sum-1) > 1e-6 {
+			ld.crossErr("kv_cache_config.pool_ratio: %s sums to %s; the ratios must sum to 1", show(anySlice(kv.PoolRatio)), fmtFloat(sum))
+		}
+	}
+	if iv := c.MambaState.PeriodicSnapshotInterval; iv > 0 && iv%kv.TokensPerBlock != 0 &&
+		!ld.anyBad("mamba_state_config.periodic_snapshot_interval", "kv_cache_config.tokens_per_block") {
+		ld.crossErr("mamba_state_config.periodic_snapshot_interval: %d is not a multiple of kv_cache_config.tokens_per_block %d (snapshots sit on block boundaries)",
+			iv, kv.TokensPerBlock)
+	}
+	tp := c.TensorParallelSize
+	if c.ExpertParallelSize > 0 && tp%c.ExpertParallelSize != 0 && !ld.anyBad("expert_parallel_size", "tensor_parallel_size") {
+		ld.crossErr("expert_parallel_size: %d does not divide tensor_parallel_size %d", c.ExpertParallelSize, tp)
+	}
+	if c.Speculative.Enabled() {
+		s := &c.Speculative
+		switch {
+		case s.NumNextNPredictLayers == 0 && s.MaxDraftLen == 0:
+			s.NumNextNPredictLayers, s.MaxDraftLen = 1, 1
+		case s.NumNextNPredictLayers == 0:
+			s.NumNextNPredictLayers = s.MaxDraftLen
+		case s.MaxDraftLen == 0:
+			s.MaxDraftLen = s.NumNextNPredictLayers
+		}
+	} else {
+		for _, k := range []string{"speculative_config.num_nextn_predict_layers", "speculative_config.max_draft_len", "speculative_config.acceptance_rate"} {
+			if ld.given[k] {
+				ld.crossErr("%s: set without speculative_config.decoding_type (MTP)", k)
+			}
+		}
+		c.Speculative = SpeculativeConfig{AcceptanceRate: c.Speculative.AcceptanceRate}
+	}
+	ld.resolveWorkload(c)
+	if haveModel {
+		ld.resolveModel(c)
+	}
+}
+
+// resolveSynthetic checks the synthetic keys against device and, with device
+// cpu, replaces the model by its synthetic version. It returns whether a
+// model is still at hand.
+func (ld *loader) resolveSynthetic(c *Config, haveModel bool) bool {
+	var given []string
+	for _, f := range model.SyntheticFields() {
+		if k := "synthetic." + f.Key; ld.given[k] {
+			given = append(given, k)
+		}
+	}
+	if c.Device != "cpu" {
+		if len(given) > 0 && !ld.bad["device"] {
+			where := "default"
+			if ld.given["device"] {
+				where = ld.originOf("device").where
+			}
+			ld.crossErr("%s: set with device %q (%s); synthetic models run only with device: cpu",
+				strings.Join(given, ", "), c.Device, where)
+		}
+		return haveModel
+	}
+	if c.TensorParallelSize > 1 && !ld.bad["tensor_parallel_size"] {
+		ld.crossErr("tensor_parallel_size: %d with device cpu (%s): the cpu device runs one rank per stage; set 1",
+			c.TensorParallelSize, ld.originOf("tensor_parallel_size").where)
+	}
+	if !haveModel {
+		return false
+	}
+	for _, f := range model.SyntheticFields() {
+		if ld.bad["synthetic."+f.Key] {
+			return false
+		}
+	}
+	sp := c.Synthetic
+	if s := c.Speculative; sp.MTPLayers == 0 && s.Enabled() && c.model.NumNextN > 0 {
+		// The synthetic MTP head runs one MTP layer per draft depth.
+		sp.MTPLayers = max(c.model.NumNextN, s.MaxDraftLen, s.NumNextNPredictLayers)
+	}
+	m, err := model.Synthetic(c.model, sp)
+	if err != nil {
+		errs := []error{err}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			errs = j.Unwrap()
+		}
+		for _, e := range errs {
+			ld.crossErr("%v (synthetic model of %q for device cpu)", e, c.Model)
+		}
+		return false
+	}
+	c.model = m
+	return true
+}
+
+// resolveModel applies the rules that need the model.
+func (ld *loader) resolveModel(c *Config) {
+	m := c.model
+	var dsa, mla, mamba bool
+	for _, l := range m.Layers {
+		switch l.Mixer {
+		case spec.MixerDSA:
+			dsa = true
+		case spec.MixerMLA:
+			mla = true
+		case spec.MixerMamba:
+			mamba = true
+		}
+	}
+	kind := "gqa"
+	switch {
+	case dsa:
+		kind = "dsa"
+	case mla:
+		kind = "mla"
+	}
+	if c.AttentionBackend == "" {
+		c.AttentionBackend = kind
+	} else if !ld.bad["attention_backend"] {
+		ok := c.AttentionBackend == kind || (c.AttentionBackend == "mla" && kind == "dsa")
+		if !ok {
+			allowed := kind
+			if kind == "dsa" {
+				allowed = "dsa or mla (dense A/B)"
+			}
+			ld.crossErr("attention_backend: %q does not fit model %q, whose attention is %s; allowed: %s",
+				c.AttentionBackend, m.Name, kind, allowed)
+		}
+	}
+	if c.CacheManager == "" {
+		c.CacheManager = "v2"
+		if mamba {
+			c.CacheManager = "mamba"
+		}
+	}
+	if !mamba && (ld.given["mamba_state_config.periodic_snapshot_interval"] || ld.given["mamba_state_config.additional_snapshot_offsets_from_end"]) {
+		ld.notices = append(ld.notices, fmt.Sprintf("mamba_state_config has no effect: model %q has no Mamba layers", m.Name))
+	}
+	if !ld.anyBad("pipeline_parallel_size") {
+		if _, err := model.SplitStages(m, c.PipelineParallelSize); err != nil {
+			ld.crossErr("pipeline_parallel_size: %v", err)
+		}
+	}
+	if !ld.anyBad("tensor_parallel_size", "kv_cache_config.dtype", "kv_cache_config.mamba_ssm_cache_dtype") {
+		probe := c.ModelSpec()
+		if err := model.FillBuffers(&probe, c.Dtypes(), c.TensorParallelSize); err != nil {
+			ld.crossErr("tensor_parallel_size: %v", err)
+		}
+	}
+	if ep := c.ExpertParallelSize; ep > 1 && !ld.bad["expert_parallel_size"] {
+		if m.Experts == 0 {
+			ld.crossErr("expert_parallel_size: %d needs a MoE model; model %q has no experts", ep, m.Name)
+		} else if m.Experts%ep != 0 {
+			ld.crossErr("expert_parallel_size: %d does not divide the %d experts of model %q", ep, m.Experts, m.Name)
+		}
+	}
+	if c.Speculative.Enabled() && m.NumNextN == 0 && !ld.bad["speculative_config.decoding_type"] {
+		ld.crossErr("speculative_config.decoding_type: MTP needs MTP layers; model %q has num_nextn_predict_layers 0", m.Name)
+	}
+	w := c.Workload
+	if w.Kind() == WorkloadGenerator && w.PromptTokens.Max > 0 && c.MaxSeqLen > 0 && w.PromptTokens.Max+w.OutputTokens.Max > c.MaxSeqLen {
+		ld.notices = append(ld.notices, fmt.Sprintf("workload: prompt_tokens.max %d + output_tokens.max %d exceeds max_seq_len %d; such requests will be rejected",
+			w.PromptTokens.Max, w.OutputTokens.Max, c.MaxSeqLen))
+	}
+}
+
+func (ld *loader) resolveWorkload(c *Config) {
+	w := &c.Workload
+	if !ld.given["workload.seed"] {
+		w.Seed = c.Seed
+	}
+	genKeys := []string{"workload.requests", "workload.rate", "workload.prompt_tokens", "workload.prompt_tokens.min", "workload.prompt_tokens.max",
+		"workload.output_tokens", "workload.output_tokens.min", "workload.output_tokens.max", "workload.shared_prefix_tokens", "workload.shared_prefix_groups"}
+	// given reports a key the user wrote: a one-number range hides its .min and .max.
+	given := func(k string) bool {
+		if p, ok := strings.CutSuffix(k, ".min"); ok && ld.given[p] {
+			return false
+		}
+		if p, ok := strings.CutSuffix(k, ".max"); ok && ld.given[p] {
+			return false
+		}
+		return ld.given[k]
+	}
+	traceKeys := []string{"workload.limit", "workload.time_scale"}
+	switch {
+	case ld.given["workload.trace"] && ld.given["workload.requests"]:
+		ld.crossErr("workload: trace %q and requests %d are exclusive: a workload is a trace or a generator", w.Trace, w.Requests)
+	case ld.given["workload.trace"]:
+		for _, k := range genKeys {
+			if given(k) {
+				ld.crossErr("%s: a generator key, but workload.trace is set", k)
+			}
+		}
+		if !ld.bad["workload.trace"] {
+			// A relative path in a YAML file is relative to that file.
+			if o := ld.originOf("workload.trace"); o.file != "" && !filepath.IsAbs(w.Trace) {
+				w.Trace = filepath.Join(filepath.Dir(o.file), w.Trace)
+			}
+			if fi, err := os.Stat(w.Trace); err != nil {
+				ld.crossErr("workload.trace: %v", err)
+			} else if fi.IsDir() {
+				ld.crossErr("workload.trace: %q is a directory, not a Mooncake JSONL file", w.Trace)
+			}
+		}
+	case ld.given["workload.requests"]:
+		for _, k := range traceKeys {
+			if ld.given[k] {
+				ld.crossErr("%s: a trace key, but workload.requests selects the generator", k)
+			}
+		}
+		ld.resolveRange("workload.prompt_tokens", &w.PromptTokens)
+		ld.resolveRange("workload.output_tokens", &w.OutputTokens)
+		if w.SharedPrefixTokens > w.PromptTokens.Min && w.PromptTokens.Min > 0 && !ld.anyBad("workload.shared_prefix_tokens") {
+			ld.crossErr("workload.shared_prefix_tokens: %d exceeds workload.prompt_tokens.min %d", w.SharedPrefixTokens, w.PromptTokens.Min)
+		}
+		if w.Rate > 0 && w.Concurrency > 0 && !ld.anyBad("workload.rate", "workload.concurrency") {
+			ld.crossErr("workload.rate: %s must be 0 when workload.concurrency (%d) is set: a closed loop has no arrival rate", fmtFloat(w.Rate), w.Concurrency)
+		}
+	default:
+		for _, k := range genKeys {
+			if given(k) {
+				ld.crossErr("%s: set without workload.requests, which selects the generator", k)
+			}
+		}
+		for _, k := range traceKeys {
+			if ld.given[k] {
+				ld.crossErr("%s: set without workload.trace", k)
+			}
+		}
+	}
+}
+
+// resolveRange completes a generator range: one bound given means both.
+func (ld *loader) resolveRange(key string, r *Range) {
+	if ld.anyBad(key+".min", key+".max") {
+		return
+	}
+	switch {
+	case r.Min == 0 && r.Max == 0:
+		ld.crossErr("%s: missing; the generator (workload.requests) needs it, as {min, max} or one number", key)
+	case r.Min == 0:
+		r.Min = r.Max
+	case r.Max == 0:
+		r.Max = r.Min
+	case r.Min > r.Max:
+		ld.crossErr("%s: min %d exceeds max %d", key, r.Min, r.Max)
+	}
+}
+
+func anySlice[T any](s []T) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
+}

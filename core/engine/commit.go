@@ -1,0 +1,212 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
+)
+
+// completeUpTo commits every in-flight micro-batch that finished by t.
+func (e *Engine) completeUpTo(ctx context.Context, t int64) error {
+	for len(e.inflight) > 0 && e.inflight[0].done <= t {
+		mb := e.inflight[0]
+		e.inflight = e.inflight[1:]
+		if err := e.complete(ctx, mb); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// complete ends one micro-batch's step: it starts the commit, the release
+// of the finished requests and the invariant snapshot on every stage (settle
+// takes their answers), and advances the requests and the scheduler.
+func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
+	if err := e.settle(); err != nil { // no call went out since the last end of step
+		return err
+	}
+	commits := make([]kvcache.CommitItem, 0, len(mb.items))
+	emits := make([][]int32, len(mb.items))
+	sampled := make([]int, len(mb.items)) // before capping at the request's output length
+	for i, it := range mb.items {
+		r := e.byID[it.ID]
+		accepted := it.Tokens
+		if it.Sample {
+			out, ok := mb.outputs[it.ID]
+			if !ok || len(out.Tokens) == 0 {
+				return fmt.Errorf("step %d: last stage returned no output for request %d", mb.step, it.ID)
+			}
+			if it.Prefill && len(out.Tokens) != 1 {
+				return fmt.Errorf("step %d: request %d: prefill sampled %d tokens, want 1", mb.step, it.ID, len(out.Tokens))
+			}
+			acc := len(out.Tokens) - 1
+			if acc > it.Draft {
+				return fmt.Errorf("step %d: request %d: %d drafts accepted of %d proposed", mb.step, it.ID, acc, it.Draft)
+			}
+			accepted += acc
+			e.rep.Tokens.DraftAccepted += int64(acc)
+			emit := out.Tokens
+			sampled[i] = len(emit)
+			if rem := r.maxNew - (len(r.tokens) - r.prompt); len(emit) > rem {
+				emit = emit[:rem]
+			}
+			emits[i] = emit
+			r.drafts = append(r.drafts[:0], out.Drafts...)
+			if e.spec.KeepOutputs && out.Logits != nil {
+				r.logits, r.logitsAt = out.Logits, len(r.tokens)-r.prompt+len(out.Tokens)-1
+			}
+		}
+		commits = append(commits, kvcache.CommitItem{Seq: it.ID, Accepted: accepted})
+	}
+	// Requests that this step finishes are released in the same call.
+	var finishing []kvcache.SeqID
+	for i, it := range mb.items {
+		r := e.byID[it.ID]
+		if len(r.tokens)-r.prompt+len(emits[i]) >= r.maxNew {
+			finishing = append(finishing, it.ID)
+		}
+	}
+	e.commits++
+	var inspect *kvcache.InspectOptions
+	deep := false
+	if c := e.spec.CheckEvery; c > 0 && e.commits%int64(c) == 0 {
+		e.rep.Invariants.CheckedSteps++
+		deep = e.spec.DeepEvery > 0 && e.rep.Invariants.CheckedSteps%int64(e.spec.DeepEvery) == 0
+		inspect = &kvcache.InspectOptions{Tables: deep, CheckTables: deep}
+	}
+	// Commit, release the finished and inspect, in one call per stage that
+	// is only started here: a plugin gets it with the next step's first
+	// call, and settle checks the answers then (see ending).
+	end := &ending{step: mb.step, waits: make([]func() (pipeline.EndStepResult, error), len(e.stages)), inspect: inspect != nil, deep: deep}
+	req := pipeline.EndStepRequest{Commits: commits, Release: finishing, Inspect: inspect}
+	_ = e.eachStage(func(st *stage) error {
+		end.waits[st.idx] = pipeline.StartEndStep(ctx, st.m, req)
+		st.released = append(st.released, finishing...)
+		for _, id := range finishing {
+			st.forget(id)
+		}
+		return nil
+	})
+	e.ending = end
+	for _, id := range finishing {
+		r := e.byID[id]
+		if r.resident {
+			e.resident--
+		}
+		r.resident = false
+	}
+	for i, it := range mb.items {
+		r := e.byID[it.ID]
+		r.reserved = false
+		r.history += commits[i].Accepted
+		r.tokens = append(r.tokens, emits[i]...)
+		if len(emits[i]) > 0 && r.firstTok < 0 {
+			r.firstTok = mb.done
+		}
+		e.rep.Tokens.Generated += int64(len(emits[i]))
+		finished := e.sched.Complete(it.ID, commits[i].Accepted, sampled[i])
+		if finished != slices.Contains(finishing, it.ID) {
+			return fmt.Errorf("step %d: request %d: the scheduler says finished %v, the engine released it %v", mb.step, it.ID, finished, !finished)
+		}
+		if finished {
+			r.state, r.finish = stDone, mb.done
+			r.history = 0
+			e.active--
+			e.bar.tick(e)
+		}
+	}
+	e.bar.update(e)
+	return nil
+}
+
+// ending is the end of one step, started on every stage by complete and
+// settled by the engine's next call to the managers. Everything the engine
+// does in between depends only on what it committed, not on the answers:
+// the answers carry block copies for the next forward, the snapshot for the
+// invariant check and the items a stage refused. So a plugin manager is
+// woken once per step for the end of one step and the start of the next
+// (pipeline.StepStarter), and the check still sees the engine exactly as it
+// was at the end of the step: settle runs after the next phase's calls
+// return and before their answers are applied.
+type ending struct {
+	step    uint64
+	waits   []func() (pipeline.EndStepResult, error) // per stage
+	inspect bool
+	deep    bool
+}
+
+// settle takes the answers of the started end of a step, if any: it hands
+// their copies to the workers and checks the snapshots. A stage that refused
+// a commit or a release broke the contract (a commit cannot fail): the run
+// stops with the stage, the step and the requests.
+func (e *Engine) settle() error {
+	end := e.ending
+	if end == nil {
+		return nil
+	}
+	e.ending = nil
+	res := make([]pipeline.EndStepResult, len(e.stages))
+	err := e.eachStage(func(st *stage) error {
+		r, err := end.waits[st.idx]()
+		if err != nil {
+			return stageErr(st.idx, fmt.Sprintf("end of step %d", end.step), err)
+		}
+		res[st.idx] = r
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	snaps := make([]*kvcache.Snapshot, len(e.stages))
+	for i, st := range e.stages {
+		st.copies = append(st.copies, res[i].Commit.Copies...)
+		snaps[i] = res[i].Snapshot
+	}
+	if end.inspect {
+		return e.check(snaps, end.deep)
+	}
+	return nil
+}
+
+// dropEnding forgets the started end of a step after a stage died: the
+// surviving stages still get it (before anything else the engine sends
+// them), and the answers no longer matter.
+func (e *Engine) dropEnding() {
+	if end := e.ending; end != nil {
+		e.ending = nil
+		for _, wait := range end.waits {
+			_, _ = wait()
+		}
+	}
+}
+
+// release frees sequences on every stage and tells the workers.
+func (e *Engine) release(ctx context.Context, ids []kvcache.SeqID) error {
+	err := e.eachManager(func(st *stage) func() error {
+		wait := pipeline.StartRelease(ctx, st.m, ids)
+		return func() error {
+			if err := wait(); err != nil {
+				return stageErr(st.idx, "release", err)
+			}
+			st.released = append(st.released, ids...)
+			for _, id := range ids {
+				st.forget(id)
+			}
+			return nil
+		}
+	})
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		r := e.byID[id]
+		if r.resident {
+			e.resident--
+		}
+		r.resident, r.history, r.reserved = false, 0, false
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvx-dev/kvx/core/report"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+)
+
+// finishReport fills in the figures that are known only at the end.
+func (e *Engine) finishReport(ctx context.Context) {
+	rep := &e.rep
+	rep.Engine.Steps = int64(e.steps)
+	rep.Engine.WallS = time.Since(e.started).Seconds()
+	rep.Engine.Modelled = e.modelled
+	rep.Engine.Uncalibrated = e.spec.Hardware.Uncalibrated && e.modelled
+	var ttft, tpot, e2e []float64
+	digest := xxh3.New()
+	var buf [4]byte
+	var end int64
+	for _, r := range e.reqs {
+		rep.Tokens.Prompt += int64(r.prompt)
+		switch r.state {
+		case stDone:
+			rep.Requests.Completed++
+			ttft = append(ttft, float64(r.firstTok-r.arrival)/1e6)
+			e2e = append(e2e, float64(r.finish-r.arrival)/1e6)
+			if n := len(r.tokens) - r.prompt; n > 1 {
+				tpot = append(tpot, float64(r.finish-r.firstTok)/1e6/float64(n-1))
+			}
+			end = max(end, r.finish)
+		case stRejected:
+			rep.Requests.Rejected++
+		case stFailed:
+			rep.Requests.Failed++
+		}
+		for _, t := range r.tokens[r.prompt:] {
+			buf[0], buf[1], buf[2], buf[3] = byte(t), byte(t>>8), byte(t>>16), byte(t>>24)
+			digest.Write(buf[:])
+		}
+		buf = [4]byte{0xff, 0xff, 0xff, 0xff} // request separator
+		digest.Write(buf[:])
+		if e.spec.KeepOutputs {
+			rep.Outputs.Requests = append(rep.Outputs.Requests, report.RequestOutput{
+				ID: uint64(r.id), Tokens: slices.Clone(r.tokens[r.prompt:]), Logits: r.logits, LogitsAt: r.logitsAt,
+			})
+		}
+	}
+	rep.Outputs.Digest = fmt.Sprintf("%016x", digest.Sum64())
+	rep.Latency = report.Latency{
+		TTFTP50: report.Percentile(ttft, 50), TTFTP99: report.Percentile(ttft, 99),
+		TPOTP50: report.Percentile(tpot, 50), TPOTP99: report.Percentile(tpot, 99),
+		E2EP50: report.Percentile(e2e, 50),
+	}
+	if end > 0 {
+		s := float64(end) / 1e9
+		rep.Throughput = report.Throughput{
+			OutputTokensPerS: float64(rep.Tokens.Generated) / s,
+			RequestsPerS:     float64(rep.Requests.Completed) / s,
+			SimulatedS:       s,
+		}
+	}
+	if rep.Tokens.Prompt > 0 {
+		rep.Tokens.HitRate = float64(rep.Tokens.PrefixReused) / float64(rep.Tokens.Prompt)
+	}
+	rep.KV.Stages = rep.KV.Stages[:0]
+	var snaps report.Snapshots
+	hasSnaps := false
+	for _, st := range e.stages {
+		u := report.StageUsage{Stage: st.idx, PeakUsage: st.peak, MaxSeqTokens: st.layout.MaxSeqTokens}
+		for _, p := range st.layout.Pools {
+			u.Pools = append(u.Pools, report.Pool{Name: p.Name, Tier: string(p.Tier), Blocks: p.Blocks, BlockBytes: p.BlockBytes, Tokens: p.TokensPerBlock})
+		}
+		if st.m != nil {
+			if info, err := st.m.Info(ctx); err == nil {
+				u.Manager = info.Name + " " + info.Version
+			}
+			if s, err := st.m.Stats(ctx); err == nil {
+				u.Evictions = s.Evictions
+				if s.Snapshots != (kvcache.SnapshotStats{}) {
+					hasSnaps = true
+					snaps.Taken += s.Snapshots.Taken
+					snaps.Skipped += s.Snapshots.Skipped
+					snaps.Evicted += s.Snapshots.Evicted
+					snaps.ReusedTokens += s.Snapshots.ReusedTokens
+				}
+			}
+		}
+		rep.KV.Stages = append(rep.KV.Stages, u)
+		rep.KV.PeakUsage = max(rep.KV.PeakUsage, st.peak)
+	}
+	if hasSnaps {
+		rep.Snapshots = &snaps
+	}
+	e.bar.finish(e)
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
