@@ -27,8 +27,8 @@ import (
 	"github.com/hashicorp/go-plugin"
 
 	"github.com/kvx-dev/kvx/plugins/sdk"
-	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
