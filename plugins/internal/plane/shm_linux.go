@@ -91,6 +91,7 @@ type shmLink struct {
 	conn    *net.UnixConn   // the plane's socket: doorbells and hang-ups
 	rc      syscall.RawConn // conn's
 	spin    time.Duration   // a reader's polling before it sleeps
+	sleep   time.Duration   // a reader's time on the futex before it parks (parkAfter; tests lengthen it)
 
 	rdl, wdl atomic.Int64 // deadlines in Unix ns; 0: none
 	closed   atomic.Bool
@@ -137,7 +138,7 @@ func mapShm(f *os.File, host bool, c *net.UnixConn) (*shmLink, error) {
 		return nil, fmt.Errorf("data plane memory: %w", err)
 	}
 	requests, answers := ringAt(mem, 0), ringAt(mem, ringCtl+ringBytes)
-	l := &shmLink{mem: mem, conn: c, rc: rc, refs: 1, in: requests, out: answers}
+	l := &shmLink{mem: mem, conn: c, rc: rc, refs: 1, in: requests, out: answers, sleep: parkAfter}
 	if host {
 		l.in, l.out = answers, requests
 	}
@@ -293,7 +294,7 @@ func (l *shmLink) ring() {
 // wait returns once ready does, or with the deadline's error, net.ErrClosed
 // or io.EOF (the peer hung up). It polls for spin, then sleeps on the
 // futex; the reader of frames (reader true) parks on the socket after
-// parkAfter. Before it sleeps or parks it says so in word and looks at
+// l.sleep (parkAfter). Before it sleeps or parks it says so in word and looks at
 // ready once more; the other end changes what ready sees before it reads
 // word: whichever of the two comes second sees the other's store (both are
 // sequentially consistent), so no wake-up is lost.
@@ -329,7 +330,7 @@ func (l *shmLink) wait(word *uint32, ready func() bool, deadline *atomic.Int64, 
 			}
 		}
 	}
-	for !reader || time.Since(start) < spin+parkAfter {
+	for !reader || time.Since(start) < spin+l.sleep {
 		if err := check(); err != nil {
 			return err
 		}

@@ -131,6 +131,12 @@ func TestShmWriterWakesTheWaiter(t *testing.T) {
 	for _, state := range []uint32{sleeping, parked} {
 		t.Run(fmt.Sprint("state ", state), func(t *testing.T) {
 			host, plugin, _, _ := shmPair(t)
+			if state == sleeping {
+				// Keep the reader on the futex: after parkAfter (1 ms) it
+				// would park, and a test slowed by the race detector or a
+				// busy machine could look only then.
+				plugin.sleep = time.Hour
+			}
 			got := make(chan []byte, 1)
 			go func() {
 				buf := make([]byte, 8)
