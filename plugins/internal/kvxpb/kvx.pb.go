@@ -122,7 +122,7 @@ func (*Empty) Descriptor() ([]byte, []int) {
 // zero. Version 2 (transport protocol 2: a process serves one instance per
 // pipeline stage, named in gRPC calls by the metadata key kvx-instance)
 // routes each frame to its instance and defines two flags for chained
-// Forward calls (worker.Chainer): 1 = keep this result's hidden in the
+// Forward calls (pipeline.Chainer): 1 = keep this result's hidden in the
 // plugin for the next frame, 2 = this batch's hidden is what the previous
 // frame kept (the call fails with ABORTED, unrun, when that frame failed).
 // A plugin that does not implement OpenDataPlane answers UNIMPLEMENTED and
@@ -1507,7 +1507,7 @@ func (x *CommitResult) GetCopies() *Copies {
 	return nil
 }
 
-// kvcache.EndStepRequest.
+// pipeline.EndStepRequest.
 type EndStepRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Commit        *CommitRequest         `protobuf:"bytes,1,opt,name=commit,proto3" json:"commit,omitempty"`
@@ -1568,7 +1568,7 @@ func (x *EndStepRequest) GetInspect() *InspectOptions {
 	return nil
 }
 
-// kvcache.EndStepResult.
+// pipeline.EndStepResult.
 type EndStepResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Commit        *CommitResult          `protobuf:"bytes,1,opt,name=commit,proto3" json:"commit,omitempty"`
@@ -1621,7 +1621,7 @@ func (x *EndStepResult) GetSnapshot() *Snapshot {
 	return nil
 }
 
-// The answer of Suspend and Resume.
+// The answer of Suspend and Resume (kvcache.Suspender).
 type MoveResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ok            []bool                 `protobuf:"varint,1,rep,packed,name=ok,proto3" json:"ok,omitempty"` // one per sequence, in order

@@ -93,7 +93,7 @@ type CacheManagerClient interface {
 	Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*ManagerStats, error)
 	Inspect(ctx context.Context, in *InspectOptions, opts ...grpc.CallOption) (*Snapshot, error)
 	// Commit, then Release, then (when inspect is set) Inspect, in one round
-	// trip: kvcache.StepEnder.
+	// trip: pipeline.StepEnder.
 	EndStep(ctx context.Context, in *EndStepRequest, opts ...grpc.CallOption) (*EndStepResult, error)
 	// Opens a data plane for the per-step calls; see DataPlane.
 	OpenDataPlane(ctx context.Context, in *DataPlaneRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DataPlane], error)
@@ -262,7 +262,7 @@ type CacheManagerServer interface {
 	Stats(context.Context, *StatsRequest) (*ManagerStats, error)
 	Inspect(context.Context, *InspectOptions) (*Snapshot, error)
 	// Commit, then Release, then (when inspect is set) Inspect, in one round
-	// trip: kvcache.StepEnder.
+	// trip: pipeline.StepEnder.
 	EndStep(context.Context, *EndStepRequest) (*EndStepResult, error)
 	// Opens a data plane for the per-step calls; see DataPlane.
 	OpenDataPlane(*DataPlaneRequest, grpc.ServerStreamingServer[DataPlane]) error
