@@ -215,9 +215,9 @@ func (w *Worker) checkConfig(cfg *worker.Config) (OpenFunc, error) {
 		return nil, bad("model %q: vocab %d must be > 0 on the last stage, which samples", m.Name, m.Vocab)
 	}
 	switch cfg.KVDtype {
-	case "", "bf16", "fp8":
+	case "", "bf16", "fp8", "float32":
 	default:
-		return nil, bad("kv dtype %q is not one of bf16, fp8", cfg.KVDtype)
+		return nil, bad("kv dtype %q is not one of bf16, fp8, float32", cfg.KVDtype)
 	}
 	mixers := w.b.Mixers()
 	for _, l := range m.Layers[cfg.First:cfg.Last] {

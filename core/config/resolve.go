@@ -38,6 +38,15 @@ func (ld *loader) resolve(c *Config) {
 			c.model, haveModel = m, true
 		}
 	}
+	if haveModel && c.model.Checkpoint != "" && c.KVCache.Dtype == "auto" {
+		// auto is the checkpoint's own dtype where the kernels keep it:
+		// a float32 checkpoint keeps float32 KV (bf16 and fp16 ones run bf16).
+		if dt, err := model.CheckpointDtype(c.model.Checkpoint); err != nil {
+			ld.crossErr("model: %q: %v", c.Model, err)
+		} else if dt == "float32" {
+			c.KVCache.Dtype = "float32"
+		}
+	}
 	haveModel = ld.resolveSynthetic(c, haveModel)
 
 	kv := &c.KVCache
@@ -126,6 +135,13 @@ func (ld *loader) resolveSynthetic(c *Config, haveModel bool) bool {
 	}
 	if !haveModel {
 		return false
+	}
+	if c.model.Checkpoint != "" {
+		// A checkpoint runs its own weights and shapes.
+		if len(given) > 0 {
+			ld.crossErr("%s: set with model %q, a checkpoint directory: synthetic models come from presets", strings.Join(given, ", "), c.Model)
+		}
+		return true
 	}
 	for _, f := range model.SyntheticFields() {
 		if ld.bad["synthetic."+f.Key] {

@@ -11,8 +11,10 @@ import (
 // An empty string means "auto".
 type Dtypes struct {
 	// KV is the element type of GQA keys/values and of the MLA latent:
-	// "bf16" (2 B), "fp8" (1 B) or "auto" (bf16: every supported checkpoint
-	// has bf16 activations and no KV quantization of its own).
+	// "bf16" (2 B), "fp8" (1 B), "float32" (4 B) or "auto" (bf16: every
+	// supported preset has bf16 activations and no KV quantization of its
+	// own; core/config resolves auto to float32 for a float32 checkpoint
+	// directory).
 	KV string
 	// SSM is the Mamba/GDN recurrent-state element type: "float32",
 	// "float16", "bfloat16" or "auto" (float32, what every Nemotron-H config
@@ -32,8 +34,10 @@ func KVBytes(name string) (int64, error) {
 		return 2, nil
 	case "fp8":
 		return 1, nil
+	case "float32", "fp32":
+		return 4, nil
 	}
-	return 0, fmt.Errorf("kv cache dtype %q: allowed auto, bf16, fp8", name)
+	return 0, fmt.Errorf("kv cache dtype %q: allowed auto, bf16, fp8, float32", name)
 }
 
 // StateBytes returns the bytes per element of an SSM or conv state dtype name,

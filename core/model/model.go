@@ -62,17 +62,25 @@ func Presets() []string {
 }
 
 // IsPath reports whether Load treats nameOrPath as a file path rather than a
-// preset name: it ends in ".json" or contains a path separator.
+// preset name: it ends in ".json", contains a path separator or names a
+// directory.
 func IsPath(nameOrPath string) bool {
+	if fi, err := os.Stat(nameOrPath); err == nil && fi.IsDir() {
+		return true
+	}
 	return strings.HasSuffix(nameOrPath, ".json") || strings.ContainsRune(nameOrPath, '/') ||
 		strings.ContainsRune(nameOrPath, filepath.Separator)
 }
 
 // Load returns the model for a preset name (see Presets) or, when IsPath
-// holds, for the config.json at that path. The model is named after the
-// preset, or after the file stem (the parent directory for "config.json").
-// Buffers are not filled; call FillBuffers.
+// holds, for the config.json at that path, or for a Hugging Face checkpoint
+// directory (LoadCheckpoint). The model is named after the preset, or after
+// the file stem (the parent directory for "config.json"). Buffers are not
+// filled; call FillBuffers.
 func Load(nameOrPath string) (spec.Model, error) {
+	if fi, err := os.Stat(nameOrPath); err == nil && fi.IsDir() {
+		return LoadCheckpoint(nameOrPath)
+	}
 	if IsPath(nameOrPath) {
 		data, err := os.ReadFile(nameOrPath)
 		if err != nil {
@@ -92,6 +100,60 @@ func Load(nameOrPath string) (spec.Model, error) {
 			nameOrPath, strings.Join(Presets(), ", "))
 	}
 	return Parse(nameOrPath, data)
+}
+
+// LoadCheckpoint returns the model of the Hugging Face checkpoint directory
+// dir: its config.json parsed as Parse does, named after the directory,
+// with Checkpoint set to dir's absolute path so that a computing worker
+// loads the weights from there. It fails, naming the file, when config.json
+// is unreadable or dir holds neither model.safetensors nor
+// model.safetensors.index.json (the weights themselves are the worker's to
+// read and check).
+func LoadCheckpoint(dir string) (spec.Model, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return spec.Model{}, fmt.Errorf("checkpoint %s: %w", dir, err)
+	}
+	data, err := os.ReadFile(filepath.Join(abs, "config.json"))
+	if err != nil {
+		return spec.Model{}, fmt.Errorf("checkpoint %s: %w", dir, err)
+	}
+	found := false
+	for _, w := range []string{"model.safetensors", "model.safetensors.index.json"} {
+		if _, err := os.Stat(filepath.Join(abs, w)); err == nil {
+			found = true
+		}
+	}
+	if !found {
+		return spec.Model{}, fmt.Errorf("checkpoint %s: neither model.safetensors nor model.safetensors.index.json is there", dir)
+	}
+	m, err := Parse(filepath.Base(abs), data)
+	if err != nil {
+		return spec.Model{}, err
+	}
+	m.Checkpoint = abs
+	return m, nil
+}
+
+// CheckpointDtype returns the dtype a checkpoint directory's config.json
+// states (dtype, as transformers 5 writes it, else torch_dtype), "" when
+// it states none.
+func CheckpointDtype(dir string) (string, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return "", fmt.Errorf("checkpoint %s: %w", dir, err)
+	}
+	var c struct {
+		Dtype      string `json:"dtype"`
+		TorchDtype string `json:"torch_dtype"`
+	}
+	if err := json.Unmarshal(sanitizeJSON(data), &c); err != nil {
+		return "", fmt.Errorf("checkpoint %s: config.json: %w", dir, err)
+	}
+	if c.Dtype != "" {
+		return c.Dtype, nil
+	}
+	return c.TorchDtype, nil
 }
 
 // hfConfig holds the config.json fields the loader reads. Pointers mark

@@ -53,6 +53,7 @@ import (
 
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/hf"
 	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -72,8 +73,10 @@ var _ device.Device = (*Device)(nil)
 // Device is one configured stage on the cpu. Make it with Open. Like every
 // device its calls come from one goroutine at a time.
 type Device struct {
-	cfg    worker.Config // Layout and Model.Layers are not kept
-	stage  *synth.Stage
+	cfg worker.Config // Layout and Model.Layers are not kept
+	// run is the model's forward over the step's ops: the synthetic
+	// model's (synth.Stage) or a checkpoint's (hf.Stage).
+	run    func(ctx context.Context, pm *pagedOps, st synth.Step) (synth.Result, error)
 	first  bool // stage 0: embeds tokens, takes no hidden
 	last   bool
 	hidden int
@@ -98,13 +101,30 @@ type seqState struct {
 	tail map[int][][]byte
 }
 
-// Open makes the cpu device for a stage. It fails, naming the field, the
-// value and the limit, on tensor parallelism > 1, a GDN model (Qwen3-Next),
-// a KV dtype other than bf16 or fp8, more draft tokens than the model's MTP
-// layers, buffer widths the kernels do not produce, a pool whose BlockBytes
-// differs from the in-block layout (see the package doc), or pools above
-// MaxPoolBytes in all.
-func Open(s device.Stage) (device.Device, error) {
+// Options configure OpenWith.
+type Options struct {
+	// WrapHF, when set, wraps the ops a checkpoint model (package hf) runs
+	// over at every Forward: a test seam for a deliberately wrong kernel.
+	WrapHF func(hf.Ops) hf.Ops
+}
+
+// OpenWith returns Open with options o.
+func OpenWith(o Options) device.OpenFunc {
+	return func(s device.Stage) (device.Device, error) { return open(s, o) }
+}
+
+// Open makes the cpu device for a stage: the synthetic model of package
+// synth with the config's seed, or, when Model.Checkpoint is set, that
+// checkpoint's weights and architecture (package hf). It fails, naming the
+// field, the value and the limit, on tensor parallelism > 1, a GDN model
+// (Qwen3-Next), a KV dtype other than bf16, fp8 or float32, more draft
+// tokens than the model's MTP layers, buffer widths the kernels do not
+// produce, a pool whose BlockBytes differs from the in-block layout (see
+// the package doc), pools above MaxPoolBytes in all, or a checkpoint that
+// does not load (hf.New's errors).
+func Open(s device.Stage) (device.Device, error) { return open(s, Options{}) }
+
+func open(s device.Stage, o Options) (device.Device, error) {
 	cfg := s.Config
 	m := &cfg.Model
 	if cfg.TensorParallel > 1 {
@@ -133,11 +153,29 @@ func Open(s device.Stage) (device.Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := synth.New(*m, cfg.Seed, cfg.First, cfg.Last, s.Backend.Kernel, hostOps{})
-	if err != nil {
-		return nil, err
+	var run func(ctx context.Context, pm *pagedOps, st synth.Step) (synth.Result, error)
+	if m.Checkpoint != "" {
+		hs, err := hf.New(*m, m.Checkpoint, cfg.First, cfg.Last, hostOps{})
+		if err != nil {
+			return nil, err
+		}
+		run = func(ctx context.Context, pm *pagedOps, st synth.Step) (synth.Result, error) {
+			var ops hf.Ops = pm
+			if o.WrapHF != nil {
+				ops = o.WrapHF(ops)
+			}
+			return hs.Forward(ctx, ops, st)
+		}
+	} else {
+		st, err := synth.New(*m, cfg.Seed, cfg.First, cfg.Last, s.Backend.Kernel, hostOps{})
+		if err != nil {
+			return nil, err
+		}
+		run = func(ctx context.Context, pm *pagedOps, step synth.Step) (synth.Result, error) {
+			return st.Forward(ctx, pm, step)
+		}
 	}
-	d := &Device{cfg: *cfg, stage: st, first: cfg.First == 0, last: last, hidden: m.Hidden,
+	d := &Device{cfg: *cfg, run: run, first: cfg.First == 0, last: last, hidden: m.Hidden,
 		idx: map[int]int{}, mix: mix, seqs: map[kvcache.SeqID]*seqState{}}
 	d.cfg.Layout = kvcache.Layout{}
 	d.cfg.Model.Layers = nil
@@ -180,8 +218,10 @@ func kvDtype(name string) (kernel.Dtype, error) {
 		return kernel.BF16, nil
 	case "fp8":
 		return kernel.FP8, nil
+	case "float32", "fp32":
+		return kernel.F32, nil
 	}
-	return 0, fmt.Errorf("kv dtype %q: the cpu device runs bf16 and fp8", name)
+	return 0, fmt.Errorf("kv dtype %q: the cpu device runs bf16, fp8 and float32", name)
 }
 
 // stateDtypes reads the Mamba conv and SSM state dtypes off the state
@@ -327,7 +367,7 @@ func (d *Device) Forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 	if d.last {
 		step.Drafts = d.cfg.DraftTokens
 	}
-	res, err := d.stage.Forward(ctx, pm, step)
+	res, err := d.run(ctx, pm, step)
 	if err != nil {
 		return device.Pass{}, err
 	}
@@ -436,7 +476,10 @@ type pagedOps struct {
 	tails map[kvcache.SeqID]map[int][][]byte // states through the draft rows, by seq and layer
 }
 
-var _ synth.Ops = (*pagedOps)(nil)
+var (
+	_ synth.Ops = (*pagedOps)(nil)
+	_ hf.Ops    = (*pagedOps)(nil)
+)
 
 func itemErr(seq kvcache.SeqID, layer int, err error) error {
 	return kvcache.ItemErrorf([]kvcache.SeqID{seq}, "seq %d layer %d: %v", seq, layer, err)

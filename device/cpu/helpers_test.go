@@ -59,8 +59,10 @@ type opts struct {
 	kv      string
 	reuse   bool
 	snaps   kvcache.SnapshotConfig
-	batch   int   // max batch size; 0 = 8
-	host    int64 // host tier bytes
+	batch   int             // max batch size; 0 = 8
+	host    int64           // host tier bytes
+	maxSeq  int             // max sequence length; 0 = 160
+	open    device.OpenFunc // the cpu device; nil = cpu.Open
 }
 
 // rig is a pipeline of real managers and cpu workers, driven step by step
@@ -96,6 +98,12 @@ func newRig(t testing.TB, m spec.Model, o opts) *rig {
 	if o.kv == "" {
 		o.kv = "bf16"
 	}
+	if o.maxSeq == 0 {
+		o.maxSeq = 160
+	}
+	if o.open == nil {
+		o.open = cpu.Open
+	}
 	ranges, err := model.SplitStages(m, o.pp)
 	if err != nil {
 		t.Fatal(err)
@@ -105,13 +113,13 @@ func newRig(t testing.TB, m spec.Model, o opts) *rig {
 		mgr := managers[o.manager]()
 		lay, err := mgr.Configure(ctx, kvcache.Config{
 			Stage: s, Stages: o.pp, Layers: m.Layers[rg[0]:rg[1]], TokensPerBlock: o.tpb,
-			DeviceBytes: 4 << 20, HostBytes: o.host, MaxBatchSize: o.batch, MaxNumTokens: 256, MaxSeqLen: 160, MaxDraftTokens: o.drafts,
+			DeviceBytes: 4 << 20, HostBytes: o.host, MaxBatchSize: o.batch, MaxNumTokens: 256, MaxSeqLen: o.maxSeq, MaxDraftTokens: o.drafts,
 			EnableBlockReuse: o.reuse, Snapshots: o.snaps,
 		})
 		if err != nil {
 			t.Fatalf("stage %d: manager %s Configure: %v", s, o.manager, err)
 		}
-		w := device.NewWorker(backends[o.backend], device.WithDevice("cpu", cpu.Open))
+		w := device.NewWorker(backends[o.backend], device.WithDevice("cpu", o.open))
 		_, err = w.Configure(ctx, worker.Config{
 			Stage: s, Stages: o.pp, Model: m, First: rg[0], Last: rg[1], Backend: o.backend, Device: "cpu",
 			TensorParallel: 1, KVDtype: o.kv, Layout: lay, Seed: seed, DraftTokens: o.drafts,
@@ -137,6 +145,7 @@ type req struct {
 	out      []int32
 	drafts   []int32
 	logits   []float32
+	steps    [][]float32 // every sampled token's logits, in order
 	reused   int
 	begun    bool // reserved at least once
 	paused   bool // suspended to the host tier
@@ -280,6 +289,7 @@ func (r *rig) step(active []*req) error {
 			q.accepted += len(o.Tokens) - 1
 			q.drafts = o.Drafts
 			q.logits = o.Logits
+			q.steps = append(q.steps, o.Logits)
 		}
 		q.pos += acc
 		commits[i] = kvcache.CommitItem{Seq: q.seq, Accepted: acc}

@@ -221,7 +221,7 @@ func (hostOps) ReLU2(x synth.Tensor) synth.Tensor {
 
 func (hostOps) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
 	xt := cpuTensor(x)
-	kr := kernel.RoPE{Dim: r.Dim, Theta: r.Theta, Interleaved: r.Interleaved}
+	kr := kernel.RoPE{Dim: r.Dim, Theta: r.Theta, Interleaved: r.Interleaved, InvFreq: r.InvFreq, Scale: r.Scale}
 	row := 0
 	for _, sg := range segs {
 		for j := range sg.Rows {
@@ -277,6 +277,33 @@ func (hostOps) Argmax(x synth.Tensor) []int32 {
 	out := make([]int32, xt.r)
 	for r := range xt.r {
 		out[r] = int32(kernel.Argmax(xt.rowsOf(r, r+1)))
+	}
+	return out
+}
+
+// AddBias implements hf.Ops: x += b on every row.
+func (hostOps) AddBias(x, b synth.Tensor) {
+	xt, bt := cpuTensor(x), cpuTensor(b)
+	shape("AddBias", bt, 1, xt.c)
+	for r := range xt.r {
+		row := xt.rowsOf(r, r+1)
+		for i, v := range bt.d {
+			row[i] += v
+		}
+	}
+}
+
+// RMSNormGroups implements hf.Ops: kernel.RMSNorm of every w.Cols()-wide
+// group of each row, with the gains w.
+func (hostOps) RMSNormGroups(x, w synth.Tensor, eps float32) synth.Tensor {
+	xt, wt := cpuTensor(x), cpuTensor(w)
+	if wt.r != 1 || wt.c <= 0 || xt.c%wt.c != 0 {
+		panic(fmt.Sprintf("cpu: RMSNormGroups: gains %d × %d do not split rows of %d", wt.r, wt.c, xt.c))
+	}
+	out := newTensor(xt.r, xt.c)
+	g := wt.c
+	for i := 0; i < len(xt.d); i += g {
+		kernel.RMSNorm(out.d[i:i+g], xt.d[i:i+g], wt.d, eps)
 	}
 	return out
 }

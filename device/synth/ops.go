@@ -75,10 +75,17 @@ type Loader interface {
 // Dim elements of every head (heads Stride elements apart) are rotated by
 // angles pos·Theta^(-2i/Dim), pairs (x[2i], x[2i+1]) when Interleaved
 // (GPT-J, DeepSeek) and (x[i], x[i+Dim/2]) otherwise (GPT-NeoX, Llama).
+//
+// InvFreq, when set, holds the Dim/2 frequencies in place of
+// Theta^(-2i/Dim) (the scaled variants: llama3, yarn), and Scale, when not
+// 0, multiplies every cosine and sine (yarn's attention factor); the
+// synthetic model uses neither. InvFreq is shared: nobody modifies it.
 type RoPE struct {
 	Dim         int
 	Theta       float64
 	Interleaved bool
+	InvFreq     []float64
+	Scale       float64
 }
 
 // Ops is what a device gives the model: the operations a synthetic model's

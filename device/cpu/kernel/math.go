@@ -145,9 +145,17 @@ type RoPE struct {
 	// Interleaved rotates pairs (x[2i], x[2i+1]) (GPT-J, DeepSeek's
 	// reference code); false rotates (x[i], x[i+Dim/2]) (GPT-NeoX, HF Llama).
 	Interleaved bool
+	// InvFreq, when set, holds the Dim/2 frequencies (radians per position)
+	// in place of Theta^(-2i/Dim): the scaled RoPE variants (llama3, yarn)
+	// compute them from the checkpoint's rope parameters. Theta is then
+	// ignored. The caller must not modify it.
+	InvFreq []float64
+	// Scale, when not 0, multiplies every cosine and sine before they are
+	// rounded to float32 (yarn's attention factor).
+	Scale float64
 }
 
-func (r RoPE) on() bool { return r.Theta != 0 && r.Dim > 0 }
+func (r RoPE) on() bool { return (r.Theta != 0 || len(r.InvFreq) > 0) && r.Dim > 0 }
 
 func (r RoPE) validate(name string, headDim int) error {
 	if !r.on() {
@@ -156,13 +164,18 @@ func (r RoPE) validate(name string, headDim int) error {
 	if r.Dim%2 != 0 || r.Dim > headDim {
 		return invalidf("%s: rope dim %d must be even and <= %d", name, r.Dim, headDim)
 	}
+	if len(r.InvFreq) > 0 && len(r.InvFreq) != r.Dim/2 {
+		return invalidf("%s: %d rope frequencies, want dim/2 = %d", name, len(r.InvFreq), r.Dim/2)
+	}
 	return nil
 }
 
 // Apply rotates, for position pos, x[h*stride : h*stride+Dim] for every head
-// h with h*stride < len(x). Frequency i is Theta^(-2i/Dim); the angle
-// pos·freq, its cosine and sine are computed in float64 and rounded to
-// float32. It panics if stride <= 0 or a head's rope part runs past len(x).
+// h with h*stride < len(x). Frequency i is Theta^(-2i/Dim), or InvFreq[i]
+// when InvFreq is set; the angle pos·freq, its cosine and sine (times Scale
+// when Scale != 0) are computed in float64 and rounded to float32. It
+// panics if stride <= 0, a head's rope part runs past len(x), or InvFreq
+// is set but shorter than Dim/2.
 func (r RoPE) Apply(x []float32, stride, pos int) {
 	if !r.on() {
 		return
@@ -174,8 +187,16 @@ func (r RoPE) Apply(x []float32, stride, pos int) {
 	var cbuf, sbuf [128]float32
 	cs, sn := cbuf[:0], sbuf[:0]
 	for i := 0; i < half; i++ {
-		freq := math.Pow(r.Theta, -float64(2*i)/float64(r.Dim))
+		var freq float64
+		if len(r.InvFreq) > 0 {
+			freq = r.InvFreq[i]
+		} else {
+			freq = math.Pow(r.Theta, -float64(2*i)/float64(r.Dim))
+		}
 		s, c := math.Sincos(float64(pos) * freq)
+		if r.Scale != 0 {
+			s, c = s*r.Scale, c*r.Scale
+		}
 		cs, sn = append(cs, float32(c)), append(sn, float32(s))
 	}
 	for h := 0; h < len(x); h += stride {

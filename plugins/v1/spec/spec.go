@@ -108,6 +108,12 @@ type Model struct {
 	// MTP layers (num_nextn_predict_layers); they are the last NumNextN entries of Layers.
 	NumNextN int `json:"num_nextn,omitempty"`
 
+	// Checkpoint is the Hugging Face checkpoint directory (config.json and
+	// safetensors weights) the model was parsed from, an absolute path a
+	// computing worker loads the weights from; empty for a preset or a
+	// synthetic model (seeded weights).
+	Checkpoint string `json:"checkpoint,omitempty"`
+
 	Layers []Layer `json:"layers"`
 }
 

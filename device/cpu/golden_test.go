@@ -1,0 +1,227 @@
+package cpu_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/device"
+	"github.com/kvx-dev/kvx/device/cpu"
+	"github.com/kvx-dev/kvx/device/hf"
+	"github.com/kvx-dev/kvx/device/hf/hftest"
+	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+)
+
+// lpTol is the largest logprob difference (absolute) allowed against the
+// oracle on the ids both sides have.
+const lpTol = 1e-3
+
+// checkpointModel loads dir as the engine does (core/model), with TP-1
+// buffers at the checkpoint's KV dtype.
+func checkpointModel(t testing.TB, dir, kv string) spec.Model {
+	t.Helper()
+	m, err := model.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Checkpoint == "" {
+		t.Fatalf("model.Load(%s): no Checkpoint", dir)
+	}
+	if err := model.FillBuffers(&m, model.Dtypes{KV: kv}, 1); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// goldenRun generates every prompt on the cpu device through real managers
+// (manager, reuse, chunk size and pp as given) and returns the tokens and
+// per-step logits, in prompt order. All prompts run in the same batches;
+// with reuse on, one after another instead, so that a prompt sharing a
+// prefix with an earlier one finds it cached.
+func goldenRun(t *testing.T, m spec.Model, ps []hftest.Prompt, o opts, chunk int) []*req {
+	t.Helper()
+	maxSeq := 0
+	for _, p := range ps {
+		maxSeq = max(maxSeq, len(p.PromptIDs)+p.MaxTokens)
+	}
+	o.backend, o.maxSeq = "gqa", maxSeq
+	o.kv = "float32"
+	r := newRig(t, m, o)
+	var reqs []*req
+	for i, p := range ps {
+		reqs = append(reqs, &req{seq: kvcache.SeqID(100 + i), prompt: p.PromptIDs, want: p.MaxTokens, chunk: chunk})
+	}
+	if o.reuse {
+		for _, q := range reqs {
+			r.run([]*req{q})
+		}
+	} else {
+		r.run(reqs)
+	}
+	return reqs
+}
+
+// compareGolden applies the vLLM rule to every request against exp and
+// returns the comparisons.
+func compareGolden(reqs []*req, exp []hftest.Expected) []hftest.Comparison {
+	var cs []hftest.Comparison
+	for i, q := range reqs {
+		lps := make([][]float64, len(q.steps))
+		for j, lg := range q.steps {
+			lps[j] = hftest.LogSoftmax(lg)
+		}
+		cs = append(cs, hftest.Compare(exp[i], q.out[:min(len(q.out), len(exp[i].OutputIDs))], lps, 5))
+	}
+	return cs
+}
+
+// ownGolden writes a tiny checkpoint of family fam and its expected
+// outputs from hftest.Generate (the float64 oracle) in the golden format.
+func ownGolden(t *testing.T, s hftest.Spec) (string, []hftest.Prompt, []hftest.Expected) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), s.Family)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := hftest.Write(dir, s); err != nil {
+		t.Fatal(err)
+	}
+	shared := prompt(40, 9, s.Vocab)
+	ps := []hftest.Prompt{
+		{PromptIDs: prompt(1, 1, s.Vocab), MaxTokens: 6},
+		{PromptIDs: prompt(9, 2, s.Vocab), MaxTokens: 8},
+		{PromptIDs: prompt(23, 3, s.Vocab), MaxTokens: 10},
+		{PromptIDs: append(slices.Clone(shared), prompt(5, 4, s.Vocab)...), MaxTokens: 8},
+		{PromptIDs: append(slices.Clone(shared), prompt(7, 5, s.Vocab)...), MaxTokens: 8},
+	}
+	var es []hftest.Expected
+	for _, p := range ps {
+		toks, lps, err := hftest.Generate(dir, p.PromptIDs, p.MaxTokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := hftest.Expected{OutputIDs: toks}
+		for _, lp := range lps {
+			var top [][2]float64
+			for _, id := range hftest.TopK(lp, 5) {
+				top = append(top, [2]float64{float64(id), lp[id]})
+			}
+			e.TopLogprobs = append(e.TopLogprobs, top)
+		}
+		es = append(es, e)
+	}
+	return dir, ps, es
+}
+
+// ownSpecs are the checkpoints written here: every family, GQA, a window
+// shorter than the prompts (mistral), tied embeddings and biases (qwen3).
+var ownSpecs = []hftest.Spec{
+	{Family: "llama", Hidden: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, Intermediate: 64, Vocab: 96, MaxPosition: 128, Seed: 1},
+	{Family: "mistral", Hidden: 32, Layers: 2, Heads: 4, KVHeads: 1, HeadDim: 8, Intermediate: 48, Vocab: 80, MaxPosition: 128, Window: 12, Seed: 2},
+	{Family: "qwen3", Hidden: 32, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 16, Intermediate: 48, Vocab: 90, MaxPosition: 128, Tied: true, Bias: true, Theta: 1e6, Seed: 3},
+}
+
+// checkAll fails the test for every comparison that breaks the rule or
+// whose logprobs are off by more than lpTol, and returns the exact count
+// and the largest difference.
+func checkAll(t *testing.T, name string, cs []hftest.Comparison) (exact int, worst float64) {
+	t.Helper()
+	for i, c := range cs {
+		if !c.OK {
+			t.Errorf("%s prompt %d: %s", name, i, c.Reason)
+		}
+		if c.MaxLPDiff > lpTol {
+			t.Errorf("%s prompt %d: logprob difference %.2e > %.0e (%s)", name, i, c.MaxLPDiff, lpTol, c.Worst)
+		}
+		if c.Exact {
+			exact++
+		}
+		worst = max(worst, c.MaxLPDiff)
+	}
+	return exact, worst
+}
+
+// TestOwnCheckpoints runs checkpoints written here (float32 weights)
+// against the float64 oracle of package hftest, through managers v1 and v2
+// with reuse on and off: same tokens by the vLLM rule, logprobs within
+// lpTol, and every variant's tokens and logits bit-identical.
+func TestOwnCheckpoints(t *testing.T) {
+	for _, s := range ownSpecs {
+		t.Run(s.Family, func(t *testing.T) {
+			dir, ps, es := ownGolden(t, s)
+			m := checkpointModel(t, dir, "float32")
+			var first []*req
+			for _, v := range []struct {
+				mgr   string
+				reuse bool
+				chunk int
+				pp    int
+			}{{"v1", false, 0, 1}, {"v1", true, 0, 1}, {"v2", false, 0, 1}, {"v2", true, 5, 1}, {"v2", true, 0, 2}} {
+				name := fmt.Sprintf("%s/reuse=%v/chunk=%d/pp=%d", v.mgr, v.reuse, v.chunk, v.pp)
+				reqs := goldenRun(t, m, ps, opts{manager: v.mgr, reuse: v.reuse, pp: v.pp}, v.chunk)
+				exact, worst := checkAll(t, name, compareGolden(reqs, es))
+				if reused := reqs[len(reqs)-1].reused; v.reuse && reused == 0 {
+					t.Errorf("%s: the last prompt reused no prefix of the one before it", name)
+				}
+				t.Logf("%s: %d of %d prompts token-exact, largest logprob difference %.2e", name, exact, len(ps), worst)
+				if first == nil {
+					first = reqs
+					continue
+				}
+				for i, q := range reqs {
+					if !slices.Equal(q.out, first[i].out) || !sameBits(q.logits, first[i].logits) {
+						t.Errorf("%s prompt %d: tokens %v differ from the first variant's %v (or their logits' bits)", name, i, q.out, first[i].out)
+					}
+				}
+			}
+		})
+	}
+}
+
+// offByOne is a deliberately wrong kernel: RoPE rotates the keys one
+// position late. (Shifting queries and keys alike would change nothing:
+// RoPE scores depend on the distance only.) The model rotates q, then k.
+type offByOne struct {
+	hf.Ops
+	calls *int
+}
+
+func (o offByOne) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
+	*o.calls++
+	if *o.calls%2 == 1 {
+		o.Ops.RoPE(x, segs, stride, r)
+		return
+	}
+	shifted := slices.Clone(segs)
+	for i := range shifted {
+		shifted[i].Pos++
+	}
+	o.Ops.RoPE(x, shifted, stride, r)
+}
+
+// TestGoldenCheckCatchesWrongRoPE shows the golden check has teeth: the
+// same run with RoPE off by one position breaks the rule or the logprob
+// tolerance on some prompt.
+func TestGoldenCheckCatchesWrongRoPE(t *testing.T) {
+	dir, ps, es := ownGolden(t, ownSpecs[0])
+	m := checkpointModel(t, dir, "float32")
+	wrong := cpu.OpenWith(cpu.Options{WrapHF: func(o hf.Ops) hf.Ops { return offByOne{o, new(int)} }})
+	cs := compareGolden(goldenRun(t, m, ps, opts{manager: "v2", open: wrong}, 0), es)
+	caught := 0
+	for _, c := range cs {
+		if !c.OK || c.MaxLPDiff > lpTol {
+			caught++
+		}
+	}
+	if caught == 0 {
+		t.Fatalf("RoPE off by one position passed the golden check on all %d prompts: %+v", len(cs), cs)
+	}
+	t.Logf("RoPE off by one: %d of %d prompts fail the check", caught, len(cs))
+}
+
+var _ device.OpenFunc = cpu.OpenWith(cpu.Options{})

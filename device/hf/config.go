@@ -1,0 +1,275 @@
+package hf
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+)
+
+// Config is what the model code needs from a checkpoint's config.json
+// beyond the shapes core/model already put in spec.Model: the numerics
+// (norm epsilon, RoPE frequencies, biases, q/k norm, tied embeddings).
+// Fields are as transformers 5 writes them (rope_parameters), with the
+// older rope_theta / rope_scaling accepted.
+type Config struct {
+	Arch      string // architectures[0], or from model_type
+	ModelType string
+	Eps       float32 // rms_norm_eps
+	Tied      bool    // tie_word_embeddings: the LM head is the embedding table
+	AttnBias  bool    // attention_bias: q, k, v projections have biases (o_proj's is used where the checkpoint has one)
+	MLPBias   bool    // mlp_bias (Llama)
+	QKNorm    bool    // Qwen3: RMSNorm over each head of q and k before RoPE
+	Rope      Rope
+	Dtype     string // dtype / torch_dtype: float32, bfloat16, float16
+}
+
+// Rope is a checkpoint's rotary embedding: its type and the parameters
+// transformers' ROPE_INIT_FUNCTIONS read.
+type Rope struct {
+	Type                 string  // default, llama3, yarn
+	Theta                float64 // rope_theta
+	Factor               float64
+	LowFreqFactor        float64 // llama3
+	HighFreqFactor       float64 // llama3
+	OriginalMaxPosition  float64 // llama3, yarn (0: max_position_embeddings)
+	AttentionFactor      float64 // yarn (0: computed)
+	BetaFast, BetaSlow   float64 // yarn (0: 32 and 1)
+	Mscale, MscaleAllDim float64 // yarn
+	Truncate             *bool   // yarn (nil: true)
+	PartialRotary        float64 // partial_rotary_factor (0: 1)
+}
+
+// Families are the architectures this package runs.
+var Families = []string{"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"}
+
+var familyOf = map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+type rawConfig struct {
+	Architectures  []string                   `json:"architectures"`
+	ModelType      string                     `json:"model_type"`
+	RMSNormEps     *float64                   `json:"rms_norm_eps"`
+	Tie            *bool                      `json:"tie_word_embeddings"`
+	AttentionBias  bool                       `json:"attention_bias"`
+	MLPBias        bool                       `json:"mlp_bias"`
+	HiddenAct      string                     `json:"hidden_act"`
+	RopeTheta      *float64                   `json:"rope_theta"`
+	RopeScaling    map[string]json.RawMessage `json:"rope_scaling"`
+	RopeParameters map[string]json.RawMessage `json:"rope_parameters"`
+	PartialRotary  *float64                   `json:"partial_rotary_factor"`
+	Dtype          string                     `json:"dtype"`
+	TorchDtype     string                     `json:"torch_dtype"`
+}
+
+// ReadConfig reads dir/config.json.
+func ReadConfig(dir string) (Config, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return Config{}, fmt.Errorf("checkpoint config: %w", err)
+	}
+	return ParseConfig(data)
+}
+
+// ParseConfig reads the numerics of a config.json. Errors name the field
+// and the value: an architecture outside Families, a hidden_act other than
+// silu, a rope type other than default, llama3 and yarn, or a parameter
+// that type needs missing.
+func ParseConfig(data []byte) (Config, error) {
+	var r rawConfig
+	if err := json.Unmarshal(data, &r); err != nil {
+		return Config{}, fmt.Errorf("config.json: %w", err)
+	}
+	c := Config{ModelType: r.ModelType, Eps: 1e-6, AttnBias: r.AttentionBias, MLPBias: r.MLPBias, Dtype: r.Dtype}
+	if c.Dtype == "" {
+		c.Dtype = r.TorchDtype
+	}
+	if len(r.Architectures) > 0 && slices.Contains(Families, r.Architectures[0]) {
+		c.Arch = r.Architectures[0]
+	} else if a, ok := familyOf[r.ModelType]; ok {
+		c.Arch = a
+	} else {
+		return Config{}, fmt.Errorf("config.json: architectures %v, model_type %q: not one of %v", r.Architectures, r.ModelType, Families)
+	}
+	c.QKNorm = c.Arch == "Qwen3ForCausalLM"
+	if r.RMSNormEps != nil {
+		c.Eps = float32(*r.RMSNormEps)
+	}
+	if r.Tie != nil {
+		c.Tied = *r.Tie
+	}
+	if r.HiddenAct != "" && r.HiddenAct != "silu" {
+		return Config{}, fmt.Errorf("config.json: hidden_act %q: the %s MLP runs silu", r.HiddenAct, c.Arch)
+	}
+	// rope_parameters (transformers 5) wins; else rope_scaling plus rope_theta.
+	params := r.RopeParameters
+	if params == nil {
+		params = r.RopeScaling
+	}
+	num := func(key string) (float64, bool, error) {
+		v, ok := params[key]
+		if !ok || string(v) == "null" {
+			return 0, false, nil
+		}
+		var f float64
+		if err := json.Unmarshal(v, &f); err != nil {
+			return 0, false, fmt.Errorf("config.json: rope parameter %s = %s: want a number", key, v)
+		}
+		return f, true, nil
+	}
+	str := func(key string) string {
+		var s string
+		if v, ok := params[key]; ok {
+			_ = json.Unmarshal(v, &s)
+		}
+		return s
+	}
+	ro := &c.Rope
+	ro.Type = str("rope_type")
+	if ro.Type == "" {
+		ro.Type = str("type")
+	}
+	if ro.Type == "" {
+		ro.Type = "default"
+	}
+	ro.Theta = 10000
+	if r.RopeTheta != nil {
+		ro.Theta = *r.RopeTheta
+	}
+	if r.PartialRotary != nil {
+		ro.PartialRotary = *r.PartialRotary
+	}
+	fields := []struct {
+		key  string
+		dst  *float64
+		need []string // rope types that require it
+	}{
+		{"rope_theta", &ro.Theta, nil},
+		{"factor", &ro.Factor, []string{"llama3"}},
+		{"low_freq_factor", &ro.LowFreqFactor, []string{"llama3"}},
+		{"high_freq_factor", &ro.HighFreqFactor, []string{"llama3"}},
+		{"original_max_position_embeddings", &ro.OriginalMaxPosition, []string{"llama3"}},
+		{"attention_factor", &ro.AttentionFactor, nil},
+		{"beta_fast", &ro.BetaFast, nil},
+		{"beta_slow", &ro.BetaSlow, nil},
+		{"mscale", &ro.Mscale, nil},
+		{"mscale_all_dim", &ro.MscaleAllDim, nil},
+		{"partial_rotary_factor", &ro.PartialRotary, nil},
+	}
+	for _, f := range fields {
+		v, ok, err := num(f.key)
+		if err != nil {
+			return Config{}, err
+		}
+		if ok {
+			*f.dst = v
+		} else if slices.Contains(f.need, ro.Type) {
+			return Config{}, fmt.Errorf("config.json: rope_type %s needs rope parameter %s", ro.Type, f.key)
+		}
+	}
+	if v, ok := params["truncate"]; ok {
+		var b bool
+		if err := json.Unmarshal(v, &b); err != nil {
+			return Config{}, fmt.Errorf("config.json: rope parameter truncate = %s: want true or false", v)
+		}
+		ro.Truncate = &b
+	}
+	switch ro.Type {
+	case "default", "llama3", "yarn":
+	default:
+		return Config{}, fmt.Errorf("config.json: rope_type %q: allowed default, llama3, yarn", ro.Type)
+	}
+	if ro.Theta <= 0 {
+		return Config{}, fmt.Errorf("config.json: rope_theta %v must be > 0", ro.Theta)
+	}
+	if ro.PartialRotary != 0 && ro.PartialRotary != 1 {
+		return Config{}, fmt.Errorf("config.json: partial_rotary_factor %v: the %s attention rotates whole heads (1)", ro.PartialRotary, c.Arch)
+	}
+	return c, nil
+}
+
+// InvFreq returns the dim/2 RoPE frequencies of r for heads of dim
+// elements and the factor that multiplies cosines and sines (1 but for
+// yarn), as transformers' ROPE_INIT_FUNCTIONS compute them: the default
+// table 1/θ^(2i/dim) in float32 arithmetic, then the llama3 or yarn
+// rescaling. maxPosition is max_position_embeddings.
+func (r Rope) InvFreq(dim, maxPosition int) ([]float64, float64) {
+	half := dim / 2
+	pos := make([]float32, half) // θ^(2i/dim), float32 as torch computes it
+	inv := make([]float64, half)
+	for i := range half {
+		e := float32(2*i) / float32(dim)
+		pos[i] = float32(math.Pow(float64(float32(r.Theta)), float64(e)))
+		inv[i] = float64(float32(1) / pos[i])
+	}
+	switch r.Type {
+	case "llama3":
+		old := r.OriginalMaxPosition
+		lowW, highW := old/r.LowFreqFactor, old/r.HighFreqFactor
+		for i, f := range inv {
+			wl := 2 * math.Pi / f
+			scaled := f
+			if wl > lowW {
+				scaled = f / r.Factor
+			}
+			if !(wl < highW) && !(wl > lowW) {
+				s := (old/wl - r.LowFreqFactor) / (r.HighFreqFactor - r.LowFreqFactor)
+				scaled = (1-s)*scaled/r.Factor + s*scaled
+			}
+			inv[i] = float64(float32(scaled))
+		}
+		return inv, 1
+	case "yarn":
+		old := r.OriginalMaxPosition
+		if old == 0 {
+			old = float64(maxPosition)
+		}
+		factor := r.Factor
+		if factor == 0 {
+			factor = float64(maxPosition) / old
+		}
+		mscale := func(scale, m float64) float64 {
+			if scale <= 1 {
+				return 1
+			}
+			return 0.1*m*math.Log(scale) + 1
+		}
+		att := r.AttentionFactor
+		if att == 0 {
+			if r.Mscale != 0 && r.MscaleAllDim != 0 {
+				att = mscale(factor, r.Mscale) / mscale(factor, r.MscaleAllDim)
+			} else {
+				att = mscale(factor, 1)
+			}
+		}
+		fast, slow := r.BetaFast, r.BetaSlow
+		if fast == 0 {
+			fast = 32
+		}
+		if slow == 0 {
+			slow = 1
+		}
+		corr := func(rot float64) float64 {
+			return float64(dim) * math.Log(old/(rot*2*math.Pi)) / (2 * math.Log(r.Theta))
+		}
+		low, high := corr(fast), corr(slow)
+		if r.Truncate == nil || *r.Truncate {
+			low, high = math.Floor(low), math.Ceil(high)
+		}
+		low, high = max(low, 0), min(high, float64(dim-1))
+		if low == high {
+			high += 0.001
+		}
+		for i := range inv {
+			ramp := float32((float32(i) - float32(low)) / (float32(high) - float32(low)))
+			ramp = min(max(ramp, 0), 1)
+			extra := 1 - ramp // inv_freq_extrapolation_factor
+			interp := float32(1) / (float32(factor) * pos[i])
+			ex := float32(1) / pos[i]
+			inv[i] = float64(interp*(1-extra) + ex*extra)
+		}
+		return inv, float64(float32(att))
+	}
+	return inv, 1
+}

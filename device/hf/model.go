@@ -1,0 +1,372 @@
+// Package hf runs real architectures from Hugging Face checkpoint
+// directories (config.json and safetensors weights) exactly as
+// transformers computes them, written once over the device ops of package
+// synth so that every device (cpu now, cuda later) runs the same order of
+// operations.
+//
+// Its parts, and the failure each prevents:
+//
+//   - The safetensors reader (safetensors.go) maps model.safetensors or the
+//     shards of model.safetensors.index.json and converts F32, BF16 and
+//     F16 to float32; a missing, extra or mis-shaped tensor is an error
+//     that names it, so a checkpoint of another architecture or size can
+//     never load with some weights silently left at zero.
+//   - Config (config.go) reads the numerics transformers takes from
+//     config.json (rms_norm_eps, rope_parameters or rope_theta /
+//     rope_scaling, tie_word_embeddings, attention_bias, mlp_bias); the
+//     shapes and layers come from spec.Model, which core/model parsed from
+//     the same file, and New cross-checks the architecture.
+//   - Stage (this file) is the Llama family's forward: Llama, Mistral
+//     (sliding window: the layer's Window, which the GQA kernel applies)
+//     and Qwen3 (RMSNorm over each head of q and k before RoPE): embed,
+//     per layer x += o(GQA(RoPE(q), RoPE(k), v)) on the input-normed x and
+//     x += down(silu(gate) · up) on the post-attention-normed x, final
+//     norm, LM head (the embedding table when tied), greedy argmax. RoPE is
+//     the non-interleaved (GPT-NeoX) layout transformers' Llama uses, with
+//     the default, llama3 or yarn frequencies.
+//
+// Greedy ties break to the lowest token id (synth.Ops.Argmax). The model
+// has no MTP head: drafts are refused.
+package hf
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+// Ops is what the model needs of a device: synth.Ops and two row-wise ops
+// the synthetic model does not use. They keep synth.Ops' contract: each
+// output row depends only on its own input row and the weights.
+type Ops interface {
+	synth.Ops
+	// AddBias sets x += b on every row (b is 1 × Cols).
+	AddBias(x, b synth.Tensor)
+	// RMSNormGroups returns every w.Cols()-wide group of each row of x
+	// RMS-normalized (epsilon eps) and multiplied by the gains w (1 × g):
+	// the per-head q/k norm of Qwen3. w.Cols() divides x.Cols().
+	RMSNormGroups(x, w synth.Tensor, eps float32) synth.Tensor
+}
+
+type linear struct{ w, b synth.Tensor }
+
+func (l linear) apply(ops Ops, x synth.Tensor) synth.Tensor {
+	y := ops.MatMul(x, l.w)
+	if l.b != nil {
+		ops.AddBias(y, l.b)
+	}
+	return y
+}
+
+type layerW struct {
+	inNorm, postNorm synth.Tensor
+	q, k, v, o       linear
+	qNorm, kNorm     synth.Tensor // Qwen3
+	gate, up, down   linear
+}
+
+// Stage runs layers [first, last) of a checkpoint. Stage 0 embeds tokens;
+// the stage holding the last layer applies the final norm and the LM head
+// and samples greedily. A Stage holds only weights (tensors of the device
+// whose Loader built it): it is immutable after New and safe for concurrent
+// use with distinct Ops of that device.
+type Stage struct {
+	m           spec.Model
+	cfg         Config
+	first, last int
+	embed       synth.Tensor
+	finalNorm   synth.Tensor
+	lmHead      synth.Tensor
+	layers      []layerW
+	rope        synth.RoPE
+}
+
+// Config returns the checkpoint's numerics the stage runs with.
+func (s *Stage) Config() Config { return s.cfg }
+
+// New loads layers [first, last) of model m from checkpoint directory dir
+// onto the device of ops. m is what core/model parsed from dir/config.json
+// (Checkpoint set, buffers filled or not). Errors name the field or tensor,
+// the value and the limit: an architecture other than m's or outside
+// Families, a layer that is not GQA with a dense MLP, MTP layers, a
+// missing, extra or mis-shaped tensor anywhere in the checkpoint (every
+// stage checks every name, so a wrong checkpoint fails on every stage).
+func New(m spec.Model, dir string, first, last int, ops synth.Loader) (*Stage, error) {
+	n := len(m.Layers)
+	if first < 0 || first >= last || last > n {
+		return nil, fmt.Errorf("hf: layers [%d, %d) are not a non-empty range of the %d layers of model %q", first, last, n, m.Name)
+	}
+	cfg, err := ReadConfig(dir)
+	if err != nil {
+		return nil, fmt.Errorf("hf: %s: %w", dir, err)
+	}
+	if cfg.Arch != m.Arch {
+		return nil, fmt.Errorf("hf: %s: config.json architecture %s, model %q says %s", dir, cfg.Arch, m.Name, m.Arch)
+	}
+	if m.NumNextN > 0 {
+		return nil, fmt.Errorf("hf: model %q: %d MTP layers; the %s code has no MTP head (limit 0)", m.Name, m.NumNextN, m.Arch)
+	}
+	for _, l := range m.Layers {
+		if l.Mixer != spec.MixerGQA || l.FFN != spec.FFNDense {
+			return nil, fmt.Errorf("hf: model %q layer %d: mixer %q, ffn %q; the %s code runs gqa with a dense MLP", m.Name, l.Index, l.Mixer, l.FFN, m.Arch)
+		}
+	}
+	h, v, inter := m.Hidden, m.Vocab, m.Intermediate
+	heads, kvh, d := m.Heads, m.KVHeads, m.HeadDim
+	if kvh == 0 {
+		kvh = heads
+	}
+	if h <= 0 || v <= 0 || inter <= 0 || heads <= 0 || d <= 0 || d%2 != 0 || heads%kvh != 0 {
+		return nil, fmt.Errorf("hf: model %q: hidden %d, vocab %d, intermediate %d, heads %d, kv heads %d, head dim %d: want all > 0, an even head dim, kv heads dividing heads",
+			m.Name, h, v, inter, heads, kvh, d)
+	}
+	ck, err := OpenCheckpoint(dir)
+	if err != nil {
+		return nil, fmt.Errorf("hf: %w", err)
+	}
+	defer ck.Close()
+
+	// Every tensor the checkpoint must hold (shape), and those it may.
+	want := map[string][]int{"model.embed_tokens.weight": {v, h}, "model.norm.weight": {h}}
+	may := map[string][]int{}
+	if cfg.Tied {
+		may["lm_head.weight"] = []int{v, h}
+	} else {
+		want["lm_head.weight"] = []int{v, h}
+	}
+	for i := range n {
+		p := LayerPrefix(i)
+		want[p+"input_layernorm.weight"] = []int{h}
+		want[p+"post_attention_layernorm.weight"] = []int{h}
+		for _, x := range []struct {
+			name    string
+			out, in int
+		}{{"self_attn.q_proj", heads * d, h}, {"self_attn.k_proj", kvh * d, h}, {"self_attn.v_proj", kvh * d, h}, {"self_attn.o_proj", h, heads * d},
+			{"mlp.gate_proj", inter, h}, {"mlp.up_proj", inter, h}, {"mlp.down_proj", h, inter}} {
+			want[p+x.name+".weight"] = []int{x.out, x.in}
+			switch {
+			case x.name == "self_attn.o_proj" && cfg.AttnBias:
+				may[p+x.name+".bias"] = []int{x.out}
+			case x.name[:4] == "self" && cfg.AttnBias, x.name[:3] == "mlp" && cfg.MLPBias:
+				want[p+x.name+".bias"] = []int{x.out}
+			}
+		}
+		if cfg.QKNorm {
+			want[p+"self_attn.q_norm.weight"] = []int{d}
+			want[p+"self_attn.k_norm.weight"] = []int{d}
+		}
+	}
+	for _, name := range ck.Names() {
+		if _, ok := want[name]; ok {
+			continue
+		}
+		if _, ok := may[name]; ok {
+			continue
+		}
+		info, _ := ck.Info(name)
+		return nil, fmt.Errorf("hf: checkpoint %s: tensor %q (shape %v) is not a tensor of %s with %d layers", dir, name, info.Shape, m.Arch, n)
+	}
+	for name, shape := range want {
+		if !ck.Has(name) {
+			return nil, fmt.Errorf("hf: checkpoint %s: tensor %q is missing (want shape %v)", dir, name, shape)
+		}
+		if info, _ := ck.Info(name); !slices.Equal(info.Shape, toInt64(shape)) {
+			return nil, fmt.Errorf("hf: checkpoint %s: tensor %q has shape %v, want %v", dir, name, info.Shape, shape)
+		}
+	}
+	for name, shape := range may {
+		if info, ok := ck.Info(name); ok && !slices.Equal(info.Shape, toInt64(shape)) {
+			return nil, fmt.Errorf("hf: checkpoint %s: tensor %q has shape %v, want %v", dir, name, info.Shape, shape)
+		}
+	}
+
+	var lerr error
+	load := func(name string) synth.Tensor {
+		shape, ok := want[name]
+		if !ok {
+			if shape, ok = may[name]; !ok || !ck.Has(name) {
+				return nil
+			}
+		}
+		data, err := ck.Float32(name, shape...)
+		if err != nil {
+			lerr = err
+			return nil
+		}
+		rows, cols := 1, shape[0]
+		if len(shape) == 2 {
+			rows, cols = shape[0], shape[1]
+		}
+		return ops.Weight(data, rows, cols)
+	}
+	lin := func(name string) linear { return linear{w: load(name + ".weight"), b: load(name + ".bias")} }
+	s := &Stage{m: m, cfg: cfg, first: first, last: last}
+	inv, scale := cfg.Rope.InvFreq(d, m.MaxPosition)
+	s.rope = synth.RoPE{Dim: d, Theta: cfg.Rope.Theta, InvFreq: inv}
+	if scale != 1 {
+		s.rope.Scale = scale
+	}
+	isLast := last == n
+	if first == 0 || (isLast && cfg.Tied) {
+		s.embed = load("model.embed_tokens.weight")
+	}
+	if isLast {
+		s.finalNorm = load("model.norm.weight")
+		if cfg.Tied {
+			s.lmHead = s.embed
+		} else {
+			s.lmHead = load("lm_head.weight")
+		}
+	}
+	for i := first; i < last; i++ {
+		p := LayerPrefix(i)
+		lw := layerW{
+			inNorm: load(p + "input_layernorm.weight"), postNorm: load(p + "post_attention_layernorm.weight"),
+			q: lin(p + "self_attn.q_proj"), k: lin(p + "self_attn.k_proj"), v: lin(p + "self_attn.v_proj"), o: lin(p + "self_attn.o_proj"),
+			gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"), down: lin(p + "mlp.down_proj"),
+		}
+		if cfg.QKNorm {
+			lw.qNorm, lw.kNorm = load(p+"self_attn.q_norm.weight"), load(p+"self_attn.k_norm.weight")
+		}
+		s.layers = append(s.layers, lw)
+	}
+	if lerr != nil {
+		return nil, fmt.Errorf("hf: %w", lerr)
+	}
+	return s, nil
+}
+
+// LayerPrefix is the tensor name prefix of decoder layer i:
+// "model.layers.<i>.".
+func LayerPrefix(i int) string { return "model.layers." + strconv.Itoa(i) + "." }
+
+// Model returns the model the stage was built from (shared slices: do not
+// modify).
+func (s *Stage) Model() spec.Model { return s.m }
+
+// Forward runs the stage's layers on st.Items over ops (an Ops of the
+// device that built the stage, holding this step's caches), and on the
+// last stage samples greedily after every item with Sample, with the
+// logits when st.Logits. The rows of item i are Tokens' positions
+// Pos..Pos+len-1, in item order. Item problems (no tokens, drafts, a token
+// outside the vocabulary, positions beyond max_position) are
+// *kvcache.Error values with Seqs set; a Hidden of the wrong length is a
+// plain error; the GQA kernel's errors are returned as they are. The result
+// is the caller's.
+func (s *Stage) Forward(ctx context.Context, ops Ops, st synth.Step) (synth.Result, error) {
+	rows := 0
+	segs := make([]synth.Seg, len(st.Items))
+	for i, it := range st.Items {
+		if err := s.checkItem(it); err != nil {
+			return synth.Result{}, err
+		}
+		segs[i] = synth.Seg{Seq: it.Seq, Pos: it.Pos, Rows: len(it.Tokens)}
+		rows += len(it.Tokens)
+	}
+	if st.Drafts > 0 {
+		return synth.Result{}, fmt.Errorf("hf: %d drafts per step: model %q has no MTP head (limit 0)", st.Drafts, s.m.Name)
+	}
+	h := s.m.Hidden
+	var x synth.Tensor
+	if s.first == 0 {
+		toks := make([]int32, 0, rows)
+		for _, it := range st.Items {
+			toks = append(toks, it.Tokens...)
+		}
+		x = ops.Embed(s.embed, toks)
+	} else {
+		hid, err := synth.DecodeHidden(st.Hidden, rows, h)
+		if err != nil {
+			return synth.Result{}, err
+		}
+		x = ops.FromHost(hid, rows, h)
+	}
+	for i := s.first; i < s.last; i++ {
+		if err := ctx.Err(); err != nil {
+			return synth.Result{}, err
+		}
+		if err := s.layer(ctx, ops, i, segs, x); err != nil {
+			return synth.Result{}, err
+		}
+	}
+	if s.last != len(s.m.Layers) {
+		hid := ops.ToHost(x)
+		return synth.Result{Hidden: synth.EncodeHidden(make([]byte, 0, 4*len(hid)), hid)}, nil
+	}
+	var idx []int
+	var who []kvcache.SeqID
+	base := 0
+	for _, it := range st.Items {
+		base += len(it.Tokens)
+		if it.Sample {
+			idx = append(idx, base-1)
+			who = append(who, it.Seq)
+		}
+	}
+	var res synth.Result
+	if len(idx) == 0 {
+		return res, nil
+	}
+	lg := ops.MatMul(ops.RMSNorm(ops.Rows(x, idx), s.finalNorm, s.cfg.Eps), s.lmHead)
+	greedy := ops.Argmax(lg)
+	var host []float32
+	if st.Logits {
+		host = ops.ToHost(lg)
+	}
+	v := s.m.Vocab
+	for i, seq := range who {
+		o := worker.Output{Seq: seq, Tokens: []int32{greedy[i]}}
+		if host != nil {
+			o.Logits = host[i*v : (i+1)*v : (i+1)*v]
+		}
+		res.Outputs = append(res.Outputs, o)
+	}
+	return res, nil
+}
+
+func (s *Stage) checkItem(it synth.Item) error {
+	n := len(it.Tokens)
+	seqs := []kvcache.SeqID{it.Seq}
+	switch {
+	case n == 0:
+		return kvcache.ItemErrorf(seqs, "hf: sequence %d has no tokens", it.Seq)
+	case it.Draft != 0:
+		return kvcache.ItemErrorf(seqs, "hf: sequence %d: %d drafts; model %q has no MTP head (limit 0)", it.Seq, it.Draft, s.m.Name)
+	case it.Pos < 0 || (s.m.MaxPosition > 0 && it.Pos+n > s.m.MaxPosition):
+		return kvcache.ItemErrorf(seqs, "hf: sequence %d: positions %d..%d outside [0, max_position %d)", it.Seq, it.Pos, it.Pos+n-1, s.m.MaxPosition)
+	}
+	for _, t := range it.Tokens {
+		if t < 0 || int(t) >= s.m.Vocab {
+			return kvcache.ItemErrorf(seqs, "hf: sequence %d: token %d outside the vocabulary [0, %d)", it.Seq, t, s.m.Vocab)
+		}
+	}
+	return nil
+}
+
+// layer runs decoder layer i on x in place, as transformers' LlamaDecoderLayer
+// (and Mistral's, Qwen3's) does.
+func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x synth.Tensor) error {
+	lw := &s.layers[i-s.first]
+	eps := s.cfg.Eps
+	in := ops.RMSNorm(x, lw.inNorm, eps)
+	q, k, v := lw.q.apply(ops, in), lw.k.apply(ops, in), lw.v.apply(ops, in)
+	if lw.qNorm != nil {
+		q, k = ops.RMSNormGroups(q, lw.qNorm, eps), ops.RMSNormGroups(k, lw.kNorm, eps)
+	}
+	ops.RoPE(q, segs, s.m.HeadDim, s.rope)
+	ops.RoPE(k, segs, s.m.HeadDim, s.rope)
+	core, err := ops.GQA(ctx, i, segs, q, k, v)
+	if err != nil {
+		return err
+	}
+	ops.Add(x, lw.o.apply(ops, core))
+	post := ops.RMSNorm(x, lw.postNorm, eps)
+	ops.Add(x, lw.down.apply(ops, ops.SwiGLU(lw.gate.apply(ops, post), lw.up.apply(ops, post))))
+	return nil
+}
