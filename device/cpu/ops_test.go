@@ -223,7 +223,8 @@ func TestOpsRoPEIsKernelRoPE(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	var o hostOps
 	segs := []synth.Seg{{Seq: 1, Pos: 5, Rows: 3}, {Seq: 2, Pos: 0, Rows: 2}, {Seq: 3, Pos: 130, Rows: 1}}
-	for _, r := range []synth.RoPE{{Dim: 8, Theta: 10000}, {Dim: 4, Theta: 10000, Interleaved: true}, {Dim: 6, Theta: 500000}} {
+	for _, r := range []synth.RoPE{{Dim: 8, Theta: 10000}, {Dim: 4, Theta: 10000, Interleaved: true}, {Dim: 6, Theta: 500000},
+		{Dim: 8, InvFreq: []float64{1, 0.3, 0.01, 1e-4}, Scale: 1.25}, {Dim: 4, Theta: 7, InvFreq: []float64{0.5, 0.2}, Interleaved: true}} {
 		x := randT(rng, 6, 3*8)
 		orig := slices.Clone(x.d)
 		want := slices.Clone(x.d)
@@ -234,12 +235,42 @@ func TestOpsRoPEIsKernelRoPE(t *testing.T) {
 		row := 0
 		for _, sg := range segs {
 			for j := range sg.Rows {
-				kernel.RoPE{Dim: r.Dim, Theta: r.Theta, Interleaved: r.Interleaved}.Apply(want[row*24:(row+1)*24], 8, sg.Pos+j)
+				kernel.RoPE{Dim: r.Dim, Theta: r.Theta, Interleaved: r.Interleaved, InvFreq: r.InvFreq, Scale: r.Scale}.Apply(want[row*24:(row+1)*24], 8, sg.Pos+j)
 				row++
 			}
 		}
 		if !sameBits(x.d, want) {
 			t.Errorf("RoPE %+v differs from kernel.RoPE.Apply at the segments' positions", r)
 		}
+	}
+}
+
+// AddBias adds the bias row to every row; RMSNormGroups is kernel.RMSNorm
+// of every group (the per-head q/k norm), bit for bit.
+func TestOpsHFAreKernels(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	var o hostOps
+	x, b := randT(rng, 3, 12), randT(rng, 1, 12)
+	want := slices.Clone(x.d)
+	for r := range 3 {
+		for i := range 12 {
+			want[r*12+i] += b.d[i]
+		}
+	}
+	o.AddBias(x, b)
+	if !sameBits(x.d, want) {
+		t.Errorf("AddBias differs from a row-wise add")
+	}
+	g := randT(rng, 1, 4)
+	got := cpuTensor(o.RMSNormGroups(x, g, 1e-6))
+	for i := 0; i < 36; i += 4 {
+		w := make([]float32, 4)
+		kernel.RMSNorm(w, x.d[i:i+4], g.d, 1e-6)
+		if !sameBits(got.d[i:i+4], w) {
+			t.Errorf("RMSNormGroups group at %d = %v, kernel.RMSNorm %v", i, got.d[i:i+4], w)
+		}
+	}
+	if whole := cpuTensor(o.RMSNormGroups(x, randT(rng, 1, 12), 1e-6)); whole.r != 3 || whole.c != 12 {
+		t.Errorf("RMSNormGroups with one group per row: %d × %d, want 3 × 12", whole.r, whole.c)
 	}
 }

@@ -100,3 +100,33 @@ func TestRoPE(t *testing.T) {
 		checkEqual(t, "RoPE head 2", two[10:], two[:10])
 	}
 }
+
+// InvFreq equal to the Theta table rotates bit-identically; Scale scales
+// the rotated vector's length.
+func TestRoPEInvFreqAndScale(t *testing.T) {
+	x := []float32{0.3, -1.2, 0.7, 2.0, 1.5, -0.25, 0.9, -0.4}
+	base := RoPE{Dim: 8, Theta: 10000}
+	inv := make([]float64, 4)
+	for i := range inv {
+		inv[i] = math.Pow(10000, -float64(2*i)/8)
+	}
+	a, b, c := append([]float32(nil), x...), append([]float32(nil), x...), append([]float32(nil), x...)
+	base.Apply(a, 8, 37)
+	RoPE{Dim: 8, InvFreq: inv}.Apply(b, 8, 37)
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			t.Fatalf("InvFreq = the Theta table: element %d is %v, Theta gives %v", i, b[i], a[i])
+		}
+	}
+	RoPE{Dim: 8, InvFreq: inv, Scale: 2}.Apply(c, 8, 37)
+	for i := range 4 {
+		na := math.Hypot(float64(a[i]), float64(a[i+4]))
+		nc := math.Hypot(float64(c[i]), float64(c[i+4]))
+		if math.Abs(nc-2*na) > 1e-5 {
+			t.Errorf("Scale 2: pair %d has length %v, want 2 × %v", i, nc, na)
+		}
+	}
+	if err := (RoPE{Dim: 8, InvFreq: inv[:3]}).validate("t", 8); err == nil {
+		t.Errorf("3 frequencies for dim 8: no error")
+	}
+}
