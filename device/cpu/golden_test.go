@@ -183,6 +183,57 @@ func TestOwnCheckpoints(t *testing.T) {
 	}
 }
 
+// goldenFamilies are the transformers goldens of device/hf/testdata this
+// package's model code runs.
+var goldenFamilies = []string{"llama", "llama_tied", "mistral", "qwen3"}
+
+func goldenDir(fam string) string { return filepath.Join("..", "hf", "testdata", fam) }
+
+// TestGoldens runs transformers' goldens (device/hf/testdata, made by
+// scripts/hf_goldens.py) on the cpu device through managers v1 and v2 with
+// reuse on and off: every prompt passes the vLLM rule, the logprobs of
+// transformers' top-5 ids are within lpTol at every compared step, and
+// every variant gives the same tokens and logits bit for bit.
+func TestGoldens(t *testing.T) {
+	for _, fam := range goldenFamilies {
+		t.Run(fam, func(t *testing.T) {
+			dir := goldenDir(fam)
+			ps, es, err := hftest.ReadGolden(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := checkpointModel(t, dir, "float32")
+			var first []*req
+			for _, v := range []struct {
+				mgr   string
+				reuse bool
+				chunk int
+			}{{"v1", false, 0}, {"v1", true, 0}, {"v2", false, 0}, {"v2", true, 0}, {"v2", true, 7}} {
+				name := fmt.Sprintf("%s/reuse=%v/chunk=%d", v.mgr, v.reuse, v.chunk)
+				reqs := goldenRun(t, m, ps, opts{manager: v.mgr, reuse: v.reuse}, v.chunk)
+				exact, worst := checkAll(t, name, compareGolden(reqs, es))
+				t.Logf("%s %s: %d of %d prompts token-exact, largest logprob difference %.2e", fam, name, exact, len(ps), worst)
+				reused := 0
+				for _, q := range reqs {
+					reused += q.reused
+				}
+				if v.reuse && reused == 0 {
+					t.Errorf("%s: no prompt reused a prefix (the goldens pair prompts sharing 56 tokens)", name)
+				}
+				if first == nil {
+					first = reqs
+					continue
+				}
+				for i, q := range reqs {
+					if !slices.Equal(q.out, first[i].out) || !sameBits(q.logits, first[i].logits) {
+						t.Errorf("%s prompt %d: tokens %v differ from the first variant's %v (or their logits' bits)", name, i, q.out, first[i].out)
+					}
+				}
+			}
+		})
+	}
+}
+
 // offByOne is a deliberately wrong kernel: RoPE rotates the keys one
 // position late. (Shifting queries and keys alike would change nothing:
 // RoPE scores depend on the distance only.) The model rotates q, then k.
@@ -204,24 +255,62 @@ func (o offByOne) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoP
 	o.Ops.RoPE(x, shifted, stride, r)
 }
 
-// TestGoldenCheckCatchesWrongRoPE shows the golden check has teeth: the
-// same run with RoPE off by one position breaks the rule or the logprob
-// tolerance on some prompt.
-func TestGoldenCheckCatchesWrongRoPE(t *testing.T) {
-	dir, ps, es := ownGolden(t, ownSpecs[0])
-	m := checkpointModel(t, dir, "float32")
-	wrong := cpu.OpenWith(cpu.Options{WrapHF: func(o hf.Ops) hf.Ops { return offByOne{o, new(int)} }})
-	cs := compareGolden(goldenRun(t, m, ps, opts{manager: "v2", open: wrong}, 0), es)
-	caught := 0
-	for _, c := range cs {
-		if !c.OK || c.MaxLPDiff > lpTol {
-			caught++
+// defaultRoPE drops the checkpoint's RoPE scaling (llama3, yarn): the
+// plain Theta table.
+type defaultRoPE struct{ hf.Ops }
+
+func (o defaultRoPE) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
+	r.InvFreq, r.Scale = nil, 0
+	o.Ops.RoPE(x, segs, stride, r)
+}
+
+// noQKNorm skips Qwen3's per-head q/k norm.
+type noQKNorm struct{ hf.Ops }
+
+func (o noQKNorm) RMSNormGroups(x, _ synth.Tensor, _ float32) synth.Tensor {
+	return o.Rows(x, seqInts(x.Rows()))
+}
+
+func seqInts(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// TestGoldenCheckCatchesWrongKernels shows the golden check has teeth: a
+// golden run with a deliberately wrong op (the keys' RoPE one position
+// late; llama3 scaling dropped; Qwen3's q/k norm skipped) breaks the rule
+// or the logprob tolerance on some prompt.
+func TestGoldenCheckCatchesWrongKernels(t *testing.T) {
+	for _, c := range []struct {
+		name, fam string
+		wrap      func(hf.Ops) hf.Ops
+	}{
+		{"keys' RoPE off by one", "llama", func(o hf.Ops) hf.Ops { return offByOne{o, new(int)} }},
+		{"llama3 scaling dropped", "llama", func(o hf.Ops) hf.Ops { return defaultRoPE{o} }},
+		{"q/k norm skipped", "qwen3", func(o hf.Ops) hf.Ops { return noQKNorm{o} }},
+	} {
+		dir := goldenDir(c.fam)
+		ps, es, err := hftest.ReadGolden(dir)
+		if err != nil {
+			t.Fatal(err)
 		}
+		m := checkpointModel(t, dir, "float32")
+		wrong := cpu.OpenWith(cpu.Options{WrapHF: c.wrap})
+		cs := compareGolden(goldenRun(t, m, ps, opts{manager: "v2", open: wrong}, 0), es)
+		caught := 0
+		for _, cm := range cs {
+			if !cm.OK || cm.MaxLPDiff > lpTol {
+				caught++
+			}
+		}
+		if caught == 0 {
+			t.Errorf("%s (%s): passed the golden check on all %d prompts", c.name, c.fam, len(cs))
+		}
+		t.Logf("%s (%s): %d of %d prompts fail the check", c.name, c.fam, caught, len(cs))
 	}
-	if caught == 0 {
-		t.Fatalf("RoPE off by one position passed the golden check on all %d prompts: %+v", len(cs), cs)
-	}
-	t.Logf("RoPE off by one: %d of %d prompts fail the check", caught, len(cs))
 }
 
 var _ device.OpenFunc = cpu.OpenWith(cpu.Options{})
