@@ -130,4 +130,3 @@ func inTop(tok int32, top [][2]float64) bool {
 	}
 	return false
 }
-

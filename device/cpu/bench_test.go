@@ -1,7 +1,9 @@
 package cpu_test
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -22,6 +24,46 @@ func BenchmarkGenerate(b *testing.B) {
 				}
 				r.run(reqs)
 			}
+		})
+	}
+}
+
+// BenchmarkGoldenDecode is decode on the golden llama checkpoint
+// (device/hf/testdata/llama: 3 layers, hidden 64, float32 weights and KV)
+// through cachemgr_v2: batches of 1 and 4 sequences, prompts of 32 tokens
+// prefilled outside the measurement, then one token per sequence per step
+// up to position 240. tok/s counts decoded tokens over the decode steps'
+// time (manager calls included). Run with -cpu 1 and -cpu N.
+func BenchmarkGoldenDecode(b *testing.B) {
+	m := checkpointModel(b, goldenDir("llama"), "float32")
+	for _, batch := range []int{1, 4} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			var r *rig
+			var reqs []*req
+			fresh := func() {
+				r = newRig(b, m, opts{backend: "gqa", manager: "v2", tpb: 16, kv: "float32", maxSeq: 256})
+				reqs = nil
+				for i := range batch {
+					reqs = append(reqs, &req{seq: kvcache.SeqID(i + 1), prompt: prompt(32, i, m.Vocab), want: 1 << 20})
+				}
+				if err := r.step(reqs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var decode time.Duration
+			tokens := 0
+			for b.Loop() {
+				if reqs == nil || reqs[0].pos >= 240 {
+					fresh()
+				}
+				start := time.Now()
+				if err := r.step(reqs); err != nil {
+					b.Fatal(err)
+				}
+				decode += time.Since(start)
+				tokens += batch
+			}
+			b.ReportMetric(float64(tokens)/decode.Seconds(), "tok/s")
 		})
 	}
 }
