@@ -124,3 +124,25 @@ func TestSyntheticKeysProperty(t *testing.T) {
 		}
 	})
 }
+
+// model: DIR (a checkpoint directory) keeps the checkpoint's shapes on
+// device cpu (no synthetic model), resolves kv_cache_config.dtype auto to
+// float32 for a float32 checkpoint, and refuses synthetic keys.
+func TestCheckpointModel(t *testing.T) {
+	dir := "../../device/hf/testdata/llama"
+	c, _ := load(t, nil, nil, []string{"model=" + dir, "device=cpu"})
+	m := c.ModelSpec()
+	if m.Name != "llama" || m.Checkpoint == "" || m.Hidden != 64 || len(m.Layers) != 3 || m.Vocab != 256 {
+		t.Errorf("ModelSpec() = %s checkpoint %q hidden %d layers %d vocab %d, want the checkpoint's llama", m.Name, m.Checkpoint, m.Hidden, len(m.Layers), m.Vocab)
+	}
+	if c.KVCache.Dtype != "float32" || c.AttentionBackend != "gqa" || c.MaxSeqLen != 256 {
+		t.Errorf("kv dtype %q backend %q max_seq_len %d, want float32 gqa 256", c.KVCache.Dtype, c.AttentionBackend, c.MaxSeqLen)
+	}
+	if c, _ := load(t, nil, nil, []string{"model=" + dir, "device=cpu", "kv_cache_config.dtype=bf16"}); c.KVCache.Dtype != "bf16" {
+		t.Errorf("kv_cache_config.dtype=bf16 became %q", c.KVCache.Dtype)
+	}
+	_, _, err := Load(nil, nil, []string{"model=" + dir, "device=cpu", "synthetic.hidden=32"})
+	if err == nil || !strings.Contains(err.Error(), "synthetic.hidden: set with model") {
+		t.Errorf("synthetic keys with a checkpoint: %v, want an error naming synthetic.hidden", err)
+	}
+}

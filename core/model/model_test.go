@@ -511,3 +511,41 @@ func BenchmarkLoadFill(b *testing.B) {
 		}
 	}
 }
+
+// A checkpoint directory loads as a model named after it, with Checkpoint
+// set to its absolute path; one without weights, or without a config, is
+// refused naming what is missing.
+func TestLoadCheckpoint(t *testing.T) {
+	src := filepath.Join("..", "..", "device", "hf", "testdata", "qwen3")
+	m, err := Load(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	abs, _ := filepath.Abs(src)
+	if m.Name != "qwen3" || m.Checkpoint != abs || m.Arch != "Qwen3ForCausalLM" || len(m.Layers) != 3 || m.HeadDim != 32 || m.KVHeads != 2 {
+		t.Errorf("Load(%s) = name %q checkpoint %q arch %s layers %d head dim %d kv heads %d", src, m.Name, m.Checkpoint, m.Arch, len(m.Layers), m.HeadDim, m.KVHeads)
+	}
+	if dt, err := CheckpointDtype(src); err != nil || dt != "float32" {
+		t.Errorf("CheckpointDtype(%s) = %q, %v; want float32", src, dt, err)
+	}
+	if mi, err := Load(filepath.Join("..", "..", "device", "hf", "testdata", "mistral")); err != nil || mi.Layers[0].Window != 32 {
+		t.Errorf("mistral: window %d, %v; want 32 (sliding_window)", mi.Layers[0].Window, err)
+	}
+	if n, err := KVBytes("float32"); err != nil || n != 4 {
+		t.Errorf("KVBytes(float32) = %d, %v; want 4", n, err)
+	}
+	dir := t.TempDir()
+	data, err := os.ReadFile(filepath.Join(src, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "neither model.safetensors nor model.safetensors.index.json") {
+		t.Errorf("Load(dir without weights) = %v, want an error naming the weight files", err)
+	}
+	if _, err := Load(t.TempDir()); err == nil || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Load(empty dir) = %v, want ErrNotExist for config.json", err)
+	}
+}

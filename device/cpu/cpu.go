@@ -1,12 +1,14 @@
 // Package cpu is the cpu device of the worker runtime: real attention on
 // real KV. It runs the synthetic model of package synth, written once over
-// synth.Ops, by implementing those ops with the pure-Go reference kernels of
-// package kernel:
+// synth.Ops, and the Hugging Face checkpoints of package hf (when
+// Model.Checkpoint is set: Llama, Mistral, Qwen3, written once over hf.Ops),
+// by implementing those ops with the pure-Go reference kernels of package
+// kernel:
 //
 //   - hostOps (ops.go): the row-wise ops (matmul, norms, activations, MoE
-//     routing, embedding, argmax), each a loop over the kernel function it
-//     wraps, pinned to it bit for bit by ops_test.go, so a faster loop
-//     cannot change a token;
+//     routing, embedding, argmax; hf's bias add and per-head norm), each a
+//     loop over the kernel function it wraps, pinned to it bit for bit by
+//     ops_test.go, so a faster loop cannot change a token;
 //   - pagedOps (this file): the mixer kernels the backend chose
 //     (device.Backend.Kernel, layerKernel in mixers.go) on pools the device
 //     allocates from the manager's layout, addressed through the block

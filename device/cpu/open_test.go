@@ -36,6 +36,15 @@ func TestOpenRefuses(t *testing.T) {
 	if _, err := cpu.Open(stageFor(t, llama, "gqa", "v2")); err != nil {
 		t.Fatalf("Open(valid llama stage) = %v", err)
 	}
+	ck := checkpointModel(t, goldenDir("llama"), "float32")
+	ckStage := func() device.Stage {
+		s := stageFor(t, ck, "gqa", "v2")
+		s.Config.KVDtype = "float32"
+		return s
+	}
+	if _, err := cpu.Open(ckStage()); err != nil {
+		t.Fatalf("Open(golden llama checkpoint stage) = %v", err)
+	}
 	for _, c := range []struct {
 		name  string
 		stage func() device.Stage
@@ -64,7 +73,7 @@ func TestOpenRefuses(t *testing.T) {
 			s := stageFor(t, llama, "gqa", "v2")
 			s.Config.KVDtype = "int8"
 			return s
-		}, []string{`"int8"`, "bf16 and fp8"}},
+		}, []string{`"int8"`, "bf16, fp8 and float32"}},
 		{"row width", func() device.Stage {
 			s := stageFor(t, llama, "gqa", "v2")
 			s.Config.KVDtype = "fp8" // buffers were sized for bf16
@@ -91,6 +100,21 @@ func TestOpenRefuses(t *testing.T) {
 			s.Config.DraftTokens = 2
 			return s
 		}, []string{"draft tokens 2", "1 MTP layers"}},
+		{"checkpoint kv dtype", func() device.Stage {
+			s := ckStage()
+			s.Config.KVDtype = "bf16" // buffers were sized for float32
+			return s
+		}, []string{"layer 0", "bytes per token", "needs role kv with 128"}},
+		{"checkpoint gone", func() device.Stage {
+			s := ckStage()
+			s.Config.Model.Checkpoint = t.TempDir()
+			return s
+		}, []string{"config.json"}},
+		{"checkpoint drafts", func() device.Stage {
+			s := ckStage()
+			s.Config.DraftTokens = 1
+			return s
+		}, []string{"draft tokens 1", "0 MTP layers"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := cpu.Open(c.stage())
