@@ -184,8 +184,10 @@ func TestOwnCheckpoints(t *testing.T) {
 }
 
 // goldenFamilies are the transformers goldens of device/hf/testdata this
-// package's model code runs.
-var goldenFamilies = []string{"llama", "llama_tied", "mistral", "qwen3"}
+// package's model code runs: the main set (scripts/hf_goldens.py) and
+// extra/ (device/hf/testdata/extra/make.py: yarn RoPE with attention and
+// MLP biases; Qwen3 with a sliding window on two of three layers).
+var goldenFamilies = []string{"llama", "llama_tied", "mistral", "qwen3", "extra/llama_yarn", "extra/qwen3_swa"}
 
 func goldenDir(fam string) string { return filepath.Join("..", "hf", "testdata", fam) }
 
@@ -264,6 +266,19 @@ func (o defaultRoPE) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.
 	o.Ops.RoPE(x, segs, stride, r)
 }
 
+// noScale drops yarn's attention factor (the cosines' and sines' scale).
+type noScale struct{ hf.Ops }
+
+func (o noScale) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
+	r.Scale = 0
+	o.Ops.RoPE(x, segs, stride, r)
+}
+
+// noBias skips every bias add.
+type noBias struct{ hf.Ops }
+
+func (noBias) AddBias(_, _ synth.Tensor) {}
+
 // noQKNorm skips Qwen3's per-head q/k norm.
 type noQKNorm struct{ hf.Ops }
 
@@ -281,16 +296,26 @@ func seqInts(n int) []int {
 
 // TestGoldenCheckCatchesWrongKernels shows the golden check has teeth: a
 // golden run with a deliberately wrong op (the keys' RoPE one position
-// late; llama3 scaling dropped; Qwen3's q/k norm skipped) breaks the rule
+// late; llama3 scaling dropped; Qwen3's q/k norm skipped; yarn's attention
+// factor dropped; the q/k/v biases dropped; the sliding window ignored, a
+// wrong option rather than op) breaks the rule
 // or the logprob tolerance on some prompt.
 func TestGoldenCheckCatchesWrongKernels(t *testing.T) {
 	for _, c := range []struct {
 		name, fam string
 		wrap      func(hf.Ops) hf.Ops
+		edit      func(*spec.Model) // a wrong option instead of a wrong op
 	}{
-		{"keys' RoPE off by one", "llama", func(o hf.Ops) hf.Ops { return offByOne{o, new(int)} }},
-		{"llama3 scaling dropped", "llama", func(o hf.Ops) hf.Ops { return defaultRoPE{o} }},
-		{"q/k norm skipped", "qwen3", func(o hf.Ops) hf.Ops { return noQKNorm{o} }},
+		{"keys' RoPE off by one", "llama", func(o hf.Ops) hf.Ops { return offByOne{o, new(int)} }, nil},
+		{"llama3 scaling dropped", "llama", func(o hf.Ops) hf.Ops { return defaultRoPE{o} }, nil},
+		{"q/k norm skipped", "qwen3", func(o hf.Ops) hf.Ops { return noQKNorm{o} }, nil},
+		{"yarn attention factor dropped", "extra/llama_yarn", func(o hf.Ops) hf.Ops { return noScale{o} }, nil},
+		{"biases dropped", "extra/qwen3_swa", func(o hf.Ops) hf.Ops { return noBias{o} }, nil},
+		{"sliding window ignored", "extra/qwen3_swa", nil, func(m *spec.Model) {
+			for i := range m.Layers {
+				m.Layers[i].Window = 0
+			}
+		}},
 	} {
 		dir := goldenDir(c.fam)
 		ps, es, err := hftest.ReadGolden(dir)
@@ -298,6 +323,9 @@ func TestGoldenCheckCatchesWrongKernels(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := checkpointModel(t, dir, "float32")
+		if c.edit != nil {
+			c.edit(&m)
+		}
 		wrong := cpu.OpenWith(cpu.Options{WrapHF: c.wrap})
 		cs := compareGolden(goldenRun(t, m, ps, opts{manager: "v2", open: wrong}, 0), es)
 		caught := 0
