@@ -253,7 +253,7 @@ func TestFillBuffersErrors(t *testing.T) {
 		{"llama-3.1-8b", Dtypes{}, 3, `model "llama-3.1-8b": tensor parallel size 3 does not divide the 32 attention heads`},
 		{"nemotron-3-nano-30b-a3b", Dtypes{}, 128, `model "nemotron-3-nano-30b-a3b": tensor parallel size 128 does not divide the 32 attention heads`},
 		{"nemotron-3-nano-30b-a3b/48", Dtypes{}, 32, `model "nemotron-3-nano-30b-a3b": tensor parallel size 32 does not divide the 48 mamba heads`},
-		{"llama-3.1-8b", Dtypes{KV: "nvfp4"}, 1, `kv cache dtype "nvfp4": allowed auto, bf16, fp8`},
+		{"llama-3.1-8b", Dtypes{KV: "nvfp4"}, 1, `kv cache dtype "nvfp4": allowed auto, bf16, fp8, float32`},
 		{"llama-3.1-8b", Dtypes{SSM: "int8"}, 1, `ssm state dtype "int8": allowed auto, float32, float16, bfloat16`},
 		{"llama-3.1-8b", Dtypes{Conv: "fp8"}, 1, `conv state dtype "fp8": allowed auto, float32, float16, bfloat16`},
 	}

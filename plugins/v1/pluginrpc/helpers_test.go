@@ -96,7 +96,7 @@ var fullModel = spec.Model{
 	IndexHeads: 2, IndexHeadDim: 8, IndexTopK: 32,
 	MambaHeads: 2, MambaHeadDim: 8, SSMStateSize: 16, NGroups: 1, ConvKernel: 4,
 	Intermediate: 128, MoEIntermediate: 32, Experts: 8, ExpertsPerToken: 2, SharedExperts: 1,
-	SharedIntermediate: 64, MoELatent: 16, NumNextN: 1,
+	SharedIntermediate: 64, MoELatent: 16, NumNextN: 1, Checkpoint: "/ckpt/tiny",
 	Layers: fullLayers,
 }
 
