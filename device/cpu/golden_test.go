@@ -1,6 +1,7 @@
 package cpu_test
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -124,6 +125,8 @@ var ownSpecs = []hftest.Spec{
 	{Family: "llama", Hidden: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, Intermediate: 64, Vocab: 96, MaxPosition: 128, Seed: 1},
 	{Family: "mistral", Hidden: 32, Layers: 2, Heads: 4, KVHeads: 1, HeadDim: 8, Intermediate: 48, Vocab: 80, MaxPosition: 128, Window: 12, Seed: 2},
 	{Family: "qwen3", Hidden: 32, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 16, Intermediate: 48, Vocab: 90, MaxPosition: 128, Tied: true, Bias: true, Theta: 1e6, Seed: 3},
+	// bf16 weights, read as float32 (the oracle reads the same bits).
+	{Family: "llama", Hidden: 32, Layers: 2, Heads: 4, KVHeads: 4, HeadDim: 8, Intermediate: 64, Vocab: 70, MaxPosition: 128, Dtype: "BF16", Seed: 5},
 }
 
 // checkAll fails the test for every comparison that breaks the rule or
@@ -152,7 +155,7 @@ func checkAll(t *testing.T, name string, cs []hftest.Comparison) (exact int, wor
 // lpTol, and every variant's tokens and logits bit-identical.
 func TestOwnCheckpoints(t *testing.T) {
 	for _, s := range ownSpecs {
-		t.Run(s.Family, func(t *testing.T) {
+		t.Run(s.Family+"/"+cmp.Or(s.Dtype, "F32"), func(t *testing.T) {
 			dir, ps, es := ownGolden(t, s)
 			m := checkpointModel(t, dir, "float32")
 			var first []*req
