@@ -178,15 +178,15 @@ func (w *Worker) checkConfig(cfg *worker.Config) (OpenFunc, error) {
 	}
 	open, ok := w.devices[cfg.Device]
 	if !ok {
-		switch cfg.Device {
-		case "cpu", "cuda":
-			return nil, kvcache.Errorf(kvcache.KindUnsupported, "device %s is not built yet; use device sim", cfg.Device)
-		}
 		names := make([]string, 0, len(w.devices))
 		for n := range w.devices {
 			names = append(names, n)
 		}
 		slices.Sort(names)
+		switch cfg.Device {
+		case "cpu", "cuda": // devices kvx has, not linked into this worker
+			return nil, kvcache.Errorf(kvcache.KindUnsupported, "device %s is not built into this worker (it has %s)", cfg.Device, strings.Join(names, ", "))
+		}
 		return nil, bad("device %q is not one of %s", cfg.Device, strings.Join(names, ", "))
 	}
 	if cfg.Backend != "" && cfg.Backend != w.b.Name() {

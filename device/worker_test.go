@@ -141,8 +141,8 @@ func TestConfigureErrors(t *testing.T) {
 		kind kvcache.Kind
 		want []string
 	}{
-		{"cpu device", mod(func(c *worker.Config) { c.Device = "cpu" }), kvcache.KindUnsupported, []string{"device cpu is not built yet"}},
-		{"cuda device", mod(func(c *worker.Config) { c.Device = "cuda" }), kvcache.KindUnsupported, []string{"device cuda is not built yet"}},
+		{"cpu device", mod(func(c *worker.Config) { c.Device = "cpu" }), kvcache.KindUnsupported, []string{"device cpu is not built into this worker (it has sim)"}},
+		{"cuda device", mod(func(c *worker.Config) { c.Device = "cuda" }), kvcache.KindUnsupported, []string{"device cuda is not built into this worker (it has sim)"}},
 		{"unknown device", mod(func(c *worker.Config) { c.Device = "tpu" }), kvcache.KindInvalidConfig, []string{`"tpu"`, "sim"}},
 		{"other backend", mod(func(c *worker.Config) { c.Backend = "dsa" }), kvcache.KindInvalidConfig, []string{`"dsa"`, `"fake"`}},
 		{"mixer", mod(func(c *worker.Config) { c.Model.Layers[3].Mixer = spec.MixerDSA }), kvcache.KindUnsupported, []string{"layer 3", `"dsa"`, `"fake"`}},
