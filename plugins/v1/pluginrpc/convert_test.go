@@ -312,19 +312,20 @@ func TestSnapshotColumns(t *testing.T) {
 // (trimmed columns), and ragged lists.
 func TestTopLogprobsConvert(t *testing.T) {
 	type lp = worker.TokenLogprob
+	tl := func(id int32, v float64) lp { return lp{ID: id, Logprob: v} }
 	for _, tc := range []struct {
 		name string
 		outs []worker.Output
 	}{
 		{"none", []worker.Output{{Seq: 1, Tokens: []int32{4}}}},
-		{"one list", []worker.Output{{Seq: 1, Tokens: []int32{4}, TopLogprobs: [][]lp{{{4, -0.1}, {2, -3}}}}}},
+		{"one list", []worker.Output{{Seq: 1, Tokens: []int32{4}, TopLogprobs: [][]lp{{tl(4, -0.1), tl(2, -3)}}}}},
 		{"per accepted draft", []worker.Output{{Seq: 1, Tokens: []int32{4, 5, 6},
-			TopLogprobs: [][]lp{{{4, -0.1}}, {{5, -0.2}}, {{6, -0.3}}}}}},
-		{"second output only", []worker.Output{{Seq: 1, Tokens: []int32{4}}, {Seq: 2, Tokens: []int32{7}, TopLogprobs: [][]lp{{{7, -1}, {0, -2}}}}}},
-		{"zero ids and logprobs", []worker.Output{{Seq: 1, Tokens: []int32{0}, TopLogprobs: [][]lp{{{0, 0}}}}}},
+			TopLogprobs: [][]lp{{tl(4, -0.1)}, {tl(5, -0.2)}, {tl(6, -0.3)}}}}},
+		{"second output only", []worker.Output{{Seq: 1, Tokens: []int32{4}}, {Seq: 2, Tokens: []int32{7}, TopLogprobs: [][]lp{{tl(7, -1), tl(0, -2)}}}}},
+		{"zero ids and logprobs", []worker.Output{{Seq: 1, Tokens: []int32{0}, TopLogprobs: [][]lp{{tl(0, 0)}}}}},
 		{"empty lists", []worker.Output{{Seq: 1, Tokens: []int32{3, 4}, TopLogprobs: [][]lp{nil, nil}}}},
-		{"ragged", []worker.Output{{Seq: 1, Tokens: []int32{3, 4}, TopLogprobs: [][]lp{{{3, -1}}, nil}},
-			{Seq: 2, Tokens: []int32{9}, TopLogprobs: [][]lp{{{9, -0.5}, {8, -0.75}, {7, -0.875}}}}}},
+		{"ragged", []worker.Output{{Seq: 1, Tokens: []int32{3, 4}, TopLogprobs: [][]lp{{tl(3, -1)}, nil}},
+			{Seq: 2, Tokens: []int32{9}, TopLogprobs: [][]lp{{tl(9, -0.5), tl(8, -0.75), tl(7, -0.875)}}}}},
 	} {
 		r := worker.Result{Outputs: tc.outs}
 		got, err := fromProtoResult(wire(t, toProtoResult(&r)))

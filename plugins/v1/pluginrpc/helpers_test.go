@@ -185,7 +185,7 @@ var fullBatch = worker.Batch{
 }
 
 var fullResult = worker.Result{
-	Hidden:   []byte{9, 8},
+	Hidden: []byte{9, 8},
 	Outputs: []worker.Output{{Seq: 42, Tokens: []int32{6, 11}, Drafts: []int32{12}, Logits: []float32{0.5, -1, 3e38},
 		TopLogprobs: [][]worker.TokenLogprob{{{ID: 6, Logprob: -0.25}, {ID: 9, Logprob: -1.5}}, {{ID: 11, Logprob: -1e-300}, {ID: 1, Logprob: -700}}}}},
 	Nanos:    123456,
