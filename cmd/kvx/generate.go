@@ -50,7 +50,9 @@ vocabulary, longer than max_seq_len) fails alone; the others still run.
 --json writes a list in input order of
   {"output_ids": [..], "text": "..", "top_logprobs": [[[id, logprob], ..], ..]}
 with one top_logprobs list per generated token (--top-logprobs K of them,
-most likely first) and "error" set on a line that failed.
+most likely first, ties to the lower id as greedy sampling breaks them) and
+"error" set on a line that failed. In JSON, each byte of the text that is not
+UTF-8 becomes U+FFFD (the printed text quotes it exactly).
 
 Only a computing device (device: cpu) gives real tokens; device sim is
 refused. Exit status: 0 when every prompt ran, 1 when some failed, 2 for bad
