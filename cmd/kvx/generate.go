@@ -118,6 +118,7 @@ func runGenerate(g *globals, o *generateOpts, cmd *cobra.Command) error {
 	// The lines that parsed run, in input order: request i is runs[i].
 	var prompts []workload.Prompt
 	var runs []*completion
+	var summary string
 	for _, c := range lines {
 		if c.req != nil {
 			prompts = append(prompts, *c.req)
@@ -141,6 +142,10 @@ func runGenerate(g *globals, o *generateOpts, cmd *cobra.Command) error {
 			return engineErr(fmt.Errorf("generate: %w", err))
 		}
 		collect(rep, runs, tok)
+		summary = fmt.Sprintf("%d prompts ran: %d tokens generated in %d steps, %.2f s", len(runs), rep.Tokens.Generated, rep.Engine.Steps, rep.Engine.WallS)
+		if rep.Tokens.DraftProposed > 0 {
+			summary += fmt.Sprintf("; MTP drafts accepted %d of %d", rep.Tokens.DraftAccepted, rep.Tokens.DraftProposed)
+		}
 	}
 
 	failed := 0
@@ -155,6 +160,9 @@ func runGenerate(g *globals, o *generateOpts, cmd *cobra.Command) error {
 		if c.Text != nil {
 			fmt.Fprintf(out, "  text: %s\n", strconv.Quote(*c.Text))
 		}
+	}
+	if summary != "" {
+		fmt.Fprintln(out, summary)
 	}
 	if o.jsonOut != "" {
 		if err := writeCompletions(o.jsonOut, lines); err != nil {

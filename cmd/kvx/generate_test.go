@@ -76,6 +76,31 @@ func TestGenerateSameEverywhere(t *testing.T) {
 	checkAgainstReference(t, want)
 }
 
+// TestGenerateDraftsChangeNothing: with MTP drafts (one accepted, so a
+// step yields two tokens: random weights rarely agree with their own MTP
+// head, seed 6 does once) the completions and their top logprobs are those
+// without drafts.
+func TestGenerateDraftsChangeNothing(t *testing.T) {
+	mla := []string{"--set", "model=deepseek-v3", "--set", "attention_backend=mla", "--set", "isolation=inprocess",
+		"--set", "synthetic.layers=3", "--set", "synthetic.hidden=48", "--set", "synthetic.heads=4", "--set", "synthetic.experts=4",
+		"--set", "synthetic.experts_per_token=2", "--set", "synthetic.kv_heads=0", "--set", "synthetic.head_dim=0", "--set", "synthetic.intermediate=0",
+		"--set", "seed=6", "--top-logprobs=3"}
+	plain, out, stderr, code := generate(t, genPrompts, mla...)
+	if code != 0 {
+		t.Fatalf("without drafts: exit %d\n%s%s", code, out, stderr)
+	}
+	mtp, out, stderr, code := generate(t, genPrompts, append(mla, "--set", "speculative_config.decoding_type=MTP", "--set", "speculative_config.max_draft_len=1")...)
+	if code != 0 {
+		t.Fatalf("with drafts: exit %d\n%s%s", code, out, stderr)
+	}
+	if !strings.Contains(out, "MTP drafts accepted") || strings.Contains(out, "MTP drafts accepted 0 ") {
+		t.Errorf("no MTP draft was accepted, so no step yielded several tokens:\n%s", out)
+	}
+	if !reflect.DeepEqual(mtp, plain) {
+		t.Errorf("with drafts:\n%v\nwithout:\n%v", mtp, plain)
+	}
+}
+
 // checkAgainstReference recomputes every prompt of genPrompts with the dense
 // no-cache reference of genScenario's model.
 func checkAgainstReference(t *testing.T, cs []completion) {
