@@ -2,8 +2,8 @@
 // seeded random weights shaped by a (scaled-down) spec.Model, a byte-level
 // tokenizer, and the forward of a pipeline stage (embeddings, decoder layers
 // with their norms, the mixer projections, dense and MoE FFNs, the final norm
-// and LM head, greedy sampling with draft verification, and a DeepSeek-V3
-// style MTP head).
+// and LM head, greedy sampling with draft verification and top logprobs,
+// and a DeepSeek-V3 style MTP head).
 //
 // Its parts, and the failure each prevents:
 //
