@@ -143,6 +143,9 @@ func runGenerate(g *globals, o *generateOpts, cmd *cobra.Command) error {
 		}
 		collect(rep, runs, tok)
 		summary = fmt.Sprintf("%d prompts ran: %d tokens generated in %d steps, %.2f s", len(runs), rep.Tokens.Generated, rep.Engine.Steps, rep.Engine.WallS)
+		if n := rep.Requests.Preemptions; n > 0 {
+			summary += fmt.Sprintf("; %d preemptions (%d suspended to the host tier)", n, rep.Requests.Suspensions)
+		}
 		if rep.Tokens.DraftProposed > 0 {
 			summary += fmt.Sprintf("; MTP drafts accepted %d of %d", rep.Tokens.DraftAccepted, rep.Tokens.DraftProposed)
 		}

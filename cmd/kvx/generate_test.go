@@ -43,7 +43,8 @@ func generate(t *testing.T, prompts string, args ...string) ([]completion, strin
 
 // TestGenerateSameEverywhere: the completions, top logprobs included, are
 // the same for both managers, in-process and as plugins, with chunks of 7
-// tokens and under cache pressure; and they are the dense no-cache
+// tokens and under cache pressure (preempted requests recomputed or
+// suspended); and they are the dense no-cache
 // reference's greedy tokens, each position's top logprobs sorted and led by
 // the token generated there, the last position's equal to those of the
 // reference's logits.
@@ -55,12 +56,19 @@ func TestGenerateSameEverywhere(t *testing.T) {
 		{"--set", "cache_manager=v1"}, // plugins, the default isolation
 		{"--set", "cache_manager=v2"},
 		{"--set", "cache_manager=v2", "--set", "isolation=inprocess", "--set", "max_num_tokens=7", "--set", "max_batch_size=2", "--set", "kv_cache_config.tokens_per_block=4"},
+		// A cache of about one request: v1 pauses and recomputes, v2 also
+		// suspends to the host tier.
+		{"--set", "cache_manager=v1", "--set", "isolation=inprocess", "--set", "max_seq_len=128", "--set", "kv_cache_config.max_tokens=144", "--set", "max_num_tokens=32"},
+		{"--set", "cache_manager=v2", "--set", "isolation=inprocess", "--set", "max_seq_len=128", "--set", "kv_cache_config.max_tokens=144", "--set", "max_num_tokens=32"},
 	}
 	var want []completion
 	for i, v := range variants {
 		cs, out, stderr, code := generate(t, genPrompts, append(v, k)...)
 		if code != 0 {
 			t.Fatalf("%v: exit %d\n%s%s", v, code, out, stderr)
+		}
+		if slices.Contains(v, "kv_cache_config.max_tokens=144") && !strings.Contains(out, "preemptions") {
+			t.Errorf("%v: no preemption under cache pressure:\n%s", v, out)
 		}
 		if i == 0 {
 			want = cs
