@@ -44,10 +44,9 @@ func generate(t *testing.T, prompts string, args ...string) ([]completion, strin
 // TestGenerateSameEverywhere: the completions, top logprobs included, are
 // the same for both managers, in-process and as plugins, with chunks of 7
 // tokens and under cache pressure (preempted requests recomputed or
-// suspended); and they are the dense no-cache
-// reference's greedy tokens, each position's top logprobs sorted and led by
-// the token generated there, the last position's equal to those of the
-// reference's logits.
+// suspended); and they are the dense no-cache reference's greedy tokens,
+// each position's top logprobs sorted and led by the token generated there,
+// the last position's equal to those of the reference's logits.
 func TestGenerateSameEverywhere(t *testing.T) {
 	k := "--top-logprobs=5"
 	variants := [][]string{
