@@ -18,7 +18,7 @@
 //     memory, no math: a roofline cost model, package sim; built in), cpu
 //     (pure-Go reference kernels on real pools, package cpu, added with
 //     WithDevice("cpu", cpu.Open): the bit-exact oracle every manager is
-//     checked against) and cuda (GPU kernels, build tag cuda: not built yet).
+//     checked against) and cuda (GPU kernels behind the cuda build tag: not written yet).
 //
 // A device that computes returns the next stage's activations and the last
 // stage's samples itself (Pass). A device that only models time (sim) returns

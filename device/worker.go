@@ -178,15 +178,15 @@ func (w *Worker) checkConfig(cfg *worker.Config) (OpenFunc, error) {
 	}
 	open, ok := w.devices[cfg.Device]
 	if !ok {
-		switch cfg.Device {
-		case "cpu", "cuda":
-			return nil, kvcache.Errorf(kvcache.KindUnsupported, "device %s is not built yet; use device sim", cfg.Device)
-		}
 		names := make([]string, 0, len(w.devices))
 		for n := range w.devices {
 			names = append(names, n)
 		}
 		slices.Sort(names)
+		switch cfg.Device {
+		case "cpu", "cuda": // devices kvx has, not linked into this worker
+			return nil, kvcache.Errorf(kvcache.KindUnsupported, "device %s is not built into this worker (it has %s)", cfg.Device, strings.Join(names, ", "))
+		}
 		return nil, bad("device %q is not one of %s", cfg.Device, strings.Join(names, ", "))
 	}
 	if cfg.Backend != "" && cfg.Backend != w.b.Name() {
@@ -254,7 +254,7 @@ func notConfigured(call string) error {
 // samples.
 //
 // Errors: an item that breaks the contract (Pos < 0, no tokens, Draft not in
-// [0, len(Tokens)-1], a table delta naming an unknown pool, starting beyond
+// [0, len(Tokens)-1], TopLogprobs < 0, a table delta naming an unknown pool, starting beyond
 // the table or holding a block outside its pool, a full-attention device
 // pool's table too short for the tokens written, a sequence twice in the
 // batch) is a *kvcache.Error of kind KindInvalidArg with Seqs naming it; the
@@ -271,6 +271,8 @@ func notConfigured(call string) error {
 // Every sampled or proposed id is a hash of (Seed, Seq, position) mapped
 // into [0, Vocab): the same position always gets the same token, whatever the
 // batch, the process or the acceptance so far.
+// Placeholder tokens have no distribution: the sim returns no
+// Output.TopLogprobs (computing devices do, see synth.TopLogprobs).
 func (w *Worker) Forward(ctx context.Context, b worker.Batch) (worker.Result, error) {
 	if err := ctx.Err(); err != nil {
 		return worker.Result{}, err
@@ -354,6 +356,9 @@ func (w *Worker) checkItems(items []worker.Item) error {
 		}
 		if it.Draft < 0 || it.Draft > n-1 {
 			return itemErr(it.Seq, "seq %d at pos %d: draft %d must be in [0, %d] (len(tokens)-1)", it.Seq, it.Pos, it.Draft, n-1)
+		}
+		if it.TopLogprobs < 0 {
+			return itemErr(it.Seq, "seq %d at pos %d: top logprobs %d must be >= 0", it.Seq, it.Pos, it.TopLogprobs)
 		}
 		for k, ss := range it.Snapshots {
 			p := w.pool(ss.Pool)

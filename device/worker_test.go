@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/sim"
+	"github.com/kvx-dev/kvx/device/sim/simtest"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
@@ -19,17 +20,8 @@ import (
 
 var ctx = context.Background()
 
-// h200 is an H200-like accelerator (datasheet figures).
-var h200 = spec.Hardware{
-	Name:          "h200-test",
-	MemoryBytes:   141e9,
-	MemBandwidth:  4.8e12,
-	FLOPSBF16:     989e12,
-	FLOPSFP8:      1979e12,
-	NVLinkBW:      450e9,
-	PCIeBW:        55e9,
-	LaunchLatency: 5e-6,
-}
+// h200 is the shared H200-like fixture.
+var h200 = simtest.H200
 
 // fake is a backend that runs GQA and Mamba layers at a simple cost: one
 // FLOP per new token, one byte per context token.
@@ -141,8 +133,8 @@ func TestConfigureErrors(t *testing.T) {
 		kind kvcache.Kind
 		want []string
 	}{
-		{"cpu device", mod(func(c *worker.Config) { c.Device = "cpu" }), kvcache.KindUnsupported, []string{"device cpu is not built yet"}},
-		{"cuda device", mod(func(c *worker.Config) { c.Device = "cuda" }), kvcache.KindUnsupported, []string{"device cuda is not built yet"}},
+		{"cpu device", mod(func(c *worker.Config) { c.Device = "cpu" }), kvcache.KindUnsupported, []string{"device cpu is not built into this worker (it has sim)"}},
+		{"cuda device", mod(func(c *worker.Config) { c.Device = "cuda" }), kvcache.KindUnsupported, []string{"device cuda is not built into this worker (it has sim)"}},
 		{"unknown device", mod(func(c *worker.Config) { c.Device = "tpu" }), kvcache.KindInvalidConfig, []string{`"tpu"`, "sim"}},
 		{"other backend", mod(func(c *worker.Config) { c.Backend = "dsa" }), kvcache.KindInvalidConfig, []string{`"dsa"`, `"fake"`}},
 		{"mixer", mod(func(c *worker.Config) { c.Model.Layers[3].Mixer = spec.MixerDSA }), kvcache.KindUnsupported, []string{"layer 3", `"dsa"`, `"fake"`}},

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/sim"
+	"github.com/kvx-dev/kvx/device/sim/simtest"
 	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/dsa/mla"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -19,17 +20,8 @@ import (
 
 var ctx = context.Background()
 
-// h200 is an H200-like accelerator (datasheet figures).
-var h200 = spec.Hardware{
-	Name:          "h200-test",
-	MemoryBytes:   141e9,
-	MemBandwidth:  4.8e12,
-	FLOPSBF16:     989e12,
-	FLOPSFP8:      1979e12,
-	NVLinkBW:      450e9,
-	PCIeBW:        55e9,
-	LaunchLatency: 5e-6,
-}
+// h200 is the shared H200-like fixture.
+var h200 = simtest.H200
 
 const (
 	latentBytes = 656 // vLLM's fp8_ds_mla: 512 fp8 latent + 4 fp32 scales + 64 bf16 rope dims

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/sim"
+	"github.com/kvx-dev/kvx/device/sim/simtest"
 	"github.com/kvx-dev/kvx/gqa"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -15,17 +16,8 @@ import (
 
 var ctx = context.Background()
 
-// h200 is an H200-like accelerator (datasheet figures).
-var h200 = spec.Hardware{
-	Name:          "h200-test",
-	MemoryBytes:   141e9,
-	MemBandwidth:  4.8e12,
-	FLOPSBF16:     989e12,
-	FLOPSFP8:      1979e12,
-	NVLinkBW:      450e9,
-	PCIeBW:        55e9,
-	LaunchLatency: 5e-6,
-}
+// h200 is the shared H200-like fixture.
+var h200 = simtest.H200
 
 // llama is Llama-3.1-8B: 32 layers, hidden 4096, 32 heads of 128, 8 KV
 // heads, MLP 14336, vocab 128256. KV per token per layer per rank: K and V of

@@ -4,10 +4,12 @@
 //	kvx run --config F [--set k=v]... [--json out.json]
 //	kvx compare [--config F] --vary key=a,b[,c] [--json out.json]
 //	kvx plan --config F
+//	kvx generate --config F --prompts P.jsonl [--top-logprobs K] [--json out.json]
 //	kvx plugins
 //
 // Exit status: 0 when every run finished, 1 when an engine failed or an
-// invariant broke, 2 for bad configuration or usage.
+// invariant broke (generate: or a prompt failed), 2 for bad configuration or
+// usage.
 package main
 
 import (
@@ -90,6 +92,6 @@ func newRoot() *cobra.Command {
 			pprof.StopCPUProfile()
 		}
 	}
-	root.AddCommand(newRunCmd(g), newCompareCmd(g), newPlanCmd(g), newPluginsCmd(g), newConformanceCmd(g))
+	root.AddCommand(newRunCmd(g), newCompareCmd(g), newPlanCmd(g), newGenerateCmd(g), newPluginsCmd(g), newConformanceCmd(g))
 	return root
 }

@@ -58,6 +58,10 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 			if e.spec.KeepOutputs && out.Logits != nil {
 				r.logits, r.logitsAt = out.Logits, len(r.tokens)-r.prompt+len(out.Tokens)-1
 			}
+			if e.spec.KeepOutputs && r.topK > 0 && len(out.TopLogprobs) == len(out.Tokens) {
+				// One list per emitted token, as the tokens are cut.
+				r.logprobs = append(r.logprobs, out.TopLogprobs[:len(emit)]...)
+			}
 		}
 		commits = append(commits, kvcache.CommitItem{Seq: it.ID, Accepted: accepted})
 	}

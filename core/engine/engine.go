@@ -73,7 +73,10 @@ type Spec struct {
 	Sequential bool
 	// KeepOutputs puts every request's generated tokens, and the logits of
 	// its last sampled position on devices that compute them, in the report
-	// (Outputs.Requests): the equivalence suite compares them.
+	// (Outputs.Requests): the equivalence suite compares them, and kvx
+	// generate prints them. A request whose workload.Request.TopLogprobs is
+	// K > 0 gets the K most likely tokens of every generated position there
+	// too, on devices that compute them.
 	KeepOutputs bool
 	// Progress receives a progress bar; nil for none.
 	Progress io.Writer
@@ -98,8 +101,10 @@ type request struct {
 	finish   int64
 	preempts int
 	state    reqState
-	logits   []float32 // of the last sampled position (KeepOutputs)
-	logitsAt int       // index among the generated tokens of the token those logits sampled
+	logits   []float32               // of the last sampled position (KeepOutputs)
+	logitsAt int                     // index among the generated tokens of the token those logits sampled
+	topK     int                     // top logprobs asked for every generated token
+	logprobs [][]worker.TokenLogprob // of each generated token, while the worker returns them (KeepOutputs)
 }
 
 type reqState uint8
@@ -226,7 +231,7 @@ func (e *Engine) setup(ctx context.Context) error {
 	for _, r := range e.spec.Workload.Requests {
 		req := &request{
 			id: kvcache.SeqID(r.ID), arrival: r.Arrival, prompt: len(r.Prompt), maxNew: r.OutputLen,
-			tokens: r.Prompt, firstTok: -1,
+			tokens: r.Prompt, firstTok: -1, topK: r.TopLogprobs,
 		}
 		e.reqs = append(e.reqs, req)
 		e.byID[req.id] = req

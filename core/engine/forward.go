@@ -93,6 +93,9 @@ func (e *Engine) startOnce(ctx context.Context, mb *microBatch, items []sched.It
 		toks = append(toks, r.tokens[it.Pos:it.Pos+it.Tokens]...)
 		toks = append(toks, r.drafts[:draft]...)
 		wItems[i] = worker.Item{Seq: it.ID, Pos: it.Pos, Tokens: toks, Draft: draft, Sample: it.Sample}
+		if it.Sample {
+			wItems[i].TopLogprobs = r.topK
+		}
 		tokens += len(toks)
 		proposed += draft
 		r.reserved = true // in flight: an end of step the forward overlaps sees it so

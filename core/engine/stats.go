@@ -46,9 +46,19 @@ func (e *Engine) finishReport(ctx context.Context) {
 		buf = [4]byte{0xff, 0xff, 0xff, 0xff} // request separator
 		digest.Write(buf[:])
 		if e.spec.KeepOutputs {
-			rep.Outputs.Requests = append(rep.Outputs.Requests, report.RequestOutput{
+			o := report.RequestOutput{
 				ID: uint64(r.id), Tokens: slices.Clone(r.tokens[r.prompt:]), Logits: r.logits, LogitsAt: r.logitsAt,
-			})
+			}
+			if r.topK > 0 && len(r.logprobs) == len(o.Tokens) {
+				o.TopLogprobs = make([][]report.TokenLogprob, len(r.logprobs))
+				for j, l := range r.logprobs {
+					o.TopLogprobs[j] = make([]report.TokenLogprob, len(l))
+					for k, c := range l {
+						o.TopLogprobs[j][k] = report.TokenLogprob{ID: c.ID, Logprob: c.Logprob}
+					}
+				}
+			}
+			rep.Outputs.Requests = append(rep.Outputs.Requests, o)
 		}
 	}
 	rep.Outputs.Digest = fmt.Sprintf("%016x", digest.Sum64())

@@ -156,6 +156,39 @@ type RequestOutput struct {
 	// its length); nil on devices without real math.
 	Logits   []float32 `json:"logits,omitempty"`
 	LogitsAt int       `json:"logits_at,omitempty"`
+	// TopLogprobs has one list per token of Tokens, the most likely tokens
+	// of the position that produced it, most likely first (the first is
+	// the token itself), when the request asked for them on a device that
+	// computes them; nil otherwise.
+	TopLogprobs [][]TokenLogprob `json:"top_logprobs,omitempty"`
+}
+
+// TokenLogprob is a candidate token of a generated position and its
+// log-probability. Its JSON is the pair [id, logprob].
+type TokenLogprob struct {
+	ID      int32
+	Logprob float64
+}
+
+func (t TokenLogprob) MarshalJSON() ([]byte, error) {
+	return json.Marshal([2]any{t.ID, t.Logprob})
+}
+
+func (t *TokenLogprob) UnmarshalJSON(b []byte) error {
+	var pair [2]json.Number
+	if err := json.Unmarshal(b, &pair); err != nil {
+		return fmt.Errorf("token logprob: want [id, logprob]: %w", err)
+	}
+	id, err := pair[0].Int64()
+	if err != nil || id < math.MinInt32 || id > math.MaxInt32 {
+		return fmt.Errorf("token logprob: id %s is not an int32", pair[0])
+	}
+	lp, err := pair[1].Float64()
+	if err != nil {
+		return fmt.Errorf("token logprob: logprob %s: %w", pair[1], err)
+	}
+	t.ID, t.Logprob = int32(id), lp
+	return nil
 }
 
 // Percentile returns the p-th percentile (0..100) of xs by nearest rank; 0 for none.

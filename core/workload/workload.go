@@ -1,7 +1,8 @@
 // Package workload produces the requests that the engine replays: Mooncake
-// JSONL traces (ReadMooncake, LoadMooncake) and seeded synthetic scenarios
-// (Generate). It also measures a request list (Analyze), notably its
-// infinite-cache prefix hit ratio.
+// JSONL traces (ReadMooncake, LoadMooncake), seeded synthetic scenarios
+// (Generate) and explicit prompts (FromPrompts, for kvx generate). It also
+// measures a request list (Analyze), notably its infinite-cache prefix hit
+// ratio.
 //
 // Prompts are synthesized deterministically, so a run is reproducible from
 // its inputs: Mooncake blocks from (seed, hash id), generated prompts from
@@ -49,6 +50,9 @@ type Request struct {
 	// Group labels requests that share a prefix (Generate with SharedPrefix >
 	// 0); empty otherwise.
 	Group string
+	// TopLogprobs asks for the TopLogprobs most likely tokens of every
+	// generated position (FromPrompts); 0, for none, everywhere else.
+	TopLogprobs int
 }
 
 // Workload is a request list plus how the engine admits it.

@@ -510,15 +510,28 @@ func (pm *pagedOps) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v 
 		return nil, err
 	}
 	core := newTensor(q.Rows(), x.outWidth())
+	err = eachSeg(layer, segs, func(sg synth.Seg, lo, hi int) error {
+		return x.gqa.Forward(pm.paged(layer, spec.RoleKV, sg.Seq), sg.Pos, rowsOf(q, lo, hi), rowsOf(k, lo, hi), rowsOf(v, lo, hi), core.rowsOf(lo, hi))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return core, nil
+}
+
+// eachSeg runs f on every segment with its rows [lo, hi) of the call, in
+// order, and stops at the first error, returned as that sequence's item
+// error.
+func eachSeg(layer int, segs []synth.Seg, f func(sg synth.Seg, lo, hi int) error) error {
 	r := 0
 	for _, sg := range segs {
 		lo, hi := r, r+sg.Rows
-		if err := x.gqa.Forward(pm.paged(layer, spec.RoleKV, sg.Seq), sg.Pos, rowsOf(q, lo, hi), rowsOf(k, lo, hi), rowsOf(v, lo, hi), core.rowsOf(lo, hi)); err != nil {
-			return nil, itemErr(sg.Seq, layer, err)
+		if err := f(sg, lo, hi); err != nil {
+			return itemErr(sg.Seq, layer, err)
 		}
 		r = hi
 	}
-	return core, nil
+	return nil
 }
 
 func (pm *pagedOps) MLA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn, w synth.MLAWeights) (synth.Tensor, error) {
@@ -528,14 +541,12 @@ func (pm *pagedOps) MLA(_ context.Context, layer int, segs []synth.Seg, in synth
 	}
 	mw := mlaWeights(w)
 	core := newTensor(in.QNope.Rows(), x.outWidth())
-	r := 0
-	for _, sg := range segs {
-		lo, hi := r, r+sg.Rows
+	err = eachSeg(layer, segs, func(sg synth.Seg, lo, hi int) error {
 		mi, _ := mlaRows(in, nil, sg.Pos, lo, hi)
-		if err := x.dsa.MLA.Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), &mw, mi, core.rowsOf(lo, hi)); err != nil {
-			return nil, itemErr(sg.Seq, layer, err)
-		}
-		r = hi
+		return x.dsa.MLA.Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), &mw, mi, core.rowsOf(lo, hi))
+	})
+	if err != nil {
+		return nil, err
 	}
 	return core, nil
 }
@@ -547,15 +558,12 @@ func (pm *pagedOps) DSA(_ context.Context, layer int, segs []synth.Seg, in synth
 	}
 	mw := mlaWeights(w)
 	core := newTensor(in.QNope.Rows(), x.outWidth())
-	r := 0
-	for _, sg := range segs {
-		lo, hi := r, r+sg.Rows
+	err = eachSeg(layer, segs, func(sg synth.Seg, lo, hi int) error {
 		mi, ki := mlaRows(in, &ix, sg.Pos, lo, hi)
-		err := x.dsa.Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), pm.paged(layer, spec.RoleIndexKey, sg.Seq), &mw, mi, ki, core.rowsOf(lo, hi), nil)
-		if err != nil {
-			return nil, itemErr(sg.Seq, layer, err)
-		}
-		r = hi
+		return x.dsa.Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), pm.paged(layer, spec.RoleIndexKey, sg.Seq), &mw, mi, ki, core.rowsOf(lo, hi), nil)
+	})
+	if err != nil {
+		return nil, err
 	}
 	return core, nil
 }

@@ -5,21 +5,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvx-dev/kvx/device/sim/simtest"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"pgregory.net/rapid"
 )
 
-// h200 is an H200-like accelerator (datasheet figures).
-var h200 = spec.Hardware{
-	Name:          "h200-test",
-	MemoryBytes:   141e9,
-	MemBandwidth:  4.8e12,
-	FLOPSBF16:     989e12,
-	FLOPSFP8:      1979e12,
-	NVLinkBW:      450e9,
-	PCIeBW:        55e9,
-	LaunchLatency: 5e-6,
-}
+// h200 is the shared H200-like fixture.
+var h200 = simtest.H200
 
 // moeModel is a small DeepSeek-like MoE with gated experts.
 func moeModel() *spec.Model {

@@ -2,8 +2,8 @@
 // seeded random weights shaped by a (scaled-down) spec.Model, a byte-level
 // tokenizer, and the forward of a pipeline stage (embeddings, decoder layers
 // with their norms, the mixer projections, dense and MoE FFNs, the final norm
-// and LM head, greedy sampling with draft verification, and a DeepSeek-V3
-// style MTP head).
+// and LM head, greedy sampling with draft verification and top logprobs,
+// and a DeepSeek-V3 style MTP head).
 //
 // Its parts, and the failure each prevents:
 //
@@ -29,6 +29,7 @@ package synth
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/kvx-dev/kvx/device"
@@ -57,13 +58,17 @@ type Item struct {
 	// there (the MTP cache, hence the drafts, then depend on chunking; the
 	// verified tokens never do). len >= Drafts makes drafts chunk-invariant.
 	Lookahead []int32
+	// TopLogprobs > 0 asks a sampling item for the TopLogprobs most likely
+	// tokens of every token it samples (worker.Output.TopLogprobs, made by
+	// TopLogprobs).
+	TopLogprobs int
 }
 
 // ItemsFrom converts worker items (no Lookahead: the v1 contract has none).
 func ItemsFrom(items []worker.Item) []Item {
 	out := make([]Item, len(items))
 	for i, it := range items {
-		out[i] = Item{Seq: it.Seq, Pos: it.Pos, Tokens: it.Tokens, Draft: it.Draft, Sample: it.Sample}
+		out[i] = Item{Seq: it.Seq, Pos: it.Pos, Tokens: it.Tokens, Draft: it.Draft, Sample: it.Sample, TopLogprobs: it.TopLogprobs}
 	}
 	return out
 }
@@ -276,6 +281,8 @@ func (s *Stage) checkItem(it Item) error {
 		return kvcache.ItemErrorf(seqs, "synth: sequence %d: draft %d outside [0, %d) (tokens %d)", it.Seq, it.Draft, n, n)
 	case it.Draft > 0 && !it.Sample:
 		return kvcache.ItemErrorf(seqs, "synth: sequence %d: %d drafts without sample", it.Seq, it.Draft)
+	case it.TopLogprobs < 0:
+		return kvcache.ItemErrorf(seqs, "synth: sequence %d: top logprobs %d must be >= 0", it.Seq, it.TopLogprobs)
 	case it.Pos < 0 || (s.m.MaxPosition > 0 && it.Pos+n > s.m.MaxPosition):
 		return kvcache.ItemErrorf(seqs, "synth: sequence %d: positions %d..%d outside [0, max_position %d)", it.Seq, it.Pos, it.Pos+n-1, s.m.MaxPosition)
 	}
@@ -318,6 +325,64 @@ func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []Seg, x Tensor)
 func (s *Stage) greedy(ops Ops, x Tensor, idx []int) ([]int32, Tensor) {
 	lg := ops.MatMul(ops.RMSNorm(ops.Rows(x, idx), s.finalNorm, NormEps), s.lmHead)
 	return ops.Argmax(lg), lg
+}
+
+// TopLogprobs returns the k most likely tokens of one position from its
+// final logits (min(k, the non-NaN logits) of them): the log-softmax
+// computed in float64 (logit - log Σ exp over the non-NaN logits, with the
+// largest subtracted first), ordered by logit, largest first, ties broken
+// by the lower token id, exactly as Ops.Argmax picks the greedy token. So
+// the first entry is the greedy token of the row, even where two float32
+// logits that differ give the same float64 log-probability. The slice is
+// the caller's.
+func TopLogprobs(logits []float32, k int) []worker.TokenLogprob {
+	if k <= 0 {
+		return nil
+	}
+	maxv := math.Inf(-1)
+	for _, x := range logits {
+		if x == x && float64(x) > maxv {
+			maxv = float64(x)
+		}
+	}
+	if math.IsInf(maxv, -1) {
+		return nil // no logit, or all NaN or -Inf
+	}
+	var sum float64
+	for _, x := range logits {
+		if x == x {
+			sum += math.Exp(float64(x) - maxv)
+		}
+	}
+	lse := maxv + math.Log(sum)
+	// The k best by (logit descending, id ascending): a k-wide insertion
+	// list, as k is small next to the vocabulary.
+	top := make([]worker.TokenLogprob, 0, min(k, len(logits)))
+	better := func(a, b int32) bool { // a ranks before b
+		return logits[a] > logits[b] || logits[a] == logits[b] && a < b
+	}
+	for i, x := range logits {
+		if x != x {
+			continue
+		}
+		id := int32(i)
+		if len(top) == k && !better(id, top[k-1].ID) {
+			continue
+		}
+		if len(top) < k {
+			top = append(top, worker.TokenLogprob{})
+		}
+		j := len(top) - 1
+		for j > 0 && better(id, top[j-1].ID) {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = worker.TokenLogprob{ID: id}
+	}
+	for i := range top {
+		top[i].Logprob = float64(logits[top[i].ID]) - lse
+	}
+	return top
 }
 
 // Verify applies the greedy draft rule to one sampling item: tokens ends
@@ -373,7 +438,8 @@ func (s *Stage) head(ctx context.Context, ops Ops, st Step, x Tensor) (Result, e
 		greedy, lg = s.greedy(ops, x, idx)
 	}
 	var mi []mtpItem
-	var keep []int // rows of lg whose logits the outputs carry
+	var keep []int   // rows of lg whose logits the outputs carry
+	var lpRows []int // rows of lg whose top logprobs the outputs carry
 	base, g := 0, 0
 	for _, it := range st.Items {
 		n := len(it.Tokens)
@@ -381,6 +447,13 @@ func (s *Stage) head(ctx context.Context, ops Ops, st Step, x Tensor) (Result, e
 			first := n - 1 - it.Draft
 			toks := Verify(it.Tokens, it.Draft, greedy[g:g+it.Draft+1])
 			keep = append(keep, g+len(toks)-1)
+			if it.TopLogprobs > 0 {
+				// Token j of toks (an accepted draft, then the sampled
+				// token) is the greedy token of row g+j.
+				for j := range toks {
+					lpRows = append(lpRows, g+j)
+				}
+			}
 			g += it.Draft + 1
 			res.Outputs = append(res.Outputs, worker.Output{Seq: it.Seq, Tokens: toks})
 			m := first + len(toks)
@@ -401,6 +474,26 @@ func (s *Stage) head(ctx context.Context, ops Ops, st Step, x Tensor) (Result, e
 		host := ops.ToHost(ops.Rows(lg, keep))
 		for i := range keep {
 			res.Outputs[i].Logits = host[i*v : (i+1)*v : (i+1)*v]
+		}
+	}
+	if len(lpRows) > 0 {
+		v := s.m.Vocab
+		host := ops.ToHost(ops.Rows(lg, lpRows))
+		r, o := 0, 0
+		for _, it := range st.Items {
+			if !it.Sample {
+				continue
+			}
+			out := &res.Outputs[o]
+			o++
+			if it.TopLogprobs == 0 {
+				continue
+			}
+			out.TopLogprobs = make([][]worker.TokenLogprob, len(out.Tokens))
+			for j := range out.Tokens {
+				out.TopLogprobs[j] = TopLogprobs(host[r*v:(r+1)*v], it.TopLogprobs)
+				r++
+			}
 		}
 	}
 	if st.Drafts == 0 || len(mi) == 0 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
 // pipe is a model split into stages, each with its own device (as separate
@@ -95,9 +97,13 @@ type seqRun struct {
 	next   []int32 // after the prompt: last sampled token, then drafts
 	draft  int
 	gen    int
-	log    []string // one line per sampling step: tokens, drafts, logits bits
-	stream []int32  // verified tokens
+	log    []string                // one line per sampling step: tokens, drafts, logits bits
+	stream []int32                 // verified tokens
+	lps    [][]worker.TokenLogprob // top logprobs of every verified token
 }
+
+// runTopK is the number of top logprobs run asks of every sampling item.
+const runTopK = 4
 
 // run drives seqs through p in lockstep (every sequence in every step) with
 // prefill chunks of chunk tokens, drafts MTP drafts, for gens generation
@@ -119,14 +125,14 @@ func run(t *testing.T, p *pipe, prompts [][]int32, chunk, drafts, gens int, orac
 			active = append(active, s)
 			if s.hist < len(s.prompt) {
 				end := min(s.hist+chunk, len(s.prompt))
-				it := Item{Seq: s.id, Pos: s.hist, Tokens: s.prompt[s.hist:end], Sample: end == len(s.prompt)}
+				it := Item{Seq: s.id, Pos: s.hist, Tokens: s.prompt[s.hist:end], Sample: end == len(s.prompt), TopLogprobs: runTopK}
 				if !it.Sample {
 					it.Lookahead = s.prompt[end:min(end+drafts, len(s.prompt))]
 				}
 				items = append(items, it)
 				continue
 			}
-			items = append(items, Item{Seq: s.id, Pos: s.hist, Tokens: s.next, Draft: s.draft, Sample: true})
+			items = append(items, Item{Seq: s.id, Pos: s.hist, Tokens: s.next, Draft: s.draft, Sample: true, TopLogprobs: runTopK})
 		}
 		if len(items) == 0 {
 			return seqs
@@ -153,6 +159,15 @@ func run(t *testing.T, p *pipe, prompts [][]int32, chunk, drafts, gens int, orac
 			}
 			s.hist += len(it.Tokens) - it.Draft + accepted
 			s.stream = append(s.stream, out.Tokens...)
+			if len(out.TopLogprobs) != len(out.Tokens) {
+				t.Fatalf("step %d: %d top logprob lists for %d tokens", step, len(out.TopLogprobs), len(out.Tokens))
+			}
+			for j, l := range out.TopLogprobs {
+				if len(l) != runTopK || l[0].ID != out.Tokens[j] {
+					t.Fatalf("step %d: token %d: top logprobs %v, want %d led by the token", step, out.Tokens[j], l, runTopK)
+				}
+			}
+			s.lps = append(s.lps, out.TopLogprobs...)
 			bits := make([]uint32, len(out.Logits))
 			for j, v := range out.Logits {
 				bits[j] = math.Float32bits(v)
@@ -240,12 +255,20 @@ func TestDraftsKeepGreedyStream(t *testing.T) {
 			if !slices.Equal(mtp.stream[:n], plain.stream[:n]) {
 				t.Errorf("MTP drafts stream %v, want greedy %v", mtp.stream[:n], plain.stream[:n])
 			}
+			// An accepted draft's top logprobs are its verifying row's: those
+			// of the same token sampled without drafts, bit for bit.
+			if !reflect.DeepEqual(mtp.lps[:n], plain.lps[:n]) {
+				t.Errorf("MTP drafts top logprobs %v, want those without drafts %v", mtp.lps[:n], plain.lps[:n])
+			}
 			oracle := run(t, newPipe(t, m, 3, 1), [][]int32{prompt}, 5, 2, 3, plain.stream)[0]
 			if len(oracle.stream) != 1+3*2 {
 				t.Errorf("oracle drafts: %d tokens in 3 steps + prefill, want 7 (all drafts accepted)", len(oracle.stream))
 			}
 			if !slices.Equal(oracle.stream, plain.stream[:len(oracle.stream)]) {
 				t.Errorf("oracle stream %v, want %v", oracle.stream, plain.stream[:len(oracle.stream)])
+			}
+			if !reflect.DeepEqual(oracle.lps, plain.lps[:len(oracle.lps)]) {
+				t.Errorf("oracle drafts top logprobs %v, want %v", oracle.lps, plain.lps[:len(oracle.lps)])
 			}
 			if distinct := len(slices.Compact(slices.Sorted(slices.Values(plain.stream)))); distinct < 2 {
 				t.Errorf("greedy stream %v is constant: weights degenerate", plain.stream)

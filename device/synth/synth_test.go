@@ -2,10 +2,13 @@ package synth
 
 import (
 	"math"
+	"reflect"
 	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
 func TestTokenizerRoundTrip(t *testing.T) {
@@ -115,4 +118,72 @@ func TestHiddenRoundTrip(t *testing.T) {
 			t.Fatal("DecodeHidden accepted a wrong length")
 		}
 	})
+}
+
+// TopLogprobs: a float64 log-softmax, the k best by logit with ties to the
+// lower id (as Argmax), NaNs left out, k capped by the logits there are.
+func TestTopLogprobs(t *testing.T) {
+	nan := float32(math.NaN())
+	lse := func(xs ...float64) float64 {
+		var s float64
+		for _, x := range xs {
+			s += math.Exp(x - 3)
+		}
+		return 3 + math.Log(s)
+	}
+	for _, tc := range []struct {
+		logits []float32
+		k      int
+		want   []worker.TokenLogprob
+	}{
+		{[]float32{1, 3, 2}, 2, []worker.TokenLogprob{tl(1, 3-lse(1, 3, 2)), tl(2, 2-lse(1, 3, 2))}},
+		{[]float32{3, 1, 3}, 3, []worker.TokenLogprob{tl(0, 3-lse(3, 1, 3)), tl(2, 3-lse(3, 1, 3)), tl(1, 1-lse(3, 1, 3))}},
+		{[]float32{nan, 3, 2}, 5, []worker.TokenLogprob{tl(1, 3-lse(3, 2)), tl(2, 2-lse(3, 2))}},
+		{[]float32{2, 3}, 0, nil},
+		{[]float32{nan}, 1, nil},
+	} {
+		got := TopLogprobs(tc.logits, tc.k)
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("TopLogprobs(%v, %d) = %v, want %v", tc.logits, tc.k, got, tc.want)
+		}
+	}
+	// Against Argmax's rule on random rows with ties: the first entry is the
+	// greedy token, the list is sorted, and the probabilities sum to 1.
+	for seed := range uint64(50) {
+		row := make([]float32, 300)
+		for i := range row {
+			row[i] = float32(int(mix(seed*1000+uint64(i))%16)) / 4 // many ties
+		}
+		top := TopLogprobs(row, len(row))
+		var p float64
+		for i, e := range top {
+			p += math.Exp(e.Logprob)
+			if i > 0 && (e.Logprob > top[i-1].Logprob || e.Logprob == top[i-1].Logprob && e.ID < top[i-1].ID) {
+				t.Fatalf("seed %d: entry %d %v after %v: not sorted", seed, i, e, top[i-1])
+			}
+		}
+		if best := argmax(row); top[0].ID != best || math.Abs(p-1) > 1e-12 {
+			t.Fatalf("seed %d: first %v, argmax %d; probabilities sum to %v", seed, top[0], best, p)
+		}
+	}
+}
+
+func tl(id int32, lp float64) worker.TokenLogprob { return worker.TokenLogprob{ID: id, Logprob: lp} }
+
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+func argmax(x []float32) int32 {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return int32(best)
 }

@@ -279,6 +279,9 @@ func fmtWorkerConfig(c worker.Config) string {
 // only when commit is called after a successful Forward.
 func (h *wh) item(seq kvcache.SeqID, pos int, toks []int32, draft int, sample bool) worker.Item {
 	it := worker.Item{Seq: seq, Pos: pos, Tokens: toks, Draft: draft, Sample: sample}
+	if sample && seq%2 == 1 {
+		it.TopLogprobs = confTopLogprobs // odd sequences ask for top logprobs too
+	}
 	t := h.tables[seq]
 	for i, p := range h.cfg.Layout.Pools {
 		have := 0
@@ -375,6 +378,7 @@ func (h *wh) forward(items ...worker.Item) worker.Result {
 				h.failf(call, "sampled and proposed tokens are ids of the model's vocabulary", "seq %d: token %d, vocab %d", it.Seq, tok, vocab)
 			}
 		}
+		h.checkTopLogprobs(call, it, out)
 		h.hist[it.Seq] = it.Pos + len(it.Tokens) - it.Draft + acc
 		h.last[it.Seq] = wlast{sampled: out.Tokens[acc], drafts: slices.Clone(out.Drafts)}
 	}
@@ -384,6 +388,34 @@ func (h *wh) forward(items ...worker.Item) worker.Result {
 		}
 	}
 	return res
+}
+
+// confTopLogprobs is what the suite's odd sequences ask for.
+const confTopLogprobs = 3
+
+// checkTopLogprobs checks an output's top logprobs, where the device
+// returned them (devices without real math return none).
+func (h *wh) checkTopLogprobs(call string, it worker.Item, out worker.Output) {
+	if out.TopLogprobs == nil {
+		return
+	}
+	if it.TopLogprobs == 0 || len(out.TopLogprobs) != len(out.Tokens) {
+		h.failf(call, "Output.TopLogprobs: one list per token of Tokens, when the item asked for them",
+			"seq %d asked for %d: %d lists for %d tokens", it.Seq, it.TopLogprobs, len(out.TopLogprobs), len(out.Tokens))
+		return
+	}
+	vocab := int32(h.cfg.Model.Vocab)
+	for j, l := range out.TopLogprobs {
+		ok := len(l) == min(it.TopLogprobs, int(vocab)) && l[0].ID == out.Tokens[j]
+		for k, e := range l {
+			ok = ok && e.ID >= 0 && e.ID < vocab && e.Logprob <= 0 &&
+				(k == 0 || e.Logprob <= l[k-1].Logprob)
+		}
+		if !ok {
+			h.failf(call, "Output.TopLogprobs[j]: the min(K, vocab) most likely tokens of token j's position, most likely first (ties: lower id), led by token j",
+				"seq %d token %d (%d): %v", it.Seq, j, out.Tokens[j], l)
+		}
+	}
 }
 
 // prefillItem is seq's next chunk of n prompt tokens.

@@ -2909,8 +2909,8 @@ func (x *Setup) GetNotes() []string {
 }
 
 // worker.Batch; its items by column (seq sets the count): item i is seq[i],
-// pos[i], draft[i], sample[i], Tokens of the next tokens_len[i] values of
-// tokens, and its tables.
+// pos[i], draft[i], sample[i], top_logprobs[i], Tokens of the next
+// tokens_len[i] values of tokens, and its tables.
 type Batch struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Step          uint64                 `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
@@ -2925,6 +2925,7 @@ type Batch struct {
 	Released      []uint64               `protobuf:"varint,10,rep,packed,name=released,proto3" json:"released,omitempty"`
 	Copies        *Copies                `protobuf:"bytes,11,opt,name=copies,proto3" json:"copies,omitempty"`
 	Snapshots     *SnapshotSlots         `protobuf:"bytes,12,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
+	TopLogprobs   []int64                `protobuf:"varint,13,rep,packed,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"` // Item.TopLogprobs; optional column
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3043,23 +3044,36 @@ func (x *Batch) GetSnapshots() *SnapshotSlots {
 	return nil
 }
 
+func (x *Batch) GetTopLogprobs() []int64 {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return nil
+}
+
 // worker.Result; its outputs by column (seq sets the count): output i is
 // seq[i] and the next tokens_len[i], drafts_len[i] and logits_len[i] values
-// of tokens, drafts and logits.
+// of tokens, drafts and logits. Output.TopLogprobs: output i has the next
+// top_logprobs_len[i] lists; list j has the next top_logprobs_n[j] entries
+// of top_logprob_ids and top_logprobs (the ids and their log-probabilities).
 type Result struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Hidden        []byte                 `protobuf:"bytes,1,opt,name=hidden,proto3" json:"hidden,omitempty"`
-	Seq           []uint64               `protobuf:"varint,2,rep,packed,name=seq,proto3" json:"seq,omitempty"`
-	TokensLen     []int64                `protobuf:"varint,3,rep,packed,name=tokens_len,json=tokensLen,proto3" json:"tokens_len,omitempty"`
-	Tokens        []int32                `protobuf:"varint,4,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	DraftsLen     []int64                `protobuf:"varint,5,rep,packed,name=drafts_len,json=draftsLen,proto3" json:"drafts_len,omitempty"`
-	Drafts        []int32                `protobuf:"varint,6,rep,packed,name=drafts,proto3" json:"drafts,omitempty"`
-	LogitsLen     []int64                `protobuf:"varint,7,rep,packed,name=logits_len,json=logitsLen,proto3" json:"logits_len,omitempty"`
-	Logits        []float32              `protobuf:"fixed32,8,rep,packed,name=logits,proto3" json:"logits,omitempty"`
-	Nanos         int64                  `protobuf:"varint,9,opt,name=nanos,proto3" json:"nanos,omitempty"`
-	Modelled      bool                   `protobuf:"varint,10,opt,name=modelled,proto3" json:"modelled,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Hidden         []byte                 `protobuf:"bytes,1,opt,name=hidden,proto3" json:"hidden,omitempty"`
+	Seq            []uint64               `protobuf:"varint,2,rep,packed,name=seq,proto3" json:"seq,omitempty"`
+	TokensLen      []int64                `protobuf:"varint,3,rep,packed,name=tokens_len,json=tokensLen,proto3" json:"tokens_len,omitempty"`
+	Tokens         []int32                `protobuf:"varint,4,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	DraftsLen      []int64                `protobuf:"varint,5,rep,packed,name=drafts_len,json=draftsLen,proto3" json:"drafts_len,omitempty"`
+	Drafts         []int32                `protobuf:"varint,6,rep,packed,name=drafts,proto3" json:"drafts,omitempty"`
+	LogitsLen      []int64                `protobuf:"varint,7,rep,packed,name=logits_len,json=logitsLen,proto3" json:"logits_len,omitempty"`
+	Logits         []float32              `protobuf:"fixed32,8,rep,packed,name=logits,proto3" json:"logits,omitempty"`
+	Nanos          int64                  `protobuf:"varint,9,opt,name=nanos,proto3" json:"nanos,omitempty"`
+	Modelled       bool                   `protobuf:"varint,10,opt,name=modelled,proto3" json:"modelled,omitempty"`
+	TopLogprobsLen []int64                `protobuf:"varint,11,rep,packed,name=top_logprobs_len,json=topLogprobsLen,proto3" json:"top_logprobs_len,omitempty"`
+	TopLogprobsN   []int64                `protobuf:"varint,12,rep,packed,name=top_logprobs_n,json=topLogprobsN,proto3" json:"top_logprobs_n,omitempty"`
+	TopLogprobIds  []int32                `protobuf:"varint,13,rep,packed,name=top_logprob_ids,json=topLogprobIds,proto3" json:"top_logprob_ids,omitempty"`
+	TopLogprobs    []float64              `protobuf:"fixed64,14,rep,packed,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
@@ -3160,6 +3174,34 @@ func (x *Result) GetModelled() bool {
 		return x.Modelled
 	}
 	return false
+}
+
+func (x *Result) GetTopLogprobsLen() []int64 {
+	if x != nil {
+		return x.TopLogprobsLen
+	}
+	return nil
+}
+
+func (x *Result) GetTopLogprobsN() []int64 {
+	if x != nil {
+		return x.TopLogprobsN
+	}
+	return nil
+}
+
+func (x *Result) GetTopLogprobIds() []int32 {
+	if x != nil {
+		return x.TopLogprobIds
+	}
+	return nil
+}
+
+func (x *Result) GetTopLogprobs() []float64 {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return nil
 }
 
 type CopyBlocksRequest struct {
@@ -3473,7 +3515,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x10draft_acceptance\x18\x0f \x01(\x01R\x0fdraftAcceptance\"@\n" +
 	"\x05Setup\x12!\n" +
 	"\fdevice_bytes\x18\x01 \x01(\x03R\vdeviceBytes\x12\x14\n" +
-	"\x05notes\x18\x02 \x03(\tR\x05notes\"\xe2\x02\n" +
+	"\x05notes\x18\x02 \x03(\tR\x05notes\"\x85\x03\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x10\n" +
 	"\x03seq\x18\x02 \x03(\x04R\x03seq\x12\x10\n" +
@@ -3488,7 +3530,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\breleased\x18\n" +
 	" \x03(\x04R\breleased\x12&\n" +
 	"\x06copies\x18\v \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\x123\n" +
-	"\tsnapshots\x18\f \x01(\v2\x15.kvx.v1.SnapshotSlotsR\tsnapshots\"\x89\x02\n" +
+	"\tsnapshots\x18\f \x01(\v2\x15.kvx.v1.SnapshotSlotsR\tsnapshots\x12!\n" +
+	"\ftop_logprobs\x18\r \x03(\x03R\vtopLogprobs\"\xa4\x03\n" +
 	"\x06Result\x12\x16\n" +
 	"\x06hidden\x18\x01 \x01(\fR\x06hidden\x12\x10\n" +
 	"\x03seq\x18\x02 \x03(\x04R\x03seq\x12\x1d\n" +
@@ -3503,7 +3546,11 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x06logits\x18\b \x03(\x02R\x06logits\x12\x14\n" +
 	"\x05nanos\x18\t \x01(\x03R\x05nanos\x12\x1a\n" +
 	"\bmodelled\x18\n" +
-	" \x01(\bR\bmodelled\";\n" +
+	" \x01(\bR\bmodelled\x12(\n" +
+	"\x10top_logprobs_len\x18\v \x03(\x03R\x0etopLogprobsLen\x12$\n" +
+	"\x0etop_logprobs_n\x18\f \x03(\x03R\ftopLogprobsN\x12&\n" +
+	"\x0ftop_logprob_ids\x18\r \x03(\x05R\rtopLogprobIds\x12!\n" +
+	"\ftop_logprobs\x18\x0e \x03(\x01R\vtopLogprobs\";\n" +
 	"\x11CopyBlocksRequest\x12&\n" +
 	"\x06copies\x18\x01 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\"\x0f\n" +
 	"\rHealthRequest2\xb6\x05\n" +

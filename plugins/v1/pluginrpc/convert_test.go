@@ -242,6 +242,11 @@ func TestMalformedColumns(t *testing.T) {
 		{"batch tables without items", second(fromProtoBatch(&kvxpb.Batch{Tables: &kvxpb.TableDeltas{Item: []int32{0}}})), "tables"},
 		{"batch tokens unsplit", second(fromProtoBatch(&kvxpb.Batch{Seq: []uint64{1}, TokensLen: []int64{1}, Tokens: []int32{1, 2}})), "tokens_len"},
 		{"result logits unsplit", second(fromProtoResult(&kvxpb.Result{Seq: []uint64{1}, Logits: []float32{1}})), "logits_len"},
+		{"batch top_logprobs short", second(fromProtoBatch(&kvxpb.Batch{Seq: []uint64{1, 2}, TopLogprobs: []int64{5}})), "top_logprobs"},
+		{"result top logprobs unsplit", second(fromProtoResult(&kvxpb.Result{Seq: []uint64{1}, TopLogprobsN: []int64{1}, TopLogprobIds: []int32{3}})), "top_logprobs_len"},
+		{"result top logprob ids short", second(fromProtoResult(&kvxpb.Result{Seq: []uint64{1}, TopLogprobsLen: []int64{1},
+			TopLogprobsN: []int64{2}, TopLogprobIds: []int32{3}})), "top_logprob_ids"},
+		{"result top logprobs negative", second(fromProtoResult(&kvxpb.Result{Seq: []uint64{1}, TopLogprobsLen: []int64{-1}})), "top_logprobs_len[0] = -1"},
 	} {
 		if kvcache.KindOf(tc.err) != kvcache.KindInvalidArg || !strings.Contains(tc.err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want kind %v mentioning %q", tc.name, tc.err, kvcache.KindInvalidArg, tc.want)
@@ -297,6 +302,39 @@ func TestSnapshotColumns(t *testing.T) {
 		c.mutate(m.SeqColumns)
 		if _, err := fromProtoSnapshot(m); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want one naming %q", c.name, err, c.want)
+		}
+	}
+}
+
+// TestTopLogprobsConvert: Output.TopLogprobs, the field added to the
+// contract for kvx generate, survives the Result's columns in every shape:
+// outputs with and without lists, empty lists, zero ids and log-probabilities
+// (trimmed columns), and ragged lists.
+func TestTopLogprobsConvert(t *testing.T) {
+	type lp = worker.TokenLogprob
+	tl := func(id int32, v float64) lp { return lp{ID: id, Logprob: v} }
+	for _, tc := range []struct {
+		name string
+		outs []worker.Output
+	}{
+		{"none", []worker.Output{{Seq: 1, Tokens: []int32{4}}}},
+		{"one list", []worker.Output{{Seq: 1, Tokens: []int32{4}, TopLogprobs: [][]lp{{tl(4, -0.1), tl(2, -3)}}}}},
+		{"per accepted draft", []worker.Output{{Seq: 1, Tokens: []int32{4, 5, 6},
+			TopLogprobs: [][]lp{{tl(4, -0.1)}, {tl(5, -0.2)}, {tl(6, -0.3)}}}}},
+		{"second output only", []worker.Output{{Seq: 1, Tokens: []int32{4}}, {Seq: 2, Tokens: []int32{7}, TopLogprobs: [][]lp{{tl(7, -1), tl(0, -2)}}}}},
+		{"zero ids and logprobs", []worker.Output{{Seq: 1, Tokens: []int32{0}, TopLogprobs: [][]lp{{tl(0, 0)}}}}},
+		{"empty lists", []worker.Output{{Seq: 1, Tokens: []int32{3, 4}, TopLogprobs: [][]lp{nil, nil}}}},
+		{"ragged", []worker.Output{{Seq: 1, Tokens: []int32{3, 4}, TopLogprobs: [][]lp{{tl(3, -1)}, nil}},
+			{Seq: 2, Tokens: []int32{9}, TopLogprobs: [][]lp{{tl(9, -0.5), tl(8, -0.75), tl(7, -0.875)}}}}},
+	} {
+		r := worker.Result{Outputs: tc.outs}
+		got, err := fromProtoResult(wire(t, toProtoResult(&r)))
+		if err != nil {
+			t.Errorf("%s: fromProtoResult: %v", tc.name, err)
+			continue
+		}
+		if want := normalize(r); !deepEqual(got, want) {
+			t.Errorf("%s: round trip = %+v, want %+v", tc.name, got.Outputs, want.Outputs)
 		}
 	}
 }

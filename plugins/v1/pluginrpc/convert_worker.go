@@ -148,6 +148,7 @@ func toProtoBatch(b *worker.Batch) *kvxpb.Batch {
 	m.Pos = column(n, func(i int) int64 { return int64(items[i].Pos) })
 	m.Draft = column(n, func(i int) int64 { return int64(items[i].Draft) })
 	m.Sample = column(n, func(i int) bool { return items[i].Sample })
+	m.TopLogprobs = column(n, func(i int) int64 { return int64(items[i].TopLogprobs) })
 	m.TokensLen, m.Tokens = concat(n, func(i int) []int32 { return items[i].Tokens })
 	m.Tables = toProtoTableDeltas(n, func(i int) []kvcache.TableDelta { return items[i].Tables })
 	m.Snapshots = toProtoSnapshotSlots(n, func(i int) []kvcache.SnapshotSlot { return items[i].Snapshots })
@@ -171,7 +172,8 @@ func fromProtoBatch(p *kvxpb.Batch) (worker.Batch, error) {
 	draft, err2 := optional(msg, "draft", p.GetDraft(), n)
 	sample, err3 := optional(msg, "sample", p.GetSample(), n)
 	tokens, err4 := newSplitter(msg, "tokens_len", "tokens", p.GetTokensLen(), p.GetTokens(), n)
-	if err := firstErr(err1, err2, err3, err4); err != nil {
+	topK, err5 := optional(msg, "top_logprobs", p.GetTopLogprobs(), n)
+	if err := firstErr(err1, err2, err3, err4, err5); err != nil {
 		return worker.Batch{}, err
 	}
 	if n == 0 {
@@ -186,11 +188,12 @@ func fromProtoBatch(p *kvxpb.Batch) (worker.Batch, error) {
 	b.Items = make([]worker.Item, n)
 	for i := range b.Items {
 		b.Items[i] = worker.Item{
-			Seq:    kvcache.SeqID(seq[i]),
-			Pos:    int(at(pos, i)),
-			Tokens: tokens.part(i),
-			Draft:  int(at(draft, i)),
-			Sample: at(sample, i),
+			Seq:         kvcache.SeqID(seq[i]),
+			Pos:         int(at(pos, i)),
+			Tokens:      tokens.part(i),
+			Draft:       int(at(draft, i)),
+			Sample:      at(sample, i),
+			TopLogprobs: int(at(topK, i)),
 		}
 	}
 	if err := fromProtoTableDeltas(msg, p.GetTables(), n, func(i int, ds []kvcache.TableDelta) { b.Items[i].Tables = ds }); err != nil {
@@ -216,7 +219,104 @@ func toProtoResult(r *worker.Result) *kvxpb.Result {
 	m.TokensLen, m.Tokens = concat(n, func(i int) []int32 { return outs[i].Tokens })
 	m.DraftsLen, m.Drafts = concat(n, func(i int) []int32 { return outs[i].Drafts })
 	m.LogitsLen, m.Logits = concat(n, func(i int) []float32 { return outs[i].Logits })
+	m.TopLogprobsLen, m.TopLogprobsN, m.TopLogprobIds, m.TopLogprobs = toProtoTopLogprobs(outs)
 	return m
+}
+
+// toProtoTopLogprobs encodes every output's TopLogprobs as the Result's
+// four columns (all nil when no output has a list).
+func toProtoTopLogprobs(outs []worker.Output) (lens, counts []int64, ids []int32, lps []float64) {
+	lists, entries := 0, 0
+	for i := range outs {
+		lists += len(outs[i].TopLogprobs)
+		for _, l := range outs[i].TopLogprobs {
+			entries += len(l)
+		}
+	}
+	if lists == 0 {
+		return nil, nil, nil, nil
+	}
+	lens = make([]int64, len(outs))
+	counts = make([]int64, 0, lists)
+	ids, lps = make([]int32, 0, entries), make([]float64, 0, entries)
+	for i := range outs {
+		lens[i] = int64(len(outs[i].TopLogprobs))
+		for _, l := range outs[i].TopLogprobs {
+			counts = append(counts, int64(len(l)))
+			for _, e := range l {
+				ids = append(ids, e.ID)
+				lps = append(lps, e.Logprob)
+			}
+		}
+	}
+	return lens, trimZero(counts), trimZero(ids), trimZero(lps)
+}
+
+// topLogprobsSplitter hands out each output's TopLogprobs from the
+// Result's columns, checked once by newTopLogprobsSplitter.
+type topLogprobsSplitter struct {
+	lists splitter[int64] // per output, its lists' entry counts
+	ids   []int32
+	lps   []float64
+	off   int
+}
+
+func newTopLogprobsSplitter(msg string, p *kvxpb.Result, n int) (topLogprobsSplitter, error) {
+	lens, err := optional(msg, "top_logprobs_len", p.GetTopLogprobsLen(), n)
+	if err != nil {
+		return topLogprobsSplitter{}, err
+	}
+	var lists int64
+	for i, l := range lens {
+		if l < 0 {
+			return topLogprobsSplitter{}, colError("%s: top_logprobs_len[%d] = %d, want >= 0", msg, i, l)
+		}
+		lists += l
+	}
+	counts := p.GetTopLogprobsN()
+	if len(counts) == 0 && lists > 0 {
+		counts = make([]int64, lists) // every list empty
+	}
+	s, err := newSplitter(msg, "top_logprobs_len", "top_logprobs_n", lens, counts, n)
+	if err != nil {
+		return topLogprobsSplitter{}, err
+	}
+	ids, lps := p.GetTopLogprobIds(), p.GetTopLogprobs()
+	var entries int64
+	for j, c := range counts {
+		if c < 0 {
+			return topLogprobsSplitter{}, colError("%s: top_logprobs_n[%d] = %d, want >= 0", msg, j, c)
+		}
+		entries += c
+	}
+	if ids, err = optional(msg, "top_logprob_ids", ids, int(entries)); err != nil {
+		return topLogprobsSplitter{}, err
+	}
+	if lps, err = optional(msg, "top_logprobs", lps, int(entries)); err != nil {
+		return topLogprobsSplitter{}, err
+	}
+	return topLogprobsSplitter{lists: s, ids: ids, lps: lps}, nil
+}
+
+// part returns output i's lists; nil when it has none.
+func (s *topLogprobsSplitter) part(i int) [][]worker.TokenLogprob {
+	counts := s.lists.part(i)
+	if len(counts) == 0 {
+		return nil
+	}
+	out := make([][]worker.TokenLogprob, len(counts))
+	for j, c := range counts {
+		if c == 0 {
+			continue
+		}
+		l := make([]worker.TokenLogprob, c)
+		for k := range l {
+			l[k] = worker.TokenLogprob{ID: at(s.ids, s.off+k), Logprob: at(s.lps, s.off+k)}
+		}
+		s.off += int(c)
+		out[j] = l
+	}
+	return out
 }
 
 func fromProtoResult(p *kvxpb.Result) (worker.Result, error) {
@@ -227,16 +327,18 @@ func fromProtoResult(p *kvxpb.Result) (worker.Result, error) {
 	tokens, err1 := newSplitter(msg, "tokens_len", "tokens", p.GetTokensLen(), p.GetTokens(), n)
 	drafts, err2 := newSplitter(msg, "drafts_len", "drafts", p.GetDraftsLen(), p.GetDrafts(), n)
 	logits, err3 := newSplitter(msg, "logits_len", "logits", p.GetLogitsLen(), p.GetLogits(), n)
-	if err := firstErr(err1, err2, err3); err != nil || n == 0 {
+	top, err4 := newTopLogprobsSplitter(msg, p, n)
+	if err := firstErr(err1, err2, err3, err4); err != nil || n == 0 {
 		return r, err
 	}
 	r.Outputs = make([]worker.Output, n)
 	for i := range r.Outputs {
 		r.Outputs[i] = worker.Output{
-			Seq:    kvcache.SeqID(seq[i]),
-			Tokens: tokens.part(i),
-			Drafts: drafts.part(i),
-			Logits: logits.part(i),
+			Seq:         kvcache.SeqID(seq[i]),
+			Tokens:      tokens.part(i),
+			Drafts:      drafts.part(i),
+			Logits:      logits.part(i),
+			TopLogprobs: top.part(i),
 		}
 	}
 	return r, nil

@@ -176,8 +176,8 @@ var fullWorkerConfig = worker.Config{
 var fullBatch = worker.Batch{
 	Step: 99,
 	Items: []worker.Item{
-		{Seq: 42, Pos: 100, Tokens: []int32{5, 6}, Draft: 1, Sample: true, Tables: fullTables, Snapshots: fullSnapshots[:1]},
-		{Seq: 43, Pos: 1, Tokens: []int32{7}, Draft: 2, Sample: true, Tables: fullTables[:1], Snapshots: fullSnapshots[1:]},
+		{Seq: 42, Pos: 100, Tokens: []int32{5, 6}, Draft: 1, Sample: true, Tables: fullTables, Snapshots: fullSnapshots[:1], TopLogprobs: 5},
+		{Seq: 43, Pos: 1, Tokens: []int32{7}, Draft: 2, Sample: true, Tables: fullTables[:1], Snapshots: fullSnapshots[1:], TopLogprobs: 20},
 	},
 	Hidden:   []byte{1, 2, 3, 0, 255},
 	Released: []kvcache.SeqID{7, 8},
@@ -185,8 +185,9 @@ var fullBatch = worker.Batch{
 }
 
 var fullResult = worker.Result{
-	Hidden:   []byte{9, 8},
-	Outputs:  []worker.Output{{Seq: 42, Tokens: []int32{6, 11}, Drafts: []int32{12}, Logits: []float32{0.5, -1, 3e38}}},
+	Hidden: []byte{9, 8},
+	Outputs: []worker.Output{{Seq: 42, Tokens: []int32{6, 11}, Drafts: []int32{12}, Logits: []float32{0.5, -1, 3e38},
+		TopLogprobs: [][]worker.TokenLogprob{{{ID: 6, Logprob: -0.25}, {ID: 9, Logprob: -1.5}}, {{ID: 11, Logprob: -1e-300}, {ID: 1, Logprob: -700}}}}},
 	Nanos:    123456,
 	Modelled: true,
 }

@@ -80,6 +80,11 @@ type Item struct {
 	// Pos is in (Pos, Pos+len(Tokens)-Draft] and the slots are in increasing
 	// Pos.
 	Snapshots []kvcache.SnapshotSlot
+	// TopLogprobs asks the last stage of a device with real math (cpu, cuda)
+	// for the TopLogprobs most likely tokens of every token it samples for
+	// this item (Output.TopLogprobs); 0 asks for none, and must be >= 0.
+	// Devices without real math (sim) return none.
+	TopLogprobs int
 }
 
 // Batch is one micro-batch on one stage.
@@ -105,6 +110,22 @@ type Output struct {
 	// Logits of the last sampled position, on devices with real math (cpu,
 	// cuda) when the config asks for them; nil on sim.
 	Logits []float32
+	// TopLogprobs has, when the item asked for them (Item.TopLogprobs = K >
+	// 0) on a device with real math, one list per token of Tokens, in
+	// order: the min(K, vocab) most likely tokens of the position that
+	// produced that token (an accepted draft's own verifying position, then
+	// the last sampled one), by the log-softmax of its final logits
+	// computed in float64, most likely first, ties broken by the lower
+	// token id as greedy sampling breaks them; so a list's first entry is
+	// the token sampled there. nil otherwise.
+	TopLogprobs [][]TokenLogprob
+}
+
+// TokenLogprob is one candidate token of a sampled position and its
+// log-probability (natural log, <= 0).
+type TokenLogprob struct {
+	ID      int32
+	Logprob float64
 }
 
 // Result is one stage's answer to Forward.
