@@ -3,6 +3,7 @@ package cpu_test
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -235,7 +236,36 @@ func TestGoldens(t *testing.T) {
 					}
 				}
 			}
+			checkTopLogprobs(t, m, ps, es)
 		})
+	}
+}
+
+// checkTopLogprobs runs the prompts asking the device for its top-5
+// logprobs (worker.Output.TopLogprobs, what kvx generate prints): every
+// step's list starts with the sampled token and matches transformers' ids
+// and logprobs within lpTol while the tokens agree.
+func checkTopLogprobs(t *testing.T, m spec.Model, ps []hftest.Prompt, es []hftest.Expected) {
+	t.Helper()
+	reqs := goldenRun(t, m, ps, opts{manager: "v2", top: 5}, 0)
+	for i, q := range reqs {
+		if len(q.tops) != len(q.out) {
+			t.Fatalf("prompt %d: %d top-logprob lists for %d tokens", i, len(q.tops), len(q.out))
+		}
+		for j, top := range q.tops {
+			if len(top) != 5 || top[0].ID != q.out[j] {
+				t.Errorf("prompt %d step %d: top logprobs %v, want 5 starting with the sampled token %d", i, j, top, q.out[j])
+				continue
+			}
+			if j >= len(es[i].OutputIDs) || q.out[j] != es[i].OutputIDs[j] {
+				break
+			}
+			for k, p := range es[i].TopLogprobs[j] {
+				if got := top[k]; int(p[0]) != int(got.ID) || math.Abs(got.Logprob-p[1]) > lpTol {
+					t.Errorf("prompt %d step %d: top %d is (%d, %.6f), transformers (%d, %.6f)", i, j, k, got.ID, got.Logprob, int(p[0]), p[1])
+				}
+			}
+		}
 	}
 }
 

@@ -63,6 +63,7 @@ type opts struct {
 	host    int64           // host tier bytes
 	maxSeq  int             // max sequence length; 0 = 160
 	open    device.OpenFunc // the cpu device; nil = cpu.Open
+	top     int             // top logprobs asked of every sampling item
 }
 
 // rig is a pipeline of real managers and cpu workers, driven step by step
@@ -145,7 +146,8 @@ type req struct {
 	out      []int32
 	drafts   []int32
 	logits   []float32
-	steps    [][]float32 // every sampled token's logits, in order
+	steps    [][]float32             // every sampled token's logits, in order
+	tops     [][]worker.TokenLogprob // Output.TopLogprobs of every sampled token, with opts.top
 	reused   int
 	begun    bool // reserved at least once
 	paused   bool // suspended to the host tier
@@ -217,6 +219,9 @@ func (r *rig) step(active []*req) error {
 			}
 			it.Tokens = q.prompt[q.pos : q.pos+n]
 			it.Sample = q.pos+n == len(q.prompt)
+			if it.Sample {
+				it.TopLogprobs = r.o.top
+			}
 			res[i] = kvcache.ReserveItem{Seq: q.seq, Tokens: n, New: !q.begun}
 			if res[i].New && r.o.reuse {
 				res[i].Prompt = q.prompt
@@ -226,6 +231,7 @@ func (r *rig) step(active []*req) error {
 			it.Tokens = append([]int32{q.out[len(q.out)-1]}, q.drafts...)
 			it.Draft = len(q.drafts)
 			it.Sample = true
+			it.TopLogprobs = r.o.top
 			res[i] = kvcache.ReserveItem{Seq: q.seq, Tokens: 1, Draft: it.Draft}
 		}
 		items[i] = it
@@ -290,6 +296,7 @@ func (r *rig) step(active []*req) error {
 			q.drafts = o.Drafts
 			q.logits = o.Logits
 			q.steps = append(q.steps, o.Logits)
+			q.tops = append(q.tops, o.TopLogprobs...)
 		}
 		q.pos += acc
 		commits[i] = kvcache.CommitItem{Seq: q.seq, Accepted: acc}

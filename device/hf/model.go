@@ -253,7 +253,8 @@ func (s *Stage) Model() spec.Model { return s.m }
 // Forward runs the stage's layers on st.Items over ops (an Ops of the
 // device that built the stage, holding this step's caches), and on the
 // last stage samples greedily after every item with Sample, with the
-// logits when st.Logits. The rows of item i are Tokens' positions
+// logits when st.Logits and the item's TopLogprobs most likely tokens
+// (synth.TopLogprobs) when it asks for them. The rows of item i are Tokens' positions
 // Pos..Pos+len-1, in item order. Item problems (no tokens, drafts, a token
 // outside the vocabulary, positions beyond max_position) are
 // *kvcache.Error values with Seqs set; a Hidden of the wrong length is a
@@ -299,7 +300,7 @@ func (s *Stage) Forward(ctx context.Context, ops Ops, st synth.Step) (synth.Resu
 		hid := ops.ToHost(x)
 		return synth.Result{Hidden: synth.EncodeHidden(make([]byte, 0, 4*len(hid)), hid)}, nil
 	}
-	var idx []int
+	var idx, topK []int
 	var who []kvcache.SeqID
 	base := 0
 	for _, it := range st.Items {
@@ -307,6 +308,7 @@ func (s *Stage) Forward(ctx context.Context, ops Ops, st synth.Step) (synth.Resu
 		if it.Sample {
 			idx = append(idx, base-1)
 			who = append(who, it.Seq)
+			topK = append(topK, it.TopLogprobs)
 		}
 	}
 	var res synth.Result
@@ -316,14 +318,18 @@ func (s *Stage) Forward(ctx context.Context, ops Ops, st synth.Step) (synth.Resu
 	lg := ops.MatMul(ops.RMSNorm(ops.Rows(x, idx), s.finalNorm, s.cfg.Eps), s.lmHead)
 	greedy := ops.Argmax(lg)
 	var host []float32
-	if st.Logits {
+	if st.Logits || slices.ContainsFunc(st.Items, func(it synth.Item) bool { return it.Sample && it.TopLogprobs > 0 }) {
 		host = ops.ToHost(lg)
 	}
 	v := s.m.Vocab
 	for i, seq := range who {
 		o := worker.Output{Seq: seq, Tokens: []int32{greedy[i]}}
-		if host != nil {
-			o.Logits = host[i*v : (i+1)*v : (i+1)*v]
+		row := host[i*v : (i+1)*v : (i+1)*v]
+		if st.Logits {
+			o.Logits = row
+		}
+		if k := topK[i]; k > 0 {
+			o.TopLogprobs = [][]worker.TokenLogprob{synth.TopLogprobs(row, k)}
 		}
 		res.Outputs = append(res.Outputs, o)
 	}
@@ -338,6 +344,8 @@ func (s *Stage) checkItem(it synth.Item) error {
 		return kvcache.ItemErrorf(seqs, "hf: sequence %d has no tokens", it.Seq)
 	case it.Draft != 0:
 		return kvcache.ItemErrorf(seqs, "hf: sequence %d: %d drafts; model %q has no MTP head (limit 0)", it.Seq, it.Draft, s.m.Name)
+	case it.TopLogprobs < 0:
+		return kvcache.ItemErrorf(seqs, "hf: sequence %d: top logprobs %d must be >= 0", it.Seq, it.TopLogprobs)
 	case it.Pos < 0 || (s.m.MaxPosition > 0 && it.Pos+n > s.m.MaxPosition):
 		return kvcache.ItemErrorf(seqs, "hf: sequence %d: positions %d..%d outside [0, max_position %d)", it.Seq, it.Pos, it.Pos+n-1, s.m.MaxPosition)
 	}
