@@ -51,7 +51,7 @@ import (
 // AttentionBackend, CacheManager, speculative lengths).
 type Config struct {
 	// kvx keys.
-	Model            string   // model: preset name or path to a config.json (required)
+	Model            string   // model: preset name, or path to a config.json or a checkpoint directory; relative to the YAML file that sets it, else to the working directory (required)
 	Hardware         string   // hardware: a core/hw preset name (h200)
 	Device           string   // device: sim, cpu or cuda (sim)
 	CacheManager     string   // cache_manager: v1, v2, mamba or a plugin path (mamba for hybrid models, else v2)

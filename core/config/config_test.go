@@ -523,3 +523,44 @@ func TestTracePathRelativeToFile(t *testing.T) {
 		t.Errorf("--set workload.trace=traces/t.jsonl resolved against the config file's directory, want the working directory")
 	}
 }
+
+// A relative model path in a YAML file is relative to that file, as
+// workload.trace is; a preset name is never taken for a path.
+func TestModelPathRelativeToFile(t *testing.T) {
+	dir := t.TempDir()
+	src, err := os.ReadFile("../../device/hf/testdata/llama/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "ckpt"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ckpt", "config.json"), src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(dir, "sub", "c.yaml")
+	if err := os.MkdirAll(filepath.Dir(cfgPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, []byte("model: ../ckpt/config.json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := Load([]string{cfgPath}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(dir, "ckpt", "config.json"); c.Model != want {
+		t.Errorf("model = %q, want %q", c.Model, want)
+	}
+	if _, _, err := Load([]string{cfgPath}, nil, []string{"model=../ckpt/config.json"}); err == nil {
+		t.Errorf("--set model=../ckpt/config.json resolved against the config file's directory, want the working directory")
+	}
+	if err := os.WriteFile(cfgPath, []byte("model: llama-3.1-8b\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, err := Load([]string{cfgPath}, nil, nil); err != nil {
+		t.Errorf("preset from a file: %v", err)
+	} else if c.Model != "llama-3.1-8b" {
+		t.Errorf("preset from a file: model %q, want the preset name unchanged", c.Model)
+	}
+}

@@ -31,6 +31,11 @@ func (ld *loader) resolve(c *Config) {
 	case c.Model == "":
 		ld.crossErr("model: missing; give a preset (%s) or a path to a config.json", strings.Join(model.Presets(), ", "))
 	default:
+		// A relative path in a YAML file is relative to that file, as
+		// workload.trace is; a preset name has no path separator.
+		if o := ld.originOf("model"); o.file != "" && strings.ContainsRune(c.Model, filepath.Separator) && !filepath.IsAbs(c.Model) {
+			c.Model = filepath.Join(filepath.Dir(o.file), c.Model)
+		}
 		m, err := model.Load(c.Model)
 		if err != nil {
 			ld.crossErr("model: %q (%s): %v", c.Model, ld.originOf("model").where, err)
