@@ -131,6 +131,9 @@ func LoadCheckpoint(dir string) (spec.Model, error) {
 	if err != nil {
 		return spec.Model{}, err
 	}
+	if err := dropAbsentMTP(&m, abs); err != nil {
+		return spec.Model{}, err
+	}
 	m.Checkpoint = abs
 	return m, nil
 }

@@ -51,7 +51,7 @@ func goldenRun(t *testing.T, m spec.Model, ps []hftest.Prompt, o opts, chunk int
 	for _, p := range ps {
 		maxSeq = max(maxSeq, len(p.PromptIDs)+p.MaxTokens)
 	}
-	o.backend, o.maxSeq = "gqa", maxSeq
+	o.backend, o.maxSeq = backendOf(m), maxSeq
 	o.kv = "float32"
 	r := newRig(t, m, o)
 	var reqs []*req
@@ -191,7 +191,19 @@ func TestOwnCheckpoints(t *testing.T) {
 // package's model code runs: the main set (scripts/hf_goldens.py) and
 // extra/ (device/hf/testdata/extra/make.py: yarn RoPE with attention and
 // MLP biases; Qwen3 with a sliding window on two of three layers).
-var goldenFamilies = []string{"llama", "llama_tied", "mistral", "qwen3", "extra/llama_yarn", "extra/qwen3_swa"}
+var goldenFamilies = []string{"llama", "llama_tied", "mistral", "qwen3", "extra/llama_yarn", "extra/qwen3_swa", "deepseek_v3", "deepseek_v32"}
+
+// backendOf is the backend that runs m's mixers: mla or dsa for the
+// DeepSeek families, else gqa.
+func backendOf(m spec.Model) string {
+	switch m.Layers[0].Mixer {
+	case spec.MixerMLA:
+		return "mla"
+	case spec.MixerDSA:
+		return "dsa"
+	}
+	return "gqa"
+}
 
 func goldenDir(fam string) string { return filepath.Join("..", "hf", "testdata", fam) }
 

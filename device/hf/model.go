@@ -52,6 +52,7 @@ type Ops interface {
 	// RMS-normalized (epsilon eps) and multiplied by the gains w (1 × g):
 	// the per-head q/k norm of Qwen3. w.Cols() divides x.Cols().
 	RMSNormGroups(x, w synth.Tensor, eps float32) synth.Tensor
+	DeepSeekOps
 }
 
 type linear struct{ w, b synth.Tensor }
@@ -85,6 +86,8 @@ type Stage struct {
 	lmHead      synth.Tensor
 	layers      []layerW
 	rope        synth.RoPE
+	ds          *DeepSeekConfig // the DeepSeek families (deepseek.go): dsLayers in place of layers
+	dsLayers    []dsLayer
 }
 
 // Config returns the checkpoint's numerics the stage runs with.
@@ -108,6 +111,9 @@ func New(m spec.Model, dir string, first, last int, ops synth.Loader) (*Stage, e
 	}
 	if cfg.Arch != m.Arch {
 		return nil, fmt.Errorf("hf: %s: config.json architecture %s, model %q says %s", dir, cfg.Arch, m.Name, m.Arch)
+	}
+	if isDeepSeek(cfg.Arch) {
+		return newDeepSeek(m, dir, first, last, ops, cfg)
 	}
 	if m.NumNextN > 0 {
 		return nil, fmt.Errorf("hf: model %q: %d MTP layers; the %s code has no MTP head (limit 0)", m.Name, m.NumNextN, m.Arch)
@@ -360,6 +366,9 @@ func (s *Stage) checkItem(it synth.Item) error {
 // layer runs decoder layer i on x in place, as transformers' LlamaDecoderLayer
 // (and Mistral's, Qwen3's) does.
 func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x synth.Tensor) error {
+	if s.ds != nil {
+		return s.dsLayer(ctx, ops, i, segs, x)
+	}
 	lw := &s.layers[i-s.first]
 	eps := s.cfg.Eps
 	in := ops.RMSNorm(x, lw.inNorm, eps)
