@@ -480,3 +480,12 @@ func (s *Stage) dsLayer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x
 	ops.Add(x, acc)
 	return nil
 }
+
+// DeepSeek returns the DeepSeek numerics the stage runs with (the zero
+// value for the other families).
+func (s *Stage) DeepSeek() DeepSeekConfig {
+	if s.ds == nil {
+		return DeepSeekConfig{}
+	}
+	return *s.ds
+}

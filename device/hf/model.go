@@ -24,6 +24,9 @@
 //     norm, LM head (the embedding table when tied), greedy argmax. RoPE is
 //     the non-interleaved (GPT-NeoX) layout transformers' Llama uses, with
 //     the default, llama3 or yarn frequencies.
+//   - The DeepSeek families (deepseek.go): DeepSeek-V3 (absorbed MLA, grouped
+//     sigmoid top-k MoE with shared experts) and DeepSeek-V3.2 (plus
+//     transformers' lightning indexer over the DSA kernel).
 //
 // Greedy ties break to the lowest token id (synth.Ops.Argmax). The model
 // has no MTP head: drafts are refused.
