@@ -1,7 +1,8 @@
 // Package cpu is the cpu device of the worker runtime: real attention on
 // real KV. It runs the synthetic model of package synth, written once over
 // synth.Ops, and the Hugging Face checkpoints of package hf (when
-// Model.Checkpoint is set: Llama, Mistral, Qwen3, written once over hf.Ops),
+// Model.Checkpoint is set: Llama, Mistral, Qwen3, DeepSeek-V3 and V3.2,
+// written once over hf.Ops; a checkpoint's DSA indexer keys are unquantized),
 // by implementing those ops with the pure-Go reference kernels of package
 // kernel:
 //

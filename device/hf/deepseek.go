@@ -78,19 +78,18 @@ type GroupedRoute struct {
 // DeepSeekConfig is what the DeepSeek code reads from config.json beyond
 // Config and spec.Model.
 type DeepSeekConfig struct {
-	NGroup, TopKGroup   int
-	NormTopK            bool
-	RoutedScale         float64 // routed_scaling_factor
-	Interleave          bool    // rope_interleave (V3; always for V3.2)
-	IndexLayerNormEps   float32 // the indexer's k_norm (1e-6)
-	AttentionScale      float64 // the MLA softmax scale
-	IndexHeadScale      float64 // index_n_heads^-0.5
-	IndexScoreScale     float64 // index_head_dim^-0.5
-	SharedIntermediate  int     // moe_intermediate_size × n_shared_experts
-	QLora               bool
-	Sparse              bool // V3.2
-	RoPEDim             int  // qk_rope_head_dim
-	Experts, ExpertsTok int
+	NGroup, TopKGroup  int
+	NormTopK           bool
+	RoutedScale        float64 // routed_scaling_factor
+	Interleave         bool    // rope_interleave (V3; always for V3.2)
+	IndexLayerNormEps  float32 // the indexer's k_norm (1e-6)
+	AttentionScale     float64 // the MLA softmax scale
+	IndexHeadScale     float64 // index_n_heads^-0.5
+	IndexScoreScale    float64 // index_head_dim^-0.5
+	SharedIntermediate int     // moe_intermediate_size × n_shared_experts
+	QLora              bool
+	Sparse             bool // V3.2
+	RoPEDim            int  // qk_rope_head_dim
 }
 
 func isDeepSeek(arch string) bool {
@@ -119,8 +118,7 @@ func readDeepSeek(dir string, cfg Config, m spec.Model) (DeepSeekConfig, error) 
 		return DeepSeekConfig{}, fmt.Errorf("config.json: %w", err)
 	}
 	d := DeepSeekConfig{NGroup: 1, TopKGroup: 1, NormTopK: true, RoutedScale: 1, Interleave: true, IndexLayerNormEps: 1e-6,
-		QLora: m.QLoraRank > 0, Sparse: cfg.Arch == "DeepseekV32ForCausalLM", RoPEDim: m.QKRopeHeadDim,
-		Experts: m.Experts, ExpertsTok: m.ExpertsPerToken}
+		QLora: m.QLoraRank > 0, Sparse: cfg.Arch == "DeepseekV32ForCausalLM", RoPEDim: m.QKRopeHeadDim}
 	if r.NGroup != nil {
 		d.NGroup = *r.NGroup
 	}
@@ -199,9 +197,9 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 	if err != nil {
 		return nil, fmt.Errorf("hf: %s: %w", dir, err)
 	}
-	want := ds.Sparse
+	sparse := ds.Sparse
 	mixer := spec.MixerMLA
-	if want {
+	if sparse {
 		mixer = spec.MixerDSA
 	}
 	for _, l := range m.Layers {
@@ -215,7 +213,7 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 		return nil, fmt.Errorf("hf: model %q: hidden %d, vocab %d, heads %d, kv_lora_rank %d, qk_nope %d, qk_rope %d, v_head_dim %d: want all > 0 and an even qk_rope",
 			m.Name, h, v, H, R, N, P, V)
 	}
-	if want && (!ds.QLora || m.IndexHeads <= 0 || m.IndexHeadDim < P || m.IndexTopK <= 0) {
+	if sparse && (!ds.QLora || m.IndexHeads <= 0 || m.IndexHeadDim < P || m.IndexTopK <= 0) {
 		return nil, fmt.Errorf("hf: model %q: q_lora_rank %d, index heads %d, index head dim %d, index_topk %d: the indexer needs q_lora_rank > 0, heads > 0, head dim >= qk_rope_head_dim %d, top k > 0",
 			m.Name, m.QLoraRank, m.IndexHeads, m.IndexHeadDim, m.IndexTopK, P)
 	}
@@ -254,7 +252,7 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 		shapes[a+"kv_a_layernorm.weight"] = []int{R}
 		w2(a+"kv_b_proj", H*(N+V), R, false)
 		w2(a+"o_proj", h, H*V, cfg.AttnBias)
-		if want {
+		if sparse {
 			w2(a+"indexer.wq_b", m.IndexHeads*m.IndexHeadDim, m.QLoraRank, false)
 			w2(a+"indexer.wk", m.IndexHeadDim, h, false)
 			shapes[a+"indexer.k_norm.weight"] = []int{m.IndexHeadDim}
@@ -358,7 +356,7 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 			}
 			l.mla = synth.MLAWeights{UK: ops.Weight(uk, H*N, R), UV: ops.Weight(uv, H*V, R)}
 		}
-		if want {
+		if sparse {
 			l.iq, l.ik, l.iw = lin(a+"indexer.wq_b"), lin(a+"indexer.wk"), lin(a+"indexer.weights_proj")
 			l.ikNorm, l.ikBias = load(a+"indexer.k_norm.weight"), load(a+"indexer.k_norm.bias")
 		}
