@@ -23,7 +23,7 @@ import (
 // or, at the first difference, be in transformers' top-5 (the kvx side of
 // the vLLM rule, with per-step logprobs, is device/cpu's TestGoldens).
 func TestCheckpointGoldens(t *testing.T) {
-	for _, fam := range []string{"llama", "llama_tied", "mistral", "qwen3", "extra/llama_yarn", "extra/qwen3_swa"} {
+	for _, fam := range []string{"llama", "llama_tied", "mistral", "qwen3", "extra/llama_yarn", "extra/qwen3_swa", "deepseek_v3", "deepseek_v32"} {
 		t.Run(fam, func(t *testing.T) {
 			dir, err := filepath.Abs(filepath.Join("..", "..", "device", "hf", "testdata", fam))
 			if err != nil {

@@ -66,7 +66,8 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 //   - MLA: the latent, (kv_lora_rank + qk_rope_head_dim) * kv bytes per token,
 //     replicated over TP.
 //   - DSA: the MLA latent plus the indexer key, index_head_dim * 1 B (fp8) +
-//     4 B scale per token.
+//     4 B scale per token; for a checkpoint (Checkpoint set) index_head_dim *
+//     kv bytes, unquantized.
 //   - Mamba (and GDN): per sequence, conv state
 //     (heads/tp * head_dim + 2 * ceil(n_groups/tp) * state) * (conv_kernel-1)
 //   - conv bytes and SSM state heads/tp * head_dim * state * ssm bytes.
@@ -113,6 +114,9 @@ func FillBuffers(m *spec.Model, d Dtypes, tp int) error {
 	gqa := int64(2*ceilDiv(kvHeads, tp)*m.HeadDim) * kvB
 	latent := int64(m.KVLoraRank+m.QKRopeHeadDim) * kvB
 	index := int64(m.IndexHeadDim) + indexScaleBytes
+	if m.Checkpoint != "" {
+		index = int64(m.IndexHeadDim) * int64(kvB) // unquantized, as transformers' deepseek_v32 indexer keeps them
+	}
 	var conv, ssm int64
 	if mamba {
 		heads := m.MambaHeads / tp

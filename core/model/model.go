@@ -108,7 +108,9 @@ func Load(nameOrPath string) (spec.Model, error) {
 // loads the weights from there. It fails, naming the file, when config.json
 // is unreadable or dir holds neither model.safetensors nor
 // model.safetensors.index.json (the weights themselves are the worker's to
-// read and check).
+// read and check). MTP layers that config.json lists but the weights do not
+// hold (no model.layers.<first MTP layer>.* tensor) are dropped: the model
+// has no MTP head.
 func LoadCheckpoint(dir string) (spec.Model, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -129,6 +131,9 @@ func LoadCheckpoint(dir string) (spec.Model, error) {
 	}
 	m, err := Parse(filepath.Base(abs), data)
 	if err != nil {
+		return spec.Model{}, err
+	}
+	if err := dropAbsentMTP(&m, abs); err != nil {
 		return spec.Model{}, err
 	}
 	m.Checkpoint = abs

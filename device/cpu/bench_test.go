@@ -28,42 +28,46 @@ func BenchmarkGenerate(b *testing.B) {
 	}
 }
 
-// BenchmarkGoldenDecode is decode on the golden llama checkpoint
-// (device/hf/testdata/llama: 3 layers, hidden 64, float32 weights and KV)
-// through cachemgr_v2: batches of 1 and 4 sequences, prompts of 32 tokens
-// prefilled outside the measurement, then one token per sequence per step
-// up to position 240. tok/s counts decoded tokens over the decode steps'
-// time (manager calls included). Run with -cpu 1 and -cpu N.
+// BenchmarkGoldenDecode is decode on the golden checkpoints llama,
+// deepseek_v3 and deepseek_v32 (device/hf/testdata: 3 layers, hidden 64,
+// float32 weights and KV) through cachemgr_v2: batches of 1 and 4
+// sequences, prompts of 32 tokens prefilled outside the measurement, then
+// one token per sequence per step up to position 240 (or 8 short of the
+// model's max_position). tok/s counts decoded tokens over the decode
+// steps' time (manager calls included). Run with -cpu 1 and -cpu N.
 func BenchmarkGoldenDecode(b *testing.B) {
-	m := checkpointModel(b, goldenDir("llama"), "float32")
-	for _, batch := range []int{1, 4} {
-		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
-			var r *rig
-			var reqs []*req
-			fresh := func() {
-				r = newRig(b, m, opts{backend: "gqa", manager: "v2", tpb: 16, kv: "float32", maxSeq: 256})
-				reqs = nil
-				for i := range batch {
-					reqs = append(reqs, &req{seq: kvcache.SeqID(i + 1), prompt: prompt(32, i, m.Vocab), want: 1 << 20})
+	for _, fam := range []string{"llama", "deepseek_v3", "deepseek_v32"} {
+		m := checkpointModel(b, goldenDir(fam), "float32")
+		limit := min(240, m.MaxPosition-8)
+		for _, batch := range []int{1, 4} {
+			b.Run(fmt.Sprintf("%s/batch=%d", fam, batch), func(b *testing.B) {
+				var r *rig
+				var reqs []*req
+				fresh := func() {
+					r = newRig(b, m, opts{backend: backendOf(m), manager: "v2", tpb: 16, kv: "float32", maxSeq: 256})
+					reqs = nil
+					for i := range batch {
+						reqs = append(reqs, &req{seq: kvcache.SeqID(i + 1), prompt: prompt(32, i, m.Vocab), want: 1 << 20})
+					}
+					if err := r.step(reqs); err != nil {
+						b.Fatal(err)
+					}
 				}
-				if err := r.step(reqs); err != nil {
-					b.Fatal(err)
+				var decode time.Duration
+				tokens := 0
+				for b.Loop() {
+					if reqs == nil || reqs[0].pos >= limit {
+						fresh()
+					}
+					start := time.Now()
+					if err := r.step(reqs); err != nil {
+						b.Fatal(err)
+					}
+					decode += time.Since(start)
+					tokens += batch
 				}
-			}
-			var decode time.Duration
-			tokens := 0
-			for b.Loop() {
-				if reqs == nil || reqs[0].pos >= 240 {
-					fresh()
-				}
-				start := time.Now()
-				if err := r.step(reqs); err != nil {
-					b.Fatal(err)
-				}
-				decode += time.Since(start)
-				tokens += batch
-			}
-			b.ReportMetric(float64(tokens)/decode.Seconds(), "tok/s")
-		})
+				b.ReportMetric(float64(tokens)/decode.Seconds(), "tok/s")
+			})
+		}
 	}
 }

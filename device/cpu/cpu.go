@@ -1,7 +1,8 @@
 // Package cpu is the cpu device of the worker runtime: real attention on
 // real KV. It runs the synthetic model of package synth, written once over
 // synth.Ops, and the Hugging Face checkpoints of package hf (when
-// Model.Checkpoint is set: Llama, Mistral, Qwen3, written once over hf.Ops),
+// Model.Checkpoint is set: Llama, Mistral, Qwen3, DeepSeek-V3 and V3.2,
+// written once over hf.Ops; a checkpoint's DSA indexer keys are unquantized),
 // by implementing those ops with the pure-Go reference kernels of package
 // kernel:
 //
@@ -543,7 +544,7 @@ func (pm *pagedOps) MLA(_ context.Context, layer int, segs []synth.Seg, in synth
 	core := newTensor(in.QNope.Rows(), x.outWidth())
 	err = eachSeg(layer, segs, func(sg synth.Seg, lo, hi int) error {
 		mi, _ := mlaRows(in, nil, sg.Pos, lo, hi)
-		return x.dsa.MLA.Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), &mw, mi, core.rowsOf(lo, hi))
+		return x.withScales(in, nil).MLA.Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), &mw, mi, core.rowsOf(lo, hi))
 	})
 	if err != nil {
 		return nil, err
@@ -560,7 +561,7 @@ func (pm *pagedOps) DSA(_ context.Context, layer int, segs []synth.Seg, in synth
 	core := newTensor(in.QNope.Rows(), x.outWidth())
 	err = eachSeg(layer, segs, func(sg synth.Seg, lo, hi int) error {
 		mi, ki := mlaRows(in, &ix, sg.Pos, lo, hi)
-		return x.dsa.Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), pm.paged(layer, spec.RoleIndexKey, sg.Seq), &mw, mi, ki, core.rowsOf(lo, hi), nil)
+		return x.withScales(in, &ix).Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), pm.paged(layer, spec.RoleIndexKey, sg.Seq), &mw, mi, ki, core.rowsOf(lo, hi), nil)
 	})
 	if err != nil {
 		return nil, err

@@ -51,7 +51,7 @@ func goldenRun(t *testing.T, m spec.Model, ps []hftest.Prompt, o opts, chunk int
 	for _, p := range ps {
 		maxSeq = max(maxSeq, len(p.PromptIDs)+p.MaxTokens)
 	}
-	o.backend, o.maxSeq = "gqa", maxSeq
+	o.backend, o.maxSeq = backendOf(m), maxSeq
 	o.kv = "float32"
 	r := newRig(t, m, o)
 	var reqs []*req
@@ -191,7 +191,19 @@ func TestOwnCheckpoints(t *testing.T) {
 // package's model code runs: the main set (scripts/hf_goldens.py) and
 // extra/ (device/hf/testdata/extra/make.py: yarn RoPE with attention and
 // MLP biases; Qwen3 with a sliding window on two of three layers).
-var goldenFamilies = []string{"llama", "llama_tied", "mistral", "qwen3", "extra/llama_yarn", "extra/qwen3_swa"}
+var goldenFamilies = []string{"llama", "llama_tied", "mistral", "qwen3", "extra/llama_yarn", "extra/qwen3_swa", "deepseek_v3", "deepseek_v32"}
+
+// backendOf is the backend that runs m's mixers: mla or dsa for the
+// DeepSeek families, else gqa.
+func backendOf(m spec.Model) string {
+	switch m.Layers[0].Mixer {
+	case spec.MixerMLA:
+		return "mla"
+	case spec.MixerDSA:
+		return "dsa"
+	}
+	return "gqa"
+}
 
 func goldenDir(fam string) string { return filepath.Join("..", "hf", "testdata", fam) }
 
@@ -319,6 +331,45 @@ func (o noQKNorm) RMSNormGroups(x, _ synth.Tensor, _ float32) synth.Tensor {
 	return o.Rows(x, seqInts(x.Rows()))
 }
 
+// noRoutedScale drops DeepSeek's routed_scaling_factor.
+type noRoutedScale struct{ hf.Ops }
+
+func (o noRoutedScale) RouteGrouped(logits, bias synth.Tensor, g hf.GroupedRoute) synth.Routing {
+	g.Scale = 1
+	return o.Ops.RouteGrouped(logits, bias, g)
+}
+
+// noCorrectionBias chooses experts without e_score_correction_bias.
+type noCorrectionBias struct{ hf.Ops }
+
+func (o noCorrectionBias) RouteGrouped(logits, _ synth.Tensor, g hf.GroupedRoute) synth.Routing {
+	return o.Ops.RouteGrouped(logits, nil, g)
+}
+
+// flipInterleave flips the RoPE layout of the calls whose heads are stride
+// elements apart: 8, the main MLA's q_pe and k_pe (qk_rope_head_dim), or
+// 16, the DSA indexer's q and k (index_head_dim).
+type flipInterleave struct {
+	hf.Ops
+	stride int
+}
+
+func (o flipInterleave) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
+	if stride == o.stride {
+		r.Interleaved = !r.Interleaved
+	}
+	o.Ops.RoPE(x, segs, stride, r)
+}
+
+// noLayerNormBias drops the biases of LayerNorm (the DSA indexer's k_norm).
+// (Dropping the indexer's index_head_dim^-0.5 would change nothing: a
+// positive factor inside the ReLU scales every score alike.)
+type noLayerNormBias struct{ hf.Ops }
+
+func (o noLayerNormBias) LayerNorm(x, w, _ synth.Tensor, eps float32) synth.Tensor {
+	return o.Ops.LayerNorm(x, w, nil, eps)
+}
+
 func seqInts(n int) []int {
 	out := make([]int, n)
 	for i := range out {
@@ -344,6 +395,11 @@ func TestGoldenCheckCatchesWrongKernels(t *testing.T) {
 		{"q/k norm skipped", "qwen3", func(o hf.Ops) hf.Ops { return noQKNorm{o} }, nil},
 		{"yarn attention factor dropped", "extra/llama_yarn", func(o hf.Ops) hf.Ops { return noScale{o} }, nil},
 		{"biases dropped", "extra/qwen3_swa", func(o hf.Ops) hf.Ops { return noBias{o} }, nil},
+		{"routed_scaling_factor ignored", "deepseek_v3", func(o hf.Ops) hf.Ops { return noRoutedScale{o} }, nil},
+		{"correction bias ignored", "deepseek_v3", func(o hf.Ops) hf.Ops { return noCorrectionBias{o} }, nil},
+		{"MLA RoPE not interleaved", "deepseek_v3", func(o hf.Ops) hf.Ops { return flipInterleave{o, 8} }, nil},
+		{"indexer RoPE interleaved", "deepseek_v32", func(o hf.Ops) hf.Ops { return flipInterleave{o, 16} }, nil},
+		{"indexer keys' LayerNorm bias dropped", "deepseek_v32", func(o hf.Ops) hf.Ops { return noLayerNormBias{o} }, nil},
 		{"sliding window ignored", "extra/qwen3_swa", nil, func(m *spec.Model) {
 			for i := range m.Layers {
 				m.Layers[i].Window = 0

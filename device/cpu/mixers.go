@@ -53,6 +53,11 @@ func newLayerKernel(m *spec.Model, l spec.Layer, k device.Kernel, kvDtype, conv,
 		x.dsa.MLA.RoPE = kernel.RoPE{} // the model rotates q_pe and k_pe (synth.Ops.RoPE)
 		if k == device.KernelDSA {
 			x.dsa.Indexer = kernel.Indexer{Heads: m.IndexHeads, HeadDim: m.IndexHeadDim, TopK: m.IndexTopK}
+			if m.Checkpoint != "" {
+				// transformers' indexer: unquantized keys at the KV dtype
+				// (core/model.FillBuffers sizes them so).
+				x.dsa.Indexer.Plain, x.dsa.Indexer.Keys = true, kvDtype
+			}
 			if err := x.dsa.Indexer.Validate(); err != nil {
 				return nil, fmt.Errorf("layer %d: %w", l.Index, err)
 			}

@@ -43,9 +43,11 @@ type Rope struct {
 }
 
 // Families are the architectures this package runs.
-var Families = []string{"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"}
+var Families = []string{"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
+	"DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"}
 
-var familyOf = map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+var familyOf = map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
+	"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
 
 type rawConfig struct {
 	Architectures  []string                   `json:"architectures"`

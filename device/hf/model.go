@@ -24,6 +24,9 @@
 //     norm, LM head (the embedding table when tied), greedy argmax. RoPE is
 //     the non-interleaved (GPT-NeoX) layout transformers' Llama uses, with
 //     the default, llama3 or yarn frequencies.
+//   - The DeepSeek families (deepseek.go): DeepSeek-V3 (absorbed MLA, grouped
+//     sigmoid top-k MoE with shared experts) and DeepSeek-V3.2 (plus
+//     transformers' lightning indexer over the DSA kernel).
 //
 // Greedy ties break to the lowest token id (synth.Ops.Argmax). The model
 // has no MTP head: drafts are refused.
@@ -52,6 +55,7 @@ type Ops interface {
 	// RMS-normalized (epsilon eps) and multiplied by the gains w (1 × g):
 	// the per-head q/k norm of Qwen3. w.Cols() divides x.Cols().
 	RMSNormGroups(x, w synth.Tensor, eps float32) synth.Tensor
+	DeepSeekOps
 }
 
 type linear struct{ w, b synth.Tensor }
@@ -85,6 +89,8 @@ type Stage struct {
 	lmHead      synth.Tensor
 	layers      []layerW
 	rope        synth.RoPE
+	ds          *DeepSeekConfig // the DeepSeek families (deepseek.go): dsLayers in place of layers
+	dsLayers    []dsLayer
 }
 
 // Config returns the checkpoint's numerics the stage runs with.
@@ -108,6 +114,9 @@ func New(m spec.Model, dir string, first, last int, ops synth.Loader) (*Stage, e
 	}
 	if cfg.Arch != m.Arch {
 		return nil, fmt.Errorf("hf: %s: config.json architecture %s, model %q says %s", dir, cfg.Arch, m.Name, m.Arch)
+	}
+	if isDeepSeek(cfg.Arch) {
+		return newDeepSeek(m, dir, first, last, ops, cfg)
 	}
 	if m.NumNextN > 0 {
 		return nil, fmt.Errorf("hf: model %q: %d MTP layers; the %s code has no MTP head (limit 0)", m.Name, m.NumNextN, m.Arch)
@@ -360,6 +369,9 @@ func (s *Stage) checkItem(it synth.Item) error {
 // layer runs decoder layer i on x in place, as transformers' LlamaDecoderLayer
 // (and Mistral's, Qwen3's) does.
 func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x synth.Tensor) error {
+	if s.ds != nil {
+		return s.dsLayer(ctx, ops, i, segs, x)
+	}
 	lw := &s.layers[i-s.first]
 	eps := s.cfg.Eps
 	in := ops.RMSNorm(x, lw.inNorm, eps)

@@ -43,12 +43,24 @@ type Seg struct {
 // MLAIn are the inputs of an MLA (or DSA) call, one row per token in segment
 // order: QNope (Heads × qk_nope_head_dim), QPE (Heads × qk_rope_head_dim,
 // not yet rotated), CKV (the normed latent, kv_lora_rank) and KPE (the rope
-// key, not yet rotated).
-type MLAIn struct{ QNope, QPE, CKV, KPE Tensor }
+// key, not yet rotated). Scale, when not 0, is the softmax scale in place
+// of 1/sqrt(qk_nope_head_dim + qk_rope_head_dim) (a checkpoint's yarn
+// mscale²); the synthetic model leaves it 0.
+type MLAIn struct {
+	QNope, QPE, CKV, KPE Tensor
+	Scale                float32
+}
 
 // IndexIn are the lightning indexer's inputs of a DSA call: Q (index_heads ×
 // index_head_dim), K (index_head_dim) and W (index_heads, already scaled).
-type IndexIn struct{ Q, K, W Tensor }
+// Scale, when not 0, multiplies every head's q·k inside the ReLU
+// (transformers' index_head_dim^-0.5); it is for the indexer layout that
+// stores keys unquantized (kernel.Indexer.Plain), which a checkpoint's
+// layers get, and the synthetic model leaves it 0.
+type IndexIn struct {
+	Q, K, W Tensor
+	Scale   float32
+}
 
 // MLAWeights are the absorbed up projections of kv_b_proj: UK (Heads ×
 // qk_nope_head_dim rows of kv_lora_rank) and UV (Heads × v_head_dim rows of

@@ -28,10 +28,22 @@ import (
 // at the end, as DeepSeek's fp8_index does. q stays float32 (DeepSeek
 // quantizes it to fp8 too; the reference kernels do not). Any RoPE or
 // Hadamard rotation of q and k is the caller's, before the call.
+//
+// With Plain set the keys are stored unquantized at dtype Keys (RowBytes =
+// HeadDim × Keys.Size(), no scale), and the score is transformers 5.17's
+// deepseek_v32 indexer (no Hadamard, no fp8):
+//
+//	I(p, s) = Σ_h w_h * ReLU(Dot(q_h, k_s) * Scale)                  (h ascending)
+//
+// (Scale 0 = 1). Either way positions tie only on equal scores, and TopK
+// breaks ties to the lower position (torch.topk leaves them unspecified).
 type Indexer struct {
 	Heads   int // index_n_heads
 	HeadDim int // index_head_dim
 	TopK    int // index_topk
+	Plain   bool
+	Keys    Dtype   // the key dtype when Plain
+	Scale   float32 // multiplies each head's dot product inside the ReLU when Plain (0 = 1)
 }
 
 // Validate checks the dimensions.
@@ -43,12 +55,42 @@ func (x Indexer) Validate() error {
 		return invalidf("indexer: head dim %d must be > 0", x.HeadDim)
 	case x.TopK <= 0:
 		return invalidf("indexer: top k %d must be > 0", x.TopK)
+	case x.Plain && !x.Keys.valid():
+		return invalidf("indexer: key dtype %d: allowed bf16, fp8, float32", x.Keys)
 	}
 	return nil
 }
 
 // RowBytes returns the bytes of one token's indexer key row.
-func (x Indexer) RowBytes() int { return x.HeadDim + 4 }
+func (x Indexer) RowBytes() int {
+	if x.Plain {
+		return x.HeadDim * x.Keys.Size()
+	}
+	return x.HeadDim + 4
+}
+
+// storeKey writes key k as one indexer row into dst.
+func (x Indexer) storeKey(dst []byte, k []float32) {
+	if x.Plain {
+		encodeRow(x.Keys, dst, k)
+		return
+	}
+	QuantizeIndexKey(dst, k)
+}
+
+// plainScore is I(p, s) of the Plain layout for key k (decoded).
+func (x Indexer) plainScore(q, w, k []float32) float32 {
+	D := x.HeadDim
+	sc := x.Scale
+	if sc == 0 {
+		sc = 1
+	}
+	var acc float32
+	for h := 0; h < x.Heads; h++ {
+		acc += float32(w[h] * relu(float32(Dot(q[h*D:(h+1)*D], k)*sc)))
+	}
+	return acc
+}
 
 // QuantizeIndexKey stores key k as one indexer row into dst (len(dst) >=
 // len(k)+4): fp8 codes, then the float32 scale. NaN elements are ignored by
@@ -221,13 +263,14 @@ func (d DSA) Forward(lat, idx Paged, w *MLAWeights, in MLAInput, ix IndexInput, 
 	}
 	m.write(lat, stride, &in, n)
 	for i := 0; i < n; i++ {
-		QuantizeIndexKey(idx.rowAt(istride, ib, in.Pos+i), ix.K[i*x.HeadDim:(i+1)*x.HeadDim])
+		x.storeKey(idx.rowAt(istride, ib, in.Pos+i), ix.K[i*x.HeadDim:(i+1)*x.HeadDim])
 	}
 	if sel == nil {
 		sel = make([][]int32, n)
 	}
 	ctx := in.Pos + n
-	parallelFor(n, n*ctx*x.Heads*x.HeadDim, func() []float32 { return make([]float32, ctx) }, func(scores []float32, i int) {
+	parallelFor(n, n*ctx*x.Heads*x.HeadDim, func() []float32 { return make([]float32, ctx+x.HeadDim) }, func(scratch []float32, i int) {
+		scores, key := scratch[:ctx], scratch[ctx:]
 		p := in.Pos + i
 		if p+1 <= x.TopK {
 			sel[i] = TopK(sel[i], scores[:p+1], x.TopK) // all of them; scores unused
@@ -238,7 +281,13 @@ func (d DSA) Forward(lat, idx Paged, w *MLAWeights, in MLAInput, ix IndexInput, 
 		for j := 0; j <= p; {
 			base, cnt := idx.span(istride, j, p+1)
 			for t := 0; t < cnt; t++ {
-				scores[j+t] = x.indexScore(q, hw, base[t*istride:t*istride+ib])
+				row := base[t*istride : t*istride+ib]
+				if x.Plain {
+					decodeRow(x.Keys, key, row)
+					scores[j+t] = x.plainScore(q, hw, key)
+				} else {
+					scores[j+t] = x.indexScore(q, hw, row)
+				}
 			}
 			j += cnt
 		}
@@ -273,8 +322,13 @@ func DenseDSA(d DSA, w *MLAWeights, in MLAInput, ix IndexInput, out []float32, s
 	T, D := in.Pos+n, x.HeadDim
 	codes := make([]float32, T*D)
 	scales := make([]float32, T)
-	row := make([]byte, D+4)
+	row := make([]byte, x.RowBytes())
 	for t := 0; t < T; t++ {
+		if x.Plain {
+			x.storeKey(row, ix.K[t*D:(t+1)*D])
+			decodeRow(x.Keys, codes[t*D:(t+1)*D], row)
+			continue
+		}
 		QuantizeIndexKey(row, ix.K[t*D:(t+1)*D])
 		cd, sc := DequantizeIndexKey(row, D)
 		copy(codes[t*D:], cd)
@@ -286,6 +340,10 @@ func DenseDSA(d DSA, w *MLAWeights, in MLAInput, ix IndexInput, out []float32, s
 		score := make([]float32, p+1)
 		for s := 0; s <= p; s++ {
 			cand[s] = int32(s)
+			if x.Plain {
+				score[s] = x.plainScore(ix.Q[i*x.Heads*D:(i+1)*x.Heads*D], ix.W[i*x.Heads:(i+1)*x.Heads], codes[s*D:(s+1)*D])
+				continue
+			}
 			var acc float32
 			for h := 0; h < x.Heads; h++ {
 				dot := Dot(ix.Q[(i*x.Heads+h)*D:][:D], codes[s*D:][:D])

@@ -136,6 +136,9 @@ func TestDSAPagedEqualsDenseProperty(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		m := drawMLA(rt)
 		x := Indexer{Heads: rapid.IntRange(1, 3).Draw(rt, "iheads"), HeadDim: rapid.IntRange(1, 8).Draw(rt, "idim"), TopK: rapid.IntRange(1, 12).Draw(rt, "topk")}
+		if rapid.Bool().Draw(rt, "plain") { // transformers' layout: unquantized keys, a scale inside the ReLU
+			x.Plain, x.Keys, x.Scale = true, drawDtype(rt), float32(rapid.Float64Range(0, 2).Draw(rt, "iscale"))
+		}
 		T := rapid.IntRange(1, 30).Draw(rt, "T")
 		r := rand.New(rand.NewPCG(rapid.Uint64().Draw(rt, "seed"), 3))
 		c := newMLACase(r, m, x, T)

@@ -1,0 +1,87 @@
+package cpu
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/hf"
+	"github.com/kvx-dev/kvx/device/synth"
+)
+
+func TestOpsLayerNormIsKernelLayerNorm(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	var o hostOps
+	x, w, b := randT(rng, 4, 16), randT(rng, 1, 16), randT(rng, 1, 16)
+	for _, bias := range []*tensor{b, nil} {
+		var bt synth.Tensor
+		var bd []float32
+		if bias != nil {
+			bt, bd = bias, bias.d
+		}
+		got := cpuTensor(o.LayerNorm(x, w, bt, 1e-6))
+		for r := range 4 {
+			want := make([]float32, 16)
+			kernel.LayerNorm(want, x.rowsOf(r, r+1), w.d, bd, 1e-6)
+			if !sameBits(got.rowsOf(r, r+1), want) {
+				t.Errorf("LayerNorm row %d (bias %v) = %v, kernel.LayerNorm %v", r, bias != nil, got.rowsOf(r, r+1), want)
+			}
+		}
+	}
+}
+
+func TestOpsRouteGroupedIsKernelGroupedRoute(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	var o hostOps
+	const rows, experts, width = 7, 8, 6
+	logits, bias, x := randT(rng, rows, experts), randT(rng, 1, experts), randT(rng, rows, width)
+	copy(logits.d[:experts], make([]float32, experts)) // row 0 all tied
+	g := hf.GroupedRoute{K: 2, Groups: 4, TopKGroup: 2, Norm: true, Scale: 2.5}
+	kg := kernel.GroupedRoute{K: 2, Groups: 4, TopKGroup: 2, Norm: true, Scale: 2.5}
+	expert := func(e int, row []float32) []float32 {
+		out := make([]float32, len(row))
+		for i, v := range row {
+			out[i] = v*float32(e+1) - float32(e)
+		}
+		return out
+	}
+	r := o.RouteGrouped(logits, bias, g)
+	acc := o.Zeros(rows, width)
+	for e := range experts {
+		xe := o.Gather(x, r, e)
+		if xe == nil {
+			continue
+		}
+		ye := newTensor(xe.Rows(), width)
+		for i := range xe.Rows() {
+			copy(ye.rowsOf(i, i+1), expert(e, cpuTensor(xe).rowsOf(i, i+1)))
+		}
+		o.AddRouted(acc, ye, r, e)
+	}
+	for row := range rows {
+		es, ws := kg.Route(logits.rowsOf(row, row+1), bias.d)
+		want := make([]float32, width)
+		for i, e := range es {
+			kernel.Axpy(want, ws[i], expert(e, x.rowsOf(row, row+1)))
+		}
+		if got := cpuTensor(acc).rowsOf(row, row+1); !sameBits(got, want) {
+			t.Errorf("row %d (experts %v): routed sum %v, want %v", row, es, got, want)
+		}
+	}
+}
+
+// TestWithScales: a call's MLA and index scales replace the kernel's
+// defaults; 0 keeps them, and the layer's own configuration is untouched.
+func TestWithScales(t *testing.T) {
+	x := &layerKernel{dsa: kernel.DSA{MLA: kernel.MLA{Scale: 0}, Indexer: kernel.Indexer{Scale: 0}}}
+	d := x.withScales(synth.MLAIn{Scale: 0.5}, &synth.IndexIn{Scale: 0.25})
+	if d.MLA.Scale != 0.5 || d.Indexer.Scale != 0.25 {
+		t.Errorf("withScales(0.5, 0.25) = %v, %v", d.MLA.Scale, d.Indexer.Scale)
+	}
+	if x.dsa.MLA.Scale != 0 || x.dsa.Indexer.Scale != 0 {
+		t.Errorf("withScales modified the layer's kernel: %v, %v", x.dsa.MLA.Scale, x.dsa.Indexer.Scale)
+	}
+	if d := x.withScales(synth.MLAIn{}, nil); d.MLA.Scale != 0 || d.Indexer.Scale != 0 {
+		t.Errorf("withScales(0, nil) = %v, %v, want the defaults 0, 0", d.MLA.Scale, d.Indexer.Scale)
+	}
+}
