@@ -101,6 +101,10 @@ type seqState struct {
 	// tail[l][i] is layer l's state (conv then ssm) after tailBase+i tokens:
 	// the states through the last step's draft rows, but the last.
 	tail map[int][][]byte
+	// promptEnd is the position of the sequence's first sampled token (its
+	// prompt's length), 0 until it first samples: the Mamba2 dt floor
+	// (kernel.Mamba2.DtMin) applies to the tokens before it only.
+	promptEnd int
 }
 
 // Options configure OpenWith.
@@ -161,6 +165,7 @@ func open(s device.Stage, o Options) (device.Device, error) {
 		if err != nil {
 			return nil, err
 		}
+		checkpointMamba(mix, hs)
 		run = func(ctx context.Context, pm *pagedOps, st synth.Step) (synth.Result, error) {
 			var ops hf.Ops = pm
 			if o.WrapHF != nil {
@@ -385,6 +390,9 @@ func (d *Device) Forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 		}
 		n := len(it.Tokens)
 		s.covered = it.Pos + n
+		if it.Sample && s.promptEnd == 0 {
+			s.promptEnd = it.Pos + n - it.Draft
+		}
 		s.tailBase = it.Pos + n - it.Draft
 		s.tail = pm.tails[it.Seq]
 	}
@@ -604,6 +612,10 @@ func (pm *pagedOps) mamba(x *layerKernel, w *kernel.Mamba2Weights, sg synth.Seg,
 	var tail [][]byte
 	mb := x.mamba
 	di := mb.Inner()
+	promptEnd := end // the dt floor's end (promptEnd)
+	if s := d.seqs[sg.Seq]; s != nil && s.promptEnd > 0 {
+		promptEnd = s.promptEnd
+	}
 	at := sg.Pos // tokens the state covers
 	for at < end {
 		next := end
@@ -614,6 +626,12 @@ func (pm *pagedOps) mamba(x *layerKernel, w *kernel.Mamba2Weights, sg synth.Seg,
 			next = at + 1
 		} else if sg.Draft > 0 && tailFrom < next {
 			next = tailFrom
+		}
+		mb.DtMin = x.mamba.DtMin
+		if at >= promptEnd {
+			mb.DtMin = 0 // a generated token: transformers' decode step has no floor
+		} else if promptEnd < next {
+			next = promptEnd
 		}
 		lo, hi := r+at-sg.Pos, r+next-sg.Pos
 		if err := mb.Forward(w, conv, ssm, rowsOf(p.Z, lo, hi), rowsOf(p.XBC, lo, hi), rowsOf(p.DT, lo, hi), core[lo*di:hi*di:hi*di]); err != nil {

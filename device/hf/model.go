@@ -85,6 +85,7 @@ type Stage struct {
 	lmHead      synth.Tensor
 	layers      []layerW
 	rope        synth.RoPE
+	nemo        *nemotron // Nemotron-H's blocks (nemotron.go); nil for the Llama family
 }
 
 // Config returns the checkpoint's numerics the stage runs with.
@@ -111,6 +112,9 @@ func New(m spec.Model, dir string, first, last int, ops synth.Loader) (*Stage, e
 	}
 	if m.NumNextN > 0 {
 		return nil, fmt.Errorf("hf: model %q: %d MTP layers; the %s code has no MTP head (limit 0)", m.Name, m.NumNextN, m.Arch)
+	}
+	if cfg.Arch == archNemotronH {
+		return newNemotron(m, dir, first, last, cfg, ops)
 	}
 	for _, l := range m.Layers {
 		if l.Mixer != spec.MixerGQA || l.FFN != spec.FFNDense {
@@ -360,6 +364,9 @@ func (s *Stage) checkItem(it synth.Item) error {
 // layer runs decoder layer i on x in place, as transformers' LlamaDecoderLayer
 // (and Mistral's, Qwen3's) does.
 func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x synth.Tensor) error {
+	if s.nemo != nil {
+		return s.nemo.layer(ctx, ops, s, i, segs, x)
+	}
 	lw := &s.layers[i-s.first]
 	eps := s.cfg.Eps
 	in := ops.RMSNorm(x, lw.inNorm, eps)

@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -70,6 +71,7 @@ func drawMamba(t *rapid.T) Mamba2 {
 		ConvDtype:  rapid.SampledFrom([]Dtype{F32, BF16}).Draw(t, "convDtype"),
 		SSMDtype:   rapid.SampledFrom([]Dtype{F32, BF16}).Draw(t, "ssmDtype"),
 		Eps:        1e-5,
+		DtMin:      rapid.SampledFrom([]float32{0, 0.001, 0.5}).Draw(t, "dtMin"),
 	}
 }
 
@@ -140,6 +142,44 @@ func TestMamba2SnapshotRestore(t *testing.T) {
 	c.run(t, conv3, ssm3, cut, T, s)
 	if sameBits(s[cut*di:], a[cut*di:]) < 0 {
 		t.Errorf("continuing from a snapshot one token stale: same output, want different")
+	}
+}
+
+// TestMamba2DtMin: the floor changes the steps it raises and nothing else:
+// a floor below every step gives the unfloored bits, one above some steps
+// changes the output, and a negative floor is invalid.
+func TestMamba2DtMin(t *testing.T) {
+	m := Mamba2{Heads: 4, HeadDim: 2, State: 4, Groups: 2, ConvKernel: 3, ConvDtype: F32, SSMDtype: F32, Eps: 1e-5}
+	r := rand.New(rand.NewPCG(8, 9))
+	const T = 6
+	c := newMambaCase(r, m, T)
+	run := func(m Mamba2) []float32 {
+		out := make([]float32, T*m.Inner())
+		if _, _, err := DenseMamba2(m, c.w, c.z, c.xBC, c.dt, out); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	lo, hi := float32(math.Inf(1)), float32(0)
+	for i, v := range c.dt {
+		s := Softplus(v + c.w.DtBias[i%m.Heads])
+		lo, hi = min(lo, s), max(hi, s)
+	}
+	plain := run(m)
+	below := m
+	below.DtMin = lo / 2
+	if i := sameBits(run(below), plain); i >= 0 {
+		t.Errorf("DtMin %v below every step (smallest %v): output %d differs from no floor", below.DtMin, lo, i)
+	}
+	above := m
+	above.DtMin = (lo + hi) / 2
+	if sameBits(run(above), plain) < 0 {
+		t.Errorf("DtMin %v above some steps (%v..%v): output equals no floor's", above.DtMin, lo, hi)
+	}
+	neg := m
+	neg.DtMin = -1
+	if err := neg.Validate(); !errors.Is(err, ErrInvalid) {
+		t.Errorf("DtMin -1: Validate = %v, want ErrInvalid", err)
 	}
 }
 
