@@ -56,14 +56,14 @@ type nemotron struct {
 }
 
 type nemoLayer struct {
-	norm      synth.Tensor
-	mixer     spec.Mixer // MixerMamba, MixerGQA, or MixerNone (an MLP block)
-	inProj    linear
-	outProj   linear
-	mamba     synth.Mamba2Weights
-	q, k, v   linear
-	o         linear
-	up, down  linear
+	norm     synth.Tensor
+	mixer    spec.Mixer // MixerMamba, MixerGQA, or MixerNone (an MLP block)
+	inProj   linear
+	outProj  linear
+	mamba    synth.Mamba2Weights
+	q, k, v  linear
+	o        linear
+	up, down linear
 }
 
 // nemoConfig is what the Nemotron-H code reads from config.json beyond
