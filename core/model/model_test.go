@@ -392,7 +392,9 @@ func TestNemotronListEqualsPattern(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	same := func(x, y spec.Layer) bool { return x.Index == y.Index && x.Mixer == y.Mixer && x.FFN == y.FFN && x.MTP == y.MTP }
+	same := func(x, y spec.Layer) bool {
+		return x.Index == y.Index && x.Mixer == y.Mixer && x.FFN == y.FFN && x.MTP == y.MTP
+	}
 	if len(a.Layers) != 6 || a.NumNextN != 2 || !slices.EqualFunc(a.Layers, b.Layers, same) || !slices.EqualFunc(a.Layers, c.Layers, same) {
 		t.Errorf("pattern model %+v\n list model %+v\n transformers 5 list model %+v", a.Layers, b.Layers, c.Layers)
 	}
