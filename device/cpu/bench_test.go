@@ -34,14 +34,18 @@ func BenchmarkGenerate(b *testing.B) {
 // prefilled outside the measurement, then one token per sequence per step
 // up to position 240. tok/s counts decoded tokens over the decode steps'
 // time (manager calls included). Run with -cpu 1 and -cpu N.
-func BenchmarkGoldenDecode(b *testing.B) {
-	m := checkpointModel(b, goldenDir("llama"), "float32")
+func BenchmarkGoldenDecode(b *testing.B) { goldenDecode(b, "llama", "v2") }
+
+// goldenDecode is BenchmarkGoldenDecode on golden family fam through
+// manager mgr.
+func goldenDecode(b *testing.B, fam, mgr string) {
+	m := checkpointModel(b, goldenDir(fam), "float32")
 	for _, batch := range []int{1, 4} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 			var r *rig
 			var reqs []*req
 			fresh := func() {
-				r = newRig(b, m, opts{backend: "gqa", manager: "v2", tpb: 16, kv: "float32", maxSeq: 256})
+				r = newRig(b, m, opts{backend: "gqa", manager: mgr, tpb: 16, kv: "float32", maxSeq: 256})
 				reqs = nil
 				for i := range batch {
 					reqs = append(reqs, &req{seq: kvcache.SeqID(i + 1), prompt: prompt(32, i, m.Vocab), want: 1 << 20})

@@ -163,3 +163,8 @@ func TestHybridGoldenCheckCatchesWrongKernels(t *testing.T) {
 		t.Logf("%s: %d of %d prompts fail the check", c.name, caught, len(cs))
 	}
 }
+
+// BenchmarkHybridGoldenDecode is BenchmarkGoldenDecode on the Nemotron-H
+// golden (5 blocks: 2 Mamba2, 1 attention, 2 MLP; hidden 64) through the
+// mamba manager. Run with -cpu 1 and -cpu N.
+func BenchmarkHybridGoldenDecode(b *testing.B) { goldenDecode(b, "nemotron_h", "mamba") }
