@@ -1,7 +1,8 @@
 // Package cpu is the cpu device of the worker runtime: real attention on
 // real KV. It runs the synthetic model of package synth, written once over
 // synth.Ops, and the Hugging Face checkpoints of package hf (when
-// Model.Checkpoint is set: Llama, Mistral, Qwen3, written once over hf.Ops),
+// Model.Checkpoint is set: Llama, Mistral, Qwen3, Nemotron-H, written once
+// over hf.Ops),
 // by implementing those ops with the pure-Go reference kernels of package
 // kernel:
 //
@@ -44,7 +45,11 @@
 // device keeps, per sequence, the states after each row of the last step's
 // draft tail and, when the next step's Pos says drafts were rejected, puts
 // the matching one back into the live slot. Item.Snapshots save the live
-// state after their Pos tokens into their block.
+// state after their Pos tokens into their block. A checkpoint's Mamba2
+// layers (Nemotron-H) run with its numerics (checkpointMamba) and floor dt
+// at kernel.Mamba2.DtMin on the tokens before the sequence's first sampled
+// one (its prompt) only, as transformers' prefill does and its decode step
+// does not.
 package cpu
 
 import (

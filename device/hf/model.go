@@ -24,6 +24,11 @@
 //     norm, LM head (the embedding table when tied), greedy argmax. RoPE is
 //     the non-interleaved (GPT-NeoX) layout transformers' Llama uses, with
 //     the default, llama3 or yarn frequencies.
+//   - Nemotron-H (nemotron.go): Mamba2, attention (GQA without RoPE) and
+//     relu² MLP blocks, each x += mixer(RMSNorm(x)); the Mamba2 mixer's
+//     sequence part runs on the device's Mamba2 kernel with the
+//     checkpoint's numerics (Stage.Mamba2Numerics: the gated norm's
+//     epsilon, and the dt floor transformers applies to prompt tokens only).
 //
 // Greedy ties break to the lowest token id (synth.Ops.Argmax). The model
 // has no MTP head: drafts are refused.
