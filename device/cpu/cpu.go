@@ -2,9 +2,8 @@
 // real KV. It runs the synthetic model of package synth, written once over
 // synth.Ops, and the Hugging Face checkpoints of package hf (when
 // Model.Checkpoint is set: Llama, Mistral, Qwen3, Nemotron-H, written once
-// over hf.Ops),
-// by implementing those ops with the pure-Go reference kernels of package
-// kernel:
+// over hf.Ops), by implementing those ops with the pure-Go reference
+// kernels of package kernel:
 //
 //   - hostOps (ops.go): the row-wise ops (matmul, norms, activations, MoE
 //     routing, embedding, argmax; hf's bias add and per-head norm), each a
