@@ -211,3 +211,54 @@ func TestMamba2Errors(t *testing.T) {
 		}
 	}
 }
+
+// TestMamba2OneTokenOracle checks one token from zero state against the
+// Mamba2 step written out in float64 (transformers' decode step): the conv
+// over a zero state is w[K-1]·u + bias, so the conv bias, the silu, the dt
+// floor, the D skip, the gate and the grouped norm all show.
+func TestMamba2OneTokenOracle(t *testing.T) {
+	for _, dtMin := range []float32{0, 0.8} {
+		m := Mamba2{Heads: 4, HeadDim: 2, State: 3, Groups: 2, ConvKernel: 3, ConvDtype: F32, SSMDtype: F32, Eps: 1e-5, DtMin: dtMin}
+		r := rand.New(rand.NewPCG(12, 13))
+		c := newMambaCase(r, m, 1)
+		out := make([]float32, m.Inner())
+		conv, ssm := make([]byte, m.ConvBytes()), make([]byte, m.SSMBytes())
+		c.run(t, conv, ssm, 0, 1, out)
+
+		silu := func(v float64) float64 { return v / (1 + math.Exp(-v)) }
+		cd, di, K, N, P, G := m.ConvDim(), m.Inner(), m.ConvKernel, m.State, m.HeadDim, m.Groups
+		xc := make([]float64, cd)
+		for ch := range cd {
+			xc[ch] = silu(float64(c.w.ConvW[ch*K+K-1])*float64(c.xBC[ch]) + float64(c.w.ConvB[ch]))
+		}
+		y := make([]float64, di)
+		for h := range m.Heads {
+			g := h / (m.Heads / G)
+			dt := math.Log1p(math.Exp(float64(c.dt[h]) + float64(c.w.DtBias[h])))
+			dt = math.Max(dt, float64(dtMin))
+			for p := range P {
+				x := xc[h*P+p]
+				for n := range N {
+					b, cc := xc[di+g*N+n], xc[di+G*N+g*N+n]
+					y[h*P+p] += dt * x * b * cc // zero state: s = dt·x·B
+				}
+				y[h*P+p] += float64(c.w.D[h]) * x
+			}
+		}
+		gs := di / G
+		for g := range G {
+			ms := 0.0
+			for i := g * gs; i < (g+1)*gs; i++ {
+				y[i] *= silu(float64(c.z[i]))
+				ms += y[i] * y[i]
+			}
+			inv := 1 / math.Sqrt(ms/float64(gs)+float64(m.Eps))
+			for i := g * gs; i < (g+1)*gs; i++ {
+				want := y[i] * inv * float64(c.w.NormW[i])
+				if math.Abs(float64(out[i])-want) > 1e-5*(1+math.Abs(want)) {
+					t.Errorf("DtMin %v: out[%d] = %v, float64 step %v", dtMin, i, out[i], want)
+				}
+			}
+		}
+	}
+}
