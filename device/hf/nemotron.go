@@ -39,13 +39,18 @@ const archNemotronH = "NemotronHForCausalLM"
 //     dt to [time_step_min, inf) (the mixer hardcodes that range and ignores
 //     time_step_limit), while its single-token decode step does not clamp.
 //     The goldens' dt_bias lies in [-6.9, -2.3] so softplus often falls
-//     below 0.001 and the clamp moves the logits; kvx reproduces the
-//     asymmetry: the stage reports the floor (Mamba2Numerics) and the
-//     device applies it to prompt tokens only (the tokens before the
-//     sequence's first sampled one), however the prompt is chunked or
-//     reused. A prompt that itself contains another sequence's generated
-//     tokens through a reused snapshot would see them unclamped; the
-//     goldens' shared prefixes are prompt tokens only.
+//     below 0.001 and the clamp matters: with the floor on every token, or
+//     on none, the goldens' greedy tokens still all match but logprobs move
+//     by up to 1.1e-2 and 9.9e-3 (against 7e-6 with the asymmetry), beyond
+//     the 1e-3 tolerance. So kvx reproduces the asymmetry: the stage
+//     reports the floor (Mamba2Numerics) and the device applies it to
+//     prompt tokens only (the tokens before the sequence's first sampled
+//     one), however the prompt is chunked or reused. Two paths transformers
+//     does not have see a different split: a snapshot reused across
+//     sequences carries whatever floor its writer applied (the goldens'
+//     shared prefixes are prompt tokens on both sides), and a preempted
+//     sequence, released and recomputed from position 0, floors its
+//     generated tokens too (as transformers would, given them as a prompt).
 //
 // Tensor names are the hub's: backbone.embeddings, backbone.layers.<i>.norm
 // and .mixer.*, backbone.norm_f, lm_head (or "model." for "backbone.").
