@@ -77,8 +77,7 @@ type nemoConfig struct {
 	MLPAct      *string  `json:"mlp_hidden_act"`
 	MambaAct    *string  `json:"mamba_hidden_act"`
 	ConvBias    *bool    `json:"use_conv_bias"`
-	UseBias     bool     `json:"use_bias"`
-	MLPBias     bool     `json:"mlp_bias"`
+	UseBias     bool     `json:"use_bias"` // in_proj and out_proj; mlp_bias is Config.MLPBias
 	TimeStepMin *float64 `json:"time_step_min"`
 }
 
@@ -198,8 +197,8 @@ func newNemotron(m spec.Model, dir string, first, last int, cfg Config, ops synt
 			lin(p+"v_proj", kvh*d, h, false)
 			lin(p+"o_proj", h, heads*d, false)
 		default:
-			lin(p+"up_proj", m.Intermediate, h, nc.MLPBias)
-			lin(p+"down_proj", h, m.Intermediate, nc.MLPBias)
+			lin(p+"up_proj", m.Intermediate, h, cfg.MLPBias)
+			lin(p+"down_proj", h, m.Intermediate, cfg.MLPBias)
 		}
 	}
 	for _, name := range ck.Names() {
@@ -304,9 +303,6 @@ func newNemotron(m spec.Model, dir string, first, last int, cfg Config, ops synt
 			lw.up, lw.down = ln(p+"up_proj"), ln(p+"down_proj")
 		}
 		nm.layers = append(nm.layers, lw)
-		if lerr != nil {
-			return nil, fmt.Errorf("hf: %w", lerr)
-		}
 	}
 	if lerr != nil {
 		return nil, fmt.Errorf("hf: %w", lerr)
