@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -211,7 +212,8 @@ func newNemotron(m spec.Model, dir string, first, last int, cfg Config, ops synt
 		info, _ := ck.Info(name)
 		return nil, fmt.Errorf("hf: checkpoint %s: tensor %q (shape %v) is not a tensor of %s with %d layers", dir, name, info.Shape, m.Arch, n)
 	}
-	for name, shape := range want {
+	for _, name := range slices.Sorted(maps.Keys(want)) { // the first problem by name, every time
+		shape := want[name]
 		info, ok := ck.Info(name)
 		if !ok {
 			return nil, fmt.Errorf("hf: checkpoint %s: tensor %q is missing (want shape %v)", dir, name, shape)
