@@ -23,7 +23,7 @@ import (
 // or, at the first difference, be in transformers' top-5 (the kvx side of
 // the vLLM rule, with per-step logprobs, is device/cpu's TestGoldens).
 func TestCheckpointGoldens(t *testing.T) {
-	for _, fam := range []string{"llama", "llama_tied", "mistral", "qwen3", "extra/llama_yarn", "extra/qwen3_swa", "deepseek_v3", "deepseek_v32"} {
+	for _, fam := range []string{"llama", "llama_tied", "mistral", "qwen3", "extra/llama_yarn", "extra/qwen3_swa", "deepseek_v3", "deepseek_v32", "nemotron_h"} {
 		t.Run(fam, func(t *testing.T) {
 			dir, err := filepath.Abs(filepath.Join("..", "..", "device", "hf", "testdata", fam))
 			if err != nil {
@@ -41,7 +41,7 @@ func TestCheckpointGoldens(t *testing.T) {
 				"kv_cache_config.tokens_per_block=16", "check_invariants=every"}
 			var first [][]int32
 			var firstLogits [][]float32
-			for _, v := range [][]string{
+			variants := [][]string{
 				{"cache_manager=v1", "kv_cache_config.enable_block_reuse=false", "max_num_tokens=64"},
 				{"cache_manager=v1", "kv_cache_config.enable_block_reuse=true", "max_num_tokens=64"},
 				{"cache_manager=v2", "kv_cache_config.enable_block_reuse=false", "max_num_tokens=64"},
@@ -49,7 +49,11 @@ func TestCheckpointGoldens(t *testing.T) {
 				{"cache_manager=v2", "max_num_tokens=16", "kv_cache_config.tokens_per_block=4"},
 				{"cache_manager=v2", "pipeline_parallel_size=2", "max_num_tokens=64"},
 				{"cache_manager=v2", "isolation=plugin", "max_num_tokens=64"},
-			} {
+			}
+			if hybridGoldens[fam] {
+				variants = hybridVariants
+			}
+			for _, v := range variants {
 				name := strings.Join(v, " ")
 				sets := append(slices.Clone(base), v...)
 				if !slices.Contains(v, "isolation=plugin") {
@@ -109,6 +113,24 @@ func TestCheckpointGoldens(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hybridGoldens are the goldens of hybrid (Mamba2) models, which managers
+// v1 (fixed state slots, no SSM reuse) and mamba (snapshots) serve.
+var hybridGoldens = map[string]bool{"nemotron_h": true}
+
+// hybridVariants are the hybrids' engine variants: v1 and mamba, reuse on
+// and off (mamba snapshots every 16 tokens, so the goldens' pairs sharing 56
+// prompt tokens reuse 48), chunked prefill with small blocks, PP 2 and
+// plugin isolation.
+var hybridVariants = [][]string{
+	{"cache_manager=v1", "kv_cache_config.enable_block_reuse=false", "max_num_tokens=64"},
+	{"cache_manager=mamba", "kv_cache_config.enable_block_reuse=false", "max_num_tokens=64"},
+	{"cache_manager=mamba", "kv_cache_config.enable_block_reuse=true", "mamba_state_config.periodic_snapshot_interval=16", "max_num_tokens=64"},
+	{"cache_manager=mamba", "kv_cache_config.enable_block_reuse=true", "mamba_state_config.periodic_snapshot_interval=8",
+		"max_num_tokens=16", "kv_cache_config.tokens_per_block=4"},
+	{"cache_manager=mamba", "pipeline_parallel_size=2", "max_num_tokens=64"},
+	{"cache_manager=mamba", "isolation=plugin", "max_num_tokens=64"},
 }
 
 // firstDifference is the first step where got and want differ (a missing

@@ -524,7 +524,10 @@ const (
 	blockMLP       block = '-'
 )
 
-var blockNames = map[string]block{"mamba": blockMamba, "attention": blockAttention, "moe": blockMoE, "mlp": blockMLP}
+// blockNames are layers_block_type's names: the older ones and those
+// transformers 5 writes (linear_attention is Mamba2, full_attention GQA).
+var blockNames = map[string]block{"mamba": blockMamba, "attention": blockAttention, "moe": blockMoE, "mlp": blockMLP,
+	"linear_attention": blockMamba, "full_attention": blockAttention}
 
 func (p *parser) blocks(field, pattern string, list []string) []block {
 	var out []block

@@ -37,37 +37,43 @@ func BenchmarkGenerate(b *testing.B) {
 // steps' time (manager calls included). Run with -cpu 1 and -cpu N.
 func BenchmarkGoldenDecode(b *testing.B) {
 	for _, fam := range []string{"llama", "deepseek_v3", "deepseek_v32"} {
-		m := checkpointModel(b, goldenDir(fam), "float32")
-		limit := min(240, m.MaxPosition-8)
-		for _, batch := range []int{1, 4} {
-			b.Run(fmt.Sprintf("%s/batch=%d", fam, batch), func(b *testing.B) {
-				var r *rig
-				var reqs []*req
-				fresh := func() {
-					r = newRig(b, m, opts{backend: backendOf(m), manager: "v2", tpb: 16, kv: "float32", maxSeq: 256})
-					reqs = nil
-					for i := range batch {
-						reqs = append(reqs, &req{seq: kvcache.SeqID(i + 1), prompt: prompt(32, i, m.Vocab), want: 1 << 20})
-					}
-					if err := r.step(reqs); err != nil {
-						b.Fatal(err)
-					}
+		b.Run(fam, func(b *testing.B) { goldenDecode(b, fam, "v2") })
+	}
+}
+
+// goldenDecode is BenchmarkGoldenDecode on golden family fam through
+// manager mgr.
+func goldenDecode(b *testing.B, fam, mgr string) {
+	m := checkpointModel(b, goldenDir(fam), "float32")
+	limit := min(240, m.MaxPosition-8)
+	for _, batch := range []int{1, 4} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			var r *rig
+			var reqs []*req
+			fresh := func() {
+				r = newRig(b, m, opts{backend: backendOf(m), manager: mgr, tpb: 16, kv: "float32", maxSeq: 256})
+				reqs = nil
+				for i := range batch {
+					reqs = append(reqs, &req{seq: kvcache.SeqID(i + 1), prompt: prompt(32, i, m.Vocab), want: 1 << 20})
 				}
-				var decode time.Duration
-				tokens := 0
-				for b.Loop() {
-					if reqs == nil || reqs[0].pos >= limit {
-						fresh()
-					}
-					start := time.Now()
-					if err := r.step(reqs); err != nil {
-						b.Fatal(err)
-					}
-					decode += time.Since(start)
-					tokens += batch
+				if err := r.step(reqs); err != nil {
+					b.Fatal(err)
 				}
-				b.ReportMetric(float64(tokens)/decode.Seconds(), "tok/s")
-			})
-		}
+			}
+			var decode time.Duration
+			tokens := 0
+			for b.Loop() {
+				if reqs == nil || reqs[0].pos >= limit {
+					fresh()
+				}
+				start := time.Now()
+				if err := r.step(reqs); err != nil {
+					b.Fatal(err)
+				}
+				decode += time.Since(start)
+				tokens += batch
+			}
+			b.ReportMetric(float64(tokens)/decode.Seconds(), "tok/s")
+		})
 	}
 }

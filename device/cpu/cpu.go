@@ -2,9 +2,9 @@
 // real KV. It runs the synthetic model of package synth, written once over
 // synth.Ops, and the Hugging Face checkpoints of package hf (when
 // Model.Checkpoint is set: Llama, Mistral, Qwen3, DeepSeek-V3 and V3.2,
-// written once over hf.Ops; a checkpoint's DSA indexer keys are unquantized),
-// by implementing those ops with the pure-Go reference kernels of package
-// kernel:
+// Nemotron-H, written once over hf.Ops; a checkpoint's DSA indexer keys are
+// unquantized), by implementing those ops with the pure-Go reference
+// kernels of package kernel:
 //
 //   - hostOps (ops.go): the row-wise ops (matmul, norms, activations, MoE
 //     routing, embedding, argmax; hf's bias add and per-head norm), each a
@@ -45,7 +45,11 @@
 // device keeps, per sequence, the states after each row of the last step's
 // draft tail and, when the next step's Pos says drafts were rejected, puts
 // the matching one back into the live slot. Item.Snapshots save the live
-// state after their Pos tokens into their block.
+// state after their Pos tokens into their block. A checkpoint's Mamba2
+// layers (Nemotron-H) run with its numerics (checkpointMamba) and floor dt
+// at kernel.Mamba2.DtMin on the tokens before the sequence's first sampled
+// one (its prompt) only, as transformers' prefill does and its decode step
+// does not.
 package cpu
 
 import (
@@ -102,6 +106,10 @@ type seqState struct {
 	// tail[l][i] is layer l's state (conv then ssm) after tailBase+i tokens:
 	// the states through the last step's draft rows, but the last.
 	tail map[int][][]byte
+	// promptEnd is the position of the sequence's first sampled token (its
+	// prompt's length), 0 until it first samples: the Mamba2 dt floor
+	// (kernel.Mamba2.DtMin) applies to the tokens before it only.
+	promptEnd int
 }
 
 // Options configure OpenWith.
@@ -162,6 +170,7 @@ func open(s device.Stage, o Options) (device.Device, error) {
 		if err != nil {
 			return nil, err
 		}
+		checkpointMamba(mix, hs)
 		run = func(ctx context.Context, pm *pagedOps, st synth.Step) (synth.Result, error) {
 			var ops hf.Ops = pm
 			if o.WrapHF != nil {
@@ -386,6 +395,9 @@ func (d *Device) Forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 		}
 		n := len(it.Tokens)
 		s.covered = it.Pos + n
+		if it.Sample && s.promptEnd == 0 {
+			s.promptEnd = it.Pos + n - it.Draft
+		}
 		s.tailBase = it.Pos + n - it.Draft
 		s.tail = pm.tails[it.Seq]
 	}
@@ -605,6 +617,10 @@ func (pm *pagedOps) mamba(x *layerKernel, w *kernel.Mamba2Weights, sg synth.Seg,
 	var tail [][]byte
 	mb := x.mamba
 	di := mb.Inner()
+	promptEnd := end // the dt floor's end (promptEnd)
+	if s := d.seqs[sg.Seq]; s != nil && s.promptEnd > 0 {
+		promptEnd = s.promptEnd
+	}
 	at := sg.Pos // tokens the state covers
 	for at < end {
 		next := end
@@ -615,6 +631,12 @@ func (pm *pagedOps) mamba(x *layerKernel, w *kernel.Mamba2Weights, sg synth.Seg,
 			next = at + 1
 		} else if sg.Draft > 0 && tailFrom < next {
 			next = tailFrom
+		}
+		mb.DtMin = x.mamba.DtMin
+		if at >= promptEnd {
+			mb.DtMin = 0 // a generated token: transformers' decode step has no floor
+		} else if promptEnd < next {
+			next = promptEnd
 		}
 		lo, hi := r+at-sg.Pos, r+next-sg.Pos
 		if err := mb.Forward(w, conv, ssm, rowsOf(p.Z, lo, hi), rowsOf(p.XBC, lo, hi), rowsOf(p.DT, lo, hi), core[lo*di:hi*di:hi*di]); err != nil {

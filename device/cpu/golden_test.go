@@ -259,7 +259,13 @@ func TestGoldens(t *testing.T) {
 // and logprobs within lpTol while the tokens agree.
 func checkTopLogprobs(t *testing.T, m spec.Model, ps []hftest.Prompt, es []hftest.Expected) {
 	t.Helper()
-	reqs := goldenRun(t, m, ps, opts{manager: "v2", top: 5}, 0)
+	checkTopLogprobsWith(t, "v2", m, ps, es)
+}
+
+// checkTopLogprobsWith is checkTopLogprobs through manager mgr.
+func checkTopLogprobsWith(t *testing.T, mgr string, m spec.Model, ps []hftest.Prompt, es []hftest.Expected) {
+	t.Helper()
+	reqs := goldenRun(t, m, ps, opts{manager: mgr, top: 5, batch: len(ps)}, 0)
 	for i, q := range reqs {
 		if len(q.tops) != len(q.out) {
 			t.Fatalf("prompt %d: %d top-logprob lists for %d tokens", i, len(q.tops), len(q.out))

@@ -44,15 +44,16 @@ type Rope struct {
 
 // Families are the architectures this package runs.
 var Families = []string{"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
-	"DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"}
+	"DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", archNemotronH}
 
 var familyOf = map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
-	"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
+	"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM", "nemotron_h": archNemotronH}
 
 type rawConfig struct {
 	Architectures  []string                   `json:"architectures"`
 	ModelType      string                     `json:"model_type"`
 	RMSNormEps     *float64                   `json:"rms_norm_eps"`
+	LayerNormEps   *float64                   `json:"layer_norm_epsilon"` // Nemotron-H's RMSNorms
 	Tie            *bool                      `json:"tie_word_embeddings"`
 	AttentionBias  bool                       `json:"attention_bias"`
 	MLPBias        bool                       `json:"mlp_bias"`
@@ -97,6 +98,8 @@ func ParseConfig(data []byte) (Config, error) {
 	c.QKNorm = c.Arch == "Qwen3ForCausalLM"
 	if r.RMSNormEps != nil {
 		c.Eps = float32(*r.RMSNormEps)
+	} else if r.LayerNormEps != nil {
+		c.Eps = float32(*r.LayerNormEps)
 	}
 	if r.Tie != nil {
 		c.Tied = *r.Tie

@@ -27,6 +27,11 @@
 //   - The DeepSeek families (deepseek.go): DeepSeek-V3 (absorbed MLA, grouped
 //     sigmoid top-k MoE with shared experts) and DeepSeek-V3.2 (plus
 //     transformers' lightning indexer over the DSA kernel).
+//   - Nemotron-H (nemotron.go): Mamba2, attention (GQA without RoPE) and
+//     relu² MLP blocks, each x += mixer(RMSNorm(x)); the Mamba2 mixer's
+//     sequence part runs on the device's Mamba2 kernel with the
+//     checkpoint's numerics (Stage.Mamba2Numerics: the gated norm's
+//     epsilon, and the dt floor transformers applies to prompt tokens only).
 //
 // Greedy ties break to the lowest token id (synth.Ops.Argmax). The model
 // has no MTP head: drafts are refused.
@@ -91,6 +96,7 @@ type Stage struct {
 	rope        synth.RoPE
 	ds          *DeepSeekConfig // the DeepSeek families (deepseek.go): dsLayers in place of layers
 	dsLayers    []dsLayer
+	nemo        *nemotron // Nemotron-H's blocks (nemotron.go); nil for the Llama family
 }
 
 // Config returns the checkpoint's numerics the stage runs with.
@@ -120,6 +126,9 @@ func New(m spec.Model, dir string, first, last int, ops synth.Loader) (*Stage, e
 	}
 	if m.NumNextN > 0 {
 		return nil, fmt.Errorf("hf: model %q: %d MTP layers; the %s code has no MTP head (limit 0)", m.Name, m.NumNextN, m.Arch)
+	}
+	if cfg.Arch == archNemotronH {
+		return newNemotron(m, dir, first, last, cfg, ops)
 	}
 	for _, l := range m.Layers {
 		if l.Mixer != spec.MixerGQA || l.FFN != spec.FFNDense {
@@ -371,6 +380,9 @@ func (s *Stage) checkItem(it synth.Item) error {
 func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x synth.Tensor) error {
 	if s.ds != nil {
 		return s.dsLayer(ctx, ops, i, segs, x)
+	}
+	if s.nemo != nil {
+		return s.nemo.layer(ctx, ops, s, i, segs, x)
 	}
 	lw := &s.layers[i-s.first]
 	eps := s.cfg.Eps

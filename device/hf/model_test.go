@@ -105,8 +105,10 @@ func TestNewRejects(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Intermediate = 32
-	// gate, up and down are all off; New names whichever it checks first.
-	if _, err := hf.New(m, dir, 0, 2, &loader{}); err == nil || !strings.Contains(err.Error(), "has shape [24 16], want [32 16]") && !strings.Contains(err.Error(), "has shape [16 24], want [16 32]") {
+	// New names the first mis-shaped tensor it meets, in map order: any of
+	// the MLP's three.
+	if _, err := hf.New(m, dir, 0, 2, &loader{}); err == nil ||
+		!strings.Contains(err.Error(), "has shape [24 16], want [32 16]") && !strings.Contains(err.Error(), "has shape [16 24], want [16 32]") {
 		t.Errorf("mis-shaped: New = %v, want a shape error naming the tensor", err)
 	}
 	m.Intermediate = tiny.Intermediate

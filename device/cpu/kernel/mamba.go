@@ -24,7 +24,8 @@ package kernel
 //	conv_c = bias_c + Σ_k w[c][k] * in_k[c], k = 0..K-1 ascending, in_{K-1} = u,
 //	    in_0..K-2 the conv state; xc = SiLU(conv_c); the state shifts in u
 //	x, B, C = split(xc); head h uses group g = h / (Heads/Groups)
-//	dt_h = Softplus(dt_t[h] + DtBias[h]); dA = exp(dt_h * A[h])
+//	dt_h = Softplus(dt_t[h] + DtBias[h]), then max(dt_h, DtMin) when DtMin > 0;
+//	    dA = exp(dt_h * A[h])
 //	s[h][p][n] = s*dA + (dt_h*x[h][p]) * B[g][n], rounded to SSMDtype
 //	y[h][p] = Σ_n s[h][p][n]*C[g][n] (n ascending, from 0) + D[h]*x[h][p]
 //	y = y * SiLU(z_t), then RMSNorm over each of Groups groups of d_inner/Groups
@@ -41,6 +42,12 @@ type Mamba2 struct {
 	ConvDtype  Dtype
 	SSMDtype   Dtype
 	Eps        float32 // RMSNorm epsilon
+	// DtMin, when > 0, is a floor on dt after the softplus: transformers'
+	// chunked scan (its prefill) clamps dt to time_step_min, its
+	// single-token decode step does not, so a device runs prompt tokens
+	// with DtMin and generated ones without. 0 (the synthetic model): no
+	// floor.
+	DtMin float32
 }
 
 // Mamba2Weights are one layer's mixer weights; the kernel never retains them.
@@ -66,6 +73,8 @@ func (m Mamba2) Validate() error {
 		return invalidf("mamba2: conv dtype %v: allowed float32, bf16", m.ConvDtype)
 	case m.SSMDtype != F32 && m.SSMDtype != BF16:
 		return invalidf("mamba2: ssm dtype %v: allowed float32, bf16", m.SSMDtype)
+	case !(m.DtMin >= 0):
+		return invalidf("mamba2: dt floor %v must be >= 0", m.DtMin)
 	}
 	return nil
 }
@@ -166,6 +175,15 @@ func (m Mamba2) newState() *mambaState {
 	}
 }
 
+// dtOf is head h's step: Softplus(dt + bias), floored at DtMin when set.
+func (m Mamba2) dtOf(dt, bias float32) float32 {
+	v := Softplus(dt + bias)
+	if m.DtMin > 0 {
+		v = max(v, m.DtMin)
+	}
+	return v
+}
+
 // step advances the state by one token and writes its output.
 func (m Mamba2) step(w *Mamba2Weights, st *mambaState, z, xBC, dt, out []float32) {
 	cd, K := m.ConvDim(), m.ConvKernel
@@ -193,7 +211,7 @@ func (m Mamba2) step(w *Mamba2Weights, st *mambaState, z, xBC, dt, out []float32
 	round := m.SSMDtype != F32
 	for h := 0; h < m.Heads; h++ {
 		g := h / hpg
-		dth := Softplus(dt[h] + w.DtBias[h])
+		dth := m.dtOf(dt[h], w.DtBias[h])
 		dA := exp32(dth * w.A[h])
 		Bg, Cg := B[g*N:(g+1)*N], C[g*N:(g+1)*N]
 		for p := 0; p < P; p++ {
@@ -255,7 +273,7 @@ func DenseMamba2(m Mamba2, w *Mamba2Weights, z, xBC, dt, out []float32) (conv, s
 		y := make([]float32, di)
 		for h := 0; h < m.Heads; h++ {
 			g := h / (m.Heads / m.Groups)
-			dth := Softplus(dt[t*m.Heads+h] + w.DtBias[h])
+			dth := m.dtOf(dt[t*m.Heads+h], w.DtBias[h])
 			dA := exp32(dth * w.A[h])
 			for p := 0; p < P; p++ {
 				xv := x[h*P+p]

@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -70,6 +71,7 @@ func drawMamba(t *rapid.T) Mamba2 {
 		ConvDtype:  rapid.SampledFrom([]Dtype{F32, BF16}).Draw(t, "convDtype"),
 		SSMDtype:   rapid.SampledFrom([]Dtype{F32, BF16}).Draw(t, "ssmDtype"),
 		Eps:        1e-5,
+		DtMin:      rapid.SampledFrom([]float32{0, 0.001, 0.5}).Draw(t, "dtMin"),
 	}
 }
 
@@ -143,6 +145,44 @@ func TestMamba2SnapshotRestore(t *testing.T) {
 	}
 }
 
+// TestMamba2DtMin: the floor changes the steps it raises and nothing else:
+// a floor below every step gives the unfloored bits, one above some steps
+// changes the output, and a negative floor is invalid.
+func TestMamba2DtMin(t *testing.T) {
+	m := Mamba2{Heads: 4, HeadDim: 2, State: 4, Groups: 2, ConvKernel: 3, ConvDtype: F32, SSMDtype: F32, Eps: 1e-5}
+	r := rand.New(rand.NewPCG(8, 9))
+	const T = 6
+	c := newMambaCase(r, m, T)
+	run := func(m Mamba2) []float32 {
+		out := make([]float32, T*m.Inner())
+		if _, _, err := DenseMamba2(m, c.w, c.z, c.xBC, c.dt, out); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	lo, hi := float32(math.Inf(1)), float32(0)
+	for i, v := range c.dt {
+		s := Softplus(v + c.w.DtBias[i%m.Heads])
+		lo, hi = min(lo, s), max(hi, s)
+	}
+	plain := run(m)
+	below := m
+	below.DtMin = lo / 2
+	if i := sameBits(run(below), plain); i >= 0 {
+		t.Errorf("DtMin %v below every step (smallest %v): output %d differs from no floor", below.DtMin, lo, i)
+	}
+	above := m
+	above.DtMin = (lo + hi) / 2
+	if sameBits(run(above), plain) < 0 {
+		t.Errorf("DtMin %v above some steps (%v..%v): output equals no floor's", above.DtMin, lo, hi)
+	}
+	neg := m
+	neg.DtMin = -1
+	if err := neg.Validate(); !errors.Is(err, ErrInvalid) {
+		t.Errorf("DtMin -1: Validate = %v, want ErrInvalid", err)
+	}
+}
+
 func TestMamba2Errors(t *testing.T) {
 	m := Mamba2{Heads: 2, HeadDim: 2, State: 2, Groups: 1, ConvKernel: 3, ConvDtype: F32, SSMDtype: F32}
 	r := rand.New(rand.NewPCG(1, 1))
@@ -168,6 +208,57 @@ func TestMamba2Errors(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalid", tc.name, tc.err)
 		} else {
 			t.Logf("%s: %v", tc.name, tc.err)
+		}
+	}
+}
+
+// TestMamba2OneTokenOracle checks one token from zero state against the
+// Mamba2 step written out in float64 (transformers' decode step): the conv
+// over a zero state is w[K-1]·u + bias, so the conv bias, the silu, the dt
+// floor, the D skip, the gate and the grouped norm all show.
+func TestMamba2OneTokenOracle(t *testing.T) {
+	for _, dtMin := range []float32{0, 0.8} {
+		m := Mamba2{Heads: 4, HeadDim: 2, State: 3, Groups: 2, ConvKernel: 3, ConvDtype: F32, SSMDtype: F32, Eps: 1e-5, DtMin: dtMin}
+		r := rand.New(rand.NewPCG(12, 13))
+		c := newMambaCase(r, m, 1)
+		out := make([]float32, m.Inner())
+		conv, ssm := make([]byte, m.ConvBytes()), make([]byte, m.SSMBytes())
+		c.run(t, conv, ssm, 0, 1, out)
+
+		silu := func(v float64) float64 { return v / (1 + math.Exp(-v)) }
+		cd, di, K, N, P, G := m.ConvDim(), m.Inner(), m.ConvKernel, m.State, m.HeadDim, m.Groups
+		xc := make([]float64, cd)
+		for ch := range cd {
+			xc[ch] = silu(float64(c.w.ConvW[ch*K+K-1])*float64(c.xBC[ch]) + float64(c.w.ConvB[ch]))
+		}
+		y := make([]float64, di)
+		for h := range m.Heads {
+			g := h / (m.Heads / G)
+			dt := math.Log1p(math.Exp(float64(c.dt[h]) + float64(c.w.DtBias[h])))
+			dt = math.Max(dt, float64(dtMin))
+			for p := range P {
+				x := xc[h*P+p]
+				for n := range N {
+					b, cc := xc[di+g*N+n], xc[di+G*N+g*N+n]
+					y[h*P+p] += dt * x * b * cc // zero state: s = dt·x·B
+				}
+				y[h*P+p] += float64(c.w.D[h]) * x
+			}
+		}
+		gs := di / G
+		for g := range G {
+			ms := 0.0
+			for i := g * gs; i < (g+1)*gs; i++ {
+				y[i] *= silu(float64(c.z[i]))
+				ms += y[i] * y[i]
+			}
+			inv := 1 / math.Sqrt(ms/float64(gs)+float64(m.Eps))
+			for i := g * gs; i < (g+1)*gs; i++ {
+				want := y[i] * inv * float64(c.w.NormW[i])
+				if math.Abs(float64(out[i])-want) > 1e-5*(1+math.Abs(want)) {
+					t.Errorf("DtMin %v: out[%d] = %v, float64 step %v", dtMin, i, out[i], want)
+				}
+			}
 		}
 	}
 }
