@@ -7,7 +7,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 
 	"github.com/kvx-dev/kvx/device/synth"
@@ -217,102 +216,62 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 		return nil, fmt.Errorf("hf: model %q: q_lora_rank %d, index heads %d, index head dim %d, index_topk %d: the indexer needs q_lora_rank > 0, heads > 0, head dim >= qk_rope_head_dim %d, top k > 0",
 			m.Name, m.QLoraRank, m.IndexHeads, m.IndexHeadDim, m.IndexTopK, P)
 	}
-	ck, err := OpenCheckpoint(dir)
+	t, err := openManifest(dir, ops)
 	if err != nil {
-		return nil, fmt.Errorf("hf: %w", err)
+		return nil, err
 	}
-	defer ck.Close()
+	defer t.close()
 
-	shapes := map[string][]int{"model.embed_tokens.weight": {v, h}, "model.norm.weight": {h}}
-	may := map[string][]int{}
-	if cfg.Tied {
-		may["lm_head.weight"] = []int{v, h}
-	} else {
-		shapes["lm_head.weight"] = []int{v, h}
-	}
-	w2 := func(name string, out, in int, bias bool) {
-		shapes[name+".weight"] = []int{out, in}
-		if bias {
-			shapes[name+".bias"] = []int{out}
-		}
-	}
+	t.ends("model.embed_tokens.weight", "model.norm.weight", v, h, cfg.Tied)
 	for i, l := range m.Layers {
 		p := LayerPrefix(i)
 		a := p + "self_attn."
-		shapes[p+"input_layernorm.weight"] = []int{h}
-		shapes[p+"post_attention_layernorm.weight"] = []int{h}
+		t.need(p+"input_layernorm.weight", h)
+		t.need(p+"post_attention_layernorm.weight", h)
 		if ds.QLora {
-			w2(a+"q_a_proj", m.QLoraRank, h, cfg.AttnBias)
-			shapes[a+"q_a_layernorm.weight"] = []int{m.QLoraRank}
-			w2(a+"q_b_proj", H*(N+P), m.QLoraRank, false)
+			t.linear(a+"q_a_proj", m.QLoraRank, h, cfg.AttnBias)
+			t.need(a+"q_a_layernorm.weight", m.QLoraRank)
+			t.linear(a+"q_b_proj", H*(N+P), m.QLoraRank, false)
 		} else {
-			w2(a+"q_proj", H*(N+P), h, false)
+			t.linear(a+"q_proj", H*(N+P), h, false)
 		}
-		w2(a+"kv_a_proj_with_mqa", R+P, h, cfg.AttnBias)
-		shapes[a+"kv_a_layernorm.weight"] = []int{R}
-		w2(a+"kv_b_proj", H*(N+V), R, false)
-		w2(a+"o_proj", h, H*V, cfg.AttnBias)
+		t.linear(a+"kv_a_proj_with_mqa", R+P, h, cfg.AttnBias)
+		t.need(a+"kv_a_layernorm.weight", R)
+		t.linear(a+"kv_b_proj", H*(N+V), R, false)
+		t.linear(a+"o_proj", h, H*V, cfg.AttnBias)
 		if sparse {
-			w2(a+"indexer.wq_b", m.IndexHeads*m.IndexHeadDim, m.QLoraRank, false)
-			w2(a+"indexer.wk", m.IndexHeadDim, h, false)
-			shapes[a+"indexer.k_norm.weight"] = []int{m.IndexHeadDim}
-			shapes[a+"indexer.k_norm.bias"] = []int{m.IndexHeadDim}
-			w2(a+"indexer.weights_proj", m.IndexHeads, h, false)
+			t.linear(a+"indexer.wq_b", m.IndexHeads*m.IndexHeadDim, m.QLoraRank, false)
+			t.linear(a+"indexer.wk", m.IndexHeadDim, h, false)
+			t.need(a+"indexer.k_norm.weight", m.IndexHeadDim)
+			t.need(a+"indexer.k_norm.bias", m.IndexHeadDim)
+			t.linear(a+"indexer.weights_proj", m.IndexHeads, h, false)
 		}
 		f := p + "mlp."
 		if l.FFN == spec.FFNDense {
-			w2(f+"gate_proj", m.Intermediate, h, cfg.MLPBias)
-			w2(f+"up_proj", m.Intermediate, h, cfg.MLPBias)
-			w2(f+"down_proj", h, m.Intermediate, cfg.MLPBias)
+			t.linear(f+"gate_proj", m.Intermediate, h, cfg.MLPBias)
+			t.linear(f+"up_proj", m.Intermediate, h, cfg.MLPBias)
+			t.linear(f+"down_proj", h, m.Intermediate, cfg.MLPBias)
 			continue
 		}
-		shapes[f+"gate.weight"] = []int{m.Experts, h}
-		shapes[f+"gate.e_score_correction_bias"] = []int{m.Experts}
+		t.need(f+"gate.weight", m.Experts, h)
+		t.need(f+"gate.e_score_correction_bias", m.Experts)
 		for e := range m.Experts {
 			x := f + "experts." + strconv.Itoa(e) + "."
-			w2(x+"gate_proj", m.MoEIntermediate, h, false)
-			w2(x+"up_proj", m.MoEIntermediate, h, false)
-			w2(x+"down_proj", h, m.MoEIntermediate, false)
+			t.linear(x+"gate_proj", m.MoEIntermediate, h, false)
+			t.linear(x+"up_proj", m.MoEIntermediate, h, false)
+			t.linear(x+"down_proj", h, m.MoEIntermediate, false)
 		}
 		if m.SharedExperts > 0 {
-			w2(f+"shared_experts.gate_proj", ds.SharedIntermediate, h, false)
-			w2(f+"shared_experts.up_proj", ds.SharedIntermediate, h, false)
-			w2(f+"shared_experts.down_proj", h, ds.SharedIntermediate, false)
+			t.linear(f+"shared_experts.gate_proj", ds.SharedIntermediate, h, false)
+			t.linear(f+"shared_experts.up_proj", ds.SharedIntermediate, h, false)
+			t.linear(f+"shared_experts.down_proj", h, ds.SharedIntermediate, false)
 		}
 	}
-	if err := checkTensors(ck, dir, shapes, may, m.Arch, n); err != nil {
+	if err := t.check(m.Arch, n); err != nil {
 		return nil, err
 	}
 
-	var lerr error
-	host := func(name string) []float32 {
-		shape, ok := shapes[name]
-		if !ok {
-			if shape, ok = may[name]; !ok || !ck.Has(name) {
-				return nil
-			}
-		}
-		data, err := ck.Float32(name, shape...)
-		if err != nil && lerr == nil {
-			lerr = err
-		}
-		return data
-	}
-	load := func(name string) synth.Tensor {
-		data := host(name)
-		if data == nil {
-			return nil
-		}
-		shape := shapes[name]
-		if shape == nil {
-			shape = may[name]
-		}
-		if len(shape) == 1 {
-			return ops.Weight(data, 1, shape[0])
-		}
-		return ops.Weight(data, shape[0], shape[1])
-	}
-	lin := func(name string) linear { return linear{w: load(name + ".weight"), b: load(name + ".bias")} }
+	host, load, lin := t.host, t.load, t.lin
 	mk := func(name string) *mlp {
 		return &mlp{gate: lin(name + "gate_proj"), up: lin(name + "up_proj"), down: lin(name + "down_proj")}
 	}
@@ -323,18 +282,7 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 	if scale != 1 {
 		s.rope.Scale = scale
 	}
-	isLast := last == n
-	if first == 0 || (isLast && cfg.Tied) {
-		s.embed = load("model.embed_tokens.weight")
-	}
-	if isLast {
-		s.finalNorm = load("model.norm.weight")
-		if cfg.Tied {
-			s.lmHead = s.embed
-		} else {
-			s.lmHead = load("lm_head.weight")
-		}
-	}
+	t.loadEnds(s, "model.embed_tokens.weight", "model.norm.weight")
 	for i := first; i < last; i++ {
 		p := LayerPrefix(i)
 		a := p + "self_attn."
@@ -374,46 +322,10 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 		}
 		s.dsLayers = append(s.dsLayers, l)
 	}
-	if lerr != nil {
-		return nil, fmt.Errorf("hf: %w", lerr)
+	if err := t.err(); err != nil {
+		return nil, err
 	}
 	return s, nil
-}
-
-// checkTensors fails, naming the tensor, when the checkpoint holds a tensor
-// neither in want nor in may, lacks one of want, or has one of either with
-// another shape.
-func checkTensors(ck *Checkpoint, dir string, want, may map[string][]int, arch string, layers int) error {
-	for _, name := range ck.Names() {
-		if _, ok := want[name]; ok {
-			continue
-		}
-		if _, ok := may[name]; ok {
-			continue
-		}
-		info, _ := ck.Info(name)
-		return fmt.Errorf("hf: checkpoint %s: tensor %q (shape %v) is not a tensor of %s with %d layers", dir, name, info.Shape, arch, layers)
-	}
-	names := make([]string, 0, len(want))
-	for name := range want {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		shape := want[name]
-		if !ck.Has(name) {
-			return fmt.Errorf("hf: checkpoint %s: tensor %q is missing (want shape %v)", dir, name, shape)
-		}
-		if info, _ := ck.Info(name); !slices.Equal(info.Shape, toInt64(shape)) {
-			return fmt.Errorf("hf: checkpoint %s: tensor %q has shape %v, want %v", dir, name, info.Shape, shape)
-		}
-	}
-	for name, shape := range may {
-		if info, ok := ck.Info(name); ok && !slices.Equal(info.Shape, toInt64(shape)) {
-			return fmt.Errorf("hf: checkpoint %s: tensor %q has shape %v, want %v", dir, name, info.Shape, shape)
-		}
-	}
-	return nil
 }
 
 // dsLayer runs DeepSeek decoder layer i on x in place, as transformers'

@@ -8,9 +8,13 @@
 //
 //   - The safetensors reader (safetensors.go) maps model.safetensors or the
 //     shards of model.safetensors.index.json and converts F32, BF16 and
-//     F16 to float32; a missing, extra or mis-shaped tensor is an error
-//     that names it, so a checkpoint of another architecture or size can
-//     never load with some weights silently left at zero.
+//     F16 to float32.
+//   - The manifest (manifest.go) is every tensor an architecture's
+//     checkpoint must or may hold, with its shape, declared by each
+//     architecture's New and checked in one place: a missing, extra or
+//     mis-shaped tensor is an error that names it (of several, the first
+//     by name, every time), so a checkpoint of another architecture or
+//     size can never load with some weights silently left at zero.
 //   - Config (config.go) reads the numerics transformers takes from
 //     config.json (rms_norm_eps, rope_parameters or rope_theta /
 //     rope_scaling, tie_word_embeddings, attention_bias, mlp_bias); the
@@ -144,104 +148,48 @@ func New(m spec.Model, dir string, first, last int, ops synth.Loader) (*Stage, e
 		return nil, fmt.Errorf("hf: model %q: hidden %d, vocab %d, intermediate %d, heads %d, kv heads %d, head dim %d: want all > 0, an even head dim, kv heads dividing heads",
 			m.Name, h, v, inter, heads, kvh, d)
 	}
-	ck, err := OpenCheckpoint(dir)
+	t, err := openManifest(dir, ops)
 	if err != nil {
-		return nil, fmt.Errorf("hf: %w", err)
+		return nil, err
 	}
-	defer ck.Close()
+	defer t.close()
 
 	// Every tensor the checkpoint must hold (shape), and those it may.
-	want := map[string][]int{"model.embed_tokens.weight": {v, h}, "model.norm.weight": {h}}
-	may := map[string][]int{}
-	if cfg.Tied {
-		may["lm_head.weight"] = []int{v, h}
-	} else {
-		want["lm_head.weight"] = []int{v, h}
-	}
+	t.ends("model.embed_tokens.weight", "model.norm.weight", v, h, cfg.Tied)
 	for i := range n {
 		p := LayerPrefix(i)
-		want[p+"input_layernorm.weight"] = []int{h}
-		want[p+"post_attention_layernorm.weight"] = []int{h}
+		t.need(p+"input_layernorm.weight", h)
+		t.need(p+"post_attention_layernorm.weight", h)
 		for _, x := range []struct {
 			name    string
 			out, in int
 		}{{"self_attn.q_proj", heads * d, h}, {"self_attn.k_proj", kvh * d, h}, {"self_attn.v_proj", kvh * d, h}, {"self_attn.o_proj", h, heads * d},
 			{"mlp.gate_proj", inter, h}, {"mlp.up_proj", inter, h}, {"mlp.down_proj", h, inter}} {
-			want[p+x.name+".weight"] = []int{x.out, x.in}
+			t.need(p+x.name+".weight", x.out, x.in)
 			switch {
 			case x.name == "self_attn.o_proj" && cfg.AttnBias:
-				may[p+x.name+".bias"] = []int{x.out}
+				t.allow(p+x.name+".bias", x.out)
 			case x.name[:4] == "self" && cfg.AttnBias, x.name[:3] == "mlp" && cfg.MLPBias:
-				want[p+x.name+".bias"] = []int{x.out}
+				t.need(p+x.name+".bias", x.out)
 			}
 		}
 		if cfg.QKNorm {
-			want[p+"self_attn.q_norm.weight"] = []int{d}
-			want[p+"self_attn.k_norm.weight"] = []int{d}
+			t.need(p+"self_attn.q_norm.weight", d)
+			t.need(p+"self_attn.k_norm.weight", d)
 		}
 	}
-	for _, name := range ck.Names() {
-		if _, ok := want[name]; ok {
-			continue
-		}
-		if _, ok := may[name]; ok {
-			continue
-		}
-		info, _ := ck.Info(name)
-		return nil, fmt.Errorf("hf: checkpoint %s: tensor %q (shape %v) is not a tensor of %s with %d layers", dir, name, info.Shape, m.Arch, n)
-	}
-	for name, shape := range want {
-		if !ck.Has(name) {
-			return nil, fmt.Errorf("hf: checkpoint %s: tensor %q is missing (want shape %v)", dir, name, shape)
-		}
-		if info, _ := ck.Info(name); !slices.Equal(info.Shape, toInt64(shape)) {
-			return nil, fmt.Errorf("hf: checkpoint %s: tensor %q has shape %v, want %v", dir, name, info.Shape, shape)
-		}
-	}
-	for name, shape := range may {
-		if info, ok := ck.Info(name); ok && !slices.Equal(info.Shape, toInt64(shape)) {
-			return nil, fmt.Errorf("hf: checkpoint %s: tensor %q has shape %v, want %v", dir, name, info.Shape, shape)
-		}
+	if err := t.check(m.Arch, n); err != nil {
+		return nil, err
 	}
 
-	var lerr error
-	load := func(name string) synth.Tensor {
-		shape, ok := want[name]
-		if !ok {
-			if shape, ok = may[name]; !ok || !ck.Has(name) {
-				return nil
-			}
-		}
-		data, err := ck.Float32(name, shape...)
-		if err != nil {
-			lerr = err
-			return nil
-		}
-		rows, cols := 1, shape[0]
-		if len(shape) == 2 {
-			rows, cols = shape[0], shape[1]
-		}
-		return ops.Weight(data, rows, cols)
-	}
-	lin := func(name string) linear { return linear{w: load(name + ".weight"), b: load(name + ".bias")} }
+	load, lin := t.load, t.lin
 	s := &Stage{m: m, cfg: cfg, first: first, last: last}
 	inv, scale := cfg.Rope.InvFreq(d, m.MaxPosition)
 	s.rope = synth.RoPE{Dim: d, Theta: cfg.Rope.Theta, InvFreq: inv}
 	if scale != 1 {
 		s.rope.Scale = scale
 	}
-	isLast := last == n
-	if first == 0 || (isLast && cfg.Tied) {
-		s.embed = load("model.embed_tokens.weight")
-	}
-	if isLast {
-		s.finalNorm = load("model.norm.weight")
-		if cfg.Tied {
-			s.lmHead = s.embed
-		} else {
-			s.lmHead = load("lm_head.weight")
-		}
-	}
+	t.loadEnds(s, "model.embed_tokens.weight", "model.norm.weight")
 	for i := first; i < last; i++ {
 		p := LayerPrefix(i)
 		lw := layerW{
@@ -254,8 +202,8 @@ func New(m spec.Model, dir string, first, last int, ops synth.Loader) (*Stage, e
 		}
 		s.layers = append(s.layers, lw)
 	}
-	if lerr != nil {
-		return nil, fmt.Errorf("hf: %w", lerr)
+	if err := t.err(); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

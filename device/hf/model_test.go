@@ -105,11 +105,10 @@ func TestNewRejects(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Intermediate = 32
-	// New names the first mis-shaped tensor it meets, in map order: any of
-	// the MLP's three.
-	if _, err := hf.New(m, dir, 0, 2, &loader{}); err == nil ||
-		!strings.Contains(err.Error(), "has shape [24 16], want [32 16]") && !strings.Contains(err.Error(), "has shape [16 24], want [16 32]") {
-		t.Errorf("mis-shaped: New = %v, want a shape error naming the tensor", err)
+	// All six MLP tensors are mis-shaped; New names the first by name.
+	const misShaped = `tensor "model.layers.0.mlp.down_proj.weight" has shape [16 24], want [16 32]`
+	if _, err := hf.New(m, dir, 0, 2, &loader{}); err == nil || !strings.Contains(err.Error(), misShaped) {
+		t.Errorf("mis-shaped: New = %v, want an error containing %q", err, misShaped)
 	}
 	m.Intermediate = tiny.Intermediate
 	m.Arch = "MistralForCausalLM"

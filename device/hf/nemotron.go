@@ -4,11 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 
 	"github.com/kvx-dev/kvx/device/synth"
@@ -153,128 +151,52 @@ func newNemotron(m spec.Model, dir string, first, last int, cfg Config, ops synt
 	if h <= 0 || v <= 0 {
 		return nil, fmt.Errorf("hf: model %q: hidden %d, vocab %d: want both > 0", m.Name, h, v)
 	}
-	ck, err := OpenCheckpoint(dir)
+	t, err := openManifest(dir, ops)
 	if err != nil {
-		return nil, fmt.Errorf("hf: %w", err)
+		return nil, err
 	}
-	defer ck.Close()
+	defer t.close()
 	root := "backbone."
-	if !ck.Has(root+"embeddings.weight") && ck.Has("model.embeddings.weight") {
+	if !t.ck.Has(root+"embeddings.weight") && t.ck.Has("model.embeddings.weight") {
 		root = "model."
 	}
 	pre := func(i int) string { return root + "layers." + strconv.Itoa(i) + "." }
 
-	want := map[string][]int{root + "embeddings.weight": {v, h}, root + "norm_f.weight": {h}}
-	may := map[string][]int{}
-	if cfg.Tied {
-		may["lm_head.weight"] = []int{v, h}
-	} else {
-		want["lm_head.weight"] = []int{v, h}
-	}
-	lin := func(name string, out, in int, bias bool) {
-		want[name+".weight"] = []int{out, in}
-		if bias {
-			want[name+".bias"] = []int{out}
-		}
-	}
+	t.ends(root+"embeddings.weight", root+"norm_f.weight", v, h, cfg.Tied)
 	for i, l := range m.Layers {
 		p := pre(i) + "mixer."
-		want[pre(i)+"norm.weight"] = []int{h}
+		t.need(pre(i)+"norm.weight", h)
 		switch {
 		case l.Mixer == spec.MixerMamba:
-			lin(p+"in_proj", di+cd+mh, h, nc.UseBias)
-			lin(p+"out_proj", h, di, nc.UseBias)
-			want[p+"conv1d.weight"] = []int{cd, 1, K}
+			t.linear(p+"in_proj", di+cd+mh, h, nc.UseBias)
+			t.linear(p+"out_proj", h, di, nc.UseBias)
+			t.need(p+"conv1d.weight", cd, 1, K)
 			if convBias {
-				want[p+"conv1d.bias"] = []int{cd}
+				t.need(p+"conv1d.bias", cd)
 			}
 			for _, name := range []string{"dt_bias", "A_log", "D"} {
-				want[p+name] = []int{mh}
+				t.need(p+name, mh)
 			}
-			want[p+"norm.weight"] = []int{di}
+			t.need(p+"norm.weight", di)
 		case l.Mixer == spec.MixerGQA:
-			lin(p+"q_proj", heads*d, h, false)
-			lin(p+"k_proj", kvh*d, h, false)
-			lin(p+"v_proj", kvh*d, h, false)
-			lin(p+"o_proj", h, heads*d, false)
+			t.linear(p+"q_proj", heads*d, h, false)
+			t.linear(p+"k_proj", kvh*d, h, false)
+			t.linear(p+"v_proj", kvh*d, h, false)
+			t.linear(p+"o_proj", h, heads*d, false)
 		default:
-			lin(p+"up_proj", m.Intermediate, h, cfg.MLPBias)
-			lin(p+"down_proj", h, m.Intermediate, cfg.MLPBias)
+			t.linear(p+"up_proj", m.Intermediate, h, cfg.MLPBias)
+			t.linear(p+"down_proj", h, m.Intermediate, cfg.MLPBias)
 		}
 	}
-	for _, name := range ck.Names() {
-		if _, ok := want[name]; ok {
-			continue
-		}
-		if _, ok := may[name]; ok {
-			continue
-		}
-		info, _ := ck.Info(name)
-		return nil, fmt.Errorf("hf: checkpoint %s: tensor %q (shape %v) is not a tensor of %s with %d layers", dir, name, info.Shape, m.Arch, n)
-	}
-	for _, name := range slices.Sorted(maps.Keys(want)) { // the first problem by name, every time
-		shape := want[name]
-		info, ok := ck.Info(name)
-		if !ok {
-			return nil, fmt.Errorf("hf: checkpoint %s: tensor %q is missing (want shape %v)", dir, name, shape)
-		}
-		if !slices.Equal(info.Shape, toInt64(shape)) {
-			return nil, fmt.Errorf("hf: checkpoint %s: tensor %q has shape %v, want %v", dir, name, info.Shape, shape)
-		}
-	}
-	for name, shape := range may {
-		if info, ok := ck.Info(name); ok && !slices.Equal(info.Shape, toInt64(shape)) {
-			return nil, fmt.Errorf("hf: checkpoint %s: tensor %q has shape %v, want %v", dir, name, info.Shape, shape)
-		}
+	if err := t.check(m.Arch, n); err != nil {
+		return nil, err
 	}
 
-	var lerr error
-	host := func(name string) []float32 {
-		shape, ok := want[name]
-		if !ok {
-			if shape, ok = may[name]; !ok || !ck.Has(name) {
-				return nil
-			}
-		}
-		data, err := ck.Float32(name, shape...)
-		if err != nil && lerr == nil {
-			lerr = err
-		}
-		return data
-	}
-	// load puts a tensor on the device as rows × (the rest); 1-D as 1 × n.
-	load := func(name string) synth.Tensor {
-		data := host(name)
-		if data == nil {
-			return nil
-		}
-		shape := want[name]
-		if shape == nil {
-			shape = may[name]
-		}
-		rows := 1
-		if len(shape) > 1 {
-			rows = shape[0]
-		}
-		return ops.Weight(data, rows, len(data)/rows)
-	}
-	ln := func(name string) linear { return linear{w: load(name + ".weight"), b: load(name + ".bias")} }
-
+	host, load, ln := t.host, t.load, t.lin
 	s := &Stage{m: m, cfg: cfg, first: first, last: last}
 	nm := &nemotron{inner: di, convDim: cd, heads: mh, dtMin: float32(dtMin)}
 	s.nemo = nm
-	isLast := last == n
-	if first == 0 || (isLast && cfg.Tied) {
-		s.embed = load(root + "embeddings.weight")
-	}
-	if isLast {
-		s.finalNorm = load(root + "norm_f.weight")
-		if cfg.Tied {
-			s.lmHead = s.embed
-		} else {
-			s.lmHead = load("lm_head.weight")
-		}
-	}
+	t.loadEnds(s, root+"embeddings.weight", root+"norm_f.weight")
 	for i := first; i < last; i++ {
 		l := m.Layers[i]
 		p := pre(i) + "mixer."
@@ -306,8 +228,8 @@ func newNemotron(m spec.Model, dir string, first, last int, cfg Config, ops synt
 		}
 		nm.layers = append(nm.layers, lw)
 	}
-	if lerr != nil {
-		return nil, fmt.Errorf("hf: %w", lerr)
+	if err := t.err(); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

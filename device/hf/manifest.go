@@ -1,0 +1,182 @@
+package hf
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/kvx-dev/kvx/device/synth"
+)
+
+// manifest is every tensor one architecture's checkpoint must hold and
+// those it may hold, each with its shape, and the reader that puts them on
+// the device. Each architecture's New declares its tensors (need, allow,
+// linear, ends), checks the checkpoint once (check), then loads (host,
+// load, lin, loadEnds) and returns err at the end: the rule "a missing,
+// extra or mis-shaped tensor is an error that names it" lives here, for
+// every architecture.
+// A manifest is not safe for concurrent use.
+type manifest struct {
+	ck        *Checkpoint
+	ops       synth.Loader
+	want, may map[string][]int // name -> shape
+	lerr      error            // the first read error of host
+}
+
+// openManifest opens the checkpoint in dir (OpenCheckpoint's errors,
+// prefixed "hf: ") for an empty manifest whose loads go onto ops. The
+// caller closes it.
+func openManifest(dir string, ops synth.Loader) (*manifest, error) {
+	ck, err := OpenCheckpoint(dir)
+	if err != nil {
+		return nil, fmt.Errorf("hf: %w", err)
+	}
+	return &manifest{ck: ck, ops: ops, want: map[string][]int{}, may: map[string][]int{}}, nil
+}
+
+// close unmaps the checkpoint; tensors already loaded stay valid.
+func (t *manifest) close() { t.ck.Close() }
+
+// need declares a tensor the checkpoint must hold, with its shape.
+func (t *manifest) need(name string, shape ...int) { t.want[name] = shape }
+
+// allow declares a tensor the checkpoint may hold, with its shape when it
+// does (lm_head.weight of a tied model).
+func (t *manifest) allow(name string, shape ...int) { t.may[name] = shape }
+
+// linear needs name.weight (out × in) and, when bias, name.bias (out).
+func (t *manifest) linear(name string, out, in int, bias bool) {
+	t.need(name+".weight", out, in)
+	if bias {
+		t.need(name+".bias", out)
+	}
+}
+
+// ends declares the two ends of a decoder: the embedding table embed
+// (v × h), the final norm norm (h) and the LM head lm_head.weight (v × h),
+// needed unless tied, when it is only allowed (and never read: the
+// embedding table is the head).
+func (t *manifest) ends(embed, norm string, v, h int, tied bool) {
+	t.need(embed, v, h)
+	t.need(norm, h)
+	if tied {
+		t.allow("lm_head.weight", v, h)
+	} else {
+		t.need("lm_head.weight", v, h)
+	}
+}
+
+// loadEnds loads the ends stage s runs (see ends): the embedding table on
+// the first stage and, when tied, on the last; the final norm and the LM
+// head on the last.
+func (t *manifest) loadEnds(s *Stage, embed, norm string) {
+	isLast := s.last == len(s.m.Layers)
+	if s.first == 0 || (isLast && s.cfg.Tied) {
+		s.embed = t.load(embed)
+	}
+	if isLast {
+		s.finalNorm = t.load(norm)
+		if s.cfg.Tied {
+			s.lmHead = s.embed
+		} else {
+			s.lmHead = t.load("lm_head.weight")
+		}
+	}
+}
+
+// check fails, naming the checkpoint directory and the tensor, when the
+// checkpoint holds a tensor neither needed nor allowed (not one of arch
+// with layers layers), lacks a needed one, or holds one of either with
+// another shape. Names are checked in sorted order (extra ones first, then
+// the needed, then the allowed), so of several bad tensors the same one is
+// named every time.
+func (t *manifest) check(arch string, layers int) error {
+	dir := t.ck.dir
+	for _, name := range t.ck.Names() {
+		if _, ok := t.want[name]; ok {
+			continue
+		}
+		if _, ok := t.may[name]; ok {
+			continue
+		}
+		info, _ := t.ck.Info(name)
+		return fmt.Errorf("hf: checkpoint %s: tensor %q (shape %v) is not a tensor of %s with %d layers", dir, name, info.Shape, arch, layers)
+	}
+	for _, name := range slices.Sorted(maps.Keys(t.want)) {
+		shape := t.want[name]
+		info, ok := t.ck.Info(name)
+		if !ok {
+			return fmt.Errorf("hf: checkpoint %s: tensor %q is missing (want shape %v)", dir, name, shape)
+		}
+		if !slices.Equal(info.Shape, toInt64(shape)) {
+			return fmt.Errorf("hf: checkpoint %s: tensor %q has shape %v, want %v", dir, name, info.Shape, shape)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(t.may)) {
+		shape := t.may[name]
+		if info, ok := t.ck.Info(name); ok && !slices.Equal(info.Shape, toInt64(shape)) {
+			return fmt.Errorf("hf: checkpoint %s: tensor %q has shape %v, want %v", dir, name, info.Shape, shape)
+		}
+	}
+	return nil
+}
+
+// shape returns the declared shape of name, ok false when name is not
+// declared or is an allowed tensor the checkpoint does not hold.
+func (t *manifest) shape(name string) ([]int, bool) {
+	if shape, ok := t.want[name]; ok {
+		return shape, true
+	}
+	shape, ok := t.may[name]
+	return shape, ok && t.ck.Has(name)
+}
+
+// host returns tensor name in float32 on the host, or nil when it is not
+// declared, is an absent allowed one, or fails to read (err keeps the
+// first such error).
+func (t *manifest) host(name string) []float32 {
+	shape, ok := t.shape(name)
+	if !ok {
+		return nil
+	}
+	data, err := t.ck.Float32(name, shape...)
+	if err != nil {
+		if t.lerr == nil {
+			t.lerr = err
+		}
+		return nil
+	}
+	return data
+}
+
+// load puts tensor name on the device as shape[0] × (the rest), a 1-D one
+// as 1 × n; nil where host returns nil.
+func (t *manifest) load(name string) synth.Tensor {
+	data := t.host(name)
+	if data == nil {
+		return nil
+	}
+	shape, _ := t.shape(name)
+	rows, cols := 1, 1
+	for i, d := range shape {
+		if i == 0 && len(shape) > 1 {
+			rows = d
+		} else {
+			cols *= d
+		}
+	}
+	return t.ops.Weight(data, rows, cols)
+}
+
+// lin loads name.weight and name.bias (nil when not declared or absent).
+func (t *manifest) lin(name string) linear {
+	return linear{w: t.load(name + ".weight"), b: t.load(name + ".bias")}
+}
+
+// err returns the first read error of host and load, prefixed "hf: ".
+func (t *manifest) err() error {
+	if t.lerr != nil {
+		return fmt.Errorf("hf: %w", t.lerr)
+	}
+	return nil
+}
