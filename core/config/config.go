@@ -14,7 +14,7 @@
 //     the key name). Every KVX_ variable is a config key: an unknown one is an
 //     error like any unknown key. The one exception is KVX_REATTACH_*, the
 //     variables through which core/host attaches to a plugin running in the
-//     SDK's debug mode (plugins/sdk.ReattachEnvPrefix): Load skips them.
+//     SDK's debug mode (plugins/v1/pluginrpc.ReattachEnvPrefix): Load skips them.
 //  3. --set key=value pairs, in order: dotted keys; the value is read as a YAML
 //     scalar or flow collection ("64", "fp8", "[0.5, 0.5]", "{min: 1, max: 9}",
 //     "null" to unset).

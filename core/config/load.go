@@ -18,8 +18,8 @@ import (
 // EnvPrefix starts every environment variable that Load reads.
 const EnvPrefix = "KVX_"
 
-// ReattachEnvPrefix starts the variables Load skips: plugins/sdk's
-// reattach variables (sdk.ReattachEnvPrefix; a test keeps them equal).
+// ReattachEnvPrefix starts the variables Load skips: the SDK debug mode's
+// reattach variables (pluginrpc.ReattachEnvPrefix; a test keeps them equal).
 const ReattachEnvPrefix = EnvPrefix + "REATTACH_"
 
 // origin says where a value came from, for messages.

@@ -4,18 +4,18 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvx-dev/kvx/plugins/sdk"
+	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 )
 
 // TestReattachVariablesAreNotKeys: a plugin's reattach variable (debug
 // mode) in kvx's environment is left to core/host, while any other unknown
 // KVX_ variable is still an error.
 func TestReattachVariablesAreNotKeys(t *testing.T) {
-	if ReattachEnvPrefix != sdk.ReattachEnvPrefix {
-		t.Fatalf("ReattachEnvPrefix = %q, sdk.ReattachEnvPrefix = %q: they must agree", ReattachEnvPrefix, sdk.ReattachEnvPrefix)
+	if ReattachEnvPrefix != pluginrpc.ReattachEnvPrefix {
+		t.Fatalf("ReattachEnvPrefix = %q, pluginrpc.ReattachEnvPrefix = %q: they must agree", ReattachEnvPrefix, pluginrpc.ReattachEnvPrefix)
 	}
 	sets := []string{"model=llama-3.1-8b"}
-	reattach := sdk.ReattachEnv("kvx-fifo") + `={"protocol":"grpc","version":2,"network":"unix","address":"/tmp/p","pid":7}`
+	reattach := pluginrpc.ReattachEnv("kvx-fifo") + `={"protocol":"grpc","version":2,"network":"unix","address":"/tmp/p","pid":7}`
 	if _, _, err := Load(nil, []string{reattach}, sets); err != nil {
 		t.Errorf("Load with %s: %v, want no error", reattach, err)
 	}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/hashicorp/go-plugin"
 
-	"github.com/kvx-dev/kvx/plugins/sdk"
+	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 )
 
 // Debug reattach: a plugin binary started by hand in the SDK's debug mode
@@ -16,7 +16,7 @@ import (
 //	KVX_REATTACH_FIFO='{"protocol":"grpc","version":2,"network":"unix","address":"/tmp/plugin123","pid":4242}'
 //
 // With that variable in the host's environment, every launch of the binary
-// it names (sdk.ReattachEnv of the launch's path: ./bin/kvx-fifo and
+// it names (pluginrpc.ReattachEnv of the launch's path: ./bin/kvx-fifo and
 // /opt/kvx/kvx-fifo alike) connects to the running process instead of
 // starting one. The host never kills it: Process.Kill and Close leave it
 // serving, and Process.Done closes when it exits. The plugin's own
@@ -27,12 +27,12 @@ import (
 // variable, when it is set; it leaves cfg alone otherwise. cfg's
 // VersionedPlugins are the versions the host speaks.
 func (h *Host) reattach(cfg *plugin.ClientConfig, path string) error {
-	name := sdk.ReattachEnv(path)
+	name := pluginrpc.ReattachEnv(path)
 	value := os.Getenv(name)
 	if value == "" {
 		return nil
 	}
-	r, err := sdk.ParseReattach(value)
+	r, err := pluginrpc.ParseReattach(value)
 	if err != nil {
 		return fmt.Errorf("plugin %s: %s: %w", path, name, err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvx-dev/kvx/plugins/sdk"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 )
 
 // debugPlugin is the fake plugin started by hand in the SDK's debug mode.
@@ -80,7 +81,7 @@ func startDebugPlugin(t *testing.T) *debugPlugin {
 // attaches again from a new host, and sees it exit.
 func TestReattachDebugPlugin(t *testing.T) {
 	p := startDebugPlugin(t)
-	if want := sdk.ReattachEnv(fakeManager); p.name != want || want != "KVX_REATTACH_FAKE_MANAGER" {
+	if want := pluginrpc.ReattachEnv(fakeManager); p.name != want || want != "KVX_REATTACH_FAKE_MANAGER" {
 		t.Fatalf("debug plugin printed variable %s, want %s (KVX_REATTACH_FAKE_MANAGER)", p.name, want)
 	}
 	t.Setenv(p.name, p.value)
@@ -146,7 +147,7 @@ func TestReattachDebugPlugin(t *testing.T) {
 // TestReattachBadVariable: a reattach variable that cannot be used is a
 // launch error naming the variable, and nothing is started.
 func TestReattachBadVariable(t *testing.T) {
-	name := sdk.ReattachEnv(fakeManager)
+	name := pluginrpc.ReattachEnv(fakeManager)
 	for _, tc := range []struct {
 		value, want string
 	}{
