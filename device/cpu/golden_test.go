@@ -221,40 +221,52 @@ func TestGoldens(t *testing.T) {
 				t.Fatal(err)
 			}
 			m := checkpointModel(t, dir, "float32")
-			type variant struct {
-				mgr   string
-				reuse bool
-				chunk int
-			}
-			variants := []variant{{"v1", false, 0}, {"v1", true, 0}, {"v2", false, 0}, {"v2", true, 0}, {"v2", true, 7}}
+			vs := []goldenVariant{{opts{manager: "v1"}, 0}, {opts{manager: "v1", reuse: true}, 0},
+				{opts{manager: "v2"}, 0}, {opts{manager: "v2", reuse: true}, 0}, {opts{manager: "v2", reuse: true}, 7}}
 			if testing.Short() { // the race run: the two variants furthest apart
-				variants = []variant{{"v1", false, 0}, {"v2", true, 7}}
+				vs = []goldenVariant{vs[0], vs[4]}
 			}
-			var first []*req
-			for _, v := range variants {
-				name := fmt.Sprintf("%s/reuse=%v/chunk=%d", v.mgr, v.reuse, v.chunk)
-				reqs := goldenRun(t, m, ps, opts{manager: v.mgr, reuse: v.reuse}, v.chunk)
-				exact, worst := checkAll(t, name, compareGolden(reqs, es))
-				t.Logf("%s %s: %d of %d prompts token-exact, largest logprob difference %.2e", fam, name, exact, len(ps), worst)
-				reused := 0
-				for _, q := range reqs {
-					reused += q.reused
-				}
-				if v.reuse && reused == 0 {
-					t.Errorf("%s: no prompt reused a prefix (the goldens pair prompts sharing 56 tokens)", name)
-				}
-				if first == nil {
-					first = reqs
-					continue
-				}
-				for i, q := range reqs {
-					if !slices.Equal(q.out, first[i].out) || !sameBits(q.logits, first[i].logits) {
-						t.Errorf("%s prompt %d: tokens %v differ from the first variant's %v (or their logits' bits)", name, i, q.out, first[i].out)
-					}
-				}
-			}
+			goldenVariants(t, fam, m, ps, es, vs)
 			checkTopLogprobs(t, m, ps, es)
 		})
+	}
+}
+
+// goldenVariant is one way to run a golden's prompts: the rig's options
+// (manager, reuse, snapshots, batch) and the prefill chunk (0: whole).
+type goldenVariant struct {
+	o     opts
+	chunk int
+}
+
+// goldenVariants runs golden fam's prompts under every variant and checks
+// each against transformers' outputs (checkAll), that prompts sharing a
+// prefix reused it where reuse is on, and that every variant gives the
+// first one's tokens and logits bit for bit.
+func goldenVariants(t *testing.T, fam string, m spec.Model, ps []hftest.Prompt, es []hftest.Expected, vs []goldenVariant) {
+	t.Helper()
+	var first []*req
+	for _, v := range vs {
+		name := fmt.Sprintf("%s/reuse=%v/chunk=%d", v.o.manager, v.o.reuse, v.chunk)
+		reqs := goldenRun(t, m, ps, v.o, v.chunk)
+		exact, worst := checkAll(t, name, compareGolden(reqs, es))
+		t.Logf("%s %s: %d of %d prompts token-exact, largest logprob difference %.2e", fam, name, exact, len(ps), worst)
+		reused := 0
+		for _, q := range reqs {
+			reused += q.reused
+		}
+		if v.o.reuse && reused == 0 {
+			t.Errorf("%s: no prompt reused a prefix (the goldens pair prompts sharing 56 tokens)", name)
+		}
+		if first == nil {
+			first = reqs
+			continue
+		}
+		for i, q := range reqs {
+			if !slices.Equal(q.out, first[i].out) || !sameBits(q.logits, first[i].logits) {
+				t.Errorf("%s prompt %d: tokens %v differ from the first variant's %v (or their logits' bits)", name, i, q.out, first[i].out)
+			}
+		}
 	}
 }
 

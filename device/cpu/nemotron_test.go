@@ -3,10 +3,8 @@ package cpu_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"testing"
 
 	"github.com/kvx-dev/kvx/device/cpu"
@@ -37,37 +35,12 @@ func TestHybridGoldens(t *testing.T) {
 			}
 			m := checkpointModel(t, dir, "float32")
 			snaps := kvcache.SnapshotConfig{Interval: 16}
-			var first []*req
-			for _, v := range []struct {
-				mgr   string
-				reuse bool
-				chunk int
-			}{{"v1", false, 0}, {"v1", false, 5}, {"mamba", false, 0}, {"mamba", true, 0}, {"mamba", true, 7}, {"mamba", false, 1}} {
-				name := fmt.Sprintf("%s/reuse=%v/chunk=%d", v.mgr, v.reuse, v.chunk)
-				o := opts{manager: v.mgr, reuse: v.reuse, batch: len(ps)}
-				if v.reuse {
-					o.snaps = snaps
-				}
-				reqs := goldenRun(t, m, ps, o, v.chunk)
-				exact, worst := checkAll(t, name, compareGolden(reqs, es))
-				t.Logf("%s %s: %d of %d prompts token-exact, largest logprob difference %.2e", fam, name, exact, len(ps), worst)
-				reused := 0
-				for _, q := range reqs {
-					reused += q.reused
-				}
-				if v.reuse && reused == 0 {
-					t.Errorf("%s: no prompt reused a prefix (the goldens pair prompts sharing 56 tokens)", name)
-				}
-				if first == nil {
-					first = reqs
-					continue
-				}
-				for i, q := range reqs {
-					if !slices.Equal(q.out, first[i].out) || !sameBits(q.logits, first[i].logits) {
-						t.Errorf("%s prompt %d: tokens %v differ from the first variant's %v (or their logits' bits)", name, i, q.out, first[i].out)
-					}
-				}
-			}
+			n := len(ps)
+			goldenVariants(t, fam, m, ps, es, []goldenVariant{
+				{opts{manager: "v1", batch: n}, 0}, {opts{manager: "v1", batch: n}, 5},
+				{opts{manager: "mamba", batch: n}, 0}, {opts{manager: "mamba", reuse: true, snaps: snaps, batch: n}, 0},
+				{opts{manager: "mamba", reuse: true, snaps: snaps, batch: n}, 7}, {opts{manager: "mamba", batch: n}, 1},
+			})
 			checkTopLogprobsWith(t, "mamba", m, ps, es)
 		})
 	}
