@@ -38,36 +38,9 @@ func TestOpsRouteGroupedIsKernelGroupedRoute(t *testing.T) {
 	copy(logits.d[:experts], make([]float32, experts)) // row 0 all tied
 	g := hf.GroupedRoute{K: 2, Groups: 4, TopKGroup: 2, Norm: true, Scale: 2.5}
 	kg := kernel.GroupedRoute{K: 2, Groups: 4, TopKGroup: 2, Norm: true, Scale: 2.5}
-	expert := func(e int, row []float32) []float32 {
-		out := make([]float32, len(row))
-		for i, v := range row {
-			out[i] = v*float32(e+1) - float32(e)
-		}
-		return out
-	}
-	r := o.RouteGrouped(logits, bias, g)
-	acc := o.Zeros(rows, width)
-	for e := range experts {
-		xe := o.Gather(x, r, e)
-		if xe == nil {
-			continue
-		}
-		ye := newTensor(xe.Rows(), width)
-		for i := range xe.Rows() {
-			copy(ye.rowsOf(i, i+1), expert(e, cpuTensor(xe).rowsOf(i, i+1)))
-		}
-		o.AddRouted(acc, ye, r, e)
-	}
-	for row := range rows {
-		es, ws := kg.Route(logits.rowsOf(row, row+1), bias.d)
-		want := make([]float32, width)
-		for i, e := range es {
-			kernel.Axpy(want, ws[i], expert(e, x.rowsOf(row, row+1)))
-		}
-		if got := cpuTensor(acc).rowsOf(row, row+1); !sameBits(got, want) {
-			t.Errorf("row %d (experts %v): routed sum %v, want %v", row, es, got, want)
-		}
-	}
+	checkRoutedSum(t, o, x, o.RouteGrouped(logits, bias, g), experts, width, func(row int) ([]int, []float32) {
+		return kg.Route(logits.rowsOf(row, row+1), bias.d)
+	})
 }
 
 // TestWithScales: a call's MLA and index scales replace the kernel's

@@ -127,14 +127,28 @@ func TestOpsRoutingIsKernelRoute(t *testing.T) {
 	logits := randT(rng, rows, experts)
 	copy(logits.d[experts:2*experts], []float32{1, 1, 1, 1, 1}) // all tied
 	x := randT(rng, rows, width)
-	expert := func(e int, row []float32) []float32 { // a distinct function per expert
-		out := make([]float32, len(row))
-		for i, v := range row {
-			out[i] = v*float32(e+1) - float32(e)
-		}
-		return out
+	checkRoutedSum(t, o, x, o.Route(logits, k), experts, width, func(row int) ([]int, []float32) {
+		return kernel.Route(logits.rowsOf(row, row+1), k)
+	})
+}
+
+// testExpert is a distinct function per expert e, applied to one row.
+func testExpert(e int, row []float32) []float32 {
+	out := make([]float32, len(row))
+	for i, v := range row {
+		out[i] = v*float32(e+1) - float32(e)
 	}
-	r := o.Route(logits, k)
+	return out
+}
+
+// checkRoutedSum runs every expert (testExpert) over the rows r gathers for
+// it, in ascending expert order as the model does, adds them with
+// AddRouted, and checks every row against the per-row definition: for each
+// expert route(row) chose, in order, kernel.Axpy of its weight times the
+// expert's output row.
+func checkRoutedSum(t *testing.T, o hostOps, x *tensor, r synth.Routing, experts, width int, route func(row int) ([]int, []float32)) {
+	t.Helper()
+	rows := x.Rows()
 	acc := o.Zeros(rows, width)
 	for e := range experts {
 		xe := o.Gather(x, r, e)
@@ -143,15 +157,15 @@ func TestOpsRoutingIsKernelRoute(t *testing.T) {
 		}
 		ye := newTensor(xe.Rows(), width)
 		for i := range xe.Rows() {
-			copy(ye.rowsOf(i, i+1), expert(e, cpuTensor(xe).rowsOf(i, i+1)))
+			copy(ye.rowsOf(i, i+1), testExpert(e, cpuTensor(xe).rowsOf(i, i+1)))
 		}
 		o.AddRouted(acc, ye, r, e)
 	}
 	for row := range rows {
-		es, ws := kernel.Route(logits.rowsOf(row, row+1), k)
+		es, ws := route(row)
 		want := make([]float32, width)
 		for i, e := range es {
-			kernel.Axpy(want, ws[i], expert(e, x.rowsOf(row, row+1)))
+			kernel.Axpy(want, ws[i], testExpert(e, x.rowsOf(row, row+1)))
 		}
 		if got := cpuTensor(acc).rowsOf(row, row+1); !sameBits(got, want) {
 			t.Errorf("row %d (experts %v): routed sum %v, want %v", row, es, got, want)
