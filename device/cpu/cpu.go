@@ -11,7 +11,7 @@
 //     loop over the kernel function it wraps, pinned to it bit for bit by
 //     ops_test.go, so a faster loop cannot change a token;
 //   - pagedOps (this file): the mixer kernels the backend chose
-//     (device.Backend.Kernel, layerKernel in mixers.go) on pools the device
+//     (device.Backend.Kernel, paged.Mixer in mixers.go) on pools the device
 //     allocates from the manager's layout, addressed through the block
 //     tables the runtime keeps, so a wrong table shows in the tokens;
 //   - Reference (reference.go): the same model over the same hostOps with
@@ -46,7 +46,7 @@
 // draft tail and, when the next step's Pos says drafts were rejected, puts
 // the matching one back into the live slot. Item.Snapshots save the live
 // state after their Pos tokens into their block. A checkpoint's Mamba2
-// layers (Nemotron-H) run with its numerics (checkpointMamba) and floor dt
+// layers (Nemotron-H) run with its numerics (paged.CheckpointMamba) and floor dt
 // at kernel.Mamba2.DtMin on the tokens before the sequence's first sampled
 // one (its prompt) only, as transformers' prefill does and its decode step
 // does not.
@@ -55,6 +55,7 @@ package cpu
 import (
 	"context"
 	"fmt"
+	"github.com/kvx-dev/kvx/device/paged"
 	"slices"
 	"time"
 
@@ -91,8 +92,8 @@ type Device struct {
 	pools  []pool
 	byID   []kernel.Pool // indexed by pool id, for kernel.CopyBlocks
 	idx    map[int]int   // pool id -> index in pools
-	place  map[int]*placement
-	mix    map[int]*layerKernel // mixer layers of the stage by layer index
+	place  map[int]*paged.Placement
+	mix    map[int]*paged.Mixer // mixer layers of the stage by layer index
 	mambas []int                // Mamba layers of the stage, ascending
 
 	queued []kvcache.Copy // CopyBlocks since the last Forward
@@ -148,7 +149,7 @@ func open(s device.Stage, o Options) (device.Device, error) {
 			}
 		}
 	}
-	kv, err := kvDtype(cfg.KVDtype)
+	kv, err := paged.KVDtype(cfg.KVDtype)
 	if err != nil {
 		return nil, err
 	}
@@ -156,11 +157,11 @@ func open(s device.Stage, o Options) (device.Device, error) {
 	if last && cfg.DraftTokens > m.NumNextN {
 		return nil, fmt.Errorf("draft tokens %d exceed the %d MTP layers of model %q (one per draft depth)", cfg.DraftTokens, m.NumNextN, m.Name)
 	}
-	conv, ssm, err := stateDtypes(m, s.Layers)
+	conv, ssm, err := paged.StateDtypes(m, s.Layers)
 	if err != nil {
 		return nil, err
 	}
-	mix, err := layerKernels(m, s.Layers, s.Backend.Kernel, kv, conv, ssm, true)
+	mix, err := paged.Mixers(m, s.Layers, s.Backend.Kernel, kv, conv, ssm, true)
 	if err != nil {
 		return nil, err
 	}
@@ -170,7 +171,7 @@ func open(s device.Stage, o Options) (device.Device, error) {
 		if err != nil {
 			return nil, err
 		}
-		checkpointMamba(mix, hs)
+		paged.CheckpointMamba(mix, hs)
 		run = func(ctx context.Context, pm *pagedOps, st synth.Step) (synth.Result, error) {
 			var ops hf.Ops = pm
 			if o.WrapHF != nil {
@@ -192,14 +193,14 @@ func open(s device.Stage, o Options) (device.Device, error) {
 	d.cfg.Layout = kvcache.Layout{}
 	d.cfg.Model.Layers = nil
 	for _, l := range s.Layers {
-		if x := mix[l.Index]; x != nil && x.kind == device.KernelMamba2 {
+		if x := mix[l.Index]; x != nil && x.Kind == device.KernelMamba2 {
 			d.mambas = append(d.mambas, l.Index)
 		}
 	}
 	// The runtime's Stage.Pools drop Layers; the config's layout has them
 	// (same pools, same order).
 	pools := cfg.Layout.Pools
-	if d.place, err = placeLayout(s.Layers, pools); err != nil {
+	if d.place, err = paged.Place(s.Layers, pools); err != nil {
 		return nil, err
 	}
 	var total int64
@@ -221,103 +222,6 @@ func open(s device.Stage, o Options) (device.Device, error) {
 		d.idx[p.ID] = i
 	}
 	return d, nil
-}
-
-// kvDtype maps Config.KVDtype ("" is bf16, as core/model's "auto").
-func kvDtype(name string) (kernel.Dtype, error) {
-	switch name {
-	case "", "auto", "bf16", "bfloat16":
-		return kernel.BF16, nil
-	case "fp8":
-		return kernel.FP8, nil
-	case "float32", "fp32":
-		return kernel.F32, nil
-	}
-	return 0, fmt.Errorf("kv dtype %q: the cpu device runs bf16, fp8 and float32", name)
-}
-
-// stateDtypes reads the Mamba conv and SSM state dtypes off the state
-// buffers' widths (the config carries only the KV dtype): 4 bytes per
-// element is float32, 2 is bf16 (float16 state runs as bf16).
-func stateDtypes(m *spec.Model, layers []spec.Layer) (conv, ssm kernel.Dtype, err error) {
-	conv, ssm = kernel.F32, kernel.F32
-	probe := kernel.Mamba2{Heads: m.MambaHeads, HeadDim: m.MambaHeadDim, State: m.SSMStateSize, Groups: m.NGroups, ConvKernel: m.ConvKernel,
-		ConvDtype: kernel.F32, SSMDtype: kernel.F32}
-	pick := func(role spec.Role, bytes int64, elems int) (kernel.Dtype, error) {
-		switch {
-		case elems > 0 && bytes == int64(4*elems):
-			return kernel.F32, nil
-		case elems > 0 && bytes == int64(2*elems):
-			return kernel.BF16, nil
-		}
-		return 0, fmt.Errorf("mamba %s state: %d bytes per sequence, want %d (float32) or %d (bf16) for %d elements", role, bytes, 4*elems, 2*elems, elems)
-	}
-	for _, l := range layers {
-		if l.Mixer != spec.MixerMamba {
-			continue
-		}
-		for _, b := range l.Buffers {
-			switch b.Role {
-			case spec.RoleConvState:
-				if conv, err = pick(b.Role, b.BytesPerSeq, probe.ConvBytes()/4); err != nil {
-					return 0, 0, fmt.Errorf("layer %d: %w", l.Index, err)
-				}
-			case spec.RoleSSMState:
-				if ssm, err = pick(b.Role, b.BytesPerSeq, probe.SSMBytes()/4); err != nil {
-					return 0, 0, fmt.Errorf("layer %d: %w", l.Index, err)
-				}
-			}
-		}
-	}
-	return conv, ssm, nil
-}
-
-// checkWidths checks layer l's buffers against what its kernels read and
-// write: the roles, in order, and the bytes per token or per sequence.
-func checkWidths(x *layerKernel, l spec.Layer) error {
-	type want struct {
-		role  spec.Role
-		bytes int // 0: any width (a buffer the kernel does not touch)
-		paged bool
-	}
-	var ws []want
-	switch x.kind {
-	case device.KernelGQA:
-		ws = []want{{spec.RoleKV, x.gqa.RowBytes(), true}}
-	case device.KernelMLA, device.KernelDSA:
-		ws = []want{{spec.RoleLatent, x.dsa.MLA.RowBytes(), true}}
-		if l.Mixer == spec.MixerDSA {
-			w := want{spec.RoleIndexKey, x.dsa.Indexer.RowBytes(), true}
-			if x.kind == device.KernelMLA {
-				w.bytes = 0 // dense MLA on a DSA model leaves the indexer keys alone
-			}
-			ws = append(ws, w)
-		}
-	case device.KernelMamba2:
-		if c := x.mamba.ConvBytes(); c > 0 {
-			ws = append(ws, want{spec.RoleConvState, c, false})
-		}
-		ws = append(ws, want{spec.RoleSSMState, x.mamba.SSMBytes(), false})
-	}
-	if len(l.Buffers) != len(ws) {
-		return fmt.Errorf("layer %d (%s): %d cache buffers, the %s kernel uses %d", l.Index, l.Mixer, len(l.Buffers), x.kind, len(ws))
-	}
-	for i, w := range ws {
-		b := l.Buffers[i]
-		got := b.BytesPerSeq
-		if w.paged {
-			got = b.BytesPerToken
-		}
-		if b.Role != w.role || (w.bytes > 0 && got != int64(w.bytes)) {
-			unit := "sequence"
-			if w.paged {
-				unit = "token"
-			}
-			return fmt.Errorf("layer %d (%s) buffer %d: role %s with %d bytes per %s, the %s kernel needs role %s with %d",
-				l.Index, l.Mixer, i, b.Role, got, unit, x.kind, w.role, w.bytes)
-		}
-	}
-	return nil
 }
 
 // Modelled is false: Forward's time is measured.
@@ -407,22 +311,22 @@ func (d *Device) Forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 // liveSlot returns layer l's conv and ssm bytes in seq's live state slot.
 func (d *Device) liveSlot(l int, seq kvcache.SeqID, t *device.Tables) (conv, ssm []byte, err error) {
 	pl := d.place[l]
-	tab := t.Table(seq, pl.live)
+	tab := t.Table(seq, pl.Live)
 	if len(tab) == 0 {
 		return nil, nil, kvcache.ItemErrorf([]kvcache.SeqID{seq}, "seq %d: no live state slot in pool %d (%s) for mamba layer %d: its table there is empty",
-			seq, d.pools[pl.live].ID, d.pools[pl.live].Name, l)
+			seq, d.pools[pl.Live].ID, d.pools[pl.Live].Name, l)
 	}
-	return d.slot(l, pl.live, tab[0])
+	return d.slot(l, pl.Live, tab[0])
 }
 
 // slot returns layer l's conv and ssm bytes in block b of the pool at index pi.
 func (d *Device) slot(l, pi int, b kvcache.BlockID) (conv, ssm []byte, err error) {
-	at := d.place[l].state[pi]
+	at := d.place[l].State[pi]
 	mem := d.pools[pi].mem
-	if conv, err = kernel.StateSlot(mem, b, at.conv, at.convLen); err != nil {
+	if conv, err = kernel.StateSlot(mem, b, at.Conv, at.ConvLen); err != nil {
 		return nil, nil, err
 	}
-	if ssm, err = kernel.StateSlot(mem, b, at.ssm, at.ssmLen); err != nil {
+	if ssm, err = kernel.StateSlot(mem, b, at.SSM, at.SSMLen); err != nil {
 		return nil, nil, err
 	}
 	return conv, ssm, nil
@@ -445,7 +349,7 @@ func (d *Device) prepareStates(items []worker.Item, t *device.Tables) error {
 				return bad("snapshots[%d]: pool %d is not a state pool of the layout", k, sn.Pool)
 			}
 			for _, l := range d.mambas {
-				if _, ok := d.place[l].state[pi]; !ok {
+				if _, ok := d.place[l].State[pi]; !ok {
 					return bad("snapshots[%d]: pool %d does not hold mamba layer %d", k, sn.Pool, l)
 				}
 			}
@@ -502,16 +406,16 @@ func itemErr(seq kvcache.SeqID, layer int, err error) error {
 
 // paged returns the view of layer's buffer role for seq.
 func (pm *pagedOps) paged(layer int, role spec.Role, seq kvcache.SeqID) kernel.Paged {
-	at := pm.d.place[layer].paged[role]
-	p := &pm.d.pools[at.pool]
-	return kernel.Paged{Data: p.mem.Data, BlockBytes: int(p.BlockBytes), Offset: at.offset, TokensPerBlock: p.TokensPerBlock,
-		Stride: at.stride, Table: pm.t.Table(seq, at.pool)}
+	at := pm.d.place[layer].Paged[role]
+	p := &pm.d.pools[at.Pool]
+	return kernel.Paged{Data: p.mem.Data, BlockBytes: int(p.BlockBytes), Offset: at.Offset, TokensPerBlock: p.TokensPerBlock,
+		Stride: at.Stride, Table: pm.t.Table(seq, at.Pool)}
 }
 
 // kernelOf returns layer's kernel configuration, which must be k.
-func kernelOf(mix map[int]*layerKernel, layer int, k device.Kernel) (*layerKernel, error) {
+func kernelOf(mix map[int]*paged.Mixer, layer int, k device.Kernel) (*paged.Mixer, error) {
 	x := mix[layer]
-	if x == nil || x.kind != k {
+	if x == nil || x.Kind != k {
 		return nil, fmt.Errorf("cpu: layer %d does not run the %v kernel on this stage", layer, k)
 	}
 	return x, nil
@@ -522,9 +426,9 @@ func (pm *pagedOps) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v 
 	if err != nil {
 		return nil, err
 	}
-	core := newTensor(q.Rows(), x.outWidth())
+	core := newTensor(q.Rows(), x.OutWidth())
 	err = eachSeg(layer, segs, func(sg synth.Seg, lo, hi int) error {
-		return x.gqa.Forward(pm.paged(layer, spec.RoleKV, sg.Seq), sg.Pos, rowsOf(q, lo, hi), rowsOf(k, lo, hi), rowsOf(v, lo, hi), core.rowsOf(lo, hi))
+		return x.GQA.Forward(pm.paged(layer, spec.RoleKV, sg.Seq), sg.Pos, rowsOf(q, lo, hi), rowsOf(k, lo, hi), rowsOf(v, lo, hi), core.rowsOf(lo, hi))
 	})
 	if err != nil {
 		return nil, err
@@ -553,10 +457,10 @@ func (pm *pagedOps) MLA(_ context.Context, layer int, segs []synth.Seg, in synth
 		return nil, err
 	}
 	mw := mlaWeights(w)
-	core := newTensor(in.QNope.Rows(), x.outWidth())
+	core := newTensor(in.QNope.Rows(), x.OutWidth())
 	err = eachSeg(layer, segs, func(sg synth.Seg, lo, hi int) error {
 		mi, _ := mlaRows(in, nil, sg.Pos, lo, hi)
-		return x.withScales(in, nil).MLA.Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), &mw, mi, core.rowsOf(lo, hi))
+		return x.WithScales(in, nil).MLA.Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), &mw, mi, core.rowsOf(lo, hi))
 	})
 	if err != nil {
 		return nil, err
@@ -570,10 +474,10 @@ func (pm *pagedOps) DSA(_ context.Context, layer int, segs []synth.Seg, in synth
 		return nil, err
 	}
 	mw := mlaWeights(w)
-	core := newTensor(in.QNope.Rows(), x.outWidth())
+	core := newTensor(in.QNope.Rows(), x.OutWidth())
 	err = eachSeg(layer, segs, func(sg synth.Seg, lo, hi int) error {
 		mi, ki := mlaRows(in, &ix, sg.Pos, lo, hi)
-		return x.withScales(in, &ix).Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), pm.paged(layer, spec.RoleIndexKey, sg.Seq), &mw, mi, ki, core.rowsOf(lo, hi), nil)
+		return x.WithScales(in, &ix).Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), pm.paged(layer, spec.RoleIndexKey, sg.Seq), &mw, mi, ki, core.rowsOf(lo, hi), nil)
 	})
 	if err != nil {
 		return nil, err
@@ -587,7 +491,7 @@ func (pm *pagedOps) Mamba2(_ context.Context, layer int, segs []synth.Seg, in sy
 		return nil, err
 	}
 	mw := mamba2Weights(w)
-	core := newTensor(in.Z.Rows(), x.outWidth())
+	core := newTensor(in.Z.Rows(), x.OutWidth())
 	r := 0
 	for _, sg := range segs {
 		if err := pm.mamba(x, &mw, sg, in, r, core.d); err != nil {
@@ -602,9 +506,9 @@ func (pm *pagedOps) Mamba2(_ context.Context, layer int, segs []synth.Seg, in sy
 // layer x's Mamba2 kernel on its live slot, stopping at every snapshot
 // position (to save the state there) and after every row of the draft tail
 // (to keep the state for a rollback).
-func (pm *pagedOps) mamba(x *layerKernel, w *kernel.Mamba2Weights, sg synth.Seg, p synth.Mamba2In, r int, core []float32) error {
+func (pm *pagedOps) mamba(x *paged.Mixer, w *kernel.Mamba2Weights, sg synth.Seg, p synth.Mamba2In, r int, core []float32) error {
 	d := pm.d
-	conv, ssm, err := d.liveSlot(x.layer, sg.Seq, pm.t)
+	conv, ssm, err := d.liveSlot(x.Layer, sg.Seq, pm.t)
 	if err != nil {
 		return err
 	}
@@ -615,7 +519,7 @@ func (pm *pagedOps) mamba(x *layerKernel, w *kernel.Mamba2Weights, sg synth.Seg,
 	end := sg.Pos + sg.Rows
 	tailFrom := end - sg.Draft
 	var tail [][]byte
-	mb := x.mamba
+	mb := x.Mamba
 	di := mb.Inner()
 	promptEnd := end // the dt floor's end (promptEnd)
 	if s := d.seqs[sg.Seq]; s != nil && s.promptEnd > 0 {
@@ -632,7 +536,7 @@ func (pm *pagedOps) mamba(x *layerKernel, w *kernel.Mamba2Weights, sg synth.Seg,
 		} else if sg.Draft > 0 && tailFrom < next {
 			next = tailFrom
 		}
-		mb.DtMin = x.mamba.DtMin
+		mb.DtMin = x.Mamba.DtMin
 		if at >= promptEnd {
 			mb.DtMin = 0 // a generated token: transformers' decode step has no floor
 		} else if promptEnd < next {
@@ -640,15 +544,15 @@ func (pm *pagedOps) mamba(x *layerKernel, w *kernel.Mamba2Weights, sg synth.Seg,
 		}
 		lo, hi := r+at-sg.Pos, r+next-sg.Pos
 		if err := mb.Forward(w, conv, ssm, rowsOf(p.Z, lo, hi), rowsOf(p.XBC, lo, hi), rowsOf(p.DT, lo, hi), core[lo*di:hi*di:hi*di]); err != nil {
-			return itemErr(sg.Seq, x.layer, err)
+			return itemErr(sg.Seq, x.Layer, err)
 		}
 		at = next
 		for len(snaps) > 0 && snaps[0].Pos == at {
 			sn := snaps[0]
 			snaps = snaps[1:]
-			sc, ss, err := d.slot(x.layer, d.idx[sn.Pool], sn.Block)
+			sc, ss, err := d.slot(x.Layer, d.idx[sn.Pool], sn.Block)
 			if err != nil {
-				return itemErr(sg.Seq, x.layer, err)
+				return itemErr(sg.Seq, x.Layer, err)
 			}
 			copy(sc, conv)
 			copy(ss, ssm)
@@ -663,7 +567,7 @@ func (pm *pagedOps) mamba(x *layerKernel, w *kernel.Mamba2Weights, sg synth.Seg,
 			byLayer = map[int][][]byte{}
 			pm.tails[sg.Seq] = byLayer
 		}
-		byLayer[x.layer] = tail
+		byLayer[x.Layer] = tail
 	}
 	return nil
 }

@@ -8,20 +8,6 @@ import (
 	"github.com/kvx-dev/kvx/device/synth"
 )
 
-// withScales returns the layer's DSA (its MLA alone for an MLA call, ix
-// nil) with the softmax and index scales the call's inputs set (0 keeps the
-// kernel's default). x is not modified.
-func (x *layerKernel) withScales(in synth.MLAIn, ix *synth.IndexIn) kernel.DSA {
-	d := x.dsa
-	if in.Scale != 0 {
-		d.MLA.Scale = in.Scale
-	}
-	if ix != nil && ix.Scale != 0 {
-		d.Indexer.Scale = ix.Scale
-	}
-	return d
-}
-
 // LayerNorm implements hf.Ops: kernel.LayerNorm of every row with gains w
 // and biases b (1 × Cols each; b may be nil).
 func (hostOps) LayerNorm(x, w, b synth.Tensor, eps float32) synth.Tensor {

@@ -43,18 +43,3 @@ func TestOpsRouteGroupedIsKernelGroupedRoute(t *testing.T) {
 	})
 }
 
-// TestWithScales: a call's MLA and index scales replace the kernel's
-// defaults; 0 keeps them, and the layer's own configuration is untouched.
-func TestWithScales(t *testing.T) {
-	x := &layerKernel{dsa: kernel.DSA{MLA: kernel.MLA{Scale: 0}, Indexer: kernel.Indexer{Scale: 0}}}
-	d := x.withScales(synth.MLAIn{Scale: 0.5}, &synth.IndexIn{Scale: 0.25})
-	if d.MLA.Scale != 0.5 || d.Indexer.Scale != 0.25 {
-		t.Errorf("withScales(0.5, 0.25) = %v, %v", d.MLA.Scale, d.Indexer.Scale)
-	}
-	if x.dsa.MLA.Scale != 0 || x.dsa.Indexer.Scale != 0 {
-		t.Errorf("withScales modified the layer's kernel: %v, %v", x.dsa.MLA.Scale, x.dsa.Indexer.Scale)
-	}
-	if d := x.withScales(synth.MLAIn{}, nil); d.MLA.Scale != 0 || d.Indexer.Scale != 0 {
-		t.Errorf("withScales(0, nil) = %v, %v, want the defaults 0, 0", d.MLA.Scale, d.Indexer.Scale)
-	}
-}

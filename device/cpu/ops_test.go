@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"context"
+	"github.com/kvx-dev/kvx/device/paged"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -182,11 +183,11 @@ func TestDenseOpsAreDenseKernels(t *testing.T) {
 	segs := []synth.Seg{{Seq: 1, Rows: 5}, {Seq: 2, Rows: 3}}
 	rows := 8
 	for _, k := range []device.Kernel{device.KernelGQA, device.KernelMLA, device.KernelDSA} {
-		x, err := newLayerKernel(&m, spec.Layer{Index: 2, Mixer: spec.MixerDSA}, k, kernel.BF16, kernel.F32, kernel.F32)
+		x, err := paged.NewMixer(&m, spec.Layer{Index: 2, Mixer: spec.MixerDSA}, k, kernel.BF16, kernel.F32, kernel.F32)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ops := denseOps{mix: map[int]*layerKernel{2: x}}
+		ops := denseOps{mix: map[int]*paged.Mixer{2: x}}
 		H, N, P, R, V := m.Heads, m.QKNopeHeadDim, m.QKRopeHeadDim, m.KVLoraRank, m.VHeadDim
 		q, kk, v := randT(rng, rows, H*8), randT(rng, rows, 2*8), randT(rng, rows, 2*8)
 		in := synth.MLAIn{QNope: randT(rng, rows, H*N), QPE: randT(rng, rows, H*P), CKV: randT(rng, rows, R), KPE: randT(rng, rows, P)}
@@ -207,16 +208,16 @@ func TestDenseOpsAreDenseKernels(t *testing.T) {
 		lo := 0
 		for _, sg := range segs {
 			hi := lo + sg.Rows
-			want := make([]float32, sg.Rows*x.outWidth())
+			want := make([]float32, sg.Rows*x.OutWidth())
 			mw := mlaWeights(w)
 			mi, ki := mlaRows(in, &ix, 0, lo, hi)
 			switch k {
 			case device.KernelGQA:
-				err = kernel.DenseGQA(x.gqa, 0, q.rowsOf(lo, hi), kk.rowsOf(lo, hi), v.rowsOf(lo, hi), want)
+				err = kernel.DenseGQA(x.GQA, 0, q.rowsOf(lo, hi), kk.rowsOf(lo, hi), v.rowsOf(lo, hi), want)
 			case device.KernelMLA:
-				err = kernel.DenseMLA(x.dsa.MLA, &mw, mi, want)
+				err = kernel.DenseMLA(x.DSA.MLA, &mw, mi, want)
 			case device.KernelDSA:
-				err = kernel.DenseDSA(x.dsa, &mw, mi, ki, want, nil)
+				err = kernel.DenseDSA(x.DSA, &mw, mi, ki, want, nil)
 			}
 			if err != nil {
 				t.Fatal(err)

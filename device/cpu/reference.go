@@ -3,6 +3,7 @@ package cpu
 import (
 	"context"
 	"fmt"
+	"github.com/kvx-dev/kvx/device/paged"
 
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
@@ -37,11 +38,11 @@ func NewReference(m spec.Model, seed uint64, kernelOf func(spec.Mixer) device.Ke
 	if err != nil {
 		return nil, err
 	}
-	conv, ssm, err := stateDtypes(&m, m.Layers)
+	conv, ssm, err := paged.StateDtypes(&m, m.Layers)
 	if err != nil {
 		return nil, err
 	}
-	mix, err := layerKernels(&m, m.Layers, kernelOf, kv, conv, ssm, false)
+	mix, err := paged.Mixers(&m, m.Layers, kernelOf, kv, conv, ssm, false)
 	if err != nil {
 		return nil, err
 	}
@@ -80,18 +81,18 @@ func (r *Reference) Generate(ctx context.Context, prompt []int32, n int) (tokens
 // sequences (every Seg at Pos 0), no cache.
 type denseOps struct {
 	hostOps
-	mix map[int]*layerKernel
+	mix map[int]*paged.Mixer
 }
 
 var _ synth.Ops = denseOps{}
 
 // each runs fn on every seg's rows [lo, hi), which must start at Pos 0.
-func (dm denseOps) each(layer int, k device.Kernel, segs []synth.Seg, rows int, fn func(x *layerKernel, lo, hi int, out []float32) error) (synth.Tensor, error) {
+func (dm denseOps) each(layer int, k device.Kernel, segs []synth.Seg, rows int, fn func(x *paged.Mixer, lo, hi int, out []float32) error) (synth.Tensor, error) {
 	x, err := kernelOf(dm.mix, layer, k)
 	if err != nil {
 		return nil, fmt.Errorf("reference: %w", err)
 	}
-	core := newTensor(rows, x.outWidth())
+	core := newTensor(rows, x.OutWidth())
 	r := 0
 	for _, sg := range segs {
 		if sg.Pos != 0 {
@@ -107,31 +108,31 @@ func (dm denseOps) each(layer int, k device.Kernel, segs []synth.Seg, rows int, 
 }
 
 func (dm denseOps) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.Tensor) (synth.Tensor, error) {
-	return dm.each(layer, device.KernelGQA, segs, q.Rows(), func(x *layerKernel, lo, hi int, out []float32) error {
-		return kernel.DenseGQA(x.gqa, 0, rowsOf(q, lo, hi), rowsOf(k, lo, hi), rowsOf(v, lo, hi), out)
+	return dm.each(layer, device.KernelGQA, segs, q.Rows(), func(x *paged.Mixer, lo, hi int, out []float32) error {
+		return kernel.DenseGQA(x.GQA, 0, rowsOf(q, lo, hi), rowsOf(k, lo, hi), rowsOf(v, lo, hi), out)
 	})
 }
 
 func (dm denseOps) MLA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn, w synth.MLAWeights) (synth.Tensor, error) {
 	mw := mlaWeights(w)
-	return dm.each(layer, device.KernelMLA, segs, in.QNope.Rows(), func(x *layerKernel, lo, hi int, out []float32) error {
+	return dm.each(layer, device.KernelMLA, segs, in.QNope.Rows(), func(x *paged.Mixer, lo, hi int, out []float32) error {
 		mi, _ := mlaRows(in, nil, 0, lo, hi)
-		return kernel.DenseMLA(x.dsa.MLA, &mw, mi, out)
+		return kernel.DenseMLA(x.DSA.MLA, &mw, mi, out)
 	})
 }
 
 func (dm denseOps) DSA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn, ix synth.IndexIn, w synth.MLAWeights) (synth.Tensor, error) {
 	mw := mlaWeights(w)
-	return dm.each(layer, device.KernelDSA, segs, in.QNope.Rows(), func(x *layerKernel, lo, hi int, out []float32) error {
+	return dm.each(layer, device.KernelDSA, segs, in.QNope.Rows(), func(x *paged.Mixer, lo, hi int, out []float32) error {
 		mi, ki := mlaRows(in, &ix, 0, lo, hi)
-		return kernel.DenseDSA(x.dsa, &mw, mi, ki, out, nil)
+		return kernel.DenseDSA(x.DSA, &mw, mi, ki, out, nil)
 	})
 }
 
 func (dm denseOps) Mamba2(_ context.Context, layer int, segs []synth.Seg, in synth.Mamba2In, w synth.Mamba2Weights) (synth.Tensor, error) {
 	mw := mamba2Weights(w)
-	return dm.each(layer, device.KernelMamba2, segs, in.Z.Rows(), func(x *layerKernel, lo, hi int, out []float32) error {
-		_, _, err := kernel.DenseMamba2(x.mamba, &mw, rowsOf(in.Z, lo, hi), rowsOf(in.XBC, lo, hi), rowsOf(in.DT, lo, hi), out)
+	return dm.each(layer, device.KernelMamba2, segs, in.Z.Rows(), func(x *paged.Mixer, lo, hi int, out []float32) error {
+		_, _, err := kernel.DenseMamba2(x.Mamba, &mw, rowsOf(in.Z, lo, hi), rowsOf(in.XBC, lo, hi), rowsOf(in.DT, lo, hi), out)
 		return err
 	})
 }
@@ -144,11 +145,11 @@ func kvFromBuffers(m *spec.Model, kernelOf func(spec.Mixer) device.Kernel) (kern
 			continue
 		}
 		for _, dt := range []kernel.Dtype{kernel.BF16, kernel.FP8} {
-			x, err := newLayerKernel(m, l, kernelOf(l.Mixer), dt, kernel.F32, kernel.F32)
+			x, err := paged.NewMixer(m, l, kernelOf(l.Mixer), dt, kernel.F32, kernel.F32)
 			if err != nil {
 				return 0, err
 			}
-			if checkWidths(x, l) == nil {
+			if paged.CheckWidths(x, l) == nil {
 				return dt, nil
 			}
 		}

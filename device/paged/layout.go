@@ -1,59 +1,49 @@
-package cpu
+package paged
 
 import (
 	"fmt"
 
-	"github.com/kvx-dev/kvx/device/cpu/kernel"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
-// pool is one pool of the layout as the device owns it.
-type pool struct {
-	kvcache.Pool
-	mem kernel.Pool // Blocks × BlockBytes bytes
+// PagedAt is where one layer's paged buffer lives in a paged pool's block.
+type PagedAt struct {
+	Pool   int // index in the layout
+	Offset int // byte offset of the layer-buffer region in a block
+	Stride int // bytes per token row (the buffer's BytesPerToken)
 }
 
-// state reports whether the pool holds per-sequence state (TokensPerBlock 0).
-func (p *pool) state() bool { return p.TokensPerBlock == 0 }
-
-// pagedAt is where one layer's paged buffer lives in a paged pool's block.
-type pagedAt struct {
-	pool   int // index in the layout
-	offset int // byte offset of the layer-buffer region in a block
-	stride int // bytes per token row (the buffer's BytesPerToken)
+// StateAt is where one layer's state buffers live in a state pool's block.
+type StateAt struct {
+	Conv, ConvLen int // conv state offset and bytes (convLen 0: no conv buffer)
+	SSM, SSMLen   int
 }
 
-// stateAt is where one layer's state buffers live in a state pool's block.
-type stateAt struct {
-	conv, convLen int // conv state offset and bytes (convLen 0: no conv buffer)
-	ssm, ssmLen   int
+// Placement is where one cache layer's buffers live.
+type Placement struct {
+	Paged map[spec.Role]PagedAt // device-tier pools only
+	Live  int                   // index of the device state pool holding the live state; -1 when none
+	State map[int]StateAt       // by pool index: every state pool holding the layer (live and snapshot pools)
 }
 
-// placement is where one cache layer's buffers live.
-type placement struct {
-	paged map[spec.Role]pagedAt // device-tier pools only
-	live  int                   // index of the device state pool holding the live state; -1 when none
-	state map[int]stateAt       // by pool index: every state pool holding the layer (live and snapshot pools)
-}
-
-// placeLayout checks every pool's BlockBytes against the in-block layout
+// Place checks every pool's BlockBytes against the in-block layout
 // and returns, per layer index of the stage, where its buffers live.
 //
 // A paged pool's block holds, for each layer of Pool.Layers in order and
 // each of its paged buffers in order, TokensPerBlock × BytesPerToken bytes;
 // a state pool's block holds, for each layer in order, its state buffers
 // (conv, then ssm) back to back.
-func placeLayout(layers []spec.Layer, pools []kvcache.Pool) (map[int]*placement, error) {
+func Place(layers []spec.Layer, pools []kvcache.Pool) (map[int]*Placement, error) {
 	byIndex := make(map[int]*spec.Layer, len(layers))
 	for i := range layers {
 		byIndex[layers[i].Index] = &layers[i]
 	}
-	place := make(map[int]*placement)
-	get := func(i int) *placement {
+	place := make(map[int]*Placement)
+	get := func(i int) *Placement {
 		p := place[i]
 		if p == nil {
-			p = &placement{paged: map[spec.Role]pagedAt{}, live: -1, state: map[int]stateAt{}}
+			p = &Placement{Paged: map[spec.Role]PagedAt{}, Live: -1, State: map[int]StateAt{}}
 			place[i] = p
 		}
 		return p
@@ -69,24 +59,24 @@ func placeLayout(layers []spec.Layer, pools []kvcache.Pool) (map[int]*placement,
 				return nil, fmt.Errorf("pool %d (%s): layer %d is not one of this stage's layers", p.ID, p.Name, li)
 			}
 			pl := get(li)
-			var st stateAt
+			var st StateAt
 			has := false
 			for _, b := range l.Buffers {
 				switch {
 				case p.TokensPerBlock > 0 && b.Paged():
 					if p.Tier != kvcache.TierHost {
-						if _, dup := pl.paged[b.Role]; dup {
+						if _, dup := pl.Paged[b.Role]; dup {
 							return nil, fmt.Errorf("pool %d (%s): layer %d buffer %s is already in another device pool", p.ID, p.Name, li, b.Role)
 						}
-						pl.paged[b.Role] = pagedAt{pool: pi, offset: int(off), stride: int(b.BytesPerToken)}
+						pl.Paged[b.Role] = PagedAt{Pool: pi, Offset: int(off), Stride: int(b.BytesPerToken)}
 					}
 					off += int64(p.TokensPerBlock) * b.BytesPerToken
 				case p.TokensPerBlock == 0 && !b.Paged():
 					switch b.Role {
 					case spec.RoleConvState:
-						st.conv, st.convLen = int(off), int(b.BytesPerSeq)
+						st.Conv, st.ConvLen = int(off), int(b.BytesPerSeq)
 					case spec.RoleSSMState:
-						st.ssm, st.ssmLen = int(off), int(b.BytesPerSeq)
+						st.SSM, st.SSMLen = int(off), int(b.BytesPerSeq)
 					default:
 						return nil, fmt.Errorf("pool %d (%s): layer %d state buffer role %q: want conv or ssm", p.ID, p.Name, li, b.Role)
 					}
@@ -95,12 +85,12 @@ func placeLayout(layers []spec.Layer, pools []kvcache.Pool) (map[int]*placement,
 				}
 			}
 			if has {
-				pl.state[pi] = st
+				pl.State[pi] = st
 				if p.Tier != kvcache.TierHost {
-					if pl.live >= 0 {
-						return nil, fmt.Errorf("pool %d (%s): layer %d state is already in device pool %d", p.ID, p.Name, li, pools[pl.live].ID)
+					if pl.Live >= 0 {
+						return nil, fmt.Errorf("pool %d (%s): layer %d state is already in device pool %d", p.ID, p.Name, li, pools[pl.Live].ID)
 					}
-					pl.live = pi
+					pl.Live = pi
 				}
 			}
 		}
@@ -115,7 +105,7 @@ func placeLayout(layers []spec.Layer, pools []kvcache.Pool) (map[int]*placement,
 			switch {
 			case b.Paged() && (pl == nil || !hasRole(pl, b.Role)):
 				return nil, fmt.Errorf("layer %d buffer %s is in no device pool of the layout", l.Index, b.Role)
-			case !b.Paged() && (pl == nil || pl.live < 0):
+			case !b.Paged() && (pl == nil || pl.Live < 0):
 				return nil, fmt.Errorf("layer %d state buffer %s is in no device state pool of the layout", l.Index, b.Role)
 			}
 		}
@@ -123,7 +113,7 @@ func placeLayout(layers []spec.Layer, pools []kvcache.Pool) (map[int]*placement,
 	return place, nil
 }
 
-func hasRole(pl *placement, r spec.Role) bool {
-	_, ok := pl.paged[r]
+func hasRole(pl *Placement, r spec.Role) bool {
+	_, ok := pl.Paged[r]
 	return ok
 }
