@@ -42,4 +42,3 @@ func TestOpsRouteGroupedIsKernelGroupedRoute(t *testing.T) {
 		return kg.Route(logits.rowsOf(row, row+1), bias.d)
 	})
 }
-
