@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/hf"
 	"github.com/kvx-dev/kvx/device/synth"
 )
 
@@ -307,3 +308,7 @@ func (hostOps) RMSNormGroups(x, w synth.Tensor, eps float32) synth.Tensor {
 	}
 	return out
 }
+
+// RowOps returns the cpu's row-wise ops (hostOps): the oracle another
+// device's row-wise ops are checked against, op by op.
+func RowOps() hf.RowOps { return hostOps{} }

@@ -58,6 +58,13 @@ import (
 // output row depends only on its own input row and the weights.
 type Ops interface {
 	synth.Ops
+	RowOps
+}
+
+// RowOps are the row-wise operations of Ops: synth.RowOps and the ones the
+// checkpoints add.
+type RowOps interface {
+	synth.RowOps
 	// AddBias sets x += b on every row (b is 1 × Cols).
 	AddBias(x, b synth.Tensor)
 	// RMSNormGroups returns every w.Cols()-wide group of each row of x

@@ -100,43 +100,9 @@ type RoPE struct {
 	Scale       float64
 }
 
-// Ops is what a device gives the model: the operations a synthetic model's
-// forward is written in, once, for every device. The cpu device implements
-// it with the reference kernels of device/cpu/kernel; a cuda device
-// implements the same operations with GPU kernels and keeps every Tensor in
-// GPU memory, so only tokens, logits and a stage's activations cross to the
-// host.
-//
-// # What may influence an output
-//
-// The row-wise ops (MatMul, RMSNorm, Add, Scale, SwiGLU, ReLU2, RoPE, Split,
-// Concat, Embed, Rows, Route, Gather, AddRouted, Argmax) compute each output
-// row from the matching input row alone (and the weights; RoPE from the
-// row's position too): never from the other rows, how many rows the call
-// has or their order, each element in one fixed order (the cpu's kernel.Dot
-// order for every dot product, no fused multiply-add). The mixer kernels
-// (GQA, MLA, DSA, Mamba2) are causal instead: row r of a segment, at logical
-// position Pos+r of its own sequence, depends only on the inputs at
-// positions 0..Pos+r of that sequence (written by this call or earlier
-// ones, read back in logical order), never on how the sequence was chunked,
-// on physical block placement, on the batch order or on the other sequences
-// of the call.
-// That contract is what keeps tokens bit-identical across managers, chunk
-// sizes, batches, pipeline splits and devices.
-//
-// # Ownership and goroutines
-//
-// Weight keeps a tensor for the lifetime of the device; every other tensor an
-// op returns is new and the caller's, valid until the step (the device's
-// Forward) that made it returns, and aliases no input. Ops mutate only the
-// tensors they say they mutate (Add, Scale, RoPE, AddRouted's acc); they never
-// retain an argument past the call. Host slices passed in (Weight, FromHost)
-// become the device's; host slices returned (ToHost, Argmax) are the
-// caller's. The model calls an Ops from one goroutine at a time; an
-// implementation may use many internally. Shape mismatches are programmer
-// errors and panic; the mixer kernels return errors (a problem of one
-// sequence as a *kvcache.Error with Seqs set).
-type Ops interface {
+// RowOps are the row-wise operations of Ops: everything but the mixer
+// kernels, which need the device's cache.
+type RowOps interface {
 	Loader
 	// FromHost makes a rows × cols activation tensor of row-major data.
 	FromHost(data []float32, rows, cols int) Tensor
@@ -189,6 +155,46 @@ type Ops interface {
 	// Argmax returns, per row, the column of the largest element (the
 	// lowest among equals; -1 for an all-NaN row): greedy sampling.
 	Argmax(x Tensor) []int32
+}
+
+// Ops is what a device gives the model: the operations a synthetic model's
+// forward is written in, once, for every device. The cpu device implements
+// it with the reference kernels of device/cpu/kernel; a cuda device
+// implements the same operations with GPU kernels and keeps every Tensor in
+// GPU memory, so only tokens, logits and a stage's activations cross to the
+// host.
+//
+// # What may influence an output
+//
+// The row-wise ops (MatMul, RMSNorm, Add, Scale, SwiGLU, ReLU2, RoPE, Split,
+// Concat, Embed, Rows, Route, Gather, AddRouted, Argmax) compute each output
+// row from the matching input row alone (and the weights; RoPE from the
+// row's position too): never from the other rows, how many rows the call
+// has or their order, each element in one fixed order (the cpu's kernel.Dot
+// order for every dot product, no fused multiply-add). The mixer kernels
+// (GQA, MLA, DSA, Mamba2) are causal instead: row r of a segment, at logical
+// position Pos+r of its own sequence, depends only on the inputs at
+// positions 0..Pos+r of that sequence (written by this call or earlier
+// ones, read back in logical order), never on how the sequence was chunked,
+// on physical block placement, on the batch order or on the other sequences
+// of the call.
+// That contract is what keeps tokens bit-identical across managers, chunk
+// sizes, batches, pipeline splits and devices.
+//
+// # Ownership and goroutines
+//
+// Weight keeps a tensor for the lifetime of the device; every other tensor an
+// op returns is new and the caller's, valid until the step (the device's
+// Forward) that made it returns, and aliases no input. Ops mutate only the
+// tensors they say they mutate (Add, Scale, RoPE, AddRouted's acc); they never
+// retain an argument past the call. Host slices passed in (Weight, FromHost)
+// become the device's; host slices returned (ToHost, Argmax) are the
+// caller's. The model calls an Ops from one goroutine at a time; an
+// implementation may use many internally. Shape mismatches are programmer
+// errors and panic; the mixer kernels return errors (a problem of one
+// sequence as a *kvcache.Error with Seqs set).
+type Ops interface {
+	RowOps
 
 	// The mixer kernels of layer (an index in spec.Model.Layers) on the
 	// layer's cache, for segs (their rows in order). Each returns the
