@@ -72,10 +72,6 @@ import (
 // allocate on the cpu device.
 const MaxPoolBytes int64 = 2 << 30
 
-// archGDN is Qwen3-Next, whose Gated DeltaNet layers core/model maps onto
-// the Mamba mixer for sizing; the kernels run Mamba2, not GDN.
-const archGDN = "Qwen3NextForCausalLM"
-
 var _ device.Device = (*Device)(nil)
 
 // Device is one configured stage on the cpu. Make it with Open. Like every
@@ -138,71 +134,22 @@ func Open(s device.Stage) (device.Device, error) { return open(s, Options{}) }
 
 func open(s device.Stage, o Options) (device.Device, error) {
 	cfg := s.Config
-	m := &cfg.Model
-	if cfg.TensorParallel > 1 {
-		return nil, fmt.Errorf("tensor_parallel %d: the cpu device runs one rank (limit 1)", cfg.TensorParallel)
-	}
-	if m.Arch == archGDN {
-		for _, l := range s.Layers {
-			if l.Mixer == spec.MixerMamba {
-				return nil, fmt.Errorf("model %q arch %s: layer %d is Gated DeltaNet, which the cpu kernels cannot run (they run Mamba2)", m.Name, m.Arch, l.Index)
-			}
-		}
-	}
-	kv, err := paged.KVDtype(cfg.KVDtype)
+	ps, err := paged.NewStage("cpu", s, hostOps{})
 	if err != nil {
 		return nil, err
 	}
-	last := cfg.Stage == cfg.Stages-1
-	if last && cfg.DraftTokens > m.NumNextN {
-		return nil, fmt.Errorf("draft tokens %d exceed the %d MTP layers of model %q (one per draft depth)", cfg.DraftTokens, m.NumNextN, m.Name)
-	}
-	conv, ssm, err := paged.StateDtypes(m, s.Layers)
-	if err != nil {
-		return nil, err
-	}
-	mix, err := paged.Mixers(m, s.Layers, s.Backend.Kernel, kv, conv, ssm, true)
-	if err != nil {
-		return nil, err
-	}
-	var run func(ctx context.Context, pm *pagedOps, st synth.Step) (synth.Result, error)
-	if m.Checkpoint != "" {
-		hs, err := hf.New(*m, m.Checkpoint, cfg.First, cfg.Last, hostOps{})
-		if err != nil {
-			return nil, err
+	run := func(ctx context.Context, pm *pagedOps, st synth.Step) (synth.Result, error) {
+		var ops hf.Ops = pm
+		if o.WrapHF != nil && ps.HF != nil {
+			ops = o.WrapHF(ops)
 		}
-		paged.CheckpointMamba(mix, hs)
-		run = func(ctx context.Context, pm *pagedOps, st synth.Step) (synth.Result, error) {
-			var ops hf.Ops = pm
-			if o.WrapHF != nil {
-				ops = o.WrapHF(ops)
-			}
-			return hs.Forward(ctx, ops, st)
-		}
-	} else {
-		st, err := synth.New(*m, cfg.Seed, cfg.First, cfg.Last, s.Backend.Kernel, hostOps{})
-		if err != nil {
-			return nil, err
-		}
-		run = func(ctx context.Context, pm *pagedOps, step synth.Step) (synth.Result, error) {
-			return st.Forward(ctx, pm, step)
-		}
+		return ps.Model(ctx, ops, st)
 	}
-	d := &Device{cfg: *cfg, run: run, first: cfg.First == 0, last: last, hidden: m.Hidden,
-		idx: map[int]int{}, mix: mix, seqs: map[kvcache.SeqID]*seqState{}}
+	d := &Device{cfg: *cfg, run: run, first: ps.First, last: ps.Last, hidden: cfg.Model.Hidden,
+		idx: map[int]int{}, mix: ps.Mix, mambas: ps.Mambas, place: ps.Place, seqs: map[kvcache.SeqID]*seqState{}}
 	d.cfg.Layout = kvcache.Layout{}
 	d.cfg.Model.Layers = nil
-	for _, l := range s.Layers {
-		if x := mix[l.Index]; x != nil && x.Kind == device.KernelMamba2 {
-			d.mambas = append(d.mambas, l.Index)
-		}
-	}
-	// The runtime's Stage.Pools drop Layers; the config's layout has them
-	// (same pools, same order).
-	pools := cfg.Layout.Pools
-	if d.place, err = paged.Place(s.Layers, pools); err != nil {
-		return nil, err
-	}
+	pools := ps.Pools
 	var total int64
 	maxID := -1
 	for _, p := range pools {
@@ -215,7 +162,6 @@ func open(s device.Stage, o Options) (device.Device, error) {
 	}
 	d.byID = make([]kernel.Pool, maxID+1)
 	for i, p := range pools {
-		p.Layers = slices.Clone(p.Layers)
 		mem := kernel.Pool{Data: make([]byte, int64(p.Blocks)*p.BlockBytes), BlockBytes: int(p.BlockBytes)}
 		d.pools = append(d.pools, pool{Pool: p, mem: mem})
 		d.byID[p.ID] = mem

@@ -31,7 +31,7 @@ func NewReference(m spec.Model, seed uint64, kernelOf func(spec.Mixer) device.Ke
 	if kernelOf == nil {
 		return nil, fmt.Errorf("reference: no kernel choice (want a backend's Kernel method)")
 	}
-	if m.Arch == archGDN {
+	if m.Arch == paged.ArchGDN {
 		return nil, fmt.Errorf("model %q arch %s: Gated DeltaNet layers cannot run on the cpu kernels", m.Name, m.Arch)
 	}
 	kv, err := kvFromBuffers(&m, kernelOf)
