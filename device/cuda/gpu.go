@@ -1,0 +1,231 @@
+//go:build cuda && cgo
+
+package cuda
+
+/*
+#cgo LDFLAGS: -lcuda
+#include <cuda.h>
+*/
+import "C"
+
+import (
+	"embed"
+	"fmt"
+	"math"
+	"path"
+	"runtime"
+	"sort"
+	"strings"
+	"unsafe"
+
+	"gorgonia.org/cu"
+)
+
+// Built reports whether this binary has the cuda device (the cuda build tag).
+const Built = true
+
+//go:embed ptx/*.ptx
+var ptxFS embed.FS
+
+// gpu is one CUDA context on one OS-locked goroutine. Every cu call runs on
+// that goroutine (do); the functions of the embedded PTX modules are looked
+// up by name once. Errors of asynchronous work (a kernel that faults) are
+// sticky in CUDA itself: sync reports them.
+type gpu struct {
+	calls  chan func()
+	dev    cu.Device
+	ctx    cu.CUContext
+	name   string
+	mods   []cu.Module
+	fns    map[string]cu.Function
+	stream cu.Stream // the null stream: launches and copies run in issue order
+}
+
+// newGPU makes a context on device ordinal and loads the kernels.
+func newGPU(ordinal int) (*gpu, error) {
+	g := &gpu{calls: make(chan func()), fns: map[string]cu.Function{}}
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // the context is current on this thread only
+		started <- g.init(ordinal)
+		for f := range g.calls {
+			f()
+		}
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+func (g *gpu) init(ordinal int) error {
+	var err error
+	if g.dev, err = cu.GetDevice(ordinal); err != nil {
+		return fmt.Errorf("cuda device %d: %w", ordinal, err)
+	}
+	if g.name, err = g.dev.Name(); err != nil {
+		return fmt.Errorf("cuda device %d name: %w", ordinal, err)
+	}
+	if g.ctx, err = g.dev.MakeContext(cu.SchedAuto); err != nil {
+		return fmt.Errorf("cuda device %d (%s): context: %w", ordinal, g.name, err)
+	}
+	files, err := ptxFS.ReadDir("ptx")
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		if !strings.HasSuffix(f.Name(), ".ptx") {
+			continue
+		}
+		src, err := ptxFS.ReadFile(path.Join("ptx", f.Name()))
+		if err != nil {
+			return err
+		}
+		mod, err := cu.LoadData(string(src))
+		if err != nil {
+			return fmt.Errorf("cuda: load %s: %w", f.Name(), err)
+		}
+		g.mods = append(g.mods, mod)
+		for _, name := range entries(string(src)) {
+			fn, err := mod.Function(name)
+			if err != nil {
+				return fmt.Errorf("cuda: %s: function %s: %w", f.Name(), name, err)
+			}
+			if _, dup := g.fns[name]; dup {
+				return fmt.Errorf("cuda: kernel %s is defined twice (%s)", name, f.Name())
+			}
+			g.fns[name] = fn
+		}
+	}
+	return nil
+}
+
+// entries lists the kernels (.entry) of a PTX module.
+func entries(ptx string) []string {
+	var names []string
+	for _, line := range strings.Split(ptx, "\n") {
+		line = strings.TrimSpace(line)
+		if rest, ok := strings.CutPrefix(line, ".visible .entry "); ok {
+			if i := strings.IndexByte(rest, '('); i > 0 {
+				names = append(names, rest[:i])
+			}
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// do runs f on the context's goroutine and returns its error.
+func (g *gpu) do(f func() error) error {
+	done := make(chan error, 1)
+	g.calls <- func() { done <- f() }
+	return <-done
+}
+
+// close destroys the context and ends the goroutine.
+func (g *gpu) close() error {
+	err := g.do(func() error { return g.ctx.Destroy() })
+	close(g.calls)
+	return err
+}
+
+// sync waits for all issued work and returns the first error of any of it.
+func (g *gpu) sync() error {
+	if err := cu.Synchronize(); err != nil {
+		return fmt.Errorf("cuda: %w", err)
+	}
+	return nil
+}
+
+// dim is a launch's grid or block shape.
+type dim struct{ x, y, z int }
+
+// launch runs kernel name on the context's goroutine (the caller must be
+// on it). Arguments: cu.DevicePtr, int, int64 (a kernel's long long), float32
+// (a kernel's float). cu passes every argument as 8 bytes, so smaller
+// scalars travel in the low bytes of a 64-bit slot.
+func (g *gpu) launch(name string, grid, block dim, shmem int, args ...any) error {
+	fn, ok := g.fns[name]
+	if !ok {
+		return fmt.Errorf("cuda: no kernel %s in the embedded PTX", name)
+	}
+	slots := make([]uint64, len(args))
+	ptrs := make([]unsafe.Pointer, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case cu.DevicePtr:
+			slots[i] = uint64(v)
+		case int:
+			slots[i] = uint64(int64(v))
+		case int64:
+			slots[i] = uint64(v)
+		case float32:
+			slots[i] = uint64(math.Float32bits(v))
+		default:
+			panic(fmt.Sprintf("cuda: launch %s: argument %d of type %T", name, i, a))
+		}
+		ptrs[i] = unsafe.Pointer(&slots[i])
+	}
+	if grid.x <= 0 || grid.y <= 0 || grid.z <= 0 {
+		return nil // nothing to do (an empty tensor)
+	}
+	if err := fn.Launch(grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem, g.stream, ptrs); err != nil {
+		return fmt.Errorf("cuda: launch %s grid %v block %v: %w", name, grid, block, err)
+	}
+	return nil
+}
+
+// alloc returns n bytes of device memory (never managed memory).
+func (g *gpu) alloc(n int64) (cu.DevicePtr, error) {
+	if n <= 0 {
+		n = 1
+	}
+	p, err := cu.MemAlloc(n)
+	if err != nil {
+		return 0, fmt.Errorf("cuda: allocate %d bytes of device memory: %w", n, err)
+	}
+	return p, nil
+}
+
+// allocHost returns n bytes of pinned, device-mapped host memory: on a
+// 64-bit (unified addressing) context its host address is also its device
+// address, so kernels read and write it directly.
+func (g *gpu) allocHost(n int64) (unsafe.Pointer, error) {
+	if n <= 0 {
+		n = 1
+	}
+	var p unsafe.Pointer
+	if r := C.cuMemHostAlloc(&p, C.size_t(n), C.CU_MEMHOSTALLOC_DEVICEMAP|C.CU_MEMHOSTALLOC_PORTABLE); r != C.CUDA_SUCCESS {
+		return nil, fmt.Errorf("cuda: allocate %d bytes of pinned host memory: CUresult %d", n, int(r))
+	}
+	return p, nil
+}
+
+func (g *gpu) freeHost(p unsafe.Pointer) { C.cuMemFreeHost(p) }
+
+// memInfo returns the device's free and total memory as the driver sees it.
+func (g *gpu) memInfo() (free, total int64, err error) { return cu.MemInfo() }
+
+// upload copies host bytes to device memory.
+func upload[T any](dst cu.DevicePtr, src []T) error {
+	if len(src) == 0 {
+		return nil
+	}
+	n := int64(len(src)) * int64(unsafe.Sizeof(src[0]))
+	if err := cu.MemcpyHtoD(dst, unsafe.Pointer(&src[0]), n); err != nil {
+		return fmt.Errorf("cuda: copy %d bytes to the device: %w", n, err)
+	}
+	return nil
+}
+
+// download copies device memory to host.
+func download[T any](dst []T, src cu.DevicePtr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	n := int64(len(dst)) * int64(unsafe.Sizeof(dst[0]))
+	if err := cu.MemcpyDtoH(unsafe.Pointer(&dst[0]), src, n); err != nil {
+		return fmt.Errorf("cuda: copy %d bytes from the device: %w", n, err)
+	}
+	return nil
+}

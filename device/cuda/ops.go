@@ -1,0 +1,209 @@
+//go:build cuda && cgo
+
+package cuda
+
+import (
+	"fmt"
+
+	"gorgonia.org/cu"
+
+	"github.com/kvx-dev/kvx/device"
+	"github.com/kvx-dev/kvx/device/hf"
+	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
+
+// tensor is the cuda device's synth.Tensor: r × c float32 values, row-major
+// and contiguous, in device memory.
+type tensor struct {
+	p    cu.DevicePtr
+	r, c int
+}
+
+func (t *tensor) Rows() int { return t.r }
+func (t *tensor) Cols() int { return t.c }
+
+// bytes is the tensor's size in bytes.
+func (t *tensor) bytes() int64 { return int64(t.r) * int64(t.c) * 4 }
+
+// row returns the address of row i.
+func (t *tensor) row(i int) cu.DevicePtr { return t.p + cu.DevicePtr(int64(i)*int64(t.c)*4) }
+
+// cudaTensor returns t as the cuda device's tensor. It panics on another
+// device's tensor (a programmer error: tensors are valid only on their
+// device).
+func cudaTensor(t synth.Tensor) *tensor {
+	ct, ok := t.(*tensor)
+	if !ok {
+		panic(fmt.Sprintf("cuda: tensor %T is not the cuda device's", t))
+	}
+	return ct
+}
+
+func shape(name string, t *tensor, r, c int) {
+	if t.r != r || t.c != c {
+		panic(fmt.Sprintf("cuda: %s: tensor is %d × %d, want %d × %d", name, t.r, t.c, r, c))
+	}
+}
+
+// arena hands out the device memory of one step's activations: bump
+// allocation in chunks, all of it reused after reset. After a step that
+// needed more than one chunk, reset replaces them by one chunk of their
+// total size, so a steady workload allocates nothing.
+type arena struct {
+	g      *gpu
+	chunks []chunk
+	peak   int64
+}
+
+type chunk struct {
+	p         cu.DevicePtr
+	size, off int64
+}
+
+const (
+	arenaAlign = 256
+	arenaMin   = 64 << 20
+)
+
+func (a *arena) alloc(n int64) (cu.DevicePtr, error) {
+	n = (n + arenaAlign - 1) / arenaAlign * arenaAlign
+	if n == 0 {
+		n = arenaAlign
+	}
+	if k := len(a.chunks); k > 0 {
+		c := &a.chunks[k-1]
+		if c.off+n <= c.size {
+			p := c.p + cu.DevicePtr(c.off)
+			c.off += n
+			return p, nil
+		}
+	}
+	size := int64(arenaMin)
+	if k := len(a.chunks); k > 0 {
+		size = max(size, 2*a.chunks[k-1].size)
+	}
+	size = max(size, n)
+	p, err := a.g.alloc(size)
+	if err != nil {
+		return 0, err
+	}
+	a.chunks = append(a.chunks, chunk{p: p, size: size, off: n})
+	return p, nil
+}
+
+// reset makes all of the arena's memory free again. The caller must have
+// synchronized: no kernel may still use it.
+func (a *arena) reset() error {
+	var total int64
+	for _, c := range a.chunks {
+		total += c.size
+	}
+	a.peak = max(a.peak, total)
+	if len(a.chunks) > 1 {
+		a.free()
+		p, err := a.g.alloc(total)
+		if err != nil {
+			return err
+		}
+		a.chunks = []chunk{{p: p, size: total}}
+	}
+	for i := range a.chunks {
+		a.chunks[i].off = 0
+	}
+	return nil
+}
+
+func (a *arena) free() {
+	for _, c := range a.chunks {
+		cu.MemFree(c.p)
+	}
+	a.chunks = nil
+}
+
+// ops implements hf.Ops (and so synth.Ops) on the GPU for one step: every
+// tensor it returns lives in the step's arena, weights in memory kept as
+// long as the device. Ops calls run on the context's goroutine. A CUDA
+// failure does not panic: the first one is kept (err) and every later op
+// is skipped, and Forward returns it.
+type ops struct {
+	g       *gpu
+	ar      *arena
+	weights *[]cu.DevicePtr // where Weight records what it allocates
+	err     error
+
+	// The paged state of a Forward (nil for ops without a device, as in the
+	// op tests): the device, the runtime's tables, the step's items.
+	d     *Device
+	t     *device.Tables
+	items map[kvcache.SeqID]*worker.Item
+}
+
+var _ hf.Ops = (*ops)(nil)
+
+// fail keeps the first error.
+func (o *ops) fail(err error) {
+	if err != nil && o.err == nil {
+		o.err = err
+	}
+}
+
+// newTensor returns an r × c tensor of the step's arena (uninitialized).
+func (o *ops) newTensor(r, c int) *tensor {
+	t := &tensor{r: r, c: c}
+	if o.err != nil {
+		return t
+	}
+	p, err := o.ar.alloc(t.bytes())
+	o.fail(err)
+	t.p = p
+	return t
+}
+
+// scratch returns n bytes of the step's arena.
+func (o *ops) scratch(n int64) cu.DevicePtr {
+	if o.err != nil {
+		return 0
+	}
+	p, err := o.ar.alloc(n)
+	o.fail(err)
+	return p
+}
+
+// put copies host values (int32, int64, uint64, float32) into the step's
+// arena and returns their address.
+func put[T any](o *ops, v []T) cu.DevicePtr {
+	var zero T
+	n := int64(len(v)) * int64(sizeOf(zero))
+	p := o.scratch(n)
+	if o.err == nil {
+		o.fail(upload(p, v))
+	}
+	return p
+}
+
+func sizeOf(v any) int {
+	switch v.(type) {
+	case int32, float32, uint32:
+		return 4
+	case int64, uint64, float64:
+		return 8
+	case int16, uint16:
+		return 2
+	case int8, uint8:
+		return 1
+	}
+	panic(fmt.Sprintf("cuda: put of %T", v))
+}
+
+// run launches kernel name unless an earlier op failed.
+func (o *ops) run(name string, grid, block dim, shmem int, args ...any) {
+	if o.err != nil {
+		return
+	}
+	o.fail(o.g.launch(name, grid, block, shmem, args...))
+}
+
+// blocks returns the number of blocks of size per covering n threads.
+func blocks(n, per int) int { return (n + per - 1) / per }
