@@ -75,3 +75,17 @@ func (t *Tables) release(seq kvcache.SeqID) {
 func (s *seqTables) apply(pool int, d kvcache.TableDelta) {
 	s.blocks[pool] = append(s.blocks[pool][:d.From], d.Blocks...)
 }
+
+// TablesOf returns tables holding tabs (by sequence, one table per pool
+// index of a layout of pools pools), for a device's tests, which run a
+// device's kernels without the runtime. The tables are the caller's
+// slices.
+func TablesOf(pools int, tabs map[kvcache.SeqID][][]kvcache.BlockID) *Tables {
+	t := &Tables{}
+	t.reset(pools)
+	for seq, bs := range tabs {
+		s := t.getOrAdd(seq)
+		copy(s.blocks, bs)
+	}
+	return t
+}

@@ -1,0 +1,47 @@
+//go:build cuda && cgo
+
+package cuda
+
+import (
+	"testing"
+
+	"gorgonia.org/cu"
+)
+
+// newTestOps returns ops without a device (row-wise ops, weights) on the
+// process's context, freed when the test ends. Call them inside on.
+func newTestOps(t testing.TB) *ops {
+	t.Helper()
+	g, err := sharedGPU()
+	if err != nil {
+		t.Fatalf("no GPU: %v", err)
+	}
+	o := &ops{g: g, ar: &arena{g: g}, weights: new([]cu.DevicePtr)}
+	t.Cleanup(func() {
+		g.do(func() error {
+			for _, w := range *o.weights {
+				cu.MemFree(w)
+			}
+			o.ar.free()
+			return nil
+		})
+	})
+	return o
+}
+
+// on runs f on the context's goroutine (every op must run there) and fails
+// the test with the ops' sticky error. f must not call t.Fatal (another
+// goroutine); t.Error is fine.
+func on(t testing.TB, o *ops, f func()) {
+	t.Helper()
+	o.g.do(func() error {
+		f()
+		return nil
+	})
+	if err := o.g.do(o.g.sync); err != nil {
+		t.Fatalf("cuda: %v", err)
+	}
+	if o.err != nil {
+		t.Fatalf("ops: %v", o.err)
+	}
+}
