@@ -22,7 +22,6 @@ type decodeRig struct {
 	tables, ctxs           cu.DevicePtr
 	batch, heads, kvh, ctx int
 	maxBlocks              int
-	host                   []kernel.BlockTables // nil unless kept for a check
 	table                  [][]int32
 }
 
