@@ -137,12 +137,12 @@ func (d *Device) allocPools() error {
 		q := pool{Pool: p}
 		n := q.bytes()
 		if p.Tier == kvcache.TierHost {
-			h, err := d.g.allocHost(n)
+			h, a, err := d.g.allocHost(n)
 			if err != nil {
 				return fmt.Errorf("pool %d (%s): %w", p.ID, p.Name, err)
 			}
 			clear(unsafe.Slice((*byte)(h), n))
-			q.host, q.addr = h, cu.DevicePtr(uintptr(h))
+			q.host, q.addr = h, a
 		} else {
 			a, err := d.g.alloc(n)
 			if err != nil {

@@ -187,18 +187,23 @@ func (g *gpu) alloc(n int64) (cu.DevicePtr, error) {
 	return p, nil
 }
 
-// allocHost returns n bytes of pinned, device-mapped host memory: on a
-// 64-bit (unified addressing) context its host address is also its device
-// address, so kernels read and write it directly.
-func (g *gpu) allocHost(n int64) (unsafe.Pointer, error) {
+// allocHost returns n bytes of pinned, device-mapped host memory and the
+// address kernels read and write it at (on a unified-addressing context,
+// the host address itself).
+func (g *gpu) allocHost(n int64) (unsafe.Pointer, cu.DevicePtr, error) {
 	if n <= 0 {
 		n = 1
 	}
 	var p unsafe.Pointer
 	if r := C.cuMemHostAlloc(&p, C.size_t(n), C.CU_MEMHOSTALLOC_DEVICEMAP|C.CU_MEMHOSTALLOC_PORTABLE); r != C.CUDA_SUCCESS {
-		return nil, fmt.Errorf("cuda: allocate %d bytes of pinned host memory: CUresult %d", n, int(r))
+		return nil, 0, fmt.Errorf("cuda: allocate %d bytes of pinned host memory: CUresult %d", n, int(r))
 	}
-	return p, nil
+	var d C.CUdeviceptr
+	if r := C.cuMemHostGetDevicePointer(&d, p, 0); r != C.CUDA_SUCCESS {
+		C.cuMemFreeHost(p)
+		return nil, 0, fmt.Errorf("cuda: device address of %d bytes of pinned host memory: CUresult %d", n, int(r))
+	}
+	return p, cu.DevicePtr(d), nil
 }
 
 func (g *gpu) freeHost(p unsafe.Pointer) { C.cuMemFreeHost(p) }
