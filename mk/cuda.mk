@@ -71,16 +71,16 @@ cuda-build: cuda-deps
 	$(CUDA_ENV) $(GO) build -tags cuda -trimpath -ldflags='$(GPU_LDFLAGS)' -o $(GPU_DIR)/bin/ $(CUDA_BACKENDS:%=./cmd/%)
 	CGO_ENABLED=1 $(GO) build -trimpath -ldflags='$(GPU_LDFLAGS)' -o $(GPU_DIR)/bin/ $(HOST_BINS:%=./cmd/%)
 
-## gpu-bundle: everything a GPU machine needs into .gpu/ (run.sh, bundle.tar.xz, bench/);
+## gpu-bundle: everything a GPU machine needs into .gpu/ (run.sh, bundle.tar.xz, scripts/);
 ## there: bash .gpu/run.sh (as a device call: carry [".gpu"])
 gpu-bundle: cuda-build
 	@mkdir -p $(GPU_DIR)/test
 	$(CUDA_ENV) $(GO) test -c -tags cuda -trimpath -ldflags='$(GPU_LDFLAGS)' -o $(GPU_DIR)/test/cuda.test ./device/cuda
 	@test -x $(GPU_DIR)/test/cuda.test || { echo "gpu-bundle: device/cuda has no tests; nothing at .gpu/test/cuda.test"; exit 1; }
-	rm -rf $(GPU_DIR)/scenarios $(GPU_DIR)/hf $(GPU_DIR)/bench $(GPU_DIR)/bundle.tar.xz
+	rm -rf $(GPU_DIR)/scenarios $(GPU_DIR)/hf $(GPU_DIR)/scripts $(GPU_DIR)/bundle.tar.xz
 	cp -r scenarios $(GPU_DIR)/scenarios
 	mkdir -p $(GPU_DIR)/hf && cp -r device/hf/testdata $(GPU_DIR)/hf/testdata
-	@if [ -d bench ]; then cp -r bench $(GPU_DIR)/bench; fi
+	mkdir -p $(GPU_DIR)/scripts && cp scripts/*.py $(GPU_DIR)/scripts/
 	@# One xz stream with a 64 MiB window: the binaries share most of
 	@# their code, so they pack to about a fifth of their size.
 	@echo "packing .gpu/bundle.tar.xz (about a minute)"

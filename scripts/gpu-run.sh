@@ -16,14 +16,18 @@
 #               relative path)
 #   hf/testdata the Hugging Face goldens (device/hf/testdata)
 #   scenarios/  the repo's scenarios
-#   bench/      the repo's bench/ (not packed), if it had one
+#   scripts/    the Python scripts the bench and tokenizers steps run
 #
 # Steps (STEPS, space-separated, in order):
 #   test     ./cuda.test -test.v -test.count=1 $TEST_ARGS, from test/
-#   compare  kvx compare of scenarios/cpu-llama.yaml, cache managers v1 and
-#            v2, once with device cuda and once with device cpu; prints the
-#            outputs digest of every variant and fails unless all are equal
-#   bench    python3 bench/baselines.py if present, then every bench/*.sh
+#   compare  kvx compare of the cpu scenarios (the compares list below: GQA,
+#            DSA and dense MLA, the hybrid, a checkpoint; managers v1, v2 and
+#            mamba, reuse on and off), once with device cuda and once with
+#            device cpu; prints the outputs digest of every variant and fails
+#            unless all of a scenario's are equal
+#   bench    the kernels' Go benchmarks, then scripts/cuda-bench.py: PyTorch
+#            baselines in the same run and $OUT/cuda-bench.{md,json}
+#   tokenizers  scripts/hf_tokenizer_goldens.py into $OUT/tokenizers
 # Each step's output goes to the terminal and to $OUT/<step>.log, and its
 # exit status to $OUT/summary.txt ($OUT defaults to ./out beside run.sh).
 # The exit status is 0 only when every step passed.
@@ -68,50 +72,62 @@ step_test() {
 	(cd test && ./cuda.test -test.v -test.count=1 $TEST_ARGS)
 }
 
+# The compares: scenario, then kvx's --vary and --set arguments. Every
+# variant of a scenario must give the same outputs digest on both devices.
+compares=(
+	"cpu-llama.yaml --vary cache_manager=v1,v2 --vary kv_cache_config.enable_block_reuse=true,false"
+	"cpu-dsa.yaml --vary cache_manager=v1,v2"
+	"cpu-dsa.yaml --vary cache_manager=v1,v2 --set attention_backend=mla"
+	"cpu-hybrid.yaml --vary cache_manager=v1,mamba"
+	"hf-llama.yaml --vary cache_manager=v1,v2 --set model=$here/hf/testdata/llama"
+)
+
 step_compare() {
-	local dev rc=0
-	for dev in cuda cpu; do
-		echo "== kvx compare, device $dev"
-		bin/kvx compare -c scenarios/cpu-llama.yaml --set device=$dev --vary cache_manager=v1,v2 \
-			--json "$OUT/compare-$dev.json" --no-progress || rc=1
+	local dev rc=0 i=0 c
+	for c in "${compares[@]}"; do
+		i=$((i + 1))
+		local scen=${c%% *} args=${c#* }
+		for dev in cuda cpu; do
+			echo "== kvx compare -c $scen $args, device $dev"
+			# shellcheck disable=SC2086
+			bin/kvx compare -c "scenarios/$scen" --set device=$dev $args \
+				--json "$OUT/compare-$i-$dev.json" --no-progress || rc=1
+		done
+		[[ -s $OUT/compare-$i-cuda.json && -s $OUT/compare-$i-cpu.json ]] || { echo "compare $scen: a run wrote no report"; rc=1; continue; }
+		local cuda cpu n
+		cuda=$(digests "$OUT/compare-$i-cuda.json") || { rc=1; continue; }
+		cpu=$(digests "$OUT/compare-$i-cpu.json") || { rc=1; continue; }
+		echo "device cuda:"; echo "$cuda" | sed 's/^/  /'
+		echo "device cpu:"; echo "$cpu" | sed 's/^/  /'
+		n=$(printf '%s\n%s\n' "$cuda" "$cpu" | awk '{print $NF}' | sort -u | wc -l)
+		if [[ $n != 1 ]]; then
+			echo "compare $scen: the outputs digests differ: device cuda must give device cpu's tokens bit for bit"
+			rc=1
+		else
+			echo "compare $scen: every variant on both devices has the same outputs digest"
+		fi
 	done
-	[[ -s $OUT/compare-cuda.json && -s $OUT/compare-cpu.json ]] || { echo "compare: a run wrote no report"; return 1; }
-	echo "== outputs digest"
-	local cuda cpu
-	cuda=$(digests "$OUT/compare-cuda.json") || return 1
-	cpu=$(digests "$OUT/compare-cpu.json") || return 1
-	echo "device cuda:"; echo "$cuda" | sed 's/^/  /'
-	echo "device cpu:"; echo "$cpu" | sed 's/^/  /'
-	local n
-	n=$(printf '%s\n%s\n' "$cuda" "$cpu" | awk '{print $NF}' | sort -u | wc -l)
-	if [[ $n != 1 ]]; then
-		echo "compare: the outputs digests differ: device cuda must give device cpu's tokens bit for bit"
-		return 1
-	fi
-	echo "compare: every variant on both devices has the same outputs digest"
 	return $rc
 }
 
+# bench: the cuda kernels' benchmarks (the test binary's), then PyTorch's
+# baselines on the same GPU and the table of ratios (scripts/cuda-bench.py).
 step_bench() {
-	local ran=0 rc=0 s
-	if [[ -f bench/baselines.py ]]; then
-		ran=1
-		python3 bench/baselines.py || rc=1
-	fi
-	for s in bench/*.sh; do
-		[[ -f $s ]] || continue
-		ran=1
-		echo "== $s"
-		bash "$s" || rc=1
-	done
-	[[ $ran == 1 ]] || echo "bench: nothing to run (no bench/baselines.py, no bench/*.sh)"
-	return $rc
+	(cd test && ./cuda.test -test.run '^$' -test.bench "${BENCH:-DecodeGQA|Copy|MatMul}" -test.benchtime "${BENCHTIME:-10x}") | tee "$OUT/go-bench.txt"
+	python3 scripts/cuda-bench.py --go-bench "$OUT/go-bench.txt" --out "$OUT"
+}
+
+# tokenizers: Hugging Face tokenizers' encodings of small tokenizers built
+# from scratch there (scripts/hf_tokenizer_goldens.py), the oracle of kvx's
+# tokenizer.json reader.
+step_tokenizers() {
+	python3 scripts/hf_tokenizer_goldens.py "$OUT/tokenizers"
 }
 
 failed=0
 for step in $STEPS; do
 	if ! declare -F "step_$step" >/dev/null; then
-		echo "run.sh: unknown step $step (known: test compare bench)" | tee -a "$OUT/summary.txt"
+		echo "run.sh: unknown step $step (known: test compare bench tokenizers)" | tee -a "$OUT/summary.txt"
 		failed=1
 		continue
 	fi
