@@ -84,7 +84,7 @@ gpu-bundle: cuda-build
 	@# One xz stream with a 64 MiB window: the binaries share most of
 	@# their code, so they pack to about a fifth of their size.
 	@echo "packing .gpu/bundle.tar.xz (about a minute)"
-	cd $(GPU_DIR) && tar -cf - bin test scenarios hf | xz -9 -T1 > bundle.tar.xz.tmp && mv bundle.tar.xz.tmp bundle.tar.xz
+	cd $(GPU_DIR) && tar -cf - bin test scenarios hf | xz -6 -T2 > bundle.tar.xz.tmp && mv bundle.tar.xz.tmp bundle.tar.xz
 	cd $(GPU_DIR) && rm -rf bin test scenarios hf
 	install -m 755 scripts/gpu-run.sh $(GPU_DIR)/run.sh
 	@echo "bundle: $$(du -sh $(GPU_DIR) | cut -f1) in .gpu/; run it there with: bash .gpu/run.sh"

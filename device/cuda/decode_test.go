@@ -105,7 +105,7 @@ func TestDecodeGQA(t *testing.T) {
 			var got []float32
 			var pool []byte
 			on(t, o, func() {
-				qt := o.FromHost(q, c.batch, c.heads*128).(*tensor)
+				qt := hostTensor(o, q, c.batch, c.heads*128)
 				out := r.o.decodeGQA(qt, r.v, r.tables, r.ctxs, c.batch, c.heads, c.kvh, r.maxBlocks, c.ctx, c.split)
 				got = make([]float32, c.batch*c.heads*128)
 				o.fail(download(got, out.p))
@@ -163,7 +163,7 @@ func BenchmarkDecodeGQA(b *testing.B) {
 				}
 				split := splitFor(batch, 8, ctx)
 				var qt *tensor
-				on(b, o, func() { qt = o.FromHost(q, batch, 32*128).(*tensor) })
+				on(b, o, func() { qt = keptTensor(o, q, batch, 32*128) })
 				run := func(n int) time.Duration {
 					var d time.Duration
 					on(b, o, func() {

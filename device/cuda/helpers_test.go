@@ -45,3 +45,27 @@ func on(t testing.TB, o *ops, f func()) {
 		t.Fatalf("ops: %v", o.err)
 	}
 }
+
+// hostTensor uploads data as an r × c tensor of o's arena without going
+// through the ops under test.
+func hostTensor(o *ops, data []float32, r, c int) *tensor {
+	t := o.newTensor(r, c)
+	if o.err == nil {
+		o.fail(upload(t.p, data))
+	}
+	return t
+}
+
+// keptTensor uploads data as an r × c tensor that outlives arena resets
+// (freed with o's weights).
+func keptTensor(o *ops, data []float32, r, c int) *tensor {
+	t := &tensor{r: r, c: c}
+	p, err := o.g.alloc(t.bytes())
+	o.fail(err)
+	if err == nil {
+		*o.weights = append(*o.weights, p)
+		t.p = p
+		o.fail(upload(p, data))
+	}
+	return t
+}
