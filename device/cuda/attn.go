@@ -35,8 +35,9 @@ const (
 	// without opting in.
 	attnMaxShared = 48 << 10
 	// attStatic is the shared memory the attention kernels declare
-	// statically (the tile's row addresses, the max reduction, l).
-	attStatic = attThreads*8 + attThreads*4 + 16
+	// statically: the tile's row addresses, the max reduction, the kept
+	// scores (SCAP in attn.cu), l.
+	attStatic = attThreads*8 + attThreads*4 + 2048*4 + 64
 )
 
 // attnMixer returns layer's kernel configuration, which must be k.

@@ -5,8 +5,10 @@ package cuda
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"gorgonia.org/cu"
@@ -37,7 +39,7 @@ type attnRig struct {
 // newAttnRig configures layer l of m on kernel k at KV dtype dt, in a pool
 // of tpb tokens per block with room for seqs tokens per sequence. edit,
 // when not nil, adjusts the mixer (a scale) before use.
-func newAttnRig(t *testing.T, m *spec.Model, l spec.Layer, k device.Kernel, dt kernel.Dtype, tpb int, seqs map[kvcache.SeqID]int, edit func(*paged.Mixer)) *attnRig {
+func newAttnRig(t testing.TB, m *spec.Model, l spec.Layer, k device.Kernel, dt kernel.Dtype, tpb int, seqs map[kvcache.SeqID]int, edit func(*paged.Mixer)) *attnRig {
 	t.Helper()
 	o := newTestOps(t)
 	l.Index = attnLayer
@@ -78,11 +80,8 @@ func newAttnRig(t *testing.T, m *spec.Model, l spec.Layer, k device.Kernel, dt k
 	}
 	perm := r.Perm(nb)
 	tabs := map[kvcache.SeqID][][]kvcache.BlockID{}
-	for _, seq := range []kvcache.SeqID{1, 2, 3, 4} { // a fixed order: the same tables every run
-		n, ok := seqs[seq]
-		if !ok {
-			continue
-		}
+	for _, seq := range slices.Sorted(maps.Keys(seqs)) { // a fixed order: the same tables every run
+		n := seqs[seq]
 		var tab []kvcache.BlockID
 		for range blocks(n, tpb) {
 			tab = append(tab, kvcache.BlockID(perm[0]))
@@ -239,7 +238,9 @@ func TestGQA(t *testing.T) {
 		{"fp8-mha-window", 4, 4, 14, 5, 3, 11, kernel.FP8, 0},
 		{"f32-mqa-wide", 8, 1, 136, 0, 16, 150, kernel.F32, 0.07},
 		{"bf16-window-long", 3, 1, 64, 37, 8, 150, kernel.BF16, 0},
-		{"bf16-odd-groups", 6, 2, 32, 0, 5, 140, kernel.BF16, 0}, // 3 heads per kv head
+		{"bf16-odd-groups", 6, 2, 32, 0, 5, 140, kernel.BF16, 0},    // 3 heads per kv head
+		{"bf16-beyond-kept", 2, 1, 16, 0, 32, 2100, kernel.BF16, 0}, // contexts past SCAP: scores computed again
+		{"fp8-window-beyond-kept", 2, 2, 12, 2070, 32, 2100, kernel.FP8, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -319,6 +320,7 @@ func TestMLA(t *testing.T) {
 		{name: "bf16", heads: 3, r: 18, n: 6, pe: 6, vd: 7, tpb: 4, long: 9, dt: kernel.BF16},
 		{name: "fp8-long", heads: 2, r: 33, n: 5, pe: 4, vd: 9, tpb: 3, long: 140, dt: kernel.FP8},
 		{name: "f32-wide-scale", heads: 4, r: 160, n: 16, pe: 2, vd: 130, tpb: 16, long: 20, dt: kernel.F32, scale: 0.11},
+		{name: "bf16-beyond-kept", heads: 2, r: 8, n: 4, pe: 2, vd: 3, tpb: 32, long: 2100, dt: kernel.BF16},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { runMLA(t, c, device.KernelMLA, spec.MixerMLA) })
@@ -333,6 +335,7 @@ func TestDSA(t *testing.T) {
 		{name: "plain-f32", heads: 2, r: 12, n: 4, pe: 2, vd: 5, tpb: 5, long: 40, dt: kernel.F32, ixHeads: 2, ixDim: 6, topK: 7, plain: true},
 		{name: "quantized-ties", heads: 2, r: 10, n: 3, pe: 2, vd: 4, tpb: 4, long: 270, dt: kernel.F32, ixHeads: 2, ixDim: 5, topK: 5, zeroW: true},
 		{name: "quantized-long", heads: 2, r: 16, n: 8, pe: 4, vd: 8, tpb: 16, long: 290, dt: kernel.BF16, ixHeads: 8, ixDim: 32, topK: 64},
+		{name: "plain-bf16-beyond-kept", heads: 2, r: 8, n: 4, pe: 2, vd: 3, tpb: 32, long: 2200, dt: kernel.BF16, ixHeads: 2, ixDim: 8, topK: 2100, plain: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { runMLA(t, c, device.KernelDSA, spec.MixerDSA) })
@@ -405,5 +408,101 @@ func TestAttnWrongKernel(t *testing.T) {
 	})
 	if err == nil {
 		t.Errorf("GQA on a layer without a mixer: no error")
+	}
+}
+
+// BenchmarkAttn times one call of each mixer at model-like sizes: a decode
+// step of several sequences over a long context, and a prefill chunk.
+func BenchmarkAttn(b *testing.B) {
+	decode := func(seqs, ctx int) []synth.Seg {
+		var segs []synth.Seg
+		for i := range seqs {
+			segs = append(segs, synth.Seg{Seq: kvcache.SeqID(i + 1), Pos: ctx - 1, Rows: 1})
+		}
+		return segs
+	}
+	prefill := []synth.Seg{{Seq: 1, Pos: 2048, Rows: 2048}} // positions before 2048 read as zeros
+	for _, bc := range []struct {
+		name string
+		segs []synth.Seg
+	}{{"decode-32x4096", decode(32, 4096)}, {"prefill-2048", prefill}} {
+		b.Run("gqa-"+bc.name, func(b *testing.B) {
+			m := &spec.Model{Heads: 32, KVHeads: 8, HeadDim: 128}
+			g := newAttnRig(b, m, spec.Layer{Mixer: spec.MixerGQA}, device.KernelGQA, kernel.BF16, 16, attnSeqs([][]synth.Seg{bc.segs}), nil)
+			rows := len(bc.segs) * bc.segs[0].Rows
+			q, kv := g.rand(rows*32*128, 1), g.rand(rows*8*128, 1)
+			benchAttn(b, g, func(up func([]float32, int, int) synth.Tensor) (synth.Tensor, error) {
+				return g.o.GQA(context.Background(), attnLayer, bc.segs, up(q, rows, 32*128), up(kv, rows, 8*128), up(kv, rows, 8*128))
+			})
+		})
+		for _, k := range []device.Kernel{device.KernelMLA, device.KernelDSA} {
+			c := mlaCase{heads: 16, r: 512, n: 128, pe: 64, vd: 128, dt: kernel.BF16, ixHeads: 64, ixDim: 128, topK: 2048}
+			mix := spec.MixerMLA
+			if k == device.KernelDSA {
+				mix = spec.MixerDSA
+			}
+			b.Run(string(mix)+"-"+bc.name, func(b *testing.B) {
+				g := newAttnRig(b, c.model(), spec.Layer{Mixer: mix}, k, c.dt, 16, attnSeqs([][]synth.Seg{bc.segs}), nil)
+				rows := len(bc.segs) * bc.segs[0].Rows
+				in := g.mlaInputs(c, rows)
+				uk, uv := g.rand(c.heads*c.n*c.r, 1), g.rand(c.heads*c.vd*c.r, 1)
+				benchAttn(b, g, func(up func([]float32, int, int) synth.Tensor) (synth.Tensor, error) {
+					mi := synth.MLAIn{QNope: up(in.qn, rows, c.heads*c.n), QPE: up(in.qp, rows, c.heads*c.pe), CKV: up(in.ckv, rows, c.r), KPE: up(in.kpe, rows, c.pe)}
+					w := synth.MLAWeights{UK: up(uk, c.heads*c.n, c.r), UV: up(uv, c.heads*c.vd, c.r)}
+					if k == device.KernelMLA {
+						return g.o.MLA(context.Background(), attnLayer, bc.segs, mi, w)
+					}
+					ix := synth.IndexIn{Q: up(in.iq, rows, c.ixHeads*c.ixDim), K: up(in.ik, rows, c.ixDim), W: up(in.iw, rows, c.ixHeads)}
+					return g.o.DSA(context.Background(), attnLayer, bc.segs, mi, ix, w)
+				})
+			})
+		}
+	}
+}
+
+// benchAttn times op (inputs uploaded once, outside the timing, into
+// memory the step arena's resets leave alone).
+func benchAttn(b *testing.B, g *attnRig, op func(up func([]float32, int, int) synth.Tensor) (synth.Tensor, error)) {
+	o := g.o
+	inputs := &arena{g: o.g}
+	b.Cleanup(func() { o.g.do(func() error { inputs.free(); return nil }) })
+	var err error
+	var call func() (synth.Tensor, error)
+	on(b, o, func() {
+		up := func(data []float32, r, c int) synth.Tensor {
+			x := &tensor{r: r, c: c}
+			p, aerr := inputs.alloc(x.bytes())
+			o.fail(aerr)
+			x.p = p
+			if o.err == nil {
+				o.fail(upload(x.p, data))
+			}
+			return x
+		}
+		// Upload once; later calls reuse the same tensors.
+		var ts []synth.Tensor
+		_, err = op(func(data []float32, r, c int) synth.Tensor {
+			x := up(data, r, c)
+			ts = append(ts, x)
+			return x
+		})
+		call = func() (synth.Tensor, error) {
+			i := 0
+			return op(func([]float32, int, int) synth.Tensor { i++; return ts[i-1] })
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		on(b, o, func() {
+			_, err = call()
+			o.fail(o.g.sync())
+			o.fail(o.ar.reset())
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -14,10 +14,11 @@
 //   - rows are decoded exactly (bf16, fp8 e4m3fn, float32) and encoded as
 //     kernel.BF16FromFloat32 and FP8FromFloat32 do.
 //
-// One thread block (ATT threads) computes one (query row, head). The
-// scores are computed twice (once for the max, once per tile of ATT
-// positions for the sums), each by one thread, so no per-context scratch
-// is needed; the sum runs on thread 0 and the weighted sum on threads over
+// One thread block (ATT threads) computes one (query row, head). Each
+// score is computed by one thread, for the max; a context of up to SCAP
+// positions keeps them in shared memory, a longer one computes them again
+// per tile of ATT positions for the sums (the same value), so no
+// per-context scratch is needed; the sum runs on thread 0 and the weighted sum on threads over
 // the head dimension, both looping over the tile's positions in order.
 //
 // Segment descriptors (long long x4 per segment): table address (int32
@@ -27,6 +28,7 @@
 
 #define ATT 128   // threads of an attention block (one tile of positions)
 #define TOPK 256  // threads of a top-k block
+#define SCAP 2048 // scores an attention block keeps from its first pass (contexts up to SCAP)
 
 #define DT_BF16 0
 #define DT_FP8 1
@@ -117,10 +119,40 @@ __device__ __forceinline__ void st(char* row, long long i, long long dt, float x
 	}
 }
 
-// dotRow is kernel.Dot(q[:n], row decoded at dt).
+// dotRow is kernel.Dot(q[:n], row decoded at dt). Rows aligned for it are
+// read four elements per load; the arithmetic is the same.
 __device__ __forceinline__ float dotRow(const float* q, const char* row, long long n, long long dt) {
 	float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
 	long long i = 0;
+	unsigned long long at = (unsigned long long)row;
+	if (dt == DT_BF16 && (at & 7) == 0) {
+		const uint2* r8 = (const uint2*)row;
+		for (; i + 4 <= n; i += 4) {
+			uint2 w = r8[i / 4];
+			s0 = __fadd_rn(s0, __fmul_rn(q[i], __uint_as_float(w.x << 16)));
+			s1 = __fadd_rn(s1, __fmul_rn(q[i + 1], __uint_as_float(w.x & 0xffff0000u)));
+			s2 = __fadd_rn(s2, __fmul_rn(q[i + 2], __uint_as_float(w.y << 16)));
+			s3 = __fadd_rn(s3, __fmul_rn(q[i + 3], __uint_as_float(w.y & 0xffff0000u)));
+		}
+	} else if (dt == DT_F32 && (at & 15) == 0) {
+		const float4* r16 = (const float4*)row;
+		for (; i + 4 <= n; i += 4) {
+			float4 w = r16[i / 4];
+			s0 = __fadd_rn(s0, __fmul_rn(q[i], w.x));
+			s1 = __fadd_rn(s1, __fmul_rn(q[i + 1], w.y));
+			s2 = __fadd_rn(s2, __fmul_rn(q[i + 2], w.z));
+			s3 = __fadd_rn(s3, __fmul_rn(q[i + 3], w.w));
+		}
+	} else if (dt == DT_FP8 && (at & 3) == 0) {
+		const unsigned int* r4 = (const unsigned int*)row;
+		for (; i + 4 <= n; i += 4) {
+			unsigned int w = r4[i / 4];
+			s0 = __fadd_rn(s0, __fmul_rn(q[i], fromFP8(w & 0xffu)));
+			s1 = __fadd_rn(s1, __fmul_rn(q[i + 1], fromFP8((w >> 8) & 0xffu)));
+			s2 = __fadd_rn(s2, __fmul_rn(q[i + 2], fromFP8((w >> 16) & 0xffu)));
+			s3 = __fadd_rn(s3, __fmul_rn(q[i + 3], fromFP8(w >> 24)));
+		}
+	}
 	for (; i + 4 <= n; i += 4) {
 		s0 = __fadd_rn(s0, __fmul_rn(q[i], ld(row, i, dt)));
 		s1 = __fadd_rn(s1, __fmul_rn(q[i + 1], ld(row, i + 1, dt)));
@@ -251,6 +283,7 @@ extern "C" __global__ void kvx_gqa_attend(const long long* desc, const int* rowS
 	extern __shared__ float sh[];
 	__shared__ const char* rows[ATT];
 	__shared__ float lsum;
+	__shared__ float kept[SCAP];
 	float* qs = sh;
 	float* acc = sh + hd;
 	float* e = sh + 2 * hd;
@@ -272,10 +305,14 @@ extern "C" __global__ void kvx_gqa_attend(const long long* desc, const int* rowS
 	}
 	__syncthreads();
 
+	bool keep = p + 1 - lo <= SCAP;
 	float mx = __int_as_float(0xff800000);
 	bool nan0 = false;
 	for (long long j = lo + t; j <= p; j += ATT) {
 		float s = __fmul_rn(dotRow(qs, rowAt(v, tab, j) + koff, hd, dt), scale);
+		if (keep) {
+			kept[j - lo] = s; // read back by this same thread
+		}
 		if (j == lo && s != s) {
 			nan0 = true;
 		}
@@ -291,7 +328,8 @@ extern "C" __global__ void kvx_gqa_attend(const long long* desc, const int* rowS
 		if (t < cnt) {
 			const char* r = rowAt(v, tab, j0 + t);
 			rows[t] = r;
-			e[t] = exp32(__fsub_rn(__fmul_rn(dotRow(qs, r + koff, hd, dt), scale), m));
+			float s = keep ? kept[j0 + t - lo] : __fmul_rn(dotRow(qs, r + koff, hd, dt), scale);
+			e[t] = exp32(__fsub_rn(s, m));
 		}
 		__syncthreads();
 		if (t == 0) {
@@ -330,6 +368,7 @@ extern "C" __global__ void kvx_mla_attend(const long long* desc, const int* rowS
 	extern __shared__ float sh[];
 	__shared__ const char* rows[ATT];
 	__shared__ float lsum;
+	__shared__ float kept[SCAP];
 	float* qn = sh;
 	float* qlat = sh + n;
 	float* olat = qlat + r;
@@ -368,11 +407,15 @@ extern "C" __global__ void kvx_mla_attend(const long long* desc, const int* rowS
 	}
 	__syncthreads();
 
+	bool keep = ctx <= SCAP;
 	float mx = __int_as_float(0xff800000);
 	bool nan0 = false;
 	for (long long k = t; k < ctx; k += ATT) {
 		const char* raw = rowAt(v, tab, pick ? (long long)pick[k] : k);
 		float s = __fmul_rn(__fadd_rn(dotRow(qlat, raw, r, dt), dotRow(qp, raw + peoff, pe, dt)), scale);
+		if (keep) {
+			kept[k] = s; // read back by this same thread
+		}
 		if (k == 0 && s != s) {
 			nan0 = true;
 		}
@@ -389,7 +432,7 @@ extern "C" __global__ void kvx_mla_attend(const long long* desc, const int* rowS
 			long long k = k0 + t;
 			const char* raw = rowAt(v, tab, pick ? (long long)pick[k] : k);
 			rows[t] = raw;
-			float s = __fmul_rn(__fadd_rn(dotRow(qlat, raw, r, dt), dotRow(qp, raw + peoff, pe, dt)), scale);
+			float s = keep ? kept[k] : __fmul_rn(__fadd_rn(dotRow(qlat, raw, r, dt), dotRow(qp, raw + peoff, pe, dt)), scale);
 			e[t] = exp32(__fsub_rn(s, m));
 		}
 		__syncthreads();
