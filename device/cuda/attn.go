@@ -35,10 +35,13 @@ const (
 	// without opting in.
 	attnMaxShared = 48 << 10
 	// attStatic is the shared memory the attention kernels declare
-	// statically: the tile's row addresses, the max reduction, the kept
-	// scores (SCAP in attn.cu), l.
-	attStatic = attThreads*8 + attThreads*4 + 2048*4 + 64
+	// statically: the tile's row addresses, the max reduction, l.
+	attStatic = attThreads*8 + attThreads*4 + 64
 )
+
+// attKeep is the longest context whose first-pass scores an attention block
+// keeps in shared memory (longer ones are computed again). Tests lower it.
+var attKeep = 8192
 
 // attnMixer returns layer's kernel configuration, which must be k.
 func (o *ops) attnMixer(layer int, k device.Kernel) (*paged.Mixer, error) {
@@ -123,6 +126,16 @@ func (o *ops) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.
 	if shm+attStatic > attnMaxShared {
 		return nil, fmt.Errorf("cuda: layer %d: gqa head dim %d needs %d bytes of shared memory, above %d", layer, g.HeadDim, shm+attStatic, attnMaxShared)
 	}
+	most := 0 // the longest context of a query row
+	for _, sg := range segs {
+		c := sg.Pos + sg.Rows
+		if g.Window > 0 {
+			c = min(c, g.Window)
+		}
+		most = max(most, c)
+	}
+	keep := attKeepOf(most, shm)
+	shm += 4 * keep
 	scale := g.Scale
 	if scale == 0 {
 		scale = float32(1 / math.Sqrt(float64(g.HeadDim)))
@@ -132,7 +145,7 @@ func (o *ops) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.
 	o.run("kvx_attn_write", dim{n, 1, 1}, dim{attThreads, 1, 1}, 0,
 		append([]any{desc, rs, kt.p, kw, vt.p, kw}, append(pv.attnArgs(), dt)...)...)
 	o.run("kvx_gqa_attend", dim{n, g.Heads, 1}, dim{attThreads, 1, 1}, shm,
-		append([]any{desc, rs, qt.p, out.p}, append(pv.attnArgs(), g.Heads, g.KVHeads, g.HeadDim, g.Window, scale, dt)...)...)
+		append([]any{desc, rs, qt.p, out.p}, append(pv.attnArgs(), g.Heads, g.KVHeads, g.HeadDim, g.Window, scale, dt, keep)...)...)
 	return out, nil
 }
 
@@ -158,7 +171,7 @@ func (o *ops) MLA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn
 	if err := o.mlaWrite(layer, m, desc, rs, lv, in, n); err != nil {
 		return nil, err
 	}
-	if err := o.mlaAttend(layer, m, desc, rs, lv, in, w, out, 0, 0); err != nil {
+	if err := o.mlaAttend(layer, m, segs, desc, rs, lv, in, w, out, 0, 0); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -243,7 +256,7 @@ func (o *ops) DSA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn
 			append([]any{idesc, rs, iq.p, iw.p, scores, offp}, append(iv.attnArgs(), xi.Heads, xi.HeadDim, plain, int(xi.Keys), sc)...)...)
 	}
 	o.run("kvx_dsa_topk", dim{n, 1, 1}, dim{topkThreads, 1, 1}, 0, idesc, rs, scores, offp, sel, xi.TopK)
-	if err := o.mlaAttend(layer, m, desc, rs, lv, in, w, out, sel, xi.TopK); err != nil {
+	if err := o.mlaAttend(layer, m, segs, desc, rs, lv, in, w, out, sel, xi.TopK); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -276,17 +289,37 @@ func (o *ops) mlaWrite(layer int, m kernel.MLA, desc, rs cu.DevicePtr, lv pagedV
 
 // mlaAttend launches the absorbed attention of every query row into out:
 // dense, or over the topk positions per row at sel when sel is not 0.
-func (o *ops) mlaAttend(layer int, m kernel.MLA, desc, rs cu.DevicePtr, lv pagedView, in synth.MLAIn, w synth.MLAWeights, out *tensor, sel cu.DevicePtr, topk int) error {
+func (o *ops) mlaAttend(layer int, m kernel.MLA, segs []synth.Seg, desc, rs cu.DevicePtr, lv pagedView, in synth.MLAIn, w synth.MLAWeights, out *tensor, sel cu.DevicePtr, topk int) error {
 	shm := (m.QKNopeHeadDim + 2*m.KVLoraRank + m.QKRopeHeadDim + attThreads) * 4
 	if shm+attStatic > attnMaxShared {
 		return fmt.Errorf("cuda: layer %d: mla dimensions need %d bytes of shared memory, above %d", layer, shm+attStatic, attnMaxShared)
 	}
+	most := 0 // the longest context of a query row
+	for _, sg := range segs {
+		c := sg.Pos + sg.Rows
+		if sel != 0 {
+			c = min(c, topk)
+		}
+		most = max(most, c)
+	}
+	keep := attKeepOf(most, shm)
+	shm += 4 * keep
 	scale := m.Scale
 	if scale == 0 {
 		scale = float32(1 / math.Sqrt(float64(m.QKNopeHeadDim+m.QKRopeHeadDim)))
 	}
 	o.run("kvx_mla_attend", dim{out.r, m.Heads, 1}, dim{attThreads, 1, 1}, shm,
 		append([]any{desc, rs, cudaTensor(in.QNope).p, cudaTensor(in.QPE).p, cudaTensor(w.UK).p, cudaTensor(w.UV).p, out.p},
-			append(lv.attnArgs(), m.Heads, m.KVLoraRank, m.QKNopeHeadDim, m.QKRopeHeadDim, m.VHeadDim, scale, int(m.Dtype), sel, topk)...)...)
+			append(lv.attnArgs(), m.Heads, m.KVLoraRank, m.QKNopeHeadDim, m.QKRopeHeadDim, m.VHeadDim, scale, int(m.Dtype), sel, topk, keep)...)...)
 	return nil
+}
+
+// attKeepOf returns how many first-pass scores an attention block keeps
+// for a call whose longest context is most, its other dynamic shared
+// memory shm bytes: all of them when they fit, else none.
+func attKeepOf(most, shm int) int {
+	if most <= attKeep && attStatic+shm+4*most <= attnMaxShared {
+		return most
+	}
+	return 0
 }

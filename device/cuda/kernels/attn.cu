@@ -15,10 +15,10 @@
 //     kernel.BF16FromFloat32 and FP8FromFloat32 do.
 //
 // One thread block (ATT threads) computes one (query row, head). Each
-// score is computed by one thread, for the max; a context of up to SCAP
-// positions keeps them in shared memory, a longer one computes them again
-// per tile of ATT positions for the sums (the same value), so no
-// per-context scratch is needed; the sum runs on thread 0 and the weighted sum on threads over
+// score is computed by one thread, for the max; a context of up to keep
+// positions (the caller sizes the shared memory) keeps them, a longer one
+// computes them again per tile of ATT positions for the sums (the same
+// value), so no per-context scratch is needed; the sum runs on thread 0 and the weighted sum on threads over
 // the head dimension, both looping over the tile's positions in order.
 //
 // Segment descriptors (long long x4 per segment): table address (int32
@@ -28,7 +28,6 @@
 
 #define ATT 128   // threads of an attention block (one tile of positions)
 #define TOPK 256  // threads of a top-k block
-#define SCAP 2048 // scores an attention block keeps from its first pass (contexts up to SCAP)
 
 #define DT_BF16 0
 #define DT_FP8 1
@@ -274,19 +273,19 @@ extern "C" __global__ void kvx_dsa_index_write(const long long* desc, const int*
 }
 
 // kvx_gqa_attend is GQA's attention of one (call row, head) per block
-// (grid: rows × heads, ATT threads). Dynamic shared memory: 2*hd + ATT
-// floats.
+// (grid: rows × heads, ATT threads). Dynamic shared memory: 2*hd + ATT +
+// keepCap floats (keepCap: the longest context whose scores are kept).
 extern "C" __global__ void kvx_gqa_attend(const long long* desc, const int* rowSeg, const float* q, float* out,
                                           char* base, long long blockBytes, long long offset, long long stride,
                                           long long tpb, long long heads, long long kvHeads, long long hd,
-                                          long long window, float scale, long long dt) {
+                                          long long window, float scale, long long dt, long long keepCap) {
 	extern __shared__ float sh[];
 	__shared__ const char* rows[ATT];
 	__shared__ float lsum;
-	__shared__ float kept[SCAP];
 	float* qs = sh;
 	float* acc = sh + hd;
 	float* e = sh + 2 * hd;
+	float* kept = e + ATT;
 	view v = {desc, rowSeg, base, blockBytes, offset, stride, tpb};
 	long long row = blockIdx.x;
 	long long h = blockIdx.y;
@@ -305,7 +304,7 @@ extern "C" __global__ void kvx_gqa_attend(const long long* desc, const int* rowS
 	}
 	__syncthreads();
 
-	bool keep = p + 1 - lo <= SCAP;
+	bool keep = p + 1 - lo <= keepCap;
 	float mx = __int_as_float(0xff800000);
 	bool nan0 = false;
 	for (long long j = lo + t; j <= p; j += ATT) {
@@ -359,21 +358,23 @@ extern "C" __global__ void kvx_gqa_attend(const long long* desc, const int* rowS
 // kvx_mla_attend is MLA's absorbed attention of one (call row, head) per
 // block (grid: rows × heads, ATT threads): dense over 0..p, or over the
 // positions sel lists (topk per row, ascending; min(p+1, topk) of them)
-// when sel is not null. Dynamic shared memory: n + 2*r + pe + ATT floats.
+// when sel is not null. Dynamic shared memory: n + 2*r + pe + ATT +
+// keepCap floats.
 extern "C" __global__ void kvx_mla_attend(const long long* desc, const int* rowSeg, const float* qnope,
                                           const float* qpe, const float* uk, const float* uv, float* out,
                                           char* base, long long blockBytes, long long offset, long long stride,
                                           long long tpb, long long heads, long long r, long long n, long long pe,
-                                          long long vd, float scale, long long dt, const int* sel, long long topk) {
+                                          long long vd, float scale, long long dt, const int* sel, long long topk,
+                                          long long keepCap) {
 	extern __shared__ float sh[];
 	__shared__ const char* rows[ATT];
 	__shared__ float lsum;
-	__shared__ float kept[SCAP];
 	float* qn = sh;
 	float* qlat = sh + n;
 	float* olat = qlat + r;
 	float* qp = olat + r;
 	float* e = qp + pe;
+	float* kept = e + ATT;
 	view v = {desc, rowSeg, base, blockBytes, offset, stride, tpb};
 	long long row = blockIdx.x;
 	long long h = blockIdx.y;
@@ -407,7 +408,7 @@ extern "C" __global__ void kvx_mla_attend(const long long* desc, const int* rowS
 	}
 	__syncthreads();
 
-	bool keep = ctx <= SCAP;
+	bool keep = ctx <= keepCap;
 	float mx = __int_as_float(0xff800000);
 	bool nan0 = false;
 	for (long long k = t; k < ctx; k += ATT) {
