@@ -31,8 +31,8 @@ import (
 const (
 	attThreads  = 128
 	topkThreads = 256
-	// attnMaxShared is the static shared memory limit a kernel may ask for
-	// without opting in.
+	// attnMaxShared is the shared memory (static and dynamic) a block may
+	// use without opting in.
 	attnMaxShared = 48 << 10
 	// attStatic is the shared memory the attention kernels declare
 	// statically: the tile's row addresses, the max reduction, l.
@@ -52,16 +52,16 @@ func (o *ops) attnMixer(layer int, k device.Kernel) (*paged.Mixer, error) {
 	return x, nil
 }
 
-// attnRowSegs uploads, for every row of a call over segs, its segment's index,
-// and returns it with the number of rows.
-func (o *ops) attnRowSegs(segs []synth.Seg) (cu.DevicePtr, int) {
+// attnRowSegs uploads, for every row of a call over segs, its segment's
+// index (the kernels' rowSeg).
+func (o *ops) attnRowSegs(segs []synth.Seg) cu.DevicePtr {
 	var rs []int32
 	for i, sg := range segs {
 		for range sg.Rows {
 			rs = append(rs, int32(i))
 		}
 	}
-	return put(o, rs), len(rs)
+	return put(o, rs)
 }
 
 // attnArgs are a pagedView's kernel arguments: base, block bytes, offset,
@@ -140,7 +140,7 @@ func (o *ops) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.
 	if scale == 0 {
 		scale = float32(1 / math.Sqrt(float64(g.HeadDim)))
 	}
-	rs, _ := o.attnRowSegs(segs)
+	rs := o.attnRowSegs(segs)
 	dt := int(g.Dtype)
 	o.run("kvx_attn_write", dim{n, 1, 1}, dim{attThreads, 1, 1}, 0,
 		append([]any{desc, rs, kt.p, kw, vt.p, kw}, append(pv.attnArgs(), dt)...)...)
@@ -167,7 +167,7 @@ func (o *ops) MLA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn
 	if err != nil {
 		return nil, err
 	}
-	rs, _ := o.attnRowSegs(segs)
+	rs := o.attnRowSegs(segs)
 	if err := o.mlaWrite(layer, m, desc, rs, lv, in, n); err != nil {
 		return nil, err
 	}
@@ -212,7 +212,7 @@ func (o *ops) DSA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn
 	if err := checkAttnView(layer, spec.RoleIndexKey, iv, xi.RowBytes(), esize); err != nil {
 		return nil, err
 	}
-	rs, _ := o.attnRowSegs(segs)
+	rs := o.attnRowSegs(segs)
 	if err := o.mlaWrite(layer, m, desc, rs, lv, in, n); err != nil {
 		return nil, err
 	}
