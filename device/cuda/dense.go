@@ -167,9 +167,13 @@ func (o *ops) Concat(a, b synth.Tensor) synth.Tensor {
 	return out
 }
 
-// skinnyRows is the most rows of x that MatMul gives the skinny kernel
-// (one pass over the weights for up to 8 rows: decode and small batches).
+// skinnyRows is the most rows of x that MatMul gives the skinny kernels
+// (one pass over the weights for up to 8 rows: decode and small batches),
+// one kernel for each count of rows.
 const skinnyRows = 8
+
+var skinnyKernels = [skinnyRows]string{"kvx_matmul_skinny1", "kvx_matmul_skinny2", "kvx_matmul_skinny3",
+	"kvx_matmul_skinny4", "kvx_matmul_skinny5", "kvx_matmul_skinny6", "kvx_matmul_skinny7", "kvx_matmul_skinny8"}
 
 // MatMul is x · wᵀ, each element kernel.Dot(w row, x row): the tiled
 // kernel (64 × 64 outputs a block) for many rows, the skinny one for few.
@@ -184,7 +188,7 @@ func (o *ops) MatMul(x, w synth.Tensor) synth.Tensor {
 		return out
 	}
 	if n <= skinnyRows {
-		o.run("kvx_matmul_skinny", dim{blocks(m, 32), blocks(n, 8), 1}, dim{128, 1, 1}, 0, out.p, xt.p, wt.p, n, m, k)
+		o.run(skinnyKernels[n-1], dim{blocks(m, 32), 1, 1}, dim{128, 1, 1}, 0, out.p, xt.p, wt.p, m, k)
 		return out
 	}
 	const chunk = 65535 * 64 // rows of x per launch (grid.y ≤ 65535)

@@ -81,7 +81,7 @@ func TestMatMul(t *testing.T) {
 	c := cpu.RowOps()
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, s := range [][3]int{{1, 1, 1}, {3, 5, 7}, {8, 33, 130}, {9, 65, 64}, {17, 33, 129}, {64, 256, 512},
-		{130, 70, 1000}, {2, 3, 0}, {65, 1, 3}, {1, 300, 4099}} {
+		{130, 70, 1000}, {2, 3, 0}, {65, 1, 3}, {1, 300, 4099}, {2, 31, 255}, {3, 100, 128}, {5, 64, 9}, {6, 7, 513}, {7, 40, 33}} {
 		n, m, k := s[0], s[1], s[2]
 		xv, wv := randVals(r, n*k, 1), randVals(r, m*k, 0.1)
 		want := c.MatMul(c.FromHost(clone(xv), n, k), c.FromHost(clone(wv), m, k))
@@ -355,7 +355,7 @@ func TestArgmax(t *testing.T) {
 // BenchmarkMatMul reports the tiled kernel's rate on a prefill-sized
 // product (2048 × 4096 by 4096 × 4096) and the skinny one's on decode.
 func BenchmarkMatMul(b *testing.B) {
-	for _, s := range [][3]int{{2048, 4096, 4096}, {1, 4096, 4096}, {8, 4096, 4096}} {
+	for _, s := range [][3]int{{2048, 4096, 4096}, {1, 4096, 4096}, {8, 4096, 4096}, {1, 14336, 4096}} {
 		n, m, k := s[0], s[1], s[2]
 		b.Run(fmt.Sprintf("%dx%dx%d", n, m, k), func(b *testing.B) {
 			o := newTestOps(b)

@@ -718,66 +718,97 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 	}
 }
 
-// kvx_matmul_skinny is the same product for few rows of x (decode): thread
-// (w row j, lane l) of a 128-thread block (32 w rows) sums lane l of up to 8
-// x rows (blockIdx.y picks them), and the four lanes, adjacent threads of a
-// warp, are combined with shuffles as (s0+s1)+(s2+s3). The x rows go
-// through shared memory in chunks of SKC k; each thread keeps SKD weight
-// loads in flight.
-#define SKC 512
-#define SKD 32
+// kvx_matmul_skinnyN is the same product for N ≤ 8 rows of x (decode):
+// thread (w row r, lane l) of a 128-thread block (32 w rows) sums lane l of
+// the N x rows, and the four lanes, adjacent threads of a warp, are
+// combined with shuffles as (s0+s1)+(s2+s3). The weights and x rows go
+// through shared memory in chunks of SKC k, loaded coalesced into registers
+// one chunk ahead.
+#define SKC 128
+#define SKS 132
 
-extern "C" __global__ void __launch_bounds__(128) kvx_matmul_skinny(float* out, const float* x, const float* w, ll n, ll m,
-								    ll K) {
-	__shared__ float xs[8 * SKC];
-	const int t = threadIdx.x, l = t & 3;
-	const ll j = (ll)blockIdx.x * 32 + (t >> 2);
-	const ll i0 = (ll)blockIdx.y * 8;
-	const int nr = (int)(n - i0 < 8 ? n - i0 : 8);
-	const float* wr = w + (j < m ? j : 0) * K;
-	float acc[8];
+template <int NR>
+__device__ __forceinline__ void matmul_skinny(float* out, const float* x, const float* w, ll m, ll K) {
+	__shared__ float ws[32 * SKS];
+	__shared__ float xs[NR * SKC];
+	const int t = threadIdx.x, l = t & 3, r = t >> 2;
+	const ll j0 = (ll)blockIdx.x * 32, j = j0 + r;
+	const int rv = (int)(m - j0 < 32 ? m - j0 : 32); // valid weight rows of the block
+	float acc[NR];
 #pragma unroll
-	for (int i = 0; i < 8; i++) {
+	for (int i = 0; i < NR; i++) {
 		acc[i] = 0.0f;
 	}
-	for (ll c0 = 0; c0 < K; c0 += SKC) {
+	float sw[32], sx[NR];
+	const ll T = (K + SKC - 1) / SKC;
+	// Chunk at c0: thread t loads column c0 + t of the block's weight rows
+	// and of the x rows.
+#define KVX_SKLOAD(c0)                                                          \
+	{                                                                       \
+		const ll k = (c0) + t;                                          \
+		const bool kin = k < K;                                         \
+		const float* p = w + j0 * K + k;                                \
+		_Pragma("unroll") for (int it = 0; it < 32; it++) {             \
+			sw[it] = (kin && it < rv) ? *p : 0.0f;                  \
+			p += K;                                                 \
+		}                                                               \
+		_Pragma("unroll") for (int i = 0; i < NR; i++) {                \
+			sx[i] = kin ? x[i * K + k] : 0.0f;                      \
+		}                                                               \
+	}
+	if (T > 0) {
+		KVX_SKLOAD(0);
+	}
+	for (ll c = 0; c < T; c++) {
+		const ll c0 = c * SKC;
+		__syncthreads(); // the last chunk's reads are done
+#pragma unroll
+		for (int it = 0; it < 32; it++) {
+			ws[it * SKS + t] = sw[it];
+		}
+#pragma unroll
+		for (int i = 0; i < NR; i++) {
+			xs[i * SKC + t] = sx[i];
+		}
+		__syncthreads();
+		if (c + 1 < T) {
+			KVX_SKLOAD(c0 + SKC);
+		}
 		const int cl = (int)(K - c0 < SKC ? K - c0 : SKC);
-		__syncthreads();
-		for (int e = t; e < 8 * SKC; e += 128) {
-			const int i = e / SKC, kk = e - i * SKC;
-			xs[e] = (i < nr && kk < cl) ? x[(i0 + i) * K + c0 + kk] : 0.0f;
-		}
-		__syncthreads();
-		if (j >= m) {
-			continue;
-		}
-		for (int u0 = l; u0 < cl; u0 += 4 * SKD) {
-			float wv[SKD];
+		const float* wr = ws + r * SKS;
+#pragma unroll 8
+		for (int s = 0; s < SKC / 4; s++) {
+			const int kk = 4 * s + l;
+			if (kk < cl) {
+				const float wv = wr[kk];
 #pragma unroll
-			for (int u = 0; u < SKD; u++) {
-				const int kk = u0 + 4 * u;
-				wv[u] = kk < cl ? wr[c0 + kk] : 0.0f;
-			}
-#pragma unroll
-			for (int u = 0; u < SKD; u++) {
-				const int kk = u0 + 4 * u;
-				if (kk < cl) {
-#pragma unroll
-					for (int i = 0; i < 8; i++) {
-						if (i < nr) {
-							acc[i] = __fadd_rn(acc[i], __fmul_rn(wv[u], xs[i * SKC + kk]));
-						}
-					}
+				for (int i = 0; i < NR; i++) {
+					acc[i] = __fadd_rn(acc[i], __fmul_rn(wv, xs[i * SKC + kk]));
 				}
 			}
 		}
 	}
+#undef KVX_SKLOAD
 #pragma unroll
-	for (int i = 0; i < 8; i++) {
+	for (int i = 0; i < NR; i++) {
 		float s = __fadd_rn(acc[i], __shfl_down_sync(0xffffffffu, acc[i], 1)); // lanes 0, 2: s0+s1, s2+s3
 		float v = __fadd_rn(s, __shfl_down_sync(0xffffffffu, s, 2));             // lane 0: (s0+s1)+(s2+s3)
-		if (l == 0 && j < m && i < nr) {
-			out[(i0 + i) * m + j] = v;
+		if (l == 0 && j < m) {
+			out[i * m + j] = v;
 		}
 	}
 }
+
+#define KVX_SKINNY(N)                                                                                           \
+	extern "C" __global__ void __launch_bounds__(128)                                                       \
+	    kvx_matmul_skinny##N(float* out, const float* x, const float* w, ll m, ll K) {                    \
+		matmul_skinny<N>(out, x, w, m, K);                                                              \
+	}
+KVX_SKINNY(1)
+KVX_SKINNY(2)
+KVX_SKINNY(3)
+KVX_SKINNY(4)
+KVX_SKINNY(5)
+KVX_SKINNY(6)
+KVX_SKINNY(7)
+KVX_SKINNY(8)
