@@ -612,20 +612,45 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 	}
 	float ra[8], rb[8];
 	const ll T = (K + KT - 1) / KT;
-	// Loading: element e = it*256 + t of a tile is row (e>>3)&63, k (e>>9)*8 + (e&7).
-#define KVX_LOAD(k0)                                                                         \
-	_Pragma("unroll") for (int it = 0; it < 8; it++) {                                   \
-		int e = it * 256 + t, rr = (e >> 3) & 63, kk = ((e >> 9) << 3) + (e & 7);   \
-		ll k = (k0) + kk;                                                            \
-		ra[it] = (row0 + rr < n && k < K) ? x[(row0 + rr) * K + k] : 0.0f;           \
-		rb[it] = (col0 + rr < m && k < K) ? w[(col0 + rr) * K + k] : 0.0f;           \
+	// Loading: thread t brings rows t>>3 and 32 + (t>>3) of the tile, at k
+	// offsets (t&7) + 8q (q < 4): element 2q + h of ra/rb is row h*32 +
+	// (t>>3), k (t&7) + 8q.
+	const int lr = t >> 3, lc = t & 7;
+	const bool xv0 = row0 + lr < n, xv1 = row0 + 32 + lr < n;
+	const bool wv0 = col0 + lr < m, wv1 = col0 + 32 + lr < m;
+	const float* xp0 = x + (xv0 ? (row0 + lr) * K : 0) + lc;
+	const float* xp1 = x + (xv1 ? (row0 + 32 + lr) * K : 0) + lc;
+	const float* wp0 = w + (wv0 ? (col0 + lr) * K : 0) + lc;
+	const float* wp1 = w + (wv1 ? (col0 + 32 + lr) * K : 0) + lc;
+#define KVX_LOAD(k0)                                                                  \
+	{                                                                             \
+		const ll kb = (k0);                                                   \
+		if (kb + KT <= K) {                                                   \
+			_Pragma("unroll") for (int q = 0; q < 4; q++) {               \
+				ra[2 * q] = xv0 ? xp0[kb + 8 * q] : 0.0f;             \
+				ra[2 * q + 1] = xv1 ? xp1[kb + 8 * q] : 0.0f;         \
+				rb[2 * q] = wv0 ? wp0[kb + 8 * q] : 0.0f;             \
+				rb[2 * q + 1] = wv1 ? wp1[kb + 8 * q] : 0.0f;         \
+			}                                                             \
+		} else {                                                              \
+			_Pragma("unroll") for (int q = 0; q < 4; q++) {               \
+				const bool kin = kb + lc + 8 * q < K;                 \
+				ra[2 * q] = (xv0 && kin) ? xp0[kb + 8 * q] : 0.0f;    \
+				ra[2 * q + 1] = (xv1 && kin) ? xp1[kb + 8 * q] : 0.0f; \
+				rb[2 * q] = (wv0 && kin) ? wp0[kb + 8 * q] : 0.0f;    \
+				rb[2 * q + 1] = (wv1 && kin) ? wp1[kb + 8 * q] : 0.0f; \
+			}                                                             \
+		}                                                                     \
 	}
-#define KVX_STORE(buf)                                                                       \
-	_Pragma("unroll") for (int it = 0; it < 8; it++) {                                   \
-		int e = it * 256 + t, rr = (e >> 3) & 63, kk = ((e >> 9) << 3) + (e & 7);   \
-		float* As = sh + (buf) * 2 * KT * TS;                                        \
-		As[kk * TS + rr] = ra[it];                                                   \
-		As[KT * TS + kk * TS + rr] = rb[it];                                         \
+#define KVX_STORE(buf)                                                                \
+	{                                                                             \
+		float* As = sh + (buf) * 2 * KT * TS + lc * TS + lr;                  \
+		_Pragma("unroll") for (int q = 0; q < 4; q++) {                       \
+			As[8 * q * TS] = ra[2 * q];                                   \
+			As[8 * q * TS + 32] = ra[2 * q + 1];                          \
+			As[KT * TS + 8 * q * TS] = rb[2 * q];                         \
+			As[KT * TS + 8 * q * TS + 32] = rb[2 * q + 1];                \
+		}                                                                     \
 	}
 	if (T > 0) {
 		KVX_LOAD(0);
