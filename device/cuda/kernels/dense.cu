@@ -749,8 +749,8 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 // combined with shuffles as (s0+s1)+(s2+s3). The weights and x rows go
 // through shared memory in chunks of SKC k, loaded coalesced into registers
 // one chunk ahead.
-#define SKC 128
-#define SKS 132
+#define SKC 256 // a multiple of 128
+#define SKS 260
 
 template <int NR>
 __device__ __forceinline__ void matmul_skinny(float* out, const float* x, const float* w, ll m, ll K) {
@@ -764,21 +764,21 @@ __device__ __forceinline__ void matmul_skinny(float* out, const float* x, const 
 	for (int i = 0; i < NR; i++) {
 		acc[i] = 0.0f;
 	}
-	float sw[32], sx[NR];
+	float sw[32 * (SKC / 128)], sx[NR * (SKC / 128)];
 	const ll T = (K + SKC - 1) / SKC;
-	// Chunk at c0: thread t loads column c0 + t of the block's weight rows
-	// and of the x rows.
+	// Chunk at c0: thread t loads columns c0 + 128h + t of the block's
+	// weight rows and of the x rows.
 #define KVX_SKLOAD(c0)                                                          \
-	{                                                                       \
-		const ll k = (c0) + t;                                          \
+	_Pragma("unroll") for (int h = 0; h < SKC / 128; h++) {                 \
+		const ll k = (c0) + 128 * h + t;                                \
 		const bool kin = k < K;                                         \
 		const float* p = w + j0 * K + k;                                \
 		_Pragma("unroll") for (int it = 0; it < 32; it++) {             \
-			sw[it] = (kin && it < rv) ? *p : 0.0f;                  \
+			sw[32 * h + it] = (kin && it < rv) ? *p : 0.0f;         \
 			p += K;                                                 \
 		}                                                               \
 		_Pragma("unroll") for (int i = 0; i < NR; i++) {                \
-			sx[i] = kin ? x[i * K + k] : 0.0f;                      \
+			sx[NR * h + i] = kin ? x[i * K + k] : 0.0f;             \
 		}                                                               \
 	}
 	if (T > 0) {
@@ -788,12 +788,15 @@ __device__ __forceinline__ void matmul_skinny(float* out, const float* x, const 
 		const ll c0 = c * SKC;
 		__syncthreads(); // the last chunk's reads are done
 #pragma unroll
-		for (int it = 0; it < 32; it++) {
-			ws[it * SKS + t] = sw[it];
-		}
+		for (int h = 0; h < SKC / 128; h++) {
 #pragma unroll
-		for (int i = 0; i < NR; i++) {
-			xs[i * SKC + t] = sx[i];
+			for (int it = 0; it < 32; it++) {
+				ws[it * SKS + 128 * h + t] = sw[32 * h + it];
+			}
+#pragma unroll
+			for (int i = 0; i < NR; i++) {
+				xs[i * SKC + 128 * h + t] = sx[NR * h + i];
+			}
 		}
 		__syncthreads();
 		if (c + 1 < T) {
