@@ -311,6 +311,8 @@ func (o *ops) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
 	if len(r.InvFreq) > 0 && len(r.InvFreq) < half {
 		panic(fmt.Sprintf("cuda: RoPE: %d frequencies for dim %d", len(r.InvFreq), r.Dim))
 	}
+	// Every head must fit (as kernel.RoPE.Apply's slicing demands), which
+	// also means stride >= Dim: heads never overlap.
 	if xt.c > 0 && (xt.c-1)/stride*stride+r.Dim > xt.c {
 		panic(fmt.Sprintf("cuda: RoPE: heads of %d (stride %d) run past %d columns", r.Dim, stride, xt.c))
 	}

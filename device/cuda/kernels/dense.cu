@@ -365,9 +365,9 @@ extern "C" __global__ void kvx_rope_table(float* cs, float* sn, const ll* pos, c
 	}
 }
 
-// kvx_rope_apply rotates the first dim elements of every head (stride apart)
-// of each row by the row's table entries, heads in order (they may overlap
-// when stride < dim). One block per row.
+// kvx_rope_apply rotates the first dim elements of every head (stride apart,
+// stride >= dim: the host checks that every head fits, which needs it) of
+// each row by the row's table entries. One block per row.
 extern "C" __global__ void kvx_rope_apply(float* x, const float* cs, const float* sn, ll rows, ll cols, ll stride, ll dim,
 					  ll interleaved) {
 	ll half = dim / 2, heads = (cols + stride - 1) / stride;
@@ -375,28 +375,14 @@ extern "C" __global__ void kvx_rope_apply(float* x, const float* cs, const float
 		float* row = x + r * cols;
 		const float* c = cs + r * half;
 		const float* s = sn + r * half;
-		if (stride >= dim) {
-			for (ll e = threadIdx.x; e < heads * half; e += blockDim.x) {
-				ll h = e / half, i = e - h * half;
-				float* v = row + h * stride;
-				ll a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
-				float x0 = v[a], x1 = v[b];
-				v[a] = __fsub_rn(__fmul_rn(x0, c[i]), __fmul_rn(x1, s[i]));
-				v[b] = __fadd_rn(__fmul_rn(x0, s[i]), __fmul_rn(x1, c[i]));
-			}
-		} else {
-			for (ll h = 0; h < heads; h++) {
-				float* v = row + h * stride;
-				for (ll i = threadIdx.x; i < half; i += blockDim.x) {
-					ll a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
-					float x0 = v[a], x1 = v[b];
-					v[a] = __fsub_rn(__fmul_rn(x0, c[i]), __fmul_rn(x1, s[i]));
-					v[b] = __fadd_rn(__fmul_rn(x0, s[i]), __fmul_rn(x1, c[i]));
-				}
-				__syncthreads();
-			}
+		for (ll e = threadIdx.x; e < heads * half; e += blockDim.x) {
+			ll h = e / half, i = e - h * half;
+			float* v = row + h * stride;
+			ll a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+			float x0 = v[a], x1 = v[b];
+			v[a] = __fsub_rn(__fmul_rn(x0, c[i]), __fmul_rn(x1, s[i]));
+			v[b] = __fadd_rn(__fmul_rn(x0, s[i]), __fmul_rn(x1, c[i]));
 		}
-		__syncthreads();
 	}
 }
 
