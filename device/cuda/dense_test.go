@@ -14,22 +14,6 @@ import (
 	"github.com/kvx-dev/kvx/device/synth"
 )
 
-// sameBits reports the first element where got and want differ in bits.
-func sameBits(t testing.TB, name string, want, got []float32) {
-	t.Helper()
-	if len(got) != len(want) {
-		t.Errorf("%s: %d values, want %d", name, len(got), len(want))
-		return
-	}
-	for i := range want {
-		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-			t.Errorf("%s: first mismatch at %d of %d: got %v (%#08x), want %v (%#08x)",
-				name, i, len(want), got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
-			return
-		}
-	}
-}
-
 func randVals(r *rand.Rand, n int, scale float64) []float32 {
 	v := make([]float32, n)
 	for i := range v {
