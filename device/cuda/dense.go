@@ -484,9 +484,15 @@ func (o *ops) Argmax(x synth.Tensor) []int32 {
 // (1: the FMA one), the one the kernels' go_exp must follow; it fails the
 // ops when math.Exp is neither (another architecture's).
 func (o *ops) expFMA() int {
+	mode, err := goExpMode()
+	o.fail(err)
+	return mode
+}
+
+// goExpMode is detectExp's answer, found once per process.
+func goExpMode() (int, error) {
 	expOnce.Do(func() { expMode, expErr = detectExp() })
-	o.fail(expErr)
-	return expMode
+	return expMode, expErr
 }
 
 var (

@@ -86,6 +86,9 @@ func (g *gpu) init(ordinal int) error {
 			return fmt.Errorf("cuda: load %s: %w", f.Name(), err)
 		}
 		g.mods = append(g.mods, mod)
+		if err := setExpMode(mod); err != nil {
+			return fmt.Errorf("cuda: %s: %w", f.Name(), err)
+		}
 		for _, name := range entries(string(src)) {
 			fn, err := mod.Function(name)
 			if err != nil {
@@ -98,6 +101,20 @@ func (g *gpu) init(ordinal int) error {
 		}
 	}
 	return nil
+}
+
+// setExpMode writes the path of this process's math.Exp into the module's
+// kvx_exp_fma (kernels/gomath.cuh), when it has one.
+func setExpMode(mod cu.Module) error {
+	p, size, err := mod.Global("kvx_exp_fma")
+	if err != nil || size != 8 {
+		return nil // the module does not include gomath.cuh
+	}
+	mode, err := goExpMode()
+	if err != nil {
+		return err
+	}
+	return upload(p, []int64{int64(mode)})
 }
 
 // entries lists the kernels (.entry) of a PTX module.

@@ -9,8 +9,9 @@
 //   - per (query, head) the softmax is expNormalize's: m = the first score
 //     if it is NaN, else the largest (which of equal maxima does not
 //     matter: exp(s - m) is the same for m = +0 and -0), e_j =
-//     (float)exp((double)(s_j - m)), l = Σ e_j one float add at a time in
-//     ascending logical order, acc += e_j * V_j in the same order (Axpy);
+//     exp32g(s_j - m) (Go's float32(math.Exp(float64(s_j - m))),
+//     gomath.cuh), l = Σ e_j one float add at a time in ascending logical
+//     order, acc += e_j * V_j in the same order (Axpy);
 //   - rows are decoded exactly (bf16, fp8 e4m3fn, float32) and encoded as
 //     kernel.BF16FromFloat32 and FP8FromFloat32 do.
 //
@@ -192,7 +193,7 @@ __device__ __forceinline__ float dotF(const float* x, const float* y, long long 
 	return __fadd_rn(__fadd_rn(s0, s1), __fadd_rn(s2, s3));
 }
 
-__device__ __forceinline__ float exp32(float x) { return (float)exp((double)x); }
+#include "gomath.cuh"
 
 // blockMax returns, on every thread of an ATT block, m of expNormalize
 // from each thread's largest score (-Inf when it had none; NaN never
@@ -328,7 +329,7 @@ extern "C" __global__ void kvx_gqa_attend(const long long* desc, const int* rowS
 			const char* r = rowAt(v, tab, j0 + t);
 			rows[t] = r;
 			float s = keep ? kept[j0 + t - lo] : __fmul_rn(dotRow(qs, r + koff, hd, dt), scale);
-			e[t] = exp32(__fsub_rn(s, m));
+			e[t] = exp32g(__fsub_rn(s, m));
 		}
 		__syncthreads();
 		if (t == 0) {
@@ -434,7 +435,7 @@ extern "C" __global__ void kvx_mla_attend(const long long* desc, const int* rowS
 			const char* raw = rowAt(v, tab, pick ? (long long)pick[k] : k);
 			rows[t] = raw;
 			float s = keep ? kept[k] : __fmul_rn(__fadd_rn(dotRow(qlat, raw, r, dt), dotRow(qp, raw + peoff, pe, dt)), scale);
-			e[t] = exp32(__fsub_rn(s, m));
+			e[t] = exp32g(__fsub_rn(s, m));
 		}
 		__syncthreads();
 		if (t == 0) {
