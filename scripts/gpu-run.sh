@@ -69,7 +69,7 @@ EOF
 }
 
 step_test() {
-	(cd test && ./cuda.test -test.v -test.count=1 $TEST_ARGS)
+	(cd test && ./cuda.test -test.v -test.count=1 -test.timeout "${TEST_TIMEOUT:-120s}" $TEST_ARGS)
 }
 
 # The compares: scenario, then kvx's --vary and --set arguments. Every
@@ -90,7 +90,7 @@ step_compare() {
 		for dev in cuda cpu; do
 			echo "== kvx compare -c $scen $args, device $dev"
 			# shellcheck disable=SC2086
-			bin/kvx compare -c "scenarios/$scen" --set device=$dev $args \
+			timeout "${COMPARE_TIMEOUT:-180}" bin/kvx compare -c "scenarios/$scen" --set device=$dev $args \
 				--json "$OUT/compare-$i-$dev.json" --no-progress || rc=1
 		done
 		[[ -s $OUT/compare-$i-cuda.json && -s $OUT/compare-$i-cpu.json ]] || { echo "compare $scen: a run wrote no report"; rc=1; continue; }
@@ -113,7 +113,7 @@ step_compare() {
 # bench: the cuda kernels' benchmarks (the test binary's), then PyTorch's
 # baselines on the same GPU and the table of ratios (scripts/cuda-bench.py).
 step_bench() {
-	(cd test && ./cuda.test -test.run '^$' -test.bench "${BENCH:-DecodeGQA|Copy|MatMul}" -test.benchtime "${BENCHTIME:-10x}") | tee "$OUT/go-bench.txt"
+	(cd test && timeout "${BENCH_TIMEOUT:-300}" ./cuda.test -test.run '^$' -test.bench "${BENCH:-DecodeGQA|Copy|MatMul}" -test.benchtime "${BENCHTIME:-10x}") | tee "$OUT/go-bench.txt"
 	python3 scripts/cuda-bench.py --go-bench "$OUT/go-bench.txt" --out "$OUT"
 }
 

@@ -4,8 +4,8 @@
 //
 // The context is cut into splits of a fixed number of logical positions;
 // each thread block runs one (split, kv head, sequence) with 8 token streams
-// (4 warps, two 16-lane halves each; every lane holds 8 of the 128
-// dimensions, one 16-byte load per row) and an online softmax per query
+// (4 warps, two 16-lane halves each, in lockstep; every lane holds 8 of the
+// 128 dimensions, one 16-byte load per row) and an online softmax per query
 // head of the group, then merges its streams in stream order. A second
 // kernel merges the splits in split order. Every partition is by logical
 // position, so the result does not depend on block placement or on the
@@ -59,23 +59,28 @@ __device__ void decode_split(float* part, float* ml, const float* q, const char*
 	}
 	const long long koff = offset + (long long)kvh * D * 2 + l16 * 16;
 	const long long voff = koff + kv_heads * D * 2;
-	for (long long t0 = lo + stream; t0 < hi; t0 += 2 * STREAMS) {
-		// Two rows in flight per stream: both loads issue before any math.
+	// The loop runs the same trips on both halves of a warp (the shuffles
+	// need every lane): a warp takes positions w0, w0+1 (its halves) and
+	// w0+STREAMS, w0+STREAMS+1, two rows in flight per half; a lane past
+	// the split's end computes with a zero row and keeps nothing.
+	const uint4 zero = make_uint4(0, 0, 0, 0);
+	for (long long w0 = lo + warp * 2; w0 < hi; w0 += 2 * STREAMS) {
 		uint4 ku[2], vu[2];
-		int cnt = 0;
+		bool ok[2];
 #pragma unroll
 		for (int u = 0; u < 2; u++) {
-			long long t = t0 + u * STREAMS;
-			if (t < hi) {
+			long long t = w0 + half + u * STREAMS;
+			ok[u] = t < hi;
+			ku[u] = zero;
+			vu[u] = zero;
+			if (ok[u]) {
 				const char* row = base + (long long)table[t / tpb] * block_bytes + (t % tpb) * stride;
 				ku[u] = *(const uint4*)(row + koff);
 				vu[u] = *(const uint4*)(row + voff);
-				cnt = u + 1;
 			}
 		}
 #pragma unroll
 		for (int u = 0; u < 2; u++) {
-			if (u >= cnt) break;
 			float kf[8], vf[8];
 			unpack8(ku[u], kf);
 			unpack8(vu[u], vf);
@@ -88,6 +93,7 @@ __device__ void decode_split(float* part, float* ml, const float* q, const char*
 				s += __shfl_xor_sync(0xffffffffu, s, 4);
 				s += __shfl_xor_sync(0xffffffffu, s, 2);
 				s += __shfl_xor_sync(0xffffffffu, s, 1);
+				if (!ok[u]) continue;
 				float mn = fmaxf(m[g], s);
 				float corr = exp2f(m[g] - mn);
 				float p = exp2f(s - mn);
