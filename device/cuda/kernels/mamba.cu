@@ -1,0 +1,314 @@
+// Mamba2's sequence part (kernel.Mamba2.Forward of package kernel, the cpu
+// device's reference), for every segment of one call in one pass:
+//
+//   kvx_mamba_dt          dt = Softplus(dt + bias), floored per row; dA = exp(dt*A)
+//   kvx_mamba_conv        the causal depthwise conv1d and SiLU of every row
+//   kvx_mamba_conv_state  the conv state after saves and after the segment
+//   kvx_mamba_scan        the recurrence, token by token, and the D skip
+//   kvx_mamba_norm        the silu(z) gate and the grouped RMSNorm
+//   kvx_mamba_zero        zeroes state slots (a sequence at position 0)
+//
+// Every float32 operation is the Go code's, in its order, with explicit
+// round-to-nearest intrinsics (the PTX is also built with -fmad=false);
+// exp, log1p and sqrt run in double as Go's math package does, then round.
+//
+// A segment's state is read from its live slot once and written back once:
+// the conv state holds rounded conv inputs and the ssm state is rounded to
+// its dtype after every token, so the bytes are what the cpu device's
+// chunked passes leave. Saves (snapshots, draft-tail states) write the state
+// after m tokens of the segment into other slots on the way.
+//
+// Segment descriptors, SEG_WORDS long long each: the live conv and ssm state
+// addresses, the segment's first row and row count, its first save and save
+// count. Saves, SAVE_WORDS each, in increasing m: m (tokens of the segment
+// the state covers), the conv and ssm destinations (0: none).
+
+#define SEG_CONV 0
+#define SEG_SSM 1
+#define SEG_ROW0 2
+#define SEG_ROWS 3
+#define SEG_SAVE0 4
+#define SEG_SAVES 5
+#define SEG_WORDS 6
+
+#define SAVE_M 0
+#define SAVE_CONV 1
+#define SAVE_SSM 2
+#define SAVE_WORDS 3
+
+// bf16_bits is kernel.BF16FromFloat32: round to nearest even, NaN kept quiet.
+__device__ __forceinline__ unsigned short bf16_bits(float f) {
+	unsigned int b = __float_as_uint(f);
+	if ((b & 0x7fffffffu) > 0x7f800000u) {
+		return (unsigned short)((b >> 16) | 0x0040u);
+	}
+	b += 0x7fffu + ((b >> 16) & 1u);
+	return (unsigned short)(b >> 16);
+}
+
+__device__ __forceinline__ float bf16_value(unsigned short h) {
+	return __uint_as_float(((unsigned int)h) << 16);
+}
+
+// rounded is kernel.Round for float32 (no-op) or bf16.
+__device__ __forceinline__ float rounded(float v, long long bf16) {
+	return bf16 ? bf16_value(bf16_bits(v)) : v;
+}
+
+// Element i of a state buffer at dtype float32 or bf16.
+__device__ __forceinline__ float load_state(const void* p, long long i, long long bf16) {
+	if (bf16) {
+		return bf16_value(((const unsigned short*)p)[i]);
+	}
+	return ((const float*)p)[i];
+}
+
+__device__ __forceinline__ void store_state(void* p, long long i, float v, long long bf16) {
+	if (bf16) {
+		((unsigned short*)p)[i] = bf16_bits(v);
+	} else {
+		((float*)p)[i] = v;
+	}
+}
+
+// copy_state copies element src of a state buffer to element dst of another,
+// bit for bit.
+__device__ __forceinline__ void copy_state(void* d, long long dst, const void* s, long long src, long long bf16) {
+	if (bf16) {
+		((unsigned short*)d)[dst] = ((const unsigned short*)s)[src];
+	} else {
+		((unsigned int*)d)[dst] = ((const unsigned int*)s)[src];
+	}
+}
+
+// silu is kernel.SiLU: x / (1 + e^-x), e^-x in double rounded to float32.
+__device__ __forceinline__ float silu(float x) {
+	float e = (float)exp(-(double)x);
+	return __fdiv_rn(x, __fadd_rn(1.0f, e));
+}
+
+// kvx_mamba_dt: one thread per (row, head). dts = Softplus(dt + bias) (x for
+// x > 20), then max(dts, floor) where the row's floor is > 0 (a NaN stays);
+// dAs = exp(dts * A).
+extern "C" __global__ void kvx_mamba_dt(const float* dt, const float* bias, const float* A, const float* floors,
+	float* dts, float* dAs, long long rows, long long heads) {
+	long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= rows * heads) {
+		return;
+	}
+	long long r = i / heads, h = i - r * heads;
+	float v = __fadd_rn(dt[i], bias[h]);
+	float sp = v;
+	if (!(v > 20.0f)) {
+		sp = (float)log1p(exp((double)v));
+	}
+	float f = floors[r];
+	if (f > 0.0f && sp == sp && !(sp > f)) {
+		sp = f;
+	}
+	dts[i] = sp;
+	dAs[i] = (float)exp((double)__fmul_rn(sp, A[h]));
+}
+
+// kvx_mamba_conv: grid (rows, channel blocks). Row i of a segment at channel
+// c: acc = bias, then acc += w[k] * in_k for k ascending, in_k the rounded
+// conv input k-(K-1) tokens back: a row of this call, or the segment's conv
+// state for tokens before it. xc = SiLU(acc).
+extern "C" __global__ void kvx_mamba_conv(const float* xbc, const long long* segs, const int* rowSeg,
+	const float* convW, const float* convB, float* xc, long long rows, long long cd, long long K, long long bf16) {
+	long long r = blockIdx.x;
+	long long c = (long long)blockIdx.y * blockDim.x + threadIdx.x;
+	if (r >= rows || c >= cd) {
+		return;
+	}
+	const long long* sg = segs + SEG_WORDS * (long long)rowSeg[r];
+	const void* conv = (const void*)sg[SEG_CONV];
+	long long row0 = sg[SEG_ROW0];
+	long long i = r - row0;
+	float acc = convB[c];
+	for (long long k = 0; k < K; k++) {
+		long long src = i - (K - 1) + k;
+		float in;
+		if (src >= 0) {
+			in = rounded(xbc[(row0 + src) * cd + c], bf16);
+		} else {
+			in = load_state(conv, (i + k) * cd + c, bf16); // state entry K-1+src
+		}
+		acc = __fadd_rn(acc, __fmul_rn(convW[c * K + k], in));
+	}
+	xc[r * cd + c] = silu(acc);
+}
+
+// kvx_mamba_conv_state: grid (segments, channel blocks), K > 1. The conv
+// state after m tokens of a segment holds, oldest first, the conv inputs of
+// tokens m-(K-1) .. m-1: rows of the call, or entries of the state before
+// it. A thread owns one channel: it writes the segment's saves from the old
+// state, then shifts the live state in place (entry k reads entry n+k > k,
+// not yet overwritten in ascending k).
+extern "C" __global__ void kvx_mamba_conv_state(const float* xbc, const long long* segs, const long long* saves,
+	long long cd, long long K, long long bf16) {
+	const long long* sg = segs + SEG_WORDS * (long long)blockIdx.x;
+	long long c = (long long)blockIdx.y * blockDim.x + threadIdx.x;
+	if (c >= cd || K < 2) {
+		return;
+	}
+	void* live = (void*)sg[SEG_CONV];
+	long long row0 = sg[SEG_ROW0], n = sg[SEG_ROWS];
+	const long long* sv = saves + SAVE_WORDS * sg[SEG_SAVE0];
+	for (long long s = 0; s < sg[SEG_SAVES]; s++) {
+		long long m = sv[SAVE_WORDS * s + SAVE_M];
+		void* dst = (void*)sv[SAVE_WORDS * s + SAVE_CONV];
+		if (dst == 0) {
+			continue;
+		}
+		for (long long k = 0; k < K - 1; k++) {
+			long long src = m - (K - 1) + k;
+			if (src >= 0) {
+				store_state(dst, k * cd + c, xbc[(row0 + src) * cd + c], bf16);
+			} else {
+				copy_state(dst, k * cd + c, live, (m + k) * cd + c, bf16);
+			}
+		}
+	}
+	for (long long k = 0; k < K - 1; k++) {
+		long long src = n - (K - 1) + k;
+		if (src >= 0) {
+			store_state(live, k * cd + c, xbc[(row0 + src) * cd + c], bf16);
+		} else {
+			copy_state(live, k * cd + c, live, (n + k) * cd + c, bf16);
+		}
+	}
+}
+
+// kvx_mamba_scan: grid (segments, heads, head-dim tiles of PT rows), any
+// block size, dynamic shared memory (PT*N + PT*(N+1)) floats. The block keeps
+// its tile of the ssm state in shared memory (element e = p*N + n, one thread
+// per element) and walks the segment's tokens in order:
+//
+//   s = s*dA + (dt*x[p]) * B[n], rounded to the state dtype
+//   y[p] = 0 + s[0]*C[0] + s[1]*C[1] + ... (n ascending) + D*x[p]
+//
+// The products s*C go to shared memory and one thread per p sums them in
+// order. ys gets y (before the gate); the live state the final s.
+extern "C" __global__ void kvx_mamba_scan(const float* xc, const float* dts, const float* dAs, const long long* segs,
+	const long long* saves, const float* D, float* ys, long long H, long long P, long long N, long long G, long long PT,
+	long long bf16) {
+	extern __shared__ float sh[];
+	float* st = sh;
+	float* prod = sh + PT * N;
+	const long long* sg = segs + SEG_WORDS * (long long)blockIdx.x;
+	long long h = blockIdx.y;
+	long long p0 = (long long)blockIdx.z * PT;
+	long long pt = P - p0 < PT ? P - p0 : PT;
+	long long E = pt * N;
+	long long tid = threadIdx.x, T = blockDim.x;
+	void* live = (void*)sg[SEG_SSM];
+	long long row0 = sg[SEG_ROW0], n = sg[SEG_ROWS];
+	const long long* sv = saves + SAVE_WORDS * sg[SEG_SAVE0];
+	long long nsv = sg[SEG_SAVES];
+	long long di = H * P, cd = di + 2 * G * N;
+	long long g = h / (H / G);
+	long long base = (h * P + p0) * N; // the tile's first element in the state
+	for (long long e = tid; e < E; e += T) {
+		st[e] = load_state(live, base + e, bf16);
+	}
+	long long k = 0;
+	for (; k < nsv && sv[SAVE_WORDS * k + SAVE_M] == 0; k++) {
+		void* dst = (void*)sv[SAVE_WORDS * k + SAVE_SSM];
+		for (long long e = tid; dst != 0 && e < E; e += T) {
+			store_state(dst, base + e, st[e], bf16);
+		}
+	}
+	float Dh = D[h];
+	for (long long i = 0; i < n; i++) {
+		long long r = row0 + i;
+		const float* x = xc + r * cd + h * P + p0;
+		const float* Bg = xc + r * cd + di + g * N;
+		const float* Cg = Bg + G * N;
+		float dth = dts[r * H + h], dA = dAs[r * H + h];
+		for (long long e = tid; e < E; e += T) {
+			int pl = (int)e / (int)N, j = (int)e - pl * (int)N;
+			float dtx = __fmul_rn(dth, x[pl]);
+			float v = __fadd_rn(__fmul_rn(st[e], dA), __fmul_rn(dtx, Bg[j]));
+			if (bf16) {
+				v = rounded(v, 1);
+			}
+			st[e] = v;
+			prod[pl * (N + 1) + j] = __fmul_rn(v, Cg[j]);
+		}
+		__syncthreads();
+		if (tid < pt) {
+			float y = 0.0f;
+			const float* pr = prod + tid * (N + 1);
+			for (long long j = 0; j < N; j++) {
+				y = __fadd_rn(y, pr[j]);
+			}
+			ys[r * di + h * P + p0 + tid] = __fadd_rn(y, __fmul_rn(Dh, x[tid]));
+		}
+		for (; k < nsv && sv[SAVE_WORDS * k + SAVE_M] == i + 1; k++) {
+			void* dst = (void*)sv[SAVE_WORDS * k + SAVE_SSM];
+			for (long long e = tid; dst != 0 && e < E; e += T) {
+				store_state(dst, base + e, st[e], bf16);
+			}
+		}
+		__syncthreads();
+	}
+	for (long long e = tid; e < E; e += T) {
+		store_state(live, base + e, st[e], bf16);
+	}
+}
+
+// kvx_mamba_norm: grid (rows, groups), blockDim >= 4. y *= SiLU(z) in place,
+// then RMSNorm over the group of di/G elements as kernel.RMSNorm: the mean
+// square is kernel.Dot (four lanes, element i in lane i%4, ascending, then
+// (s0+s1)+(s2+s3)), inv = 1/sqrt(ms + eps) in double, out = (y*inv)*w.
+extern "C" __global__ void kvx_mamba_norm(float* ys, const float* z, const float* w, float* out, long long di,
+	long long G, float eps) {
+	__shared__ float part[4];
+	__shared__ float sinv;
+	long long r = blockIdx.x, grp = blockIdx.y;
+	long long gs = di / G;
+	long long off = r * di + grp * gs;
+	float* y = ys + off;
+	const float* zz = z + off;
+	long long tid = threadIdx.x, T = blockDim.x;
+	for (long long i = tid; i < gs; i += T) {
+		y[i] = __fmul_rn(y[i], silu(zz[i]));
+	}
+	__syncthreads();
+	if (tid < 4) {
+		float s = 0.0f;
+		for (long long i = tid; i < gs; i += 4) {
+			s = __fadd_rn(s, __fmul_rn(y[i], y[i]));
+		}
+		part[tid] = s;
+	}
+	__syncthreads();
+	if (tid == 0) {
+		float ss = __fadd_rn(__fadd_rn(part[0], part[1]), __fadd_rn(part[2], part[3]));
+		float ms = __fdiv_rn(ss, (float)gs);
+		sinv = (float)__ddiv_rn(1.0, __dsqrt_rn((double)__fadd_rn(ms, eps)));
+	}
+	__syncthreads();
+	float inv = sinv;
+	const float* wg = w + grp * gs;
+	for (long long i = tid; i < gs; i += T) {
+		out[off + i] = __fmul_rn(__fmul_rn(y[i], inv), wg[i]);
+	}
+}
+
+// kvx_mamba_zero: one block per (address, bytes) pair, zeroed.
+extern "C" __global__ void kvx_mamba_zero(const unsigned long long* jobs) {
+	char* dst = (char*)jobs[2 * blockIdx.x];
+	long long size = (long long)jobs[2 * blockIdx.x + 1];
+	if ((((unsigned long long)dst | (unsigned long long)size) & 15) == 0) {
+		int4* d = (int4*)dst;
+		for (long long i = threadIdx.x; i < size / 16; i += blockDim.x) {
+			d[i] = make_int4(0, 0, 0, 0);
+		}
+		return;
+	}
+	for (long long i = threadIdx.x; i < size; i += blockDim.x) {
+		dst[i] = 0;
+	}
+}
