@@ -274,10 +274,12 @@ func (o *ops) Mamba2(_ context.Context, layer int, segs []synth.Seg, in synth.Ma
 	if total != rows {
 		return nil, fmt.Errorf("cuda: mamba2 layer %d: segments cover %d rows, the inputs have %d", layer, total, rows)
 	}
-	pt := max(1, min(mb.HeadDim, 2048/mb.State))
-	shmem := pt * (2*mb.State + 1) * 4
-	if shmem > 48<<10 {
-		return nil, fmt.Errorf("cuda: mamba2 layer %d: ssm state size %d needs %d bytes of shared memory per block, above 48 KiB", layer, mb.State, shmem)
+	// A tile of pt rows of a head's state, pt*State <= 2048 (8 elements per
+	// updater thread), one reducer per row in one warp.
+	pt := max(1, min(mb.HeadDim, 2048/mb.State, 32))
+	shmem := (2*pt*(mb.State+1) + 3*(pt+2*mb.State+2)) * 4
+	if mb.State > 1024 {
+		return nil, fmt.Errorf("cuda: mamba2 layer %d: ssm state size %d: the scan kernel takes at most 1024", layer, mb.State)
 	}
 	if H > 65535 || mb.Groups > 65535 {
 		return nil, fmt.Errorf("cuda: mamba2 layer %d: %d heads, %d groups: at most 65535", layer, H, mb.Groups)
@@ -320,7 +322,7 @@ func (o *ops) Mamba2(_ context.Context, layer int, segs []synth.Seg, in synth.Ma
 		o.run("kvx_mamba_conv_state", dim{nseg, blocks(cd, 256), 1}, dim{256, 1, 1}, 0,
 			xbc.p, segp, savep, cd, K, convBF16)
 	}
-	o.run("kvx_mamba_scan", dim{nseg, H, blocks(mb.HeadDim, pt)}, dim{256, 1, 1}, shmem,
+	o.run("kvx_mamba_scan", dim{nseg, H, blocks(mb.HeadDim, pt)}, dim{scanUpdaters + 32, 1, 1}, shmem,
 		xc, dts, dAs, segp, savep, wt(w.D), ys, H, mb.HeadDim, mb.State, mb.Groups, pt, ssmBF16)
 	o.run("kvx_mamba_norm", dim{rows, mb.Groups, 1}, dim{128, 1, 1}, 0,
 		ys, z.p, wt(w.NormW), out.p, di, mb.Groups, mb.Eps)
@@ -333,6 +335,7 @@ func (o *ops) Mamba2(_ context.Context, layer int, segs []synth.Seg, in synth.Ma
 const (
 	segWordsMamba = 6
 	saveWords     = 3
+	scanUpdaters  = 256 // SCAN_UPDATERS: kvx_mamba_scan's threads but its last warp
 )
 
 func dtypeFlag(t kernel.Dtype) int {

@@ -29,6 +29,7 @@ type mambaShape struct {
 	heads, headDim, state, groups, conv int
 	convDtype, ssmDtype                 kernel.Dtype
 	dtMin                               float32
+	blocks                              int // live slots (8 when 0)
 }
 
 func (s mambaShape) String() string {
@@ -47,7 +48,7 @@ const (
 // mambaRig is a cuda Device built by hand with the state pools of two
 // Mamba2 layers, and the cpu kernel's oracle of what they must hold.
 type mambaRig struct {
-	t   *testing.T
+	t   testing.TB
 	o   *ops
 	d   *Device
 	tab *device.Tables
@@ -61,7 +62,7 @@ type mambaRig struct {
 	live      map[kvcache.SeqID]kvcache.BlockID
 }
 
-func newMambaRig(t *testing.T, sh mambaShape) *mambaRig {
+func newMambaRig(t testing.TB, sh mambaShape) *mambaRig {
 	t.Helper()
 	o := newTestOps(t)
 	m := &spec.Model{MambaHeads: sh.heads, MambaHeadDim: sh.headDim, SSMStateSize: sh.state, NGroups: sh.groups, ConvKernel: sh.conv}
@@ -78,7 +79,7 @@ func newMambaRig(t *testing.T, sh mambaShape) *mambaRig {
 	}
 	slot := int64(len(mambaLayers) * (probe.ConvBytes() + probe.SSMBytes()))
 	pools := []kvcache.Pool{
-		{ID: mambaLivePool, Name: "ssm", Tier: kvcache.TierDevice, Layers: mambaLayers, BlockBytes: slot, Blocks: 8},
+		{ID: mambaLivePool, Name: "ssm", Tier: kvcache.TierDevice, Layers: mambaLayers, BlockBytes: slot, Blocks: max(sh.blocks, 8)},
 		{ID: mambaSnapPool, Name: "ssm-host", Tier: kvcache.TierHost, Layers: mambaLayers, BlockBytes: slot, Blocks: 4},
 	}
 	place, err := paged.Place(layers, pools)
@@ -169,9 +170,16 @@ func newMambaRig(t *testing.T, sh mambaShape) *mambaRig {
 	return r
 }
 
-// tensor puts host values in the (never reset) arena; call it inside on.
+// tensor puts host values in device memory kept until the test ends (the
+// arena may be reset between steps); call it inside on.
 func (r *mambaRig) tensor(v []float32, rows, cols int) *tensor {
-	return &tensor{p: put(r.o, v), r: rows, c: cols}
+	p, err := r.o.g.alloc(int64(len(v)) * 4)
+	r.o.fail(err)
+	if err == nil {
+		*r.o.weights = append(*r.o.weights, p)
+		r.o.fail(upload(p, v))
+	}
+	return &tensor{p: p, r: rows, c: cols}
 }
 
 // slotBytes returns the state (conv then ssm) of layer l in block b of the
@@ -381,7 +389,7 @@ func (r *mambaRig) step(name string, items []mambaItem) {
 	}
 }
 
-func mambaSame(t *testing.T, what string, got, want []float32) {
+func mambaSame(t testing.TB, what string, got, want []float32) {
 	t.Helper()
 	if len(got) != len(want) {
 		t.Errorf("%s: %d values, want %d", what, len(got), len(want))
@@ -395,7 +403,7 @@ func mambaSame(t *testing.T, what string, got, want []float32) {
 	}
 }
 
-func mambaSameBytes(t *testing.T, what string, got, want []byte) {
+func mambaSameBytes(t testing.TB, what string, got, want []byte) {
 	t.Helper()
 	if len(got) != len(want) {
 		t.Errorf("%s: %d bytes, want %d", what, len(got), len(want))
@@ -488,5 +496,64 @@ func TestMamba2Errors(t *testing.T) {
 		if kvcache.KindOf(err) != kvcache.KindInvalidArg {
 			t.Errorf("prepareStates(pos %d, snapshots %v) = %v, want an item error", it.Pos, it.Snapshots, err)
 		}
+	}
+}
+
+// BenchmarkMamba2 times one Nemotron-H-sized Mamba2 layer call (128 heads
+// of 64, state 128, 8 groups, float32 state): a 1024-token prefill chunk
+// of one sequence, and a decode step of 64 sequences.
+func BenchmarkMamba2(b *testing.B) {
+	sh := mambaShape{heads: 128, headDim: 64, state: 128, groups: 8, conv: 4, convDtype: kernel.F32, ssmDtype: kernel.F32}
+	for _, c := range []struct {
+		name       string
+		seqs, rows int
+	}{{"prefill1024", 1, 1024}, {"decode64", 64, 1}} {
+		b.Run(c.name, func(b *testing.B) {
+			sh.blocks = c.seqs
+			r := newMambaRig(b, sh)
+			l := mambaLayers[0]
+			mb := r.mix[l].Mamba
+			o := r.o
+			var items []worker.Item
+			var segs []synth.Seg
+			tabs := map[kvcache.SeqID][][]kvcache.BlockID{}
+			var x synth.Mamba2In
+			on(b, o, func() {
+				for i := 0; i < c.seqs; i++ {
+					seq := kvcache.SeqID(i + 1)
+					items = append(items, worker.Item{Seq: seq, Pos: 0, Tokens: toks(c.rows)})
+					segs = append(segs, synth.Seg{Seq: seq, Pos: 0, Rows: c.rows})
+					tabs[seq] = [][]kvcache.BlockID{{kvcache.BlockID(i)}, nil}
+				}
+				n := c.seqs * c.rows
+				rng := rand.New(rand.NewSource(1))
+				f := func(k int) []float32 {
+					v := make([]float32, k)
+					for i := range v {
+						v[i] = 2*rng.Float32() - 1
+					}
+					return v
+				}
+				x = synth.Mamba2In{Z: r.tensor(f(n*mb.Inner()), n, mb.Inner()), XBC: r.tensor(f(n*mb.ConvDim()), n, mb.ConvDim()), DT: r.tensor(f(n*mb.Heads), n, mb.Heads)}
+				o.t = device.TablesOf(2, tabs)
+			})
+			run := func() {
+				on(b, o, func() {
+					if err := r.d.prepareStates(o, items); err != nil {
+						b.Error(err)
+						return
+					}
+					if _, err := o.Mamba2(context.Background(), l, segs, x, r.dw[l]); err != nil {
+						b.Error(err)
+					}
+				})
+				o.g.do(o.ar.reset)
+			}
+			run()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				run()
+			}
+		})
 	}
 }

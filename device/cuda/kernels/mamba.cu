@@ -180,28 +180,69 @@ extern "C" __global__ void kvx_mamba_conv_state(const float* xbc, const long lon
 	}
 }
 
-// kvx_mamba_scan: grid (segments, heads, head-dim tiles of PT rows), any
-// block size, dynamic shared memory (PT*N + PT*(N+1)) floats. The block keeps
-// its tile of the ssm state in shared memory (element e = p*N + n, one thread
-// per element) and walks the segment's tokens in order:
+// kvx_mamba_scan: grid (segments, heads, head-dim tiles of PT <= 32 rows),
+// PT*N <= 2048, blockDim SCAN_UPDATERS + 32, dynamic shared memory
+// 2*PT*(N+1) + 3*(PT+2N+2) floats. The block keeps its tile of the ssm
+// state in registers (element e = p*N + n, owned by one updater thread)
+// and walks the segment's tokens in order:
 //
 //   s = s*dA + (dt*x[p]) * B[n], rounded to the state dtype
 //   y[p] = 0 + s[0]*C[0] + s[1]*C[1] + ... (n ascending) + D*x[p]
 //
-// The products s*C go to shared memory and one thread per p sums them in
-// order. ys gets y (before the gate); the live state the final s.
+// Per token i, between two barriers: the updaters compute token i's state
+// and its products s*C (into one of two buffers) from the token's inputs
+// (x tile, B, C, dt, dA) staged in shared memory, and start the copies of
+// token i+1's inputs (cp.async, three stages); the last warp (one thread
+// per p) sums token i-1's products in order. ys gets y (before the gate);
+// the live state the final s; saves the state after their m tokens.
+#define SCAN_UPDATERS 256
+#define SCAN_MAXQ 8 // state elements per updater thread: PT*N <= 2048
+
+__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
+	unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+// scan_stage copies token r's inputs of the block into tok (by the updaters).
+__device__ __forceinline__ void scan_stage(float* tok, const float* xc, const float* dts, const float* dAs, long long r,
+	long long cd, long long di, long long H, long long h, long long P, long long p0, int pt, long long G, long long g,
+	int n_, int tid) {
+	int L = pt + 2 * n_ + 2;
+	const float* row = xc + r * cd;
+	for (int a = tid; a < L; a += SCAN_UPDATERS) {
+		const float* src;
+		if (a < pt) {
+			src = row + h * P + p0 + a;
+		} else if (a < pt + n_) {
+			src = row + di + g * n_ + (a - pt);
+		} else if (a < pt + 2 * n_) {
+			src = row + di + G * n_ + g * n_ + (a - pt - n_);
+		} else if (a == pt + 2 * n_) {
+			src = dts + r * H + h;
+		} else {
+			src = dAs + r * H + h;
+		}
+		cp_async4(tok + a, src);
+	}
+	asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
 extern "C" __global__ void kvx_mamba_scan(const float* xc, const float* dts, const float* dAs, const long long* segs,
 	const long long* saves, const float* D, float* ys, long long H, long long P, long long N, long long G, long long PT,
 	long long bf16) {
 	extern __shared__ float sh[];
-	float* st = sh;
-	float* prod = sh + PT * N;
+	const int n_ = (int)N;
+	const int stride = n_ + 1;
+	const int tokLen = (int)PT + 2 * n_ + 2;
+	float* prod = sh;                     // two buffers of PT*(N+1)
+	float* toks = prod + 2 * PT * stride; // three buffers of tokLen
 	const long long* sg = segs + SEG_WORDS * (long long)blockIdx.x;
 	long long h = blockIdx.y;
 	long long p0 = (long long)blockIdx.z * PT;
-	long long pt = P - p0 < PT ? P - p0 : PT;
-	long long E = pt * N;
-	long long tid = threadIdx.x, T = blockDim.x;
+	int pt = (int)(P - p0 < PT ? P - p0 : PT);
+	int E = pt * n_;
+	int tid = threadIdx.x;
+	bool updater = tid < SCAN_UPDATERS;
 	void* live = (void*)sg[SEG_SSM];
 	long long row0 = sg[SEG_ROW0], n = sg[SEG_ROWS];
 	const long long* sv = saves + SAVE_WORDS * sg[SEG_SAVE0];
@@ -209,52 +250,92 @@ extern "C" __global__ void kvx_mamba_scan(const float* xc, const float* dts, con
 	long long di = H * P, cd = di + 2 * G * N;
 	long long g = h / (H / G);
 	long long base = (h * P + p0) * N; // the tile's first element in the state
-	for (long long e = tid; e < E; e += T) {
-		st[e] = load_state(live, base + e, bf16);
-	}
 	long long k = 0;
-	for (; k < nsv && sv[SAVE_WORDS * k + SAVE_M] == 0; k++) {
-		void* dst = (void*)sv[SAVE_WORDS * k + SAVE_SSM];
-		for (long long e = tid; dst != 0 && e < E; e += T) {
-			store_state(dst, base + e, st[e], bf16);
+	// An updater's elements e = tid + q*SCAN_UPDATERS (E <= SCAN_UPDATERS*SCAN_MAXQ).
+	float s[SCAN_MAXQ];
+	int pls[SCAN_MAXQ], js[SCAN_MAXQ];
+	if (updater) {
+		if (n > 0) {
+			scan_stage(toks, xc, dts, dAs, row0, cd, di, H, h, P, p0, pt, G, g, n_, tid);
 		}
-	}
-	float Dh = D[h];
-	for (long long i = 0; i < n; i++) {
-		long long r = row0 + i;
-		const float* x = xc + r * cd + h * P + p0;
-		const float* Bg = xc + r * cd + di + g * N;
-		const float* Cg = Bg + G * N;
-		float dth = dts[r * H + h], dA = dAs[r * H + h];
-		for (long long e = tid; e < E; e += T) {
-			int pl = (int)e / (int)N, j = (int)e - pl * (int)N;
-			float dtx = __fmul_rn(dth, x[pl]);
-			float v = __fadd_rn(__fmul_rn(st[e], dA), __fmul_rn(dtx, Bg[j]));
-			if (bf16) {
-				v = rounded(v, 1);
+#pragma unroll
+		for (int q = 0; q < SCAN_MAXQ; q++) {
+			int e = tid + q * SCAN_UPDATERS;
+			pls[q] = e / n_;
+			js[q] = e - pls[q] * n_;
+			s[q] = e < E ? load_state(live, base + e, bf16) : 0.0f;
+		}
+		for (; k < nsv && sv[SAVE_WORDS * k + SAVE_M] == 0; k++) {
+			void* dst = (void*)sv[SAVE_WORDS * k + SAVE_SSM];
+#pragma unroll
+			for (int q = 0; q < SCAN_MAXQ; q++) {
+				int e = tid + q * SCAN_UPDATERS;
+				if (dst != 0 && e < E) {
+					store_state(dst, base + e, s[q], bf16);
+				}
 			}
-			st[e] = v;
-			prod[pl * (N + 1) + j] = __fmul_rn(v, Cg[j]);
 		}
-		__syncthreads();
-		if (tid < pt) {
+		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+	}
+	__syncthreads();
+	float Dh = D[h];
+	for (long long i = 0; i <= n; i++) {
+		if (updater && i < n) {
+			if (i + 1 < n) {
+				scan_stage(toks + ((i + 1) % 3) * tokLen, xc, dts, dAs, row0 + i + 1, cd, di, H, h, P, p0, pt, G, g, n_, tid);
+			}
+			const float* tk = toks + (i % 3) * tokLen;
+			const float* Bg = tk + pt;
+			const float* Cg = Bg + n_;
+			float dth = Bg[2 * n_], dA = Bg[2 * n_ + 1];
+			float* pr = prod + (i & 1) * PT * stride;
+#pragma unroll
+			for (int q = 0; q < SCAN_MAXQ; q++) {
+				if (tid + q * SCAN_UPDATERS < E) {
+					int pl = pls[q], j = js[q];
+					float dtx = __fmul_rn(dth, tk[pl]);
+					float v = __fadd_rn(__fmul_rn(s[q], dA), __fmul_rn(dtx, Bg[j]));
+					if (bf16) {
+						v = rounded(v, 1);
+					}
+					s[q] = v;
+					pr[pl * stride + j] = __fmul_rn(v, Cg[j]);
+				}
+			}
+			for (; k < nsv && sv[SAVE_WORDS * k + SAVE_M] == i + 1; k++) {
+				void* dst = (void*)sv[SAVE_WORDS * k + SAVE_SSM];
+#pragma unroll
+				for (int q = 0; q < SCAN_MAXQ; q++) {
+					int e = tid + q * SCAN_UPDATERS;
+					if (dst != 0 && e < E) {
+						store_state(dst, base + e, s[q], bf16);
+					}
+				}
+			}
+			asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+		}
+		int q = tid - SCAN_UPDATERS;
+		if (!updater && i > 0 && q < pt) {
+			long long r = row0 + i - 1;
+			const float* pr = prod + ((i - 1) & 1) * PT * stride + q * stride;
 			float y = 0.0f;
-			const float* pr = prod + tid * (N + 1);
-			for (long long j = 0; j < N; j++) {
+#pragma unroll 8
+			for (int j = 0; j < n_; j++) {
 				y = __fadd_rn(y, pr[j]);
 			}
-			ys[r * di + h * P + p0 + tid] = __fadd_rn(y, __fmul_rn(Dh, x[tid]));
-		}
-		for (; k < nsv && sv[SAVE_WORDS * k + SAVE_M] == i + 1; k++) {
-			void* dst = (void*)sv[SAVE_WORDS * k + SAVE_SSM];
-			for (long long e = tid; dst != 0 && e < E; e += T) {
-				store_state(dst, base + e, st[e], bf16);
-			}
+			float xv = toks[((i - 1) % 3) * tokLen + q];
+			ys[r * di + h * P + p0 + q] = __fadd_rn(y, __fmul_rn(Dh, xv));
 		}
 		__syncthreads();
 	}
-	for (long long e = tid; e < E; e += T) {
-		store_state(live, base + e, st[e], bf16);
+	if (updater) {
+#pragma unroll
+		for (int q = 0; q < SCAN_MAXQ; q++) {
+			int e = tid + q * SCAN_UPDATERS;
+			if (e < E) {
+				store_state(live, base + e, s[q], bf16);
+			}
+		}
 	}
 }
 
