@@ -433,6 +433,8 @@ func TestMamba2States(t *testing.T) {
 		{heads: 2, headDim: 3, state: 130, groups: 1, conv: 1, convDtype: kernel.F32, ssmDtype: kernel.BF16, dtMin: 0.3},
 		{heads: 3, headDim: 5, state: 7, groups: 3, conv: 3, convDtype: kernel.BF16, ssmDtype: kernel.F32, dtMin: 0.2},
 		{heads: 8, headDim: 64, state: 128, groups: 2, conv: 4, convDtype: kernel.BF16, ssmDtype: kernel.F32, dtMin: 0.1},
+		{heads: 2, headDim: 40, state: 64, groups: 1, conv: 2, convDtype: kernel.F32, ssmDtype: kernel.BF16},  // a partial tile
+		{heads: 1, headDim: 3, state: 1024, groups: 1, conv: 4, convDtype: kernel.BF16, ssmDtype: kernel.F32}, // the largest state
 	}
 	for _, sh := range shapes {
 		t.Run(sh.String(), func(t *testing.T) {
@@ -500,8 +502,10 @@ func TestMamba2Errors(t *testing.T) {
 }
 
 // BenchmarkMamba2 times one Nemotron-H-sized Mamba2 layer call (128 heads
-// of 64, state 128, 8 groups, float32 state): a 1024-token prefill chunk
-// of one sequence, and a decode step of 64 sequences.
+// of 64, state 128, 8 groups, float32 state), host work and a sync
+// included: a 1024-token prefill chunk of one sequence (the scan's token
+// loop dominates), and a decode step of 64 sequences (reading and writing
+// their 4 MiB ssm states dominates).
 func BenchmarkMamba2(b *testing.B) {
 	sh := mambaShape{heads: 128, headDim: 64, state: 128, groups: 8, conv: 4, convDtype: kernel.F32, ssmDtype: kernel.F32}
 	for _, c := range []struct {
@@ -521,8 +525,10 @@ func BenchmarkMamba2(b *testing.B) {
 			on(b, o, func() {
 				for i := 0; i < c.seqs; i++ {
 					seq := kvcache.SeqID(i + 1)
-					items = append(items, worker.Item{Seq: seq, Pos: 0, Tokens: toks(c.rows)})
-					segs = append(segs, synth.Seg{Seq: seq, Pos: 0, Rows: c.rows})
+					// At Pos 1 and never finished: a fresh sequence each time,
+					// whose slot prepareStates leaves alone.
+					items = append(items, worker.Item{Seq: seq, Pos: 1, Tokens: toks(c.rows)})
+					segs = append(segs, synth.Seg{Seq: seq, Pos: 1, Rows: c.rows})
 					tabs[seq] = [][]kvcache.BlockID{{kvcache.BlockID(i)}, nil}
 				}
 				n := c.seqs * c.rows

@@ -55,20 +55,38 @@ __device__ __forceinline__ float rounded(float v, long long bf16) {
 	return bf16 ? bf16_value(bf16_bits(v)) : v;
 }
 
-// Element i of a state buffer at dtype float32 or bf16.
+// Element i of a state buffer at dtype float32 or bf16. A slot's buffers
+// start at even byte offsets but a float32 buffer after a bf16 one may be
+// only 2-byte aligned: its elements then move as two 16-bit halves
+// (little-endian).
+__device__ __forceinline__ bool aligned4(const void* p) { return ((unsigned long long)p & 3) == 0; }
+
 __device__ __forceinline__ float load_state(const void* p, long long i, long long bf16) {
 	if (bf16) {
 		return bf16_value(((const unsigned short*)p)[i]);
 	}
-	return ((const float*)p)[i];
+	const float* f = (const float*)p + i;
+	if (aligned4(f)) {
+		return *f;
+	}
+	const unsigned short* u = (const unsigned short*)f;
+	return __uint_as_float((unsigned int)u[0] | ((unsigned int)u[1] << 16));
 }
 
 __device__ __forceinline__ void store_state(void* p, long long i, float v, long long bf16) {
 	if (bf16) {
 		((unsigned short*)p)[i] = bf16_bits(v);
-	} else {
-		((float*)p)[i] = v;
+		return;
 	}
+	float* f = (float*)p + i;
+	if (aligned4(f)) {
+		*f = v;
+		return;
+	}
+	unsigned int b = __float_as_uint(v);
+	unsigned short* u = (unsigned short*)f;
+	u[0] = (unsigned short)b;
+	u[1] = (unsigned short)(b >> 16);
 }
 
 // copy_state copies element src of a state buffer to element dst of another,
@@ -76,9 +94,12 @@ __device__ __forceinline__ void store_state(void* p, long long i, float v, long 
 __device__ __forceinline__ void copy_state(void* d, long long dst, const void* s, long long src, long long bf16) {
 	if (bf16) {
 		((unsigned short*)d)[dst] = ((const unsigned short*)s)[src];
-	} else {
-		((unsigned int*)d)[dst] = ((const unsigned int*)s)[src];
+		return;
 	}
+	unsigned short* to = (unsigned short*)((float*)d + dst);
+	const unsigned short* from = (const unsigned short*)((const float*)s + src);
+	to[0] = from[0];
+	to[1] = from[1];
 }
 
 // silu is kernel.SiLU: x / (1 + e^-x), e^-x in double rounded to float32.
@@ -227,7 +248,9 @@ __device__ __forceinline__ void scan_stage(float* tok, const float* xc, const fl
 	asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-extern "C" __global__ void kvx_mamba_scan(const float* xc, const float* dts, const float* dAs, const long long* segs,
+// Four blocks per SM (at most 56 registers a thread): a prefill segment's
+// 512 blocks of a 128-head layer then run in one wave.
+extern "C" __global__ void __launch_bounds__(SCAN_UPDATERS + 32, 4) kvx_mamba_scan(const float* xc, const float* dts, const float* dAs, const long long* segs,
 	const long long* saves, const float* D, float* ys, long long H, long long P, long long N, long long G, long long PT,
 	long long bf16) {
 	extern __shared__ float sh[];
@@ -253,7 +276,7 @@ extern "C" __global__ void kvx_mamba_scan(const float* xc, const float* dts, con
 	long long k = 0;
 	// An updater's elements e = tid + q*SCAN_UPDATERS (E <= SCAN_UPDATERS*SCAN_MAXQ).
 	float s[SCAN_MAXQ];
-	int pls[SCAN_MAXQ], js[SCAN_MAXQ];
+	int at[SCAN_MAXQ]; // (p << 16) | n of element q
 	if (updater) {
 		if (n > 0) {
 			scan_stage(toks, xc, dts, dAs, row0, cd, di, H, h, P, p0, pt, G, g, n_, tid);
@@ -261,8 +284,7 @@ extern "C" __global__ void kvx_mamba_scan(const float* xc, const float* dts, con
 #pragma unroll
 		for (int q = 0; q < SCAN_MAXQ; q++) {
 			int e = tid + q * SCAN_UPDATERS;
-			pls[q] = e / n_;
-			js[q] = e - pls[q] * n_;
+			at[q] = ((e / n_) << 16) | (e % n_);
 			s[q] = e < E ? load_state(live, base + e, bf16) : 0.0f;
 		}
 		for (; k < nsv && sv[SAVE_WORDS * k + SAVE_M] == 0; k++) {
@@ -292,7 +314,7 @@ extern "C" __global__ void kvx_mamba_scan(const float* xc, const float* dts, con
 #pragma unroll
 			for (int q = 0; q < SCAN_MAXQ; q++) {
 				if (tid + q * SCAN_UPDATERS < E) {
-					int pl = pls[q], j = js[q];
+					int pl = at[q] >> 16, j = at[q] & 0xffff;
 					float dtx = __fmul_rn(dth, tk[pl]);
 					float v = __fadd_rn(__fmul_rn(s[q], dA), __fmul_rn(dtx, Bg[j]));
 					if (bf16) {
@@ -318,9 +340,21 @@ extern "C" __global__ void kvx_mamba_scan(const float* xc, const float* dts, con
 		if (!updater && i > 0 && q < pt) {
 			long long r = row0 + i - 1;
 			const float* pr = prod + ((i - 1) & 1) * PT * stride + q * stride;
+			// In order from 0; the loads of a chunk go out before its adds.
 			float y = 0.0f;
-#pragma unroll 8
-			for (int j = 0; j < n_; j++) {
+			int j = 0;
+			for (; j + 16 <= n_; j += 16) {
+				float a[16];
+#pragma unroll
+				for (int u = 0; u < 16; u++) {
+					a[u] = pr[j + u];
+				}
+#pragma unroll
+				for (int u = 0; u < 16; u++) {
+					y = __fadd_rn(y, a[u]);
+				}
+			}
+			for (; j < n_; j++) {
 				y = __fadd_rn(y, pr[j]);
 			}
 			float xv = toks[((i - 1) % 3) * tokLen + q];
