@@ -70,3 +70,4 @@ clean:
 
 include mk/proto.mk
 include mk/examples.mk
+include mk/cuda.mk

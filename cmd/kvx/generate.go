@@ -54,7 +54,7 @@ most likely first, ties to the lower id as greedy sampling breaks them) and
 "error" set on a line that failed. In JSON, each byte of the text that is not
 UTF-8 becomes U+FFFD (the printed text quotes it exactly).
 
-Only a computing device (device: cpu) gives real tokens; device sim is
+Only a computing device (device: cpu or cuda) gives real tokens; device sim is
 refused. Exit status: 0 when every prompt ran, 1 when some failed, 2 for bad
 configuration or flags.`,
 		Args: cobra.NoArgs,
@@ -92,7 +92,7 @@ func runGenerate(g *globals, o *generateOpts, cmd *cobra.Command) error {
 	if err != nil {
 		return usageErr(err)
 	}
-	if cfg.Device == "sim" {
+	if !config.Computing(cfg.Device) {
 		return usageErr(errors.New("generate: device sim computes no tokens (its tokens are placeholders hashed from the seed, the request and the position); " +
 			"use a computing device: set device: cpu (--set device=cpu)"))
 	}

@@ -353,6 +353,7 @@ func TestCPUScenariosSameOutputs(t *testing.T) {
 	}{
 		{"cpu-llama.yaml", []string{"--vary", "cache_manager=v1,v2", "--vary", "kv_cache_config.enable_block_reuse=true,false"}, 2},
 		{"cpu-hybrid.yaml", []string{"--vary", "cache_manager=v1,mamba"}, 1},
+		{"cpu-dsa.yaml", []string{"--vary", "cache_manager=v1,v2"}, 2},
 	} {
 		js := filepath.Join(t.TempDir(), "r.json")
 		args := append([]string{"compare", "-c", "../../scenarios/" + tc.scenario, "--json", js}, tc.vary...)

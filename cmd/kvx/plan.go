@@ -45,7 +45,13 @@ func newPlanCmd(g *globals) *cobra.Command {
 					return usageErr(fmt.Errorf("stage %d: %w", i, err))
 				}
 				fmt.Fprintf(tw, "\nstage %d: layers %d..%d (%d with a cache)\n", i, st[0], st[1]-1, cacheLayers(mc.Layers))
+				if cfg.Device == "cuda" {
+					fmt.Fprintf(tw, "  memory source\t%s\n", b.Source)
+				}
 				fmt.Fprintf(tw, "  memory per GPU\t%s\n", gib(b.Memory))
+				if b.Free > 0 {
+					fmt.Fprintf(tw, "  free (NVML)\t%s\n", gib(b.Free))
+				}
 				fmt.Fprintf(tw, "  weights\t%s\n", gib(b.Weights))
 				fmt.Fprintf(tw, "  activations (estimate)\t%s\n", gib(b.Activations))
 				fmt.Fprintf(tw, "  runtime reserve\t%s\n", gib(b.Reserved))

@@ -204,7 +204,7 @@ func oneThreadForSim(device string) {
 	if os.Getenv("GOMAXPROCS") != "" {
 		return
 	}
-	if device == "sim" {
+	if !config.Computing(device) {
 		runtime.GOMAXPROCS(1)
 	} else {
 		runtime.GOMAXPROCS(runtime.NumCPU())

@@ -85,11 +85,12 @@ type Config struct {
 	Scheduler   SchedulerConfig   // scheduler_config
 	Workload    WorkloadConfig    // workload
 	// Synthetic is synthetic: overrides for the small synthetic model that
-	// device cpu runs instead of the full model (keys synthetic.<field> in
-	// snake_case, see model.SyntheticFields; 0 = default). Accepted only
-	// with device: cpu. With speculative decoding on and synthetic.mtp_layers
-	// unset, the synthetic model gets max(base MTP layers, max_draft_len,
-	// num_nextn_predict_layers) MTP layers: one per draft depth.
+	// a computing device (cpu, cuda) runs instead of the full model (keys
+	// synthetic.<field> in snake_case, see model.SyntheticFields; 0 =
+	// default). Accepted only with device: cpu or cuda. With speculative
+	// decoding on and synthetic.mtp_layers unset, the synthetic model gets
+	// max(base MTP layers, max_draft_len, num_nextn_predict_layers) MTP
+	// layers: one per draft depth.
 	Synthetic model.SyntheticSpec
 
 	model    spec.Model
@@ -180,9 +181,15 @@ func (w WorkloadConfig) Kind() string {
 	return WorkloadNone
 }
 
-// ModelSpec returns the loaded model (buffers not filled): with device cpu,
-// the synthetic model built from the configured one and Synthetic. The
-// Layers slice is a copy the caller owns.
+// Computing reports whether device computes real tokens from weights (cpu
+// and cuda, the devices that run synthetic models and checkpoints) rather
+// than modelling time on a hardware preset (sim). What only the host's
+// memory bounds (setup.CPUMemoryBytes) stays with device cpu.
+func Computing(device string) bool { return device == "cpu" || device == "cuda" }
+
+// ModelSpec returns the loaded model (buffers not filled): with a computing
+// device (Computing), the synthetic model built from the configured one and
+// Synthetic. The Layers slice is a copy the caller owns.
 func (c *Config) ModelSpec() spec.Model {
 	m := c.model
 	m.Layers = slices.Clone(m.Layers)

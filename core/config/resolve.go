@@ -53,6 +53,12 @@ func (ld *loader) resolve(c *Config) {
 		}
 	}
 	haveModel = ld.resolveSynthetic(c, haveModel)
+	if c.Device == "cuda" && c.Isolation == "inprocess" && !ld.anyBad("device", "isolation") {
+		// kvx itself never links the CUDA driver package (its init exits
+		// on a machine without a GPU), so no in-process worker has it.
+		ld.crossErr("isolation: inprocess (%s) with device cuda (%s): device cuda runs in the backend plugin binaries built with make cuda-build; set isolation: plugin",
+			ld.where("isolation"), ld.where("device"))
+	}
 
 	kv := &c.KVCache
 	if c.MaxSeqLen == 0 && haveModel {
@@ -113,9 +119,9 @@ func (ld *loader) resolve(c *Config) {
 	}
 }
 
-// resolveSynthetic checks the synthetic keys against device and, with device
-// cpu, replaces the model by its synthetic version. It returns whether a
-// model is still at hand.
+// resolveSynthetic checks the synthetic keys against device and, with a
+// computing device (Computing: cpu, cuda), replaces the model by its
+// synthetic version. It returns whether a model is still at hand.
 func (ld *loader) resolveSynthetic(c *Config, haveModel bool) bool {
 	var given []string
 	for _, f := range model.SyntheticFields() {
@@ -123,20 +129,16 @@ func (ld *loader) resolveSynthetic(c *Config, haveModel bool) bool {
 			given = append(given, k)
 		}
 	}
-	if c.Device != "cpu" {
+	if !Computing(c.Device) {
 		if len(given) > 0 && !ld.bad["device"] {
-			where := "default"
-			if ld.given["device"] {
-				where = ld.originOf("device").where
-			}
-			ld.crossErr("%s: set with device %q (%s); synthetic models run only with device: cpu",
-				strings.Join(given, ", "), c.Device, where)
+			ld.crossErr("%s: set with device %q (%s); synthetic models run only on a computing device (device: cpu or cuda)",
+				strings.Join(given, ", "), c.Device, ld.where("device"))
 		}
 		return haveModel
 	}
 	if c.TensorParallelSize > 1 && !ld.bad["tensor_parallel_size"] {
-		ld.crossErr("tensor_parallel_size: %d with device cpu (%s): the cpu device runs one rank per stage; set 1",
-			c.TensorParallelSize, ld.originOf("tensor_parallel_size").where)
+		ld.crossErr("tensor_parallel_size: %d with device %s (%s): the %s device runs one rank per stage; set 1",
+			c.TensorParallelSize, c.Device, ld.originOf("tensor_parallel_size").where, c.Device)
 	}
 	if !haveModel {
 		return false
@@ -165,12 +167,20 @@ func (ld *loader) resolveSynthetic(c *Config, haveModel bool) bool {
 			errs = j.Unwrap()
 		}
 		for _, e := range errs {
-			ld.crossErr("%v (synthetic model of %q for device cpu)", e, c.Model)
+			ld.crossErr("%v (synthetic model of %q for device %s)", e, c.Model, c.Device)
 		}
 		return false
 	}
 	c.model = m
 	return true
+}
+
+// where is the origin of key's value, "default" when no source set it.
+func (ld *loader) where(key string) string {
+	if !ld.given[key] {
+		return "default"
+	}
+	return ld.originOf(key).where
 }
 
 // resolveModel applies the rules that need the model.

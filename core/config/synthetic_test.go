@@ -8,6 +8,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
 // With device cpu the resolved model is the synthetic one, with or without
@@ -48,11 +49,24 @@ func TestSyntheticModel(t *testing.T) {
 		t.Errorf("synthetic.mtp_layers 2: %d MTP layers, want 2", m.NumNextN)
 	}
 
-	// Without device cpu the full model stays.
+	// Device cuda computes as cpu does: the same synthetic model.
+	cu, _ := load(t, nil, nil, []string{"model=deepseek-v3.2", "device=cuda", "pipeline_parallel_size=2"})
+	if got, want := cu.ModelSpec(), m0(t); got.Name != want.Name || got.Hidden != want.Hidden || len(got.Layers) != len(want.Layers) {
+		t.Errorf("device cuda: ModelSpec() = %s hidden %d layers %d, want device cpu's %s hidden %d layers %d",
+			got.Name, got.Hidden, len(got.Layers), want.Name, want.Hidden, len(want.Layers))
+	}
+
+	// Without a computing device the full model stays.
 	c, _ = load(t, nil, nil, []string{"model=deepseek-v3.2"})
 	if m := c.ModelSpec(); m.Hidden != 7168 {
 		t.Errorf("device sim: hidden %d, want 7168", m.Hidden)
 	}
+}
+
+// m0 is device cpu's synthetic DeepSeek-V3.2 over two stages.
+func m0(t *testing.T) spec.Model {
+	c, _ := load(t, nil, nil, []string{"model=deepseek-v3.2", "device=cpu", "pipeline_parallel_size=2"})
+	return c.ModelSpec()
 }
 
 func TestSyntheticErrors(t *testing.T) {
@@ -62,9 +76,13 @@ func TestSyntheticErrors(t *testing.T) {
 		want []string
 	}{
 		{"device sim", []string{"synthetic.hidden=32", "synthetic.layers=2"},
-			[]string{`synthetic.layers, synthetic.hidden: set with device "sim" (default); synthetic models run only with device: cpu`}},
-		{"device cuda", []string{"device=cuda", "synthetic.vocab=300"},
-			[]string{`synthetic.vocab: set with device "cuda" (--set); synthetic models run only with device: cpu`}},
+			[]string{`synthetic.layers, synthetic.hidden: set with device "sim" (default); synthetic models run only on a computing device (device: cpu or cuda)`}},
+		{"device sim given", []string{"device=sim", "synthetic.vocab=300"},
+			[]string{`synthetic.vocab: set with device "sim" (--set); synthetic models run only on a computing device (device: cpu or cuda)`}},
+		{"tensor parallel on cuda", []string{"device=cuda", "tensor_parallel_size=2"},
+			[]string{`tensor_parallel_size: 2 with device cuda (--set): the cuda device runs one rank per stage; set 1`}},
+		{"cuda in process", []string{"device=cuda", "isolation=inprocess"},
+			[]string{`isolation: inprocess (--set) with device cuda (--set): device cuda runs in the backend plugin binaries built with make cuda-build; set isolation: plugin`}},
 		{"negative", []string{"device=cpu", "synthetic.heads=-1"},
 			[]string{`synthetic.heads: -1 (--set) is out of range; allowed: 0 <= value <= 2147483647`}},
 		{"not an int", []string{"device=cpu", "synthetic.hidden=wide"}, []string{`synthetic.hidden: "wide" (--set) is not an integer`}},
@@ -144,5 +162,18 @@ func TestCheckpointModel(t *testing.T) {
 	_, _, err := Load(nil, nil, []string{"model=" + dir, "device=cpu", "synthetic.hidden=32"})
 	if err == nil || !strings.Contains(err.Error(), "synthetic.hidden: set with model") {
 		t.Errorf("synthetic keys with a checkpoint: %v, want an error naming synthetic.hidden", err)
+	}
+}
+
+// Device cuda takes what device cpu takes: a checkpoint directory keeps its
+// own weights and shapes, with the same kv dtype.
+func TestCheckpointOnCUDA(t *testing.T) {
+	files := []string{"../../scenarios/hf-llama.yaml"}
+	cpu, _ := load(t, files, nil, nil)
+	cu, _ := load(t, files, nil, []string{"device=cuda"})
+	a, b := cpu.ModelSpec(), cu.ModelSpec()
+	if b.Checkpoint == "" || b.Checkpoint != a.Checkpoint || b.Hidden != a.Hidden || len(b.Layers) != len(a.Layers) || cu.KVCache.Dtype != cpu.KVCache.Dtype {
+		t.Errorf("device cuda: checkpoint %q hidden %d layers %d kv %s; want device cpu's %q %d %d %s",
+			b.Checkpoint, b.Hidden, len(b.Layers), cu.KVCache.Dtype, a.Checkpoint, a.Hidden, len(a.Layers), cpu.KVCache.Dtype)
 	}
 }

@@ -6,6 +6,7 @@ package setup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/kvx-dev/kvx/core/config"
 	"github.com/kvx-dev/kvx/core/engine"
+	"github.com/kvx-dev/kvx/core/gpumem"
 	"github.com/kvx-dev/kvx/core/host"
 	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/core/report"
@@ -58,6 +60,17 @@ type Budget struct {
 	Reserved    int64 // runtime overhead (context, communication buffers)
 	Fraction    float64
 	Cache       int64 // what the cache manager may use
+
+	// Free is, for device cuda, the stage's share of the GPU memory NVML
+	// reported free before any worker started; 0 otherwise (the cache is
+	// then sized from Memory).
+	Free int64
+	// GPU is the index of the stage's GPU with device cuda (0 otherwise).
+	GPU int
+	// Source says where Memory (and Free) came from: for device cuda
+	// "nvml NVIDIA H200 (GPU 0): total 139.8 GiB, free 139.2 GiB"; for cpu
+	// the fixed host budget; for sim the hardware preset.
+	Source string
 }
 
 // CPUMemoryBytes is the memory of one stage on the cpu device: synthetic
@@ -66,7 +79,11 @@ type Budget struct {
 const CPUMemoryBytes = 256 << 20
 
 // runtimeReserve is the fixed per-GPU overhead kept out of the cache budget:
-// CUDA context, NCCL buffers and graphs, about 1 GiB on current stacks.
+// CUDA context, NCCL buffers and graphs, about 1 GiB on current stacks. With
+// device cuda the free memory is measured through NVML before the worker
+// plugin starts, so this reserve is what covers the worker's own CUDA
+// context (about 0.5 GiB on an H200), its kernel modules and the
+// allocator's rounding.
 const runtimeReserve = 1 << 30
 
 // activationFactor approximates the live activations of one forward as this
@@ -74,26 +91,61 @@ const runtimeReserve = 1 << 30
 // attention output and the MLP's intermediate in flight).
 const activationFactor = 12
 
+// queryGPU reads one GPU's name and memory for device cuda; tests replace
+// it with a fake.
+var queryGPU = gpumem.Query
+
 // StageBudget sizes one stage's cache as TensorRT-LLM does: the free memory
 // after weights and activations, times free_gpu_memory_fraction, capped by
 // kv_cache_config.max_tokens when set (plus, for hybrid models, a state slot
 // per resident sequence and one for a snapshot).
 //
-// On the cpu device the memory is CPUMemoryBytes of host memory per stage
-// (its pools are real allocations) with no runtime reserve.
+// Where the memory comes from depends on the device:
+//   - sim: the hardware preset's memory per GPU (hardware: h200);
+//   - cpu: CPUMemoryBytes of host memory per stage (its pools are real
+//     allocations) with no runtime reserve;
+//   - cuda: the GPU's memory as NVML reports it now (stage i on GPU i when
+//     there is one, else on GPU 0, whose free memory the stages placed there
+//     share evenly): cache = (free - weights - activations - reserve) x
+//     fraction. Without NVML (no NVIDIA driver, or a kvx built without cgo)
+//     it fails rather than guess from a preset.
 func StageBudget(cfg *config.Config, m *spec.Model, hw spec.Hardware, stage int, first, last int) (Budget, error) {
 	tp := cfg.TensorParallelSize
-	b := Budget{Memory: hw.MemoryBytes, Fraction: cfg.KVCache.FreeGPUMemoryFraction, Reserved: runtimeReserve}
-	if cfg.Device == "cpu" {
-		b.Memory, b.Reserved = CPUMemoryBytes, 0
-		hw.Name = "cpu stage"
-	}
+	b := Budget{Memory: hw.MemoryBytes, Fraction: cfg.KVCache.FreeGPUMemoryFraction, Reserved: runtimeReserve,
+		Source: "hardware preset " + hw.Name}
 	b.Weights = model.WeightBytes(*m, first, last, cfg.WeightsDtype, tp)
 	b.Activations = int64(cfg.MaxNumTokens) * int64(m.Hidden) * 2 * activationFactor
 	if last == len(m.Layers) { // logits of the last stage, fp32
 		b.Activations += int64(cfg.MaxBatchSize) * int64(cfg.Speculative.MaxDraftLen+1) * int64(m.Vocab) * 4
 	}
-	free := b.Memory - b.Weights - b.Activations - b.Reserved
+	var free int64
+	switch cfg.Device {
+	case "cpu":
+		b.Memory, b.Reserved = CPUMemoryBytes, 0
+		b.Source = fmt.Sprintf("cpu: %s of host memory per stage", gib(CPUMemoryBytes))
+		hw.Name = "cpu stage"
+		free = b.Memory - b.Weights - b.Activations - b.Reserved
+	case "cuda":
+		gpu, share, info, err := stageGPU(stage, cfg.PipelineParallelSize)
+		if err != nil {
+			return b, fmt.Errorf("stage %d: device cuda sizes its cache from the GPU's free memory, read through NVML (GPU %d): %w; "+
+				"run kvx on the machine with the NVIDIA GPU and its driver, or use device cpu", stage, gpu, err)
+		}
+		b.GPU, b.Memory, b.Free = gpu, info.Total, info.Free/int64(share)
+		b.Source = fmt.Sprintf("nvml %s (GPU %d): total %s, free %s", info.Name, gpu, gib(info.Total), gib(info.Free))
+		if share > 1 {
+			b.Source += fmt.Sprintf(", shared by %d stages", share)
+		}
+		free = b.Free - b.Weights - b.Activations - b.Reserved
+		if free <= 0 {
+			return b, fmt.Errorf("stage %d: weights %s + activations %s + runtime reserve %s exceed the %s free on GPU %d (%s, total %s%s); "+
+				"free memory on that GPU, lower max_num_tokens (%d), raise pipeline_parallel_size (%d), or use a smaller weights_dtype (%s)",
+				stage, gib(b.Weights), gib(b.Activations), gib(b.Reserved), gib(b.Free), gpu, info.Name, gib(info.Total),
+				shareNote(share), cfg.MaxNumTokens, cfg.PipelineParallelSize, cfg.WeightsDtype)
+		}
+	default:
+		free = b.Memory - b.Weights - b.Activations - b.Reserved
+	}
 	if free <= 0 {
 		return b, fmt.Errorf("stage %d: weights %s + activations %s + runtime %s exceed the %s of one %s; raise tensor_parallel_size (%d) or pipeline_parallel_size (%d), or use a smaller weights_dtype (%s)",
 			stage, gib(b.Weights), gib(b.Activations), gib(b.Reserved), gib(b.Memory), hw.Name, tp, cfg.PipelineParallelSize, cfg.WeightsDtype)
@@ -114,6 +166,42 @@ func StageBudget(cfg *config.Config, m *spec.Model, hw spec.Hardware, stage int,
 		b.Cache = min(b.Cache, int64(mt)*perToken+(resident+1)*perSeq)
 	}
 	return b, nil
+}
+
+// stageGPU places pipeline stage stage of stages on a GPU, as the cuda
+// worker does: stage i on GPU i when NVML sees one, else on GPU 0. It
+// returns the GPU, how many stages share it and what NVML says of it.
+func stageGPU(stage, stages int) (gpu, share int, info gpumem.Info, err error) {
+	// n is the number of GPUs, as far as the stages reach.
+	n := stages
+	for i := range stages {
+		if _, err := queryGPU(i); errors.Is(err, gpumem.ErrNoGPU) {
+			n = i
+			break
+		} else if err != nil {
+			return i, 0, gpumem.Info{}, err
+		}
+	}
+	if n == 0 {
+		_, err := queryGPU(0)
+		return 0, 0, gpumem.Info{}, err
+	}
+	share = 1
+	if stage >= n {
+		stage = 0
+	}
+	if stage == 0 {
+		share += stages - min(stages, n)
+	}
+	info, err = queryGPU(stage)
+	return stage, share, info, err
+}
+
+func shareNote(share int) string {
+	if share > 1 {
+		return fmt.Sprintf(", its free memory split among %d stages", share)
+	}
+	return ""
 }
 
 // kvDtype resolves kv_cache_config.dtype for the worker: "auto" is bf16, as
@@ -295,7 +383,7 @@ func NewLauncher(cfg *config.Config, reg Registry, log hclog.Logger) *Launcher {
 		// only models its device (sim); a worker whose device computes
 		// runs its kernels on every core.
 		l.host.ManagerThreads, l.host.WorkerThreads = 1, 1
-		if cfg.Device != "sim" {
+		if config.Computing(cfg.Device) {
 			l.host.WorkerThreads = runtime.NumCPU()
 		}
 	}

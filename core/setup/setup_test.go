@@ -1,10 +1,13 @@
 package setup
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/kvx-dev/kvx/core/config"
+	"github.com/kvx-dev/kvx/core/gpumem"
 )
 
 func load(t *testing.T, sets ...string) *config.Config {
@@ -81,5 +84,112 @@ func TestWorkerKVDtype(t *testing.T) {
 	}
 	if got := r.Spec.Workers[0].KVDtype; got != "bf16" {
 		t.Errorf("kv dtype auto reaches the worker as %q, want bf16", got)
+	}
+}
+
+// fakeGPUs makes queryGPU answer for the GPUs given (or fail with err) for
+// the rest of the test.
+func fakeGPUs(t *testing.T, err error, gpus ...gpumem.Info) {
+	t.Helper()
+	saved := queryGPU
+	t.Cleanup(func() { queryGPU = saved })
+	queryGPU = func(i int) (gpumem.Info, error) {
+		switch {
+		case err != nil:
+			return gpumem.Info{}, err
+		case i < 0 || i >= len(gpus):
+			return gpumem.Info{}, fmt.Errorf("GPU %d: NVML sees %d GPUs: %w", i, len(gpus), gpumem.ErrNoGPU)
+		}
+		return gpus[i], nil
+	}
+}
+
+var h200 = gpumem.Info{Name: "NVIDIA H200", Total: 143771 << 20, Free: 143000 << 20}
+
+// With device cuda the cache is the fraction of NVML's free memory after
+// weights, activations and the runtime reserve, and Source says so.
+func TestStageBudgetCUDA(t *testing.T) {
+	fakeGPUs(t, nil, h200)
+	cfg := load(t, "model=llama-3.1-8b", "device=cuda", "kv_cache_config.free_gpu_memory_fraction=0.5")
+	r, err := Resolve(cfg, "t", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := r.Budgets[0]
+	want := int64(float64(h200.Free-b.Weights-b.Activations-runtimeReserve) * 0.5)
+	if b.Memory != h200.Total || b.Free != h200.Free || b.Reserved != runtimeReserve || b.Cache != want || b.Weights <= 0 {
+		t.Errorf("budget %+v: want memory %d, free %d, reserve %d, cache %d", b, h200.Total, h200.Free, runtimeReserve, want)
+	}
+	if got, wantSrc := b.Source, "nvml NVIDIA H200 (GPU 0): total 140.4 GiB, free 139.6 GiB"; got != wantSrc {
+		t.Errorf("Source = %q, want %q", got, wantSrc)
+	}
+	if r.Spec.Managers[0].DeviceBytes != b.Cache {
+		t.Errorf("manager gets %d bytes, budget %d", r.Spec.Managers[0].DeviceBytes, b.Cache)
+	}
+}
+
+// Two stages on two GPUs take one each; on one GPU they split its free
+// memory evenly.
+func TestStageBudgetCUDAStages(t *testing.T) {
+	small := h200
+	small.Free = 80 << 30
+	for _, tt := range []struct {
+		name      string
+		gpus      []gpumem.Info
+		wantGPU   []int
+		wantFree  []int64
+		wantShare string
+	}{
+		{"two GPUs", []gpumem.Info{h200, small}, []int{0, 1}, []int64{h200.Free, small.Free}, ""},
+		{"one GPU", []gpumem.Info{h200}, []int{0, 0}, []int64{h200.Free / 2, h200.Free / 2}, ", shared by 2 stages"},
+	} {
+		fakeGPUs(t, nil, tt.gpus...)
+		r, err := Resolve(load(t, "model=llama-3.1-8b", "device=cuda", "pipeline_parallel_size=2"), "t", false)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		for i, b := range r.Budgets {
+			if b.GPU != tt.wantGPU[i] || b.Free != tt.wantFree[i] || !strings.HasSuffix(b.Source, tt.wantShare) {
+				t.Errorf("%s: stage %d on GPU %d with %d free (%q), want GPU %d with %d free (ending %q)",
+					tt.name, i, b.GPU, b.Free, b.Source, tt.wantGPU[i], tt.wantFree[i], tt.wantShare)
+			}
+		}
+	}
+}
+
+// A GPU without room for weights, activations and the reserve is an error
+// that names each of them, the free memory and the GPU.
+func TestStageBudgetCUDATooSmall(t *testing.T) {
+	full := h200
+	full.Free = 512 << 20
+	fakeGPUs(t, nil, full)
+	_, err := Resolve(load(t, "model=llama-3.1-8b", "device=cuda"), "t", false)
+	if err == nil {
+		t.Fatal("a GPU with 0.5 GiB free was accepted")
+	}
+	for _, w := range []string{"stage 0", "weights", "activations", "runtime reserve 1.0 GiB", "exceed the 0.5 GiB free on GPU 0", "NVIDIA H200", "total 140.4 GiB", "max_num_tokens"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q lacks %q", err, w)
+		}
+	}
+}
+
+// Without NVML, device cuda fails and says what it tried; it never falls
+// back to the hardware preset.
+func TestStageBudgetCUDANoNVML(t *testing.T) {
+	fakeGPUs(t, fmt.Errorf("nvml.Init (libnvidia-ml.so.1, installed with the NVIDIA driver): ERROR_LIBRARY_NOT_FOUND: %w", gpumem.ErrUnavailable))
+	_, err := Resolve(load(t, "model=llama-3.1-8b", "device=cuda"), "t", false)
+	if err == nil || !errors.Is(err, gpumem.ErrUnavailable) {
+		t.Fatalf("Resolve without NVML = %v, want an error wrapping gpumem.ErrUnavailable", err)
+	}
+	for _, w := range []string{"stage 0", "device cuda", "NVML", "libnvidia-ml.so.1", "ERROR_LIBRARY_NOT_FOUND", "device cpu"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q lacks %q", err, w)
+		}
+	}
+	// No GPU at all is an error too.
+	fakeGPUs(t, nil)
+	if _, err := Resolve(load(t, "model=llama-3.1-8b", "device=cuda"), "t", false); !errors.Is(err, gpumem.ErrNoGPU) {
+		t.Errorf("Resolve with no GPU = %v, want an error wrapping gpumem.ErrNoGPU", err)
 	}
 }

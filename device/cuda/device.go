@@ -137,12 +137,12 @@ func (d *Device) allocPools() error {
 		q := pool{Pool: p}
 		n := q.bytes()
 		if p.Tier == kvcache.TierHost {
-			h, err := d.g.allocHost(n)
+			h, a, err := d.g.allocHost(n)
 			if err != nil {
 				return fmt.Errorf("pool %d (%s): %w", p.ID, p.Name, err)
 			}
 			clear(unsafe.Slice((*byte)(h), n))
-			q.host, q.addr = h, cu.DevicePtr(uintptr(h))
+			q.host, q.addr = h, a
 		} else {
 			a, err := d.g.alloc(n)
 			if err != nil {
@@ -353,8 +353,14 @@ func (o *ops) segments(layer int, role spec.Role, segs []synth.Seg) (cu.DevicePt
 			return 0, v, kvcache.ItemErrorf([]kvcache.SeqID{sg.Seq}, "seq %d layer %d: its table in pool %d has %d blocks of %d tokens, fewer than the %d positions this step writes",
 				sg.Seq, layer, o.d.pools[v.pool].ID, n, v.tokensPerBlock, need)
 		}
+		// Blocks before the first position the call reads (a sliding
+		// window's) may be freed (-1): only the rest must be valid.
+		first := 0
+		if x := o.d.ps.Mix[layer]; x != nil && x.Kind == device.KernelGQA && x.GQA.Window > 0 {
+			first = max(0, sg.Pos-x.GQA.Window+1)
+		}
 		host := o.t.Table(sg.Seq, v.pool)
-		for _, b := range host[:blocks(sg.Pos+sg.Rows, v.tokensPerBlock)] {
+		for _, b := range host[first/v.tokensPerBlock : blocks(sg.Pos+sg.Rows, v.tokensPerBlock)] {
 			if b < 0 || int(b) >= o.d.pools[v.pool].Blocks {
 				return 0, v, kvcache.ItemErrorf([]kvcache.SeqID{sg.Seq}, "seq %d layer %d: block %d is outside pool %d (%d blocks)",
 					sg.Seq, layer, b, o.d.pools[v.pool].ID, o.d.pools[v.pool].Blocks)

@@ -86,6 +86,9 @@ func (g *gpu) init(ordinal int) error {
 			return fmt.Errorf("cuda: load %s: %w", f.Name(), err)
 		}
 		g.mods = append(g.mods, mod)
+		if err := setExpMode(mod); err != nil {
+			return fmt.Errorf("cuda: %s: %w", f.Name(), err)
+		}
 		for _, name := range entries(string(src)) {
 			fn, err := mod.Function(name)
 			if err != nil {
@@ -98,6 +101,20 @@ func (g *gpu) init(ordinal int) error {
 		}
 	}
 	return nil
+}
+
+// setExpMode writes the path of this process's math.Exp into the module's
+// kvx_exp_fma (kernels/gomath.cuh), when it has one.
+func setExpMode(mod cu.Module) error {
+	p, size, err := mod.Global("kvx_exp_fma")
+	if err != nil || size != 8 {
+		return nil // the module does not include gomath.cuh
+	}
+	mode, err := goExpMode()
+	if err != nil {
+		return err
+	}
+	return upload(p, []int64{int64(mode)})
 }
 
 // entries lists the kernels (.entry) of a PTX module.
@@ -187,18 +204,23 @@ func (g *gpu) alloc(n int64) (cu.DevicePtr, error) {
 	return p, nil
 }
 
-// allocHost returns n bytes of pinned, device-mapped host memory: on a
-// 64-bit (unified addressing) context its host address is also its device
-// address, so kernels read and write it directly.
-func (g *gpu) allocHost(n int64) (unsafe.Pointer, error) {
+// allocHost returns n bytes of pinned, device-mapped host memory and the
+// address kernels read and write it at (on a unified-addressing context,
+// the host address itself).
+func (g *gpu) allocHost(n int64) (unsafe.Pointer, cu.DevicePtr, error) {
 	if n <= 0 {
 		n = 1
 	}
 	var p unsafe.Pointer
 	if r := C.cuMemHostAlloc(&p, C.size_t(n), C.CU_MEMHOSTALLOC_DEVICEMAP|C.CU_MEMHOSTALLOC_PORTABLE); r != C.CUDA_SUCCESS {
-		return nil, fmt.Errorf("cuda: allocate %d bytes of pinned host memory: CUresult %d", n, int(r))
+		return nil, 0, fmt.Errorf("cuda: allocate %d bytes of pinned host memory: CUresult %d", n, int(r))
 	}
-	return p, nil
+	var d C.CUdeviceptr
+	if r := C.cuMemHostGetDevicePointer(&d, p, 0); r != C.CUDA_SUCCESS {
+		C.cuMemFreeHost(p)
+		return nil, 0, fmt.Errorf("cuda: device address of %d bytes of pinned host memory: CUresult %d", n, int(r))
+	}
+	return p, cu.DevicePtr(d), nil
 }
 
 func (g *gpu) freeHost(p unsafe.Pointer) { C.cuMemFreeHost(p) }

@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"math"
 	"testing"
 
 	"gorgonia.org/cu"
@@ -43,5 +44,45 @@ func on(t testing.TB, o *ops, f func()) {
 	}
 	if o.err != nil {
 		t.Fatalf("ops: %v", o.err)
+	}
+}
+
+// hostTensor uploads data as an r × c tensor of o's arena without going
+// through the ops under test.
+func hostTensor(o *ops, data []float32, r, c int) *tensor {
+	t := o.newTensor(r, c)
+	if o.err == nil {
+		o.fail(upload(t.p, data))
+	}
+	return t
+}
+
+// keptTensor uploads data as an r × c tensor that outlives arena resets
+// (freed with o's weights).
+func keptTensor(o *ops, data []float32, r, c int) *tensor {
+	t := &tensor{r: r, c: c}
+	p, err := o.g.alloc(t.bytes())
+	o.fail(err)
+	if err == nil {
+		*o.weights = append(*o.weights, p)
+		t.p = p
+		o.fail(upload(p, data))
+	}
+	return t
+}
+
+// sameBits reports the first element where got and want differ in bits.
+func sameBits(t testing.TB, name string, want, got []float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Errorf("%s: %d values, want %d", name, len(got), len(want))
+		return
+	}
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Errorf("%s: first mismatch at %d of %d: got %v (%#08x), want %v (%#08x)",
+				name, i, len(want), got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+			return
+		}
 	}
 }

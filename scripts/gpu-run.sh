@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# run.sh (written into .gpu/ by `make gpu-bundle` from scripts/gpu-run.sh):
+# runs the cuda device's checks on a machine with an NVIDIA GPU, where Go
+# need not be installed:
+#
+#   bash .gpu/run.sh                 # STEPS="test compare"
+#   STEPS="test" TEST_ARGS="-test.run TestOps" bash .gpu/run.sh
+#
+# The bundle beside it (bundle.tar.xz, unpacked here on the first run) holds
+#   bin/        kvx, the managers, and the backends built with -tags cuda;
+#               kvx finds its plugins in its own directory, so bin/kvx runs
+#               them from bin/ (PATH gets bin/ too)
+#   test/       cuda.test, `go test -c -tags cuda ./device/cuda`; it runs in
+#               test/, so the tests reach device/hf/testdata as
+#               ../hf/testdata (from device/cuda in the repo, the same
+#               relative path)
+#   hf/testdata the Hugging Face goldens (device/hf/testdata)
+#   scenarios/  the repo's scenarios
+#   scripts/    the Python scripts the bench and tokenizers steps run
+#
+# Steps (STEPS, space-separated, in order):
+#   test     ./cuda.test -test.v -test.count=1 $TEST_ARGS, from test/
+#   compare  kvx compare of the cpu scenarios (the compares list below: GQA,
+#            DSA and dense MLA, the hybrid, a checkpoint; managers v1, v2 and
+#            mamba, reuse on and off), once with device cuda and once with
+#            device cpu; prints the outputs digest of every variant and fails
+#            unless all of a scenario's are equal
+#   bench    the kernels' Go benchmarks, then scripts/cuda-bench.py: PyTorch
+#            baselines in the same run and $OUT/cuda-bench.{md,json}
+#   tokenizers  scripts/hf_tokenizer_goldens.py into $OUT/tokenizers
+# Each step's output goes to the terminal and to $OUT/<step>.log, and its
+# exit status to $OUT/summary.txt ($OUT defaults to ./out beside run.sh).
+# The exit status is 0 only when every step passed.
+set -u
+cd "$(dirname "$0")" || exit 1
+here=$PWD
+export PATH=$here/bin:$PATH
+OUT=${OUT:-$here/out}
+mkdir -p "$OUT"
+STEPS=${STEPS:-test compare}
+TEST_ARGS=${TEST_ARGS:-}
+
+if [[ -f bundle.tar.xz ]]; then
+	echo "run.sh: unpacking bundle.tar.xz"
+	if command -v xz >/dev/null; then
+		tar -xJf bundle.tar.xz || exit 1
+	else
+		python3 -c 'import tarfile, sys; tarfile.open(sys.argv[1]).extractall(".")' bundle.tar.xz || exit 1
+	fi
+fi
+if [[ ! -x bin/kvx ]]; then
+	echo "run.sh: no bin/kvx in $here; build the bundle with make gpu-bundle" >&2
+	exit 1
+fi
+
+{
+	echo "# run.sh $(date -u +%FT%TZ) on $(hostname)"
+	if command -v nvidia-smi >/dev/null; then nvidia-smi -L 2>&1; else echo "nvidia-smi: not found"; fi
+} | tee "$OUT/summary.txt"
+
+# digests FILE prints "variant digest" for every variant of a kvx compare
+# --json report.
+digests() {
+	python3 - "$1" <<'EOF'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    print(r.get("variant", "?"), (r.get("outputs") or {}).get("digest", "-"))
+EOF
+}
+
+step_test() {
+	(cd test && ./cuda.test -test.v -test.count=1 $TEST_ARGS)
+}
+
+# The compares: scenario, then kvx's --vary and --set arguments. Every
+# variant of a scenario must give the same outputs digest on both devices.
+compares=(
+	"cpu-llama.yaml --vary cache_manager=v1,v2 --vary kv_cache_config.enable_block_reuse=true,false"
+	"cpu-dsa.yaml --vary cache_manager=v1,v2"
+	"cpu-dsa.yaml --vary cache_manager=v1,v2 --set attention_backend=mla"
+	"cpu-hybrid.yaml --vary cache_manager=v1,mamba"
+	"hf-llama.yaml --vary cache_manager=v1,v2 --set model=$here/hf/testdata/llama"
+)
+
+step_compare() {
+	local dev rc=0 i=0 c
+	for c in "${compares[@]}"; do
+		i=$((i + 1))
+		local scen=${c%% *} args=${c#* }
+		for dev in cuda cpu; do
+			echo "== kvx compare -c $scen $args, device $dev"
+			# shellcheck disable=SC2086
+			bin/kvx compare -c "scenarios/$scen" --set device=$dev $args \
+				--json "$OUT/compare-$i-$dev.json" --no-progress || rc=1
+		done
+		[[ -s $OUT/compare-$i-cuda.json && -s $OUT/compare-$i-cpu.json ]] || { echo "compare $scen: a run wrote no report"; rc=1; continue; }
+		local cuda cpu n
+		cuda=$(digests "$OUT/compare-$i-cuda.json") || { rc=1; continue; }
+		cpu=$(digests "$OUT/compare-$i-cpu.json") || { rc=1; continue; }
+		echo "device cuda:"; echo "$cuda" | sed 's/^/  /'
+		echo "device cpu:"; echo "$cpu" | sed 's/^/  /'
+		n=$(printf '%s\n%s\n' "$cuda" "$cpu" | awk '{print $NF}' | sort -u | wc -l)
+		if [[ $n != 1 ]]; then
+			echo "compare $scen: the outputs digests differ: device cuda must give device cpu's tokens bit for bit"
+			rc=1
+		else
+			echo "compare $scen: every variant on both devices has the same outputs digest"
+		fi
+	done
+	return $rc
+}
+
+# bench: the cuda kernels' benchmarks (the test binary's), then PyTorch's
+# baselines on the same GPU and the table of ratios (scripts/cuda-bench.py).
+step_bench() {
+	(cd test && ./cuda.test -test.run '^$' -test.bench "${BENCH:-DecodeGQA|Copy|MatMul}" -test.benchtime "${BENCHTIME:-10x}") | tee "$OUT/go-bench.txt"
+	python3 scripts/cuda-bench.py --go-bench "$OUT/go-bench.txt" --out "$OUT"
+}
+
+# tokenizers: Hugging Face tokenizers' encodings of small tokenizers built
+# from scratch there (scripts/hf_tokenizer_goldens.py), the oracle of kvx's
+# tokenizer.json reader.
+step_tokenizers() {
+	python3 scripts/hf_tokenizer_goldens.py "$OUT/tokenizers"
+}
+
+failed=0
+for step in $STEPS; do
+	if ! declare -F "step_$step" >/dev/null; then
+		echo "run.sh: unknown step $step (known: test compare bench tokenizers)" | tee -a "$OUT/summary.txt"
+		failed=1
+		continue
+	fi
+	echo "== step $step"
+	set -o pipefail
+	"step_$step" 2>&1 | tee "$OUT/$step.log"
+	rc=$?
+	set +o pipefail
+	echo "$step $rc" | tee -a "$OUT/summary.txt"
+	[[ $rc == 0 ]] || failed=1
+done
+exit $failed
