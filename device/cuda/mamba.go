@@ -245,6 +245,9 @@ func (d *Device) finishStates(o *ops, items []worker.Item) {
 // pool, a snapshot before the segment's position).
 func (o *ops) Mamba2(_ context.Context, layer int, segs []synth.Seg, in synth.Mamba2In, w synth.Mamba2Weights) (synth.Tensor, error) {
 	d := o.d
+	if d == nil {
+		return nil, fmt.Errorf("cuda: Mamba2 layer %d: ops without a device have no state pools", layer)
+	}
 	x := d.ps.Mix[layer]
 	if x == nil || x.Kind != device.KernelMamba2 {
 		return nil, fmt.Errorf("cuda: layer %d does not run the %v kernel on this stage", layer, device.KernelMamba2)

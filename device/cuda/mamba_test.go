@@ -107,12 +107,12 @@ func newMambaRig(t testing.TB, sh mambaShape) *mambaRig {
 		for i, p := range pools {
 			q := pool{Pool: p}
 			if p.Tier == kvcache.TierHost {
-				h, err := o.g.allocHost(q.bytes())
+				h, a, err := o.g.allocHost(q.bytes())
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				q.host, q.addr = h, cu.DevicePtr(uintptr(h))
+				q.host, q.addr = h, a
 			} else {
 				a, err := o.g.alloc(q.bytes())
 				if err != nil {
@@ -562,4 +562,49 @@ func BenchmarkMamba2(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestMamba2Dt pins kvx_mamba_dt to the cpu kernel's step on many values:
+// Softplus (Go's math.Exp and math.Log1p), the floor and exp(dt*A).
+func TestMamba2Dt(t *testing.T) {
+	o := newTestOps(t)
+	const rows, heads = 1 << 12, 64
+	rng := rand.New(rand.NewSource(3))
+	dt, bias, a := make([]float32, rows*heads), make([]float32, heads), make([]float32, heads)
+	floors := make([]float32, rows)
+	for i := range dt {
+		dt[i] = float32(rng.NormFloat64() * 8)
+		if i%97 == 0 {
+			dt[i] = float32(rng.NormFloat64() * 1e-9) // log1p's small arguments
+		}
+	}
+	for h := range bias {
+		bias[h], a[h] = float32(rng.NormFloat64()), -float32(math.Exp(rng.NormFloat64()))
+	}
+	for r := range floors {
+		if r%2 == 1 {
+			floors[r] = 0.05
+		}
+	}
+	gotDt, gotDA := make([]float32, rows*heads), make([]float32, rows*heads)
+	on(t, o, func() {
+		dts, dAs := o.scratch(rows*heads*4), o.scratch(rows*heads*4)
+		o.run("kvx_mamba_dt", dim{blocks(rows*heads, 256), 1, 1}, dim{256, 1, 1}, 0,
+			put(o, dt), put(o, bias), put(o, a), put(o, floors), dts, dAs, rows, heads)
+		o.fail(o.g.sync())
+		o.fail(download(gotDt, dts))
+		o.fail(download(gotDA, dAs))
+	})
+	wantDt, wantDA := make([]float32, rows*heads), make([]float32, rows*heads)
+	for i := range dt {
+		r, h := i/heads, i%heads
+		m := kernel.Mamba2{DtMin: floors[r]}
+		v := kernel.Softplus(dt[i] + bias[h])
+		if m.DtMin > 0 {
+			v = max(v, m.DtMin)
+		}
+		wantDt[i], wantDA[i] = v, float32(math.Exp(float64(v*a[h])))
+	}
+	mambaSame(t, "dt", gotDt, wantDt)
+	mambaSame(t, "dA", gotDA, wantDA)
 }
