@@ -175,6 +175,9 @@ func (d *Device) Close() error {
 		for _, t := range d.tables {
 			cu.MemFree(t.p)
 		}
+		for _, s := range d.seqs {
+			s.free()
+		}
 		d.ar.free()
 		d.pools, d.weights, d.tables = nil, nil, nil
 		return nil
@@ -293,6 +296,9 @@ func (d *Device) forget(seqs []kvcache.SeqID) {
 	gone := map[kvcache.SeqID]bool{}
 	for _, s := range seqs {
 		gone[s] = true
+		if st := d.seqs[s]; st != nil {
+			st.free()
+		}
 		delete(d.seqs, s)
 	}
 	for k, t := range d.tables {
