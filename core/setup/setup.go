@@ -329,6 +329,9 @@ func Workload(cfg *config.Config, vocab int) (workload.Workload, error) {
 	case config.WorkloadTrace:
 		reqs, err := workload.LoadMooncake(w.Trace, workload.MooncakeOptions{
 			Limit: w.Limit, TimeScale: w.TimeScale, Vocab: vocab, Seed: seed,
+			// Lines longer than max_seq_len are rejected before their
+			// tokens are synthesized; the rest must fit the default bound.
+			MaxSeqLen: cfg.MaxSeqLen,
 		})
 		if err != nil {
 			return workload.Workload{}, err
