@@ -42,7 +42,7 @@ func newPlanCmd(g *globals) *cobra.Command {
 				}
 				layout, err := m.Configure(cmd.Context(), mc)
 				if err != nil {
-					return usageErr(fmt.Errorf("stage %d: %w", i, err))
+					return usageErr(withBudgetHint(fmt.Errorf("stage %d: %w", i, err), res))
 				}
 				fmt.Fprintf(tw, "\nstage %d: layers %d..%d (%d with a cache)\n", i, st[0], st[1]-1, cacheLayers(mc.Layers))
 				if cfg.Device == "cuda" {
