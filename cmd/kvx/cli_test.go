@@ -175,3 +175,25 @@ func TestHugeTraceLinesRejectedCheaply(t *testing.T) {
 		t.Errorf("report is not JSON")
 	}
 }
+
+// TestPlanPluginErrorsAreConfigErrors: plan with a missing plugin or one of
+// the wrong kind exits 2, as run does.
+func TestPlanPluginErrorsAreConfigErrors(t *testing.T) {
+	for _, cm := range []string{filepath.Join(t.TempDir(), "nope"), filepath.Join(binDir, "kvx-backend-dsa")} {
+		if _, stderr, code := kvx(t, "plan", "-c", "testdata/small.yaml", "--set", "cache_manager="+cm); code != 2 {
+			t.Errorf("plan with cache_manager %s: exit %d, want 2\n%s", cm, code, stderr)
+		}
+	}
+}
+
+// TestMaxTokensHintNamesMaxTokens: a max_tokens below one request is
+// refused before any manager runs, saying to raise max_tokens.
+func TestMaxTokensHintNamesMaxTokens(t *testing.T) {
+	for _, cmd := range []string{"plan", "run"} {
+		out, stderr, code := kvx(t, cmd, "-c", "testdata/small.yaml", "--set", "kv_cache_config.max_tokens=4000")
+		if code != 2 || strings.Contains(out, "requests total") || !strings.Contains(stderr, "raise kv_cache_config.max_tokens") ||
+			strings.Contains(stderr, "raise the KV budget (free_gpu_memory_fraction)") {
+			t.Errorf("%s with max_tokens 4000: exit %d\n%s%s", cmd, code, out, stderr)
+		}
+	}
+}

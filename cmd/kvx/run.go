@@ -262,6 +262,9 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 			err = withBudgetHint(err, p.res)
 			rep.Error = err.Error()
 			rep.Status = report.StatusFailed
+			if errors.Is(err, context.Canceled) {
+				rep.Status = report.StatusInterrupted
+			}
 		}
 		reports = append(reports, rep)
 		ran = ran || rep.Engine.Steps > 0
