@@ -55,7 +55,7 @@ func versionText() string {
 				fmt.Fprintf(&b, " of %s", t)
 			}
 		} else {
-			b.WriteString(", no vcs revision")
+			b.WriteString(", vcs revision not recorded (built with -buildvcs=false)")
 		}
 	}
 	b.WriteString("\n")
