@@ -250,6 +250,9 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 	var failed []error
 	code, ran := 0, false
 	for _, p := range ps {
+		if ctx.Err() != nil {
+			break // interrupted: no next variant
+		}
 		if !o.noProgress && term.IsTerminal(int(os.Stderr.Fd())) {
 			p.res.Spec.Progress = os.Stderr
 		}
@@ -262,7 +265,7 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 			err = withBudgetHint(err, p.res)
 			rep.Error = err.Error()
 			rep.Status = report.StatusFailed
-			if errors.Is(err, context.Canceled) {
+			if ctx.Err() != nil {
 				rep.Status = report.StatusInterrupted
 			}
 		}
@@ -275,9 +278,9 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 				c = 2
 			}
 			code = max(code, c)
-			if errors.Is(err, context.Canceled) {
-				break
-			}
+		}
+		if ctx.Err() != nil {
+			break // interrupted: compare stops at once
 		}
 	}
 	// A run that failed before its first step (a plugin that did not
