@@ -13,10 +13,14 @@ RACE_PKGS := ./core/host/ ./core/engine/ ./core/setup/ ./plugins/... ./device/..
 
 all: build
 
+# VERSION is what kvx --version prints first (main.version); the build's
+# VCS revision comes from the Go build info where GOFLAGS allows it.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
 ## build: kvx and every plugin binary into ./bin
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -o $(BIN)/ ./cmd/...
+	$(GO) build -trimpath -ldflags='-X main.version=$(VERSION)' -o $(BIN)/ ./cmd/...
 
 ## tools: what the tests need beyond Go (protoc and its Go generators)
 tools:

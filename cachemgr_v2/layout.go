@@ -267,17 +267,13 @@ func planLayout(cfg *kvcache.Config) ([]*PoolGroup, kvcache.Layout, []int, []int
 	}
 	dev := SplitBudget(cfg.DeviceBytes, weights, bb, floors)
 	if dev == nil {
-		fit := int(cfg.DeviceBytes/perBlockAll) * tpb
-		fix := fmt.Sprintf("lower max_seq_len to at most %d", max(fit-cfg.MaxDraftTokens, 0))
-		if blocksFor(cfg.MaxNumTokens, tpb) > blocksFor(reqTokens, tpb) {
-			fix = fmt.Sprintf("lower max_num_tokens to at most %d", fit)
-		}
+		fit := int(cfg.DeviceBytes / perBlockAll)
 		return nil, lay, nil, nil, kvcache.Errorf(kvcache.KindInvalidConfig,
 			"cachemgr_v2: device_bytes %d cannot hold one request end to end: max_seq_len %d + max_draft_tokens %d = %d tokens "+
 				"and one max_num_tokens %d chunk need %d blocks of %d tokens in each pool group (%s), %d bytes in all; "+
-				"raise the KV budget (free_gpu_memory_fraction) to at least %d bytes, or %s",
+				"raise the KV budget (%s) to at least %d bytes%s",
 			cfg.DeviceBytes, cfg.MaxSeqLen, cfg.MaxDraftTokens, reqTokens, cfg.MaxNumTokens, floor, tpb,
-			strings.Join(names, ", "), minBytes, minBytes, fix)
+			strings.Join(names, ", "), minBytes, BudgetKeys, minBytes, ShrinkFix(*cfg, fit))
 	}
 	lay.Warnings = append(lay.Warnings, RatioWarnings(cfg.PoolRatio, dev, bb, cfg.DeviceBytes, names, "one max_seq_len request")...)
 	devBytes := make([]int64, n)
@@ -305,4 +301,36 @@ func planLayout(cfg *kvcache.Config) ([]*PoolGroup, kvcache.Layout, []int, []int
 	}
 	lay.MaxSeqTokens = min(poolTokens, reqTokens)
 	return groups, lay, dev, host, nil
+}
+
+// BudgetKeys names the settings that size a stage's cache budget, for a
+// message that says to raise it: the manager sees only the bytes, not
+// which of the two set them.
+const BudgetKeys = "kv_cache_config.free_gpu_memory_fraction, or kv_cache_config.max_tokens where it caps the budget"
+
+// ShrinkFix is the tail of a message that the cache, fitBlocks blocks in
+// each pool group, cannot hold one request end to end: ", or lower
+// max_seq_len to at most N" (and max_num_tokens, where that is too large
+// as well), naming only what exceeds the fit and only values a request can
+// run at; "" when no such value exists.
+func ShrinkFix(cfg kvcache.Config, fitBlocks int) string {
+	tpb := cfg.TokensPerBlock
+	fit := fitBlocks * tpb
+	var fixes []string
+	if blocksFor(cfg.MaxSeqLen+cfg.MaxDraftTokens, tpb) > fitBlocks {
+		if fit-cfg.MaxDraftTokens < 2 { // one prompt and one output token
+			return ""
+		}
+		fixes = append(fixes, fmt.Sprintf("max_seq_len to at most %d", fit-cfg.MaxDraftTokens))
+	}
+	if blocksFor(cfg.MaxNumTokens, tpb) > fitBlocks {
+		if fit < 1 {
+			return ""
+		}
+		fixes = append(fixes, fmt.Sprintf("max_num_tokens to at most %d", fit))
+	}
+	if len(fixes) == 0 {
+		return ""
+	}
+	return ", or lower " + strings.Join(fixes, " and ")
 }

@@ -154,13 +154,11 @@ func planLayout(cfg *kvcache.Config) (*plan, error) {
 	}
 	if minBytes := attnFloorBytes + ssmFloorBytes; minBytes > cfg.DeviceBytes {
 		var fixes []string
-		fixes = append(fixes, fmt.Sprintf("raise the KV budget (kv_cache_config.free_gpu_memory_fraction) to at least %d bytes", minBytes))
+		fixes = append(fixes, fmt.Sprintf("raise the KV budget (%s) to at least %d bytes", cachemgrv2.BudgetKeys, minBytes))
 		if perBlockAll > 0 && cfg.DeviceBytes > ssmFloorBytes {
-			fit := int((cfg.DeviceBytes-ssmFloorBytes)/perBlockAll) * tpb
-			if ceilDiv(cfg.MaxNumTokens, tpb) > ceilDiv(reqTokens, tpb) {
-				fixes = append(fixes, fmt.Sprintf("lower max_num_tokens to at most %d", fit))
-			} else {
-				fixes = append(fixes, fmt.Sprintf("lower max_seq_len to at most %d", max(fit-cfg.MaxDraftTokens, 0)))
+			fit := int((cfg.DeviceBytes - ssmFloorBytes) / perBlockAll)
+			if fix := cachemgrv2.ShrinkFix(*cfg, fit); fix != "" {
+				fixes = append(fixes, strings.TrimPrefix(fix, ", or "))
 			}
 		}
 		if hasState && cfg.DeviceBytes > attnFloorBytes {

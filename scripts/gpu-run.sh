@@ -59,12 +59,19 @@ fi
 } | tee "$OUT/summary.txt"
 
 # digests FILE prints "variant digest" for every variant of a kvx compare
-# --json report.
+# --json report (docs/report.schema.json: {"schema": "kvx.report/v1",
+# "variants": [...]}); a variant that did not finish prints its status.
 digests() {
 	python3 - "$1" <<'EOF'
 import json, sys
-for r in json.load(open(sys.argv[1])):
-    print(r.get("variant", "?"), (r.get("outputs") or {}).get("digest", "-"))
+doc = json.load(open(sys.argv[1]))
+if not isinstance(doc, dict) or doc.get("schema") != "kvx.report/v1":
+    sys.exit("%s: not a kvx.report/v1 document" % sys.argv[1])
+for r in doc["variants"]:
+    digest = (r.get("outputs") or {}).get("digest") or "-"
+    if r.get("status", "finished") != "finished":
+        digest = r["status"]
+    print(r.get("variant", "?"), digest)
 EOF
 }
 

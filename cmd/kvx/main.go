@@ -7,9 +7,13 @@
 //	kvx generate --config F --prompts P.jsonl [--top-logprobs K] [--json out.json]
 //	kvx plugins
 //
+//	kvx --version
+//
 // Exit status: 0 when every run finished, 1 when an engine failed or an
 // invariant broke (generate: or a prompt failed), 2 for bad configuration or
-// usage.
+// usage: every variant's configuration, plugin paths and output paths are
+// checked before the first run, and a plugin of the wrong kind or protocol
+// is a configuration error too.
 package main
 
 import (
@@ -72,7 +76,9 @@ func newRoot() *cobra.Command {
 		Short:         "An LLM-serving engine whose KV cache managers and attention backends are plugins",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       kvxVersion(),
 	}
+	root.SetVersionTemplate(versionText())
 	root.PersistentFlags().StringArrayVarP(&g.configs, "config", "c", nil, "YAML config file (repeatable; later files override earlier ones)")
 	root.PersistentFlags().StringArrayVar(&g.sets, "set", nil, "override one key, e.g. --set kv_cache_config.tokens_per_block=64 (repeatable)")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "warn", "log level: trace, debug, info, warn, error")

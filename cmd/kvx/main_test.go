@@ -46,15 +46,12 @@ func readReports(t *testing.T, path string) []report.Report {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rs []report.Report
-	if err := json.Unmarshal(data, &rs); err != nil {
-		var r report.Report
-		if err2 := json.Unmarshal(data, &r); err2 != nil {
-			t.Fatalf("report JSON: %v", err)
-		}
-		rs = []report.Report{r}
+	validateReport(t, path, data)
+	d, err := report.ReadJSON(bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
 	}
-	return rs
+	return d.Variants
 }
 
 // comparable strips what legitimately differs between two runs of the same

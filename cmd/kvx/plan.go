@@ -26,6 +26,9 @@ func newPlanCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return usageErr(err)
 			}
+			if err := setup.CheckPlugins(cfg, builtin.Registry()); err != nil {
+				return usageErr(err)
+			}
 			log := g.logger()
 			l := setup.NewLauncher(cfg, builtin.Registry(), log)
 			defer l.Close()
@@ -37,12 +40,14 @@ func newPlanCmd(g *globals) *cobra.Command {
 				b := res.Budgets[i]
 				mc := res.Spec.Managers[i]
 				m, err := l.Manager(cmd.Context(), i)
-				if err != nil {
+				if err != nil && configError(err) {
+					return usageErr(err)
+				} else if err != nil {
 					return engineErr(err)
 				}
 				layout, err := m.Configure(cmd.Context(), mc)
 				if err != nil {
-					return usageErr(fmt.Errorf("stage %d: %w", i, err))
+					return usageErr(withBudgetHint(fmt.Errorf("stage %d: %w", i, err), res))
 				}
 				fmt.Fprintf(tw, "\nstage %d: layers %d..%d (%d with a cache)\n", i, st[0], st[1]-1, cacheLayers(mc.Layers))
 				if cfg.Device == "cuda" {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -16,8 +17,11 @@ import (
 	"github.com/kvx-dev/kvx/cmd/builtin"
 	"github.com/kvx-dev/kvx/core/config"
 	"github.com/kvx-dev/kvx/core/engine"
+	"github.com/kvx-dev/kvx/core/host"
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/setup"
+	"github.com/kvx-dev/kvx/core/workload"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/scenarios"
 )
 
@@ -127,68 +131,208 @@ func loadConfig(g *globals, extra []string) (*config.Config, error) {
 	return cfg, err
 }
 
-func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) error {
-	log := g.logger()
-	var reports []report.Report
-	var failed error
+// prepared is a variant whose configuration passed every check that needs
+// no plugin to run: ready to run.
+type prepared struct {
+	name string
+	cfg  *config.Config
+	res  *setup.Resolved
+}
+
+// prepare loads and checks every variant before any runs: its config, its
+// resolved spec (memory budgets, workload), its plugin binaries, and the
+// output paths. Problems are reported together as a usage error (exit 2).
+// Variants with the same workload share one copy of its requests.
+func prepare(g *globals, o *runOpts, vs []variant) ([]prepared, error) {
+	var errs []error
+	fail := func(v variant, err error) {
+		if len(vs) > 1 {
+			err = fmt.Errorf("variant %s: %w", v.name, err)
+		}
+		errs = append(errs, err)
+	}
+	workloads := map[string]workload.Workload{}
+	var ps []prepared
 	for _, v := range vs {
 		cfg, err := loadConfig(g, v.sets)
 		if err != nil {
-			return usageErr(err)
+			fail(v, err)
+			continue
 		}
 		name := v.name
 		if name == "run" {
 			name = cfg.CacheManager
 		}
-		res, err := setup.Resolve(cfg, name, true)
+		res, err := setup.Resolve(cfg, name, false)
 		if err != nil {
-			return usageErr(err)
+			fail(v, err)
+			continue
 		}
-		if !o.noProgress && term.IsTerminal(int(os.Stderr.Fd())) {
-			res.Spec.Progress = os.Stderr
+		if err := setup.CheckPlugins(cfg, builtin.Registry()); err != nil {
+			fail(v, err)
+			continue
 		}
-		res.Spec.Log = log
-		oneThreadForSim(cfg.Device)
-		l := setup.NewLauncher(cfg, builtin.Registry(), log)
-		rep, err := engine.Run(ctx, res.Spec, l)
-		l.Close()
-		reports = append(reports, rep)
-		if err != nil {
-			failed = errors.Join(failed, fmt.Errorf("variant %s: %w", name, err))
-			if errors.Is(err, context.Canceled) {
-				break
+		key := fmt.Sprintf("%+v vocab %d max_seq_len %d", cfg.Workload, res.Model.Vocab, cfg.MaxSeqLen)
+		wl, ok := workloads[key]
+		if !ok {
+			if wl, err = setup.Workload(cfg, res.Model.Vocab); err != nil {
+				fail(v, err)
+				continue
 			}
+			workloads[key] = wl
+		}
+		res.Spec.Workload = wl
+		ps = append(ps, prepared{name: name, cfg: cfg, res: res})
+	}
+	if o.jsonOut == "-" && o.htmlOut == "-" {
+		errs = append(errs, errors.New("--json - and --html - both write to stdout; give one of them a file"))
+	}
+	for _, out := range []struct{ flag, path string }{{"--json", o.jsonOut}, {"--html", o.htmlOut}} {
+		if err := checkWritable(out.path); err != nil {
+			errs = append(errs, fmt.Errorf("%s %s: %w", out.flag, out.path, err))
 		}
 	}
-	if err := report.WriteTable(os.Stdout, reports); err != nil {
+	if len(errs) > 0 {
+		return nil, usageErr(errors.Join(errs...))
+	}
+	return ps, nil
+}
+
+// checkWritable reports why path ("" for none, "-" for stdout) cannot be
+// written, without truncating or leaving anything behind: an existing file
+// is opened for writing, else a file is created and removed in its
+// directory.
+func checkWritable(path string) error {
+	if path == "" || path == "-" {
+		return nil
+	}
+	if fi, err := os.Stat(path); err == nil {
+		if fi.IsDir() {
+			return errors.New("is a directory")
+		}
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		return f.Close()
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".kvx-check-*")
+	if err != nil {
+		return fmt.Errorf("cannot create files in %s: %w", filepath.Dir(path), errors.Unwrap(err))
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
+// configError reports whether err, from a run, is the configuration's fault
+// rather than the engine's: a plugin that is missing, of the wrong kind or
+// protocol, or a configuration a manager or worker refused.
+func configError(err error) bool {
+	switch kvcache.KindOf(err) {
+	case kvcache.KindInvalidConfig, kvcache.KindUnsupported:
+		return true
+	}
+	return errors.Is(err, host.ErrNotFound) || errors.Is(err, host.ErrProtocol)
+}
+
+func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) error {
+	ps, err := prepare(g, o, vs)
+	if err != nil {
 		return err
 	}
+	log := g.logger()
+	// With --json - (or --html -) stdout carries only that document.
+	table := io.Writer(os.Stdout)
+	if o.jsonOut == "-" || o.htmlOut == "-" {
+		table = os.Stderr
+	}
+	var reports []report.Report
+	var failed []error
+	code, ran := 0, false
+	for _, p := range ps {
+		if ctx.Err() != nil {
+			break // interrupted: no next variant
+		}
+		if !o.noProgress && term.IsTerminal(int(os.Stderr.Fd())) {
+			p.res.Spec.Progress = os.Stderr
+		}
+		p.res.Spec.Log = log
+		oneThreadForSim(p.cfg.Device)
+		l := setup.NewLauncher(p.cfg, builtin.Registry(), log)
+		rep, err := engine.Run(ctx, p.res.Spec, l)
+		l.Close()
+		if err != nil {
+			err = withBudgetHint(err, p.res)
+			rep.Error = err.Error()
+			rep.Status = report.StatusFailed
+			if ctx.Err() != nil {
+				rep.Status = report.StatusInterrupted
+			}
+		}
+		reports = append(reports, rep)
+		ran = ran || rep.Engine.Steps > 0
+		if err != nil {
+			failed = append(failed, fmt.Errorf("variant %s: %w", p.name, err))
+			c := 1
+			if configError(err) {
+				c = 2
+			}
+			code = max(code, c)
+		}
+		if ctx.Err() != nil {
+			break // interrupted: compare stops at once
+		}
+	}
+	// A run that failed before its first step (a plugin that did not
+	// start) has nothing to tabulate: the message below says it all.
+	if ran || len(failed) == 0 {
+		if err := report.WriteTable(table, reports); err != nil {
+			return err
+		}
+	}
+	doc := report.NewDocument("kvx "+kvxVersion(), reports)
 	if o.jsonOut != "" {
-		if err := writeFile(o.jsonOut, reports, report.WriteJSON); err != nil {
+		if err := writeFile(o.jsonOut, func(w io.Writer) error { return report.WriteJSON(w, doc) }); err != nil {
 			return err
 		}
 	}
 	if o.htmlOut != "" {
-		if err := writeFile(o.htmlOut, reports, report.WriteHTML); err != nil {
+		if err := writeFile(o.htmlOut, func(w io.Writer) error { return report.WriteHTML(w, reports) }); err != nil {
 			return err
 		}
 	}
-	if failed != nil {
-		return engineErr(failed)
+	if len(failed) > 0 {
+		return &exitError{code: code, err: errors.Join(failed...)}
 	}
 	return nil
 }
 
-// writeFile writes the reports with write to path ('-' for stdout).
-func writeFile(path string, reports []report.Report, write func(io.Writer, []report.Report) error) error {
+// withBudgetHint adds to a configuration a manager refused which setting
+// sized the cache where that was kv_cache_config.max_tokens: the manager
+// sees only bytes, so its advice to raise the budget cannot say which key.
+func withBudgetHint(err error, res *setup.Resolved) error {
+	if kvcache.KindOf(err) != kvcache.KindInvalidConfig {
+		return err
+	}
+	for i, b := range res.Budgets {
+		if b.MaxTokens > 0 {
+			return fmt.Errorf("%w (stage %d's cache budget, %d bytes, is set by %s, not by free_gpu_memory_fraction, which alone would give %d bytes)",
+				err, i, b.Cache, b.Binding(), b.FromFraction)
+		}
+	}
+	return err
+}
+
+// writeFile writes with write to path ('-' for stdout).
+func writeFile(path string, write func(io.Writer) error) error {
 	if path == "-" {
-		return write(os.Stdout, reports)
+		return write(os.Stdout)
 	}
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	if err := write(f, reports); err != nil {
+	if err := write(f); err != nil {
 		f.Close()
 		return err
 	}

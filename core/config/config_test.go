@@ -322,9 +322,30 @@ func TestFileErrors(t *testing.T) {
 	bad := writeYAML(t, "model: [unclosed\n")
 	_, _, err := Load([]string{missing, bad}, nil, []string{"model=llama-3.1-8b"})
 	want := "config file " + missing + ": open " + missing + ": no such file or directory\n" +
-		"config file " + bad + ": yaml: line 1: did not find expected ',' or ']'"
+		"config file " + bad + ": yaml: line 2: did not find expected ',' or ']' (while parsing a flow sequence that starts at line 1)"
 	if err == nil || err.Error() != want {
 		t.Errorf("Load error\n got %v\nwant %s", err, want)
+	}
+}
+
+// TestYAMLErrorLines: a YAML error names the line where parsing failed
+// (not the line before the construct, counted from 0), and is not followed
+// by complaints about keys the unreadable file would have set.
+func TestYAMLErrorLines(t *testing.T) {
+	head := "# a config\n# comments\nmodel: llama-3.1-8b\nmax_batch_size: 4\nworkload:\n  requests: 2\n"
+	for _, tc := range []struct {
+		tail string
+		want string
+	}{
+		{"kv_cache_config:\n  tokens_per_block: 32\n\tdtype: fp8\n", "line 9: found a tab character"},
+		{"kv_cache_config:\n  tokens_per_block: 32\n   dtype: fp8\n", "line 9: mapping values are not allowed"},
+		{"seed: 3\nkv_cache_config: {tokens_per_block: 32,\n  dtype: fp8\nhardware: h200\n", "line 10: did not find expected ',' or '}' (while parsing a flow mapping that starts at line 8)"},
+	} {
+		f := writeYAML(t, head+tc.tail)
+		_, _, err := Load([]string{f}, nil, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "missing") {
+			t.Errorf("Load(%q) = %v, want an error with %q and nothing about missing keys", tc.tail, err, tc.want)
+		}
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/confmap"
 	kenv "github.com/knadh/koanf/providers/env/v2"
 	"github.com/knadh/koanf/providers/file"
@@ -38,10 +37,12 @@ func Load(files []string, env []string, sets []string) (*Config, []string, error
 	ld := &loader{origins: map[string]origin{}}
 	merged := koanf.New(".")
 	rank := 0
+	badFile := false
 	for _, f := range files {
 		k := koanf.New(".")
-		if err := k.Load(file.Provider(f), yaml.Parser()); err != nil {
+		if err := k.Load(file.Provider(f), yamlParser{}); err != nil {
 			ld.errs = append(ld.errs, fmt.Errorf("config file %s: %w", f, err))
+			badFile = true
 			continue
 		}
 		ld.merge(merged, k, func(string) string { return "file " + f }, rank)
@@ -95,6 +96,11 @@ func Load(files []string, env []string, sets []string) (*Config, []string, error
 		rank++
 	}
 
+	if badFile {
+		// What the unreadable file set is unknown: checking the rest would
+		// only report its keys as missing.
+		return nil, ld.notices, errors.Join(ld.errs...)
+	}
 	c := defaults()
 	ld.apply(c, merged.All())
 	ld.resolve(c)

@@ -101,6 +101,7 @@ type request struct {
 	finish   int64
 	preempts int
 	state    reqState
+	rejected string                  // why it can never run, known before it arrived (workload.Request.Rejected)
 	logits   []float32               // of the last sampled position (KeepOutputs)
 	logitsAt int                     // index among the generated tokens of the token those logits sampled
 	topK     int                     // top logprobs asked for every generated token
@@ -231,7 +232,7 @@ func (e *Engine) setup(ctx context.Context) error {
 	for _, r := range e.spec.Workload.Requests {
 		req := &request{
 			id: kvcache.SeqID(r.ID), arrival: r.Arrival, prompt: len(r.Prompt), maxNew: r.OutputLen,
-			tokens: r.Prompt, firstTok: -1, topK: r.TopLogprobs,
+			tokens: r.Prompt, firstTok: -1, topK: r.TopLogprobs, rejected: r.Rejected,
 		}
 		e.reqs = append(e.reqs, req)
 		e.byID[req.id] = req

@@ -159,6 +159,15 @@ func (e *Engine) overlaps() bool {
 func (e *Engine) admitArrivals() {
 	for e.next < len(e.reqs) {
 		r := e.reqs[e.next]
+		if r.rejected != "" && (e.spec.Workload.Concurrency > 0 || r.arrival <= e.now) {
+			// Known to be unrunnable before it arrived: rejected on arrival,
+			// without a slot in the loop or a word to the scheduler.
+			e.next++
+			r.state = stRejected
+			e.rep.Requests.Rejections = append(e.rep.Requests.Rejections, report.Rejection{ID: uint64(r.id), Reason: r.rejected})
+			e.bar.tick(e)
+			continue
+		}
 		if c := e.spec.Workload.Concurrency; c > 0 {
 			if e.active >= c {
 				return

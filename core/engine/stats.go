@@ -24,7 +24,9 @@ func (e *Engine) finishReport(ctx context.Context) {
 	var buf [4]byte
 	var end int64
 	for _, r := range e.reqs {
-		rep.Tokens.Prompt += int64(r.prompt)
+		if r.state != stRejected { // a rejected request counts in no token total
+			rep.Tokens.Prompt += int64(r.prompt)
+		}
 		switch r.state {
 		case stDone:
 			rep.Requests.Completed++

@@ -1,5 +1,11 @@
 // Package report holds the result of one engine run (a variant) and renders
 // reports as JSON for machines and as side-by-side tables for people.
+//
+// The JSON is one shape for run and compare: a Document, versioned by its
+// "schema" key (Schema) and described by docs/report.schema.json. Units are
+// spelled one way, as the key's suffix: _ms, _s, _bytes, _per_s; a
+// quantity without a suffix is a count, and rates and usages (hit_rate,
+// peak_usage) are fractions in [0, 1].
 package report
 
 import (
@@ -7,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -20,15 +27,26 @@ type Report struct {
 	Requests   Requests   `json:"requests"`
 	Tokens     Tokens     `json:"tokens"`
 	KV         KV         `json:"kv"`
-	Latency    Latency    `json:"latency_ms"`
+	Latency    Latency    `json:"latency"`
 	Throughput Throughput `json:"throughput"`
 	Invariants Invariants `json:"invariants"`
 	Engine     Engine     `json:"engine"`
 	Snapshots  *Snapshots `json:"snapshots,omitempty"`
 	Outputs    Outputs    `json:"outputs"`
-	// Error is set when the run stopped early (engine failure, invariant broken).
+	// Status is StatusFinished, or StatusFailed when the run stopped early;
+	// WriteJSON fills it in from Error when it is empty.
+	Status string `json:"status"`
+	// Error is set when the run stopped early (engine failure, invariant
+	// broken, a plugin that did not start).
 	Error string `json:"error,omitempty"`
 }
+
+// Values of Report.Status.
+const (
+	StatusFinished    = "finished"
+	StatusFailed      = "failed"
+	StatusInterrupted = "interrupted"
+)
 
 // Setup records what ran.
 type Setup struct {
@@ -98,12 +116,13 @@ type Pool struct {
 	Tokens     int    `json:"tokens_per_block"`
 }
 
+// Latency holds percentiles in milliseconds of engine time.
 type Latency struct {
-	TTFTP50 float64 `json:"ttft_p50"`
-	TTFTP99 float64 `json:"ttft_p99"`
-	TPOTP50 float64 `json:"tpot_p50"`
-	TPOTP99 float64 `json:"tpot_p99"`
-	E2EP50  float64 `json:"e2e_p50"`
+	TTFTP50 float64 `json:"ttft_p50_ms"`
+	TTFTP99 float64 `json:"ttft_p99_ms"`
+	TPOTP50 float64 `json:"tpot_p50_ms"`
+	TPOTP99 float64 `json:"tpot_p99_ms"`
+	E2EP50  float64 `json:"e2e_p50_ms"`
 }
 
 type Throughput struct {
@@ -203,14 +222,75 @@ func Percentile(xs []float64, p float64) float64 {
 	return xs[rank]
 }
 
-// WriteJSON writes one report, or a list for several.
-func WriteJSON(w io.Writer, rs []Report) error {
+// Schema names the shape of the JSON report (docs/report.schema.json). It
+// changes only when a key is renamed or removed or changes meaning; keys
+// are added without a new version.
+const Schema = "kvx.report/v1"
+
+// Document is the JSON report of run and compare alike: one variant per
+// run, in the order they ran.
+type Document struct {
+	Schema string `json:"schema"`
+	// Generator names the program and version that wrote it ("kvx 0.3.0").
+	Generator string   `json:"generator,omitempty"`
+	Variants  []Report `json:"variants"`
+}
+
+// NewDocument returns the document of reports rs, written by generator.
+func NewDocument(generator string, rs []Report) Document {
+	return Document{Schema: Schema, Generator: generator, Variants: rs}
+}
+
+// WriteJSON writes d, indented. Empty lists are written as [], never null,
+// and a variant's Status is filled in from its Error when unset; d itself
+// is not modified.
+func WriteJSON(w io.Writer, d Document) error {
+	d.Schema = Schema
+	vs := make([]Report, len(d.Variants))
+	for i, r := range d.Variants {
+		if r.Status == "" {
+			r.Status = StatusFinished
+			if r.Error != "" {
+				r.Status = StatusFailed
+			}
+		}
+		r.Requests.Rejections = nonNil(r.Requests.Rejections)
+		r.KV.Stages = nonNil(r.KV.Stages)
+		for j := range r.KV.Stages {
+			if r.KV.Stages[j].Pools == nil {
+				r.KV.Stages = slices.Clone(r.KV.Stages)
+				for k := range r.KV.Stages {
+					r.KV.Stages[k].Pools = nonNil(r.KV.Stages[k].Pools)
+				}
+				break
+			}
+		}
+		vs[i] = r
+	}
+	d.Variants = vs
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	if len(rs) == 1 {
-		return enc.Encode(rs[0])
+	return enc.Encode(d)
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
 	}
-	return enc.Encode(rs)
+	return s
+}
+
+// ReadJSON reads a document that WriteJSON wrote; a document of another
+// schema is an error naming both.
+func ReadJSON(r io.Reader) (Document, error) {
+	var d Document
+	if err := json.NewDecoder(r).Decode(&d); err != nil {
+		return d, fmt.Errorf("report: %w", err)
+	}
+	if d.Schema != Schema {
+		return d, fmt.Errorf("report: schema %q, want %q", d.Schema, Schema)
+	}
+	return d, nil
 }
 
 // row is one line of the side-by-side table.

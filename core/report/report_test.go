@@ -37,20 +37,24 @@ func TestWriteTable(t *testing.T) {
 
 func TestWriteJSONFields(t *testing.T) {
 	var buf bytes.Buffer
-	if err := WriteJSON(&buf, sample()); err != nil {
+	if err := WriteJSON(&buf, NewDocument("kvx test", sample())); err != nil {
 		t.Fatal(err)
 	}
-	var got []map[string]any
-	if err := json.Unmarshal(buf.Bytes(), &got); err != nil || len(got) != 2 {
-		t.Fatalf("JSON list of 2 reports: %v (%d)", err, len(got))
+	var doc struct {
+		Schema   string           `json:"schema"`
+		Variants []map[string]any `json:"variants"`
 	}
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil || len(doc.Variants) != 2 || doc.Schema != Schema {
+		t.Fatalf("JSON document of 2 variants, schema %q: %v (%d, %q)", Schema, err, len(doc.Variants), doc.Schema)
+	}
+	got := doc.Variants
 	for _, path := range [][]string{
 		{"requests", "total"}, {"requests", "completed"}, {"requests", "rejected"}, {"requests", "failed"},
 		{"requests", "preemptions"}, {"requests", "rejections"}, {"tokens", "prompt"}, {"tokens", "generated"},
-		{"tokens", "prefix_reused"}, {"kv", "peak_usage"}, {"latency_ms", "ttft_p50"}, {"latency_ms", "ttft_p99"},
-		{"latency_ms", "tpot_p50"}, {"latency_ms", "tpot_p99"}, {"throughput", "output_tokens_per_s"},
+		{"tokens", "prefix_reused"}, {"kv", "peak_usage"}, {"latency", "ttft_p50_ms"}, {"latency", "ttft_p99_ms"},
+		{"latency", "tpot_p50_ms"}, {"latency", "tpot_p99_ms"}, {"throughput", "output_tokens_per_s"},
 		{"invariants", "checked_steps"}, {"invariants", "violations"}, {"engine", "steps"}, {"engine", "wall_s"},
-		{"engine", "plugin_restarts"},
+		{"engine", "plugin_restarts"}, {"outputs", "digest"},
 	} {
 		m, ok := got[0][path[0]].(map[string]any)
 		if !ok {
@@ -61,6 +65,36 @@ func TestWriteJSONFields(t *testing.T) {
 			t.Errorf("no %s.%s", path[0], path[1])
 		}
 	}
+	if got[0]["status"] != StatusFinished || got[1]["status"] != StatusFailed {
+		t.Errorf("status %v and %v, want %s and %s (the second has an error)", got[0]["status"], got[1]["status"], StatusFinished, StatusFailed)
+	}
+}
+
+// TestJSONOneShape: one report or several, the document is the same
+// envelope; empty lists are [] and the document reads back.
+func TestJSONOneShape(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteJSON(&buf, NewDocument("kvx test", []Report{{Variant: "run"}})); err != nil {
+		t.Fatal(err)
+	}
+	s := buf.String()
+	if !strings.HasPrefix(s, "{") || !strings.Contains(s, `"variants": [`) || !strings.Contains(s, `"rejections": []`) ||
+		!strings.Contains(s, `"stages": []`) || strings.Contains(s, "null") {
+		t.Errorf("one report: want an envelope with variants, [] for empty lists, no null:\n%s", s)
+	}
+	d, err := ReadJSON(strings.NewReader(s))
+	if err != nil || len(d.Variants) != 1 || d.Variants[0].Variant != "run" {
+		t.Errorf("ReadJSON = %+v, %v; want the one variant back", d, err)
+	}
+	if _, err := ReadJSON(strings.NewReader(`{"schema": "kvx.report/v0", "variants": []}`)); err == nil {
+		t.Errorf("ReadJSON of another schema: no error")
+	}
+	validate(t, "sample", buf.Bytes())
+	buf.Reset()
+	if err := WriteJSON(&buf, NewDocument("kvx test", sample())); err != nil {
+		t.Fatal(err)
+	}
+	validate(t, "sample", buf.Bytes())
 }
 
 func TestWriteHTML(t *testing.T) {

@@ -71,6 +71,20 @@ type Budget struct {
 	// "nvml NVIDIA H200 (GPU 0): total 139.8 GiB, free 139.2 GiB"; for cpu
 	// the fixed host budget; for sim the hardware preset.
 	Source string
+	// MaxTokens is set when kv_cache_config.max_tokens, not
+	// free_gpu_memory_fraction, set Cache; FromFraction is then what the
+	// fraction alone would give.
+	MaxTokens    int
+	FromFraction int64
+}
+
+// Binding names the setting that sized b.Cache, for a message that says
+// what to raise.
+func (b Budget) Binding() string {
+	if b.MaxTokens > 0 {
+		return fmt.Sprintf("kv_cache_config.max_tokens (%d)", b.MaxTokens)
+	}
+	return fmt.Sprintf("kv_cache_config.free_gpu_memory_fraction (%g)", b.Fraction)
 }
 
 // CPUMemoryBytes is the memory of one stage on the cpu device: synthetic
@@ -163,9 +177,51 @@ func StageBudget(cfg *config.Config, m *spec.Model, hw spec.Hardware, stage int,
 			}
 		}
 		resident := int64(cfg.MaxBatchSize) * int64(cfg.PipelineParallelSize)
-		b.Cache = min(b.Cache, int64(mt)*perToken+(resident+1)*perSeq)
+		if capped := int64(mt)*perToken + (resident+1)*perSeq; capped < b.Cache {
+			b.MaxTokens, b.FromFraction, b.Cache = mt, b.Cache, capped
+			if err := maxTokensFit(cfg, m.Layers[first:last]); err != nil {
+				return b, fmt.Errorf("stage %d: %w", stage, err)
+			}
+		}
 	}
 	return b, nil
+}
+
+// maxTokensFit checks, before any manager sees it, that a cache of
+// kv_cache_config.max_tokens tokens holds one request end to end where a
+// layer attends to the whole sequence: max_seq_len plus the draft tokens,
+// and one max_num_tokens chunk, each in whole blocks.
+func maxTokensFit(cfg *config.Config, layers []spec.Layer) error {
+	full := false
+	for _, l := range layers {
+		full = full || (l.HasCache() && l.Window == 0 && l.Mixer != spec.MixerMamba)
+	}
+	if !full {
+		return nil
+	}
+	tpb := cfg.KVCache.TokensPerBlock
+	draft := 0
+	if cfg.Speculative.Enabled() {
+		draft = cfg.Speculative.MaxDraftLen
+	}
+	blocks := func(n int) int { return (n + tpb - 1) / tpb }
+	seq, chunk := blocks(cfg.MaxSeqLen+draft)*tpb, blocks(cfg.MaxNumTokens)*tpb
+	mt := cfg.KVCache.MaxTokens
+	if mt >= max(seq, chunk) {
+		return nil
+	}
+	fit := mt / tpb * tpb // whole blocks
+	what, key, at, least := fmt.Sprintf("one max_seq_len request (%d + %d draft tokens = %d in blocks of %d)", cfg.MaxSeqLen, draft, seq, tpb),
+		"max_seq_len", fit-draft, 2
+	if chunk > seq {
+		what, key, at, least = fmt.Sprintf("one max_num_tokens chunk (%d tokens in blocks of %d)", chunk, tpb), "max_num_tokens", fit, 1
+	}
+	msg := fmt.Sprintf("kv_cache_config.max_tokens = %d caps the cache below %s: raise kv_cache_config.max_tokens to at least %d",
+		mt, what, max(seq, chunk))
+	if at >= least {
+		msg += fmt.Sprintf(", or lower %s to at most %d", key, at)
+	}
+	return errors.New(msg)
 }
 
 // stageGPU places pipeline stage stage of stages on a GPU, as the cuda
@@ -329,6 +385,9 @@ func Workload(cfg *config.Config, vocab int) (workload.Workload, error) {
 	case config.WorkloadTrace:
 		reqs, err := workload.LoadMooncake(w.Trace, workload.MooncakeOptions{
 			Limit: w.Limit, TimeScale: w.TimeScale, Vocab: vocab, Seed: seed,
+			// Lines longer than max_seq_len are rejected before their
+			// tokens are synthesized; the rest must fit the default bound.
+			MaxSeqLen: cfg.MaxSeqLen,
 		})
 		if err != nil {
 			return workload.Workload{}, err

@@ -44,7 +44,7 @@ func TestStageBudget(t *testing.T) {
 		t.Errorf("last layer %d is an MTP layer without speculative_config", l.Index)
 	}
 	cfg = load(t, "model=deepseek-v3.2", "weights_dtype=fp8", "tensor_parallel_size=8", "pipeline_parallel_size=2",
-		"speculative_config.decoding_type=MTP", "kv_cache_config.max_tokens=1000")
+		"speculative_config.decoding_type=MTP", "kv_cache_config.max_tokens=1000", "max_seq_len=960", "max_num_tokens=512")
 	r, err = Resolve(cfg, "t", false)
 	if err != nil {
 		t.Fatal(err)
@@ -191,5 +191,47 @@ func TestStageBudgetCUDANoNVML(t *testing.T) {
 	fakeGPUs(t, nil)
 	if _, err := Resolve(load(t, "model=llama-3.1-8b", "device=cuda"), "t", false); !errors.Is(err, gpumem.ErrNoGPU) {
 		t.Errorf("Resolve with no GPU = %v, want an error wrapping gpumem.ErrNoGPU", err)
+	}
+}
+
+// TestMaxTokensBindingHint: when kv_cache_config.max_tokens is what caps
+// the cache below one request, the error says so before any manager runs,
+// and never says to raise free_gpu_memory_fraction.
+func TestMaxTokensBindingHint(t *testing.T) {
+	for _, tc := range []struct {
+		sets []string
+		want []string
+	}{
+		{[]string{"kv_cache_config.max_tokens=4000", "max_seq_len=8192", "max_num_tokens=2048"},
+			[]string{"kv_cache_config.max_tokens = 4000", "at least 8224", "lower max_seq_len to at most 3999"}},
+		{[]string{"kv_cache_config.max_tokens=4000", "max_seq_len=2048", "max_num_tokens=8192"},
+			[]string{"kv_cache_config.max_tokens = 4000", "at least 8192", "lower max_num_tokens to at most 4000"}},
+		{[]string{"kv_cache_config.max_tokens=32", "max_seq_len=8192", "max_num_tokens=2048"},
+			[]string{"kv_cache_config.max_tokens = 32", "at least 8224"}},
+	} {
+		cfg := load(t, append([]string{"model=deepseek-v3.2", "weights_dtype=fp8", "tensor_parallel_size=8", "pipeline_parallel_size=2",
+			"speculative_config.decoding_type=MTP", "kv_cache_config.tokens_per_block=32"}, tc.sets...)...)
+		b, err := Resolve(cfg, "t", false)
+		if err == nil {
+			t.Errorf("%v: no error, budgets %+v", tc.sets, b.Budgets)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: error %q lacks %q", tc.sets, err, w)
+			}
+		}
+		if strings.Contains(err.Error(), "free_gpu_memory_fraction") || strings.Contains(err.Error(), "at most 0") ||
+			strings.Contains(err.Error(), "at most -") {
+			t.Errorf("%v: error %q names free_gpu_memory_fraction or a limit below 1", tc.sets, err)
+		}
+	}
+	cfg := load(t, "model=deepseek-v3.2", "weights_dtype=fp8", "tensor_parallel_size=8", "pipeline_parallel_size=2", "kv_cache_config.max_tokens=24000", "max_seq_len=8192", "max_num_tokens=2048")
+	r, err := Resolve(cfg, "t", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := r.Budgets[0]; b.MaxTokens != 24000 || b.FromFraction <= b.Cache || !strings.Contains(b.Binding(), "max_tokens") {
+		t.Errorf("budget %+v (binding %s): want max_tokens binding", b, b.Binding())
 	}
 }

@@ -33,6 +33,14 @@ type MooncakeOptions struct {
 	Vocab int
 	// Seed selects the synthesized tokens; the same seed gives the same prompts.
 	Seed uint64
+	// MaxSeqLen, when > 0, is checked before anything is synthesized: a line
+	// whose input_length + output_length exceeds it becomes a Request with a
+	// nil Prompt and Rejected set (it costs no token memory). 0 = no limit.
+	MaxSeqLen int
+	// MaxTokens bounds the prompt tokens synthesized for the whole trace
+	// (their backing arrays, 4 bytes a token), checked before any is
+	// allocated; a trace above it is a *TraceError. 0 = MaxTotalTokens.
+	MaxTokens int64
 }
 
 func (o MooncakeOptions) resolve() (MooncakeOptions, error) {
@@ -50,6 +58,15 @@ func (o MooncakeOptions) resolve() (MooncakeOptions, error) {
 		o.BlockTokens = DefaultBlockTokens
 	case o.BlockTokens < 0:
 		return o, optErr("block_tokens", o.BlockTokens, "must be > 0 (0 = %d)", DefaultBlockTokens)
+	}
+	if o.MaxSeqLen < 0 {
+		return o, optErr("max_seq_len", o.MaxSeqLen, "must be >= 0 (0 = no limit)")
+	}
+	switch {
+	case o.MaxTokens == 0:
+		o.MaxTokens = MaxTotalTokens
+	case o.MaxTokens < 0:
+		return o, optErr("max_tokens", o.MaxTokens, "must be > 0 (0 = %d)", MaxTotalTokens)
 	}
 	v, err := resolveVocab(o.Vocab)
 	o.Vocab = v
@@ -146,6 +163,11 @@ func LoadMooncake(path string, opt MooncakeOptions) ([]Request, error) {
 // covers fewer than input_length tokens, the rest is unique tokens derived
 // from (Seed, line number); surplus hash ids are ignored.
 //
+// Lengths are checked before any token is synthesized: with MaxSeqLen set,
+// a line longer than it is returned as a rejected Request (nil Prompt,
+// Rejected saying why), and the prompts kept must fit in MaxTokens tokens
+// in all, so a typo such as input_length 2000000000 costs no memory.
+//
 // Memory: a prompt whose hash ids are a prefix of another's shares that
 // request's backing array; the others have their own. For the published
 // 12k-request conversation trace that is 143.7M tokens, about 575 MB (vs
@@ -156,7 +178,8 @@ func LoadMooncake(path string, opt MooncakeOptions) ([]Request, error) {
 // Errors: an invalid option is an *OptionError. Bad lines are reported
 // together as one *TraceError listing up to MaxLineErrors *LineError values,
 // each naming the file, line, field and value; no requests are returned
-// then. An empty trace is a *TraceError too. Read errors are returned
+// then. An empty trace, and one whose prompts exceed MaxTokens, is a
+// *TraceError too. Read errors are returned
 // wrapped.
 func ReadMooncake(r io.Reader, name string, opt MooncakeOptions) ([]Request, error) {
 	opt, err := opt.resolve()
@@ -173,7 +196,7 @@ func ReadMooncake(r io.Reader, name string, opt MooncakeOptions) ([]Request, err
 	if len(p.recs) == 0 {
 		return nil, &TraceError{File: name, Errs: []*LineError{{File: name, Problem: "no requests (the file is empty or blank)"}}}
 	}
-	return p.synthesize(), nil
+	return p.synthesize()
 }
 
 // record is one parsed trace line.
@@ -181,7 +204,8 @@ type record struct {
 	line     int
 	arrival  int64
 	in, out  int
-	off, cnt int // hash ids: parser.ids[off : off+cnt]
+	off, cnt int    // hash ids: parser.ids[off : off+cnt]
+	rejected string // why the request can never run (MaxSeqLen); no tokens then
 }
 
 type parser struct {
@@ -282,7 +306,14 @@ func (p *parser) parseLine(line int, b []byte) {
 		return
 	}
 	p.lastLine, p.lastArrival = line, arrival
-	p.recs = append(p.recs, record{line: line, arrival: arrival, in: int(in), out: int(out), off: off, cnt: len(p.ids) - off})
+	rec := record{line: line, arrival: arrival, in: int(in), out: int(out), off: off, cnt: len(p.ids) - off}
+	if msl := p.opt.MaxSeqLen; msl > 0 && rec.in+rec.out > msl {
+		rec.rejected = fmt.Sprintf("trace line %d: input_length %d + output_length %d = %d tokens exceeds max_seq_len %d",
+			line, rec.in, rec.out, rec.in+rec.out, msl)
+		p.ids = p.ids[:off]
+		rec.cnt = 0
+	}
+	p.recs = append(p.recs, rec)
 }
 
 // decodeLine is the general path: encoding/json, with precise messages for
@@ -580,13 +611,17 @@ func (p *parser) hashIDsSlow(line int, raw json.RawMessage) {
 
 // synthesize builds the prompts. Requests whose hash ids are a prefix of a
 // later request in (hash ids, input_length) order share its backing array.
-func (p *parser) synthesize() []Request {
-	n := len(p.recs)
+// Rejected records get no prompt; the others' backing arrays must fit in
+// MaxTokens, which is checked before any is allocated.
+func (p *parser) synthesize() ([]Request, error) {
 	idsOf := func(i int) []uint64 { r := &p.recs[i]; return p.ids[r.off : r.off+r.cnt] }
-	order := make([]int, n)
-	for i := range order {
-		order[i] = i
+	var order []int
+	for i := range p.recs {
+		if p.recs[i].rejected == "" {
+			order = append(order, i)
+		}
 	}
+	n := len(order)
 	slices.SortFunc(order, func(a, b int) int {
 		if c := slices.Compare(idsOf(a), idsOf(b)); c != 0 {
 			return c
@@ -594,7 +629,7 @@ func (p *parser) synthesize() []Request {
 		return cmp.Compare(p.recs[a].in, p.recs[b].in)
 	})
 	bt := p.opt.BlockTokens
-	owner := make([]int, n) // the request whose backing array holds this prompt
+	owner := make([]int, len(p.recs)) // the request whose backing array holds this prompt
 	var leaves []int
 	for k := n - 1; k >= 0; k-- {
 		i := order[k]
@@ -614,7 +649,16 @@ func (p *parser) synthesize() []Request {
 		}
 	}
 
-	backing := make([][]int32, n)
+	var total int64
+	for _, i := range leaves {
+		total += int64(p.recs[i].in)
+	}
+	if total > p.opt.MaxTokens {
+		return nil, &TraceError{File: p.file, Errs: []*LineError{{File: p.file, Problem: fmt.Sprintf(
+			"the prompts need %d tokens (%.1f GiB), more than the limit of %d tokens; read fewer requests (workload.limit) or lower max_seq_len",
+			total, float64(total)*4/(1<<30), p.opt.MaxTokens)}}}
+	}
+	backing := make([][]int32, len(p.recs))
 	vocab := uint64(p.opt.Vocab)
 	fill := func(i int) {
 		r := &p.recs[i]
@@ -633,12 +677,17 @@ func (p *parser) synthesize() []Request {
 	}
 	parallel(len(leaves), func(k int) { fill(leaves[k]) })
 
-	reqs := make([]Request, n)
+	reqs := make([]Request, len(p.recs))
 	for i := range reqs {
 		r := &p.recs[i]
-		reqs[i] = Request{ID: uint64(i), Arrival: r.arrival, Prompt: backing[owner[i]][:r.in:r.in], OutputLen: r.out}
+		reqs[i] = Request{ID: uint64(i), Arrival: r.arrival, OutputLen: r.out}
+		if r.rejected != "" {
+			reqs[i].Rejected = r.rejected
+			continue
+		}
+		reqs[i].Prompt = backing[owner[i]][:r.in:r.in]
 	}
-	return reqs
+	return reqs, nil
 }
 
 // parallel calls f(0..n-1) on up to GOMAXPROCS goroutines.

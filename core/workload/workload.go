@@ -53,6 +53,11 @@ type Request struct {
 	// TopLogprobs asks for the TopLogprobs most likely tokens of every
 	// generated position (FromPrompts); 0, for none, everywhere else.
 	TopLogprobs int
+	// Rejected, when set, says why the request can never run, found while
+	// reading it (a trace line longer than max_seq_len): its Prompt is nil,
+	// and the engine reports it rejected without admitting it or counting
+	// its tokens.
+	Rejected string
 }
 
 // Workload is a request list plus how the engine admits it.
