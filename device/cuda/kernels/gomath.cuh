@@ -1,7 +1,8 @@
 // gomath.cuh: Go's float64 math as the cpu device computes it, bit for bit,
 // for the kernels that mirror the cpu's reference kernels: math.Exp as
 // amd64 computes it (go_exp: math/exp_amd64.s, its FMA path or the plain
-// one), float32(math.Exp(float64(x))) (exp32) and math.Sincos (go_sincos).
+// one), float32(math.Exp(float64(x))) (exp32), math.Sincos (go_sincos) and
+// math.Log1p (go_log1p).
 // CUDA's own exp, sin and cos differ from Go's in the last bit of a double
 // now and then, which can flip a float32 rounding.
 //
@@ -171,6 +172,110 @@ __device__ void go_sincos(double x, double* sn, double* cs) {
 	}
 	*sn = s;
 	*cs = c;
+}
+
+// go_log1p is Go's math.Log1p (math/log1p.go, pure Go on amd64), bit for
+// bit: every double operation rounded on its own, none fused.
+__device__ double go_log1p(double x) {
+	const double Sqrt2M1 = 4.142135623730950488017e-01;
+	const double Sqrt2HalfM1 = -2.928932188134524755992e-01;
+	const double Small = 1.0 / (1 << 29);
+	const double Tiny = 1.0 / (double)(1LL << 54);
+	const double Two53 = (double)(1LL << 53);
+	const double Ln2Hi = 6.93147180369123816490e-01;
+	const double Ln2Lo = 1.90821492927058770002e-10;
+	const double Lp1 = 6.666666666666735130e-01;
+	const double Lp2 = 3.999999999940941908e-01;
+	const double Lp3 = 2.857142874366239149e-01;
+	const double Lp4 = 2.222219843214978396e-01;
+	const double Lp5 = 1.818357216161805012e-01;
+	const double Lp6 = 1.531383769920937332e-01;
+	const double Lp7 = 1.479819860511658591e-01;
+	if (x < -1 || x != x) {
+		return __longlong_as_double(0x7FF8000000000001LL); // Go's NaN()
+	}
+	if (x == -1) {
+		return -F_INF;
+	}
+	if (x == F_INF) {
+		return F_INF;
+	}
+	double absx = fabs(x);
+	double f = 0;
+	unsigned long long iu = 0;
+	int k = 1;
+	if (absx < Sqrt2M1) {
+		if (absx < Small) {
+			if (absx < Tiny) {
+				return x;
+			}
+			return __dsub_rn(x, __dmul_rn(__dmul_rn(x, x), 0.5));
+		}
+		if (x > Sqrt2HalfM1) {
+			k = 0;
+			f = x;
+			iu = 1;
+		}
+	}
+	double c = 0;
+	if (k != 0) {
+		double u;
+		if (absx < Two53) {
+			u = __dadd_rn(1.0, x);
+			iu = (unsigned long long)__double_as_longlong(u);
+			k = (int)((iu >> 52) - 1023);
+			if (k > 0) {
+				c = __dsub_rn(1.0, __dsub_rn(u, x));
+			} else {
+				c = __dsub_rn(x, __dsub_rn(u, 1.0));
+			}
+			c = __ddiv_rn(c, u);
+		} else {
+			u = x;
+			iu = (unsigned long long)__double_as_longlong(u);
+			k = (int)((iu >> 52) - 1023);
+			c = 0;
+		}
+		iu &= 0x000fffffffffffffULL;
+		if (iu < 0x0006a09e667f3bcdULL) {
+			u = __longlong_as_double((long long)(iu | 0x3ff0000000000000ULL));
+		} else {
+			k++;
+			u = __longlong_as_double((long long)(iu | 0x3fe0000000000000ULL));
+			iu = (0x0010000000000000ULL - iu) >> 2;
+		}
+		f = __dsub_rn(u, 1.0);
+	}
+	double hfsq = __dmul_rn(__dmul_rn(0.5, f), f);
+	double dk = (double)k;
+	if (iu == 0) {
+		if (f == 0) {
+			if (k == 0) {
+				return 0;
+			}
+			c = __dadd_rn(c, __dmul_rn(dk, Ln2Lo));
+			return __dadd_rn(__dmul_rn(dk, Ln2Hi), c);
+		}
+		double R = __dmul_rn(hfsq, __dsub_rn(1.0, __dmul_rn(0.66666666666666666, f)));
+		if (k == 0) {
+			return __dsub_rn(f, R);
+		}
+		return __dsub_rn(__dmul_rn(dk, Ln2Hi), __dsub_rn(__dsub_rn(R, __dadd_rn(__dmul_rn(dk, Ln2Lo), c)), f));
+	}
+	double s = __ddiv_rn(f, __dadd_rn(2.0, f));
+	double z = __dmul_rn(s, s);
+	double t = __dadd_rn(Lp6, __dmul_rn(z, Lp7));
+	t = __dadd_rn(Lp5, __dmul_rn(z, t));
+	t = __dadd_rn(Lp4, __dmul_rn(z, t));
+	t = __dadd_rn(Lp3, __dmul_rn(z, t));
+	t = __dadd_rn(Lp2, __dmul_rn(z, t));
+	t = __dadd_rn(Lp1, __dmul_rn(z, t));
+	double R = __dmul_rn(z, t);
+	if (k == 0) {
+		return __dsub_rn(f, __dsub_rn(hfsq, __dmul_rn(s, __dadd_rn(hfsq, R))));
+	}
+	return __dsub_rn(__dmul_rn(dk, Ln2Hi),
+		__dsub_rn(__dsub_rn(hfsq, __dadd_rn(__dmul_rn(s, __dadd_rn(hfsq, R)), __dadd_rn(__dmul_rn(dk, Ln2Lo), c))), f));
 }
 
 __device__ ll kvx_exp_fma;
