@@ -462,40 +462,27 @@ func (pm *pagedOps) mamba(x *paged.Mixer, w *kernel.Mamba2Weights, sg synth.Seg,
 	if it := pm.items[sg.Seq]; it != nil && it.Pos == sg.Pos && len(it.Tokens) == sg.Rows {
 		snaps = it.Snapshots
 	}
-	end := sg.Pos + sg.Rows
-	tailFrom := end - sg.Draft
 	var tail [][]byte
 	mb := x.Mamba
 	di := mb.Inner()
-	promptEnd := end // the dt floor's end (promptEnd)
+	promptEnd := sg.Pos + sg.Rows // the dt floor's end (seqState.promptEnd)
 	if s := d.seqs[sg.Seq]; s != nil && s.promptEnd > 0 {
 		promptEnd = s.promptEnd
 	}
-	at := sg.Pos // tokens the state covers
-	for at < end {
-		next := end
-		if len(snaps) > 0 && snaps[0].Pos < next {
-			next = snaps[0].Pos
+	passes, err := paged.MambaPasses(sg.Pos, sg.Rows, sg.Draft, promptEnd, snaps)
+	if err != nil {
+		return itemErr(sg.Seq, x.Layer, err)
+	}
+	for _, ps := range passes {
+		mb.DtMin = 0
+		if ps.Floor {
+			mb.DtMin = x.Mamba.DtMin
 		}
-		if at >= tailFrom {
-			next = at + 1
-		} else if sg.Draft > 0 && tailFrom < next {
-			next = tailFrom
-		}
-		mb.DtMin = x.Mamba.DtMin
-		if at >= promptEnd {
-			mb.DtMin = 0 // a generated token: transformers' decode step has no floor
-		} else if promptEnd < next {
-			next = promptEnd
-		}
-		lo, hi := r+at-sg.Pos, r+next-sg.Pos
+		lo, hi := r+ps.From-sg.Pos, r+ps.To-sg.Pos
 		if err := mb.Forward(w, conv, ssm, rowsOf(p.Z, lo, hi), rowsOf(p.XBC, lo, hi), rowsOf(p.DT, lo, hi), core[lo*di:hi*di:hi*di]); err != nil {
 			return itemErr(sg.Seq, x.Layer, err)
 		}
-		at = next
-		for len(snaps) > 0 && snaps[0].Pos == at {
-			sn := snaps[0]
-			snaps = snaps[1:]
+		for _, sn := range ps.Snaps {
 			sc, ss, err := d.slot(x.Layer, d.idx[sn.Pool], sn.Block)
 			if err != nil {
 				return itemErr(sg.Seq, x.Layer, err)
@@ -503,7 +490,7 @@ func (pm *pagedOps) mamba(x *paged.Mixer, w *kernel.Mamba2Weights, sg synth.Seg,
 			copy(sc, conv)
 			copy(ss, ssm)
 		}
-		if sg.Draft > 0 && at >= tailFrom && at < end {
+		if ps.Tail {
 			tail = append(tail, append(slices.Clip(slices.Clone(conv)), ssm...))
 		}
 	}

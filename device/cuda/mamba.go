@@ -371,42 +371,25 @@ func (o *ops) planMamba(x *paged.Mixer, sg synth.Seg, r int, floors []float32) (
 	if it := o.items[sg.Seq]; it != nil && it.Pos == sg.Pos && len(it.Tokens) == sg.Rows {
 		snaps = it.Snapshots
 	}
-	end := sg.Pos + sg.Rows
-	tailFrom := end - sg.Draft
 	s := d.seqs[sg.Seq]
-	promptEnd := end
+	promptEnd := sg.Pos + sg.Rows
 	if s != nil && s.seen && s.promptEnd > 0 {
 		promptEnd = s.promptEnd
 	}
+	passes, err := paged.MambaPasses(sg.Pos, sg.Rows, sg.Draft, promptEnd, snaps)
+	if err != nil {
+		return 0, 0, nil, itemErrMamba(sg.Seq, l, err)
+	}
 	var tailAt []int // indexes in saves of the tail saves
-	at := sg.Pos
-	for at < end {
-		next := end
-		if len(snaps) > 0 && snaps[0].Pos < next {
-			next = snaps[0].Pos
+	for _, ps := range passes {
+		floor := float32(0) // a generated token: transformers' decode step has no floor
+		if ps.Floor {
+			floor = mb.DtMin
 		}
-		if at >= tailFrom {
-			next = at + 1
-		} else if sg.Draft > 0 && tailFrom < next {
-			next = tailFrom
-		}
-		floor := mb.DtMin
-		if at >= promptEnd {
-			floor = 0 // a generated token: transformers' decode step has no floor
-		} else if promptEnd < next {
-			next = promptEnd
-		}
-		if next < at {
-			return 0, 0, nil, kvcache.ItemErrorf([]kvcache.SeqID{sg.Seq}, "seq %d layer %d: snapshot at %d is before the %d tokens the state covers",
-				sg.Seq, l, next, at)
-		}
-		for p := at; p < next; p++ {
+		for p := ps.From; p < ps.To; p++ {
 			floors[r+p-sg.Pos] = floor
 		}
-		at = next
-		for len(snaps) > 0 && snaps[0].Pos == at {
-			sn := snaps[0]
-			snaps = snaps[1:]
+		for _, sn := range ps.Snaps {
 			pi, ok := d.idx[sn.Pool]
 			if !ok {
 				return 0, 0, nil, kvcache.ItemErrorf([]kvcache.SeqID{sg.Seq}, "seq %d layer %d: snapshot pool %d is not in the layout", sg.Seq, l, sn.Pool)
@@ -418,11 +401,11 @@ func (o *ops) planMamba(x *paged.Mixer, sg synth.Seg, r int, floors []float32) (
 			if live.ConvLen == 0 {
 				sc = 0
 			}
-			saves = append(saves, int64(at-sg.Pos), int64(sc), int64(ss))
+			saves = append(saves, int64(ps.To-sg.Pos), int64(sc), int64(ss))
 		}
-		if sg.Draft > 0 && at >= tailFrom && at < end {
+		if ps.Tail {
 			tailAt = append(tailAt, len(saves))
-			saves = append(saves, int64(at-sg.Pos), 0, 0)
+			saves = append(saves, int64(ps.To-sg.Pos), 0, 0)
 		}
 	}
 	if sg.Draft == 0 {
