@@ -132,6 +132,9 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 	var reports []report.Report
 	var failed error
 	for _, v := range vs {
+		if ctx.Err() != nil {
+			break // interrupted: no next variant
+		}
 		cfg, err := loadConfig(g, v.sets)
 		if err != nil {
 			return usageErr(err)
@@ -155,9 +158,9 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 		reports = append(reports, rep)
 		if err != nil {
 			failed = errors.Join(failed, fmt.Errorf("variant %s: %w", name, err))
-			if errors.Is(err, context.Canceled) {
-				break
-			}
+		}
+		if ctx.Err() != nil {
+			break // interrupted: compare stops at once
 		}
 	}
 	if err := report.WriteTable(os.Stdout, reports); err != nil {

@@ -88,6 +88,11 @@ type Spec struct {
 	Log      hclog.Logger
 }
 
+// ErrInterrupted is returned (wrapped, with the ctx's cause) by a run whose
+// ctx ended: whatever the calls in flight returned then (a plugin call cut
+// short looks like a dead plugin), the run was stopped, not failed.
+var ErrInterrupted = errors.New("run interrupted")
+
 // ErrInvariant reports a broken manager invariant; the run stops.
 var ErrInvariant = errors.New("manager invariant violated")
 
@@ -200,6 +205,10 @@ func Run(ctx context.Context, s Spec, l Launcher) (report.Report, error) {
 		err = e.loop(ctx)
 	}
 	e.finishReport(ctx)
+	if ctx.Err() != nil {
+		err = fmt.Errorf("%w: %v", ErrInterrupted, context.Cause(ctx))
+		e.rep.Error = err.Error()
+	}
 	if err != nil && e.rep.Error == "" {
 		e.rep.Error = err.Error()
 	}
