@@ -21,8 +21,9 @@
 // the plugin) is killed, group and all, at that bound: the launch never
 // waits on the pipes an orphan could hold.
 //
-// Children and signals: plugins ignore SIGINT (a terminal's Ctrl-C reaches
-// the whole process group; the host decides), so the host must kill them.
+// Children and signals: plugins ignore SIGINT, and run in process groups of
+// their own (a terminal's Ctrl-C reaches kvx alone; the host decides), so
+// the host must kill them.
 // Either call HandleSignals once at startup (SIGINT/SIGTERM kill the children,
 // then end the process as the signal would have), or, when the program
 // handles those signals itself, call Close from its handler before exiting.

@@ -24,8 +24,9 @@ type groupRunner struct {
 	cmd            *exec.Cmd
 	stdout, stderr io.ReadCloser
 
-	mu  sync.Mutex
-	pid int
+	mu     sync.Mutex
+	pid    int
+	reaped bool // Wait returned: the group is gone, and its id may be reused
 }
 
 var _ runner.Runner = (*groupRunner)(nil)
@@ -79,13 +80,26 @@ func (r *groupRunner) Pid() int {
 	return r.pid
 }
 
-func (r *groupRunner) Wait(context.Context) error { return r.cmd.Wait() }
+// Wait waits for the process, then kills what is left of its group (a
+// wrapper's children): once the group is empty its id may be reused, so
+// Kill does nothing after Wait.
+func (r *groupRunner) Wait(context.Context) error {
+	err := r.cmd.Wait()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_ = killGroup(r.pid)
+	r.reaped = true
+	return err
+}
 
 // Kill sends SIGKILL to the process's whole group (elsewhere than unix, to
-// the process).
+// the process). A process group lives as long as one of its processes,
+// zombies included, so the id names no other group until Wait.
 func (r *groupRunner) Kill(context.Context) error {
-	pid := r.Pid()
-	if pid == 0 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pid := r.pid
+	if pid == 0 || r.reaped {
 		return nil
 	}
 	if err := killGroup(pid); err != nil && !errors.Is(err, os.ErrProcessDone) {
