@@ -27,6 +27,7 @@ type groupRunner struct {
 	mu     sync.Mutex
 	pid    int
 	reaped bool // Wait returned: the group is gone, and its id may be reused
+	killed bool // Kill was called: a death by SIGKILL is no error
 }
 
 var _ runner.Runner = (*groupRunner)(nil)
@@ -82,13 +83,17 @@ func (r *groupRunner) Pid() int {
 
 // Wait waits for the process, then kills what is left of its group (a
 // wrapper's children): once the group is empty its id may be reused, so
-// Kill does nothing after Wait.
+// Kill does nothing after Wait. A process this host killed exited as asked:
+// Wait returns nil for it (go-plugin logs an error otherwise).
 func (r *groupRunner) Wait(context.Context) error {
 	err := r.cmd.Wait()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	_ = killGroup(r.pid)
 	r.reaped = true
+	if r.killed {
+		return nil
+	}
 	return err
 }
 
@@ -102,6 +107,7 @@ func (r *groupRunner) Kill(context.Context) error {
 	if pid == 0 || r.reaped {
 		return nil
 	}
+	r.killed = true
 	if err := killGroup(pid); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return err
 	}
