@@ -45,6 +45,24 @@ func hangingWrapper(t *testing.T) (string, func() []int) {
 	}
 }
 
+// waitStopped waits until pid is in the stopped state (the signal is
+// delivered asynchronously).
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		s := string(b)
+		if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) && s[i+2] == 'T' {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d not stopped 10 s after SIGSTOP: %q", pid, s)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func wantGone(t *testing.T, pids []int) {
 	t.Helper()
 	for _, pid := range pids {
@@ -109,6 +127,7 @@ func TestAbortStoppedPlugin(t *testing.T) {
 	if err := syscall.Kill(proc.Pid(), syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	waitStopped(t, proc.Pid())
 	errc := make(chan error, 1)
 	go func() {
 		_, err := m.Stats(ctx)
