@@ -307,7 +307,8 @@ func (h *Host) LaunchManager(ctx context.Context, path string) (kvcache.Manager,
 		return nil, nil, err
 	}
 	m := raw.(*pluginrpc.ManagerClient)
-	info, err := m.Info(ctx)
+	var info kvcache.Info
+	err = h.bounded(ctx, proc, "Info", func(ctx context.Context) (err error) { info, err = m.Info(ctx); return err })
 	if err == nil {
 		err = checkProtocols(info.Protocols)
 	}
@@ -331,7 +332,8 @@ func (h *Host) LaunchWorker(ctx context.Context, path string) (worker.Worker, *P
 		return nil, nil, err
 	}
 	w := raw.(*pluginrpc.WorkerClient)
-	info, err := w.Info(ctx)
+	var info worker.Info
+	err = h.bounded(ctx, proc, "Info", func(ctx context.Context) (err error) { info, err = w.Info(ctx); return err })
 	if err == nil {
 		err = checkProtocols(info.Protocols)
 	}
@@ -360,7 +362,8 @@ func (h *Host) ManagerInstance(ctx context.Context, of kvcache.Manager, proc *Pr
 	if err != nil {
 		return nil, err
 	}
-	info, err := m.Info(ctx)
+	var info kvcache.Info
+	err = h.bounded(ctx, proc, "Info", func(ctx context.Context) (err error) { info, err = m.Info(ctx); return err })
 	if err == nil {
 		err = checkProtocols(info.Protocols)
 	}
@@ -381,7 +384,8 @@ func (h *Host) WorkerInstance(ctx context.Context, of worker.Worker, proc *Proce
 	if err != nil {
 		return nil, err
 	}
-	info, err := w.Info(ctx)
+	var info worker.Info
+	err = h.bounded(ctx, proc, "Info", func(ctx context.Context) (err error) { info, err = w.Info(ctx); return err })
 	if err == nil {
 		err = checkProtocols(info.Protocols)
 	}
@@ -390,6 +394,31 @@ func (h *Host) WorkerInstance(ctx context.Context, of worker.Worker, proc *Proce
 	}
 	h.logger.Debug("plugin instance ready", "kind", pluginrpc.WorkerPluginName, "path", proc.path, "pid", proc.pid)
 	return w, nil
+}
+
+// startTimeout is the bound of a start: StartTimeout, or DefaultStartTimeout.
+func (h *Host) startTimeout() time.Duration {
+	if h.StartTimeout > 0 {
+		return h.StartTimeout
+	}
+	return DefaultStartTimeout
+}
+
+// bounded runs call, a launch's first call on proc, within the start
+// timeout. A plugin that does not answer in time is hung: it is killed
+// (Abort), and the error is of kind KindUnavailable, as a dead plugin's
+// (the engine starts it again).
+func (h *Host) bounded(ctx context.Context, proc *Process, what string, call func(context.Context) error) error {
+	bound := h.startTimeout()
+	cctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	err := call(cctx)
+	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+		proc.Abort()
+		return kvcache.Errorf(kvcache.KindUnavailable, "plugin %s (pid %d) did not answer %s within the start timeout of %v: killed it",
+			proc.path, proc.pid, what, bound)
+	}
+	return err
 }
 
 func checkProtocols(protocols []int) error {
@@ -418,10 +447,7 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 	if err := ctx.Err(); err != nil {
 		return nil, nil, fmt.Errorf("plugin %s: %w", path, err)
 	}
-	timeout := DefaultStartTimeout
-	if h.StartTimeout > 0 {
-		timeout = h.StartTimeout
-	}
+	timeout := h.startTimeout()
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, max(time.Until(dl), time.Millisecond))
 	}

@@ -148,3 +148,29 @@ func TestAbortStoppedPlugin(t *testing.T) {
 		t.Errorf("pid %d alive after Abort", proc.Pid())
 	}
 }
+
+// TestStoppedPluginAtInstanceIsKilled: a further instance asked of a plugin
+// process that stopped answering fails within the start timeout, as a dead
+// plugin (KindUnavailable, so the engine starts it again), and the process
+// is killed.
+func TestStoppedPluginAtInstanceIsKilled(t *testing.T) {
+	h, _ := newHost(t)
+	h.StartTimeout = time.Second
+	ctx := ctxTimeout(t)
+	m, proc, err := h.LaunchManager(ctx, fakeManager)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(proc.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitStopped(t, proc.Pid())
+	_, err = h.ManagerInstance(ctx, m, proc)
+	if kvcache.KindOf(err) != kvcache.KindUnavailable || !strings.Contains(err.Error(), "did not answer Info") {
+		t.Errorf("ManagerInstance of a stopped plugin = %v, want kind %v naming the call", err, kvcache.KindUnavailable)
+	}
+	waitDone(t, proc)
+	if alive(proc.Pid()) {
+		t.Errorf("pid %d alive after it missed the start timeout", proc.Pid())
+	}
+}
