@@ -11,9 +11,10 @@
 //
 // Exit status: 0 when every run finished, 1 when an engine failed or an
 // invariant broke (generate: or a prompt failed), 2 for bad configuration or
-// usage: every variant's configuration, plugin paths and output paths are
+// usage (every variant's configuration, plugin paths and output paths are
 // checked before the first run, and a plugin of the wrong kind or protocol
-// is a configuration error too.
+// is a configuration error too), 130, 143 or 129 when SIGINT, SIGTERM or
+// SIGHUP stopped it (the partial report is written first; see signals.go).
 package main
 
 import (
@@ -21,9 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"runtime/pprof"
-	"syscall"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
@@ -42,10 +41,14 @@ func usageErr(err error) error  { return &exitError{code: 2, err: err} }
 func engineErr(err error) error { return &exitError{code: 1, err: err} }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, in := signalContext(context.Background())
 	root := newRoot()
 	err := root.ExecuteContext(ctx)
+	if sig := in.caught(); sig != nil {
+		// An interrupt is not a failure of the run: say what stopped it.
+		fmt.Fprintf(os.Stderr, "kvx: stopped by %s\n", signalName(sig))
+		os.Exit(exitCode(sig))
+	}
 	if err == nil {
 		return
 	}

@@ -41,6 +41,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -83,7 +84,10 @@ type Config struct {
 	MambaState  MambaStateConfig  // mamba_state_config (also accepted as kv_cache_config.mamba_state_config)
 	Speculative SpeculativeConfig // speculative_config
 	Scheduler   SchedulerConfig   // scheduler_config
-	Workload    WorkloadConfig    // workload
+	// PluginTimeouts is plugin_timeouts: how long kvx waits on a plugin
+	// before it treats it as dead (isolation: plugin only).
+	PluginTimeouts PluginTimeouts
+	Workload       WorkloadConfig // workload
 	// Synthetic is synthetic: overrides for the small synthetic model that
 	// a computing device (cpu, cuda) runs instead of the full model (keys
 	// synthetic.<field> in snake_case, see model.SyntheticFields; 0 =
@@ -137,6 +141,30 @@ func (s SpeculativeConfig) Enabled() bool { return s.DecodingType != "" }
 type SchedulerConfig struct {
 	CapacitySchedulerPolicy string // GUARANTEED_NO_EVICT (default) or MAX_UTILIZATION
 	ContextChunkingPolicy   string // FIRST_COME_FIRST_SERVED (default) or EQUAL_PROGRESS
+}
+
+// PluginTimeouts is plugin_timeouts: every plugin call has a deadline
+// derived from what it is, and a plugin that misses one is killed (its
+// whole process group), restarted, and its stage's requests recomputed,
+// as if it had crashed. Keys take a duration ("10s", "500ms", "5m") or a
+// number of seconds.
+type PluginTimeouts struct {
+	// Start is start: a plugin process's start, up to go-plugin's
+	// handshake; a plugin that does not complete it in time (a wrapper
+	// script that never execs the plugin) is killed and the run fails (60s).
+	Start time.Duration
+	// Configure is configure: the Info and Configure calls of a started
+	// plugin (a worker's Configure loads weights and allocates its pools) (5m).
+	Configure time.Duration
+	// Call is call: every manager call and every worker call other than a
+	// forward (10s).
+	Call time.Duration
+	// Forward is forward: the least deadline of a forward over every
+	// stage (30s).
+	Forward time.Duration
+	// ForwardFactor is forward_factor: a forward's deadline is at least
+	// this many times the slowest forward seen so far in the run (10).
+	ForwardFactor float64
 }
 
 // Range is an inclusive [Min, Max] token count; zero = unset.
@@ -234,6 +262,10 @@ func defaults() *Config {
 			ContextChunkingPolicy:   "FIRST_COME_FIRST_SERVED",
 		},
 		Workload: WorkloadConfig{TimeScale: 1, SharedPrefixGroups: 1},
+		PluginTimeouts: PluginTimeouts{
+			Start: time.Minute, Configure: 5 * time.Minute, Call: 10 * time.Second,
+			Forward: 30 * time.Second, ForwardFactor: 10,
+		},
 	}
 }
 

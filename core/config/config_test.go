@@ -130,7 +130,9 @@ func TestDefaultsFlatten(t *testing.T) {
 		"workload.trace": nil, "workload.limit": nil, "workload.time_scale": nil, "workload.requests": nil, "workload.concurrency": 0,
 		"workload.rate": nil, "workload.prompt_tokens.min": nil, "workload.prompt_tokens.max": nil, "workload.output_tokens.min": nil,
 		"workload.output_tokens.max": nil, "workload.shared_prefix_tokens": nil, "workload.shared_prefix_groups": nil,
-		"workload.seed": uint64(0),
+		"workload.seed":         uint64(0),
+		"plugin_timeouts.start": "1m0s", "plugin_timeouts.configure": "5m0s", "plugin_timeouts.call": "10s",
+		"plugin_timeouts.forward": "30s", "plugin_timeouts.forward_factor": 10.0,
 	}
 	for _, f := range model.SyntheticFields() {
 		want["synthetic."+f.Key] = nil // zero = default; only device cpu uses them
@@ -409,6 +411,10 @@ func TestValueForms(t *testing.T) {
 		{"plugin_dirs=[a, b]", "plugin_dirs", []string{"a", "b"}},
 		{"seed=18446744073709551615", "seed", uint64(18446744073709551615)},
 		{"cache_manager=./bin/mymgr", "cache_manager", "./bin/mymgr"},
+		{"plugin_timeouts.call=1.5", "plugin_timeouts.call", "1.5s"},
+		{"plugin_timeouts.start=500ms", "plugin_timeouts.start", "500ms"},
+		{"plugin_timeouts.forward=2m", "plugin_timeouts.forward", "2m0s"},
+		{"plugin_timeouts.forward_factor=4", "plugin_timeouts.forward_factor", 4.0},
 	}
 	for _, tt := range tests {
 		c, _ := load(t, nil, nil, []string{"model=llama-3.1-8b", tt.set})

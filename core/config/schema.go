@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvx-dev/kvx/core/hw"
 	"github.com/kvx-dev/kvx/core/model"
@@ -242,6 +243,28 @@ var baseFields = []field{
 		get: func(c *Config) any { return c.Speculative.AcceptanceRate },
 	},
 
+	// plugin_timeouts.
+	durationField("plugin_timeouts.start", func(c *Config) *time.Duration { return &c.PluginTimeouts.Start }),
+	durationField("plugin_timeouts.configure", func(c *Config) *time.Duration { return &c.PluginTimeouts.Configure }),
+	durationField("plugin_timeouts.call", func(c *Config) *time.Duration { return &c.PluginTimeouts.Call }),
+	durationField("plugin_timeouts.forward", func(c *Config) *time.Duration { return &c.PluginTimeouts.Forward }),
+	{
+		key:  "plugin_timeouts.forward_factor",
+		kind: "a number",
+		set: func(c *Config, v any) string {
+			f, ok := asFloat(v)
+			if !ok {
+				return "is not a number"
+			}
+			if !(f >= 1 && f <= 1e6) {
+				return "is out of range; allowed: 1 <= value <= 1000000"
+			}
+			c.PluginTimeouts.ForwardFactor = f
+			return ""
+		},
+		get: func(c *Config) any { return c.PluginTimeouts.ForwardFactor },
+	},
+
 	// scheduler_config.
 	enumField("scheduler_config.capacity_scheduler_policy", func(c *Config) *string { return &c.Scheduler.CapacitySchedulerPolicy },
 		[]string{"GUARANTEED_NO_EVICT", "MAX_UTILIZATION"}, nil),
@@ -392,6 +415,40 @@ func intField(key string, acc func(*Config) *int, lo int, zeroIsUnset bool) fiel
 			}
 			return *acc(c)
 		},
+	}
+}
+
+// durationField is a positive duration: a Go duration string ("10s",
+// "1m30s", "500ms") or a number of seconds. Flatten gives the string.
+func durationField(key string, acc func(*Config) *time.Duration) field {
+	const kind = `a duration (such as "10s", "500ms" or "5m") or a number of seconds`
+	return field{
+		key:  key,
+		kind: kind,
+		set: func(c *Config, v any) string {
+			var d time.Duration
+			f, isNum := asFloat(v)
+			switch s, isStr := v.(string); {
+			case isNum:
+				if f > 1e9 {
+					return "is out of range; allowed: 1ms <= value <= 1000000000s"
+				}
+				d = time.Duration(f * float64(time.Second))
+			case isStr:
+				var err error
+				if d, err = time.ParseDuration(strings.TrimSpace(s)); err != nil {
+					return "is not " + kind
+				}
+			default:
+				return "is not " + kind
+			}
+			if d < time.Millisecond {
+				return "is out of range; allowed: 1ms <= value"
+			}
+			*acc(c) = d
+			return ""
+		},
+		get: func(c *Config) any { return acc(c).String() },
 	}
 }
 

@@ -86,6 +86,7 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 	// call, and settle checks the answers then (see ending).
 	end := &ending{step: mb.step, waits: make([]func() (pipeline.EndStepResult, error), len(e.stages)), inspect: inspect != nil, deep: deep}
 	req := pipeline.EndStepRequest{Commits: commits, Release: finishing, Inspect: inspect}
+	e.dog.arm(slotCall, "cache manager end of step (start)", e.spec.Liveness.Call, e.managers()...)
 	_ = e.eachStage(func(st *stage) error {
 		end.waits[st.idx] = pipeline.StartEndStep(ctx, st.m, req)
 		st.released = append(st.released, finishing...)
@@ -94,6 +95,7 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 		}
 		return nil
 	})
+	e.dog.disarm(slotCall)
 	e.ending = end
 	for _, id := range finishing {
 		r := e.byID[id]
@@ -153,6 +155,7 @@ func (e *Engine) settle() error {
 	}
 	e.ending = nil
 	res := make([]pipeline.EndStepResult, len(e.stages))
+	e.dog.arm(slotCall, "cache manager end of step", e.spec.Liveness.Call, e.managers()...)
 	err := e.eachStage(func(st *stage) error {
 		r, err := end.waits[st.idx]()
 		if err != nil {
@@ -161,6 +164,7 @@ func (e *Engine) settle() error {
 		res[st.idx] = r
 		return nil
 	})
+	e.dog.disarm(slotCall)
 	if err != nil {
 		return err
 	}
@@ -181,9 +185,11 @@ func (e *Engine) settle() error {
 func (e *Engine) dropEnding() {
 	if end := e.ending; end != nil {
 		e.ending = nil
+		e.dog.arm(slotCall, "cache manager end of step (dropped)", e.spec.Liveness.Call, e.managers()...)
 		for _, wait := range end.waits {
 			_, _ = wait()
 		}
+		e.dog.disarm(slotCall)
 	}
 }
 

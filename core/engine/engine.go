@@ -12,7 +12,9 @@
 // commit.go (the end of a step: commit, release, settling the copies),
 // stats.go (the report's final figures), admission.go (the scheduler's
 // view of capacity, fanned out to every stage by fanout.go), check.go (the
-// invariant checks) and faults.go (plugin deaths and restarts).
+// invariant checks), faults.go (plugin deaths and restarts) and liveness.go
+// (the deadlines of plugin calls, and the watchdog that kills a plugin
+// that misses one, so that a hung plugin takes the path of a dead one).
 package engine
 
 import (
@@ -78,10 +80,18 @@ type Spec struct {
 	// K > 0 gets the K most likely tokens of every generated position there
 	// too, on devices that compute them.
 	KeepOutputs bool
+	// Liveness bounds every wait on a plugin; the zero value waits forever
+	// (in-process runs). It needs a Launcher that is a Stopper.
+	Liveness Liveness
 	// Progress receives a progress bar; nil for none.
 	Progress io.Writer
 	Log      hclog.Logger
 }
+
+// ErrInterrupted is returned (wrapped, with the ctx's cause) by a run whose
+// ctx ended: whatever the calls in flight returned then (a plugin call cut
+// short looks like a dead plugin), the run was stopped, not failed.
+var ErrInterrupted = errors.New("run interrupted")
 
 // ErrInvariant reports a broken manager invariant; the run stops.
 var ErrInvariant = errors.New("manager invariant violated")
@@ -171,6 +181,11 @@ type Engine struct {
 	modelled bool
 	started  time.Time
 	bar      *progress
+
+	dog      *watchdog     // nil without Spec.Liveness
+	slowest  time.Duration // the slowest forward's wall time, for its deadline
+	fwdStart time.Time     // when the forward in flight started
+	targets  []any         // scratch for the watchdog's targets
 }
 
 // Run builds the engine (configures every stage) and runs the workload to the
@@ -183,11 +198,18 @@ func Run(ctx context.Context, s Spec, l Launcher) (report.Report, error) {
 	e.rep.Variant = s.Variant
 	e.rep.Config = s.Setup
 	e.started = time.Now()
+	stopper, _ := l.(Stopper)
+	e.dog = newWatchdog(s.Liveness, stopper, e.log.Warn)
+	defer e.dog.close()
 	err := e.setup(ctx)
 	if err == nil {
 		err = e.loop(ctx)
 	}
 	e.finishReport(ctx)
+	if ctx.Err() != nil {
+		err = fmt.Errorf("%w: %v", ErrInterrupted, context.Cause(ctx))
+		e.rep.Error = err.Error()
+	}
 	if err != nil && e.rep.Error == "" {
 		e.rep.Error = err.Error()
 	}
@@ -254,6 +276,9 @@ func (e *Engine) startStage(ctx context.Context, st *stage) error {
 	if err != nil {
 		return fmt.Errorf("stage %d: cache manager: %w", i, err)
 	}
+	bound := e.spec.Liveness.Configure
+	e.dog.arm(slotCall, fmt.Sprintf("stage %d: cache manager Info and Configure", i), bound, m)
+	defer e.dog.disarm(slotCall)
 	info, err := m.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("stage %d: cache manager info: %w", i, err)
@@ -268,12 +293,14 @@ func (e *Engine) startStage(ctx context.Context, st *stage) error {
 	for _, w := range layout.Warnings {
 		e.log.Info("cache manager", "stage", i, "warning", w)
 	}
+	e.dog.disarm(slotCall) // the launch is bounded by the plugin host's start timeout
 	w, err := e.launch.Worker(ctx, i)
 	if err != nil {
 		return fmt.Errorf("stage %d: worker: %w", i, err)
 	}
 	wc := e.spec.Workers[i]
 	wc.Layout = layout
+	e.dog.arm(slotCall, fmt.Sprintf("stage %d: worker Configure", i), bound, w)
 	if _, err := w.Configure(ctx, wc); err != nil {
 		return fmt.Errorf("stage %d: configure worker: %w", i, err)
 	}

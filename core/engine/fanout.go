@@ -21,6 +21,7 @@ func (e *Engine) eachStage(f func(st *stage) error) error {
 // stage answered, it settles the end of step those calls carried to the
 // managers (see ending), before the caller applies their answers.
 func (e *Engine) eachManager(start func(st *stage) (wait func() error)) error {
+	e.dog.arm(slotCall, "cache manager calls of one phase", e.spec.Liveness.Call, e.managers()...)
 	waits := make([]func() error, len(e.stages))
 	for _, st := range e.stages {
 		waits[st.idx] = start(st)
@@ -31,6 +32,7 @@ func (e *Engine) eachManager(start func(st *stage) (wait func() error)) error {
 			first = err
 		}
 	}
+	e.dog.disarm(slotCall)
 	if first != nil {
 		return first
 	}

@@ -65,7 +65,15 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 			st.Stop(e.stages[i].m)
 			st.Stop(e.stages[i].w)
 		}
-		if err := e.startStage(ctx, e.stages[i]); err != nil {
+		err := e.startStage(ctx, e.stages[i])
+		// A plugin that dies (or hangs) while it restarts is started again,
+		// within the same budget.
+		for err != nil && errors.Is(err, kvcache.ErrUnavailable) && ctx.Err() == nil && e.rep.Engine.PluginRestarts < MaxRestarts {
+			e.rep.Engine.PluginRestarts++
+			e.log.Warn("plugin died while restarting; starting it again", "stage", i, "error", err)
+			err = e.startStage(ctx, e.stages[i])
+		}
+		if err != nil {
 			return fmt.Errorf("restart of stage %d after %v: %w", i, cause, err)
 		}
 		restarted[i] = true
@@ -94,8 +102,11 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 		}
 		// Release whatever the surviving stage holds: a call that failed may
 		// have reached some stages and not others, so ask the stage itself.
+		e.dog.arm(slotCall, fmt.Sprintf("stage %d: Inspect and Health after a restart", st.idx), e.spec.Liveness.Call, st.m, st.w)
 		snap, err := st.m.Inspect(ctx, kvcache.InspectOptions{})
-		if errors.Is(err, kvcache.ErrUnavailable) || errors.Is(st.w.Health(ctx), kvcache.ErrUnavailable) {
+		health := st.w.Health(ctx)
+		e.dog.disarm(slotCall)
+		if errors.Is(err, kvcache.ErrUnavailable) || errors.Is(health, kvcache.ErrUnavailable) {
 			// Its manager or its worker went too (a process shared with the
 			// dead stage, or stopped with it): replace both now, or the next
 			// step finds the dead one and restarts again.
@@ -115,7 +126,10 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 		if len(held) == 0 {
 			continue
 		}
-		if err := st.m.Release(ctx, held); err != nil {
+		e.dog.arm(slotCall, fmt.Sprintf("stage %d: Release after a restart", st.idx), e.spec.Liveness.Call, st.m)
+		err = st.m.Release(ctx, held)
+		e.dog.disarm(slotCall)
+		if err != nil {
 			return stageErr(st.idx, fmt.Sprintf("release after restart of stage %d", dead), err)
 		}
 		st.released = append(st.released, held...)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/kvx-dev/kvx/core/sched"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -33,6 +34,7 @@ func (e *Engine) startForward(ctx context.Context, items []sched.Item) error {
 		return err
 	}
 	e.steps++
+	e.fwdStart = time.Now()
 	e.pend = e.startOnce(ctx, &microBatch{step: e.steps}, items, e.now)
 	return nil
 }
@@ -46,6 +48,10 @@ func (e *Engine) awaitForward(ctx context.Context) error {
 	e.pend = nil
 	for p != nil {
 		res, err := p.wait()
+		e.dog.disarm(slotForward)
+		if err == nil {
+			e.sawForward(time.Since(e.fwdStart))
+		}
 		err = e.finishOnce(p, res, err)
 		if err == nil {
 			e.inflight = append(e.inflight, p.mb)
@@ -63,6 +69,7 @@ func (e *Engine) awaitForward(ctx context.Context) error {
 		if len(items) == 0 {
 			return nil
 		}
+		e.fwdStart = time.Now()
 		p = e.startOnce(ctx, p.mb, items, p.at)
 	}
 	return nil
@@ -74,6 +81,7 @@ func (e *Engine) dropForward() {
 	if p := e.pend; p != nil {
 		e.pend = nil
 		_, _ = p.wait()
+		e.dog.disarm(slotForward)
 	}
 }
 
@@ -122,6 +130,7 @@ func (e *Engine) startOnce(ctx context.Context, mb *microBatch, items []sched.It
 		bs[st.idx] = worker.Batch{Step: mb.step, Items: its, Released: st.released, Copies: st.copies}
 		p.released[st.idx], p.copies[st.idx] = len(st.released), len(st.copies)
 	}
+	e.dog.arm(slotForward, "worker forward", e.forwardBound(), e.workers()...)
 	p.wait = pipeline.StartForwardStages(ctx, ws, bs)
 	return p
 }

@@ -89,6 +89,7 @@ func (e *Engine) finishReport(ctx context.Context) {
 			u.Pools = append(u.Pools, report.Pool{Name: p.Name, Tier: string(p.Tier), Blocks: p.Blocks, BlockBytes: p.BlockBytes, Tokens: p.TokensPerBlock})
 		}
 		if st.m != nil {
+			e.dog.arm(slotCall, fmt.Sprintf("stage %d: cache manager Info and Stats for the report", st.idx), e.spec.Liveness.Call, st.m)
 			if info, err := st.m.Info(ctx); err == nil {
 				u.Manager = info.Name + " " + info.Version
 			}
@@ -102,6 +103,7 @@ func (e *Engine) finishReport(ctx context.Context) {
 					snaps.ReusedTokens += s.Snapshots.ReusedTokens
 				}
 			}
+			e.dog.disarm(slotCall)
 		}
 		rep.KV.Stages = append(rep.KV.Stages, u)
 		rep.KV.PeakUsage = max(rep.KV.PeakUsage, st.peak)

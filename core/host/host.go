@@ -12,8 +12,18 @@
 // Exited) and by its clients, whose calls then fail with
 // kvcache.KindUnavailable; restarting it is the caller's policy.
 //
-// Children and signals: plugins ignore SIGINT (a terminal's Ctrl-C reaches
-// the whole process group; the host decides), so the host must kill them.
+// Process groups and hung plugins: every plugin runs in a process group of
+// its own, and a kill takes the whole group, so what a wrapper script
+// started goes with it. A plugin that stops answering (kill -STOP, a
+// deadlock) is the caller's to detect; Process.Abort kills it at once. A
+// start is bounded by the launch ctx and StartTimeout, and a plugin that
+// never completes its handshake (a wrapper that sleeps instead of exec'ing
+// the plugin) is killed, group and all, at that bound: the launch never
+// waits on the pipes an orphan could hold.
+//
+// Children and signals: plugins ignore SIGINT, and run in process groups of
+// their own (a terminal's Ctrl-C reaches kvx alone; the host decides), so
+// the host must kill them.
 // Either call HandleSignals once at startup (SIGINT/SIGTERM kill the children,
 // then end the process as the signal would have), or, when the program
 // handles those signals itself, call Close from its handler before exiting.
@@ -59,8 +69,22 @@ var ErrProtocol = errors.New("plugin protocol mismatch")
 const NamePrefix = "kvx-"
 
 // DefaultStartTimeout bounds a plugin's start (process up and handshake
-// written) when the launch ctx has no earlier deadline.
+// written) when the launch ctx has no earlier deadline and
+// Host.StartTimeout is 0.
 const DefaultStartTimeout = time.Minute
+
+// ErrStartTimeout is returned (wrapped) by launches when the plugin did not
+// complete go-plugin's handshake within the start timeout.
+var ErrStartTimeout = errors.New("plugin start timed out")
+
+// killWait bounds how long Kill waits for go-plugin to stop a process
+// (its own graceful wait is 2 s) before it kills the process group, and
+// abandonWait how long it then waits for go-plugin's goroutines before it
+// gives up on them: nothing blocks on a plugin forever.
+const (
+	killWait    = 4 * time.Second
+	abandonWait = 2 * time.Second
+)
 
 // Host launches and tracks plugin processes. Its methods are safe for
 // concurrent use.
@@ -85,6 +109,10 @@ type Host struct {
 	// call at a time). A worker whose device computes (cpu) wants every
 	// core for its kernels. Set them before launching.
 	ManagerThreads, WorkerThreads int
+	// StartTimeout, when positive, bounds each plugin's start (process up
+	// and handshake written) instead of DefaultStartTimeout; the launch
+	// ctx's deadline still wins when earlier. Set it before launching.
+	StartTimeout time.Duration
 
 	mu        sync.Mutex
 	procs     map[*Process]struct{}
@@ -192,6 +220,9 @@ type Process struct {
 	rpc    plugin.ClientProtocol
 	pid    int
 	done   <-chan struct{}
+
+	mu     sync.Mutex
+	runner *groupRunner // nil for a plugin attached to (reattach.go): never killed
 }
 
 // Path returns the binary the process runs.
@@ -214,11 +245,50 @@ func (p *Process) Exited() bool {
 }
 
 // Kill ends the process and waits until it is gone: it asks the plugin to
-// stop, and after two seconds kills it. Calls in flight fail with
-// KindUnavailable. Kill is idempotent.
-func (p *Process) Kill() {
-	p.client.Kill()
+// stop, and after two seconds kills its process group. Calls in flight fail
+// with KindUnavailable. Kill is idempotent.
+func (p *Process) Kill() { p.stop(false) }
+
+// Abort kills the process group at once, without asking the plugin: for a
+// plugin that stopped answering, or that never completed its handshake.
+// Calls in flight fail with KindUnavailable. Like Kill it waits until the
+// process is gone, but never longer than a few seconds. Abort is
+// idempotent, and may follow or overlap Kill.
+func (p *Process) Abort() { p.stop(true) }
+
+func (p *Process) stop(now bool) {
+	if now {
+		p.killGroup()
+	}
+	done := make(chan struct{})
+	go func() {
+		p.client.Kill()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(killWait):
+		p.killGroup()
+		select {
+		case <-done:
+		case <-time.After(abandonWait):
+			p.host.logger.Warn("plugin process group killed, but go-plugin still waits on it; giving up waiting",
+				"path", p.path, "pid", p.pid)
+		}
+	}
+	p.killGroup() // whatever the plugin started and left behind
 	p.host.forget(p)
+}
+
+// killGroup sends SIGKILL to the process group of a plugin this host
+// started; it leaves a plugin attached to alone.
+func (p *Process) killGroup() {
+	p.mu.Lock()
+	r := p.runner
+	p.mu.Unlock()
+	if r != nil {
+		_ = r.Kill(context.Background())
+	}
 }
 
 func (h *Host) forget(p *Process) {
@@ -237,7 +307,8 @@ func (h *Host) LaunchManager(ctx context.Context, path string) (kvcache.Manager,
 		return nil, nil, err
 	}
 	m := raw.(*pluginrpc.ManagerClient)
-	info, err := m.Info(ctx)
+	var info kvcache.Info
+	err = h.bounded(ctx, proc, "Info", func(ctx context.Context) (err error) { info, err = m.Info(ctx); return err })
 	if err == nil {
 		err = checkProtocols(info.Protocols)
 	}
@@ -261,7 +332,8 @@ func (h *Host) LaunchWorker(ctx context.Context, path string) (worker.Worker, *P
 		return nil, nil, err
 	}
 	w := raw.(*pluginrpc.WorkerClient)
-	info, err := w.Info(ctx)
+	var info worker.Info
+	err = h.bounded(ctx, proc, "Info", func(ctx context.Context) (err error) { info, err = w.Info(ctx); return err })
 	if err == nil {
 		err = checkProtocols(info.Protocols)
 	}
@@ -290,7 +362,8 @@ func (h *Host) ManagerInstance(ctx context.Context, of kvcache.Manager, proc *Pr
 	if err != nil {
 		return nil, err
 	}
-	info, err := m.Info(ctx)
+	var info kvcache.Info
+	err = h.bounded(ctx, proc, "Info", func(ctx context.Context) (err error) { info, err = m.Info(ctx); return err })
 	if err == nil {
 		err = checkProtocols(info.Protocols)
 	}
@@ -311,7 +384,8 @@ func (h *Host) WorkerInstance(ctx context.Context, of worker.Worker, proc *Proce
 	if err != nil {
 		return nil, err
 	}
-	info, err := w.Info(ctx)
+	var info worker.Info
+	err = h.bounded(ctx, proc, "Info", func(ctx context.Context) (err error) { info, err = w.Info(ctx); return err })
 	if err == nil {
 		err = checkProtocols(info.Protocols)
 	}
@@ -320,6 +394,31 @@ func (h *Host) WorkerInstance(ctx context.Context, of worker.Worker, proc *Proce
 	}
 	h.logger.Debug("plugin instance ready", "kind", pluginrpc.WorkerPluginName, "path", proc.path, "pid", proc.pid)
 	return w, nil
+}
+
+// startTimeout is the bound of a start: StartTimeout, or DefaultStartTimeout.
+func (h *Host) startTimeout() time.Duration {
+	if h.StartTimeout > 0 {
+		return h.StartTimeout
+	}
+	return DefaultStartTimeout
+}
+
+// bounded runs call, a launch's first call on proc, within the start
+// timeout. A plugin that does not answer in time is hung: it is killed
+// (Abort), and the error is of kind KindUnavailable, as a dead plugin's
+// (the engine starts it again).
+func (h *Host) bounded(ctx context.Context, proc *Process, what string, call func(context.Context) error) error {
+	bound := h.startTimeout()
+	cctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	err := call(cctx)
+	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+		proc.Abort()
+		return kvcache.Errorf(kvcache.KindUnavailable, "plugin %s (pid %d) did not answer %s within the start timeout of %v: killed it",
+			proc.path, proc.pid, what, bound)
+	}
+	return err
 }
 
 func checkProtocols(protocols []int) error {
@@ -348,7 +447,7 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 	if err := ctx.Err(); err != nil {
 		return nil, nil, fmt.Errorf("plugin %s: %w", path, err)
 	}
-	timeout := DefaultStartTimeout
+	timeout := h.startTimeout()
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, max(time.Until(dl), time.Millisecond))
 	}
@@ -366,48 +465,57 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 		h.socketDir = dir
 	}
 	cmd := exec.Command(path)
-	cmd.Env = []string{
-		pluginrpc.LogLevelEnv + "=" + levelName(h.logger),
-		// Sockets go to a directory only we can enter, removed by Close
-		// even when a plugin was killed before it could remove its own.
-		plugin.EnvUnixSocketDir + "=" + h.socketDir,
-	}
+	cmd.Env = []string{pluginrpc.LogLevelEnv + "=" + levelName(h.logger)}
 	if n := h.threads(name); n > 0 {
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(n))
 	}
 	parentDeathSignal(cmd)
+	proc := &Process{host: h, path: path}
 	cfg := &plugin.ClientConfig{
 		HandshakeConfig:  pluginrpc.Handshake,
 		VersionedPlugins: pluginrpc.HostPlugins(h.clientOptions()...),
-		Cmd:              cmd,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		Logger:           h.logger.Named(filepath.Base(path)),
 		Managed:          true,
 		AutoMTLS:         h.AutoMTLS,
 		StartTimeout:     timeout,
 		GRPCDialOptions:  pluginrpc.DialOptions(),
+		// The process runs in a group of its own (groupRunner), and its
+		// sockets go to a directory only we can enter, removed by Close
+		// even when a plugin was killed before it could remove its own.
+		RunnerFunc:       runnerFunc(cmd, &proc.runner, &proc.mu),
+		UnixSocketConfig: &plugin.UnixSocketConfig{TempDir: h.socketDir},
 	}
 	if err := h.reattach(cfg, path); err != nil { // a plugin in debug mode (reattach.go)
 		h.mu.Unlock()
 		return nil, nil, err
 	}
 	client := plugin.NewClient(cfg)
-	proc := &Process{host: h, path: path, client: client}
+	proc.client = client
 	h.procs[proc] = struct{}{}
 	h.mu.Unlock()
 
 	fail := func(err error) (any, *Process, error) {
-		proc.Kill()
+		proc.Abort()
 		return nil, nil, fmt.Errorf("plugin %s: %w", path, err)
 	}
-	rpc, err := client.Client() // starts the process and connects
+	rpc, err := startClient(ctx, client, proc) // starts the process and connects
 	if err != nil {
-		return fail(startError(err, cfg.VersionedPlugins))
+		if ctx.Err() == nil && strings.Contains(err.Error(), goPluginStartTimeout) {
+			err = fmt.Errorf("no handshake within the start timeout of %v (%w): %v", timeout, ErrStartTimeout, err)
+		} else if ctx.Err() == nil {
+			err = startError(err, cfg.VersionedPlugins)
+		}
+		return fail(err)
 	}
 	proc.rpc = rpc
-	if rc := client.ReattachConfig(); rc != nil {
-		proc.pid = rc.Pid
+	proc.mu.Lock()
+	if proc.runner != nil {
+		proc.pid = proc.runner.Pid()
+	} else if rc := client.ReattachConfig(); rc != nil {
+		proc.pid = rc.Pid // a plugin attached to
 	}
+	proc.mu.Unlock()
 	raw, err := rpc.Dispense(name)
 	if err != nil {
 		return fail(fmt.Errorf("dispense %s: %w", name, err))
@@ -424,6 +532,33 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 		return fail(err)
 	}
 	return raw, proc, nil
+}
+
+// goPluginStartTimeout is go-plugin's error text for a plugin that did not
+// complete its handshake within the start timeout (TestStartTimeout pins
+// it against the go-plugin in go.mod).
+const goPluginStartTimeout = "timeout while waiting for plugin to start"
+
+// startClient starts client's process and connects, or gives up when ctx
+// ends: it kills the process group then (go-plugin itself would wait for
+// its start timeout), and returns ctx's error.
+func startClient(ctx context.Context, client *plugin.Client, proc *Process) (plugin.ClientProtocol, error) {
+	type started struct {
+		rpc plugin.ClientProtocol
+		err error
+	}
+	ch := make(chan started, 1)
+	go func() {
+		rpc, err := client.Client()
+		ch <- started{rpc, err}
+	}()
+	select {
+	case s := <-ch:
+		return s.rpc, s.err
+	case <-ctx.Done():
+		proc.killGroup() // go-plugin's start returns once the process is gone
+		return nil, ctx.Err()
+	}
 }
 
 // levelName returns the name of l's level for a plugin's environment.

@@ -46,7 +46,7 @@ func (h *Host) reattach(cfg *plugin.ClientConfig, path string) error {
 	}
 	// A reattached client takes its plugin set from Plugins, and cannot
 	// set up TLS: the plugin was not started with a client certificate.
-	cfg.Cmd, cfg.Reattach, cfg.Plugins, cfg.AutoMTLS = nil, rc, set, false
+	cfg.RunnerFunc, cfg.UnixSocketConfig, cfg.Reattach, cfg.Plugins, cfg.AutoMTLS = nil, nil, rc, set, false
 	h.logger.Info("attaching to a plugin in debug mode", "path", path, "variable", name,
 		"pid", r.Pid, "network", r.Network, "address", r.Address, "protocol", r.Version)
 	return nil

@@ -364,6 +364,11 @@ func Resolve(cfg *config.Config, variant string, withWorkload bool) (*Resolved, 
 		Reuse:          cfg.KVCache.EnableBlockReuse,
 		Policy:         policy,
 	}
+	if cfg.Isolation == "plugin" {
+		// Only a plugin process can be killed: in-process calls are not bounded.
+		pt := cfg.PluginTimeouts
+		s.Liveness = engine.Liveness{Configure: pt.Configure, Call: pt.Call, Forward: pt.Forward, ForwardFactor: pt.ForwardFactor}
+	}
 	s.CheckEvery = cfg.CheckInvariants
 	s.Sequential = cfg.StepOverlap == "off"
 	s.DeepEvery = cfg.DeepCheckEvery
@@ -438,6 +443,7 @@ func NewLauncher(cfg *config.Config, reg Registry, log hclog.Logger) *Launcher {
 	if cfg.Isolation == "plugin" {
 		l.host = host.New(log, cfg.PluginDirs)
 		l.host.GRPCOnly = cfg.PluginTransport == "grpc"
+		l.host.StartTimeout = cfg.PluginTimeouts.Start
 		// Managers answer one call at a time, and so does a worker that
 		// only models its device (sim); a worker whose device computes
 		// runs its kernels on every core.
@@ -463,7 +469,7 @@ func (l *Launcher) Manager(ctx context.Context, stage int) (kvcache.Manager, err
 	if err != nil {
 		return nil, err
 	}
-	return launchShared(ctx, l, path, l.host.ManagerInstance, l.host.LaunchManager)
+	return startHint(launchShared(ctx, l, path, l.host.ManagerInstance, l.host.LaunchManager))
 }
 
 // Worker implements engine.Launcher.
@@ -480,7 +486,16 @@ func (l *Launcher) Worker(ctx context.Context, stage int) (worker.Worker, error)
 	if err != nil {
 		return nil, err
 	}
-	return launchShared(ctx, l, path, l.host.WorkerInstance, l.host.LaunchWorker)
+	return startHint(launchShared(ctx, l, path, l.host.WorkerInstance, l.host.LaunchWorker))
+}
+
+// startHint adds the config key to a start that timed out.
+func startHint[C any](c C, err error) (C, error) {
+	if errors.Is(err, host.ErrStartTimeout) {
+		err = fmt.Errorf("%w; a plugin must write go-plugin's handshake line on its standard output within plugin_timeouts.start "+
+			"(a wrapper script must exec the plugin binary)", err)
+	}
+	return c, err
 }
 
 // launchShared returns a further instance of the live process that serves
@@ -544,11 +559,13 @@ func (l *Launcher) track(client any, proc *host.Process) {
 }
 
 // Stop implements engine.Stopper: it kills the process behind a manager or
-// worker this launcher returned (the engine replaces a stage's plugins after
-// one of them died). A process that serves several stages goes for all of
-// them: their calls fail as unavailable, the engine restarts those stages
-// too, and the next launch starts a fresh process. In-process values have
-// nothing to stop.
+// worker this launcher returned, its whole process group and at once (the
+// engine replaces a stage's plugins after one of them died, or missed a
+// deadline: nothing to wait for). A process that serves several stages
+// goes for all of them: their calls fail as unavailable, the engine
+// restarts those stages too, and the next launch starts a fresh process.
+// In-process values have nothing to stop. Safe for concurrent use (the
+// engine's watchdog calls it).
 func (l *Launcher) Stop(client any) {
 	l.mu.Lock()
 	proc := l.proc[client]
@@ -560,7 +577,7 @@ func (l *Launcher) Stop(client any) {
 	}
 	l.mu.Unlock()
 	if proc != nil {
-		proc.Kill()
+		proc.Abort()
 	}
 }
 
