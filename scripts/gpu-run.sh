@@ -27,6 +27,8 @@
 #            unless all of a scenario's are equal
 #   bench    the kernels' Go benchmarks, then scripts/cuda-bench.py: PyTorch
 #            baselines in the same run and $OUT/cuda-bench.{md,json}
+#   goldens  every transformers golden checkpoint through kvx generate on
+#            device cuda (scripts/goldens.sh): tokens equal transformers'
 #   tokenizers  scripts/hf_tokenizer_goldens.py into $OUT/tokenizers
 # Each step's output goes to the terminal and to $OUT/<step>.log, and its
 # exit status to $OUT/summary.txt ($OUT defaults to ./out beside run.sh).
@@ -124,6 +126,12 @@ step_bench() {
 	python3 scripts/cuda-bench.py --go-bench "$OUT/go-bench.txt" --out "$OUT"
 }
 
+# goldens: every transformers golden checkpoint (hf/testdata) through kvx
+# generate on device cuda, each prompt's tokens transformers' exactly.
+step_goldens() {
+	SCENARIO=scenarios/hf-llama.yaml bash scripts/goldens.sh cuda hf/testdata "$OUT/goldens"
+}
+
 # tokenizers: Hugging Face tokenizers' encodings of small tokenizers built
 # from scratch there (scripts/hf_tokenizer_goldens.py), the oracle of kvx's
 # tokenizer.json reader.
@@ -134,7 +142,7 @@ step_tokenizers() {
 failed=0
 for step in $STEPS; do
 	if ! declare -F "step_$step" >/dev/null; then
-		echo "run.sh: unknown step $step (known: test compare bench tokenizers)" | tee -a "$OUT/summary.txt"
+		echo "run.sh: unknown step $step (known: test compare goldens bench tokenizers)" | tee -a "$OUT/summary.txt"
 		failed=1
 		continue
 	fi
