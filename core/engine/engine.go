@@ -106,6 +106,7 @@ type request struct {
 	logitsAt int                     // index among the generated tokens of the token those logits sampled
 	topK     int                     // top logprobs asked for every generated token
 	logprobs [][]worker.TokenLogprob // of each generated token, while the worker returns them (KeepOutputs)
+	reused   int                     // prompt tokens the prefix cache supplied at the first admission
 }
 
 type reqState uint8
@@ -171,6 +172,7 @@ type Engine struct {
 	modelled bool
 	started  time.Time
 	bar      *progress
+	live     *Live // nil unless StartLive built the engine (live.go)
 }
 
 // Run builds the engine (configures every stage) and runs the workload to the
