@@ -594,3 +594,78 @@ func TestServeBinary(t *testing.T) {
 }
 
 func execKVX(args ...string) *exec.Cmd { return exec.Command(filepath.Join(binDir, "kvx"), args...) }
+
+// TestServeOpenAIClient: the official openai npm client (installed by
+// .ci/run into testdata/openai) lists the model, completes, streams and
+// chats against kvx serve on cpu, and gets kvx generate's text; a bad
+// request reaches it as a 400 with the server's message. Skipped where
+// node or the client is not installed.
+func TestServeOpenAIClient(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node is not installed")
+	}
+	if _, err := os.Stat("testdata/openai/node_modules/openai"); err != nil {
+		t.Skip("the openai client is not installed: npm install --prefix cmd/kvx/testdata/openai (.ci/run does)")
+	}
+	prompts := filepath.Join(t.TempDir(), "p.jsonl")
+	if err := os.WriteFile(prompts, []byte(`{"prompt": "kvx generates", "max_tokens": 12}`+"\n"+
+		fmt.Sprintf(`{"prompt": %q, "max_tokens": 6}`, serve.ChatPrompt([]string{"user"}, []string{"hello"}))+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want, out, stderr, code := generate(t, prompts, "--set", "isolation=inprocess")
+	if code != 0 {
+		t.Fatalf("generate: exit %d\n%s%s", code, out, stderr)
+	}
+	base := startServe(t, genScenario, serveOpts{})
+	cmd := exec.Command(node, "client.mjs")
+	cmd.Dir = "testdata/openai"
+	cmd.Env = append(os.Environ(), "KVX_BASE_URL="+base)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	data, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node client.mjs: %v\n%s", err, errb.String())
+	}
+	t.Logf("openai client: %s", data)
+	type usage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	}
+	type text struct {
+		Text  string `json:"text"`
+		Usage *usage `json:"usage"`
+	}
+	var got struct {
+		Models                           []string
+		Completion, Stream, Chat, ChatSt text
+		BadRequest                       struct {
+			Status  int
+			Message string
+		}
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		t.Fatalf("client output %s: %v", data, err)
+	}
+	for k, dst := range map[string]any{"models": &got.Models, "completion": &got.Completion, "stream": &got.Stream,
+		"chat": &got.Chat, "chatStream": &got.ChatSt, "badRequest": &got.BadRequest} {
+		if err := json.Unmarshal(raw[k], dst); err != nil {
+			t.Fatalf("client output %s: %s: %v", data, k, err)
+		}
+	}
+	if !slices.Equal(got.Models, []string{"llama-3.1-8b"}) {
+		t.Errorf("models.list = %v", got.Models)
+	}
+	for name, c := range map[string]text{"completion": got.Completion, "stream": got.Stream} {
+		if c.Text != *want[0].Text || c.Usage == nil || c.Usage.CompletionTokens != 12 || c.Usage.PromptTokens != 14 {
+			t.Errorf("%s: %+v (usage %+v), want generate's %q, 14 + 12 tokens", name, c, c.Usage, *want[0].Text)
+		}
+	}
+	if got.Chat.Text != *want[1].Text || got.ChatSt.Text != *want[1].Text || got.Chat.Usage == nil || got.Chat.Usage.CompletionTokens != 6 {
+		t.Errorf("chat %+v, streamed %+v, want generate's %q for the template's prompt", got.Chat, got.ChatSt, *want[1].Text)
+	}
+	if got.BadRequest.Status != 400 || !strings.Contains(got.BadRequest.Message, "max_tokens = 0") {
+		t.Errorf("max_tokens 0 through the client: %+v, want 400 naming max_tokens", got.BadRequest)
+	}
+}
