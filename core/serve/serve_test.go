@@ -9,7 +9,7 @@ import (
 
 type byteTok struct{}
 
-func (byteTok) Encode(s string) []int32  { return synth.Encode(s) }
+func (byteTok) Encode(s string) []int32   { return synth.Encode(s) }
 func (byteTok) Decode(ids []int32) string { return synth.Decode(ids) }
 
 // TestTextStreamNeverSplitsACharacter: streamed one byte token at a time,
