@@ -12,7 +12,9 @@
 // commit.go (the end of a step: commit, release, settling the copies),
 // stats.go (the report's final figures), admission.go (the scheduler's
 // view of capacity, fanned out to every stage by fanout.go), check.go (the
-// invariant checks) and faults.go (plugin deaths and restarts).
+// invariant checks), faults.go (plugin deaths and restarts) and live.go
+// (StartLive: the same loop with requests that arrive while it runs, for
+// kvx serve).
 package engine
 
 import (

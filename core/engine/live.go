@@ -68,6 +68,7 @@ type Handle struct {
 	ID      kvcache.SeqID
 	Arrival int64 // the engine clock when the loop took it; set with the first event
 	lv      *Live
+	req     LiveRequest // until the loop takes it
 	mu      sync.Mutex
 	queue   []Event
 	notify  chan struct{}
@@ -140,8 +141,7 @@ type LiveStats struct {
 // Live is a running live engine. Its methods are safe for concurrent use.
 type Live struct {
 	mu      sync.Mutex
-	subs    []*Handle
-	reqs    map[kvcache.SeqID]*LiveRequest
+	subs    []*Handle // submitted, not yet taken by the loop
 	cancels []kvcache.SeqID
 	nextID  kvcache.SeqID
 	stopped bool
@@ -190,7 +190,7 @@ func StartLive(ctx context.Context, s Spec, l Launcher) (*Live, error) {
 	}
 	e.rep.Variant, e.rep.Config, e.started = s.Variant, s.Setup, time.Now()
 	lv := &Live{
-		reqs: map[kvcache.SeqID]*LiveRequest{}, wakeC: make(chan struct{}, 1),
+		wakeC: make(chan struct{}, 1),
 		stopC: make(chan struct{}), doneC: make(chan struct{}), open: map[kvcache.SeqID]*liveOpen{},
 	}
 	e.live = lv
@@ -236,10 +236,9 @@ func (lv *Live) Submit(r LiveRequest) (*Handle, error) {
 		lv.mu.Unlock()
 		return nil, ErrStopped
 	}
-	h := &Handle{ID: lv.nextID, lv: lv, notify: make(chan struct{}, 1)}
-	lv.nextID++
 	r.Prompt = slices.Clip(slices.Clone(r.Prompt))
-	lv.reqs[h.ID] = &r
+	h := &Handle{ID: lv.nextID, lv: lv, req: r, notify: make(chan struct{}, 1)}
+	lv.nextID++
 	lv.subs = append(lv.subs, h)
 	lv.mu.Unlock()
 	lv.queued.Add(1)
@@ -303,14 +302,10 @@ func (lv *Live) turn(ctx context.Context, e *Engine) error {
 	lv.subs = nil
 	cancels := append(lv.pending, lv.cancels...)
 	lv.cancels = nil
-	reqs := make([]*LiveRequest, len(subs))
-	for i, h := range subs {
-		reqs[i] = lv.reqs[h.ID]
-		delete(lv.reqs, h.ID)
-	}
 	lv.mu.Unlock()
-	for i, h := range subs {
-		lr := reqs[i]
+	for _, h := range subs {
+		lr := h.req
+		h.req = LiveRequest{}
 		r := &request{id: h.ID, arrival: e.now, prompt: len(lr.Prompt), maxNew: lr.MaxTokens, tokens: lr.Prompt, firstTok: -1}
 		h.Arrival = e.now
 		e.reqs = append(e.reqs, r)

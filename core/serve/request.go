@@ -238,27 +238,39 @@ func (s *Server) prompt(raw json.RawMessage, j *job) *apiError {
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return badRequest("prompt", "prompt is missing: want a string or a list of token ids")
 	}
-	var text string
-	if json.Unmarshal(raw, &text) == nil {
+	// The first bytes say which form it is, so the prompt is decoded once.
+	var ids []float64
+	switch first, second := raw[0], peek(raw[1:]); {
+	case first == '"':
+		var text string
+		if err := json.Unmarshal(raw, &text); err != nil {
+			return badRequest("prompt", "prompt: %v", err)
+		}
 		return s.encode(text, "prompt", j)
-	}
-	var texts []string
-	if json.Unmarshal(raw, &texts) == nil && len(texts) > 0 {
+	case first == '[' && second == '"':
+		var texts []string
+		if err := json.Unmarshal(raw, &texts); err != nil {
+			return badRequest("prompt", "prompt: want a list of one string: %v", err)
+		}
 		if len(texts) != 1 {
 			return badRequest("prompt", "prompt is a list of %d strings: kvx serves one prompt per request", len(texts))
 		}
 		return s.encode(texts[0], "prompt", j)
-	}
-	var ids []float64
-	if err := json.Unmarshal(raw, &ids); err != nil {
+	case first == '[' && second == '[':
 		var lists [][]float64
-		if json.Unmarshal(raw, &lists) != nil {
-			return badRequest("prompt", "prompt: want a string, a list of one string, or a list of token ids, got %s", describe(raw))
+		if err := json.Unmarshal(raw, &lists); err != nil {
+			return badRequest("prompt", "prompt: want a list of one list of token ids: %v", err)
 		}
 		if len(lists) != 1 {
 			return badRequest("prompt", "prompt is a list of %d token lists: kvx serves one prompt per request", len(lists))
 		}
 		ids = lists[0]
+	case first == '[':
+		if err := json.Unmarshal(raw, &ids); err != nil {
+			return badRequest("prompt", "prompt: want a list of token ids (integers): %v", err)
+		}
+	default:
+		return badRequest("prompt", "prompt: want a string, a list of one string, or a list of token ids, got %s", describe(raw))
 	}
 	j.prompt = make([]int32, len(ids))
 	for i, f := range ids {
@@ -271,6 +283,15 @@ func (s *Server) prompt(raw json.RawMessage, j *job) *apiError {
 		j.prompt[i] = int32(f)
 	}
 	return nil
+}
+
+// peek returns the first byte of b that is not JSON white space, or 0.
+func peek(b []byte) byte {
+	b = bytes.TrimLeft(b, " \t\r\n")
+	if len(b) == 0 {
+		return 0
+	}
+	return b[0]
 }
 
 func describe(raw json.RawMessage) string {
