@@ -60,7 +60,7 @@ seconds. Exit status: 0 after SIGINT/SIGTERM, 1 when the engine failed,
 	cmd.Flags().IntVar(&o.port, "port", 8000, "port to listen on (0: any free port)")
 	cmd.Flags().IntVar(&o.maxWaiting, "max-waiting", serve.DefaultMaxWaiting, "requests without a first token beyond which new ones get 429")
 	cmd.Flags().Int64Var(&o.maxBody, "max-body-bytes", serve.DefaultMaxBodyBytes, "largest request body (413 above)")
-	cmd.Flags().StringVar(&o.model, "served-model-name", "", "the model id clients name (default: the config's model)")
+	cmd.Flags().StringVar(&o.model, "served-model-name", "", "the model id clients name (default: the config's served_model_name, else its model)")
 	return cmd
 }
 
@@ -90,6 +90,9 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 		return engineErr(fmt.Errorf("serve: %w", err))
 	}
 	name := o.model
+	if name == "" {
+		name = cfg.ServedModelName
+	}
 	if name == "" {
 		name = cfg.Model
 	}

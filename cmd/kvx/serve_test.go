@@ -530,7 +530,7 @@ func TestServeDisconnectFreesBlocks(t *testing.T) {
 // TestServeSim: on device sim the tokens are placeholders of the requested
 // length and the latency metrics are simulated seconds, counted per request.
 func TestServeSim(t *testing.T) {
-	base := startServe(t, serveSim, serveOpts{model: "sim-llama"})
+	base := startServe(t, serveSim, serveOpts{}, "served_model_name=sim-llama")
 	code, v, _ := post(t, base+"/v1/completions", `{"model":"sim-llama","prompt":"hello","max_tokens":7}`)
 	if code != 200 {
 		t.Fatalf("%d %v", code, v)
@@ -545,7 +545,7 @@ func TestServeSim(t *testing.T) {
 	}
 	code, _, _ = post(t, base+"/v1/completions", `{"model":"llama-3.1-8b","prompt":"hello"}`)
 	if code != 404 {
-		t.Errorf("the config's model name with --served-model-name set: %d, want 404", code)
+		t.Errorf("the config's model name with served_model_name set: %d, want 404", code)
 	}
 	f := metricsOf(t, base)
 	if n := value(t, f, "kvx:e2e_request_latency_seconds"); n != 2 {
