@@ -557,8 +557,8 @@ func TestServeSim(t *testing.T) {
 	}
 }
 
-// TestServeBinary: the real binary serves on loopback and stops cleanly on
-// SIGTERM, leaving no plugin process behind.
+// TestServeBinary: the real binary serves on loopback with its plugins as
+// processes and stops cleanly on SIGINT, leaving no plugin process behind.
 func TestServeBinary(t *testing.T) {
 	cmd := execKVX("serve", "-c", genScenario, "--port", "0")
 	stderr, err := cmd.StderrPipe()
@@ -585,11 +585,18 @@ func TestServeBinary(t *testing.T) {
 	if code != 200 || len(parseAnswer(t, v, false).ids) != 5 {
 		t.Errorf("plugins: %d %v", code, v)
 	}
+	if n := len(pluginPIDs(t)); n != 2 {
+		t.Errorf("%d plugin processes while serving, want 2 (a manager and a worker)", n)
+	}
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("kvx serve after SIGINT: %v, want exit 0", err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if pids := pluginPIDs(t); len(pids) > 0 {
+		t.Errorf("plugin processes left after kvx serve stopped: %v", pids)
 	}
 }
 
