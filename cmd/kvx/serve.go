@@ -82,7 +82,8 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	tok, noTok := tokenizerFor(cfg, res.Model)
 	log := g.logger()
 	res.Spec.Log = log
-	oneThreadForSim(cfg.Device)
+	// Unlike kvx run, a server keeps every core on the sim device too: the
+	// HTTP connections run beside the engine loop.
 	l := setup.NewLauncher(cfg, builtin.Registry(), log)
 	defer l.Close()
 	lv, err := engine.StartLive(ctx, res.Spec, l)
