@@ -378,11 +378,14 @@ func (lv *Live) publish(e *Engine) {
 	for _, rj := range e.rep.Requests.Rejections[lv.seenRej:] {
 		why[kvcache.SeqID(rj.ID)] = &RequestError{Rejected: true, Reason: rj.Reason}
 	}
-	lv.seenRej = len(e.rep.Requests.Rejections)
 	for _, f := range e.rep.Requests.Failures[lv.seenFail:] {
 		why[kvcache.SeqID(f.ID)] = &RequestError{Reason: f.Reason}
 	}
-	lv.seenFail = len(e.rep.Requests.Failures)
+	// A server runs for long: the report keeps the latest reasons only (its
+	// counts come from the requests' states, not from these lists).
+	e.rep.Requests.Rejections = keepLast(e.rep.Requests.Rejections)
+	e.rep.Requests.Failures = keepLast(e.rep.Requests.Failures)
+	lv.seenRej, lv.seenFail = len(e.rep.Requests.Rejections), len(e.rep.Requests.Failures)
 	for id, o := range lv.open {
 		r := o.r
 		gen := len(r.tokens) - r.prompt
@@ -425,6 +428,17 @@ func (lv *Live) publish(e *Engine) {
 			lv.forget(e, r)
 		}
 	}
+}
+
+// keptReasons is how many rejection and failure reasons a live engine's
+// report keeps.
+const keptReasons = 1000
+
+func keepLast(rs []report.Rejection) []report.Rejection {
+	if len(rs) <= 2*keptReasons {
+		return rs
+	}
+	return slices.Clone(rs[len(rs)-keptReasons:])
 }
 
 // forget drops a finished request from the engine's records once nothing
