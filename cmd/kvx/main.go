@@ -5,6 +5,7 @@
 //	kvx compare [--config F] --vary key=a,b[,c] [--json out.json]
 //	kvx plan --config F
 //	kvx generate --config F --prompts P.jsonl [--top-logprobs K] [--json out.json]
+//	kvx serve --config F [--host 127.0.0.1] [--port 8000]
 //	kvx plugins
 //
 //	kvx --version
@@ -101,6 +102,6 @@ func newRoot() *cobra.Command {
 			pprof.StopCPUProfile()
 		}
 	}
-	root.AddCommand(newRunCmd(g), newCompareCmd(g), newPlanCmd(g), newGenerateCmd(g), newPluginsCmd(g), newConformanceCmd(g))
+	root.AddCommand(newRunCmd(g), newCompareCmd(g), newPlanCmd(g), newGenerateCmd(g), newServeCmd(g), newPluginsCmd(g), newConformanceCmd(g))
 	return root
 }

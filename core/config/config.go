@@ -62,6 +62,9 @@ type Config struct {
 	WeightsDtype     string   // weights_dtype: bf16, fp8, fp4 or w4afp8 (bf16)
 	PluginDirs       []string // plugin_dirs
 	Seed             uint64   // seed (0)
+	// ServedModelName is served_model_name (vLLM's key): the model id kvx
+	// serve lists and answers to; empty means the model key's value.
+	ServedModelName string
 	// StepOverlap is step_overlap: auto schedules the next step while the
 	// workers run the last one, where that cannot change the result (two
 	// pipeline stages); off waits for every forward first (auto).

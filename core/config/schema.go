@@ -47,6 +47,7 @@ var baseFields = []field{
 	enumField("step_overlap", func(c *Config) *string { return &c.StepOverlap }, []string{"auto", "off"}, nil),
 	stringListField("plugin_dirs", func(c *Config) *[]string { return &c.PluginDirs }),
 	uintField("seed", func(c *Config) *uint64 { return &c.Seed }),
+	stringField("served_model_name", func(c *Config) *string { return &c.ServedModelName }, nil),
 	{
 		key:  "check_invariants",
 		kind: `"every", "off" or a number of steps`,

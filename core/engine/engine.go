@@ -12,9 +12,11 @@
 // commit.go (the end of a step: commit, release, settling the copies),
 // stats.go (the report's final figures), admission.go (the scheduler's
 // view of capacity, fanned out to every stage by fanout.go), check.go (the
-// invariant checks), faults.go (plugin deaths and restarts) and liveness.go
+// invariant checks), faults.go (plugin deaths and restarts), liveness.go
 // (the deadlines of plugin calls, and the watchdog that kills a plugin
-// that misses one, so that a hung plugin takes the path of a dead one).
+// that misses one, so that a hung plugin takes the path of a dead one) and
+// live.go (StartLive: the same loop with requests that arrive while it
+// runs, for kvx serve).
 package engine
 
 import (
@@ -116,6 +118,7 @@ type request struct {
 	logitsAt int                     // index among the generated tokens of the token those logits sampled
 	topK     int                     // top logprobs asked for every generated token
 	logprobs [][]worker.TokenLogprob // of each generated token, while the worker returns them (KeepOutputs)
+	reused   int                     // prompt tokens the prefix cache supplied at the first admission
 }
 
 type reqState uint8
@@ -181,6 +184,7 @@ type Engine struct {
 	modelled bool
 	started  time.Time
 	bar      *progress
+	live     *Live // nil unless StartLive built the engine (live.go)
 
 	dog      *watchdog     // nil without Spec.Liveness
 	slowest  time.Duration // the slowest forward's wall time, for its deadline

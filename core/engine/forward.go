@@ -180,6 +180,7 @@ func (e *Engine) finishOnce(p *pendingForward, results []worker.Result, err erro
 			// The first chunk of the first admission: prompt tokens the
 			// cache supplied. (After a preemption reuse only saves recompute.)
 			e.rep.Tokens.PrefixReused += int64(it.Reuse)
+			r.reused = it.Reuse
 		}
 	}
 	e.rep.Tokens.DraftProposed += int64(p.proposed)

@@ -20,6 +20,9 @@ var errDone = errors.New("done")
 func (e *Engine) loop(ctx context.Context) error {
 	for {
 		err := e.iterate(ctx)
+		if e.live != nil {
+			err = e.liveStep(ctx, err) // live.go: publish, take arrivals, wait when idle
+		}
 		if err == errDone {
 			return e.settle()
 		}

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvx-dev/kvx/cmd/builtin"
+	"github.com/kvx-dev/kvx/core/config"
+	"github.com/kvx-dev/kvx/core/engine"
+	"github.com/kvx-dev/kvx/core/serve"
+	"github.com/kvx-dev/kvx/core/setup"
+)
+
+type serveOpts struct {
+	host       string
+	port       int
+	maxWaiting int
+	maxBody    int64
+	model      string
+}
+
+func newServeCmd(g *globals) *cobra.Command {
+	o := &serveOpts{}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the configured engine over an OpenAI-compatible HTTP API",
+		Long: `Serve the configured engine over HTTP, OpenAI-compatible:
+  POST /v1/completions, POST /v1/chat/completions   (JSON, or SSE with "stream": true)
+  GET /v1/models, GET /health, GET /metrics          (Prometheus, kvx: names after vLLM's)
+on the same engine loop as kvx run, with requests arriving from HTTP instead
+of a workload (the config's workload section is not used). It listens on
+loopback unless --host says otherwise.
+
+Sampling is greedy and runs to max_tokens. Chat messages go through a plain
+template, one "role: content" line per message and then "assistant:".
+On device sim the tokens are placeholders and the latency metrics are
+simulated seconds; on cpu (or cuda) they are the model's tokens and wall
+seconds. Exit status: 0 after SIGINT/SIGTERM, 1 when the engine failed,
+2 for bad configuration or flags.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
+			if err != nil {
+				return usageErr(fmt.Errorf("serve: %w", err))
+			}
+			return runServe(cmd.Context(), g, o, ln, func(addr string) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "kvx serve: listening on http://%s\n", addr)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&o.host, "host", "127.0.0.1", "address to listen on")
+	cmd.Flags().IntVar(&o.port, "port", 8000, "port to listen on (0: any free port)")
+	cmd.Flags().IntVar(&o.maxWaiting, "max-waiting", serve.DefaultMaxWaiting, "requests without a first token beyond which new ones get 429")
+	cmd.Flags().Int64Var(&o.maxBody, "max-body-bytes", serve.DefaultMaxBodyBytes, "largest request body (413 above)")
+	cmd.Flags().StringVar(&o.model, "served-model-name", "", "the model id clients name (default: the config's served_model_name, else its model)")
+	return cmd
+}
+
+// runServe builds the live engine and serves it on ln until ctx ends (or
+// the engine fails). ready is called with the address once it serves.
+func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, ready func(addr string)) error {
+	defer ln.Close()
+	if len(g.configs) == 0 {
+		return usageErr(errors.New("serve: --config FILE is required (e.g. scenarios/cpu-llama.yaml)"))
+	}
+	cfg, err := loadConfig(g, nil)
+	if err != nil {
+		return usageErr(err)
+	}
+	res, err := setup.Resolve(cfg, "serve", false)
+	if err != nil {
+		return usageErr(err)
+	}
+	tok, noTok := tokenizerFor(cfg, res.Model)
+	log := g.logger()
+	res.Spec.Log = log
+	// Unlike kvx run, a server keeps every core on the sim device too: the
+	// HTTP connections run beside the engine loop.
+	l := setup.NewLauncher(cfg, builtin.Registry(), log)
+	defer l.Close()
+	lv, err := engine.StartLive(ctx, res.Spec, l)
+	if err != nil {
+		return engineErr(fmt.Errorf("serve: %w", err))
+	}
+	name := o.model
+	if name == "" {
+		name = cfg.ServedModelName
+	}
+	if name == "" {
+		name = cfg.Model
+	}
+	opt := serve.Options{
+		Model: name, Vocab: res.Model.Vocab, MaxSeqLen: cfg.MaxSeqLen, NoTokenizer: noTok,
+		Placeholder: !config.Computing(cfg.Device), SimClock: !config.Computing(cfg.Device),
+		MaxWaiting: o.maxWaiting, MaxBodyBytes: o.maxBody,
+	}
+	if tok != nil {
+		opt.Tokenizer = tok
+	}
+	srv := &http.Server{Handler: serve.New(lv, opt), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	var failed error
+	select {
+	case <-ctx.Done():
+	case <-lv.Done():
+		failed = lv.Err()
+	case err := <-errc:
+		failed = err
+	}
+	// Stop the engine first: requests in flight end with 503, then the
+	// server drains its connections.
+	_, stopErr := lv.Stop()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	if failed == nil && ctx.Err() == nil {
+		failed = stopErr
+	}
+	if failed != nil && !errors.Is(failed, http.ErrServerClosed) {
+		fmt.Fprintln(os.Stderr, "kvx serve: engine failed:", failed)
+		return engineErr(fmt.Errorf("serve: %w", failed))
+	}
+	return nil
+}

@@ -1,0 +1,423 @@
+// Package serve is kvx's OpenAI-compatible HTTP front end over a live engine
+// (engine.StartLive): POST /v1/completions and /v1/chat/completions (JSON,
+// or server-sent events with "stream": true), GET /v1/models, GET /health
+// and GET /metrics (Prometheus, vLLM's metric names with a kvx: prefix).
+//
+// Its parts and the failure each prevents:
+//   - request.go checks every request before it reaches the engine, so bad
+//     input is a 4xx in OpenAI's error shape that names the field, the value
+//     and the limit, and never touches the engine (DESIGN.md §6);
+//   - serve.go (this file) runs one request against the engine: a client
+//     that goes away cancels its request, so its blocks are freed at once,
+//     and a request the engine fails ends alone;
+//   - metrics.go exposes the engine's gauges and counters and the
+//     latency histograms.
+//
+// Sampling is greedy: temperature, top_p and the other sampling fields are
+// accepted and have no effect; generation always runs to max_tokens, so
+// finish_reason is "length". Chat prompts use a plain template (see
+// ChatPrompt); checkpoint chat templates (Jinja) are not supported yet.
+package serve
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvx-dev/kvx/core/engine"
+)
+
+// Defaults for Options left at zero.
+const (
+	DefaultMaxBodyBytes = 8 << 20
+	DefaultMaxWaiting   = 256
+	DefaultMaxTokens    = 16 // OpenAI's default for completions
+)
+
+// Tokenizer turns text into token ids and back (kvx's tokenizer seam).
+type Tokenizer interface {
+	Encode(text string) []int32
+	Decode(ids []int32) string
+}
+
+// Options configure a Server.
+type Options struct {
+	Model        string    // the id /v1/models lists and requests must name
+	Vocab        int       // token ids are in [0, Vocab)
+	MaxSeqLen    int       // max_seq_len: prompt + max_tokens at most this
+	Tokenizer    Tokenizer // nil: text prompts are refused with NoTokenizer
+	NoTokenizer  string    // why there is no tokenizer
+	Placeholder  bool      // device sim: tokens are placeholders, text is "<id>" per token
+	SimClock     bool      // latencies come from the engine's simulated clock, not the wall
+	MaxBodyBytes int64     // larger request bodies get 413
+	MaxWaiting   int       // more requests without a first token get 429
+}
+
+// Server serves one live engine. It is an http.Handler.
+type Server struct {
+	opt   Options
+	eng   *engine.Live
+	mux   *http.ServeMux
+	reg   *prometheus.Registry
+	met   *metrics
+	seq   atomic.Uint64
+	start time.Time
+}
+
+// New returns a server over eng.
+func New(eng *engine.Live, opt Options) *Server {
+	if opt.MaxBodyBytes <= 0 {
+		opt.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opt.MaxWaiting <= 0 {
+		opt.MaxWaiting = DefaultMaxWaiting
+	}
+	s := &Server{opt: opt, eng: eng, mux: http.NewServeMux(), reg: prometheus.NewRegistry(), start: time.Now()}
+	s.met = newMetrics(s.reg, opt.Model, eng)
+	s.mux.HandleFunc("/v1/completions", s.post(s.completions))
+	s.mux.HandleFunc("/v1/chat/completions", s.post(s.chat))
+	s.mux.HandleFunc("/v1/models", s.get(s.models))
+	s.mux.HandleFunc("/health", s.get(s.health))
+	s.mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeErr(w, &apiError{status: http.StatusNotFound, typ: "not_found_error", msg: fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path)})
+	})
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func (s *Server) post(h func(http.ResponseWriter, *http.Request, []byte)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			writeErr(w, &apiError{status: http.StatusMethodNotAllowed, msg: fmt.Sprintf("%s %s: use POST", r.Method, r.URL.Path)})
+			return
+		}
+		body, aerr := s.readBody(w, r)
+		if aerr != nil {
+			writeErr(w, aerr)
+			return
+		}
+		h(w, r, body)
+	}
+}
+
+func (s *Server) get(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", http.MethodGet)
+			writeErr(w, &apiError{status: http.StatusMethodNotAllowed, msg: fmt.Sprintf("%s %s: use GET", r.Method, r.URL.Path)})
+			return
+		}
+		h(w, r)
+	}
+}
+
+// readBody reads the whole body within the size limit and checks it is
+// UTF-8 (encoding/json would silently replace bad bytes).
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	lim := s.opt.MaxBodyBytes
+	if r.ContentLength > lim {
+		return nil, &apiError{status: http.StatusRequestEntityTooLarge, code: "request_too_large",
+			msg: fmt.Sprintf("request body is %d bytes, more than the limit of %d bytes", r.ContentLength, lim)}
+	}
+	body, err := readAll(http.MaxBytesReader(w, r.Body, lim))
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return nil, &apiError{status: http.StatusRequestEntityTooLarge, code: "request_too_large",
+			msg: fmt.Sprintf("request body is more than the limit of %d bytes", lim)}
+	case err != nil:
+		return nil, &apiError{status: http.StatusBadRequest, msg: "reading the request body: " + err.Error()}
+	}
+	if !utf8.Valid(body) {
+		off := 0
+		for off < len(body) {
+			r, n := utf8.DecodeRune(body[off:])
+			if r == utf8.RuneError && n <= 1 {
+				break
+			}
+			off += n
+		}
+		return nil, &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf("request body is not valid UTF-8 (first bad byte at offset %d)", off)}
+	}
+	return body, nil
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"object": "list",
+		"data": []map[string]any{{
+			"id": s.opt.Model, "object": "model", "created": s.start.Unix(), "owned_by": "kvx",
+			"max_model_len": s.opt.MaxSeqLen,
+		}},
+	})
+}
+
+// health answers 200 while the engine loop runs and 503 with the reason
+// once it ended.
+func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+	select {
+	case <-s.eng.Done():
+		msg := "the engine stopped"
+		if err := s.eng.Err(); err != nil {
+			msg = "the engine failed: " + err.Error()
+		}
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": msg})
+	default:
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	}
+}
+
+// job is one checked request ready for the engine.
+type job struct {
+	chat        bool
+	prompt      []int32
+	maxTokens   int
+	stream      bool
+	usageStream bool
+	id          string
+	created     int64
+}
+
+// submit hands j to the engine, or says why not (429, 503).
+func (s *Server) submit(j *job) (*engine.Handle, *apiError) {
+	if q := s.eng.Queued(); q >= s.opt.MaxWaiting {
+		return nil, &apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "too_many_waiting",
+			msg: fmt.Sprintf("%d requests are waiting for their first token, the limit is %d: retry later", q, s.opt.MaxWaiting), retry: 1}
+	}
+	h, err := s.eng.Submit(engine.LiveRequest{Prompt: j.prompt, MaxTokens: j.maxTokens})
+	if err != nil {
+		return nil, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: err.Error()}
+	}
+	return h, nil
+}
+
+// run drives one request: it reads its events and writes the answer, as
+// one JSON object or as server-sent events.
+func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
+	h, aerr := s.submit(j)
+	if aerr != nil {
+		writeErr(w, aerr)
+		return
+	}
+	ctx := r.Context()
+	t0 := time.Now()
+	tr := s.met.track(s.opt.SimClock, t0)
+	var out []int32
+	text := textStream{tok: s.opt.Tokenizer, placeholder: s.opt.Placeholder}
+	var sse *sseWriter
+	if j.stream {
+		sse = newSSE(w)
+		if j.chat {
+			sse.send(s.chunk(j, map[string]any{"role": "assistant", "content": ""}, nil, nil))
+		}
+	}
+	for {
+		ev, err := h.Next(ctx)
+		if err != nil { // the client went away: free its blocks now
+			h.Cancel()
+			s.met.aborted.Inc()
+			return
+		}
+		tr.event(ev, h.Arrival)
+		out = append(out, ev.Tokens...)
+		if ev.Err != nil {
+			s.met.aborted.Inc()
+			aerr := engineErr(ev.Err)
+			if sse != nil {
+				sse.send(map[string]any{"error": aerr.body()})
+				sse.done()
+			} else {
+				writeErr(w, aerr)
+			}
+			return
+		}
+		if sse != nil && len(ev.Tokens) > 0 {
+			delta := text.next(out, ev.Done)
+			if !sse.send(s.streamChunk(j, delta, "")) {
+				h.Cancel()
+				s.met.aborted.Inc()
+				return
+			}
+		}
+		if ev.Done {
+			s.met.success.Inc()
+			usage := map[string]any{
+				"prompt_tokens": len(j.prompt), "completion_tokens": len(out), "total_tokens": len(j.prompt) + len(out),
+				"prompt_tokens_details": map[string]int{"cached_tokens": ev.Cached},
+			}
+			if sse != nil {
+				sse.send(s.streamChunk(j, "", "length"))
+				if j.usageStream {
+					c := s.chunk(j, nil, nil, usage)
+					c["choices"] = []any{}
+					sse.send(c)
+				}
+				sse.done()
+				return
+			}
+			writeJSON(w, http.StatusOK, s.final(j, out, text.all(out), usage))
+			return
+		}
+	}
+}
+
+func (s *Server) object(j *job, stream bool) string {
+	switch {
+	case j.chat && stream:
+		return "chat.completion.chunk"
+	case j.chat:
+		return "chat.completion"
+	}
+	return "text_completion"
+}
+
+func (s *Server) chunk(j *job, delta map[string]any, finish *string, usage map[string]any) map[string]any {
+	c := map[string]any{"id": j.id, "object": s.object(j, true), "created": j.created, "model": s.opt.Model}
+	if delta != nil || finish != nil {
+		c["choices"] = []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}}
+	}
+	if usage != nil {
+		c["usage"] = usage
+	}
+	return c
+}
+
+func (s *Server) streamChunk(j *job, text, finish string) map[string]any {
+	var fr *string
+	if finish != "" {
+		fr = &finish
+	}
+	if j.chat {
+		d := map[string]any{}
+		if text != "" || fr == nil {
+			d["content"] = text
+		}
+		return s.chunk(j, d, fr, nil)
+	}
+	return map[string]any{"id": j.id, "object": "text_completion", "created": j.created, "model": s.opt.Model,
+		"choices": []any{map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": fr}}}
+}
+
+func (s *Server) final(j *job, ids []int32, text string, usage map[string]any) map[string]any {
+	choice := map[string]any{"index": 0, "finish_reason": "length", "logprobs": nil, "token_ids": ids}
+	if j.chat {
+		choice["message"] = map[string]any{"role": "assistant", "content": text}
+	} else {
+		choice["text"] = text
+	}
+	return map[string]any{"id": j.id, "object": s.object(j, false), "created": j.created, "model": s.opt.Model,
+		"choices": []any{choice}, "usage": usage}
+}
+
+// engineErr maps a request's engine error to an HTTP answer.
+func engineErr(err error) *apiError {
+	var re *engine.RequestError
+	switch {
+	case errors.As(err, &re) && re.Rejected:
+		return &apiError{status: http.StatusBadRequest, code: "context_length_exceeded", param: "prompt", msg: "the engine rejected the request: " + re.Reason}
+	case errors.As(err, &re):
+		return &apiError{status: http.StatusBadRequest, msg: "the request failed: " + re.Reason}
+	case errors.Is(err, engine.ErrStopped):
+		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: "the engine stopped before the request finished"}
+	}
+	return &apiError{status: http.StatusInternalServerError, typ: "server_error", msg: err.Error()}
+}
+
+// textStream turns the tokens so far into text deltas that never split a
+// UTF-8 character: a delta ends at the last complete character, and the
+// final one carries whatever is left.
+type textStream struct {
+	tok         Tokenizer
+	placeholder bool
+	sent        int // bytes of the text already sent
+}
+
+func (t *textStream) all(ids []int32) string {
+	switch {
+	case t.placeholder:
+		b := make([]byte, 0, 8*len(ids))
+		for _, id := range ids {
+			b = append(b, " <"...)
+			b = strconv.AppendInt(b, int64(id), 10)
+			b = append(b, '>')
+		}
+		return string(b)
+	case t.tok != nil:
+		return t.tok.Decode(ids)
+	}
+	return ""
+}
+
+func (t *textStream) next(ids []int32, last bool) string {
+	s := t.all(ids)
+	end := len(s)
+	if !last {
+		for end > t.sent {
+			r, n := utf8.DecodeLastRuneInString(s[t.sent:end])
+			if r != utf8.RuneError || n > 1 {
+				break
+			}
+			// An incomplete character at the end waits for its next byte;
+			// give up after 3 bytes (it is not UTF-8, send it as it is).
+			if len(s)-end >= utf8.UTFMax-1 {
+				end = len(s)
+				break
+			}
+			end--
+		}
+	}
+	if end < t.sent {
+		end = t.sent
+	}
+	d := s[t.sent:end]
+	t.sent = end
+	return d
+}
+
+// sseWriter writes server-sent events.
+type sseWriter struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+	ok bool
+}
+
+func newSSE(w http.ResponseWriter) *sseWriter {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	return &sseWriter{w: w, rc: http.NewResponseController(w), ok: true}
+}
+
+// send writes one data event; false once the client is gone.
+func (s *sseWriter) send(v any) bool {
+	if !s.ok {
+		return false
+	}
+	b, err := json.Marshal(v)
+	if err == nil {
+		_, err = fmt.Fprintf(s.w, "data: %s\n\n", b)
+	}
+	if err == nil {
+		err = s.rc.Flush()
+	}
+	s.ok = err == nil
+	return s.ok
+}
+
+func (s *sseWriter) done() {
+	if s.ok {
+		_, _ = fmt.Fprint(s.w, "data: [DONE]\n\n")
+		_ = s.rc.Flush()
+	}
+}
