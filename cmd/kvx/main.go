@@ -45,7 +45,7 @@ func main() {
 	ctx, in := signalContext(context.Background())
 	root := newRoot()
 	err := root.ExecuteContext(ctx)
-	if sig := in.caught(); sig != nil {
+	if sig, normal := in.caught(); sig != nil && !(normal && err == nil) {
 		// An interrupt is not a failure of the run: say what stopped it.
 		fmt.Fprintf(os.Stderr, "kvx: stopped by %s\n", signalName(sig))
 		os.Exit(exitCode(sig))

@@ -51,6 +51,7 @@ seconds. Exit status: 0 after SIGINT/SIGTERM, 1 when the engine failed,
 			if err != nil {
 				return usageErr(fmt.Errorf("serve: %w", err))
 			}
+			stopIsNormal(cmd.Context()) // SIGINT and SIGTERM shut the server down: exit 0
 			return runServe(cmd.Context(), g, o, ln, func(addr string) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "kvx serve: listening on http://%s\n", addr)
 			})

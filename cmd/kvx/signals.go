@@ -18,16 +18,31 @@ var stopSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
 
 // interrupt is the signal handling of one kvx process.
 type interrupt struct {
-	mu  sync.Mutex
-	sig os.Signal
+	mu     sync.Mutex
+	sig    os.Signal
+	normal bool // a stop signal is the command's normal end (kvx serve)
+}
+
+type interruptKey struct{}
+
+// stopIsNormal marks, for the command running with ctx, that a stop signal
+// is how it normally ends: kvx serve shuts down gracefully on one and then
+// exits 0 when it returns no error (a batch run stopped by a signal exits
+// 128 + the signal's number).
+func stopIsNormal(ctx context.Context) {
+	if in, ok := ctx.Value(interruptKey{}).(*interrupt); ok {
+		in.mu.Lock()
+		in.normal = true
+		in.mu.Unlock()
+	}
 }
 
 // signalContext returns a ctx that is cancelled, with a cause that names
 // the signal, when one of stopSignals arrives, and the handler that records
 // which one.
 func signalContext(parent context.Context) (context.Context, *interrupt) {
-	ctx, cancel := context.WithCancelCause(parent)
 	in := &interrupt{}
+	ctx, cancel := context.WithCancelCause(context.WithValue(parent, interruptKey{}, in))
 	ch := make(chan os.Signal, 2)
 	signal.Notify(ch, stopSignals...)
 	go func() {
@@ -43,11 +58,12 @@ func signalContext(parent context.Context) (context.Context, *interrupt) {
 	return ctx, in
 }
 
-// caught returns the first stop signal received, or nil.
-func (in *interrupt) caught() os.Signal {
+// caught returns the first stop signal received, or nil, and whether it
+// was the command's normal end (stopIsNormal).
+func (in *interrupt) caught() (os.Signal, bool) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return in.sig
+	return in.sig, in.normal
 }
 
 // exitCode is the status of a process ended by sig, as a shell reports it.
