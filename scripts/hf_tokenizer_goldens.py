@@ -244,6 +244,7 @@ def spm_family(json, Tokenizer, AddedToken, models, normalizers, pre_tokenizers,
     for b in range(256):
         shifted[f"<0x{b:02X}>"] = 3 + b
     d["model"]["vocab"] = shifted
+    d["model"].update(unk_token="<unk>", byte_fallback=True, fuse_unk=True)
     for a in d["added_tokens"]:
         a["id"] = shifted[a["content"]]
 

@@ -50,8 +50,11 @@ func (m *mergesJSON) UnmarshalJSON(data []byte) error {
 	}
 	out := make([][2]string, len(raw))
 	for i, r := range raw {
-		var s string
-		if json.Unmarshal(r, &s) == nil {
+		if len(r) > 0 && r[0] == '"' {
+			var s string
+			if err := json.Unmarshal(r, &s); err != nil {
+				return fmt.Errorf("merges[%d]: %w", i, err)
+			}
 			a, b, ok := strings.Cut(s, " ")
 			if !ok || strings.Contains(b, " ") {
 				return fmt.Errorf("merges[%d] = %q: want two tokens separated by one space", i, s)

@@ -19,7 +19,8 @@ type Tokenizer struct {
 	idToken   []string // model vocab by id ("" where absent)
 	added     []addedToken
 	addedByID map[int32]*addedToken
-	raw, nrm  matcher // added tokens matched before / after normalizing
+	special   map[string]bool // the contents of the special added tokens
+	raw, nrm  matcher         // added tokens matched before / after normalizing
 	normalize func(string) string
 	pre       []preTok
 	bos, eos  []int32 // TemplateProcessing's single: ids before and after $A
@@ -54,7 +55,7 @@ func Parse(data []byte) (*Tokenizer, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tokenizer{model: m, addedByID: map[int32]*addedToken{}}
+	t := &Tokenizer{model: m, addedByID: map[int32]*addedToken{}, special: map[string]bool{}}
 	for _, id := range m.vocab {
 		t.size = max(t.size, int(id)+1)
 	}
@@ -83,6 +84,9 @@ func Parse(data []byte) (*Tokenizer, error) {
 	for i := range t.added {
 		a := &t.added[i]
 		t.addedByID[a.id] = a
+		if a.special {
+			t.special[a.content] = true
+		}
 		if a.normalized {
 			t.nrm.add(t.normalize(a.content), a)
 		} else {
@@ -152,13 +156,9 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) []int32 {
 func (t *Tokenizer) Decode(ids []int32, skipSpecial bool) string {
 	toks := make([]string, 0, len(ids))
 	for _, id := range ids {
-		if a, ok := t.addedByID[id]; ok {
-			if !(skipSpecial && a.special) {
-				toks = append(toks, a.content)
-			}
-			continue
-		}
-		if s, ok := t.Token(id); ok {
+		// As tokenizers does, a token is special by its text, whichever
+		// vocabulary it came from.
+		if s, ok := t.Token(id); ok && !(skipSpecial && t.special[s]) {
 			toks = append(toks, s)
 		}
 	}

@@ -275,3 +275,30 @@ func TestLoadErrors(t *testing.T) {
 		t.Errorf("Load error = %v, want one naming %s", err, p)
 	}
 }
+
+// TestRealPatternsCompile: the Split patterns of released tokenizer.json
+// files translate for Go, and their pieces cover the text exactly.
+func TestRealPatternsCompile(t *testing.T) {
+	patterns := map[string]string{
+		"gpt2":   gpt2Pattern,
+		"qwen2":  `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`,
+		"o200k":  `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`,
+		"dsv3":   "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+		"dsv3cjk": "[一-龥\u3040-ゟ゠-ヿ]+",
+	}
+	text := "Hello, World's 1234567 日本語カタカナ  x\n\n\ty [a]-b \u00a0 😀!"
+	for name, p := range patterns {
+		re, err := compileSplit(p)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		var b strings.Builder
+		for _, sp := range re.find(text) {
+			b.WriteString(text[sp.start:sp.end])
+		}
+		if b.String() != text {
+			t.Errorf("%s: pieces join to %q, want %q", name, b.String(), text)
+		}
+	}
+}
