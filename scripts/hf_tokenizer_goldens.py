@@ -27,6 +27,7 @@ special tokens among text). The tokenizers:
               BPE with byte_fallback + fuse_unk, Replace/ByteFallback/Fuse/Strip decoder, <s>
   spm_legacy  the same model with the legacy Prepend("▁") + Replace(" ", "▁") normalizer
   spm_mdec    the spm model with the Metaspace decoder
+  unigram     a Unigram model (T5 / ALBERT style) with Metaspace
 
 Go's tests (go test ./device/hf/tok/) read them from device/hf/testdata/tokenizers/.
 """
@@ -178,6 +179,15 @@ def main():
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
         ]), normalizer=normalizers.NFC(), specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
     ]
+    def unigram():
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+        trainer = trainers.UnigramTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], unk_token="<unk>", show_progress=False)
+        tok.train_from_iterator(lines, trainer=trainer)
+        return "unigram", tok
+
+    builders.append(unigram)
     failed = []
     built = []
     for i, b in enumerate(builders):

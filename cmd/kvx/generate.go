@@ -46,6 +46,9 @@ completion: its token ids, and its text when the model has a tokenizer.
 Each line of --prompts is one prompt:
   {"prompt_ids": [1, 2, 3], "max_tokens": 16}
   {"prompt": "some text", "max_tokens": 16}   (models with a tokenizer)
+A checkpoint directory's tokenizer.json is the tokenizer of model: DIR (its
+BOS added as transformers does; no chat template is applied); synthetic
+models use the byte tokenizer.
 A bad line (not JSON, no prompt, max_tokens < 1, an id outside the
 vocabulary, longer than max_seq_len) fails alone; the others still run.
 

@@ -128,8 +128,8 @@ func TestGenerateCheckpointTokenizerErrors(t *testing.T) {
 		want      []string // in stdout and stderr
 	}{
 		{"not json", []byte(`{"model": `), 2, []string{"tokenizer.json: not a tokenizer.json"}},
-		{"unigram", edit(func(m map[string]any) { m["model"].(map[string]any)["type"] = "Unigram" }), 2,
-			[]string{"tokenizer.json", `model.type "Unigram": not supported`}},
+		{"wordpiece", edit(func(m map[string]any) { m["model"].(map[string]any)["type"] = "WordPiece" }), 2,
+			[]string{"tokenizer.json", `model.type "WordPiece": not supported`}},
 		{"id past the vocab", edit(func(m map[string]any) {
 			m["added_tokens"] = append(m["added_tokens"].([]any), map[string]any{"id": 300, "content": "<big>", "special": true})
 		}), 1, []string{"line 1: failed: prompt: its token 3 is id 300, outside the vocabulary [0, 256)", "line 2: 2 prompt tokens"}},

@@ -2,6 +2,7 @@ package tok
 
 import (
 	"container/heap"
+	"encoding/json"
 	"fmt"
 	"unicode/utf8"
 )
@@ -19,6 +20,8 @@ type bpe struct {
 
 // merge is the rank of a pair of tokens and the token they merge into.
 type merge struct{ rank, id int32 }
+
+func (m *bpe) tokens() map[string]int32 { return m.vocab }
 
 // tokenize appends the ids of one pre-tokenized word to dst, as
 // tokenizers' BPE::tokenize does (no dropout, no cache).
@@ -155,7 +158,11 @@ func (h *pairHeap) Pop() any {
 
 // newBPE builds the model from tokenizer.json's model object.
 func newBPE(j modelJSON) (*bpe, error) {
-	m := &bpe{vocab: make(map[string]int32, len(j.Vocab)), merges: make(map[[2]int32]merge, len(j.Merges)), unk: -1,
+	var vocab map[string]int64
+	if err := json.Unmarshal(j.Vocab, &vocab); err != nil {
+		return nil, fmt.Errorf("model.vocab: want {\"token\": id, ..}: %w", err)
+	}
+	m := &bpe{vocab: make(map[string]int32, len(vocab)), merges: make(map[[2]int32]merge, len(j.Merges)), unk: -1,
 		fuseUnk: j.FuseUnk, byteFallback: j.ByteFallback, ignoreMerges: j.IgnoreMerges}
 	switch {
 	case j.Dropout != nil && *j.Dropout != 0:
@@ -165,7 +172,7 @@ func newBPE(j modelJSON) (*bpe, error) {
 	case j.EndOfWordSuffix != nil && *j.EndOfWordSuffix != "":
 		return nil, fmt.Errorf("model.end_of_word_suffix %q: only null is supported", *j.EndOfWordSuffix)
 	}
-	for s, id := range j.Vocab {
+	for s, id := range vocab {
 		if id < 0 || id > 1<<30 {
 			return nil, fmt.Errorf("model.vocab[%q] = %d: want an id in [0, 2^30]", s, id)
 		}

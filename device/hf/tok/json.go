@@ -27,16 +27,17 @@ type addedJSON struct {
 }
 
 type modelJSON struct {
-	Type                    string           `json:"type"`
-	Vocab                   map[string]int64 `json:"vocab"`
-	Merges                  mergesJSON       `json:"merges"`
-	UnkToken                *string          `json:"unk_token"`
-	Dropout                 *float64         `json:"dropout"`
-	ContinuingSubwordPrefix *string          `json:"continuing_subword_prefix"`
-	EndOfWordSuffix         *string          `json:"end_of_word_suffix"`
-	FuseUnk                 bool             `json:"fuse_unk"`
-	ByteFallback            bool             `json:"byte_fallback"`
-	IgnoreMerges            bool             `json:"ignore_merges"`
+	Type                    string          `json:"type"`
+	Vocab                   json.RawMessage `json:"vocab"`  // BPE: {"token": id}; Unigram: [["piece", score], ..]
+	UnkID                   *int64          `json:"unk_id"` // Unigram
+	Merges                  mergesJSON      `json:"merges"`
+	UnkToken                *string         `json:"unk_token"`
+	Dropout                 *float64        `json:"dropout"`
+	ContinuingSubwordPrefix *string         `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string         `json:"end_of_word_suffix"`
+	FuseUnk                 bool            `json:"fuse_unk"`
+	ByteFallback            bool            `json:"byte_fallback"`
+	IgnoreMerges            bool            `json:"ignore_merges"`
 }
 
 // mergesJSON reads both forms tokenizers writes: "a b" (before 0.20) and

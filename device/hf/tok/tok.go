@@ -15,7 +15,7 @@ import (
 
 // Tokenizer is a loaded tokenizer.json.
 type Tokenizer struct {
-	model     *bpe
+	model     model
 	idToken   []string // model vocab by id ("" where absent)
 	added     []addedToken
 	addedByID map[int32]*addedToken
@@ -48,19 +48,25 @@ func Parse(data []byte) (*Tokenizer, error) {
 	if err := json.Unmarshal(data, &f); err != nil {
 		return nil, fmt.Errorf("not a tokenizer.json: %w", err)
 	}
-	if f.Model.Type != "BPE" {
-		return nil, fmt.Errorf("model.type %q: not supported (supported: BPE, byte-level or SentencePiece-style)", f.Model.Type)
+	var m model
+	var err error
+	switch f.Model.Type {
+	case "BPE":
+		m, err = newBPE(f.Model)
+	case "Unigram":
+		m, err = newUnigram(f.Model)
+	default:
+		return nil, fmt.Errorf("model.type %q: not supported (supported: BPE, byte-level or SentencePiece-style, and Unigram)", f.Model.Type)
 	}
-	m, err := newBPE(f.Model)
 	if err != nil {
 		return nil, err
 	}
 	t := &Tokenizer{model: m, addedByID: map[int32]*addedToken{}, special: map[string]bool{}}
-	for _, id := range m.vocab {
+	for _, id := range m.tokens() {
 		t.size = max(t.size, int(id)+1)
 	}
 	t.idToken = make([]string, t.size)
-	for s, id := range m.vocab {
+	for s, id := range m.tokens() {
 		t.idToken[id] = s
 	}
 	if t.normalize, err = newNormalizer(f.Normalizer); err != nil {
@@ -169,6 +175,14 @@ func (t *Tokenizer) Decode(ids []int32, skipSpecial bool) string {
 		toks = d(toks)
 	}
 	return strings.Join(toks, "")
+}
+
+// model is the tokenizer.json model: BPE or Unigram.
+type model interface {
+	// tokens is the vocabulary, token to id; not to be modified.
+	tokens() map[string]int32
+	// tokenize appends the ids of one pre-tokenized word to dst.
+	tokenize(dst []int32, word string) []int32
 }
 
 // --- added tokens ---

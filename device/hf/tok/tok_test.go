@@ -254,7 +254,7 @@ func TestLoadErrors(t *testing.T) {
 		want string
 	}{
 		{"not json", []byte("{"), "not a tokenizer.json"},
-		{"unigram", edit(func(m map[string]any) { m["model"].(map[string]any)["type"] = "Unigram" }), `model.type "Unigram": not supported`},
+		{"wordpiece", edit(func(m map[string]any) { m["model"].(map[string]any)["type"] = "WordPiece" }), `model.type "WordPiece": not supported`},
 		{"wordpiece pre", edit(func(m map[string]any) { m["pre_tokenizer"] = map[string]any{"type": "BertPreTokenizer"} }), `pre_tokenizer: type "BertPreTokenizer": not supported`},
 		{"bad merge", edit(func(m map[string]any) { m["model"].(map[string]any)["merges"] = []any{"h q"} }), `model.merges[0] = ["h" "q"]`},
 		{"lookahead", edit(func(m map[string]any) {
@@ -280,10 +280,10 @@ func TestLoadErrors(t *testing.T) {
 // files translate for Go, and their pieces cover the text exactly.
 func TestRealPatternsCompile(t *testing.T) {
 	patterns := map[string]string{
-		"gpt2":   gpt2Pattern,
-		"qwen2":  `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`,
-		"o200k":  `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`,
-		"dsv3":   "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+		"gpt2":    gpt2Pattern,
+		"qwen2":   `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`,
+		"o200k":   `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`,
+		"dsv3":    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
 		"dsv3cjk": "[一-龥\u3040-ゟ゠-ヿ]+",
 	}
 	text := "Hello, World's 1234567 日本語カタカナ  x\n\n\ty [a]-b \u00a0 😀!"
@@ -300,5 +300,29 @@ func TestRealPatternsCompile(t *testing.T) {
 		if b.String() != text {
 			t.Errorf("%s: pieces join to %q, want %q", name, b.String(), text)
 		}
+	}
+}
+
+// TestUnigramByHand: Viterbi over the scores of testdata/unigram, by hand.
+func TestUnigramByHand(t *testing.T) {
+	tk := load(t, "testdata/unigram/tokenizer.json")
+	const unk, sp, a, b, spAB, x63 = 0, 1, 2, 3, 5, 6
+	cases := []struct {
+		text string
+		want []int32
+	}{
+		{"ab", []int32{spAB}},          // ▁ab -4.5 beats ▁ + ab (-6) and ▁ + a + b (-8)
+		{"ba", []int32{sp, b, a}},      // no piece ba
+		{"a b", []int32{sp, a, sp, b}}, // Metaspace splits before each ▁
+		{"c", []int32{sp, x63}},        // c is no piece: byte_fallback <0x63>
+		{"dd", []int32{sp, unk}},       // two unknown characters fuse; no <0x64>
+	}
+	for _, c := range cases {
+		if got := tk.Encode(c.text, false); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("Encode(%q) = %v, want %v", c.text, got, c.want)
+		}
+	}
+	if got := tk.Decode([]int32{sp, a, sp, b}, false); got != "a b" {
+		t.Errorf("Decode(▁ a ▁ b) = %q, want %q", got, "a b")
 	}
 }
