@@ -404,7 +404,7 @@ func preTokenizer(c compJSON) ([]preTok, error) {
 		var out []preTok
 		if c.AddPrefixSpace != nil && *c.AddPrefixSpace {
 			out = append(out, eachPiece(func(p piece) []piece {
-				if !strings.HasPrefix(p.s, " ") {
+				if p.s != "" && !strings.HasPrefix(p.s, " ") { // prepend leaves "" as it is
 					p.s = " " + p.s
 				}
 				return []piece{p}
@@ -492,7 +492,7 @@ func metaspace(c compJSON) ([]preTok, error) {
 	split := c.Split == nil || *c.Split
 	return []preTok{eachPiece(func(p piece) []piece {
 		p.s = strings.ReplaceAll(p.s, " ", rep)
-		if !strings.HasPrefix(p.s, rep) && (scheme == "always" || scheme == "first" && p.first) {
+		if p.s != "" && !strings.HasPrefix(p.s, rep) && (scheme == "always" || scheme == "first" && p.first) {
 			p.s = rep + p.s
 		}
 		if !split {

@@ -326,3 +326,39 @@ func TestUnigramByHand(t *testing.T) {
 		t.Errorf("Decode(▁ a ▁ b) = %q, want %q", got, "a b")
 	}
 }
+
+// TestLegacySentencePieceByHand: the legacy Llama-2 form (Prepend("▁") +
+// Replace(" ", "▁") normalizers, no pre-tokenizer) prepends ▁ to every
+// piece between added tokens, unlike Metaspace's prepend_scheme first.
+func TestLegacySentencePieceByHand(t *testing.T) {
+	data, err := os.ReadFile("testdata/spbpe/tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["pre_tokenizer"] = nil
+	m["normalizer"] = map[string]any{"type": "Sequence", "normalizers": []any{
+		map[string]any{"type": "Prepend", "prepend": "▁"},
+		map[string]any{"type": "Replace", "pattern": map[string]any{"String": " "}, "content": "▁"},
+	}}
+	data, _ = json.Marshal(m)
+	tk, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bos, eos, spHi = 1, 2, 10
+	for _, c := range []struct {
+		text string
+		want []int32
+	}{
+		{"hi hi", []int32{spHi, spHi}}, // one word ▁hi▁hi, merged as with Metaspace
+		{"<s>hi</s>hi", []int32{bos, spHi, eos, spHi}},
+	} {
+		if got := tk.Encode(c.text, false); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("Encode(%q) = %v, want %v", c.text, got, c.want)
+		}
+	}
+}
