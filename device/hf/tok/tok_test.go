@@ -2,6 +2,7 @@ package tok
 
 import (
 	"encoding/json"
+	"math/rand"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -359,6 +360,53 @@ func TestLegacySentencePieceByHand(t *testing.T) {
 	} {
 		if got := tk.Encode(c.text, false); !reflect.DeepEqual(got, c.want) {
 			t.Errorf("Encode(%q) = %v, want %v", c.text, got, c.want)
+		}
+	}
+}
+
+// TestByteLevelRoundTrip: with every byte in the vocabulary a byte-level
+// tokenizer loses nothing: Decode(Encode(s)) == s for random text of
+// letters, digits, marks, spaces of every kind, emoji, invalid-free UTF-8
+// and the added tokens themselves (seeded; the seed is printed on failure).
+func TestByteLevelRoundTrip(t *testing.T) {
+	vocab := map[string]any{}
+	for b := 0; b < 256; b++ {
+		vocab[string(byteChar[b])] = b
+	}
+	vocab["ĠĠ"], vocab["he"], vocab["hel"] = 256, 257, 258
+	for _, pre := range []any{
+		map[string]any{"type": "Sequence", "pretokenizers": []any{
+			map[string]any{"type": "Split", "pattern": map[string]any{"Regex": `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`}, "behavior": "Isolated", "invert": false},
+			map[string]any{"type": "ByteLevel", "add_prefix_space": false, "use_regex": false},
+		}},
+		map[string]any{"type": "ByteLevel", "add_prefix_space": false},
+	} {
+		data, _ := json.Marshal(map[string]any{
+			"added_tokens":  []any{map[string]any{"id": 300, "content": "<|eot|>", "special": true}},
+			"pre_tokenizer": pre,
+			"decoder":       map[string]any{"type": "ByteLevel"},
+			"model":         map[string]any{"type": "BPE", "vocab": vocab, "merges": []any{"Ġ Ġ", "h e", "he l"}},
+		})
+		tk, err := Parse(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		alphabet := []rune("ab hel'sS Z09١٢\t\n\r\v\u00a0\u2003\u3000日本é\u0301😀👍🏽-.,!?_<|>")
+		seed := int64(13)
+		rng := rand.New(rand.NewSource(seed))
+		for n := 0; n < 2000; n++ {
+			var b strings.Builder
+			for k := rng.Intn(24); k > 0; k-- {
+				if rng.Intn(10) == 0 {
+					b.WriteString("<|eot|>")
+					continue
+				}
+				b.WriteRune(alphabet[rng.Intn(len(alphabet))])
+			}
+			s := b.String()
+			if got := tk.Decode(tk.Encode(s, false), false); got != s {
+				t.Fatalf("seed %d, case %d: Decode(Encode(%q)) = %q", seed, n, s, got)
+			}
 		}
 	}
 }
