@@ -9,7 +9,7 @@ post-processor of a real family, then saved as OUTDIR/<name>/tokenizer.json
 next to OUTDIR/<name>/expected.json, which holds what `tokenizers` itself
 gives for the tricky strings below:
 
-  {"name": .., "tokenizers_version": ..,
+  {"name": .., "tokenizers_version": .., "vocab_size": get_vocab_size(with_added_tokens=True),
    "cases": [{"text": .., "ids": encode(text, add_special_tokens=False),
               "ids_special": encode(text, add_special_tokens=True),
               "decoded": decode(ids), "decoded_skip": decode(ids, skip_special_tokens=True)}, ..],
@@ -226,7 +226,8 @@ def main():
             dcases.append({"ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False),
                            "decoded_skip": tok.decode(ids, skip_special_tokens=True)})
         with open(os.path.join(d, "expected.json"), "w") as f:
-            json.dump({"name": name, "tokenizers_version": tokenizers.__version__, "cases": cases, "decode_cases": dcases}, f, indent=1)
+            json.dump({"name": name, "tokenizers_version": tokenizers.__version__, "vocab_size": n,
+                       "cases": cases, "decode_cases": dcases}, f, indent=1)
             f.write("\n")
         print(f"{d}: vocab {n}, {len(cases)} cases, {len(dcases)} decode cases")
     if failed:

@@ -15,6 +15,7 @@ const goldenDir = "../testdata/tokenizers"
 type golden struct {
 	Name    string `json:"name"`
 	Version string `json:"tokenizers_version"`
+	Vocab   int    `json:"vocab_size"`
 	Cases   []struct {
 		Text        string  `json:"text"`
 		IDs         []int32 `json:"ids"`
@@ -50,6 +51,10 @@ func TestGoldens(t *testing.T) {
 			}
 			tk := load(t, filepath.Join(dir, "tokenizer.json"))
 			bad := 0
+			if tk.VocabSize() != g.Vocab {
+				bad++
+				t.Errorf("VocabSize() = %d, tokenizers %s gives %d", tk.VocabSize(), g.Version, g.Vocab)
+			}
 			for _, c := range g.Cases {
 				checks := []struct {
 					what      string
