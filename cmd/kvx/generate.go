@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/core/workload"
+	hftok "github.com/kvx-dev/kvx/device/hf/tok"
 	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
@@ -44,6 +46,9 @@ completion: its token ids, and its text when the model has a tokenizer.
 Each line of --prompts is one prompt:
   {"prompt_ids": [1, 2, 3], "max_tokens": 16}
   {"prompt": "some text", "max_tokens": 16}   (models with a tokenizer)
+A checkpoint directory's tokenizer.json is the tokenizer of model: DIR (its
+BOS added as transformers does; no chat template is applied); synthetic
+models use the byte tokenizer.
 A bad line (not JSON, no prompt, max_tokens < 1, an id outside the
 vocabulary, longer than max_seq_len) fails alone; the others still run.
 
@@ -100,7 +105,10 @@ func runGenerate(g *globals, o *generateOpts, cmd *cobra.Command) error {
 	if err != nil {
 		return usageErr(err)
 	}
-	tok, noTok := tokenizerFor(cfg, res.Model)
+	tok, noTok, err := tokenizerFor(cfg, res.Model)
+	if err != nil {
+		return usageErr(err)
+	}
 	f, err := os.Open(o.prompts)
 	if err != nil {
 		return usageErr(fmt.Errorf("generate: %w", err))
@@ -258,20 +266,37 @@ type byteTokenizer struct{}
 func (byteTokenizer) Encode(text string) []int32 { return synth.Encode(text) }
 func (byteTokenizer) Decode(ids []int32) string  { return synth.Decode(ids) }
 
+// hfTokenizer is a checkpoint directory's tokenizer.json (device/hf/tok):
+// prompts get the special tokens its post-processor adds (a BOS, as
+// transformers' tokenizer(text) does), and completions are decoded
+// without special tokens (as vLLM's skip_special_tokens default). No chat
+// template is applied: a prompt is encoded as it is.
+type hfTokenizer struct{ t *hftok.Tokenizer }
+
+func (h hfTokenizer) Encode(text string) []int32 { return h.t.Encode(text, true) }
+func (h hfTokenizer) Decode(ids []int32) string  { return h.t.Decode(ids, true) }
+
 // tokenizerFor returns the tokenizer of the model cfg runs, or nil and why
-// there is none. This is the one seam for tokenizers: today every model a
-// computing device runs is synthetic (a preset's shape with seeded weights,
-// synthetic.*), whose tokenizer is device/synth's byte tokenizer. A
-// Hugging Face checkpoint directory's tokenizer.json is read here once
-// checkpoints load (issue 13); nothing else in generate changes.
-func tokenizerFor(cfg *config.Config, m spec.Model) (tokenizer, string) {
+// there is none. This is the one seam for tokenizers: a Hugging Face
+// checkpoint directory's tokenizer.json, or device/synth's byte tokenizer
+// for a synthetic model. A tokenizer.json that does not load is an error
+// naming the file and what in it is wrong or unsupported.
+func tokenizerFor(cfg *config.Config, m spec.Model) (tokenizer, string, error) {
 	if st, err := os.Stat(cfg.Model); err == nil && st.IsDir() {
-		return nil, fmt.Sprintf("model %s is a checkpoint directory, and kvx does not read tokenizer.json yet: give prompt_ids", cfg.Model)
+		path := filepath.Join(cfg.Model, "tokenizer.json")
+		if _, err := os.Stat(path); err != nil {
+			return nil, fmt.Sprintf("model %s is a checkpoint directory without tokenizer.json: give prompt_ids", cfg.Model), nil
+		}
+		t, err := hftok.Load(path)
+		if err != nil {
+			return nil, "", fmt.Errorf("tokenizer: %w", err)
+		}
+		return hfTokenizer{t}, "", nil
 	}
 	if m.Vocab < synth.MinVocab {
-		return nil, fmt.Sprintf("model %s: vocab %d is smaller than the byte tokenizer's %d ids: give prompt_ids", m.Name, m.Vocab, synth.MinVocab)
+		return nil, fmt.Sprintf("model %s: vocab %d is smaller than the byte tokenizer's %d ids: give prompt_ids", m.Name, m.Vocab, synth.MinVocab), nil
 	}
-	return byteTokenizer{}, ""
+	return byteTokenizer{}, "", nil
 }
 
 // promptLimits are what a prompt line is checked against.
@@ -348,6 +373,12 @@ func parsePrompt(raw []byte, lim promptLimits) (*workload.Prompt, string) {
 		}
 		p.Tokens = lim.tok.Encode(*pl.Prompt)
 		idsField = "prompt (its tokens)"
+		for i, id := range p.Tokens {
+			if id < 0 || int(id) >= lim.vocab {
+				return nil, fmt.Sprintf("prompt: its token %d is id %d, outside the vocabulary [0, %d) of model %s: the tokenizer does not fit the model",
+					i, id, lim.vocab, lim.model)
+			}
+		}
 	default:
 		return nil, "no prompt: want prompt_ids (token ids) or prompt (text)"
 	}

@@ -80,7 +80,10 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	if err != nil {
 		return usageErr(err)
 	}
-	tok, noTok := tokenizerFor(cfg, res.Model)
+	tok, noTok, err := tokenizerFor(cfg, res.Model)
+	if err != nil {
+		return usageErr(err)
+	}
 	log := g.logger()
 	res.Spec.Log = log
 	// Unlike kvx run, a server keeps every core on the sim device too: the
