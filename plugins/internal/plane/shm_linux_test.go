@@ -215,10 +215,15 @@ func TestShmHangUpDeadlineClose(t *testing.T) {
 	})
 	t.Run("close", func(t *testing.T) {
 		_, plugin, _, _ := shmPair(t)
-		time.AfterFunc(20*time.Millisecond, plugin.close)
+		closed := make(chan struct{})
+		time.AfterFunc(20*time.Millisecond, func() {
+			plugin.close()
+			close(closed)
+		})
 		if err := wait(t, read(plugin)); !errors.Is(err, net.ErrClosed) {
 			t.Errorf("read when its end closed: %v", err)
 		}
+		<-closed // the read may see the close before close has unmapped
 		if err := plugin.write([]byte{1}); !errors.Is(err, net.ErrClosed) {
 			t.Errorf("write after close: %v", err)
 		}
