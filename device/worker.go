@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math"
 	"math/bits"
 	"slices"
@@ -93,12 +94,19 @@ func (w *Worker) Info(ctx context.Context) (worker.Info, error) {
 // or a layer of the stage needs a mixer the backend does not run (the error
 // names the layer and the mixer), and KindInvalidConfig for any other bad
 // field (named with its value and limit). A failed Configure leaves the worker
-// unconfigured; a successful one drops all tables of a previous one.
+// unconfigured; a successful one drops all tables of a previous one. The
+// previous device is closed first when it is an io.Closer (cuda frees its
+// pools and weights), so a re-Configure does not hold two stages' memory.
 func (w *Worker) Configure(ctx context.Context, cfg worker.Config) (worker.Setup, error) {
 	if err := ctx.Err(); err != nil {
 		return worker.Setup{}, err
 	}
 	w.ok = false
+	if c, ok := w.dev.(io.Closer); ok {
+		if err := c.Close(); err != nil {
+			return worker.Setup{}, fmt.Errorf("device %s: close the previous configuration: %w", cfg.Device, err)
+		}
+	}
 	w.dev = nil
 	open, err := w.checkConfig(&cfg)
 	if err != nil {

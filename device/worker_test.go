@@ -604,6 +604,39 @@ func TestDeviceSeesAppliedTables(t *testing.T) {
 	}
 }
 
+// closer is a recorder that counts its Close calls.
+type closer struct {
+	recorder
+	closed int
+}
+
+func (c *closer) Close() error {
+	c.closed++
+	return nil
+}
+
+// TestReconfigureClosesDevice: a device that holds memory (io.Closer, as
+// cuda's) is closed before the next Configure opens another.
+func TestReconfigureClosesDevice(t *testing.T) {
+	var opened []*closer
+	w := device.NewWorker(fake{}, device.WithDevice("rec", func(device.Stage) (device.Device, error) {
+		c := &closer{}
+		opened = append(opened, c)
+		return c, nil
+	}))
+	c := config(0, 1)
+	c.Device = "rec"
+	for range 2 {
+		if _, err := w.Configure(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(opened) != 2 || opened[0].closed != 1 || opened[1].closed != 0 {
+		t.Errorf("after two Configures: %d devices opened, closed %d and %d times; want 2, the first closed once", len(opened),
+			opened[0].closed, opened[len(opened)-1].closed)
+	}
+}
+
 func TestContextCanceled(t *testing.T) {
 	w := configured(t, config(0, 1))
 	c, cancel := context.WithCancel(ctx)

@@ -159,7 +159,8 @@ func (d *Device) allocPools() error {
 	return nil
 }
 
-// Close frees the stage's GPU memory. The device is unusable afterwards.
+// Close frees the stage's GPU memory (the worker calls it before a
+// re-Configure opens the next device). The device is unusable afterwards.
 func (d *Device) Close() error {
 	return d.g.do(func() error {
 		for _, p := range d.pools {
