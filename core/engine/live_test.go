@@ -94,7 +94,7 @@ func TestLiveGivesRunTokens(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	st := lv.Stats()
+	st := settledStats(lv, func(st engine.LiveStats) bool { return st.Completed >= int64(len(wl.Requests)) && st.Running == 0 })
 	if st.Completed != int64(len(wl.Requests)) || st.Running != 0 || st.Waiting != 0 || st.KVUsage != 0 || st.GeneratedTokens != rep.Tokens.Generated {
 		t.Errorf("stats %+v, want %d completed, nothing running or held, %d generated", st, len(wl.Requests), rep.Tokens.Generated)
 	}
@@ -106,6 +106,17 @@ func TestLiveGivesRunTokens(t *testing.T) {
 	if _, err := lv.Submit(engine.LiveRequest{Prompt: []int32{1}, MaxTokens: 1}); !errors.Is(err, engine.ErrStopped) {
 		t.Errorf("Submit after Stop: %v, want ErrStopped", err)
 	}
+}
+
+// settledStats returns lv's stats once done says they are settled, or after
+// 10 s: Stats is the snapshot the loop publishes after a step, which may
+// come after the last event reached its handle.
+func settledStats(lv *engine.Live, done func(engine.LiveStats) bool) engine.LiveStats {
+	st := lv.Stats()
+	for end := time.Now().Add(10 * time.Second); !done(st) && time.Now().Before(end); st = lv.Stats() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return st
 }
 
 // checkEmpty fails unless every manager holds no sequence.
@@ -161,7 +172,8 @@ func TestLiveCancelFreesAndRejects(t *testing.T) {
 		t.Errorf("next request: %v %+v", toks, ev)
 	}
 	checkEmpty(t, l)
-	if st := lv.Stats(); st.Aborted != 2 || st.Completed != 1 || st.GeneratedTokens >= 130000 {
+	st := settledStats(lv, func(st engine.LiveStats) bool { return st.Completed >= 1 && st.Running == 0 })
+	if st.Aborted != 2 || st.Completed != 1 || st.GeneratedTokens >= 130000 {
 		t.Errorf("stats %+v, want 2 aborted, 1 completed, the cancelled one cut short", st)
 	}
 }
