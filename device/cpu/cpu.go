@@ -78,6 +78,7 @@ var _ device.Device = (*Device)(nil)
 // device its calls come from one goroutine at a time.
 type Device struct {
 	cfg worker.Config // Layout and Model.Layers are not kept
+	ps  *paged.Stage  // what paged.NewStage checked and loaded
 	// run is the model's forward over the step's ops: the synthetic
 	// model's (synth.Stage) or a checkpoint's (hf.Stage).
 	run    func(ctx context.Context, pm *pagedOps, st synth.Step) (synth.Result, error)
@@ -145,7 +146,7 @@ func open(s device.Stage, o Options) (device.Device, error) {
 		}
 		return ps.Model(ctx, ops, st)
 	}
-	d := &Device{cfg: *cfg, run: run, first: ps.First, last: ps.Last, hidden: cfg.Model.Hidden,
+	d := &Device{cfg: *cfg, ps: ps, run: run, first: ps.First, last: ps.Last, hidden: cfg.Model.Hidden,
 		idx: map[int]int{}, mix: ps.Mix, mambas: ps.Mambas, place: ps.Place, seqs: map[kvcache.SeqID]*seqState{}}
 	d.cfg.Layout = kvcache.Layout{}
 	d.cfg.Model.Layers = nil
@@ -287,18 +288,8 @@ func (d *Device) prepareStates(items []worker.Item, t *device.Tables) error {
 		bad := func(format string, args ...any) error {
 			return kvcache.ItemErrorf([]kvcache.SeqID{it.Seq}, "seq %d at pos %d: "+format, append([]any{it.Seq, it.Pos}, args...)...)
 		}
-		// The runtime checked the blocks and positions; what a state save
-		// needs beyond that is a state pool holding every mamba layer.
-		for k, sn := range it.Snapshots {
-			pi, ok := d.idx[sn.Pool]
-			if !ok || !d.pools[pi].state() {
-				return bad("snapshots[%d]: pool %d is not a state pool of the layout", k, sn.Pool)
-			}
-			for _, l := range d.mambas {
-				if _, ok := d.place[l].State[pi]; !ok {
-					return bad("snapshots[%d]: pool %d does not hold mamba layer %d", k, sn.Pool, l)
-				}
-			}
+		if err := d.ps.CheckSnapshots(it); err != nil {
+			return err
 		}
 		s := d.seqs[it.Seq]
 		switch {

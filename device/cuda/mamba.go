@@ -167,16 +167,8 @@ func (d *Device) prepareStates(o *ops, items []worker.Item) error {
 		bad := func(format string, args ...any) error {
 			return kvcache.ItemErrorf([]kvcache.SeqID{it.Seq}, "seq %d at pos %d: "+format, append([]any{it.Seq, it.Pos}, args...)...)
 		}
-		for k, sn := range it.Snapshots {
-			pi, ok := d.idx[sn.Pool]
-			if !ok || d.pools[pi].TokensPerBlock != 0 {
-				return bad("snapshots[%d]: pool %d is not a state pool of the layout", k, sn.Pool)
-			}
-			for _, l := range d.ps.Mambas {
-				if _, ok := d.ps.Place[l].State[pi]; !ok {
-					return bad("snapshots[%d]: pool %d does not hold mamba layer %d", k, sn.Pool, l)
-				}
-			}
+		if err := d.ps.CheckSnapshots(it); err != nil {
+			return err
 		}
 		s := d.seqs[it.Seq]
 		if s != nil {

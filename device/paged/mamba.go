@@ -2,8 +2,10 @@ package paged
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
 // MambaPass is one stretch of a Mamba2 layer's walk over a sequence's rows
@@ -61,4 +63,27 @@ func MambaPasses(pos, rows, draft, promptEnd int, snaps []kvcache.SnapshotSlot) 
 		ps = append(ps, p)
 	}
 	return ps, nil
+}
+
+// CheckSnapshots checks an item's snapshot slots against the layout: each
+// must be in a state pool that holds every Mamba layer of the stage. The
+// runtime has checked their blocks and positions. Errors are item errors
+// naming the snapshot, the pool and the layer.
+func (s *Stage) CheckSnapshots(it *worker.Item) error {
+	for k, sn := range it.Snapshots {
+		pi := slices.IndexFunc(s.Pools, func(p kvcache.Pool) bool { return p.ID == sn.Pool })
+		bad := func(format string, args ...any) error {
+			return kvcache.ItemErrorf([]kvcache.SeqID{it.Seq}, "seq %d at pos %d: snapshots[%d]: "+format,
+				append([]any{it.Seq, it.Pos, k}, args...)...)
+		}
+		if pi < 0 || s.Pools[pi].TokensPerBlock != 0 {
+			return bad("pool %d is not a state pool of the layout", sn.Pool)
+		}
+		for _, l := range s.Mambas {
+			if _, ok := s.Place[l].State[pi]; !ok {
+				return bad("pool %d does not hold mamba layer %d", sn.Pool, l)
+			}
+		}
+	}
+	return nil
 }
