@@ -87,6 +87,9 @@ type Config struct {
 	MambaState  MambaStateConfig  // mamba_state_config (also accepted as kv_cache_config.mamba_state_config)
 	Speculative SpeculativeConfig // speculative_config
 	Scheduler   SchedulerConfig   // scheduler_config
+	// PluginSHA256 is plugin_sha256: the SHA-256 a plugin binary must have
+	// to be run (empty: not pinned).
+	PluginSHA256 PluginSHA256
 	// PluginTimeouts is plugin_timeouts: how long kvx waits on a plugin
 	// before it treats it as dead (isolation: plugin only).
 	PluginTimeouts PluginTimeouts
@@ -144,6 +147,16 @@ func (s SpeculativeConfig) Enabled() bool { return s.DecodingType != "" }
 type SchedulerConfig struct {
 	CapacitySchedulerPolicy string // GUARANTEED_NO_EVICT (default) or MAX_UTILIZATION
 	ContextChunkingPolicy   string // FIRST_COME_FIRST_SERVED (default) or EQUAL_PROGRESS
+}
+
+// PluginSHA256 is plugin_sha256: the binaries of the cache manager and the
+// attention backend can be pinned by their SHA-256 (hexadecimal, as
+// sha256sum prints it), as Terraform pins providers. kvx hashes the binary
+// it found before the run and again right before it starts it, and refuses
+// one whose hash differs.
+type PluginSHA256 struct {
+	CacheManager     string // cache_manager
+	AttentionBackend string // attention_backend
 }
 
 // PluginTimeouts is plugin_timeouts: every plugin call has a deadline

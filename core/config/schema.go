@@ -244,6 +244,9 @@ var baseFields = []field{
 		get: func(c *Config) any { return c.Speculative.AcceptanceRate },
 	},
 
+	// plugin_sha256: pinned plugin binaries.
+	stringField("plugin_sha256.cache_manager", func(c *Config) *string { return &c.PluginSHA256.CacheManager }, sha256Hex),
+	stringField("plugin_sha256.attention_backend", func(c *Config) *string { return &c.PluginSHA256.AttentionBackend }, sha256Hex),
 	// plugin_timeouts.
 	durationField("plugin_timeouts.start", func(c *Config) *time.Duration { return &c.PluginTimeouts.Start }),
 	durationField("plugin_timeouts.configure", func(c *Config) *time.Duration { return &c.PluginTimeouts.Configure }),
@@ -508,6 +511,19 @@ func boolField(key string, acc func(*Config) *bool) field {
 }
 
 // stringField accepts any non-empty string; check, if set, vets it.
+// sha256Hex checks a pinned SHA-256: 64 hexadecimal digits.
+func sha256Hex(s string) string {
+	if len(s) != 64 {
+		return fmt.Sprintf("has %d characters, a SHA-256 is 64 hexadecimal digits (sha256sum prints it)", len(s))
+	}
+	for _, r := range s {
+		if !strings.ContainsRune("0123456789abcdefABCDEF", r) {
+			return fmt.Sprintf("has %q, a SHA-256 is 64 hexadecimal digits (sha256sum prints it)", r)
+		}
+	}
+	return ""
+}
+
 func stringField(key string, acc func(*Config) *string, check func(string) string) field {
 	return field{
 		key:  key,

@@ -469,6 +469,11 @@ func (l *Launcher) Manager(ctx context.Context, stage int) (kvcache.Manager, err
 	if err != nil {
 		return nil, err
 	}
+	// Hashed again right before it starts: the file may have changed since
+	// CheckPlugins (or since the last restart).
+	if err := checkPinned(path, "plugin_sha256.cache_manager", l.cfg.PluginSHA256.CacheManager); err != nil {
+		return nil, err
+	}
 	return startHint(launchShared(ctx, l, path, l.host.ManagerInstance, l.host.LaunchManager))
 }
 
@@ -484,6 +489,9 @@ func (l *Launcher) Worker(ctx context.Context, stage int) (worker.Worker, error)
 	}
 	path, err := l.host.Find(WorkerBinary(name))
 	if err != nil {
+		return nil, err
+	}
+	if err := checkPinned(path, "plugin_sha256.attention_backend", l.cfg.PluginSHA256.AttentionBackend); err != nil {
 		return nil, err
 	}
 	return startHint(launchShared(ctx, l, path, l.host.WorkerInstance, l.host.LaunchWorker))
