@@ -133,6 +133,7 @@ func TestDefaultsFlatten(t *testing.T) {
 		"workload.seed":         uint64(0),
 		"plugin_timeouts.start": "1m0s", "plugin_timeouts.configure": "5m0s", "plugin_timeouts.call": "10s",
 		"plugin_timeouts.forward": "30s", "plugin_timeouts.forward_factor": 10.0,
+		"plugin_sha256.cache_manager": nil, "plugin_sha256.attention_backend": nil,
 	}
 	for _, f := range model.SyntheticFields() {
 		want["synthetic."+f.Key] = nil // zero = default; only device cpu uses them
