@@ -115,22 +115,7 @@ var baseFields = []field{
 		},
 		get: func(c *Config) any { return c.KVCache.TokensPerBlock },
 	},
-	{
-		key:  "kv_cache_config.free_gpu_memory_fraction",
-		kind: "a number",
-		set: func(c *Config, v any) string {
-			f, ok := asFloat(v)
-			if !ok {
-				return "is not a number"
-			}
-			if !(f > 0 && f <= 1) {
-				return "is out of range; allowed: 0 < value <= 1"
-			}
-			c.KVCache.FreeGPUMemoryFraction = f
-			return ""
-		},
-		get: func(c *Config) any { return c.KVCache.FreeGPUMemoryFraction },
-	},
+	floatField("kv_cache_config.free_gpu_memory_fraction", func(c *Config) *float64 { return &c.KVCache.FreeGPUMemoryFraction }, func(f float64) bool { return f > 0 && f <= 1 }, "0 < value <= 1"),
 	intField("kv_cache_config.avg_seq_len", func(c *Config) *int { return &c.KVCache.AvgSeqLen }, 1, true),
 	intField("kv_cache_config.max_tokens", func(c *Config) *int { return &c.KVCache.MaxTokens }, 1, true),
 	{
@@ -227,22 +212,7 @@ var baseFields = []field{
 		map[string]string{"mtp": "MTP"}),
 	intField("speculative_config.num_nextn_predict_layers", func(c *Config) *int { return &c.Speculative.NumNextNPredictLayers }, 1, false),
 	intField("speculative_config.max_draft_len", func(c *Config) *int { return &c.Speculative.MaxDraftLen }, 1, false),
-	{
-		key:  "speculative_config.acceptance_rate",
-		kind: "a number",
-		set: func(c *Config, v any) string {
-			f, ok := asFloat(v)
-			if !ok {
-				return "is not a number"
-			}
-			if !(f >= 0 && f <= 1) {
-				return "is out of range; allowed: 0 <= value <= 1"
-			}
-			c.Speculative.AcceptanceRate = f
-			return ""
-		},
-		get: func(c *Config) any { return c.Speculative.AcceptanceRate },
-	},
+	floatField("speculative_config.acceptance_rate", func(c *Config) *float64 { return &c.Speculative.AcceptanceRate }, func(f float64) bool { return f >= 0 && f <= 1 }, "0 <= value <= 1"),
 
 	// plugin_sha256: pinned plugin binaries.
 	stringField("plugin_sha256.cache_manager", func(c *Config) *string { return &c.PluginSHA256.CacheManager }, sha256Hex),
@@ -252,22 +222,7 @@ var baseFields = []field{
 	durationField("plugin_timeouts.configure", func(c *Config) *time.Duration { return &c.PluginTimeouts.Configure }),
 	durationField("plugin_timeouts.call", func(c *Config) *time.Duration { return &c.PluginTimeouts.Call }),
 	durationField("plugin_timeouts.forward", func(c *Config) *time.Duration { return &c.PluginTimeouts.Forward }),
-	{
-		key:  "plugin_timeouts.forward_factor",
-		kind: "a number",
-		set: func(c *Config, v any) string {
-			f, ok := asFloat(v)
-			if !ok {
-				return "is not a number"
-			}
-			if !(f >= 1 && f <= 1e6) {
-				return "is out of range; allowed: 1 <= value <= 1000000"
-			}
-			c.PluginTimeouts.ForwardFactor = f
-			return ""
-		},
-		get: func(c *Config) any { return c.PluginTimeouts.ForwardFactor },
-	},
+	floatField("plugin_timeouts.forward_factor", func(c *Config) *float64 { return &c.PluginTimeouts.ForwardFactor }, func(f float64) bool { return f >= 1 && f <= 1e6 }, "1 <= value <= 1000000"),
 
 	// scheduler_config.
 	enumField("scheduler_config.capacity_scheduler_policy", func(c *Config) *string { return &c.Scheduler.CapacitySchedulerPolicy },
@@ -278,40 +233,10 @@ var baseFields = []field{
 	// workload.
 	stringField("workload.trace", func(c *Config) *string { return &c.Workload.Trace }, nil),
 	intField("workload.limit", func(c *Config) *int { return &c.Workload.Limit }, 0, false),
-	{
-		key:  "workload.time_scale",
-		kind: "a number",
-		set: func(c *Config, v any) string {
-			f, ok := asFloat(v)
-			if !ok {
-				return "is not a number"
-			}
-			if !(f > 0) || math.IsInf(f, 0) {
-				return "is out of range; allowed: a finite number > 0"
-			}
-			c.Workload.TimeScale = f
-			return ""
-		},
-		get: func(c *Config) any { return c.Workload.TimeScale },
-	},
+	floatField("workload.time_scale", func(c *Config) *float64 { return &c.Workload.TimeScale }, func(f float64) bool { return f > 0 && !math.IsInf(f, 0) }, "a finite number > 0"),
 	intField("workload.requests", func(c *Config) *int { return &c.Workload.Requests }, 1, true),
 	intField("workload.concurrency", func(c *Config) *int { return &c.Workload.Concurrency }, 0, false),
-	{
-		key:  "workload.rate",
-		kind: "a number",
-		set: func(c *Config, v any) string {
-			f, ok := asFloat(v)
-			if !ok {
-				return "is not a number"
-			}
-			if !(f >= 0) || math.IsInf(f, 0) {
-				return "is out of range; allowed: a finite number >= 0 (0 = all requests at t=0)"
-			}
-			c.Workload.Rate = f
-			return ""
-		},
-		get: func(c *Config) any { return c.Workload.Rate },
-	},
+	floatField("workload.rate", func(c *Config) *float64 { return &c.Workload.Rate }, func(f float64) bool { return f >= 0 && !math.IsInf(f, 0) }, "a finite number >= 0 (0 = all requests at t=0)"),
 	rangeShorthand("workload.prompt_tokens", func(c *Config) *Range { return &c.Workload.PromptTokens }),
 	intField("workload.prompt_tokens.min", func(c *Config) *int { return &c.Workload.PromptTokens.Min }, 1, true),
 	intField("workload.prompt_tokens.max", func(c *Config) *int { return &c.Workload.PromptTokens.Max }, 1, true),
@@ -522,6 +447,27 @@ func sha256Hex(s string) string {
 		}
 	}
 	return ""
+}
+
+// floatField is a number key whose values must satisfy ok; allowed says
+// which, in the error.
+func floatField(key string, acc func(*Config) *float64, ok func(float64) bool, allowed string) field {
+	return field{
+		key:  key,
+		kind: "a number",
+		set: func(c *Config, v any) string {
+			f, isNum := asFloat(v)
+			if !isNum {
+				return "is not a number"
+			}
+			if !ok(f) {
+				return "is out of range; allowed: " + allowed
+			}
+			*acc(c) = f
+			return ""
+		},
+		get: func(c *Config) any { return *acc(c) },
+	}
 }
 
 func stringField(key string, acc func(*Config) *string, check func(string) string) field {
