@@ -96,7 +96,7 @@ func TestCSVPromptsUnique(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, b := reqs[0].Prompt, reqs[2].Prompt
-	if n := min(len(a), len(b)); slices.Equal(a[:16], b[:16]) || n < 16 {
+	if slices.Equal(a[:16], b[:16]) {
 		t.Errorf("requests 0 and 2 share their first 16 tokens: %v", a[:16])
 	}
 }
@@ -180,9 +180,20 @@ func TestReadTraceBadLines(t *testing.T) {
 
 // Lengths are checked before tokens are synthesized: max_seq_len rejects
 // a line, the token budget refuses the trace, and neither allocates.
-func TestCSVBounded(t *testing.T) {
+func TestTraceBounded(t *testing.T) {
+	const bl = `{"chat_id": 1, "parent_chat_id": -1, "turn": 1, "timestamp": 2, "input_length": 2000000000, "output_length": 2, "hash_ids": [1]}` + "\n" +
+		`{"chat_id": 2, "parent_chat_id": -1, "turn": 1, "timestamp": 3, "input_length": 20, "output_length": 2, "hash_ids": [1, 2]}` + "\n"
+	reqs, err := ReadTrace(strings.NewReader(bl), "b.jsonl", TraceOptions{MooncakeOptions: MooncakeOptions{MaxSeqLen: 4096}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkReqs(t, "bailian max_seq_len", reqs, []wantReq{{2e9, 2000000000, 2, "trace line 1: input_length 2000000000 + output_length 2"}, {3e9, 20, 2, ""}})
+	if _, err := ReadTrace(strings.NewReader(bl), "b.jsonl", TraceOptions{}); err == nil || !strings.Contains(err.Error(), "the prompts need 2000000020 tokens") {
+		t.Errorf("bailian over the token budget: ReadTrace = %v, want an error naming the tokens needed", err)
+	}
+
 	const az = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,100,10\n2023-11-16 18:15:47,2000000000,10\n"
-	reqs, err := ReadTrace(strings.NewReader(az), "t.csv", TraceOptions{MooncakeOptions: MooncakeOptions{MaxSeqLen: 4096}})
+	reqs, err = ReadTrace(strings.NewReader(az), "t.csv", TraceOptions{MooncakeOptions: MooncakeOptions{MaxSeqLen: 4096}})
 	if err != nil {
 		t.Fatal(err)
 	}
