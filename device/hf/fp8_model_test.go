@@ -100,6 +100,9 @@ func TestNewFP8Rejects(t *testing.T) {
 		{"stray scale", func(ts []hf.Named, _ map[string]any) []hf.Named {
 			return append(ts, hf.Named{Name: "model.layers.0.foo.weight_scale_inv", Shape: []int{1, 1}, Data: []float32{1}})
 		}, `tensor "model.layers.0.foo.weight_scale_inv" (shape [1 1]) is not a tensor of DeepseekV3ForCausalLM`},
+		{"weight without its scale's", func(ts []hf.Named, _ map[string]any) []hf.Named {
+			return drop(ts, w)
+		}, `tensor "` + w + `" is missing (want shape [48 64])`},
 		{"no quantization_config", func(ts []hf.Named, cfg map[string]any) []hf.Named {
 			delete(cfg, "quantization_config")
 			return ts
