@@ -8,7 +8,9 @@
 //
 //   - The safetensors reader (safetensors.go) maps model.safetensors or the
 //     shards of model.safetensors.index.json and converts F32, BF16 and
-//     F16 to float32.
+//     F16 to float32; fp8 weights (F8_E4M3, F8_E5M2) with their
+//     DeepSeek-style block scales are dequantized at load (fp8.go), so a
+//     checkpoint with a quantization_config runs on float32 weights.
 //   - The manifest (manifest.go) is every tensor an architecture's
 //     checkpoint must or may hold, with its shape, declared by each
 //     architecture's New and checked in one place: a missing, extra or
@@ -155,7 +157,7 @@ func New(m spec.Model, dir string, first, last int, ops synth.Loader) (*Stage, e
 		return nil, fmt.Errorf("hf: model %q: hidden %d, vocab %d, intermediate %d, heads %d, kv heads %d, head dim %d: want all > 0, an even head dim, kv heads dividing heads",
 			m.Name, h, v, inter, heads, kvh, d)
 	}
-	t, err := openManifest(dir, ops)
+	t, err := openManifest(dir, ops, cfg.Quant)
 	if err != nil {
 		return nil, err
 	}
