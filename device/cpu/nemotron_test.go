@@ -16,7 +16,7 @@ import (
 
 // hybridGoldens are the transformers goldens of hybrid models: managers
 // v1 (fixed state slots, no SSM reuse) and mamba (snapshots) serve them.
-var hybridGoldens = []string{"nemotron_h"}
+var hybridGoldens = []string{"nemotron_h", "qwen3_next"}
 
 // TestHybridGoldens runs the hybrid goldens (Nemotron-H: Mamba2, attention
 // without RoPE, relu² MLP) on the cpu device through managers v1 and mamba,
