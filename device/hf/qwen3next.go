@@ -246,10 +246,7 @@ func newQwen3Next(m spec.Model, dir string, first, last int, cfg Config, ops syn
 	if scale != 1 {
 		s.rope.Scale = scale
 	}
-	t.loadEnds(s, "model.embed_tokens.weight", "model.norm.weight")
-	if s.finalNorm != nil {
-		s.finalNorm = onePlus("model.norm.weight")
-	}
+	t.loadEndsWith(s, "model.embed_tokens.weight", "model.norm.weight", onePlus)
 	r := nv / max(nk, 1) // value heads per key head
 	for i := first; i < last; i++ {
 		l := m.Layers[i]
