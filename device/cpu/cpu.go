@@ -34,7 +34,7 @@
 // BytesPerToken bytes (token row stride BytesPerToken); a state pool's block
 // (TokensPerBlock 0) holds, for each layer in order, its conv then its ssm
 // state. Row formats are the kernels' (kernel.GQA, kernel.MLA,
-// kernel.Indexer, kernel.Mamba2).
+// kernel.Indexer, kernel.Mamba2, kernel.GDN).
 //
 // # Mamba2 and Gated DeltaNet state
 //

@@ -106,6 +106,8 @@ func TestQwen3NextRejects(t *testing.T) {
 		{"norm_topk_prob", map[string]any{"norm_topk_prob": false}, "", "norm_topk_prob false"},
 		{"odd rotary", map[string]any{"partial_rotary_factor": 0.1, "rope_parameters": map[string]any{"rope_type": "default", "rope_theta": 10000, "partial_rotary_factor": 0.1}}, "",
 			"head_dim 32 × partial_rotary_factor 0.1 = 3 rotary dims"},
+		{"mlp_only_layers", map[string]any{"mlp_only_layers": []int{1}}, "", `tensor "model.layers.1.mlp.experts.0.down_proj.weight" (shape [64 32]) is not a tensor of Qwen3NextForCausalLM`},
+		{"decoder_sparse_step", map[string]any{"decoder_sparse_step": 2}, "", `tensor "model.layers.0.mlp.experts.0.down_proj.weight" (shape [64 32]) is not a tensor of Qwen3NextForCausalLM`},
 		{"partial above 1", map[string]any{"partial_rotary_factor": 1.5, "rope_parameters": map[string]any{"rope_type": "default", "rope_theta": 10000, "partial_rotary_factor": 1.5}}, "",
 			"partial_rotary_factor 1.5"},
 	} {
