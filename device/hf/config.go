@@ -56,10 +56,11 @@ type Rope struct {
 
 // Families are the architectures this package runs.
 var Families = []string{"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
-	"DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", archNemotronH}
+	"DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", archNemotronH, archQwen3Next}
 
 var familyOf = map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
-	"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM", "nemotron_h": archNemotronH}
+	"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM", "nemotron_h": archNemotronH,
+	"qwen3_next": archQwen3Next}
 
 type rawConfig struct {
 	Architectures  []string                   `json:"architectures"`
@@ -235,7 +236,11 @@ func ParseConfig(data []byte) (Config, error) {
 	if ro.Theta <= 0 {
 		return Config{}, fmt.Errorf("config.json: rope_theta %v must be > 0", ro.Theta)
 	}
-	if ro.PartialRotary != 0 && ro.PartialRotary != 1 {
+	if c.Arch == archQwen3Next {
+		if !(ro.PartialRotary >= 0 && ro.PartialRotary <= 1) {
+			return Config{}, fmt.Errorf("config.json: partial_rotary_factor %v: want a fraction in (0, 1]", ro.PartialRotary)
+		}
+	} else if ro.PartialRotary != 0 && ro.PartialRotary != 1 {
 		return Config{}, fmt.Errorf("config.json: partial_rotary_factor %v: the %s attention rotates whole heads (1)", ro.PartialRotary, c.Arch)
 	}
 	return c, nil

@@ -111,13 +111,17 @@ func (t *manifest) ends(embed, norm string, v, h int, tied bool) {
 // loadEnds loads the ends stage s runs (see ends): the embedding table on
 // the first stage and, when tied, on the last; the final norm and the LM
 // head on the last.
-func (t *manifest) loadEnds(s *Stage, embed, norm string) {
+func (t *manifest) loadEnds(s *Stage, embed, norm string) { t.loadEndsWith(s, embed, norm, t.load) }
+
+// loadEndsWith is loadEnds with the final norm's gains loaded by loadNorm
+// (Qwen3-Next's zero-centred norm: 1 + w).
+func (t *manifest) loadEndsWith(s *Stage, embed, norm string, loadNorm func(string) synth.Tensor) {
 	isLast := s.last == len(s.m.Layers)
 	if s.first == 0 || (isLast && s.cfg.Tied) {
 		s.embed = t.load(embed)
 	}
 	if isLast {
-		s.finalNorm = t.load(norm)
+		s.finalNorm = loadNorm(norm)
 		if s.cfg.Tied {
 			s.lmHead = s.embed
 		} else {

@@ -38,6 +38,10 @@
 //     sequence part runs on the device's Mamba2 kernel with the
 //     checkpoint's numerics (Stage.Mamba2Numerics: the gated norm's
 //     epsilon, and the dt floor transformers applies to prompt tokens only).
+//   - Qwen3-Next (qwen3next.go): Gated DeltaNet and gated full-attention
+//     layers, zero-centred RMSNorms, partial RoPE, MoE with a gated shared
+//     expert; the delta net runs on the device's GDN kernel (GDNOps, an
+//     optional interface of the device's ops).
 //
 // Greedy ties break to the lowest token id (synth.Ops.Argmax). The model
 // has no MTP head: drafts are refused.
@@ -109,7 +113,8 @@ type Stage struct {
 	rope        synth.RoPE
 	ds          *DeepSeekConfig // the DeepSeek families (deepseek.go): dsLayers in place of layers
 	dsLayers    []dsLayer
-	nemo        *nemotron // Nemotron-H's blocks (nemotron.go); nil for the Llama family
+	nemo        *nemotron  // Nemotron-H's blocks (nemotron.go); nil for the Llama family
+	q3n         *qwen3Next // Qwen3-Next's layers (qwen3next.go)
 }
 
 // Config returns the checkpoint's numerics the stage runs with.
@@ -142,6 +147,9 @@ func New(m spec.Model, dir string, first, last int, ops synth.Loader) (*Stage, e
 	}
 	if cfg.Arch == archNemotronH {
 		return newNemotron(m, dir, first, last, cfg, ops)
+	}
+	if cfg.Arch == archQwen3Next {
+		return newQwen3Next(m, dir, first, last, cfg, ops)
 	}
 	for _, l := range m.Layers {
 		if l.Mixer != spec.MixerGQA || l.FFN != spec.FFNDense {
@@ -340,6 +348,9 @@ func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x s
 	}
 	if s.nemo != nil {
 		return s.nemo.layer(ctx, ops, s, i, segs, x)
+	}
+	if s.q3n != nil {
+		return s.q3n.layer(ctx, ops, s, i, segs, x)
 	}
 	lw := &s.layers[i-s.first]
 	eps := s.cfg.Eps
