@@ -169,7 +169,7 @@ func newQwen3Next(m spec.Model, dir string, first, last int, cfg Config, ops syn
 	}
 	kd, vd := nk*dk, nv*dv
 	cd := 2*kd + vd
-	t, err := openManifest(dir, ops)
+	t, err := openManifest(dir, ops, cfg.Quant)
 	if err != nil {
 		return nil, err
 	}
