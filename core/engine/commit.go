@@ -124,6 +124,7 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 			e.bar.tick(e)
 		}
 	}
+	e.sample(mb.done)
 	e.bar.update(e)
 	return nil
 }
