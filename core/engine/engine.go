@@ -200,8 +200,10 @@ type Engine struct {
 	fwdStart time.Time     // when the forward in flight started
 	targets  []any         // scratch for the watchdog's targets
 
-	series   report.Sampler // the report's figures over engine time (record.go)
-	admitted int64          // prompt tokens of the requests admitted so far
+	series report.Sampler // the report's figures over engine time (record.go)
+	// Prompt tokens of the requests whose first prefill chunk completed,
+	// and the prefix reused by them, for the series.
+	admitted, admittedReused int64
 }
 
 // Run builds the engine (configures every stage) and runs the workload to the

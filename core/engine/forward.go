@@ -173,10 +173,6 @@ func (e *Engine) finishOnce(p *pendingForward, results []worker.Result, err erro
 	}
 	for _, it := range items {
 		r := e.byID[it.ID]
-		if it.Prefill && !r.admitted {
-			r.admitted = true
-			e.admitted += int64(r.prompt)
-		}
 		switch {
 		case it.Prefill && r.preempts > 0:
 			e.rep.Tokens.Recomputed += int64(it.Tokens)

@@ -7,7 +7,8 @@ import (
 // sample records the end of a step that finished at engine time at (ns) in
 // the report's series: the KV usage the last invariant check saw, the
 // scheduler's running and waiting requests, the preemptions and the prefix
-// hits so far.
+// hits of the requests admitted so far. complete calls it, so it sees the
+// same engine whether or not the step overlapped a forward.
 func (e *Engine) sample(at int64) {
 	usage := -1.0
 	for _, st := range e.stages {
@@ -15,7 +16,7 @@ func (e *Engine) sample(at int64) {
 	}
 	e.series.Add(report.Sample{
 		At: at, KVUsage: usage, Running: e.sched.Running(), Waiting: e.sched.Waiting(),
-		Preemptions: e.rep.Requests.Preemptions, Reused: e.rep.Tokens.PrefixReused, Admitted: e.admitted,
+		Preemptions: e.rep.Requests.Preemptions, Reused: e.admittedReused, Admitted: e.admitted,
 	})
 }
 
