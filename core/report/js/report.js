@@ -125,7 +125,10 @@
         parsing: false,
         normalized: true,
         elements: { point: { radius: 0 }, line: { borderWidth: 2, tension: 0 } },
-        plugins: { title: { display: true, text: title } },
+        plugins: {
+          title: { display: true, text: title },
+          legend: { labels: { usePointStyle: true, pointStyle: 'line' } },
+        },
         scales: { x: { type: 'linear', beginAtZero: true, title: { display: true, text: xTitle } }, y: y },
       },
     });
