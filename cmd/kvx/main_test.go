@@ -352,7 +352,7 @@ func TestHTMLReport(t *testing.T) {
 			t.Errorf("HTML report lacks %q (%d bytes)", want, len(data))
 		}
 	}
-	p := pagecheck.Open(t, page)
+	p := pagecheck.Open(t, page)[0]
 	for _, e := range p.Errors {
 		t.Errorf("console: %s", e)
 	}

@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -77,8 +78,10 @@ const chartsOnPage = 14
 // on every bar chart, no percentage axis past 100%, no legend over a plot,
 // and the clock named as it ran.
 func TestHTMLInChromium(t *testing.T) {
-	for _, modelled := range []bool{true, false} {
-		path := filepath.Join(t.TempDir(), "r.html")
+	dir := t.TempDir()
+	var paths []string
+	for i, modelled := range []bool{true, false} {
+		path := filepath.Join(dir, fmt.Sprintf("r%d.html", i))
 		var buf bytes.Buffer
 		if err := WriteHTML(&buf, richSample(modelled)); err != nil {
 			t.Fatal(err)
@@ -86,8 +89,16 @@ func TestHTMLInChromium(t *testing.T) {
 		if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		CheckPage(t, pagecheck.Open(t, path), chartsOnPage, modelled)
+		paths = append(paths, path)
 	}
+	bad := filepath.Join(dir, "bad.html")
+	if err := os.WriteFile(bad, []byte(badPage), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pages := pagecheck.Open(t, append(paths, bad)...)
+	CheckPage(t, pages[0], chartsOnPage, true)
+	CheckPage(t, pages[1], chartsOnPage, false)
+	checkBadPage(t, pages[2])
 }
 
 // CheckPage checks what Chromium saw of a report page with want charts.
@@ -135,16 +146,14 @@ func CheckPage(t *testing.T, p pagecheck.Page, want int, modelled bool) {
 	}
 }
 
-// TestPageCheckHasTeeth: the browser check sees a script error, a console
-// error and a request for something outside the page.
-func TestPageCheckHasTeeth(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "bad.html")
-	page := `<!doctype html><html><body><script>console.error("kvx-bad-1");</script>
+// badPage has a console error, a request for something outside the page
+// and an uncaught exception: the browser check must see all three (it has
+// teeth). TestHTMLInChromium opens it in the same browser as the reports.
+const badPage = `<!doctype html><html><body><script>console.error("kvx-bad-1");</script>
 <img src="http://127.0.0.1:9/x.png"><script>throw new Error("kvx-bad-2")</script></body></html>`
-	if err := os.WriteFile(path, []byte(page), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	p := pagecheck.Open(t, path)
+
+func checkBadPage(t *testing.T, p pagecheck.Page) {
+	t.Helper()
 	all := strings.Join(p.Errors, "\n")
 	if !strings.Contains(all, "kvx-bad-1") || !strings.Contains(all, "kvx-bad-2") {
 		t.Errorf("errors seen: %q; want the console error and the exception", p.Errors)

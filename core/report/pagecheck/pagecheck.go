@@ -68,10 +68,10 @@ func Binary() string {
 	return ""
 }
 
-// Open loads the HTML file at path in headless Chromium and reports what
-// it saw once the page loaded. Without Chromium it skips t, or fails it
-// when KVX_REQUIRE_CHROMIUM=1.
-func Open(t testing.TB, path string) Page {
+// Open loads each HTML file of paths in a tab of one headless Chromium and
+// reports what each tab saw once its page loaded. Without Chromium it
+// skips t, or fails it when KVX_REQUIRE_CHROMIUM=1.
+func Open(t testing.TB, paths ...string) []Page {
 	t.Helper()
 	bin := Binary()
 	if bin == "" {
@@ -81,10 +81,6 @@ func Open(t testing.TB, path string) Page {
 		}
 		t.Skip(msg)
 	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
@@ -92,6 +88,25 @@ func Open(t testing.TB, path string) Page {
 		chromedp.UserDataDir(t.TempDir()))
 	actx, acancel := chromedp.NewExecAllocator(ctx, opts...)
 	defer acancel()
+	browser, bcancel := chromedp.NewContext(actx)
+	defer bcancel()
+	if err := chromedp.Do(browser); err != nil { // starts the browser
+		t.Fatalf("starting %s: %v", bin, err)
+	}
+	var pages []Page
+	for _, path := range paths {
+		pages = append(pages, openTab(t, browser, path))
+	}
+	return pages
+}
+
+// openTab loads path in a new tab of browser.
+func openTab(t testing.TB, browser context.Context, path string) Page {
+	t.Helper()
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var mu sync.Mutex
 	var p Page
 	url := "file://" + abs
@@ -128,7 +143,7 @@ func Open(t testing.TB, path string) Page {
 			}
 		}
 	}
-	bctx, bcancel := chromedp.NewContext(actx, chromedp.WithListener(listen))
+	bctx, bcancel := chromedp.NewContext(browser, chromedp.WithListener(listen))
 	defer bcancel()
 	fail := func(err error) {
 		t.Helper()
