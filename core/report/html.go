@@ -43,6 +43,7 @@ dl.meta dt { font-weight: 600 } dl.meta dd { margin: 0 }
 .chart { position: relative; width: 410px; height: 280px; border: 1px solid #eee; padding: 6px }
 .note { color: #666 } .diff td { background: #fff6d6 } code { font-size: 13px }
 details summary { cursor: pointer; margin: .5em 0 }
+table.cfg td { max-width: 30em; overflow-wrap: anywhere }
 </style>
 <script>{{.Lib}}</script>
 </head><body>
@@ -72,7 +73,7 @@ details summary { cursor: pointer; margin: .5em 0 }
 <div class="charts" id="series"></div>
 <h2>Resolved configuration</h2>
 {{if .Config}}<details><summary>{{len .Config}} keys after defaults, files, KVX_* environment and --set{{if .Varied}}; the keys that differ between variants are highlighted{{end}}</summary>
-<table>
+<table class="cfg">
 <tr><th>key</th>{{range .Doc.Variants}}<th>{{.Variant}}</th>{{end}}</tr>
 {{range .Config}}<tr{{if .Differs}} class="diff"{{end}}><td>{{.Key}}</td>{{range .Cells}}<td>{{.}}</td>{{end}}</tr>
 {{end}}</table></details>{{else}}<p class="note">not recorded</p>{{end}}

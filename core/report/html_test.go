@@ -80,10 +80,15 @@ const chartsOnPage = 14
 func TestHTMLInChromium(t *testing.T) {
 	dir := t.TempDir()
 	var paths []string
-	for i, modelled := range []bool{true, false} {
+	// A variant that failed before it had figures draws nothing and breaks
+	// nothing.
+	failed := richSample(true)
+	b := &failed.Variants[1]
+	b.Series, b.Latency.Quantiles, b.ResolvedConfig, b.Workload = nil, nil, nil, nil
+	for i, d := range []Document{richSample(true), richSample(false), failed} {
 		path := filepath.Join(dir, fmt.Sprintf("r%d.html", i))
 		var buf bytes.Buffer
-		if err := WriteHTML(&buf, richSample(modelled)); err != nil {
+		if err := WriteHTML(&buf, d); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
@@ -98,7 +103,8 @@ func TestHTMLInChromium(t *testing.T) {
 	pages := pagecheck.Open(t, append(paths, bad)...)
 	CheckPage(t, pages[0], chartsOnPage, true)
 	CheckPage(t, pages[1], chartsOnPage, false)
-	checkBadPage(t, pages[2])
+	CheckPage(t, pages[2], chartsOnPage, true)
+	checkBadPage(t, pages[3])
 }
 
 // CheckPage checks what Chromium saw of a report page with want charts.
