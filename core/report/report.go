@@ -5,7 +5,10 @@
 // "schema" key (Schema) and described by docs/report.schema.json. Units are
 // spelled one way, as the key's suffix: _ms, _s, _bytes, _per_s; a
 // quantity without a suffix is a count, and rates and usages (hit_rate,
-// peak_usage) are fractions in [0, 1].
+// peak_usage, kv_usage) are fractions in [0, 1]. Besides the totals, a
+// variant carries its resolved config, its workload, latency quantiles,
+// a Series over engine time (series.go) and, when asked, one record per
+// request. WriteHTML (html.go) draws the same figures.
 package report
 
 import (
