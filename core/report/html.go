@@ -109,11 +109,11 @@ func WriteHTML(w io.Writer, d Document) error {
 		Variants                 string
 		Workload, TimeNote       string
 		TimeWord                 string
-		Data                     any
+		Data                     []pageVariant
 	}{Doc: d, Lib: inlineChartJS, PageJS: template.JS(pageJS), TimeWord: word, Data: pageData(rs)}
 	data.Command = strings.Join(d.Command, " ")
 	var names []string
-	for _, v := range data.Data.([]pageVariant) {
+	for _, v := range data.Data {
 		names = append(names, v.Name+" ("+v.Status+")")
 	}
 	data.Variants = strings.Join(names, ", ")
@@ -190,14 +190,14 @@ func timeWord(rs []Report) string {
 
 // timeNote says where the page's times come from.
 func timeNote(rs []Report) string {
-	sim, real := 0, 0
+	sim, measured := 0, 0
 	uncal := false
 	for _, r := range rs {
 		if r.Engine.Modelled {
 			sim++
 			uncal = uncal || r.Engine.Uncalibrated
 		} else if r.Engine.Steps > 0 {
-			real++
+			measured++
 		}
 	}
 	model := "a roofline cost model"
@@ -205,7 +205,7 @@ func timeNote(rs []Report) string {
 		model = "an uncalibrated roofline cost model"
 	}
 	switch {
-	case sim > 0 && real == 0:
+	case sim > 0 && measured == 0:
 		return "simulated: every time comes from " + model + " (device sim), not a clock"
 	case sim > 0:
 		return "engine time: measured on the real devices, simulated by " + model + " on device sim"
