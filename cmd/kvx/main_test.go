@@ -5,16 +5,21 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvx-dev/kvx/core/config"
 	"github.com/kvx-dev/kvx/core/report"
+	"github.com/kvx-dev/kvx/core/report/pagecheck"
 	"github.com/kvx-dev/kvx/core/testbin"
 )
 
@@ -55,10 +60,14 @@ func readReports(t *testing.T, path string) []report.Report {
 }
 
 // comparable strips what legitimately differs between two runs of the same
-// configuration: wall time and the variant's own name and isolation.
+// configuration: wall time and the variant's own name and isolation, and
+// the keys of the resolved config that the variants vary.
 func comparable(r report.Report) report.Report {
 	r.Variant, r.Config.Isolation = "", ""
 	r.Engine.WallS, r.Engine.OverlappedSteps = 0, 0
+	r.ResolvedConfig = maps.Clone(r.ResolvedConfig)
+	delete(r.ResolvedConfig, "isolation")
+	delete(r.ResolvedConfig, "step_overlap")
 	return r
 }
 
@@ -324,7 +333,9 @@ func TestConformanceCommand(t *testing.T) {
 	}
 }
 
-// TestHTMLReport: --html writes a page with the table and the charts.
+// TestHTMLReport: --html writes a self-contained page with the metadata,
+// the table and the resolved config, whose charts all render in headless
+// Chromium without a console error or a request for anything.
 func TestHTMLReport(t *testing.T) {
 	page := filepath.Join(t.TempDir(), "r.html")
 	if _, stderr, code := kvx(t, "compare", "-c", "testdata/small.yaml", "--set", "isolation=inprocess", "--set", "workload.requests=10", "--html", page); code != 0 {
@@ -334,8 +345,113 @@ func TestHTMLReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := string(data); !strings.Contains(s, "<svg") || !strings.Contains(s, "cache_manager=v2") {
-		t.Errorf("HTML report lacks charts or variants (%d bytes)", len(data))
+	s := string(data)
+	for _, want := range []string{"cache_manager=v2", "testdata/small.yaml", "sim (h200 cost model)", "<dt>generator</dt><dd>kvx ", "<dt>date</dt><dd>20",
+		"kv_cache_config.max_tokens", "24000", "compare -c testdata/small.yaml"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("HTML report lacks %q (%d bytes)", want, len(data))
+		}
+	}
+	p := pagecheck.Open(t, page)[0]
+	for _, e := range p.Errors {
+		t.Errorf("console: %s", e)
+	}
+	for _, u := range p.Requests {
+		t.Errorf("the page asked for %s", u)
+	}
+	if p.Drawn == 0 || p.Drawn != p.Canvases || p.Drawn != len(p.Charts) {
+		t.Errorf("kvxCharts %d, %d canvases, %d charts; want as many charts drawn as canvases", p.Drawn, p.Canvases, len(p.Charts))
+	}
+	for _, c := range p.Charts {
+		if c.Width <= 0 || c.Height <= 0 || !c.Painted || c.Datasets == 0 || c.LegendOverlaps {
+			t.Errorf("chart %q: %gx%g, painted %v, %d datasets with data, legend over the plot %v", c.Title, c.Width, c.Height, c.Painted, c.Datasets, c.LegendOverlaps)
+		}
+		if strings.Contains(c.Title, "engine time") {
+			t.Errorf("chart %q on the sim device says engine time, not simulated time", c.Title)
+		}
+	}
+}
+
+// TestReportRecordsAndSeries: with --requests the JSON report has one
+// record per request, consistent with the totals; every variant has the
+// resolved config (every known key), the workload, latency quantiles and a
+// bounded series over engine time that ends at the run's totals.
+func TestReportRecordsAndSeries(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "r.json")
+	if _, stderr, code := kvx(t, "run", "-c", "testdata/small.yaml", "--set", "isolation=inprocess", "--set", "workload.requests=40", "--requests", "--json", js); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	raw, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(raw), `"failures": []`) || !strings.Contains(string(raw), `"rejections": []`) {
+		t.Errorf("empty rejections and failures are not written as []")
+	}
+	rs := readReports(t, js)
+	if len(rs) != 1 {
+		t.Fatalf("%d variants, want 1", len(rs))
+	}
+	r := rs[0]
+	for _, k := range config.KnownKeys() {
+		if _, ok := r.ResolvedConfig[k]; !ok {
+			t.Errorf("resolved_config lacks %s", k)
+		}
+	}
+	if got := r.ResolvedConfig["kv_cache_config.max_tokens"]; got != float64(24000) {
+		t.Errorf("resolved_config kv_cache_config.max_tokens = %v, want the file's 24000", got)
+	}
+	if got := r.ResolvedConfig["workload.requests"]; got != float64(40) {
+		t.Errorf("resolved_config workload.requests = %v, want --set's 40", got)
+	}
+	if r.Workload == nil || r.Workload.Requests != 40 || r.Workload.PromptTokens != r.Tokens.Prompt {
+		t.Errorf("workload %+v; want 40 requests and %d prompt tokens", r.Workload, r.Tokens.Prompt)
+	}
+	if len(r.Requests.Records) != r.Requests.Total {
+		t.Fatalf("%d records for %d requests", len(r.Requests.Records), r.Requests.Total)
+	}
+	var prompt, generated, reused int64
+	preempt, suspend := 0, 0
+	var ttft []float64
+	for _, rec := range r.Requests.Records {
+		if rec.Status != report.RequestFinished || rec.TTFTMs == nil || rec.E2EMs == nil || rec.FirstTokenMs == nil {
+			t.Fatalf("record %+v: want a finished request with its times", rec)
+		}
+		if *rec.FirstTokenMs < rec.ArrivalMs || *rec.FinishMs < *rec.FirstTokenMs || math.Abs(*rec.TTFTMs-(*rec.FirstTokenMs-rec.ArrivalMs)) > 1e-6 {
+			t.Errorf("record %d: arrival %v, first token %v, finish %v, ttft %v", rec.ID, rec.ArrivalMs, *rec.FirstTokenMs, *rec.FinishMs, *rec.TTFTMs)
+		}
+		prompt += int64(rec.PromptTokens)
+		generated += int64(rec.Generated)
+		reused += int64(rec.ReusedTokens)
+		preempt += rec.Preemptions + rec.Suspensions
+		suspend += rec.Suspensions
+		ttft = append(ttft, *rec.TTFTMs)
+	}
+	if prompt != r.Tokens.Prompt || generated != r.Tokens.Generated || reused != r.Tokens.PrefixReused || preempt != r.Requests.Preemptions || suspend != r.Requests.Suspensions {
+		t.Errorf("records sum to prompt %d, generated %d, reused %d, preemptions %d (suspended %d); report says %d, %d, %d, %d (%d)",
+			prompt, generated, reused, preempt, suspend, r.Tokens.Prompt, r.Tokens.Generated, r.Tokens.PrefixReused, r.Requests.Preemptions, r.Requests.Suspensions)
+	}
+	if r.Requests.Preemptions == 0 || reused == 0 {
+		t.Errorf("preemptions %d, reused %d: the small config should exercise both", r.Requests.Preemptions, reused)
+	}
+	if got := report.Percentile(ttft, 99); math.Abs(got-r.Latency.TTFTP99) > 1e-6 {
+		t.Errorf("records' TTFT p99 %v, report %v", got, r.Latency.TTFTP99)
+	}
+	q := r.Latency.Quantiles
+	if q == nil || q.TTFTMs[len(q.TTFTMs)-1] != slices.Max(ttft) {
+		t.Errorf("latency quantiles %+v; want the distribution ending at the largest TTFT %v", q, slices.Max(ttft))
+	}
+	s := r.Series
+	if s == nil || len(s.TS) == 0 || len(s.TS) > report.MaxPoints || len(s.KVUsage) != len(s.TS) {
+		t.Fatalf("series %+v; want 1..%d points with KV usage", s, report.MaxPoints)
+	}
+	n := len(s.TS)
+	if s.TS[n-1] != r.Throughput.EngineS || s.Preemptions[n-1] != r.Requests.Preemptions || math.Abs(s.HitRate[n-1]-r.Tokens.HitRate) > 1e-12 {
+		t.Errorf("series ends at %v s, %d preemptions, hit rate %v; the report: %v s, %d, %v", s.TS[n-1], s.Preemptions[n-1], s.HitRate[n-1], r.Throughput.EngineS, r.Requests.Preemptions, r.Tokens.HitRate)
+	}
+	// Two pipeline stages: two micro-batches of at most max_batch_size 16.
+	if slices.Max(s.KVUsage) != r.KV.PeakUsage || slices.Max(s.Running) == 0 || slices.Max(s.Running) > 2*16 {
+		t.Errorf("series peaks: KV %v (report %v), running %d (2 stages, max_batch_size 16)", slices.Max(s.KVUsage), r.KV.PeakUsage, slices.Max(s.Running))
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -30,6 +31,7 @@ type runOpts struct {
 	jsonOut    string
 	htmlOut    string
 	noProgress bool
+	requests   bool
 	varies     []string
 }
 
@@ -74,6 +76,7 @@ func addRunFlags(cmd *cobra.Command, o *runOpts) {
 	cmd.Flags().StringVar(&o.jsonOut, "json", "", "write the report as JSON to this file ('-' for stdout)")
 	cmd.Flags().StringVar(&o.htmlOut, "html", "", "write the report as an HTML page with charts to this file")
 	cmd.Flags().BoolVar(&o.noProgress, "no-progress", false, "do not show the progress bar")
+	cmd.Flags().BoolVar(&o.requests, "requests", false, "put one record per request in the JSON report (requests.records): arrival, first token, finish, TTFT, TPOT, tokens, reuse, preemptions")
 }
 
 // defaultVary is what compare varies without --vary: the cache managers.
@@ -257,6 +260,7 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 			p.res.Spec.Progress = os.Stderr
 		}
 		p.res.Spec.Log = log
+		p.res.Spec.KeepRequests = o.requests
 		oneThreadForSim(p.cfg.Device)
 		l := setup.NewLauncher(p.cfg, builtin.Registry(), log)
 		rep, err := engine.Run(ctx, p.res.Spec, l)
@@ -269,6 +273,7 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 				rep.Status = report.StatusInterrupted
 			}
 		}
+		rep.ResolvedConfig = p.cfg.Flatten()
 		reports = append(reports, rep)
 		ran = ran || rep.Engine.Steps > 0
 		if err != nil {
@@ -291,13 +296,16 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 		}
 	}
 	doc := report.NewDocument("kvx "+kvxVersion(), reports)
+	doc.Created = time.Now().UTC().Format(time.RFC3339)
+	doc.Scenario = scenarioName(g)
+	doc.Command = os.Args
 	if o.jsonOut != "" {
 		if err := writeFile(o.jsonOut, func(w io.Writer) error { return report.WriteJSON(w, doc) }); err != nil {
 			return err
 		}
 	}
 	if o.htmlOut != "" {
-		if err := writeFile(o.htmlOut, func(w io.Writer) error { return report.WriteHTML(w, reports) }); err != nil {
+		if err := writeFile(o.htmlOut, func(w io.Writer) error { return report.WriteHTML(w, doc) }); err != nil {
 			return err
 		}
 	}
@@ -305,6 +313,15 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 		return &exitError{code: code, err: errors.Join(failed...)}
 	}
 	return nil
+}
+
+// scenarioName names what ran, for the report: the configuration files,
+// or the bundled demo scenario.
+func scenarioName(g *globals) string {
+	if len(g.configs) == 0 {
+		return "bundled demo scenario (scenarios/demo.yaml)"
+	}
+	return strings.Join(g.configs, " + ")
 }
 
 // withBudgetHint adds to a configuration a manager refused which setting

@@ -64,7 +64,8 @@ func (e *Engine) checkStage(st *stage, snap *kvcache.Snapshot, deep bool) []stri
 		}
 	}
 	if total > 0 {
-		st.peak = max(st.peak, float64(used)/float64(total))
+		st.usage = float64(used) / float64(total)
+		st.peak = max(st.peak, st.usage)
 	}
 	limit := cfg.MaxSeqLen + cfg.MaxDraftTokens
 	for _, s := range snap.Seqs {

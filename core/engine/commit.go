@@ -107,6 +107,11 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 	for i, it := range mb.items {
 		r := e.byID[it.ID]
 		r.reserved = false
+		if it.Prefill && !r.admitted { // its first prefill chunk, which took the reused prefix
+			r.admitted = true
+			e.admitted += int64(r.prompt)
+			e.admittedReused += int64(r.reused)
+		}
 		r.history += commits[i].Accepted
 		r.tokens = append(r.tokens, emits[i]...)
 		if len(emits[i]) > 0 && r.firstTok < 0 {
@@ -124,6 +129,7 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 			e.bar.tick(e)
 		}
 	}
+	e.sample(mb.done)
 	e.bar.update(e)
 	return nil
 }

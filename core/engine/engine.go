@@ -82,6 +82,10 @@ type Spec struct {
 	// K > 0 gets the K most likely tokens of every generated position there
 	// too, on devices that compute them.
 	KeepOutputs bool
+	// KeepRequests puts one record per request in the report
+	// (Requests.Records): arrival, first token, finish, tokens, reuse,
+	// preemptions (kvx run --requests).
+	KeepRequests bool
 	// Liveness bounds every wait on a plugin; the zero value waits forever
 	// (in-process runs). It needs a Launcher that is a Stopper.
 	Liveness Liveness
@@ -119,6 +123,10 @@ type request struct {
 	topK     int                     // top logprobs asked for every generated token
 	logprobs [][]worker.TokenLogprob // of each generated token, while the worker returns them (KeepOutputs)
 	reused   int                     // prompt tokens the prefix cache supplied at the first admission
+	// For the report's records and series (record.go).
+	suspends   int  // preemptions that suspended it to the host tier
+	recomputed int  // prefill tokens computed again after a preemption
+	admitted   bool // its first prefill chunk ran
 }
 
 type reqState uint8
@@ -144,6 +152,7 @@ type stage struct {
 	free     int64                                    // simulated ns when the stage can take the next micro-batch
 	sp       kvcache.Suspender                        // m, when it can suspend sequences to a host tier; nil: it cannot
 	peak     float64
+	usage    float64 // device blocks in use / device blocks at the last check; -1 before
 }
 
 // forget drops what the stage keeps for seq's next forward.
@@ -190,6 +199,11 @@ type Engine struct {
 	slowest  time.Duration // the slowest forward's wall time, for its deadline
 	fwdStart time.Time     // when the forward in flight started
 	targets  []any         // scratch for the watchdog's targets
+
+	series report.Sampler // the report's figures over engine time (record.go)
+	// Prompt tokens of the requests whose first prefill chunk completed,
+	// and the prefix reused by them, for the series.
+	admitted, admittedReused int64
 }
 
 // Run builds the engine (configures every stage) and runs the workload to the
@@ -229,7 +243,7 @@ func (e *Engine) setup(ctx context.Context) error {
 	maxSeq := 0
 	suspendable := true // every stage has a host tier to suspend to
 	for i := range n {
-		st := &stage{idx: i, deltas: map[kvcache.SeqID][]kvcache.TableDelta{}, snaps: map[kvcache.SeqID][]kvcache.SnapshotSlot{}}
+		st := &stage{idx: i, usage: -1, deltas: map[kvcache.SeqID][]kvcache.TableDelta{}, snaps: map[kvcache.SeqID][]kvcache.SnapshotSlot{}}
 		err := e.startStage(ctx, st)
 		// A plugin that dies while it starts is started again, within the
 		// same restart budget as one that dies mid-run.

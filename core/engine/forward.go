@@ -176,6 +176,7 @@ func (e *Engine) finishOnce(p *pendingForward, results []worker.Result, err erro
 		switch {
 		case it.Prefill && r.preempts > 0:
 			e.rep.Tokens.Recomputed += int64(it.Tokens)
+			r.recomputed += it.Tokens
 		case it.Reuse > 0:
 			// The first chunk of the first admission: prompt tokens the
 			// cache supplied. (After a preemption reuse only saves recompute.)

@@ -89,11 +89,12 @@ func (e *Engine) iterate(ctx context.Context) error {
 	e.handleRejected(step.Rejected)
 	for _, id := range step.Preempted {
 		e.rep.Requests.Preemptions++
+		r := e.byID[id]
 		if slices.Contains(step.Suspended, id) {
 			e.rep.Requests.Suspensions++ // cache kept on the host tier: nothing to recompute
+			r.suspends++
 			continue
 		}
-		r := e.byID[id]
 		r.preempts++
 		r.drafts = r.drafts[:0]
 	}
@@ -101,6 +102,7 @@ func (e *Engine) iterate(ctx context.Context) error {
 		// A suspension given up: the request recomputes after all.
 		e.rep.Requests.Suspensions--
 		r := e.byID[id]
+		r.suspends--
 		r.preempts++
 		r.drafts = r.drafts[:0]
 	}

@@ -115,6 +115,7 @@ func TestOverlapMatchesSequential(t *testing.T) {
 		for i, sequential := range []bool{false, true} {
 			s := buildSpec(t, ts)
 			s.Sequential = sequential
+			s.KeepRequests = true // the per-request records and the series must agree too
 			if host {
 				for j := range s.Managers {
 					s.Managers[j].HostBytes = 2 * s.Managers[j].DeviceBytes
@@ -123,6 +124,9 @@ func TestOverlapMatchesSequential(t *testing.T) {
 			rep, err := engine.Run(t.Context(), s, l)
 			if err != nil {
 				t.Fatalf("seed %d sequential %v: %v\nviolations: %v", seed, sequential, err, rep.Invariants.First)
+			}
+			if len(rep.Requests.Records) != rep.Requests.Total || rep.Series == nil {
+				t.Fatalf("seed %d: %d records for %d requests, series %v", seed, len(rep.Requests.Records), rep.Requests.Total, rep.Series != nil)
 			}
 			if sequential && rep.Engine.OverlappedSteps != 0 {
 				t.Fatalf("seed %d: %d steps overlapped in a sequential run", seed, rep.Engine.OverlappedSteps)

@@ -62,18 +62,25 @@ func (e *Engine) finishReport(ctx context.Context) {
 			}
 			rep.Outputs.Requests = append(rep.Outputs.Requests, o)
 		}
+		if e.spec.KeepRequests {
+			rep.Requests.Records = append(rep.Requests.Records, record(r))
+		}
 	}
+	rep.Workload = e.workloadSummary()
+	rep.Series = e.series.Series()
 	rep.Outputs.Digest = fmt.Sprintf("%016x", digest.Sum64())
 	rep.Latency = report.Latency{
 		TTFTP50: report.Percentile(ttft, 50), TTFTP99: report.Percentile(ttft, 99),
 		TPOTP50: report.Percentile(tpot, 50), TPOTP99: report.Percentile(tpot, 99),
-		E2EP50: report.Percentile(e2e, 50),
+		E2EP50: report.Percentile(e2e, 50), E2EP99: report.Percentile(e2e, 99),
+		Quantiles: report.NewQuantiles(ttft, tpot, e2e),
 	}
 	if end > 0 {
 		s := float64(end) / 1e9
 		rep.Throughput = report.Throughput{
 			OutputTokensPerS: float64(rep.Tokens.Generated) / s,
 			RequestsPerS:     float64(rep.Requests.Completed) / s,
+			EngineS:          s,
 			SimulatedS:       s,
 		}
 	}

@@ -5,7 +5,10 @@
 // "schema" key (Schema) and described by docs/report.schema.json. Units are
 // spelled one way, as the key's suffix: _ms, _s, _bytes, _per_s; a
 // quantity without a suffix is a count, and rates and usages (hit_rate,
-// peak_usage) are fractions in [0, 1].
+// peak_usage, kv_usage) are fractions in [0, 1]. Besides the totals, a
+// variant carries its resolved config, its workload, latency quantiles,
+// a Series over engine time (series.go) and, when asked, one record per
+// request. WriteHTML (html.go) draws the same figures.
 package report
 
 import (
@@ -33,6 +36,16 @@ type Report struct {
 	Engine     Engine     `json:"engine"`
 	Snapshots  *Snapshots `json:"snapshots,omitempty"`
 	Outputs    Outputs    `json:"outputs"`
+	// ResolvedConfig is every configuration key (config.KnownKeys) with
+	// the value the run used, after defaults, files, KVX_* env and --set:
+	// config.Config.Flatten, null for a key that is unset or not used by
+	// this workload's mode. Written back with --set, the values reproduce
+	// the run's configuration.
+	ResolvedConfig map[string]any `json:"resolved_config,omitempty"`
+	// Workload describes the requests the run was given.
+	Workload *Workload `json:"workload,omitempty"`
+	// Series are the run's figures over engine time, at most MaxPoints.
+	Series *Series `json:"series,omitempty"`
 	// Status is StatusFinished, or StatusFailed when the run stopped early;
 	// WriteJSON fills it in from Error when it is empty.
 	Status string `json:"status"`
@@ -71,7 +84,62 @@ type Requests struct {
 	Preemptions int         `json:"preemptions"`
 	Suspensions int         `json:"suspensions"` // preemptions that suspended to the host tier instead of recomputing
 	Rejections  []Rejection `json:"rejections"`
-	Failures    []Rejection `json:"failures,omitempty"`
+	Failures    []Rejection `json:"failures"`
+	// Records has one entry per request, in request order, when the run
+	// kept them (engine.Spec.KeepRequests: kvx run --requests).
+	Records []RequestRecord `json:"records,omitempty"`
+}
+
+// Values of RequestRecord.Status.
+const (
+	RequestFinished = "finished"
+	RequestRejected = "rejected"
+	RequestFailed   = "failed"
+	// RequestUnfinished: the run stopped (failed or interrupted) first.
+	RequestUnfinished = "unfinished"
+)
+
+// RequestRecord is one request's life, in milliseconds of engine time from
+// the start of the run. FirstTokenMs, FinishMs, TTFTMs, TPOTMs and E2EMs
+// are absent where the request did not get that far (TPOTMs also for a
+// request of one generated token).
+type RequestRecord struct {
+	ID           uint64   `json:"id"`
+	Status       string   `json:"status"`
+	ArrivalMs    float64  `json:"arrival_ms"`
+	FirstTokenMs *float64 `json:"first_token_ms,omitempty"`
+	FinishMs     *float64 `json:"finish_ms,omitempty"`
+	TTFTMs       *float64 `json:"ttft_ms,omitempty"`
+	TPOTMs       *float64 `json:"tpot_ms,omitempty"`
+	E2EMs        *float64 `json:"e2e_ms,omitempty"`
+	PromptTokens int      `json:"prompt_tokens"`
+	Generated    int      `json:"generated_tokens"`
+	// ReusedTokens are the prompt tokens the prefix cache supplied at its
+	// first admission, from any tier: the contract's Lookup answers a
+	// count, not where the blocks were.
+	ReusedTokens int `json:"reused_tokens"`
+	// RecomputedTokens are the prefill tokens computed again after a
+	// preemption that freed the request's cache.
+	RecomputedTokens int `json:"recomputed_tokens"`
+	// Preemptions freed the request's cache (to be recomputed);
+	// Suspensions kept it on the host tier.
+	Preemptions int `json:"preemptions"`
+	Suspensions int `json:"suspensions"`
+}
+
+// Workload describes the requests a run was given (workload.* in
+// ResolvedConfig says how they were made).
+type Workload struct {
+	Requests int `json:"requests"`
+	// Concurrency > 0 is a closed loop with that many requests in flight;
+	// 0 an open loop by arrival time.
+	Concurrency       int     `json:"concurrency"`
+	PromptTokens      int64   `json:"prompt_tokens"` // a trace line rejected while read (too long) carries none
+	PromptTokensMax   int     `json:"prompt_tokens_max"`
+	OutputTokens      int64   `json:"output_tokens"` // asked for
+	OutputTokensMax   int     `json:"output_tokens_max"`
+	LastArrivalS      float64 `json:"last_arrival_s"`      // open loop: the last request's arrival
+	RejectedOnArrival int     `json:"rejected_on_arrival"` // found unrunnable while read
 }
 
 // Rejection names a request that was refused or failed, and why.
@@ -123,12 +191,62 @@ type Latency struct {
 	TPOTP50 float64 `json:"tpot_p50_ms"`
 	TPOTP99 float64 `json:"tpot_p99_ms"`
 	E2EP50  float64 `json:"e2e_p50_ms"`
+	E2EP99  float64 `json:"e2e_p99_ms"`
+	// Quantiles are the distributions behind the percentiles (nil when no
+	// request finished).
+	Quantiles *Quantiles `json:"quantiles,omitempty"`
+}
+
+// Quantiles hold latency distributions: element i of each list is the
+// P[i]-th percentile (nearest rank) over the finished requests.
+type Quantiles struct {
+	P      []float64 `json:"p"`
+	TTFTMs []float64 `json:"ttft_ms"`
+	TPOTMs []float64 `json:"tpot_ms"` // empty when no request generated two tokens
+	E2EMs  []float64 `json:"e2e_ms"`
+}
+
+// QuantilePoints are the percentiles Quantiles holds: 0 to 100 by 1, and
+// the tail at 99.5 and 99.9.
+var QuantilePoints = func() []float64 {
+	var p []float64
+	for i := range 100 {
+		p = append(p, float64(i))
+		if i == 99 {
+			p = append(p, 99.5, 99.9)
+		}
+	}
+	return append(p, 100)
+}()
+
+// NewQuantiles returns the distributions of ttft, tpot and e2e (in ms;
+// sorted in place) at QuantilePoints; nil when e2e is empty.
+func NewQuantiles(ttft, tpot, e2e []float64) *Quantiles {
+	if len(e2e) == 0 {
+		return nil
+	}
+	at := func(xs []float64) []float64 {
+		out := make([]float64, 0, len(QuantilePoints))
+		if len(xs) == 0 {
+			return out
+		}
+		for _, p := range QuantilePoints {
+			out = append(out, Percentile(xs, p))
+		}
+		return out
+	}
+	return &Quantiles{P: slices.Clone(QuantilePoints), TTFTMs: at(ttft), TPOTMs: at(tpot), E2EMs: at(e2e)}
 }
 
 type Throughput struct {
 	OutputTokensPerS float64 `json:"output_tokens_per_s"`
 	RequestsPerS     float64 `json:"requests_per_s"`
-	SimulatedS       float64 `json:"simulated_s"`
+	// EngineS is the engine time of the last completion: simulated on
+	// device sim, measured otherwise (Engine.Modelled says which).
+	EngineS float64 `json:"engine_s"`
+	// SimulatedS is EngineS under its first name, kept for the scripts
+	// that read it; it is not simulated on a real device.
+	SimulatedS float64 `json:"simulated_s"`
 }
 
 type Invariants struct {
@@ -232,8 +350,15 @@ const Schema = "kvx.report/v1"
 type Document struct {
 	Schema string `json:"schema"`
 	// Generator names the program and version that wrote it ("kvx 0.3.0").
-	Generator string   `json:"generator,omitempty"`
-	Variants  []Report `json:"variants"`
+	Generator string `json:"generator,omitempty"`
+	// Created is when the document was written (RFC 3339, UTC).
+	Created string `json:"created,omitempty"`
+	// Scenario names what ran: the configuration files, or the bundled
+	// demo scenario.
+	Scenario string `json:"scenario,omitempty"`
+	// Command is the command line that wrote it.
+	Command  []string `json:"command,omitempty"`
+	Variants []Report `json:"variants"`
 }
 
 // NewDocument returns the document of reports rs, written by generator.
@@ -255,6 +380,10 @@ func WriteJSON(w io.Writer, d Document) error {
 			}
 		}
 		r.Requests.Rejections = nonNil(r.Requests.Rejections)
+		r.Requests.Failures = nonNil(r.Requests.Failures)
+		if r.Throughput.EngineS == 0 {
+			r.Throughput.EngineS = r.Throughput.SimulatedS
+		}
 		r.KV.Stages = nonNil(r.KV.Stages)
 		for j := range r.KV.Stages {
 			if r.KV.Stages[j].Pools == nil {
@@ -338,7 +467,7 @@ var rows = []row{
 	{"ttft p50 / p99 ms", func(r *Report) string { return fmt.Sprintf("%.0f / %.0f", r.Latency.TTFTP50, r.Latency.TTFTP99) }},
 	{"tpot p50 / p99 ms", func(r *Report) string { return fmt.Sprintf("%.2f / %.2f", r.Latency.TPOTP50, r.Latency.TPOTP99) }},
 	{"output tok/s", func(r *Report) string { return fmt.Sprintf("%.0f", r.Throughput.OutputTokensPerS) }},
-	{"simulated time s", func(r *Report) string { return fmt.Sprintf("%.1f", r.Throughput.SimulatedS) }},
+	{"engine time s", func(r *Report) string { return fmt.Sprintf("%.1f", r.Throughput.SimulatedS) }},
 	{"snapshots taken/skipped", func(r *Report) string {
 		if r.Snapshots == nil {
 			return "-"

@@ -97,22 +97,6 @@ func TestJSONOneShape(t *testing.T) {
 	validate(t, "sample", buf.Bytes())
 }
 
-func TestWriteHTML(t *testing.T) {
-	var buf bytes.Buffer
-	if err := WriteHTML(&buf, sample()); err != nil {
-		t.Fatal(err)
-	}
-	out := buf.String()
-	if n := strings.Count(out, "<svg"); n != len(charts) {
-		t.Errorf("%d charts, want %d", n, len(charts))
-	}
-	for _, want := range []string{"<table>", "cache_manager=v2", "Time to first token", "uncalibrated"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("HTML lacks %q", want)
-		}
-	}
-}
-
 func TestPercentile(t *testing.T) {
 	for _, tc := range []struct {
 		xs   []float64

@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"encoding/json"
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -42,4 +43,50 @@ func TestSchemaHasTeeth(t *testing.T) {
 			t.Errorf("schema accepts %s", bad)
 		}
 	}
+	// A full variant, then each new part broken in one way.
+	var buf bytes.Buffer
+	d := richSample(true)
+	d.Variants[0].Requests.Records = []RequestRecord{{ID: 1, Status: RequestFinished, PromptTokens: 3, Generated: 2}}
+	if err := WriteJSON(&buf, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := schemaErr(t, buf.Bytes()); err != nil {
+		t.Fatalf("the rich sample does not match the schema: %v", err)
+	}
+	for name, breakIt := range map[string]func(v map[string]any){
+		"a record's unknown status": func(v map[string]any) {
+			at(v, "requests", "records").([]any)[0].(map[string]any)["status"] = "done"
+		},
+		"no failures list":  func(v map[string]any) { delete(at(v, "requests").(map[string]any), "failures") },
+		"kv usage above 1":  func(v map[string]any) { at(v, "series", "kv_usage").([]any)[0] = 1.5 },
+		"a config key typo": func(v map[string]any) { at(v, "resolved_config").(map[string]any)["Max Batch"] = 64 },
+		"negative engine_s": func(v map[string]any) { at(v, "throughput").(map[string]any)["engine_s"] = -1 },
+		"a series too long": func(v map[string]any) {
+			long := make([]any, MaxPoints+1)
+			for i := range long {
+				long[i] = float64(i)
+			}
+			at(v, "series").(map[string]any)["t_s"] = long
+		},
+		"quantiles without p": func(v map[string]any) { delete(at(v, "latency", "quantiles").(map[string]any), "p") },
+	} {
+		var doc map[string]any
+		if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+			t.Fatal(err)
+		}
+		breakIt(doc["variants"].([]any)[0].(map[string]any))
+		bad, _ := json.Marshal(doc)
+		if schemaErr(t, bad) == nil {
+			t.Errorf("schema accepts %s", name)
+		}
+	}
+}
+
+// at walks m down the keys.
+func at(m map[string]any, keys ...string) any {
+	var v any = m
+	for _, k := range keys {
+		v = v.(map[string]any)[k]
+	}
+	return v
 }

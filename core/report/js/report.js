@@ -1,0 +1,176 @@
+// The kvx report page's charts, drawn with Chart.js from kvxReport (one
+// entry per variant, written by core/report's WriteHTML) and kvxTimeWord,
+// the name of the clock of its times. window.kvxCharts counts the charts
+// drawn, for the page's test.
+(function () {
+  'use strict';
+  Chart.defaults.animation = false;
+  Chart.defaults.maintainAspectRatio = false;
+  Chart.defaults.font.size = 12;
+  Chart.defaults.plugins.legend.position = 'top';
+  Chart.defaults.plugins.legend.labels.boxWidth = 14;
+  const palette = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22', '#17becf'];
+  const vs = kvxReport;
+  const tw = kvxTimeWord;
+  window.kvxCharts = 0;
+
+  function draw(where, config) {
+    const box = document.createElement('div');
+    box.className = 'chart';
+    const canvas = document.createElement('canvas');
+    box.appendChild(canvas);
+    document.getElementById(where).appendChild(box);
+    new Chart(canvas, config);
+    window.kvxCharts++;
+  }
+
+  function fmt(v, unit) {
+    const a = Math.abs(v);
+    let s;
+    if (a >= 1000) s = Math.round(v).toLocaleString('en-US');
+    else if (a >= 100 || Number.isInteger(v)) s = v.toFixed(0);
+    else if (a >= 10) s = v.toFixed(1);
+    else s = v.toFixed(2);
+    return unit === '%' ? s + '%' : s;
+  }
+
+  // barValues writes each bar's value above it, or inside its top when
+  // there is no room above.
+  function barValues(unit) {
+    return {
+      id: 'kvxBarValues',
+      afterDatasetsDraw(chart) {
+        const ctx = chart.ctx;
+        ctx.save();
+        ctx.font = '11px sans-serif';
+        ctx.textAlign = 'center';
+        chart.data.datasets.forEach((ds, i) => {
+          const meta = chart.getDatasetMeta(i);
+          if (meta.hidden) return;
+          meta.data.forEach((bar, j) => {
+            const v = ds.data[j];
+            if (v === null || v === undefined || !isFinite(v)) return;
+            const inside = bar.y - 14 < chart.chartArea.top;
+            ctx.fillStyle = inside ? '#fff' : '#222';
+            ctx.textBaseline = inside ? 'top' : 'bottom';
+            ctx.fillText(fmt(v, unit), bar.x, inside ? bar.y + 2 : bar.y - 2);
+          });
+        });
+        ctx.restore();
+      },
+    };
+  }
+
+  const names = vs.map(v => v.name.split(' '));
+
+  // percentAxis sets a percentage y axis that never runs past 100%: to
+  // 100% when the values come near it, else a little above the largest.
+  function percentAxis(y, top) {
+    y.min = 0;
+    y.max = top > 60 ? 100 : Math.max(5, Math.min(100, Math.ceil(top * 1.25 / 5) * 5));
+    y.ticks = { callback: v => v + '%' };
+  }
+
+  // bars draws one bar per variant for each series.
+  function bars(title, unit, series) {
+    let top = 0;
+    const datasets = series.map((s, k) => {
+      const data = vs.map(s.val);
+      top = Math.max(top, ...data);
+      return { label: s.name, data: data, backgroundColor: palette[k % palette.length] };
+    });
+    const y = { beginAtZero: true, title: { display: true, text: unit } };
+    if (unit === '%') {
+      percentAxis(y, top);
+    } else {
+      y.suggestedMax = top > 0 ? top * 1.15 : 1; // room for the values
+    }
+    draw('bars', {
+      type: 'bar',
+      data: { labels: names, datasets: datasets },
+      options: {
+        plugins: { title: { display: true, text: title }, legend: { display: series.length > 1 } },
+        scales: { y: y },
+      },
+      plugins: [barValues(unit)],
+    });
+  }
+
+  bars('Output throughput (tokens per second of ' + tw + ')', 'tokens/s', [
+    { name: 'output tok/s', val: v => v.output_tokens_per_s }]);
+  bars('Time to first token (' + tw + ')', 'ms', [
+    { name: 'p50', val: v => v.latency.ttft_p50_ms }, { name: 'p99', val: v => v.latency.ttft_p99_ms }]);
+  bars('Time per output token (' + tw + ')', 'ms', [
+    { name: 'p50', val: v => v.latency.tpot_p50_ms }, { name: 'p99', val: v => v.latency.tpot_p99_ms }]);
+  bars('Prefix reuse and KV cache use', '%', [
+    { name: 'prompt tokens reused', val: v => 100 * v.hit_rate }, { name: 'KV peak usage', val: v => 100 * v.peak_usage }]);
+  bars('Preemptions', 'requests', [
+    { name: 'preemptions', val: v => v.preemptions }, { name: 'of which suspended to host', val: v => v.suspensions }]);
+  bars('Prefill tokens recomputed after preemption', 'tokens', [
+    { name: 'recomputed', val: v => v.recomputed }]);
+  bars('Wall time of the run (real clock)', 's', [{ name: 'wall s', val: v => v.wall_s }]);
+
+  // lines draws one line (or more) per variant over a linear x axis.
+  function lines(where, title, xTitle, yTitle, percent, sets) {
+    const y = { beginAtZero: true, title: { display: true, text: yTitle } };
+    if (percent) {
+      let top = 0;
+      for (const s of sets) for (const p of s.data) top = Math.max(top, p.y);
+      percentAxis(y, top);
+    }
+    draw(where, {
+      type: 'line',
+      data: { datasets: sets },
+      options: {
+        parsing: false,
+        normalized: true,
+        elements: { point: { radius: 0 }, line: { borderWidth: 2, tension: 0 } },
+        plugins: {
+          title: { display: true, text: title },
+          legend: { labels: { usePointStyle: true, pointStyle: 'line' } },
+        },
+        scales: { x: { type: 'linear', beginAtZero: true, title: { display: true, text: xTitle } }, y: y },
+      },
+    });
+  }
+
+  function perVariant(make) {
+    const out = [];
+    vs.forEach((v, i) => {
+      for (const s of make(v)) {
+        if (!s || s.data.length === 0) continue;
+        s.borderColor = s.backgroundColor = palette[i % palette.length];
+        out.push(s);
+      }
+    });
+    return out;
+  }
+
+  // Latency CDFs: the share of finished requests at or under x.
+  for (const [key, what] of [['ttft_ms', 'Time to first token'], ['tpot_ms', 'Time per output token'], ['e2e_ms', 'End-to-end latency']]) {
+    lines('cdfs', what + ': CDF per variant', 'ms of ' + tw, 'requests finished within x', true, perVariant(v => {
+      const q = v.latency.quantiles;
+      if (!q || !q[key]) return [];
+      return [{ label: v.name, data: q[key].map((x, i) => ({ x: x, y: q.p[i] })) }];
+    }));
+  }
+
+  // Series over engine time.
+  function series(title, yTitle, percent, pick) {
+    lines('series', title + ', over ' + tw, 's of ' + tw, yTitle, percent, perVariant(v => {
+      const s = v.series;
+      if (!s) return [];
+      return pick(s).map(([label, ys, dash]) => ({
+        label: label.replace('$', v.name),
+        data: ys.map((y, i) => ({ x: s.t_s[i], y: y })),
+        borderDash: dash ? [6, 3] : [],
+      }));
+    }));
+  }
+
+  series('KV cache usage (fullest stage, max per interval)', 'device blocks in use', true, s => [['$', s.kv_usage.map(u => 100 * u)]]);
+  series('Prefix hit rate so far', 'prompt tokens reused', true, s => [['$', s.hit_rate.map(h => 100 * h)]]);
+  series('Running and waiting requests (max per interval)', 'requests', false, s => [
+    ['$ running', s.running], ['$ waiting', s.waiting, true]]);
+  series('Preemptions so far', 'preemptions', false, s => [['$', s.preemptions]]);
+})();
