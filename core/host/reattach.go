@@ -38,7 +38,7 @@ func (h *Host) reattach(cfg *plugin.ClientConfig, path string) error {
 	}
 	set, ok := cfg.VersionedPlugins[r.Version]
 	if !ok {
-		return fmt.Errorf("plugin %s (%s): %w", path, name, protocolMismatch(r.Version, cfg.VersionedPlugins))
+		return fmt.Errorf("plugin %s (%s): %w", path, name, protocolMismatch(r.Version, h.ours()))
 	}
 	rc, err := r.Config()
 	if err != nil {
