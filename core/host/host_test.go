@@ -343,6 +343,16 @@ func TestChannelIsTLS(t *testing.T) {
 			t.Errorf("Reserve (AutoMTLS %v): %v", mtls, err)
 		}
 		addr := proc.client.ReattachConfig().Addr
+		// The plugin's socket lies in go-plugin's directory inside the
+		// host's: both mode 0700 (the data plane's lies there too).
+		for _, d := range []string{filepath.Dir(addr.String()), h.socketDir} {
+			if fi, err := os.Stat(d); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+				t.Errorf("socket directory %s: %v, %v; want a directory of mode 0700", d, fi.Mode(), err)
+			}
+		}
+		if filepath.Dir(filepath.Dir(addr.String())) != h.socketDir {
+			t.Errorf("plugin socket %s is not inside the host's socket directory %s", addr, h.socketDir)
+		}
 		cc, err := grpc.NewClient("unix://"+addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
