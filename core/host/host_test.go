@@ -346,8 +346,12 @@ func TestChannelIsTLS(t *testing.T) {
 		// The plugin's socket lies in go-plugin's directory inside the
 		// host's: both mode 0700 (the data plane's lies there too).
 		for _, d := range []string{filepath.Dir(addr.String()), h.socketDir} {
-			if fi, err := os.Stat(d); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
-				t.Errorf("socket directory %s: %v, %v; want a directory of mode 0700", d, fi.Mode(), err)
+			fi, err := os.Stat(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+				t.Errorf("socket directory %s: mode %v, want a directory of mode 0700", d, fi.Mode())
 			}
 		}
 		if filepath.Dir(filepath.Dir(addr.String())) != h.socketDir {
