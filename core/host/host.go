@@ -698,7 +698,8 @@ const ProbeTimeout = 10 * time.Second
 // Plugins lists every executable named kvx-* in SearchPath, in search
 // order, and describes each by launching it, asking Info as a cache manager
 // and then as a worker, and killing it. A binary that is not a kvx plugin,
-// or that does not speak protocol 1, gets Err set (the Info it gave, if any,
+// or that this kvx refuses (another wire protocol, a required feature missing,
+// not contract v1), gets Err set (the Info it gave, if any,
 // is kept); nothing is left running.
 func (h *Host) Plugins() []Found {
 	var found []Found

@@ -39,8 +39,9 @@ import (
 // version of every kvx plugin. 3: protocol 2 plus the Contract service;
 // Inspect's shallow snapshots as SeqColumns, and the Linux data plane in
 // shared memory (frame version 3), both of which changed the wire while
-// every peer still said 2 (issue 16: an old kvx read a new plugin's
-// columnar snapshot as an empty one and reported a broken invariant).
+// every peer still said 2 (issue 16's false "manager invariant violated":
+// a kvx from before SeqColumns ignores them and sees a snapshot without
+// the sequences it holds).
 const Protocol = 3
 
 // Feature names one additive change of the wire within Protocol.
