@@ -36,10 +36,15 @@ PLUGIN is a path or a binary name found like the engine finds plugins.`,
 			switch {
 			case err == nil:
 				probe.Kill()
+				fmt.Printf("plugin %s: %v; features both offer: %v\n", path, probe.Contract(), probe.Features())
 				kind = "cache manager"
 				// A failed launch yields nil, which the suite reports as a violation.
 				failed = conformance.CheckManager(ctx, h.ManagerFactory(ctx, path, launchFailed), conformance.ManagerOptions{Reuse: reuse})
 			case kvcache.KindOf(err) == kvcache.KindUnsupported && !errors.Is(err, host.ErrProtocol):
+				if _, wp, werr := h.LaunchWorker(ctx, path); werr == nil {
+					wp.Kill()
+					fmt.Printf("plugin %s: %v; features both offer: %v\n", path, wp.Contract(), wp.Features())
+				}
 				kind = "worker"
 				failed = conformance.CheckWorker(ctx, h.WorkerFactory(ctx, path, launchFailed), conformance.WorkerOptions{})
 			default:

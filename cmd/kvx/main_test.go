@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/report/pagecheck"
 	"github.com/kvx-dev/kvx/core/testbin"
+	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 )
 
 // binDir holds kvx and every plugin binary, built once for the package.
@@ -203,14 +205,20 @@ func TestKilledPluginIsRestarted(t *testing.T) {
 
 func killPluginMidRun(t *testing.T, binary string) {
 	js := filepath.Join(t.TempDir(), "r.json")
-	cmd := exec.Command(filepath.Join(binDir, "kvx"), "run", "-c", "testdata/small.yaml", "--set", "workload.requests=400", "--json", js)
-	var stderr bytes.Buffer
+	// At debug level kvx logs each stage's plugin instances as they become
+	// ready; stage 1's worker is the last: the run is under way after it.
+	cmd := exec.Command(filepath.Join(binDir, "kvx"), "run", "-c", "testdata/small.yaml", "--set", "workload.requests=400", "--json", js,
+		"--log-level", "debug")
+	var stderr syncBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	victim := 0
 	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(stderr.String(), "plugin instance ready: kind=worker") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	for victim == 0 && time.Now().Before(deadline) {
 		time.Sleep(300 * time.Millisecond)
 		for _, pid := range pluginPIDs(t) {
@@ -286,7 +294,8 @@ func TestPlanAndPluginsCommands(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("plugins exit %d: %s", code, stderr)
 	}
-	for _, w := range []string{"kvx-cachemgr-v1", "kvx-cachemgr-v2", "kvx-backend-dsa", "kvx-backend-mla", "kvx-backend-gqa", "prefix-reuse", "host-tier"} {
+	for _, w := range []string{"kvx-cachemgr-v1", "kvx-cachemgr-v2", "kvx-backend-dsa", "kvx-backend-mla", "kvx-backend-gqa", "prefix-reuse", "host-tier",
+		"protocol", "features", fmt.Sprintf(" %d ", pluginrpc.Protocol), "top_logprobs"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("plugins output lacks %q:\n%s", w, out)
 		}
@@ -321,7 +330,7 @@ func TestDefaultDtypesRun(t *testing.T) {
 func TestConformanceCommand(t *testing.T) {
 	for _, bin := range []string{"kvx-cachemgr-v2", "kvx-backend-gqa"} {
 		out, stderr, code := kvx(t, "conformance", filepath.Join(binDir, bin))
-		if code != 0 || !strings.Contains(out, " 0 failed") {
+		if code != 0 || !strings.Contains(out, " 0 failed") || !strings.Contains(out, fmt.Sprintf("protocol %d, features [top_logprobs]", pluginrpc.Protocol)) {
 			t.Errorf("conformance %s: exit %d\n%s%s", bin, code, out, stderr)
 		}
 	}
@@ -494,4 +503,23 @@ func TestCPUScenariosSameOutputs(t *testing.T) {
 			t.Errorf("%s: %d variants reused a prefix, want %d", tc.scenario, reused, tc.reusers)
 		}
 	}
+}
+
+// syncBuffer is a bytes.Buffer that a child's output and the test may use
+// at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

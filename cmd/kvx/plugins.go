@@ -3,12 +3,14 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvx-dev/kvx/core/host"
+	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 )
 
 func newPluginsCmd(g *globals) *cobra.Command {
@@ -22,9 +24,13 @@ func newPluginsCmd(g *globals) *cobra.Command {
 			defer h.Close()
 			found := h.Plugins()
 			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "binary\tkind\tname\tversion\tprotocols\tsupports\tpath")
+			fmt.Fprintln(tw, "binary\tkind\tname\tversion\tcontract\tprotocol\tfeatures\tsupports\tpath")
 			for _, f := range found {
 				name, version, protocols, supports := "-", "-", "-", "-"
+				protocol, features := "-", "-"
+				if c := f.Contract; c != nil {
+					protocol, features = fmt.Sprint(c.Protocol), featureText(*c)
+				}
 				switch {
 				case f.Err != nil:
 					supports = "error: " + f.Err.Error()
@@ -62,7 +68,7 @@ func newPluginsCmd(g *globals) *cobra.Command {
 				if f.Shadowed {
 					path += " (shadowed)"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Name, f.Kind, name, version, protocols, supports, path)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Name, f.Kind, name, version, protocols, protocol, features, supports, path)
 			}
 			if len(found) == 0 {
 				fmt.Fprintln(tw, "no kvx-* plugin binaries found in", strings.Join(h.SearchPath(), ", "), "; run `make build`")
@@ -72,4 +78,30 @@ func newPluginsCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringArrayVar(&dirs, "plugin-dir", nil, "also look in this directory (repeatable)")
 	return cmd
+}
+
+// featureText names a side's features for a table cell: "top_logprobs",
+// a required one starred ("kv_events*"), "none", or "?" when only its
+// handshake is known.
+func featureText(c pluginrpc.Contract) string {
+	if c.Features == nil && c.Required == nil && c.Build == "" {
+		return "?"
+	}
+	var fs []string
+	for _, f := range c.Features {
+		if slices.Contains(c.Required, f) {
+			fs = append(fs, string(f)+"*")
+		} else {
+			fs = append(fs, string(f))
+		}
+	}
+	for _, f := range c.Required {
+		if !slices.Contains(c.Features, f) {
+			fs = append(fs, string(f)+"*")
+		}
+	}
+	if len(fs) == 0 {
+		return "none"
+	}
+	return strings.Join(fs, ",")
 }

@@ -17,7 +17,8 @@ func TestVersionTextFromBuildInfo(t *testing.T) {
 		}}, true
 	}
 	got := versionText()
-	for _, w := range []string{"kvx v0.3.0\n", "git 0123abcd (modified) of 2026-12-01T10:00:00Z", "plugin contract"} {
+	for _, w := range []string{"kvx v0.3.0\n", "git 0123abcd (modified) of 2026-12-01T10:00:00Z", "plugin contract",
+		"transport protocol 3, features top_logprobs"} {
 		if !strings.Contains(got, w) {
 			t.Errorf("versionText() = %q, lacks %q", got, w)
 		}

@@ -3,8 +3,12 @@
 // worker.Worker values: the core never sees the transport.
 //
 // Life cycle: New, then LaunchManager / LaunchWorker; each launch starts
-// the binary with go-plugin (gRPC only), asks Info, checks that the plugin
-// speaks contract protocol 1 and logs what was negotiated. A process serves
+// the binary with go-plugin (gRPC only, AutoMTLS), whose handshake refuses
+// a plugin of another wire protocol (pluginrpc.Protocol), then says Hello
+// (pluginrpc.Negotiate: the features both offer, a required one missing is
+// refused), asks Info, checks that the plugin speaks contract v1 and logs
+// what was negotiated. Every refusal names both sides and what to rebuild
+// and wraps ErrProtocol. A process serves
 // instances (pluginrpc.InstancesProtocol): it gives the further pipeline
 // stages theirs through ManagerInstance / WorkerInstance, so one process
 // per plugin binary serves every stage. Close
@@ -61,8 +65,10 @@ var ErrNotFound = errors.New("plugin not found")
 // ErrClosed is returned by launches after Close.
 var ErrClosed = errors.New("plugin host closed")
 
-// ErrProtocol is returned (wrapped) by launches when the plugin does not
-// speak protocol 1.
+// ErrProtocol is returned (wrapped) by launches when the plugin speaks
+// another wire protocol (its handshake), lacks a feature this kvx requires
+// or requires one this kvx lacks (Hello), or does not speak contract v1
+// (Info); pluginrpc.ErrMismatch is wrapped too, except for the last.
 var ErrProtocol = errors.New("plugin protocol mismatch")
 
 // NamePrefix starts the file name of every plugin binary Plugins lists.
@@ -92,11 +98,13 @@ type Host struct {
 	logger     hclog.Logger
 	searchDirs []string
 
-	// AutoMTLS makes go-plugin secure each plugin connection with
-	// throw-away certificates. It works (tested) but is off by default:
-	// plugins listen on unix sockets in a 0700 directory of this host, and
-	// TLS added about 5-20% to a 256-item Reserve+Commit round trip
-	// (BenchmarkReserveCommitProcess). Set it before launching.
+	// AutoMTLS makes go-plugin secure each plugin's gRPC connection with
+	// mutual TLS on throw-away certificates (New turns it on): another
+	// local process that reaches the socket can neither talk to the plugin
+	// nor pose as it. The per-step calls travel on the data plane, which
+	// has its own one-time token; TLS added about 5-20% to a 256-item
+	// Reserve+Commit round trip over gRPC (BenchmarkReserveCommitProcess).
+	// Set it before launching.
 	AutoMTLS bool
 	// GRPCOnly keeps every plugin call on gRPC (config plugin_transport:
 	// grpc). By default the per-step calls use the data plane a plugin
@@ -114,6 +122,10 @@ type Host struct {
 	// ctx's deadline still wins when earlier. Set it before launching.
 	StartTimeout time.Duration
 
+	// contract is what this host says in Hello, when not
+	// pluginrpc.Current() (tests that play an older kvx).
+	contract *pluginrpc.Contract
+
 	mu        sync.Mutex
 	procs     map[*Process]struct{}
 	closed    bool
@@ -128,7 +140,7 @@ func New(logger hclog.Logger, searchDirs []string) *Host {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &Host{logger: logger, searchDirs: slices.Clone(searchDirs), procs: map[*Process]struct{}{}}
+	return &Host{logger: logger, searchDirs: slices.Clone(searchDirs), procs: map[*Process]struct{}{}, AutoMTLS: true}
 }
 
 func (h *Host) threads(kind string) int {
@@ -220,10 +232,21 @@ type Process struct {
 	rpc    plugin.ClientProtocol
 	pid    int
 	done   <-chan struct{}
+	// contract is what the plugin said in Hello; agreed the features both
+	// offer.
+	contract pluginrpc.Contract
+	agreed   []pluginrpc.Feature
 
 	mu     sync.Mutex
 	runner *groupRunner // nil for a plugin attached to (reattach.go): never killed
 }
+
+// Contract returns what the plugin said in Hello: its wire protocol and
+// features.
+func (p *Process) Contract() pluginrpc.Contract { return p.contract }
+
+// Features returns the features both this kvx and the plugin offer.
+func (p *Process) Features() []pluginrpc.Feature { return slices.Clone(p.agreed) }
 
 // Path returns the binary the process runs.
 func (p *Process) Path() string { return p.path }
@@ -318,7 +341,7 @@ func (h *Host) LaunchManager(ctx context.Context, path string) (kvcache.Manager,
 	}
 	h.logger.Info("plugin ready", "kind", pluginrpc.ManagerPluginName, "path", path, "pid", proc.pid,
 		"name", info.Name, "version", info.Version, "protocols", info.Protocols,
-		"protocol", proc.client.NegotiatedVersion(),
+		"protocol", proc.client.NegotiatedVersion(), "features", proc.agreed, "plugin_build", proc.contract.Build,
 		"mixers", info.Capabilities.Mixers, "prefix_reuse", info.Capabilities.PrefixReuse,
 		"host_tier", info.Capabilities.HostTier, "ssm_state", info.Capabilities.SSMState,
 		"ssm_reuse", info.Capabilities.SSMReuse)
@@ -343,7 +366,7 @@ func (h *Host) LaunchWorker(ctx context.Context, path string) (worker.Worker, *P
 	}
 	h.logger.Info("plugin ready", "kind", pluginrpc.WorkerPluginName, "path", path, "pid", proc.pid,
 		"name", info.Name, "version", info.Version, "protocols", info.Protocols,
-		"protocol", proc.client.NegotiatedVersion(),
+		"protocol", proc.client.NegotiatedVersion(), "features", proc.agreed, "plugin_build", proc.contract.Build,
 		"device", info.Device, "mixers", info.Mixers, "memory_bytes", info.MemoryBytes, "free_bytes", info.FreeBytes)
 	return w, proc, nil
 }
@@ -447,6 +470,7 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 	if err := ctx.Err(); err != nil {
 		return nil, nil, fmt.Errorf("plugin %s: %w", path, err)
 	}
+	ours := h.ours()
 	timeout := h.startTimeout()
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, max(time.Until(dl), time.Millisecond))
@@ -473,7 +497,7 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 	proc := &Process{host: h, path: path}
 	cfg := &plugin.ClientConfig{
 		HandshakeConfig:  pluginrpc.Handshake,
-		VersionedPlugins: pluginrpc.HostPlugins(h.clientOptions()...),
+		VersionedPlugins: map[int]plugin.PluginSet{ours.Protocol: pluginrpc.HostPlugins(h.clientOptions()...)[pluginrpc.Protocol]},
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		Logger:           h.logger.Named(filepath.Base(path)),
 		Managed:          true,
@@ -504,7 +528,7 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 		if ctx.Err() == nil && strings.Contains(err.Error(), goPluginStartTimeout) {
 			err = fmt.Errorf("no handshake within the start timeout of %v (%w): %v", timeout, ErrStartTimeout, err)
 		} else if ctx.Err() == nil {
-			err = startError(err, cfg.VersionedPlugins)
+			err = startError(err, ours)
 		}
 		return fail(err)
 	}
@@ -520,18 +544,38 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 	if err != nil {
 		return fail(fmt.Errorf("dispense %s: %w", name, err))
 	}
+	var negotiate func(context.Context, pluginrpc.Contract) (pluginrpc.Contract, error)
 	switch c := raw.(type) {
 	case *pluginrpc.ManagerClient:
-		proc.done = c.Done()
+		proc.done, negotiate = c.Done(), c.Negotiate
 	case *pluginrpc.WorkerClient:
-		proc.done = c.Done()
+		proc.done, negotiate = c.Done(), c.Negotiate
 	default:
 		return fail(fmt.Errorf("dispense %s: got %T", name, raw))
 	}
+	err = h.bounded(ctx, proc, "Hello", func(ctx context.Context) (err error) {
+		proc.contract, err = negotiate(ctx, ours)
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, pluginrpc.ErrMismatch) {
+			err = fmt.Errorf("%w: %w", err, ErrProtocol)
+		}
+		return fail(err)
+	}
+	proc.agreed, _ = pluginrpc.Negotiate(ours, proc.contract)
 	if err := ctx.Err(); err != nil {
 		return fail(err)
 	}
 	return raw, proc, nil
+}
+
+// ours is what this host says in Hello.
+func (h *Host) ours() pluginrpc.Contract {
+	if h.contract != nil {
+		return *h.contract
+	}
+	return pluginrpc.Current()
 }
 
 // goPluginStartTimeout is go-plugin's error text for a plugin that did not
@@ -638,7 +682,10 @@ type Found struct {
 	Kind    string
 	Manager *kvcache.Info // when Kind is ManagerPluginName
 	Worker  *worker.Info  // when Kind is WorkerPluginName
-	Err     error         // why it could not be described
+	// Contract is what the plugin speaks (its Hello, or only the protocol
+	// of a handshake refused for it); nil when unknown.
+	Contract *pluginrpc.Contract
+	Err      error // why it could not be described
 }
 
 // parentDeathSignal is setParentDeathSignal; tests turn it off to see
@@ -651,7 +698,8 @@ const ProbeTimeout = 10 * time.Second
 // Plugins lists every executable named kvx-* in SearchPath, in search
 // order, and describes each by launching it, asking Info as a cache manager
 // and then as a worker, and killing it. A binary that is not a kvx plugin,
-// or that does not speak protocol 1, gets Err set (the Info it gave, if any,
+// or that this kvx refuses (another wire protocol, a required feature missing,
+// not contract v1), gets Err set (the Info it gave, if any,
 // is kept); nothing is left running.
 func (h *Host) Plugins() []Found {
 	var found []Found
@@ -684,9 +732,13 @@ func (h *Host) probe(f *Found) {
 	raw, proc, err := h.launch(ctx, f.Path, pluginrpc.ManagerPluginName)
 	if err != nil {
 		f.Err = err
+		if me := (*pluginrpc.MismatchError)(nil); errors.As(err, &me) {
+			f.Contract = &me.Plugin
+		}
 		return
 	}
 	defer proc.Kill()
+	f.Contract = &proc.contract
 	minfo, err := raw.(*pluginrpc.ManagerClient).Info(ctx)
 	if err == nil {
 		f.Kind, f.Manager, f.Err = pluginrpc.ManagerPluginName, &minfo, checkProtocols(minfo.Protocols)

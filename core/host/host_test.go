@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
@@ -152,7 +155,7 @@ func TestLaunchManagerAndClose(t *testing.T) {
 	if !alive(proc.Pid()) || proc.Exited() {
 		t.Fatalf("plugin pid %d not running after launch", proc.Pid())
 	}
-	for _, want := range []string{"plugin ready", "kind=cachemanager", "name=fake", "version=0.0.1", "protocol=2", "prefix_reuse=true",
+	for _, want := range []string{"plugin ready", "kind=cachemanager", "name=fake", "version=0.0.1", fmt.Sprintf("protocol=%d", pluginrpc.Protocol), `features=["top_logprobs"]`, "prefix_reuse=true",
 		"fake manager starting"} { // the last one is the plugin's own log line, forwarded
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("host log lacks %q:\n%s", want, logs)
@@ -320,16 +323,54 @@ func TestLaunchFailuresLeaveNothing(t *testing.T) {
 	})
 }
 
-func TestAutoMTLS(t *testing.T) {
-	h, _ := newHost(t)
-	h.AutoMTLS = true
-	ctx := ctxTimeout(t)
-	m, _, err := h.LaunchManager(ctx, fakeManager)
-	if err != nil {
-		t.Fatalf("LaunchManager with AutoMTLS: %v", err)
-	}
-	if _, err := m.Reserve(ctx, []kvcache.ReserveItem{{Seq: 1, Tokens: 1}}); err != nil {
-		t.Errorf("Reserve over mTLS: %v", err)
+// TestChannelIsTLS: by default a plugin's gRPC channel is mutual TLS
+// (AutoMTLS): a plain-text client at the plugin's own address is refused,
+// while the host's calls work. With AutoMTLS off the same plain-text client
+// is answered, so the refusal is the TLS, not the probe.
+func TestChannelIsTLS(t *testing.T) {
+	for _, mtls := range []bool{true, false} {
+		h, _ := newHost(t)
+		if !h.AutoMTLS {
+			t.Fatal("New left AutoMTLS off")
+		}
+		h.AutoMTLS = mtls
+		ctx := ctxTimeout(t)
+		m, proc, err := h.LaunchManager(ctx, fakeManager)
+		if err != nil {
+			t.Fatalf("LaunchManager (AutoMTLS %v): %v", mtls, err)
+		}
+		if _, err := m.Reserve(ctx, []kvcache.ReserveItem{{Seq: 1, Tokens: 1}}); err != nil {
+			t.Errorf("Reserve (AutoMTLS %v): %v", mtls, err)
+		}
+		addr := proc.client.ReattachConfig().Addr
+		// The plugin's socket lies in go-plugin's directory inside the
+		// host's: both mode 0700 (the data plane's lies there too).
+		for _, d := range []string{filepath.Dir(addr.String()), h.socketDir} {
+			fi, err := os.Stat(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+				t.Errorf("socket directory %s: mode %v, want a directory of mode 0700", d, fi.Mode())
+			}
+		}
+		if filepath.Dir(filepath.Dir(addr.String())) != h.socketDir {
+			t.Errorf("plugin socket %s is not inside the host's socket directory %s", addr, h.socketDir)
+		}
+		cc, err := grpc.NewClient("unix://"+addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = healthpb.NewHealthClient(cc).Check(cctx, &healthpb.HealthCheckRequest{Service: "plugin"})
+		cancel()
+		_ = cc.Close()
+		switch {
+		case mtls && err == nil:
+			t.Errorf("a plain-text gRPC client at %s was answered: the channel is not TLS", addr)
+		case !mtls && err != nil:
+			t.Errorf("AutoMTLS off: plain-text health check at %s: %v, want an answer (the probe works)", addr, err)
+		}
 	}
 }
 

@@ -4,35 +4,43 @@ package host
 
 import (
 	"errors"
-	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
-// TestUnknownTransportProtocol: a plugin built for a transport protocol
-// this kvx does not speak (9) is refused at the handshake with an error
-// that names the plugin and both versions, and nothing is left running.
-func TestUnknownTransportProtocol(t *testing.T) {
-	t.Setenv("FAKEPLUGIN_TRANSPORT", "9")
-	h, _ := newHost(t)
-	_, _, err := h.LaunchManager(ctxTimeout(t), fakeManager)
-	if err == nil {
-		t.Fatal("LaunchManager of a protocol-9 plugin succeeded")
+// Plugins of other contract revisions against this host, and this build's
+// plugin against hosts of other revisions (a Host whose Hello says an
+// older contract). The fake plugin plays the other revision: its handshake
+// version and its Hello come from FAKEPLUGIN_TRANSPORT, _FEATURES and
+// _REQUIRES.
+
+// refused launches path on h and checks that the launch is refused with
+// an error that wraps ErrProtocol and pluginrpc.ErrMismatch, contains every
+// want, and leaves nothing running.
+func refused(t *testing.T, h *Host, path string, want ...string) {
+	t.Helper()
+	var err error
+	if strings.Contains(path, "worker") {
+		_, _, err = h.LaunchWorker(ctxTimeout(t), path)
+	} else {
+		_, _, err = h.LaunchManager(ctxTimeout(t), path)
 	}
-	if !errors.Is(err, ErrProtocol) {
-		t.Errorf("errors.Is(%v, ErrProtocol) = false", err)
+	if err == nil {
+		t.Fatalf("launch of %s succeeded, want a refusal", path)
 	}
 	t.Log(err)
-	for _, want := range []string{
-		fakeManager,
-		"the plugin speaks protocol 9",
-		fmt.Sprintf("kvx speaks protocol %d (carrying contract v%d)", pluginrpc.InstancesProtocol, kvcache.ProtocolVersion),
-	} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not contain %q", err, want)
+	if !errors.Is(err, ErrProtocol) || !errors.Is(err, pluginrpc.ErrMismatch) {
+		t.Errorf("errors.Is(err, ErrProtocol) = %v, errors.Is(err, pluginrpc.ErrMismatch) = %v, want both",
+			errors.Is(err, ErrProtocol), errors.Is(err, pluginrpc.ErrMismatch))
+	}
+	for _, w := range append([]string{path}, want...) {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not contain %q", err, w)
 		}
 	}
 	if n := tracked(h); n != 0 {
@@ -40,17 +48,116 @@ func TestUnknownTransportProtocol(t *testing.T) {
 	}
 }
 
-func TestSpeaks(t *testing.T) {
-	for _, tc := range []struct {
-		in   []int
-		want string
-	}{
-		{[]int{2}, "protocol 2"},
-		{[]int{1, 2}, "protocols 1 and 2"},
-		{[]int{1, 2, 3}, "protocols 1, 2 and 3"},
-	} {
-		if got := speaks(tc.in); got != tc.want {
-			t.Errorf("speaks(%v) = %q, want %q", tc.in, got, tc.want)
-		}
+// TestOlderProtocolPlugin: a plugin of the previous wire protocol (2, as
+// every plugin built before the Contract service said) is refused at the
+// handshake, naming both protocols and telling to rebuild the plugin.
+func TestOlderProtocolPlugin(t *testing.T) {
+	t.Setenv("FAKEPLUGIN_TRANSPORT", "2")
+	h, _ := newHost(t)
+	refused(t, h, fakeManager,
+		"the plugin is older than this kvx",
+		"plugin: protocol 2 (protocols before 3 exchange no feature list)",
+		"kvx: protocol 3, features [top_logprobs]",
+		"rebuild the plugin against this kvx's plugins/sdk")
+}
+
+// TestNewerProtocolPlugin: a plugin of a wire protocol this kvx does not
+// know yet is refused at the handshake, telling which kvx to use.
+func TestNewerProtocolPlugin(t *testing.T) {
+	t.Setenv("FAKEPLUGIN_TRANSPORT", "9")
+	h, _ := newHost(t)
+	refused(t, h, fakeWorker,
+		"the plugin is newer than this kvx", "plugin: protocol 9", "kvx: protocol 3",
+		"use a kvx that speaks protocol 9")
+}
+
+// TestPluginRequiresAFeatureThisKvxLacks: a newer plugin of the same
+// protocol that requires a feature this kvx does not know is refused at
+// Hello, naming the feature.
+func TestPluginRequiresAFeatureThisKvxLacks(t *testing.T) {
+	t.Setenv("FAKEPLUGIN_FEATURES", "top_logprobs,kv_teleport")
+	t.Setenv("FAKEPLUGIN_REQUIRES", "kv_teleport")
+	h, _ := newHost(t)
+	refused(t, h, fakeManager,
+		"the plugin requires feature kv_teleport, which this kvx lacks",
+		"features [top_logprobs kv_teleport], requires [kv_teleport]")
+}
+
+// TestPluginWithUnknownFeature: a newer plugin offering a feature this kvx
+// does not know works; the feature is ignored.
+func TestPluginWithUnknownFeature(t *testing.T) {
+	t.Setenv("FAKEPLUGIN_FEATURES", "kv_teleport,top_logprobs")
+	h, _ := newHost(t)
+	_, proc, err := h.LaunchManager(ctxTimeout(t), fakeManager)
+	if err != nil {
+		t.Fatalf("LaunchManager: %v", err)
 	}
+	if got, want := proc.Features(), []pluginrpc.Feature{pluginrpc.FeatureTopLogprobs}; !slices.Equal(got, want) {
+		t.Errorf("Features() = %v, want %v", got, want)
+	}
+	if got := proc.Contract().Features; !slices.Contains(got, "kv_teleport") {
+		t.Errorf("Contract().Features = %v, want the plugin's own list with kv_teleport", got)
+	}
+}
+
+// TestOlderPluginWithoutAFeature: a worker from before top_logprobs (same
+// protocol, an additive difference) works; a batch that asks it for top
+// logprobs, which it would ignore, is refused with KindUnsupported naming
+// the feature, and the others run.
+func TestOlderPluginWithoutAFeature(t *testing.T) {
+	t.Setenv("FAKEPLUGIN_FEATURES", "-")
+	h, _ := newHost(t)
+	w, proc, err := h.LaunchWorker(ctxTimeout(t), fakeWorker)
+	if err != nil {
+		t.Fatalf("LaunchWorker: %v", err)
+	}
+	if got := proc.Features(); len(got) != 0 {
+		t.Errorf("Features() = %v, want none", got)
+	}
+	item := worker.Item{Seq: 5, Sample: true, Tokens: []int32{1}}
+	if _, err := w.Forward(ctxTimeout(t), worker.Batch{Step: 1, Items: []worker.Item{item}}); err != nil {
+		t.Errorf("Forward without top logprobs: %v", err)
+	}
+	item.TopLogprobs = 3
+	_, err = w.Forward(ctxTimeout(t), worker.Batch{Step: 2, Items: []worker.Item{item}})
+	if kvcache.KindOf(err) != kvcache.KindUnsupported || !strings.Contains(fmtErr(err), "feature top_logprobs") {
+		t.Errorf("Forward with TopLogprobs 3 = %v, want KindUnsupported naming feature top_logprobs", err)
+	}
+}
+
+// TestOlderHost: this build's plugin against hosts of older revisions: a
+// host of the same protocol without top_logprobs works (and uses none); a
+// host of protocol 2 is refused at the handshake; a host that requires a
+// feature the plugin lacks is refused at Hello.
+func TestOlderHost(t *testing.T) {
+	older := func(c pluginrpc.Contract) *Host {
+		h, _ := newHost(t)
+		h.contract = &c
+		return h
+	}
+	h := older(pluginrpc.Contract{Protocol: pluginrpc.Protocol})
+	_, proc, err := h.LaunchManager(ctxTimeout(t), fakeManager)
+	if err != nil {
+		t.Fatalf("LaunchManager from a host without features: %v", err)
+	}
+	if got := proc.Features(); len(got) != 0 {
+		t.Errorf("Features() = %v, want none", got)
+	}
+	if got, want := proc.Contract().Features, pluginrpc.Current().Features; !slices.Equal(got, want) {
+		t.Errorf("Contract().Features = %v, want the plugin's %v", got, want)
+	}
+
+	refused(t, older(pluginrpc.Contract{Protocol: 2}), fakeManager,
+		"the plugin is newer than this kvx", "plugin: protocol 3", "kvx: protocol 2")
+	refused(t, older(pluginrpc.Contract{Protocol: pluginrpc.Protocol, Features: []pluginrpc.Feature{"kv_teleport"},
+		Required: []pluginrpc.Feature{"kv_teleport"}}), fakeWorker,
+		"this kvx requires feature kv_teleport, which the plugin lacks",
+		"rebuild the plugin against this kvx's plugins/sdk")
+}
+
+func fmtErr(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

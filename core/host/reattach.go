@@ -13,7 +13,7 @@ import (
 // (sdk.DebugEnv, usually under a debugger) prints its reattach variable,
 // such as
 //
-//	KVX_REATTACH_FIFO='{"protocol":"grpc","version":2,"network":"unix","address":"/tmp/plugin123","pid":4242}'
+//	KVX_REATTACH_FIFO='{"protocol":"grpc","version":3,"network":"unix","address":"/tmp/plugin123","pid":4242}'
 //
 // With that variable in the host's environment, every launch of the binary
 // it names (pluginrpc.ReattachEnv of the launch's path: ./bin/kvx-fifo and
@@ -38,7 +38,7 @@ func (h *Host) reattach(cfg *plugin.ClientConfig, path string) error {
 	}
 	set, ok := cfg.VersionedPlugins[r.Version]
 	if !ok {
-		return fmt.Errorf("plugin %s (%s): %w", path, name, protocolMismatch(r.Version, cfg.VersionedPlugins))
+		return fmt.Errorf("plugin %s (%s): %w", path, name, protocolMismatch(r.Version, h.ours()))
 	}
 	rc, err := r.Config()
 	if err != nil {

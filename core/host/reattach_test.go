@@ -153,7 +153,7 @@ func TestReattachBadVariable(t *testing.T) {
 	}{
 		{"{not json", "want JSON like"},
 		{`{"protocol":"grpc","version":2,"network":"unix","address":"/tmp/x"}`, "pid missing"},
-		{`{"protocol":"grpc","version":9,"network":"unix","address":"/tmp/x","pid":1}`, "the plugin speaks protocol 9"},
+		{`{"protocol":"grpc","version":9,"network":"unix","address":"/tmp/x","pid":1}`, "the plugin is newer than this kvx (plugin: protocol 9"},
 	} {
 		t.Setenv(name, tc.value)
 		h, _ := newHost(t)

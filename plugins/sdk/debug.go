@@ -23,7 +23,7 @@ import (
 // to instead of starting a process of its own.
 //
 //	KVX_PLUGIN_DEBUG=1 dlv exec ./bin/kvx-fifo       # or just ./bin/kvx-fifo
-//	KVX_REATTACH_FIFO='{"protocol":"grpc","version":2,"network":"unix","address":"/tmp/plugin123","pid":4242}'
+//	KVX_REATTACH_FIFO='{"protocol":"grpc","version":3,"network":"unix","address":"/tmp/plugin123","pid":4242}'
 //
 // The plugin serves until it is interrupted (Ctrl-C) or killed, and prints
 // one line on stdout: the variable that tells kvx (core/host) where it

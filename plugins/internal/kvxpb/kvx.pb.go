@@ -64,6 +64,77 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// One side of the contract: the wire protocol, the features it implements
+// (named additive changes within that protocol: a peer ignores a name it
+// does not know) and those it cannot work without.
+type ContractSide struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Protocol      uint32                 `protobuf:"varint,1,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Features      []string               `protobuf:"bytes,2,rep,name=features,proto3" json:"features,omitempty"`
+	Required      []string               `protobuf:"bytes,3,rep,name=required,proto3" json:"required,omitempty"`
+	Build         string                 `protobuf:"bytes,4,opt,name=build,proto3" json:"build,omitempty"` // the kvx module version it was built from, for messages
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContractSide) Reset() {
+	*x = ContractSide{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContractSide) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContractSide) ProtoMessage() {}
+
+func (x *ContractSide) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContractSide.ProtoReflect.Descriptor instead.
+func (*ContractSide) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ContractSide) GetProtocol() uint32 {
+	if x != nil {
+		return x.Protocol
+	}
+	return 0
+}
+
+func (x *ContractSide) GetFeatures() []string {
+	if x != nil {
+		return x.Features
+	}
+	return nil
+}
+
+func (x *ContractSide) GetRequired() []string {
+	if x != nil {
+		return x.Required
+	}
+	return nil
+}
+
+func (x *ContractSide) GetBuild() string {
+	if x != nil {
+		return x.Build
+	}
+	return ""
+}
+
 type Empty struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -72,7 +143,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[0]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -84,7 +155,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[0]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -97,7 +168,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{0}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{1}
 }
 
 // The data plane is an optional fast path for the per-step calls (Lookup,
@@ -137,7 +208,7 @@ type DataPlaneRequest struct {
 
 func (x *DataPlaneRequest) Reset() {
 	*x = DataPlaneRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[1]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -149,7 +220,7 @@ func (x *DataPlaneRequest) String() string {
 func (*DataPlaneRequest) ProtoMessage() {}
 
 func (x *DataPlaneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[1]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -162,7 +233,7 @@ func (x *DataPlaneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataPlaneRequest.ProtoReflect.Descriptor instead.
 func (*DataPlaneRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{1}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *DataPlaneRequest) GetVersion() uint32 {
@@ -184,7 +255,7 @@ type DataPlane struct {
 
 func (x *DataPlane) Reset() {
 	*x = DataPlane{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[2]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -196,7 +267,7 @@ func (x *DataPlane) String() string {
 func (*DataPlane) ProtoMessage() {}
 
 func (x *DataPlane) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[2]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -209,7 +280,7 @@ func (x *DataPlane) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataPlane.ProtoReflect.Descriptor instead.
 func (*DataPlane) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{2}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DataPlane) GetNetwork() string {
@@ -248,7 +319,7 @@ type ManagerInfoRequest struct {
 
 func (x *ManagerInfoRequest) Reset() {
 	*x = ManagerInfoRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[3]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -260,7 +331,7 @@ func (x *ManagerInfoRequest) String() string {
 func (*ManagerInfoRequest) ProtoMessage() {}
 
 func (x *ManagerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[3]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -273,7 +344,7 @@ func (x *ManagerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagerInfoRequest.ProtoReflect.Descriptor instead.
 func (*ManagerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{3}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{4}
 }
 
 // kvcache.Info
@@ -289,7 +360,7 @@ type ManagerInfo struct {
 
 func (x *ManagerInfo) Reset() {
 	*x = ManagerInfo{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[4]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -301,7 +372,7 @@ func (x *ManagerInfo) String() string {
 func (*ManagerInfo) ProtoMessage() {}
 
 func (x *ManagerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[4]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -314,7 +385,7 @@ func (x *ManagerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagerInfo.ProtoReflect.Descriptor instead.
 func (*ManagerInfo) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{4}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ManagerInfo) GetName() string {
@@ -359,7 +430,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[5]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -371,7 +442,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[5]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -384,7 +455,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{5}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Capabilities) GetMixers() []string {
@@ -433,7 +504,7 @@ type SnapshotConfig struct {
 
 func (x *SnapshotConfig) Reset() {
 	*x = SnapshotConfig{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[6]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +516,7 @@ func (x *SnapshotConfig) String() string {
 func (*SnapshotConfig) ProtoMessage() {}
 
 func (x *SnapshotConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[6]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +529,7 @@ func (x *SnapshotConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotConfig.ProtoReflect.Descriptor instead.
 func (*SnapshotConfig) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{6}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SnapshotConfig) GetInterval() int64 {
@@ -499,7 +570,7 @@ type ManagerConfig struct {
 
 func (x *ManagerConfig) Reset() {
 	*x = ManagerConfig{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[7]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +582,7 @@ func (x *ManagerConfig) String() string {
 func (*ManagerConfig) ProtoMessage() {}
 
 func (x *ManagerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[7]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +595,7 @@ func (x *ManagerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagerConfig.ProtoReflect.Descriptor instead.
 func (*ManagerConfig) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{7}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ManagerConfig) GetStage() int64 {
@@ -642,7 +713,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[8]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +725,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[8]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +738,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{8}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Pool) GetId() int64 {
@@ -739,7 +810,7 @@ type Layout struct {
 
 func (x *Layout) Reset() {
 	*x = Layout{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[9]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +822,7 @@ func (x *Layout) String() string {
 func (*Layout) ProtoMessage() {}
 
 func (x *Layout) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[9]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +835,7 @@ func (x *Layout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layout.ProtoReflect.Descriptor instead.
 func (*Layout) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{9}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Layout) GetPools() []*Pool {
@@ -806,7 +877,7 @@ type LookupItem struct {
 
 func (x *LookupItem) Reset() {
 	*x = LookupItem{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[10]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -818,7 +889,7 @@ func (x *LookupItem) String() string {
 func (*LookupItem) ProtoMessage() {}
 
 func (x *LookupItem) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[10]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -831,7 +902,7 @@ func (x *LookupItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupItem.ProtoReflect.Descriptor instead.
 func (*LookupItem) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{10}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LookupItem) GetSeq() uint64 {
@@ -857,7 +928,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[11]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +940,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[11]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +953,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{11}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LookupRequest) GetItems() []*LookupItem {
@@ -901,7 +972,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[12]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -913,7 +984,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[12]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -926,7 +997,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{12}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LookupResponse) GetTokens() []int64 {
@@ -955,7 +1026,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[13]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1038,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[13]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1051,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{13}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReserveRequest) GetSeq() []uint64 {
@@ -1056,7 +1127,7 @@ type TableDeltas struct {
 
 func (x *TableDeltas) Reset() {
 	*x = TableDeltas{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[14]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1139,7 @@ func (x *TableDeltas) String() string {
 func (*TableDeltas) ProtoMessage() {}
 
 func (x *TableDeltas) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[14]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1152,7 @@ func (x *TableDeltas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableDeltas.ProtoReflect.Descriptor instead.
 func (*TableDeltas) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{14}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TableDeltas) GetItem() []int32 {
@@ -1135,7 +1206,7 @@ type Copies struct {
 
 func (x *Copies) Reset() {
 	*x = Copies{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[15]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1218,7 @@ func (x *Copies) String() string {
 func (*Copies) ProtoMessage() {}
 
 func (x *Copies) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[15]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1231,7 @@ func (x *Copies) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copies.ProtoReflect.Descriptor instead.
 func (*Copies) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{15}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Copies) GetSrcPool() []int64 {
@@ -1213,7 +1284,7 @@ type SnapshotSlots struct {
 
 func (x *SnapshotSlots) Reset() {
 	*x = SnapshotSlots{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[16]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1225,7 +1296,7 @@ func (x *SnapshotSlots) String() string {
 func (*SnapshotSlots) ProtoMessage() {}
 
 func (x *SnapshotSlots) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[16]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1238,7 +1309,7 @@ func (x *SnapshotSlots) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSlots.ProtoReflect.Descriptor instead.
 func (*SnapshotSlots) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{16}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SnapshotSlots) GetPos() []int64 {
@@ -1287,7 +1358,7 @@ type ReserveResponse struct {
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[17]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1370,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[17]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1383,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{17}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReserveResponse) GetSeq() []uint64 {
@@ -1374,7 +1445,7 @@ type Seqs struct {
 
 func (x *Seqs) Reset() {
 	*x = Seqs{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1386,7 +1457,7 @@ func (x *Seqs) String() string {
 func (*Seqs) ProtoMessage() {}
 
 func (x *Seqs) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[18]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1399,7 +1470,7 @@ func (x *Seqs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Seqs.ProtoReflect.Descriptor instead.
 func (*Seqs) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{18}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Seqs) GetSeqs() []uint64 {
@@ -1420,7 +1491,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1503,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1516,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{19}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CommitRequest) GetSeq() []uint64 {
@@ -1472,7 +1543,7 @@ type CommitResult struct {
 
 func (x *CommitResult) Reset() {
 	*x = CommitResult{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +1555,7 @@ func (x *CommitResult) String() string {
 func (*CommitResult) ProtoMessage() {}
 
 func (x *CommitResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +1568,7 @@ func (x *CommitResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResult.ProtoReflect.Descriptor instead.
 func (*CommitResult) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{20}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CommitResult) GetCopies() *Copies {
@@ -1519,7 +1590,7 @@ type EndStepRequest struct {
 
 func (x *EndStepRequest) Reset() {
 	*x = EndStepRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1531,7 +1602,7 @@ func (x *EndStepRequest) String() string {
 func (*EndStepRequest) ProtoMessage() {}
 
 func (x *EndStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1544,7 +1615,7 @@ func (x *EndStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepRequest.ProtoReflect.Descriptor instead.
 func (*EndStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{21}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EndStepRequest) GetCommit() *CommitRequest {
@@ -1579,7 +1650,7 @@ type EndStepResult struct {
 
 func (x *EndStepResult) Reset() {
 	*x = EndStepResult{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1591,7 +1662,7 @@ func (x *EndStepResult) String() string {
 func (*EndStepResult) ProtoMessage() {}
 
 func (x *EndStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1604,7 +1675,7 @@ func (x *EndStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepResult.ProtoReflect.Descriptor instead.
 func (*EndStepResult) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{22}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EndStepResult) GetCommit() *CommitResult {
@@ -1632,7 +1703,7 @@ type MoveResult struct {
 
 func (x *MoveResult) Reset() {
 	*x = MoveResult{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +1715,7 @@ func (x *MoveResult) String() string {
 func (*MoveResult) ProtoMessage() {}
 
 func (x *MoveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +1728,7 @@ func (x *MoveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResult.ProtoReflect.Descriptor instead.
 func (*MoveResult) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{23}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *MoveResult) GetOk() []bool {
@@ -1682,7 +1753,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1694,7 +1765,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1707,7 +1778,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{24}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{25}
 }
 
 // kvcache.PoolStats
@@ -1724,7 +1795,7 @@ type PoolStats struct {
 
 func (x *PoolStats) Reset() {
 	*x = PoolStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1807,7 @@ func (x *PoolStats) String() string {
 func (*PoolStats) ProtoMessage() {}
 
 func (x *PoolStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1820,7 @@ func (x *PoolStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStats.ProtoReflect.Descriptor instead.
 func (*PoolStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{25}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PoolStats) GetPool() int64 {
@@ -1800,7 +1871,7 @@ type SnapshotStats struct {
 
 func (x *SnapshotStats) Reset() {
 	*x = SnapshotStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1883,7 @@ func (x *SnapshotStats) String() string {
 func (*SnapshotStats) ProtoMessage() {}
 
 func (x *SnapshotStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1896,7 @@ func (x *SnapshotStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotStats.ProtoReflect.Descriptor instead.
 func (*SnapshotStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{26}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SnapshotStats) GetTaken() int64 {
@@ -1873,7 +1944,7 @@ type ManagerStats struct {
 
 func (x *ManagerStats) Reset() {
 	*x = ManagerStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1885,7 +1956,7 @@ func (x *ManagerStats) String() string {
 func (*ManagerStats) ProtoMessage() {}
 
 func (x *ManagerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1898,7 +1969,7 @@ func (x *ManagerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagerStats.ProtoReflect.Descriptor instead.
 func (*ManagerStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{27}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ManagerStats) GetPools() []*PoolStats {
@@ -1968,7 +2039,7 @@ type InspectOptions struct {
 
 func (x *InspectOptions) Reset() {
 	*x = InspectOptions{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1980,7 +2051,7 @@ func (x *InspectOptions) String() string {
 func (*InspectOptions) ProtoMessage() {}
 
 func (x *InspectOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1993,7 +2064,7 @@ func (x *InspectOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectOptions.ProtoReflect.Descriptor instead.
 func (*InspectOptions) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{28}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *InspectOptions) GetTables() bool {
@@ -2020,7 +2091,7 @@ type BlockTable struct {
 
 func (x *BlockTable) Reset() {
 	*x = BlockTable{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2032,7 +2103,7 @@ func (x *BlockTable) String() string {
 func (*BlockTable) ProtoMessage() {}
 
 func (x *BlockTable) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2045,7 +2116,7 @@ func (x *BlockTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockTable.ProtoReflect.Descriptor instead.
 func (*BlockTable) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{29}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *BlockTable) GetBlocks() []int32 {
@@ -2073,7 +2144,7 @@ type SeqState struct {
 
 func (x *SeqState) Reset() {
 	*x = SeqState{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2156,7 @@ func (x *SeqState) String() string {
 func (*SeqState) ProtoMessage() {}
 
 func (x *SeqState) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2169,7 @@ func (x *SeqState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeqState.ProtoReflect.Descriptor instead.
 func (*SeqState) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{30}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SeqState) GetSeq() uint64 {
@@ -2185,7 +2256,7 @@ type SeqColumns struct {
 
 func (x *SeqColumns) Reset() {
 	*x = SeqColumns{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2197,7 +2268,7 @@ func (x *SeqColumns) String() string {
 func (*SeqColumns) ProtoMessage() {}
 
 func (x *SeqColumns) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2210,7 +2281,7 @@ func (x *SeqColumns) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeqColumns.ProtoReflect.Descriptor instead.
 func (*SeqColumns) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{31}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SeqColumns) GetSeq() []uint64 {
@@ -2286,7 +2357,7 @@ type RefCounts struct {
 
 func (x *RefCounts) Reset() {
 	*x = RefCounts{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2298,7 +2369,7 @@ func (x *RefCounts) String() string {
 func (*RefCounts) ProtoMessage() {}
 
 func (x *RefCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2311,7 +2382,7 @@ func (x *RefCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefCounts.ProtoReflect.Descriptor instead.
 func (*RefCounts) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{32}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RefCounts) GetCounts() []int32 {
@@ -2336,7 +2407,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2348,7 +2419,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2361,7 +2432,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{33}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Snapshot) GetPools() []*PoolStats {
@@ -2416,7 +2487,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2428,7 +2499,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2441,7 +2512,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{34}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ErrorDetail) GetSeqs() []uint64 {
@@ -2459,7 +2530,7 @@ type WorkerInfoRequest struct {
 
 func (x *WorkerInfoRequest) Reset() {
 	*x = WorkerInfoRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2471,7 +2542,7 @@ func (x *WorkerInfoRequest) String() string {
 func (*WorkerInfoRequest) ProtoMessage() {}
 
 func (x *WorkerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2484,7 +2555,7 @@ func (x *WorkerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfoRequest.ProtoReflect.Descriptor instead.
 func (*WorkerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{35}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{36}
 }
 
 // worker.Info
@@ -2503,7 +2574,7 @@ type WorkerInfo struct {
 
 func (x *WorkerInfo) Reset() {
 	*x = WorkerInfo{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2515,7 +2586,7 @@ func (x *WorkerInfo) String() string {
 func (*WorkerInfo) ProtoMessage() {}
 
 func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2528,7 +2599,7 @@ func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
 func (*WorkerInfo) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{36}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WorkerInfo) GetName() string {
@@ -2599,7 +2670,7 @@ type Hardware struct {
 
 func (x *Hardware) Reset() {
 	*x = Hardware{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2611,7 +2682,7 @@ func (x *Hardware) String() string {
 func (*Hardware) ProtoMessage() {}
 
 func (x *Hardware) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2624,7 +2695,7 @@ func (x *Hardware) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hardware.ProtoReflect.Descriptor instead.
 func (*Hardware) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{37}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Hardware) GetName() string {
@@ -2722,7 +2793,7 @@ type WorkerConfig struct {
 
 func (x *WorkerConfig) Reset() {
 	*x = WorkerConfig{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2734,7 +2805,7 @@ func (x *WorkerConfig) String() string {
 func (*WorkerConfig) ProtoMessage() {}
 
 func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2747,7 +2818,7 @@ func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerConfig.ProtoReflect.Descriptor instead.
 func (*WorkerConfig) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{38}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *WorkerConfig) GetStage() int64 {
@@ -2866,7 +2937,7 @@ type Setup struct {
 
 func (x *Setup) Reset() {
 	*x = Setup{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2878,7 +2949,7 @@ func (x *Setup) String() string {
 func (*Setup) ProtoMessage() {}
 
 func (x *Setup) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2891,7 +2962,7 @@ func (x *Setup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Setup.ProtoReflect.Descriptor instead.
 func (*Setup) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Setup) GetDeviceBytes() int64 {
@@ -2932,7 +3003,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2944,7 +3015,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2957,7 +3028,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{40}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Batch) GetStep() uint64 {
@@ -3078,7 +3149,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3090,7 +3161,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3103,7 +3174,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{41}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Result) GetHidden() []byte {
@@ -3213,7 +3284,7 @@ type CopyBlocksRequest struct {
 
 func (x *CopyBlocksRequest) Reset() {
 	*x = CopyBlocksRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3225,7 +3296,7 @@ func (x *CopyBlocksRequest) String() string {
 func (*CopyBlocksRequest) ProtoMessage() {}
 
 func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3238,7 +3309,7 @@ func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyBlocksRequest.ProtoReflect.Descriptor instead.
 func (*CopyBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{42}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CopyBlocksRequest) GetCopies() *Copies {
@@ -3256,7 +3327,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3268,7 +3339,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3281,14 +3352,19 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{43}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{44}
 }
 
 var File_kvx_v1_kvx_proto protoreflect.FileDescriptor
 
 const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\n" +
-	"\x10kvx/v1/kvx.proto\x12\x06kvx.v1\"\a\n" +
+	"\x10kvx/v1/kvx.proto\x12\x06kvx.v1\"x\n" +
+	"\fContractSide\x12\x1a\n" +
+	"\bprotocol\x18\x01 \x01(\rR\bprotocol\x12\x1a\n" +
+	"\bfeatures\x18\x02 \x03(\tR\bfeatures\x12\x1a\n" +
+	"\brequired\x18\x03 \x03(\tR\brequired\x12\x14\n" +
+	"\x05build\x18\x04 \x01(\tR\x05build\"\a\n" +
 	"\x05Empty\",\n" +
 	"\x10DataPlaneRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\"o\n" +
@@ -3553,7 +3629,9 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\ftop_logprobs\x18\x0e \x03(\x01R\vtopLogprobs\";\n" +
 	"\x11CopyBlocksRequest\x12&\n" +
 	"\x06copies\x18\x01 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\"\x0f\n" +
-	"\rHealthRequest2\xb6\x05\n" +
+	"\rHealthRequest2?\n" +
+	"\bContract\x123\n" +
+	"\x05Hello\x12\x14.kvx.v1.ContractSide\x1a\x14.kvx.v1.ContractSide2\xb6\x05\n" +
 	"\fCacheManager\x127\n" +
 	"\x04Info\x12\x1a.kvx.v1.ManagerInfoRequest\x1a\x13.kvx.v1.ManagerInfo\x122\n" +
 	"\tConfigure\x12\x15.kvx.v1.ManagerConfig\x1a\x0e.kvx.v1.Layout\x127\n" +
@@ -3589,121 +3667,124 @@ func file_kvx_v1_kvx_proto_rawDescGZIP() []byte {
 	return file_kvx_v1_kvx_proto_rawDescData
 }
 
-var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_kvx_v1_kvx_proto_goTypes = []any{
-	(*Empty)(nil),              // 0: kvx.v1.Empty
-	(*DataPlaneRequest)(nil),   // 1: kvx.v1.DataPlaneRequest
-	(*DataPlane)(nil),          // 2: kvx.v1.DataPlane
-	(*ManagerInfoRequest)(nil), // 3: kvx.v1.ManagerInfoRequest
-	(*ManagerInfo)(nil),        // 4: kvx.v1.ManagerInfo
-	(*Capabilities)(nil),       // 5: kvx.v1.Capabilities
-	(*SnapshotConfig)(nil),     // 6: kvx.v1.SnapshotConfig
-	(*ManagerConfig)(nil),      // 7: kvx.v1.ManagerConfig
-	(*Pool)(nil),               // 8: kvx.v1.Pool
-	(*Layout)(nil),             // 9: kvx.v1.Layout
-	(*LookupItem)(nil),         // 10: kvx.v1.LookupItem
-	(*LookupRequest)(nil),      // 11: kvx.v1.LookupRequest
-	(*LookupResponse)(nil),     // 12: kvx.v1.LookupResponse
-	(*ReserveRequest)(nil),     // 13: kvx.v1.ReserveRequest
-	(*TableDeltas)(nil),        // 14: kvx.v1.TableDeltas
-	(*Copies)(nil),             // 15: kvx.v1.Copies
-	(*SnapshotSlots)(nil),      // 16: kvx.v1.SnapshotSlots
-	(*ReserveResponse)(nil),    // 17: kvx.v1.ReserveResponse
-	(*Seqs)(nil),               // 18: kvx.v1.Seqs
-	(*CommitRequest)(nil),      // 19: kvx.v1.CommitRequest
-	(*CommitResult)(nil),       // 20: kvx.v1.CommitResult
-	(*EndStepRequest)(nil),     // 21: kvx.v1.EndStepRequest
-	(*EndStepResult)(nil),      // 22: kvx.v1.EndStepResult
-	(*MoveResult)(nil),         // 23: kvx.v1.MoveResult
-	(*StatsRequest)(nil),       // 24: kvx.v1.StatsRequest
-	(*PoolStats)(nil),          // 25: kvx.v1.PoolStats
-	(*SnapshotStats)(nil),      // 26: kvx.v1.SnapshotStats
-	(*ManagerStats)(nil),       // 27: kvx.v1.ManagerStats
-	(*InspectOptions)(nil),     // 28: kvx.v1.InspectOptions
-	(*BlockTable)(nil),         // 29: kvx.v1.BlockTable
-	(*SeqState)(nil),           // 30: kvx.v1.SeqState
-	(*SeqColumns)(nil),         // 31: kvx.v1.SeqColumns
-	(*RefCounts)(nil),          // 32: kvx.v1.RefCounts
-	(*Snapshot)(nil),           // 33: kvx.v1.Snapshot
-	(*ErrorDetail)(nil),        // 34: kvx.v1.ErrorDetail
-	(*WorkerInfoRequest)(nil),  // 35: kvx.v1.WorkerInfoRequest
-	(*WorkerInfo)(nil),         // 36: kvx.v1.WorkerInfo
-	(*Hardware)(nil),           // 37: kvx.v1.Hardware
-	(*WorkerConfig)(nil),       // 38: kvx.v1.WorkerConfig
-	(*Setup)(nil),              // 39: kvx.v1.Setup
-	(*Batch)(nil),              // 40: kvx.v1.Batch
-	(*Result)(nil),             // 41: kvx.v1.Result
-	(*CopyBlocksRequest)(nil),  // 42: kvx.v1.CopyBlocksRequest
-	(*HealthRequest)(nil),      // 43: kvx.v1.HealthRequest
+	(*ContractSide)(nil),       // 0: kvx.v1.ContractSide
+	(*Empty)(nil),              // 1: kvx.v1.Empty
+	(*DataPlaneRequest)(nil),   // 2: kvx.v1.DataPlaneRequest
+	(*DataPlane)(nil),          // 3: kvx.v1.DataPlane
+	(*ManagerInfoRequest)(nil), // 4: kvx.v1.ManagerInfoRequest
+	(*ManagerInfo)(nil),        // 5: kvx.v1.ManagerInfo
+	(*Capabilities)(nil),       // 6: kvx.v1.Capabilities
+	(*SnapshotConfig)(nil),     // 7: kvx.v1.SnapshotConfig
+	(*ManagerConfig)(nil),      // 8: kvx.v1.ManagerConfig
+	(*Pool)(nil),               // 9: kvx.v1.Pool
+	(*Layout)(nil),             // 10: kvx.v1.Layout
+	(*LookupItem)(nil),         // 11: kvx.v1.LookupItem
+	(*LookupRequest)(nil),      // 12: kvx.v1.LookupRequest
+	(*LookupResponse)(nil),     // 13: kvx.v1.LookupResponse
+	(*ReserveRequest)(nil),     // 14: kvx.v1.ReserveRequest
+	(*TableDeltas)(nil),        // 15: kvx.v1.TableDeltas
+	(*Copies)(nil),             // 16: kvx.v1.Copies
+	(*SnapshotSlots)(nil),      // 17: kvx.v1.SnapshotSlots
+	(*ReserveResponse)(nil),    // 18: kvx.v1.ReserveResponse
+	(*Seqs)(nil),               // 19: kvx.v1.Seqs
+	(*CommitRequest)(nil),      // 20: kvx.v1.CommitRequest
+	(*CommitResult)(nil),       // 21: kvx.v1.CommitResult
+	(*EndStepRequest)(nil),     // 22: kvx.v1.EndStepRequest
+	(*EndStepResult)(nil),      // 23: kvx.v1.EndStepResult
+	(*MoveResult)(nil),         // 24: kvx.v1.MoveResult
+	(*StatsRequest)(nil),       // 25: kvx.v1.StatsRequest
+	(*PoolStats)(nil),          // 26: kvx.v1.PoolStats
+	(*SnapshotStats)(nil),      // 27: kvx.v1.SnapshotStats
+	(*ManagerStats)(nil),       // 28: kvx.v1.ManagerStats
+	(*InspectOptions)(nil),     // 29: kvx.v1.InspectOptions
+	(*BlockTable)(nil),         // 30: kvx.v1.BlockTable
+	(*SeqState)(nil),           // 31: kvx.v1.SeqState
+	(*SeqColumns)(nil),         // 32: kvx.v1.SeqColumns
+	(*RefCounts)(nil),          // 33: kvx.v1.RefCounts
+	(*Snapshot)(nil),           // 34: kvx.v1.Snapshot
+	(*ErrorDetail)(nil),        // 35: kvx.v1.ErrorDetail
+	(*WorkerInfoRequest)(nil),  // 36: kvx.v1.WorkerInfoRequest
+	(*WorkerInfo)(nil),         // 37: kvx.v1.WorkerInfo
+	(*Hardware)(nil),           // 38: kvx.v1.Hardware
+	(*WorkerConfig)(nil),       // 39: kvx.v1.WorkerConfig
+	(*Setup)(nil),              // 40: kvx.v1.Setup
+	(*Batch)(nil),              // 41: kvx.v1.Batch
+	(*Result)(nil),             // 42: kvx.v1.Result
+	(*CopyBlocksRequest)(nil),  // 43: kvx.v1.CopyBlocksRequest
+	(*HealthRequest)(nil),      // 44: kvx.v1.HealthRequest
 }
 var file_kvx_v1_kvx_proto_depIdxs = []int32{
-	5,  // 0: kvx.v1.ManagerInfo.capabilities:type_name -> kvx.v1.Capabilities
-	6,  // 1: kvx.v1.ManagerConfig.snapshots:type_name -> kvx.v1.SnapshotConfig
-	8,  // 2: kvx.v1.Layout.pools:type_name -> kvx.v1.Pool
-	10, // 3: kvx.v1.LookupRequest.items:type_name -> kvx.v1.LookupItem
-	14, // 4: kvx.v1.ReserveResponse.tables:type_name -> kvx.v1.TableDeltas
-	15, // 5: kvx.v1.ReserveResponse.copies:type_name -> kvx.v1.Copies
-	16, // 6: kvx.v1.ReserveResponse.snapshots:type_name -> kvx.v1.SnapshotSlots
-	15, // 7: kvx.v1.CommitResult.copies:type_name -> kvx.v1.Copies
-	19, // 8: kvx.v1.EndStepRequest.commit:type_name -> kvx.v1.CommitRequest
-	18, // 9: kvx.v1.EndStepRequest.release:type_name -> kvx.v1.Seqs
-	28, // 10: kvx.v1.EndStepRequest.inspect:type_name -> kvx.v1.InspectOptions
-	20, // 11: kvx.v1.EndStepResult.commit:type_name -> kvx.v1.CommitResult
-	33, // 12: kvx.v1.EndStepResult.snapshot:type_name -> kvx.v1.Snapshot
-	15, // 13: kvx.v1.MoveResult.copies:type_name -> kvx.v1.Copies
-	25, // 14: kvx.v1.ManagerStats.pools:type_name -> kvx.v1.PoolStats
-	26, // 15: kvx.v1.ManagerStats.snapshots:type_name -> kvx.v1.SnapshotStats
-	29, // 16: kvx.v1.SeqState.tables:type_name -> kvx.v1.BlockTable
-	25, // 17: kvx.v1.Snapshot.pools:type_name -> kvx.v1.PoolStats
-	30, // 18: kvx.v1.Snapshot.seqs:type_name -> kvx.v1.SeqState
-	31, // 19: kvx.v1.Snapshot.seq_columns:type_name -> kvx.v1.SeqColumns
-	32, // 20: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
-	37, // 21: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
-	9,  // 22: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
-	14, // 23: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
-	15, // 24: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
-	16, // 25: kvx.v1.Batch.snapshots:type_name -> kvx.v1.SnapshotSlots
-	15, // 26: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
-	3,  // 27: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
-	7,  // 28: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
-	11, // 29: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
-	13, // 30: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
-	18, // 31: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
-	19, // 32: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
-	18, // 33: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
-	18, // 34: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
-	18, // 35: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
-	24, // 36: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
-	28, // 37: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
-	21, // 38: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
-	1,  // 39: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	35, // 40: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
-	38, // 41: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
-	40, // 42: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
-	42, // 43: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
-	43, // 44: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
-	1,  // 45: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	4,  // 46: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
-	9,  // 47: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
-	12, // 48: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
-	17, // 49: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
-	0,  // 50: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
-	20, // 51: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
-	23, // 52: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
-	23, // 53: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
-	0,  // 54: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
-	27, // 55: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
-	33, // 56: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
-	22, // 57: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
-	2,  // 58: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	36, // 59: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
-	39, // 60: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
-	41, // 61: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
-	0,  // 62: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
-	0,  // 63: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
-	2,  // 64: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	46, // [46:65] is the sub-list for method output_type
-	27, // [27:46] is the sub-list for method input_type
+	6,  // 0: kvx.v1.ManagerInfo.capabilities:type_name -> kvx.v1.Capabilities
+	7,  // 1: kvx.v1.ManagerConfig.snapshots:type_name -> kvx.v1.SnapshotConfig
+	9,  // 2: kvx.v1.Layout.pools:type_name -> kvx.v1.Pool
+	11, // 3: kvx.v1.LookupRequest.items:type_name -> kvx.v1.LookupItem
+	15, // 4: kvx.v1.ReserveResponse.tables:type_name -> kvx.v1.TableDeltas
+	16, // 5: kvx.v1.ReserveResponse.copies:type_name -> kvx.v1.Copies
+	17, // 6: kvx.v1.ReserveResponse.snapshots:type_name -> kvx.v1.SnapshotSlots
+	16, // 7: kvx.v1.CommitResult.copies:type_name -> kvx.v1.Copies
+	20, // 8: kvx.v1.EndStepRequest.commit:type_name -> kvx.v1.CommitRequest
+	19, // 9: kvx.v1.EndStepRequest.release:type_name -> kvx.v1.Seqs
+	29, // 10: kvx.v1.EndStepRequest.inspect:type_name -> kvx.v1.InspectOptions
+	21, // 11: kvx.v1.EndStepResult.commit:type_name -> kvx.v1.CommitResult
+	34, // 12: kvx.v1.EndStepResult.snapshot:type_name -> kvx.v1.Snapshot
+	16, // 13: kvx.v1.MoveResult.copies:type_name -> kvx.v1.Copies
+	26, // 14: kvx.v1.ManagerStats.pools:type_name -> kvx.v1.PoolStats
+	27, // 15: kvx.v1.ManagerStats.snapshots:type_name -> kvx.v1.SnapshotStats
+	30, // 16: kvx.v1.SeqState.tables:type_name -> kvx.v1.BlockTable
+	26, // 17: kvx.v1.Snapshot.pools:type_name -> kvx.v1.PoolStats
+	31, // 18: kvx.v1.Snapshot.seqs:type_name -> kvx.v1.SeqState
+	32, // 19: kvx.v1.Snapshot.seq_columns:type_name -> kvx.v1.SeqColumns
+	33, // 20: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
+	38, // 21: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
+	10, // 22: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
+	15, // 23: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
+	16, // 24: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
+	17, // 25: kvx.v1.Batch.snapshots:type_name -> kvx.v1.SnapshotSlots
+	16, // 26: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
+	0,  // 27: kvx.v1.Contract.Hello:input_type -> kvx.v1.ContractSide
+	4,  // 28: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
+	8,  // 29: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
+	12, // 30: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
+	14, // 31: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
+	19, // 32: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
+	20, // 33: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
+	19, // 34: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
+	19, // 35: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
+	19, // 36: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
+	25, // 37: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
+	29, // 38: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
+	22, // 39: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
+	2,  // 40: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	36, // 41: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
+	39, // 42: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
+	41, // 43: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
+	43, // 44: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
+	44, // 45: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
+	2,  // 46: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	0,  // 47: kvx.v1.Contract.Hello:output_type -> kvx.v1.ContractSide
+	5,  // 48: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
+	10, // 49: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
+	13, // 50: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
+	18, // 51: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
+	1,  // 52: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
+	21, // 53: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
+	24, // 54: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
+	24, // 55: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
+	1,  // 56: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
+	28, // 57: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
+	34, // 58: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
+	23, // 59: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
+	3,  // 60: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	37, // 61: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
+	40, // 62: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
+	42, // 63: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
+	1,  // 64: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
+	1,  // 65: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
+	3,  // 66: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	47, // [47:67] is the sub-list for method output_type
+	27, // [27:47] is the sub-list for method input_type
 	27, // [27:27] is the sub-list for extension type_name
 	27, // [27:27] is the sub-list for extension extendee
 	0,  // [0:27] is the sub-list for field type_name
@@ -3720,9 +3801,9 @@ func file_kvx_v1_kvx_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvx_v1_kvx_proto_rawDesc), len(file_kvx_v1_kvx_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   44,
+			NumMessages:   45,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_kvx_v1_kvx_proto_goTypes,
 		DependencyIndexes: file_kvx_v1_kvx_proto_depIdxs,

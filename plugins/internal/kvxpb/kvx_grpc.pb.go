@@ -62,6 +62,110 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
+	Contract_Hello_FullMethodName = "/kvx.v1.Contract/Hello"
+)
+
+// ContractClient is the client API for Contract service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type ContractClient interface {
+	// The host sends what it speaks; the plugin answers what it speaks.
+	Hello(ctx context.Context, in *ContractSide, opts ...grpc.CallOption) (*ContractSide, error)
+}
+
+type contractClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewContractClient(cc grpc.ClientConnInterface) ContractClient {
+	return &contractClient{cc}
+}
+
+func (c *contractClient) Hello(ctx context.Context, in *ContractSide, opts ...grpc.CallOption) (*ContractSide, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ContractSide)
+	err := c.cc.Invoke(ctx, Contract_Hello_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ContractServer is the server API for Contract service.
+// All implementations must embed UnimplementedContractServer
+// for forward compatibility.
+type ContractServer interface {
+	// The host sends what it speaks; the plugin answers what it speaks.
+	Hello(context.Context, *ContractSide) (*ContractSide, error)
+	mustEmbedUnimplementedContractServer()
+}
+
+// UnimplementedContractServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedContractServer struct{}
+
+func (UnimplementedContractServer) Hello(context.Context, *ContractSide) (*ContractSide, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Hello not implemented")
+}
+func (UnimplementedContractServer) mustEmbedUnimplementedContractServer() {}
+func (UnimplementedContractServer) testEmbeddedByValue()                  {}
+
+// UnsafeContractServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to ContractServer will
+// result in compilation errors.
+type UnsafeContractServer interface {
+	mustEmbedUnimplementedContractServer()
+}
+
+func RegisterContractServer(s grpc.ServiceRegistrar, srv ContractServer) {
+	// If the following call pancis, it indicates UnimplementedContractServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Contract_ServiceDesc, srv)
+}
+
+func _Contract_Hello_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ContractSide)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ContractServer).Hello(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Contract_Hello_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ContractServer).Hello(ctx, req.(*ContractSide))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Contract_ServiceDesc is the grpc.ServiceDesc for Contract service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Contract_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "kvx.v1.Contract",
+	HandlerType: (*ContractServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Hello",
+			Handler:    _Contract_Hello_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "kvx/v1/kvx.proto",
+}
+
+const (
 	CacheManager_Info_FullMethodName          = "/kvx.v1.CacheManager/Info"
 	CacheManager_Configure_FullMethodName     = "/kvx.v1.CacheManager/Configure"
 	CacheManager_Lookup_FullMethodName        = "/kvx.v1.CacheManager/Lookup"

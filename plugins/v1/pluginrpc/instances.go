@@ -26,11 +26,9 @@ import (
 // the metadata key instanceKey (none: instance 0); a data plane frame in
 // bytes 5 and 6 of its header.
 
-// InstancesProtocol is the go-plugin protocol version of every kvx plugin:
-// a process serves several instances. It carries contract v1
-// (kvcache.ProtocolVersion). It is the only one: nothing that served one
-// instance per process was released.
-const InstancesProtocol = 2
+// InstancesProtocol is the name Protocol had when protocol 2 made a process
+// serve several instances; every protocol since does.
+const InstancesProtocol = Protocol
 
 // MaxInstances bounds the instances one plugin process serves.
 const MaxInstances = 64
@@ -180,6 +178,10 @@ type family struct {
 	opener *plane.Opener
 	mu     sync.Mutex
 	next   uint16
+	// agreed is what Negotiate found both sides offer (contract.go);
+	// negotiated is false until it ran.
+	agreed     []Feature
+	negotiated bool
 }
 
 // take returns the next instance number.

@@ -25,6 +25,9 @@ func TestManagerPair(t testing.TB, m kvcache.Manager) kvcache.Manager {
 	if err != nil {
 		t.Fatalf("ManagerPlugin.GRPCClient: %v", err)
 	}
+	if _, err := c.(*ManagerClient).Negotiate(context.Background(), Current()); err != nil {
+		t.Fatalf("Negotiate: %v", err)
+	}
 	return c.(*ManagerClient)
 }
 
@@ -36,6 +39,9 @@ func TestWorkerPair(t testing.TB, w worker.Worker) worker.Worker {
 	c, err := (&WorkerPlugin{}).GRPCClient(context.Background(), nil, p.conn)
 	if err != nil {
 		t.Fatalf("WorkerPlugin.GRPCClient: %v", err)
+	}
+	if _, err := c.(*WorkerClient).Negotiate(context.Background(), Current()); err != nil {
+		t.Fatalf("Negotiate: %v", err)
 	}
 	return c.(*WorkerClient)
 }

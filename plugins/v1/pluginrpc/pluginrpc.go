@@ -33,7 +33,7 @@
 //
 // # Instances
 //
-// Under the transport protocol (InstancesProtocol, see instances.go) one
+// Under the transport protocol (Protocol, see contract.go and instances.go) one
 // plugin process serves an instance per pipeline stage, each made by the
 // plugin's factory; the host gets the further instances of a process with
 // NewInstance. The instances share the process's data plane: their calls
@@ -65,11 +65,11 @@ import (
 )
 
 // Handshake is the go-plugin handshake of every kvx plugin. The cookie only
-// keeps plugin binaries from being run by hand; the protocol version, the
-// one InstancesProtocol, is the key of the plugin sets (ServedPlugins,
+// keeps plugin binaries from being run by hand; the protocol version,
+// Protocol (contract.go), is the key of the plugin sets (ServedPlugins,
 // HostPlugins).
 var Handshake = plugin.HandshakeConfig{
-	ProtocolVersion:  InstancesProtocol,
+	ProtocolVersion:  Protocol,
 	MagicCookieKey:   "KVX_PLUGIN",
 	MagicCookieValue: "kvx-plugin-5b0e3c1d7a9f",
 }
@@ -91,7 +91,7 @@ const LogLevelEnv = "KVX_PLUGIN_LOG_LEVEL"
 const MaxMessageBytes = 1 << 30
 
 // ServedPlugins returns the plugin sets a plugin binary passes to
-// plugin.ServeConfig: under InstancesProtocol, the one transport protocol,
+// plugin.ServeConfig: under Protocol, the one transport protocol,
 // the process serves as many instances as the host asks for, one per call
 // of the factory (instance 0 is made before serving). A nil factory leaves
 // that kind unserved: its gRPC service is not registered, and calling it
@@ -104,7 +104,7 @@ func ServedPlugins(newManager func() kvcache.Manager, newWorker func() worker.Wo
 	if newWorker != nil {
 		set[WorkerPluginName] = &WorkerPlugin{New: firstThen(newWorker(), newWorker)}
 	}
-	return map[int]plugin.PluginSet{InstancesProtocol: set}
+	return map[int]plugin.PluginSet{Protocol: set}
 }
 
 // firstThen returns first on its first call and what more makes after: the
@@ -126,7 +126,7 @@ func firstThen[T any](first T, more func() T) func() T {
 // its process, and NewInstance makes the others.
 func HostPlugins(opts ...ClientOption) map[int]plugin.PluginSet {
 	return map[int]plugin.PluginSet{
-		InstancesProtocol: {
+		Protocol: {
 			ManagerPluginName: &ManagerPlugin{ClientOptions: opts},
 			WorkerPluginName:  &WorkerPlugin{ClientOptions: opts},
 		},
@@ -169,13 +169,17 @@ type ManagerPlugin struct {
 	// (TestManagerPair).
 	New           func() kvcache.Manager
 	ClientOptions []ClientOption // host side: how GRPCClient makes the client
+	// Contract, when set, is what the plugin's Hello answers instead of
+	// Current() (tests that play a plugin of another revision).
+	Contract *Contract
 }
 
 var _ plugin.GRPCPlugin = (*ManagerPlugin)(nil)
 
-// GRPCServer registers New's instances or Impl on s; with neither it
-// registers nothing.
+// GRPCServer registers the Contract service and New's instances or Impl
+// on s; with neither, only the Contract service.
 func (p *ManagerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+	registerContract(s, p.Contract)
 	switch {
 	case p.New != nil:
 		registerManagers(s, p.New)
@@ -198,13 +202,15 @@ type WorkerPlugin struct {
 	Impl          worker.Worker
 	New           func() worker.Worker // see ManagerPlugin.New
 	ClientOptions []ClientOption       // host side: how GRPCClient makes the client
+	Contract      *Contract            // see ManagerPlugin.Contract
 }
 
 var _ plugin.GRPCPlugin = (*WorkerPlugin)(nil)
 
-// GRPCServer registers New's instances or Impl on s; with neither it
-// registers nothing.
+// GRPCServer registers the Contract service and New's instances or Impl
+// on s; with neither, only the Contract service.
 func (p *WorkerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+	registerContract(s, p.Contract)
 	switch {
 	case p.New != nil:
 		registerWorkers(s, p.New)

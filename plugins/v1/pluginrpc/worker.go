@@ -98,8 +98,28 @@ func (c *WorkerClient) Forward(ctx context.Context, b worker.Batch) (worker.Resu
 	if exited(c.done) {
 		return worker.Result{}, errExited(m)
 	}
+	if err := c.unsupported(&b); err != nil {
+		return worker.Result{}, err
+	}
 	resp, err := c.rpc.Forward(ctx, toProtoBatch(&b), callOpts...)
 	return answerOf(ctx, c.done, m, resp, err, fromProtoResult)
+}
+
+// unsupported refuses a batch that asks for a feature the plugin does not
+// offer, which it would ignore (an item's TopLogprobs without
+// FeatureTopLogprobs would come back with no logprobs).
+func (c *WorkerClient) unsupported(b *worker.Batch) error {
+	if c.fam.has(FeatureTopLogprobs) {
+		return nil
+	}
+	for _, it := range b.Items {
+		if it.TopLogprobs > 0 {
+			return kvcache.Errorf(kvcache.KindUnsupported,
+				"batch item seq %d asks for top_logprobs %d, but the worker plugin does not offer feature %s: rebuild it against this kvx's plugins/sdk",
+				it.Seq, it.TopLogprobs, FeatureTopLogprobs)
+		}
+	}
+	return nil
 }
 
 // CopyBlocks implements worker.Worker.
@@ -239,6 +259,12 @@ func (c *WorkerClient) StartForwardChain(ctx context.Context, next []worker.Work
 	const m = workerService + "Forward"
 	if len(bs) != len(next)+1 || exited(c.done) {
 		return nil, false
+	}
+	for i := range bs {
+		if err := c.unsupported(&bs[i]); err != nil {
+			err = &pipeline.StageError{Stage: i, Err: err}
+			return func() ([]worker.Result, error) { return nil, err }, true
+		}
 	}
 	rpcs := []*workerRPC{}
 	for _, w := range append([]worker.Worker{c}, next...) {

@@ -3,8 +3,11 @@
 // manager. Environment (for tests):
 //
 //	FAKEPLUGIN_PROTOCOLS     comma-separated protocols Info reports (default "1")
-//	FAKEPLUGIN_TRANSPORT     serve only this transport protocol version (a
-//	                         plugin built for a kvx of another major version)
+//	FAKEPLUGIN_TRANSPORT     serve only this wire protocol version (a
+//	                         plugin built from an older or newer contract)
+//	FAKEPLUGIN_FEATURES      the features its Hello offers, comma-separated
+//	                         ("-": none), instead of this build's
+//	FAKEPLUGIN_REQUIRES      the features its Hello requires
 //
 // With KVX_PLUGIN_DEBUG=1 it serves in the SDK's debug mode, for the
 // reattach tests.
@@ -112,30 +115,70 @@ func (fakeWorker) Forward(ctx context.Context, b worker.Batch) (worker.Result, e
 func (fakeWorker) CopyBlocks(context.Context, []kvcache.Copy) error { return nil }
 func (fakeWorker) Health(context.Context) error                     { return nil }
 
-func main() {
-	if strings.Contains(filepath.Base(os.Args[0]), "worker") {
-		sdk.ServeWorker(func() worker.Worker { return fakeWorker{} })
-		return
+// features reads a comma-separated feature list from the environment.
+func features(name string, def []pluginrpc.Feature) []pluginrpc.Feature {
+	s, ok := os.LookupEnv(name)
+	if !ok {
+		return def
 	}
-	made := 0
-	newManager := func() kvcache.Manager {
-		hclog.Default().Info("fake manager starting", "pid", os.Getpid(), "instance", made)
-		made++
-		return manager{instance: made - 1}
+	var fs []pluginrpc.Feature
+	for _, f := range strings.Split(s, ",") {
+		if f != "" && f != "-" {
+			fs = append(fs, pluginrpc.Feature(f))
+		}
 	}
+	return fs
+}
+
+// contract is what the plugin says in Hello, and the protocol it serves.
+func contract() pluginrpc.Contract {
+	c := pluginrpc.Current()
 	if v := os.Getenv("FAKEPLUGIN_TRANSPORT"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
 			hclog.Default().Error("bad FAKEPLUGIN_TRANSPORT", "value", v)
 			os.Exit(2)
 		}
-		plugin.Serve(&plugin.ServeConfig{
-			HandshakeConfig:  pluginrpc.Handshake,
-			VersionedPlugins: map[int]plugin.PluginSet{n: pluginrpc.ServedPlugins(newManager, nil)[pluginrpc.InstancesProtocol]},
-			GRPCServer:       pluginrpc.NewGRPCServer,
-			Logger:           sdk.DefaultLogger(),
-		})
+		c.Protocol = n
+	}
+	c.Features = features("FAKEPLUGIN_FEATURES", c.Features)
+	c.Required = features("FAKEPLUGIN_REQUIRES", c.Required)
+	return c
+}
+
+func main() {
+	c := contract()
+	made := 0
+	newManager := func() kvcache.Manager {
+		hclog.Default().Info("fake manager starting", "pid", os.Getpid(), "instance", made)
+		made++
+		return manager{instance: made - 1}
+	}
+	isWorker := strings.Contains(filepath.Base(os.Args[0]), "worker")
+	if c.Protocol == pluginrpc.Protocol && os.Getenv("FAKEPLUGIN_FEATURES") == "" && os.Getenv("FAKEPLUGIN_REQUIRES") == "" {
+		// This build as it is, the SDK's way (debug mode included).
+		if isWorker {
+			sdk.ServeWorker(func() worker.Worker { return fakeWorker{} })
+		} else {
+			sdk.ServeCacheManager(newManager)
+		}
 		return
 	}
-	sdk.ServeCacheManager(newManager)
+	// A plugin of another contract revision.
+	var set plugin.PluginSet
+	if isWorker {
+		set = pluginrpc.ServedPlugins(nil, func() worker.Worker { return fakeWorker{} })[pluginrpc.Protocol]
+	} else {
+		set = pluginrpc.ServedPlugins(newManager, nil)[pluginrpc.Protocol]
+	}
+	set[pluginrpc.ManagerPluginName].(*pluginrpc.ManagerPlugin).Contract = &c
+	set[pluginrpc.WorkerPluginName].(*pluginrpc.WorkerPlugin).Contract = &c
+	handshake := pluginrpc.Handshake
+	handshake.ProtocolVersion = uint(c.Protocol)
+	plugin.Serve(&plugin.ServeConfig{
+		HandshakeConfig:  handshake,
+		VersionedPlugins: map[int]plugin.PluginSet{c.Protocol: set},
+		GRPCServer:       pluginrpc.NewGRPCServer,
+		Logger:           sdk.DefaultLogger(),
+	})
 }
