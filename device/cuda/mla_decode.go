@@ -85,6 +85,6 @@ func (o *ops) dsaScores(q, w cu.DevicePtr, v pagedView, tables, ctx cu.DevicePtr
 // gets 0..ctx-1 (the rest of its row is not written).
 func (o *ops) dsaTopK(scores, ctx cu.DevicePtr, batch, stride, k int) cu.DevicePtr {
 	sel := o.scratch(int64(batch) * int64(k) * 4)
-	o.run("kvx_dsa_topk", dim{batch, 1, 1}, dim{1024, 1, 1}, 0, sel, scores, ctx, stride, k)
+	o.run("kvx_dsa_topk_radix", dim{batch, 1, 1}, dim{1024, 1, 1}, 0, sel, scores, ctx, stride, k)
 	return sel
 }

@@ -355,13 +355,13 @@ __device__ unsigned block_scan(unsigned v, unsigned* sw, unsigned* total) {
 	return r;
 }
 
-// kvx_dsa_topk: grid (batch), block 1024. sel[b][0..k-1] = the positions of
+// kvx_dsa_topk_radix: grid (batch), block 1024. sel[b][0..k-1] = the positions of
 // the k largest of scores[b][0..ctx[b]-1], ties taken from the lowest
 // position, written in ascending position order; all positions when ctx[b] <= k
 // (the rest of the row is not written). Exact: a radix select of the k-th
 // largest key (11 + 11 + 10 bits), then an ordered compaction.
 extern "C" __global__ void __launch_bounds__(1024)
-kvx_dsa_topk(int* sel, const float* scores, const long long* ctx, long long score_stride, long long k) {
+kvx_dsa_topk_radix(int* sel, const float* scores, const long long* ctx, long long score_stride, long long k) {
 	__shared__ unsigned hist[2048];
 	__shared__ unsigned sw[32];
 	__shared__ unsigned sh_prefix, sh_need;
