@@ -38,8 +38,13 @@ GEMMS = [(8192, 4096, 4096), (8192, 7168, 2048)]
 def timed(fn, iters):
     import torch
 
-    fn()
-    torch.cuda.synchronize()
+    # Warm up for at least 50 ms (three calls at least): the first short
+    # kernels of a process ran at about half speed (clocks still rising).
+    t0, n = time.time(), 0
+    while n < 3 or time.time() - t0 < 0.05:
+        fn()
+        torch.cuda.synchronize()
+        n += 1
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
     start.record()
