@@ -25,8 +25,10 @@
 #            mamba, reuse on and off), once with device cuda and once with
 #            device cpu; prints the outputs digest of every variant and fails
 #            unless all of a scenario's are equal
-#   bench    the kernels' Go benchmarks, then scripts/cuda-bench.py: PyTorch
-#            baselines in the same run and $OUT/cuda-bench.{md,json}
+#   bench    the kernels' Go benchmarks (copy, GQA decode, MLA decode, DSA
+#            against dense MLA, the bf16 tensor-core GEMM, the exact matmul),
+#            then scripts/cuda-bench.py: PyTorch baselines in the same run and
+#            $OUT/cuda-bench.{md,json}
 #   goldens  every transformers golden checkpoint through kvx generate on
 #            device cuda (scripts/goldens.sh): tokens equal transformers'
 #   tokenizers  scripts/hf_tokenizer_goldens.py into $OUT/tokenizers
@@ -122,7 +124,7 @@ step_compare() {
 # bench: the cuda kernels' benchmarks (the test binary's), then PyTorch's
 # baselines on the same GPU and the table of ratios (scripts/cuda-bench.py).
 step_bench() {
-	(cd test && timeout "${BENCH_TIMEOUT:-300}" ./cuda.test -test.run '^$' -test.bench "${BENCH:-DecodeGQA|Copy|MatMul}" -test.benchtime "${BENCHTIME:-10x}") | tee "$OUT/go-bench.txt"
+	(cd test && timeout "${BENCH_TIMEOUT:-300}" ./cuda.test -test.run '^$' -test.bench "${BENCH:-Copy|DecodeGQA|MLADecode|DSA|GEMM|MatMul}" -test.benchtime "${BENCHTIME:-10x}") | tee "$OUT/go-bench.txt"
 	python3 scripts/cuda-bench.py --go-bench "$OUT/go-bench.txt" --out "$OUT"
 }
 

@@ -15,6 +15,7 @@
 
 #define D 128
 #define STREAMS 8
+#define ROWS 4 // rows in flight per half-warp (each 16 bytes of K and of V per lane)
 
 __device__ __forceinline__ float bf16lo(unsigned int w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
@@ -60,15 +61,15 @@ __device__ void decode_split(float* part, float* ml, const float* q, const char*
 	const long long koff = offset + (long long)kvh * D * 2 + l16 * 16;
 	const long long voff = koff + kv_heads * D * 2;
 	// The loop runs the same trips on both halves of a warp (the shuffles
-	// need every lane): a warp takes positions w0, w0+1 (its halves) and
-	// w0+STREAMS, w0+STREAMS+1, two rows in flight per half; a lane past
-	// the split's end computes with a zero row and keeps nothing.
+	// need every lane): a warp takes positions w0, w0+1 (its halves),
+	// w0+STREAMS, w0+STREAMS+1, ... ROWS rows in flight per half; a lane
+	// past the split's end computes with a zero row and keeps nothing.
 	const uint4 zero = make_uint4(0, 0, 0, 0);
-	for (long long w0 = lo + warp * 2; w0 < hi; w0 += 2 * STREAMS) {
-		uint4 ku[2], vu[2];
-		bool ok[2];
+	for (long long w0 = lo + warp * 2; w0 < hi; w0 += ROWS * STREAMS) {
+		uint4 ku[ROWS], vu[ROWS];
+		bool ok[ROWS];
 #pragma unroll
-		for (int u = 0; u < 2; u++) {
+		for (int u = 0; u < ROWS; u++) {
 			long long t = w0 + half + u * STREAMS;
 			ok[u] = t < hi;
 			ku[u] = zero;
@@ -80,7 +81,7 @@ __device__ void decode_split(float* part, float* ml, const float* q, const char*
 			}
 		}
 #pragma unroll
-		for (int u = 0; u < 2; u++) {
+		for (int u = 0; u < ROWS; u++) {
 			float kf[8], vf[8];
 			unpack8(ku[u], kf);
 			unpack8(vu[u], vf);
