@@ -20,11 +20,13 @@
 package serve
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -70,6 +72,11 @@ type Server struct {
 	met   *metrics
 	seq   atomic.Uint64
 	start time.Time
+
+	mu       sync.Mutex
+	active   int           // POST requests being handled
+	draining bool          // Drain was called: new requests get 503
+	idle     chan struct{} // closed when draining and active is 0
 }
 
 // New returns a server over eng.
@@ -95,8 +102,58 @@ func New(eng *engine.Live, opt Options) *Server {
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
+// enter counts a request in, unless the server drains; leave counts it out.
+func (s *Server) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return false
+	}
+	s.active++
+	return true
+}
+
+func (s *Server) leave() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.active--
+	if s.draining && s.active == 0 {
+		close(s.idle)
+	}
+}
+
+// Drain stops taking requests (new ones get 503, /health answers 503
+// "draining") and waits until the requests being served have finished, or
+// ctx ends: it returns how many were still running then.
+func (s *Server) Drain(ctx context.Context) int {
+	s.mu.Lock()
+	if !s.draining {
+		s.draining = true
+		s.idle = make(chan struct{})
+		if s.active == 0 {
+			close(s.idle)
+		}
+	}
+	idle := s.idle
+	s.mu.Unlock()
+	select {
+	case <-idle:
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.active
+}
+
 func (s *Server) post(h func(http.ResponseWriter, *http.Request, []byte)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.enter() {
+			w.Header().Set("Connection", "close")
+			writeErr(w, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "shutting_down", retry: 1,
+				msg: "the server is shutting down: it finishes the requests it has and takes no new ones"})
+			return
+		}
+		defer s.leave()
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
 			writeErr(w, &apiError{status: http.StatusMethodNotAllowed, msg: fmt.Sprintf("%s %s: use POST", r.Method, r.URL.Path)})
@@ -163,18 +220,37 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-// health answers 200 while the engine loop runs and 503 with the reason
-// once it ended.
+// health answers 200 {"status": "ok"} while the engine serves, and 503
+// with the status and the reason otherwise: "restarting" while a plugin
+// that died is replaced (200 again after), "draining" after a stop signal,
+// "unavailable" once the engine ended (the process then exits).
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	draining := s.draining
+	s.mu.Unlock()
+	ok, why := s.eng.Health()
+	status := "ok"
+	switch {
+	case !ok && engineEnded(s.eng):
+		status = "unavailable"
+	case !ok:
+		status = "restarting"
+	case draining:
+		status, why = "draining", "the server is shutting down: it finishes the requests it has and takes no new ones"
+	}
+	if status == "ok" {
+		writeJSON(w, http.StatusOK, map[string]string{"status": status})
+		return
+	}
+	writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": status, "reason": why})
+}
+
+func engineEnded(eng *engine.Live) bool {
 	select {
-	case <-s.eng.Done():
-		msg := "the engine stopped"
-		if err := s.eng.Err(); err != nil {
-			msg = "the engine failed: " + err.Error()
-		}
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": msg})
+	case <-eng.Done():
+		return true
 	default:
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		return false
 	}
 }
 
@@ -329,7 +405,11 @@ func engineErr(err error) *apiError {
 	case errors.As(err, &re):
 		return &apiError{status: http.StatusBadRequest, msg: "the request failed: " + re.Reason}
 	case errors.Is(err, engine.ErrStopped):
-		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: "the engine stopped before the request finished"}
+		msg := "the engine stopped before the request finished"
+		if err != engine.ErrStopped {
+			msg += " (" + err.Error() + ")"
+		}
+		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "engine_stopped", msg: msg}
 	}
 	return &apiError{status: http.StatusInternalServerError, typ: "server_error", msg: err.Error()}
 }
