@@ -84,8 +84,9 @@ type Fault struct {
 }
 
 // FaultEnv is the environment variable kvx reads fault injections from
-// (ParseFaults). Its name says it is no setting for production.
-const FaultEnv = "KVX_UNSAFE_FAULT_INJECTION"
+// (ParseFaults). Its name says it is no setting for production; it is
+// outside the KVX_ prefix of the config keys on purpose.
+const FaultEnv = "UNSAFE_KVX_FAULT_INJECTION"
 
 // ParseFaults reads a list of faults, "kill:<manager|worker>[.<stage>]:<step>"
 // separated by commas; for example "kill:worker:40,kill:manager.1:120".
