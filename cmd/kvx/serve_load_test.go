@@ -93,22 +93,7 @@ func (s *served) stop(t *testing.T) int {
 	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- s.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if ee, ok := err.(*exec.ExitError); ok {
-			return ee.ExitCode()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return 0
-	case <-time.After(30 * time.Second):
-		_ = s.cmd.Process.Kill()
-		t.Fatalf("kvx serve still runs 30 s after SIGTERM\n%s", s.stderr)
-		return 0
-	}
+	return waitExitServed(t, s)
 }
 
 // loadResult is what the clients saw.
@@ -406,4 +391,109 @@ func TestServeUnrecoverableExitsNonZero(t *testing.T) {
 		t.Fatalf("kvx serve still runs 30 s after its restart budget was spent\n%s", s.stderr)
 	}
 	noPluginLeft(t)
+}
+
+// TestServeDrainsOnSIGTERM: after SIGTERM the server takes no new request
+// (503, and /health says draining) and finishes the streams in flight, then
+// exits 0; with a drain timeout shorter than they need, they end with an
+// error event instead, and it still exits 0. No plugin process is left.
+func TestServeDrainsOnSIGTERM(t *testing.T) {
+	for _, c := range []struct {
+		timeout string
+		finish  bool
+	}{{"20s", true}, {"100ms", false}} {
+		t.Run("drain-timeout="+c.timeout, func(t *testing.T) {
+			s := startServed(t, nil, "--drain-timeout", c.timeout)
+			type streamed struct {
+				body []byte
+				err  error
+			}
+			results := make([]chan streamed, 2)
+			for i := range results {
+				results[i] = make(chan streamed, 1)
+				resp, err := http.Post(s.base+"/v1/completions", "application/json",
+					strings.NewReader(fmt.Sprintf(`{"prompt":[5,6,7,%d],"max_tokens":4000,"stream":true,"stream_options":{"include_usage":true}}`, i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				br := bufio.NewReader(resp.Body)
+				first, err := br.ReadString('\n') // it runs
+				if err != nil || !strings.HasPrefix(first, "data: ") {
+					t.Fatalf("stream %d: first line %q, %v", i, first, err)
+				}
+				go func() {
+					rest, err := io.ReadAll(br)
+					resp.Body.Close()
+					results[i] <- streamed{rest, err}
+				}()
+			}
+			if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			for end := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+				resp, err := http.Get(s.base + "/health")
+				if err != nil {
+					t.Fatalf("/health after SIGTERM: %v", err)
+				}
+				data, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == 503 && strings.Contains(string(data), `"status":"draining"`) {
+					break
+				}
+				if time.Now().After(end) {
+					t.Fatalf("/health 10 s after SIGTERM: %d %s, want 503 draining", resp.StatusCode, data)
+				}
+			}
+			if c.finish {
+				resp, err := http.Post(s.base+"/v1/completions", "application/json", strings.NewReader(`{"prompt":[1],"max_tokens":2}`))
+				if err != nil {
+					t.Fatalf("a new request while draining: %v", err)
+				}
+				data, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 503 || !strings.Contains(string(data), `"code":"shutting_down"`) || resp.Header.Get("Retry-After") == "" {
+					t.Errorf("a new request while draining: %d %s, want 503 shutting_down with Retry-After", resp.StatusCode, data)
+				}
+			}
+			for i, ch := range results {
+				r := <-ch
+				body := string(r.body)
+				finished := strings.Contains(body, `"completion_tokens":4000`) && !strings.Contains(body, `"error"`)
+				if r.err != nil || !strings.HasSuffix(strings.TrimSpace(body), "data: [DONE]") || finished != c.finish {
+					t.Errorf("stream %d: %v, ends %.200q; want finished %v, ending with [DONE]", i, r.err, body[max(0, len(body)-200):], c.finish)
+				}
+				if !c.finish && !strings.Contains(body, `"code":"engine_stopped"`) {
+					t.Errorf("stream %d cut by the drain timeout: no engine_stopped error event: %.200q", i, body[max(0, len(body)-200):])
+				}
+			}
+			code := waitExitServed(t, s)
+			if code != 0 || !strings.Contains(s.stderr.String(), "draining") {
+				t.Errorf("exit %d after SIGTERM, want 0\n%s", code, s.stderr)
+			}
+			if !c.finish && !strings.Contains(s.stderr.String(), "2 requests still in flight are cut off") {
+				t.Errorf("the drain timeout is not reported:\n%s", s.stderr)
+			}
+			noPluginLeft(t)
+		})
+	}
+}
+
+func waitExitServed(t *testing.T, s *served) int {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- s.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	case <-time.After(30 * time.Second):
+		_ = s.cmd.Process.Kill()
+		t.Fatalf("kvx serve still runs 30 s after SIGTERM\n%s", s.stderr)
+		return 0
+	}
 }
