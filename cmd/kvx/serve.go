@@ -26,6 +26,7 @@ type serveOpts struct {
 	maxBody    int64
 	model      string
 	drain      time.Duration
+	template   string
 }
 
 func newServeCmd(g *globals) *cobra.Command {
@@ -40,8 +41,11 @@ on the same engine loop as kvx run, with requests arriving from HTTP instead
 of a workload (the config's workload section is not used). It listens on
 loopback unless --host says otherwise.
 
-Sampling is greedy and runs to max_tokens. Chat messages go through a plain
-template, one "role: content" line per message and then "assistant:".
+Sampling is greedy and runs to max_tokens. Chat messages go through the
+checkpoint's chat template (chat_template.jinja, else tokenizer_config.json's
+chat_template; Jinja, rendered as transformers does), or the file given with
+--chat-template; without either, through a plain template, one
+"role: content" line per message and then "assistant:".
 On device sim the tokens are placeholders and the latency metrics are
 simulated seconds; on cpu (or cuda) they are the model's tokens and wall
 seconds.
@@ -76,6 +80,7 @@ configuration or flags.`,
 	cmd.Flags().IntVar(&o.maxWaiting, "max-waiting", serve.DefaultMaxWaiting, "requests without a first token beyond which new ones get 429")
 	cmd.Flags().Int64Var(&o.maxBody, "max-body-bytes", serve.DefaultMaxBodyBytes, "largest request body (413 above)")
 	cmd.Flags().StringVar(&o.model, "served-model-name", "", "the model id clients name (default: the config's served_model_name, else its model)")
+	cmd.Flags().StringVar(&o.template, "chat-template", "", "a Jinja chat template file, instead of the checkpoint's chat_template")
 	cmd.Flags().DurationVar(&o.drain, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long the requests in flight may take to finish")
 	return cmd
 }
@@ -99,8 +104,22 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	if err != nil {
 		return usageErr(err)
 	}
+	ckpt := ""
+	if st, err := os.Stat(cfg.Model); err == nil && st.IsDir() {
+		ckpt = cfg.Model
+	}
+	tmpl, err := serve.LoadChatTemplate(ckpt, o.template)
+	if err != nil {
+		return usageErr(fmt.Errorf("serve: %w", err))
+	}
+	if tmpl != nil && tok == nil {
+		return usageErr(fmt.Errorf("serve: chat template %s: the model has no tokenizer to encode its prompts (%s)", tmpl.Source, noTok))
+	}
 	log := g.logger()
 	res.Spec.Log = log
+	if tmpl != nil {
+		log.Info("chat template", "source", tmpl.Source)
+	}
 	// Unlike kvx run, a server keeps every core on the sim device too: the
 	// HTTP connections run beside the engine loop.
 	if v, ok := os.LookupEnv(engine.FaultEnv); ok {
@@ -134,7 +153,7 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	opt := serve.Options{
 		Model: name, Vocab: res.Model.Vocab, MaxSeqLen: cfg.MaxSeqLen, NoTokenizer: noTok,
 		Placeholder: !config.Computing(cfg.Device), SimClock: !config.Computing(cfg.Device),
-		MaxWaiting: o.maxWaiting, MaxBodyBytes: o.maxBody,
+		MaxWaiting: o.maxWaiting, MaxBodyBytes: o.maxBody, ChatTemplate: tmpl,
 	}
 	if tok != nil {
 		opt.Tokenizer = tok
@@ -150,7 +169,9 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	select {
 	case <-ctx.Done():
 		// A stop signal: drain, within the timeout.
-		fmt.Fprintf(os.Stderr, "kvx serve: %v: draining (new requests get 503; at most %v for the ones in flight)\n", context.Cause(ctx), o.drain)
+		if o.drain > 0 {
+			fmt.Fprintf(os.Stderr, "kvx serve: %v: draining (new requests get 503; at most %v for the ones in flight)\n", context.Cause(ctx), o.drain)
+		}
 		dctx, cancel := context.WithTimeout(context.Background(), o.drain)
 		go func() { // an engine that fails while draining ends the wait
 			select {

@@ -15,8 +15,9 @@
 //
 // Sampling is greedy: temperature, top_p and the other sampling fields are
 // accepted and have no effect; generation always runs to max_tokens, so
-// finish_reason is "length". Chat prompts use a plain template (see
-// ChatPrompt); checkpoint chat templates (Jinja) are not supported yet.
+// finish_reason is "length". Chat prompts use the checkpoint's chat
+// template (template.go: Jinja through gonja, as transformers renders it)
+// when it has one, else a plain template (see ChatPrompt).
 package serve
 
 import (
@@ -50,6 +51,14 @@ type Tokenizer interface {
 	Decode(ids []int32) string
 }
 
+// PlainEncoder is an optional Tokenizer interface: EncodePlain encodes text
+// without the special tokens Encode adds (a BOS). A chat template's prompt
+// is encoded with it, since the template writes its own bos_token (as
+// vLLM encodes a rendered chat with add_special_tokens false).
+type PlainEncoder interface {
+	EncodePlain(text string) []int32
+}
+
 // Options configure a Server.
 type Options struct {
 	Model        string    // the id /v1/models lists and requests must name
@@ -61,6 +70,8 @@ type Options struct {
 	SimClock     bool      // latencies come from the engine's simulated clock, not the wall
 	MaxBodyBytes int64     // larger request bodies get 413
 	MaxWaiting   int       // more requests without a first token get 429
+	// ChatTemplate renders chat messages into the prompt; nil: ChatPrompt.
+	ChatTemplate *ChatTemplate
 }
 
 // Server serves one live engine. It is an http.Handler.
