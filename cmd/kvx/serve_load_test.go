@@ -497,3 +497,47 @@ func waitExitServed(t *testing.T, s *served) int {
 		return 0
 	}
 }
+
+// TestServeIdleKillIsFoundAndRestarted: a plugin killed (kill -9 by pid)
+// while the server has nothing to do is found by the idle probe, not at the
+// next request: the restart is counted with no request sent, /health is
+// 200 again, the next request completes, and after SIGTERM no plugin is
+// left. It logs how long the replacement took.
+func TestServeIdleKillIsFoundAndRestarted(t *testing.T) {
+	s := startServed(t, nil)
+	victim := pluginOf(t, "kvx-backend-gqa") // serve-sim.yaml: Llama, attention_backend gqa
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	var took time.Duration
+	for end := killed.Add(20 * time.Second); took == 0; time.Sleep(10 * time.Millisecond) {
+		if value(t, metricsOf(t, s.base), "kvx:plugin_restarts_total") == 1 {
+			took = time.Since(killed)
+		} else if time.Now().After(end) {
+			t.Fatalf("20 s after kill -9 of the idle worker: no restart counted\n%s", s.stderr)
+		}
+	}
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		resp, err := http.Get(s.base + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("/health %d 20 s after the restart", resp.StatusCode)
+		}
+	}
+	t.Logf("kill -9 of the idle worker plugin: restart counted %v after the kill (probe every 500 ms)", took.Round(time.Millisecond))
+	code, v, _ := post(t, s.base+"/v1/completions", `{"prompt":[1,2,3],"max_tokens":5}`)
+	if code != 200 || len(parseAnswer(t, v, false).ids) != 5 {
+		t.Errorf("after the restart: %d %v", code, v)
+	}
+	if code := s.stop(t); code != 0 {
+		t.Errorf("exit %d after SIGTERM\n%s", code, s.stderr)
+	}
+	noPluginLeft(t)
+}
