@@ -66,13 +66,13 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 		e.live.setRecovering(fmt.Sprintf("restarting the plugins of stage %d (restart %d of %d) after: %v", dead, e.rep.Engine.PluginRestarts, budget, cause))
 		defer e.live.setRecovering("")
 	}
+	e.backoff(ctx) // once per death; the stages that went with it restart at once
 	restarted := make([]bool, len(e.stages))
 	restart := func(i int) error {
 		if st, ok := e.launch.(Stopper); ok {
 			st.Stop(e.stages[i].m)
 			st.Stop(e.stages[i].w)
 		}
-		e.backoff(ctx)
 		err := e.startStage(ctx, e.stages[i])
 		// A plugin that dies (or hangs) while it restarts is started again,
 		// within the same budget.

@@ -31,13 +31,27 @@ func (p RestartPolicy) max() int {
 	return MaxRestarts
 }
 
+// Delay is the wait before a restart that follows streak others with no
+// step committed in between (0 for the first after progress): Backoff
+// doubled streak times, at most MaxBackoff.
+func (p RestartPolicy) Delay(streak int) time.Duration {
+	if p.Backoff <= 0 {
+		return 0
+	}
+	d := p.Backoff << min(streak, 20)
+	if p.MaxBackoff > 0 && d > p.MaxBackoff {
+		d = p.MaxBackoff
+	}
+	return d
+}
+
 // restartState is what the engine remembers between restarts.
 type restartState struct {
 	streak  int   // restarts since a step last committed
 	commits int64 // e.commits at the last restart
 }
 
-// backoff waits before a restart: Backoff << streak, capped at MaxBackoff.
+// backoff waits before a restart (Delay of the restarts in a row).
 // It returns early when ctx ends or a live engine is stopped.
 func (e *Engine) backoff(ctx context.Context) {
 	p := e.spec.Restarts
@@ -45,13 +59,7 @@ func (e *Engine) backoff(ctx context.Context) {
 	if e.commits != rs.commits {
 		rs.streak = 0 // progress since the last restart
 	}
-	d := time.Duration(0)
-	if p.Backoff > 0 {
-		d = p.Backoff << min(rs.streak, 20)
-		if p.MaxBackoff > 0 && d > p.MaxBackoff {
-			d = p.MaxBackoff
-		}
-	}
+	d := p.Delay(rs.streak)
 	rs.streak++
 	rs.commits = e.commits
 	if d <= 0 {

@@ -39,6 +39,21 @@ func TestParseFaults(t *testing.T) {
 	}
 }
 
+func TestRestartDelay(t *testing.T) {
+	p := engine.RestartPolicy{Backoff: 100 * time.Millisecond, MaxBackoff: time.Second}
+	for streak, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
+		if got := p.Delay(streak); got != want*time.Millisecond {
+			t.Errorf("Delay(%d) = %v, want %v", streak, got, want*time.Millisecond)
+		}
+	}
+	if d := p.Delay(1000); d != time.Second {
+		t.Errorf("Delay(1000) = %v, want the cap", d)
+	}
+	if d := (engine.RestartPolicy{}).Delay(3); d != 0 {
+		t.Errorf("no backoff: Delay(3) = %v, want 0", d)
+	}
+}
+
 // killable launches in-process v1 managers that a Stop turns into dead
 // plugins (every per-step call fails as unavailable, as over gRPC once the
 // process is gone). A launch after the first waits on gate when it is set,
