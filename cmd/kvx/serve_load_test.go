@@ -541,3 +541,51 @@ func TestServeIdleKillIsFoundAndRestarted(t *testing.T) {
 	}
 	noPluginLeft(t)
 }
+
+// TestServeDisconnectWithPlugins: clients that go away mid-stream, with the
+// plugins as processes: their requests are cancelled and every block is
+// freed (no request running, KV usage 0), well before they would have
+// finished.
+func TestServeDisconnectWithPlugins(t *testing.T) {
+	s := startServed(t, nil)
+	const n, maxTok = 4, 3000
+	for i := range n {
+		resp, err := http.Post(s.base+"/v1/completions", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"prompt":[9,8,7,%d],"max_tokens":%d,"stream":true}`, i, maxTok)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+			t.Fatalf("stream %d: %q %v", i, line, err)
+		}
+		resp.Body.Close() // the client goes away
+	}
+	var f = metricsOf(t, s.base)
+	for end := time.Now().Add(10 * time.Second); ; f = metricsOf(t, s.base) {
+		if value(t, f, "kvx:num_requests_running") == 0 && value(t, f, "kvx:kv_cache_usage_perc") == 0 &&
+			value(t, f, "kvx:request_success_total") == n {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("10 s after %d clients went away: running %v, KV usage %v, ended %v", n,
+				value(t, f, "kvx:num_requests_running"), value(t, f, "kvx:kv_cache_usage_perc"), value(t, f, "kvx:request_success_total"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if gen := value(t, f, "kvx:generation_tokens_total"); gen >= n*maxTok {
+		t.Errorf("%v tokens generated for %d requests cancelled early: they ran to the end", gen, n)
+	}
+	if m := f["kvx:request_success_total"]; m != nil {
+		for _, mt := range m.Metric {
+			for _, l := range mt.Label {
+				if l.GetName() == "finished_reason" && l.GetValue() != "abort" && mt.Counter.GetValue() > 0 {
+					t.Errorf("request_success_total{finished_reason=%q} = %v, want only aborts", l.GetValue(), mt.Counter.GetValue())
+				}
+			}
+		}
+	}
+	if code := s.stop(t); code != 0 {
+		t.Errorf("exit %d after SIGTERM\n%s", code, s.stderr)
+	}
+	noPluginLeft(t)
+}
