@@ -589,3 +589,50 @@ func TestServeDisconnectWithPlugins(t *testing.T) {
 	}
 	noPluginLeft(t)
 }
+
+// TestServeStoppedPluginIsReplaced: the worker stopped (kill -STOP) while
+// it serves streams: the forward misses its 1 s deadline, the watchdog kills
+// it, the engine restarts it and recomputes, and the streams complete.
+func TestServeStoppedPluginIsReplaced(t *testing.T) {
+	s := startServed(t, nil, "--set", "plugin_timeouts.forward=1s", "--set", "plugin_timeouts.call=1s")
+	victim := pluginOf(t, "kvx-backend-gqa")
+	const n, maxTok = 3, 1500
+	results := make(chan string, n)
+	for i := range n {
+		resp, err := http.Post(s.base+"/v1/completions", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"prompt":[4,4,%d],"max_tokens":%d,"stream":true,"stream_options":{"include_usage":true}}`, i, maxTok)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			data, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			results <- string(data)
+		}()
+	}
+	if err := syscall.Kill(victim, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	for i := range n {
+		body := <-results
+		if !strings.Contains(body, fmt.Sprintf(`"completion_tokens":%d`, maxTok)) || strings.Contains(body, `"error"`) ||
+			!strings.HasSuffix(strings.TrimSpace(body), "data: [DONE]") {
+			t.Errorf("stream %d with the worker stopped: ends %.300q, want all %d tokens", i, body[max(0, len(body)-300):], maxTok)
+		}
+	}
+	took := time.Since(stopped)
+	if processAlive(victim) {
+		_ = syscall.Kill(victim, syscall.SIGKILL)
+		t.Fatalf("the stopped worker (pid %d) was never killed", victim)
+	}
+	f := metricsOf(t, s.base)
+	if r := value(t, f, "kvx:plugin_restarts_total"); r != 1 || !strings.Contains(s.stderr.String(), "did not answer within its deadline") {
+		t.Errorf("restarts %v; want the stopped worker killed at its deadline and replaced\n%s", r, s.stderr)
+	}
+	t.Logf("worker stopped with kill -STOP mid-stream (deadlines 1 s): %d streams of %d tokens complete %v after the stop", n, maxTok, took.Round(time.Millisecond))
+	if code := s.stop(t); code != 0 {
+		t.Errorf("exit %d after SIGTERM\n%s", code, s.stderr)
+	}
+	noPluginLeft(t)
+}
