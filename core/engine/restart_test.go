@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/sched"
 	"github.com/kvx-dev/kvx/device"
@@ -207,5 +208,35 @@ func TestLiveRestartBudgetSpent(t *testing.T) {
 	}
 	if _, err := lv.Stop(); err == nil || !strings.Contains(err.Error(), "2 plugin restarts, the budget") {
 		t.Errorf("Stop = %v, want the restart error", err)
+	}
+}
+
+// TestLiveManagerCorruptionStopsTheEngine: a manager that refuses a commit
+// has lost track of a sequence (corruption, no restart can mend it): the
+// live engine stops, every request on the wire ends with ErrStopped naming
+// the stage and the step, and Health says the engine failed.
+func TestLiveManagerCorruptionStopsTheEngine(t *testing.T) {
+	s := buildSpec(t, testSpec{pp: 1, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, maxSeqLen: 2048})
+	refused := false
+	l := inproc{
+		manager: func() kvcache.Manager { return refusingManager{cachemgrv1.New(), 1, &refused} },
+		worker:  func() worker.Worker { return device.NewWorker(dsa.Backend) },
+	}
+	lv, err := engine.StartLive(context.Background(), s, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, evs := liveRun(t, lv, 3, 200)
+	for i, ev := range evs {
+		if !errors.Is(ev.Err, engine.ErrStopped) || !strings.Contains(ev.Err.Error(), "the engine failed: stage 0: end of step") {
+			t.Errorf("request %d ended with %+v, want ErrStopped naming the refused commit", i, ev)
+		}
+	}
+	<-lv.Done()
+	if ok, why := lv.Health(); ok || !strings.Contains(why, "the engine failed: stage 0: end of step") {
+		t.Errorf("Health = %v, %q", ok, why)
+	}
+	if st := lv.Stats(); st.PluginRestarts != 0 {
+		t.Errorf("%d restarts after a refused commit, want none (a restart cannot mend corruption)", st.PluginRestarts)
 	}
 }
