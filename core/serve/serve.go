@@ -11,7 +11,14 @@
 //     that goes away cancels its request, so its blocks are freed at once,
 //     and a request the engine fails ends alone;
 //   - metrics.go exposes the engine's gauges and counters and the
-//     latency histograms.
+//     latency histograms;
+//   - template.go renders chat messages with the checkpoint's Jinja chat
+//     template, so a chat prompt is the one the model was trained on, and
+//     a template that refuses the messages is a 400 that says why.
+//
+// /health tells the truth throughout: 503 "restarting" while the engine
+// replaces a plugin that died, "draining" after Drain, "unavailable" once
+// the engine ended (its process then exits: never 503 forever).
 //
 // Sampling is greedy: temperature, top_p and the other sampling fields are
 // accepted and have no effect; generation always runs to max_tokens, so
