@@ -92,6 +92,9 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	if len(g.configs) == 0 {
 		return usageErr(errors.New("serve: --config FILE is required (e.g. scenarios/cpu-llama.yaml)"))
 	}
+	if o.drain < 0 {
+		return usageErr(fmt.Errorf("serve: --drain-timeout %v: must be >= 0 (0: cut the requests in flight at once)", o.drain))
+	}
 	cfg, err := loadConfig(g, nil)
 	if err != nil {
 		return usageErr(err)
