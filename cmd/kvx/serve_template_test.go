@@ -81,4 +81,8 @@ func TestServeCheckpointChatTemplate(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, "tokenizer_config.json's chat_template) does not parse") {
 		t.Errorf("a chat_template that does not parse: exit %d\n%s%s", code, out, stderr)
 	}
+	out, stderr, code = kvx(t, "serve", "-c", cfg, "--port", "0", "--drain-timeout", "-1s")
+	if code != 2 || !strings.Contains(stderr, "--drain-timeout -1s: must be >= 0") {
+		t.Errorf("a negative --drain-timeout: exit %d\n%s%s", code, out, stderr)
+	}
 }
