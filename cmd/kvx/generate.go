@@ -276,6 +276,10 @@ type hfTokenizer struct{ t *hftok.Tokenizer }
 func (h hfTokenizer) Encode(text string) []int32 { return h.t.Encode(text, true) }
 func (h hfTokenizer) Decode(ids []int32) string  { return h.t.Decode(ids, true) }
 
+// EncodePlain encodes without the special tokens (serve.PlainEncoder): a
+// chat template writes its own.
+func (h hfTokenizer) EncodePlain(text string) []int32 { return h.t.Encode(text, false) }
+
 // tokenizerFor returns the tokenizer of the model cfg runs, or nil and why
 // there is none. This is the one seam for tokenizers: a Hugging Face
 // checkpoint directory's tokenizer.json, or device/synth's byte tokenizer

@@ -25,6 +25,8 @@ type serveOpts struct {
 	maxWaiting int
 	maxBody    int64
 	model      string
+	drain      time.Duration
+	template   string
 }
 
 func newServeCmd(g *globals) *cobra.Command {
@@ -39,12 +41,28 @@ on the same engine loop as kvx run, with requests arriving from HTTP instead
 of a workload (the config's workload section is not used). It listens on
 loopback unless --host says otherwise.
 
-Sampling is greedy and runs to max_tokens. Chat messages go through a plain
-template, one "role: content" line per message and then "assistant:".
+Sampling is greedy and runs to max_tokens. Chat messages go through the
+checkpoint's chat template (chat_template.jinja, else tokenizer_config.json's
+chat_template; Jinja, rendered as transformers does), or the file given with
+--chat-template; without either, through a plain template, one
+"role: content" line per message and then "assistant:".
 On device sim the tokens are placeholders and the latency metrics are
 simulated seconds; on cpu (or cuda) they are the model's tokens and wall
-seconds. Exit status: 0 after SIGINT/SIGTERM, 1 when the engine failed,
-2 for bad configuration or flags.`,
+seconds.
+
+A plugin that dies (exit, kill -9, or a call past its plugin_timeouts
+deadline) is restarted (plugin_restarts.backoff, doubling to
+plugin_restarts.max_backoff) and its requests recomputed; /health answers
+503 "restarting" meanwhile. When the restart budget (plugin_restarts.max) is
+spent, or a manager reports a broken invariant, the requests in flight fail
+with an error and kvx serve exits 1.
+
+SIGINT or SIGTERM drains: new requests get 503, the ones in flight finish
+(at most --drain-timeout), then kvx serve exits 0. A second signal exits at
+once.
+
+Exit status: 0 after SIGINT/SIGTERM, 1 when the engine failed, 2 for bad
+configuration or flags.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
@@ -62,6 +80,8 @@ seconds. Exit status: 0 after SIGINT/SIGTERM, 1 when the engine failed,
 	cmd.Flags().IntVar(&o.maxWaiting, "max-waiting", serve.DefaultMaxWaiting, "requests without a first token beyond which new ones get 429")
 	cmd.Flags().Int64Var(&o.maxBody, "max-body-bytes", serve.DefaultMaxBodyBytes, "largest request body (413 above)")
 	cmd.Flags().StringVar(&o.model, "served-model-name", "", "the model id clients name (default: the config's served_model_name, else its model)")
+	cmd.Flags().StringVar(&o.template, "chat-template", "", "a Jinja chat template file, instead of the checkpoint's chat_template")
+	cmd.Flags().DurationVar(&o.drain, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long the requests in flight may take to finish")
 	return cmd
 }
 
@@ -71,6 +91,9 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	defer ln.Close()
 	if len(g.configs) == 0 {
 		return usageErr(errors.New("serve: --config FILE is required (e.g. scenarios/cpu-llama.yaml)"))
+	}
+	if o.drain < 0 {
+		return usageErr(fmt.Errorf("serve: --drain-timeout %v: must be >= 0 (0: cut the requests in flight at once)", o.drain))
 	}
 	cfg, err := loadConfig(g, nil)
 	if err != nil {
@@ -84,13 +107,42 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	if err != nil {
 		return usageErr(err)
 	}
+	ckpt := ""
+	if st, err := os.Stat(cfg.Model); err == nil && st.IsDir() {
+		ckpt = cfg.Model
+	}
+	tmpl, err := serve.LoadChatTemplate(ckpt, o.template)
+	if err != nil {
+		return usageErr(fmt.Errorf("serve: %w", err))
+	}
+	if tmpl != nil && tok == nil {
+		return usageErr(fmt.Errorf("serve: chat template %s: the model has no tokenizer to encode its prompts (%s)", tmpl.Source, noTok))
+	}
 	log := g.logger()
 	res.Spec.Log = log
+	if tmpl != nil {
+		log.Info("chat template", "source", tmpl.Source)
+	}
 	// Unlike kvx run, a server keeps every core on the sim device too: the
 	// HTTP connections run beside the engine loop.
+	if v, ok := os.LookupEnv(engine.FaultEnv); ok {
+		faults, err := engine.ParseFaults(v)
+		if err != nil {
+			return usageErr(fmt.Errorf("serve: %w", err))
+		}
+		if cfg.Isolation != "plugin" {
+			return usageErr(fmt.Errorf("serve: %s kills plugin processes; isolation is %q, want plugin", engine.FaultEnv, cfg.Isolation))
+		}
+		// Never quiet: this kills the server's own plugins.
+		fmt.Fprintf(os.Stderr, "kvx serve: WARNING: %s=%q: FAULT INJECTION IS ON, plugins will be killed on purpose (for tests only)\n", engine.FaultEnv, v)
+		log.Warn("FAULT INJECTION IS ON: plugins will be killed on purpose", "env", engine.FaultEnv, "faults", v)
+		res.Spec.Faults = faults
+	}
 	l := setup.NewLauncher(cfg, builtin.Registry(), log)
 	defer l.Close()
-	lv, err := engine.StartLive(ctx, res.Spec, l)
+	// The engine outlives a stop signal: the requests in flight finish
+	// first (the drain below), then Stop ends it.
+	lv, err := engine.StartLive(context.WithoutCancel(ctx), res.Spec, l)
 	if err != nil {
 		return engineErr(fmt.Errorf("serve: %w", err))
 	}
@@ -104,12 +156,13 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	opt := serve.Options{
 		Model: name, Vocab: res.Model.Vocab, MaxSeqLen: cfg.MaxSeqLen, NoTokenizer: noTok,
 		Placeholder: !config.Computing(cfg.Device), SimClock: !config.Computing(cfg.Device),
-		MaxWaiting: o.maxWaiting, MaxBodyBytes: o.maxBody,
+		MaxWaiting: o.maxWaiting, MaxBodyBytes: o.maxBody, ChatTemplate: tmpl,
 	}
 	if tok != nil {
 		opt.Tokenizer = tok
 	}
-	srv := &http.Server{Handler: serve.New(lv, opt), ReadHeaderTimeout: 10 * time.Second}
+	h := serve.New(lv, opt)
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	if ready != nil {
@@ -118,18 +171,36 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	var failed error
 	select {
 	case <-ctx.Done():
+		// A stop signal: drain, within the timeout.
+		if o.drain > 0 {
+			fmt.Fprintf(os.Stderr, "kvx serve: %v: draining (new requests get 503; at most %v for the ones in flight)\n", context.Cause(ctx), o.drain)
+		}
+		dctx, cancel := context.WithTimeout(context.Background(), o.drain)
+		go func() { // an engine that fails while draining ends the wait
+			select {
+			case <-lv.Done():
+				cancel()
+			case <-dctx.Done():
+			}
+		}()
+		left := h.Drain(dctx)
+		cancel()
+		if left > 0 {
+			fmt.Fprintf(os.Stderr, "kvx serve: drain timeout %v: %d requests still in flight are cut off\n", o.drain, left)
+		}
+		failed = lv.Err()
 	case <-lv.Done():
 		failed = lv.Err()
 	case err := <-errc:
 		failed = err
 	}
-	// Stop the engine first: requests in flight end with 503, then the
-	// server drains its connections.
+	// Stop the engine: requests still in flight end with 503, then the
+	// server closes its connections.
 	_, stopErr := lv.Stop()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(sctx)
-	if failed == nil && ctx.Err() == nil {
+	if failed == nil {
 		failed = stopErr
 	}
 	if failed != nil && !errors.Is(failed, http.ErrServerClosed) {

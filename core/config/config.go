@@ -93,6 +93,9 @@ type Config struct {
 	// PluginTimeouts is plugin_timeouts: how long kvx waits on a plugin
 	// before it treats it as dead (isolation: plugin only).
 	PluginTimeouts PluginTimeouts
+	// PluginRestarts is plugin_restarts: how often, and how fast, a plugin
+	// that died is restarted.
+	PluginRestarts PluginRestarts
 	Workload       WorkloadConfig // workload
 	// Synthetic is synthetic: overrides for the small synthetic model that
 	// a computing device (cpu, cuda) runs instead of the full model (keys
@@ -181,6 +184,20 @@ type PluginTimeouts struct {
 	// ForwardFactor is forward_factor: a forward's deadline is at least
 	// this many times the slowest forward seen so far in the run (10).
 	ForwardFactor float64
+}
+
+// PluginRestarts is plugin_restarts: a plugin that dies (or misses a
+// deadline) is restarted and its stage's requests recomputed, at most Max
+// times in the engine's life; the restart after that stops the engine with
+// an error (kvx serve exits non-zero, for a supervisor to restart it).
+type PluginRestarts struct {
+	// Max is max: the restart budget (8).
+	Max int
+	// Backoff is backoff: the wait before a restart; it doubles with each
+	// restart that follows another with no step done in between (100ms).
+	Backoff time.Duration
+	// MaxBackoff is max_backoff: the cap of that wait (5s).
+	MaxBackoff time.Duration
 }
 
 // Range is an inclusive [Min, Max] token count; zero = unset.
@@ -289,6 +306,7 @@ func defaults() *Config {
 			Start: time.Minute, Configure: 5 * time.Minute, Call: 10 * time.Second,
 			Forward: 30 * time.Second, ForwardFactor: 10,
 		},
+		PluginRestarts: PluginRestarts{Max: 8, Backoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second},
 	}
 }
 

@@ -133,6 +133,7 @@ func TestDefaultsFlatten(t *testing.T) {
 		"workload.seed":         uint64(0),
 		"plugin_timeouts.start": "1m0s", "plugin_timeouts.configure": "5m0s", "plugin_timeouts.call": "10s",
 		"plugin_timeouts.forward": "30s", "plugin_timeouts.forward_factor": 10.0,
+		"plugin_restarts.max": 8, "plugin_restarts.backoff": "100ms", "plugin_restarts.max_backoff": "5s",
 		"plugin_sha256.cache_manager": nil, "plugin_sha256.attention_backend": nil,
 	}
 	for _, f := range model.SyntheticFields() {

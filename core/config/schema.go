@@ -224,6 +224,10 @@ var baseFields = []field{
 	durationField("plugin_timeouts.call", func(c *Config) *time.Duration { return &c.PluginTimeouts.Call }),
 	durationField("plugin_timeouts.forward", func(c *Config) *time.Duration { return &c.PluginTimeouts.Forward }),
 	floatField("plugin_timeouts.forward_factor", func(c *Config) *float64 { return &c.PluginTimeouts.ForwardFactor }, func(f float64) bool { return f >= 1 && f <= 1e6 }, "1 <= value <= 1000000"),
+	// plugin_restarts.
+	intField("plugin_restarts.max", func(c *Config) *int { return &c.PluginRestarts.Max }, 1, false),
+	durationField("plugin_restarts.backoff", func(c *Config) *time.Duration { return &c.PluginRestarts.Backoff }),
+	durationField("plugin_restarts.max_backoff", func(c *Config) *time.Duration { return &c.PluginRestarts.MaxBackoff }),
 
 	// scheduler_config.
 	enumField("scheduler_config.capacity_scheduler_policy", func(c *Config) *string { return &c.Scheduler.CapacitySchedulerPolicy },

@@ -89,6 +89,11 @@ type Spec struct {
 	// Liveness bounds every wait on a plugin; the zero value waits forever
 	// (in-process runs). It needs a Launcher that is a Stopper.
 	Liveness Liveness
+	// Restarts bounds the restarts of plugins that died (restart.go).
+	Restarts RestartPolicy
+	// Faults are plugin deaths to inject, for tests (restart.go); nil in
+	// a normal run.
+	Faults []Fault
 	// Progress receives a progress bar; nil for none.
 	Progress io.Writer
 	Log      hclog.Logger
@@ -204,6 +209,8 @@ type Engine struct {
 	// Prompt tokens of the requests whose first prefill chunk completed,
 	// and the prefix reused by them, for the series.
 	admitted, admittedReused int64
+	restarts                 restartState // restart.go
+	faults                   []Fault      // injected faults not yet fired, by step
 }
 
 // Run builds the engine (configures every stage) and runs the workload to the
@@ -247,7 +254,7 @@ func (e *Engine) setup(ctx context.Context) error {
 		err := e.startStage(ctx, st)
 		// A plugin that dies while it starts is started again, within the
 		// same restart budget as one that dies mid-run.
-		for err != nil && errors.Is(err, kvcache.ErrUnavailable) && ctx.Err() == nil && e.rep.Engine.PluginRestarts < MaxRestarts {
+		for err != nil && errors.Is(err, kvcache.ErrUnavailable) && ctx.Err() == nil && e.rep.Engine.PluginRestarts < e.spec.Restarts.max() {
 			e.rep.Engine.PluginRestarts++
 			e.log.Warn("plugin died while starting; starting it again", "stage", i, "error", err)
 			err = e.startStage(ctx, st)
@@ -261,6 +268,10 @@ func (e *Engine) setup(ctx context.Context) error {
 			maxSeq = st.layout.MaxSeqTokens
 		}
 	}
+	if err := checkFaults(e.spec.Faults, n); err != nil {
+		return err
+	}
+	e.faults = slices.Clone(e.spec.Faults)
 	sc := e.spec.Sched
 	sc.MaxSeqTokens = maxSeq
 	sc.Suspend = suspendable

@@ -9,8 +9,9 @@ import (
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
-// MaxRestarts bounds plugin restarts in one run: a plugin that keeps dying
-// stops the engine (non-zero exit) instead of looping forever.
+// MaxRestarts bounds plugin restarts in one run unless RestartPolicy.Max
+// says otherwise: a plugin that keeps dying stops the engine (non-zero
+// exit) instead of looping forever.
 const MaxRestarts = 8
 
 // stageError is an error of one stage's plugin call.
@@ -52,13 +53,20 @@ func itemSeqs(err error) []kvcache.SeqID {
 // whose manager or worker went with the dead one (one process serves every
 // stage's instance) is restarted too.
 func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error {
-	if e.rep.Engine.PluginRestarts >= MaxRestarts {
-		return fmt.Errorf("%d plugin restarts, giving up: %w", e.rep.Engine.PluginRestarts, cause)
+	budget := e.spec.Restarts.max()
+	if e.rep.Engine.PluginRestarts >= budget {
+		return fmt.Errorf("%d plugin restarts, the budget (plugin_restarts.max %d) is spent, giving up: %w", e.rep.Engine.PluginRestarts, budget, cause)
 	}
 	e.rep.Engine.PluginRestarts++
 	e.dropForward()
 	e.dropEnding()
 	e.log.Warn("plugin died; restarting it and recomputing every request", "stage", dead, "error", cause)
+	if e.live != nil {
+		// /health answers 503 with this reason until the restart is done.
+		e.live.setRecovering(fmt.Sprintf("restarting the plugins of stage %d (restart %d of %d) after: %v", dead, e.rep.Engine.PluginRestarts, budget, cause))
+		defer e.live.setRecovering("")
+	}
+	e.backoff(ctx) // once per death; the stages that went with it restart at once
 	restarted := make([]bool, len(e.stages))
 	restart := func(i int) error {
 		if st, ok := e.launch.(Stopper); ok {
@@ -68,9 +76,10 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 		err := e.startStage(ctx, e.stages[i])
 		// A plugin that dies (or hangs) while it restarts is started again,
 		// within the same budget.
-		for err != nil && errors.Is(err, kvcache.ErrUnavailable) && ctx.Err() == nil && e.rep.Engine.PluginRestarts < MaxRestarts {
+		for err != nil && errors.Is(err, kvcache.ErrUnavailable) && ctx.Err() == nil && e.rep.Engine.PluginRestarts < budget {
 			e.rep.Engine.PluginRestarts++
 			e.log.Warn("plugin died while restarting; starting it again", "stage", i, "error", err)
+			e.backoff(ctx)
 			err = e.startStage(ctx, e.stages[i])
 		}
 		if err != nil {

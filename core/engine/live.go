@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -146,6 +147,9 @@ type Live struct {
 	nextID  kvcache.SeqID
 	stopped bool
 	stats   LiveStats
+	// recovering says why the engine is not serving now (a plugin
+	// restart), "" while it is (Health).
+	recovering string
 
 	wakeC chan struct{}
 	stopC chan struct{}
@@ -218,11 +222,15 @@ func StartLive(ctx context.Context, s Spec, l Launcher) (*Live, error) {
 		subs := lv.subs
 		lv.subs = nil
 		lv.mu.Unlock()
+		stopErr := ErrStopped
+		if err != nil {
+			stopErr = fmt.Errorf("%w: the engine failed: %v", ErrStopped, err)
+		}
 		for _, o := range lv.open {
-			o.h.push(Event{Err: ErrStopped, At: e.now})
+			o.h.push(Event{Err: stopErr, At: e.now})
 		}
 		for _, h := range subs {
-			h.push(Event{Err: ErrStopped})
+			h.push(Event{Err: stopErr})
 		}
 		close(lv.doneC)
 	}()
@@ -261,6 +269,28 @@ func (lv *Live) Stats() LiveStats {
 	lv.mu.Lock()
 	defer lv.mu.Unlock()
 	return lv.stats
+}
+
+// Health says whether the engine serves now: ok is false, with the reason,
+// while it restarts a plugin that died and once its loop has ended.
+func (lv *Live) Health() (ok bool, reason string) {
+	select {
+	case <-lv.doneC:
+		if err := lv.Err(); err != nil {
+			return false, "the engine failed: " + err.Error()
+		}
+		return false, "the engine stopped"
+	default:
+	}
+	lv.mu.Lock()
+	defer lv.mu.Unlock()
+	return lv.recovering == "", lv.recovering
+}
+
+func (lv *Live) setRecovering(reason string) {
+	lv.mu.Lock()
+	lv.recovering = reason
+	lv.mu.Unlock()
 }
 
 // Done is closed when the loop has ended (Stop, or an engine error).
@@ -529,25 +559,55 @@ func (lv *Live) refreshStats(ctx context.Context, e *Engine, force bool) {
 	s.Steps, s.Clock, s.Modelled = e.steps, e.now, e.modelled
 }
 
+// probeEvery is how often an idle live engine asks its plugins whether
+// they live: a plugin that dies while nothing runs is found (and
+// restarted) within about this long, not at the next request.
+const probeEvery = 500 * time.Millisecond
+
 // idle waits, with nothing left to run, for a submission, a cancellation or
-// Stop: false means stop.
-func (lv *Live) idle(ctx context.Context, e *Engine) bool {
+// Stop: false means stop. Meanwhile it probes the plugins every probeEvery;
+// an error is a probe's (a dead plugin: the loop restarts it).
+func (lv *Live) idle(ctx context.Context, e *Engine) (bool, error) {
 	lv.refreshStats(ctx, e, true)
+	t := time.NewTicker(probeEvery)
+	defer t.Stop()
 	for {
 		lv.mu.Lock()
 		ready := len(lv.subs) > 0 || len(lv.cancels) > 0
 		lv.mu.Unlock()
 		if ready {
-			return true
+			return true, nil
 		}
 		select {
 		case <-lv.wakeC:
+		case <-t.C:
+			e.injectFaults()
+			if err := lv.probe(ctx, e); err != nil {
+				return true, err
+			}
 		case <-lv.stopC:
-			return false
+			return false, nil
 		case <-ctx.Done():
-			return false
+			return false, nil
 		}
 	}
+}
+
+// probe asks every stage's manager for its stats and its worker for its
+// health, each call bounded like any other.
+func (lv *Live) probe(ctx context.Context, e *Engine) error {
+	for _, st := range e.stages {
+		e.dog.arm(slotCall, fmt.Sprintf("stage %d: probe of an idle engine's plugins", st.idx), e.spec.Liveness.Call, st.m, st.w)
+		_, err := st.m.Stats(ctx)
+		if err == nil {
+			err = st.w.Health(ctx)
+		}
+		e.dog.disarm(slotCall)
+		if err != nil {
+			return stageErr(st.idx, "probe while idle", err)
+		}
+	}
+	return nil
 }
 
 // stopping reports whether Stop was called.
@@ -583,7 +643,11 @@ func (e *Engine) liveStep(ctx context.Context, err error) error {
 		return serr
 	}
 	lv.publish(e)
-	if !lv.idle(ctx, e) {
+	more, perr := lv.idle(ctx, e)
+	if perr != nil {
+		return perr
+	}
+	if !more {
 		return errDone
 	}
 	return lv.turn(ctx, e)

@@ -19,6 +19,7 @@ var errDone = errors.New("done")
 // A plugin that dies is restarted and every request recomputed.
 func (e *Engine) loop(ctx context.Context) error {
 	for {
+		e.injectFaults() // restart.go: nothing unless Spec.Faults
 		err := e.iterate(ctx)
 		if e.live != nil {
 			err = e.liveStep(ctx, err) // live.go: publish, take arrivals, wait when idle

@@ -215,7 +215,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request, body []byte) {
 		return
 	}
 	j := &job{chat: true, id: fmt.Sprintf("chatcmpl-%d", s.seq.Add(1))}
-	text, e := chatText(req.Messages)
+	text, e := s.chatText(req.Messages)
 	if e != nil {
 		writeErr(w, e)
 		return
@@ -309,6 +309,10 @@ func (s *Server) encode(text, field string, j *job) *apiError {
 	if s.opt.Tokenizer == nil {
 		return badRequest(field, "%s is text, and %s", field, s.opt.NoTokenizer)
 	}
+	if pe, ok := s.opt.Tokenizer.(PlainEncoder); ok && field == "messages" && s.opt.ChatTemplate != nil {
+		j.prompt = pe.EncodePlain(text) // the template wrote the special tokens
+		return nil
+	}
 	j.prompt = s.opt.Tokenizer.Encode(text)
 	return nil
 }
@@ -326,7 +330,7 @@ type chatMessage struct {
 //	user: Hello
 //	assistant:
 //
-// A checkpoint's own chat_template (Jinja) is not applied yet.
+// It is used when the checkpoint has no chat_template (Options.ChatTemplate).
 func ChatPrompt(roles, contents []string) string {
 	var b strings.Builder
 	for i := range roles {
@@ -339,9 +343,11 @@ func ChatPrompt(roles, contents []string) string {
 	return b.String()
 }
 
-// chatText applies ChatPrompt to the request's messages. A content is a
-// string or a list of {"type": "text", "text": ...} parts.
-func chatText(raw json.RawMessage) (string, *apiError) {
+// chatText applies the chat template (Options.ChatTemplate, else
+// ChatPrompt) to the request's messages. A content is a string or a list of
+// {"type": "text", "text": ...} parts. A template that fails to render
+// them is a 400 that says why.
+func (s *Server) chatText(raw json.RawMessage) (string, *apiError) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return "", badRequest("messages", "messages is missing: want a list of {\"role\", \"content\"}")
@@ -366,9 +372,9 @@ func chatText(raw json.RawMessage) (string, *apiError) {
 			return "", badRequest(p+".role", "%s.role = %q: want system, developer, user, assistant or tool", p, *m.Role)
 		}
 		roles[i] = *m.Role
-		var s string
-		if err := json.Unmarshal(m.Content, &s); err == nil {
-			contents[i] = s
+		var str string
+		if err := json.Unmarshal(m.Content, &str); err == nil {
+			contents[i] = str
 			continue
 		}
 		var parts []struct {
@@ -387,5 +393,17 @@ func chatText(raw json.RawMessage) (string, *apiError) {
 		}
 		contents[i] = b.String()
 	}
-	return ChatPrompt(roles, contents), nil
+	ct := s.opt.ChatTemplate
+	if ct == nil {
+		return ChatPrompt(roles, contents), nil
+	}
+	tm := make([]Message, len(roles))
+	for i := range roles {
+		tm[i] = Message{Role: roles[i], Content: contents[i]}
+	}
+	text, err := ct.Render(tm)
+	if err != nil {
+		return "", &apiError{status: http.StatusBadRequest, param: "messages", code: "chat_template_error", msg: err.Error()}
+	}
+	return text, nil
 }

@@ -11,20 +11,30 @@
 //     that goes away cancels its request, so its blocks are freed at once,
 //     and a request the engine fails ends alone;
 //   - metrics.go exposes the engine's gauges and counters and the
-//     latency histograms.
+//     latency histograms;
+//   - template.go renders chat messages with the checkpoint's Jinja chat
+//     template, so a chat prompt is the one the model was trained on, and
+//     a template that refuses the messages is a 400 that says why.
+//
+// /health tells the truth throughout: 503 "restarting" while the engine
+// replaces a plugin that died, "draining" after Drain, "unavailable" once
+// the engine ended (its process then exits: never 503 forever).
 //
 // Sampling is greedy: temperature, top_p and the other sampling fields are
 // accepted and have no effect; generation always runs to max_tokens, so
-// finish_reason is "length". Chat prompts use a plain template (see
-// ChatPrompt); checkpoint chat templates (Jinja) are not supported yet.
+// finish_reason is "length". Chat prompts use the checkpoint's chat
+// template (template.go: Jinja through gonja, as transformers renders it)
+// when it has one, else a plain template (see ChatPrompt).
 package serve
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -48,6 +58,14 @@ type Tokenizer interface {
 	Decode(ids []int32) string
 }
 
+// PlainEncoder is an optional Tokenizer interface: EncodePlain encodes text
+// without the special tokens Encode adds (a BOS). A chat template's prompt
+// is encoded with it, since the template writes its own bos_token (as
+// vLLM encodes a rendered chat with add_special_tokens false).
+type PlainEncoder interface {
+	EncodePlain(text string) []int32
+}
+
 // Options configure a Server.
 type Options struct {
 	Model        string    // the id /v1/models lists and requests must name
@@ -59,6 +77,8 @@ type Options struct {
 	SimClock     bool      // latencies come from the engine's simulated clock, not the wall
 	MaxBodyBytes int64     // larger request bodies get 413
 	MaxWaiting   int       // more requests without a first token get 429
+	// ChatTemplate renders chat messages into the prompt; nil: ChatPrompt.
+	ChatTemplate *ChatTemplate
 }
 
 // Server serves one live engine. It is an http.Handler.
@@ -70,6 +90,11 @@ type Server struct {
 	met   *metrics
 	seq   atomic.Uint64
 	start time.Time
+
+	mu       sync.Mutex
+	active   int           // POST requests being handled
+	draining bool          // Drain was called: new requests get 503
+	idle     chan struct{} // closed when draining and active is 0
 }
 
 // New returns a server over eng.
@@ -95,8 +120,58 @@ func New(eng *engine.Live, opt Options) *Server {
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
+// enter counts a request in, unless the server drains; leave counts it out.
+func (s *Server) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return false
+	}
+	s.active++
+	return true
+}
+
+func (s *Server) leave() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.active--
+	if s.draining && s.active == 0 {
+		close(s.idle)
+	}
+}
+
+// Drain stops taking requests (new ones get 503, /health answers 503
+// "draining") and waits until the requests being served have finished, or
+// ctx ends: it returns how many were still running then.
+func (s *Server) Drain(ctx context.Context) int {
+	s.mu.Lock()
+	if !s.draining {
+		s.draining = true
+		s.idle = make(chan struct{})
+		if s.active == 0 {
+			close(s.idle)
+		}
+	}
+	idle := s.idle
+	s.mu.Unlock()
+	select {
+	case <-idle:
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.active
+}
+
 func (s *Server) post(h func(http.ResponseWriter, *http.Request, []byte)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.enter() {
+			w.Header().Set("Connection", "close")
+			writeErr(w, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "shutting_down", retry: 1,
+				msg: "the server is shutting down: it finishes the requests it has and takes no new ones"})
+			return
+		}
+		defer s.leave()
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
 			writeErr(w, &apiError{status: http.StatusMethodNotAllowed, msg: fmt.Sprintf("%s %s: use POST", r.Method, r.URL.Path)})
@@ -163,18 +238,37 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-// health answers 200 while the engine loop runs and 503 with the reason
-// once it ended.
+// health answers 200 {"status": "ok"} while the engine serves, and 503
+// with the status and the reason otherwise: "restarting" while a plugin
+// that died is replaced (200 again after), "draining" after a stop signal,
+// "unavailable" once the engine ended (the process then exits).
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	draining := s.draining
+	s.mu.Unlock()
+	ok, why := s.eng.Health()
+	status := "ok"
+	switch {
+	case !ok && engineEnded(s.eng):
+		status = "unavailable"
+	case !ok:
+		status = "restarting"
+	case draining:
+		status, why = "draining", "the server is shutting down: it finishes the requests it has and takes no new ones"
+	}
+	if status == "ok" {
+		writeJSON(w, http.StatusOK, map[string]string{"status": status})
+		return
+	}
+	writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": status, "reason": why})
+}
+
+func engineEnded(eng *engine.Live) bool {
 	select {
-	case <-s.eng.Done():
-		msg := "the engine stopped"
-		if err := s.eng.Err(); err != nil {
-			msg = "the engine failed: " + err.Error()
-		}
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": msg})
+	case <-eng.Done():
+		return true
 	default:
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		return false
 	}
 }
 
@@ -329,7 +423,11 @@ func engineErr(err error) *apiError {
 	case errors.As(err, &re):
 		return &apiError{status: http.StatusBadRequest, msg: "the request failed: " + re.Reason}
 	case errors.Is(err, engine.ErrStopped):
-		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: "the engine stopped before the request finished"}
+		msg := "the engine stopped before the request finished"
+		if err != engine.ErrStopped {
+			msg += " (" + err.Error() + ")"
+		}
+		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "engine_stopped", msg: msg}
 	}
 	return &apiError{status: http.StatusInternalServerError, typ: "server_error", msg: err.Error()}
 }

@@ -369,6 +369,8 @@ func Resolve(cfg *config.Config, variant string, withWorkload bool) (*Resolved, 
 		pt := cfg.PluginTimeouts
 		s.Liveness = engine.Liveness{Configure: pt.Configure, Call: pt.Call, Forward: pt.Forward, ForwardFactor: pt.ForwardFactor}
 	}
+	pr := cfg.PluginRestarts
+	s.Restarts = engine.RestartPolicy{Max: pr.Max, Backoff: pr.Backoff, MaxBackoff: pr.MaxBackoff}
 	s.CheckEvery = cfg.CheckInvariants
 	s.Sequential = cfg.StepOverlap == "off"
 	s.DeepEvery = cfg.DeepCheckEvery

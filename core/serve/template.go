@@ -1,0 +1,192 @@
+package serve
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/nikolalohinski/gonja/v2"
+	"github.com/nikolalohinski/gonja/v2/config"
+	"github.com/nikolalohinski/gonja/v2/exec"
+	"github.com/nikolalohinski/gonja/v2/loaders"
+)
+
+// ChatTemplate is a checkpoint's chat template: Jinja, rendered as
+// transformers' apply_chat_template renders it (trim_blocks and
+// lstrip_blocks on; the variables messages, add_generation_prompt,
+// bos_token and eos_token; the function raise_exception). It is parsed
+// once and safe for concurrent use. A template can read nothing but its
+// variables: include, import and extends find no file.
+type ChatTemplate struct {
+	Source   string // where it came from, for messages: "tokenizer_config.json's chat_template", a path
+	tpl      *exec.Template
+	bos, eos string
+}
+
+// templateConfig is transformers' Jinja environment: a block's first
+// newline is removed, and the spaces before a block on its line.
+var templateConfig = func() *config.Config {
+	c := config.New()
+	c.TrimBlocks, c.LeftStripBlocks = true, true
+	return c
+}()
+
+const templateName = "/chat_template"
+
+// ParseChatTemplate parses text (from source, named in errors) with the
+// special tokens bos and eos.
+func ParseChatTemplate(source, text, bos, eos string) (*ChatTemplate, error) {
+	ld, err := loaders.NewMemoryLoader(map[string]string{templateName: text})
+	if err != nil {
+		return nil, err
+	}
+	tpl, err := exec.NewTemplate(templateName, templateConfig, ld, gonja.DefaultEnvironment)
+	if err != nil {
+		// gonja quotes the whole template in its message: name it instead.
+		msg := strings.Replace(err.Error(), "'"+text+"'", templateName, 1)
+		return nil, fmt.Errorf("chat template (%s) does not parse: %s", source, msg)
+	}
+	return &ChatTemplate{Source: source, tpl: tpl, bos: bos, eos: eos}, nil
+}
+
+// Message is one chat message as a template sees it.
+type Message struct {
+	Role, Content string
+}
+
+// TemplateError is a chat template that failed to render a request's
+// messages: Raised is the message of the template's raise_exception (the
+// template refuses these messages), else Err says what went wrong in it.
+type TemplateError struct {
+	Source string
+	Raised string
+	Err    error
+}
+
+func (e *TemplateError) Error() string {
+	if e.Raised != "" {
+		return fmt.Sprintf("the chat template (%s) refused the messages: %s", e.Source, e.Raised)
+	}
+	return fmt.Sprintf("the chat template (%s) failed to render the messages: %v", e.Source, e.Err)
+}
+
+func (e *TemplateError) Unwrap() error { return e.Err }
+
+// Render applies the template to msgs, with add_generation_prompt true
+// (the prompt ends where the assistant's answer begins).
+func (c *ChatTemplate) Render(msgs []Message) (string, error) {
+	ms := make([]map[string]any, len(msgs))
+	for i, m := range msgs {
+		ms[i] = map[string]any{"role": m.Role, "content": m.Content}
+	}
+	var raised string
+	ctx := exec.NewContext(map[string]any{
+		"messages":              ms,
+		"add_generation_prompt": true,
+		"bos_token":             c.bos,
+		"eos_token":             c.eos,
+		"raise_exception": func(msg string) (string, error) {
+			raised = msg
+			return "", errors.New(msg)
+		},
+	})
+	out, err := c.tpl.ExecuteToString(ctx)
+	if err != nil {
+		return "", &TemplateError{Source: c.Source, Raised: raised, Err: err}
+	}
+	return out, nil
+}
+
+// LoadChatTemplate returns the chat template of the Hugging Face checkpoint
+// directory dir, or nil when it has none: chat_template.jinja when it
+// exists (transformers' own file), else tokenizer_config.json's
+// chat_template (a string, or a list of named templates of which
+// "default" is taken). bos_token and eos_token come from
+// tokenizer_config.json (a string or an added token's {"content": ...}).
+// A file that does not read or parse is an error naming it.
+//
+// A non-empty file (vLLM's --chat-template) is the template instead, with
+// the special tokens of dir's tokenizer_config.json (dir may be "": none).
+func LoadChatTemplate(dir, file string) (*ChatTemplate, error) {
+	var tc struct {
+		ChatTemplate json.RawMessage `json:"chat_template"`
+		BOS          json.RawMessage `json:"bos_token"`
+		EOS          json.RawMessage `json:"eos_token"`
+	}
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	data, err := os.ReadFile(cfgPath)
+	switch {
+	case dir == "" || errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, err
+	default:
+		if err := json.Unmarshal(data, &tc); err != nil {
+			return nil, fmt.Errorf("%s: %v", cfgPath, err)
+		}
+	}
+	bos, err := specialToken(tc.BOS)
+	if err != nil {
+		return nil, fmt.Errorf("%s: bos_token: %v", cfgPath, err)
+	}
+	eos, err := specialToken(tc.EOS)
+	if err != nil {
+		return nil, fmt.Errorf("%s: eos_token: %v", cfgPath, err)
+	}
+	if file != "" {
+		text, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("chat template: %w", err)
+		}
+		return ParseChatTemplate(file, string(text), bos, eos)
+	}
+	if dir == "" {
+		return nil, nil
+	}
+	jinja := filepath.Join(dir, "chat_template.jinja")
+	if text, err := os.ReadFile(jinja); err == nil {
+		return ParseChatTemplate(jinja, string(text), bos, eos)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	if len(tc.ChatTemplate) == 0 || string(tc.ChatTemplate) == "null" {
+		return nil, nil
+	}
+	var text string
+	if err := json.Unmarshal(tc.ChatTemplate, &text); err != nil {
+		var named []struct{ Name, Template string }
+		if err := json.Unmarshal(tc.ChatTemplate, &named); err != nil {
+			return nil, fmt.Errorf("%s: chat_template: want a string or a list of {\"name\", \"template\"}", cfgPath)
+		}
+		var names []string
+		for _, n := range named {
+			if n.Name == "default" {
+				text = n.Template
+			}
+			names = append(names, n.Name)
+		}
+		if text == "" {
+			return nil, fmt.Errorf("%s: chat_template: no template named \"default\" (it has %s)", cfgPath, strings.Join(names, ", "))
+		}
+	}
+	return ParseChatTemplate(cfgPath+"'s chat_template", text, bos, eos)
+}
+
+// specialToken reads a tokenizer_config.json token: a string, an added
+// token {"content": ...}, or null.
+func specialToken(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var at struct{ Content *string }
+	if err := json.Unmarshal(raw, &at); err != nil || at.Content == nil {
+		return "", fmt.Errorf("want a string or {\"content\": string}, got %s", describe(raw))
+	}
+	return *at.Content, nil
+}
