@@ -353,6 +353,8 @@ type Capabilities struct {
 	HostTier      bool                   `protobuf:"varint,3,opt,name=host_tier,json=hostTier,proto3" json:"host_tier,omitempty"`
 	SsmState      bool                   `protobuf:"varint,4,opt,name=ssm_state,json=ssmState,proto3" json:"ssm_state,omitempty"`
 	SsmReuse      bool                   `protobuf:"varint,5,opt,name=ssm_reuse,json=ssmReuse,proto3" json:"ssm_reuse,omitempty"`
+	CacheSalt     bool                   `protobuf:"varint,6,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
+	KvEvents      bool                   `protobuf:"varint,7,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -418,6 +420,20 @@ func (x *Capabilities) GetSsmState() bool {
 func (x *Capabilities) GetSsmReuse() bool {
 	if x != nil {
 		return x.SsmReuse
+	}
+	return false
+}
+
+func (x *Capabilities) GetCacheSalt() bool {
+	if x != nil {
+		return x.CacheSalt
+	}
+	return false
+}
+
+func (x *Capabilities) GetKvEvents() bool {
+	if x != nil {
+		return x.KvEvents
 	}
 	return false
 }
@@ -493,6 +509,7 @@ type ManagerConfig struct {
 	AvgSeqLen        int64           `protobuf:"varint,12,opt,name=avg_seq_len,json=avgSeqLen,proto3" json:"avg_seq_len,omitempty"`
 	PoolRatio        []float64       `protobuf:"fixed64,13,rep,packed,name=pool_ratio,json=poolRatio,proto3" json:"pool_ratio,omitempty"`
 	Snapshots        *SnapshotConfig `protobuf:"bytes,14,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
+	KvEvents         bool            `protobuf:"varint,15,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -623,6 +640,13 @@ func (x *ManagerConfig) GetSnapshots() *SnapshotConfig {
 		return x.Snapshots
 	}
 	return nil
+}
+
+func (x *ManagerConfig) GetKvEvents() bool {
+	if x != nil {
+		return x.KvEvents
+	}
+	return false
 }
 
 // kvcache.Pool
@@ -800,6 +824,7 @@ type LookupItem struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	Prompt        []int32                `protobuf:"varint,2,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
+	CacheSalt     string                 `protobuf:"bytes,3,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -846,6 +871,13 @@ func (x *LookupItem) GetPrompt() []int32 {
 		return x.Prompt
 	}
 	return nil
+}
+
+func (x *LookupItem) GetCacheSalt() string {
+	if x != nil {
+		return x.CacheSalt
+	}
+	return ""
 }
 
 type LookupRequest struct {
@@ -938,7 +970,8 @@ func (x *LookupResponse) GetTokens() []int64 {
 
 // []kvcache.ReserveItem by column (seq sets the count): item i is seq[i],
 // tokens[i], draft[i], hold[i], new[i], reuse[i] and a Prompt of the next
-// prompt_len[i] values of prompt.
+// prompt_len[i] values of prompt. Salts are sparse: item salt_item[k] has
+// CacheSalt salt[k] (salt_item increasing, in range), all others "".
 type ReserveRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Seq           []uint64               `protobuf:"varint,1,rep,packed,name=seq,proto3" json:"seq,omitempty"`
@@ -949,6 +982,8 @@ type ReserveRequest struct {
 	Reuse         []int64                `protobuf:"varint,6,rep,packed,name=reuse,proto3" json:"reuse,omitempty"`
 	PromptLen     []int64                `protobuf:"varint,7,rep,packed,name=prompt_len,json=promptLen,proto3" json:"prompt_len,omitempty"`
 	Prompt        []int32                `protobuf:"varint,8,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
+	SaltItem      []int32                `protobuf:"varint,9,rep,packed,name=salt_item,json=saltItem,proto3" json:"salt_item,omitempty"`
+	Salt          []string               `protobuf:"bytes,10,rep,name=salt,proto3" json:"salt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1035,6 +1070,20 @@ func (x *ReserveRequest) GetPromptLen() []int64 {
 func (x *ReserveRequest) GetPrompt() []int32 {
 	if x != nil {
 		return x.Prompt
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetSaltItem() []int32 {
+	if x != nil {
+		return x.SaltItem
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetSalt() []string {
+	if x != nil {
+		return x.Salt
 	}
 	return nil
 }
@@ -3284,6 +3333,180 @@ func (*HealthRequest) Descriptor() ([]byte, []int) {
 	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{43}
 }
 
+type EventsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventsRequest) Reset() {
+	*x = EventsRequest{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventsRequest) ProtoMessage() {}
+
+func (x *EventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
+func (*EventsRequest) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{44}
+}
+
+// kvcache.Event
+type Event struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          int32                  `protobuf:"varint,1,opt,name=kind,proto3" json:"kind,omitempty"` // kvcache.EventKind
+	Hashes        []uint64               `protobuf:"varint,2,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	Parent        uint64                 `protobuf:"varint,3,opt,name=parent,proto3" json:"parent,omitempty"`
+	HasParent     bool                   `protobuf:"varint,4,opt,name=has_parent,json=hasParent,proto3" json:"has_parent,omitempty"`
+	Tokens        []int32                `protobuf:"varint,5,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	BlockSize     int64                  `protobuf:"varint,6,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	Tier          string                 `protobuf:"bytes,7,opt,name=tier,proto3" json:"tier,omitempty"` // kvcache.Tier
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Event) Reset() {
+	*x = Event{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Event) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Event) ProtoMessage() {}
+
+func (x *Event) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Event.ProtoReflect.Descriptor instead.
+func (*Event) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *Event) GetKind() int32 {
+	if x != nil {
+		return x.Kind
+	}
+	return 0
+}
+
+func (x *Event) GetHashes() []uint64 {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+func (x *Event) GetParent() uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
+}
+
+func (x *Event) GetHasParent() bool {
+	if x != nil {
+		return x.HasParent
+	}
+	return false
+}
+
+func (x *Event) GetTokens() []int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *Event) GetBlockSize() int64 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *Event) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+// The answer of Events (kvcache.EventReporter).
+type EventList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*Event               `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventList) Reset() {
+	*x = EventList{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventList) ProtoMessage() {}
+
+func (x *EventList) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventList.ProtoReflect.Descriptor instead.
+func (*EventList) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *EventList) GetEvents() []*Event {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 var File_kvx_v1_kvx_proto protoreflect.FileDescriptor
 
 const file_kvx_v1_kvx_proto_rawDesc = "" +
@@ -3302,16 +3525,19 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1c\n" +
 	"\tprotocols\x18\x03 \x03(\x03R\tprotocols\x128\n" +
-	"\fcapabilities\x18\x04 \x01(\v2\x14.kvx.v1.CapabilitiesR\fcapabilities\"\xa0\x01\n" +
+	"\fcapabilities\x18\x04 \x01(\v2\x14.kvx.v1.CapabilitiesR\fcapabilities\"\xdc\x01\n" +
 	"\fCapabilities\x12\x16\n" +
 	"\x06mixers\x18\x01 \x03(\tR\x06mixers\x12!\n" +
 	"\fprefix_reuse\x18\x02 \x01(\bR\vprefixReuse\x12\x1b\n" +
 	"\thost_tier\x18\x03 \x01(\bR\bhostTier\x12\x1b\n" +
 	"\tssm_state\x18\x04 \x01(\bR\bssmState\x12\x1b\n" +
-	"\tssm_reuse\x18\x05 \x01(\bR\bssmReuse\"V\n" +
+	"\tssm_reuse\x18\x05 \x01(\bR\bssmReuse\x12\x1d\n" +
+	"\n" +
+	"cache_salt\x18\x06 \x01(\bR\tcacheSalt\x12\x1b\n" +
+	"\tkv_events\x18\a \x01(\bR\bkvEvents\"V\n" +
 	"\x0eSnapshotConfig\x12\x1a\n" +
 	"\binterval\x18\x01 \x01(\x03R\binterval\x12(\n" +
-	"\x10offsets_from_end\x18\x02 \x03(\x03R\x0eoffsetsFromEnd\"\x83\x04\n" +
+	"\x10offsets_from_end\x18\x02 \x03(\x03R\x0eoffsetsFromEnd\"\xa0\x04\n" +
 	"\rManagerConfig\x12\x14\n" +
 	"\x05stage\x18\x01 \x01(\x03R\x05stage\x12\x16\n" +
 	"\x06stages\x18\x02 \x01(\x03R\x06stages\x12\x1f\n" +
@@ -3330,7 +3556,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\vavg_seq_len\x18\f \x01(\x03R\tavgSeqLen\x12\x1d\n" +
 	"\n" +
 	"pool_ratio\x18\r \x03(\x01R\tpoolRatio\x124\n" +
-	"\tsnapshots\x18\x0e \x01(\v2\x16.kvx.v1.SnapshotConfigR\tsnapshots\"\xd1\x01\n" +
+	"\tsnapshots\x18\x0e \x01(\v2\x16.kvx.v1.SnapshotConfigR\tsnapshots\x12\x1b\n" +
+	"\tkv_events\x18\x0f \x01(\bR\bkvEvents\"\xd1\x01\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -3345,15 +3572,17 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x05pools\x18\x01 \x03(\v2\f.kvx.v1.PoolR\x05pools\x12$\n" +
 	"\x0emax_seq_tokens\x18\x02 \x01(\x03R\fmaxSeqTokens\x12#\n" +
 	"\rmax_sequences\x18\x03 \x01(\x03R\fmaxSequences\x12\x1a\n" +
-	"\bwarnings\x18\x04 \x03(\tR\bwarnings\"6\n" +
+	"\bwarnings\x18\x04 \x03(\tR\bwarnings\"U\n" +
 	"\n" +
 	"LookupItem\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x16\n" +
-	"\x06prompt\x18\x02 \x03(\x05R\x06prompt\"9\n" +
+	"\x06prompt\x18\x02 \x03(\x05R\x06prompt\x12\x1d\n" +
+	"\n" +
+	"cache_salt\x18\x03 \x01(\tR\tcacheSalt\"9\n" +
 	"\rLookupRequest\x12(\n" +
 	"\x05items\x18\x01 \x03(\v2\x12.kvx.v1.LookupItemR\x05items\"(\n" +
 	"\x0eLookupResponse\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x03R\x06tokens\"\xc3\x01\n" +
+	"\x06tokens\x18\x01 \x03(\x03R\x06tokens\"\xf4\x01\n" +
 	"\x0eReserveRequest\x12\x10\n" +
 	"\x03seq\x18\x01 \x03(\x04R\x03seq\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x03R\x06tokens\x12\x14\n" +
@@ -3363,7 +3592,10 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x05reuse\x18\x06 \x03(\x03R\x05reuse\x12\x1d\n" +
 	"\n" +
 	"prompt_len\x18\a \x03(\x03R\tpromptLen\x12\x16\n" +
-	"\x06prompt\x18\b \x03(\x05R\x06prompt\"s\n" +
+	"\x06prompt\x18\b \x03(\x05R\x06prompt\x12\x1b\n" +
+	"\tsalt_item\x18\t \x03(\x05R\bsaltItem\x12\x12\n" +
+	"\x04salt\x18\n" +
+	" \x03(\tR\x04salt\"s\n" +
 	"\vTableDeltas\x12\x12\n" +
 	"\x04item\x18\x01 \x03(\x05R\x04item\x12\x12\n" +
 	"\x04pool\x18\x02 \x03(\x03R\x04pool\x12\x12\n" +
@@ -3553,7 +3785,20 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\ftop_logprobs\x18\x0e \x03(\x01R\vtopLogprobs\";\n" +
 	"\x11CopyBlocksRequest\x12&\n" +
 	"\x06copies\x18\x01 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\"\x0f\n" +
-	"\rHealthRequest2\xb6\x05\n" +
+	"\rHealthRequest\"\x0f\n" +
+	"\rEventsRequest\"\xb5\x01\n" +
+	"\x05Event\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\x05R\x04kind\x12\x16\n" +
+	"\x06hashes\x18\x02 \x03(\x04R\x06hashes\x12\x16\n" +
+	"\x06parent\x18\x03 \x01(\x04R\x06parent\x12\x1d\n" +
+	"\n" +
+	"has_parent\x18\x04 \x01(\bR\thasParent\x12\x16\n" +
+	"\x06tokens\x18\x05 \x03(\x05R\x06tokens\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\x06 \x01(\x03R\tblockSize\x12\x12\n" +
+	"\x04tier\x18\a \x01(\tR\x04tier\"2\n" +
+	"\tEventList\x12%\n" +
+	"\x06events\x18\x01 \x03(\v2\r.kvx.v1.EventR\x06events2\xea\x05\n" +
 	"\fCacheManager\x127\n" +
 	"\x04Info\x12\x1a.kvx.v1.ManagerInfoRequest\x1a\x13.kvx.v1.ManagerInfo\x122\n" +
 	"\tConfigure\x12\x15.kvx.v1.ManagerConfig\x1a\x0e.kvx.v1.Layout\x127\n" +
@@ -3567,7 +3812,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x05Stats\x12\x14.kvx.v1.StatsRequest\x1a\x14.kvx.v1.ManagerStats\x123\n" +
 	"\aInspect\x12\x16.kvx.v1.InspectOptions\x1a\x10.kvx.v1.Snapshot\x128\n" +
 	"\aEndStep\x12\x16.kvx.v1.EndStepRequest\x1a\x15.kvx.v1.EndStepResult\x12>\n" +
-	"\rOpenDataPlane\x12\x18.kvx.v1.DataPlaneRequest\x1a\x11.kvx.v1.DataPlane0\x012\xc3\x02\n" +
+	"\rOpenDataPlane\x12\x18.kvx.v1.DataPlaneRequest\x1a\x11.kvx.v1.DataPlane0\x01\x122\n" +
+	"\x06Events\x12\x15.kvx.v1.EventsRequest\x1a\x11.kvx.v1.EventList2\xc3\x02\n" +
 	"\x06Worker\x125\n" +
 	"\x04Info\x12\x19.kvx.v1.WorkerInfoRequest\x1a\x12.kvx.v1.WorkerInfo\x120\n" +
 	"\tConfigure\x12\x14.kvx.v1.WorkerConfig\x1a\r.kvx.v1.Setup\x12(\n" +
@@ -3589,7 +3835,7 @@ func file_kvx_v1_kvx_proto_rawDescGZIP() []byte {
 	return file_kvx_v1_kvx_proto_rawDescData
 }
 
-var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*Empty)(nil),              // 0: kvx.v1.Empty
 	(*DataPlaneRequest)(nil),   // 1: kvx.v1.DataPlaneRequest
@@ -3635,6 +3881,9 @@ var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*Result)(nil),             // 41: kvx.v1.Result
 	(*CopyBlocksRequest)(nil),  // 42: kvx.v1.CopyBlocksRequest
 	(*HealthRequest)(nil),      // 43: kvx.v1.HealthRequest
+	(*EventsRequest)(nil),      // 44: kvx.v1.EventsRequest
+	(*Event)(nil),              // 45: kvx.v1.Event
+	(*EventList)(nil),          // 46: kvx.v1.EventList
 }
 var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	5,  // 0: kvx.v1.ManagerInfo.capabilities:type_name -> kvx.v1.Capabilities
@@ -3664,49 +3913,52 @@ var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	15, // 24: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
 	16, // 25: kvx.v1.Batch.snapshots:type_name -> kvx.v1.SnapshotSlots
 	15, // 26: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
-	3,  // 27: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
-	7,  // 28: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
-	11, // 29: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
-	13, // 30: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
-	18, // 31: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
-	19, // 32: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
-	18, // 33: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
-	18, // 34: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
-	18, // 35: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
-	24, // 36: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
-	28, // 37: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
-	21, // 38: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
-	1,  // 39: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	35, // 40: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
-	38, // 41: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
-	40, // 42: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
-	42, // 43: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
-	43, // 44: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
-	1,  // 45: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	4,  // 46: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
-	9,  // 47: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
-	12, // 48: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
-	17, // 49: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
-	0,  // 50: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
-	20, // 51: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
-	23, // 52: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
-	23, // 53: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
-	0,  // 54: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
-	27, // 55: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
-	33, // 56: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
-	22, // 57: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
-	2,  // 58: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	36, // 59: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
-	39, // 60: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
-	41, // 61: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
-	0,  // 62: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
-	0,  // 63: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
-	2,  // 64: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	46, // [46:65] is the sub-list for method output_type
-	27, // [27:46] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	45, // 27: kvx.v1.EventList.events:type_name -> kvx.v1.Event
+	3,  // 28: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
+	7,  // 29: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
+	11, // 30: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
+	13, // 31: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
+	18, // 32: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
+	19, // 33: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
+	18, // 34: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
+	18, // 35: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
+	18, // 36: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
+	24, // 37: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
+	28, // 38: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
+	21, // 39: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
+	1,  // 40: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	44, // 41: kvx.v1.CacheManager.Events:input_type -> kvx.v1.EventsRequest
+	35, // 42: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
+	38, // 43: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
+	40, // 44: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
+	42, // 45: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
+	43, // 46: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
+	1,  // 47: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	4,  // 48: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
+	9,  // 49: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
+	12, // 50: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
+	17, // 51: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
+	0,  // 52: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
+	20, // 53: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
+	23, // 54: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
+	23, // 55: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
+	0,  // 56: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
+	27, // 57: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
+	33, // 58: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
+	22, // 59: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
+	2,  // 60: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	46, // 61: kvx.v1.CacheManager.Events:output_type -> kvx.v1.EventList
+	36, // 62: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
+	39, // 63: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
+	41, // 64: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
+	0,  // 65: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
+	0,  // 66: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
+	2,  // 67: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	48, // [48:68] is the sub-list for method output_type
+	28, // [28:48] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_kvx_v1_kvx_proto_init() }
@@ -3720,7 +3972,7 @@ func file_kvx_v1_kvx_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvx_v1_kvx_proto_rawDesc), len(file_kvx_v1_kvx_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   44,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
