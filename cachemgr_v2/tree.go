@@ -36,10 +36,10 @@ type Node struct {
 	salt string
 	// chain is the node's prefix hash for KV events (the salt and every
 	// block from the root); computed only with events on.
-	chain    uint64
-	tick     uint64 // LRU key: when the last pin went away
-	heapIdx  int32  // position in the eviction heap; -1 when not in it
-	queued   bool   // in the prune queue
+	chain   uint64
+	tick    uint64 // LRU key: when the last pin went away
+	heapIdx int32  // position in the eviction heap; -1 when not in it
+	queued  bool   // in the prune queue
 
 	// Scratch of the deep self-check (Tree.Check), valid while chkEpoch is
 	// the tree's check epoch: recounting in the nodes themselves instead of
