@@ -88,6 +88,9 @@ type Spec struct {
 	// Progress receives a progress bar; nil for none.
 	Progress io.Writer
 	Log      hclog.Logger
+	// KVEvents receives the cache managers' KV events; nil (the default):
+	// the managers record none and the engine asks for none.
+	KVEvents EventSink
 }
 
 // ErrInterrupted is returned (wrapped, with the ctx's cause) by a run whose
@@ -119,6 +122,7 @@ type request struct {
 	topK     int                     // top logprobs asked for every generated token
 	logprobs [][]worker.TokenLogprob // of each generated token, while the worker returns them (KeepOutputs)
 	reused   int                     // prompt tokens the prefix cache supplied at the first admission
+	salt     string                  // cache_salt: its prefix cache is shared only with the same salt
 }
 
 type reqState uint8
@@ -144,6 +148,8 @@ type stage struct {
 	free     int64                                    // simulated ns when the stage can take the next micro-batch
 	sp       kvcache.Suspender                        // m, when it can suspend sequences to a host tier; nil: it cannot
 	peak     float64
+	info     kvcache.Info          // m's Info
+	events   kvcache.EventReporter // m, when it records KV events for Spec.KVEvents; nil: it does not
 }
 
 // forget drops what the stage keeps for seq's next forward.
@@ -290,7 +296,9 @@ func (e *Engine) startStage(ctx context.Context, st *stage) error {
 	if err := checkCapabilities(info, e.spec.Managers[i]); err != nil {
 		return fmt.Errorf("stage %d: %w", i, err)
 	}
-	layout, err := m.Configure(ctx, e.spec.Managers[i])
+	mc := e.spec.Managers[i]
+	events := e.eventsConfig(st, m, info, &mc)
+	layout, err := m.Configure(ctx, mc)
 	if err != nil {
 		return fmt.Errorf("stage %d: configure %s: %w", i, info.Name, err)
 	}
@@ -310,6 +318,7 @@ func (e *Engine) startStage(ctx context.Context, st *stage) error {
 	}
 	st.m, st.w, st.layout = m, w, layout
 	st.sp = suspender(m, info, layout)
+	st.info, st.events = info, events
 	return nil
 }
 

@@ -1,0 +1,146 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvx-dev/kvx/core/engine"
+	"github.com/kvx-dev/kvx/core/sched"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+)
+
+func saltPrompt(n int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32(i*7 + 3)
+	}
+	return p
+}
+
+// cachedAfter submits p under salt, reads it to the end and returns the
+// prompt tokens the prefix cache supplied.
+func cachedAfter(t *testing.T, lv *engine.Live, salt string, p []int32) int {
+	t.Helper()
+	h, err := lv.Submit(engine.LiveRequest{Prompt: p, MaxTokens: 2, CacheSalt: salt})
+	if err != nil {
+		t.Fatalf("Submit(salt %q): %v", salt, err)
+	}
+	_, ev := drain(t, h)
+	if !ev.Done {
+		t.Fatalf("salt %q: ended with %+v", salt, ev)
+	}
+	return ev.Cached
+}
+
+// TestLiveCacheSalt: a prompt is reused under its own salt only; an
+// oversized salt is refused with the numbers.
+func TestLiveCacheSalt(t *testing.T) {
+	ts := testSpec{pp: 1, reuse: true, policy: sched.MaxUtilization, cacheTokens: 1 << 14, maxSeqLen: 2048}
+	lv, err := engine.StartLive(context.Background(), buildSpec(t, ts), &recording{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lv.Stop()
+	if err := lv.CacheSaltErr(); err != nil {
+		t.Fatalf("CacheSaltErr on v1: %v", err)
+	}
+	p := saltPrompt(700)
+	if got := cachedAfter(t, lv, "a", p); got != 0 {
+		t.Fatalf("first request reused %d", got)
+	}
+	for _, tc := range []struct {
+		salt string
+		hit  bool
+	}{{"a", true}, {"b", false}, {"", false}, {"b", true}, {"", true}} {
+		if got := cachedAfter(t, lv, tc.salt, p); (got > 0) != tc.hit {
+			t.Errorf("salt %q: %d cached tokens, want hit %v", tc.salt, got, tc.hit)
+		}
+	}
+	_, err = lv.Submit(engine.LiveRequest{Prompt: p, MaxTokens: 1, CacheSalt: strings.Repeat("x", kvcache.MaxCacheSaltBytes+1)})
+	var re *engine.RequestError
+	if !errors.As(err, &re) || !strings.Contains(re.Reason, "257 bytes") {
+		t.Errorf("Submit(oversized salt) = %v, want a RequestError naming the length", err)
+	}
+}
+
+// noSalt is a manager that predates cache_salt: its Info lacks the capability.
+type noSalt struct{ kvcache.Manager }
+
+func (m noSalt) Info(ctx context.Context) (kvcache.Info, error) {
+	info, err := m.Manager.Info(ctx)
+	info.Capabilities.CacheSalt = false
+	return info, err
+}
+
+type noSaltLauncher struct{ recording }
+
+func (l *noSaltLauncher) Manager(ctx context.Context, i int) (kvcache.Manager, error) {
+	m, err := l.recording.Manager(ctx, i)
+	return noSalt{m}, err
+}
+
+// TestLiveRefusesSaltWithoutCapability: a manager without the cache_salt
+// capability gets no salted request (it would share across salts); unsalted
+// requests are served.
+func TestLiveRefusesSaltWithoutCapability(t *testing.T) {
+	ts := testSpec{pp: 1, reuse: true, policy: sched.MaxUtilization, cacheTokens: 1 << 14, maxSeqLen: 2048}
+	lv, err := engine.StartLive(context.Background(), buildSpec(t, ts), &noSaltLauncher{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lv.Stop()
+	if _, err := lv.Submit(engine.LiveRequest{Prompt: saltPrompt(10), MaxTokens: 1, CacheSalt: "a"}); !errors.Is(err, engine.ErrCacheSaltUnsupported) ||
+		!strings.Contains(err.Error(), "stage 0") {
+		t.Fatalf("Submit(salted) = %v, want ErrCacheSaltUnsupported naming the stage", err)
+	}
+	if got := cachedAfter(t, lv, "", saltPrompt(10)); got != 0 {
+		t.Errorf("unsalted request reused %d on an empty cache", got)
+	}
+}
+
+type sink struct {
+	mu  sync.Mutex
+	evs []kvcache.Event
+}
+
+func (s *sink) KVEvents(evs []kvcache.Event) {
+	s.mu.Lock()
+	s.evs = append(s.evs, evs...)
+	s.mu.Unlock()
+}
+
+// TestLiveKVEvents: with a sink, the engine hands it the first stage's
+// events: the cache cleared at Configure, then the prompt's full blocks
+// stored, with its tokens.
+func TestLiveKVEvents(t *testing.T) {
+	ts := testSpec{pp: 2, reuse: true, policy: sched.MaxUtilization, cacheTokens: 1 << 14, maxSeqLen: 2048}
+	s := buildSpec(t, ts)
+	var got sink
+	s.KVEvents = &got
+	lv, err := engine.StartLive(context.Background(), s, &recording{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := saltPrompt(700)
+	cachedAfter(t, lv, "", p)
+	cachedAfter(t, lv, "", saltPrompt(5)) // one more step collects the first's last events
+	if _, err := lv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	got.mu.Lock()
+	defer got.mu.Unlock()
+	tpb := s.Managers[0].TokensPerBlock
+	var stored []int32
+	for _, e := range got.evs[min(1, len(got.evs)):] {
+		if e.Kind == kvcache.BlockStored {
+			stored = append(stored, e.Tokens...)
+		}
+	}
+	if len(got.evs) == 0 || got.evs[0].Kind != kvcache.AllBlocksCleared || !slices.Equal(stored, p[:len(p)/tpb*tpb]) {
+		t.Fatalf("events %+v: want AllBlocksCleared, then the %d full blocks of the prompt stored", got.evs, len(p)/tpb)
+	}
+}
