@@ -593,6 +593,9 @@ func (e *Engine) liveStep(ctx context.Context, err error) error {
 	if serr := e.settle(); serr != nil {
 		return serr
 	}
+	if eerr := e.collectEvents(ctx); eerr != nil { // the last step's KV events, before the wait
+		return eerr
+	}
 	lv.publish(e)
 	if !lv.idle(ctx, e) {
 		return errDone
