@@ -28,6 +28,7 @@ var managerChecks = []check[*mh]{
 	{"Release", "Release frees the sequences' blocks (InUse back to 0); an unknown sequence is an item error after the others were released", checkRelease},
 	{"Lookup", "Lookup changes nothing and returns per item a multiple of TokensPerBlock, at most len(Prompt)-1 (0 without PrefixReuse)", checkLookup},
 	{"Reuse", "with block reuse: committed prompt blocks stay cached after Release; Lookup finds them; Reserve{New, Reuse} starts at history = Reuse on the same blocks, shared (RefCount 2); ReusedTokens counts them", checkReuse},
+	{"CacheSalt", "with block reuse and Capabilities.CacheSalt: the CacheSalt of LookupItem and ReserveItem enters every prefix key, so two salts never share a block; within one salt reuse is as without salts", checkCacheSalt},
 	{"UnreserveEviction", "with block reuse: Unreserve after a Reserve that evicted cached blocks restores every sequence exactly and the blocks in use; the evicted blocks are free or cached again, and Lookup never finds more than before", checkUnreserveEviction},
 	{"Hold", "Hold keeps capacity until Release, whatever Commit does", checkHold},
 	{"SuspendResume", "Info says HostTier only for a kvcache.Suspender; a Suspender's Suspend and Resume fail with ErrUnsupported without HostTier, with it they round-trip a sequence through the host tier with Copies", checkSuspendResume},
@@ -1114,4 +1115,52 @@ func checkEmptyCalls(h *mh) {
 			h.failf(h.last, "calls with nothing in them change nothing", "Inspect changed: %s", diff)
 		}
 	}
+}
+
+func checkCacheSalt(h *mh) {
+	h.info = h.callInfo()
+	if !h.reuseOn() || !h.info.Capabilities.CacheSalt {
+		return // no reuse, or the host sends this manager no salt
+	}
+	h.setup(true, nil)
+	tpb := h.tpb
+	p := prompt(3*tpb+tpb/2, 13)
+	look := func(salt string) int {
+		return h.lookup(kvcache.LookupItem{Seq: h.id(), Prompt: p, CacheSalt: salt})[0]
+	}
+	run := func(salt string, reuse int) *kvcache.SeqState {
+		id := h.id()
+		h.grant(kvcache.ReserveItem{Seq: id, New: true, Prompt: p, Reuse: reuse, Tokens: len(p) - reuse, CacheSalt: salt})
+		return h.commit1(id, len(p)-reuse)
+	}
+	a := run("conformance-a", 0)
+	h.release(a.Seq)
+	found := look("conformance-a")
+	if found == 0 {
+		h.failf(h.last, "a prompt committed under a cache salt is found under the same salt", "Lookup(salt %q) = 0 after Commit and Release", "conformance-a")
+		return
+	}
+	if b, none := look("conformance-b"), look(""); b != 0 || none != 0 {
+		h.failf(h.last, "a prompt committed under one cache salt is found under no other salt (nor unsalted)",
+			"Lookup(salt %q) = %d, Lookup(no salt) = %d, want 0 and 0", "conformance-b", b, none)
+	}
+	g := h.reserve(kvcache.ReserveItem{Seq: h.id(), New: true, Prompt: p, Reuse: found, Tokens: len(p) - found, CacheSalt: "conformance-b"})[0]
+	if g.OK {
+		h.failf(h.last, "Reserve{Reuse} under a salt that holds none of the prompt is denied", "granted Reuse %d under salt %q", found, "conformance-b")
+		h.unreserve(g.Seq)
+	}
+	same := run("conformance-a", found)
+	other := run("conformance-b", 0)
+	for _, i := range h.full {
+		for _, blk := range other.Tables[i] {
+			if slices.Contains(same.Tables[i], blk) {
+				h.failf(h.last, "two salts never share a block", "pool %d: block %d in the tables of salt %q (%v) and of salt %q (%v)",
+					h.layout.Pools[i].ID, blk, "conformance-a", same.Tables[i], "conformance-b", other.Tables[i])
+			}
+		}
+	}
+	if b := look("conformance-b"); b != found {
+		h.failf(h.last, "within one salt reuse is as without salts", "Lookup(salt %q) = %d after its own Commit, want %d", "conformance-b", b, found)
+	}
+	h.release(same.Seq, other.Seq)
 }
