@@ -3,6 +3,7 @@ package conformance
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -29,6 +30,7 @@ var managerChecks = []check[*mh]{
 	{"Lookup", "Lookup changes nothing and returns per item a multiple of TokensPerBlock, at most len(Prompt)-1 (0 without PrefixReuse)", checkLookup},
 	{"Reuse", "with block reuse: committed prompt blocks stay cached after Release; Lookup finds them; Reserve{New, Reuse} starts at history = Reuse on the same blocks, shared (RefCount 2); ReusedTokens counts them", checkReuse},
 	{"CacheSalt", "with block reuse and Capabilities.CacheSalt: the CacheSalt of LookupItem and ReserveItem enters every prefix key, so two salts never share a block; within one salt reuse is as without salts", checkCacheSalt},
+	{"KVEvents", "with block reuse and Capabilities.KVEvents: the manager is a kvcache.EventReporter; with Config.KVEvents, Configure reports AllBlocksCleared, a commit past full prompt blocks reports them BlockStored (a chain with their tokens), an eviction reports BlockRemoved of stored hashes; without it, no events", checkKVEvents},
 	{"UnreserveEviction", "with block reuse: Unreserve after a Reserve that evicted cached blocks restores every sequence exactly and the blocks in use; the evicted blocks are free or cached again, and Lookup never finds more than before", checkUnreserveEviction},
 	{"Hold", "Hold keeps capacity until Release, whatever Commit does", checkHold},
 	{"SuspendResume", "Info says HostTier only for a kvcache.Suspender; a Suspender's Suspend and Resume fail with ErrUnsupported without HostTier, with it they round-trip a sequence through the host tier with Copies", checkSuspendResume},
@@ -1163,4 +1165,109 @@ func checkCacheSalt(h *mh) {
 		h.failf(h.last, "within one salt reuse is as without salts", "Lookup(salt %q) = %d after its own Commit, want %d", "conformance-b", b, found)
 	}
 	h.release(same.Seq, other.Seq)
+}
+
+func checkKVEvents(h *mh) {
+	h.info = h.callInfo()
+	if !h.reuseOn() || !h.info.Capabilities.KVEvents {
+		return
+	}
+	er, ok := h.m.(kvcache.EventReporter)
+	if !ok {
+		h.failf("Info()", "Capabilities.KVEvents only for a kvcache.EventReporter", "Info says KVEvents, but the manager (%T) has no Events method", h.m)
+		return
+	}
+	events := func() []kvcache.Event {
+		evs, err := er.Events(h.ctx)
+		if err != nil {
+			h.failf("Events()", "Events fails only when the plugin is gone", "error %v", err)
+		}
+		return evs
+	}
+	h.setup(true, nil)
+	tpb := h.tpb
+	p := prompt(3*tpb+tpb/2, 17)
+	a := h.id()
+	h.grant(kvcache.ReserveItem{Seq: a, New: true, Prompt: p, Tokens: len(p)})
+	h.commit(kvcache.CommitItem{Seq: a, Accepted: len(p)})
+	if evs := events(); len(evs) != 0 {
+		h.failf("Events()", "without Config.KVEvents a manager records no events", "%d events", len(evs))
+	}
+
+	h.setup(true, func(c *kvcache.Config) { c.KVEvents = true })
+	evs := events()
+	if len(evs) != 1 || evs[0].Kind != kvcache.AllBlocksCleared {
+		h.failf("Events() after "+h.last, "Configure with KVEvents reports AllBlocksCleared (the cache starts empty)", "%s", fmtEvents(evs))
+	}
+	a = h.id()
+	h.grant(kvcache.ReserveItem{Seq: a, New: true, Prompt: p, Tokens: len(p)})
+	h.commit(kvcache.CommitItem{Seq: a, Accepted: len(p)})
+	stored := map[uint64]bool{}
+	var toks []int32
+	var prev uint64
+	for _, e := range events() {
+		if e.Kind != kvcache.BlockStored {
+			continue
+		}
+		if len(e.Tokens) != len(e.Hashes)*e.BlockSize || e.BlockSize != tpb {
+			h.failf("Events() after "+h.last, "a BlockStored carries BlockSize tokens per hash, BlockSize = TokensPerBlock",
+				"%d hashes, %d tokens, block size %d (tokens_per_block %d)", len(e.Hashes), len(e.Tokens), e.BlockSize, tpb)
+		}
+		if len(toks) == 0 && e.HasParent || len(toks) > 0 && (!e.HasParent || e.Parent != prev) {
+			h.failf("Events() after "+h.last, "a prompt's first block has no parent; each later BlockStored's parent is the hash stored before it",
+				"parent %x (has %v) after %d stored tokens, want %x", e.Parent, e.HasParent, len(toks), prev)
+		}
+		for _, x := range e.Hashes {
+			stored[x] = true
+			prev = x
+		}
+		toks = append(toks, e.Tokens...)
+	}
+	if !slices.Equal(toks, p[:3*tpb]) || len(stored) != 3 {
+		h.failf("Events() after "+h.last, "a commit past full prompt blocks reports them stored, in order, with their tokens",
+			"%d distinct hashes, tokens %v, want 3 and %v", len(stored), toks, p[:3*tpb])
+	}
+	h.release(a)
+	// Fill the device pools with fresh sequences until the cached blocks go.
+	ever := maps.Clone(stored)
+	var live []kvcache.SeqID
+	removed := 0
+	for k := 0; removed == 0 && k < 1000; k++ {
+		id := h.id()
+		g := h.reserve(kvcache.ReserveItem{Seq: id, New: true, Prompt: prompt(tpb, 100+k), Tokens: tpb})
+		if !g[0].OK {
+			break
+		}
+		h.commit(kvcache.CommitItem{Seq: id, Accepted: tpb})
+		live = append(live, id)
+		for _, e := range events() {
+			switch e.Kind {
+			case kvcache.BlockStored:
+				for _, x := range e.Hashes {
+					ever[x] = true
+				}
+			case kvcache.BlockRemoved:
+				for _, x := range e.Hashes {
+					if !ever[x] {
+						h.failf("Events() after "+h.last, "BlockRemoved names stored blocks", "hash %x was never stored", x)
+					}
+					if stored[x] {
+						removed++
+					}
+				}
+			}
+		}
+	}
+	if removed == 0 {
+		h.failf(h.last, "evicting cached prompt blocks reports them BlockRemoved", "filled the cache with %d sequences: none of the prompt's 3 stored hashes removed", len(live))
+	}
+	h.release(live...)
+}
+
+func fmtEvents(evs []kvcache.Event) string {
+	parts := make([]string, len(evs))
+	for i, e := range evs {
+		parts[i] = fmt.Sprintf("%v%x", e.Kind, e.Hashes)
+	}
+	return "[" + strings.Join(parts, " ") + "]"
 }

@@ -61,3 +61,24 @@ func TestCacheSaltCheckCatchesSharing(t *testing.T) {
 		t.Errorf("CheckManager(CacheSalt) of a manager without the capability = %v", err)
 	}
 }
+
+// mute claims KV events but reports none.
+type mute struct{ *cachemgrv2.Manager }
+
+func (mute) Events(context.Context) ([]kvcache.Event, error) { return nil, nil }
+
+// TestKVEventsCheckCatchesSilence: the real managers' events pass the KVEvents check (in
+// TestManagers); a manager that reports nothing fails it, in-process and
+// over gRPC.
+func TestKVEventsCheckCatchesSilence(t *testing.T) {
+	for name, f := range map[string]func() kvcache.Manager{
+		"inprocess": func() kvcache.Manager { return mute{cachemgrv2.New()} },
+		"grpc":      func() kvcache.Manager { return pluginrpc.TestManagerPair(t, mute{cachemgrv2.New()}) },
+	} {
+		err := conformance.CheckManager(ctx, f, conformance.ManagerOptions{Reuse: true, Checks: []string{"KVEvents"}})
+		vs := conformance.Violations(err)
+		if i := slices.IndexFunc(vs, func(v *conformance.Violation) bool { return v.Check == "KVEvents" }); i < 0 || !strings.Contains(vs[i].Want, "AllBlocksCleared") {
+			t.Errorf("%s: CheckManager(KVEvents) = %v; want the missing AllBlocksCleared reported", name, err)
+		}
+	}
+}
