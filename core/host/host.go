@@ -321,7 +321,7 @@ func (h *Host) LaunchManager(ctx context.Context, path string) (kvcache.Manager,
 		"protocol", proc.client.NegotiatedVersion(),
 		"mixers", info.Capabilities.Mixers, "prefix_reuse", info.Capabilities.PrefixReuse,
 		"host_tier", info.Capabilities.HostTier, "ssm_state", info.Capabilities.SSMState,
-		"ssm_reuse", info.Capabilities.SSMReuse)
+		"ssm_reuse", info.Capabilities.SSMReuse, "cache_salt", info.Capabilities.CacheSalt, "kv_events", info.Capabilities.KVEvents)
 	return m, proc, nil
 }
 
