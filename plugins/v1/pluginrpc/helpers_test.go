@@ -214,6 +214,7 @@ type fakeManager struct {
 	moveCopies []kvcache.Copy
 	stats      kvcache.Stats
 	snap       kvcache.Snapshot
+	events     []kvcache.Event
 	err        error
 
 	block       bool
@@ -293,6 +294,9 @@ func (f *fakeManager) Stats(ctx context.Context) (kvcache.Stats, error) {
 }
 func (f *fakeManager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
 	return f.snap, f.enter(ctx, "Inspect", opts)
+}
+func (f *fakeManager) Events(ctx context.Context) ([]kvcache.Event, error) {
+	return f.events, f.enter(ctx, "Events", nil)
 }
 
 // fakeWorker is the worker counterpart of fakeManager.
