@@ -264,7 +264,12 @@ func (e *Engine) setup(ctx context.Context) error {
 	for _, r := range e.spec.Workload.Requests {
 		req := &request{
 			id: kvcache.SeqID(r.ID), arrival: r.Arrival, prompt: len(r.Prompt), maxNew: r.OutputLen,
-			tokens: r.Prompt, firstTok: -1, topK: r.TopLogprobs, rejected: r.Rejected,
+			tokens: r.Prompt, firstTok: -1, topK: r.TopLogprobs, rejected: r.Rejected, salt: r.CacheSalt,
+		}
+		if r.CacheSalt != "" {
+			if err := checkSalt(r.CacheSalt, e.saltErr()); err != nil {
+				return fmt.Errorf("request %d: %w", r.ID, err)
+			}
 		}
 		e.reqs = append(e.reqs, req)
 		e.byID[req.id] = req

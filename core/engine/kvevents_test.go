@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/sched"
+	"github.com/kvx-dev/kvx/core/workload"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
@@ -142,5 +143,32 @@ func TestLiveKVEvents(t *testing.T) {
 	}
 	if len(got.evs) == 0 || got.evs[0].Kind != kvcache.AllBlocksCleared || !slices.Equal(stored, p[:len(p)/tpb*tpb]) {
 		t.Fatalf("events %+v: want AllBlocksCleared, then the %d full blocks of the prompt stored", got.evs, len(p)/tpb)
+	}
+}
+
+// saltWorkload is four runs of one prompt, one at a time, under salts.
+func saltWorkload(salts ...string) workload.Workload {
+	var w workload.Workload
+	for i, s := range salts {
+		w.Requests = append(w.Requests, workload.Request{ID: uint64(i), Prompt: saltPrompt(700), OutputLen: 2, CacheSalt: s})
+	}
+	w.Concurrency = 1
+	return w
+}
+
+// TestRunCacheSalt: in a replay, a request reuses only what requests of its
+// own salt computed.
+func TestRunCacheSalt(t *testing.T) {
+	ts := testSpec{pp: 2, reuse: true, policy: sched.MaxUtilization, cacheTokens: 1 << 14, maxSeqLen: 2048}
+	ts.reqs = saltWorkload("", "", "", "")
+	shared := runSpec(t, buildSpec(t, ts), v1Launcher()).Tokens.PrefixReused
+	ts.reqs = saltWorkload("a", "a", "b", "")
+	salted := runSpec(t, buildSpec(t, ts), v1Launcher()).Tokens.PrefixReused
+	if shared == 0 || salted*3 != shared {
+		t.Errorf("prefix reused %d tokens under salts a, a, b, none; %d without salts: want a third (only the second a reuses)", salted, shared)
+	}
+	ts.reqs = saltWorkload("a")
+	if _, err := engine.Run(context.Background(), buildSpec(t, ts), &noSaltLauncher{}); !errors.Is(err, engine.ErrCacheSaltUnsupported) {
+		t.Errorf("Run of a salted request on a manager without cache_salt = %v, want ErrCacheSaltUnsupported", err)
 	}
 }
