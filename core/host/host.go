@@ -720,6 +720,7 @@ type closingManager struct {
 type suspendingManager interface {
 	kvcache.Manager
 	kvcache.Suspender
+	kvcache.EventReporter
 }
 
 func (m closingManager) Close() error { m.proc.Kill(); return nil }
