@@ -35,10 +35,16 @@ func cachedTokens(t *testing.T, v map[string]any) int {
 // format, and cache_salt keeps two salts' prompts apart (cached_tokens);
 // bad cache_salt values are 400s naming the field.
 func TestServeCacheSaltAndKVEvents(t *testing.T) {
+	t.Run("inprocess", func(t *testing.T) { serveSaltEvents(t) })
+	// The managers as plugin processes: salt and events cross the wire.
+	t.Run("plugin", func(t *testing.T) { serveSaltEvents(t, "isolation=plugin", "plugin_dirs=["+binDir+"]") })
+}
+
+func serveSaltEvents(t *testing.T, sets ...string) {
 	port := freePort(t)
-	base := startServe(t, serveSim, serveOpts{},
+	base := startServe(t, serveSim, serveOpts{}, append([]string{
 		"kv_events_config.enable_kv_cache_events=true", fmt.Sprintf("kv_events_config.endpoint=tcp://*:%d", port),
-		"kv_events_config.topic=kvx")
+		"kv_events_config.topic=kvx"}, sets...)...)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sub := zmq4.NewSub(ctx)
