@@ -6,12 +6,17 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
+	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/sched"
 	"github.com/kvx-dev/kvx/core/workload"
+	"github.com/kvx-dev/kvx/device"
+	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
 func saltPrompt(n int) []int32 {
@@ -170,5 +175,52 @@ func TestRunCacheSalt(t *testing.T) {
 	ts.reqs = saltWorkload("a")
 	if _, err := engine.Run(context.Background(), buildSpec(t, ts), &noSaltLauncher{}); !errors.Is(err, engine.ErrCacheSaltUnsupported) {
 		t.Errorf("Run of a salted request on a manager without cache_salt = %v, want ErrCacheSaltUnsupported", err)
+	}
+}
+
+// dyingReporter is a dyingManager that reports its manager's KV events.
+type dyingReporter struct {
+	dyingManager
+	er kvcache.EventReporter
+}
+
+func (m dyingReporter) Events(ctx context.Context) ([]kvcache.Event, error) { return m.er.Events(ctx) }
+
+// TestKVEventsAfterRestart: a manager that dies is replaced by one whose
+// events start with AllBlocksCleared, so a router forgets the dead cache;
+// the new manager's stores follow.
+func TestKVEventsAfterRestart(t *testing.T) {
+	wl := genWorkload(t, 12, 128)
+	ts := testSpec{pp: 1, reuse: true, policy: sched.MaxUtilization, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048}
+	var launches atomic.Int64
+	l := inproc{
+		manager: func() kvcache.Manager {
+			m := cachemgrv1.New()
+			if launches.Add(1) == 1 {
+				return dyingReporter{dyingManager{m, new(atomic.Int64), 40}, m}
+			}
+			return m
+		},
+		worker: func() worker.Worker { return device.NewWorker(dsa.Backend) },
+	}
+	s := buildSpec(t, ts)
+	var got sink
+	s.KVEvents = &got
+	rep := runSpec(t, s, l)
+	if rep.Engine.PluginRestarts != 1 || rep.Requests.Completed != len(wl.Requests) {
+		t.Fatalf("restarts %d, requests %+v: want 1 restart and every request completed", rep.Engine.PluginRestarts, rep.Requests)
+	}
+	var cleared []int
+	storedAfter := 0
+	for i, e := range got.evs {
+		switch {
+		case e.Kind == kvcache.AllBlocksCleared:
+			cleared = append(cleared, i)
+		case e.Kind == kvcache.BlockStored && len(cleared) == 2:
+			storedAfter += len(e.Hashes)
+		}
+	}
+	if len(cleared) != 2 || cleared[0] != 0 || storedAfter == 0 {
+		t.Errorf("AllBlocksCleared at events %v, %d blocks stored after the second: want it first, again at the restart, then stores", cleared, storedAfter)
 	}
 }
