@@ -151,6 +151,11 @@ type Seq struct {
 	regStop bool    // a hash collision stopped registration
 	cow     *Node   // pinned source of a copy-on-write, until the next Commit
 
+	// chkPath[i] is path[i] as the last deep check found it holding prompt
+	// block i (node and generation), so a check compares a path block's
+	// tokens once, not at every check.
+	chkPath []pathMark
+
 	// What the worker knows: its table entries [0, sent) are right and it has
 	// told entries (-1: unknown). The next grant replaces its tail from sent.
 	sent, told int
@@ -743,7 +748,8 @@ func (c *Core) recycle(s *Seq) {
 		s.host[g] = s.host[g][:0]
 	}
 	clear(s.path[:cap(s.path)])
-	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0]}
+	clear(s.chkPath[:cap(s.chkPath)])
+	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0]}
 	c.spare = append(c.spare, s)
 }
 

@@ -83,7 +83,7 @@ func (t *Tree) CountPin(n *Node) {
 // scratch readies n's check scratch for this check.
 func (t *Tree) scratch(n *Node) {
 	if n.chkEpoch != t.epoch {
-		n.chkEpoch, n.chkPins, n.chkFlags = t.epoch, 0, 0
+		n.chkEpoch, n.chkPins, n.chkLive, n.chkFlags = t.epoch, 0, 0, 0
 	}
 }
 
@@ -95,31 +95,79 @@ func (t *Tree) scratch(n *Node) {
 // leaves with pages, heap-ordered), and that every page is owned by its
 // node in its pool. A counted node that is not attached is reported. It
 // changes nothing but the nodes' check scratch.
+//
+// It visits the nodes through the tree's list of attached nodes rather than
+// by iterating every child map (starting a map iteration costs more than the
+// rest of a node's checks together). Nothing is lost by that: each listed
+// node must be its parent's child under its hash, the child maps must list
+// exactly as many nodes as the list holds, and every listed node must reach
+// the root through its parents, so the list and the tree hold the same nodes.
 func (t *Tree) Check() []string {
 	var v []string
 	bad := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
-	evictable, nodes, leaves := 0, 0, 0
-	var walk func(n *Node)
-	walk = func(n *Node) {
-		live := int32(0)
-		for h, c := range n.children {
-			nodes++
-			if c.parent != n || c.hash != h {
-				bad("tree: node %p: parent link or hash key wrong", c)
-			}
-			if c.nPages > 0 {
-				live++
-			}
-			walk(c)
-		}
-		if n.liveKids != live {
-			bad("tree: node %p: live kids %d, recomputed %d", n, n.liveKids, live)
-		}
-		if n == t.root {
-			return
+	evictable, leaves := 0, 0
+
+	// Pass 1: list positions, parent links and hash keys, the child-map
+	// census, live kids recounted into the parents' scratch.
+	listed := len(t.root.children)
+	rootLive := int32(0)
+	for i, n := range t.all {
+		if int(n.allIdx) != i {
+			bad("tree: node %p: at list position %d, records %d", n, i, n.allIdx)
 		}
 		t.scratch(n)
-		n.chkFlags |= chkSeen
+		p := n.parent
+		if p == nil || p.children[n.hash] != n {
+			bad("tree: node %p: parent link or hash key wrong", n)
+			continue
+		}
+		n.chkFlags |= chkLinked
+		listed += len(n.children)
+		if n.nPages > 0 {
+			if p == t.root {
+				rootLive++
+			} else {
+				t.scratch(p)
+				p.chkLive++
+			}
+		}
+	}
+	if listed != len(t.all) {
+		bad("tree: child maps hold %d nodes, %d attached", listed, len(t.all))
+	}
+	if rootLive != t.root.liveKids {
+		bad("tree: node %p: live kids %d, recomputed %d", t.root, t.root.liveKids, rootLive)
+	}
+
+	// Pass 2: every node reaches the root through linked nodes (no
+	// detached subtree, no cycle), memoised through chkSeen so the whole pass
+	// is linear.
+	for _, n := range t.all {
+		steps := 0
+		m := n
+		for m != t.root && m != nil && m.chkEpoch == t.epoch && m.chkFlags&(chkSeen|chkLinked) == chkLinked {
+			if steps++; steps > len(t.all) {
+				break
+			}
+			m = m.parent
+		}
+		if m != t.root && (m == nil || m.chkEpoch != t.epoch || m.chkFlags&chkSeen == 0) {
+			bad("tree: node %p: does not reach the root through its parents", n)
+			continue
+		}
+		for m = n; m != t.root && m.chkFlags&chkSeen == 0; m = m.parent {
+			m.chkFlags |= chkSeen
+		}
+	}
+
+	// Pass 3: each node's own counts.
+	for _, n := range t.all {
+		if n.chkFlags&chkSeen == 0 {
+			continue
+		}
+		if n.liveKids != n.chkLive {
+			bad("tree: node %p: live kids %d, recomputed %d", n, n.liveKids, n.chkLive)
+		}
 		if n.pins != n.chkPins {
 			bad("tree: node %p: pins %d, recomputed %d", n, n.pins, n.chkPins)
 		}
@@ -141,12 +189,12 @@ func (t *Tree) Check() []string {
 		if n.pins > 0 && n.parent != t.root && n.parent.pins == 0 {
 			bad("tree: node %p: pinned but its parent is not", n)
 		}
-		if n.nPages == 0 && live > 0 {
-			bad("tree: node %p: no pages but %d children with pages", n, live)
+		if n.nPages == 0 && n.chkLive > 0 {
+			bad("tree: node %p: no pages but %d children with pages", n, n.chkLive)
 		}
 		if n.pins == 0 && n.nPages > 0 {
 			evictable++
-			if live == 0 {
+			if n.chkLive == 0 {
 				n.chkFlags |= chkLeaf
 				leaves++
 			}
@@ -155,14 +203,13 @@ func (t *Tree) Check() []string {
 			bad("tree: node %p: empty and unpinned but not queued for pruning", n)
 		}
 	}
-	walk(t.root)
 	for _, n := range t.counted {
 		if n.chkFlags&chkSeen == 0 {
 			bad("tree: node %p: pinned %d times by sequences but not attached to the tree", n, n.chkPins)
 		}
 	}
-	if nodes != t.nodes {
-		bad("tree: %d nodes attached, counted %d", nodes, t.nodes)
+	if len(t.all) != t.nodes {
+		bad("tree: %d nodes attached, counted %d", len(t.all), t.nodes)
 	}
 	if evictable != t.evictable {
 		bad("tree: evictable %d, recomputed %d", t.evictable, evictable)

@@ -106,8 +106,10 @@ func present(t []kvcache.BlockID) []kvcache.BlockID {
 //   - per sequence: 0 <= history <= capacity <= max_seq_len+max_draft, blocks ==
 //     ceil(capacity/tpb) in every group (device plus host), capacity ==
 //     max(history, hold) without a reservation, suspended sequences hold no
-//     reservation, tree path i holds prompt block i and table block i is that
-//     node's page (a sequence never holds a private copy of a cached block);
+//     reservation, tree path i holds prompt block i (compared once per node
+//     generation: a node's tokens are written only when newNode gives it a
+//     block) and table block i is that node's page (a sequence never holds a
+//     private copy of a cached block);
 //   - per pool: reference counts equal the references recomputed from all
 //     tables; free + cached + in use == total; the free stack holds exactly the
 //     unreferenced unowned blocks, once each; owned pages match their node;
@@ -116,6 +118,13 @@ func present(t []kvcache.BlockID) []kvcache.BlockID {
 //     and their parents are pinned; live-kid counts, the evictable count and the
 //     eviction heap (exactly the unpinned leaves with pages, heap-ordered) are
 //     right; every node reachable from the root has a correct parent link.
+//
+// pathMark is a path node as a deep check verified it (Seq.chkPath).
+type pathMark struct {
+	n   *Node
+	gen uint32
+}
+
 func (c *Core) check() []string {
 	var v []string
 	bad := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
@@ -197,13 +206,23 @@ func (c *Core) check() []string {
 			bad("seq %d: tree path of %d blocks beyond history %d / prompt %d", id, len(s.path), l.History, len(s.prompt))
 		}
 		parent := c.tree.root
+		s.chkPath = slices.Grow(s.chkPath[:0], len(s.path))[:len(s.path)]
 		for i, n := range s.path {
 			c.tree.CountPin(n)
 			if n.parent != parent {
 				bad("seq %d: path node %d is not a child of path node %d", id, i, i-1)
 			}
-			if i < len(s.prompt)/tpb && !slices.Equal(n.tokens, s.prompt[i*tpb:(i+1)*tpb]) {
-				bad("seq %d: path node %d holds other tokens than prompt block %d", id, i, i)
+			// A node's tokens are set once per generation (newNode), and a
+			// sequence's prompt never changes, so a (node, generation) already
+			// found holding prompt block i needs no second comparison.
+			mark := pathMark{n, n.gen}
+			if i < len(s.prompt)/tpb && s.chkPath[i] != mark {
+				if slices.Equal(n.tokens, s.prompt[i*tpb:(i+1)*tpb]) {
+					s.chkPath[i] = mark
+				} else {
+					s.chkPath[i] = pathMark{}
+					bad("seq %d: path node %d holds other tokens than prompt block %d", id, i, i)
+				}
 			}
 			for g, pool := range c.dev {
 				if b := s.tables[g][i]; b == NoBlock || pool.owner[b] != n {

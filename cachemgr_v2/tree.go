@@ -40,18 +40,22 @@ type Node struct {
 	tick    uint64 // LRU key: when the last pin went away
 	heapIdx int32  // position in the eviction heap; -1 when not in it
 	queued  bool   // in the prune queue
+	allIdx  int32  // position in Tree.all while attached
+	gen     uint32 // bumped each time the node is (re)used for a block (newNode)
 
 	// Scratch of the deep self-check (Tree.Check), valid while chkEpoch is
 	// the tree's check epoch: recounting in the nodes themselves instead of
 	// in maps keeps a check of a large tree cheap.
 	chkEpoch uint32
 	chkPins  int32 // pins recounted from the sequences (CountPin)
+	chkLive  int32 // children with pages, recounted
 	chkFlags uint8 // chkSeen, chkLeaf
 }
 
 const (
-	chkSeen = 1 << iota // attached: the check's walk reached it
-	chkLeaf             // an unpinned leaf with pages
+	chkSeen   = 1 << iota // attached: the node reaches the root through linked nodes
+	chkLeaf               // an unpinned leaf with pages
+	chkLinked             // its parent lists it under its hash
 )
 
 // Pages returns the node's page per pool group (NoBlock where absent); the
@@ -92,6 +96,7 @@ type Tree struct {
 	pruneQ    []*Node
 	tick      uint64
 	nodes     int
+	all       []*Node // every attached node (root excluded), Node.allIdx its index
 	spare     []*Node
 	epoch     uint32  // of the current deep self-check (BeginCheck)
 	counted   []*Node // nodes CountPin counted in this check
@@ -305,6 +310,9 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 	for g := range n.pages {
 		n.pages[g] = NoBlock
 	}
+	n.gen++
+	n.allIdx = int32(len(t.all))
+	t.all = append(t.all, n)
 	t.nodes++
 	return n
 }
@@ -409,6 +417,10 @@ func (t *Tree) Prune() {
 func (t *Tree) recycle(n *Node) {
 	n.parent, n.salt, n.chain = nil, "", 0
 	n.tokens = n.tokens[:0] // children is empty and kept for reuse
+	last := t.all[len(t.all)-1]
+	t.all[n.allIdx], last.allIdx = last, n.allIdx
+	t.all = t.all[:len(t.all)-1]
+	n.allIdx = -1
 	t.nodes--
 	t.spare = append(t.spare, n)
 }

@@ -17,8 +17,7 @@ for dir in "$td"/*/ "$td"/extra/*/; do
 	case $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("model_type",""))' "$dir/config.json") in
 	deepseek_v3) backend=mla ;;
 	deepseek_v32) backend=dsa ;;
-	nemotron_h) manager=mamba ;;
-	qwen3_next) echo "$name: skipped (Gated DeltaNet layers: no kernel yet)"; continue ;;
+	nemotron_h | qwen3_next) manager=mamba ;;
 	esac
 	if ! timeout "${GOLDEN_TIMEOUT:-120}" kvx generate -c "$scen" --set model="$(cd "$dir" && pwd)" --set device="$dev" \
 		--set attention_backend=$backend --set cache_manager=$manager --prompts "$dir/prompts.jsonl" \

@@ -28,8 +28,17 @@ processors, no eos: eos_token_id is null in the configs, so every prompt runs
 exactly max_tokens steps). top_logprobs are log_softmax of the raw float32
 logits of the step, top 5, highest first.
 
+fp8 (--fp8-block R,C; not run yet). Adds the family deepseek_v3_fp8: deepseek_v3's
+config and seed, its model.safetensors rewritten as DeepSeek-V3 ships weights: every 2-D
+*_proj weight in float8_e4m3fn with a float32 <name>_scale_inv of shape
+[ceil(rows/R), ceil(cols/C)] (max|w|/448 per block), quantization_config
+{quant_method fp8, fmt e4m3, weight_block_size [R, C]} in config.json. transformers'
+runs use exactly the dequantized weights (fp8 x scale in float32, reloaded from a
+float32 copy that is then deleted), which is what kvx's loader computes; transformers'
+native fp8 GEMM (dynamic activation quantization) is not what the golden checks.
+
 Usage (on the machine with torch + transformers 5):
-    python3 scripts/hf_goldens.py --out /tmp/goldens [--families llama,qwen3]
+    python3 scripts/hf_goldens.py --out /tmp/goldens [--families llama,qwen3] [--fp8-block 16,24]
 """
 
 import argparse
@@ -245,7 +254,45 @@ def randomize_small_params(model, seed):
 
 # --------------------------------------------------------------------------- one family
 
-def build_family(name, model_type, kw, root, fam_seed):
+def quantize_fp8(d, block):
+    """Rewrite d/model.safetensors with the 2-D *_proj weights in float8_e4m3fn plus float32 block
+    scales (<name>_scale_inv), add quantization_config to d/config.json, and write the dequantized
+    float32 checkpoint (fp8 x scale, config unchanged) to d + ".f32"; return that directory."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    br, bc = block
+    sd = load_file(os.path.join(d, "model.safetensors"))
+    fp8, deq = {}, {}
+    for k, w in sd.items():
+        if w.dim() == 2 and k.endswith(".weight") and "_proj" in k:
+            w = w.float()
+            R, C = w.shape
+            sr, sc = -(-R // br), -(-C // bc)
+            pad = torch.zeros(sr * br, sc * bc, dtype=torch.float32)
+            pad[:R, :C] = w.abs()
+            amax = pad.view(sr, br, sc, bc).amax(dim=(1, 3))
+            scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax)).float()
+            full = scale.repeat_interleave(br, 0).repeat_interleave(bc, 1)[:R, :C]
+            q = (w / full).to(torch.float8_e4m3fn)
+            fp8[k], fp8[k + "_scale_inv"] = q.contiguous(), scale.contiguous()
+            deq[k] = (q.float() * full).contiguous()
+        else:
+            fp8[k] = deq[k] = w
+    ddir = d + ".f32"
+    os.makedirs(ddir, exist_ok=True)
+    shutil.copy(os.path.join(d, "config.json"), os.path.join(ddir, "config.json"))
+    save_file(deq, os.path.join(ddir, "model.safetensors"), metadata={"format": "pt"})
+    save_file(fp8, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [br, bc]}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    return ddir
+
+
+def build_family(name, model_type, kw, root, fam_seed, fp8_block=None):
     from transformers import AutoModelForCausalLM
     d = os.path.join(root, name)
     os.makedirs(d, exist_ok=True)
@@ -271,9 +318,17 @@ def build_family(name, model_type, kw, root, fam_seed):
     ctext = open(os.path.join(d, "config.json")).read()
     rep["config_json_nonfinite"] = any(s in ctext for s in ("Infinity", "NaN"))
 
-    # Reload from the files: every run below uses exactly what the Go side will read.
-    model, info = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager", dtype=torch.float32,
+    # Reload from the files: every run below uses exactly what the Go side will read
+    # (for fp8, the dequantized weights the Go loader computes from the fp8 files).
+    src = quantize_fp8(d, fp8_block) if fp8_block else d
+    if fp8_block:
+        rep["fp8_block"] = list(fp8_block)
+        ctext = open(os.path.join(d, "config.json")).read()
+    model, info = AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager", dtype=torch.float32,
                                                        output_loading_info=True)
+    if fp8_block:
+        import shutil
+        shutil.rmtree(src)
     model = model.float().eval()
     info = {k: sorted(map(str, v)) for k, v in info.items() if v}
     rep["loading_info"] = info
@@ -490,7 +545,11 @@ def main():
     ap.add_argument("--families", default="")
     ap.add_argument("--notes", default="")
     ap.add_argument("--src", default="")
+    ap.add_argument("--fp8-block", default="", help="R,C: also make deepseek_v3_fp8 with R x C block scales")
     a = ap.parse_args()
+    fp8_block = tuple(int(x) for x in a.fp8_block.split(",")) if a.fp8_block else None
+    if fp8_block is not None and (len(fp8_block) != 2 or min(fp8_block) < 1):
+        ap.error(f"--fp8-block {a.fp8_block!r}: want two integers >= 1, R,C")
 
     import safetensors
     import transformers
@@ -521,6 +580,8 @@ def main():
             traceback.print_exc()
 
     fams = families()
+    if fp8_block:
+        fams["deepseek_v3_fp8"] = fams["deepseek_v3"]
     want = [x for x in a.families.split(",") if x] or list(fams)
     report = {"seed": SEED, "vocab": VOCAB, "initializer_range": INIT_RANGE, "norm_noise": NORM_NOISE,
               "perturb_rel": PERTURB_REL, "near_tie": NEAR_TIE, "families": {}, "skipped": {}}
@@ -529,7 +590,10 @@ def main():
         log(f"== {name} ({model_type})")
         try:
             # the seed follows the family's place in families(), not in --families, so a subset reproduces
-            rep = build_family(name, model_type, kw, a.out, SEED + 100 * (list(fams).index(name) + 1))
+            # deepseek_v3_fp8 takes deepseek_v3's seed: the same random weights, quantized
+            base = name[:-len("_fp8")] if name.endswith("_fp8") else name
+            rep = build_family(name, model_type, kw, a.out, SEED + 100 * (list(fams).index(base) + 1),
+                               fp8_block if name.endswith("_fp8") else None)
             report["families"][name] = rep
             log(f"  kept {rep['kept']}/{rep['candidates']} (not same in 3 runs: {rep['dropped_not_same_3']}, "
                 f"near tie: {rep['dropped_near_tie']}, logprobs not close: {rep['dropped_logprobs_not_close']}), pairs {rep['shared_prefix_pairs']}, "

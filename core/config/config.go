@@ -199,12 +199,19 @@ type PluginTimeouts struct {
 // Range is an inclusive [Min, Max] token count; zero = unset.
 type Range struct{ Min, Max int }
 
-// WorkloadConfig is workload: a Mooncake trace or a generator, not both.
+// WorkloadConfig is workload: a trace or a generator, not both.
 type WorkloadConfig struct {
 	// Trace mode.
-	Trace     string  // trace: path to a Mooncake JSONL file; relative to the YAML file that sets it, else to the working directory
+	Trace     string  // trace: path to a trace file; relative to the YAML file that sets it, else to the working directory
 	Limit     int     // limit: replay the first N lines; 0 = all
 	TimeScale float64 // time_scale > 0 multiplies trace timestamps (1)
+	// format: mooncake, azure, burstgpt or bailian (workload.Formats); unset =
+	// detected from the trace's first line, an error when it is ambiguous.
+	Format string
+	// hash_block_tokens >= 1: tokens one hash id stands for (mooncake 512,
+	// bailian 16 when unset); not allowed with azure and burstgpt, which
+	// have no hash_ids.
+	HashBlockTokens int
 
 	// Generator mode.
 	Requests           int     // requests >= 1 selects the generator
@@ -329,9 +336,9 @@ func (c *Config) Flatten() map[string]any {
 		nilKeys("workload.requests", "workload.rate", "workload.prompt_tokens.min", "workload.prompt_tokens.max",
 			"workload.output_tokens.min", "workload.output_tokens.max", "workload.shared_prefix_tokens", "workload.shared_prefix_groups")
 	case WorkloadGenerator:
-		nilKeys("workload.trace", "workload.limit", "workload.time_scale")
+		nilKeys("workload.trace", "workload.limit", "workload.time_scale", "workload.format", "workload.hash_block_tokens")
 	default:
-		nilKeys("workload.trace", "workload.limit", "workload.time_scale", "workload.requests", "workload.rate",
+		nilKeys("workload.trace", "workload.limit", "workload.time_scale", "workload.format", "workload.hash_block_tokens", "workload.requests", "workload.rate",
 			"workload.prompt_tokens.min", "workload.prompt_tokens.max", "workload.output_tokens.min", "workload.output_tokens.max",
 			"workload.shared_prefix_tokens", "workload.shared_prefix_groups")
 	}

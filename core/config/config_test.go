@@ -127,7 +127,7 @@ func TestDefaultsFlatten(t *testing.T) {
 		"speculative_config.decoding_type": nil, "speculative_config.num_nextn_predict_layers": nil,
 		"speculative_config.max_draft_len": nil, "speculative_config.acceptance_rate": nil,
 		"scheduler_config.capacity_scheduler_policy": "GUARANTEED_NO_EVICT", "scheduler_config.context_chunking_policy": "FIRST_COME_FIRST_SERVED",
-		"workload.trace": nil, "workload.limit": nil, "workload.time_scale": nil, "workload.requests": nil, "workload.concurrency": 0,
+		"workload.trace": nil, "workload.limit": nil, "workload.time_scale": nil, "workload.format": nil, "workload.hash_block_tokens": nil, "workload.requests": nil, "workload.concurrency": 0,
 		"workload.rate": nil, "workload.prompt_tokens.min": nil, "workload.prompt_tokens.max": nil, "workload.output_tokens.min": nil,
 		"workload.output_tokens.max": nil, "workload.shared_prefix_tokens": nil, "workload.shared_prefix_groups": nil,
 		"workload.seed":         uint64(0),
@@ -314,6 +314,9 @@ func TestErrors(t *testing.T) {
 			`workload.prompt_tokens: set without workload.requests, which selects the generator`},
 		{"trace key without trace", "workload: {time_scale: 2}\n", nil, nil, `workload.time_scale: set without workload.trace`},
 		{"time scale", "workload: {time_scale: 0}\n", nil, nil, `workload.time_scale: 0 (file F) is out of range; allowed: a finite number > 0`},
+		{"trace format", "workload: {format: sharegpt}\n", nil, nil, `workload.format: "sharegpt" (file F) is not one of mooncake, azure, burstgpt, bailian`},
+		{"hash block tokens", "workload: {hash_block_tokens: 0}\n", nil, nil, `workload.hash_block_tokens: 0 (file F) is out of range; allowed: 1 <= value <= 2147483647`},
+		{"format without trace", "workload: {format: azure}\n", nil, nil, `workload.format: set without workload.trace`},
 		{"set syntax", "", nil, []string{"max_batch_size"}, `--set "max_batch_size": want key=value`},
 		{"set yaml", "", nil, []string{"kv_cache_config.pool_ratio=[0.5,"},
 			`--set kv_cache_config.pool_ratio: value "[0.5," is not a YAML scalar or flow list: yaml: line 1: did not find expected node content`},
@@ -446,6 +449,14 @@ func TestWorkloadModes(t *testing.T) {
 	c, _ := load(t, nil, nil, []string{"model=llama-3.1-8b", "seed=7", "workload.trace=" + trace, "workload.limit=10", "workload.time_scale=0.5"})
 	if w := c.Workload; w.Kind() != WorkloadTrace || w.Limit != 10 || w.TimeScale != 0.5 || w.Seed != 7 {
 		t.Errorf("trace workload = %+v", w)
+	}
+	c, _ = load(t, nil, nil, []string{"model=llama-3.1-8b", "workload.trace=" + trace, "workload.format=Bailian", "workload.hash_block_tokens=8"})
+	if w := c.Workload; w.Format != "bailian" || w.HashBlockTokens != 8 {
+		t.Errorf("bailian trace workload = %+v, want format bailian, hash_block_tokens 8", w)
+	}
+	const noIDs = "workload.hash_block_tokens: 16, but workload.format azure traces have no hash_ids"
+	if _, _, err := Load(nil, nil, []string{"model=llama-3.1-8b", "workload.trace=" + trace, "workload.format=azure", "workload.hash_block_tokens=16"}); err == nil || !strings.Contains(err.Error(), noIDs) {
+		t.Errorf("azure with hash_block_tokens: Load = %v, want an error containing %q", err, noIDs)
 	}
 	c, _ = load(t, nil, nil, []string{"model=llama-3.1-8b", "workload.requests=5", "workload.prompt_tokens.max=100",
 		"workload.output_tokens={min: 1, max: 9}", "workload.shared_prefix_tokens=50", "workload.seed=3"})

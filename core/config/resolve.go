@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvx-dev/kvx/core/hw"
 	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/core/workload"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
@@ -276,7 +277,7 @@ func (ld *loader) resolveWorkload(c *Config) {
 		}
 		return ld.given[k]
 	}
-	traceKeys := []string{"workload.limit", "workload.time_scale"}
+	traceKeys := []string{"workload.limit", "workload.time_scale", "workload.format", "workload.hash_block_tokens"}
 	switch {
 	case ld.given["workload.trace"] && ld.given["workload.requests"]:
 		ld.crossErr("workload: trace %q and requests %d are exclusive: a workload is a trace or a generator", w.Trace, w.Requests)
@@ -294,8 +295,11 @@ func (ld *loader) resolveWorkload(c *Config) {
 			if fi, err := os.Stat(w.Trace); err != nil {
 				ld.crossErr("workload.trace: %v", err)
 			} else if fi.IsDir() {
-				ld.crossErr("workload.trace: %q is a directory, not a Mooncake JSONL file", w.Trace)
+				ld.crossErr("workload.trace: %q is a directory, not a trace file", w.Trace)
 			}
+		}
+		if (w.Format == workload.FormatAzure || w.Format == workload.FormatBurstGPT) && ld.given["workload.hash_block_tokens"] {
+			ld.crossErr("workload.hash_block_tokens: %d, but workload.format %s traces have no hash_ids", w.HashBlockTokens, w.Format)
 		}
 	case ld.given["workload.requests"]:
 		for _, k := range traceKeys {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvx-dev/kvx/core/hw"
 	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/core/workload"
 )
 
 // field is one settable key. set parses and range-checks a non-null value
@@ -241,6 +242,8 @@ var baseFields = []field{
 	// workload.
 	stringField("workload.trace", func(c *Config) *string { return &c.Workload.Trace }, nil),
 	intField("workload.limit", func(c *Config) *int { return &c.Workload.Limit }, 0, false),
+	enumField("workload.format", func(c *Config) *string { return &c.Workload.Format }, workload.Formats, nil),
+	intField("workload.hash_block_tokens", func(c *Config) *int { return &c.Workload.HashBlockTokens }, 1, true),
 	floatField("workload.time_scale", func(c *Config) *float64 { return &c.Workload.TimeScale }, func(f float64) bool { return f > 0 && !math.IsInf(f, 0) }, "a finite number > 0"),
 	intField("workload.requests", func(c *Config) *int { return &c.Workload.Requests }, 1, true),
 	intField("workload.concurrency", func(c *Config) *int { return &c.Workload.Concurrency }, 0, false),

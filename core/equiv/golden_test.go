@@ -23,7 +23,7 @@ import (
 // or, at the first difference, be in transformers' top-5 (the kvx side of
 // the vLLM rule, with per-step logprobs, is device/cpu's TestGoldens).
 func TestCheckpointGoldens(t *testing.T) {
-	for _, fam := range []string{"llama", "llama_tied", "mistral", "qwen3", "extra/llama_yarn", "extra/qwen3_swa", "deepseek_v3", "deepseek_v32", "nemotron_h"} {
+	for _, fam := range []string{"llama", "llama_tied", "mistral", "qwen3", "extra/llama_yarn", "extra/qwen3_swa", "deepseek_v3", "deepseek_v32", "nemotron_h", "qwen3_next"} {
 		t.Run(fam, func(t *testing.T) {
 			dir, err := filepath.Abs(filepath.Join("..", "..", "device", "hf", "testdata", fam))
 			if err != nil {
@@ -115,9 +115,10 @@ func TestCheckpointGoldens(t *testing.T) {
 	}
 }
 
-// hybridGoldens are the goldens of hybrid (Mamba2) models, which managers
-// v1 (fixed state slots, no SSM reuse) and mamba (snapshots) serve.
-var hybridGoldens = map[string]bool{"nemotron_h": true}
+// hybridGoldens are the goldens of hybrid models (Mamba2: Nemotron-H; Gated
+// DeltaNet: Qwen3-Next), which managers v1 (fixed state slots, no SSM
+// reuse) and mamba (snapshots) serve.
+var hybridGoldens = map[string]bool{"nemotron_h": true, "qwen3_next": true}
 
 // hybridVariants are the hybrids' engine variants: v1 and mamba, reuse on
 // and off (mamba snapshots every 16 tokens, so the goldens' pairs sharing 56

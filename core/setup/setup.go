@@ -388,12 +388,12 @@ func Workload(cfg *config.Config, vocab int) (workload.Workload, error) {
 	seed := w.Seed
 	switch w.Kind() {
 	case config.WorkloadTrace:
-		reqs, err := workload.LoadMooncake(w.Trace, workload.MooncakeOptions{
-			Limit: w.Limit, TimeScale: w.TimeScale, Vocab: vocab, Seed: seed,
+		reqs, err := workload.LoadTrace(w.Trace, workload.TraceOptions{Format: w.Format, MooncakeOptions: workload.MooncakeOptions{
+			Limit: w.Limit, TimeScale: w.TimeScale, Vocab: vocab, Seed: seed, BlockTokens: w.HashBlockTokens,
 			// Lines longer than max_seq_len are rejected before their
 			// tokens are synthesized; the rest must fit the default bound.
 			MaxSeqLen: cfg.MaxSeqLen,
-		})
+		}})
 		if err != nil {
 			return workload.Workload{}, err
 		}

@@ -57,7 +57,7 @@ func (o MooncakeOptions) resolve() (MooncakeOptions, error) {
 	case o.BlockTokens == 0:
 		o.BlockTokens = DefaultBlockTokens
 	case o.BlockTokens < 0:
-		return o, optErr("block_tokens", o.BlockTokens, "must be > 0 (0 = %d)", DefaultBlockTokens)
+		return o, optErr("hash_block_tokens", o.BlockTokens, "must be > 0 (0 = %d)", DefaultBlockTokens)
 	}
 	if o.MaxSeqLen < 0 {
 		return o, optErr("max_seq_len", o.MaxSeqLen, "must be >= 0 (0 = no limit)")
@@ -218,6 +218,7 @@ type parser struct {
 
 	lastLine    int // line of the last good record, for the ordering check
 	lastArrival int64
+	unitNs      float64 // nanoseconds per JSONL timestamp unit; 0 = 1e6 (Mooncake's milliseconds)
 }
 
 func (p *parser) fail(line int, field, value, format string, args ...any) {
@@ -291,7 +292,11 @@ func (p *parser) parseLine(line int, b []byte) {
 
 	var arrival int64
 	if tsOK {
-		ns := ts * 1e6 / p.opt.TimeScale
+		unit := p.unitNs
+		if unit == 0 {
+			unit = 1e6
+		}
+		ns := ts * unit / p.opt.TimeScale
 		if ns >= math.MaxInt64 {
 			p.fail(line, "timestamp", string(raw.Timestamp), "is %.4g ns at time_scale %g, beyond int64 nanoseconds", ns, p.opt.TimeScale)
 		} else {

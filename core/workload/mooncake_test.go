@@ -283,7 +283,7 @@ func TestMooncakeOptionErrors(t *testing.T) {
 		{MooncakeOptions{TimeScale: -2}, "time_scale"},
 		{MooncakeOptions{TimeScale: math.NaN()}, "time_scale"},
 		{MooncakeOptions{TimeScale: math.Inf(1)}, "time_scale"},
-		{MooncakeOptions{BlockTokens: -512}, "block_tokens"},
+		{MooncakeOptions{BlockTokens: -512}, "hash_block_tokens"},
 		{MooncakeOptions{Vocab: 1}, "vocab"},
 		{MooncakeOptions{Vocab: -5}, "vocab"},
 		{MooncakeOptions{Vocab: MaxVocab + 1}, "vocab"},

@@ -1,5 +1,6 @@
-// Package workload produces the requests that the engine replays: Mooncake
-// JSONL traces (ReadMooncake, LoadMooncake), seeded synthetic scenarios
+// Package workload produces the requests that the engine replays: traces
+// (ReadTrace, LoadTrace: Mooncake and Qwen-Bailian JSONL, the Azure LLM
+// inference and BurstGPT CSVs; ReadMooncake for Mooncake alone), seeded synthetic scenarios
 // (Generate) and explicit prompts (FromPrompts, for kvx generate). It also
 // measures a request list (Analyze), notably its infinite-cache prefix hit
 // ratio.

@@ -2,8 +2,8 @@
 // real KV. It runs the synthetic model of package synth, written once over
 // synth.Ops, and the Hugging Face checkpoints of package hf (when
 // Model.Checkpoint is set: Llama, Mistral, Qwen3, DeepSeek-V3 and V3.2,
-// Nemotron-H, written once over hf.Ops; a checkpoint's DSA indexer keys are
-// unquantized), by implementing those ops with the pure-Go reference
+// Nemotron-H, Qwen3-Next, written once over hf.Ops; a checkpoint's DSA
+// indexer keys are unquantized), by implementing those ops with the pure-Go reference
 // kernels of package kernel:
 //
 //   - hostOps (ops.go): the row-wise ops (matmul, norms, activations, MoE
@@ -34,9 +34,9 @@
 // BytesPerToken bytes (token row stride BytesPerToken); a state pool's block
 // (TokensPerBlock 0) holds, for each layer in order, its conv then its ssm
 // state. Row formats are the kernels' (kernel.GQA, kernel.MLA,
-// kernel.Indexer, kernel.Mamba2).
+// kernel.Indexer, kernel.Mamba2, kernel.GDN).
 //
-// # Mamba2 state
+// # Mamba2 and Gated DeltaNet state
 //
 // A sequence's live state is entry 0 of its table in the state pool (the
 // other entries are snapshot blocks). A step at Pos 0 starts from zeroed
@@ -49,7 +49,10 @@
 // layers (Nemotron-H) run with its numerics (paged.CheckpointMamba) and floor dt
 // at kernel.Mamba2.DtMin on the tokens before the sequence's first sampled
 // one (its prompt) only, as transformers' prefill does and its decode step
-// does not.
+// does not. A Qwen3-Next checkpoint's Gated DeltaNet layers (kernel.GDN)
+// keep their conv and recurrent state in the same slots and walk them the
+// same way (pagedOps.walkState): snapshots, restores and draft rollback
+// are the Mamba2 path's.
 package cpu
 
 import (
@@ -125,8 +128,8 @@ func OpenWith(o Options) device.OpenFunc {
 // Open makes the cpu device for a stage: the synthetic model of package
 // synth with the config's seed, or, when Model.Checkpoint is set, that
 // checkpoint's weights and architecture (package hf). It fails, naming the
-// field, the value and the limit, on tensor parallelism > 1, a GDN model
-// (Qwen3-Next), a KV dtype other than bf16, fp8 or float32, more draft
+// field, the value and the limit, on tensor parallelism > 1, a synthetic
+// GDN model (Qwen3-Next without a checkpoint), a KV dtype other than bf16, fp8 or float32, more draft
 // tokens than the model's MTP layers, buffer widths the kernels do not
 // produce, a pool whose BlockBytes differs from the in-block layout (see
 // the package doc), pools above MaxPoolBytes in all, or a checkpoint that
@@ -335,6 +338,7 @@ type pagedOps struct {
 var (
 	_ synth.Ops = (*pagedOps)(nil)
 	_ hf.Ops    = (*pagedOps)(nil)
+	_ hf.GDNOps = (*pagedOps)(nil)
 )
 
 func itemErr(seq kvcache.SeqID, layer int, err error) error {
@@ -428,10 +432,23 @@ func (pm *pagedOps) Mamba2(_ context.Context, layer int, segs []synth.Seg, in sy
 		return nil, err
 	}
 	mw := mamba2Weights(w)
-	core := newTensor(in.Z.Rows(), x.OutWidth())
+	di := x.OutWidth()
+	core := newTensor(in.Z.Rows(), di)
 	r := 0
 	for _, sg := range segs {
-		if err := pm.mamba(x, &mw, sg, in, r, core.d); err != nil {
+		promptEnd := sg.Pos + sg.Rows // the dt floor's end (seqState.promptEnd)
+		if s := pm.d.seqs[sg.Seq]; s != nil && s.promptEnd > 0 {
+			promptEnd = s.promptEnd
+		}
+		err := pm.walkState(layer, sg, promptEnd, func(conv, ssm []byte, lo, hi int, floor bool) error {
+			mb := x.Mamba
+			if !floor {
+				mb.DtMin = 0
+			}
+			lo, hi = r+lo, r+hi
+			return mb.Forward(&mw, conv, ssm, rowsOf(in.Z, lo, hi), rowsOf(in.XBC, lo, hi), rowsOf(in.DT, lo, hi), core.d[lo*di:hi*di:hi*di])
+		})
+		if err != nil {
 			return nil, err
 		}
 		r += sg.Rows
@@ -439,13 +456,41 @@ func (pm *pagedOps) Mamba2(_ context.Context, layer int, segs []synth.Seg, in sy
 	return core, nil
 }
 
-// mamba runs one sequence's rows (starting at row r of the call) through
-// layer x's Mamba2 kernel on its live slot, stopping at every snapshot
-// position (to save the state there) and after every row of the draft tail
-// (to keep the state for a rollback).
-func (pm *pagedOps) mamba(x *paged.Mixer, w *kernel.Mamba2Weights, sg synth.Seg, p synth.Mamba2In, r int, core []float32) error {
+// GatedDeltaNet implements hf.GDNOps: layer's GDN kernel on the sequences'
+// live state slots, with the snapshots and draft-tail states of the Mamba2
+// path (walkState; no dt floor).
+func (pm *pagedOps) GatedDeltaNet(_ context.Context, layer int, segs []synth.Seg, in hf.GDNIn, w hf.GDNWeights) (synth.Tensor, error) {
+	x, err := kernelOf(pm.d.mix, layer, device.KernelGDN)
+	if err != nil {
+		return nil, err
+	}
+	gw := gdnWeights(w)
+	di := x.OutWidth()
+	core := newTensor(in.Z.Rows(), di)
+	r := 0
+	for _, sg := range segs {
+		err := pm.walkState(layer, sg, 0, func(conv, ssm []byte, lo, hi int, _ bool) error {
+			lo, hi = r+lo, r+hi
+			return x.GDN.Forward(&gw, conv, ssm, rowsOf(in.QKV, lo, hi), rowsOf(in.Z, lo, hi), rowsOf(in.B, lo, hi), rowsOf(in.A, lo, hi),
+				core.d[lo*di:hi*di:hi*di])
+		})
+		if err != nil {
+			return nil, err
+		}
+		r += sg.Rows
+	}
+	return core, nil
+}
+
+// walkState runs one sequence's rows of a state-space layer (Mamba2, GDN)
+// on its live slot through run, pass by pass (paged.MambaPasses: rows
+// [lo, hi) of the segment, with the dt floor when floor; promptEnd is the
+// floor's end, 0 for none), stopping at every snapshot position (to save
+// the state there) and after every row of the draft tail (to keep the
+// state for a rollback).
+func (pm *pagedOps) walkState(layer int, sg synth.Seg, promptEnd int, run func(conv, ssm []byte, lo, hi int, floor bool) error) error {
 	d := pm.d
-	conv, ssm, err := d.liveSlot(x.Layer, sg.Seq, pm.t)
+	conv, ssm, err := d.liveSlot(layer, sg.Seq, pm.t)
 	if err != nil {
 		return err
 	}
@@ -454,29 +499,18 @@ func (pm *pagedOps) mamba(x *paged.Mixer, w *kernel.Mamba2Weights, sg synth.Seg,
 		snaps = it.Snapshots
 	}
 	var tail [][]byte
-	mb := x.Mamba
-	di := mb.Inner()
-	promptEnd := sg.Pos + sg.Rows // the dt floor's end (seqState.promptEnd)
-	if s := d.seqs[sg.Seq]; s != nil && s.promptEnd > 0 {
-		promptEnd = s.promptEnd
-	}
 	passes, err := paged.MambaPasses(sg.Pos, sg.Rows, sg.Draft, promptEnd, snaps)
 	if err != nil {
-		return itemErr(sg.Seq, x.Layer, err)
+		return itemErr(sg.Seq, layer, err)
 	}
 	for _, ps := range passes {
-		mb.DtMin = 0
-		if ps.Floor {
-			mb.DtMin = x.Mamba.DtMin
-		}
-		lo, hi := r+ps.From-sg.Pos, r+ps.To-sg.Pos
-		if err := mb.Forward(w, conv, ssm, rowsOf(p.Z, lo, hi), rowsOf(p.XBC, lo, hi), rowsOf(p.DT, lo, hi), core[lo*di:hi*di:hi*di]); err != nil {
-			return itemErr(sg.Seq, x.Layer, err)
+		if err := run(conv, ssm, ps.From-sg.Pos, ps.To-sg.Pos, ps.Floor); err != nil {
+			return itemErr(sg.Seq, layer, err)
 		}
 		for _, sn := range ps.Snaps {
-			sc, ss, err := d.slot(x.Layer, d.idx[sn.Pool], sn.Block)
+			sc, ss, err := d.slot(layer, d.idx[sn.Pool], sn.Block)
 			if err != nil {
-				return itemErr(sg.Seq, x.Layer, err)
+				return itemErr(sg.Seq, layer, err)
 			}
 			copy(sc, conv)
 			copy(ss, ssm)
@@ -491,7 +525,7 @@ func (pm *pagedOps) mamba(x *paged.Mixer, w *kernel.Mamba2Weights, sg synth.Seg,
 			byLayer = map[int][][]byte{}
 			pm.tails[sg.Seq] = byLayer
 		}
-		byLayer[x.Layer] = tail
+		byLayer[layer] = tail
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/hf"
 	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
@@ -36,4 +37,8 @@ func mlaWeights(w synth.MLAWeights) kernel.MLAWeights {
 func mamba2Weights(w synth.Mamba2Weights) kernel.Mamba2Weights {
 	return kernel.Mamba2Weights{ConvW: cpuTensor(w.ConvW).d, ConvB: cpuTensor(w.ConvB).d, DtBias: cpuTensor(w.DtBias).d,
 		A: cpuTensor(w.A).d, D: cpuTensor(w.D).d, NormW: cpuTensor(w.NormW).d}
+}
+
+func gdnWeights(w hf.GDNWeights) kernel.GDNWeights {
+	return kernel.GDNWeights{ConvW: cpuTensor(w.ConvW).d, DtBias: cpuTensor(w.DtBias).d, A: cpuTensor(w.A).d, NormW: cpuTensor(w.NormW).d}
 }

@@ -16,10 +16,13 @@ import (
 
 // hybridGoldens are the transformers goldens of hybrid models: managers
 // v1 (fixed state slots, no SSM reuse) and mamba (snapshots) serve them.
-var hybridGoldens = []string{"nemotron_h"}
+// Nemotron-H runs Mamba2 layers, Qwen3-Next Gated DeltaNet ones (both in
+// the state slots of the Mamba mapping).
+var hybridGoldens = []string{"nemotron_h", "qwen3_next"}
 
 // TestHybridGoldens runs the hybrid goldens (Nemotron-H: Mamba2, attention
-// without RoPE, relu² MLP) on the cpu device through managers v1 and mamba,
+// without RoPE, relu² MLP; Qwen3-Next: Gated DeltaNet, gated attention
+// with partial RoPE, MoE with a gated shared expert) on the cpu device through managers v1 and mamba,
 // reuse on and off, chunked prefill: every prompt passes the vLLM rule, the
 // logprobs of transformers' top-5 ids are within lpTol at every compared
 // step, every variant gives the same tokens and logits bit for bit, and
@@ -137,7 +140,13 @@ func TestHybridGoldenCheckCatchesWrongKernels(t *testing.T) {
 	}
 }
 
-// BenchmarkHybridGoldenDecode is BenchmarkGoldenDecode on the Nemotron-H
-// golden (5 blocks: 2 Mamba2, 1 attention, 2 MLP; hidden 64) through the
-// mamba manager. Run with -cpu 1 and -cpu N.
-func BenchmarkHybridGoldenDecode(b *testing.B) { goldenDecode(b, "nemotron_h", "mamba") }
+// BenchmarkHybridGoldenDecode is BenchmarkGoldenDecode on the hybrid
+// goldens through the mamba manager: Nemotron-H (5 blocks: 2 Mamba2, 1
+// attention, 2 MLP; hidden 64) and Qwen3-Next (4 layers: 3 Gated DeltaNet,
+// 1 gated attention, each with an MoE of 8 experts and a shared one;
+// hidden 64). Run with -cpu 1 and -cpu N.
+func BenchmarkHybridGoldenDecode(b *testing.B) {
+	for _, fam := range hybridGoldens {
+		b.Run(fam, func(b *testing.B) { goldenDecode(b, fam, "mamba") })
+	}
+}

@@ -309,6 +309,21 @@ func (hostOps) RMSNormGroups(x, w synth.Tensor, eps float32) synth.Tensor {
 	return out
 }
 
+// SigmoidMul implements hf.GDNOps: x *= kernel.Sigmoid(gate) element-wise,
+// gate of x's shape or one column (one gate per row).
+func (hostOps) SigmoidMul(x, gate synth.Tensor) {
+	xt, gt := cpuTensor(x), cpuTensor(gate)
+	if gt.r != xt.r || (gt.c != xt.c && gt.c != 1) {
+		panic(fmt.Sprintf("cpu: SigmoidMul: gate %d × %d for x %d × %d", gt.r, gt.c, xt.r, xt.c))
+	}
+	for r := range xt.r {
+		row, g := xt.rowsOf(r, r+1), gt.rowsOf(r, r+1)
+		for i := range row {
+			row[i] = float32(row[i] * kernel.Sigmoid(g[min(i, gt.c-1)]))
+		}
+	}
+}
+
 // RowOps returns the cpu's row-wise ops (hostOps): the oracle another
 // device's row-wise ops are checked against, op by op.
 func RowOps() hf.RowOps { return hostOps{} }

@@ -289,3 +289,23 @@ func TestOpsHFAreKernels(t *testing.T) {
 		t.Errorf("RMSNormGroups with one group per row: %d × %d, want 3 × 12", whole.r, whole.c)
 	}
 }
+
+// SigmoidMul multiplies by kernel.Sigmoid of the gate element-wise, or of
+// each row's one gate, bit for bit.
+func TestOpsSigmoidMulIsKernelSigmoid(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	var o hostOps
+	for _, cols := range []int{12, 1} {
+		x, g := randT(rng, 3, 12), randT(rng, 3, cols)
+		want := slices.Clone(x.d)
+		for r := range 3 {
+			for i := range 12 {
+				want[r*12+i] = float32(want[r*12+i] * kernel.Sigmoid(g.d[r*cols+min(i, cols-1)]))
+			}
+		}
+		o.SigmoidMul(x, g)
+		if !sameBits(x.d, want) {
+			t.Errorf("SigmoidMul with a gate of %d columns differs from x · kernel.Sigmoid(gate)", cols)
+		}
+	}
+}

@@ -32,7 +32,7 @@ func NewReference(m spec.Model, seed uint64, kernelOf func(spec.Mixer) device.Ke
 		return nil, fmt.Errorf("reference: no kernel choice (want a backend's Kernel method)")
 	}
 	if m.Arch == paged.ArchGDN {
-		return nil, fmt.Errorf("model %q arch %s: Gated DeltaNet layers cannot run on the cpu kernels", m.Name, m.Arch)
+		return nil, fmt.Errorf("model %q arch %s: the synthetic model (and so its dense reference) has no Gated DeltaNet layer", m.Name, m.Arch)
 	}
 	kv, err := kvFromBuffers(&m, kernelOf)
 	if err != nil {

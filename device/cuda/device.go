@@ -86,9 +86,14 @@ type devTable struct {
 
 // Open makes the cuda device for a stage on GPU 0: the synthetic model or
 // the checkpoint (paged.NewStage, with its errors), its weights and pools in
-// GPU memory. Errors beyond paged.NewStage's: no usable GPU (the driver's
-// error), pools that do not fit in the GPU's free memory (naming both).
+// GPU memory. Errors beyond paged.NewStage's: a Qwen3-Next model
+// (paged.ArchGDN: this device has no Gated DeltaNet kernel), no usable GPU
+// (the driver's error), pools that do not fit in the GPU's free memory
+// (naming both).
 func Open(s device.Stage) (device.Device, error) {
+	if m := &s.Config.Model; m.Arch == paged.ArchGDN {
+		return nil, fmt.Errorf("cuda: model %q arch %s: the cuda device has no Gated DeltaNet kernel; run it on the cpu device (device: cpu)", m.Name, m.Arch)
+	}
 	g, err := sharedGPU()
 	if err != nil {
 		return nil, err

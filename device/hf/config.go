@@ -24,6 +24,18 @@ type Config struct {
 	QKNorm    bool    // Qwen3: RMSNorm over each head of q and k before RoPE
 	Rope      Rope
 	Dtype     string // dtype / torch_dtype: float32, bfloat16, float16
+	Quant     *Quant // quantization_config; nil when the checkpoint has none
+}
+
+// Quant is a checkpoint's quantization_config, as DeepSeek-V3 (and
+// transformers' FineGrainedFP8Config) write it: quant_method "fp8", fmt
+// "e4m3", weight_block_size [rows, cols] of the block one float32
+// weight_scale_inv covers. Which tensors are fp8 is read from their
+// safetensors dtype; the loader dequantizes them (fp8.go).
+type Quant struct {
+	Method    string // quant_method: fp8
+	Fmt       string // fmt: e4m3 (or e5m2); "" when not stated
+	BlockSize [2]int // weight_block_size (transformers' default [128, 128] when absent)
 }
 
 // Rope is a checkpoint's rotary embedding: its type and the parameters
@@ -44,10 +56,11 @@ type Rope struct {
 
 // Families are the architectures this package runs.
 var Families = []string{"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
-	"DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", archNemotronH}
+	"DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", archNemotronH, archQwen3Next}
 
 var familyOf = map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
-	"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM", "nemotron_h": archNemotronH}
+	"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM", "nemotron_h": archNemotronH,
+	"qwen3_next": archQwen3Next}
 
 type rawConfig struct {
 	Architectures  []string                   `json:"architectures"`
@@ -64,6 +77,33 @@ type rawConfig struct {
 	PartialRotary  *float64                   `json:"partial_rotary_factor"`
 	Dtype          string                     `json:"dtype"`
 	TorchDtype     string                     `json:"torch_dtype"`
+	Quant          *rawQuant                  `json:"quantization_config"`
+}
+
+type rawQuant struct {
+	Method    string          `json:"quant_method"`
+	Fmt       string          `json:"fmt"`
+	BlockSize json.RawMessage `json:"weight_block_size"`
+}
+
+// parseQuant checks quantization_config: quant_method fp8, fmt e4m3 or
+// e5m2 when given, weight_block_size two integers >= 1 when given.
+func parseQuant(r *rawQuant) (*Quant, error) {
+	if r.Method != "fp8" {
+		return nil, fmt.Errorf("config.json: quantization_config.quant_method %q: the reader dequantizes fp8 (block-scaled, DeepSeek-V3 style) only", r.Method)
+	}
+	if r.Fmt != "" && r.Fmt != "e4m3" && r.Fmt != "e5m2" {
+		return nil, fmt.Errorf("config.json: quantization_config.fmt %q: allowed e4m3, e5m2", r.Fmt)
+	}
+	q := &Quant{Method: r.Method, Fmt: r.Fmt, BlockSize: [2]int{128, 128}}
+	if len(r.BlockSize) > 0 && string(r.BlockSize) != "null" {
+		var b []int
+		if err := json.Unmarshal(r.BlockSize, &b); err != nil || len(b) != 2 || b[0] < 1 || b[1] < 1 {
+			return nil, fmt.Errorf("config.json: quantization_config.weight_block_size %s: want two integers >= 1 ([rows, cols] of one scale's block)", r.BlockSize)
+		}
+		q.BlockSize = [2]int{b[0], b[1]}
+	}
+	return q, nil
 }
 
 // ReadConfig reads dir/config.json.
@@ -77,8 +117,9 @@ func ReadConfig(dir string) (Config, error) {
 
 // ParseConfig reads the numerics of a config.json. Errors name the field
 // and the value: an architecture outside Families, a hidden_act other than
-// silu, a rope type other than default, llama3 and yarn, or a parameter
-// that type needs missing.
+// silu, a rope type other than default, llama3 and yarn, a parameter
+// that type needs missing, or a quantization_config other than block-scaled
+// fp8 (see Quant).
 func ParseConfig(data []byte) (Config, error) {
 	var r rawConfig
 	if err := json.Unmarshal(data, &r); err != nil {
@@ -96,6 +137,13 @@ func ParseConfig(data []byte) (Config, error) {
 		return Config{}, fmt.Errorf("config.json: architectures %v, model_type %q: not one of %v", r.Architectures, r.ModelType, Families)
 	}
 	c.QKNorm = c.Arch == "Qwen3ForCausalLM"
+	if r.Quant != nil {
+		q, err := parseQuant(r.Quant)
+		if err != nil {
+			return Config{}, err
+		}
+		c.Quant = q
+	}
 	if r.RMSNormEps != nil {
 		c.Eps = float32(*r.RMSNormEps)
 	} else if r.LayerNormEps != nil {
@@ -188,7 +236,11 @@ func ParseConfig(data []byte) (Config, error) {
 	if ro.Theta <= 0 {
 		return Config{}, fmt.Errorf("config.json: rope_theta %v must be > 0", ro.Theta)
 	}
-	if ro.PartialRotary != 0 && ro.PartialRotary != 1 {
+	if c.Arch == archQwen3Next {
+		if !(ro.PartialRotary >= 0 && ro.PartialRotary <= 1) {
+			return Config{}, fmt.Errorf("config.json: partial_rotary_factor %v: want a fraction in (0, 1]", ro.PartialRotary)
+		}
+	} else if ro.PartialRotary != 0 && ro.PartialRotary != 1 {
 		return Config{}, fmt.Errorf("config.json: partial_rotary_factor %v: the %s attention rotates whole heads (1)", ro.PartialRotary, c.Arch)
 	}
 	return c, nil

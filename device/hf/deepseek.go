@@ -216,7 +216,7 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 		return nil, fmt.Errorf("hf: model %q: q_lora_rank %d, index heads %d, index head dim %d, index_topk %d: the indexer needs q_lora_rank > 0, heads > 0, head dim >= qk_rope_head_dim %d, top k > 0",
 			m.Name, m.QLoraRank, m.IndexHeads, m.IndexHeadDim, m.IndexTopK, P)
 	}
-	t, err := openManifest(dir, ops)
+	t, err := openManifest(dir, ops, cfg.Quant)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/kvx-dev/kvx/device/synth"
 )
@@ -15,23 +16,64 @@ import (
 // load, lin, loadEnds) and returns err at the end: the rule "a missing,
 // extra or mis-shaped tensor is an error that names it" lives here, for
 // every architecture.
+// A declared tensor stored in fp8 (F8_E4M3, F8_E5M2) brings its block
+// scales ScaleName(name) with it: they are expected, never extra, their
+// shape is checked with the weight's, and host dequantizes the weight with
+// them at load (fp8.go), so the model code never sees fp8.
 // A manifest is not safe for concurrent use.
 type manifest struct {
 	ck        *Checkpoint
 	ops       synth.Loader
+	quant     *Quant           // config.json's quantization_config; nil: none
 	want, may map[string][]int // name -> shape
 	lerr      error            // the first read error of host
 }
 
 // openManifest opens the checkpoint in dir (OpenCheckpoint's errors,
-// prefixed "hf: ") for an empty manifest whose loads go onto ops. The
-// caller closes it.
-func openManifest(dir string, ops synth.Loader) (*manifest, error) {
+// prefixed "hf: ") for an empty manifest whose loads go onto ops; quant is
+// the checkpoint's quantization_config (nil: none). The caller closes it.
+func openManifest(dir string, ops synth.Loader, quant *Quant) (*manifest, error) {
 	ck, err := OpenCheckpoint(dir)
 	if err != nil {
 		return nil, fmt.Errorf("hf: %w", err)
 	}
-	return &manifest{ck: ck, ops: ops, want: map[string][]int{}, may: map[string][]int{}}, nil
+	return &manifest{ck: ck, ops: ops, quant: quant, want: map[string][]int{}, may: map[string][]int{}}, nil
+}
+
+// declared returns the declared shape of name (needed or allowed).
+func (t *manifest) declared(name string) ([]int, bool) {
+	if shape, ok := t.want[name]; ok {
+		return shape, true
+	}
+	shape, ok := t.may[name]
+	return shape, ok
+}
+
+// checkScale checks the block scales of tensor name (shape shape), which
+// the checkpoint holds: none are needed unless it is fp8; then the
+// checkpoint must have a quantization_config, the tensor must be 2-D, and
+// ScaleName(name) must be there with shape [ceil(rows/br), ceil(cols/bc)].
+func (t *manifest) checkScale(name string, shape []int) error {
+	info, _ := t.ck.Info(name)
+	if !isFP8(info.Dtype) {
+		return nil
+	}
+	dir, sn := t.ck.dir, ScaleName(name)
+	switch {
+	case t.quant == nil:
+		return fmt.Errorf("hf: checkpoint %s: tensor %q is %s, but config.json has no quantization_config (quant_method fp8, weight_block_size)", dir, name, info.Dtype)
+	case len(shape) != 2:
+		return fmt.Errorf("hf: checkpoint %s: tensor %q is %s with shape %v: block scales cover 2-D weights only", dir, name, info.Dtype, shape)
+	}
+	want := scaleShape(shape[0], shape[1], t.quant.BlockSize)
+	si, ok := t.ck.Info(sn)
+	if !ok {
+		return fmt.Errorf("hf: checkpoint %s: tensor %q is missing: the %s tensor %q needs its block scales (want shape %v for weight_block_size %v)", dir, sn, info.Dtype, name, want, t.quant.BlockSize)
+	}
+	if !slices.Equal(si.Shape, toInt64(want)) {
+		return fmt.Errorf("hf: checkpoint %s: tensor %q has shape %v, want %v (the block scales of %q %v, weight_block_size %v)", dir, sn, si.Shape, want, name, shape, t.quant.BlockSize)
+	}
+	return nil
 }
 
 // close unmaps the checkpoint; tensors already loaded stay valid.
@@ -69,13 +111,17 @@ func (t *manifest) ends(embed, norm string, v, h int, tied bool) {
 // loadEnds loads the ends stage s runs (see ends): the embedding table on
 // the first stage and, when tied, on the last; the final norm and the LM
 // head on the last.
-func (t *manifest) loadEnds(s *Stage, embed, norm string) {
+func (t *manifest) loadEnds(s *Stage, embed, norm string) { t.loadEndsWith(s, embed, norm, t.load) }
+
+// loadEndsWith is loadEnds with the final norm's gains loaded by loadNorm
+// (Qwen3-Next's zero-centred norm: 1 + w).
+func (t *manifest) loadEndsWith(s *Stage, embed, norm string, loadNorm func(string) synth.Tensor) {
 	isLast := s.last == len(s.m.Layers)
 	if s.first == 0 || (isLast && s.cfg.Tied) {
 		s.embed = t.load(embed)
 	}
 	if isLast {
-		s.finalNorm = t.load(norm)
+		s.finalNorm = loadNorm(norm)
 		if s.cfg.Tied {
 			s.lmHead = s.embed
 		} else {
@@ -100,6 +146,14 @@ func (t *manifest) check(arch string, layers int) error {
 			continue
 		}
 		info, _ := t.ck.Info(name)
+		if base, ok := strings.CutSuffix(name, "_scale_inv"); ok {
+			if _, ok := t.declared(base); ok {
+				if bi, ok := t.ck.Info(base); ok && !isFP8(bi.Dtype) {
+					return fmt.Errorf("hf: checkpoint %s: tensor %q holds block scales of %q, which is %s, not fp8", dir, name, base, bi.Dtype)
+				}
+				continue // checked with its weight below (or the weight is reported missing)
+			}
+		}
 		return fmt.Errorf("hf: checkpoint %s: tensor %q (shape %v) is not a tensor of %s with %d layers", dir, name, info.Shape, arch, layers)
 	}
 	for _, name := range slices.Sorted(maps.Keys(t.want)) {
@@ -111,11 +165,21 @@ func (t *manifest) check(arch string, layers int) error {
 		if !slices.Equal(info.Shape, toInt64(shape)) {
 			return fmt.Errorf("hf: checkpoint %s: tensor %q has shape %v, want %v", dir, name, info.Shape, shape)
 		}
+		if err := t.checkScale(name, shape); err != nil {
+			return err
+		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(t.may)) {
 		shape := t.may[name]
-		if info, ok := t.ck.Info(name); ok && !slices.Equal(info.Shape, toInt64(shape)) {
+		info, ok := t.ck.Info(name)
+		if !ok {
+			continue
+		}
+		if !slices.Equal(info.Shape, toInt64(shape)) {
 			return fmt.Errorf("hf: checkpoint %s: tensor %q has shape %v, want %v", dir, name, info.Shape, shape)
+		}
+		if err := t.checkScale(name, shape); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -133,13 +197,20 @@ func (t *manifest) shape(name string) ([]int, bool) {
 
 // host returns tensor name in float32 on the host, or nil when it is not
 // declared, is an absent allowed one, or fails to read (err keeps the
-// first such error).
+// first such error). An fp8 tensor is dequantized here with its block
+// scales, to float32, the compute dtype Ops.Weight takes.
 func (t *manifest) host(name string) []float32 {
 	shape, ok := t.shape(name)
 	if !ok {
 		return nil
 	}
-	data, err := t.ck.Float32(name, shape...)
+	var data []float32
+	var err error
+	if info, _ := t.ck.Info(name); isFP8(info.Dtype) && t.quant != nil {
+		data, err = t.ck.Dequantize(name, t.quant.BlockSize, shape...)
+	} else {
+		data, err = t.ck.Float32(name, shape...)
+	}
 	if err != nil {
 		if t.lerr == nil {
 			t.lerr = err

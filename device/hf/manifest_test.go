@@ -70,7 +70,7 @@ func TestManifestCheck(t *testing.T) {
 			want = "hf: checkpoint " + dir + want[len("hf: checkpoint DIR"):]
 		}
 		for range 20 { // map order must not choose the tensor named
-			m, err := openManifest(dir, &device{})
+			m, err := openManifest(dir, &device{}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -90,7 +90,7 @@ func TestManifestCheck(t *testing.T) {
 func TestManifestLoad(t *testing.T) {
 	dir := manifestCheckpoint(t)
 	ops := &device{}
-	m, err := openManifest(dir, ops)
+	m, err := openManifest(dir, ops, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

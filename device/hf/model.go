@@ -8,7 +8,9 @@
 //
 //   - The safetensors reader (safetensors.go) maps model.safetensors or the
 //     shards of model.safetensors.index.json and converts F32, BF16 and
-//     F16 to float32.
+//     F16 to float32; fp8 weights (F8_E4M3, F8_E5M2) with their
+//     DeepSeek-style block scales are dequantized at load (fp8.go), so a
+//     checkpoint with a quantization_config runs on float32 weights.
 //   - The manifest (manifest.go) is every tensor an architecture's
 //     checkpoint must or may hold, with its shape, declared by each
 //     architecture's New and checked in one place: a missing, extra or
@@ -36,6 +38,10 @@
 //     sequence part runs on the device's Mamba2 kernel with the
 //     checkpoint's numerics (Stage.Mamba2Numerics: the gated norm's
 //     epsilon, and the dt floor transformers applies to prompt tokens only).
+//   - Qwen3-Next (qwen3next.go): Gated DeltaNet and gated full-attention
+//     layers, zero-centred RMSNorms, partial RoPE, MoE with a gated shared
+//     expert; the delta net runs on the device's GDN kernel (GDNOps, an
+//     optional interface of the device's ops).
 //
 // Greedy ties break to the lowest token id (synth.Ops.Argmax). The model
 // has no MTP head: drafts are refused.
@@ -107,7 +113,8 @@ type Stage struct {
 	rope        synth.RoPE
 	ds          *DeepSeekConfig // the DeepSeek families (deepseek.go): dsLayers in place of layers
 	dsLayers    []dsLayer
-	nemo        *nemotron // Nemotron-H's blocks (nemotron.go); nil for the Llama family
+	nemo        *nemotron  // Nemotron-H's blocks (nemotron.go); nil for the Llama family
+	q3n         *qwen3Next // Qwen3-Next's layers (qwen3next.go)
 }
 
 // Config returns the checkpoint's numerics the stage runs with.
@@ -141,6 +148,9 @@ func New(m spec.Model, dir string, first, last int, ops synth.Loader) (*Stage, e
 	if cfg.Arch == archNemotronH {
 		return newNemotron(m, dir, first, last, cfg, ops)
 	}
+	if cfg.Arch == archQwen3Next {
+		return newQwen3Next(m, dir, first, last, cfg, ops)
+	}
 	for _, l := range m.Layers {
 		if l.Mixer != spec.MixerGQA || l.FFN != spec.FFNDense {
 			return nil, fmt.Errorf("hf: model %q layer %d: mixer %q, ffn %q; the %s code runs gqa with a dense MLP", m.Name, l.Index, l.Mixer, l.FFN, m.Arch)
@@ -155,7 +165,7 @@ func New(m spec.Model, dir string, first, last int, ops synth.Loader) (*Stage, e
 		return nil, fmt.Errorf("hf: model %q: hidden %d, vocab %d, intermediate %d, heads %d, kv heads %d, head dim %d: want all > 0, an even head dim, kv heads dividing heads",
 			m.Name, h, v, inter, heads, kvh, d)
 	}
-	t, err := openManifest(dir, ops)
+	t, err := openManifest(dir, ops, cfg.Quant)
 	if err != nil {
 		return nil, err
 	}
@@ -338,6 +348,9 @@ func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x s
 	}
 	if s.nemo != nil {
 		return s.nemo.layer(ctx, ops, s, i, segs, x)
+	}
+	if s.q3n != nil {
+		return s.q3n.layer(ctx, ops, s, i, segs, x)
 	}
 	lw := &s.layers[i-s.first]
 	eps := s.cfg.Eps

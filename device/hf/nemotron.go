@@ -151,7 +151,7 @@ func newNemotron(m spec.Model, dir string, first, last int, cfg Config, ops synt
 	if h <= 0 || v <= 0 {
 		return nil, fmt.Errorf("hf: model %q: hidden %d, vocab %d: want both > 0", m.Name, h, v)
 	}
-	t, err := openManifest(dir, ops)
+	t, err := openManifest(dir, ops, cfg.Quant)
 	if err != nil {
 		return nil, err
 	}

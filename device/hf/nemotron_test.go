@@ -18,12 +18,17 @@ const nemotronGolden = "testdata/nemotron_h"
 // directory with config.json's keys set to edits and the tensor omit left
 // out of the file ("" keeps all).
 func copyNemotron(t *testing.T, edits map[string]any, omit string) string {
+	return copyGolden(t, nemotronGolden, edits, omit)
+}
+
+// copyGolden is copyNemotron for the golden checkpoint in src.
+func copyGolden(t *testing.T, src string, edits map[string]any, omit string) string {
 	t.Helper()
-	dst := filepath.Join(t.TempDir(), "nemotron_h")
+	dst := filepath.Join(t.TempDir(), filepath.Base(src))
 	if err := os.Mkdir(dst, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile(filepath.Join(nemotronGolden, "config.json"))
+	data, err := os.ReadFile(filepath.Join(src, "config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +45,7 @@ func copyNemotron(t *testing.T, edits map[string]any, omit string) string {
 	if err := os.WriteFile(filepath.Join(dst, "config.json"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ck, err := hf.OpenCheckpoint(nemotronGolden)
+	ck, err := hf.OpenCheckpoint(src)
 	if err != nil {
 		t.Fatal(err)
 	}

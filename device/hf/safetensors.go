@@ -24,13 +24,16 @@ type TensorInfo struct {
 }
 
 // elemBytes returns the bytes of one element of the dtypes the reader
-// converts (F32, BF16, F16), or 0.
+// converts (F32, BF16, F16; F8_E4M3 and F8_E5M2 with their block scales:
+// fp8.go), or 0.
 func elemBytes(dtype string) int {
 	switch dtype {
 	case "F32":
 		return 4
 	case "BF16", "F16":
 		return 2
+	case "F8_E4M3", "F8_E5M2":
+		return 1
 	}
 	return 0
 }
@@ -236,8 +239,8 @@ func (c *Checkpoint) Has(name string) bool { return c.where[name] != nil }
 
 // Float32 returns tensor name converted to float32, row-major, after
 // checking that its shape is want. Errors name the tensor: missing, a shape
-// other than want, or a dtype other than F32, BF16 and F16. The slice is
-// the caller's.
+// other than want, or a dtype other than F32, BF16 and F16 (an fp8 tensor
+// is read with Dequantize). The slice is the caller's.
 func (c *Checkpoint) Float32(name string, want ...int) ([]float32, error) {
 	f := c.where[name]
 	if f == nil {
@@ -269,7 +272,10 @@ func (c *Checkpoint) Float32(name string, want ...int) ([]float32, error) {
 		}
 		return out, nil
 	}
-	return nil, fmt.Errorf("checkpoint %s: tensor %q has dtype %s; the reader converts F32, BF16 and F16", c.dir, name, ti.Dtype)
+	if isFP8(ti.Dtype) {
+		return nil, fmt.Errorf("checkpoint %s: tensor %q has dtype %s: an fp8 weight is read with its block scales %q (Dequantize)", c.dir, name, ti.Dtype, ScaleName(name))
+	}
+	return nil, fmt.Errorf("checkpoint %s: tensor %q has dtype %s; the reader converts F32, BF16 and F16 (and F8_E4M3, F8_E5M2 with block scales)", c.dir, name, ti.Dtype)
 }
 
 func toInt64(v []int) []int64 {

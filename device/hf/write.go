@@ -9,17 +9,19 @@ import (
 )
 
 // Named is one tensor to write: float32 data, row-major, stored at Dtype
-// (F32, or BF16 rounded to nearest even).
+// (F32, BF16 rounded to nearest even, or F8_E4M3 rounded to nearest
+// even: QuantizeFP8 makes a weight and its block scales).
 type Named struct {
 	Name  string
 	Shape []int
-	Dtype string // "F32" (default) or "BF16"
+	Dtype string // "F32" (default), "BF16" or "F8_E4M3"
 	Data  []float32
 }
 
 // WriteSafetensors writes tensors, in order, and the string metadata meta
 // (nil: none) as a safetensors file at path. Errors name the tensor whose
-// data does not fill its shape, or its unknown dtype.
+// data does not fill its shape, its unknown dtype, or an F8_E4M3 value of
+// magnitude 464 or more (beyond the format's 448).
 func WriteSafetensors(path string, tensors []Named, meta map[string]string) error {
 	header := map[string]any{}
 	if meta != nil {
@@ -48,8 +50,16 @@ func WriteSafetensors(path string, tensors []Named, meta map[string]string) erro
 			for _, v := range t.Data {
 				body = binary.LittleEndian.AppendUint16(body, bf16(v))
 			}
+		case "F8_E4M3":
+			for i, v := range t.Data {
+				b, ok := Float32ToE4M3(v)
+				if !ok {
+					return fmt.Errorf("safetensors: tensor %q: element %d = %v is beyond the F8_E4M3 range (|v| < 464)", t.Name, i, v)
+				}
+				body = append(body, b)
+			}
 		default:
-			return fmt.Errorf("safetensors: tensor %q: dtype %q: the writer stores F32 and BF16", t.Name, dt)
+			return fmt.Errorf("safetensors: tensor %q: dtype %q: the writer stores F32, BF16 and F8_E4M3", t.Name, dt)
 		}
 		shape := t.Shape
 		if shape == nil {

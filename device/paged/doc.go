@@ -13,5 +13,5 @@
 // (token row stride BytesPerToken); a state pool's block (TokensPerBlock 0)
 // holds, for each layer in order, its conv then its ssm state. Row formats
 // are the cpu kernels' (kernel.GQA, kernel.MLA, kernel.Indexer,
-// kernel.Mamba2).
+// kernel.Mamba2, kernel.GDN).
 package paged

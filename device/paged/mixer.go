@@ -22,12 +22,19 @@ type Mixer struct {
 	GQA   kernel.GQA
 	DSA   kernel.DSA // MLA in dsa.MLA; the indexer only for KernelDSA
 	Mamba kernel.Mamba2
+	GDN   kernel.GDN
 }
 
 // NewMixer configures layer l's kernel k, the backend's choice for
 // l.Mixer. kvDtype is the attention cache dtype; conv and ssm the Mamba
-// state dtypes. Errors name the layer, the field and the limit.
+// state dtypes. A Mamba layer of a Qwen3-Next model (ArchGDN: core/model
+// maps its Gated DeltaNet layers onto the Mamba mixer, with the same state
+// buffers) runs KernelGDN where the backend chose the state-space kernel
+// KernelMamba2. Errors name the layer, the field and the limit.
 func NewMixer(m *spec.Model, l spec.Layer, k device.Kernel, kvDtype, conv, ssm kernel.Dtype) (*Mixer, error) {
+	if k == device.KernelMamba2 && m.Arch == ArchGDN {
+		k = device.KernelGDN
+	}
 	x := &Mixer{Layer: l.Index, Kind: k}
 	switch k {
 	case device.KernelNone:
@@ -69,6 +76,14 @@ func NewMixer(m *spec.Model, l spec.Layer, k device.Kernel, kvDtype, conv, ssm k
 		if err := x.Mamba.Validate(); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", l.Index, err)
 		}
+	case device.KernelGDN:
+		// The mapping of core/model.parseQwen3Next: value heads, value head
+		// dim, key head dim, key heads.
+		x.GDN = kernel.GDN{Heads: m.MambaHeads, VDim: m.MambaHeadDim, KDim: m.SSMStateSize, KHeads: m.NGroups,
+			ConvKernel: m.ConvKernel, ConvDtype: conv, SSMDtype: ssm, Eps: synth.NormEps}
+		if err := x.GDN.Validate(); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", l.Index, err)
+		}
 	default:
 		return nil, fmt.Errorf("layer %d: mixer %q: kernel %v does not run on the computing devices", l.Index, l.Mixer, k)
 	}
@@ -107,6 +122,8 @@ func (x *Mixer) OutWidth() int {
 		return x.DSA.MLA.Heads * x.DSA.MLA.VHeadDim
 	case device.KernelMamba2:
 		return x.Mamba.Inner()
+	case device.KernelGDN:
+		return x.GDN.Inner()
 	}
 	return 0
 }
@@ -186,6 +203,11 @@ func CheckWidths(x *Mixer, l spec.Layer) error {
 			ws = append(ws, want{spec.RoleConvState, c, false})
 		}
 		ws = append(ws, want{spec.RoleSSMState, x.Mamba.SSMBytes(), false})
+	case device.KernelGDN:
+		if c := x.GDN.ConvBytes(); c > 0 {
+			ws = append(ws, want{spec.RoleConvState, c, false})
+		}
+		ws = append(ws, want{spec.RoleSSMState, x.GDN.SSMBytes(), false})
 	}
 	if len(l.Buffers) != len(ws) {
 		return fmt.Errorf("layer %d (%s): %d cache buffers, the %s kernel uses %d", l.Index, l.Mixer, len(l.Buffers), x.Kind, len(ws))
@@ -235,6 +257,21 @@ func CheckpointMamba(mix map[int]*Mixer, hs *hf.Stage) {
 	for _, x := range mix {
 		if x.Kind == device.KernelMamba2 {
 			x.Mamba.Eps, x.Mamba.DtMin = eps, dtMin
+		}
+	}
+}
+
+// CheckpointGDN sets the GDN kernels of mix to a Qwen3-Next checkpoint's
+// gated-norm epsilon (hf.Stage.GDNNumerics: rms_norm_eps), which the
+// synthetic default (synth.NormEps) need not match.
+func CheckpointGDN(mix map[int]*Mixer, hs *hf.Stage) {
+	eps, ok := hs.GDNNumerics()
+	if !ok {
+		return
+	}
+	for _, x := range mix {
+		if x.Kind == device.KernelGDN {
+			x.GDN.Eps = eps
 		}
 	}
 }

@@ -12,7 +12,9 @@ import (
 )
 
 // ArchGDN is Qwen3-Next, whose Gated DeltaNet layers core/model maps onto
-// the Mamba mixer for sizing; the kernels run Mamba2, not GDN.
+// the Mamba mixer for sizing; their kernel is KernelGDN (NewMixer), which
+// only a checkpoint's model code (package hf) calls: the synthetic model
+// has no GDN layer.
 const ArchGDN = "Qwen3NextForCausalLM"
 
 // Stage is what a computing device knows of its stage before its first
@@ -22,7 +24,7 @@ const ArchGDN = "Qwen3NextForCausalLM"
 type Stage struct {
 	Mix    map[int]*Mixer     // mixer layers by layer index
 	Place  map[int]*Placement // by layer index
-	Mambas []int              // the Mamba2 layers, ascending
+	Mambas []int              // the state-space layers (Mamba2, GDN), ascending
 	// Pools is the config's layout, Layers included (the runtime's
 	// device.Stage.Pools drop them), each with its Layers cloned.
 	Pools       []kvcache.Pool
@@ -35,7 +37,8 @@ type Stage struct {
 
 // NewStage checks stage s for a computing device named dev and loads its
 // model's weights through load. It fails, naming the field, the value and
-// the limit, on tensor parallelism > 1, a GDN model (Qwen3-Next), a KV
+// the limit, on tensor parallelism > 1, a synthetic GDN model (Qwen3-Next
+// without a checkpoint: the synthetic model has no GDN layer), a KV
 // dtype other than bf16, fp8 or float32, more draft tokens than the model's
 // MTP layers, buffer widths the kernels do not produce, a pool whose
 // BlockBytes differs from the in-block layout (see the package doc), or a
@@ -46,10 +49,11 @@ func NewStage(dev string, s device.Stage, load synth.Loader) (*Stage, error) {
 	if cfg.TensorParallel > 1 {
 		return nil, fmt.Errorf("tensor_parallel %d: the %s device runs one rank (limit 1)", cfg.TensorParallel, dev)
 	}
-	if m.Arch == ArchGDN {
+	if m.Arch == ArchGDN && m.Checkpoint == "" {
 		for _, l := range s.Layers {
 			if l.Mixer == spec.MixerMamba {
-				return nil, fmt.Errorf("model %q arch %s: layer %d is Gated DeltaNet, which the %s kernels cannot run (they run Mamba2)", m.Name, m.Arch, l.Index, dev)
+				return nil, fmt.Errorf("model %q arch %s: layer %d is Gated DeltaNet, which the synthetic model does not have; the %s device runs it from a checkpoint directory (model: DIR)",
+					m.Name, m.Arch, l.Index, dev)
 			}
 		}
 	}
@@ -69,7 +73,7 @@ func NewStage(dev string, s device.Stage, load synth.Loader) (*Stage, error) {
 		return nil, err
 	}
 	for _, l := range s.Layers {
-		if x := st.Mix[l.Index]; x != nil && x.Kind == device.KernelMamba2 {
+		if x := st.Mix[l.Index]; x != nil && (x.Kind == device.KernelMamba2 || x.Kind == device.KernelGDN) {
 			st.Mambas = append(st.Mambas, l.Index)
 		}
 	}
@@ -86,6 +90,7 @@ func NewStage(dev string, s device.Stage, load synth.Loader) (*Stage, error) {
 			return nil, err
 		}
 		CheckpointMamba(st.Mix, hs)
+		CheckpointGDN(st.Mix, hs)
 		st.HF = hs
 		st.Model = hs.Forward
 		return st, nil
