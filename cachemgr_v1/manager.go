@@ -60,6 +60,11 @@
 // parent, which is harmless: Lookup stops at the first missing hash, and the
 // child is evicted in its turn.
 //
+// A request's cache salt starts its chain: the first block's parent is the
+// salt's hash (zero without a salt, so unsalted chains are unchanged), and
+// two salts never share a block. With Config.KVEvents the first paged pool's
+// registrations and evictions are reported as KV events (events.go).
+//
 // # Concurrency and allocation
 //
 // A Manager is not safe for concurrent use (the contract calls it from one
