@@ -164,7 +164,7 @@ func BenchmarkHashTokens(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		dst = h.chain(dst[:0], p, tokens/tpb)
+		dst = h.chain(dst[:0], "", p, tokens/tpb)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/tokens, "ns/token")
 }

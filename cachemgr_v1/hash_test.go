@@ -13,8 +13,8 @@ func TestHashChain(t *testing.T) {
 	h := newHasher(tpb)
 	a := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, -7}
 	b := []int32{1, 2, 3, 4, 5, 6, 7, 9, 9, 10, 11, 12}
-	ha := h.chain(nil, a, 3)
-	hb := h.chain(nil, b, 3)
+	ha := h.chain(nil, "", a, 3)
+	hb := h.chain(nil, "", b, 3)
 	if ha[0] != hb[0] || ha[1] == hb[1] || ha[2] == hb[2] {
 		t.Errorf("chains a %v b %v: want equal first hashes, then different from the first differing block on", ha, hb)
 	}

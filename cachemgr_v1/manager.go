@@ -60,6 +60,11 @@
 // parent, which is harmless: Lookup stops at the first missing hash, and the
 // child is evicted in its turn.
 //
+// A request's cache salt starts its chain: the first block's parent is the
+// salt's hash (zero without a salt, so unsalted chains are unchanged), and
+// two salts never share a block. With Config.KVEvents the first paged pool's
+// registrations and evictions are reported as KV events (events.go).
+//
 // # Concurrency and allocation
 //
 // A Manager is not safe for concurrent use (the contract calls it from one
@@ -113,7 +118,8 @@ type Manager struct {
 	// find sequences here before asking the map.
 	hint []*sequence
 
-	c counters
+	c  counters
+	ev events
 }
 
 type counters struct {
@@ -146,6 +152,7 @@ type sequence struct {
 
 	hashes     []xxh3.Uint128 // chain hashes of the full prompt blocks (reuse on)
 	registered int            // prompt blocks registered so far
+	prompt     []int32        // the full prompt blocks, kept only with KV events on
 }
 
 // New returns an unconfigured manager.
@@ -166,6 +173,8 @@ func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
 			HostTier:    false,
 			SSMState:    true,
 			SSMReuse:    false,
+			CacheSalt:   true,
+			KVEvents:    true,
 		},
 	}, nil
 }
@@ -197,6 +206,11 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 			continue
 		}
 		m.paged = append(m.paged, newPool(p.pool.ID, p.pool.Window, m.tpb, p.pool.Blocks, m.reuse))
+	}
+	if cfg.KVEvents && m.reuse && len(m.paged) > 0 {
+		m.ev.on = true
+		m.ev.add(kvcache.Event{Kind: kvcache.AllBlocksCleared})
+		m.paged[0].evicted = m.ev.removed
 	}
 	m.seqs = make(map[kvcache.SeqID]*sequence, 2*cfg.MaxBatchSize*cfg.Stages)
 	m.h = newHasher(m.tpb)
@@ -231,7 +245,7 @@ func (m *Manager) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int
 			continue
 		}
 		max := (len(prompt) - 1) / m.tpb
-		var parent xxh3.Uint128
+		parent := saltRoot(items[i].CacheSalt)
 		n := 0
 		for ; n < max; n++ {
 			h := m.h.next(parent, prompt[n*m.tpb:(n+1)*m.tpb])
@@ -347,7 +361,7 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 			return s, invalid(it.Seq, "New for a sequence that already exists (history %s)", commas(s.history))
 		}
 		if m.reuse && len(it.Prompt) >= m.tpb {
-			m.hashes = m.h.chain(m.hashes[:0], it.Prompt, len(it.Prompt)/m.tpb)
+			m.hashes = m.h.chain(m.hashes[:0], it.CacheSalt, it.Prompt, len(it.Prompt)/m.tpb)
 			hashes = m.hashes
 		}
 		if it.Reuse > 0 {
@@ -437,6 +451,9 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 		s.registered = reuseBlocks
 		s.reused = it.Reuse
 		s.hashes = append(s.hashes[:0], hashes...)
+		if m.ev.on {
+			s.prompt = append(s.prompt[:0], it.Prompt[:len(hashes)*m.tpb]...)
+		}
 		m.c.reusedTokens += int64(it.Reuse)
 		m.seqs[it.Seq] = s
 	}
@@ -501,13 +518,13 @@ func (m *Manager) newSeq(id kvcache.SeqID) *sequence {
 			undoKeep: make([]int32, n),
 		}
 	}
-	hashes, tables := s.hashes[:0], s.tables
+	hashes, tables, prompt := s.hashes[:0], s.tables, s.prompt[:0]
 	for i := range tables {
 		tables[i] = tables[i][:0]
 		s.stale[i], s.told[i], s.keep[i] = 0, 0, 0
 	}
 	*s = sequence{
-		id: id, live: true, slot: noBlock, hashes: hashes, tables: tables,
+		id: id, live: true, slot: noBlock, hashes: hashes, tables: tables, prompt: prompt,
 		stale: s.stale, told: s.told, keep: s.keep,
 		undoLen: s.undoLen, undoTold: s.undoTold, undoKeep: s.undoKeep,
 	}
@@ -605,8 +622,8 @@ func (m *Manager) commitOne(s *sequence, accepted int) {
 		}
 		// Register full prompt blocks before any leaves the window.
 		for j := s.registered; j < full; j++ {
-			if b := t[j]; b != noBlock {
-				p.register(b, s.hashes[j])
+			if b := t[j]; b != noBlock && p.register(b, s.hashes[j]) && pi == 0 && m.ev.on {
+				m.ev.stored(s, j, m.tpb)
 			}
 		}
 		if p.window > 0 && s.history > p.window {

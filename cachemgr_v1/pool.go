@@ -41,6 +41,9 @@ type pool struct {
 	nreg  int // registered blocks (entries in index)
 
 	evictions int64
+	// evicted, when set (KV events on, first pool), is told the hash of
+	// each cached block alloc evicts.
+	evicted func(h xxh3.Uint128)
 }
 
 func newPool(id, window, tpb, n int, reuse bool) *pool {
@@ -88,6 +91,9 @@ func (p *pool) alloc() kvcache.BlockID {
 	b := p.next[p.n]
 	p.unlink(b)
 	p.cached--
+	if p.evicted != nil {
+		p.evicted(p.hash[b])
+	}
 	p.unindex(b)
 	p.hashed[b] = false
 	p.evictions++
@@ -121,22 +127,23 @@ func (p *pool) release(b kvcache.BlockID) {
 }
 
 // register records that in-use block b holds the full block whose chain hash
-// is h. When another block already holds h it keeps it and b stays
-// unregistered (no duplicates).
-func (p *pool) register(b kvcache.BlockID, h xxh3.Uint128) {
+// is h, and reports whether b is newly registered. When another block
+// already holds h it keeps it and b stays unregistered (no duplicates).
+func (p *pool) register(b kvcache.BlockID, h xxh3.Uint128) bool {
 	if p.hashed[b] {
-		return
+		return false
 	}
 	i := h.Lo & p.mask
 	for ; p.index[i] != 0; i = (i + 1) & p.mask {
 		if p.hash[p.index[i]-1] == h {
-			return
+			return false
 		}
 	}
 	p.index[i] = int32(b) + 1
 	p.hash[b] = h
 	p.hashed[b] = true
 	p.nreg++
+	return true
 }
 
 // lookup returns the block registered under h.

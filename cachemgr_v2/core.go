@@ -110,6 +110,9 @@ func (c *Core) Init(cc CoreConfig) {
 		c.pools = append(c.pools, c.host...)
 	}
 	c.tree = NewTree(c.tpb, c.dev)
+	if cfg.KVEvents && c.reuse {
+		c.tree.ev = &events{list: []kvcache.Event{{Kind: kvcache.AllBlocksCleared}}}
+	}
 }
 
 // SetPartialReuse turns partial-block reuse on or off (see the package doc,
@@ -143,6 +146,7 @@ type Seq struct {
 
 	prompt  []int32 // the prompt's full blocks, kept when block reuse is on
 	plen    int     // the prompt's length, when prompt is kept
+	salt    string  // the cache salt its blocks are stored under, with prompt
 	path    []*Node // pinned: path[i] holds prompt block i, and table block i is its page
 	regStop bool    // a hash collision stopped registration
 	cow     *Node   // pinned source of a copy-on-write, until the next Commit
@@ -182,6 +186,9 @@ func (s *Seq) Suspended() bool { return s.suspended }
 // then); the slice belongs to s.
 func (s *Seq) Prompt() []int32 { return s.prompt }
 func (s *Seq) PromptLen() int  { return s.plen }
+
+// Salt is the cache salt s's prompt blocks are stored under ("" for none).
+func (s *Seq) Salt() string { return s.salt }
 
 // Path is s's pinned tree path: Path()[i] holds prompt block i. The slice
 // belongs to s and changes at Commit.
@@ -237,20 +244,20 @@ func (c *Core) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, e
 		p := items[i].Prompt
 		c.stats.LookupTokens += int64(len(p))
 		if c.reuse && len(p) > 1 {
-			out[i] = c.lookup(p)
+			out[i] = c.lookup(items[i].CacheSalt, p)
 		}
 	}
 	return out, nil
 }
 
-func (c *Core) lookup(p []int32) int {
+func (c *Core) lookup(salt string, p []int32) int {
 	limit, tpb := len(p)-1, c.tpb
 	if c.hooks == nil && !c.partial {
-		return c.tree.MatchLen(p, limit/tpb) * tpb
+		return c.tree.matchLen(salt, p, limit/tpb) * tpb
 	}
 	n, best, i := c.tree.root, 0, 0
 	for ; i < limit/tpb; i++ {
-		ch := c.tree.child(n, p[i*tpb:(i+1)*tpb])
+		ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
 		if ch == nil || !ch.complete() {
 			break
 		}
@@ -260,7 +267,7 @@ func (c *Core) lookup(p []int32) int {
 		}
 	}
 	if c.partial && best == i*tpb {
-		if _, k := c.tree.MatchPartial(n, p[i*tpb:min((i+1)*tpb, limit)]); k > 0 && c.reusable(n, i*tpb+k) {
+		if _, k := c.tree.matchPartial(n, salt, p[i*tpb:min((i+1)*tpb, limit)]); k > 0 && c.reusable(n, i*tpb+k) {
 			best = i*tpb + k
 		}
 	}
@@ -375,14 +382,14 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 	s := c.newSeq(it.Seq)
 	full, rem := reuse/tpb, reuse%tpb
 	if reuse > 0 {
-		s.path = c.tree.Match(it.Prompt, full, s.path)
+		s.path = c.tree.match(it.CacheSalt, it.Prompt, full, s.path)
 		got := len(s.path) * tpb
 		end := c.tree.root
 		if len(s.path) > 0 {
 			end = s.path[len(s.path)-1]
 		}
 		if len(s.path) == full && rem > 0 {
-			src, k := c.tree.MatchPartial(end, it.Prompt[full*tpb:min((full+1)*tpb, len(it.Prompt)-1)])
+			src, k := c.tree.matchPartial(end, it.CacheSalt, it.Prompt[full*tpb:min((full+1)*tpb, len(it.Prompt)-1)])
 			if k >= rem {
 				s.cow = src
 			}
@@ -429,6 +436,7 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 	if c.reuse && len(it.Prompt) >= tpb {
 		s.prompt = append(s.prompt, it.Prompt[:len(it.Prompt)/tpb*tpb]...)
 		s.plen = len(it.Prompt)
+		s.salt = it.CacheSalt
 	}
 	s.led = Ledger{History: reuse, Capacity: reuse}
 	s.led.Reserve(it.Tokens, it.Draft, it.Hold)
@@ -644,7 +652,7 @@ func (c *Core) register(s *Seq) {
 		for g := range c.pages {
 			c.pages[g] = s.tables[g][i]
 		}
-		n, adopted := c.tree.Extend(parent, s.prompt[i*c.tpb:(i+1)*c.tpb], c.pages)
+		n, adopted := c.tree.extend(parent, s.salt, s.prompt[i*c.tpb:(i+1)*c.tpb], c.pages)
 		switch {
 		case n == nil:
 			s.regStop = true

@@ -71,6 +71,14 @@
 // private copy of a cached block (one max_seq_len request still fits
 // alone), and Commit references no block that was unreferenced.
 //
+// A request's cache salt (LookupItem and ReserveItem CacheSalt) keys the
+// root's children: a first block's key mixes in the salt and a match checks
+// it, so each salt has its own subtree and two salts never share a node or a
+// page; without a salt the keys are what they always were. With
+// Config.KVEvents the tree reports a node that adopts pages as BlockStored
+// and an evicted one as BlockRemoved (events.go), hashed as a chain from the
+// salt; off, it computes and records nothing.
+//
 // # Safety
 //
 // Reserve is the only place blocks are allocated and cached blocks evicted;

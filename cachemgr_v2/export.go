@@ -14,7 +14,13 @@ func (n *Node) Complete() bool { return n.complete() }
 
 // Child returns parent's child holding exactly tokens (one full block), or
 // nil. It changes nothing.
-func (t *Tree) Child(parent *Node, tokens []int32) *Node { return t.child(parent, tokens) }
+func (t *Tree) Child(parent *Node, tokens []int32) *Node { return t.child(parent, "", tokens) }
+
+// SaltedChild is Child under cache salt salt: a child of the root matches
+// only a block stored under the same salt.
+func (t *Tree) SaltedChild(parent *Node, salt string, tokens []int32) *Node {
+	return t.child(parent, salt, tokens)
+}
 
 // EvictLeaf is EvictOne that returns the evicted node (nil when nothing is
 // evictable). The node keeps its place in the tree, without pages, until a

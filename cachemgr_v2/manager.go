@@ -37,6 +37,8 @@ func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
 		Mixers:      []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA},
 		PrefixReuse: true,
 		HostTier:    true,
+		CacheSalt:   true,
+		KVEvents:    true,
 	})
 }
 

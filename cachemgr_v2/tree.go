@@ -31,11 +31,17 @@ type Node struct {
 	pins     int32
 	liveKids int32 // children that hold at least one page
 	prio     int8
-	tick     uint64 // LRU key: when the last pin went away
-	heapIdx  int32  // position in the eviction heap; -1 when not in it
-	queued   bool   // in the prune queue
-	allIdx   int32  // position in Tree.all while attached
-	gen      uint32 // bumped each time the node is (re)used for a block (newNode)
+	// salt is the cache salt of a child of the root (its key mixes it in);
+	// "" elsewhere. Deeper nodes inherit their ancestor's by position.
+	salt string
+	// chain is the node's prefix hash for KV events (the salt and every
+	// block from the root); computed only with events on.
+	chain   uint64
+	tick    uint64 // LRU key: when the last pin went away
+	heapIdx int32  // position in the eviction heap; -1 when not in it
+	queued  bool   // in the prune queue
+	allIdx  int32  // position in Tree.all while attached
+	gen     uint32 // bumped each time the node is (re)used for a block (newNode)
 
 	// Scratch of the deep self-check (Tree.Check), valid while chkEpoch is
 	// the tree's check epoch: recounting in the nodes themselves instead of
@@ -94,6 +100,7 @@ type Tree struct {
 	spare     []*Node
 	epoch     uint32  // of the current deep self-check (BeginCheck)
 	counted   []*Node // nodes CountPin counted in this check
+	ev        *events // KV events; nil when off
 }
 
 // NewTree returns an empty tree of blocks of tpb tokens whose nodes hold one
@@ -123,10 +130,31 @@ func hashTokens(tokens []int32) uint64 {
 	return xxh3.Hash(unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens)))
 }
 
-// child returns parent's child holding exactly tokens, or nil.
-func (t *Tree) child(parent *Node, tokens []int32) *Node {
-	c := parent.children[hashTokens(tokens)]
-	if c == nil || !slices.Equal(c.tokens, tokens) {
+// saltKey is the key, under the root, of a first block whose token hash is
+// h under cache salt salt: h itself for "" (the unsalted tree is keyed as it
+// always was), else h mixed with a hash of the salt. A hit is confirmed by
+// comparing the tokens and the salt, so two salts never share a node.
+func saltKey(h uint64, salt string) uint64 {
+	if salt == "" {
+		return h
+	}
+	return h ^ xxh3.HashString("kvx/cache_salt\x00"+salt)
+}
+
+// key is the key of parent's child holding tokens under salt.
+func (t *Tree) key(parent *Node, salt string, tokens []int32) uint64 {
+	h := hashTokens(tokens)
+	if parent == t.root {
+		h = saltKey(h, salt)
+	}
+	return h
+}
+
+// child returns parent's child holding exactly tokens (under salt, when
+// parent is the root), or nil.
+func (t *Tree) child(parent *Node, salt string, tokens []int32) *Node {
+	c := parent.children[t.key(parent, salt, tokens)]
+	if c == nil || !slices.Equal(c.tokens, tokens) || c.salt != salt && parent == t.root {
 		return nil
 	}
 	return c
@@ -136,9 +164,14 @@ func (t *Tree) child(parent *Node, tokens []int32) *Node {
 // to maxBlocks blocks, and appends each matched node that holds all its pages
 // to path. It changes nothing; the nodes are not pinned.
 func (t *Tree) Match(tokens []int32, maxBlocks int, path []*Node) []*Node {
+	return t.match("", tokens, maxBlocks, path)
+}
+
+// match is Match under cache salt salt.
+func (t *Tree) match(salt string, tokens []int32, maxBlocks int, path []*Node) []*Node {
 	n := t.root
 	for i := 0; i < maxBlocks; i++ {
-		c := t.child(n, tokens[i*t.tpb:(i+1)*t.tpb])
+		c := t.child(n, salt, tokens[i*t.tpb:(i+1)*t.tpb])
 		if c == nil || !c.complete() {
 			break
 		}
@@ -150,10 +183,15 @@ func (t *Tree) Match(tokens []int32, maxBlocks int, path []*Node) []*Node {
 
 // MatchLen is Match that only counts the matched blocks.
 func (t *Tree) MatchLen(tokens []int32, maxBlocks int) int {
+	return t.matchLen("", tokens, maxBlocks)
+}
+
+// matchLen is MatchLen under cache salt salt.
+func (t *Tree) matchLen(salt string, tokens []int32, maxBlocks int) int {
 	n := t.root
 	i := 0
 	for ; i < maxBlocks; i++ {
-		c := t.child(n, tokens[i*t.tpb:(i+1)*t.tpb])
+		c := t.child(n, salt, tokens[i*t.tpb:(i+1)*t.tpb])
 		if c == nil || !c.complete() {
 			break
 		}
@@ -168,10 +206,16 @@ func (t *Tree) MatchLen(tokens []int32, maxBlocks int) int {
 // block can be copied into a private block (copy-on-write). It changes
 // nothing. len(tokens) may be shorter than a block.
 func (t *Tree) MatchPartial(parent *Node, tokens []int32) (*Node, int) {
+	return t.matchPartial(parent, "", tokens)
+}
+
+// matchPartial is MatchPartial under cache salt salt (which matters when
+// parent is the root).
+func (t *Tree) matchPartial(parent *Node, salt string, tokens []int32) (*Node, int) {
 	var best *Node
 	bestN := 0
 	for _, c := range parent.children {
-		if !c.complete() {
+		if !c.complete() || parent == t.root && c.salt != salt {
 			continue
 		}
 		n := 0
@@ -202,16 +246,28 @@ func (t *Tree) MatchPartial(parent *Node, tokens []int32) (*Node, int) {
 // practice): the caller stops registering that sequence's blocks. Extend
 // never allocates blocks, never evicts and never prunes.
 func (t *Tree) Extend(parent *Node, tokens []int32, pages []kvcache.BlockID) (n *Node, adopted bool) {
-	h := hashTokens(tokens)
+	return t.extend(parent, "", tokens, pages)
+}
+
+// extend is Extend under cache salt salt (which matters when parent is the
+// root). With KV events on, a node that adopts pages is reported stored.
+func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache.BlockID) (n *Node, adopted bool) {
+	h := t.key(parent, salt, tokens)
 	c := parent.children[h]
 	switch {
 	case c == nil:
 		c = t.newNode(parent, h, tokens)
+		if parent == t.root {
+			c.salt = salt
+		}
+		if t.ev != nil {
+			c.chain = t.ev.chain(parent, c, salt)
+		}
 		if parent.children == nil {
 			parent.children = make(map[uint64]*Node, 1)
 		}
 		parent.children[h] = c
-	case !slices.Equal(c.tokens, tokens):
+	case !slices.Equal(c.tokens, tokens) || parent == t.root && c.salt != salt:
 		return nil, false
 	}
 	t.Pin(c)
@@ -224,6 +280,9 @@ func (t *Tree) Extend(parent *Node, tokens []int32, pages []kvcache.BlockID) (n 
 	}
 	c.nPages = len(pages)
 	t.addLiveKid(parent)
+	if t.ev != nil {
+		t.ev.stored(t, c)
+	}
 	return c, true
 }
 
@@ -320,6 +379,9 @@ func (t *Tree) evictLeaf() *Node {
 	}
 	n.nPages = 0
 	t.evictable--
+	if t.ev != nil {
+		t.ev.removed(n)
+	}
 	p := n.parent
 	p.liveKids--
 	if p != t.root && p.liveKids == 0 && p.pins == 0 && p.nPages > 0 {
@@ -353,7 +415,7 @@ func (t *Tree) Prune() {
 }
 
 func (t *Tree) recycle(n *Node) {
-	n.parent = nil
+	n.parent, n.salt, n.chain = nil, "", 0
 	n.tokens = n.tokens[:0] // children is empty and kept for reuse
 	last := t.all[len(t.all)-1]
 	t.all[n.allIdx], last.allIdx = last, n.allIdx

@@ -105,6 +105,8 @@ func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
 		HostTier:    true,
 		SSMState:    true,
 		SSMReuse:    true,
+		CacheSalt:   true,
+		KVEvents:    true,
 	})
 }
 
@@ -456,7 +458,7 @@ func (l *life) planSnaps(s *cachemgrv2.Seq, x *seqState, tokens int) {
 			if depth <= len(path) {
 				node = path[depth-1]
 			} else {
-				node = l.tree.Child(node, prompt[(depth-1)*tpb:depth*tpb])
+				node = l.tree.SaltedChild(node, s.Salt(), prompt[(depth-1)*tpb:depth*tpb])
 			}
 		}
 		if node != nil && node.Complete() && l.snaps[node] != nil {

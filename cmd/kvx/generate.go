@@ -22,6 +22,7 @@ import (
 	"github.com/kvx-dev/kvx/core/workload"
 	hftok "github.com/kvx-dev/kvx/device/hf/tok"
 	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
@@ -317,6 +318,7 @@ type promptLine struct {
 	PromptIDs *[]int64 `json:"prompt_ids"`
 	Prompt    *string  `json:"prompt"`
 	MaxTokens *int64   `json:"max_tokens"`
+	CacheSalt *string  `json:"cache_salt"`
 }
 
 // readPrompts reads the prompts file: one completion per non-blank line,
@@ -404,6 +406,15 @@ func parsePrompt(raw []byte, lim promptLimits) (*workload.Prompt, string) {
 			mt, n, n+mt, lim.maxSeqLen, int64(lim.maxSeqLen)-n)
 	}
 	p.MaxTokens = int(mt)
+	if pl.CacheSalt != nil {
+		switch s := *pl.CacheSalt; {
+		case s == "":
+			return nil, "cache_salt is empty: give a non-empty string, or leave it out for the shared cache"
+		case len(s) > kvcache.MaxCacheSaltBytes:
+			return nil, fmt.Sprintf("cache_salt is %d bytes: the limit is %d", len(s), kvcache.MaxCacheSaltBytes)
+		}
+		p.CacheSalt = *pl.CacheSalt
+	}
 	if err := workload.CheckPrompt(*p, lim.vocab); err != nil {
 		return nil, strings.TrimPrefix(err.Error(), "workload: ")
 	}

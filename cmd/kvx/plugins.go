@@ -45,7 +45,7 @@ func newPluginsCmd(g *globals) *cobra.Command {
 					for _, x := range []struct {
 						on   bool
 						name string
-					}{{c.PrefixReuse, "prefix-reuse"}, {c.HostTier, "host-tier"}, {c.SSMState, "ssm-state"}, {c.SSMReuse, "ssm-reuse"}} {
+					}{{c.PrefixReuse, "prefix-reuse"}, {c.HostTier, "host-tier"}, {c.SSMState, "ssm-state"}, {c.SSMReuse, "ssm-reuse"}, {c.CacheSalt, "cache-salt"}, {c.KVEvents, "kv-events"}} {
 						if x.on {
 							caps = append(caps, x.name)
 						}

@@ -140,6 +140,15 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	}
 	l := setup.NewLauncher(cfg, builtin.Registry(), log)
 	defer l.Close()
+	if ev := cfg.KVEvents; ev.EnableKVCacheEvents && ev.Publisher == "zmq" {
+		pub, err := serve.NewPublisher(serve.EventsOptions{Endpoint: ev.Endpoint, ReplayEndpoint: ev.ReplayEndpoint, BufferSteps: ev.BufferSteps, Topic: ev.Topic})
+		if err != nil {
+			return usageErr(fmt.Errorf("serve: %w", err))
+		}
+		defer pub.Close() // after the engine stopped: what it reported goes out
+		res.Spec.KVEvents = pub
+		fmt.Fprintf(os.Stderr, "kvx serve: KV events on %s (replay %q)\n", ev.Endpoint, ev.ReplayEndpoint)
+	}
 	// The engine outlives a stop signal: the requests in flight finish
 	// first (the drain below), then Stop ends it.
 	lv, err := engine.StartLive(context.WithoutCancel(ctx), res.Spec, l)

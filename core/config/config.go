@@ -97,6 +97,9 @@ type Config struct {
 	// that died is restarted.
 	PluginRestarts PluginRestarts
 	Workload       WorkloadConfig // workload
+	// KVEvents is kv_events_config (vLLM's keys): KV cache events that
+	// kvx serve publishes for KV-aware routers; off by default.
+	KVEvents KVEventsConfig
 	// Synthetic is synthetic: overrides for the small synthetic model that
 	// a computing device (cpu, cuda) runs instead of the full model (keys
 	// synthetic.<field> in snake_case, see model.SyntheticFields; 0 =
@@ -123,6 +126,16 @@ type KVCacheConfig struct {
 	PoolRatio             []float64 // pool_ratio: initial split per pool group, sums to 1; nil = unset
 	EnablePartialReuse    bool      // enable_partial_reuse (true)
 	CopyOnPartialReuse    bool      // copy_on_partial_reuse (true)
+}
+
+// KVEventsConfig is kv_events_config, with vLLM's key names and defaults.
+type KVEventsConfig struct {
+	EnableKVCacheEvents bool   // enable_kv_cache_events (false)
+	Publisher           string // publisher: zmq or null (zmq)
+	Endpoint            string // endpoint: the PUB socket, tcp://host:port or ipc://path; a * host binds (tcp://*:5557)
+	ReplayEndpoint      string // replay_endpoint: the ROUTER socket for replays; "" = none ("")
+	BufferSteps         int    // buffer_steps: batches kept for replay, >= 1 (10000)
+	Topic               string // topic: the first frame of every message ("")
 }
 
 // MambaStateConfig is mamba_state_config: where SSM snapshots are taken.
@@ -302,6 +315,7 @@ func defaults() *Config {
 			ContextChunkingPolicy:   "FIRST_COME_FIRST_SERVED",
 		},
 		Workload: WorkloadConfig{TimeScale: 1, SharedPrefixGroups: 1},
+		KVEvents: KVEventsConfig{Publisher: "zmq", Endpoint: "tcp://*:5557", BufferSteps: 10000},
 		PluginTimeouts: PluginTimeouts{
 			Start: time.Minute, Configure: 5 * time.Minute, Call: 10 * time.Second,
 			Forward: 30 * time.Second, ForwardFactor: 10,

@@ -135,6 +135,9 @@ func TestDefaultsFlatten(t *testing.T) {
 		"plugin_timeouts.forward": "30s", "plugin_timeouts.forward_factor": 10.0,
 		"plugin_restarts.max": 8, "plugin_restarts.backoff": "100ms", "plugin_restarts.max_backoff": "5s",
 		"plugin_sha256.cache_manager": nil, "plugin_sha256.attention_backend": nil,
+		"kv_events_config.enable_kv_cache_events": false, "kv_events_config.publisher": "zmq",
+		"kv_events_config.endpoint": "tcp://*:5557", "kv_events_config.replay_endpoint": "",
+		"kv_events_config.buffer_steps": 10000, "kv_events_config.topic": "",
 	}
 	for _, f := range model.SyntheticFields() {
 		want["synthetic."+f.Key] = nil // zero = default; only device cpu uses them
@@ -227,6 +230,16 @@ func TestErrors(t *testing.T) {
 		{"unknown under ranged key", "", nil, []string{"workload.prompt_tokens.avg=3"},
 			`unknown key "workload.prompt_tokens.avg" (--set); did you mean "workload.prompt_tokens.max"?`},
 		{"not an integer", "max_batch_size: lots\n", nil, nil, `max_batch_size: "lots" (file F) is not an integer`},
+		{"kv events endpoint", "kv_events_config: {enable_kv_cache_events: true, endpoint: \"udp://x:1\"}\n", nil, nil,
+			`kv_events_config.endpoint: "udp://x:1" (file F) has transport "udp"; allowed: tcp://HOST:PORT (HOST * to bind every interface) or ipc://PATH`},
+		{"kv events port", "", nil, []string{"kv_events_config.replay_endpoint=tcp://*:70000"},
+			`kv_events_config.replay_endpoint: "tcp://*:70000" (--set) has port "70000"; allowed: 0..65535`},
+		{"kv events publisher", "", nil, []string{"kv_events_config.publisher=kafka"},
+			`kv_events_config.publisher: "kafka" (--set) is not one of zmq, null`},
+		{"kv events buffer", "", nil, []string{"kv_events_config.buffer_steps=0"},
+			`kv_events_config.buffer_steps: 0 (--set) is out of range; allowed: 1 <= value <= 2147483647`},
+		{"kv events same endpoints", "kv_events_config: {enable_kv_cache_events: true, endpoint: \"tcp://*:5557\", replay_endpoint: \"tcp://*:5557\"}\n", nil, nil,
+			`kv_events_config.replay_endpoint: "tcp://*:5557" (file F) is kv_events_config.endpoint too (file F); give the replay socket its own endpoint`},
 		{"float for integer", "", nil, []string{"max_num_tokens=1.5"}, `max_num_tokens: 1.5 (--set) is not an integer`},
 		{"not a bool", "enable_chunked_prefill: maybe\n", nil, nil, `enable_chunked_prefill: "maybe" (file F) is not true or false`},
 		{"not a number", "kv_cache_config: {free_gpu_memory_fraction: half}\n", nil, nil,

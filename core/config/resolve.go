@@ -54,6 +54,11 @@ func (ld *loader) resolve(c *Config) {
 		}
 	}
 	haveModel = ld.resolveSynthetic(c, haveModel)
+	if ev := c.KVEvents; ev.EnableKVCacheEvents && ev.ReplayEndpoint != "" && ev.ReplayEndpoint == ev.Endpoint &&
+		!ld.anyBad("kv_events_config.endpoint", "kv_events_config.replay_endpoint") {
+		ld.crossErr("kv_events_config.replay_endpoint: %q (%s) is kv_events_config.endpoint too (%s); give the replay socket its own endpoint",
+			ev.ReplayEndpoint, ld.where("kv_events_config.replay_endpoint"), ld.where("kv_events_config.endpoint"))
+	}
 	if c.Device == "cuda" && c.Isolation == "inprocess" && !ld.anyBad("device", "isolation") {
 		// kvx itself never links the CUDA driver package (its init exits
 		// on a machine without a GPU), so no in-process worker has it.

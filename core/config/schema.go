@@ -229,6 +229,14 @@ var baseFields = []field{
 	durationField("plugin_restarts.backoff", func(c *Config) *time.Duration { return &c.PluginRestarts.Backoff }),
 	durationField("plugin_restarts.max_backoff", func(c *Config) *time.Duration { return &c.PluginRestarts.MaxBackoff }),
 
+	// kv_events_config (vLLM's names).
+	boolField("kv_events_config.enable_kv_cache_events", func(c *Config) *bool { return &c.KVEvents.EnableKVCacheEvents }),
+	enumField("kv_events_config.publisher", func(c *Config) *string { return &c.KVEvents.Publisher }, []string{"zmq", "null"}, nil),
+	stringField("kv_events_config.endpoint", func(c *Config) *string { return &c.KVEvents.Endpoint }, zmqEndpoint),
+	optStringField("kv_events_config.replay_endpoint", func(c *Config) *string { return &c.KVEvents.ReplayEndpoint }, zmqEndpoint),
+	intField("kv_events_config.buffer_steps", func(c *Config) *int { return &c.KVEvents.BufferSteps }, 1, false),
+	optStringField("kv_events_config.topic", func(c *Config) *string { return &c.KVEvents.Topic }, nil),
+
 	// scheduler_config.
 	enumField("scheduler_config.capacity_scheduler_policy", func(c *Config) *string { return &c.Scheduler.CapacitySchedulerPolicy },
 		[]string{"GUARANTEED_NO_EVICT", "MAX_UTILIZATION"}, nil),
@@ -674,3 +682,55 @@ func asBytes(v any) (int64, string) {
 }
 
 func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
+// optStringField is stringField for a key whose empty string is a value
+// (kv_events_config.topic, replay_endpoint): "" is accepted and Flatten
+// reports it as it is.
+func optStringField(key string, acc func(*Config) *string, check func(string) string) field {
+	return field{
+		key:  key,
+		kind: "a string",
+		set: func(c *Config, v any) string {
+			s, ok := v.(string)
+			if !ok {
+				return "is not a string"
+			}
+			if s != "" && check != nil {
+				if p := check(s); p != "" {
+					return p
+				}
+			}
+			*acc(c) = s
+			return ""
+		},
+		get: func(c *Config) any { return *acc(c) },
+	}
+}
+
+// zmqEndpoint checks a ZeroMQ endpoint kvx can bind or connect:
+// tcp://host:port (host * or empty binds every interface; port 0..65535)
+// or ipc://path.
+func zmqEndpoint(s string) string {
+	const allowed = "allowed: tcp://HOST:PORT (HOST * to bind every interface) or ipc://PATH"
+	scheme, rest, ok := strings.Cut(s, "://")
+	switch {
+	case !ok:
+		return "is not an endpoint; " + allowed
+	case scheme == "ipc":
+		if rest == "" {
+			return "has no path; " + allowed
+		}
+		return ""
+	case scheme != "tcp":
+		return fmt.Sprintf("has transport %q; %s", scheme, allowed)
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i < 0 {
+		return "has no port; " + allowed
+	}
+	port, err := strconv.Atoi(rest[i+1:])
+	if err != nil || port < 0 || port > 65535 {
+		return fmt.Sprintf("has port %q; allowed: 0..65535", rest[i+1:])
+	}
+	return ""
+}

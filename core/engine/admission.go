@@ -46,7 +46,8 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 		}
 		items := make([]kvcache.LookupItem, len(open))
 		for k, i := range open {
-			items[k] = kvcache.LookupItem{Seq: ids[i], Prompt: e.byID[ids[i]].tokens[:limit[i]]}
+			r := e.byID[ids[i]]
+			items[k] = kvcache.LookupItem{Seq: ids[i], Prompt: r.tokens[:limit[i]], CacheSalt: r.salt}
 		}
 		answers := make([][]int, len(e.stages))
 		err := e.eachManager(func(st *stage) func() error {
@@ -110,7 +111,8 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 	for i := range asks {
 		ok[i] = true
 		if asks[i].New && reuse {
-			asks[i].Prompt = e.byID[asks[i].Seq].tokens
+			r := e.byID[asks[i].Seq]
+			asks[i].Prompt, asks[i].CacheSalt = r.tokens, r.salt
 		}
 	}
 	grants := make([][]kvcache.Grant, len(e.stages))

@@ -28,6 +28,9 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 	if err := e.settle(); err != nil { // no call went out since the last end of step
 		return err
 	}
+	if err := e.collectEvents(ctx); err != nil {
+		return err
+	}
 	commits := make([]kvcache.CommitItem, 0, len(mb.items))
 	emits := make([][]int32, len(mb.items))
 	sampled := make([]int, len(mb.items)) // before capping at the request's output length

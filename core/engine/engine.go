@@ -97,6 +97,9 @@ type Spec struct {
 	// Progress receives a progress bar; nil for none.
 	Progress io.Writer
 	Log      hclog.Logger
+	// KVEvents receives the cache managers' KV events; nil (the default):
+	// the managers record none and the engine asks for none.
+	KVEvents EventSink
 }
 
 // ErrInterrupted is returned (wrapped, with the ctx's cause) by a run whose
@@ -129,9 +132,10 @@ type request struct {
 	logprobs [][]worker.TokenLogprob // of each generated token, while the worker returns them (KeepOutputs)
 	reused   int                     // prompt tokens the prefix cache supplied at the first admission
 	// For the report's records and series (record.go).
-	suspends   int  // preemptions that suspended it to the host tier
-	recomputed int  // prefill tokens computed again after a preemption
-	admitted   bool // its first prefill chunk ran
+	suspends   int    // preemptions that suspended it to the host tier
+	recomputed int    // prefill tokens computed again after a preemption
+	admitted   bool   // its first prefill chunk ran
+	salt       string // cache_salt: its prefix cache is shared only with the same salt
 }
 
 type reqState uint8
@@ -157,7 +161,9 @@ type stage struct {
 	free     int64                                    // simulated ns when the stage can take the next micro-batch
 	sp       kvcache.Suspender                        // m, when it can suspend sequences to a host tier; nil: it cannot
 	peak     float64
-	usage    float64 // device blocks in use / device blocks at the last check; -1 before
+	usage    float64               // device blocks in use / device blocks at the last check; -1 before
+	info     kvcache.Info          // m's Info
+	events   kvcache.EventReporter // m, when it records KV events for Spec.KVEvents; nil: it does not
 }
 
 // forget drops what the stage keeps for seq's next forward.
@@ -283,7 +289,12 @@ func (e *Engine) setup(ctx context.Context) error {
 	for _, r := range e.spec.Workload.Requests {
 		req := &request{
 			id: kvcache.SeqID(r.ID), arrival: r.Arrival, prompt: len(r.Prompt), maxNew: r.OutputLen,
-			tokens: r.Prompt, firstTok: -1, topK: r.TopLogprobs, rejected: r.Rejected,
+			tokens: r.Prompt, firstTok: -1, topK: r.TopLogprobs, rejected: r.Rejected, salt: r.CacheSalt,
+		}
+		if r.CacheSalt != "" {
+			if err := checkSalt(r.CacheSalt, e.saltErr()); err != nil {
+				return fmt.Errorf("request %d: %w", r.ID, err)
+			}
 		}
 		e.reqs = append(e.reqs, req)
 		e.byID[req.id] = req
@@ -315,7 +326,9 @@ func (e *Engine) startStage(ctx context.Context, st *stage) error {
 	if err := checkCapabilities(info, e.spec.Managers[i]); err != nil {
 		return fmt.Errorf("stage %d: %w", i, err)
 	}
-	layout, err := m.Configure(ctx, e.spec.Managers[i])
+	mc := e.spec.Managers[i]
+	events := e.eventsConfig(st, m, info, &mc)
+	layout, err := m.Configure(ctx, mc)
 	if err != nil {
 		return fmt.Errorf("stage %d: configure %s: %w", i, info.Name, err)
 	}
@@ -335,6 +348,7 @@ func (e *Engine) startStage(ctx context.Context, st *stage) error {
 	}
 	st.m, st.w, st.layout = m, w, layout
 	st.sp = suspender(m, info, layout)
+	st.info, st.events = info, events
 	return nil
 }
 

@@ -49,6 +49,11 @@ func (e *RequestError) Error() string { return e.Reason }
 type LiveRequest struct {
 	Prompt    []int32 // at least one token, each in the model's vocabulary
 	MaxTokens int     // tokens to generate, at least 1
+	// CacheSalt isolates the request's prefix cache (vLLM's cache_salt):
+	// only requests with the same salt share blocks. "" shares with every
+	// unsalted request. Submit refuses one longer than
+	// kvcache.MaxCacheSaltBytes, or any when a manager lacks the capability.
+	CacheSalt string
 }
 
 // Event is one step's news for a request: tokens generated, and at the end
@@ -169,6 +174,7 @@ type Live struct {
 
 	queued atomic.Int64
 	maxSeq int
+	salt   error // why salted requests are refused (nil: they are served)
 }
 
 // stForgotten marks a live request whose figures moved into the report's
@@ -207,6 +213,7 @@ func StartLive(ctx context.Context, s Spec, l Launcher) (*Live, error) {
 		return nil, err
 	}
 	lv.maxSeq = e.sched.Config().MaxSeqTokens
+	lv.salt = e.saltErr()
 	lv.refreshStats(ctx, e, true)
 	go func() {
 		defer e.dog.close()
@@ -249,6 +256,10 @@ func (lv *Live) Submit(r LiveRequest) (*Handle, error) {
 	if lv.stopped {
 		lv.mu.Unlock()
 		return nil, ErrStopped
+	}
+	if err := checkSalt(r.CacheSalt, lv.salt); err != nil {
+		lv.mu.Unlock()
+		return nil, err
 	}
 	r.Prompt = slices.Clip(slices.Clone(r.Prompt))
 	h := &Handle{ID: lv.nextID, lv: lv, req: r, notify: make(chan struct{}, 1)}
@@ -342,7 +353,7 @@ func (lv *Live) turn(ctx context.Context, e *Engine) error {
 	for _, h := range subs {
 		lr := h.req
 		h.req = LiveRequest{}
-		r := &request{id: h.ID, arrival: e.now, prompt: len(lr.Prompt), maxNew: lr.MaxTokens, tokens: lr.Prompt, firstTok: -1}
+		r := &request{id: h.ID, arrival: e.now, prompt: len(lr.Prompt), maxNew: lr.MaxTokens, tokens: lr.Prompt, firstTok: -1, salt: lr.CacheSalt}
 		h.Arrival = e.now
 		e.reqs = append(e.reqs, r)
 		e.byID[r.id] = r
@@ -641,6 +652,9 @@ func (e *Engine) liveStep(ctx context.Context, err error) error {
 	// the managers now, so the figures are right) and wait.
 	if serr := e.settle(); serr != nil {
 		return serr
+	}
+	if eerr := e.collectEvents(ctx); eerr != nil { // the last step's KV events, before the wait
+		return eerr
 	}
 	lv.publish(e)
 	more, perr := lv.idle(ctx, e)

@@ -344,7 +344,7 @@ func (h *Host) LaunchManager(ctx context.Context, path string) (kvcache.Manager,
 		"protocol", proc.client.NegotiatedVersion(), "features", proc.agreed, "plugin_build", proc.contract.Build,
 		"mixers", info.Capabilities.Mixers, "prefix_reuse", info.Capabilities.PrefixReuse,
 		"host_tier", info.Capabilities.HostTier, "ssm_state", info.Capabilities.SSMState,
-		"ssm_reuse", info.Capabilities.SSMReuse)
+		"ssm_reuse", info.Capabilities.SSMReuse, "cache_salt", info.Capabilities.CacheSalt, "kv_events", info.Capabilities.KVEvents)
 	return m, proc, nil
 }
 
@@ -772,6 +772,7 @@ type closingManager struct {
 type suspendingManager interface {
 	kvcache.Manager
 	kvcache.Suspender
+	kvcache.EventReporter
 }
 
 func (m closingManager) Close() error { m.proc.Kill(); return nil }

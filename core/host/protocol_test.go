@@ -4,6 +4,7 @@ package host
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -57,7 +58,7 @@ func TestOlderProtocolPlugin(t *testing.T) {
 	refused(t, h, fakeManager,
 		"the plugin is older than this kvx",
 		"plugin: protocol 2 (protocols before 3 exchange no feature list)",
-		"kvx: protocol 3, features [top_logprobs]",
+		fmt.Sprintf("kvx: protocol 3, features %v", pluginrpc.Current().Features),
 		"rebuild the plugin against this kvx's plugins/sdk")
 }
 

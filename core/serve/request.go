@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
 // apiError is a 4xx/5xx answer in OpenAI's error shape:
@@ -72,6 +74,9 @@ type common struct {
 	N                   *int64          `json:"n"`
 	Echo                *bool           `json:"echo"`
 	Logprobs            json.RawMessage `json:"logprobs"`
+	// CacheSalt (vLLM's cache_salt) isolates the request's prefix cache:
+	// only requests with the same salt share cached blocks.
+	CacheSalt *string `json:"cache_salt"`
 }
 
 type streamOptions struct {
@@ -143,6 +148,19 @@ func (s *Server) check(c *common, j *job, defaultMax int64) *apiError {
 	}
 	if len(c.Logprobs) > 0 && !bytes.Equal(c.Logprobs, []byte("null")) && !bytes.Equal(c.Logprobs, []byte("false")) {
 		return badRequest("logprobs", "logprobs are not supported by kvx serve yet")
+	}
+	if c.CacheSalt != nil {
+		salt := *c.CacheSalt
+		switch {
+		case salt == "":
+			return badRequest("cache_salt", "cache_salt is empty: send a non-empty string, or leave it out to share the unsalted cache")
+		case len(salt) > kvcache.MaxCacheSaltBytes:
+			return badRequest("cache_salt", "cache_salt is %d bytes: the limit is %d", len(salt), kvcache.MaxCacheSaltBytes)
+		}
+		if err := s.eng.CacheSaltErr(); err != nil {
+			return badRequest("cache_salt", "cache_salt cannot be honoured: %v", err)
+		}
+		j.salt = salt
 	}
 	j.stream = c.Stream != nil && *c.Stream
 	if c.StreamOptions != nil {

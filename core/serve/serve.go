@@ -277,6 +277,7 @@ type job struct {
 	chat        bool
 	prompt      []int32
 	maxTokens   int
+	salt        string // cache_salt; "" for none
 	stream      bool
 	usageStream bool
 	id          string
@@ -289,7 +290,7 @@ func (s *Server) submit(j *job) (*engine.Handle, *apiError) {
 		return nil, &apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "too_many_waiting",
 			msg: fmt.Sprintf("%d requests are waiting for their first token, the limit is %d: retry later", q, s.opt.MaxWaiting), retry: 1}
 	}
-	h, err := s.eng.Submit(engine.LiveRequest{Prompt: j.prompt, MaxTokens: j.maxTokens})
+	h, err := s.eng.Submit(engine.LiveRequest{Prompt: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt})
 	if err != nil {
 		return nil, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: err.Error()}
 	}

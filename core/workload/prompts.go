@@ -15,6 +15,9 @@ type Prompt struct {
 	// TopLogprobs asks for the TopLogprobs most likely tokens of every
 	// generated position (0: none).
 	TopLogprobs int
+	// CacheSalt isolates the prompt's prefix cache (vLLM's cache_salt); ""
+	// for the shared cache.
+	CacheSalt string
 }
 
 // FromPrompts returns the workload of ps in order: request i is ps[i] with
@@ -39,7 +42,7 @@ func FromPrompts(ps []Prompt, vocab int) (Workload, error) {
 			oe.Field = fmt.Sprintf("prompts[%d].%s", i, oe.Field)
 			return Workload{}, oe
 		}
-		reqs[i] = Request{ID: uint64(i), Prompt: slices.Clip(slices.Clone(p.Tokens)), OutputLen: p.MaxTokens, TopLogprobs: p.TopLogprobs}
+		reqs[i] = Request{ID: uint64(i), Prompt: slices.Clip(slices.Clone(p.Tokens)), OutputLen: p.MaxTokens, TopLogprobs: p.TopLogprobs, CacheSalt: p.CacheSalt}
 	}
 	return Workload{Requests: reqs}, nil
 }

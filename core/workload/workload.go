@@ -59,6 +59,10 @@ type Request struct {
 	// and the engine reports it rejected without admitting it or counting
 	// its tokens.
 	Rejected string
+	// CacheSalt isolates the request's prefix cache (vLLM's cache_salt):
+	// only requests with the same salt share blocks. "" (every generated
+	// and trace workload) is the shared cache.
+	CacheSalt string
 }
 
 // Workload is a request list plus how the engine admits it.

@@ -3,6 +3,7 @@ package conformance
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -28,6 +29,8 @@ var managerChecks = []check[*mh]{
 	{"Release", "Release frees the sequences' blocks (InUse back to 0); an unknown sequence is an item error after the others were released", checkRelease},
 	{"Lookup", "Lookup changes nothing and returns per item a multiple of TokensPerBlock, at most len(Prompt)-1 (0 without PrefixReuse)", checkLookup},
 	{"Reuse", "with block reuse: committed prompt blocks stay cached after Release; Lookup finds them; Reserve{New, Reuse} starts at history = Reuse on the same blocks, shared (RefCount 2); ReusedTokens counts them", checkReuse},
+	{"CacheSalt", "with block reuse and Capabilities.CacheSalt: the CacheSalt of LookupItem and ReserveItem enters every prefix key, so two salts never share a block; within one salt reuse is as without salts", checkCacheSalt},
+	{"KVEvents", "with block reuse and Capabilities.KVEvents: the manager is a kvcache.EventReporter; with Config.KVEvents, Configure reports AllBlocksCleared, a commit past full prompt blocks reports them BlockStored (a chain with their tokens), an eviction reports BlockRemoved of stored hashes; without it, no events", checkKVEvents},
 	{"UnreserveEviction", "with block reuse: Unreserve after a Reserve that evicted cached blocks restores every sequence exactly and the blocks in use; the evicted blocks are free or cached again, and Lookup never finds more than before", checkUnreserveEviction},
 	{"Hold", "Hold keeps capacity until Release, whatever Commit does", checkHold},
 	{"SuspendResume", "Info says HostTier only for a kvcache.Suspender; a Suspender's Suspend and Resume fail with ErrUnsupported without HostTier, with it they round-trip a sequence through the host tier with Copies", checkSuspendResume},
@@ -1114,4 +1117,157 @@ func checkEmptyCalls(h *mh) {
 			h.failf(h.last, "calls with nothing in them change nothing", "Inspect changed: %s", diff)
 		}
 	}
+}
+
+func checkCacheSalt(h *mh) {
+	h.info = h.callInfo()
+	if !h.reuseOn() || !h.info.Capabilities.CacheSalt {
+		return // no reuse, or the host sends this manager no salt
+	}
+	h.setup(true, nil)
+	tpb := h.tpb
+	p := prompt(3*tpb+tpb/2, 13)
+	look := func(salt string) int {
+		return h.lookup(kvcache.LookupItem{Seq: h.id(), Prompt: p, CacheSalt: salt})[0]
+	}
+	run := func(salt string, reuse int) *kvcache.SeqState {
+		id := h.id()
+		h.grant(kvcache.ReserveItem{Seq: id, New: true, Prompt: p, Reuse: reuse, Tokens: len(p) - reuse, CacheSalt: salt})
+		return h.commit1(id, len(p)-reuse)
+	}
+	a := run("conformance-a", 0)
+	h.release(a.Seq)
+	found := look("conformance-a")
+	if found == 0 {
+		h.failf(h.last, "a prompt committed under a cache salt is found under the same salt", "Lookup(salt %q) = 0 after Commit and Release", "conformance-a")
+		return
+	}
+	if b, none := look("conformance-b"), look(""); b != 0 || none != 0 {
+		h.failf(h.last, "a prompt committed under one cache salt is found under no other salt (nor unsalted)",
+			"Lookup(salt %q) = %d, Lookup(no salt) = %d, want 0 and 0", "conformance-b", b, none)
+	}
+	g := h.reserve(kvcache.ReserveItem{Seq: h.id(), New: true, Prompt: p, Reuse: found, Tokens: len(p) - found, CacheSalt: "conformance-b"})[0]
+	if g.OK {
+		h.failf(h.last, "Reserve{Reuse} under a salt that holds none of the prompt is denied", "granted Reuse %d under salt %q", found, "conformance-b")
+		h.unreserve(g.Seq)
+	}
+	same := run("conformance-a", found)
+	other := run("conformance-b", 0)
+	for _, i := range h.full {
+		for _, blk := range other.Tables[i] {
+			if slices.Contains(same.Tables[i], blk) {
+				h.failf(h.last, "two salts never share a block", "pool %d: block %d in the tables of salt %q (%v) and of salt %q (%v)",
+					h.layout.Pools[i].ID, blk, "conformance-a", same.Tables[i], "conformance-b", other.Tables[i])
+			}
+		}
+	}
+	if b := look("conformance-b"); b != found {
+		h.failf(h.last, "within one salt reuse is as without salts", "Lookup(salt %q) = %d after its own Commit, want %d", "conformance-b", b, found)
+	}
+	h.release(same.Seq, other.Seq)
+}
+
+func checkKVEvents(h *mh) {
+	h.info = h.callInfo()
+	if !h.reuseOn() || !h.info.Capabilities.KVEvents {
+		return
+	}
+	er, ok := h.m.(kvcache.EventReporter)
+	if !ok {
+		h.failf("Info()", "Capabilities.KVEvents only for a kvcache.EventReporter", "Info says KVEvents, but the manager (%T) has no Events method", h.m)
+		return
+	}
+	events := func() []kvcache.Event {
+		evs, err := er.Events(h.ctx)
+		if err != nil {
+			h.failf("Events()", "Events fails only when the plugin is gone", "error %v", err)
+		}
+		return evs
+	}
+	h.setup(true, nil)
+	tpb := h.tpb
+	p := prompt(3*tpb+tpb/2, 17)
+	a := h.id()
+	h.grant(kvcache.ReserveItem{Seq: a, New: true, Prompt: p, Tokens: len(p)})
+	h.commit(kvcache.CommitItem{Seq: a, Accepted: len(p)})
+	if evs := events(); len(evs) != 0 {
+		h.failf("Events()", "without Config.KVEvents a manager records no events", "%d events", len(evs))
+	}
+
+	h.setup(true, func(c *kvcache.Config) { c.KVEvents = true })
+	evs := events()
+	if len(evs) != 1 || evs[0].Kind != kvcache.AllBlocksCleared {
+		h.failf("Events() after "+h.last, "Configure with KVEvents reports AllBlocksCleared (the cache starts empty)", "%s", fmtEvents(evs))
+	}
+	a = h.id()
+	h.grant(kvcache.ReserveItem{Seq: a, New: true, Prompt: p, Tokens: len(p)})
+	h.commit(kvcache.CommitItem{Seq: a, Accepted: len(p)})
+	stored := map[uint64]bool{}
+	var toks []int32
+	var prev uint64
+	for _, e := range events() {
+		if e.Kind != kvcache.BlockStored {
+			continue
+		}
+		if len(e.Tokens) != len(e.Hashes)*e.BlockSize || e.BlockSize != tpb {
+			h.failf("Events() after "+h.last, "a BlockStored carries BlockSize tokens per hash, BlockSize = TokensPerBlock",
+				"%d hashes, %d tokens, block size %d (tokens_per_block %d)", len(e.Hashes), len(e.Tokens), e.BlockSize, tpb)
+		}
+		if len(toks) == 0 && e.HasParent || len(toks) > 0 && (!e.HasParent || e.Parent != prev) {
+			h.failf("Events() after "+h.last, "a prompt's first block has no parent; each later BlockStored's parent is the hash stored before it",
+				"parent %x (has %v) after %d stored tokens, want %x", e.Parent, e.HasParent, len(toks), prev)
+		}
+		for _, x := range e.Hashes {
+			stored[x] = true
+			prev = x
+		}
+		toks = append(toks, e.Tokens...)
+	}
+	if !slices.Equal(toks, p[:3*tpb]) || len(stored) != 3 {
+		h.failf("Events() after "+h.last, "a commit past full prompt blocks reports them stored, in order, with their tokens",
+			"%d distinct hashes, tokens %v, want 3 and %v", len(stored), toks, p[:3*tpb])
+	}
+	h.release(a)
+	// Fill the device pools with fresh sequences until the cached blocks go.
+	ever := maps.Clone(stored)
+	var live []kvcache.SeqID
+	removed := 0
+	for k := 0; removed == 0 && k < 1000; k++ {
+		id := h.id()
+		g := h.reserve(kvcache.ReserveItem{Seq: id, New: true, Prompt: prompt(tpb, 100+k), Tokens: tpb})
+		if !g[0].OK {
+			break
+		}
+		h.commit(kvcache.CommitItem{Seq: id, Accepted: tpb})
+		live = append(live, id)
+		for _, e := range events() {
+			switch e.Kind {
+			case kvcache.BlockStored:
+				for _, x := range e.Hashes {
+					ever[x] = true
+				}
+			case kvcache.BlockRemoved:
+				for _, x := range e.Hashes {
+					if !ever[x] {
+						h.failf("Events() after "+h.last, "BlockRemoved names stored blocks", "hash %x was never stored", x)
+					}
+					if stored[x] {
+						removed++
+					}
+				}
+			}
+		}
+	}
+	if removed == 0 {
+		h.failf(h.last, "evicting cached prompt blocks reports them BlockRemoved", "filled the cache with %d sequences: none of the prompt's 3 stored hashes removed", len(live))
+	}
+	h.release(live...)
+}
+
+func fmtEvents(evs []kvcache.Event) string {
+	parts := make([]string, len(evs))
+	for i, e := range evs {
+		parts[i] = fmt.Sprintf("%v%x", e.Kind, e.Hashes)
+	}
+	return "[" + strings.Join(parts, " ") + "]"
 }

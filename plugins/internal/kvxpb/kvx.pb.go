@@ -424,6 +424,8 @@ type Capabilities struct {
 	HostTier      bool                   `protobuf:"varint,3,opt,name=host_tier,json=hostTier,proto3" json:"host_tier,omitempty"`
 	SsmState      bool                   `protobuf:"varint,4,opt,name=ssm_state,json=ssmState,proto3" json:"ssm_state,omitempty"`
 	SsmReuse      bool                   `protobuf:"varint,5,opt,name=ssm_reuse,json=ssmReuse,proto3" json:"ssm_reuse,omitempty"`
+	CacheSalt     bool                   `protobuf:"varint,6,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
+	KvEvents      bool                   `protobuf:"varint,7,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -489,6 +491,20 @@ func (x *Capabilities) GetSsmState() bool {
 func (x *Capabilities) GetSsmReuse() bool {
 	if x != nil {
 		return x.SsmReuse
+	}
+	return false
+}
+
+func (x *Capabilities) GetCacheSalt() bool {
+	if x != nil {
+		return x.CacheSalt
+	}
+	return false
+}
+
+func (x *Capabilities) GetKvEvents() bool {
+	if x != nil {
+		return x.KvEvents
 	}
 	return false
 }
@@ -564,6 +580,7 @@ type ManagerConfig struct {
 	AvgSeqLen        int64           `protobuf:"varint,12,opt,name=avg_seq_len,json=avgSeqLen,proto3" json:"avg_seq_len,omitempty"`
 	PoolRatio        []float64       `protobuf:"fixed64,13,rep,packed,name=pool_ratio,json=poolRatio,proto3" json:"pool_ratio,omitempty"`
 	Snapshots        *SnapshotConfig `protobuf:"bytes,14,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
+	KvEvents         bool            `protobuf:"varint,15,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -694,6 +711,13 @@ func (x *ManagerConfig) GetSnapshots() *SnapshotConfig {
 		return x.Snapshots
 	}
 	return nil
+}
+
+func (x *ManagerConfig) GetKvEvents() bool {
+	if x != nil {
+		return x.KvEvents
+	}
+	return false
 }
 
 // kvcache.Pool
@@ -871,6 +895,7 @@ type LookupItem struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	Prompt        []int32                `protobuf:"varint,2,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
+	CacheSalt     string                 `protobuf:"bytes,3,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -917,6 +942,13 @@ func (x *LookupItem) GetPrompt() []int32 {
 		return x.Prompt
 	}
 	return nil
+}
+
+func (x *LookupItem) GetCacheSalt() string {
+	if x != nil {
+		return x.CacheSalt
+	}
+	return ""
 }
 
 type LookupRequest struct {
@@ -1009,7 +1041,8 @@ func (x *LookupResponse) GetTokens() []int64 {
 
 // []kvcache.ReserveItem by column (seq sets the count): item i is seq[i],
 // tokens[i], draft[i], hold[i], new[i], reuse[i] and a Prompt of the next
-// prompt_len[i] values of prompt.
+// prompt_len[i] values of prompt. Salts are sparse: item salt_item[k] has
+// CacheSalt salt[k] (salt_item increasing, in range), all others "".
 type ReserveRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Seq           []uint64               `protobuf:"varint,1,rep,packed,name=seq,proto3" json:"seq,omitempty"`
@@ -1020,6 +1053,8 @@ type ReserveRequest struct {
 	Reuse         []int64                `protobuf:"varint,6,rep,packed,name=reuse,proto3" json:"reuse,omitempty"`
 	PromptLen     []int64                `protobuf:"varint,7,rep,packed,name=prompt_len,json=promptLen,proto3" json:"prompt_len,omitempty"`
 	Prompt        []int32                `protobuf:"varint,8,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
+	SaltItem      []int32                `protobuf:"varint,9,rep,packed,name=salt_item,json=saltItem,proto3" json:"salt_item,omitempty"`
+	Salt          []string               `protobuf:"bytes,10,rep,name=salt,proto3" json:"salt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1106,6 +1141,20 @@ func (x *ReserveRequest) GetPromptLen() []int64 {
 func (x *ReserveRequest) GetPrompt() []int32 {
 	if x != nil {
 		return x.Prompt
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetSaltItem() []int32 {
+	if x != nil {
+		return x.SaltItem
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetSalt() []string {
+	if x != nil {
+		return x.Salt
 	}
 	return nil
 }
@@ -3355,6 +3404,180 @@ func (*HealthRequest) Descriptor() ([]byte, []int) {
 	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{44}
 }
 
+type EventsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventsRequest) Reset() {
+	*x = EventsRequest{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventsRequest) ProtoMessage() {}
+
+func (x *EventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
+func (*EventsRequest) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{45}
+}
+
+// kvcache.Event
+type Event struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          int32                  `protobuf:"varint,1,opt,name=kind,proto3" json:"kind,omitempty"` // kvcache.EventKind
+	Hashes        []uint64               `protobuf:"varint,2,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	Parent        uint64                 `protobuf:"varint,3,opt,name=parent,proto3" json:"parent,omitempty"`
+	HasParent     bool                   `protobuf:"varint,4,opt,name=has_parent,json=hasParent,proto3" json:"has_parent,omitempty"`
+	Tokens        []int32                `protobuf:"varint,5,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	BlockSize     int64                  `protobuf:"varint,6,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	Tier          string                 `protobuf:"bytes,7,opt,name=tier,proto3" json:"tier,omitempty"` // kvcache.Tier
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Event) Reset() {
+	*x = Event{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Event) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Event) ProtoMessage() {}
+
+func (x *Event) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Event.ProtoReflect.Descriptor instead.
+func (*Event) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *Event) GetKind() int32 {
+	if x != nil {
+		return x.Kind
+	}
+	return 0
+}
+
+func (x *Event) GetHashes() []uint64 {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+func (x *Event) GetParent() uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
+}
+
+func (x *Event) GetHasParent() bool {
+	if x != nil {
+		return x.HasParent
+	}
+	return false
+}
+
+func (x *Event) GetTokens() []int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *Event) GetBlockSize() int64 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *Event) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+// The answer of Events (kvcache.EventReporter).
+type EventList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*Event               `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventList) Reset() {
+	*x = EventList{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventList) ProtoMessage() {}
+
+func (x *EventList) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventList.ProtoReflect.Descriptor instead.
+func (*EventList) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *EventList) GetEvents() []*Event {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 var File_kvx_v1_kvx_proto protoreflect.FileDescriptor
 
 const file_kvx_v1_kvx_proto_rawDesc = "" +
@@ -3378,16 +3601,19 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1c\n" +
 	"\tprotocols\x18\x03 \x03(\x03R\tprotocols\x128\n" +
-	"\fcapabilities\x18\x04 \x01(\v2\x14.kvx.v1.CapabilitiesR\fcapabilities\"\xa0\x01\n" +
+	"\fcapabilities\x18\x04 \x01(\v2\x14.kvx.v1.CapabilitiesR\fcapabilities\"\xdc\x01\n" +
 	"\fCapabilities\x12\x16\n" +
 	"\x06mixers\x18\x01 \x03(\tR\x06mixers\x12!\n" +
 	"\fprefix_reuse\x18\x02 \x01(\bR\vprefixReuse\x12\x1b\n" +
 	"\thost_tier\x18\x03 \x01(\bR\bhostTier\x12\x1b\n" +
 	"\tssm_state\x18\x04 \x01(\bR\bssmState\x12\x1b\n" +
-	"\tssm_reuse\x18\x05 \x01(\bR\bssmReuse\"V\n" +
+	"\tssm_reuse\x18\x05 \x01(\bR\bssmReuse\x12\x1d\n" +
+	"\n" +
+	"cache_salt\x18\x06 \x01(\bR\tcacheSalt\x12\x1b\n" +
+	"\tkv_events\x18\a \x01(\bR\bkvEvents\"V\n" +
 	"\x0eSnapshotConfig\x12\x1a\n" +
 	"\binterval\x18\x01 \x01(\x03R\binterval\x12(\n" +
-	"\x10offsets_from_end\x18\x02 \x03(\x03R\x0eoffsetsFromEnd\"\x83\x04\n" +
+	"\x10offsets_from_end\x18\x02 \x03(\x03R\x0eoffsetsFromEnd\"\xa0\x04\n" +
 	"\rManagerConfig\x12\x14\n" +
 	"\x05stage\x18\x01 \x01(\x03R\x05stage\x12\x16\n" +
 	"\x06stages\x18\x02 \x01(\x03R\x06stages\x12\x1f\n" +
@@ -3406,7 +3632,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\vavg_seq_len\x18\f \x01(\x03R\tavgSeqLen\x12\x1d\n" +
 	"\n" +
 	"pool_ratio\x18\r \x03(\x01R\tpoolRatio\x124\n" +
-	"\tsnapshots\x18\x0e \x01(\v2\x16.kvx.v1.SnapshotConfigR\tsnapshots\"\xd1\x01\n" +
+	"\tsnapshots\x18\x0e \x01(\v2\x16.kvx.v1.SnapshotConfigR\tsnapshots\x12\x1b\n" +
+	"\tkv_events\x18\x0f \x01(\bR\bkvEvents\"\xd1\x01\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -3421,15 +3648,17 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x05pools\x18\x01 \x03(\v2\f.kvx.v1.PoolR\x05pools\x12$\n" +
 	"\x0emax_seq_tokens\x18\x02 \x01(\x03R\fmaxSeqTokens\x12#\n" +
 	"\rmax_sequences\x18\x03 \x01(\x03R\fmaxSequences\x12\x1a\n" +
-	"\bwarnings\x18\x04 \x03(\tR\bwarnings\"6\n" +
+	"\bwarnings\x18\x04 \x03(\tR\bwarnings\"U\n" +
 	"\n" +
 	"LookupItem\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x16\n" +
-	"\x06prompt\x18\x02 \x03(\x05R\x06prompt\"9\n" +
+	"\x06prompt\x18\x02 \x03(\x05R\x06prompt\x12\x1d\n" +
+	"\n" +
+	"cache_salt\x18\x03 \x01(\tR\tcacheSalt\"9\n" +
 	"\rLookupRequest\x12(\n" +
 	"\x05items\x18\x01 \x03(\v2\x12.kvx.v1.LookupItemR\x05items\"(\n" +
 	"\x0eLookupResponse\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x03R\x06tokens\"\xc3\x01\n" +
+	"\x06tokens\x18\x01 \x03(\x03R\x06tokens\"\xf4\x01\n" +
 	"\x0eReserveRequest\x12\x10\n" +
 	"\x03seq\x18\x01 \x03(\x04R\x03seq\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x03R\x06tokens\x12\x14\n" +
@@ -3439,7 +3668,10 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x05reuse\x18\x06 \x03(\x03R\x05reuse\x12\x1d\n" +
 	"\n" +
 	"prompt_len\x18\a \x03(\x03R\tpromptLen\x12\x16\n" +
-	"\x06prompt\x18\b \x03(\x05R\x06prompt\"s\n" +
+	"\x06prompt\x18\b \x03(\x05R\x06prompt\x12\x1b\n" +
+	"\tsalt_item\x18\t \x03(\x05R\bsaltItem\x12\x12\n" +
+	"\x04salt\x18\n" +
+	" \x03(\tR\x04salt\"s\n" +
 	"\vTableDeltas\x12\x12\n" +
 	"\x04item\x18\x01 \x03(\x05R\x04item\x12\x12\n" +
 	"\x04pool\x18\x02 \x03(\x03R\x04pool\x12\x12\n" +
@@ -3629,9 +3861,22 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\ftop_logprobs\x18\x0e \x03(\x01R\vtopLogprobs\";\n" +
 	"\x11CopyBlocksRequest\x12&\n" +
 	"\x06copies\x18\x01 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\"\x0f\n" +
-	"\rHealthRequest2?\n" +
+	"\rHealthRequest\"\x0f\n" +
+	"\rEventsRequest\"\xb5\x01\n" +
+	"\x05Event\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\x05R\x04kind\x12\x16\n" +
+	"\x06hashes\x18\x02 \x03(\x04R\x06hashes\x12\x16\n" +
+	"\x06parent\x18\x03 \x01(\x04R\x06parent\x12\x1d\n" +
+	"\n" +
+	"has_parent\x18\x04 \x01(\bR\thasParent\x12\x16\n" +
+	"\x06tokens\x18\x05 \x03(\x05R\x06tokens\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\x06 \x01(\x03R\tblockSize\x12\x12\n" +
+	"\x04tier\x18\a \x01(\tR\x04tier\"2\n" +
+	"\tEventList\x12%\n" +
+	"\x06events\x18\x01 \x03(\v2\r.kvx.v1.EventR\x06events2?\n" +
 	"\bContract\x123\n" +
-	"\x05Hello\x12\x14.kvx.v1.ContractSide\x1a\x14.kvx.v1.ContractSide2\xb6\x05\n" +
+	"\x05Hello\x12\x14.kvx.v1.ContractSide\x1a\x14.kvx.v1.ContractSide2\xea\x05\n" +
 	"\fCacheManager\x127\n" +
 	"\x04Info\x12\x1a.kvx.v1.ManagerInfoRequest\x1a\x13.kvx.v1.ManagerInfo\x122\n" +
 	"\tConfigure\x12\x15.kvx.v1.ManagerConfig\x1a\x0e.kvx.v1.Layout\x127\n" +
@@ -3645,7 +3890,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x05Stats\x12\x14.kvx.v1.StatsRequest\x1a\x14.kvx.v1.ManagerStats\x123\n" +
 	"\aInspect\x12\x16.kvx.v1.InspectOptions\x1a\x10.kvx.v1.Snapshot\x128\n" +
 	"\aEndStep\x12\x16.kvx.v1.EndStepRequest\x1a\x15.kvx.v1.EndStepResult\x12>\n" +
-	"\rOpenDataPlane\x12\x18.kvx.v1.DataPlaneRequest\x1a\x11.kvx.v1.DataPlane0\x012\xc3\x02\n" +
+	"\rOpenDataPlane\x12\x18.kvx.v1.DataPlaneRequest\x1a\x11.kvx.v1.DataPlane0\x01\x122\n" +
+	"\x06Events\x12\x15.kvx.v1.EventsRequest\x1a\x11.kvx.v1.EventList2\xc3\x02\n" +
 	"\x06Worker\x125\n" +
 	"\x04Info\x12\x19.kvx.v1.WorkerInfoRequest\x1a\x12.kvx.v1.WorkerInfo\x120\n" +
 	"\tConfigure\x12\x14.kvx.v1.WorkerConfig\x1a\r.kvx.v1.Setup\x12(\n" +
@@ -3667,7 +3913,7 @@ func file_kvx_v1_kvx_proto_rawDescGZIP() []byte {
 	return file_kvx_v1_kvx_proto_rawDescData
 }
 
-var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*ContractSide)(nil),       // 0: kvx.v1.ContractSide
 	(*Empty)(nil),              // 1: kvx.v1.Empty
@@ -3714,6 +3960,9 @@ var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*Result)(nil),             // 42: kvx.v1.Result
 	(*CopyBlocksRequest)(nil),  // 43: kvx.v1.CopyBlocksRequest
 	(*HealthRequest)(nil),      // 44: kvx.v1.HealthRequest
+	(*EventsRequest)(nil),      // 45: kvx.v1.EventsRequest
+	(*Event)(nil),              // 46: kvx.v1.Event
+	(*EventList)(nil),          // 47: kvx.v1.EventList
 }
 var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	6,  // 0: kvx.v1.ManagerInfo.capabilities:type_name -> kvx.v1.Capabilities
@@ -3743,51 +3992,54 @@ var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	16, // 24: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
 	17, // 25: kvx.v1.Batch.snapshots:type_name -> kvx.v1.SnapshotSlots
 	16, // 26: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
-	0,  // 27: kvx.v1.Contract.Hello:input_type -> kvx.v1.ContractSide
-	4,  // 28: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
-	8,  // 29: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
-	12, // 30: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
-	14, // 31: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
-	19, // 32: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
-	20, // 33: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
-	19, // 34: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
-	19, // 35: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
-	19, // 36: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
-	25, // 37: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
-	29, // 38: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
-	22, // 39: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
-	2,  // 40: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	36, // 41: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
-	39, // 42: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
-	41, // 43: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
-	43, // 44: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
-	44, // 45: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
-	2,  // 46: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	0,  // 47: kvx.v1.Contract.Hello:output_type -> kvx.v1.ContractSide
-	5,  // 48: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
-	10, // 49: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
-	13, // 50: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
-	18, // 51: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
-	1,  // 52: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
-	21, // 53: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
-	24, // 54: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
-	24, // 55: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
-	1,  // 56: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
-	28, // 57: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
-	34, // 58: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
-	23, // 59: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
-	3,  // 60: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	37, // 61: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
-	40, // 62: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
-	42, // 63: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
-	1,  // 64: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
-	1,  // 65: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
-	3,  // 66: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	47, // [47:67] is the sub-list for method output_type
-	27, // [27:47] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	46, // 27: kvx.v1.EventList.events:type_name -> kvx.v1.Event
+	0,  // 28: kvx.v1.Contract.Hello:input_type -> kvx.v1.ContractSide
+	4,  // 29: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
+	8,  // 30: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
+	12, // 31: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
+	14, // 32: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
+	19, // 33: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
+	20, // 34: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
+	19, // 35: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
+	19, // 36: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
+	19, // 37: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
+	25, // 38: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
+	29, // 39: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
+	22, // 40: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
+	2,  // 41: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	45, // 42: kvx.v1.CacheManager.Events:input_type -> kvx.v1.EventsRequest
+	36, // 43: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
+	39, // 44: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
+	41, // 45: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
+	43, // 46: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
+	44, // 47: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
+	2,  // 48: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	0,  // 49: kvx.v1.Contract.Hello:output_type -> kvx.v1.ContractSide
+	5,  // 50: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
+	10, // 51: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
+	13, // 52: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
+	18, // 53: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
+	1,  // 54: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
+	21, // 55: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
+	24, // 56: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
+	24, // 57: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
+	1,  // 58: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
+	28, // 59: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
+	34, // 60: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
+	23, // 61: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
+	3,  // 62: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	47, // 63: kvx.v1.CacheManager.Events:output_type -> kvx.v1.EventList
+	37, // 64: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
+	40, // 65: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
+	42, // 66: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
+	1,  // 67: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
+	1,  // 68: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
+	3,  // 69: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	49, // [49:70] is the sub-list for method output_type
+	28, // [28:49] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_kvx_v1_kvx_proto_init() }
@@ -3801,7 +4053,7 @@ func file_kvx_v1_kvx_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvx_v1_kvx_proto_rawDesc), len(file_kvx_v1_kvx_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   45,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -179,6 +179,7 @@ const (
 	CacheManager_Inspect_FullMethodName       = "/kvx.v1.CacheManager/Inspect"
 	CacheManager_EndStep_FullMethodName       = "/kvx.v1.CacheManager/EndStep"
 	CacheManager_OpenDataPlane_FullMethodName = "/kvx.v1.CacheManager/OpenDataPlane"
+	CacheManager_Events_FullMethodName        = "/kvx.v1.CacheManager/Events"
 )
 
 // CacheManagerClient is the client API for CacheManager service.
@@ -201,6 +202,8 @@ type CacheManagerClient interface {
 	EndStep(ctx context.Context, in *EndStepRequest, opts ...grpc.CallOption) (*EndStepResult, error)
 	// Opens a data plane for the per-step calls; see DataPlane.
 	OpenDataPlane(ctx context.Context, in *DataPlaneRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DataPlane], error)
+	// kvcache.EventReporter: the KV events recorded since the last call.
+	Events(ctx context.Context, in *EventsRequest, opts ...grpc.CallOption) (*EventList, error)
 }
 
 type cacheManagerClient struct {
@@ -350,6 +353,16 @@ func (c *cacheManagerClient) OpenDataPlane(ctx context.Context, in *DataPlaneReq
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type CacheManager_OpenDataPlaneClient = grpc.ServerStreamingClient[DataPlane]
 
+func (c *cacheManagerClient) Events(ctx context.Context, in *EventsRequest, opts ...grpc.CallOption) (*EventList, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EventList)
+	err := c.cc.Invoke(ctx, CacheManager_Events_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CacheManagerServer is the server API for CacheManager service.
 // All implementations must embed UnimplementedCacheManagerServer
 // for forward compatibility.
@@ -370,6 +383,8 @@ type CacheManagerServer interface {
 	EndStep(context.Context, *EndStepRequest) (*EndStepResult, error)
 	// Opens a data plane for the per-step calls; see DataPlane.
 	OpenDataPlane(*DataPlaneRequest, grpc.ServerStreamingServer[DataPlane]) error
+	// kvcache.EventReporter: the KV events recorded since the last call.
+	Events(context.Context, *EventsRequest) (*EventList, error)
 	mustEmbedUnimplementedCacheManagerServer()
 }
 
@@ -418,6 +433,9 @@ func (UnimplementedCacheManagerServer) EndStep(context.Context, *EndStepRequest)
 }
 func (UnimplementedCacheManagerServer) OpenDataPlane(*DataPlaneRequest, grpc.ServerStreamingServer[DataPlane]) error {
 	return status.Errorf(codes.Unimplemented, "method OpenDataPlane not implemented")
+}
+func (UnimplementedCacheManagerServer) Events(context.Context, *EventsRequest) (*EventList, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Events not implemented")
 }
 func (UnimplementedCacheManagerServer) mustEmbedUnimplementedCacheManagerServer() {}
 func (UnimplementedCacheManagerServer) testEmbeddedByValue()                      {}
@@ -667,6 +685,24 @@ func _CacheManager_OpenDataPlane_Handler(srv interface{}, stream grpc.ServerStre
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type CacheManager_OpenDataPlaneServer = grpc.ServerStreamingServer[DataPlane]
 
+func _CacheManager_Events_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CacheManagerServer).Events(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CacheManager_Events_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CacheManagerServer).Events(ctx, req.(*EventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CacheManager_ServiceDesc is the grpc.ServiceDesc for CacheManager service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -721,6 +757,10 @@ var CacheManager_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EndStep",
 			Handler:    _CacheManager_EndStep_Handler,
+		},
+		{
+			MethodName: "Events",
+			Handler:    _CacheManager_Events_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

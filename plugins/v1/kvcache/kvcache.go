@@ -30,6 +30,7 @@ package kvcache
 
 import (
 	"context"
+	"strconv"
 
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
@@ -67,6 +68,14 @@ type Capabilities struct {
 	HostTier    bool         // Suspend and Resume work (the manager is a Suspender)
 	SSMState    bool         // per-sequence state buffers (Mamba)
 	SSMReuse    bool         // prefix reuse of SSM state through snapshots
+	// CacheSalt: the manager keys every cached block by the CacheSalt of
+	// LookupItem and ReserveItem too, so two salts never share a block. The
+	// host refuses a salted request on a manager without it (an older
+	// manager would ignore the field and share across salts).
+	CacheSalt bool
+	// KVEvents: the manager is an EventReporter and records KV events when
+	// Config.KVEvents is set.
+	KVEvents bool
 }
 
 // SnapshotConfig places SSM snapshots (mamba_state_config).
@@ -95,7 +104,16 @@ type Config struct {
 	AvgSeqLen        int       // sizing hint only; 0 = unset
 	PoolRatio        []float64 // sizing hint only; nil = unset
 	Snapshots        SnapshotConfig
+
+	// KVEvents asks a manager whose Info says KVEvents to record block
+	// stores and removals for EventReporter.Events. Off, it records
+	// nothing and costs nothing.
+	KVEvents bool
 }
+
+// MaxCacheSaltBytes is the longest CacheSalt a host sends; managers may
+// refuse longer ones (a denial or a Lookup of 0, never a shared block).
+const MaxCacheSaltBytes = 256
 
 // Pool is one block pool of a layout.
 type Pool struct {
@@ -124,6 +142,10 @@ type Layout struct {
 type LookupItem struct {
 	Seq    SeqID
 	Prompt []int32
+	// CacheSalt isolates the request's cache (vLLM's cache_salt): only blocks
+	// stored under the same salt match. "" is the shared, unsalted cache.
+	// Managers without Capabilities.CacheSalt never see a non-empty one.
+	CacheSalt string
 }
 
 // ReserveItem asks for the capacity of one step of one sequence.
@@ -146,6 +168,9 @@ type ReserveItem struct {
 	// (new sequences only). It must not exceed what Lookup returned, and the
 	// sequence starts with history = Reuse.
 	Reuse int
+	// CacheSalt (new sequences) keys the blocks this sequence reuses and
+	// stores: see LookupItem.CacheSalt. It must be the salt the Lookup had.
+	CacheSalt string
 }
 
 // TableDelta replaces the tail of a block table: table = table[:From] ++ Blocks.
@@ -323,4 +348,57 @@ type Suspender interface {
 	// Resume brings suspended sequences back; false when they do not fit yet.
 	// The new block ids reach the worker in the sequence's next Grant.Tables.
 	Resume(ctx context.Context, seqs []SeqID) ([]bool, []Copy, error)
+}
+
+// EventKind is the type of a KV event (vLLM's kv_events names).
+type EventKind uint8
+
+const (
+	// BlockStored: full blocks became reusable cache content.
+	BlockStored EventKind = iota + 1
+	// BlockRemoved: blocks were evicted and can no longer be reused.
+	BlockRemoved
+	// AllBlocksCleared: the whole cache was emptied (Configure resets it).
+	AllBlocksCleared
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case BlockStored:
+		return "BlockStored"
+	case BlockRemoved:
+		return "BlockRemoved"
+	case AllBlocksCleared:
+		return "AllBlocksCleared"
+	}
+	return "EventKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Event is one KV cache event: what a KV-aware router needs to index the
+// cache. A block's hash names the whole prefix up to the block's end (the
+// cache salt included), so two hashes are equal only for the same salt and
+// the same tokens from the start of the prompt.
+type Event struct {
+	Kind EventKind
+	// Hashes are the blocks' prefix hashes (BlockStored, BlockRemoved); for
+	// BlockStored a chain, each block the child of the one before it.
+	Hashes []uint64
+	// Parent is the hash of the block before Hashes[0] (BlockStored);
+	// HasParent is false when Hashes[0] is a prompt's first block.
+	Parent    uint64
+	HasParent bool
+	// Tokens are the stored blocks' tokens, BlockSize per block (BlockStored).
+	Tokens    []int32
+	BlockSize int
+	// Tier is where the blocks are (BlockStored, BlockRemoved).
+	Tier Tier
+}
+
+// EventReporter is an optional Manager interface, found by type assertion:
+// a manager whose Info says KVEvents implements it. The core calls Events
+// after a step's manager calls, only when Config.KVEvents was set.
+type EventReporter interface {
+	// Events returns and forgets the events recorded since the last call, in
+	// the order they happened. The slice and what it holds are the caller's.
+	Events(ctx context.Context) ([]Event, error)
 }

@@ -54,6 +54,16 @@ const (
 	// carry them. A worker without it would ignore the column, so the
 	// client refuses such a batch instead of returning no logprobs.
 	FeatureTopLogprobs Feature = "top_logprobs"
+	// FeatureCacheSalt: LookupItem.cache_salt and ReserveRequest's salt
+	// columns carry a request's cache_salt, and Capabilities.cache_salt
+	// says the manager keys its prefix cache by it. The engine sends a
+	// salted request only to a manager that says so, so a manager without
+	// it never shares blocks across salts by ignoring them.
+	FeatureCacheSalt Feature = "cache_salt"
+	// FeatureKVEvents: ManagerConfig.kv_events asks the manager to record
+	// block stores and removals, CacheManager.Events drains them, and
+	// Capabilities.kv_events says it can.
+	FeatureKVEvents Feature = "kv_events"
 )
 
 // featureDef is a feature and the proto elements it adds: full names of
@@ -72,6 +82,17 @@ var features = []featureDef{
 		"kvx.v1.Batch.top_logprobs",
 		"kvx.v1.Result.top_logprobs_len", "kvx.v1.Result.top_logprobs_n",
 		"kvx.v1.Result.top_logprob_ids", "kvx.v1.Result.top_logprobs",
+	}},
+	{Name: FeatureCacheSalt, Adds: []string{
+		"kvx.v1.Capabilities.cache_salt",
+		"kvx.v1.LookupItem.cache_salt",
+		"kvx.v1.ReserveRequest.salt_item", "kvx.v1.ReserveRequest.salt",
+	}},
+	{Name: FeatureKVEvents, Adds: []string{
+		"kvx.v1.Capabilities.kv_events",
+		"kvx.v1.ManagerConfig.kv_events",
+		"kvx.v1.Event", "kvx.v1.EventList", "kvx.v1.EventsRequest",
+		"kvx.v1.CacheManager.Events",
 	}},
 }
 

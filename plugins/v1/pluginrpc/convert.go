@@ -83,6 +83,8 @@ func toProtoCapabilities(c kvcache.Capabilities) *kvxpb.Capabilities {
 		HostTier:    c.HostTier,
 		SsmState:    c.SSMState,
 		SsmReuse:    c.SSMReuse,
+		CacheSalt:   c.CacheSalt,
+		KvEvents:    c.KVEvents,
 	}
 }
 
@@ -93,6 +95,8 @@ func fromProtoCapabilities(p *kvxpb.Capabilities) kvcache.Capabilities {
 		HostTier:    p.GetHostTier(),
 		SSMState:    p.GetSsmState(),
 		SSMReuse:    p.GetSsmReuse(),
+		CacheSalt:   p.GetCacheSalt(),
+		KVEvents:    p.GetKvEvents(),
 	}
 }
 
@@ -148,6 +152,7 @@ func toProtoManagerConfig(c kvcache.Config) (*kvxpb.ManagerConfig, error) {
 		AvgSeqLen:        int64(c.AvgSeqLen),
 		PoolRatio:        share(c.PoolRatio),
 		Snapshots:        toProtoSnapshotConfig(c.Snapshots),
+		KvEvents:         c.KVEvents,
 	}, nil
 }
 
@@ -176,6 +181,7 @@ func fromProtoManagerConfig(p *kvxpb.ManagerConfig) (kvcache.Config, error) {
 		AvgSeqLen:        int(p.GetAvgSeqLen()),
 		PoolRatio:        share(p.GetPoolRatio()),
 		Snapshots:        fromProtoSnapshotConfig(p.GetSnapshots()),
+		KVEvents:         p.GetKvEvents(),
 	}, nil
 }
 
@@ -239,6 +245,7 @@ func toProtoLookupRequest(items []kvcache.LookupItem) *kvxpb.LookupRequest {
 	for i := range items {
 		msgs[i].Seq = uint64(items[i].Seq)
 		msgs[i].Prompt = share(items[i].Prompt)
+		msgs[i].CacheSalt = items[i].CacheSalt
 	}
 	return &kvxpb.LookupRequest{Items: ptrs(msgs)}
 }
@@ -250,7 +257,7 @@ func fromProtoLookupRequest(p *kvxpb.LookupRequest) []kvcache.LookupItem {
 	}
 	items := make([]kvcache.LookupItem, len(ms))
 	for i, m := range ms {
-		items[i] = kvcache.LookupItem{Seq: kvcache.SeqID(m.GetSeq()), Prompt: share(m.GetPrompt())}
+		items[i] = kvcache.LookupItem{Seq: kvcache.SeqID(m.GetSeq()), Prompt: share(m.GetPrompt()), CacheSalt: m.GetCacheSalt()}
 	}
 	return items
 }
@@ -277,6 +284,10 @@ func toProtoReserveRequest(items []kvcache.ReserveItem) *kvxpb.ReserveRequest {
 	}
 	for i := range items {
 		m.Seq[i] = uint64(items[i].Seq) // the count column is never left out
+		if items[i].CacheSalt != "" {
+			m.SaltItem = append(m.SaltItem, int32(i))
+			m.Salt = append(m.Salt, items[i].CacheSalt)
+		}
 	}
 	m.Seq = share(m.Seq)
 	m.PromptLen, m.Prompt = concat(n, func(i int) []int32 { return items[i].Prompt })
@@ -307,6 +318,16 @@ func fromProtoReserveRequest(p *kvxpb.ReserveRequest) ([]kvcache.ReserveItem, er
 			Prompt: prompt.part(i),
 			Reuse:  int(at(reuse, i)),
 		}
+	}
+	saltItem, salt := p.GetSaltItem(), p.GetSalt()
+	if len(saltItem) != len(salt) {
+		return nil, colError("%s: %d salt_item values for %d salts, want equal", msg, len(saltItem), len(salt))
+	}
+	for k, it := range saltItem {
+		if it < 0 || int(it) >= n || (k > 0 && it <= saltItem[k-1]) {
+			return nil, colError("%s: salt_item[%d] = %d, want 0..%d and increasing", msg, k, it, n-1)
+		}
+		items[it].CacheSalt = salt[k]
 	}
 	return items, nil
 }
@@ -725,4 +746,35 @@ func fromProtoEndStepResult(p *kvxpb.EndStepResult) (pipeline.EndStepResult, err
 		}
 	}
 	return r, nil
+}
+
+// --- KV events ---
+
+func toProtoEvents(evs []kvcache.Event) *kvxpb.EventList {
+	if len(evs) == 0 {
+		return &kvxpb.EventList{}
+	}
+	msgs := make([]kvxpb.Event, len(evs))
+	for i, e := range evs {
+		msgs[i] = kvxpb.Event{
+			Kind: int32(e.Kind), Hashes: share(e.Hashes), Parent: e.Parent, HasParent: e.HasParent,
+			Tokens: share(e.Tokens), BlockSize: int64(e.BlockSize), Tier: string(e.Tier),
+		}
+	}
+	return &kvxpb.EventList{Events: ptrs(msgs)}
+}
+
+func fromProtoEvents(p *kvxpb.EventList) []kvcache.Event {
+	ms := p.GetEvents()
+	if len(ms) == 0 {
+		return nil
+	}
+	evs := make([]kvcache.Event, len(ms))
+	for i, m := range ms {
+		evs[i] = kvcache.Event{
+			Kind: kvcache.EventKind(m.GetKind()), Hashes: share(m.GetHashes()), Parent: m.GetParent(), HasParent: m.GetHasParent(),
+			Tokens: share(m.GetTokens()), BlockSize: int(m.GetBlockSize()), Tier: kvcache.Tier(m.GetTier()),
+		}
+	}
+	return evs
 }

@@ -137,6 +137,7 @@ var converters = []converter{
 	conv("worker.Batch", fullBatch, func(b worker.Batch) *kvxpb.Batch { return toProtoBatch(&b) }, mustFrom(fromProtoBatch)),
 	conv("worker.Result", fullResult, func(r worker.Result) *kvxpb.Result { return toProtoResult(&r) }, mustFrom(fromProtoResult)),
 	conv("[]kvcache.Copy", fullCopies, toProtoCopyBlocksRequest, mustFrom(fromProtoCopyBlocksRequest)),
+	conv("[]kvcache.Event", fullEvents, toProtoEvents, fromProtoEvents),
 }
 
 // TestConvertRoundTrip checks, for every converter, that a value with every
@@ -238,6 +239,9 @@ func TestMalformedColumns(t *testing.T) {
 		{"reasons unpaired", second(fromProtoReserveResponse(&kvxpb.ReserveResponse{Seq: []uint64{1}, Reason: []string{"x"}})), "reason_item"},
 		{"reasons repeated", second(fromProtoReserveResponse(&kvxpb.ReserveResponse{Seq: []uint64{1, 2},
 			ReasonItem: []int32{1, 1}, Reason: []string{"x", "y"}})), "reason_item[1] = 1"},
+		{"salts unpaired", second(fromProtoReserveRequest(&kvxpb.ReserveRequest{Seq: []uint64{1}, Salt: []string{"x"}})), "salt_item"},
+		{"salt item out of range", second(fromProtoReserveRequest(&kvxpb.ReserveRequest{Seq: []uint64{1},
+			SaltItem: []int32{1}, Salt: []string{"x"}})), "salt_item[0] = 1"},
 		{"commit accepted short", second(fromProtoCommitRequest(&kvxpb.CommitRequest{Seq: []uint64{1, 2}, Accepted: []int64{1}})), "accepted"},
 		{"batch tables without items", second(fromProtoBatch(&kvxpb.Batch{Tables: &kvxpb.TableDeltas{Item: []int32{0}}})), "tables"},
 		{"batch tokens unsplit", second(fromProtoBatch(&kvxpb.Batch{Seq: []uint64{1}, TokensLen: []int64{1}, Tokens: []int32{1, 2}})), "tokens_len"},

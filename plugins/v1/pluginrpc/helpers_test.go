@@ -122,7 +122,7 @@ var fullLayout = kvcache.Layout{
 var fullInfo = kvcache.Info{
 	Name: "cachemgr_v2", Version: "2.1.0", Protocols: []int{1, 2},
 	Capabilities: kvcache.Capabilities{Mixers: []spec.Mixer{spec.MixerGQA, spec.MixerMamba},
-		PrefixReuse: true, HostTier: true, SSMState: true, SSMReuse: true},
+		PrefixReuse: true, HostTier: true, SSMState: true, SSMReuse: true, CacheSalt: true, KVEvents: true},
 }
 
 var fullConfig = kvcache.Config{
@@ -130,13 +130,19 @@ var fullConfig = kvcache.Config{
 	MaxBatchSize: 256, MaxNumTokens: 8192, MaxSeqLen: 172000, MaxDraftTokens: 1, EnableBlockReuse: true,
 	AvgSeqLen: 150000, PoolRatio: []float64{0.75, 0.25},
 	Snapshots: kvcache.SnapshotConfig{Interval: 1024, OffsetsFromEnd: []int{1, 64}},
+	KVEvents:  true,
 }
 
-var fullLookupItems = []kvcache.LookupItem{{Seq: 1, Prompt: []int32{1, 2, 3}}, {Seq: 1 << 63, Prompt: []int32{-1}}}
+var fullLookupItems = []kvcache.LookupItem{{Seq: 1, Prompt: []int32{1, 2, 3}, CacheSalt: "tenant-a"}, {Seq: 1 << 63, Prompt: []int32{-1}, CacheSalt: "b"}}
 
 var fullReserveItems = []kvcache.ReserveItem{
-	{Seq: 42, Tokens: 8192, Draft: 1, Hold: 180000, New: true, Prompt: []int32{9, 8, 7}, Reuse: 512},
-	{Seq: 43, Tokens: 1, Draft: 3, Hold: 1, New: true, Prompt: []int32{1}, Reuse: 1},
+	{Seq: 42, Tokens: 8192, Draft: 1, Hold: 180000, New: true, Prompt: []int32{9, 8, 7}, Reuse: 512, CacheSalt: "tenant-a"},
+	{Seq: 43, Tokens: 1, Draft: 3, Hold: 1, New: true, Prompt: []int32{1}, Reuse: 1, CacheSalt: "\x00"},
+}
+
+var fullEvents = []kvcache.Event{
+	{Kind: kvcache.BlockStored, Hashes: []uint64{1, 1<<64 - 1}, Parent: 7, HasParent: true, Tokens: []int32{1, 2, 3, 4}, BlockSize: 2, Tier: kvcache.TierDevice},
+	{Kind: kvcache.BlockRemoved, Hashes: []uint64{1}, Parent: 1, HasParent: true, Tokens: []int32{5}, BlockSize: 1, Tier: kvcache.TierHost},
 }
 
 var fullSnapshots = []kvcache.SnapshotSlot{{Pos: 256, Pool: 3, Block: 9}, {Pos: 512, Pool: 3, Block: 11}}
@@ -208,6 +214,7 @@ type fakeManager struct {
 	moveCopies []kvcache.Copy
 	stats      kvcache.Stats
 	snap       kvcache.Snapshot
+	events     []kvcache.Event
 	err        error
 
 	block       bool
@@ -288,6 +295,9 @@ func (f *fakeManager) Stats(ctx context.Context) (kvcache.Stats, error) {
 func (f *fakeManager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
 	return f.snap, f.enter(ctx, "Inspect", opts)
 }
+func (f *fakeManager) Events(ctx context.Context) ([]kvcache.Event, error) {
+	return f.events, f.enter(ctx, "Events", nil)
+}
 
 // fakeWorker is the worker counterpart of fakeManager.
 type fakeWorker struct {
@@ -319,7 +329,7 @@ func deepEqual(a, b any) bool { return reflect.DeepEqual(a, b) }
 
 func TestFullValuesAreFull(t *testing.T) {
 	for _, v := range []any{
-		fullInfo, fullConfig, fullLayout, fullLookupItems[0], fullReserveItems[0], fullGrants[0], fullStats,
+		fullInfo, fullConfig, fullLayout, fullLookupItems[0], fullReserveItems[0], fullGrants[0], fullStats, fullEvents[0],
 		fullSnapshot, fullWorkerInfo, fullWorkerConfig, fullBatch, fullResult, fullHardware, fullModel,
 		kvcache.CommitItem{Seq: 1, Accepted: 2}, kvcache.InspectOptions{Tables: true, CheckTables: true},
 		worker.Setup{DeviceBytes: 1, Notes: []string{"x"}},

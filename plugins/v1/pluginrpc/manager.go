@@ -304,6 +304,9 @@ func (s *managerServer) Info(ctx context.Context, _ *kvxpb.ManagerInfoRequest) (
 		// What is served: Suspend and Resume answer KindUnsupported.
 		info.Capabilities.HostTier = false
 	}
+	if _, ok := s.impl.(kvcache.EventReporter); !ok {
+		info.Capabilities.KVEvents = false
+	}
 	out := toProtoManagerInfo(info)
 	if err != nil {
 		return nil, toStatus(err, out)

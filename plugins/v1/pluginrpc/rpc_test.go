@@ -44,10 +44,11 @@ func TestManagerOverWire(t *testing.T) {
 	f := &fakeManager{
 		info: fullInfo, layout: fullLayout, lookup: []int{0, 64}, grants: fullGrants,
 		commit: kvcache.CommitResult{Copies: fullCopies}, moveOK: []bool{true, false}, moveCopies: fullCopies,
-		stats: fullStats, snap: fullSnapshot,
+		stats: fullStats, snap: fullSnapshot, events: fullEvents,
 	}
 	m := TestManagerPair(t, f)
 	sp := m.(kvcache.Suspender)
+	er := m.(kvcache.EventReporter)
 	seqs := []kvcache.SeqID{3, 1 << 40}
 	commits := []kvcache.CommitItem{{Seq: 3, Accepted: 2}}
 	type result = []any
@@ -71,6 +72,7 @@ func TestManagerOverWire(t *testing.T) {
 			v, err := m.Inspect(ctx, kvcache.InspectOptions{Tables: true})
 			return result{v}, err
 		}, result{fullSnapshot}},
+		{"Events", nil, func() (result, error) { v, err := er.Events(ctx); return result{v}, err }, result{fullEvents}},
 	} {
 		got, err := tc.call()
 		if err != nil {
