@@ -2593,6 +2593,7 @@ type Hardware struct {
 	PcieBandwidth   float64                `protobuf:"fixed64,8,opt,name=pcie_bandwidth,json=pcieBandwidth,proto3" json:"pcie_bandwidth,omitempty"`
 	Uncalibrated    bool                   `protobuf:"varint,9,opt,name=uncalibrated,proto3" json:"uncalibrated,omitempty"`
 	LaunchLatency   float64                `protobuf:"fixed64,10,opt,name=launch_latency,json=launchLatency,proto3" json:"launch_latency,omitempty"`
+	Calibration     *SimCalibration        `protobuf:"bytes,11,opt,name=calibration,proto3" json:"calibration,omitempty"` // absent: the datasheet roofline
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -2697,6 +2698,143 @@ func (x *Hardware) GetLaunchLatency() float64 {
 	return 0
 }
 
+func (x *Hardware) GetCalibration() *SimCalibration {
+	if x != nil {
+		return x.Calibration
+	}
+	return nil
+}
+
+// spec.SimCalibration
+type SimCalibration struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Classes       []*KernelClassScale    `protobuf:"bytes,2,rep,name=classes,proto3" json:"classes,omitempty"`
+	LaunchSeconds float64                `protobuf:"fixed64,3,opt,name=launch_seconds,json=launchSeconds,proto3" json:"launch_seconds,omitempty"`
+	StepSeconds   float64                `protobuf:"fixed64,4,opt,name=step_seconds,json=stepSeconds,proto3" json:"step_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SimCalibration) Reset() {
+	*x = SimCalibration{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SimCalibration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SimCalibration) ProtoMessage() {}
+
+func (x *SimCalibration) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SimCalibration.ProtoReflect.Descriptor instead.
+func (*SimCalibration) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *SimCalibration) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SimCalibration) GetClasses() []*KernelClassScale {
+	if x != nil {
+		return x.Classes
+	}
+	return nil
+}
+
+func (x *SimCalibration) GetLaunchSeconds() float64 {
+	if x != nil {
+		return x.LaunchSeconds
+	}
+	return 0
+}
+
+func (x *SimCalibration) GetStepSeconds() float64 {
+	if x != nil {
+		return x.StepSeconds
+	}
+	return 0
+}
+
+// spec.KernelClassScale
+type KernelClassScale struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Class         string                 `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
+	ComputeScale  float64                `protobuf:"fixed64,2,opt,name=compute_scale,json=computeScale,proto3" json:"compute_scale,omitempty"`
+	MemoryScale   float64                `protobuf:"fixed64,3,opt,name=memory_scale,json=memoryScale,proto3" json:"memory_scale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KernelClassScale) Reset() {
+	*x = KernelClassScale{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KernelClassScale) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KernelClassScale) ProtoMessage() {}
+
+func (x *KernelClassScale) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KernelClassScale.ProtoReflect.Descriptor instead.
+func (*KernelClassScale) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *KernelClassScale) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *KernelClassScale) GetComputeScale() float64 {
+	if x != nil {
+		return x.ComputeScale
+	}
+	return 0
+}
+
+func (x *KernelClassScale) GetMemoryScale() float64 {
+	if x != nil {
+		return x.MemoryScale
+	}
+	return 0
+}
+
 // worker.Config
 type WorkerConfig struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -2722,7 +2860,7 @@ type WorkerConfig struct {
 
 func (x *WorkerConfig) Reset() {
 	*x = WorkerConfig{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2734,7 +2872,7 @@ func (x *WorkerConfig) String() string {
 func (*WorkerConfig) ProtoMessage() {}
 
 func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2747,7 +2885,7 @@ func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerConfig.ProtoReflect.Descriptor instead.
 func (*WorkerConfig) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{38}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WorkerConfig) GetStage() int64 {
@@ -2866,7 +3004,7 @@ type Setup struct {
 
 func (x *Setup) Reset() {
 	*x = Setup{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2878,7 +3016,7 @@ func (x *Setup) String() string {
 func (*Setup) ProtoMessage() {}
 
 func (x *Setup) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2891,7 +3029,7 @@ func (x *Setup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Setup.ProtoReflect.Descriptor instead.
 func (*Setup) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Setup) GetDeviceBytes() int64 {
@@ -2932,7 +3070,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2944,7 +3082,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2957,7 +3095,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{40}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Batch) GetStep() uint64 {
@@ -3078,7 +3216,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3090,7 +3228,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3103,7 +3241,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{41}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Result) GetHidden() []byte {
@@ -3213,7 +3351,7 @@ type CopyBlocksRequest struct {
 
 func (x *CopyBlocksRequest) Reset() {
 	*x = CopyBlocksRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3225,7 +3363,7 @@ func (x *CopyBlocksRequest) String() string {
 func (*CopyBlocksRequest) ProtoMessage() {}
 
 func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3238,7 +3376,7 @@ func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyBlocksRequest.ProtoReflect.Descriptor instead.
 func (*CopyBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{42}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CopyBlocksRequest) GetCopies() *Copies {
@@ -3256,7 +3394,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3268,7 +3406,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3281,7 +3419,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{43}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{45}
 }
 
 var File_kvx_v1_kvx_proto protoreflect.FileDescriptor
@@ -3481,7 +3619,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x06mixers\x18\x05 \x03(\tR\x06mixers\x12!\n" +
 	"\fmemory_bytes\x18\x06 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
-	"free_bytes\x18\a \x01(\x03R\tfreeBytes\"\xdc\x02\n" +
+	"free_bytes\x18\a \x01(\x03R\tfreeBytes\"\x96\x03\n" +
 	"\bHardware\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12#\n" +
@@ -3494,7 +3632,17 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x0epcie_bandwidth\x18\b \x01(\x01R\rpcieBandwidth\x12\"\n" +
 	"\funcalibrated\x18\t \x01(\bR\funcalibrated\x12%\n" +
 	"\x0elaunch_latency\x18\n" +
-	" \x01(\x01R\rlaunchLatency\"\xd8\x03\n" +
+	" \x01(\x01R\rlaunchLatency\x128\n" +
+	"\vcalibration\x18\v \x01(\v2\x16.kvx.v1.SimCalibrationR\vcalibration\"\xa2\x01\n" +
+	"\x0eSimCalibration\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
+	"\aclasses\x18\x02 \x03(\v2\x18.kvx.v1.KernelClassScaleR\aclasses\x12%\n" +
+	"\x0elaunch_seconds\x18\x03 \x01(\x01R\rlaunchSeconds\x12!\n" +
+	"\fstep_seconds\x18\x04 \x01(\x01R\vstepSeconds\"p\n" +
+	"\x10KernelClassScale\x12\x14\n" +
+	"\x05class\x18\x01 \x01(\tR\x05class\x12#\n" +
+	"\rcompute_scale\x18\x02 \x01(\x01R\fcomputeScale\x12!\n" +
+	"\fmemory_scale\x18\x03 \x01(\x01R\vmemoryScale\"\xd8\x03\n" +
 	"\fWorkerConfig\x12\x14\n" +
 	"\x05stage\x18\x01 \x01(\x03R\x05stage\x12\x16\n" +
 	"\x06stages\x18\x02 \x01(\x03R\x06stages\x12\x1d\n" +
@@ -3589,7 +3737,7 @@ func file_kvx_v1_kvx_proto_rawDescGZIP() []byte {
 	return file_kvx_v1_kvx_proto_rawDescData
 }
 
-var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*Empty)(nil),              // 0: kvx.v1.Empty
 	(*DataPlaneRequest)(nil),   // 1: kvx.v1.DataPlaneRequest
@@ -3629,12 +3777,14 @@ var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*WorkerInfoRequest)(nil),  // 35: kvx.v1.WorkerInfoRequest
 	(*WorkerInfo)(nil),         // 36: kvx.v1.WorkerInfo
 	(*Hardware)(nil),           // 37: kvx.v1.Hardware
-	(*WorkerConfig)(nil),       // 38: kvx.v1.WorkerConfig
-	(*Setup)(nil),              // 39: kvx.v1.Setup
-	(*Batch)(nil),              // 40: kvx.v1.Batch
-	(*Result)(nil),             // 41: kvx.v1.Result
-	(*CopyBlocksRequest)(nil),  // 42: kvx.v1.CopyBlocksRequest
-	(*HealthRequest)(nil),      // 43: kvx.v1.HealthRequest
+	(*SimCalibration)(nil),     // 38: kvx.v1.SimCalibration
+	(*KernelClassScale)(nil),   // 39: kvx.v1.KernelClassScale
+	(*WorkerConfig)(nil),       // 40: kvx.v1.WorkerConfig
+	(*Setup)(nil),              // 41: kvx.v1.Setup
+	(*Batch)(nil),              // 42: kvx.v1.Batch
+	(*Result)(nil),             // 43: kvx.v1.Result
+	(*CopyBlocksRequest)(nil),  // 44: kvx.v1.CopyBlocksRequest
+	(*HealthRequest)(nil),      // 45: kvx.v1.HealthRequest
 }
 var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	5,  // 0: kvx.v1.ManagerInfo.capabilities:type_name -> kvx.v1.Capabilities
@@ -3658,55 +3808,57 @@ var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	30, // 18: kvx.v1.Snapshot.seqs:type_name -> kvx.v1.SeqState
 	31, // 19: kvx.v1.Snapshot.seq_columns:type_name -> kvx.v1.SeqColumns
 	32, // 20: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
-	37, // 21: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
-	9,  // 22: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
-	14, // 23: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
-	15, // 24: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
-	16, // 25: kvx.v1.Batch.snapshots:type_name -> kvx.v1.SnapshotSlots
-	15, // 26: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
-	3,  // 27: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
-	7,  // 28: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
-	11, // 29: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
-	13, // 30: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
-	18, // 31: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
-	19, // 32: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
-	18, // 33: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
-	18, // 34: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
-	18, // 35: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
-	24, // 36: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
-	28, // 37: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
-	21, // 38: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
-	1,  // 39: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	35, // 40: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
-	38, // 41: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
-	40, // 42: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
-	42, // 43: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
-	43, // 44: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
-	1,  // 45: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	4,  // 46: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
-	9,  // 47: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
-	12, // 48: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
-	17, // 49: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
-	0,  // 50: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
-	20, // 51: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
-	23, // 52: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
-	23, // 53: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
-	0,  // 54: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
-	27, // 55: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
-	33, // 56: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
-	22, // 57: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
-	2,  // 58: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	36, // 59: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
-	39, // 60: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
-	41, // 61: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
-	0,  // 62: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
-	0,  // 63: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
-	2,  // 64: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	46, // [46:65] is the sub-list for method output_type
-	27, // [27:46] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	38, // 21: kvx.v1.Hardware.calibration:type_name -> kvx.v1.SimCalibration
+	39, // 22: kvx.v1.SimCalibration.classes:type_name -> kvx.v1.KernelClassScale
+	37, // 23: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
+	9,  // 24: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
+	14, // 25: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
+	15, // 26: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
+	16, // 27: kvx.v1.Batch.snapshots:type_name -> kvx.v1.SnapshotSlots
+	15, // 28: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
+	3,  // 29: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
+	7,  // 30: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
+	11, // 31: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
+	13, // 32: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
+	18, // 33: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
+	19, // 34: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
+	18, // 35: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
+	18, // 36: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
+	18, // 37: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
+	24, // 38: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
+	28, // 39: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
+	21, // 40: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
+	1,  // 41: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	35, // 42: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
+	40, // 43: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
+	42, // 44: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
+	44, // 45: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
+	45, // 46: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
+	1,  // 47: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	4,  // 48: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
+	9,  // 49: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
+	12, // 50: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
+	17, // 51: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
+	0,  // 52: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
+	20, // 53: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
+	23, // 54: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
+	23, // 55: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
+	0,  // 56: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
+	27, // 57: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
+	33, // 58: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
+	22, // 59: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
+	2,  // 60: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	36, // 61: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
+	41, // 62: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
+	43, // 63: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
+	0,  // 64: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
+	0,  // 65: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
+	2,  // 66: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	48, // [48:67] is the sub-list for method output_type
+	29, // [29:48] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_kvx_v1_kvx_proto_init() }
@@ -3720,7 +3872,7 @@ func file_kvx_v1_kvx_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvx_v1_kvx_proto_rawDesc), len(file_kvx_v1_kvx_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   44,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
