@@ -95,7 +95,7 @@ type Env struct {
 	// experts have only up and down.
 	GatedMLP bool
 
-	peaks [3]float64 // FLOP/s per Precision, after fallbacks
+	peaks [3]float64   // FLOP/s per Precision, after fallbacks
 	cal   *calibration // HW.Calibration checked and indexed; nil: datasheet roofline
 }
 
