@@ -102,7 +102,7 @@ td:first-child, th:first-child { text-align: left }
 {{range .Rows}}<tr><td>{{.Name}}</td>{{range .Cells}}<td>{{.}}</td>{{end}}</tr>
 {{end}}</table>
 <div class="charts">{{range .Charts}}<div>{{.}}</div>{{end}}</div>
-{{if .Modelled}}<p class="note">Times are simulated by an uncalibrated roofline cost model.</p>{{end}}
+{{if .Modelled}}<p class="note">Times are simulated by {{if .Calibration}}a roofline cost model calibrated by {{.Calibration}}{{else}}an uncalibrated roofline cost model{{end}}.</p>{{end}}
 </body></html>
 `))
 
@@ -114,11 +114,12 @@ func WriteHTML(w io.Writer, rs []Report) error {
 		Cells []string
 	}
 	data := struct {
-		Reports  []Report
-		Rows     []row
-		Charts   []template.HTML
-		Modelled bool
-	}{Reports: rs, Modelled: len(rs) > 0 && rs[0].Engine.Modelled}
+		Reports     []Report
+		Rows        []row
+		Charts      []template.HTML
+		Modelled    bool
+		Calibration string
+	}{Reports: rs, Modelled: len(rs) > 0 && rs[0].Engine.Modelled, Calibration: calibrationOf(rs)}
 	for _, rw := range rows {
 		r := row{Name: rw.name}
 		for i := range rs {
@@ -141,4 +142,12 @@ var plotColors = []color.Color{
 	color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
 	color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
 	color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+}
+
+// calibrationOf is the first report's sim calibration, "" when none.
+func calibrationOf(rs []Report) string {
+	if len(rs) == 0 || rs[0].Config.Calibration == "none" {
+		return ""
+	}
+	return rs[0].Config.Calibration
 }
