@@ -34,8 +34,8 @@
 #            (scenarios/calib-llama.yaml, calib-dsa.yaml with dsa and with
 #            mla): $OUT/calib-<name>.json each, then every point refitted
 #            into $OUT/calibration-h200.json (the candidate for
-#            core/hw/calibrations/h200.json); CALIBRATE_BUDGET (default 45s)
-#            bounds each config's measuring, CALIBRATE_TIMEOUT (300) its run
+#            core/hw/calibrations/h200.json); CALIBRATE_BUDGET (default 25s: no new context rung after it, no new forward after twice it)
+#            bounds each config's measuring, CALIBRATE_TIMEOUT (150 s) its whole run
 # Each step's output goes to the terminal and to $OUT/<step>.log, and its
 # exit status to $OUT/summary.txt ($OUT defaults to ./out beside run.sh).
 # The exit status is 0 only when every step passed.
@@ -161,8 +161,8 @@ step_calibrate() {
 		[[ $rest == *" "* ]] && args=${rest#* }
 		echo "== kvx calibrate -c $scen $args, device cuda"
 		# shellcheck disable=SC2086
-		timeout "${CALIBRATE_TIMEOUT:-300}" bin/kvx calibrate -c "scenarios/$scen" --set device=cuda $args \
-			--budget "${CALIBRATE_BUDGET:-45s}" --out "$OUT/calib-$name.json" || rc=1
+		timeout -k 20 "${CALIBRATE_TIMEOUT:-150}" bin/kvx calibrate -c "scenarios/$scen" --set device=cuda $args \
+			--budget "${CALIBRATE_BUDGET:-25s}" --out "$OUT/calib-$name.json" || rc=1
 		[[ -s $OUT/calib-$name.json ]] && refit+=(--refit "$OUT/calib-$name.json")
 	done
 	if ((${#refit[@]} > 0)); then

@@ -18,6 +18,10 @@ import (
 	"github.com/kvx-dev/kvx/device/sim"
 )
 
+// minPoints is the fewest points a measurement that stopped early is
+// still fitted with.
+const minPoints = 12
+
 // Goals of issue 17 (DESIGN.md section 8), printed beside the figures.
 const (
 	goalMedian   = 0.05 // sim per-step error on held-out points, median
@@ -94,6 +98,7 @@ func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 	}
 
 	var points []calibPoint
+	notes := []string{}
 	var hardware, device string
 	var models []string
 	if len(g.configs) > 0 {
@@ -108,14 +113,20 @@ func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 		}
 		fmt.Fprintf(progress, "calibrate: %s: %s on device %s (hardware %s), max_batch_size %d, max_seq_len %d, max_num_tokens %d\n",
 			name, res.Model.Name, cfg.Device, cfg.Hardware, cfg.MaxBatchSize, cfg.MaxSeqLen, cfg.MaxNumTokens)
-		_, err = s.calibDesign(cmd.Context(), res.Spec.Workers[0].Layout)
+		skipped, err := s.calibDesign(cmd.Context(), res.Spec.Workers[0].Layout)
 		done()
-		if err != nil {
-			var ee *exitError
-			if errors.As(err, &ee) {
-				return err
-			}
+		var ee *exitError
+		switch {
+		case errors.As(err, &ee):
+			return err
+		case err != nil && (errors.Is(err, errBudget) || cmd.Context().Err() != nil) && len(s.points) >= minPoints:
+			// Stopped early: what was measured is still worth a fit.
+			notes = append(notes, fmt.Sprintf("%s: measuring stopped after %d points: %v", name, len(s.points), err))
+			fmt.Fprintf(progress, "calibrate: %s: measuring stopped after %d points (%v); fitting them\n", name, len(s.points), err)
+		case err != nil:
 			return engineErr(fmt.Errorf("calibrate: %s: %w", name, err))
+		case skipped > 0:
+			notes = append(notes, fmt.Sprintf("%s: the time budget (--budget %s) skipped %d context rungs", name, o.budget, skipped))
 		}
 		points = s.points
 		hardware, device, models = cfg.Hardware, cfg.Device, []string{res.Model.Name}
@@ -148,6 +159,7 @@ func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 	cal.Hardware, cal.Device, cal.Models = strings.ToLower(hardware), device, models
 	cal.Created = time.Now().UTC().Format(time.RFC3339)
 	cal.Generator = "kvx " + kvxVersion()
+	cal.Notes = notes
 
 	data, err := json.MarshalIndent(cal, "", " ")
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -160,9 +161,16 @@ func (s *session) token(seq kvcache.SeqID, pos int) int32 {
 	return int32((uint64(pos)*7919 + uint64(seq)*104729 + 17) % uint64(s.vocab))
 }
 
+// errBudget stops the design when measuring took twice the budget (a rung
+// that climbs far slower than the ones before it).
+var errBudget = errors.New("the measuring took twice --budget")
+
 // forward runs one designed forward: reserve, forward, commit, as one
 // engine step does, and records it when s.record is set.
 func (s *session) forward(ctx context.Context, kind string, parts []part) error {
+	if s.record && s.budget > 0 && time.Since(s.started) > 2*s.budget {
+		return errBudget
+	}
 	t0 := time.Now()
 	items := make([]kvcache.ReserveItem, len(parts))
 	for i, p := range parts {

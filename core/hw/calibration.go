@@ -39,8 +39,11 @@ type Calibration struct {
 	Datasheet ErrorStats `json:"datasheet"`
 	// Crossing is the plugin crossings' share of an engine step over all
 	// points: 1 - (worker forward time) / (host step time).
-	Crossing CrossingStats      `json:"crossing"`
-	Points   []CalibrationPoint `json:"points"`
+	Crossing CrossingStats `json:"crossing"`
+	// Notes say what limited the measurement (a time budget that skipped
+	// context rungs, a run stopped early); [] when nothing did.
+	Notes  []string           `json:"notes"`
+	Points []CalibrationPoint `json:"points"`
 }
 
 // ErrorStats summarises relative errors.
