@@ -35,6 +35,7 @@ type calibrateOpts struct {
 	refit     []string
 	budget    time.Duration
 	holdEvery int
+	repeat    int
 }
 
 func newCalibrateCmd(g *globals) *cobra.Command {
@@ -74,12 +75,16 @@ sim_calibration: FILE.`,
 	cmd.Flags().StringArrayVar(&o.refit, "refit", nil, "add the points of an earlier calibration file (repeatable)")
 	cmd.Flags().DurationVar(&o.budget, "budget", 150*time.Second, "stop climbing to longer contexts once measuring took this long (0: no limit)")
 	cmd.Flags().IntVar(&o.holdEvery, "hold-out-every", 4, "hold every Nth point out of the fit, N >= 2")
+	cmd.Flags().IntVar(&o.repeat, "repeat", 1, "run each measured forward this many times and keep the median time, 1..100 (for noisy machines)")
 	return cmd
 }
 
 func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 	if o.holdEvery < 2 {
 		return usageErr(fmt.Errorf("calibrate: --hold-out-every %d: allowed: >= 2", o.holdEvery))
+	}
+	if o.repeat < 1 || o.repeat > 100 {
+		return usageErr(fmt.Errorf("calibrate: --repeat %d: allowed: 1 to 100", o.repeat))
 	}
 	if len(g.configs) == 0 && len(o.refit) == 0 {
 		return usageErr(errors.New("calibrate: --config FILE is required (a model on a computing device, e.g. scenarios/calib-llama.yaml), or --refit FILE"))
@@ -111,6 +116,7 @@ func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 		if err != nil {
 			return err
 		}
+		s.repeat = o.repeat
 		fmt.Fprintf(progress, "calibrate: %s: %s on device %s (hardware %s), max_batch_size %d, max_seq_len %d, max_num_tokens %d\n",
 			name, res.Model.Name, cfg.Device, cfg.Hardware, cfg.MaxBatchSize, cfg.MaxSeqLen, cfg.MaxNumTokens)
 		skipped, err := s.calibDesign(cmd.Context(), res.Spec.Workers[0].Layout)

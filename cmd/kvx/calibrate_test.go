@@ -147,6 +147,7 @@ func TestCalibrateRefuses(t *testing.T) {
 		{[]string{"calibrate", "-c", "../../scenarios/calib-cpu.yaml", "--hold-out-every", "1"}, "--hold-out-every 1: allowed: >= 2"},
 		{[]string{"calibrate", "-c", "../../scenarios/calib-cpu.yaml", "--set", "kv_cache_config.max_tokens=1024"}, "needs (max_batch_size 4 + 1) x max_seq_len 256 = 1280 tokens of KV cache; the layout holds 1024"},
 		{[]string{"calibrate"}, "--config FILE is required"},
+		{[]string{"calibrate", "-c", "../../scenarios/calib-cpu.yaml", "--repeat", "0"}, "--repeat 0: allowed: 1 to 100"},
 		{[]string{"calibrate", "--refit", bad}, `schema "kvx.calibration/v0" is not "kvx.calibration/v1"`},
 		{[]string{"run", "-c", "testdata/small.yaml", "--set", "sim_calibration=" + bad}, `sim_calibration: "` + bad + `"`},
 	} {

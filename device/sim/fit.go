@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"gonum.org/v1/gonum/mat"
 
@@ -40,7 +41,9 @@ type FitResult struct {
 // cost), solved by nonnegative least squares (Lawson-Hanson over gonum's
 // SVD); then each kernel's binding side is recomputed with the new scales.
 // It stops when no side changes (at most 50 rounds) and keeps the best
-// round by the error of the real max formula.
+// round by the error of the real max formula. The alternation finds a local
+// optimum, so it runs from four starts (the datasheet roofline's sides, all
+// compute, all memory, and a fit of both sides summed) and keeps the best.
 //
 // Errors: no points, a point whose Measured is not finite and > 0, or
 // fewer points than unknowns.
@@ -59,34 +62,105 @@ func Fit(points []FitPoint) (FitResult, error) {
 			}
 		}
 	}
+	// The memory class (the embedding gather) shares gemm's scales: its
+	// bytes grow with the tokens as the gemms' FLOPs do, so on its own it
+	// would be a second name for the same slope.
+	tied := slices.Contains(classes, ClassNameGEMM) && slices.Contains(classes, ClassNameMemory)
+	if tied {
+		classes = slices.DeleteFunc(classes, func(c string) bool { return c == ClassNameMemory })
+	}
 	slices.Sort(classes)
 	idx := map[string]int{}
 	for i, c := range classes {
 		idx[c] = i
+	}
+	if tied {
+		idx[ClassNameMemory] = idx[ClassNameGEMM]
 	}
 	nc := len(classes)
 	n := 2*nc + 2 // compute and memory scale per class, launch, step
 	if len(points) < n {
 		return FitResult{}, fmt.Errorf("calibration fit: %d points for %d unknowns (%d kernel classes); measure at least %d", len(points), n, nc, n)
 	}
-	launchCol, stepCol := 2*nc, 2*nc+1
+	f := &fitter{points: points, classes: classes, idx: idx, tied: tied}
+	// Starts: the datasheet roofline's binding sides; every kernel compute
+	// bound; every kernel memory bound; and the sides of a fit in which
+	// both sides of every kernel add up (no max), which sees each class's
+	// two slopes at once. The best end wins.
+	ones, computeOnly, memoryOnly := make([]float64, n), make([]float64, n), make([]float64, n)
+	for c := range nc {
+		ones[2*c], ones[2*c+1] = 1, 1
+		computeOnly[2*c] = 1
+		memoryOnly[2*c+1] = 1
+	}
+	var best FitResult
+	bestErr := math.Inf(1)
+	for _, x0 := range [][]float64{ones, computeOnly, memoryOnly, f.sumFit()} {
+		res, e := f.run(x0)
+		if e < bestErr {
+			best, bestErr = res, e
+		}
+	}
+	return best, nil
+}
 
+type fitter struct {
+	points  []FitPoint
+	classes []string       // one per column pair
+	idx     map[string]int // class -> column pair (memory shares gemm's when tied)
+	tied    bool
+}
+
+// rows fills a (weighted by 1/Measured) and b (all 1) for the linear fit in
+// which kernel j of point i is charged its compute side when
+// compute(i, j), its memory side when memory(i, j) (both may hold).
+func (f *fitter) rows(compute, memory func(i, j int) bool) (*mat.Dense, []float64) {
+	nc := len(f.classes)
+	n := 2*nc + 2
+	launchCol, stepCol := 2*nc, 2*nc+1
+	a := mat.NewDense(len(f.points), n, nil)
+	b := make([]float64, len(f.points))
+	for i, p := range f.points {
+		w := 1 / p.Measured
+		for j, k := range p.Features {
+			c := f.idx[k.Class]
+			if compute(i, j) {
+				a.Set(i, 2*c, a.At(i, 2*c)+w*k.Count*k.ComputeSeconds)
+			}
+			if memory(i, j) {
+				a.Set(i, 2*c+1, a.At(i, 2*c+1)+w*k.Count*k.MemorySeconds)
+			}
+			a.Set(i, launchCol, a.At(i, launchCol)+w*k.Count)
+		}
+		a.Set(i, stepCol, w)
+		b[i] = 1
+	}
+	return a, b
+}
+
+// sumFit is the scales of the fit that charges every kernel both sides.
+func (f *fitter) sumFit() []float64 {
+	both := func(int, int) bool { return true }
+	x, _ := nnls(f.rows(both, both))
+	return x
+}
+
+// run alternates from scales x0 (see Fit) and returns its best round and
+// that round's squared relative error.
+func (f *fitter) run(x0 []float64) (FitResult, float64) {
+	points, classes, idx := f.points, f.classes, f.idx
+	x := slices.Clone(x0)
 	// side[i][j]: kernel j of point i is compute bound.
 	side := make([][]bool, len(points))
-	x := make([]float64, n)
-	for c := range nc {
-		x[2*c], x[2*c+1] = 1, 1
+	for i, p := range points {
+		side[i] = make([]bool, len(p.Features))
 	}
 	assign := func() bool {
 		changed := false
 		for i, p := range points {
-			if side[i] == nil {
-				side[i] = make([]bool, len(p.Features))
-				changed = true
-			}
-			for j, f := range p.Features {
-				c := idx[f.Class]
-				cb := f.ComputeSeconds*x[2*c] >= f.MemorySeconds*x[2*c+1]
+			for j, k := range p.Features {
+				c := idx[k.Class]
+				cb := k.ComputeSeconds*x[2*c] >= k.MemorySeconds*x[2*c+1]
 				if cb != side[i][j] {
 					changed = true
 				}
@@ -98,27 +172,10 @@ func Fit(points []FitPoint) (FitResult, error) {
 	assign()
 	var best FitResult
 	bestErr := math.Inf(1)
-	a := mat.NewDense(len(points), n, nil)
-	b := make([]float64, len(points))
 	rounds := 0
 	for rounds < 50 {
 		rounds++
-		a.Zero()
-		for i, p := range points {
-			w := 1 / p.Measured
-			for j, f := range p.Features {
-				c := idx[f.Class]
-				if side[i][j] {
-					a.Set(i, 2*c, a.At(i, 2*c)+w*f.Count*f.ComputeSeconds)
-				} else {
-					a.Set(i, 2*c+1, a.At(i, 2*c+1)+w*f.Count*f.MemorySeconds)
-				}
-				a.Set(i, launchCol, a.At(i, launchCol)+w*f.Count)
-			}
-			a.Set(i, stepCol, w)
-			b[i] = 1
-		}
-		sol, used := nnls(a, b)
+		sol, used := nnls(f.rows(func(i, j int) bool { return side[i][j] }, func(i, j int) bool { return !side[i][j] }))
 		res := FitResult{Iterations: rounds}
 		copy(x, sol)
 		// A side that bound nothing: the largest scale that keeps every
@@ -130,13 +187,13 @@ func Fit(points []FitPoint) (FitResult, error) {
 				}
 				bound := math.Inf(1)
 				for _, p := range points {
-					for _, f := range p.Features {
-						if f.Class != name {
+					for _, k := range p.Features {
+						if idx[k.Class] != c {
 							continue
 						}
-						this, other := f.ComputeSeconds, f.MemorySeconds*x[2*c+1]
+						this, other := k.ComputeSeconds, k.MemorySeconds*x[2*c+1]
 						if s == 1 {
-							this, other = f.MemorySeconds, f.ComputeSeconds*x[2*c]
+							this, other = k.MemorySeconds, k.ComputeSeconds*x[2*c]
 						}
 						if this > 0 {
 							bound = min(bound, other/this)
@@ -150,7 +207,7 @@ func Fit(points []FitPoint) (FitResult, error) {
 				res.Unbound = append(res.Unbound, name+"."+label)
 			}
 		}
-		res.Calibration = toCalibration(classes, x)
+		res.Calibration = toCalibration(classes, x, f.tied)
 		if e := sqErr(&res.Calibration, points); e < bestErr {
 			best, bestErr = res, e
 		}
@@ -159,14 +216,18 @@ func Fit(points []FitPoint) (FitResult, error) {
 		}
 	}
 	best.Iterations = rounds
-	return best, nil
+	return best, bestErr
 }
 
-func toCalibration(classes []string, x []float64) spec.SimCalibration {
+func toCalibration(classes []string, x []float64, tied bool) spec.SimCalibration {
 	c := spec.SimCalibration{LaunchSeconds: x[2*len(classes)], StepSeconds: x[2*len(classes)+1]}
 	for i, name := range classes {
 		c.Classes = append(c.Classes, spec.KernelClassScale{Class: name, ComputeScale: x[2*i], MemoryScale: x[2*i+1]})
+		if tied && name == ClassNameGEMM {
+			c.Classes = append(c.Classes, spec.KernelClassScale{Class: ClassNameMemory, ComputeScale: x[2*i], MemoryScale: x[2*i+1]})
+		}
 	}
+	slices.SortFunc(c.Classes, func(a, b spec.KernelClassScale) int { return strings.Compare(a.Class, b.Class) })
 	return c
 }
 
