@@ -22,7 +22,9 @@ func (ld *loader) resolve(c *Config) {
 			ld.bad["hardware"] = true
 		}
 		c.hardware = h
-		ld.resolveCalibration(c)
+		if !ld.bad["hardware"] {
+			ld.resolveCalibration(c)
+		}
 	}
 
 	// Model.
