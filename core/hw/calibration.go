@@ -98,8 +98,12 @@ var embedded embed.FS
 // hardware preset called name (calibrations/<name>.json), or nil when none
 // does. Its Params.Name is "embedded:<name>.json".
 func DefaultCalibration(name string) (*Calibration, error) {
+	return defaultIn(embedded, name)
+}
+
+func defaultIn(fsys fs.FS, name string) (*Calibration, error) {
 	file := strings.ToLower(strings.TrimSpace(name)) + ".json"
-	b, err := embedded.ReadFile("calibrations/" + file)
+	b, err := fs.ReadFile(fsys, "calibrations/"+file)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
