@@ -32,6 +32,14 @@
 #   goldens  every transformers golden checkpoint through kvx generate on
 #            device cuda (scripts/goldens.sh): tokens equal transformers'
 #   tokenizers  scripts/hf_tokenizer_goldens.py into $OUT/tokenizers
+#   calibrate  kvx calibrate on device cuda at real model shapes
+#            (scenarios/calib-llama.yaml with 4 and 2 layers, calib-dsa.yaml
+#            with dsa and with mla): $OUT/calib-<name>.json each, then every
+#            point refitted into $OUT/calibration-h200.json (the candidate
+#            for core/hw/calibrations/h200.json). CALIBRATE_BUDGET (20s)
+#            bounds each config's measuring (no new context rung after it,
+#            no new forward after twice it), CALIBRATE_TIMEOUT (120 s) its
+#            whole run
 # Each step's output goes to the terminal and to $OUT/<step>.log, and its
 # exit status to $OUT/summary.txt ($OUT defaults to ./out beside run.sh).
 # The exit status is 0 only when every step passed.
@@ -141,10 +149,42 @@ step_tokenizers() {
 	python3 scripts/hf_tokenizer_goldens.py "$OUT/tokenizers"
 }
 
+# calibrate: the sim's calibration from measured cuda forwards (kvx
+# calibrate, docs/cuda.md): one file per config, then one fit over all.
+# llama2 (2 layers instead of 4) tells the per-layer costs from the
+# per-step ones when all the points are fitted together.
+calibrates=(
+	"llama calib-llama.yaml"
+	"llama2 calib-llama.yaml --set synthetic.layers=2"
+	"dsa calib-dsa.yaml"
+	"mla calib-dsa.yaml --set attention_backend=mla"
+)
+
+step_calibrate() {
+	local rc=0 c refit=()
+	for c in "${calibrates[@]}"; do
+		local name=${c%% *} rest=${c#* }
+		local scen=${rest%% *} args=""
+		[[ $rest == *" "* ]] && args=${rest#* }
+		echo "== kvx calibrate -c $scen $args, device cuda"
+		# shellcheck disable=SC2086
+		timeout -k 20 "${CALIBRATE_TIMEOUT:-120}" bin/kvx calibrate -c "scenarios/$scen" --set device=cuda $args \
+			--budget "${CALIBRATE_BUDGET:-20s}" --out "$OUT/calib-$name.json" || rc=1
+		[[ -s $OUT/calib-$name.json ]] && refit+=(--refit "$OUT/calib-$name.json")
+	done
+	if ((${#refit[@]} > 0)); then
+		echo "== kvx calibrate ${refit[*]}"
+		bin/kvx calibrate "${refit[@]}" --out "$OUT/calibration-h200.json" || rc=1
+	else
+		rc=1
+	fi
+	return $rc
+}
+
 failed=0
 for step in $STEPS; do
 	if ! declare -F "step_$step" >/dev/null; then
-		echo "run.sh: unknown step $step (known: test compare goldens bench tokenizers)" | tee -a "$OUT/summary.txt"
+		echo "run.sh: unknown step $step (known: test compare goldens bench tokenizers calibrate)" | tee -a "$OUT/summary.txt"
 		failed=1
 		continue
 	fi

@@ -7,6 +7,7 @@
 //	kvx generate --config F --prompts P.jsonl [--top-logprobs K] [--json out.json]
 //	kvx serve --config F [--host 127.0.0.1] [--port 8000]
 //	kvx plugins
+//	kvx calibrate --config F [--out FILE] [--json] [--refit FILE]...
 //
 //	kvx --version
 //
@@ -102,6 +103,6 @@ func newRoot() *cobra.Command {
 			pprof.StopCPUProfile()
 		}
 	}
-	root.AddCommand(newRunCmd(g), newCompareCmd(g), newPlanCmd(g), newGenerateCmd(g), newServeCmd(g), newPluginsCmd(g), newConformanceCmd(g))
+	root.AddCommand(newRunCmd(g), newCompareCmd(g), newPlanCmd(g), newGenerateCmd(g), newServeCmd(g), newPluginsCmd(g), newConformanceCmd(g), newCalibrateCmd(g))
 	return root
 }

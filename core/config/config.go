@@ -62,6 +62,12 @@ type Config struct {
 	WeightsDtype     string   // weights_dtype: bf16, fp8, fp4 or w4afp8 (bf16)
 	PluginDirs       []string // plugin_dirs
 	Seed             uint64   // seed (0)
+	// SimCalibration is sim_calibration: the calibration file (kvx
+	// calibrate) of the sim device's cost model, relative to the YAML file
+	// that sets it; "none" for the datasheet roofline; empty for the one
+	// that ships with kvx for the hardware preset, if any (else the
+	// datasheet roofline). HardwareSpec carries the loaded parameters.
+	SimCalibration string
 	// ServedModelName is served_model_name (vLLM's key): the model id kvx
 	// serve lists and answers to; empty means the model key's value.
 	ServedModelName string

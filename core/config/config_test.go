@@ -116,7 +116,7 @@ func TestDefaultsFlatten(t *testing.T) {
 	}
 	want := map[string]any{
 		"model": "llama-3.1-8b", "hardware": "h200", "device": "sim", "cache_manager": "v2", "attention_backend": "gqa",
-		"isolation": "plugin", "plugin_transport": "auto", "step_overlap": "auto", "weights_dtype": "bf16", "plugin_dirs": nil, "seed": uint64(0), "served_model_name": nil, "check_invariants": "every",
+		"isolation": "plugin", "plugin_transport": "auto", "step_overlap": "auto", "weights_dtype": "bf16", "plugin_dirs": nil, "seed": uint64(0), "served_model_name": nil, "sim_calibration": nil, "check_invariants": "every",
 		"deep_check_every": 64, "max_batch_size": 64, "max_num_tokens": 8192, "max_seq_len": 131072,
 		"enable_chunked_prefill": false, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "expert_parallel_size": 1,
 		"kv_cache_config.enable_block_reuse": true, "kv_cache_config.tokens_per_block": 32,

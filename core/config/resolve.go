@@ -23,6 +23,9 @@ func (ld *loader) resolve(c *Config) {
 			ld.bad["hardware"] = true
 		}
 		c.hardware = h
+		if !ld.bad["hardware"] {
+			ld.resolveCalibration(c)
+		}
 	}
 
 	// Model.
@@ -352,4 +355,45 @@ func anySlice[T any](s []T) []any {
 		out[i] = v
 	}
 	return out
+}
+
+// resolveCalibration loads sim_calibration (or the hardware preset's
+// default) into c.hardware.Calibration.
+func (ld *loader) resolveCalibration(c *Config) {
+	const key = "sim_calibration"
+	v := strings.TrimSpace(c.SimCalibration)
+	if ld.bad[key] || v == "none" {
+		return
+	}
+	var cal *hw.Calibration
+	if v == "" {
+		var err error
+		if cal, err = hw.DefaultCalibration(c.Hardware); err != nil {
+			ld.crossErr("hardware: %q: its default sim calibration: %v", c.Hardware, err)
+			return
+		}
+		if cal == nil {
+			return
+		}
+	} else {
+		path := v
+		if o := ld.originOf(key); o.file != "" && !filepath.IsAbs(path) {
+			path = filepath.Join(filepath.Dir(o.file), path)
+		}
+		var err error
+		if cal, err = hw.LoadCalibration(path); err != nil {
+			ld.valueErr(key, v, "is not a usable calibration file (kvx calibrate writes them; \"none\" for the datasheet roofline): "+err.Error())
+			ld.bad[key] = true
+			return
+		}
+		if !strings.EqualFold(cal.Hardware, c.Hardware) {
+			ld.valueErr(key, v, fmt.Sprintf("was measured for hardware %q, but hardware is %q (%s); use a calibration of %q or sim_calibration: none",
+				cal.Hardware, c.Hardware, ld.where("hardware"), c.Hardware))
+			ld.bad[key] = true
+			return
+		}
+	}
+	p := cal.Params
+	c.hardware.Calibration = &p
+	c.hardware.Uncalibrated = false
 }

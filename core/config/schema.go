@@ -49,6 +49,7 @@ var baseFields = []field{
 	stringListField("plugin_dirs", func(c *Config) *[]string { return &c.PluginDirs }),
 	uintField("seed", func(c *Config) *uint64 { return &c.Seed }),
 	stringField("served_model_name", func(c *Config) *string { return &c.ServedModelName }, nil),
+	stringField("sim_calibration", func(c *Config) *string { return &c.SimCalibration }, nil),
 	{
 		key:  "check_invariants",
 		kind: `"every", "off" or a number of steps`,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
+	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
@@ -123,6 +124,13 @@ func TestOlderPluginWithoutAFeature(t *testing.T) {
 	_, err = w.Forward(ctxTimeout(t), worker.Batch{Step: 2, Items: []worker.Item{item}})
 	if kvcache.KindOf(err) != kvcache.KindUnsupported || !strings.Contains(fmtErr(err), "feature top_logprobs") {
 		t.Errorf("Forward with TopLogprobs 3 = %v, want KindUnsupported naming feature top_logprobs", err)
+	}
+	// A sim calibration it would ignore is refused at Configure.
+	var cfg worker.Config
+	cfg.Hardware.Calibration = &spec.SimCalibration{Name: "h200-test"}
+	_, err = w.Configure(ctxTimeout(t), cfg)
+	if kvcache.KindOf(err) != kvcache.KindUnsupported || !strings.Contains(fmtErr(err), "feature sim_calibration") {
+		t.Errorf("Configure with a calibration = %v, want KindUnsupported naming feature sim_calibration", err)
 	}
 }
 

@@ -201,7 +201,9 @@ func timeNote(rs []Report) string {
 		}
 	}
 	model := "a roofline cost model"
-	if uncal {
+	if c := calibrationOf(rs); c != "" {
+		model = "a roofline cost model calibrated by " + c
+	} else if uncal {
 		model = "an uncalibrated roofline cost model"
 	}
 	switch {
@@ -245,4 +247,12 @@ func pageData(rs []Report) []pageVariant {
 		}
 	}
 	return out
+}
+
+// calibrationOf is the first report's sim calibration, "" when none.
+func calibrationOf(rs []Report) string {
+	if len(rs) == 0 || rs[0].Config.Calibration == "none" {
+		return ""
+	}
+	return rs[0].Config.Calibration
 }

@@ -68,12 +68,16 @@ type Setup struct {
 	Backend      string `json:"attention_backend"`
 	Device       string `json:"device"`
 	Hardware     string `json:"hardware"`
-	Isolation    string `json:"isolation"`
-	Policy       string `json:"capacity_scheduler_policy"`
-	PP           int    `json:"pipeline_parallel_size"`
-	TP           int    `json:"tensor_parallel_size"`
-	Draft        int    `json:"draft_tokens"`
-	BlockReuse   bool   `json:"enable_block_reuse"`
+	// Calibration names the sim calibration the times come from (a file,
+	// or "embedded:<hardware>.json"); "none" when the sim used the
+	// datasheet roofline or the device measured its own times.
+	Calibration string `json:"calibration"`
+	Isolation   string `json:"isolation"`
+	Policy      string `json:"capacity_scheduler_policy"`
+	PP          int    `json:"pipeline_parallel_size"`
+	TP          int    `json:"tensor_parallel_size"`
+	Draft       int    `json:"draft_tokens"`
+	BlockReuse  bool   `json:"enable_block_reuse"`
 }
 
 type Requests struct {
@@ -431,6 +435,7 @@ type row struct {
 var rows = []row{
 	{"cache manager", func(r *Report) string { return r.Config.CacheManager }},
 	{"backend / device", func(r *Report) string { return r.Config.Backend + " / " + r.Config.Device }},
+	{"sim calibration", func(r *Report) string { return r.Config.Calibration }},
 	{"policy", func(r *Report) string { return r.Config.Policy }},
 	{"requests total", func(r *Report) string { return itoa(r.Requests.Total) }},
 	{"  completed", func(r *Report) string { return itoa(r.Requests.Completed) }},
@@ -522,7 +527,11 @@ func WriteTable(w io.Writer, rs []Report) error {
 		fmt.Fprintln(tw)
 	}
 	if len(rs) > 0 && rs[0].Engine.Modelled {
-		fmt.Fprintln(tw, "times are simulated by an uncalibrated roofline cost model")
+		if c := calibrationOf(rs); c != "" {
+			fmt.Fprintf(tw, "times are simulated by a roofline cost model calibrated by %s\n", c)
+		} else {
+			fmt.Fprintln(tw, "times are simulated by an uncalibrated roofline cost model")
+		}
 	}
 	return tw.Flush()
 }

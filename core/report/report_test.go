@@ -35,6 +35,24 @@ func TestWriteTable(t *testing.T) {
 	}
 }
 
+func TestWriteTableNamesCalibration(t *testing.T) {
+	rs := sample()
+	for i := range rs {
+		rs[i].Config.Calibration = "embedded:h200.json"
+	}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, rs); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	if !strings.Contains(out, "calibrated by embedded:h200.json") || strings.Contains(out, "uncalibrated") {
+		t.Errorf("table of a calibrated sim run does not name its calibration:\n%s", out)
+	}
+	if !strings.Contains(out, "sim calibration") {
+		t.Errorf("table lacks the sim calibration row:\n%s", out)
+	}
+}
+
 func TestWriteJSONFields(t *testing.T) {
 	var buf bytes.Buffer
 	if err := WriteJSON(&buf, NewDocument("kvx test", sample())); err != nil {

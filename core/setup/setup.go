@@ -311,7 +311,7 @@ func Resolve(cfg *config.Config, variant string, withWorkload bool) (*Resolved, 
 	s.Hidden = m.Hidden
 	s.Setup = report.Setup{
 		Model: m.Name, CacheManager: cfg.CacheManager, Backend: cfg.AttentionBackend, Device: cfg.Device,
-		Hardware: hw.Name, Isolation: cfg.Isolation, Policy: cfg.Scheduler.CapacitySchedulerPolicy,
+		Hardware: hw.Name, Calibration: calibrationName(cfg.Device, hw), Isolation: cfg.Isolation, Policy: cfg.Scheduler.CapacitySchedulerPolicy,
 		PP: pp, TP: cfg.TensorParallelSize, Draft: draft, BlockReuse: cfg.KVCache.EnableBlockReuse,
 	}
 	for i, st := range stages {
@@ -382,6 +382,14 @@ func Resolve(cfg *config.Config, variant string, withWorkload bool) (*Resolved, 
 		s.Workload = wl
 	}
 	return r, nil
+}
+
+// calibrationName is what a report says about the sim's calibration.
+func calibrationName(device string, hw spec.Hardware) string {
+	if device != "sim" || hw.Calibration == nil {
+		return "none"
+	}
+	return hw.Calibration.Name
 }
 
 // Workload loads the configured trace or generates the configured scenario.

@@ -95,7 +95,8 @@ type Env struct {
 	// experts have only up and down.
 	GatedMLP bool
 
-	peaks [3]float64 // FLOP/s per Precision, after fallbacks
+	peaks [3]float64   // FLOP/s per Precision, after fallbacks
+	cal   *calibration // HW.Calibration checked and indexed; nil: datasheet roofline
 }
 
 // NewEnv checks the hardware figures the cost model divides by and returns an
@@ -135,6 +136,13 @@ func NewEnv(m *spec.Model, hw spec.Hardware, tp int, weights string) (*Env, erro
 	if hw.FLOPSFP4 > 0 {
 		e.peaks[FP4] = hw.FLOPSFP4
 	}
+	if hw.Calibration != nil {
+		c, err := newCalibration(hw.Calibration)
+		if err != nil {
+			return nil, fmt.Errorf("hardware %q: %w", hw.Name, err)
+		}
+		e.cal = c
+	}
 	return e, nil
 }
 
@@ -163,28 +171,62 @@ type Batch struct {
 	Tokens int
 }
 
+// Class is what kind of kernel a Kernel is, for a calibration (calib.go):
+// kernels of one class share their measured efficiencies.
+type Class uint8
+
+const (
+	// ClassMixer is a backend's token-mixing kernel (attention, indexer,
+	// scan, cache reads and writes): the zero value, so the kernels a
+	// MixerFunc adds are mixers unless it says otherwise. Its calibration
+	// is per layer mixer ("mixer.gqa", "mixer.dsa", ...).
+	ClassMixer  Class = iota
+	ClassGEMM         // a weight matmul (Linear: projections, dense FFN, router, LM head)
+	ClassMoE          // the routed experts of an MoE FFN
+	ClassMemory       // pure memory traffic (the embedding lookup)
+)
+
 // Kernel is the work of one kernel (or one fused group) on one rank.
 type Kernel struct {
 	FLOPs float64 // a multiply-add counts 2
 	Prec  Precision
 	Bytes float64 // bytes read from and written to device memory
+	Class Class
 }
 
 // Work adds up kernels on one rank. Seconds is the sum over kernels of
 // max(FLOPs/peak, Bytes/bandwidth), plus whatever the helpers add for
-// communication and launches. The zero value is empty work.
+// communication and launches; with a calibration (Env.Calibrated) each
+// kernel's two sides are scaled by its class's measured factors and it pays
+// the calibrated launch cost. The zero value is empty work.
 type Work struct {
 	FLOPs     float64
 	Bytes     float64 // device memory traffic
 	LinkBytes float64 // NVLink traffic (all-reduce)
 	Seconds   float64
+
+	// Set by Stage around the calls it makes: the layer mixer whose kernels
+	// are being added (for ClassMixer), and, when recording, where the
+	// kernels go and how many identical layers each one stands for.
+	mixer  spec.Mixer
+	rec    *[]Feature
+	weight float64
 }
 
 // Add adds one kernel at its roofline time.
 func (w *Work) Add(e *Env, k Kernel) {
 	w.FLOPs += k.FLOPs
 	w.Bytes += k.Bytes
-	w.Seconds += max(k.FLOPs/e.peaks[k.Prec], k.Bytes/e.HW.MemBandwidth)
+	tc, tm := k.FLOPs/e.peaks[k.Prec], k.Bytes/e.HW.MemBandwidth
+	if w.rec != nil {
+		w.record(k, tc, tm)
+	}
+	if c := e.cal; c != nil {
+		sc := c.scale(k.Class, w.mixer)
+		w.Seconds += max(tc*sc.compute, tm*sc.memory) + c.launch
+		return
+	}
+	w.Seconds += max(tc, tm)
 }
 
 // AddScaled adds n copies of o (n identical layers).
@@ -279,6 +321,7 @@ func linear(e *Env, w *Work, in, out, tokens float64, sharded bool, dt Dtype) {
 		FLOPs: 2 * params * tokens,
 		Prec:  dt.Prec,
 		Bytes: params*dt.Bytes + tokens*(in+out)*actBytes,
+		Class: ClassGEMM,
 	})
 }
 
@@ -338,6 +381,7 @@ func FFN(e *Env, w *Work, l *spec.Layer, tokens int) {
 			FLOPs: 2 * expert * t * k,
 			Prec:  e.Weights.Prec,
 			Bytes: touched*expert*e.Weights.Bytes + t*k*2*d*actBytes,
+			Class: ClassMoE,
 		})
 		if m.SharedExperts > 0 {
 			si := float64(m.SharedIntermediate)
@@ -353,7 +397,7 @@ func FFN(e *Env, w *Work, l *spec.Layer, tokens int) {
 
 // Embed adds the embedding lookup of the first stage: one bf16 row per token.
 func Embed(e *Env, w *Work, tokens int) {
-	w.Add(e, Kernel{Bytes: float64(tokens) * float64(e.Model.Hidden) * actBytes})
+	w.Add(e, Kernel{Bytes: float64(tokens) * float64(e.Model.Hidden) * actBytes, Class: ClassMemory})
 }
 
 // LMHead adds the bf16 LM head (vocab-parallel, so sharded) over the

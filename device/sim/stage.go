@@ -118,33 +118,58 @@ func addGroup(gs []group, l spec.Layer, same func(a, b *spec.Layer) bool) []grou
 // own cache for every new token, plus the projection of [embedding; hidden])
 // and proposes the first draft through the LM head; each further draft is
 // one more pass over the sampling items, one token each.
+//
+// With a calibration (Env.Calibrated) the per-layer launch latency gives way
+// to the calibration's launch cost per kernel, and the forward pays its step
+// overhead once.
 func (s *Stage) Forward(st *Step) Work {
+	return s.forward(st, nil)
+}
+
+// Record is Forward that also returns every kernel it added, as the
+// features a calibration is fitted to (calib.go): identical layers are one
+// Feature whose Count is the number of layers. The slice is the caller's.
+func (s *Stage) Record(st *Step) (Work, []Feature) {
+	fs := []Feature{}
+	w := s.forward(st, &fs)
+	return w, fs
+}
+
+func (s *Stage) forward(st *Step, rec *[]Feature) Work {
 	e := s.env
 	w, g := &st.acc, &st.tmp
-	*w = Work{}
+	*w = Work{rec: rec, weight: 1}
 	if s.embed {
 		Embed(e, w, st.Tokens)
 	}
 	for i := range s.mixers {
-		*g = Work{}
+		*g = Work{mixer: s.mixers[i].l.Mixer, rec: rec, weight: s.mixers[i].n}
 		s.mixer(e, &s.mixers[i].l, &st.Batch, g)
 		AllReduce(e, g, st.Tokens)
 		w.AddScaled(*g, s.mixers[i].n)
 	}
 	for i := range s.ffns {
-		*g = Work{}
+		*g = Work{rec: rec, weight: s.ffns[i].n}
 		FFN(e, g, &s.ffns[i].l, st.Tokens)
 		AllReduce(e, g, st.Tokens)
 		w.AddScaled(*g, s.ffns[i].n)
 	}
-	w.Seconds += float64(s.layers) * e.HW.LaunchLatency
+	if e.cal == nil {
+		w.Seconds += float64(s.layers) * e.HW.LaunchLatency
+	}
 	if s.draft > 0 && len(s.mtp) > 0 && st.Sampled.Tokens > 0 {
 		s.mtpWork(w, st)
 	}
 	if s.head {
 		LMHead(e, w, st.Logits)
 	}
-	return *w
+	if e.cal != nil {
+		w.Seconds += e.cal.step
+	}
+	out := *w
+	out.mixer, out.rec, out.weight = "", nil, 0
+	*w, *g = Work{}, Work{} // keep no recorder
+	return out
 }
 
 func (s *Stage) mtpWork(w *Work, st *Step) {
@@ -155,14 +180,18 @@ func (s *Stage) mtpWork(w *Work, st *Step) {
 		for i := range s.mtp {
 			l := &s.mtp[i]
 			if l.Mixer != spec.MixerNone {
+				w.mixer = l.Mixer
 				s.mixer(e, l, b, w)
+				w.mixer = ""
 				AllReduce(e, w, b.Tokens)
 			}
 			if l.FFN != spec.FFNNone {
 				FFN(e, w, l, b.Tokens)
 				AllReduce(e, w, b.Tokens)
 			}
-			w.Seconds += e.HW.LaunchLatency
+			if e.cal == nil {
+				w.Seconds += e.HW.LaunchLatency
+			}
 		}
 		LMHead(e, w, st.Sampled.Tokens)
 	}

@@ -2713,6 +2713,7 @@ type Hardware struct {
 	PcieBandwidth   float64                `protobuf:"fixed64,8,opt,name=pcie_bandwidth,json=pcieBandwidth,proto3" json:"pcie_bandwidth,omitempty"`
 	Uncalibrated    bool                   `protobuf:"varint,9,opt,name=uncalibrated,proto3" json:"uncalibrated,omitempty"`
 	LaunchLatency   float64                `protobuf:"fixed64,10,opt,name=launch_latency,json=launchLatency,proto3" json:"launch_latency,omitempty"`
+	Calibration     *SimCalibration        `protobuf:"bytes,11,opt,name=calibration,proto3" json:"calibration,omitempty"` // absent: the datasheet roofline
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -2817,6 +2818,143 @@ func (x *Hardware) GetLaunchLatency() float64 {
 	return 0
 }
 
+func (x *Hardware) GetCalibration() *SimCalibration {
+	if x != nil {
+		return x.Calibration
+	}
+	return nil
+}
+
+// spec.SimCalibration
+type SimCalibration struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Classes       []*KernelClassScale    `protobuf:"bytes,2,rep,name=classes,proto3" json:"classes,omitempty"`
+	LaunchSeconds float64                `protobuf:"fixed64,3,opt,name=launch_seconds,json=launchSeconds,proto3" json:"launch_seconds,omitempty"`
+	StepSeconds   float64                `protobuf:"fixed64,4,opt,name=step_seconds,json=stepSeconds,proto3" json:"step_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SimCalibration) Reset() {
+	*x = SimCalibration{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SimCalibration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SimCalibration) ProtoMessage() {}
+
+func (x *SimCalibration) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SimCalibration.ProtoReflect.Descriptor instead.
+func (*SimCalibration) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *SimCalibration) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SimCalibration) GetClasses() []*KernelClassScale {
+	if x != nil {
+		return x.Classes
+	}
+	return nil
+}
+
+func (x *SimCalibration) GetLaunchSeconds() float64 {
+	if x != nil {
+		return x.LaunchSeconds
+	}
+	return 0
+}
+
+func (x *SimCalibration) GetStepSeconds() float64 {
+	if x != nil {
+		return x.StepSeconds
+	}
+	return 0
+}
+
+// spec.KernelClassScale
+type KernelClassScale struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Class         string                 `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
+	ComputeScale  float64                `protobuf:"fixed64,2,opt,name=compute_scale,json=computeScale,proto3" json:"compute_scale,omitempty"`
+	MemoryScale   float64                `protobuf:"fixed64,3,opt,name=memory_scale,json=memoryScale,proto3" json:"memory_scale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KernelClassScale) Reset() {
+	*x = KernelClassScale{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KernelClassScale) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KernelClassScale) ProtoMessage() {}
+
+func (x *KernelClassScale) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KernelClassScale.ProtoReflect.Descriptor instead.
+func (*KernelClassScale) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *KernelClassScale) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *KernelClassScale) GetComputeScale() float64 {
+	if x != nil {
+		return x.ComputeScale
+	}
+	return 0
+}
+
+func (x *KernelClassScale) GetMemoryScale() float64 {
+	if x != nil {
+		return x.MemoryScale
+	}
+	return 0
+}
+
 // worker.Config
 type WorkerConfig struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -2842,7 +2980,7 @@ type WorkerConfig struct {
 
 func (x *WorkerConfig) Reset() {
 	*x = WorkerConfig{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2854,7 +2992,7 @@ func (x *WorkerConfig) String() string {
 func (*WorkerConfig) ProtoMessage() {}
 
 func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2867,7 +3005,7 @@ func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerConfig.ProtoReflect.Descriptor instead.
 func (*WorkerConfig) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WorkerConfig) GetStage() int64 {
@@ -2986,7 +3124,7 @@ type Setup struct {
 
 func (x *Setup) Reset() {
 	*x = Setup{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2998,7 +3136,7 @@ func (x *Setup) String() string {
 func (*Setup) ProtoMessage() {}
 
 func (x *Setup) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3011,7 +3149,7 @@ func (x *Setup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Setup.ProtoReflect.Descriptor instead.
 func (*Setup) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{40}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Setup) GetDeviceBytes() int64 {
@@ -3052,7 +3190,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3064,7 +3202,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3077,7 +3215,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{41}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Batch) GetStep() uint64 {
@@ -3198,7 +3336,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3210,7 +3348,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3223,7 +3361,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{42}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Result) GetHidden() []byte {
@@ -3333,7 +3471,7 @@ type CopyBlocksRequest struct {
 
 func (x *CopyBlocksRequest) Reset() {
 	*x = CopyBlocksRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3345,7 +3483,7 @@ func (x *CopyBlocksRequest) String() string {
 func (*CopyBlocksRequest) ProtoMessage() {}
 
 func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3358,7 +3496,7 @@ func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyBlocksRequest.ProtoReflect.Descriptor instead.
 func (*CopyBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{43}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CopyBlocksRequest) GetCopies() *Copies {
@@ -3376,7 +3514,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3388,7 +3526,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3401,7 +3539,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{44}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{46}
 }
 
 type EventsRequest struct {
@@ -3412,7 +3550,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3424,7 +3562,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3437,7 +3575,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{45}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{47}
 }
 
 // kvcache.Event
@@ -3456,7 +3594,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3468,7 +3606,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3481,7 +3619,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{46}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Event) GetKind() int32 {
@@ -3543,7 +3681,7 @@ type EventList struct {
 
 func (x *EventList) Reset() {
 	*x = EventList{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3555,7 +3693,7 @@ func (x *EventList) String() string {
 func (*EventList) ProtoMessage() {}
 
 func (x *EventList) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3568,7 +3706,7 @@ func (x *EventList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventList.ProtoReflect.Descriptor instead.
 func (*EventList) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{47}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *EventList) GetEvents() []*Event {
@@ -3789,7 +3927,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x06mixers\x18\x05 \x03(\tR\x06mixers\x12!\n" +
 	"\fmemory_bytes\x18\x06 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
-	"free_bytes\x18\a \x01(\x03R\tfreeBytes\"\xdc\x02\n" +
+	"free_bytes\x18\a \x01(\x03R\tfreeBytes\"\x96\x03\n" +
 	"\bHardware\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12#\n" +
@@ -3802,7 +3940,17 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x0epcie_bandwidth\x18\b \x01(\x01R\rpcieBandwidth\x12\"\n" +
 	"\funcalibrated\x18\t \x01(\bR\funcalibrated\x12%\n" +
 	"\x0elaunch_latency\x18\n" +
-	" \x01(\x01R\rlaunchLatency\"\xd8\x03\n" +
+	" \x01(\x01R\rlaunchLatency\x128\n" +
+	"\vcalibration\x18\v \x01(\v2\x16.kvx.v1.SimCalibrationR\vcalibration\"\xa2\x01\n" +
+	"\x0eSimCalibration\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
+	"\aclasses\x18\x02 \x03(\v2\x18.kvx.v1.KernelClassScaleR\aclasses\x12%\n" +
+	"\x0elaunch_seconds\x18\x03 \x01(\x01R\rlaunchSeconds\x12!\n" +
+	"\fstep_seconds\x18\x04 \x01(\x01R\vstepSeconds\"p\n" +
+	"\x10KernelClassScale\x12\x14\n" +
+	"\x05class\x18\x01 \x01(\tR\x05class\x12#\n" +
+	"\rcompute_scale\x18\x02 \x01(\x01R\fcomputeScale\x12!\n" +
+	"\fmemory_scale\x18\x03 \x01(\x01R\vmemoryScale\"\xd8\x03\n" +
 	"\fWorkerConfig\x12\x14\n" +
 	"\x05stage\x18\x01 \x01(\x03R\x05stage\x12\x16\n" +
 	"\x06stages\x18\x02 \x01(\x03R\x06stages\x12\x1d\n" +
@@ -3913,7 +4061,7 @@ func file_kvx_v1_kvx_proto_rawDescGZIP() []byte {
 	return file_kvx_v1_kvx_proto_rawDescData
 }
 
-var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*ContractSide)(nil),       // 0: kvx.v1.ContractSide
 	(*Empty)(nil),              // 1: kvx.v1.Empty
@@ -3954,15 +4102,17 @@ var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*WorkerInfoRequest)(nil),  // 36: kvx.v1.WorkerInfoRequest
 	(*WorkerInfo)(nil),         // 37: kvx.v1.WorkerInfo
 	(*Hardware)(nil),           // 38: kvx.v1.Hardware
-	(*WorkerConfig)(nil),       // 39: kvx.v1.WorkerConfig
-	(*Setup)(nil),              // 40: kvx.v1.Setup
-	(*Batch)(nil),              // 41: kvx.v1.Batch
-	(*Result)(nil),             // 42: kvx.v1.Result
-	(*CopyBlocksRequest)(nil),  // 43: kvx.v1.CopyBlocksRequest
-	(*HealthRequest)(nil),      // 44: kvx.v1.HealthRequest
-	(*EventsRequest)(nil),      // 45: kvx.v1.EventsRequest
-	(*Event)(nil),              // 46: kvx.v1.Event
-	(*EventList)(nil),          // 47: kvx.v1.EventList
+	(*SimCalibration)(nil),     // 39: kvx.v1.SimCalibration
+	(*KernelClassScale)(nil),   // 40: kvx.v1.KernelClassScale
+	(*WorkerConfig)(nil),       // 41: kvx.v1.WorkerConfig
+	(*Setup)(nil),              // 42: kvx.v1.Setup
+	(*Batch)(nil),              // 43: kvx.v1.Batch
+	(*Result)(nil),             // 44: kvx.v1.Result
+	(*CopyBlocksRequest)(nil),  // 45: kvx.v1.CopyBlocksRequest
+	(*HealthRequest)(nil),      // 46: kvx.v1.HealthRequest
+	(*EventsRequest)(nil),      // 47: kvx.v1.EventsRequest
+	(*Event)(nil),              // 48: kvx.v1.Event
+	(*EventList)(nil),          // 49: kvx.v1.EventList
 }
 var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	6,  // 0: kvx.v1.ManagerInfo.capabilities:type_name -> kvx.v1.Capabilities
@@ -3986,60 +4136,62 @@ var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	31, // 18: kvx.v1.Snapshot.seqs:type_name -> kvx.v1.SeqState
 	32, // 19: kvx.v1.Snapshot.seq_columns:type_name -> kvx.v1.SeqColumns
 	33, // 20: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
-	38, // 21: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
-	10, // 22: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
-	15, // 23: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
-	16, // 24: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
-	17, // 25: kvx.v1.Batch.snapshots:type_name -> kvx.v1.SnapshotSlots
-	16, // 26: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
-	46, // 27: kvx.v1.EventList.events:type_name -> kvx.v1.Event
-	0,  // 28: kvx.v1.Contract.Hello:input_type -> kvx.v1.ContractSide
-	4,  // 29: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
-	8,  // 30: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
-	12, // 31: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
-	14, // 32: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
-	19, // 33: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
-	20, // 34: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
-	19, // 35: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
-	19, // 36: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
-	19, // 37: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
-	25, // 38: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
-	29, // 39: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
-	22, // 40: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
-	2,  // 41: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	45, // 42: kvx.v1.CacheManager.Events:input_type -> kvx.v1.EventsRequest
-	36, // 43: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
-	39, // 44: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
-	41, // 45: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
-	43, // 46: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
-	44, // 47: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
-	2,  // 48: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	0,  // 49: kvx.v1.Contract.Hello:output_type -> kvx.v1.ContractSide
-	5,  // 50: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
-	10, // 51: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
-	13, // 52: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
-	18, // 53: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
-	1,  // 54: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
-	21, // 55: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
-	24, // 56: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
-	24, // 57: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
-	1,  // 58: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
-	28, // 59: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
-	34, // 60: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
-	23, // 61: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
-	3,  // 62: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	47, // 63: kvx.v1.CacheManager.Events:output_type -> kvx.v1.EventList
-	37, // 64: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
-	40, // 65: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
-	42, // 66: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
-	1,  // 67: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
-	1,  // 68: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
-	3,  // 69: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	49, // [49:70] is the sub-list for method output_type
-	28, // [28:49] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	39, // 21: kvx.v1.Hardware.calibration:type_name -> kvx.v1.SimCalibration
+	40, // 22: kvx.v1.SimCalibration.classes:type_name -> kvx.v1.KernelClassScale
+	38, // 23: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
+	10, // 24: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
+	15, // 25: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
+	16, // 26: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
+	17, // 27: kvx.v1.Batch.snapshots:type_name -> kvx.v1.SnapshotSlots
+	16, // 28: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
+	48, // 29: kvx.v1.EventList.events:type_name -> kvx.v1.Event
+	0,  // 30: kvx.v1.Contract.Hello:input_type -> kvx.v1.ContractSide
+	4,  // 31: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
+	8,  // 32: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
+	12, // 33: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
+	14, // 34: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
+	19, // 35: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
+	20, // 36: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
+	19, // 37: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
+	19, // 38: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
+	19, // 39: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
+	25, // 40: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
+	29, // 41: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
+	22, // 42: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
+	2,  // 43: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	47, // 44: kvx.v1.CacheManager.Events:input_type -> kvx.v1.EventsRequest
+	36, // 45: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
+	41, // 46: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
+	43, // 47: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
+	45, // 48: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
+	46, // 49: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
+	2,  // 50: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	0,  // 51: kvx.v1.Contract.Hello:output_type -> kvx.v1.ContractSide
+	5,  // 52: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
+	10, // 53: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
+	13, // 54: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
+	18, // 55: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
+	1,  // 56: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
+	21, // 57: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
+	24, // 58: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
+	24, // 59: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
+	1,  // 60: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
+	28, // 61: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
+	34, // 62: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
+	23, // 63: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
+	3,  // 64: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	49, // 65: kvx.v1.CacheManager.Events:output_type -> kvx.v1.EventList
+	37, // 66: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
+	42, // 67: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
+	44, // 68: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
+	1,  // 69: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
+	1,  // 70: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
+	3,  // 71: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	51, // [51:72] is the sub-list for method output_type
+	30, // [30:51] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_kvx_v1_kvx_proto_init() }
@@ -4053,7 +4205,7 @@ func file_kvx_v1_kvx_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvx_v1_kvx_proto_rawDesc), len(file_kvx_v1_kvx_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   48,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

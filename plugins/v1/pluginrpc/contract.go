@@ -64,6 +64,11 @@ const (
 	// block stores and removals, CacheManager.Events drains them, and
 	// Capabilities.kv_events says it can.
 	FeatureKVEvents Feature = "kv_events"
+	// FeatureSimCalibration: Hardware.calibration carries the sim cost
+	// model's calibration (kvx calibrate) to the worker. A worker without
+	// it would run the datasheet roofline while the report names the
+	// calibration, so the client refuses to configure one with it.
+	FeatureSimCalibration Feature = "sim_calibration"
 )
 
 // featureDef is a feature and the proto elements it adds: full names of
@@ -93,6 +98,9 @@ var features = []featureDef{
 		"kvx.v1.ManagerConfig.kv_events",
 		"kvx.v1.Event", "kvx.v1.EventList", "kvx.v1.EventsRequest",
 		"kvx.v1.CacheManager.Events",
+	}},
+	{Name: FeatureSimCalibration, Adds: []string{
+		"kvx.v1.Hardware.calibration", "kvx.v1.SimCalibration", "kvx.v1.KernelClassScale",
 	}},
 }
 

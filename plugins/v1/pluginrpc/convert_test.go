@@ -130,6 +130,16 @@ var converters = []converter{
 	conv("kvcache.Snapshot", fullSnapshot, toProtoSnapshot, mustFrom(fromProtoSnapshot)),
 	conv("worker.Info", fullWorkerInfo, toProtoWorkerInfo, fromProtoWorkerInfo),
 	conv("spec.Hardware", fullHardware, toProtoHardware, fromProtoHardware),
+	// nil (no calibration) travels inside spec.Hardware, whose zero and
+	// random values have it.
+	conv("spec.SimCalibration", fullSimCalibration,
+		func(c spec.SimCalibration) *kvxpb.SimCalibration { return toProtoSimCalibration(&c) },
+		func(p *kvxpb.SimCalibration) spec.SimCalibration {
+			if c := fromProtoSimCalibration(p); c != nil {
+				return *c
+			}
+			return spec.SimCalibration{}
+		}),
 	conv("worker.Config", fullWorkerConfig,
 		func(c worker.Config) *kvxpb.WorkerConfig { return must(toProtoWorkerConfig(c)) },
 		func(p *kvxpb.WorkerConfig) worker.Config { return must(fromProtoWorkerConfig(p)) }),

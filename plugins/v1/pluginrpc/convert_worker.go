@@ -46,7 +46,32 @@ func toProtoHardware(h spec.Hardware) *kvxpb.Hardware {
 		PcieBandwidth:   h.PCIeBW,
 		Uncalibrated:    h.Uncalibrated,
 		LaunchLatency:   h.LaunchLatency,
+		Calibration:     toProtoSimCalibration(h.Calibration),
 	}
+}
+
+// toProtoSimCalibration is nil for nil (no calibration).
+func toProtoSimCalibration(c *spec.SimCalibration) *kvxpb.SimCalibration {
+	if c == nil {
+		return nil
+	}
+	p := &kvxpb.SimCalibration{Name: c.Name, LaunchSeconds: c.LaunchSeconds, StepSeconds: c.StepSeconds}
+	for _, k := range c.Classes {
+		p.Classes = append(p.Classes, &kvxpb.KernelClassScale{Class: k.Class, ComputeScale: k.ComputeScale, MemoryScale: k.MemoryScale})
+	}
+	return p
+}
+
+// fromProtoSimCalibration is nil for nil (no calibration).
+func fromProtoSimCalibration(p *kvxpb.SimCalibration) *spec.SimCalibration {
+	if p == nil {
+		return nil
+	}
+	c := &spec.SimCalibration{Name: p.GetName(), LaunchSeconds: p.GetLaunchSeconds(), StepSeconds: p.GetStepSeconds()}
+	for _, k := range p.GetClasses() {
+		c.Classes = append(c.Classes, spec.KernelClassScale{Class: k.GetClass(), ComputeScale: k.GetComputeScale(), MemoryScale: k.GetMemoryScale()})
+	}
+	return c
 }
 
 func fromProtoHardware(p *kvxpb.Hardware) spec.Hardware {
@@ -61,6 +86,7 @@ func fromProtoHardware(p *kvxpb.Hardware) spec.Hardware {
 		PCIeBW:        p.GetPcieBandwidth(),
 		Uncalibrated:  p.GetUncalibrated(),
 		LaunchLatency: p.GetLaunchLatency(),
+		Calibration:   fromProtoSimCalibration(p.GetCalibration()),
 	}
 }
 

@@ -37,6 +37,12 @@ func normalizeInto(dst, src reflect.Value) {
 		for i := range src.NumField() {
 			normalizeInto(dst.Field(i), src.Field(i))
 		}
+	case reflect.Pointer:
+		if !src.IsNil() {
+			v := reflect.New(src.Elem().Type())
+			normalizeInto(v.Elem(), src.Elem())
+			dst.Set(v)
+		}
 	case reflect.Interface:
 		if !src.IsNil() {
 			v := reflect.New(src.Elem().Type()).Elem()
@@ -103,6 +109,12 @@ var fullModel = spec.Model{
 var fullHardware = spec.Hardware{
 	Name: "H200", MemoryBytes: 141 << 30, MemBandwidth: 4.8e12, FLOPSBF16: 989e12, FLOPSFP8: 1979e12,
 	FLOPSFP4: 1, NVLinkBW: 450e9, PCIeBW: 64e9, Uncalibrated: true, LaunchLatency: 4e-6,
+	Calibration: &fullSimCalibration,
+}
+
+var fullSimCalibration = spec.SimCalibration{
+	Name: "embedded:h200.json", LaunchSeconds: 3e-6, StepSeconds: 1e-4,
+	Classes: []spec.KernelClassScale{{Class: "gemm", ComputeScale: 40, MemoryScale: 2.5}, {Class: "mixer.gqa", ComputeScale: 7, MemoryScale: 1.5}},
 }
 
 var fullCopies = []kvcache.Copy{{SrcPool: 1, SrcBlock: 7, DstPool: 2, DstBlock: 9}, {SrcPool: 3, SrcBlock: -1, DstPool: 4, DstBlock: 1 << 30}}

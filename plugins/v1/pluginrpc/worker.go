@@ -79,6 +79,11 @@ func (c *WorkerClient) Configure(ctx context.Context, cfg worker.Config) (worker
 	if exited(c.done) {
 		return worker.Setup{}, errExited(m)
 	}
+	if cfg.Hardware.Calibration != nil && !c.fam.has(FeatureSimCalibration) {
+		return worker.Setup{}, kvcache.Errorf(kvcache.KindUnsupported,
+			"sim calibration %q given, but the worker plugin does not offer feature %s (it would run the datasheet roofline): rebuild it against this kvx's plugins/sdk",
+			cfg.Hardware.Calibration.Name, FeatureSimCalibration)
+	}
 	req, err := toProtoWorkerConfig(cfg)
 	if err != nil {
 		return worker.Setup{}, kvcache.Errorf(kvcache.KindInvalidConfig, "kvx plugin %s: %v", m, err)

@@ -150,4 +150,39 @@ type Hardware struct {
 	PCIeBW        float64 `json:"pcie_bandwidth"`   // host<->device bytes/s
 	Uncalibrated  bool    `json:"uncalibrated"`     // figures are datasheet values, not measured
 	LaunchLatency float64 `json:"launch_latency"`   // seconds of fixed overhead per layer per step
+	// Calibration, when set, is the sim cost model's calibration (kvx
+	// calibrate): measured efficiencies per kernel class, a launch cost per
+	// kernel and an overhead per step that replace the datasheet roofline
+	// and LaunchLatency. nil: the datasheet roofline. Only the sim device
+	// reads it; sizing never does.
+	Calibration *SimCalibration `json:"calibration,omitempty"`
+}
+
+// SimCalibration is what the sim device needs of a calibration. With one, a
+// kernel of class c costs
+//
+//	max(FLOPs/peak * ComputeScale_c, Bytes/bandwidth * MemoryScale_c) + LaunchSeconds
+//
+// and each forward of a stage StepSeconds more; a class the calibration does
+// not list keeps scale 1 on both sides (the datasheet roofline).
+type SimCalibration struct {
+	// Name says where it came from: a file path, or "embedded:<file>" for
+	// the default that ships with kvx.
+	Name          string             `json:"name"`
+	Classes       []KernelClassScale `json:"classes"`
+	LaunchSeconds float64            `json:"launch_seconds"` // per kernel
+	StepSeconds   float64            `json:"step_seconds"`   // per forward of a stage
+}
+
+// KernelClassScale is one kernel class's measured slowdown against the
+// datasheet roofline: a scale of 2 means half the peak (efficiency 0.5); 0
+// means that side of the roofline never mattered in the measurements.
+type KernelClassScale struct {
+	// Class is "gemm" (weight matmuls, LM head, router), "moe" (routed
+	// experts), "memory" (pure memory traffic: embeddings) or
+	// "mixer.<mixer>" (a backend's token-mixing kernels: "mixer.gqa",
+	// "mixer.mla", "mixer.dsa", "mixer.mamba2").
+	Class        string  `json:"class"`
+	ComputeScale float64 `json:"compute_scale"`
+	MemoryScale  float64 `json:"memory_scale"`
 }
