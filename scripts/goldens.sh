@@ -14,11 +14,18 @@ for dir in "$td"/*/ "$td"/extra/*/; do
 	[[ -f $dir/expected.json && -f $dir/config.json ]] || continue
 	name=$(basename "$dir")
 	backend=gqa manager=v2
-	case $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("model_type",""))' "$dir/config.json") in
+	mt=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("model_type",""))' "$dir/config.json")
+	case $mt in
 	deepseek_v3) backend=mla ;;
 	deepseek_v32) backend=dsa ;;
 	nemotron_h | qwen3_next) manager=mamba ;;
 	esac
+	# The cuda device has no Gated DeltaNet kernel and refuses Qwen3-Next at
+	# Open (device/cuda TestOpenRefusesGDN); say so instead of failing.
+	if [[ $dev == cuda && $mt == qwen3_next ]]; then
+		echo "$name: skipped on device cuda (no Gated DeltaNet kernel; the device refuses the architecture)"
+		continue
+	fi
 	if ! timeout "${GOLDEN_TIMEOUT:-120}" kvx generate -c "$scen" --set model="$(cd "$dir" && pwd)" --set device="$dev" \
 		--set attention_backend=$backend --set cache_manager=$manager --prompts "$dir/prompts.jsonl" \
 		--json "$out/$name.json" >"$out/$name.log" 2>&1; then
