@@ -248,6 +248,46 @@ func killPluginMidRun(t *testing.T, binary string) {
 	}
 }
 
+// TestManagerKilledWhileStagesStart: kill -9 of the cache manager right
+// after stage 0's instance is ready, while stage 1 asks the same (dying)
+// process for its own: the engine must start a fresh process once, not
+// spend its restart budget in a millisecond on the dying one (it did: 8
+// restarts, exit 1), and every request completes.
+func TestManagerKilledWhileStagesStart(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "r.json")
+	cmd := exec.Command(filepath.Join(binDir, "kvx"), "run", "-c", "testdata/small.yaml", "--set", "workload.requests=50", "--json", js,
+		"--log-level", "debug")
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(stderr.String(), "plugin ready: kind=cachemanager") && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	victim := 0
+	for _, pid := range pluginPIDs(t) {
+		if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); strings.HasSuffix(exe, "kvx-cachemgr-v2") {
+			victim = pid
+		}
+	}
+	if victim == 0 {
+		cmd.Process.Kill()
+		t.Fatalf("no kvx-cachemgr-v2 process after its ready line\n%s", stderr.String())
+	}
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("kvx run after kill -9 of the manager during start-up: %v\n%s", err, stderr.String())
+	}
+	r := readReports(t, js)[0]
+	if r.Requests.Completed != r.Requests.Total || r.Engine.PluginRestarts < 1 || r.Engine.PluginRestarts > 2 {
+		t.Errorf("requests %+v, %d restarts; want every request completed after one or two restarts", r.Requests, r.Engine.PluginRestarts)
+	}
+}
+
 // TestBadConfigExitsTwoNamingTheKey: typos, bad values and bad files are
 // reported at once with the key, the value and what is allowed.
 func TestBadConfigExitsTwoNamingTheKey(t *testing.T) {

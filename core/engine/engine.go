@@ -263,6 +263,7 @@ func (e *Engine) setup(ctx context.Context) error {
 		for err != nil && errors.Is(err, kvcache.ErrUnavailable) && ctx.Err() == nil && e.rep.Engine.PluginRestarts < e.spec.Restarts.max() {
 			e.rep.Engine.PluginRestarts++
 			e.log.Warn("plugin died while starting; starting it again", "stage", i, "error", err)
+			e.backoff(ctx) // a dying process is noticed in milliseconds: never spend the budget before
 			err = e.startStage(ctx, st)
 		}
 		if err != nil {

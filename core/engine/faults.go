@@ -46,12 +46,11 @@ func itemSeqs(err error) []kvcache.SeqID {
 	return nil
 }
 
-// recoverStage restarts the plugins of a stage that died and recomputes every
-// request: micro-batches in flight are dropped, every resident sequence is
-// released on the other stages, and the scheduler requeues every admitted
-// request at the front. Generated tokens are kept; nothing is lost. A stage
-// whose manager or worker went with the dead one (one process serves every
-// stage's instance) is restarted too.
+// recoverStage restarts the plugins after one of stage dead's died, and
+// recomputes every request: micro-batches in flight are dropped, every
+// stage's manager and worker are replaced (their processes serve every
+// stage), and the scheduler requeues every admitted request at the front.
+// Generated tokens are kept; nothing is lost.
 func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error {
 	budget := e.spec.Restarts.max()
 	if e.rep.Engine.PluginRestarts >= budget {
@@ -66,30 +65,33 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 		e.live.setRecovering(fmt.Sprintf("restarting the plugins of stage %d (restart %d of %d) after: %v", dead, e.rep.Engine.PluginRestarts, budget, cause))
 		defer e.live.setRecovering("")
 	}
-	e.backoff(ctx) // once per death; the stages that went with it restart at once
-	restarted := make([]bool, len(e.stages))
-	restart := func(i int) error {
-		if st, ok := e.launch.(Stopper); ok {
-			st.Stop(e.stages[i].m)
-			st.Stop(e.stages[i].w)
+	e.backoff(ctx) // once per death
+	// Every stage restarts, its manager and its worker: one process serves
+	// every stage's instance of a plugin binary, so the dead stage's
+	// processes are the other stages' too. All are stopped before any
+	// starts, so that no restart kills a process a stage restarted just
+	// before it now uses (restarting stage by stage did: each stopped the
+	// process the previous one had just moved to, until the budget was
+	// spent).
+	if sp, ok := e.launch.(Stopper); ok {
+		for _, st := range e.stages {
+			sp.Stop(st.m)
+			sp.Stop(st.w)
 		}
-		err := e.startStage(ctx, e.stages[i])
+	}
+	for i, st := range e.stages {
+		err := e.startStage(ctx, st)
 		// A plugin that dies (or hangs) while it restarts is started again,
 		// within the same budget.
 		for err != nil && errors.Is(err, kvcache.ErrUnavailable) && ctx.Err() == nil && e.rep.Engine.PluginRestarts < budget {
 			e.rep.Engine.PluginRestarts++
 			e.log.Warn("plugin died while restarting; starting it again", "stage", i, "error", err)
 			e.backoff(ctx)
-			err = e.startStage(ctx, e.stages[i])
+			err = e.startStage(ctx, st)
 		}
 		if err != nil {
 			return fmt.Errorf("restart of stage %d after %v: %w", i, cause, err)
 		}
-		restarted[i] = true
-		return nil
-	}
-	if err := restart(dead); err != nil {
-		return err
 	}
 	var resident []kvcache.SeqID
 	for _, r := range e.reqs {
@@ -106,42 +108,6 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 		clear(st.snaps)
 		st.copies = st.copies[:0]
 		st.released = append(st.released[:0], resident...)
-		if restarted[st.idx] {
-			continue
-		}
-		// Release whatever the surviving stage holds: a call that failed may
-		// have reached some stages and not others, so ask the stage itself.
-		e.dog.arm(slotCall, fmt.Sprintf("stage %d: Inspect and Health after a restart", st.idx), e.spec.Liveness.Call, st.m, st.w)
-		snap, err := st.m.Inspect(ctx, kvcache.InspectOptions{})
-		health := st.w.Health(ctx)
-		e.dog.disarm(slotCall)
-		if errors.Is(err, kvcache.ErrUnavailable) || errors.Is(health, kvcache.ErrUnavailable) {
-			// Its manager or its worker went too (a process shared with the
-			// dead stage, or stopped with it): replace both now, or the next
-			// step finds the dead one and restarts again.
-			e.log.Warn("restarting a stage whose plugins went with the dead one", "stage", st.idx)
-			if err := restart(st.idx); err != nil {
-				return err
-			}
-			continue
-		}
-		if err != nil {
-			return stageErr(st.idx, "inspect after restart", err)
-		}
-		held := make([]kvcache.SeqID, len(snap.Seqs))
-		for i, sq := range snap.Seqs {
-			held[i] = sq.Seq
-		}
-		if len(held) == 0 {
-			continue
-		}
-		e.dog.arm(slotCall, fmt.Sprintf("stage %d: Release after a restart", st.idx), e.spec.Liveness.Call, st.m)
-		err = st.m.Release(ctx, held)
-		e.dog.disarm(slotCall)
-		if err != nil {
-			return stageErr(st.idx, fmt.Sprintf("release after restart of stage %d", dead), err)
-		}
-		st.released = append(st.released, held...)
 	}
 	for _, id := range e.sched.RequeueAll() {
 		r := e.byID[id]

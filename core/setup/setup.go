@@ -524,6 +524,11 @@ func launchShared[C any](ctx context.Context, l *Launcher, path string,
 	if sh, ok := l.sharedProc(path); ok {
 		c, err := instance(ctx, sh.first.(C), sh.proc)
 		if err != nil {
+			if errors.Is(err, kvcache.ErrUnavailable) {
+				// The process is dying (its exit not yet noticed) or gone:
+				// the next start must launch a fresh one, not ask it again.
+				l.forget(path, sh.proc)
+			}
 			var none C
 			return none, err
 		}
@@ -551,6 +556,18 @@ func (l *Launcher) sharedProc(path string) (shared, bool) {
 		return shared{}, false
 	}
 	return sh, ok
+}
+
+// forget drops proc as the process that serves path, and kills it (its
+// whole group): it failed to serve an instance, and the stages it still
+// serves find it unavailable and are restarted, as after Stop.
+func (l *Launcher) forget(path string, proc *host.Process) {
+	l.mu.Lock()
+	if sh, ok := l.shared[path]; ok && sh.proc == proc {
+		delete(l.shared, path)
+	}
+	l.mu.Unlock()
+	proc.Abort()
 }
 
 // share makes proc, just launched, the process later stages' instances of

@@ -3,7 +3,7 @@
 // requests, and what every chart drew.
 //
 // Tests call Open; it skips the test when no Chromium is installed, unless
-// the environment sets KVX_REQUIRE_CHROMIUM=1 (as .ci/run does), and then
+// the environment sets REQUIRE_CHROMIUM=1 (as .ci/run does), and then
 // fails it instead.
 package pagecheck
 
@@ -54,10 +54,10 @@ type Page struct {
 	Charts   []Chart
 }
 
-// Binary returns the Chromium to run: $KVX_CHROMIUM, else the first of
+// Binary returns the Chromium to run: $CHROMIUM_BIN, else the first of
 // chromium, chromium-browser and google-chrome on the PATH; "" for none.
 func Binary() string {
-	if p := os.Getenv("KVX_CHROMIUM"); p != "" {
+	if p := os.Getenv("CHROMIUM_BIN"); p != "" {
 		return p
 	}
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
@@ -70,14 +70,14 @@ func Binary() string {
 
 // Open loads each HTML file of paths in a tab of one headless Chromium and
 // reports what each tab saw once its page loaded. Without Chromium it
-// skips t, or fails it when KVX_REQUIRE_CHROMIUM=1.
+// skips t, or fails it when REQUIRE_CHROMIUM=1.
 func Open(t testing.TB, paths ...string) []Page {
 	t.Helper()
 	bin := Binary()
 	if bin == "" {
-		msg := "no Chromium (chromium, chromium-browser or google-chrome on the PATH, or $KVX_CHROMIUM): install it with apt-get install -y chromium to check the HTML report in a browser"
-		if os.Getenv("KVX_REQUIRE_CHROMIUM") == "1" {
-			t.Fatalf("%s (KVX_REQUIRE_CHROMIUM=1)", msg)
+		msg := "no Chromium (chromium, chromium-browser or google-chrome on the PATH, or $CHROMIUM_BIN): install it with apt-get install -y chromium to check the HTML report in a browser"
+		if os.Getenv("REQUIRE_CHROMIUM") == "1" {
+			t.Fatalf("%s (REQUIRE_CHROMIUM=1)", msg)
 		}
 		t.Skip(msg)
 	}
