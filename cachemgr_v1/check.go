@@ -248,10 +248,11 @@ func (m *Manager) checkHost(add func(string, ...any)) {
 				}
 			}
 		}
-		for b := range hp.n {
-			if hp.hashed[b] {
-				if db, ok := dp.lookup(hp.hash[b]); ok {
-					add("pool %d: host block %d and device block %d of pool %d hold the same hash", hp.id, b, db, dp.id)
+		// Device blocks are the fewer: look each one's hash up on the host.
+		for b := range dp.n {
+			if dp.hashed[b] {
+				if hb, ok := hp.lookup(dp.hash[b]); ok {
+					add("pool %d: host block %d and device block %d of pool %d hold the same hash", hp.id, hb, b, dp.id)
 				}
 			}
 		}
