@@ -65,6 +65,16 @@
 // two salts never share a block. With Config.KVEvents the first paged pool's
 // registrations and evictions are reported as KV events (events.go).
 //
+// # Host tier
+//
+// With host_cache_size > 0 (and reuse on) every paged pool has a host pool
+// of the same block size, listed after the device pools. A cached block
+// that an allocation evicts is copied to the host tier instead of
+// vanishing, and a reservation whose Reuse covers host blocks brings them
+// back into fresh device blocks; the copies travel in Grant.Copies. The
+// host tier evicts its own least recently used block. hostcache.go has the
+// rules. Without a host tier nothing of it runs and grants carry no copies.
+//
 // # Concurrency and allocation
 //
 // A Manager is not safe for concurrent use (the contract calls it from one
