@@ -258,3 +258,69 @@ func containsBlock(bs []kvcache.BlockID, b kvcache.BlockID) bool {
 	}
 	return false
 }
+
+// KV events describe the device tier: an offload removes a's blocks from
+// it and a promotion stores them again, under the same hashes.
+func TestHostTierEvents(t *testing.T) {
+	const tpb = 4
+	cfg := hostConfig(8)
+	cfg.KVEvents = true
+	m := configured(t, cfg)
+	a := prompt(tpb, []int32{1, 2, 3, 4, 5, 6}, 1, 1)
+	b := prompt(tpb, []int32{7, 8, 9, 10, 11, 12, 13, 14}, 0, 2)
+	c := prompt(tpb, []int32{15, 16, 17, 18, 19, 20, 21, 22}, 0, 3)
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, New: true, Tokens: len(a), Prompt: a})
+	commit(t, m, 1, len(a))
+	release(t, m, 1)
+	evs, _ := m.Events(bg)
+	if len(evs) != 2 || evs[1].Kind != kvcache.BlockStored || len(evs[1].Hashes) != 6 {
+		t.Fatalf("events after a = %+v, want AllBlocksCleared and one BlockStored of 6", evs)
+	}
+	aHashes := evs[1].Hashes
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 2, New: true, Tokens: len(b), Prompt: b})
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 3, New: true, Tokens: len(c), Prompt: c})
+	evs, _ = m.Events(bg)
+	var removed []uint64
+	for _, e := range evs {
+		if e.Kind == kvcache.BlockRemoved && e.Tier == kvcache.TierDevice {
+			removed = append(removed, e.Hashes...)
+		}
+	}
+	if len(removed) != 6 || !sameSet(removed, aHashes) {
+		t.Fatalf("device removals %v, want a's hashes %v", removed, aHashes)
+	}
+	commit(t, m, 2, len(b))
+	commit(t, m, 3, len(c))
+	release(t, m, 2, 3)
+	_, _ = m.Events(bg)
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 4, New: true, Tokens: 1, Reuse: 24, Prompt: a})
+	evs, _ = m.Events(bg)
+	var stored []uint64
+	for _, e := range evs {
+		if e.Kind == kvcache.BlockStored {
+			stored = append(stored, e.Hashes...)
+		}
+	}
+	if !sameSet(stored, aHashes) {
+		t.Fatalf("stores after the promotion %v (events %+v), want a's hashes %v", stored, evs, aHashes)
+	}
+}
+
+func sameSet(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	in := map[uint64]int{}
+	for _, x := range a {
+		in[x]++
+	}
+	for _, x := range b {
+		in[x]--
+	}
+	for _, n := range in {
+		if n != 0 {
+			return false
+		}
+	}
+	return true
+}
