@@ -30,6 +30,10 @@ import (
 //     read a block whose copy might never run. An Unreserve drops them (the
 //     copy is not made): an offloaded hash vanishes and a promoted hash
 //     vanishes, which is Unreserve's "cached blocks evicted stay evicted".
+//   - Within one Reserve call, a block promoted by an earlier item may be
+//     shared by a later one: the later grant carries the same host→device
+//     copy, so its content arrives even if the earlier grant is undone, and
+//     the host blocks promotions read stay untouched until the call ends.
 //
 // Without a host tier none of this runs: m.host is nil, no pool has pend,
 // and grants carry no copies.
@@ -39,6 +43,40 @@ type move struct {
 	pool int  // paged pool index
 	host bool // the host pool's block (offload) or the device pool's (promotion)
 	b    kvcache.BlockID
+}
+
+// fresh is pool pi's promotions of the current Reserve call: src[db] is
+// host block + 1 for a device block db promoted in it (0 otherwise); limbo
+// holds those host blocks, unregistered, until endCall frees them.
+type fresh struct {
+	src   []int32
+	dbs   []kvcache.BlockID
+	limbo []kvcache.BlockID
+}
+
+// endCall ends a Reserve call: its promotions' host blocks become free.
+func (m *Manager) endCall() {
+	for pi := range m.fresh {
+		f := &m.fresh[pi]
+		for _, db := range f.dbs {
+			f.src[db] = 0
+		}
+		m.host[pi].free = append(m.host[pi].free, f.limbo...)
+		f.dbs, f.limbo = f.dbs[:0], f.limbo[:0]
+	}
+}
+
+// shared returns the device block of pool pi promoted under h earlier in
+// this call, and the host block it is copied from.
+func (m *Manager) shared(pi int, h xxh3.Uint128) (db, hb kvcache.BlockID, ok bool) {
+	if m.fresh == nil {
+		return 0, 0, false
+	}
+	db, ok = m.paged[pi].lookup(h)
+	if !ok || m.fresh[pi].src[db] == 0 {
+		return 0, 0, false
+	}
+	return db, kvcache.BlockID(m.fresh[pi].src[db] - 1), true
 }
 
 // allocDev allocates one device block of paged pool pi, first offloading
@@ -73,6 +111,9 @@ func (m *Manager) holds(pi int, h xxh3.Uint128) bool {
 	if _, ok := m.paged[pi].live(h); ok {
 		return true
 	}
+	if _, _, ok := m.shared(pi, h); ok {
+		return true
+	}
 	if m.host != nil {
 		_, ok := m.host[pi].live(h)
 		return ok
@@ -88,7 +129,10 @@ func (m *Manager) onHost(pi int, hashes []xxh3.Uint128) int {
 	}
 	n := 0
 	for _, h := range hashes {
-		if _, ok := m.paged[pi].live(h); !ok {
+		if _, ok := m.paged[pi].live(h); ok {
+			continue
+		}
+		if _, _, ok := m.shared(pi, h); !ok {
 			n++
 		}
 	}
@@ -110,6 +154,12 @@ func (m *Manager) attach(pi int, t []kvcache.BlockID, hashes []xxh3.Uint128) []k
 			t = append(t, b)
 			continue
 		}
+		if db, hb, ok := m.shared(pi, h); ok {
+			p.acquire(db)
+			t = append(t, db)
+			m.copies = append(m.copies, kvcache.Copy{SrcPool: m.host[pi].id, SrcBlock: hb, DstPool: p.id, DstBlock: db})
+			continue
+		}
 		hb, _ := m.host[pi].live(h)
 		hp := m.host[pi]
 		hp.unlink(int32(hb)) // pinned: off the host LRU list
@@ -129,7 +179,10 @@ func (m *Manager) attach(pi int, t []kvcache.BlockID, hashes []xxh3.Uint128) []k
 		db := m.allocDev(pi)
 		m.copies = append(m.copies, kvcache.Copy{SrcPool: hp.id, SrcBlock: hb, DstPool: p.id, DstBlock: db})
 		hp.forget(hb)
-		hp.free = append(hp.free, hb)
+		f := &m.fresh[pi]
+		f.limbo = append(f.limbo, hb) // freed when the call ends
+		f.src[db] = int32(hb) + 1
+		f.dbs = append(f.dbs, db)
 		p.register(db, h)
 		p.pend[db] = true
 		m.cur.moved = append(m.cur.moved, move{pool: pi, b: db})

@@ -58,6 +58,20 @@ func (w *worker) write(table []kvcache.BlockID, from int, toks []int32) {
 // and the table of the returning request.
 func hostScript(t *testing.T, host int) (*Manager, *worker, []int32, kvcache.Grant) {
 	t.Helper()
+	m, w, a := hostSetup(t, host)
+	if host == 0 {
+		return m, w, a, kvcache.Grant{}
+	}
+	g := mustGrant(t, m, kvcache.ReserveItem{Seq: 4, New: true, Tokens: 1, Reuse: 24, Prompt: a})
+	g.Tables = []kvcache.TableDelta{{Pool: 0, Blocks: g.Tables[0].Blocks}}
+	w.run(g.Copies)
+	return m, w, a, g
+}
+
+// hostSetup is hostScript up to the return of a: a's blocks are on the
+// host tier (or gone, without one).
+func hostSetup(t *testing.T, host int) (*Manager, *worker, []int32) {
+	t.Helper()
 	const tpb = 4
 	m := New()
 	lay, err := m.Configure(bg, hostConfig(host))
@@ -93,18 +107,12 @@ func hostScript(t *testing.T, host int) (*Manager, *worker, []int32, kvcache.Gra
 		if n[0] != 0 {
 			t.Fatalf("without a host tier Lookup(a) after eviction = %d, want 0", n[0])
 		}
-		return m, w, a, kvcache.Grant{}
+		return m, w, a
 	}
 	if n[0] != 24 {
 		t.Fatalf("Lookup(a) after eviction to the host tier = %d, want 24", n[0])
 	}
-	g := mustGrant(t, m, kvcache.ReserveItem{Seq: 4, New: true, Tokens: 1, Reuse: 24, Prompt: a})
-	for _, d := range g.Tables {
-		tables[4] = append(tables[4][:d.From], d.Blocks...)
-	}
-	g.Tables = []kvcache.TableDelta{{Pool: 0, Blocks: tables[4]}}
-	w.run(g.Copies)
-	return m, w, a, g
+	return m, w, a
 }
 
 func release(t *testing.T, m *Manager, seqs ...kvcache.SeqID) {
@@ -323,4 +331,35 @@ func sameSet(a, b []uint64) bool {
 		}
 	}
 	return true
+}
+
+// Two requests of one Reserve call reuse the same host prefix: the second
+// shares the blocks the first promoted and carries the same copies, so it
+// stays right when the first grant is undone (the engine drops its copies).
+func TestHostTierSharedPromotionInOneCall(t *testing.T) {
+	m, w, a := hostSetup(t, 8)
+	gs := reserve(t, m,
+		kvcache.ReserveItem{Seq: 4, New: true, Tokens: 1, Reuse: 24, Prompt: a},
+		kvcache.ReserveItem{Seq: 5, New: true, Tokens: 1, Reuse: 24, Prompt: a})
+	if !gs[0].OK || !gs[1].OK {
+		t.Fatalf("grants %+v: want both", gs)
+	}
+	t4, t5 := gs[0].Tables[0].Blocks, gs[1].Tables[0].Blocks
+	for j := range 6 {
+		if t4[j] != t5[j] {
+			t.Fatalf("tables %v and %v: want the 6 reused blocks shared", t4, t5)
+		}
+	}
+	if err := m.Unreserve(bg, []kvcache.SeqID{4}); err != nil {
+		t.Fatal(err)
+	}
+	noViolations(t, m)
+	w.run(gs[1].Copies) // only the kept grant's copies run
+	for pos := range 24 {
+		if got := w.content[0][int(t5[pos/4])*4+pos%4]; got != a[pos] {
+			t.Fatalf("reused position %d (block %d) holds %d, prompt has %d", pos, t5[pos/4], got, a[pos])
+		}
+	}
+	commit(t, m, 5, 1)
+	noViolations(t, m)
 }

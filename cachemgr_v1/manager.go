@@ -113,6 +113,7 @@ type Manager struct {
 
 	paged []*pool // paged pools, ids 0..len-1
 	host  []*pool // host pool of each paged pool (ids len(paged)..); nil without a host tier
+	fresh []fresh // per paged pool with a host tier: this Reserve call's promotions
 	ssm   *pool   // state pool (id len(paged)); nil without state buffers
 
 	seqs  map[kvcache.SeqID]*sequence
@@ -229,8 +230,10 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 		m.paged = append(m.paged, newPool(p.pool.ID, p.pool.Window, m.tpb, p.pool.Blocks, m.reuse))
 	}
 	if m.host != nil {
-		for _, p := range m.paged {
+		m.fresh = make([]fresh, len(m.paged))
+		for pi, p := range m.paged {
 			p.pend = make([]bool, p.n)
+			m.fresh[pi].src = make([]int32, p.n)
 		}
 	}
 	if cfg.KVEvents && m.reuse && len(m.paged) > 0 {
@@ -332,6 +335,9 @@ func (m *Manager) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]k
 		if len(m.staged) > from || len(m.copies) > cfrom {
 			m.spans = append(m.spans, span{i, from, len(m.staged), cfrom, len(m.copies)})
 		}
+	}
+	if m.fresh != nil {
+		m.endCall()
 	}
 	if len(m.copies) > 0 {
 		copies := slices.Clone(m.copies)
