@@ -1,6 +1,9 @@
 package cachemgrv1
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // maxViolations bounds the self-check report.
 const maxViolations = 50
@@ -85,6 +88,9 @@ func (m *Manager) check() []string {
 		}
 		m.checkPool(p, refs, add)
 	}
+	if m.host != nil {
+		m.checkHost(add)
+	}
 	if m.ssm != nil {
 		refs := make([]int32, m.ssm.n)
 		for _, s := range m.seqs {
@@ -128,6 +134,24 @@ func (m *Manager) checkPool(p *pool, refs []int32, add func(string, ...any)) {
 		}
 		where[b] = onFree
 	}
+	parked := 0
+	for b := range p.pend {
+		if !p.pend[b] {
+			continue
+		}
+		switch {
+		case !p.hashed[b]:
+			add("pool %d: block %d is pending but not registered", p.id, b)
+		case where[b] != unseen:
+			add("pool %d: block %d is pending but on the free list", p.id, b)
+		}
+		if refs[b] == 0 {
+			parked++
+		}
+	}
+	if parked != p.parked {
+		add("pool %d: %d pending unreferenced blocks, %d counted", p.id, parked, p.parked)
+	}
 	lru := 0
 	if p.hashed != nil {
 		for b, steps := p.next[p.n], 0; b != int32(p.n); b, steps = p.next[b], steps+1 {
@@ -143,6 +167,8 @@ func (m *Manager) checkPool(p *pool, refs []int32, add func(string, ...any)) {
 				add("pool %d: block %d is cached but referenced %d times", p.id, b, refs[b])
 			case !p.hashed[b]:
 				add("pool %d: block %d is cached but not registered", p.id, b)
+			case p.pend != nil && p.pend[b]:
+				add("pool %d: block %d is cached but pending", p.id, b)
 			}
 			where[b] = onLRU
 		}
@@ -174,11 +200,61 @@ func (m *Manager) checkPool(p *pool, refs []int32, add func(string, ...any)) {
 	for b := range p.n {
 		if refs[b] > 0 {
 			inUse++
-		} else if where[b] == unseen {
+		} else if where[b] == unseen && (p.pend == nil || !p.pend[b]) {
 			add("pool %d: block %d is unreferenced but neither free nor cached (leaked)", p.id, b)
 		}
 	}
-	if st := p.stats(); st.Free+st.Cached+inUse != st.Total || st.InUse != inUse {
+	if st := p.stats(); st.Free+st.Cached+inUse != st.Total || st.InUse != inUse || st.Cached != lru+parked {
 		add("pool %d: free %d + cached %d + in use %d (counted %d) != total %d", p.id, st.Free, st.Cached, st.InUse, inUse, st.Total)
+	}
+}
+
+// checkHost verifies the host tier (hostcache.go): host blocks are never
+// referenced, a chain hash is registered in at most one tier of a pool, and
+// the pending blocks are exactly the moves of outstanding reservations, each
+// once, a host move's block unreferenced and a device move's block in its
+// sequence's table.
+func (m *Manager) checkHost(add func(string, ...any)) {
+	pending := make([][2][]int32, len(m.paged)) // [pool][device, host][block] = moves naming it
+	for pi := range m.paged {
+		pending[pi] = [2][]int32{make([]int32, m.paged[pi].n), make([]int32, m.host[pi].n)}
+	}
+	for id, s := range m.seqs {
+		if len(s.moved) > 0 && !s.reserved {
+			add("seq %d: %d pending moves without a reservation", id, len(s.moved))
+		}
+		for _, mv := range s.moved {
+			tier, p := 0, m.paged[mv.pool]
+			if mv.host {
+				tier, p = 1, m.host[mv.pool]
+			}
+			if mv.b < 0 || int(mv.b) >= p.n {
+				add("seq %d: pending move names block %d outside pool %d of %d", id, mv.b, p.id, p.n)
+				continue
+			}
+			pending[mv.pool][tier][mv.b]++
+			if !mv.host && !slices.Contains(s.tables[mv.pool], mv.b) {
+				add("seq %d: promoted block %d of pool %d is not in its table", id, mv.b, p.id)
+			}
+		}
+	}
+	for pi, dp := range m.paged {
+		hp := m.host[pi]
+		m.checkPool(hp, make([]int32, hp.n), add)
+		for tier, p := range []*pool{dp, hp} {
+			for b := range p.n {
+				if want := p.pend[b]; (pending[pi][tier][b] == 1) != want || pending[pi][tier][b] > 1 {
+					add("pool %d: block %d pending %v, named by %d pending moves", p.id, b, want, pending[pi][tier][b])
+				}
+			}
+		}
+		// Device blocks are the fewer: look each one's hash up on the host.
+		for b := range dp.n {
+			if dp.hashed[b] {
+				if hb, ok := hp.lookup(dp.hash[b]); ok {
+					add("pool %d: host block %d and device block %d of pool %d hold the same hash", hp.id, hb, b, dp.id)
+				}
+			}
+		}
 	}
 }

@@ -3,6 +3,7 @@ package cachemgrv1
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -160,6 +161,34 @@ func plan(cfg kvcache.Config) (kvcache.Layout, []poolPlan, error) {
 			})
 		}
 		layout.MaxSeqTokens = min(hold, limit)
+		// The host tier (hostcache.go) serves prefix reuse only, which a
+		// stage with state buffers does not have.
+		if cfg.HostBytes > 0 && cfg.EnableBlockReuse && ssm == nil {
+			nh := cfg.HostBytes / blockSet
+			switch {
+			case nh == 0:
+				warnings = append(warnings, fmt.Sprintf(
+					"%s: host_cache_size %s bytes is less than one block in every paged pool (%s bytes); no host tier",
+					st, commas64(cfg.HostBytes), commas64(blockSet)))
+			case nh > maxBlocksPerPool:
+				warnings = append(warnings, fmt.Sprintf(
+					"%s: %s host blocks per pool fit in host_cache_size; using %s (the manager's limit), the rest of the host memory stays unused",
+					st, commas64(nh), commas(maxBlocksPerPool)))
+				nh = maxBlocksPerPool
+			}
+			if nh > 0 {
+				k := len(plans)
+				for i := range k {
+					hp := plans[i]
+					hp.pool.ID = k + i
+					hp.pool.Name = "host-" + hp.pool.Name
+					hp.pool.Tier = kvcache.TierHost
+					hp.pool.Blocks = int(nh)
+					hp.pool.Layers = slices.Clone(hp.pool.Layers)
+					plans = append(plans, hp)
+				}
+			}
+		}
 	} else {
 		// A stage of state layers only: no token limit beyond the request's.
 		layout.MaxSeqTokens = limit
@@ -169,8 +198,8 @@ func plan(cfg kvcache.Config) (kvcache.Layout, []poolPlan, error) {
 		plans = append(plans, *ssm)
 	}
 
-	if cfg.HostBytes > 0 {
-		warnings = append(warnings, fmt.Sprintf("%s: host_cache_size %s bytes ignored: cachemgr-v1 has no host tier (pause frees and recomputes)", st, commas64(cfg.HostBytes)))
+	if cfg.HostBytes > 0 && !(cfg.EnableBlockReuse && ssm == nil && len(windows) > 0) {
+		warnings = append(warnings, fmt.Sprintf("%s: host_cache_size %s bytes ignored: cachemgr-v1's host tier holds evicted blocks for prefix reuse, which is off on this stage (pause frees and recomputes)", st, commas64(cfg.HostBytes)))
 	}
 	if len(cfg.PoolRatio) > 0 {
 		warnings = append(warnings, st+": pool_ratio has no effect: cachemgr-v1 splits memory in proportion to bytes per token")

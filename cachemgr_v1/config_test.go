@@ -192,10 +192,11 @@ func TestInfoAndUnconfigured(t *testing.T) {
 	if _, err := m.Commit(ctx, nil); !errors.Is(err, context.Canceled) {
 		t.Errorf("Commit with a canceled ctx = %v", err)
 	}
-	// No host tier: V1 pauses by Release and recompute, so it is no
-	// Suspender and the core never asks it to suspend.
+	// V1's host tier holds evicted blocks for reuse only: it pauses by
+	// Release and recompute, so it is no Suspender and the core never asks
+	// it to suspend.
 	if _, ok := any(m).(kvcache.Suspender); ok {
-		t.Errorf("%T implements kvcache.Suspender; V1 has no host tier", m)
+		t.Errorf("%T implements kvcache.Suspender; V1 suspends nothing", m)
 	}
 }
 

@@ -65,6 +65,16 @@
 // two salts never share a block. With Config.KVEvents the first paged pool's
 // registrations and evictions are reported as KV events (events.go).
 //
+// # Host tier
+//
+// With host_cache_size > 0 (and reuse on) every paged pool has a host pool
+// of the same block size, listed after the device pools. A cached block
+// that an allocation evicts is copied to the host tier instead of
+// vanishing, and a reservation whose Reuse covers host blocks brings them
+// back into fresh device blocks; the copies travel in Grant.Copies. The
+// host tier evicts its own least recently used block. hostcache.go has the
+// rules. Without a host tier nothing of it runs and grants carry no copies.
+//
 // # Concurrency and allocation
 //
 // A Manager is not safe for concurrent use (the contract calls it from one
@@ -102,6 +112,8 @@ type Manager struct {
 	names      []string // pool names, Layout order
 
 	paged []*pool // paged pools, ids 0..len-1
+	host  []*pool // host pool of each paged pool (ids len(paged)..); nil without a host tier
+	fresh []fresh // per paged pool with a host tier: this Reserve call's promotions
 	ssm   *pool   // state pool (id len(paged)); nil without state buffers
 
 	seqs  map[kvcache.SeqID]*sequence
@@ -113,6 +125,8 @@ type Manager struct {
 	staged []stagedDelta
 	blocks []kvcache.BlockID
 	spans  []span
+	copies []kvcache.Copy // this Reserve call's tier copies, in order
+	cur    *sequence      // the sequence whose reservation is being applied
 	// hint[i] is the sequence of item i of the last Reserve call. Batches
 	// tend to repeat their order step after step, so Reserve and Commit
 	// find sequences here before asking the map.
@@ -124,11 +138,12 @@ type Manager struct {
 
 type counters struct {
 	lookupTokens, reusedTokens, denials int64
+	offloaded, promoted                 int64 // host tier: blocks copied device→host, host→device
 }
 
 type stagedDelta struct{ pool, from, off, n int }
 
-type span struct{ grant, from, to int }
+type span struct{ grant, from, to, cfrom, cto int }
 
 // sequence is one request's ledger and tables on this stage.
 type sequence struct {
@@ -153,6 +168,7 @@ type sequence struct {
 	hashes     []xxh3.Uint128 // chain hashes of the full prompt blocks (reuse on)
 	registered int            // prompt blocks registered so far
 	prompt     []int32        // the full prompt blocks, kept only with KV events on
+	moved      []move         // host tier: pending blocks of the outstanding reservation
 }
 
 // New returns an unconfigured manager.
@@ -205,7 +221,20 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 			m.ssm = newPool(p.pool.ID, 0, 0, p.pool.Blocks, false)
 			continue
 		}
+		if p.pool.Tier == kvcache.TierHost {
+			hp := newPool(p.pool.ID, p.pool.Window, m.tpb, p.pool.Blocks, true)
+			hp.pend = make([]bool, hp.n)
+			m.host = append(m.host, hp)
+			continue
+		}
 		m.paged = append(m.paged, newPool(p.pool.ID, p.pool.Window, m.tpb, p.pool.Blocks, m.reuse))
+	}
+	if m.host != nil {
+		m.fresh = make([]fresh, len(m.paged))
+		for pi, p := range m.paged {
+			p.pend = make([]bool, p.n)
+			m.fresh[pi].src = make([]int32, p.n)
+		}
 	}
 	if cfg.KVEvents && m.reuse && len(m.paged) > 0 {
 		m.ev.on = true
@@ -260,8 +289,12 @@ func (m *Manager) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int
 }
 
 func (m *Manager) allHold(h xxh3.Uint128) bool {
-	for _, p := range m.paged {
-		if _, ok := p.lookup(h); !ok {
+	for pi, p := range m.paged {
+		if m.host != nil {
+			if !m.holds(pi, h) {
+				return false
+			}
+		} else if _, ok := p.lookup(h); !ok {
 			return false
 		}
 	}
@@ -281,14 +314,14 @@ func (m *Manager) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]k
 		return nil, err
 	}
 	grants := make([]kvcache.Grant, len(items))
-	m.staged, m.blocks, m.spans = m.staged[:0], m.blocks[:0], m.spans[:0]
+	m.staged, m.blocks, m.spans, m.copies = m.staged[:0], m.blocks[:0], m.spans[:0], m.copies[:0]
 	if len(m.hint) < len(items) {
 		m.hint = append(m.hint, make([]*sequence, len(items)-len(m.hint))...)
 	}
 	for i := range items {
 		it := &items[i]
 		grants[i].Seq = it.Seq
-		from := len(m.staged)
+		from, cfrom := len(m.staged), len(m.copies)
 		s, reason := m.reserveOne(it, m.find(i, it.Seq))
 		if m.hint[i] != s {
 			m.hint[i] = s
@@ -299,8 +332,19 @@ func (m *Manager) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]k
 			continue
 		}
 		grants[i].OK = true
-		if len(m.staged) > from {
-			m.spans = append(m.spans, span{i, from, len(m.staged)})
+		if len(m.staged) > from || len(m.copies) > cfrom {
+			m.spans = append(m.spans, span{i, from, len(m.staged), cfrom, len(m.copies)})
+		}
+	}
+	if m.fresh != nil {
+		m.endCall()
+	}
+	if len(m.copies) > 0 {
+		copies := slices.Clone(m.copies)
+		for _, sp := range m.spans {
+			if sp.cto > sp.cfrom {
+				grants[sp.grant].Copies = copies[sp.cfrom:sp.cto:sp.cto]
+			}
 		}
 	}
 	if len(m.staged) > 0 {
@@ -311,7 +355,9 @@ func (m *Manager) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]k
 			deltas[k] = kvcache.TableDelta{Pool: d.pool, From: d.from, Blocks: blocks[d.off : d.off+d.n : d.off+d.n]}
 		}
 		for _, sp := range m.spans {
-			grants[sp.grant].Tables = deltas[sp.from:sp.to:sp.to]
+			if sp.to > sp.from {
+				grants[sp.grant].Tables = deltas[sp.from:sp.to:sp.to]
+			}
 		}
 	}
 	return grants, nil
@@ -408,6 +454,9 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 			have = len(s.tables[pi])
 		}
 		extra := want - have
+		if reuseBlocks > 0 {
+			extra += m.onHost(pi, hashes[:reuseBlocks]) // promotions need fresh device blocks
+		}
 		if extra <= 0 {
 			continue
 		}
@@ -431,6 +480,7 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 	// Apply; nothing below can fail.
 	if it.New {
 		s = m.newSeq(it.Seq)
+		m.cur = s
 		s.isNew = true
 		if m.ssm != nil {
 			s.slot = m.ssm.alloc()
@@ -440,10 +490,14 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 		}
 		for pi, p := range m.paged {
 			t := s.tables[pi]
-			for j := 0; j < reuseBlocks; j++ {
-				b, _ := p.lookup(hashes[j])
-				p.acquire(b)
-				t = append(t, b)
+			if m.host != nil {
+				t = m.attach(pi, t, hashes[:reuseBlocks])
+			} else {
+				for j := 0; j < reuseBlocks; j++ {
+					b, _ := p.lookup(hashes[j])
+					p.acquire(b)
+					t = append(t, b)
+				}
 			}
 			s.tables[pi] = t
 		}
@@ -453,17 +507,26 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 		s.hashes = append(s.hashes[:0], hashes...)
 		if m.ev.on {
 			s.prompt = append(s.prompt[:0], it.Prompt[:len(hashes)*m.tpb]...)
+			if len(s.moved) > 0 {
+				p := m.paged[0]
+				for j, b := range s.tables[0] { // promoted blocks are device content again
+					if p.pend[b] {
+						m.ev.stored(s, j, m.tpb)
+					}
+				}
+			}
 		}
 		m.c.reusedTokens += int64(it.Reuse)
 		m.seqs[it.Seq] = s
 	}
+	m.cur = s
 	s.undoCap, s.undoHold = s.capacity, s.hold
 	s.hold, s.capacity = hold, newCap
 	for pi, p := range m.paged {
 		t := s.tables[pi]
 		s.undoLen[pi], s.undoTold[pi], s.undoKeep[pi] = int32(len(t)), s.told[pi], s.keep[pi]
 		for len(t) < want {
-			t = append(t, p.alloc())
+			t = append(t, m.allocDev(pi))
 		}
 		s.tables[pi] = t
 		if n := int32(len(t)); s.keep[pi] != n || s.told[pi] != n {
@@ -518,13 +581,13 @@ func (m *Manager) newSeq(id kvcache.SeqID) *sequence {
 			undoKeep: make([]int32, n),
 		}
 	}
-	hashes, tables, prompt := s.hashes[:0], s.tables, s.prompt[:0]
+	hashes, tables, prompt, moved := s.hashes[:0], s.tables, s.prompt[:0], s.moved[:0]
 	for i := range tables {
 		tables[i] = tables[i][:0]
 		s.stale[i], s.told[i], s.keep[i] = 0, 0, 0
 	}
 	*s = sequence{
-		id: id, live: true, slot: noBlock, hashes: hashes, tables: tables, prompt: prompt,
+		id: id, live: true, slot: noBlock, hashes: hashes, tables: tables, prompt: prompt, moved: moved,
 		stale: s.stale, told: s.told, keep: s.keep,
 		undoLen: s.undoLen, undoTold: s.undoTold, undoKeep: s.undoKeep,
 	}
@@ -552,6 +615,7 @@ func (m *Manager) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 			bad.add(id, "no outstanding reservation")
 			continue
 		}
+		m.settle(s, false)
 		if s.isNew {
 			m.drop(s)
 			continue
@@ -603,6 +667,9 @@ func (m *Manager) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcac
 }
 
 func (m *Manager) commitOne(s *sequence, accepted int) {
+	if len(s.moved) > 0 {
+		m.settle(s, true)
+	}
 	s.history += accepted
 	s.reserved, s.isNew, s.resTokens, s.resDraft = false, false, 0, 0
 	s.capacity = max(s.history, s.hold)
@@ -622,7 +689,7 @@ func (m *Manager) commitOne(s *sequence, accepted int) {
 		}
 		// Register full prompt blocks before any leaves the window.
 		for j := s.registered; j < full; j++ {
-			if b := t[j]; b != noBlock && p.register(b, s.hashes[j]) && pi == 0 && m.ev.on {
+			if b := t[j]; b != noBlock && m.claim(pi, s.hashes[j]) && p.register(b, s.hashes[j]) && pi == 0 && m.ev.on {
 				m.ev.stored(s, j, m.tpb)
 			}
 		}
@@ -643,6 +710,9 @@ func (m *Manager) commitOne(s *sequence, accepted int) {
 // drop frees every block of s (tail first, so a chain's deeper blocks become
 // the older cache entries) and forgets it.
 func (m *Manager) drop(s *sequence) {
+	if len(s.moved) > 0 {
+		m.settle(s, true) // Release: the grant's copies went to the worker
+	}
 	for pi, p := range m.paged {
 		t := s.tables[pi]
 		for j := len(t) - 1; j >= 0; j-- {
@@ -702,6 +772,9 @@ func (m *Manager) poolStats() []kvcache.PoolStats {
 	for _, p := range m.paged {
 		out = append(out, p.stats())
 	}
+	for _, p := range m.host {
+		out = append(out, p.stats())
+	}
 	if m.ssm != nil {
 		out = append(out, m.ssm.stats())
 	}
@@ -723,7 +796,7 @@ func (m *Manager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvc
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	npools := len(m.paged)
+	npools := len(m.paged) + len(m.host)
 	if m.ssm != nil {
 		npools++
 	}
@@ -759,6 +832,9 @@ func (m *Manager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvc
 	if opts.Tables {
 		snap.RefCounts = make([][]int32, 0, npools)
 		for _, p := range m.paged {
+			snap.RefCounts = append(snap.RefCounts, slices.Clone(p.ref))
+		}
+		for _, p := range m.host {
 			snap.RefCounts = append(snap.RefCounts, slices.Clone(p.ref))
 		}
 		if m.ssm != nil {

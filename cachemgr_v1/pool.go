@@ -18,6 +18,12 @@ const noBlock kvcache.BlockID = -1
 //
 // The state pool ("ssm") uses the same type with tpb == 0 and never
 // registers hashes.
+//
+// With a host tier (hostcache.go) a registered block may also be pending:
+// its content arrives by a copy of a reservation not yet committed, so no
+// other request may read it and nothing may evict it. A pending device block
+// is in use (its sequence references it); a pending host block has ref 0 and
+// is on neither the free stack nor the LRU list (counted in parked).
 type pool struct {
 	id     int
 	window int // attention window; 0 = full attention
@@ -39,6 +45,10 @@ type pool struct {
 	index []int32
 	mask  uint64
 	nreg  int // registered blocks (entries in index)
+
+	// pend marks pending blocks; nil without a host tier.
+	pend   []bool
+	parked int // pending blocks with ref 0 (host pools)
 
 	evictions int64
 	// evicted, when set (KV events on, first pool), is told the hash of
@@ -146,6 +156,21 @@ func (p *pool) register(b kvcache.BlockID, h xxh3.Uint128) bool {
 	return true
 }
 
+// live returns the block registered under h unless it is pending.
+func (p *pool) live(h xxh3.Uint128) (kvcache.BlockID, bool) {
+	b, ok := p.lookup(h)
+	if ok && p.pend != nil && p.pend[b] {
+		return 0, false
+	}
+	return b, ok
+}
+
+// forget unregisters registered block b (its hash leaves the index).
+func (p *pool) forget(b kvcache.BlockID) {
+	p.unindex(int32(b))
+	p.hashed[b] = false
+}
+
 // lookup returns the block registered under h.
 func (p *pool) lookup(h xxh3.Uint128) (kvcache.BlockID, bool) {
 	for i := h.Lo & p.mask; p.index[i] != 0; i = (i + 1) & p.mask {
@@ -197,12 +222,12 @@ func (p *pool) pushMRU(b int32) {
 }
 
 func (p *pool) stats() kvcache.PoolStats {
-	free := len(p.free)
+	free, cached := len(p.free), p.cached+p.parked
 	return kvcache.PoolStats{
 		Pool:   p.id,
 		Total:  p.n,
 		Free:   free,
-		Cached: p.cached,
-		InUse:  p.n - free - p.cached,
+		Cached: cached,
+		InUse:  p.n - free - cached,
 	}
 }

@@ -47,6 +47,26 @@ type propMachine struct {
 	nextID kvcache.SeqID
 	// content[pool][block*tpb+slot] is what the "worker" wrote there.
 	content [][]int32
+	// With a host tier: the copies of kept grants not yet run (the worker
+	// runs them before the next forward, i.e. the next Commit), in order.
+	// An Unreserve takes its sequence's out, as the engine drops the copies
+	// of an undone grant.
+	pending []seqCopy
+	npools  int // pools of the layout: 2 device (+ 2 host)
+}
+
+type seqCopy struct {
+	seq kvcache.SeqID
+	c   kvcache.Copy
+}
+
+// runCopies applies copies to content.
+func runCopies(content [][]int32, cs []seqCopy) {
+	for _, sc := range cs {
+		c := sc.c
+		copy(content[c.DstPool][int(c.DstBlock)*propTPB:int(c.DstBlock+1)*propTPB],
+			content[c.SrcPool][int(c.SrcBlock)*propTPB:int(c.SrcBlock+1)*propTPB])
+	}
 }
 
 func (pm *propMachine) ids(filter func(*mseq) bool) []kvcache.SeqID {
@@ -109,8 +129,8 @@ func (pm *propMachine) reserveChecked(t *rapid.T, it kvcache.ReserveItem, s *mse
 		if strings.HasPrefix(g.Reason, "invalid:") {
 			t.Fatalf("a valid item was judged invalid: %s", g.Reason)
 		}
-		if len(g.Tables) > 0 {
-			t.Fatalf("a denial carries tables: %+v", g)
+		if len(g.Tables) > 0 || len(g.Copies) > 0 {
+			t.Fatalf("a denial carries tables or copies: %+v", g)
 		}
 		if after := pm.snap(t); !reflect.DeepEqual(before, after) {
 			t.Fatalf("denial %q changed the state:\nbefore %+v\nafter  %+v", g.Reason, before, after)
@@ -138,6 +158,15 @@ func (pm *propMachine) reserveChecked(t *rapid.T, it kvcache.ReserveItem, s *mse
 			}
 		}
 		s.worker[d.Pool] = append(s.worker[d.Pool][:d.From:d.From], d.Blocks...)
+	}
+	for _, c := range g.Copies {
+		if pm.npools != 4 || c.SrcPool < 0 || c.SrcPool >= 4 || c.DstPool < 0 || c.DstPool >= 4 ||
+			(c.SrcPool < 2) == (c.DstPool < 2) || c.SrcPool%2 != c.DstPool%2 ||
+			c.SrcBlock < 0 || int(c.SrcBlock)*propTPB >= len(pm.content[c.SrcPool]) ||
+			c.DstBlock < 0 || int(c.DstBlock)*propTPB >= len(pm.content[c.DstPool]) {
+			t.Fatalf("bad copy %+v in grant %+v (%d pools)", c, g, pm.npools)
+		}
+		pm.pending = append(pm.pending, seqCopy{it.Seq, c})
 	}
 	s.hold = max(s.hold, it.Hold)
 	s.cap = max(s.cap, s.hist+it.Tokens+it.Draft, s.hold)
@@ -167,11 +196,20 @@ func (pm *propMachine) New(t *rapid.T) {
 	}
 	pm.nextID++
 	pm.seqs[id] = s
-	// The reused prefix must hold this prompt's tokens in every pool.
+	// The reused prefix must hold this prompt's tokens in every pool once
+	// the pending copies ran (before the forward that reads it).
+	content := pm.content
+	if len(pm.pending) > 0 {
+		content = make([][]int32, len(pm.content))
+		for i := range content {
+			content[i] = slices.Clone(pm.content[i])
+		}
+		runCopies(content, pm.pending)
+	}
 	for pool := range 2 {
 		for pos := 0; pos < reuse; pos++ {
 			b := s.worker[pool][pos/propTPB]
-			if got := pm.content[pool][int(b)*propTPB+pos%propTPB]; got != p[pos] {
+			if got := content[pool][int(b)*propTPB+pos%propTPB]; got != p[pos] {
 				t.Fatalf("pool %d: reused position %d (block %d) holds %d, prompt has %d", pool, pos, b, got, p[pos])
 			}
 		}
@@ -209,6 +247,8 @@ func (pm *propMachine) Commit(t *rapid.T) {
 	id := rapid.SampledFrom(ids).Draw(t, "seq")
 	s := pm.seqs[id]
 	acc := rapid.IntRange(s.tokens, s.tokens+s.draft).Draw(t, "accepted")
+	runCopies(pm.content, pm.pending)
+	pm.pending = pm.pending[:0]
 	// The worker writes the accepted tokens' KV where its tables say.
 	for pos := s.hist; pos < s.hist+acc; pos++ {
 		v := int32(-1000 - int(id))
@@ -257,6 +297,7 @@ func (pm *propMachine) Unreserve(t *rapid.T) {
 	if err := pm.m.Unreserve(bg, []kvcache.SeqID{id}); err != nil {
 		t.Fatalf("Unreserve(%d): %v", id, err)
 	}
+	pm.pending = slices.DeleteFunc(pm.pending, func(c seqCopy) bool { return c.seq == id })
 	got, ok := pm.seqSnap(t, id)
 	if s.isNew {
 		if ok {
@@ -369,14 +410,31 @@ func (pm *propMachine) Check(t *rapid.T) {
 	}
 }
 
-func TestPropertyLedgerAndReuse(t *testing.T) {
+func TestPropertyLedgerAndReuse(t *testing.T) { propertyRun(t, 0) }
+
+// TestPropertyHostTier is the same walk with a host tier of propHostBlocks
+// blocks per pool: reused prefixes must hold the prompt's tokens after the
+// copies ran, wherever the blocks travelled.
+func TestPropertyHostTier(t *testing.T) { propertyRun(t, propHostBlocks) }
+
+const propHostBlocks = 10
+
+func propertyRun(t *testing.T, hostBlocks int) {
 	rapid.Check(t, func(t *rapid.T) {
 		m := New()
-		if _, err := m.Configure(bg, propConfig()); err != nil {
+		cfg := propConfig()
+		cfg.HostBytes = int64(hostBlocks * propTPB * 100)
+		lay, err := m.Configure(bg, cfg)
+		if err != nil {
 			t.Fatal(err)
 		}
-		pm := &propMachine{m: m, seqs: map[kvcache.SeqID]*mseq{}, nextID: 1,
-			content: [][]int32{make([]int32, propBlocks*propTPB), make([]int32, propBlocks*propTPB)}}
+		pm := &propMachine{m: m, seqs: map[kvcache.SeqID]*mseq{}, nextID: 1, npools: len(lay.Pools)}
+		for _, p := range lay.Pools {
+			pm.content = append(pm.content, make([]int32, p.Blocks*propTPB))
+		}
+		if want := 2 + 2*min(hostBlocks, 1); len(lay.Pools) != want {
+			t.Fatalf("host blocks %d: %d pools, want %d", hostBlocks, len(lay.Pools), want)
+		}
 		for i := range pm.content {
 			for j := range pm.content[i] {
 				pm.content[i][j] = -1
@@ -399,9 +457,13 @@ func TestPropertyLedgerAndReuse(t *testing.T) {
 // meant to test (reuse, eviction, denials, window release), so a generator
 // change cannot silently weaken the property test.
 func TestPropertyCoverage(t *testing.T) {
-	var reused, evicted, denied, released int
-	for seed := range 40 {
-		m := configured(t, propConfig())
+	var reused, evicted, denied, released, offloaded, promoted int
+	for seed := range 80 {
+		cfg := propConfig()
+		if seed%2 == 1 {
+			cfg.HostBytes = propHostBlocks * propTPB * 100
+		}
+		m := configured(t, cfg)
 		r := newLCG(uint64(seed))
 		live := map[kvcache.SeqID]int{}
 		for id := kvcache.SeqID(1); id < 60; id++ {
@@ -438,6 +500,12 @@ func TestPropertyCoverage(t *testing.T) {
 		if st.Evictions > 0 {
 			evicted++
 		}
+		if m.c.offloaded > 0 {
+			offloaded++
+		}
+		if m.c.promoted > 0 {
+			promoted++
+		}
 		if len(inspect(t, m).Violations) > 0 {
 			t.Fatal(inspect(t, m).Violations)
 		}
@@ -447,10 +515,12 @@ func TestPropertyCoverage(t *testing.T) {
 			}
 		}
 	}
-	if reused == 0 || evicted == 0 || denied == 0 || released == 0 {
-		t.Fatalf("coverage: reused %d evicted %d denied %d window-released %d runs", reused, evicted, denied, released)
+	if reused == 0 || evicted == 0 || denied == 0 || released == 0 || offloaded == 0 || promoted == 0 {
+		t.Fatalf("coverage: reused %d evicted %d denied %d window-released %d offloaded %d promoted %d runs",
+			reused, evicted, denied, released, offloaded, promoted)
 	}
-	t.Logf("reused %d evicted %d denied %d window-released %d (of 40 runs)", reused, evicted, denied, released)
+	t.Logf("reused %d evicted %d denied %d window-released %d offloaded %d promoted %d (of 80 runs, 40 with a host tier)",
+		reused, evicted, denied, released, offloaded, promoted)
 }
 
 type lcg struct{ x uint64 }

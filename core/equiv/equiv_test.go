@@ -82,6 +82,14 @@ func variants(f family) []variant {
 			"scheduler_config.capacity_scheduler_policy=MAX_UTILIZATION")
 		add(m+"/plugin", "cache_manager="+m, "isolation=plugin", "max_num_tokens=64")
 	}
+	if f.managers[0] == "v1" && f.noReuse != "v1" {
+		// A device cache of a few requests' worth, with and without a host
+		// tier: blocks evicted from the device come back from the host.
+		small := []string{"cache_manager=v1", "kv_cache_config.enable_block_reuse=true", "max_num_tokens=64",
+			"max_seq_len=160", "kv_cache_config.max_tokens=176"}
+		add("v1/small-cache", small...)
+		add("v1/host-tier", append(small, "kv_cache_config.host_cache_size=64000000")...)
+	}
 	// One token per step: no room for drafts, so without MTP (the outputs
 	// do not depend on it: drafts only change how many tokens a step keeps).
 	vs = append(vs, variant{f.managers[0] + "/chunk=1", []string{"cache_manager=" + f.managers[0], "max_num_tokens=1", "max_batch_size=1", "kv_cache_config.tokens_per_block=1"}})
@@ -209,6 +217,7 @@ func TestEquivalence(t *testing.T) {
 	for _, f := range families {
 		t.Run(f.name, func(t *testing.T) {
 			var o *oracle
+			smallReused := int64(-1)
 			for _, v := range variants(f) {
 				sets := slices.Concat(common, f.sets, v.sets)
 				rep, cfg := run(t, sets)
@@ -223,7 +232,16 @@ func TestEquivalence(t *testing.T) {
 					t.Errorf("%s (seed %d, sets %s): %s", v.name, cfg.Seed, strings.Join(sets, " "), d)
 				}
 				// The variants must do what they are named for.
+				if v.name == "v1/small-cache" {
+					smallReused = rep.Tokens.PrefixReused
+				}
+				if v.name == "v1/host-tier" {
+					t.Logf("%s: %d prompt tokens reused, %d without the host tier", v.name, rep.Tokens.PrefixReused, smallReused)
+				}
 				switch {
+				case v.name == "v1/host-tier" && (smallReused < 0 || rep.Tokens.PrefixReused <= smallReused || !hasHostPool(rep)):
+					t.Errorf("%s: %d tokens reused, %d without the host tier (host pool in the layout: %v); want more",
+						v.name, rep.Tokens.PrefixReused, smallReused, hasHostPool(rep))
 				case strings.HasSuffix(v.name, "/pressure") && rep.Requests.Preemptions == 0:
 					t.Errorf("%s: no request paused", v.name)
 				case strings.HasSuffix(v.name, "reuse=true") && rep.Tokens.PrefixReused == 0 && !strings.HasPrefix(v.name, f.noReuse+"/"):
@@ -236,4 +254,15 @@ func TestEquivalence(t *testing.T) {
 			}
 		})
 	}
+}
+
+func hasHostPool(rep report.Report) bool {
+	for _, st := range rep.KV.Stages {
+		for _, p := range st.Pools {
+			if p.Tier == "host" && p.Blocks > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }

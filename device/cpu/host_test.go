@@ -20,7 +20,7 @@ func TestSuspendResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mgr := range []string{"v2"} { // cachemgr_v1 has no host tier
+	for _, mgr := range []string{"v2"} { // cachemgr_v1 suspends nothing (its host tier serves reuse only)
 		t.Run(mgr, func(t *testing.T) {
 			r := newRig(t, m, opts{backend: "gqa", manager: mgr, host: 1 << 20})
 			reqs := requests(m.Vocab, [3]int{9, 23, 30}, 6)

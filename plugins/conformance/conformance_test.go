@@ -29,6 +29,19 @@ var managers = []struct {
 }{
 	{"cachemgr_v1", func() kvcache.Manager { return cachemgrv1.New() }},
 	{"cachemgr_v2", func() kvcache.Manager { return cachemgrv2.New() }},
+	{"cachemgr_v1-host", func() kvcache.Manager { return hostV1{cachemgrv1.New()} }},
+}
+
+// hostV1 is cachemgr_v1 with a host tier for reuse: the suite sends
+// HostBytes only to a Suspender, which v1 is not, so it adds them (half the
+// device budget, the suite's own default).
+type hostV1 struct{ *cachemgrv1.Manager }
+
+func (m hostV1) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.Layout, error) {
+	if cfg.HostBytes == 0 {
+		cfg.HostBytes = cfg.DeviceBytes / 2
+	}
+	return m.Manager.Configure(ctx, cfg)
 }
 
 // windowed is a Gemma-style model: GQA layers alternating full attention

@@ -276,8 +276,12 @@ func (d *driver) need(before kvcache.Snapshot, it kvcache.ReserveItem, s *rseq) 
 	var tokens int
 	if it.New {
 		tokens = max(it.Reuse+it.Tokens+it.Draft, it.Hold)
+		reused := it.Reuse / h.tpb
+		if d.hostReuse() {
+			reused = 0 // a reused block may come back from the host into a fresh device block
+		}
 		for _, p := range h.full {
-			have[p] = it.Reuse / h.tpb
+			have[p] = reused
 		}
 	} else {
 		st := seqOf(before, it.Seq)
@@ -499,4 +503,20 @@ func (d *driver) checkModel() {
 			"%+v, before %+v", st, d.stats)
 	}
 	d.stats = st
+}
+
+// hostReuse reports whether the manager's host pools serve prefix reuse (a
+// layout with host pools from a manager that suspends nothing, like
+// cachemgr_v1's host tier): reusing a block the host holds takes a device
+// block.
+func (d *driver) hostReuse() bool {
+	if d.h.info.Capabilities.HostTier {
+		return false
+	}
+	for _, p := range d.h.layout.Pools {
+		if p.Tier == kvcache.TierHost && p.Blocks > 0 {
+			return true
+		}
+	}
+	return false
 }
