@@ -32,6 +32,8 @@
 #   goldens  every transformers golden checkpoint through kvx generate on
 #            device cuda (scripts/goldens.sh): tokens equal transformers'
 #   tokenizers  scripts/hf_tokenizer_goldens.py into $OUT/tokenizers
+#   serve    kvx serve of the llama golden on device cuda, its prompts
+#            through /v1/completions (transformers' tokens), then SIGTERM
 #   calibrate  kvx calibrate on device cuda at real model shapes
 #            (scenarios/calib-llama.yaml with 4 and 2 layers, calib-dsa.yaml
 #            with dsa and with mla): $OUT/calib-<name>.json each, then every
@@ -129,6 +131,44 @@ step_compare() {
 	return $rc
 }
 
+# serve: kvx serve of the llama golden checkpoint on device cuda; every
+# golden prompt (token ids) through POST /v1/completions
+# must give transformers' tokens (expected.json); then SIGTERM
+# must drain and exit 0.
+step_serve() {
+	local port=${SERVE_PORT:-18431} rc=0
+	bin/kvx serve -c scenarios/hf-llama.yaml --set model="$here/hf/testdata/llama" --set device="${SERVE_DEVICE:-cuda}" \
+		--port "$port" >"$OUT/serve-server.log" 2>&1 &
+	local pid=$!
+	python3 - "$port" "$here/hf/testdata/llama" <<'PY' || rc=1
+import json, sys, time, urllib.request
+port, td = sys.argv[1], sys.argv[2]
+base = "http://127.0.0.1:%s" % port
+for _ in range(600):
+    try:
+        if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
+            break
+    except Exception:
+        time.sleep(0.1)
+else:
+    sys.exit("serve: /health never answered 200")
+model = json.load(urllib.request.urlopen(base + "/v1/models"))["data"][0]["id"]
+want = json.load(open(td + "/expected.json"))
+prompts = [json.loads(l) for l in open(td + "/prompts.jsonl") if l.strip()]
+same = 0
+for i, (p, w) in enumerate(zip(prompts, want)):
+    body = {"model": model, "prompt": p["prompt_ids"], "max_tokens": p["max_tokens"]}
+    req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    got = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]["token_ids"]
+    same += got == w["output_ids"]
+print("serve: %d/%d golden prompts give transformers' tokens" % (same, len(want)))
+sys.exit(0 if same == len(want) else 1)
+PY
+	kill -TERM "$pid"
+	if wait "$pid"; then echo "serve: SIGTERM drained, exit 0"; else echo "serve: exit $? after SIGTERM"; rc=1; fi
+	return $rc
+}
+
 # bench: the cuda kernels' benchmarks (the test binary's), then PyTorch's
 # baselines on the same GPU and the table of ratios (scripts/cuda-bench.py).
 step_bench() {
@@ -184,7 +224,7 @@ step_calibrate() {
 failed=0
 for step in $STEPS; do
 	if ! declare -F "step_$step" >/dev/null; then
-		echo "run.sh: unknown step $step (known: test compare goldens bench tokenizers calibrate)" | tee -a "$OUT/summary.txt"
+		echo "run.sh: unknown step $step (known: test compare goldens bench tokenizers calibrate serve)" | tee -a "$OUT/summary.txt"
 		failed=1
 		continue
 	fi
