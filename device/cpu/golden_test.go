@@ -429,28 +429,43 @@ func TestGoldenCheckCatchesWrongKernels(t *testing.T) {
 			}
 		}},
 	} {
-		dir := goldenDir(c.fam)
-		ps, es, err := hftest.ReadGolden(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := checkpointModel(t, dir, "float32")
-		if c.edit != nil {
-			c.edit(&m)
-		}
-		wrong := cpu.OpenWith(cpu.Options{WrapHF: c.wrap})
-		cs := compareGolden(goldenRun(t, m, ps, opts{manager: "v2", open: wrong}, 0), es)
-		caught := 0
-		for _, cm := range cs {
-			if !cm.OK || cm.MaxLPDiff > lpTol {
-				caught++
-			}
-		}
-		if caught == 0 {
-			t.Errorf("%s (%s): passed the golden check on all %d prompts", c.name, c.fam, len(cs))
-		}
-		t.Logf("%s (%s): %d of %d prompts fail the check", c.name, c.fam, caught, len(cs))
+		expectCaught(t, c.name+" ("+c.fam+")", goldenDir(c.fam), c.edit, opts{manager: "v2"}, c.wrap)
 	}
+}
+
+// allPrompts as opts.batch in expectCaught: one batch of every prompt.
+const allPrompts = -1
+
+// expectCaught runs the golden checkpoint in dir (its model edited by edit,
+// when given) on a cpu device whose ops wrap wraps, with the run options o,
+// and fails t unless the golden check (the token rule or the logprob
+// tolerance) fails on at least one prompt: the check has teeth for that
+// deliberately wrong kernel. o.batch allPrompts batches every prompt at once.
+func expectCaught(t *testing.T, name, dir string, edit func(*spec.Model), o opts, wrap func(hf.Ops) hf.Ops) {
+	t.Helper()
+	ps, es, err := hftest.ReadGolden(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := checkpointModel(t, dir, "float32")
+	if edit != nil {
+		edit(&m)
+	}
+	if o.batch == allPrompts {
+		o.batch = len(ps)
+	}
+	o.open = cpu.OpenWith(cpu.Options{WrapHF: wrap})
+	cs := compareGolden(goldenRun(t, m, ps, o, 0), es)
+	caught := 0
+	for _, cm := range cs {
+		if !cm.OK || cm.MaxLPDiff > lpTol {
+			caught++
+		}
+	}
+	if caught == 0 {
+		t.Errorf("%s: passed the golden check on all %d prompts", name, len(cs))
+	}
+	t.Logf("%s: %d of %d prompts fail the check", name, caught, len(cs))
 }
 
 var _ device.OpenFunc = cpu.OpenWith(cpu.Options{})
