@@ -418,16 +418,19 @@ func (x *ManagerInfo) GetCapabilities() *Capabilities {
 
 // kvcache.Capabilities
 type Capabilities struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Mixers        []string               `protobuf:"bytes,1,rep,name=mixers,proto3" json:"mixers,omitempty"` // spec.Mixer values
-	PrefixReuse   bool                   `protobuf:"varint,2,opt,name=prefix_reuse,json=prefixReuse,proto3" json:"prefix_reuse,omitempty"`
-	HostTier      bool                   `protobuf:"varint,3,opt,name=host_tier,json=hostTier,proto3" json:"host_tier,omitempty"`
-	SsmState      bool                   `protobuf:"varint,4,opt,name=ssm_state,json=ssmState,proto3" json:"ssm_state,omitempty"`
-	SsmReuse      bool                   `protobuf:"varint,5,opt,name=ssm_reuse,json=ssmReuse,proto3" json:"ssm_reuse,omitempty"`
-	CacheSalt     bool                   `protobuf:"varint,6,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
-	KvEvents      bool                   `protobuf:"varint,7,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Mixers           []string               `protobuf:"bytes,1,rep,name=mixers,proto3" json:"mixers,omitempty"` // spec.Mixer values
+	PrefixReuse      bool                   `protobuf:"varint,2,opt,name=prefix_reuse,json=prefixReuse,proto3" json:"prefix_reuse,omitempty"`
+	HostTier         bool                   `protobuf:"varint,3,opt,name=host_tier,json=hostTier,proto3" json:"host_tier,omitempty"`
+	SsmState         bool                   `protobuf:"varint,4,opt,name=ssm_state,json=ssmState,proto3" json:"ssm_state,omitempty"`
+	SsmReuse         bool                   `protobuf:"varint,5,opt,name=ssm_reuse,json=ssmReuse,proto3" json:"ssm_reuse,omitempty"`
+	CacheSalt        bool                   `protobuf:"varint,6,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
+	KvEvents         bool                   `protobuf:"varint,7,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
+	Explain          bool                   `protobuf:"varint,8,opt,name=explain,proto3" json:"explain,omitempty"`
+	Retention        bool                   `protobuf:"varint,9,opt,name=retention,proto3" json:"retention,omitempty"`
+	EvictionPolicies []string               `protobuf:"bytes,10,rep,name=eviction_policies,json=evictionPolicies,proto3" json:"eviction_policies,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
@@ -509,6 +512,27 @@ func (x *Capabilities) GetKvEvents() bool {
 	return false
 }
 
+func (x *Capabilities) GetExplain() bool {
+	if x != nil {
+		return x.Explain
+	}
+	return false
+}
+
+func (x *Capabilities) GetRetention() bool {
+	if x != nil {
+		return x.Retention
+	}
+	return false
+}
+
+func (x *Capabilities) GetEvictionPolicies() []string {
+	if x != nil {
+		return x.EvictionPolicies
+	}
+	return nil
+}
+
 // kvcache.SnapshotConfig
 type SnapshotConfig struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -581,6 +605,7 @@ type ManagerConfig struct {
 	PoolRatio        []float64       `protobuf:"fixed64,13,rep,packed,name=pool_ratio,json=poolRatio,proto3" json:"pool_ratio,omitempty"`
 	Snapshots        *SnapshotConfig `protobuf:"bytes,14,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
 	KvEvents         bool            `protobuf:"varint,15,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
+	EvictionPolicy   string          `protobuf:"bytes,16,opt,name=eviction_policy,json=evictionPolicy,proto3" json:"eviction_policy,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -718,6 +743,13 @@ func (x *ManagerConfig) GetKvEvents() bool {
 		return x.KvEvents
 	}
 	return false
+}
+
+func (x *ManagerConfig) GetEvictionPolicy() string {
+	if x != nil {
+		return x.EvictionPolicy
+	}
+	return ""
 }
 
 // kvcache.Pool
@@ -896,6 +928,7 @@ type LookupItem struct {
 	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	Prompt        []int32                `protobuf:"varint,2,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
 	CacheSalt     string                 `protobuf:"bytes,3,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
+	Now           int64                  `protobuf:"varint,4,opt,name=now,proto3" json:"now,omitempty"` // engine ns
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -951,9 +984,19 @@ func (x *LookupItem) GetCacheSalt() string {
 	return ""
 }
 
+func (x *LookupItem) GetNow() int64 {
+	if x != nil {
+		return x.Now
+	}
+	return 0
+}
+
+// explain asks for kvcache.Explainer.Explain instead of Lookup; the plugin
+// answers UNIMPLEMENTED when its manager is no Explainer.
 type LookupRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Items         []*LookupItem          `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	Explain       bool                   `protobuf:"varint,2,opt,name=explain,proto3" json:"explain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -995,9 +1038,23 @@ func (x *LookupRequest) GetItems() []*LookupItem {
 	return nil
 }
 
+func (x *LookupRequest) GetExplain() bool {
+	if x != nil {
+		return x.Explain
+	}
+	return false
+}
+
+// tokens sets the count; the other columns (kvcache.Explanation, with
+// explain) are optional: empty when zero for every item.
 type LookupResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tokens        []int64                `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"` // one per item, in order
+	HostTokens    []int64                `protobuf:"varint,2,rep,packed,name=host_tokens,json=hostTokens,proto3" json:"host_tokens,omitempty"`
+	Miss          []int32                `protobuf:"varint,3,rep,packed,name=miss,proto3" json:"miss,omitempty"` // kvcache.MissReason
+	EvictedTier   []string               `protobuf:"bytes,4,rep,name=evicted_tier,json=evictedTier,proto3" json:"evicted_tier,omitempty"`
+	EvictedBy     []string               `protobuf:"bytes,5,rep,name=evicted_by,json=evictedBy,proto3" json:"evicted_by,omitempty"`
+	EvictedAt     []int64                `protobuf:"varint,6,rep,packed,name=evicted_at,json=evictedAt,proto3" json:"evicted_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1039,24 +1096,63 @@ func (x *LookupResponse) GetTokens() []int64 {
 	return nil
 }
 
+func (x *LookupResponse) GetHostTokens() []int64 {
+	if x != nil {
+		return x.HostTokens
+	}
+	return nil
+}
+
+func (x *LookupResponse) GetMiss() []int32 {
+	if x != nil {
+		return x.Miss
+	}
+	return nil
+}
+
+func (x *LookupResponse) GetEvictedTier() []string {
+	if x != nil {
+		return x.EvictedTier
+	}
+	return nil
+}
+
+func (x *LookupResponse) GetEvictedBy() []string {
+	if x != nil {
+		return x.EvictedBy
+	}
+	return nil
+}
+
+func (x *LookupResponse) GetEvictedAt() []int64 {
+	if x != nil {
+		return x.EvictedAt
+	}
+	return nil
+}
+
 // []kvcache.ReserveItem by column (seq sets the count): item i is seq[i],
 // tokens[i], draft[i], hold[i], new[i], reuse[i] and a Prompt of the next
 // prompt_len[i] values of prompt. Salts are sparse: item salt_item[k] has
 // CacheSalt salt[k] (salt_item increasing, in range), all others "".
+// priority, priority_duration and now are optional columns.
 type ReserveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Seq           []uint64               `protobuf:"varint,1,rep,packed,name=seq,proto3" json:"seq,omitempty"`
-	Tokens        []int64                `protobuf:"varint,2,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	Draft         []int64                `protobuf:"varint,3,rep,packed,name=draft,proto3" json:"draft,omitempty"`
-	Hold          []int64                `protobuf:"varint,4,rep,packed,name=hold,proto3" json:"hold,omitempty"`
-	New           []bool                 `protobuf:"varint,5,rep,packed,name=new,proto3" json:"new,omitempty"`
-	Reuse         []int64                `protobuf:"varint,6,rep,packed,name=reuse,proto3" json:"reuse,omitempty"`
-	PromptLen     []int64                `protobuf:"varint,7,rep,packed,name=prompt_len,json=promptLen,proto3" json:"prompt_len,omitempty"`
-	Prompt        []int32                `protobuf:"varint,8,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
-	SaltItem      []int32                `protobuf:"varint,9,rep,packed,name=salt_item,json=saltItem,proto3" json:"salt_item,omitempty"`
-	Salt          []string               `protobuf:"bytes,10,rep,name=salt,proto3" json:"salt,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Seq              []uint64               `protobuf:"varint,1,rep,packed,name=seq,proto3" json:"seq,omitempty"`
+	Tokens           []int64                `protobuf:"varint,2,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	Draft            []int64                `protobuf:"varint,3,rep,packed,name=draft,proto3" json:"draft,omitempty"`
+	Hold             []int64                `protobuf:"varint,4,rep,packed,name=hold,proto3" json:"hold,omitempty"`
+	New              []bool                 `protobuf:"varint,5,rep,packed,name=new,proto3" json:"new,omitempty"`
+	Reuse            []int64                `protobuf:"varint,6,rep,packed,name=reuse,proto3" json:"reuse,omitempty"`
+	PromptLen        []int64                `protobuf:"varint,7,rep,packed,name=prompt_len,json=promptLen,proto3" json:"prompt_len,omitempty"`
+	Prompt           []int32                `protobuf:"varint,8,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
+	SaltItem         []int32                `protobuf:"varint,9,rep,packed,name=salt_item,json=saltItem,proto3" json:"salt_item,omitempty"`
+	Salt             []string               `protobuf:"bytes,10,rep,name=salt,proto3" json:"salt,omitempty"`
+	Priority         []int64                `protobuf:"varint,11,rep,packed,name=priority,proto3" json:"priority,omitempty"`
+	PriorityDuration []int64                `protobuf:"varint,12,rep,packed,name=priority_duration,json=priorityDuration,proto3" json:"priority_duration,omitempty"` // engine ns
+	Now              []int64                `protobuf:"varint,13,rep,packed,name=now,proto3" json:"now,omitempty"`                                                   // engine ns
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ReserveRequest) Reset() {
@@ -1155,6 +1251,27 @@ func (x *ReserveRequest) GetSaltItem() []int32 {
 func (x *ReserveRequest) GetSalt() []string {
 	if x != nil {
 		return x.Salt
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetPriority() []int64 {
+	if x != nil {
+		return x.Priority
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetPriorityDuration() []int64 {
+	if x != nil {
+		return x.PriorityDuration
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetNow() []int64 {
+	if x != nil {
+		return x.Now
 	}
 	return nil
 }
@@ -1392,6 +1509,7 @@ func (x *SnapshotSlots) GetItem() []int32 {
 // []kvcache.Grant by column (seq sets the count): grant i is seq[i], ok[i],
 // its tables and its copies. Reasons are sparse: grant reason_item[k] has
 // Reason reason[k] (reason_item increasing, in range), all others "".
+// host_reused is an optional column.
 type ReserveResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Seq           []uint64               `protobuf:"varint,1,rep,packed,name=seq,proto3" json:"seq,omitempty"`
@@ -1401,6 +1519,7 @@ type ReserveResponse struct {
 	Tables        *TableDeltas           `protobuf:"bytes,5,opt,name=tables,proto3" json:"tables,omitempty"`
 	Copies        *Copies                `protobuf:"bytes,6,opt,name=copies,proto3" json:"copies,omitempty"`
 	Snapshots     *SnapshotSlots         `protobuf:"bytes,7,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
+	HostReused    []int64                `protobuf:"varint,8,rep,packed,name=host_reused,json=hostReused,proto3" json:"host_reused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1480,6 +1599,13 @@ func (x *ReserveResponse) GetCopies() *Copies {
 func (x *ReserveResponse) GetSnapshots() *SnapshotSlots {
 	if x != nil {
 		return x.Snapshots
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetHostReused() []int64 {
+	if x != nil {
+		return x.HostReused
 	}
 	return nil
 }
@@ -3739,7 +3865,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1c\n" +
 	"\tprotocols\x18\x03 \x03(\x03R\tprotocols\x128\n" +
-	"\fcapabilities\x18\x04 \x01(\v2\x14.kvx.v1.CapabilitiesR\fcapabilities\"\xdc\x01\n" +
+	"\fcapabilities\x18\x04 \x01(\v2\x14.kvx.v1.CapabilitiesR\fcapabilities\"\xc1\x02\n" +
 	"\fCapabilities\x12\x16\n" +
 	"\x06mixers\x18\x01 \x03(\tR\x06mixers\x12!\n" +
 	"\fprefix_reuse\x18\x02 \x01(\bR\vprefixReuse\x12\x1b\n" +
@@ -3748,10 +3874,14 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\tssm_reuse\x18\x05 \x01(\bR\bssmReuse\x12\x1d\n" +
 	"\n" +
 	"cache_salt\x18\x06 \x01(\bR\tcacheSalt\x12\x1b\n" +
-	"\tkv_events\x18\a \x01(\bR\bkvEvents\"V\n" +
+	"\tkv_events\x18\a \x01(\bR\bkvEvents\x12\x18\n" +
+	"\aexplain\x18\b \x01(\bR\aexplain\x12\x1c\n" +
+	"\tretention\x18\t \x01(\bR\tretention\x12+\n" +
+	"\x11eviction_policies\x18\n" +
+	" \x03(\tR\x10evictionPolicies\"V\n" +
 	"\x0eSnapshotConfig\x12\x1a\n" +
 	"\binterval\x18\x01 \x01(\x03R\binterval\x12(\n" +
-	"\x10offsets_from_end\x18\x02 \x03(\x03R\x0eoffsetsFromEnd\"\xa0\x04\n" +
+	"\x10offsets_from_end\x18\x02 \x03(\x03R\x0eoffsetsFromEnd\"\xc9\x04\n" +
 	"\rManagerConfig\x12\x14\n" +
 	"\x05stage\x18\x01 \x01(\x03R\x05stage\x12\x16\n" +
 	"\x06stages\x18\x02 \x01(\x03R\x06stages\x12\x1f\n" +
@@ -3771,7 +3901,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\n" +
 	"pool_ratio\x18\r \x03(\x01R\tpoolRatio\x124\n" +
 	"\tsnapshots\x18\x0e \x01(\v2\x16.kvx.v1.SnapshotConfigR\tsnapshots\x12\x1b\n" +
-	"\tkv_events\x18\x0f \x01(\bR\bkvEvents\"\xd1\x01\n" +
+	"\tkv_events\x18\x0f \x01(\bR\bkvEvents\x12'\n" +
+	"\x0feviction_policy\x18\x10 \x01(\tR\x0eevictionPolicy\"\xd1\x01\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -3786,17 +3917,27 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x05pools\x18\x01 \x03(\v2\f.kvx.v1.PoolR\x05pools\x12$\n" +
 	"\x0emax_seq_tokens\x18\x02 \x01(\x03R\fmaxSeqTokens\x12#\n" +
 	"\rmax_sequences\x18\x03 \x01(\x03R\fmaxSequences\x12\x1a\n" +
-	"\bwarnings\x18\x04 \x03(\tR\bwarnings\"U\n" +
+	"\bwarnings\x18\x04 \x03(\tR\bwarnings\"g\n" +
 	"\n" +
 	"LookupItem\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x16\n" +
 	"\x06prompt\x18\x02 \x03(\x05R\x06prompt\x12\x1d\n" +
 	"\n" +
-	"cache_salt\x18\x03 \x01(\tR\tcacheSalt\"9\n" +
+	"cache_salt\x18\x03 \x01(\tR\tcacheSalt\x12\x10\n" +
+	"\x03now\x18\x04 \x01(\x03R\x03now\"S\n" +
 	"\rLookupRequest\x12(\n" +
-	"\x05items\x18\x01 \x03(\v2\x12.kvx.v1.LookupItemR\x05items\"(\n" +
+	"\x05items\x18\x01 \x03(\v2\x12.kvx.v1.LookupItemR\x05items\x12\x18\n" +
+	"\aexplain\x18\x02 \x01(\bR\aexplain\"\xbe\x01\n" +
 	"\x0eLookupResponse\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x03R\x06tokens\"\xf4\x01\n" +
+	"\x06tokens\x18\x01 \x03(\x03R\x06tokens\x12\x1f\n" +
+	"\vhost_tokens\x18\x02 \x03(\x03R\n" +
+	"hostTokens\x12\x12\n" +
+	"\x04miss\x18\x03 \x03(\x05R\x04miss\x12!\n" +
+	"\fevicted_tier\x18\x04 \x03(\tR\vevictedTier\x12\x1d\n" +
+	"\n" +
+	"evicted_by\x18\x05 \x03(\tR\tevictedBy\x12\x1d\n" +
+	"\n" +
+	"evicted_at\x18\x06 \x03(\x03R\tevictedAt\"\xcf\x02\n" +
 	"\x0eReserveRequest\x12\x10\n" +
 	"\x03seq\x18\x01 \x03(\x04R\x03seq\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x03R\x06tokens\x12\x14\n" +
@@ -3809,7 +3950,10 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x06prompt\x18\b \x03(\x05R\x06prompt\x12\x1b\n" +
 	"\tsalt_item\x18\t \x03(\x05R\bsaltItem\x12\x12\n" +
 	"\x04salt\x18\n" +
-	" \x03(\tR\x04salt\"s\n" +
+	" \x03(\tR\x04salt\x12\x1a\n" +
+	"\bpriority\x18\v \x03(\x03R\bpriority\x12+\n" +
+	"\x11priority_duration\x18\f \x03(\x03R\x10priorityDuration\x12\x10\n" +
+	"\x03now\x18\r \x03(\x03R\x03now\"s\n" +
 	"\vTableDeltas\x12\x12\n" +
 	"\x04item\x18\x01 \x03(\x05R\x04item\x12\x12\n" +
 	"\x04pool\x18\x02 \x03(\x03R\x04pool\x12\x12\n" +
@@ -3826,7 +3970,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x03pos\x18\x01 \x03(\x03R\x03pos\x12\x12\n" +
 	"\x04pool\x18\x02 \x03(\x03R\x04pool\x12\x14\n" +
 	"\x05block\x18\x03 \x03(\x05R\x05block\x12\x12\n" +
-	"\x04item\x18\x04 \x03(\x05R\x04item\"\xf6\x01\n" +
+	"\x04item\x18\x04 \x03(\x05R\x04item\"\x97\x02\n" +
 	"\x0fReserveResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x03(\x04R\x03seq\x12\x0e\n" +
 	"\x02ok\x18\x02 \x03(\bR\x02ok\x12\x1f\n" +
@@ -3835,7 +3979,9 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x03(\tR\x06reason\x12+\n" +
 	"\x06tables\x18\x05 \x01(\v2\x13.kvx.v1.TableDeltasR\x06tables\x12&\n" +
 	"\x06copies\x18\x06 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\x123\n" +
-	"\tsnapshots\x18\a \x01(\v2\x15.kvx.v1.SnapshotSlotsR\tsnapshots\"\x1a\n" +
+	"\tsnapshots\x18\a \x01(\v2\x15.kvx.v1.SnapshotSlotsR\tsnapshots\x12\x1f\n" +
+	"\vhost_reused\x18\b \x03(\x03R\n" +
+	"hostReused\"\x1a\n" +
 	"\x04Seqs\x12\x12\n" +
 	"\x04seqs\x18\x01 \x03(\x04R\x04seqs\"=\n" +
 	"\rCommitRequest\x12\x10\n" +

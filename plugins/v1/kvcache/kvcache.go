@@ -76,7 +76,40 @@ type Capabilities struct {
 	// KVEvents: the manager is an EventReporter and records KV events when
 	// Config.KVEvents is set.
 	KVEvents bool
+	// Explain: the manager is an Explainer: per lookup it says which tier
+	// holds the matched tokens and why the match stopped, and its grants
+	// say how many reused tokens came from the host tier (Grant.HostReused).
+	Explain bool
+	// Retention: eviction in every tier of the manager honours
+	// ReserveItem.Priority and PriorityDuration. A manager without it
+	// ignores them (they are hints; nothing is shared that should not be).
+	Retention bool
+	// EvictionPolicies are the values of Config.EvictionPolicy the manager
+	// accepts, EvictionLRU first; nil means EvictionLRU only.
+	EvictionPolicies []string
 }
+
+// Eviction policies (Config.EvictionPolicy). Among cached blocks of equal
+// retention priority a manager evicts, under
+//
+//   - EvictionLRU: the least recently used first;
+//   - EvictionLFU: the least often reused first (hits since the block was
+//     stored), the least recently used among equals. Frequency-aware: a
+//     system prompt reused by every request outlives a burst of one-off
+//     documents that LRU would let push it out.
+const (
+	EvictionLRU = "lru"
+	EvictionLFU = "lfu"
+)
+
+// Retention priorities (ReserveItem.Priority), TensorRT-LLM's
+// KvCacheRetentionConfig scale: cached blocks of a lower priority are
+// evicted before any of a higher one, whatever the policy.
+const (
+	MinPriority     = 1
+	MaxPriority     = 100
+	DefaultPriority = 35 // what 0 (unset) means
+)
 
 // SnapshotConfig places SSM snapshots (mamba_state_config).
 type SnapshotConfig struct {
@@ -109,6 +142,12 @@ type Config struct {
 	// stores and removals for EventReporter.Events. Off, it records
 	// nothing and costs nothing.
 	KVEvents bool
+
+	// EvictionPolicy orders the eviction of cached blocks of equal
+	// priority in every tier: EvictionLRU ("" means it) or another value
+	// of Info's EvictionPolicies. A manager refuses any other value with
+	// ErrInvalidConfig.
+	EvictionPolicy string
 }
 
 // MaxCacheSaltBytes is the longest CacheSalt a host sends; managers may
@@ -146,6 +185,11 @@ type LookupItem struct {
 	// stored under the same salt match. "" is the shared, unsalted cache.
 	// Managers without Capabilities.CacheSalt never see a non-empty one.
 	CacheSalt string
+	// Now is the engine time of the step in nanoseconds (simulated time on
+	// the sim device), never decreasing from call to call: a manager's
+	// clock for the eviction times it explains and the retention durations
+	// it honours. 0 from a host that predates it.
+	Now int64
 }
 
 // ReserveItem asks for the capacity of one step of one sequence.
@@ -171,6 +215,18 @@ type ReserveItem struct {
 	// CacheSalt (new sequences) keys the blocks this sequence reuses and
 	// stores: see LookupItem.CacheSalt. It must be the salt the Lookup had.
 	CacheSalt string
+	// Priority (new sequences) is the retention priority of the blocks this
+	// sequence stores in the cache, MinPriority..MaxPriority; 0 means
+	// DefaultPriority. Blocks it reuses take the higher of the two. A
+	// manager without Capabilities.Retention ignores it; one with it denies
+	// a value out of range ("invalid:").
+	Priority int
+	// PriorityDuration (new sequences) is how long, in engine nanoseconds
+	// from Now, Priority lasts; the blocks then fall back to
+	// DefaultPriority. 0 means for as long as they are cached.
+	PriorityDuration int64
+	// Now is the engine time of the step, as LookupItem.Now.
+	Now int64
 }
 
 // TableDelta replaces the tail of a block table: table = table[:From] ++ Blocks.
@@ -208,7 +264,10 @@ type Grant struct {
 	Copies []Copy
 	// Snapshots are the state saves this step must make (hybrid managers),
 	// in increasing Pos; the core hands them to the worker with the item.
-	Snapshots []SnapshotSlot
+	Snapshots []SnapshotSlot	// HostReused is how many of the item's Reuse tokens the host tier held
+	// (managers whose Info says Explain): their blocks come back through
+	// Copies. Reuse - HostReused came from the device tier.
+	HostReused int
 }
 
 // CommitItem advances one sequence after a forward.
@@ -348,6 +407,80 @@ type Suspender interface {
 	// Resume brings suspended sequences back; false when they do not fit yet.
 	// The new block ids reach the worker in the sequence's next Grant.Tables.
 	Resume(ctx context.Context, seqs []SeqID) ([]bool, []Copy, error)
+}
+
+// Explainer is an optional Manager interface, found by type assertion: a
+// manager whose Info says Explain implements it. The core calls it instead
+// of Lookup.
+type Explainer interface {
+	// Explain is Lookup with its reasons: per item, Explanation.Tokens is
+	// exactly what Lookup returns now. It changes nothing.
+	Explain(ctx context.Context, items []LookupItem) ([]Explanation, error)
+}
+
+// Explanation is one lookup's answer, explained.
+type Explanation struct {
+	// Tokens is what Lookup returns for the item.
+	Tokens int
+	// HostTokens of Tokens are held by the host tier: taking them costs a
+	// copy back to the device.
+	HostTokens int
+	// Miss is why the match stopped at Tokens: what the next prompt block
+	// (the one from Tokens on) lacks.
+	Miss MissReason
+	// For MissEvicted: the tier the next block was evicted from, the rule
+	// that chose it (an eviction policy, or "priority" when a lower
+	// retention priority decided), and when (the Now of the call that
+	// evicted it; 0 when the host sent no clock).
+	EvictedTier Tier
+	EvictedBy   string
+	EvictedAt   int64
+}
+
+// MissReason says why a lookup's match stopped.
+type MissReason uint8
+
+const (
+	// MissUnknown: the manager does not explain (a plain Lookup).
+	MissUnknown MissReason = iota
+	// MissPartialBlock: the match reached the prompt's last full block
+	// before its last token; what is left is computed by every cache (a
+	// partial block, or the last token, whose logits are needed).
+	MissPartialBlock
+	// MissNeverStored: no request stored the next block, as far as the
+	// manager remembers.
+	MissNeverStored
+	// MissEvicted: the next block was stored, then evicted (see
+	// Explanation.EvictedTier, EvictedBy, EvictedAt).
+	MissEvicted
+	// MissSnapshot: the blocks are cached further, but the sequence state
+	// (SSM) is saved only at an earlier snapshot boundary.
+	MissSnapshot
+	// MissCacheSalt: the next block is cached, under another cache salt.
+	MissCacheSalt
+	// MissInFlight: a live sequence holds the next block but has not
+	// committed it for reuse yet (it is being computed).
+	MissInFlight
+	// MissReuseOff: block reuse is off.
+	MissReuseOff
+)
+
+var missNames = [...]string{"unknown", "partial_block", "never_stored", "evicted", "snapshot_boundary", "cache_salt", "in_flight", "reuse_off"}
+
+// MissReasons lists every reason, in order (for reports).
+func MissReasons() []MissReason {
+	out := make([]MissReason, len(missNames))
+	for i := range out {
+		out[i] = MissReason(i)
+	}
+	return out
+}
+
+func (r MissReason) String() string {
+	if int(r) < len(missNames) {
+		return missNames[r]
+	}
+	return "MissReason(" + strconv.Itoa(int(r)) + ")"
 }
 
 // EventKind is the type of a KV event (vLLM's kv_events names).

@@ -127,6 +127,39 @@ func StartLookup(ctx context.Context, m kvcache.Manager, items []kvcache.LookupI
 	return func() ([]int, error) { return n, err }
 }
 
+// ExplainStarter is CallStarter for a kvcache.Explainer's call, found by
+// type assertion on the manager.
+type ExplainStarter interface {
+	StartExplain(ctx context.Context, items []kvcache.LookupItem) (wait func() ([]kvcache.Explanation, error))
+}
+
+// StartExplain starts m's explained lookup when explain is set (the
+// manager's Info says Explain, so it is a kvcache.Explainer), else its
+// Lookup, whose answers it wraps as Explanations of MissUnknown.
+func StartExplain(ctx context.Context, m kvcache.Manager, items []kvcache.LookupItem, explain bool) (wait func() ([]kvcache.Explanation, error)) {
+	if explain {
+		if es, ok := m.(ExplainStarter); ok {
+			return es.StartExplain(ctx, items)
+		}
+		if ex, ok := m.(kvcache.Explainer); ok {
+			res, err := ex.Explain(ctx, items)
+			return func() ([]kvcache.Explanation, error) { return res, err }
+		}
+	}
+	lookup := StartLookup(ctx, m, items)
+	return func() ([]kvcache.Explanation, error) {
+		n, err := lookup()
+		var ex []kvcache.Explanation
+		if n != nil {
+			ex = make([]kvcache.Explanation, len(n))
+			for i, t := range n {
+				ex[i].Tokens = t
+			}
+		}
+		return ex, err
+	}
+}
+
 // StartReserve starts m.Reserve (see CallStarter).
 func StartReserve(ctx context.Context, m kvcache.Manager, items []kvcache.ReserveItem) (wait func() ([]kvcache.Grant, error)) {
 	if cs, ok := m.(CallStarter); ok {

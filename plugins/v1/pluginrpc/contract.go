@@ -69,6 +69,19 @@ const (
 	// it would run the datasheet roofline while the report names the
 	// calibration, so the client refuses to configure one with it.
 	FeatureSimCalibration Feature = "sim_calibration"
+	// FeatureExplain: LookupRequest.explain asks for kvcache.Explainer's
+	// answer, whose columns LookupResponse gains; LookupItem.now is the
+	// manager's clock; ReserveResponse.host_reused splits a grant's reuse
+	// by tier; Capabilities.explain says the manager explains. The engine
+	// asks only a manager that says so (an older one would answer a plain
+	// Lookup, read as "unknown" reasons).
+	FeatureExplain Feature = "explain"
+	// FeatureRetention: ReserveRequest's priority, priority_duration and
+	// now columns (a request's retention priority), ManagerConfig's
+	// eviction_policy, and Capabilities' retention and eviction_policies.
+	// The engine configures a policy other than lru only on a manager
+	// that lists it.
+	FeatureRetention Feature = "retention"
 )
 
 // featureDef is a feature and the proto elements it adds: full names of
@@ -101,6 +114,18 @@ var features = []featureDef{
 	}},
 	{Name: FeatureSimCalibration, Adds: []string{
 		"kvx.v1.Hardware.calibration", "kvx.v1.SimCalibration", "kvx.v1.KernelClassScale",
+	}},
+	{Name: FeatureExplain, Adds: []string{
+		"kvx.v1.Capabilities.explain",
+		"kvx.v1.LookupItem.now", "kvx.v1.LookupRequest.explain",
+		"kvx.v1.LookupResponse.host_tokens", "kvx.v1.LookupResponse.miss",
+		"kvx.v1.LookupResponse.evicted_tier", "kvx.v1.LookupResponse.evicted_by", "kvx.v1.LookupResponse.evicted_at",
+		"kvx.v1.ReserveResponse.host_reused",
+	}},
+	{Name: FeatureRetention, Adds: []string{
+		"kvx.v1.Capabilities.retention", "kvx.v1.Capabilities.eviction_policies",
+		"kvx.v1.ManagerConfig.eviction_policy",
+		"kvx.v1.ReserveRequest.priority", "kvx.v1.ReserveRequest.priority_duration", "kvx.v1.ReserveRequest.now",
 	}},
 }
 

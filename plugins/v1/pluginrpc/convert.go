@@ -85,6 +85,10 @@ func toProtoCapabilities(c kvcache.Capabilities) *kvxpb.Capabilities {
 		SsmReuse:    c.SSMReuse,
 		CacheSalt:   c.CacheSalt,
 		KvEvents:    c.KVEvents,
+		Explain:     c.Explain,
+		Retention:   c.Retention,
+
+		EvictionPolicies: share(c.EvictionPolicies),
 	}
 }
 
@@ -97,6 +101,10 @@ func fromProtoCapabilities(p *kvxpb.Capabilities) kvcache.Capabilities {
 		SSMReuse:    p.GetSsmReuse(),
 		CacheSalt:   p.GetCacheSalt(),
 		KVEvents:    p.GetKvEvents(),
+		Explain:     p.GetExplain(),
+		Retention:   p.GetRetention(),
+
+		EvictionPolicies: share(p.GetEvictionPolicies()),
 	}
 }
 
@@ -153,6 +161,7 @@ func toProtoManagerConfig(c kvcache.Config) (*kvxpb.ManagerConfig, error) {
 		PoolRatio:        share(c.PoolRatio),
 		Snapshots:        toProtoSnapshotConfig(c.Snapshots),
 		KvEvents:         c.KVEvents,
+		EvictionPolicy:   c.EvictionPolicy,
 	}, nil
 }
 
@@ -182,6 +191,7 @@ func fromProtoManagerConfig(p *kvxpb.ManagerConfig) (kvcache.Config, error) {
 		PoolRatio:        share(p.GetPoolRatio()),
 		Snapshots:        fromProtoSnapshotConfig(p.GetSnapshots()),
 		KVEvents:         p.GetKvEvents(),
+		EvictionPolicy:   p.GetEvictionPolicy(),
 	}, nil
 }
 
@@ -240,14 +250,15 @@ func fromProtoLayout(p *kvxpb.Layout) kvcache.Layout {
 
 // --- Lookup ---
 
-func toProtoLookupRequest(items []kvcache.LookupItem) *kvxpb.LookupRequest {
+func toProtoLookupRequest(items []kvcache.LookupItem, explain bool) *kvxpb.LookupRequest {
 	msgs := make([]kvxpb.LookupItem, len(items))
 	for i := range items {
 		msgs[i].Seq = uint64(items[i].Seq)
 		msgs[i].Prompt = share(items[i].Prompt)
 		msgs[i].CacheSalt = items[i].CacheSalt
+		msgs[i].Now = items[i].Now
 	}
-	return &kvxpb.LookupRequest{Items: ptrs(msgs)}
+	return &kvxpb.LookupRequest{Items: ptrs(msgs), Explain: explain}
 }
 
 func fromProtoLookupRequest(p *kvxpb.LookupRequest) []kvcache.LookupItem {
@@ -257,7 +268,7 @@ func fromProtoLookupRequest(p *kvxpb.LookupRequest) []kvcache.LookupItem {
 	}
 	items := make([]kvcache.LookupItem, len(ms))
 	for i, m := range ms {
-		items[i] = kvcache.LookupItem{Seq: kvcache.SeqID(m.GetSeq()), Prompt: share(m.GetPrompt()), CacheSalt: m.GetCacheSalt()}
+		items[i] = kvcache.LookupItem{Seq: kvcache.SeqID(m.GetSeq()), Prompt: share(m.GetPrompt()), CacheSalt: m.GetCacheSalt(), Now: m.GetNow()}
 	}
 	return items
 }
@@ -268,6 +279,44 @@ func toProtoLookupResponse(tokens []int) *kvxpb.LookupResponse {
 
 func fromProtoLookupResponse(p *kvxpb.LookupResponse) []int {
 	return ints[int](p.GetTokens())
+}
+
+func toProtoExplainResponse(ex []kvcache.Explanation) *kvxpb.LookupResponse {
+	n := len(ex)
+	return &kvxpb.LookupResponse{
+		Tokens:      tokensOf(ex),
+		HostTokens:  column(n, func(i int) int64 { return int64(ex[i].HostTokens) }),
+		Miss:        column(n, func(i int) int32 { return int32(ex[i].Miss) }),
+		EvictedTier: column(n, func(i int) string { return string(ex[i].EvictedTier) }),
+		EvictedBy:   column(n, func(i int) string { return ex[i].EvictedBy }),
+		EvictedAt:   column(n, func(i int) int64 { return ex[i].EvictedAt }),
+	}
+}
+
+func fromProtoExplainResponse(p *kvxpb.LookupResponse) ([]kvcache.Explanation, error) {
+	const msg = "LookupResponse"
+	tokens := p.GetTokens()
+	n := len(tokens)
+	host, err1 := optional(msg, "host_tokens", p.GetHostTokens(), n)
+	miss, err2 := optional(msg, "miss", p.GetMiss(), n)
+	tier, err3 := optional(msg, "evicted_tier", p.GetEvictedTier(), n)
+	by, err4 := optional(msg, "evicted_by", p.GetEvictedBy(), n)
+	when, err5 := optional(msg, "evicted_at", p.GetEvictedAt(), n)
+	if err := firstErr(err1, err2, err3, err4, err5); err != nil || n == 0 {
+		return nil, err
+	}
+	ex := make([]kvcache.Explanation, n)
+	for i := range ex {
+		ex[i] = kvcache.Explanation{
+			Tokens:      int(tokens[i]),
+			HostTokens:  int(at(host, i)),
+			Miss:        kvcache.MissReason(at(miss, i)),
+			EvictedTier: kvcache.Tier(at(tier, i)),
+			EvictedBy:   at(by, i),
+			EvictedAt:   at(when, i),
+		}
+	}
+	return ex, nil
 }
 
 // --- Reserve ---
@@ -281,6 +330,10 @@ func toProtoReserveRequest(items []kvcache.ReserveItem) *kvxpb.ReserveRequest {
 		Hold:   column(n, func(i int) int64 { return int64(items[i].Hold) }),
 		New:    column(n, func(i int) bool { return items[i].New }),
 		Reuse:  column(n, func(i int) int64 { return int64(items[i].Reuse) }),
+
+		Priority:         column(n, func(i int) int64 { return int64(items[i].Priority) }),
+		PriorityDuration: column(n, func(i int) int64 { return items[i].PriorityDuration }),
+		Now:              column(n, func(i int) int64 { return items[i].Now }),
 	}
 	for i := range items {
 		m.Seq[i] = uint64(items[i].Seq) // the count column is never left out
@@ -304,7 +357,10 @@ func fromProtoReserveRequest(p *kvxpb.ReserveRequest) ([]kvcache.ReserveItem, er
 	isNew, err4 := optional(msg, "new", p.GetNew(), n)
 	reuse, err5 := optional(msg, "reuse", p.GetReuse(), n)
 	prompt, err6 := newSplitter(msg, "prompt_len", "prompt", p.GetPromptLen(), p.GetPrompt(), n)
-	if err := firstErr(err1, err2, err3, err4, err5, err6); err != nil || n == 0 {
+	prio, err7 := optional(msg, "priority", p.GetPriority(), n)
+	dur, err8 := optional(msg, "priority_duration", p.GetPriorityDuration(), n)
+	now, err9 := optional(msg, "now", p.GetNow(), n)
+	if err := firstErr(err1, err2, err3, err4, err5, err6, err7, err8, err9); err != nil || n == 0 {
 		return nil, err
 	}
 	items := make([]kvcache.ReserveItem, n)
@@ -317,6 +373,10 @@ func fromProtoReserveRequest(p *kvxpb.ReserveRequest) ([]kvcache.ReserveItem, er
 			New:    at(isNew, i),
 			Prompt: prompt.part(i),
 			Reuse:  int(at(reuse, i)),
+
+			Priority:         int(at(prio, i)),
+			PriorityDuration: at(dur, i),
+			Now:              at(now, i),
 		}
 	}
 	saltItem, salt := p.GetSaltItem(), p.GetSalt()
@@ -359,6 +419,7 @@ func toProtoReserveResponse(gs []kvcache.Grant) *kvxpb.ReserveResponse {
 		}
 	}
 	m.Ok = trimZero(m.Ok)
+	m.HostReused = column(n, func(i int) int64 { return int64(gs[i].HostReused) })
 	m.Tables = toProtoTableDeltas(n, func(i int) []kvcache.TableDelta { return gs[i].Tables })
 	m.Copies = toProtoCopies(n, func(i int) []kvcache.Copy { return gs[i].Copies })
 	m.Snapshots = toProtoSnapshotSlots(n, func(i int) []kvcache.SnapshotSlot { return gs[i].Snapshots })
@@ -373,13 +434,17 @@ func fromProtoReserveResponse(p *kvxpb.ReserveResponse) ([]kvcache.Grant, error)
 	if err != nil {
 		return nil, err
 	}
+	hostReused, err := optional(msg, "host_reused", p.GetHostReused(), n)
+	if err != nil {
+		return nil, err
+	}
 	reasonItem, reason := p.GetReasonItem(), p.GetReason()
 	if len(reasonItem) != len(reason) {
 		return nil, colError("%s: %d reason_item values for %d reasons, want equal", msg, len(reasonItem), len(reason))
 	}
 	gs := make([]kvcache.Grant, n)
 	for i := range gs {
-		gs[i] = kvcache.Grant{Seq: kvcache.SeqID(seq[i]), OK: at(ok, i)}
+		gs[i] = kvcache.Grant{Seq: kvcache.SeqID(seq[i]), OK: at(ok, i), HostReused: int(at(hostReused, i))}
 	}
 	for k, it := range reasonItem {
 		if it < 0 || int(it) >= n || (k > 0 && it <= reasonItem[k-1]) {
@@ -777,4 +842,13 @@ func fromProtoEvents(p *kvxpb.EventList) []kvcache.Event {
 		}
 	}
 	return evs
+}
+
+// tokensOf is the tokens column of an explained lookup: always complete.
+func tokensOf(ex []kvcache.Explanation) []int64 {
+	out := make([]int64, len(ex))
+	for i := range ex {
+		out[i] = int64(ex[i].Tokens)
+	}
+	return out
 }

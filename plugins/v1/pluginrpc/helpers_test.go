@@ -134,7 +134,8 @@ var fullLayout = kvcache.Layout{
 var fullInfo = kvcache.Info{
 	Name: "cachemgr_v2", Version: "2.1.0", Protocols: []int{1, 2},
 	Capabilities: kvcache.Capabilities{Mixers: []spec.Mixer{spec.MixerGQA, spec.MixerMamba},
-		PrefixReuse: true, HostTier: true, SSMState: true, SSMReuse: true, CacheSalt: true, KVEvents: true},
+		PrefixReuse: true, HostTier: true, SSMState: true, SSMReuse: true, CacheSalt: true, KVEvents: true,
+		Explain: true, Retention: true, EvictionPolicies: []string{kvcache.EvictionLRU, kvcache.EvictionLFU}},
 }
 
 var fullConfig = kvcache.Config{
@@ -143,13 +144,20 @@ var fullConfig = kvcache.Config{
 	AvgSeqLen: 150000, PoolRatio: []float64{0.75, 0.25},
 	Snapshots: kvcache.SnapshotConfig{Interval: 1024, OffsetsFromEnd: []int{1, 64}},
 	KVEvents:  true,
+
+	EvictionPolicy: kvcache.EvictionLFU,
 }
 
-var fullLookupItems = []kvcache.LookupItem{{Seq: 1, Prompt: []int32{1, 2, 3}, CacheSalt: "tenant-a"}, {Seq: 1 << 63, Prompt: []int32{-1}, CacheSalt: "b"}}
+var fullLookupItems = []kvcache.LookupItem{{Seq: 1, Prompt: []int32{1, 2, 3}, CacheSalt: "tenant-a", Now: 7}, {Seq: 1 << 63, Prompt: []int32{-1}, CacheSalt: "b", Now: 1 << 62}}
+
+var fullExplanations = []kvcache.Explanation{
+	{Tokens: 512, HostTokens: 256, Miss: kvcache.MissEvicted, EvictedTier: kvcache.TierHost, EvictedBy: kvcache.EvictionLRU, EvictedAt: 1 << 40},
+	{Tokens: 1 << 40, HostTokens: 1, Miss: kvcache.MissEvicted, EvictedTier: kvcache.TierDevice, EvictedBy: "priority", EvictedAt: 1},
+}
 
 var fullReserveItems = []kvcache.ReserveItem{
-	{Seq: 42, Tokens: 8192, Draft: 1, Hold: 180000, New: true, Prompt: []int32{9, 8, 7}, Reuse: 512, CacheSalt: "tenant-a"},
-	{Seq: 43, Tokens: 1, Draft: 3, Hold: 1, New: true, Prompt: []int32{1}, Reuse: 1, CacheSalt: "\x00"},
+	{Seq: 42, Tokens: 8192, Draft: 1, Hold: 180000, New: true, Prompt: []int32{9, 8, 7}, Reuse: 512, CacheSalt: "tenant-a", Priority: 90, PriorityDuration: 30e9, Now: 5e9},
+	{Seq: 43, Tokens: 1, Draft: 3, Hold: 1, New: true, Prompt: []int32{1}, Reuse: 1, CacheSalt: "\x00", Priority: 1, PriorityDuration: 1, Now: 1},
 }
 
 var fullEvents = []kvcache.Event{
@@ -160,8 +168,8 @@ var fullEvents = []kvcache.Event{
 var fullSnapshots = []kvcache.SnapshotSlot{{Pos: 256, Pool: 3, Block: 9}, {Pos: 512, Pool: 3, Block: 11}}
 
 var fullGrants = []kvcache.Grant{
-	{Seq: 42, OK: true, Reason: "granted", Tables: fullTables, Copies: fullCopies, Snapshots: fullSnapshots},
-	{Seq: 43, OK: true, Reason: "device pool full: need 3 blocks, 1 free", Tables: fullTables[1:], Copies: fullCopies[:1], Snapshots: fullSnapshots[1:]},
+	{Seq: 42, OK: true, Reason: "granted", Tables: fullTables, Copies: fullCopies, Snapshots: fullSnapshots, HostReused: 256},
+	{Seq: 43, OK: true, Reason: "device pool full: need 3 blocks, 1 free", Tables: fullTables[1:], Copies: fullCopies[:1], Snapshots: fullSnapshots[1:], HostReused: 1},
 }
 
 var fullStats = kvcache.Stats{

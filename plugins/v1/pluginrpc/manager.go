@@ -116,8 +116,27 @@ func (c *ManagerClient) Lookup(ctx context.Context, items []kvcache.LookupItem) 
 	if exited(c.done) {
 		return nil, errExited(m)
 	}
-	resp, err := c.rpc.Lookup(ctx, toProtoLookupRequest(items), callOpts...)
+	resp, err := c.rpc.Lookup(ctx, toProtoLookupRequest(items, false), callOpts...)
 	return c.lookupAnswer(ctx, resp, err)
+}
+
+// Explain implements kvcache.Explainer: a Lookup that asks for the
+// explanation. A served manager that is no Explainer answers
+// KindUnsupported (its Info says no Explain; the core asks only one that
+// says so).
+func (c *ManagerClient) Explain(ctx context.Context, items []kvcache.LookupItem) ([]kvcache.Explanation, error) {
+	const m = managerService + "Lookup"
+	if exited(c.done) {
+		return nil, errExited(m)
+	}
+	resp, err := c.rpc.Lookup(ctx, toProtoLookupRequest(items, true), callOpts...)
+	return c.explainAnswer(ctx, resp, err)
+}
+
+// explainAnswer decodes an explained Lookup answer, or the partial one
+// beside err.
+func (c *ManagerClient) explainAnswer(ctx context.Context, resp *kvxpb.LookupResponse, err error) ([]kvcache.Explanation, error) {
+	return answerOf(ctx, c.done, managerService+"Lookup", resp, err, fromProtoExplainResponse)
 }
 
 // lookupAnswer decodes a Lookup answer, or the partial one beside err.
@@ -337,6 +356,18 @@ func (s *managerServer) Lookup(ctx context.Context, req *kvxpb.LookupRequest) (*
 		return nil, toStatus(err, nil)
 	}
 	defer s.gate.leave()
+	if req.GetExplain() {
+		ex, ok := s.impl.(kvcache.Explainer)
+		if !ok {
+			return nil, toStatus(kvcache.Errorf(kvcache.KindUnsupported, "Lookup: explain: the cache manager does not explain (it is no kvcache.Explainer)"), nil)
+		}
+		res, err := ex.Explain(ctx, fromProtoLookupRequest(req))
+		out := toProtoExplainResponse(res)
+		if err != nil {
+			return nil, toStatus(err, out)
+		}
+		return out, nil
+	}
 	tokens, err := s.impl.Lookup(ctx, fromProtoLookupRequest(req))
 	out := toProtoLookupResponse(tokens)
 	if err != nil {
@@ -555,13 +586,29 @@ func (c *ManagerClient) StartLookup(ctx context.Context, items []kvcache.LookupI
 	if exited(c.done) {
 		return func() ([]int, error) { return nil, errExited(m) }
 	}
-	in := toProtoLookupRequest(items)
+	in := toProtoLookupRequest(items, false)
 	wait := startCall(ctx, c, plane.Lookup, in, func(ctx context.Context) (*kvxpb.LookupResponse, error) {
 		return c.rpc.Lookup(ctx, in, callOpts...)
 	})
 	return func() ([]int, error) {
 		resp, err := wait()
 		return c.lookupAnswer(ctx, resp, err)
+	}
+}
+
+// StartExplain implements pipeline.ExplainStarter.
+func (c *ManagerClient) StartExplain(ctx context.Context, items []kvcache.LookupItem) func() ([]kvcache.Explanation, error) {
+	const m = managerService + "Lookup"
+	if exited(c.done) {
+		return func() ([]kvcache.Explanation, error) { return nil, errExited(m) }
+	}
+	in := toProtoLookupRequest(items, true)
+	wait := startCall(ctx, c, plane.Lookup, in, func(ctx context.Context) (*kvxpb.LookupResponse, error) {
+		return c.rpc.Lookup(ctx, in, callOpts...)
+	})
+	return func() ([]kvcache.Explanation, error) {
+		resp, err := wait()
+		return c.explainAnswer(ctx, resp, err)
 	}
 }
 
