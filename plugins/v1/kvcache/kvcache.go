@@ -264,7 +264,7 @@ type Grant struct {
 	Copies []Copy
 	// Snapshots are the state saves this step must make (hybrid managers),
 	// in increasing Pos; the core hands them to the worker with the item.
-	Snapshots []SnapshotSlot	// HostReused is how many of the item's Reuse tokens the host tier held
+	Snapshots []SnapshotSlot // HostReused is how many of the item's Reuse tokens the host tier held
 	// (managers whose Info says Explain): their blocks come back through
 	// Copies. Reuse - HostReused came from the device tier.
 	HostReused int
