@@ -83,8 +83,11 @@ func (m *Manager) shared(pi int, h xxh3.Uint128) (db, hb kvcache.BlockID, ok boo
 // the cached block it would evict when pi has a host pool.
 func (m *Manager) allocDev(pi int) kvcache.BlockID {
 	p := m.paged[pi]
-	if m.host != nil && len(p.free) == 0 {
-		m.offload(pi, p.next[p.n])
+	if len(p.free) == 0 && p.hashed != nil {
+		m.noteEvicted(pi, p.next[p.n])
+		if m.host != nil {
+			m.offload(pi, p.next[p.n])
+		}
 	}
 	return p.alloc()
 }
@@ -178,6 +181,7 @@ func (m *Manager) attach(pi int, t []kvcache.BlockID, hashes []xxh3.Uint128) []k
 		hb, _ := hp.lookup(h)
 		db := m.allocDev(pi)
 		m.copies = append(m.copies, kvcache.Copy{SrcPool: hp.id, SrcBlock: hb, DstPool: p.id, DstBlock: db})
+		m.notePromoted(pi, hb, h)
 		hp.forget(hb)
 		f := &m.fresh[pi]
 		f.limbo = append(f.limbo, hb) // freed when the call ends

@@ -169,6 +169,9 @@ type sequence struct {
 	registered int            // prompt blocks registered so far
 	prompt     []int32        // the full prompt blocks, kept only with KV events on
 	moved      []move         // host tier: pending blocks of the outstanding reservation
+	// evicted is what the outstanding reservation's allocations took from
+	// the cache (undo.go): put back by an Unreserve.
+	evicted []undone
 }
 
 // New returns an unconfigured manager.
@@ -520,6 +523,9 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 		m.seqs[it.Seq] = s
 	}
 	m.cur = s
+	if !it.New {
+		s.evicted = s.evicted[:0] // a new sequence's started empty, before its reuse
+	}
 	s.undoCap, s.undoHold = s.capacity, s.hold
 	s.hold, s.capacity = hold, newCap
 	for pi, p := range m.paged {
@@ -581,13 +587,13 @@ func (m *Manager) newSeq(id kvcache.SeqID) *sequence {
 			undoKeep: make([]int32, n),
 		}
 	}
-	hashes, tables, prompt, moved := s.hashes[:0], s.tables, s.prompt[:0], s.moved[:0]
+	hashes, tables, prompt, moved, evicted := s.hashes[:0], s.tables, s.prompt[:0], s.moved[:0], s.evicted[:0]
 	for i := range tables {
 		tables[i] = tables[i][:0]
 		s.stale[i], s.told[i], s.keep[i] = 0, 0, 0
 	}
 	*s = sequence{
-		id: id, live: true, slot: noBlock, hashes: hashes, tables: tables, prompt: prompt, moved: moved,
+		id: id, live: true, slot: noBlock, hashes: hashes, tables: tables, prompt: prompt, moved: moved, evicted: evicted,
 		stale: s.stale, told: s.told, keep: s.keep,
 		undoLen: s.undoLen, undoTold: s.undoTold, undoKeep: s.undoKeep,
 	}
@@ -597,8 +603,8 @@ func (m *Manager) newSeq(id kvcache.SeqID) *sequence {
 // Unreserve undoes each sequence's outstanding reservation exactly: a
 // sequence created by it disappears (its reused blocks go back to the cache),
 // an existing one gets back its capacity, hold and tables. Cached blocks
-// evicted to make room are not brought back; their blocks return to the free
-// list. Sequences that are unknown or have no reservation are reported in one
+// evicted to make room, and host blocks a promotion took, are put back as
+// cached content when nothing overwrote them (undo.go). Sequences that are unknown or have no reservation are reported in one
 // item-scoped error after the others were applied.
 func (m *Manager) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 	if err := m.ready(ctx, "Unreserve"); err != nil {
@@ -618,6 +624,7 @@ func (m *Manager) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 		m.settle(s, false)
 		if s.isNew {
 			m.drop(s)
+			m.putBack(s)
 			continue
 		}
 		for pi, p := range m.paged {
@@ -631,6 +638,7 @@ func (m *Manager) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 		}
 		s.capacity, s.hold = s.undoCap, s.undoHold
 		s.reserved, s.resTokens, s.resDraft = false, 0, 0
+		m.putBack(s)
 	}
 	return bad.err("Unreserve", len(seqs))
 }

@@ -50,6 +50,10 @@ type pool struct {
 	pend   []bool
 	parked int // pending blocks with ref 0 (host pools)
 
+	// gen[b] counts the allocations of block b (reuse on): content a
+	// block held before its last allocation may have been overwritten.
+	gen []uint32
+
 	evictions int64
 	// evicted, when set (KV events on, first pool), is told the hash of
 	// each cached block alloc evicts.
@@ -70,6 +74,7 @@ func newPool(id, window, tpb, n int, reuse bool) *pool {
 		p.free[i] = kvcache.BlockID(n - 1 - i)
 	}
 	if reuse {
+		p.gen = make([]uint32, n)
 		p.hashed = make([]bool, n)
 		p.hash = make([]xxh3.Uint128, n)
 		p.prev = make([]int32, n+1)
@@ -96,6 +101,9 @@ func (p *pool) alloc() kvcache.BlockID {
 		b := p.free[k-1]
 		p.free = p.free[:k-1]
 		p.ref[b] = 1
+		if p.gen != nil {
+			p.gen[b]++
+		}
 		return b
 	}
 	b := p.next[p.n]
@@ -108,6 +116,7 @@ func (p *pool) alloc() kvcache.BlockID {
 	p.hashed[b] = false
 	p.evictions++
 	p.ref[b] = 1
+	p.gen[b]++
 	return kvcache.BlockID(b)
 }
 

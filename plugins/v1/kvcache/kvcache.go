@@ -377,7 +377,9 @@ type Manager interface {
 	Reserve(ctx context.Context, items []ReserveItem) ([]Grant, error)
 	// Unreserve undoes the outstanding reservation of each sequence exactly:
 	// its ledger and block table are as before Reserve (a new sequence
-	// disappears). Cached blocks evicted to make room stay evicted.
+	// disappears). Cached blocks evicted to make room may stay evicted, or
+	// come back: the grant's copies were not made, so a manager may register
+	// again content that no copy or forward overwrote.
 	Unreserve(ctx context.Context, seqs []SeqID) error
 	// Commit advances history; it never allocates and cannot run out of memory.
 	Commit(ctx context.Context, items []CommitItem) (CommitResult, error)
