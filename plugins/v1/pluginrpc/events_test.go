@@ -1,7 +1,6 @@
 package pluginrpc
 
 import (
-	"context"
 	"reflect"
 	"testing"
 
@@ -31,23 +30,13 @@ func TestEventsWithoutReporter(t *testing.T) {
 	}
 }
 
-// explainingManager is a fakeManager that explains its lookups.
-type explainingManager struct {
-	*fakeManager
-	ex []kvcache.Explanation
-}
-
-func (e explainingManager) Explain(ctx context.Context, items []kvcache.LookupItem) ([]kvcache.Explanation, error) {
-	return e.ex, e.enter(ctx, "Explain", items)
-}
-
 // TestExplainOverWire: an explained lookup reaches the manager's Explain
 // with every item field (Now included) and its answer comes back whole, by
 // the plain and the started call; a manager that is no Explainer has
 // Explain cleared from its Info and answers KindUnsupported.
 func TestExplainOverWire(t *testing.T) {
-	f := &fakeManager{info: fullInfo}
-	m := TestManagerPair(t, explainingManager{f, fullExplanations})
+	f := &fakeManager{info: fullInfo, explain: fullExplanations}
+	m := TestManagerPair(t, f)
 	info, err := m.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
