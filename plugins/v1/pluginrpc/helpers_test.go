@@ -109,7 +109,7 @@ var fullModel = spec.Model{
 var fullHardware = spec.Hardware{
 	Name: "H200", MemoryBytes: 141 << 30, MemBandwidth: 4.8e12, FLOPSBF16: 989e12, FLOPSFP8: 1979e12,
 	FLOPSFP4: 1, NVLinkBW: 450e9, PCIeBW: 64e9, Uncalibrated: true, LaunchLatency: 4e-6,
-	Calibration: &fullSimCalibration,
+	Calibration: &fullSimCalibration, CopyLatency: 5e-6,
 }
 
 var fullSimCalibration = spec.SimCalibration{
