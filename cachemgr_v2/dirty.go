@@ -109,10 +109,10 @@ type poolCheck struct {
 // coreCheck is the core's part of the incremental check.
 type coreCheck struct {
 	seqs      []*Seq
-	valid     bool // the shadows were built (by a full check)
-	fullNext  bool // the last check found something
-	count     int  // deep checks so far
-	fullEvery int  // 0: fullCheckEvery; 1: every check is full
+	valid     bool                // the shadows were built (by a full check)
+	fullNext  bool                // the last check found something
+	count     int                 // deep checks so far
+	fullEvery int                 // 0: fullCheckEvery; 1: every check is full
 	noTables  [][]kvcache.BlockID // a released sequence's tables: none per group
 }
 
@@ -335,7 +335,6 @@ func (c *Core) seqCount(s *Seq, bad func(string, ...any)) {
 	k.path = append(k.path[:d], path[d:]...)
 	k.cow, k.suspended, k.reset = cow, live && s.suspended, false
 }
-
 
 // seqOwn checks s's own numbers (checkFull's per-sequence rules that need
 // no other object).
