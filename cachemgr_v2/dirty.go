@@ -2,6 +2,7 @@ package cachemgrv2
 
 import (
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -212,6 +213,16 @@ func (c *Core) seqNow(s *Seq) (live bool, tables, host [][]kvcache.BlockID, path
 	return false, c.ck.noTables, c.ck.noTables, nil, nil
 }
 
+// firstDiff is the first index where a and b differ (one of them ended
+// there, or the entries differ); math.MaxInt when they are equal.
+func firstDiff[T comparable](a, b []T) int {
+	n := commonPrefix(a, b)
+	if n == len(a) && n == len(b) {
+		return math.MaxInt
+	}
+	return n
+}
+
 // seqUncount takes s's shadow's contributions out of the recounts from the
 // first entry where s differs from it (kept in ck.from for seqCount). All
 // dirty sequences are uncounted before any is counted again, so that a
@@ -224,9 +235,9 @@ func (c *Core) seqUncount(s *Seq) {
 	if len(k.tables) != ng {
 		k.tables, k.host = make([][]kvcache.BlockID, ng), make([][]kvcache.BlockID, ng)
 	}
-	d := commonPrefix(k.path, path)
+	d := firstDiff(k.path, path)
 	for g := 0; g < ng; g++ {
-		d = min(d, commonPrefix(k.tables[g], tables[g]), commonPrefix(k.host[g], host[g]))
+		d = min(d, firstDiff(k.tables[g], tables[g]), firstDiff(k.host[g], host[g]))
 	}
 	if k.reset || k.suspended != (live && s.suspended) {
 		d = 0
@@ -298,6 +309,7 @@ func (c *Core) seqCount(s *Seq, bad func(string, ...any)) {
 		if d > 0 && d <= len(path) {
 			parent = path[d-1]
 		}
+		// (d beyond the path: the loop below does nothing.)
 		for i := d; i < len(path); i++ {
 			n := path[i]
 			if n.parent != parent {
@@ -332,10 +344,13 @@ func (c *Core) seqCount(s *Seq, bad func(string, ...any)) {
 
 	// s is the shadow now.
 	for g := 0; g < ng; g++ {
-		k.tables[g] = append(k.tables[g][:d], tables[g][d:]...)
-		k.host[g] = append(k.host[g][:d], host[g][d:]...)
+		e := min(d, len(tables[g]), len(k.tables[g]))
+		k.tables[g] = append(k.tables[g][:e], tables[g][e:]...)
+		e = min(d, len(host[g]), len(k.host[g]))
+		k.host[g] = append(k.host[g][:e], host[g][e:]...)
 	}
-	k.path = append(k.path[:d], path[d:]...)
+	e := min(d, len(path), len(k.path))
+	k.path = append(k.path[:e], path[e:]...)
 	k.cow, k.suspended, k.reset = cow, live && s.suspended, false
 }
 

@@ -1,6 +1,7 @@
 package cachemgrv2
 
 import (
+	"math"
 	"slices"
 	"testing"
 
@@ -417,5 +418,38 @@ func TestIncrementalCheckIsUsed(t *testing.T) {
 	}
 	if !m.ck.fullNext {
 		t.Fatal("a check that found something must make the next one full")
+	}
+}
+
+// TestIncrementalCheckStartsAtTheChange: the check of a sequence that grew
+// starts at its first new entry, not at 0 (what makes it cost in proportion
+// to the change), and one that did not change costs nothing.
+func TestIncrementalCheckStartsAtTheChange(t *testing.T) {
+	m, _ := configure(t, smallCfg(64, 0))
+	p := tokens(24, 1)
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 8, New: true, Prompt: p})
+	mustCommit(t, m, 1, 8)
+	inspect(t, m) // full: the shadows now hold 2 blocks and a path of 2
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 8, Draft: 1})
+	mustCommit(t, m, 1, 8)
+	s := m.seqs[1]
+	if len(s.path) != 4 || len(s.tables[0]) != 4 {
+		t.Fatalf("path %d, table %d blocks; want 4 and 4", len(s.path), len(s.tables[0]))
+	}
+	m.seqUncount(s)
+	if s.ck.from != 2 {
+		t.Fatalf("a sequence that grew from 2 to 4 blocks is checked from entry %d, want 2", s.ck.from)
+	}
+	var v []string
+	m.seqCount(s, func(f string, a ...any) { v = append(v, f) })
+	m.seqUncount(s)
+	if s.ck.from != math.MaxInt {
+		t.Fatalf("an unchanged sequence is checked from entry %d, want none", s.ck.from)
+	}
+	m.seqCount(s, func(f string, a ...any) { v = append(v, f) })
+	v = append(v, m.checkIncremental()...)
+	v = append(v, m.checkFull()...)
+	if len(v) > 0 {
+		t.Fatalf("violations: %q", v)
 	}
 }
