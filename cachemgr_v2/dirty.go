@@ -1,9 +1,11 @@
 package cachemgrv2
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"slices"
+	"unsafe"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
@@ -190,9 +192,18 @@ func (c *Core) pathPage(g int, tables [][]kvcache.BlockID, path []*Node, i int) 
 	return NoBlock
 }
 
-// commonPrefix is the length of the common prefix of a and b.
+// commonPrefix is the length of the common prefix of a and b. T must be a
+// type whose == is bit equality (block ids, pointers): the usual case, equal
+// prefixes of thousands of entries, is one memory comparison.
 func commonPrefix[T comparable](a, b []T) int {
 	n := min(len(a), len(b))
+	if n == 0 {
+		return 0
+	}
+	size := int(unsafe.Sizeof(a[0]))
+	if bytes.Equal(unsafe.Slice((*byte)(unsafe.Pointer(&a[0])), n*size), unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), n*size)) {
+		return n
+	}
 	for i := 0; i < n; i++ {
 		if a[i] != b[i] {
 			return i
