@@ -47,12 +47,24 @@ import (
 // rebuilt from scratch by every full check (resync); a check that finds
 // anything makes the next one full, and so does every fullEvery-th.
 //
-// For other branches adding state: cover new node state (host pages,
-// priority, frequency, retention) by calling t.touch(n) where it changes
-// and checking it in verifyNode (with a shadow in nodeCheck when a relation
-// to another object needs the old value); new block state by p.touch(b);
-// new sequence state by c.touch(s). A check of the new state written only
-// in checkFull is still run on every full check.
+// For the branches that add state (merge notes): the rule is "mark what you
+// write". New node state (host pages, priority, frequency, retention) is
+// covered by t.touch(n) wherever it changes, and checked in verifyNode next
+// to its rule in Tree.Check; if a rule relates the node to another object
+// (its host pages to the host pool's owners), keep the old value in
+// nodeCheck and touch the other object when it changes, as nodeDelta does
+// for device pages. A changed child map marks the parent and the child. New
+// block state: p.touch(b), checked in verifyBlock next to its rule in
+// recount; in particular, once nodes own host-pool blocks, P5 ("an owned
+// block is a device block its owner holds") changes in recount and
+// verifyBlock alike. New sequence state: c.touch(s), checked in seqCount
+// from ck.from on. The eviction heap's less must depend only on fields that
+// are changed through touch (a key that moves with time alone would break
+// the heap itself): verifyNode checks a touched node against its heap
+// parent and children. A rule written only in recount runs at every full
+// check (every fullEvery-th), so nothing is lost, only found later;
+// TestIncrementalCheckAgrees proves the two agree, so add a corruption for
+// each new rule there.
 
 // fullCheckEvery is the default: one deep check in that many is full.
 const fullCheckEvery = 64
