@@ -12,7 +12,8 @@ import (
 // Tables, each device pool's table lists the sequence's device blocks in
 // logical order (blocks on the host tier left out) and each host pool's table
 // its host blocks; RefCounts are the pools' reference counts. Violations come
-// from a deep self-check that recomputes every count (see check).
+// from the deep self-check (see check: a full recount, or the same
+// properties over what changed since the last one).
 func (c *Core) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
 	if err := c.ready(ctx, "Inspect"); err != nil {
 		return kvcache.Snapshot{}, err
