@@ -54,6 +54,7 @@ type Core struct {
 	// the deep self-check's recounts, per pool (check)
 	checkRefs [][]int32
 	checkFree []bool
+	ck        coreCheck // the incremental deep check (dirty.go)
 }
 
 // NewCore returns an unconfigured core of the manager name (in errors);
@@ -155,6 +156,7 @@ type Seq struct {
 	// block i (node and generation), so a check compares a path block's
 	// tokens once, not at every check.
 	chkPath []pathMark
+	ck      seqCheck // the incremental deep check's shadow; recycle keeps it
 
 	// What the worker knows: its table entries [0, sent) are right and it has
 	// told entries (-1: unknown). The next grant replaces its tail from sent.
@@ -346,6 +348,7 @@ func (c *Core) reserve(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) string
 	if r := c.roomFor(nb); r != "" {
 		return fmt.Sprintf("no capacity: seq %d needs %d tokens (capacity %d): %s", it.Seq, need, s.led.Capacity, r)
 	}
+	c.touch(s)
 	s.created = false
 	s.undoBlocks, s.undoSent = have, s.sent
 	c.grow(s, nb)
@@ -442,6 +445,7 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 	s.led.Reserve(it.Tokens, it.Draft, it.Hold)
 	s.created = true
 	c.seqs[s.id] = s
+	c.touch(s)
 	c.stats.ReusedTokens += int64(reuse)
 	if c.hooks != nil {
 		c.hooks.Reserved(s, it, g)
@@ -561,6 +565,7 @@ func (c *Core) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 			c.drop(s, false)
 			continue
 		}
+		c.touch(s)
 		for g, pool := range c.dev {
 			for _, b := range s.tables[g][s.undoBlocks:] {
 				pool.Unref(b)
@@ -601,6 +606,7 @@ func (c *Core) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.
 			bad.add(it.Seq, "seq %d: %s", it.Seq, r)
 			continue
 		}
+		c.touch(s)
 		nb := c.blocks(s.led.Commit(it.Accepted))
 		if nb < c.held(s) {
 			for g, pool := range c.dev {
@@ -695,6 +701,7 @@ func (c *Core) Release(ctx context.Context, seqs []kvcache.SeqID) error {
 // drop frees everything s holds and forgets it. touch says whether its pins
 // count as a use for LRU (false when undoing a reservation).
 func (c *Core) drop(s *Seq, touch bool) {
+	c.touch(s)
 	if c.hooks != nil {
 		c.hooks.Dropped(s, touch)
 	}
@@ -749,7 +756,9 @@ func (c *Core) recycle(s *Seq) {
 	}
 	clear(s.path[:cap(s.path)])
 	clear(s.chkPath[:cap(s.chkPath)])
-	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0]}
+	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0], ck: s.ck}
+	s.ck.reset = true
+	c.touch(s)
 	c.spare = append(c.spare, s)
 }
 

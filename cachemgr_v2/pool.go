@@ -25,6 +25,7 @@ type BlockPool struct {
 	refs   []int32
 	owner  []*Node
 	cached int
+	ck     poolCheck // the incremental deep check's marks, shadows and recounts (dirty.go)
 }
 
 // NewBlockPool returns a pool of n free blocks with ids 0..n-1 (handed out in
@@ -36,6 +37,7 @@ func NewBlockPool(id int, tier kvcache.Tier, n int) *BlockPool {
 		free:  make([]kvcache.BlockID, n),
 		refs:  make([]int32, n),
 		owner: make([]*Node, n),
+		ck:    poolCheck{mark: make([]bool, n)},
 	}
 	for i := range p.free {
 		p.free[i] = kvcache.BlockID(n - 1 - i)
@@ -83,6 +85,7 @@ func (p *BlockPool) Take(dst []kvcache.BlockID, n int) []kvcache.BlockID {
 	for i := len(p.free) - 1; i >= k; i-- {
 		b := p.free[i]
 		p.refs[b] = 1
+		p.touch(b)
 		dst = append(dst, b)
 	}
 	p.free = p.free[:k]
@@ -91,6 +94,7 @@ func (p *BlockPool) Take(dst []kvcache.BlockID, n int) []kvcache.BlockID {
 
 // Ref adds a reference to a block that is in use or cached (a reused page).
 func (p *BlockPool) Ref(b kvcache.BlockID) {
+	p.touch(b)
 	if p.refs[b] == 0 {
 		p.cached--
 	}
@@ -100,6 +104,7 @@ func (p *BlockPool) Ref(b kvcache.BlockID) {
 // Unref drops one reference. The last reference frees a private block and
 // turns a node's page into a cached block.
 func (p *BlockPool) Unref(b kvcache.BlockID) {
+	p.touch(b)
 	p.refs[b]--
 	if p.refs[b] > 0 {
 		return
@@ -113,6 +118,7 @@ func (p *BlockPool) Unref(b kvcache.BlockID) {
 
 // adopt makes an in-use private block the page of node n.
 func (p *BlockPool) adopt(b kvcache.BlockID, n *Node) {
+	p.touch(b)
 	p.owner[b] = n
 	if p.refs[b] == 0 {
 		p.cached++
@@ -121,6 +127,7 @@ func (p *BlockPool) adopt(b kvcache.BlockID, n *Node) {
 
 // drop frees a page that its node gives up (eviction); it must be unreferenced.
 func (p *BlockPool) drop(b kvcache.BlockID) {
+	p.touch(b)
 	p.owner[b] = nil
 	if p.refs[b] == 0 {
 		p.cached--

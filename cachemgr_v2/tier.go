@@ -46,6 +46,7 @@ func (c *Core) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvc
 		if !c.hostFits(s) || c.hooks != nil && !c.hooks.CanSuspend(s) {
 			continue
 		}
+		c.touch(s)
 		first := c.held(s)
 		for g, pool := range c.dev {
 			hp := c.host[g]
@@ -121,6 +122,7 @@ func (c *Core) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvca
 		if c.roomFor(moved) != "" || c.hooks != nil && !c.hooks.CanResume(s) {
 			continue
 		}
+		c.touch(s)
 		c.makeRoom(moved)
 		for g, pool := range c.dev {
 			hp := c.host[g]

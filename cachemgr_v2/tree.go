@@ -50,6 +50,8 @@ type Node struct {
 	chkPins  int32 // pins recounted from the sequences (CountPin)
 	chkLive  int32 // children with pages, recounted
 	chkFlags uint8 // chkSeen, chkLeaf
+
+	ck nodeCheck // the incremental deep check's shadow and recounts (dirty.go)
 }
 
 const (
@@ -101,6 +103,7 @@ type Tree struct {
 	epoch     uint32  // of the current deep self-check (BeginCheck)
 	counted   []*Node // nodes CountPin counted in this check
 	ev        *events // KV events; nil when off
+	ck        treeCheck
 }
 
 // NewTree returns an empty tree of blocks of tpb tokens whose nodes hold one
@@ -267,6 +270,7 @@ func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache
 			parent.children = make(map[uint64]*Node, 1)
 		}
 		parent.children[h] = c
+		t.touch(parent)
 	case !slices.Equal(c.tokens, tokens) || parent == t.root && c.salt != salt:
 		return nil, false
 	}
@@ -279,6 +283,7 @@ func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache
 		t.pools[g].adopt(b, c)
 	}
 	c.nPages = len(pages)
+	t.touch(c)
 	t.addLiveKid(parent)
 	if t.ev != nil {
 		t.ev.stored(t, c)
@@ -290,6 +295,7 @@ func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache
 // copy of the same content that a sequence references (Core.register). Its
 // old pages are freed. It never allocates and never evicts content.
 func (t *Tree) repage(n *Node, pages []kvcache.BlockID) {
+	t.touch(n)
 	for g, b := range pages {
 		t.pools[g].drop(n.pages[g])
 		n.pages[g] = b
@@ -311,6 +317,7 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 		n.pages[g] = NoBlock
 	}
 	n.gen++
+	t.touch(n)
 	n.allIdx = int32(len(t.all))
 	t.all = append(t.all, n)
 	t.nodes++
@@ -318,6 +325,7 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 }
 
 func (t *Tree) addLiveKid(p *Node) {
+	t.touch(p)
 	p.liveKids++
 	if p.heapIdx >= 0 {
 		t.heapRemove(p)
@@ -327,6 +335,7 @@ func (t *Tree) addLiveKid(p *Node) {
 // Pin adds a pin. The caller pins a path from the root down, so that pins
 // cover the whole path.
 func (t *Tree) Pin(n *Node) {
+	t.touch(n)
 	if n.pins == 0 && n.nPages > 0 {
 		t.evictable--
 		if n.heapIdx >= 0 {
@@ -340,6 +349,7 @@ func (t *Tree) Pin(n *Node) {
 // a pin taken moments ago (a denied or unreserved reservation) passes false so
 // that the eviction order is exactly as before.
 func (t *Tree) Unpin(n *Node, touch bool) {
+	t.touch(n)
 	n.pins--
 	if n.pins > 0 {
 		return
@@ -371,6 +381,7 @@ func (t *Tree) evictLeaf() *Node {
 	}
 	n := t.heap[0]
 	t.heapRemove(n)
+	t.touch(n)
 	for g, b := range n.pages {
 		if b != NoBlock {
 			t.pools[g].drop(b)
@@ -383,6 +394,7 @@ func (t *Tree) evictLeaf() *Node {
 		t.ev.removed(n)
 	}
 	p := n.parent
+	t.touch(p)
 	p.liveKids--
 	if p != t.root && p.liveKids == 0 && p.pins == 0 && p.nPages > 0 {
 		t.heapPush(p)
@@ -392,6 +404,7 @@ func (t *Tree) evictLeaf() *Node {
 }
 
 func (t *Tree) queuePrune(n *Node) {
+	t.touch(n)
 	if !n.queued {
 		n.queued = true
 		t.pruneQ = append(t.pruneQ, n)
@@ -405,9 +418,11 @@ func (t *Tree) Prune() {
 		n := t.pruneQ[len(t.pruneQ)-1]
 		t.pruneQ = t.pruneQ[:len(t.pruneQ)-1]
 		n.queued = false
+		t.touch(n)
 		for n != t.root && !n.queued && n.pins == 0 && n.nPages == 0 && len(n.children) == 0 {
 			p := n.parent
 			delete(p.children, n.hash)
+			t.touch(p)
 			t.recycle(n)
 			n = p
 		}
@@ -418,6 +433,8 @@ func (t *Tree) recycle(n *Node) {
 	n.parent, n.salt, n.chain = nil, "", 0
 	n.tokens = n.tokens[:0] // children is empty and kept for reuse
 	last := t.all[len(t.all)-1]
+	t.touch(n)
+	t.touch(last)
 	t.all[n.allIdx], last.allIdx = last, n.allIdx
 	t.all = t.all[:len(t.all)-1]
 	n.allIdx = -1
@@ -435,12 +452,14 @@ func (t *Tree) less(a, b *Node) bool {
 }
 
 func (t *Tree) heapPush(n *Node) {
+	t.touch(n)
 	n.heapIdx = int32(len(t.heap))
 	t.heap = append(t.heap, n)
 	t.up(int(n.heapIdx))
 }
 
 func (t *Tree) heapRemove(n *Node) {
+	t.touch(n)
 	i := int(n.heapIdx)
 	last := len(t.heap) - 1
 	if i != last {
@@ -457,6 +476,8 @@ func (t *Tree) heapRemove(n *Node) {
 
 func (t *Tree) swap(i, j int) {
 	t.heap[i], t.heap[j] = t.heap[j], t.heap[i]
+	t.touch(t.heap[i])
+	t.touch(t.heap[j])
 	t.heap[i].heapIdx = int32(i)
 	t.heap[j].heapIdx = int32(j)
 }
