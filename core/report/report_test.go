@@ -128,3 +128,36 @@ func TestPercentile(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteTableCacheRows: the table says how much of the reuse came from
+// the host tier and the top miss reasons by computed tokens, largest first.
+func TestWriteTableCacheRows(t *testing.T) {
+	rs := sample()
+	rs[0].Tokens.PrefixReusedByTier = TierTokens{Device: 150, Host: 100}
+	rs[0].Tokens.MissReasons = map[string]MissCount{
+		"evicted": {Requests: 5, Tokens: 610}, "in_flight": {Requests: 2, Tokens: 220}, "partial_block": {Requests: 1, Tokens: 90},
+		"never_stored": {Requests: 1, Tokens: 80}, "unknown": {},
+	}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, rs); err != nil {
+		t.Fatal(err)
+	}
+	var host, miss string
+	for _, line := range strings.Split(buf.String(), "\n") {
+		switch {
+		case strings.HasPrefix(line, "    from host tier"):
+			host = line
+		case strings.HasPrefix(line, "  miss reasons"):
+			miss = line
+		}
+	}
+	if f := strings.Fields(host); len(f) != 5 || f[3] != "100" || f[4] != "0" {
+		t.Errorf("host tier row = %q, want 100 for v1 and 0 for v2", host)
+	}
+	if !strings.Contains(miss, "evicted 61% · in_flight 22% · partial 9%") || strings.Contains(miss, "never_stored") {
+		t.Errorf("miss reasons row = %q, want the top three by tokens", miss)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(miss), "-") {
+		t.Errorf("miss reasons row = %q, want - for a variant without reasons", miss)
+	}
+}
