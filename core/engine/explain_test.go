@@ -30,8 +30,8 @@ type explainer struct {
 	kvcache.Manager
 	every    int // blocks; 1 = any block
 	miss     kvcache.Explanation
-	host     int                // HostReused of a grant: min(host, Reuse)
-	policies []string           // Info's EvictionPolicies
+	host     int                 // HostReused of a grant: min(host, Reuse)
+	policies []string            // Info's EvictionPolicies
 	caps     func(*kvcache.Info) // edits Info; nil for none
 	tpb      int
 	rec      *calls
