@@ -660,3 +660,63 @@ func i64(n int64) string {
 	}
 	return b.String()
 }
+
+// Why says why the first computed token was not reused, with the detail
+// of an eviction: "evicted from the device tier by lru at 12.41 s".
+func (c CacheUse) Why() string {
+	if c.Reason != "evicted" {
+		if w, ok := missWords[c.Reason]; ok {
+			return w
+		}
+		return strings.ReplaceAll(c.Reason, "_", " ")
+	}
+	s := "evicted"
+	if c.EvictedTier != "" {
+		s += " from the " + c.EvictedTier + " tier"
+	}
+	if c.EvictedBy != "" {
+		s += " by " + c.EvictedBy
+	}
+	if c.EvictedAtS != nil {
+		s += fmt.Sprintf(" at %.2f s", *c.EvictedAtS)
+	}
+	return s
+}
+
+// missWords say the miss reasons other than evicted in words.
+var missWords = map[string]string{
+	"unknown":           "unknown (the cache manager does not explain its lookups)",
+	"partial_block":     "partial block (past the last full block before the last token)",
+	"never_stored":      "never stored",
+	"snapshot_boundary": "past the last SSM snapshot boundary",
+	"cache_salt":        "cached under another cache_salt",
+	"in_flight":         "in flight (a running request is computing it)",
+	"reuse_off":         "block reuse is off",
+}
+
+// WriteExplain prints how the prefix cache served request rec of variant
+// (kvx run --explain): its prompt tokens, those reused from each tier,
+// those computed and why, and its preemptions.
+func WriteExplain(w io.Writer, variant string, rec RequestRecord) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "request %d (%s): %s\n", rec.ID, variant, rec.Status)
+	fmt.Fprintf(tw, "  prompt tokens\t%s\n", itoa(rec.PromptTokens))
+	if c := rec.Cache; c == nil {
+		fmt.Fprintf(tw, "  prefix cache\tnever admitted: no lookup was taken\n")
+	} else {
+		fmt.Fprintf(tw, "  reused\t%s from the device tier, %s from the host tier\n", itoa(c.ReusedDevice), itoa(c.ReusedHost))
+		comp := itoa(c.Computed)
+		switch {
+		case c.ReasonTokens > 0 && c.PartialBlockTokens > 0:
+			comp += fmt.Sprintf(": %s %s, %s past the last full block", itoa(c.ReasonTokens), c.Why(), itoa(c.PartialBlockTokens))
+		case c.ReasonTokens > 0:
+			comp += ": " + c.Why()
+		case c.Computed > 0:
+			comp += ": past the last full block (partial block, or the last token)"
+		}
+		fmt.Fprintf(tw, "  computed\t%s\n", comp)
+		fmt.Fprintf(tw, "  miss reason\t%s\n", c.Why())
+	}
+	fmt.Fprintf(tw, "  preemptions\t%d (recomputed %s tokens), %d suspended to the host tier\n", rec.Preemptions, itoa(rec.RecomputedTokens), rec.Suspensions)
+	return tw.Flush()
+}
