@@ -161,3 +161,33 @@ func TestWriteTableCacheRows(t *testing.T) {
 		t.Errorf("miss reasons row = %q, want - for a variant without reasons", miss)
 	}
 }
+
+// TestWriteExplain: an eviction is said with its tier, rule and time, and
+// the computed tokens are split between the reason and the partial block.
+func TestWriteExplain(t *testing.T) {
+	at := 12.414
+	rec := RequestRecord{ID: 17, Status: RequestFinished, PromptTokens: 1300, ReusedTokens: 768, RecomputedTokens: 40, Preemptions: 1, Suspensions: 2,
+		Cache: &CacheUse{ReusedDevice: 512, ReusedHost: 256, Computed: 532, Reason: "evicted", ReasonTokens: 512, PartialBlockTokens: 20,
+			EvictedTier: "device", EvictedBy: "lru", EvictedAtS: &at}}
+	var buf bytes.Buffer
+	if err := WriteExplain(&buf, "v1", rec); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"request 17 (v1): finished", "prompt tokens  1,300", "512 from the device tier, 256 from the host tier",
+		"computed       532: 512 evicted from the device tier by lru at 12.41 s, 20 past the last full block",
+		"miss reason    evicted from the device tier by lru at 12.41 s", "preemptions    1 (recomputed 40 tokens), 2 suspended",
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("explanation lacks %q:\n%s", want, buf.String())
+		}
+	}
+	buf.Reset()
+	rec.Cache, rec.Status = nil, RequestRejected
+	if err := WriteExplain(&buf, "v1", rec); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "rejected") || !strings.Contains(buf.String(), "never admitted") {
+		t.Errorf("explanation of a rejected request:\n%s", buf.String())
+	}
+}
