@@ -217,21 +217,21 @@ func timeNote(rs []Report) string {
 
 // pageVariant is what the page's script reads of one variant.
 type pageVariant struct {
-	Name       string  `json:"name"`
-	Status     string  `json:"status"`
-	OutputTPS  float64 `json:"output_tokens_per_s"`
-	Latency    Latency `json:"latency"`
-	HitRate    float64 `json:"hit_rate"`
-	HostRate   float64 `json:"host_rate"` // prompt tokens reused from the host tier / prompt tokens
+	Name      string  `json:"name"`
+	Status    string  `json:"status"`
+	OutputTPS float64 `json:"output_tokens_per_s"`
+	Latency   Latency `json:"latency"`
+	HitRate   float64 `json:"hit_rate"`
+	HostRate  float64 `json:"host_rate"` // prompt tokens reused from the host tier / prompt tokens
 	// Misses are each miss reason's share of the computed prompt tokens
 	// (Tokens.MissReasons), in [0, 1].
 	Misses     map[string]float64 `json:"misses"`
-	PeakUsage  float64 `json:"peak_usage"`
-	Preempt    int     `json:"preemptions"`
-	Suspended  int     `json:"suspensions"`
-	Recomputed int64   `json:"recomputed"`
-	WallS      float64 `json:"wall_s"`
-	Series     *Series `json:"series"`
+	PeakUsage  float64            `json:"peak_usage"`
+	Preempt    int                `json:"preemptions"`
+	Suspended  int                `json:"suspensions"`
+	Recomputed int64              `json:"recomputed"`
+	WallS      float64            `json:"wall_s"`
+	Series     *Series            `json:"series"`
 }
 
 func pageData(rs []Report) []pageVariant {
