@@ -72,3 +72,20 @@ func commas(n int) string {
 	}
 	return s
 }
+
+// TestEvictionPolicyNotListed: an eviction policy the manager's Info does
+// not list is a configuration error at the plugin's start (exit 2) naming
+// the value, the manager and what it accepts, without the cache budget's
+// hint; a value outside lru and lfu is refused before any run.
+func TestEvictionPolicyNotListed(t *testing.T) {
+	_, stderr, code := kvx(t, "run", "-c", "testdata/small.yaml", "--set", "cache_manager=v1", "--set", "workload.requests=2",
+		"--set", "kv_cache_config.eviction_policy=lfu", "--no-progress")
+	if code != 2 || !strings.Contains(stderr, `kv_cache_config.eviction_policy "lfu": cache manager cachemgr-v1`) ||
+		!strings.Contains(stderr, "accepts lru") || strings.Contains(stderr, "cache budget") {
+		t.Errorf("eviction_policy lfu on v1: exit %d, stderr %q; want 2 naming the value, the manager and lru", code, stderr)
+	}
+	_, stderr, code = kvx(t, "run", "-c", "testdata/small.yaml", "--set", "kv_cache_config.eviction_policy=arc", "--no-progress")
+	if code != 2 || !strings.Contains(stderr, `kv_cache_config.eviction_policy: "arc" (--set) is not one of lru, lfu`) {
+		t.Errorf("eviction_policy arc: exit %d, stderr %q", code, stderr)
+	}
+}

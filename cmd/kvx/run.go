@@ -402,7 +402,7 @@ func scenarioName(g *globals) string {
 // sized the cache where that was kv_cache_config.max_tokens: the manager
 // sees only bytes, so its advice to raise the budget cannot say which key.
 func withBudgetHint(err error, res *setup.Resolved) error {
-	if kvcache.KindOf(err) != kvcache.KindInvalidConfig {
+	if kvcache.KindOf(err) != kvcache.KindInvalidConfig || errors.Is(err, engine.ErrEvictionPolicy) {
 		return err
 	}
 	for i, b := range res.Budgets {

@@ -421,8 +421,20 @@ func checkEvictionPolicy(info kvcache.Info, cfg kvcache.Config) error {
 		accepted = []string{kvcache.EvictionLRU}
 	}
 	if !slices.Contains(accepted, p) {
-		return kvcache.Errorf(kvcache.KindInvalidConfig, "kv_cache_config.eviction_policy %q: cache manager %s %s accepts %s",
-			p, info.Name, info.Version, strings.Join(accepted, ", "))
+		return &policyError{fmt.Sprintf("kv_cache_config.eviction_policy %q: cache manager %s %s accepts %s",
+			p, info.Name, info.Version, strings.Join(accepted, ", "))}
 	}
 	return nil
 }
+
+// ErrEvictionPolicy is returned (wrapped) when a stage's manager does not
+// list the configured eviction policy; the error is also of
+// kvcache.KindInvalidConfig, a configuration error.
+var ErrEvictionPolicy = errors.New("eviction policy not accepted by the cache manager")
+
+// policyError is checkEvictionPolicy's refusal: ErrEvictionPolicy and
+// kvcache.ErrInvalidConfig.
+type policyError struct{ msg string }
+
+func (e *policyError) Error() string   { return e.msg }
+func (e *policyError) Unwrap() []error { return []error{ErrEvictionPolicy, kvcache.ErrInvalidConfig} }

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -334,7 +335,7 @@ func TestEvictionPolicyRefused(t *testing.T) {
 	s := buildSpec(t, testSpec{pp: 1, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048})
 	s.Managers[0].EvictionPolicy = kvcache.EvictionLFU
 	_, err := engine.Run(context.Background(), s, v1Launcher())
-	if kvcache.KindOf(err) != kvcache.KindInvalidConfig {
+	if kvcache.KindOf(err) != kvcache.KindInvalidConfig || !errors.Is(err, engine.ErrEvictionPolicy) {
 		t.Fatalf("Run with eviction_policy lfu on v1: error %v (kind %v), want an invalid config", err, kvcache.KindOf(err))
 	}
 	for _, w := range []string{"cachemgr-v1", `"lfu"`, "accepts lru", "eviction_policy"} {
