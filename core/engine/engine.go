@@ -305,6 +305,9 @@ func (e *Engine) setup(ctx context.Context) error {
 			tokens: r.Prompt, firstTok: -1, topK: r.TopLogprobs, rejected: r.Rejected, salt: r.CacheSalt,
 		}
 		req.priority, req.priorityDur = e.spec.Workload.Retention(r)
+		if err := checkRetention(req.priority, req.priorityDur); err != nil {
+			return fmt.Errorf("request %d: %w", r.ID, err)
+		}
 		if r.CacheSalt != "" {
 			if err := checkSalt(r.CacheSalt, e.saltErr()); err != nil {
 				return fmt.Errorf("request %d: %w", r.ID, err)
@@ -438,3 +441,14 @@ type policyError struct{ msg string }
 
 func (e *policyError) Error() string   { return e.msg }
 func (e *policyError) Unwrap() []error { return []error{ErrEvictionPolicy, kvcache.ErrInvalidConfig} }
+
+// checkRetention checks a request's retention priority (0 or
+// kvcache.MinPriority..MaxPriority) and duration (ns, >= 0), which a
+// manager with Retention would otherwise deny on every admission.
+func checkRetention(priority int, duration int64) error {
+	if priority != 0 && (priority < kvcache.MinPriority || priority > kvcache.MaxPriority) || duration < 0 {
+		return fmt.Errorf("retention priority %d for %d ns: want a priority in [%d, %d] (0 for the default) and a duration >= 0",
+			priority, duration, kvcache.MinPriority, kvcache.MaxPriority)
+	}
+	return nil
+}

@@ -294,6 +294,13 @@ func TestRetentionReachesManagers(t *testing.T) {
 		t.Errorf("warned that priorities are ignored by managers that say Retention: %s", logs.String())
 	}
 
+	// A priority out of range never reaches a manager.
+	bad := s
+	bad.Workload.RetentionPriority = 101
+	if _, err := engine.Run(context.Background(), bad, v1Launcher()); err == nil || !strings.Contains(err.Error(), "retention priority 101") {
+		t.Errorf("Run with a workload priority of 101: %v, want an error naming it", err)
+	}
+
 	// The same run on v1, which does not say Retention: one warning.
 	logs.Reset()
 	runSpec(t, s, v1Launcher())

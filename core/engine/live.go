@@ -268,10 +268,9 @@ func (lv *Live) Submit(r LiveRequest) (*Handle, error) {
 		lv.mu.Unlock()
 		return nil, err
 	}
-	if p := r.RetentionPriority; p != 0 && (p < kvcache.MinPriority || p > kvcache.MaxPriority) || r.RetentionDuration < 0 {
+	if err := checkRetention(r.RetentionPriority, r.RetentionDuration); err != nil {
 		lv.mu.Unlock()
-		return nil, &RequestError{Reason: fmt.Sprintf("retention_priority %d, duration %d ns: want a priority in [%d, %d] and a duration >= 0",
-			r.RetentionPriority, r.RetentionDuration, kvcache.MinPriority, kvcache.MaxPriority)}
+		return nil, &RequestError{Reason: err.Error()}
 	}
 	r.Prompt = slices.Clip(slices.Clone(r.Prompt))
 	h := &Handle{ID: lv.nextID, lv: lv, req: r, notify: make(chan struct{}, 1)}
