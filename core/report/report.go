@@ -634,7 +634,11 @@ func missRow(t Tokens) string {
 		if name == "partial_block" {
 			name = "partial"
 		}
-		parts = append(parts, fmt.Sprintf("%s %.0f%%", name, 100*m.Share))
+		share := fmt.Sprintf("%.0f%%", 100*m.Share)
+		if share == "0%" {
+			share = "<1%"
+		}
+		parts = append(parts, name+" "+share)
 	}
 	return strings.Join(parts, " · ")
 }

@@ -138,6 +138,7 @@ func TestWriteTableCacheRows(t *testing.T) {
 		"evicted": {Requests: 5, Tokens: 610}, "in_flight": {Requests: 2, Tokens: 220}, "partial_block": {Requests: 1, Tokens: 90},
 		"never_stored": {Requests: 1, Tokens: 80}, "unknown": {},
 	}
+	rs[1].Tokens.MissReasons = map[string]MissCount{"unknown": {Requests: 9, Tokens: 9990}, "partial_block": {Tokens: 10}}
 	var buf bytes.Buffer
 	if err := WriteTable(&buf, rs); err != nil {
 		t.Fatal(err)
@@ -157,8 +158,11 @@ func TestWriteTableCacheRows(t *testing.T) {
 	if !strings.Contains(miss, "evicted 61% · in_flight 22% · partial 9%") || strings.Contains(miss, "never_stored") {
 		t.Errorf("miss reasons row = %q, want the top three by tokens", miss)
 	}
-	if !strings.HasSuffix(strings.TrimSpace(miss), "-") {
-		t.Errorf("miss reasons row = %q, want - for a variant without reasons", miss)
+	if !strings.HasSuffix(strings.TrimSpace(miss), "unknown 100% · partial <1%") {
+		t.Errorf("miss reasons row = %q, want a share under 1%% said so, not 0%%", miss)
+	}
+	if got := missRow(Tokens{}); got != "-" {
+		t.Errorf("miss reasons of a variant without any = %q, want -", got)
 	}
 }
 
