@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
 	"github.com/kvx-dev/kvx/core/engine"
@@ -229,6 +230,22 @@ func TestExplanationOfTheLimitingStage(t *testing.T) {
 		t.Errorf("miss_reasons.evicted.requests = %d, want %d", got, limited)
 	}
 	checkCacheSums(t, rep)
+	// The report, evictions explained, matches docs/report.schema.json.
+	var buf bytes.Buffer
+	if err := report.WriteJSON(&buf, report.NewDocument("test", []report.Report{rep})); err != nil {
+		t.Fatal(err)
+	}
+	sch, err := jsonschema.NewCompiler().Compile("../../docs/report.schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := jsonschema.UnmarshalJSON(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sch.Validate(doc); err != nil {
+		t.Errorf("the report does not match docs/report.schema.json: %v", err)
+	}
 }
 
 // TestEngineClockReachesManagers: every LookupItem.Now and ReserveItem.Now
