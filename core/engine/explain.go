@@ -36,6 +36,9 @@ func (c cacheUse) reason() kvcache.MissReason {
 // last full block before the prompt's last token take the explanation's
 // reason (reuse_off with reuse off, unknown from a manager that does not
 // explain); the rest take partial_block. So reused + computed == prompt.
+// A request preempted before its first chunk completed is not accounted
+// (finishOnce counts that prefill as recomputed, as it always has), so the
+// totals are over the requests whose record has a cache use.
 func (e *Engine) accountCache(r *request, reuse int) {
 	if r.cache.done {
 		return

@@ -129,7 +129,9 @@ type RequestRecord struct {
 	Preemptions int `json:"preemptions"`
 	Suspensions int `json:"suspensions"`
 	// Cache explains the prefix cache's part in the first admission; nil
-	// when the request was never admitted.
+	// when the request was never admitted, or was preempted (or its plugin
+	// restarted) before its first prefill chunk completed: that prefill
+	// then counts as recomputed, and its reuse in no total, as before.
 	Cache *CacheUse `json:"cache,omitempty"`
 }
 
