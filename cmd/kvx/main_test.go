@@ -490,6 +490,14 @@ func TestReportRecordsAndSeries(t *testing.T) {
 		suspend += rec.Suspensions
 		ttft = append(ttft, *rec.TTFTMs)
 	}
+	var missTokens int64
+	for _, c := range r.Tokens.MissReasons {
+		missTokens += c.Tokens
+	}
+	if tiers := r.Tokens.PrefixReusedByTier; tiers.Device+tiers.Host != r.Tokens.PrefixReused || reused+missTokens != prompt {
+		t.Errorf("prefix_reused %d by tier %+v, miss reasons' tokens %d: want the tiers to sum to it, and it and the misses to the %d prompt tokens",
+			r.Tokens.PrefixReused, tiers, missTokens, prompt)
+	}
 	if prompt != r.Tokens.Prompt || generated != r.Tokens.Generated || reused != r.Tokens.PrefixReused || preempt != r.Requests.Preemptions || suspend != r.Requests.Suspensions {
 		t.Errorf("records sum to prompt %d, generated %d, reused %d, preemptions %d (suspended %d); report says %d, %d, %d, %d (%d)",
 			prompt, generated, reused, preempt, suspend, r.Tokens.Prompt, r.Tokens.Generated, r.Tokens.PrefixReused, r.Requests.Preemptions, r.Requests.Suspensions)
