@@ -134,6 +134,17 @@ type Manager struct {
 
 	c  counters
 	ev events
+
+	// Explain and retention (explain.go).
+	rule      uint8 // the policy: ruleLRU or ruleLFU
+	now       int64 // the clock: the latest Now of a Lookup, Explain or Reserve item
+	refreshed int64 // the clock the pools last expired priorities at
+	ghosts    []ghost
+	// inflight counts, per chain hash, the live sequences whose prompt has
+	// that full block but did not commit it yet (reuse on).
+	inflight  map[xxh3.Uint128]int32
+	fromHost  []bool // per reused position of the item being reserved: some pool took it from the host tier
+	hostBlock int    // positions of the last granted item taken from the host tier
 }
 
 type counters struct {
@@ -169,6 +180,9 @@ type sequence struct {
 	registered int            // prompt blocks registered so far
 	prompt     []int32        // the full prompt blocks, kept only with KV events on
 	moved      []move         // host tier: pending blocks of the outstanding reservation
+	prio       uint8          // retention priority of the blocks it stores
+	exp        int64          // when prio ends; 0 = never
+	sfree      []xxh3.Uint128 // salted sequences: the prompt's chain without the salt
 }
 
 // New returns an unconfigured manager.
@@ -184,13 +198,16 @@ func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
 		Version:   Version,
 		Protocols: []int{kvcache.ProtocolVersion},
 		Capabilities: kvcache.Capabilities{
-			Mixers:      slices.Clone(supportedMixers),
-			PrefixReuse: true,
-			HostTier:    false,
-			SSMState:    true,
-			SSMReuse:    false,
-			CacheSalt:   true,
-			KVEvents:    true,
+			Mixers:           slices.Clone(supportedMixers),
+			PrefixReuse:      true,
+			HostTier:         false,
+			SSMState:         true,
+			SSMReuse:         false,
+			CacheSalt:        true,
+			KVEvents:         true,
+			Explain:          true,
+			Retention:        true,
+			EvictionPolicies: slices.Clone(policies),
 		},
 	}, nil
 }
@@ -235,6 +252,28 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 			p.pend = make([]bool, p.n)
 			m.fresh[pi].src = make([]int32, p.n)
 		}
+		for _, hp := range m.host {
+			hp.track()
+		}
+	}
+	if cfg.EvictionPolicy == kvcache.EvictionLFU {
+		m.rule = ruleLFU
+	}
+	if m.reuse {
+		m.inflight = map[xxh3.Uint128]int32{}
+		for pi, p := range m.paged {
+			n := p.n
+			if m.host != nil {
+				n += m.host[pi].n
+			}
+			m.ghosts = append(m.ghosts, newGhost(ghostsPerBlock*n))
+			if m.rule == ruleLFU {
+				p.useLFU()
+				if m.host != nil {
+					m.host[pi].useLFU()
+				}
+			}
+		}
 	}
 	if cfg.KVEvents && m.reuse && len(m.paged) > 0 {
 		m.ev.on = true
@@ -246,6 +285,10 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 	m.configured = true
 	return layout, nil
 }
+
+// ghostsPerBlock sizes a paged pool's ghost record: this many entries per
+// device and host block of the pool (at most maxGhosts).
+const ghostsPerBlock = 4
 
 func (m *Manager) ready(ctx context.Context, op string) error {
 	if err := ctx.Err(); err != nil {
@@ -261,7 +304,7 @@ func (m *Manager) ready(ctx context.Context, op string) error {
 // now: the longest chain of registered full blocks, capped at
 // floor((len(Prompt)-1)/TokensPerBlock)*TokensPerBlock so at least one token
 // is left to compute. It is 0 with block reuse off. It changes nothing but
-// the LookupTokens counter.
+// the LookupTokens counter and the clock (Now). Explain shares its walk.
 func (m *Manager) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, error) {
 	if err := m.ready(ctx, "Lookup"); err != nil {
 		return nil, err
@@ -270,35 +313,14 @@ func (m *Manager) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int
 	for i := range items {
 		prompt := items[i].Prompt
 		m.c.lookupTokens += int64(len(prompt))
-		if !m.reuse || len(prompt) <= m.tpb {
+		m.now = max(m.now, items[i].Now)
+		if !m.reuse {
 			continue
 		}
-		max := (len(prompt) - 1) / m.tpb
-		parent := saltRoot(items[i].CacheSalt)
-		n := 0
-		for ; n < max; n++ {
-			h := m.h.next(parent, prompt[n*m.tpb:(n+1)*m.tpb])
-			if !m.allHold(h) {
-				break
-			}
-			parent = h
-		}
+		n, _, _ := m.walk(prompt, items[i].CacheSalt, m.lookupLimit(prompt))
 		out[i] = n * m.tpb
 	}
 	return out, nil
-}
-
-func (m *Manager) allHold(h xxh3.Uint128) bool {
-	for pi, p := range m.paged {
-		if m.host != nil {
-			if !m.holds(pi, h) {
-				return false
-			}
-		} else if _, ok := p.lookup(h); !ok {
-			return false
-		}
-	}
-	return true
 }
 
 // Reserve grants or denies each item in order, atomically over all pools: a
@@ -322,6 +344,8 @@ func (m *Manager) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]k
 		it := &items[i]
 		grants[i].Seq = it.Seq
 		from, cfrom := len(m.staged), len(m.copies)
+		m.tick(it.Now)
+		m.hostBlock = 0
 		s, reason := m.reserveOne(it, m.find(i, it.Seq))
 		if m.hint[i] != s {
 			m.hint[i] = s
@@ -332,6 +356,7 @@ func (m *Manager) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]k
 			continue
 		}
 		grants[i].OK = true
+		grants[i].HostReused = m.hostBlock * m.tpb
 		if len(m.staged) > from || len(m.copies) > cfrom {
 			m.spans = append(m.spans, span{i, from, len(m.staged), cfrom, len(m.copies)})
 		}
@@ -398,6 +423,11 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 			commas(it.Tokens), commas(m.cfg.MaxSeqLen), m.cfg.MaxDraftTokens)
 	case it.Reuse < 0:
 		return s, invalid(it.Seq, "Reuse = %d; must be >= 0", it.Reuse)
+	case it.Priority != 0 && (it.Priority < kvcache.MinPriority || it.Priority > kvcache.MaxPriority):
+		return s, invalid(it.Seq, "Priority = %d; must be in [%d, %d] (0 = default %d)",
+			it.Priority, kvcache.MinPriority, kvcache.MaxPriority, kvcache.DefaultPriority)
+	case it.PriorityDuration < 0:
+		return s, invalid(it.Seq, "PriorityDuration = %d ns; must be >= 0 (0 = for as long as cached)", it.PriorityDuration)
 	}
 	var hashes []xxh3.Uint128
 	reuseBlocks := 0
@@ -420,7 +450,7 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 				return s, invalid(it.Seq, "Reuse = %d; must be <= len(Prompt)-1 = %d", it.Reuse, len(it.Prompt)-1)
 			}
 			reuseBlocks = it.Reuse / m.tpb
-			if got := m.matched(hashes[:reuseBlocks]); got < reuseBlocks {
+			if got, _, _ := m.walk(it.Prompt, it.CacheSalt, reuseBlocks); got < reuseBlocks {
 				return s, invalid(it.Seq, "Reuse = %s exceeds the %s prompt tokens the cache holds now (Lookup)",
 					commas(it.Reuse), commas(got*m.tpb))
 			}
@@ -482,6 +512,17 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 		s = m.newSeq(it.Seq)
 		m.cur = s
 		s.isNew = true
+		s.prio, s.exp = defaultLevel, 0
+		if it.Priority != 0 {
+			s.prio = uint8(it.Priority)
+		}
+		if it.PriorityDuration > 0 {
+			s.exp = it.Now + it.PriorityDuration
+		}
+		if m.host != nil && reuseBlocks > 0 {
+			m.fromHost = slices.Grow(m.fromHost[:0], reuseBlocks)[:reuseBlocks]
+			clear(m.fromHost)
+		}
 		if m.ssm != nil {
 			s.slot = m.ssm.alloc()
 			off := len(m.blocks)
@@ -496,15 +537,28 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 				for j := 0; j < reuseBlocks; j++ {
 					b, _ := p.lookup(hashes[j])
 					p.acquire(b)
+					p.raise(int32(b), s.prio, s.exp)
 					t = append(t, b)
 				}
 			}
 			s.tables[pi] = t
 		}
+		if m.host != nil {
+			for _, h := range m.fromHost[:reuseBlocks] {
+				if h {
+					m.hostBlock++
+				}
+			}
+		}
 		s.history, s.capacity = it.Reuse, it.Reuse
 		s.registered = reuseBlocks
 		s.reused = it.Reuse
 		s.hashes = append(s.hashes[:0], hashes...)
+		if it.CacheSalt != "" && len(hashes) > 0 {
+			m.saltOn()
+			s.sfree = m.h.chain(s.sfree[:0], "", it.Prompt, len(hashes))
+		}
+		m.pending(hashes[reuseBlocks:], 1)
 		if m.ev.on {
 			s.prompt = append(s.prompt[:0], it.Prompt[:len(hashes)*m.tpb]...)
 			if len(s.moved) > 0 {
@@ -542,16 +596,6 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 	return s, ""
 }
 
-// matched is how many leading hashes every pool holds.
-func (m *Manager) matched(hashes []xxh3.Uint128) int {
-	for j, h := range hashes {
-		if !m.allHold(h) {
-			return j
-		}
-	}
-	return len(hashes)
-}
-
 // cachedAmong counts the blocks registered under hashes that are cached
 // (unreferenced): attaching them takes them out of the evictable set.
 func cachedAmong(p *pool, hashes []xxh3.Uint128) int {
@@ -581,13 +625,13 @@ func (m *Manager) newSeq(id kvcache.SeqID) *sequence {
 			undoKeep: make([]int32, n),
 		}
 	}
-	hashes, tables, prompt, moved := s.hashes[:0], s.tables, s.prompt[:0], s.moved[:0]
+	hashes, tables, prompt, moved, sfree := s.hashes[:0], s.tables, s.prompt[:0], s.moved[:0], s.sfree[:0]
 	for i := range tables {
 		tables[i] = tables[i][:0]
 		s.stale[i], s.told[i], s.keep[i] = 0, 0, 0
 	}
 	*s = sequence{
-		id: id, live: true, slot: noBlock, hashes: hashes, tables: tables, prompt: prompt, moved: moved,
+		id: id, live: true, slot: noBlock, hashes: hashes, tables: tables, prompt: prompt, moved: moved, sfree: sfree,
 		stale: s.stale, told: s.told, keep: s.keep,
 		undoLen: s.undoLen, undoTold: s.undoTold, undoKeep: s.undoKeep,
 	}
@@ -689,8 +733,8 @@ func (m *Manager) commitOne(s *sequence, accepted int) {
 		}
 		// Register full prompt blocks before any leaves the window.
 		for j := s.registered; j < full; j++ {
-			if b := t[j]; b != noBlock && m.claim(pi, s.hashes[j]) && p.register(b, s.hashes[j]) && pi == 0 && m.ev.on {
-				m.ev.stored(s, j, m.tpb)
+			if b := t[j]; b != noBlock {
+				m.store(pi, s, j, b)
 			}
 		}
 		if p.window > 0 && s.history > p.window {
@@ -703,7 +747,36 @@ func (m *Manager) commitOne(s *sequence, accepted int) {
 		}
 	}
 	if full > s.registered {
+		m.pending(s.hashes[s.registered:full], -1)
 		s.registered = full
+	}
+}
+
+// store registers prompt block j of s, held in block b of paged pool pi,
+// with s's retention (raised to the host's when the host tier gave the
+// hash up). When another block holds the hash, that block takes s's
+// priority if higher.
+func (m *Manager) store(pi int, s *sequence, j int, b kvcache.BlockID) {
+	p, h := m.paged[pi], s.hashes[j]
+	ok, o := m.claim(pi, h)
+	if !ok {
+		return
+	}
+	if !p.register(b, h) {
+		if held, ok := p.lookup(h); ok {
+			p.raise(int32(held), s.prio, s.exp)
+		}
+		return
+	}
+	p.keep(int32(b), s.prio, s.exp, o.hits)
+	if o.had {
+		p.raise(int32(b), o.prio, o.exp)
+	}
+	if pi == 0 && len(s.sfree) > j {
+		p.setSalt(int32(b), s.sfree[j])
+	}
+	if pi == 0 && m.ev.on {
+		m.ev.stored(s, j, m.tpb)
 	}
 }
 
@@ -723,6 +796,9 @@ func (m *Manager) drop(s *sequence) {
 	}
 	if m.ssm != nil && s.slot != noBlock {
 		m.ssm.release(s.slot)
+	}
+	if s.registered < len(s.hashes) {
+		m.pending(s.hashes[s.registered:], -1)
 	}
 	delete(m.seqs, s.id)
 	s.live = false
