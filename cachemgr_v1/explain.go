@@ -176,7 +176,7 @@ func (m *Manager) Explain(ctx context.Context, items []kvcache.LookupItem) ([]kv
 
 // why fills in the reason prompt block n (hash h) of it is not held.
 func (m *Manager) why(ex *kvcache.Explanation, it *kvcache.LookupItem, n int, h xxh3.Uint128) {
-	if m.inflight[h] > 0 {
+	if m.computing(n, h) {
 		ex.Miss = kvcache.MissInFlight
 		return
 	}
@@ -272,13 +272,16 @@ func (m *Manager) saltOn() {
 	}
 }
 
-// pending adds d to the in-flight count of each hash.
-func (m *Manager) pending(hashes []xxh3.Uint128, d int32) {
-	for _, h := range hashes {
-		if c := m.inflight[h] + d; c > 0 {
-			m.inflight[h] = c
-		} else {
-			delete(m.inflight, h)
+// computing reports whether a live sequence's prompt has block n with
+// chain hash h but has not committed it yet. A chain hash names the whole
+// prefix, so it can only be the sequence's block n: one comparison per live
+// sequence (at most max_batch_size × stages), and nothing to maintain on
+// the Reserve and Commit paths.
+func (m *Manager) computing(n int, h xxh3.Uint128) bool {
+	for _, s := range m.seqs {
+		if n >= s.registered && n < len(s.hashes) && s.hashes[n] == h {
+			return true
 		}
 	}
+	return false
 }

@@ -149,12 +149,12 @@ func (m *Manager) offload(pi int, b int32, by uint8) bool {
 	hb := hp.alloc() // evicts the host's first victim when none is free
 	hp.ref[hb] = 0
 	hp.register(hb, dp.hash[b])
+	hp.setPend(hb, true)
+	hp.parked++
 	hp.keep(int32(hb), dp.prio[b], dp.exp[b], dp.hits[b])
 	if dp.salted != nil && dp.salted[b] {
 		hp.setSalt(int32(hb), dp.sfree[b])
 	}
-	hp.setPend(hb, true)
-	hp.parked++
 	m.cur.moved = append(m.cur.moved, move{pool: pi, host: true, by: by, b: hb})
 	m.copies = append(m.copies, kvcache.Copy{SrcPool: m.paged[pi].id, SrcBlock: kvcache.BlockID(b), DstPool: hp.id, DstBlock: hb})
 	m.c.offloaded++

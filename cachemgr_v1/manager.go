@@ -140,9 +140,6 @@ type Manager struct {
 	now       int64 // the clock: the latest Now of a Lookup, Explain or Reserve item
 	refreshed int64 // the clock the pools last expired priorities at
 	ghosts    []ghost
-	// inflight counts, per chain hash, the live sequences whose prompt has
-	// that full block but did not commit it yet (reuse on).
-	inflight  map[xxh3.Uint128]int32
 	fromHost  []bool // per reused position of the item being reserved: some pool took it from the host tier
 	hostBlock int    // positions of the last granted item taken from the host tier
 }
@@ -260,7 +257,6 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 		m.rule = ruleLFU
 	}
 	if m.reuse {
-		m.inflight = map[xxh3.Uint128]int32{}
 		for pi, p := range m.paged {
 			n := p.n
 			if m.host != nil {
@@ -558,7 +554,6 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 			m.saltOn()
 			s.sfree = m.h.chain(s.sfree[:0], "", it.Prompt, len(hashes))
 		}
-		m.pending(hashes[reuseBlocks:], 1)
 		if m.ev.on {
 			s.prompt = append(s.prompt[:0], it.Prompt[:len(hashes)*m.tpb]...)
 			if len(s.moved) > 0 {
@@ -747,7 +742,6 @@ func (m *Manager) commitOne(s *sequence, accepted int) {
 		}
 	}
 	if full > s.registered {
-		m.pending(s.hashes[s.registered:full], -1)
 		s.registered = full
 	}
 }
@@ -796,9 +790,6 @@ func (m *Manager) drop(s *sequence) {
 	}
 	if m.ssm != nil && s.slot != noBlock {
 		m.ssm.release(s.slot)
-	}
-	if s.registered < len(s.hashes) {
-		m.pending(s.hashes[s.registered:], -1)
 	}
 	delete(m.seqs, s.id)
 	s.live = false

@@ -64,7 +64,7 @@ type pool struct {
 	n      int // total blocks
 
 	ref    []int32
-	where  []uint8 // inFree, inCache or inNone
+	where  []uint8 // tracked pools: inFree, inCache or inNone
 	hashed []bool
 	hash   []xxh3.Uint128
 
@@ -134,13 +134,11 @@ func newPool(id, window, tpb, n int, reuse bool) *pool {
 		tpb:    tpb,
 		n:      n,
 		ref:    make([]int32, n),
-		where:  make([]uint8, n),
 		free:   make([]kvcache.BlockID, n),
 	}
 	// Lowest ids on top of the stack, so a fresh pool hands out 0, 1, 2...
 	for i := range p.free {
 		p.free[i] = kvcache.BlockID(n - 1 - i)
-		p.where[i] = inFree
 	}
 	if reuse {
 		p.hashed = make([]bool, n)
@@ -170,11 +168,17 @@ func (p *pool) useLFU() {
 	p.hpos = make([]int32, p.n)
 }
 
-// track gives the pool a dirty set (check.go).
+// track gives the pool a dirty set and where marks (check.go), with
+// every block free.
 func (p *pool) track() {
 	p.dirty = make([]bool, p.n)
+	p.where = make([]uint8, p.n)
+	for _, b := range p.free {
+		p.where[b] = inFree
+	}
 }
 
+// touch notes that b's state changed (tracked pools).
 func (p *pool) touch(b int32) {
 	if p.dirty != nil && int(b) < p.n && !p.dirty[b] { // sentinels are checked every time
 		p.dirty[b] = true
@@ -182,12 +186,26 @@ func (p *pool) touch(b int32) {
 	}
 }
 
+// move records where b is now and touches it (tracked pools).
+func (p *pool) move(b int32, w uint8) {
+	if p.dirty != nil {
+		p.where[b] = w
+		p.touch(b)
+	}
+}
+
+// isCached reports whether registered block b is in the cached set:
+// unreferenced and not pending (attach pins a host block out of the set
+// only while it promotes it, and nothing asks then).
+func (p *pool) isCached(b int32) bool {
+	return p.ref[b] == 0 && (p.pend == nil || !p.pend[b])
+}
+
 // available is how many blocks alloc can hand out now.
 func (p *pool) available() int { return len(p.free) + p.cached }
 
 func (p *pool) pushFree(b kvcache.BlockID) {
-	p.where[b] = inFree
-	p.touch(int32(b))
+	p.move(int32(b), inFree)
 	p.free = append(p.free, b)
 }
 
@@ -199,9 +217,8 @@ func (p *pool) alloc() kvcache.BlockID {
 		b := p.free[k-1]
 		p.free = p.free[:k-1]
 		p.freeLow = min(p.freeLow, k-1)
-		p.where[b] = inNone
+		p.move(int32(b), inNone)
 		p.ref[b] = 1
-		p.touch(int32(b))
 		return b
 	}
 	b := p.victim()
@@ -228,16 +245,18 @@ func (p *pool) acquire(b kvcache.BlockID) {
 
 // release drops one reference; at zero a registered block becomes cached
 // (most recently used of its level) and any other block becomes free.
+// Only device and state pools have references (host blocks never do), so
+// release never marks a tracked pool.
 func (p *pool) release(b kvcache.BlockID) {
 	p.ref[b]--
 	if p.ref[b] != 0 {
 		return
 	}
-	if p.hashed != nil && p.hashed[b] {
-		p.cache(int32(b))
+	if p.hashed == nil || !p.hashed[b] {
+		p.free = append(p.free, b)
 		return
 	}
-	p.pushFree(b)
+	p.cache(int32(b))
 }
 
 // register records that block b holds the full block whose chain hash is
@@ -330,7 +349,7 @@ func (p *pool) keep(b int32, prio uint8, exp int64, hits int32) {
 	if exp != 0 && exp <= p.at {
 		prio, exp = defaultLevel, 0
 	}
-	c := p.where[b] == inCache
+	c := p.isCached(b)
 	if c {
 		p.uncache(b)
 	}
@@ -437,14 +456,13 @@ func (p *pool) cache(b int32) {
 	l := p.prio[b]
 	p.tick++
 	p.stamp[b] = p.tick
-	p.where[b] = inCache
-	p.touch(b)
 	p.cached++
 	p.nonEmpty[l>>6] |= 1 << (l & 63)
 	if p.lfu {
 		h := append(p.heaps[l], b)
 		p.heaps[l] = h
 		p.hpos[b] = int32(len(h) - 1)
+		p.move(b, inCache)
 		p.up(l, len(h)-1)
 		return
 	}
@@ -454,14 +472,16 @@ func (p *pool) cache(b int32) {
 	p.prev[b] = last
 	p.next[b] = s
 	p.prev[s] = b
-	p.touch(last)
+	if p.dirty != nil {
+		p.move(b, inCache)
+		p.touch(last)
+	}
 }
 
 // uncache takes cached block b out of the cached set.
 func (p *pool) uncache(b int32) {
 	l := p.prio[b]
-	p.where[b] = inNone
-	p.touch(b)
+	p.move(b, inNone)
 	p.cached--
 	empty := false
 	if p.lfu {
