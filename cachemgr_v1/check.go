@@ -265,35 +265,37 @@ func (m *Manager) checkPool(p *pool, refs []int32, add func(string, ...any)) {
 			return true
 		}
 		for l := range levels {
-			n := 0
-			if p.lfu {
-				h := p.heaps[l]
-				n = len(h)
-				for i, b := range h {
-					if !visit(b, l) {
-						break
-					}
-					if int(p.hpos[b]) != i {
-						add("pool %d: block %d at heap %d index %d records index %d", p.id, b, l, i, p.hpos[b])
-					}
-					if i > 0 && p.before(b, h[(i-1)/2]) {
-						add("pool %d: LFU heap %d out of order at index %d", p.id, l, i)
-					}
+			h := p.heaps[l]
+			n := len(h)
+			if !p.lfu && n > 0 && l != int(defaultLevel) {
+				add("pool %d: LRU level %d has %d late arrivals; only the default level has them", p.id, l, n)
+			}
+			for i, b := range h {
+				if !visit(b, l) {
+					break
 				}
-			} else {
-				s := int32(p.n + l)
-				last := uint64(0)
-				for b, steps := p.next[s], 0; b != s; b, steps = p.next[b], steps+1 {
-					if steps > p.n || !visit(b, l) {
-						add("pool %d: LRU list %d is corrupt at block %d", p.id, l, b)
-						break
-					}
-					if p.prev[p.next[b]] != b || p.stamp[b] <= last {
-						add("pool %d: LRU list %d is out of order or half-linked at block %d", p.id, l, b)
-					}
-					last = p.stamp[b]
-					n++
+				if int(p.hpos[b]) != i {
+					add("pool %d: block %d at heap %d index %d records index %d", p.id, b, l, i, p.hpos[b])
 				}
+				if i > 0 && p.before(b, h[(i-1)/2]) {
+					add("pool %d: heap %d out of order at index %d", p.id, l, i)
+				}
+			}
+			s := int32(p.n + l)
+			if p.lfu && (p.next[s] != s || p.prev[s] != s) {
+				add("pool %d: LFU pool has a list at level %d", p.id, l)
+			}
+			last := uint64(0)
+			for b, steps := p.next[s], 0; !p.lfu && b != s; b, steps = p.next[b], steps+1 {
+				if steps > p.n || !visit(b, l) {
+					add("pool %d: LRU list %d is corrupt at block %d", p.id, l, b)
+					break
+				}
+				if p.prev[p.next[b]] != b || p.stamp[b] <= last || p.hpos[b] != -1 {
+					add("pool %d: LRU list %d is out of order or half-linked at block %d (heap index %d)", p.id, l, b, p.hpos[b])
+				}
+				last = p.stamp[b]
+				n++
 			}
 			if on := p.nonEmpty[l>>6]>>(l&63)&1 == 1; on != (n > 0) {
 				add("pool %d: level %d holds %d blocks, non-empty bit %v", p.id, l, n, on)
@@ -496,10 +498,8 @@ func (m *Manager) checkHostPool(hp *pool, add func(string, ...any)) {
 	// Sentinels and level bits.
 	total := 0
 	for l := range levels {
-		n := 0
-		if hp.lfu {
-			n = len(hp.heaps[l])
-		} else {
+		n := len(hp.heaps[l])
+		if !hp.lfu {
 			s := int32(hp.n + l)
 			nx, pv := hp.next[s], hp.prev[s]
 			if hp.prev[nx] != s || hp.next[pv] != s || (nx == s) != (pv == s) {
@@ -511,7 +511,7 @@ func (m *Manager) checkHostPool(hp *pool, add func(string, ...any)) {
 				}
 			}
 			if nx != s {
-				n = 1
+				n++
 			}
 		}
 		total += n
@@ -589,11 +589,13 @@ func (m *Manager) checkHostBlock(hp *pool, b int32, add func(string, ...any)) ui
 		return c
 	}
 	l := int(hp.prio[b])
-	if hp.lfu {
+	if hp.inHeap(b) {
 		h, i := hp.heaps[l], int(hp.hpos[b])
 		switch {
+		case !hp.lfu && l != int(defaultLevel):
+			add("pool %d: block %d of level %d is a late arrival; only the default level has them", hp.id, b, l)
 		case i < 0 || i >= len(h) || h[i] != b:
-			add("pool %d: cached block %d is not at its index %d of LFU heap %d", hp.id, b, i, l)
+			add("pool %d: cached block %d is not at its index %d of heap %d", hp.id, b, i, l)
 		case i > 0 && hp.before(b, h[(i-1)/2]):
 			add("pool %d: LFU heap %d out of order above block %d", hp.id, l, b)
 		case 2*i+1 < len(h) && hp.before(h[2*i+1], b) || 2*i+2 < len(h) && hp.before(h[2*i+2], b):

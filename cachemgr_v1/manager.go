@@ -512,7 +512,7 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 		if it.Priority != 0 {
 			s.prio = uint8(it.Priority)
 		}
-		if it.PriorityDuration > 0 {
+		if it.PriorityDuration > 0 && s.prio != defaultLevel {
 			s.exp = it.Now + it.PriorityDuration
 		}
 		if m.host != nil && reuseBlocks > 0 {

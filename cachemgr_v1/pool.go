@@ -37,16 +37,18 @@ const (
 //
 // The cached set is ordered for eviction by retention level first (a
 // registered block's prio, 1..100; the lowest level goes first), then by the
-// policy: under LRU each level is an intrusive list (least recently cached
-// first), under LFU each level is a binary heap on (hits, stamp), fewest
-// reuse hits first and the least recently cached among equals. A bitmap says
-// which levels are non-empty, so finding the victim is O(1) and inserting or
-// removing a block is O(1) (LRU) or O(log n) (LFU). A priority with an
-// expiry waits in a min-heap on the expiry time (exq, lazy deletion: an
-// entry is live while the block is registered with that exp); refresh,
-// called as the manager's clock advances, moves an expired cached block to
-// the default level as its most recent entry (what TensorRT-LLM does), so
-// no cached block ever sits at a level its priority no longer has.
+// policy, on stamp (the order of entry into the cached set) and hits: under
+// LRU each level is an intrusive list (least recently cached first), under
+// LFU each level is a binary heap on (hits, stamp), fewest reuse hits first
+// and the least recently cached among equals. A bitmap says which levels
+// are non-empty, so finding the victim is O(1) and inserting or removing a
+// block is O(1) (LRU) or O(log n) (LFU). A priority with an expiry waits in
+// a min-heap on the expiry time (exq, lazy deletion: an entry is live while
+// the block is registered with that exp); refresh, called as the manager's
+// clock advances, drops every expired block to DefaultPriority at its old
+// place in the policy order (expire), so no cached block ever sits at a
+// level its priority no longer has, and an expired block is exactly as
+// evictable as if it had never had a priority.
 //
 // With a host tier (hostcache.go) a registered block may also be pending:
 // its content arrives by a copy of a reservation not yet committed, so no
@@ -147,6 +149,10 @@ func newPool(id, window, tpb, n int, reuse bool) *pool {
 		p.exp = make([]int64, n)
 		p.hits = make([]int32, n)
 		p.stamp = make([]uint64, n)
+		p.hpos = make([]int32, n)
+		for i := range p.hpos {
+			p.hpos[i] = -1 // LRU: in its level's list
+		}
 		p.prev = make([]int32, n+levels)
 		p.next = make([]int32, n+levels)
 		for l := n; l < n+levels; l++ {
@@ -163,10 +169,7 @@ func newPool(id, window, tpb, n int, reuse bool) *pool {
 }
 
 // useLFU switches the cached set's order to LFU (an empty pool only).
-func (p *pool) useLFU() {
-	p.lfu = true
-	p.hpos = make([]int32, p.n)
-}
+func (p *pool) useLFU() { p.lfu = true }
 
 // track gives the pool a dirty set and where marks (check.go), with
 // every block free.
@@ -391,8 +394,7 @@ func (p *pool) refresh(now int64) {
 	for len(p.exq) > 0 && p.exq[0].at <= now {
 		e := p.popExpiry()
 		if b := e.b; p.hashed[b] && p.exp[b] == e.at {
-			p.at = e.at
-			p.keep(b, defaultLevel, 0, p.hits[b])
+			p.expire(b)
 		}
 	}
 	if now > p.at {
@@ -409,6 +411,28 @@ func (p *pool) refresh(now int64) {
 		for i := len(live)/2 - 1; i >= 0; i-- {
 			p.expDown(i)
 		}
+	}
+}
+
+// expire ends registered block b's priority: it falls back to
+// DefaultPriority, keeping its place in the policy order (its stamp, and
+// hits): the block is as recently and as often used as before, only less
+// protected. Under LRU a cached block whose level changes this way goes to
+// the default level's heap of late arrivals (ordered by stamp, like the
+// level's list, and merged with it by victim); under LFU to the default
+// level's heap, which is ordered by (hits, stamp) anyway.
+func (p *pool) expire(b int32) {
+	c := p.isCached(b)
+	if c {
+		p.uncache(b)
+	}
+	p.nexp--
+	p.prio[b], p.exp[b] = defaultLevel, 0
+	p.touch(b)
+	if c {
+		p.cached++
+		p.move(b, inCache)
+		p.heapPush(defaultLevel, b)
 	}
 }
 
@@ -457,15 +481,12 @@ func (p *pool) cache(b int32) {
 	p.tick++
 	p.stamp[b] = p.tick
 	p.cached++
-	p.nonEmpty[l>>6] |= 1 << (l & 63)
 	if p.lfu {
-		h := append(p.heaps[l], b)
-		p.heaps[l] = h
-		p.hpos[b] = int32(len(h) - 1)
 		p.move(b, inCache)
-		p.up(l, len(h)-1)
+		p.heapPush(l, b)
 		return
 	}
+	p.nonEmpty[l>>6] |= 1 << (l & 63)
 	s := int32(p.n) + int32(l)
 	last := p.prev[s]
 	p.next[last] = b
@@ -478,13 +499,27 @@ func (p *pool) cache(b int32) {
 	}
 }
 
+// heapPush adds cached block b to level l's heap (LFU; LRU: the default
+// level's late arrivals).
+func (p *pool) heapPush(l uint8, b int32) {
+	p.nonEmpty[l>>6] |= 1 << (l & 63)
+	h := append(p.heaps[l], b)
+	p.heaps[l] = h
+	p.hpos[b] = int32(len(h) - 1)
+	p.touch(b)
+	p.up(l, len(h)-1)
+}
+
+// inHeap reports whether cached block b is in its level's heap (else in
+// its level's list).
+func (p *pool) inHeap(b int32) bool { return p.lfu || p.hpos[b] >= 0 }
+
 // uncache takes cached block b out of the cached set.
 func (p *pool) uncache(b int32) {
 	l := p.prio[b]
 	p.move(b, inNone)
 	p.cached--
-	empty := false
-	if p.lfu {
+	if p.inHeap(b) {
 		h := p.heaps[l]
 		i, k := int(p.hpos[b]), len(h)-1
 		if i != k {
@@ -498,29 +533,41 @@ func (p *pool) uncache(b int32) {
 			p.down(l, i)
 			p.up(l, i)
 		}
-		empty = k == 0
+		if !p.lfu {
+			p.hpos[b] = -1
+		}
 	} else {
 		pr, nx := p.prev[b], p.next[b]
 		p.next[pr] = nx
 		p.prev[nx] = pr
 		p.touch(pr)
 		p.touch(nx)
-		empty = pr == nx // both the sentinel
 	}
-	if empty {
+	if p.levelEmpty(int(l)) {
 		p.nonEmpty[l>>6] &^= 1 << (l & 63)
 	}
 }
 
+func (p *pool) levelEmpty(l int) bool {
+	return len(p.heaps[l]) == 0 && (p.lfu || p.next[p.n+l] == int32(p.n+l))
+}
+
+// first is the first block of non-empty level l in policy order.
+func (p *pool) first(l int) int32 {
+	h := p.heaps[l]
+	if p.lfu {
+		return h[0]
+	}
+	b := p.next[p.n+l]
+	if len(h) > 0 && (b == int32(p.n+l) || p.stamp[h[0]] < p.stamp[b]) {
+		return h[0]
+	}
+	return b
+}
+
 // victim is the cached block eviction takes first: the lowest level's
 // first in policy order. The caller has checked cached > 0.
-func (p *pool) victim() int32 {
-	l := p.lowest()
-	if p.lfu {
-		return p.heaps[l][0]
-	}
-	return p.next[p.n+l]
-}
+func (p *pool) victim() int32 { return p.first(p.lowest()) }
 
 func (p *pool) lowest() int {
 	if w := p.nonEmpty[0]; w != 0 {
@@ -539,12 +586,7 @@ func (p *pool) decided(b int32, policy uint8) uint8 {
 	first := b
 	for w := range p.nonEmpty {
 		for m := p.nonEmpty[w]; m != 0; m &= m - 1 {
-			l := 64*w + bits.TrailingZeros64(m)
-			c := p.next[p.n+l]
-			if p.lfu {
-				c = p.heaps[l][0]
-			}
-			if p.before(c, first) {
+			if c := p.first(64*w + bits.TrailingZeros64(m)); p.before(c, first) {
 				first = c
 			}
 		}
