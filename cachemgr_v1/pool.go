@@ -113,6 +113,7 @@ type pool struct {
 	salt   map[xxh3.Uint128]int32
 
 	evictions int64
+	expired   int64 // priorities that ran out
 	// evicted, when set (KV events on, first pool), is told the hash of
 	// each cached block alloc evicts.
 	evicted func(h xxh3.Uint128)
@@ -427,6 +428,7 @@ func (p *pool) expire(b int32) {
 		p.uncache(b)
 	}
 	p.nexp--
+	p.expired++
 	p.prio[b], p.exp[b] = defaultLevel, 0
 	p.touch(b)
 	if c {
