@@ -127,7 +127,11 @@ func (m *Manager) check() []string {
 
 // checkHost verifies the host tier (hostcache.go): each host pool by
 // checkHostPool; a chain hash is registered in at most one tier of a pool
-// (each device block's hash is looked up on the host, O(device blocks));
+// (checked for every pair of which one side was registered since the last
+// check: the device blocks registered since (reglog) are looked up on the
+// host, the host blocks touched since on the device; a pair older than
+// that passed the last check. The first check, or one after reglog
+// overflowed, looks every device block up);
 // and the pending blocks are exactly the moves of outstanding reservations,
 // each once, a host move's block unreferenced and a device move's block in
 // its sequence's table: every move names a distinct pending block, and
@@ -172,6 +176,32 @@ func (m *Manager) checkHost(add func(string, ...any)) {
 	}
 	for pi, dp := range m.paged {
 		hp := m.host[pi]
+		onHost := func(b int) {
+			if hb, ok := hp.lookup(dp.hash[b]); ok {
+				add("pool %d: host block %d and device block %d of pool %d hold the same hash", hp.id, hb, b, dp.id)
+			}
+		}
+		if hp.shadow == nil || dp.regOver {
+			for b := range dp.n {
+				if dp.hashed[b] {
+					onHost(b)
+				}
+			}
+		} else {
+			for _, b := range dp.reglog {
+				if dp.hashed[b] {
+					onHost(int(b))
+				}
+			}
+			for _, hb := range hp.touched {
+				if hp.hashed[hb] {
+					if b, ok := dp.lookup(hp.hash[hb]); ok {
+						add("pool %d: host block %d and device block %d of pool %d hold the same hash", hp.id, hb, b, dp.id)
+					}
+				}
+			}
+		}
+		dp.reglog, dp.regOver = dp.reglog[:0], false
 		m.checkHostPool(hp, add)
 		pending := 0
 		for b := range dp.n {
@@ -182,14 +212,6 @@ func (m *Manager) checkHost(add func(string, ...any)) {
 		if pending != moves[pi][0] || hp.parked != moves[pi][1] {
 			add("pool %d: %d pending device blocks and %d pending host blocks; %d and %d pending moves",
 				dp.id, pending, hp.parked, moves[pi][0], moves[pi][1])
-		}
-		// Device blocks are the fewer: look each one's hash up on the host.
-		for b := range dp.n {
-			if dp.hashed[b] {
-				if hb, ok := hp.lookup(dp.hash[b]); ok {
-					add("pool %d: host block %d and device block %d of pool %d hold the same hash", hp.id, hb, b, dp.id)
-				}
-			}
 		}
 	}
 }

@@ -53,10 +53,11 @@
 // tokens). As history passes a full prompt block, Commit registers the
 // sequence's block under that hash in every pool, unless another block already
 // holds it. Release drops references in reverse table order; a registered
-// block with no reference becomes cached (evictable, LRU), others become free.
-// Allocation takes free blocks first, then evicts the least recently used
-// cached block. Because tail blocks are released first, a chain's deeper
-// blocks are older and go first; a cached child can outlive its evicted
+// block with no reference becomes cached (evictable), others become free.
+// Allocation takes free blocks first, then evicts the first cached block in
+// eviction order (see Retention; by default the least recently used).
+// Because tail blocks are released first, a chain's deeper blocks are older
+// and go first; a cached child can outlive its evicted
 // parent, which is harmless: Lookup stops at the first missing hash, and the
 // child is evicted in its turn.
 //
@@ -72,15 +73,60 @@
 // that an allocation evicts is copied to the host tier instead of
 // vanishing, and a reservation whose Reuse covers host blocks brings them
 // back into fresh device blocks; the copies travel in Grant.Copies. The
-// host tier evicts its own least recently used block. hostcache.go has the
-// rules. Without a host tier nothing of it runs and grants carry no copies.
+// host tier evicts in the same order as the device (see Retention), with
+// each block's priority and hits carried along. hostcache.go has the rules.
+// Without a host tier nothing of it runs and grants carry no copies.
+//
+// # Explain
+//
+// The manager is a kvcache.Explainer (explain.go). Lookup and Explain share
+// one walk over the prompt's chain (walk), so Explain's Tokens is Lookup's
+// answer by construction; the walk also counts the matched blocks some pool
+// serves from its host tier only (HostTokens: each costs a host→device
+// copy, as Grant.HostReused counts them), which Lookup ignores at no extra
+// cost. The reason for the first missing block is looked up only by
+// Explain: in-flight by comparing the live sequences' uncommitted prompt
+// hashes at that position (nothing is maintained for it on the Reserve or
+// Commit paths); cache salt through the salt-free chain, looked up in the
+// first pool's index (unsalted blocks) and in a count of salted blocks by
+// salt-free hash, kept for the first paged pool and its host pool once a
+// salted sequence was seen; evictions in a per-pool ghost record (hash →
+// tier, rule, clock) of ghostsPerBlock entries per device and host block,
+// at most maxGhosts, the oldest forgotten first: a forgotten eviction
+// reads as never_stored. The clock is the latest Now of any Lookup,
+// Explain or Reserve item.
+//
+// # Retention and eviction policies
+//
+// A new sequence's Priority (1..100, 0 = DefaultPriority 35; others are
+// denied "invalid:") and PriorityDuration (from the item's Now) go to the
+// blocks it registers; a block it reuses, or that it would have
+// registered but another block holds, takes its priority when higher (the
+// later expiry when equal). Every pool, device and host, evicts the lowest
+// priority first, then by Config.EvictionPolicy: "lru" (""), the least
+// recently cached; "lfu", the fewest reuse hits since the content was
+// stored (carried across tiers), the least recently cached among equals.
+// Each priority level is a list (LRU, O(1)) or a heap (LFU, O(log n)) and
+// a bitmap finds the lowest non-empty level (pool.go). When the clock
+// passes a block's expiry (Reserve refreshes the pools as it advances), the
+// block falls back to DefaultPriority at its old place in the policy order.
+// An eviction is reported as decided by "priority" when the policy alone
+// (all levels merged) would have taken another block.
 //
 // # Concurrency and allocation
 //
 // A Manager is not safe for concurrent use (the contract calls it from one
 // goroutine at a time). In steady state Commit does not allocate and Reserve
 // allocates only the slices it returns (one for the grants and, when some
-// table changed, two for all deltas of the call).
+// table changed, two for all deltas of the call); the ghost record, the
+// expiry heaps and the LFU heaps grow to their bound first (amortized).
+//
+// # Self-check
+//
+// Inspect with Tables runs check.go's deep self-check: device and state
+// pools are verified whole, host pools (which can hold millions of blocks)
+// only where blocks changed since the last check, which proves as much
+// because every write to a block's state marks it (checkHostPool).
 package cachemgrv1
 
 import (
@@ -247,6 +293,7 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 		m.fresh = make([]fresh, len(m.paged))
 		for pi, p := range m.paged {
 			p.pend = make([]bool, p.n)
+			p.logRegs = true
 			m.fresh[pi].src = make([]int32, p.n)
 		}
 		for _, hp := range m.host {

@@ -123,6 +123,13 @@ type pool struct {
 	dirty   []bool
 	touched []int32
 	shadow  *shadow // the self-check's record of the verified state
+
+	// reglog (device pools with a host tier, see checkHost) lists the blocks
+	// registered since the last self-check, up to n; regOver says it
+	// overflowed.
+	reglog  []int32
+	logRegs bool
+	regOver bool
 }
 
 type expiry struct {
@@ -284,6 +291,13 @@ func (p *pool) register(b kvcache.BlockID, h xxh3.Uint128) bool {
 	p.prio[b], p.exp[b], p.hits[b] = defaultLevel, 0, 0
 	p.nreg++
 	p.touch(int32(b))
+	if p.logRegs {
+		if len(p.reglog) < p.n {
+			p.reglog = append(p.reglog, int32(b))
+		} else {
+			p.regOver = true
+		}
+	}
 	return true
 }
 

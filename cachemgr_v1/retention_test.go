@@ -220,3 +220,40 @@ func TestRetentionExpiryHeap(t *testing.T) {
 		t.Fatalf("victim = %d, want 6", v)
 	}
 }
+
+// TestHostTierRecomputedBlock: a request that computes blocks the host
+// tier holds (Reuse 0) takes their hashes back at commit, with the host
+// copy's priority when higher; the host blocks become free.
+func TestHostTierRecomputedBlock(t *testing.T) {
+	m := configured(t, hostConfig(8)) // room for a and the 3 blocks a's recomputation offloads
+	a := prompt(4, []int32{1, 2}, 1, 1)
+	store(t, m, req{seq: 1, p: a, prio: 60, now: 100})
+	serve(t, m, req{seq: 2, p: prompt(4, []int32{10, 11, 12, 13, 14, 15, 16, 17}, 0, 0), now: 200})
+	serve(t, m, req{seq: 3, p: prompt(4, []int32{20, 21, 22, 23, 24, 25, 26, 27}, 0, 0), now: 300}) // a → host
+	if ex := explain(t, m, a, "", 300); ex.HostTokens != 8 {
+		t.Fatalf("Explain(a) = %+v, want 8 tokens on the host", ex)
+	}
+	release(t, m, 2, 3)
+	free := len(m.host[0].free)
+	g := mustGrant(t, m, kvcache.ReserveItem{Seq: 4, New: true, Tokens: len(a), Prompt: a, Now: 400}) // recompute, no reuse
+	commit(t, m, 4, len(a))
+	noViolations(t, m)
+	if ex := explain(t, m, a, "", 400); ex.Tokens != 8 || ex.HostTokens != 0 {
+		t.Fatalf("Explain(a) after recomputing it = %+v, want 8 tokens on the device", ex)
+	}
+	hashes := m.h.chain(nil, "", a, 2)
+	for j, h := range hashes {
+		b, ok := m.paged[0].lookup(h)
+		if !ok || m.paged[0].prio[b] != 60 {
+			t.Fatalf("a's block %d on the device: registered %v, priority %d, want 60 (the host copy's)", j, ok, m.paged[0].prio[b])
+		}
+		if _, ok := m.host[0].lookup(h); ok {
+			t.Fatalf("a's block %d is still registered on the host", j)
+		}
+	}
+	// The grant's copies are offloads into free host blocks; the commit
+	// freed a's 2.
+	if got, want := len(m.host[0].free), free-len(g.Copies)+2; got != want {
+		t.Fatalf("host free blocks %d after %d offloads and the device took a's 2 hashes back, want %d", got, len(g.Copies), want)
+	}
+}
