@@ -253,6 +253,7 @@ func (m *Manager) claim(pi int, h xxh3.Uint128) (ok bool, o origin) {
 		return false, o
 	}
 	o = hp.origin(hb)
+	m.c.reclaimed++
 	hp.uncache(int32(hb))
 	hp.forget(hb)
 	hp.pushFree(hb)

@@ -193,6 +193,7 @@ type Manager struct {
 type counters struct {
 	lookupTokens, reusedTokens, denials int64
 	offloaded, promoted                 int64 // host tier: blocks copied device→host, host→device
+	reclaimed                           int64 // host tier: hashes a device commit took back from the host
 }
 
 type stagedDelta struct{ pool, from, off, n int }

@@ -517,7 +517,7 @@ func propertyRun(t *testing.T, hostBlocks int) {
 // meant to test (reuse, eviction, denials, window release), so a generator
 // change cannot silently weaken the property test.
 func TestPropertyCoverage(t *testing.T) {
-	var reused, evicted, denied, released, offloaded, promoted, byPriority, expired int
+	var reused, evicted, denied, released, offloaded, promoted, reclaimed, byPriority, expired int
 	for seed := range 80 {
 		cfg := propConfig()
 		if seed%2 == 1 {
@@ -571,6 +571,9 @@ func TestPropertyCoverage(t *testing.T) {
 		if m.c.promoted > 0 {
 			promoted++
 		}
+		if m.c.reclaimed > 0 {
+			reclaimed++
+		}
 		for _, g := range m.ghosts {
 			if slices.ContainsFunc(g.ring, func(e ghostEntry) bool { return e.by == rulePriority }) {
 				byPriority++
@@ -589,12 +592,12 @@ func TestPropertyCoverage(t *testing.T) {
 			}
 		}
 	}
-	if reused == 0 || evicted == 0 || denied == 0 || released == 0 || offloaded == 0 || promoted == 0 || byPriority == 0 || expired == 0 {
-		t.Fatalf("coverage: reused %d evicted %d denied %d window-released %d offloaded %d promoted %d by-priority %d expired %d runs",
-			reused, evicted, denied, released, offloaded, promoted, byPriority, expired)
+	if reused == 0 || evicted == 0 || denied == 0 || released == 0 || offloaded == 0 || promoted == 0 || reclaimed == 0 || byPriority == 0 || expired == 0 {
+		t.Fatalf("coverage: reused %d evicted %d denied %d window-released %d offloaded %d promoted %d reclaimed %d by-priority %d expired %d runs",
+			reused, evicted, denied, released, offloaded, promoted, reclaimed, byPriority, expired)
 	}
-	t.Logf("reused %d evicted %d denied %d window-released %d offloaded %d promoted %d by-priority %d expired %d (of 80 runs, 40 with a host tier, 40 LFU)",
-		reused, evicted, denied, released, offloaded, promoted, byPriority, expired)
+	t.Logf("reused %d evicted %d denied %d window-released %d offloaded %d promoted %d reclaimed %d by-priority %d expired %d (of 80 runs, 40 with a host tier, 40 LFU)",
+		reused, evicted, denied, released, offloaded, promoted, reclaimed, byPriority, expired)
 }
 
 type lcg struct{ x uint64 }
