@@ -73,8 +73,9 @@ func (g *ghost) find(h xxh3.Uint128) (ghostEntry, bool) {
 	return g.ring[s], true
 }
 
-// walk is the one prefix match behind Lookup, Explain and Reserve's check
-// of Reuse: the first n full blocks of prompt (at most limit) are held by
+// walk is the one prefix match behind Lookup and Explain (Reserve's check
+// of Reuse applies the same rule, held, to the hashes it has): the first n
+// full blocks of prompt (at most limit) are held by
 // every pool now, host of them by some pool's host tier only (taking them
 // costs a host→device copy). When n < limit, next is the hash of block n,
 // the first one missing.

@@ -494,7 +494,7 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 				return s, invalid(it.Seq, "Reuse = %d; must be <= len(Prompt)-1 = %d", it.Reuse, len(it.Prompt)-1)
 			}
 			reuseBlocks = it.Reuse / m.tpb
-			if got, _, _ := m.walk(it.Prompt, it.CacheSalt, reuseBlocks); got < reuseBlocks {
+			if got := m.matched(hashes[:reuseBlocks]); got < reuseBlocks {
 				return s, invalid(it.Seq, "Reuse = %s exceeds the %s prompt tokens the cache holds now (Lookup)",
 					commas(it.Reuse), commas(got*m.tpb))
 			}
@@ -637,6 +637,17 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 	s.reserved = true
 	s.resTokens, s.resDraft = it.Tokens, it.Draft
 	return s, ""
+}
+
+// matched is how many leading hashes every pool holds: walk's rule
+// (held) over hashes already computed.
+func (m *Manager) matched(hashes []xxh3.Uint128) int {
+	for j, h := range hashes {
+		if ok, _ := m.held(h); !ok {
+			return j
+		}
+	}
+	return len(hashes)
 }
 
 // cachedAmong counts the blocks registered under hashes that are cached
@@ -900,7 +911,9 @@ func (m *Manager) poolStats() []kvcache.PoolStats {
 // accounting and the findings of a deep self-check (see Violations). With
 // opts.Tables it adds each sequence's tables (a position released by a
 // sliding window reads -1; the state pool's table is the sequence's slot) and
-// every block's reference count. Cost: O(blocks + table entries).
+// every block's reference count. Cost: O(device blocks + table entries)
+// for the self-check, plus the host blocks changed since the last one (see
+// check); the reference counts it returns are copies, O(blocks).
 func (m *Manager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
 	if err := m.ready(ctx, "Inspect"); err != nil {
 		return kvcache.Snapshot{}, err
