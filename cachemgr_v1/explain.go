@@ -18,8 +18,8 @@ const (
 
 var ruleNames = [...]string{kvcache.EvictionLRU, kvcache.EvictionLFU, "priority"}
 
-// maxGhosts bounds one paged pool's ghost record (about 40 bytes an entry
-// with the map).
+// maxGhosts bounds one paged pool's ghost record (some 64 bytes an entry
+// with its map slot: at most 64 MiB a pool).
 const maxGhosts = 1 << 20
 
 // ghost remembers the latest evictions of one paged pool (device and host
