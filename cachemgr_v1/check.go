@@ -679,8 +679,9 @@ func (m *Manager) checkExplain(add func(string, ...any)) {
 		return
 	}
 	for pi, g := range m.ghosts {
-		if len(g.at) > len(g.ring) || len(g.ring) > g.cap || g.head >= g.cap {
-			add("explain: pool %d ghost record holds %d hashes in %d slots of %d (head %d)", m.paged[pi].id, len(g.at), len(g.ring), g.cap, g.head)
+		if g.live > len(g.ring) || len(g.ring) > g.cap || g.head >= g.cap || 2*g.live > len(g.index) {
+			add("explain: pool %d ghost record holds %d hashes in %d slots of %d (head %d, index %d)",
+				m.paged[pi].id, g.live, len(g.ring), g.cap, g.head, len(g.index))
 		}
 	}
 	dp := m.paged[0]

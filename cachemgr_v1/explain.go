@@ -26,12 +26,18 @@ const maxGhosts = 1 << 20
 // tier), hash → tier, rule and clock, so Explain can say a block was
 // evicted rather than never stored. It holds the last cap evictions, the
 // oldest forgotten first (a ring); a forgotten eviction reads as
-// never_stored. An eviction of a hash it holds replaces the old entry.
+// never_stored. An eviction of a hash it holds replaces the old entry. The
+// index is open addressing on hash.Lo like the pools' (slots hold ring
+// slot + 1, at most half full, backward-shift deletion), grown by doubling
+// up to 2 × cap, so adding is a few probes and allocates nothing once the
+// ring is full.
 type ghost struct {
-	cap  int
-	ring []ghostEntry
-	head int                    // the slot the next entry overwrites once the ring is full
-	at   map[xxh3.Uint128]int32 // hash → ring slot of its live entry
+	cap   int
+	ring  []ghostEntry
+	head  int // the slot the next entry overwrites once the ring is full
+	live  int // entries in index
+	index []int32
+	mask  uint64
 }
 
 type ghostEntry struct {
@@ -39,16 +45,22 @@ type ghostEntry struct {
 	when int64
 	tier kvcache.Tier
 	by   uint8
-	live bool
+	live bool // in index
 }
 
 func newGhost(capacity int) ghost {
-	return ghost{cap: max(1, min(capacity, maxGhosts)), at: map[xxh3.Uint128]int32{}}
+	g := ghost{cap: max(1, min(capacity, maxGhosts))}
+	g.index = make([]int32, 64)
+	g.mask = 63
+	return g
 }
 
 func (g *ghost) add(h xxh3.Uint128, tier kvcache.Tier, by uint8, when int64) {
-	if s, ok := g.at[h]; ok {
-		g.ring[s].live = false
+	if 2*(g.live+1) > len(g.index) {
+		g.grow()
+	}
+	if s, ok := g.slot(h); ok {
+		g.remove(s)
 	}
 	e := ghostEntry{h: h, when: when, tier: tier, by: by, live: true}
 	s := len(g.ring)
@@ -56,21 +68,74 @@ func (g *ghost) add(h xxh3.Uint128, tier kvcache.Tier, by uint8, when int64) {
 		g.ring = append(g.ring, e)
 	} else {
 		s = g.head
-		if old := g.ring[s]; old.live {
-			delete(g.at, old.h)
+		if g.ring[s].live {
+			g.remove(int32(s))
 		}
 		g.ring[s] = e
 		g.head = (s + 1) % g.cap
 	}
-	g.at[h] = int32(s)
+	g.insert(s)
 }
 
 func (g *ghost) find(h xxh3.Uint128) (ghostEntry, bool) {
-	s, ok := g.at[h]
+	s, ok := g.slot(h)
 	if !ok {
 		return ghostEntry{}, false
 	}
 	return g.ring[s], true
+}
+
+func (g *ghost) slot(h xxh3.Uint128) (int32, bool) {
+	for i := h.Lo & g.mask; g.index[i] != 0; i = (i + 1) & g.mask {
+		if s := g.index[i] - 1; g.ring[s].h == h {
+			return s, true
+		}
+	}
+	return 0, false
+}
+
+func (g *ghost) insert(s int) {
+	i := g.ring[s].h.Lo & g.mask
+	for g.index[i] != 0 {
+		i = (i + 1) & g.mask
+	}
+	g.index[i] = int32(s) + 1
+	g.live++
+}
+
+// remove takes ring slot s out of the index (pool.unindex's algorithm).
+func (g *ghost) remove(s int32) {
+	i := g.ring[s].h.Lo & g.mask
+	for g.index[i] != s+1 {
+		i = (i + 1) & g.mask
+	}
+	for j := i; ; {
+		j = (j + 1) & g.mask
+		v := g.index[j]
+		if v == 0 {
+			break
+		}
+		k := g.ring[v-1].h.Lo & g.mask
+		if i <= j && i < k && k <= j || i > j && (i < k || k <= j) {
+			continue
+		}
+		g.index[i] = v
+		i = j
+	}
+	g.index[i] = 0
+	g.ring[s].live = false
+	g.live--
+}
+
+func (g *ghost) grow() {
+	g.index = make([]int32, 2*len(g.index))
+	g.mask = uint64(len(g.index) - 1)
+	g.live = 0
+	for s := range g.ring {
+		if g.ring[s].live {
+			g.insert(s)
+		}
+	}
 }
 
 // walk is the one prefix match behind Lookup and Explain (Reserve's check

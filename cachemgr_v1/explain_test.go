@@ -275,3 +275,46 @@ func TestConfigureEvictionPolicy(t *testing.T) {
 		t.Fatalf("Info capabilities %+v, want Explain, Retention and policies [lru lfu]", c)
 	}
 }
+
+// TestGhostAgainstModel: the ghost record's index against a plain model
+// (the last cap evictions; a hash's latest one counts), with hashes that
+// collide in the index often.
+func TestGhostAgainstModel(t *testing.T) {
+	const capacity = 50
+	g := newGhost(capacity)
+	var model []ghostEntry // oldest first
+	r := newLCG(7)
+	for step := range 20000 {
+		h := hashOf(r.n(120))
+		h.Lo *= 64 // share low bits: long probe runs
+		model = append(model, ghostEntry{h: h, when: int64(step)})
+		if len(model) > capacity {
+			model = model[1:]
+		}
+		g.add(h, kvcache.TierDevice, ruleLRU, int64(step))
+		if step%97 != 0 {
+			continue
+		}
+		distinct := map[uint64]bool{}
+		for _, e := range model {
+			distinct[e.h.Lo] = true
+		}
+		if g.live != len(distinct) {
+			t.Fatalf("step %d: ghost holds %d hashes, model %d", step, g.live, len(distinct))
+		}
+		for i := range 120 {
+			q := hashOf(i)
+			q.Lo *= 64
+			j := -1 // the latest eviction of q in the model
+			for k, e := range model {
+				if e.h == q {
+					j = k
+				}
+			}
+			e, ok := g.find(q)
+			if ok != (j >= 0) || ok && e.when != model[j].when {
+				t.Fatalf("step %d: find(%d) = %+v %v, model has it: %v", step, i, e, ok, j >= 0)
+			}
+		}
+	}
+}
