@@ -19,7 +19,7 @@ const (
 var ruleNames = [...]string{kvcache.EvictionLRU, kvcache.EvictionLFU, "priority"}
 
 // maxGhosts bounds one paged pool's ghost record (some 64 bytes an entry
-// with its map slot: at most 64 MiB a pool).
+// with its index slots: at most 64 MiB a pool).
 const maxGhosts = 1 << 20
 
 // ghost remembers the latest evictions of one paged pool (device and host
@@ -27,17 +27,26 @@ const maxGhosts = 1 << 20
 // evicted rather than never stored. It holds the last cap evictions, the
 // oldest forgotten first (a ring); a forgotten eviction reads as
 // never_stored. An eviction of a hash it holds replaces the old entry. The
-// index is open addressing on hash.Lo like the pools' (slots hold ring
-// slot + 1, at most half full, backward-shift deletion), grown by doubling
-// up to 2 × cap, so adding is a few probes and allocates nothing once the
-// ring is full.
+// index is open addressing on hash.Lo like the pools' (at most half full,
+// backward-shift deletion), grown by doubling up to 2 × cap, so adding
+// allocates nothing once the ring is full; an index slot keeps the hash's
+// Lo next to the ring slot, so probing and deleting touch the ring only
+// for a match (the index is large and the ring larger: every avoided
+// access is a cache miss saved on the eviction path).
 type ghost struct {
 	cap   int
 	ring  []ghostEntry
 	head  int // the slot the next entry overwrites once the ring is full
 	live  int // entries in index
-	index []int32
+	index []ghostSlot
 	mask  uint64
+}
+
+// ghostSlot is one index slot: ring slot s+1 (0 = empty) of a hash whose
+// low 64 bits are lo.
+type ghostSlot struct {
+	lo uint64
+	s  int32
 }
 
 type ghostEntry struct {
@@ -50,7 +59,7 @@ type ghostEntry struct {
 
 func newGhost(capacity int) ghost {
 	g := ghost{cap: max(1, min(capacity, maxGhosts))}
-	g.index = make([]int32, 64)
+	g.index = make([]ghostSlot, 64)
 	g.mask = 63
 	return g
 }
@@ -86,49 +95,50 @@ func (g *ghost) find(h xxh3.Uint128) (ghostEntry, bool) {
 }
 
 func (g *ghost) slot(h xxh3.Uint128) (int32, bool) {
-	for i := h.Lo & g.mask; g.index[i] != 0; i = (i + 1) & g.mask {
-		if s := g.index[i] - 1; g.ring[s].h == h {
-			return s, true
+	for i := h.Lo & g.mask; g.index[i].s != 0; i = (i + 1) & g.mask {
+		if e := g.index[i]; e.lo == h.Lo && g.ring[e.s-1].h == h {
+			return e.s - 1, true
 		}
 	}
 	return 0, false
 }
 
 func (g *ghost) insert(s int) {
-	i := g.ring[s].h.Lo & g.mask
-	for g.index[i] != 0 {
+	lo := g.ring[s].h.Lo
+	i := lo & g.mask
+	for g.index[i].s != 0 {
 		i = (i + 1) & g.mask
 	}
-	g.index[i] = int32(s) + 1
+	g.index[i] = ghostSlot{lo: lo, s: int32(s) + 1}
 	g.live++
 }
 
 // remove takes ring slot s out of the index (pool.unindex's algorithm).
 func (g *ghost) remove(s int32) {
 	i := g.ring[s].h.Lo & g.mask
-	for g.index[i] != s+1 {
+	for g.index[i].s != s+1 {
 		i = (i + 1) & g.mask
 	}
 	for j := i; ; {
 		j = (j + 1) & g.mask
 		v := g.index[j]
-		if v == 0 {
+		if v.s == 0 {
 			break
 		}
-		k := g.ring[v-1].h.Lo & g.mask
+		k := v.lo & g.mask
 		if i <= j && i < k && k <= j || i > j && (i < k || k <= j) {
 			continue
 		}
 		g.index[i] = v
 		i = j
 	}
-	g.index[i] = 0
+	g.index[i] = ghostSlot{}
 	g.ring[s].live = false
 	g.live--
 }
 
 func (g *ghost) grow() {
-	g.index = make([]int32, 2*len(g.index))
+	g.index = make([]ghostSlot, 2*len(g.index))
 	g.mask = uint64(len(g.index) - 1)
 	g.live = 0
 	for s := range g.ring {
