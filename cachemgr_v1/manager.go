@@ -821,9 +821,11 @@ func (m *Manager) store(pi int, s *sequence, j int, b kvcache.BlockID) {
 		}
 		return
 	}
-	p.keep(int32(b), s.prio, s.exp, o.hits)
-	if o.had {
-		p.raise(int32(b), o.prio, o.exp)
+	if s.prio != defaultLevel || s.exp != 0 || o.had { // else register's default retention is s's
+		p.keep(int32(b), s.prio, s.exp, o.hits)
+		if o.had {
+			p.raise(int32(b), o.prio, o.exp)
+		}
 	}
 	if pi == 0 && len(s.sfree) > j {
 		p.setSalt(int32(b), s.sfree[j])

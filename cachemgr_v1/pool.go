@@ -154,6 +154,9 @@ func newPool(id, window, tpb, n int, reuse bool) *pool {
 		p.hashed = make([]bool, n)
 		p.hash = make([]xxh3.Uint128, n)
 		p.prio = make([]uint8, n)
+		for i := range p.prio {
+			p.prio[i] = defaultLevel
+		}
 		p.exp = make([]int64, n)
 		p.hits = make([]int32, n)
 		p.stamp = make([]uint64, n)
@@ -287,8 +290,7 @@ func (p *pool) register(b kvcache.BlockID, h xxh3.Uint128) bool {
 	}
 	p.index[i] = int32(b) + 1
 	p.hash[b] = h
-	p.hashed[b] = true
-	p.prio[b], p.exp[b], p.hits[b] = defaultLevel, 0, 0
+	p.hashed[b] = true // retention as unindex (or newPool) left it: default
 	p.nreg++
 	p.touch(int32(b))
 	if p.logRegs {
