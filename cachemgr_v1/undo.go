@@ -42,20 +42,21 @@ type undone struct {
 	b    int32
 	gen  uint32 // the block's allocation generation the content needs
 	h    xxh3.Uint128
+	o    origin // its retention (and salt-free hash) when it was taken
 }
 
 // noteEvicted records, for the reservation being applied, that the cached
 // device block b of paged pool pi is about to be evicted and allocated to it.
 func (m *Manager) noteEvicted(pi int, b int32) {
 	p := m.paged[pi]
-	m.cur.evicted = append(m.cur.evicted, undone{pool: pi, b: b, gen: p.gen[b] + 1, h: p.hash[b]})
+	m.cur.evicted = append(m.cur.evicted, undone{pool: pi, b: b, gen: p.gen[b] + 1, h: p.hash[b], o: p.origin(kvcache.BlockID(b))})
 }
 
 // notePromoted records that host block hb of paged pool pi, holding h, left
 // the host tier for the reservation being applied.
 func (m *Manager) notePromoted(pi int, hb kvcache.BlockID, h xxh3.Uint128) {
 	hp := m.host[pi]
-	m.cur.evicted = append(m.cur.evicted, undone{pool: pi, host: true, b: int32(hb), gen: hp.gen[hb], h: h})
+	m.cur.evicted = append(m.cur.evicted, undone{pool: pi, host: true, b: int32(hb), gen: hp.gen[hb], h: h, o: hp.origin(hb)})
 }
 
 // putBack registers again the blocks s's undone reservation took (see
@@ -78,10 +79,19 @@ func (m *Manager) putBack(s *sequence) {
 		if i < 0 || (u.pool == 0 && !u.host && m.ev.on && !m.ev.unremove(u.h)) {
 			continue
 		}
+		// Take it off the free stack as alloc would, register it with the
+		// retention it had, and let release cache it.
 		p.free = slices.Delete(p.free, i, i+1)
-		p.register(kvcache.BlockID(u.b), u.h)
-		p.pushMRU(u.b)
-		p.cached++
+		p.freeLow = min(p.freeLow, i)
+		p.move(u.b, inNone)
+		b := kvcache.BlockID(u.b)
+		p.ref[b] = 1
+		p.register(b, u.h)
+		p.keep(u.b, u.o.prio, u.o.exp, u.o.hits)
+		if u.o.salted {
+			p.setSalt(u.b, u.o.sfree)
+		}
+		p.release(b)
 	}
 	s.evicted = s.evicted[:0]
 }
