@@ -25,6 +25,7 @@ type BlockPool struct {
 	refs   []int32
 	owner  []*Node
 	cached int
+	gen    []uint32 // allocations of each block (Take): undo.go's proof that nothing wrote it since
 }
 
 // NewBlockPool returns a pool of n free blocks with ids 0..n-1 (handed out in
@@ -36,6 +37,7 @@ func NewBlockPool(id int, tier kvcache.Tier, n int) *BlockPool {
 		free:  make([]kvcache.BlockID, n),
 		refs:  make([]int32, n),
 		owner: make([]*Node, n),
+		gen:   make([]uint32, n),
 	}
 	for i := range p.free {
 		p.free[i] = kvcache.BlockID(n - 1 - i)
@@ -83,6 +85,7 @@ func (p *BlockPool) Take(dst []kvcache.BlockID, n int) []kvcache.BlockID {
 	for i := len(p.free) - 1; i >= k; i-- {
 		b := p.free[i]
 		p.refs[b] = 1
+		p.gen[b]++
 		dst = append(dst, b)
 	}
 	p.free = p.free[:k]

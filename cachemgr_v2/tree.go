@@ -101,6 +101,9 @@ type Tree struct {
 	epoch     uint32  // of the current deep self-check (BeginCheck)
 	counted   []*Node // nodes CountPin counted in this check
 	ev        *events // KV events; nil when off
+
+	// undo records what a reservation's allocation evicts (undo.go).
+	undo undoHook
 }
 
 // NewTree returns an empty tree of blocks of tpb tokens whose nodes hold one
@@ -371,6 +374,7 @@ func (t *Tree) evictLeaf() *Node {
 	}
 	n := t.heap[0]
 	t.heapRemove(n)
+	t.undo.note(n)
 	for g, b := range n.pages {
 		if b != NoBlock {
 			t.pools[g].drop(b)
