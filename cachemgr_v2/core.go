@@ -55,6 +55,8 @@ type Core struct {
 	checkRefs [][]int32
 	checkFree []bool
 	ck        coreCheck // the incremental deep check (dirty.go)
+
+	undo undoState // Unreserve's put-back of evicted nodes (undo.go)
 }
 
 // NewCore returns an unconfigured core of the manager name (in errors);
@@ -165,6 +167,7 @@ type Seq struct {
 	// Undo record of the outstanding reservation.
 	created              bool
 	undoBlocks, undoSent int
+	undo                 undoRec // the cached nodes its allocation evicted (undo.go)
 
 	// Ext is the Hooks' own state of the sequence; the core never reads it
 	// and drops it when the sequence ends.
@@ -489,13 +492,17 @@ func (c *Core) makeRoom(nb int) {
 
 // grow appends nb fresh private blocks to every table of s.
 func (c *Core) grow(s *Seq, nb int) {
+	s.undo.reset()
 	if nb <= 0 {
 		return
 	}
+	c.tree.undo.rec = &s.undo
 	c.makeRoom(nb)
+	c.tree.undo.rec = nil
 	for g, pool := range c.dev {
 		s.tables[g] = pool.Take(s.tables[g], nb)
 	}
+	s.undo.taken(c.dev)
 }
 
 func (c *Core) pend(gi int, s *Seq) {
@@ -544,8 +551,11 @@ func (c *Core) flushDeltas(grants []kvcache.Grant) {
 
 // Unreserve implements kvcache.Manager: each sequence's outstanding
 // reservation is undone exactly (a new sequence disappears, its pins are
-// dropped without touching the LRU order). Cached blocks evicted to make room
-// stay evicted. A sequence without an outstanding reservation is an item error.
+// dropped without touching the LRU order). The cached nodes its allocation
+// evicted to make room get their pages back, as cached content in their old
+// eviction order, when nothing can have overwritten them and the tree or the
+// KV events have not moved on (undo.go); others stay evicted. A sequence
+// without an outstanding reservation is an item error.
 func (c *Core) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 	if err := c.ready(ctx, "Unreserve"); err != nil {
 		return err
@@ -561,6 +571,7 @@ func (c *Core) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 			bad.add(id, "seq %d: no outstanding reservation", id)
 			continue
 		}
+		c.undo.collect(&s.undo)
 		if s.created {
 			c.drop(s, false)
 			continue
@@ -580,6 +591,7 @@ func (c *Core) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 		s.sent, s.told = min(s.undoSent, s.undoBlocks), -1
 		s.led.Unreserve()
 	}
+	c.putBack()
 	return bad.err(c.name, "Unreserve")
 }
 
@@ -756,7 +768,7 @@ func (c *Core) recycle(s *Seq) {
 	}
 	clear(s.path[:cap(s.path)])
 	clear(s.chkPath[:cap(s.chkPath)])
-	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0], ck: s.ck}
+	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0], ck: s.ck, undo: s.undo.emptied()}
 	s.ck.reset = true
 	c.touch(s)
 	c.spare = append(c.spare, s)

@@ -49,8 +49,8 @@
 // blocks (tree pages it reused or registered) stay on device, referenced and
 // pinned. The tree therefore never points at the host tier, and suspending
 // one sequence never changes what another one sees. Resume allocates device
-// blocks (evicting cached blocks when needed) and the next grant carries the
-// new table tail.
+// blocks (evicting cached blocks when needed, for good: no Unreserve undoes
+// a Resume) and the next grant carries the new table tail.
 //
 // # Reuse
 //
@@ -89,4 +89,12 @@
 // sequence relies on are pinned along their whole path; eviction frees pages
 // only; pruning happens at the start of Reserve and at the end of Commit,
 // Suspend and Resume, never inside an allocation or a commit walk.
+//
+// An Unreserve leaves no trace either, where it can: the nodes its
+// reservation evicted get their pages back as cached content, in their old
+// eviction order, when no allocation since can have let anything write the
+// pages, the node is the same attached node and holds no pages, and the KV
+// events still hold the eviction unread (undo.go); a prune skips a node
+// with pages again. Pipeline stages that disagree on a grant therefore do
+// not wipe the granting stage's cache at every retry.
 package cachemgrv2

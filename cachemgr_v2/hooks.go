@@ -43,7 +43,9 @@ type Hooks interface {
 	// undone (touch false, which must leave no trace in LRU orders).
 	Dropped(s *Seq, touch bool)
 	// Evicted is told that node n just lost its pages (Reserve or Resume
-	// made room). n stays attached until a prune at a safe point.
+	// made room). n stays attached until a prune at a safe point. An
+	// Unreserve may give n its pages back (undo.go) without telling the
+	// Hooks: what they dropped for n stays dropped.
 	Evicted(n *Node)
 	// CanSuspend reports whether s's own state fits the host tier; Suspended
 	// then moves it and appends its copies (device to host) to copies.

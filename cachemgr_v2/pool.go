@@ -26,6 +26,7 @@ type BlockPool struct {
 	owner  []*Node
 	cached int
 	ck     poolCheck // the incremental deep check's marks, shadows and recounts (dirty.go)
+	gen    []uint32  // allocations of each block (Take): undo.go's proof that nothing wrote it since
 }
 
 // NewBlockPool returns a pool of n free blocks with ids 0..n-1 (handed out in
@@ -38,6 +39,7 @@ func NewBlockPool(id int, tier kvcache.Tier, n int) *BlockPool {
 		refs:  make([]int32, n),
 		owner: make([]*Node, n),
 		ck:    poolCheck{mark: make([]bool, n)},
+		gen:   make([]uint32, n),
 	}
 	for i := range p.free {
 		p.free[i] = kvcache.BlockID(n - 1 - i)
@@ -86,6 +88,7 @@ func (p *BlockPool) Take(dst []kvcache.BlockID, n int) []kvcache.BlockID {
 		b := p.free[i]
 		p.refs[b] = 1
 		p.touch(b)
+		p.gen[b]++
 		dst = append(dst, b)
 	}
 	p.free = p.free[:k]

@@ -16,11 +16,16 @@ import (
 
 // harness drives a Manager like the core and a worker would, with a model of
 // every sequence's ledger and a simulated worker memory: each block slot
-// holds the token whose KV was written there. Before every forward the
-// worker's view of a sequence's table (built only from grant deltas) must
-// equal the manager's, and every history position must read back the right
-// token through it. That catches wrong reuse, lost or overwritten live
-// blocks, bad suspend/resume copies and bad table deltas.
+// holds the token whose KV was written there. At every grant and before
+// every forward the worker's view of a sequence's table (built only from
+// grant deltas) must equal the manager's, and every history position must
+// read back the right token through it. That catches wrong reuse, lost or
+// overwritten live blocks, bad suspend/resume copies and bad table deltas.
+//
+// As in the engine, a grant's forward (its copies, then the step's writes)
+// runs only when the reservation is kept, just before its Commit; an
+// undone grant copies and writes nothing. So cached content an Unreserve
+// puts back (undo.go) must read back right when it is reused.
 type harness struct {
 	t      *rapid.T
 	m      *Manager
@@ -29,6 +34,9 @@ type harness struct {
 	mem    [][]int64 // per pool, block*tpb+slot
 	seqs   map[kvcache.SeqID]*modelSeq
 	nextID kvcache.SeqID
+	// prompts are the last prompts started, whose blocks may be cached
+	// after their sequences ended (bounce looks them up).
+	prompts [][]int32
 }
 
 type modelSeq struct {
@@ -40,6 +48,7 @@ type modelSeq struct {
 	suspended       bool
 	mirror          [][]kvcache.BlockID // the worker's tables, per device pool
 	before          kvcache.SeqState    // state before the outstanding reservation
+	copies          []kvcache.Copy      // the outstanding grant's, made by its forward
 }
 
 func (h *harness) token(id kvcache.SeqID, s *modelSeq, pos int) int64 {
@@ -76,16 +85,30 @@ func (h *harness) applyCopies(cs []kvcache.Copy) {
 	}
 }
 
-// forward applies a grant as the worker would, checks what it reads and
-// writes the step's tokens.
-func (h *harness) forward(id kvcache.SeqID, s *modelSeq, g kvcache.Grant) {
+// granted applies a grant's table deltas as the worker would and checks its
+// tables; the grant's forward waits for its Commit.
+func (h *harness) granted(id kvcache.SeqID, s *modelSeq, g kvcache.Grant) {
 	for _, d := range g.Tables {
 		s.mirror[d.Pool] = append(s.mirror[d.Pool][:min(d.From, len(s.mirror[d.Pool]))], d.Blocks...)
 		if d.From > len(s.mirror[d.Pool]) {
 			h.t.Fatalf("seq %d: delta From %d beyond the worker's table of %d", id, d.From, len(s.mirror[d.Pool]))
 		}
 	}
-	h.applyCopies(g.Copies)
+	st := h.state(id)
+	for p := range h.m.dev {
+		if !slices.Equal(s.mirror[p], st.Tables[p]) {
+			h.t.Fatalf("seq %d pool %d: worker table %v, manager table %v", id, p, s.mirror[p], st.Tables[p])
+		}
+	}
+	s.copies = g.Copies
+}
+
+// forward runs the outstanding grant's forward as the worker would: it
+// makes the grant's copies, checks what it reads and writes the step's
+// tokens.
+func (h *harness) forward(id kvcache.SeqID, s *modelSeq) {
+	h.applyCopies(s.copies)
+	s.copies = nil
 	st := h.state(id)
 	for p := range h.m.dev {
 		if !slices.Equal(s.mirror[p], st.Tables[p]) {
@@ -141,7 +164,7 @@ func (h *harness) reserveOne(it kvcache.ReserveItem, s *modelSeq) {
 	s.tokens, s.draft, s.reserved = it.Tokens, it.Draft, true
 	s.hold = max(s.hold, it.Hold)
 	s.cap = max(s.cap, s.hist+it.Tokens+it.Draft, s.hold)
-	h.forward(it.Seq, s, g)
+	h.granted(it.Seq, s, g)
 }
 
 func (h *harness) newSeq(t *rapid.T) {
@@ -167,6 +190,9 @@ func (h *harness) newSeq(t *rapid.T) {
 		hold = rapid.IntRange(len(prompt), h.cfg.MaxSeqLen).Draw(t, "hold")
 	}
 	s := &modelSeq{prompt: prompt, mirror: make([][]kvcache.BlockID, len(h.m.dev))}
+	if h.prompts = append(h.prompts, prompt); len(h.prompts) > 16 {
+		h.prompts = h.prompts[1:]
+	}
 	h.reserveOne(kvcache.ReserveItem{Seq: id, Tokens: tokens, Hold: hold, New: true, Prompt: prompt, Reuse: reuse}, s)
 }
 
@@ -183,6 +209,7 @@ func steppable(s *modelSeq) bool { return !s.reserved && !s.suspended && s.hist 
 func (h *harness) commit(t *rapid.T) {
 	id, s := h.pick(func(s *modelSeq) bool { return s.reserved })
 	a := rapid.IntRange(s.tokens, s.tokens+s.draft).Draw(t, "accepted")
+	h.forward(id, s)
 	ev0, _ := h.m.Stats(ctx)
 	free0 := h.snapshot().Pools
 	mustCommit(t, h.m, id, a)
@@ -226,7 +253,68 @@ func (h *harness) unreserve(t *rapid.T) {
 		t.Fatalf("Unreserve: %+v, want %+v", got, s.before)
 	}
 	s.cap, s.hold = s.before.Capacity, s.before.Hold
-	s.tokens, s.draft, s.reserved = 0, 0, false
+	s.tokens, s.draft, s.reserved, s.copies = 0, 0, false, nil
+}
+
+// bounce reserves one item and unreserves it at once, as a pipeline stage
+// does whose grant another stage denied: everything must be as before, the
+// cached content the reservation evicted included (undo.go), and a later
+// reuse of it reads the right tokens (forward). The undone grant's deltas
+// and copies are never applied, as in the engine.
+func (h *harness) bounce(t *rapid.T) {
+	var it kvcache.ReserveItem
+	var ids []kvcache.SeqID
+	for _, id := range slices.Sorted(maps.Keys(h.seqs)) {
+		if steppable(h.seqs[id]) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) > 0 && rapid.Bool().Draw(t, "bounce a step") {
+		id := rapid.SampledFrom(ids).Draw(t, "seq")
+		it = h.stepItem(t, id, h.seqs[id])
+	} else {
+		prompt := rapid.SliceOfN(rapid.Int32Range(1, 3), 1, h.cfg.MaxSeqLen-4).Draw(t, "bprompt")
+		it = kvcache.ReserveItem{Seq: h.nextID, New: true, Prompt: prompt}
+		if h.cfg.EnableBlockReuse && rapid.Bool().Draw(t, "breuse") {
+			it.Reuse = h.lookups([][]int32{prompt})[0]
+		}
+		it.Tokens = rapid.IntRange(1, min(len(prompt)-it.Reuse, h.cfg.MaxNumTokens)).Draw(t, "btokens")
+		if rapid.Bool().Draw(t, "bhold") {
+			it.Hold = rapid.IntRange(len(prompt), h.cfg.MaxSeqLen).Draw(t, "bhold tokens")
+		}
+	}
+	before, look := h.snapshot(), h.lookups(h.prompts)
+	ev0, _ := h.m.Stats(ctx)
+	if g := reserve1(t, h.m, it); !g.OK {
+		if !strings.HasPrefix(g.Reason, "no capacity") {
+			t.Fatalf("Reserve(%+v) denied: %s", it, g.Reason)
+		}
+		return
+	}
+	if err := h.m.Unreserve(ctx, []kvcache.SeqID{it.Seq}); err != nil {
+		t.Fatal(err)
+	}
+	ev1, _ := h.m.Stats(ctx)
+	if after := h.snapshot(); !reflect.DeepEqual(after, before) {
+		t.Fatalf("Reserve(%+v) then Unreserve (%d blocks evicted) changed state:\n got %+v\nwant %+v",
+			it, ev1.Evictions-ev0.Evictions, after, before)
+	}
+	if got := h.lookups(h.prompts); !slices.Equal(got, look) {
+		t.Fatalf("Reserve(%+v) then Unreserve (%d blocks evicted): Lookup %v, was %v", it, ev1.Evictions-ev0.Evictions, got, look)
+	}
+}
+
+// lookups looks prompts up.
+func (h *harness) lookups(prompts [][]int32) []int {
+	items := make([]kvcache.LookupItem, len(prompts))
+	for i, p := range prompts {
+		items[i].Prompt = p
+	}
+	n, err := h.m.Lookup(ctx, items)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return n
 }
 
 func (h *harness) suspend(t *rapid.T) {
@@ -326,7 +414,7 @@ func (h *harness) stepBatch(t *rapid.T) {
 		}
 		s.tokens, s.draft, s.reserved = it.Tokens, it.Draft, true
 		s.cap = max(s.cap, s.hist+it.Tokens+it.Draft, s.hold)
-		h.forward(it.Seq, s, g)
+		h.granted(it.Seq, s, g)
 	}
 }
 
@@ -387,6 +475,7 @@ func TestProperty(t *testing.T) {
 			"commit":    h.commit,
 			"badCommit": h.badCommit,
 			"unreserve": h.unreserve,
+			"bounce":    h.bounce,
 			"suspend":   h.suspend,
 			"resume":    h.resume,
 			"release":   h.release,

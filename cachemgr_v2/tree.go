@@ -104,6 +104,9 @@ type Tree struct {
 	counted   []*Node // nodes CountPin counted in this check
 	ev        *events // KV events; nil when off
 	ck        treeCheck
+
+	// undo records what a reservation's allocation evicts (undo.go).
+	undo undoHook
 }
 
 // NewTree returns an empty tree of blocks of tpb tokens whose nodes hold one
@@ -382,6 +385,7 @@ func (t *Tree) evictLeaf() *Node {
 	n := t.heap[0]
 	t.heapRemove(n)
 	t.touch(n)
+	t.undo.note(n)
 	for g, b := range n.pages {
 		if b != NoBlock {
 			t.pools[g].drop(b)
