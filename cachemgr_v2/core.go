@@ -110,6 +110,7 @@ func (c *Core) Init(cc CoreConfig) {
 		c.pools = append(c.pools, c.host...)
 	}
 	c.tree = NewTree(c.tpb, c.dev)
+	c.tree.ret.configure(cfg.EvictionPolicy, cc.DevBlocks)
 	if cfg.KVEvents && c.reuse {
 		c.tree.ev = &events{list: []kvcache.Event{{Kind: kvcache.AllBlocksCleared}}}
 	}
@@ -150,6 +151,16 @@ type Seq struct {
 	path    []*Node // pinned: path[i] holds prompt block i, and table block i is its page
 	regStop bool    // a hash collision stopped registration
 	cow     *Node   // pinned source of a copy-on-write, until the next Commit
+
+	// Retention (explain.go): the priority of the blocks s stores and
+	// reuses, until when (0: for ever), and how many reused path nodes have
+	// yet to count the reuse (at the first Commit).
+	prio      int8
+	until     int64
+	reusePend int
+	// posh caches the position hashes of s's prompt blocks, computed by
+	// Explain only (inFlight).
+	posh []uint64
 
 	// chkPath[i] is path[i] as the last deep check found it holding prompt
 	// block i (node and generation), so a check compares a path block's
@@ -242,28 +253,42 @@ func (c *Core) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, e
 	out := make([]int, len(items))
 	for i := range items {
 		p := items[i].Prompt
+		c.tree.observe(items[i].Now)
 		c.stats.LookupTokens += int64(len(p))
 		if c.reuse && len(p) > 1 {
-			out[i] = c.lookup(items[i].CacheSalt, p)
+			out[i], _, _ = c.walk(items[i].CacheSalt, p)
 		}
 	}
 	return out, nil
 }
 
-func (c *Core) lookup(salt string, p []int32) int {
+// walk is the one walk of Lookup and Explain (so they cannot disagree) over
+// prompt p under salt (len(p) > 1): best is what Lookup returns, blocks the
+// full blocks matched with all their pages (at most (len(p)-1)/tpb; best <
+// blocks*tpb when the Hooks allow no reuse that far), end the node of the
+// last of them (the root when none).
+func (c *Core) walk(salt string, p []int32) (best, blocks int, end *Node) {
 	limit, tpb := len(p)-1, c.tpb
-	if c.hooks == nil && !c.partial {
-		return c.tree.matchLen(salt, p, limit/tpb) * tpb
-	}
-	n, best, i := c.tree.root, 0, 0
-	for ; i < limit/tpb; i++ {
-		ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
-		if ch == nil || !ch.complete() {
-			break
+	n, i := c.tree.root, 0
+	if c.hooks == nil { // every cached prefix is reusable: the tight loop
+		for ; i < limit/tpb; i++ {
+			ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
+			if ch == nil || !ch.complete() {
+				break
+			}
+			n = ch
 		}
-		n = ch
-		if c.reusable(n, (i+1)*tpb) {
-			best = (i + 1) * tpb
+		best = i * tpb
+	} else {
+		for ; i < limit/tpb; i++ {
+			ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
+			if ch == nil || !ch.complete() {
+				break
+			}
+			n = ch
+			if c.hooks.Reusable(n, (i+1)*tpb) {
+				best = (i + 1) * tpb
+			}
 		}
 	}
 	if c.partial && best == i*tpb {
@@ -271,7 +296,7 @@ func (c *Core) lookup(salt string, p []int32) int {
 			best = i*tpb + k
 		}
 	}
-	return best
+	return best, i, n
 }
 
 func (c *Core) reusable(end *Node, tokens int) bool {
@@ -291,6 +316,10 @@ func (c *Core) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvca
 		return nil, err
 	}
 	c.tree.Prune() // safe point: no walk in progress
+	for i := range items {
+		c.tree.observe(items[i].Now)
+	}
+	c.tree.expire()
 	grants := make([]kvcache.Grant, len(items))
 	c.pending = c.pending[:0]
 	c.copies = c.copies[:0]
@@ -317,6 +346,9 @@ func (c *Core) reserve(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) string
 		return fmt.Sprintf("invalid: seq %d: draft %d > max_draft_tokens %d", it.Seq, it.Draft, c.cfg.MaxDraftTokens)
 	case it.Hold > c.maxTokens:
 		return fmt.Sprintf("invalid: seq %d: hold %d > max_seq_len %d + max_draft_tokens %d", it.Seq, it.Hold, c.cfg.MaxSeqLen, c.cfg.MaxDraftTokens)
+	}
+	if r := checkPriority(it); r != "" {
+		return r
 	}
 	s := c.seqs[it.Seq]
 	if it.New {
@@ -441,6 +473,8 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 	s.led = Ledger{History: reuse, Capacity: reuse}
 	s.led.Reserve(it.Tokens, it.Draft, it.Hold)
 	s.created = true
+	s.prio, s.until = seqRetention(it)
+	s.reusePend = len(s.path)
 	c.seqs[s.id] = s
 	c.stats.ReusedTokens += int64(reuse)
 	if c.hooks != nil {
@@ -615,6 +649,9 @@ func (c *Core) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.
 			c.tree.Unpin(s.cow, true)
 			s.cow = nil
 		}
+		if s.reusePend > 0 {
+			c.reused(s)
+		}
 		if len(s.path) < len(s.prompt)/c.tpb && !s.regStop {
 			c.register(s)
 		}
@@ -668,6 +705,7 @@ func (c *Core) register(s *Seq) {
 			}
 			s.sent = min(s.sent, i)
 		}
+		c.tree.retain(n, s.prio, s.until, adopted)
 		s.path = append(s.path, n)
 	}
 }
@@ -695,6 +733,9 @@ func (c *Core) Release(ctx context.Context, seqs []kvcache.SeqID) error {
 // drop frees everything s holds and forgets it. touch says whether its pins
 // count as a use for LRU (false when undoing a reservation).
 func (c *Core) drop(s *Seq, touch bool) {
+	if touch && s.reusePend > 0 {
+		c.reused(s)
+	}
 	if c.hooks != nil {
 		c.hooks.Dropped(s, touch)
 	}
@@ -749,7 +790,7 @@ func (c *Core) recycle(s *Seq) {
 	}
 	clear(s.path[:cap(s.path)])
 	clear(s.chkPath[:cap(s.chkPath)])
-	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0]}
+	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0], posh: s.posh[:0]}
 	c.spare = append(c.spare, s)
 }
 

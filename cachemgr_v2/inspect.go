@@ -270,5 +270,6 @@ func (c *Core) check() []string {
 
 	// Walk the tree.
 	v = append(v, c.tree.Check()...)
+	v = append(v, c.tree.checkRetention()...)
 	return v
 }

@@ -9,9 +9,10 @@ import (
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
-// DefaultPriority is the eviction priority of a node; lower priorities are
-// evicted first, then the least recently used.
-const DefaultPriority int8 = 35
+// DefaultPriority is the eviction priority of a node whose sequences asked
+// for none (kvcache.DefaultPriority); lower priorities are evicted first,
+// then the eviction policy decides (explain.go, Retention).
+const DefaultPriority int8 = kvcache.DefaultPriority
 
 // Node is one committed full block of tokens in the radix tree, keyed by its
 // token content under its parent. It holds one page per pool group (NoBlock
@@ -30,7 +31,7 @@ type Node struct {
 	nPages   int
 	pins     int32
 	liveKids int32 // children that hold at least one page
-	prio     int8
+	prio     int8  // retention priority, the eviction heap's first key (see below)
 	// salt is the cache salt of a child of the root (its key mixes it in);
 	// "" elsewhere. Deeper nodes inherit their ancestor's by position.
 	salt string
@@ -50,6 +51,18 @@ type Node struct {
 	chkPins  int32 // pins recounted from the sequences (CountPin)
 	chkLive  int32 // children with pages, recounted
 	chkFlags uint8 // chkSeen, chkLeaf
+
+	// Retention (explain.go), kept off the cache lines a lookup reads: prio
+	// above is the node's effective priority until until, when it falls
+	// back to DefaultPriority (0: never; else expIdx is its place in the
+	// expiry heap, -1 when not in it); hits counts its reuses since it was
+	// stored (the LFU key); pos hashes the block's position (the chain of
+	// keys from the root: the salt and every block before it) for the ghost
+	// record of evictions.
+	until  int64
+	expIdx int32
+	hits   uint32
+	pos    uint64
 }
 
 const (
@@ -76,7 +89,8 @@ func (n *Node) Tokens() []int32 { return n.tokens }
 func (n *Node) complete() bool { return n.nPages == len(n.pages) }
 
 // Tree is a radix tree of committed full blocks with pins, leaf-first
-// eviction (priority, then LRU) and deferred pruning.
+// eviction (retention priority, then the eviction policy: LRU or LFU) and
+// deferred pruning.
 //
 // Eviction (EvictOne) frees pages only: an evicted node stays attached to its
 // parent, without pages, until Prune removes it. Call Prune only at a safe
@@ -101,13 +115,14 @@ type Tree struct {
 	epoch     uint32  // of the current deep self-check (BeginCheck)
 	counted   []*Node // nodes CountPin counted in this check
 	ev        *events // KV events; nil when off
+	ret       retention
 }
 
 // NewTree returns an empty tree of blocks of tpb tokens whose nodes hold one
 // page in each of pools (one device pool per pool group).
 func NewTree(tpb int, pools []*BlockPool) *Tree {
 	t := &Tree{tpb: tpb, pools: pools}
-	t.root = &Node{heapIdx: -1, children: map[uint64]*Node{}}
+	t.root = &Node{heapIdx: -1, expIdx: -1, children: map[uint64]*Node{}}
 	return t
 }
 
@@ -305,7 +320,9 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 	} else {
 		n = &Node{pages: make([]kvcache.BlockID, len(t.pools)), tokens: make([]int32, 0, t.tpb)}
 	}
-	n.parent, n.hash, n.prio, n.heapIdx = parent, h, DefaultPriority, -1
+	n.parent, n.hash, n.heapIdx = parent, h, -1
+	n.prio, n.until, n.expIdx, n.hits = DefaultPriority, 0, -1, 0
+	n.pos = mixPos(parent.pos, h)
 	n.tokens = append(n.tokens[:0], tokens...)
 	for g := range n.pages {
 		n.pages[g] = NoBlock
@@ -314,6 +331,9 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 	n.allIdx = int32(len(t.all))
 	t.all = append(t.all, n)
 	t.nodes++
+	if parent == t.root {
+		t.indexFirst(n)
+	}
 	return n
 }
 
@@ -379,6 +399,7 @@ func (t *Tree) evictLeaf() *Node {
 	}
 	n.nPages = 0
 	t.evictable--
+	t.evicted(n, kvcache.TierDevice)
 	if t.ev != nil {
 		t.ev.removed(n)
 	}
@@ -415,6 +436,7 @@ func (t *Tree) Prune() {
 }
 
 func (t *Tree) recycle(n *Node) {
+	t.forget(n)
 	n.parent, n.salt, n.chain = nil, "", 0
 	n.tokens = n.tokens[:0] // children is empty and kept for reuse
 	last := t.all[len(t.all)-1]
@@ -425,22 +447,27 @@ func (t *Tree) recycle(n *Node) {
 	t.spare = append(t.spare, n)
 }
 
-// ---- eviction heap: min-heap on (prio, tick), intrusive index ----
+// ---- eviction heap: min-heap on (prio, [hits under LFU,] tick), intrusive index ----
 
 func (t *Tree) less(a, b *Node) bool {
 	if a.prio != b.prio {
 		return a.prio < b.prio
 	}
+	if t.ret.lfu && a.hits != b.hits {
+		return a.hits < b.hits
+	}
 	return a.tick < b.tick
 }
 
 func (t *Tree) heapPush(n *Node) {
+	t.ret.heapPrio[n.prio]++
 	n.heapIdx = int32(len(t.heap))
 	t.heap = append(t.heap, n)
 	t.up(int(n.heapIdx))
 }
 
 func (t *Tree) heapRemove(n *Node) {
+	t.ret.heapPrio[n.prio]--
 	i := int(n.heapIdx)
 	last := len(t.heap) - 1
 	if i != last {

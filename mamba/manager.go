@@ -22,6 +22,7 @@ const NoBlock = cachemgrv2.NoBlock
 var (
 	_ kvcache.Manager   = (*Manager)(nil)
 	_ kvcache.Suspender = (*Manager)(nil) // the host tier
+	_ kvcache.Explainer = (*Manager)(nil) // cachemgrv2.Core.Explain, with MissSnapshot
 )
 
 var _ cachemgrv2.Hooks = (*life)(nil)
@@ -100,13 +101,16 @@ func New() *Manager { return &Manager{Core: cachemgrv2.NewCore(Name)} }
 // given host bytes (Suspend, Resume).
 func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
 	return cachemgrv2.Describe(ctx, Name, Version, kvcache.Capabilities{
-		Mixers:      []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA, spec.MixerMamba},
-		PrefixReuse: true,
-		HostTier:    true,
-		SSMState:    true,
-		SSMReuse:    true,
-		CacheSalt:   true,
-		KVEvents:    true,
+		Mixers:           []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA, spec.MixerMamba},
+		PrefixReuse:      true,
+		HostTier:         true,
+		SSMState:         true,
+		SSMReuse:         true,
+		CacheSalt:        true,
+		KVEvents:         true,
+		Explain:          true,
+		Retention:        true,
+		EvictionPolicies: slices.Clone(cachemgrv2.EvictionPolicies),
 	})
 }
 
@@ -114,9 +118,13 @@ func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
 // the ssm pool and, with HostBytes, their host pools (package doc, Sizing)
 // and resets all state. It fails with ErrInvalidConfig, naming the numbers
 // and the fix, when one MaxSeqLen request with its states, the live states
-// of every resident sequence, or one MaxNumTokens chunk cannot fit.
+// of every resident sequence, or one MaxNumTokens chunk cannot fit, and an
+// EvictionPolicy other than lru, lfu or "".
 func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.Layout, error) {
 	if err := ctx.Err(); err != nil {
+		return kvcache.Layout{}, err
+	}
+	if err := cachemgrv2.CheckEvictionPolicy(Name, cfg.EvictionPolicy); err != nil {
 		return kvcache.Layout{}, err
 	}
 	p, err := planLayout(&cfg)
