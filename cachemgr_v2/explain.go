@@ -103,8 +103,11 @@ func (t *Tree) expire() {
 // until, 0 for ever). fresh: n was just stored for that sequence, so it
 // takes it as it is and its hit count starts again; else n takes it only
 // when prio is higher than n's effective priority, or equal with a later
-// expiry.
+// expiry. A priority whose expiry the clock passed is the default.
 func (t *Tree) retain(n *Node, prio int8, until int64, fresh bool) {
+	if until != 0 && until <= t.ret.now {
+		prio, until = DefaultPriority, 0 // the sequence's priority is over already
+	}
 	if fresh {
 		n.hits = 0
 		t.setRetention(n, prio, until)
