@@ -390,6 +390,11 @@ func mixPos(parent, key uint64) uint64 {
 // false; the host tier for reuse makes it true for the nodes it keeps.
 func (n *Node) onHost() bool { return false }
 
+// Priority is the node's retention priority now (kvcache.MinPriority..
+// MaxPriority; an expiry takes effect at the next Reserve), for managers
+// whose own cache entries live on nodes (mamba's snapshots).
+func (n *Node) Priority() int { return int(n.prio) }
+
 // ---- Explain ----
 
 // Explain implements kvcache.Explainer: per item, Tokens is what Lookup

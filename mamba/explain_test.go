@@ -75,3 +75,40 @@ func TestExplainRetentionPolicyInfo(t *testing.T) {
 		t.Fatalf("reuse off: Explain = %+v", got)
 	}
 }
+
+// TestSnapshotRetentionPriority: with room for two snapshots, a third
+// evicts the cold snapshot of the lowest node priority, not the least
+// recently used one; the prompt whose snapshot went then misses at the
+// snapshot boundary.
+func TestSnapshotRetentionPriority(t *testing.T) {
+	const tpb = 16
+	m, _ := configured(t, testConfig(tpb, 64, 4+2))
+	run := func(id kvcache.SeqID, p []int32, prio int) {
+		t.Helper()
+		if g := reserve(t, m, kvcache.ReserveItem{Seq: id, New: true, Tokens: len(p), Prompt: p, Priority: prio}); !g[0].OK {
+			t.Fatalf("seq %d: %s", id, g[0].Reason)
+		}
+		commit(t, m, kvcache.CommitItem{Seq: id, Accepted: len(p)})
+		release(t, m, id)
+	}
+	a, b, c := tokens(tpb+1, 1), tokens(tpb+1, 2), tokens(tpb+1, 3)
+	run(1, a, 80)
+	run(2, b, 0)
+	run(3, c, 0)
+	mustClean(t, m, "after three prompts")
+	if m.life.stats.Evicted != 1 {
+		t.Fatalf("snapshots evicted %d, want 1", m.life.stats.Evicted)
+	}
+	for _, tc := range []struct {
+		p    []int32
+		want kvcache.Explanation
+	}{
+		{a, kvcache.Explanation{Tokens: tpb, Miss: kvcache.MissPartialBlock}},
+		{b, kvcache.Explanation{Miss: kvcache.MissSnapshot}},
+		{c, kvcache.Explanation{Tokens: tpb, Miss: kvcache.MissPartialBlock}},
+	} {
+		if got := explain(t, m, tc.p); got != tc.want {
+			t.Errorf("prompt %d: Explain = %+v, want %+v", tc.p[0], got, tc.want)
+		}
+	}
+}

@@ -497,9 +497,10 @@ func (l *life) snapSlot(level int) (kvcache.BlockID, bool) {
 }
 
 // victim is the snapshot to evict for a new one of level: the coldest
-// (least recently used lineage, then lowest level) snapshot on no live path;
-// else the lowest-level unpinned snapshot on a live path, if its level is
-// below level; else nil.
+// (lowest node priority, then least recently used lineage, then lowest
+// level) snapshot on no live path; else the unpinned snapshot on a live
+// path of the lowest node priority, then level, if its level is below
+// level; else nil.
 func (l *life) victim(level int) *snapshot {
 	var cold, hot *snapshot
 	for _, sn := range l.snaps {
@@ -524,6 +525,9 @@ func (l *life) victim(level int) *snapshot {
 }
 
 func coldLess(a, b *snapshot) bool {
+	if pa, pb := a.node.Priority(), b.node.Priority(); pa != pb {
+		return pa < pb
+	}
 	if a.tick != b.tick {
 		return a.tick < b.tick
 	}
@@ -534,6 +538,9 @@ func coldLess(a, b *snapshot) bool {
 }
 
 func hotLess(a, b *snapshot) bool {
+	if pa, pb := a.node.Priority(), b.node.Priority(); pa != pb {
+		return pa < pb
+	}
 	if a.level != b.level {
 		return a.level < b.level
 	}
