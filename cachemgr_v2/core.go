@@ -245,7 +245,8 @@ func (c *Core) blocks(n int) int {
 // tokens a new sequence could take from the cache now, at most
 // len(Prompt)-1: held by full cached blocks (a multiple of TokensPerBlock
 // unless partial reuse is on) and Reusable by the Hooks. It changes nothing
-// (only the LookupTokens counter).
+// (only the LookupTokens counter, and the manager clock moves to the latest
+// Now). Explain (explain.go) answers the same with its reasons.
 func (c *Core) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, error) {
 	if err := c.ready(ctx, "Lookup"); err != nil {
 		return nil, err
@@ -307,7 +308,10 @@ func (c *Core) reusable(end *Node, tokens int) bool {
 // need = max(history+Tokens+Draft, Hold) and grants ceil(need/tpb) blocks in
 // every pool group, evicting cached unpinned blocks when the free lists are
 // short, or denies with a Reason and leaves no trace. Invalid items are
-// denied with a Reason starting "invalid: ". A suspended sequence is denied
+// denied with a Reason starting "invalid: " (a Priority outside 1..100
+// among them). The manager clock first moves to the batch's latest Now and
+// priorities it has passed fall back to the default (package doc,
+// Retention), so evictions see them. A suspended sequence is denied
 // until resumed. A grant's Tables replace the worker's table tail from the
 // first entry it does not know (after a Resume, from the first moved block;
 // after a Commit that adopted cached blocks, from the first adopted one).
