@@ -325,3 +325,72 @@ func TestGhostsForgetOldest(t *testing.T) {
 	g.add(6, kvcache.TierDevice, byLRU, 70)
 	has(3, 5, 6)
 }
+
+// BenchmarkExplain is BenchmarkLookup explained: the same tree, the
+// fully cached probe (partial_block) and one that misses after 2048 tokens
+// while 64 live sequences are resident (never_stored, after the in-flight
+// scan and the ghost record). Compare its ns/token with BenchmarkLookup's:
+// the extras cost Explain only.
+func BenchmarkExplain(b *testing.B) {
+	const tpb, n = 64, 4096
+	layers := dsaStage(0, 4, false)
+	m, _ := configure(b, kvcache.Config{
+		Layers: layers, TokensPerBlock: tpb, DeviceBytes: int64(256*n/tpb+64*n/tpb+64) * stageBlockBytes(layers, tpb),
+		MaxBatchSize: 256, MaxNumTokens: n, MaxSeqLen: n, EnableBlockReuse: true,
+	})
+	var hit []int32
+	for i := range 256 {
+		p := append(tokens(2048, int32(i%16)), tokens(2048, int32(1000+i))...)
+		id := kvcache.SeqID(i + 1)
+		mustGrant(b, m, kvcache.ReserveItem{Seq: id, Tokens: n, New: true, Prompt: p})
+		mustCommit(b, m, id, n)
+		m.Release(ctx, []kvcache.SeqID{id})
+		hit = append(p, 7)
+	}
+	for i := range 64 { // live sequences, first chunk only
+		p := append(tokens(2048, int32(i%16)), tokens(2048, int32(5000+i))...)
+		mustGrant(b, m, kvcache.ReserveItem{Seq: kvcache.SeqID(1000 + i), Tokens: 64, New: true, Prompt: p})
+	}
+	miss := append(tokens(2048, 3), tokens(2049, 9999)...)
+	for _, tc := range []struct {
+		name   string
+		prompt []int32
+		want   kvcache.Explanation
+	}{
+		{"hit", hit, kvcache.Explanation{Tokens: n, Miss: kvcache.MissPartialBlock}},
+		{"miss", miss, kvcache.Explanation{Tokens: 2048, Miss: kvcache.MissNeverStored}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			items := []kvcache.LookupItem{{Prompt: tc.prompt}}
+			b.ReportAllocs()
+			for b.Loop() {
+				ex, _ := m.Explain(ctx, items)
+				if ex[0] != tc.want {
+					b.Fatalf("Explain = %+v, want %+v", ex[0], tc.want)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(tc.prompt)), "ns/token")
+		})
+	}
+}
+
+// TestPriorityExpiriesInTimeOrder: three high-priority prompts whose
+// priorities end at different times fall back to the default one by one,
+// each when the clock of a Reserve passes its expiry.
+func TestPriorityExpiriesInTimeOrder(t *testing.T) {
+	m := tiny(t, "", true)
+	a, b, c, d, e := tokens(8, 1), tokens(8, 2), tokens(8, 3), tokens(8, 4), tokens(8, 5)
+	store(t, m, 1, a, "", 80, 900, 100)  // 80 until 1000
+	store(t, m, 2, b, "", 80, 2800, 200) // 80 until 3000
+	store(t, m, 3, c, "", 80, 1700, 300) // 80 until 2000
+	store(t, m, 4, d, "", 0, 0, 2500)    // a and c are back to 35; b is not
+	evicted := kvcache.Explanation{Miss: kvcache.MissEvicted, EvictedTier: kvcache.TierDevice, EvictedBy: "priority", EvictedAt: 2500}
+	want(t, "a", explain1(t, m, probe(a), "", 2600), evicted)
+	store(t, m, 5, e, "", 0, 0, 3500) // all at 35: b is the least recently used
+	evicted.EvictedBy, evicted.EvictedAt = "lru", 3500
+	want(t, "b", explain1(t, m, probe(b), "", 3600), evicted)
+	want(t, "c", explain1(t, m, probe(c), "", 3600), kvcache.Explanation{Tokens: 8, Miss: kvcache.MissPartialBlock})
+	if len(m.tree.ret.exp) != 0 {
+		t.Fatalf("%d nodes left in the expiry heap, want none", len(m.tree.ret.exp))
+	}
+}
