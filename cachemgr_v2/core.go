@@ -152,16 +152,6 @@ type Seq struct {
 	regStop bool    // a hash collision stopped registration
 	cow     *Node   // pinned source of a copy-on-write, until the next Commit
 
-	// Retention (explain.go): the priority of the blocks s stores and
-	// reuses, until when (0: for ever), and how many reused path nodes have
-	// yet to count the reuse (at the first Commit).
-	prio      int8
-	until     int64
-	reusePend int
-	// posh caches the position hashes of s's prompt blocks, computed by
-	// Explain only (inFlight).
-	posh []uint64
-
 	// chkPath[i] is path[i] as the last deep check found it holding prompt
 	// block i (node and generation), so a check compares a path block's
 	// tokens once, not at every check.
@@ -178,6 +168,16 @@ type Seq struct {
 	// Ext is the Hooks' own state of the sequence; the core never reads it
 	// and drops it when the sequence ends.
 	Ext any
+
+	// Retention (explain.go), after the fields of every step: the priority
+	// of the blocks s stores and reuses, until when (0: for ever), and how
+	// many reused path nodes have yet to count the reuse (at the first
+	// Commit); posh caches the position hashes of s's prompt blocks,
+	// computed by Explain only (inFlight).
+	prio      int8
+	reusePend int32
+	until     int64
+	posh      []uint64
 }
 
 // ID is the sequence's id.
@@ -309,9 +309,9 @@ func (c *Core) reusable(end *Node, tokens int) bool {
 // every pool group, evicting cached unpinned blocks when the free lists are
 // short, or denies with a Reason and leaves no trace. Invalid items are
 // denied with a Reason starting "invalid: " (a Priority outside 1..100
-// among them). The manager clock first moves to the batch's latest Now and
-// priorities it has passed fall back to the default (package doc,
-// Retention), so evictions see them. A suspended sequence is denied
+// among them). The manager clock moves to each item's Now (when later) and
+// the priorities it has passed fall back to the default before the item is
+// served (package doc, Retention), so its evictions see them. A suspended sequence is denied
 // until resumed. A grant's Tables replace the worker's table tail from the
 // first entry it does not know (after a Resume, from the first moved block;
 // after a Commit that adopted cached blocks, from the first adopted one).
@@ -320,9 +320,6 @@ func (c *Core) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvca
 		return nil, err
 	}
 	c.tree.Prune() // safe point: no walk in progress
-	for i := range items {
-		c.tree.observe(items[i].Now)
-	}
 	c.tree.expire()
 	grants := make([]kvcache.Grant, len(items))
 	c.pending = c.pending[:0]
@@ -330,6 +327,10 @@ func (c *Core) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvca
 	c.copyAt = c.copyAt[:0]
 	for i := range items {
 		it := &items[i]
+		if it.Now > c.tree.ret.now {
+			c.tree.observe(it.Now)
+			c.tree.expire()
+		}
 		grants[i].Seq = it.Seq
 		if reason := c.reserve(it, i, &grants[i]); reason != "" {
 			grants[i].Reason = reason
@@ -351,8 +352,10 @@ func (c *Core) reserve(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) string
 	case it.Hold > c.maxTokens:
 		return fmt.Sprintf("invalid: seq %d: hold %d > max_seq_len %d + max_draft_tokens %d", it.Seq, it.Hold, c.cfg.MaxSeqLen, c.cfg.MaxDraftTokens)
 	}
-	if r := checkPriority(it); r != "" {
-		return r
+	if it.Priority != 0 || it.PriorityDuration != 0 {
+		if r := checkPriority(it); r != "" {
+			return r
+		}
 	}
 	s := c.seqs[it.Seq]
 	if it.New {
@@ -478,7 +481,7 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 	s.led.Reserve(it.Tokens, it.Draft, it.Hold)
 	s.created = true
 	s.prio, s.until = seqRetention(it)
-	s.reusePend = len(s.path)
+	s.reusePend = int32(len(s.path))
 	c.seqs[s.id] = s
 	c.stats.ReusedTokens += int64(reuse)
 	if c.hooks != nil {
@@ -653,7 +656,7 @@ func (c *Core) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.
 			c.tree.Unpin(s.cow, true)
 			s.cow = nil
 		}
-		if s.reusePend > 0 {
+		if s.created && s.reusePend > 0 { // created first: the hot fields
 			c.reused(s)
 		}
 		if len(s.path) < len(s.prompt)/c.tpb && !s.regStop {
