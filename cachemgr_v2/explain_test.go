@@ -394,3 +394,17 @@ func TestPriorityExpiriesInTimeOrder(t *testing.T) {
 		t.Fatalf("%d nodes left in the expiry heap, want none", len(m.tree.ret.exp))
 	}
 }
+
+// TestSameTokens: the lookup's byte comparison of blocks is slices.Equal.
+func TestSameTokens(t *testing.T) {
+	cases := [][2][]int32{
+		{nil, nil}, {nil, {}}, {{}, {1}}, {{1, 2, 3}, {1, 2, 3}}, {{1, 2, 3}, {1, 2, 4}},
+		{{1, 2, 3}, {1, 2}}, {{-1, 1 << 30}, {-1, 1 << 30}}, {{0x01000000}, {0x00000001}},
+		{tokens(64, 5), tokens(64, 5)}, {tokens(64, 5), append(tokens(63, 5), 0)},
+	}
+	for _, c := range cases {
+		if got, want := sameTokens(c[0], c[1]), slices.Equal(c[0], c[1]); got != want {
+			t.Errorf("sameTokens(%v, %v) = %v, slices.Equal says %v", c[0], c[1], got, want)
+		}
+	}
+}
