@@ -113,6 +113,7 @@ func (c *Core) Init(cc CoreConfig) {
 		c.pools = append(c.pools, c.host...)
 	}
 	c.tree = NewTree(c.tpb, c.dev)
+	c.tree.ret.configure(cfg.EvictionPolicy, cc.DevBlocks)
 	if cfg.KVEvents && c.reuse {
 		c.tree.ev = &events{list: []kvcache.Event{{Kind: kvcache.AllBlocksCleared}}}
 	}
@@ -172,6 +173,16 @@ type Seq struct {
 	// Ext is the Hooks' own state of the sequence; the core never reads it
 	// and drops it when the sequence ends.
 	Ext any
+
+	// Retention (explain.go), after the fields of every step: the priority
+	// of the blocks s stores and reuses, until when (0: for ever), and how
+	// many reused path nodes have yet to count the reuse (at the first
+	// Commit); posh caches the position hashes of s's prompt blocks,
+	// computed by Explain only (inFlight).
+	prio      int8
+	reusePend int32
+	until     int64
+	posh      []uint64
 }
 
 // ID is the sequence's id.
@@ -239,7 +250,8 @@ func (c *Core) blocks(n int) int {
 // tokens a new sequence could take from the cache now, at most
 // len(Prompt)-1: held by full cached blocks (a multiple of TokensPerBlock
 // unless partial reuse is on) and Reusable by the Hooks. It changes nothing
-// (only the LookupTokens counter).
+// (only the LookupTokens counter, and the manager clock moves to the latest
+// Now). Explain (explain.go) answers the same with its reasons.
 func (c *Core) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, error) {
 	if err := c.ready(ctx, "Lookup"); err != nil {
 		return nil, err
@@ -247,28 +259,42 @@ func (c *Core) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, e
 	out := make([]int, len(items))
 	for i := range items {
 		p := items[i].Prompt
+		c.tree.observe(items[i].Now)
 		c.stats.LookupTokens += int64(len(p))
 		if c.reuse && len(p) > 1 {
-			out[i] = c.lookup(items[i].CacheSalt, p)
+			out[i], _, _ = c.walk(items[i].CacheSalt, p)
 		}
 	}
 	return out, nil
 }
 
-func (c *Core) lookup(salt string, p []int32) int {
+// walk is the one walk of Lookup and Explain (so they cannot disagree) over
+// prompt p under salt (len(p) > 1): best is what Lookup returns, blocks the
+// full blocks matched with all their pages (at most (len(p)-1)/tpb; best <
+// blocks*tpb when the Hooks allow no reuse that far), end the node of the
+// last of them (the root when none).
+func (c *Core) walk(salt string, p []int32) (best, blocks int, end *Node) {
 	limit, tpb := len(p)-1, c.tpb
-	if c.hooks == nil && !c.partial {
-		return c.tree.matchLen(salt, p, limit/tpb) * tpb
-	}
-	n, best, i := c.tree.root, 0, 0
-	for ; i < limit/tpb; i++ {
-		ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
-		if ch == nil || !ch.complete() {
-			break
+	n, i := c.tree.root, 0
+	if c.hooks == nil { // every cached prefix is reusable: the tight loop
+		for ; i < limit/tpb; i++ {
+			ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
+			if ch == nil || !ch.complete() {
+				break
+			}
+			n = ch
 		}
-		n = ch
-		if c.reusable(n, (i+1)*tpb) {
-			best = (i + 1) * tpb
+		best = i * tpb
+	} else {
+		for ; i < limit/tpb; i++ {
+			ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
+			if ch == nil || !ch.complete() {
+				break
+			}
+			n = ch
+			if c.hooks.Reusable(n, (i+1)*tpb) {
+				best = (i + 1) * tpb
+			}
 		}
 	}
 	if c.partial && best == i*tpb {
@@ -276,7 +302,7 @@ func (c *Core) lookup(salt string, p []int32) int {
 			best = i*tpb + k
 		}
 	}
-	return best
+	return best, i, n
 }
 
 func (c *Core) reusable(end *Node, tokens int) bool {
@@ -287,7 +313,10 @@ func (c *Core) reusable(end *Node, tokens int) bool {
 // need = max(history+Tokens+Draft, Hold) and grants ceil(need/tpb) blocks in
 // every pool group, evicting cached unpinned blocks when the free lists are
 // short, or denies with a Reason and leaves no trace. Invalid items are
-// denied with a Reason starting "invalid: ". A suspended sequence is denied
+// denied with a Reason starting "invalid: " (a Priority outside 1..100
+// among them). The manager clock moves to each item's Now (when later) and
+// the priorities it has passed fall back to the default before the item is
+// served (package doc, Retention), so its evictions see them. A suspended sequence is denied
 // until resumed. A grant's Tables replace the worker's table tail from the
 // first entry it does not know (after a Resume, from the first moved block;
 // after a Commit that adopted cached blocks, from the first adopted one).
@@ -296,12 +325,17 @@ func (c *Core) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvca
 		return nil, err
 	}
 	c.tree.Prune() // safe point: no walk in progress
+	c.tree.expire()
 	grants := make([]kvcache.Grant, len(items))
 	c.pending = c.pending[:0]
 	c.copies = c.copies[:0]
 	c.copyAt = c.copyAt[:0]
 	for i := range items {
 		it := &items[i]
+		if it.Now > c.tree.ret.now {
+			c.tree.observe(it.Now)
+			c.tree.expire()
+		}
 		grants[i].Seq = it.Seq
 		if reason := c.reserve(it, i, &grants[i]); reason != "" {
 			grants[i].Reason = reason
@@ -322,6 +356,11 @@ func (c *Core) reserve(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) string
 		return fmt.Sprintf("invalid: seq %d: draft %d > max_draft_tokens %d", it.Seq, it.Draft, c.cfg.MaxDraftTokens)
 	case it.Hold > c.maxTokens:
 		return fmt.Sprintf("invalid: seq %d: hold %d > max_seq_len %d + max_draft_tokens %d", it.Seq, it.Hold, c.cfg.MaxSeqLen, c.cfg.MaxDraftTokens)
+	}
+	if it.Priority != 0 || it.PriorityDuration != 0 {
+		if r := checkPriority(it); r != "" {
+			return r
+		}
 	}
 	s := c.seqs[it.Seq]
 	if it.New {
@@ -447,6 +486,8 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 	s.led = Ledger{History: reuse, Capacity: reuse}
 	s.led.Reserve(it.Tokens, it.Draft, it.Hold)
 	s.created = true
+	s.prio, s.until = seqRetention(it)
+	s.reusePend = int32(len(s.path))
 	c.seqs[s.id] = s
 	c.touch(s)
 	c.stats.ReusedTokens += int64(reuse)
@@ -633,6 +674,9 @@ func (c *Core) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.
 			c.tree.Unpin(s.cow, true)
 			s.cow = nil
 		}
+		if s.created && s.reusePend > 0 { // created first: the hot fields
+			c.reused(s)
+		}
 		if len(s.path) < len(s.prompt)/c.tpb && !s.regStop {
 			c.register(s)
 		}
@@ -686,6 +730,7 @@ func (c *Core) register(s *Seq) {
 			}
 			s.sent = min(s.sent, i)
 		}
+		c.tree.retain(n, s.prio, s.until, adopted)
 		s.path = append(s.path, n)
 	}
 }
@@ -714,6 +759,9 @@ func (c *Core) Release(ctx context.Context, seqs []kvcache.SeqID) error {
 // count as a use for LRU (false when undoing a reservation).
 func (c *Core) drop(s *Seq, touch bool) {
 	c.touch(s)
+	if touch && s.reusePend > 0 {
+		c.reused(s)
+	}
 	if c.hooks != nil {
 		c.hooks.Dropped(s, touch)
 	}
@@ -768,7 +816,7 @@ func (c *Core) recycle(s *Seq) {
 	}
 	clear(s.path[:cap(s.path)])
 	clear(s.chkPath[:cap(s.chkPath)])
-	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0], ck: s.ck, undo: s.undo.emptied()}
+	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0], ck: s.ck, undo: s.undo.emptied(), posh: s.posh[:0]}
 	s.ck.reset = true
 	c.touch(s)
 	c.spare = append(c.spare, s)

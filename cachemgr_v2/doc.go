@@ -28,8 +28,9 @@
 //   - BlockPool: one pool on one tier (device or host); free / cached / in-use
 //     accounting with reference counts.
 //   - Tree and Node: a radix tree of committed full prompt blocks keyed by
-//     token content, with pins, leaf-first eviction (priority, then LRU) and a
-//     prune queue drained only at safe points (seed B).
+//     token content, with pins, leaf-first eviction (retention priority,
+//     then the eviction policy) and a prune queue drained only at safe
+//     points (seed B).
 //   - Ledger: one sequence's history, capacity, hold and outstanding
 //     reservation; the only place capacity and history move (seed A).
 //
@@ -78,6 +79,55 @@
 // Config.KVEvents the tree reports a node that adopts pages as BlockStored
 // and an evicted one as BlockRemoved (events.go), hashed as a chain from the
 // salt; off, it computes and records nothing.
+//
+// # Explain
+//
+// The Core is a kvcache.Explainer (explain.go). Explain walks the tree with
+// the very walk of Lookup (Core.walk), so its Tokens cannot differ; the
+// extras are computed after the walk, on the Explain path only. HostTokens
+// counts the matched blocks whose node is on the host tier (Node.onHost;
+// the tree holds device pages only, so 0 today). Miss is decided in this
+// order:
+//
+//   - reuse_off: prefix reuse is off;
+//   - snapshot_boundary: the tree holds the blocks further than Tokens, but
+//     the Hooks allow no reuse there (mamba: no snapshot at a later
+//     boundary);
+//   - partial_block: the match reached the last full block Lookup may
+//     return (a multiple of TokensPerBlock, at most len(Prompt)-1);
+//   - in_flight: a live sequence has the next block among the prompt blocks
+//     it has not committed to the tree yet (same salt, same tokens, same
+//     position hash, so the same blocks before it); a scan of the live
+//     sequences, with each sequence's position hashes computed once;
+//   - evicted: the ghost record holds the next block's position (the chain
+//     of keys from the root: the salt and every block before it, Node.pos),
+//     with the tier, what decided (the policy's name, or "priority" when an
+//     eviction candidate of a higher priority was left in the heap) and the
+//     manager clock then (the latest Now of a Lookup, Explain or Reserve
+//     item). The record keeps the last four evictions per device block and
+//     forgets the oldest first; a forgotten eviction reads as never_stored;
+//   - cache_salt: only when the match stops at the first block: the tree
+//     caches that block, with all its pages, under another salt (the root's
+//     children are also listed by their tokens' hash alone);
+//   - never_stored: anything else.
+//
+// # Retention and eviction policies
+//
+// ReserveItem.Priority (0: kvcache.DefaultPriority; outside 1..100 the item
+// is denied as invalid) is the retention priority of the blocks a new
+// sequence stores; PriorityDuration (engine ns after the item's Now, 0 for
+// ever) bounds it, after which the blocks fall back to the default. A block
+// it reuses takes its priority when higher (or equal with a later expiry)
+// and counts a hit, both at the sequence's first Commit, so an Unreserve
+// leaves no trace. The eviction heap orders evictable leaves by priority,
+// then by the policy (Config.EvictionPolicy): lru, the least recently
+// used; lfu, the fewest hits since the block was stored, then the least
+// recently used. Eviction stays leaf-first under both (the heap holds only
+// leaves). The heap keys are stored, never computed from the clock: nodes
+// whose priority expires sit in an expiry heap, and Reserve re-keys those
+// the clock passed before it evicts anything (O(log n) each). The deep
+// self-check verifies the expiry heap, the per-priority counts and that no
+// expired priority is left in the eviction heap.
 //
 // # Safety
 //

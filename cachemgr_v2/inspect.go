@@ -337,5 +337,6 @@ func (c *Core) recount() []string {
 
 	// Walk the tree.
 	v = append(v, c.tree.Check()...)
+	v = append(v, c.tree.checkRetention()...)
 	return v
 }

@@ -2,6 +2,7 @@ package cachemgrv2
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"reflect"
 	"slices"
@@ -37,6 +38,7 @@ type harness struct {
 	// prompts are the last prompts started, whose blocks may be cached
 	// after their sequences ended (bounce looks them up).
 	prompts [][]int32
+	clock   int64 // the engine time sent in Now, advanced by newSeq
 }
 
 type modelSeq struct {
@@ -193,15 +195,77 @@ func (h *harness) newSeq(t *rapid.T) {
 	if h.prompts = append(h.prompts, prompt); len(h.prompts) > 16 {
 		h.prompts = h.prompts[1:]
 	}
-	h.reserveOne(kvcache.ReserveItem{Seq: id, Tokens: tokens, Hold: hold, New: true, Prompt: prompt, Reuse: reuse}, s)
+	h.clock += rapid.Int64Range(0, 20).Draw(t, "elapsed")
+	h.reserveOne(kvcache.ReserveItem{Seq: id, Tokens: tokens, Hold: hold, New: true, Prompt: prompt, Reuse: reuse,
+		Priority:         rapid.SampledFrom([]int{0, 0, 1, 20, 35, 60, 100}).Draw(t, "priority"),
+		PriorityDuration: rapid.SampledFrom([]int64{0, 0, 5, 40}).Draw(t, "duration"),
+		Now:              h.clock}, s)
+}
+
+// badPriority asks for a retention priority out of range: denied as
+// invalid, nothing changes.
+func (h *harness) badPriority(t *rapid.T) {
+	prio := rapid.SampledFrom([]int{-1, 101, 1000}).Draw(t, "bad priority")
+	it := kvcache.ReserveItem{Seq: h.nextID, Tokens: 1, New: true, Prompt: []int32{1, 2}, Priority: prio, Now: h.clock}
+	before := h.snapshot()
+	if g := reserve1(t, h.m, it); g.OK || !strings.HasPrefix(g.Reason, "invalid: ") || !strings.Contains(g.Reason, fmt.Sprint(prio)) {
+		t.Fatalf("Reserve(priority %d) = %v %q, want denied as invalid", prio, g.OK, g.Reason)
+	}
+	if !reflect.DeepEqual(h.snapshot(), before) {
+		t.Fatal("invalid priority changed state")
+	}
+}
+
+// explain checks Explain against Lookup and the reasons against what the
+// harness knows: it changes nothing, Tokens is Lookup's, the reason fits.
+func (h *harness) explain(t *rapid.T) {
+	prompt := rapid.SliceOfN(rapid.Int32Range(1, 3), 1, h.cfg.MaxSeqLen).Draw(t, "eprompt")
+	items := []kvcache.LookupItem{{Prompt: prompt, Now: h.clock}}
+	before := h.snapshot()
+	ex, err := h.m.Explain(ctx, items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	look, err := h.m.Lookup(ctx, items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(h.snapshot(), before) {
+		t.Fatal("Explain changed state")
+	}
+	e, full := ex[0], max(len(prompt)-1, 0)/h.tpb*h.tpb
+	policy := h.cfg.EvictionPolicy
+	if policy == "" {
+		policy = kvcache.EvictionLRU
+	}
+	switch {
+	case e.Tokens != look[0] || e.HostTokens != 0:
+		t.Fatalf("Explain = %+v, Lookup %d", e, look[0])
+	case !h.cfg.EnableBlockReuse:
+		if e.Miss != kvcache.MissReuseOff {
+			t.Fatalf("reuse off: Explain = %+v", e)
+		}
+	case e.Miss == kvcache.MissPartialBlock:
+		if e.Tokens < full {
+			t.Fatalf("Explain(%d tokens) = %+v: partial block before the last full block %d", len(prompt), e, full)
+		}
+	case e.Tokens >= full && len(prompt) > 1:
+		t.Fatalf("Explain(%d tokens) = %+v: reached the last full block, want partial_block", len(prompt), e)
+	case e.Miss == kvcache.MissEvicted:
+		if e.EvictedTier != kvcache.TierDevice || e.EvictedBy != policy && e.EvictedBy != "priority" || e.EvictedAt > h.clock {
+			t.Fatalf("Explain = %+v: want evicted on device by %s or priority, at most %d", e, policy, h.clock)
+		}
+	case e.Miss != kvcache.MissNeverStored && e.Miss != kvcache.MissInFlight:
+		t.Fatalf("Explain = %+v: no salt, no hooks: want never_stored, in_flight or evicted", e)
+	}
 }
 
 // stepItem draws the next step of a resident sequence without a reservation.
 func (h *harness) stepItem(t *rapid.T, id kvcache.SeqID, s *modelSeq) kvcache.ReserveItem {
 	if s.hist < len(s.prompt) {
-		return kvcache.ReserveItem{Seq: id, Tokens: rapid.IntRange(1, min(len(s.prompt)-s.hist, h.cfg.MaxNumTokens)).Draw(t, "chunk")}
+		return kvcache.ReserveItem{Seq: id, Tokens: rapid.IntRange(1, min(len(s.prompt)-s.hist, h.cfg.MaxNumTokens)).Draw(t, "chunk"), Now: h.clock}
 	}
-	return kvcache.ReserveItem{Seq: id, Tokens: 1, Draft: rapid.IntRange(0, h.cfg.MaxDraftTokens).Draw(t, "draft")}
+	return kvcache.ReserveItem{Seq: id, Tokens: 1, Draft: rapid.IntRange(0, h.cfg.MaxDraftTokens).Draw(t, "draft"), Now: h.clock}
 }
 
 func steppable(s *modelSeq) bool { return !s.reserved && !s.suspended && s.hist < 24 }
@@ -374,7 +438,7 @@ func (h *harness) release(t *rapid.T) {
 func (h *harness) lookup(t *rapid.T) {
 	prompt := rapid.SliceOfN(rapid.Int32Range(1, 3), 1, h.cfg.MaxSeqLen).Draw(t, "lprompt")
 	before := h.snapshot()
-	look, err := h.m.Lookup(ctx, []kvcache.LookupItem{{Prompt: prompt}})
+	look, err := h.m.Lookup(ctx, []kvcache.LookupItem{{Prompt: prompt, Now: h.clock}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -450,6 +514,7 @@ func TestProperty(t *testing.T) {
 		cfg := kvcache.Config{
 			Layers: layers, TokensPerBlock: tpb, MaxBatchSize: 4, MaxNumTokens: 8, MaxSeqLen: 24, MaxDraftTokens: 2,
 			EnableBlockReuse: rapid.IntRange(0, 3).Draw(t, "reuse") > 0,
+			EvictionPolicy:   rapid.SampledFrom([]string{"", "lru", "lfu"}).Draw(t, "policy"),
 		}
 		bb := stageBlockBytes(layers, tpb)
 		floor := blocksFor(26, tpb)
@@ -480,6 +545,8 @@ func TestProperty(t *testing.T) {
 			"resume":    h.resume,
 			"release":   h.release,
 			"lookup":    h.lookup,
+			"explain":   h.explain,
+			"badPrio":   h.badPriority,
 			"":          h.check,
 		})
 	})

@@ -9,9 +9,10 @@ import (
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
-// DefaultPriority is the eviction priority of a node; lower priorities are
-// evicted first, then the least recently used.
-const DefaultPriority int8 = 35
+// DefaultPriority is the eviction priority of a node whose sequences asked
+// for none (kvcache.DefaultPriority); lower priorities are evicted first,
+// then the eviction policy decides (explain.go, Retention).
+const DefaultPriority int8 = kvcache.DefaultPriority
 
 // Node is one committed full block of tokens in the radix tree, keyed by its
 // token content under its parent. It holds one page per pool group (NoBlock
@@ -30,7 +31,7 @@ type Node struct {
 	nPages   int
 	pins     int32
 	liveKids int32 // children that hold at least one page
-	prio     int8
+	prio     int8  // retention priority, the eviction heap's first key (see below)
 	// salt is the cache salt of a child of the root (its key mixes it in);
 	// "" elsewhere. Deeper nodes inherit their ancestor's by position.
 	salt string
@@ -52,6 +53,17 @@ type Node struct {
 	chkFlags uint8 // chkSeen, chkLeaf
 
 	ck nodeCheck // the incremental deep check's shadow and recounts (dirty.go)
+	// Retention (explain.go), kept off the cache lines a lookup reads: prio
+	// above is the node's effective priority until until, when it falls
+	// back to DefaultPriority (0: never; else expIdx is its place in the
+	// expiry heap, -1 when not in it); hits counts its reuses since it was
+	// stored (the LFU key); pos hashes the block's position (the chain of
+	// keys from the root: the salt and every block before it) for the ghost
+	// record of evictions.
+	until  int64
+	expIdx int32
+	hits   uint32
+	pos    uint64
 }
 
 const (
@@ -78,7 +90,8 @@ func (n *Node) Tokens() []int32 { return n.tokens }
 func (n *Node) complete() bool { return n.nPages == len(n.pages) }
 
 // Tree is a radix tree of committed full blocks with pins, leaf-first
-// eviction (priority, then LRU) and deferred pruning.
+// eviction (retention priority, then the eviction policy: LRU or LFU) and
+// deferred pruning.
 //
 // Eviction (EvictOne) frees pages only: an evicted node stays attached to its
 // parent, without pages, until Prune removes it. Call Prune only at a safe
@@ -107,13 +120,14 @@ type Tree struct {
 
 	// undo records what a reservation's allocation evicts (undo.go).
 	undo undoHook
+	ret  retention
 }
 
 // NewTree returns an empty tree of blocks of tpb tokens whose nodes hold one
 // page in each of pools (one device pool per pool group).
 func NewTree(tpb int, pools []*BlockPool) *Tree {
 	t := &Tree{tpb: tpb, pools: pools}
-	t.root = &Node{heapIdx: -1, children: map[uint64]*Node{}}
+	t.root = &Node{heapIdx: -1, expIdx: -1, children: map[uint64]*Node{}}
 	return t
 }
 
@@ -134,6 +148,21 @@ func hashTokens(tokens []int32) uint64 {
 		return 0
 	}
 	return xxh3.Hash(unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens)))
+}
+
+// sameTokens is slices.Equal(a, b) on blocks of tokens, compared as bytes
+// by the runtime's memequal: a lookup compares one block per node, and the
+// generic loop cost it 40% more (and a speed that moved with code layout).
+// TestSameTokens pins it to slices.Equal.
+func sameTokens(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 {
+		return true
+	}
+	return string(unsafe.Slice((*byte)(unsafe.Pointer(&a[0])), 4*len(a))) ==
+		string(unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), 4*len(b)))
 }
 
 // saltKey is the key, under the root, of a first block whose token hash is
@@ -160,7 +189,7 @@ func (t *Tree) key(parent *Node, salt string, tokens []int32) uint64 {
 // parent is the root), or nil.
 func (t *Tree) child(parent *Node, salt string, tokens []int32) *Node {
 	c := parent.children[t.key(parent, salt, tokens)]
-	if c == nil || !slices.Equal(c.tokens, tokens) || c.salt != salt && parent == t.root {
+	if c == nil || !sameTokens(c.tokens, tokens) || c.salt != salt && parent == t.root {
 		return nil
 	}
 	return c
@@ -314,7 +343,9 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 	} else {
 		n = &Node{pages: make([]kvcache.BlockID, len(t.pools)), tokens: make([]int32, 0, t.tpb)}
 	}
-	n.parent, n.hash, n.prio, n.heapIdx = parent, h, DefaultPriority, -1
+	n.parent, n.hash, n.heapIdx = parent, h, -1
+	n.prio, n.until, n.expIdx, n.hits = DefaultPriority, 0, -1, 0
+	n.pos = mixPos(parent.pos, h)
 	n.tokens = append(n.tokens[:0], tokens...)
 	for g := range n.pages {
 		n.pages[g] = NoBlock
@@ -324,6 +355,9 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 	n.allIdx = int32(len(t.all))
 	t.all = append(t.all, n)
 	t.nodes++
+	if parent == t.root {
+		t.indexFirst(n)
+	}
 	return n
 }
 
@@ -394,6 +428,7 @@ func (t *Tree) evictLeaf() *Node {
 	}
 	n.nPages = 0
 	t.evictable--
+	t.evicted(n, kvcache.TierDevice)
 	if t.ev != nil {
 		t.ev.removed(n)
 	}
@@ -434,6 +469,7 @@ func (t *Tree) Prune() {
 }
 
 func (t *Tree) recycle(n *Node) {
+	t.forget(n)
 	n.parent, n.salt, n.chain = nil, "", 0
 	n.tokens = n.tokens[:0] // children is empty and kept for reuse
 	last := t.all[len(t.all)-1]
@@ -446,17 +482,21 @@ func (t *Tree) recycle(n *Node) {
 	t.spare = append(t.spare, n)
 }
 
-// ---- eviction heap: min-heap on (prio, tick), intrusive index ----
+// ---- eviction heap: min-heap on (prio, [hits under LFU,] tick), intrusive index ----
 
 func (t *Tree) less(a, b *Node) bool {
 	if a.prio != b.prio {
 		return a.prio < b.prio
+	}
+	if t.ret.lfu && a.hits != b.hits {
+		return a.hits < b.hits
 	}
 	return a.tick < b.tick
 }
 
 func (t *Tree) heapPush(n *Node) {
 	t.touch(n)
+	t.ret.heapPrio[n.prio]++
 	n.heapIdx = int32(len(t.heap))
 	t.heap = append(t.heap, n)
 	t.up(int(n.heapIdx))
@@ -464,6 +504,7 @@ func (t *Tree) heapPush(n *Node) {
 
 func (t *Tree) heapRemove(n *Node) {
 	t.touch(n)
+	t.ret.heapPrio[n.prio]--
 	i := int(n.heapIdx)
 	last := len(t.heap) - 1
 	if i != last {
