@@ -23,10 +23,12 @@ import (
 // read back the right token through it. That catches wrong reuse, lost or
 // overwritten live blocks, bad suspend/resume copies and bad table deltas.
 //
-// As in the engine, a grant's forward (its copies, then the step's writes)
-// runs only when the reservation is kept, just before its Commit; an
-// undone grant copies and writes nothing. So cached content an Unreserve
-// puts back (undo.go) must read back right when it is reused.
+// As in the engine, a grant's copies run only when the reservation is kept:
+// with the step's forward, before any later manager call but the step's
+// Unreserves can change what they read (flush runs them before every call
+// but Unreserve); the step's writes come just before its Commit. An undone
+// grant copies and writes nothing. So cached content an Unreserve puts back
+// (undo.go) must read back right when it is reused.
 type harness struct {
 	t      *rapid.T
 	m      *Manager
@@ -35,10 +37,29 @@ type harness struct {
 	mem    [][]int64 // per pool, block*tpb+slot
 	seqs   map[kvcache.SeqID]*modelSeq
 	nextID kvcache.SeqID
+	// pending are the kept grants' copies not run yet, in grant order.
+	pending []pendingCopies
 	// prompts are the last prompts started, whose blocks may be cached
 	// after their sequences ended (bounce looks them up).
 	prompts [][]int32
 	clock   int64 // the engine time sent in Now, advanced by newSeq
+}
+
+type pendingCopies struct {
+	seq    kvcache.SeqID
+	copies []kvcache.Copy
+}
+
+// flush runs the copies of every kept grant (the forward they belong to
+// runs before any later call can change their sources).
+func (h *harness) flush() {
+	for _, p := range h.pending {
+		h.applyCopies(p.copies)
+		if s := h.seqs[p.seq]; s != nil {
+			s.copies, s.ran = nil, true
+		}
+	}
+	h.pending = h.pending[:0]
 }
 
 type modelSeq struct {
@@ -51,6 +72,7 @@ type modelSeq struct {
 	mirror          [][]kvcache.BlockID // the worker's tables, per device pool
 	before          kvcache.SeqState    // state before the outstanding reservation
 	copies          []kvcache.Copy      // the outstanding grant's, made by its forward
+	ran             bool                // its copies ran (flush): the reservation must be committed, not undone
 }
 
 func (h *harness) token(id kvcache.SeqID, s *modelSeq, pos int) int64 {
@@ -103,14 +125,16 @@ func (h *harness) granted(id kvcache.SeqID, s *modelSeq, g kvcache.Grant) {
 		}
 	}
 	s.copies = g.Copies
+	if len(g.Copies) > 0 {
+		h.pending = append(h.pending, pendingCopies{id, g.Copies})
+	}
 }
 
 // forward runs the outstanding grant's forward as the worker would: it
 // makes the grant's copies, checks what it reads and writes the step's
 // tokens.
 func (h *harness) forward(id kvcache.SeqID, s *modelSeq) {
-	h.applyCopies(s.copies)
-	s.copies = nil
+	h.flush()
 	st := h.state(id)
 	for p := range h.m.dev {
 		if !slices.Equal(s.mirror[p], st.Tables[p]) {
@@ -145,6 +169,7 @@ func (h *harness) pick(filter func(*modelSeq) bool) (kvcache.SeqID, *modelSeq) {
 
 // reserveOne reserves one item and checks the answer against the model.
 func (h *harness) reserveOne(it kvcache.ReserveItem, s *modelSeq) {
+	h.flush()
 	before := h.snapshot()
 	if !it.New {
 		s.before = h.state(it.Seq)
@@ -163,7 +188,7 @@ func (h *harness) reserveOne(it kvcache.ReserveItem, s *modelSeq) {
 		h.seqs[it.Seq] = s
 		s.hist, s.cap, s.created = it.Reuse, it.Reuse, true
 	}
-	s.tokens, s.draft, s.reserved = it.Tokens, it.Draft, true
+	s.tokens, s.draft, s.reserved, s.ran = it.Tokens, it.Draft, true, false
 	s.hold = max(s.hold, it.Hold)
 	s.cap = max(s.cap, s.hist+it.Tokens+it.Draft, s.hold)
 	h.granted(it.Seq, s, g)
@@ -288,7 +313,7 @@ func (h *harness) commit(t *rapid.T) {
 	}
 	s.hist += a
 	s.cap = max(s.hist, s.hold)
-	s.tokens, s.draft, s.reserved, s.created = 0, 0, false, false
+	s.tokens, s.draft, s.reserved, s.created, s.ran = 0, 0, false, false, false
 }
 
 func (h *harness) badCommit(t *rapid.T) {
@@ -305,10 +330,11 @@ func (h *harness) badCommit(t *rapid.T) {
 }
 
 func (h *harness) unreserve(t *rapid.T) {
-	id, s := h.pick(func(s *modelSeq) bool { return s.reserved })
+	id, s := h.pick(func(s *modelSeq) bool { return s.reserved && !s.ran })
 	if err := h.m.Unreserve(ctx, []kvcache.SeqID{id}); err != nil {
 		t.Fatal(err)
 	}
+	h.pending = slices.DeleteFunc(h.pending, func(p pendingCopies) bool { return p.seq == id })
 	if s.created {
 		delete(h.seqs, id)
 		return
@@ -383,6 +409,7 @@ func (h *harness) lookups(prompts [][]int32) []int {
 
 func (h *harness) suspend(t *rapid.T) {
 	id, s := h.pick(func(s *modelSeq) bool { return !s.suspended })
+	h.flush()
 	before := h.snapshot()
 	ok, copies, err := h.m.Suspend(ctx, []kvcache.SeqID{id})
 	if h.m.host == nil {
@@ -412,6 +439,7 @@ func (h *harness) suspend(t *rapid.T) {
 
 func (h *harness) resume(t *rapid.T) {
 	id, s := h.pick(func(s *modelSeq) bool { return s.suspended })
+	h.flush()
 	before := h.snapshot()
 	ok, copies, err := h.m.Resume(ctx, []kvcache.SeqID{id})
 	if err != nil {
@@ -429,6 +457,7 @@ func (h *harness) resume(t *rapid.T) {
 
 func (h *harness) release(t *rapid.T) {
 	id, _ := h.pick(func(*modelSeq) bool { return true })
+	h.flush()
 	if err := h.m.Release(ctx, []kvcache.SeqID{id}); err != nil {
 		t.Fatal(err)
 	}
@@ -458,6 +487,7 @@ func (h *harness) stepBatch(t *rapid.T) {
 			items = append(items, h.stepItem(t, id, s))
 		}
 	}
+	h.flush()
 	for _, it := range items {
 		h.seqs[it.Seq].before = h.state(it.Seq)
 	}
@@ -476,7 +506,7 @@ func (h *harness) stepBatch(t *rapid.T) {
 			}
 			continue
 		}
-		s.tokens, s.draft, s.reserved = it.Tokens, it.Draft, true
+		s.tokens, s.draft, s.reserved, s.ran = it.Tokens, it.Draft, true, false
 		s.cap = max(s.cap, s.hist+it.Tokens+it.Draft, s.hold)
 		h.granted(it.Seq, s, g)
 	}
