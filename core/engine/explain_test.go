@@ -12,6 +12,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
+	cachemgrv2 "github.com/kvx-dev/kvx/cachemgr_v2"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/sched"
@@ -318,15 +319,15 @@ func TestRetentionReachesManagers(t *testing.T) {
 		t.Errorf("Run with a workload priority of 101: %v, want an error naming it", err)
 	}
 
-	// The same run on v1, which does not say Retention: one warning.
+	// The same run on a v1 that does not say Retention: one warning.
 	logs.Reset()
-	runSpec(t, s, v1Launcher())
+	runSpec(t, s, plainV1Launcher())
 	if n := strings.Count(logs.String(), "retention priority"); n != 1 {
 		t.Errorf("%d warnings about ignored retention priorities, want 1:\n%s", n, logs.String())
 	}
 }
 
-// TestPlainManagersExplainUnknown: with today's managers (no Explain) the
+// TestPlainManagersExplainUnknown: with managers that do not explain the
 // run goes through Lookup and its misses say unknown, or partial_block;
 // with reuse off, reuse_off. The sums hold either way.
 func TestPlainManagersExplainUnknown(t *testing.T) {
@@ -334,7 +335,7 @@ func TestPlainManagersExplainUnknown(t *testing.T) {
 		wl := genWorkload(t, 20, 256)
 		s := buildSpec(t, testSpec{pp: 2, draft: 1, reuse: reuse, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 16, reqs: wl, maxSeqLen: 2048})
 		s.KeepRequests = true
-		rep := runSpec(t, s, v1Launcher())
+		rep := runSpec(t, s, plainV1Launcher())
 		checkCacheSums(t, rep)
 		want := "unknown"
 		if !reuse {
@@ -351,14 +352,14 @@ func TestPlainManagersExplainUnknown(t *testing.T) {
 	}
 }
 
-// TestEvictionPolicyRefused: a policy the manager's Info does not list (v1
-// lists none: lru alone) is a configuration error naming the manager, the
+// TestEvictionPolicyRefused: a policy the manager's Info does not list (a
+// v1 that lists none: lru alone) is a configuration error naming the manager, the
 // value and what it accepts; one it lists runs.
 func TestEvictionPolicyRefused(t *testing.T) {
 	wl := genWorkload(t, 4, 0)
 	s := buildSpec(t, testSpec{pp: 1, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 15, reqs: wl, maxSeqLen: 2048})
 	s.Managers[0].EvictionPolicy = kvcache.EvictionLFU
-	_, err := engine.Run(context.Background(), s, v1Launcher())
+	_, err := engine.Run(context.Background(), s, plainV1Launcher())
 	if kvcache.KindOf(err) != kvcache.KindInvalidConfig || !errors.Is(err, engine.ErrEvictionPolicy) {
 		t.Fatalf("Run with eviction_policy lfu on v1: error %v (kind %v), want an invalid config", err, kvcache.KindOf(err))
 	}
@@ -372,5 +373,44 @@ func TestEvictionPolicyRefused(t *testing.T) {
 	}})
 	if rep.Requests.Completed != len(wl.Requests) {
 		t.Errorf("with a manager that lists lfu: requests %+v, want all completed", rep.Requests)
+	}
+}
+
+// plainV1 is cachemgr_v1 as a manager from before explain and retention:
+// its Info says neither, lists no eviction policy, and it is no Explainer.
+type plainV1 struct{ kvcache.Manager }
+
+func (p plainV1) Info(ctx context.Context) (kvcache.Info, error) {
+	info, err := p.Manager.Info(ctx)
+	info.Capabilities.Explain, info.Capabilities.Retention, info.Capabilities.EvictionPolicies = false, false, nil
+	return info, err
+}
+
+func plainV1Launcher() engine.Launcher {
+	return inproc{
+		manager: func() kvcache.Manager { return plainV1{cachemgrv1.New()} },
+		worker:  func() worker.Worker { return device.NewWorker(dsa.Backend) },
+	}
+}
+
+// TestManagersExplainThroughTheEngine: the built-in managers explain, so a
+// run of requests that share nothing but a system-prompt-like first block
+// says never_stored and partial_block, never unknown, and the sums hold.
+func TestManagersExplainThroughTheEngine(t *testing.T) {
+	for name, mk := range map[string]func() kvcache.Manager{
+		"v1": func() kvcache.Manager { return cachemgrv1.New() },
+		"v2": func() kvcache.Manager { return cachemgrv2.New() },
+	} {
+		wl := genWorkload(t, 20, 256)
+		s := buildSpec(t, testSpec{pp: 2, draft: 1, reuse: true, policy: sched.GuaranteedNoEvict, cacheTokens: 1 << 16, reqs: wl, maxSeqLen: 2048})
+		s.KeepRequests = true
+		rep := runSpec(t, s, inproc{manager: mk, worker: func() worker.Worker { return device.NewWorker(dsa.Backend) }})
+		checkCacheSums(t, rep)
+		if c := rep.Tokens.MissReasons["unknown"]; c != (report.MissCount{}) {
+			t.Errorf("%s: %+v unknown misses, want none (the manager explains)", name, c)
+		}
+		if rep.Tokens.MissReasons["never_stored"].Requests == 0 || rep.Tokens.PrefixReused == 0 {
+			t.Errorf("%s: miss reasons %v, %d reused: want never_stored misses and some reuse", name, rep.Tokens.MissReasons, rep.Tokens.PrefixReused)
+		}
 	}
 }
