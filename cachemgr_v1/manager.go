@@ -91,9 +91,11 @@
 // first pool's index (unsalted blocks) and in a count of salted blocks by
 // salt-free hash, kept for the first paged pool and its host pool once a
 // salted sequence was seen; evictions in a per-pool ghost record (hash →
-// tier, rule, clock) of ghostsPerBlock entries per device and host block,
-// at most maxGhosts, the oldest forgotten first: a forgotten eviction
-// reads as never_stored. The clock is the latest Now of any Lookup,
+// tier, rule, clock) of the last maxGhosts evictions, whatever the pool's
+// size (reuse distances are a property of the workload, not of the cache:
+// a small cache evicts blocks that come back long after), the oldest
+// forgotten first: a forgotten eviction reads as never_stored. The record
+// grows with the evictions, so a pool that evicts little costs little. The clock is the latest Now of any Lookup,
 // Explain or Reserve item.
 //
 // # Retention and eviction policies
@@ -309,11 +311,7 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 	}
 	if m.reuse {
 		for pi, p := range m.paged {
-			n := p.n
-			if m.host != nil {
-				n += m.host[pi].n
-			}
-			m.ghosts = append(m.ghosts, newGhost(ghostsPerBlock*n))
+			m.ghosts = append(m.ghosts, newGhost(maxGhosts))
 			if m.rule == ruleLFU {
 				p.useLFU()
 				if m.host != nil {
@@ -332,10 +330,6 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 	m.configured = true
 	return layout, nil
 }
-
-// ghostsPerBlock sizes a paged pool's ghost record: this many entries per
-// device and host block of the pool (at most maxGhosts).
-const ghostsPerBlock = 4
 
 func (m *Manager) ready(ctx context.Context, op string) error {
 	if err := ctx.Err(); err != nil {
