@@ -46,6 +46,14 @@ type Core struct {
 	// returns a multiple of TokensPerBlock. Init keeps it.
 	partial bool
 
+	// host tier for reuse (hostreuse.go): the sequence whose reservation
+	// makes the current moves (nil outside Reserve: Resume's moves are not
+	// pending), and the blocks moved so far
+	cur                 *Seq
+	offloaded, promoted int64
+	moving              int // pending moves of all sequences
+	srcPages            []kvcache.BlockID
+
 	// per-call scratch, reused so that the step path does not allocate
 	pages   []kvcache.BlockID
 	pending []pendingDelta
@@ -110,6 +118,12 @@ func (c *Core) Init(cc CoreConfig) {
 		c.pools = append(c.pools, c.host...)
 	}
 	c.tree = NewTree(c.tpb, c.dev)
+	if c.reuse && c.host != nil {
+		c.tree.ht.pools = c.host
+		for _, hp := range c.host {
+			hp.holds = make([]int32, hp.Total())
+		}
+	}
 	if cfg.KVEvents && c.reuse {
 		c.tree.ev = &events{list: []kvcache.Event{{Kind: kvcache.AllBlocksCleared}}}
 	}
@@ -148,7 +162,7 @@ type Seq struct {
 	plen    int     // the prompt's length, when prompt is kept
 	salt    string  // the cache salt its blocks are stored under, with prompt
 	path    []*Node // pinned: path[i] holds prompt block i, and table block i is its page
-	regStop bool    // a hash collision stopped registration
+	regStop bool    // a hash collision (or a pending promotion) stopped registration
 	cow     *Node   // pinned source of a copy-on-write, until the next Commit
 
 	// chkPath[i] is path[i] as the last deep check found it holding prompt
@@ -163,6 +177,10 @@ type Seq struct {
 	// Undo record of the outstanding reservation.
 	created              bool
 	undoBlocks, undoSent int
+	// moves are the host tier moves the outstanding reservation made, pending
+	// until it settles; moveBlk the host blocks they hold (hostreuse.go).
+	moves   []hostMove
+	moveBlk []kvcache.BlockID
 
 	// Ext is the Hooks' own state of the sequence; the core never reads it
 	// and drops it when the sequence ends.
@@ -251,6 +269,10 @@ func (c *Core) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, e
 }
 
 func (c *Core) lookup(salt string, p []int32) int {
+	if c.hostReuse() {
+		n, _ := c.lookupTiers(salt, p)
+		return n
+	}
 	limit, tpb := len(p)-1, c.tpb
 	if c.hooks == nil && !c.partial {
 		return c.tree.matchLen(salt, p, limit/tpb) * tpb
@@ -291,6 +313,7 @@ func (c *Core) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvca
 		return nil, err
 	}
 	c.tree.Prune() // safe point: no walk in progress
+	c.tree.ht.call++
 	grants := make([]kvcache.Grant, len(items))
 	c.pending = c.pending[:0]
 	c.copies = c.copies[:0]
@@ -298,12 +321,18 @@ func (c *Core) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvca
 	for i := range items {
 		it := &items[i]
 		grants[i].Seq = it.Seq
-		if reason := c.reserve(it, i, &grants[i]); reason != "" {
+		lo := len(c.copies)
+		reason := c.reserve(it, i, &grants[i])
+		c.cur = nil
+		if reason != "" {
 			grants[i].Reason = reason
 			c.stats.ReserveDenials++
 			continue
 		}
 		grants[i].OK = true
+		if len(c.copies) > lo {
+			c.copyAt = append(c.copyAt, copyRange{i, lo, len(c.copies)})
+		}
 	}
 	c.flushDeltas(grants)
 	return grants, nil
@@ -348,6 +377,7 @@ func (c *Core) reserve(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) string
 	}
 	s.created = false
 	s.undoBlocks, s.undoSent = have, s.sent
+	c.cur = s
 	c.grow(s, nb)
 	s.led.Reserve(it.Tokens, it.Draft, it.Hold)
 	if c.hooks != nil {
@@ -382,7 +412,11 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 	s := c.newSeq(it.Seq)
 	full, rem := reuse/tpb, reuse%tpb
 	if reuse > 0 {
-		s.path = c.tree.match(it.CacheSalt, it.Prompt, full, s.path)
+		if c.hostReuse() {
+			s.path = c.matchReserve(it.CacheSalt, it.Prompt, full, s.path)
+		} else {
+			s.path = c.tree.match(it.CacheSalt, it.Prompt, full, s.path)
+		}
 		got := len(s.path) * tpb
 		end := c.tree.root
 		if len(s.path) > 0 {
@@ -411,10 +445,18 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 		}
 	}
 	nb := c.blocks(need) - full
-	if r := c.roomFor(nb); r != "" {
+	promo := c.toPromote(s.path) // host blocks to bring back: fresh device blocks each
+	if r := c.roomFor(nb + promo); r != "" {
 		c.unpinAll(s, false)
 		c.recycle(s)
+		if promo > 0 {
+			r += fmt.Sprintf(" (%d of them to bring %d reused blocks back from the host tier)", promo, promo)
+		}
 		return fmt.Sprintf("no capacity: new seq %d needs %d tokens (reuse %d): %s", it.Seq, need, reuse, r)
+	}
+	c.cur = s
+	if c.hostReuse() && len(s.path) > 0 {
+		g.HostReused = c.promote(s, nb+promo) * tpb
 	}
 	for g, pool := range c.dev {
 		for _, n := range s.path {
@@ -425,13 +467,11 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 	}
 	c.grow(s, nb)
 	if s.cow != nil {
-		lo := len(c.copies)
 		for g, pool := range c.dev {
 			c.copies = append(c.copies, kvcache.Copy{
 				SrcPool: pool.id, SrcBlock: s.cow.pages[g], DstPool: pool.id, DstBlock: s.tables[g][full],
 			})
 		}
-		c.copyAt = append(c.copyAt, copyRange{gi, lo, len(c.copies)})
 	}
 	if c.reuse && len(it.Prompt) >= tpb {
 		s.prompt = append(s.prompt, it.Prompt[:len(it.Prompt)/tpb*tpb]...)
@@ -471,12 +511,12 @@ func (c *Core) makeRoom(nb int) {
 			g++
 			continue
 		}
-		n := c.tree.evictLeaf()
+		n, kept := c.evictOne()
 		if n == nil {
 			panic(fmt.Sprintf("%s: pool %s short of %d blocks with nothing evictable", c.name, c.groups[g].Name, nb))
 		}
 		c.stats.Evictions += int64(len(c.dev))
-		if c.hooks != nil {
+		if c.hooks != nil && !kept {
 			c.hooks.Evicted(n)
 		}
 		g = 0
@@ -567,6 +607,7 @@ func (c *Core) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 			}
 			s.tables[g] = s.tables[g][:s.undoBlocks]
 		}
+		c.settle(s, false)
 		if c.hooks != nil {
 			c.hooks.Unreserved(s)
 		}
@@ -601,6 +642,7 @@ func (c *Core) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.
 			bad.add(it.Seq, "seq %d: %s", it.Seq, r)
 			continue
 		}
+		c.settle(s, true) // the forward ran the grant's copies
 		nb := c.blocks(s.led.Commit(it.Accepted))
 		if nb < c.held(s) {
 			for g, pool := range c.dev {
@@ -655,6 +697,13 @@ func (c *Core) register(s *Seq) {
 		n, adopted := c.tree.extend(parent, s.salt, s.prompt[i*c.tpb:(i+1)*c.tpb], c.pages)
 		switch {
 		case n == nil:
+			s.regStop = true
+			return
+		case !adopted && n.h.pend > 0:
+			// A promotion another reservation has not settled: its pages
+			// may never be filled, so s keeps its copy and registers no
+			// further.
+			c.tree.Unpin(n, false)
 			s.regStop = true
 			return
 		case adopted:
@@ -713,6 +762,7 @@ func (c *Core) drop(s *Seq, touch bool) {
 		}
 	}
 	c.unpinAll(s, touch)
+	c.settle(s, touch) // released: the copies were handed over; unreserved: they never ran
 	delete(c.seqs, s.id)
 	c.recycle(s)
 }
@@ -749,7 +799,9 @@ func (c *Core) recycle(s *Seq) {
 	}
 	clear(s.path[:cap(s.path)])
 	clear(s.chkPath[:cap(s.chkPath)])
-	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0]}
+	clear(s.moves[:cap(s.moves)])
+	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0],
+		moves: s.moves[:0], moveBlk: s.moveBlk[:0]}
 	c.spare = append(c.spare, s)
 }
 

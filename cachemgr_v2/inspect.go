@@ -141,6 +141,16 @@ func (c *Core) check() []string {
 		refs[i] = slices.Grow(refs[i][:0], p.Total())[:p.Total()]
 		clear(refs[i])
 	}
+	// Pending host moves: their holds per host pool, their count per node.
+	var holds [][]int32
+	var pend map[*Node]int32
+	if c.hostReuse() {
+		holds = make([][]int32, len(c.host))
+		for g, hp := range c.host {
+			holds[g] = make([]int32, hp.Total())
+		}
+		pend = map[*Node]int32{}
+	}
 	c.tree.BeginCheck()
 	for _, id := range c.seqIDs() {
 		s := c.seqs[id]
@@ -234,6 +244,7 @@ func (c *Core) check() []string {
 		if s.cow != nil {
 			c.tree.CountPin(s.cow)
 		}
+		c.checkMoves(s, holds, pend, bad)
 	}
 
 	for i, p := range c.pools {
@@ -247,19 +258,31 @@ func (c *Core) check() []string {
 			inFree[b] = true
 		}
 		cached := 0
+		host := i >= len(c.dev)
 		for b := range p.refs {
 			if p.refs[b] != refs[i][b] {
 				bad("pool %d: block %d: refcount %d, recomputed %d", p.id, b, p.refs[b], refs[i][b])
 			}
-			free := p.refs[b] == 0 && p.owner[b] == nil
-			if free != inFree[b] {
-				bad("pool %d: block %d: unreferenced and unowned %v, on the free stack %v", p.id, b, free, inFree[b])
+			held := p.held(b)
+			if host && holds != nil && held != holds[i-len(c.dev)][b] {
+				bad("pool %d: block %d: held by %d pending moves, recomputed %d", p.id, b, held, holds[i-len(c.dev)][b])
 			}
-			if p.refs[b] == 0 && p.owner[b] != nil {
+			free := p.refs[b] == 0 && p.owner[b] == nil && held == 0
+			if free != inFree[b] {
+				bad("pool %d: block %d: unreferenced, unowned and unheld %v, on the free stack %v", p.id, b, free, inFree[b])
+			}
+			if p.refs[b] == 0 && (p.owner[b] != nil || held > 0) {
 				cached++
 			}
-			if o := p.owner[b]; o != nil && (i >= len(c.dev) || o.pages[i] != kvcache.BlockID(b)) {
+			o := p.owner[b]
+			switch {
+			case o == nil:
+			case !host && o.pages[i] != kvcache.BlockID(b),
+				host && (o.h.pages == nil || o.h.pages[i-len(c.dev)] != kvcache.BlockID(b)):
 				bad("pool %d: block %d owned by a node that does not hold it", p.id, b)
+			}
+			if host && p.refs[b] > 0 && (o != nil || held > 0) {
+				bad("pool %d: block %d is both a suspended sequence's and a cached node's (or a pending move's)", p.id, b)
 			}
 		}
 		st := p.Stats()
@@ -270,5 +293,6 @@ func (c *Core) check() []string {
 
 	// Walk the tree.
 	v = append(v, c.tree.Check()...)
+	c.checkHostTree(pend, bad)
 	return v
 }

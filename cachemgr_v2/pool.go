@@ -25,6 +25,9 @@ type BlockPool struct {
 	refs   []int32
 	owner  []*Node
 	cached int
+	// holds counts, per block, the pending host moves that hold it (host
+	// pools with a host tier for reuse; nil otherwise): see hostreuse.go.
+	holds []int32
 }
 
 // NewBlockPool returns a pool of n free blocks with ids 0..n-1 (handed out in

@@ -43,8 +43,12 @@ func (c *Core) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvc
 			ok[i] = true
 			continue
 		}
-		if !c.hostFits(s) || c.hooks != nil && !c.hooks.CanSuspend(s) {
+		nPriv, fits := c.hostFits(s)
+		if !fits || c.hooks != nil && !c.hooks.CanSuspend(s) {
 			continue
+		}
+		if c.hostReuse() {
+			c.hostMakeRoom(nPriv) // suspended sequences come first
 		}
 		first := c.held(s)
 		for g, pool := range c.dev {
@@ -72,8 +76,12 @@ func (c *Core) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvc
 	return ok, copies, bad.err(c.name, "Suspend")
 }
 
-// hostFits reports whether s's private blocks fit in the host pools.
-func (c *Core) hostFits(s *Seq) bool {
+// hostFits reports whether s's private blocks (most per group) fit in the
+// host pools: their free blocks plus the cached host nodes a Suspend may
+// evict.
+func (c *Core) hostFits(s *Seq) (most int, fits bool) {
+	ev := c.hostEvictableNow()
+	fits = true
 	for g, pool := range c.dev {
 		n := 0
 		for _, b := range s.tables[g] {
@@ -81,11 +89,12 @@ func (c *Core) hostFits(s *Seq) bool {
 				n++
 			}
 		}
-		if c.host[g].Free() < n {
-			return false
+		most = max(most, n)
+		if c.host[g].Free()+ev < n {
+			fits = false
 		}
 	}
-	return true
+	return most, fits
 }
 
 // Resume implements kvcache.Suspender: it allocates device blocks for a

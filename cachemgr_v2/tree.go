@@ -37,11 +37,12 @@ type Node struct {
 	// chain is the node's prefix hash for KV events (the salt and every
 	// block from the root); computed only with events on.
 	chain   uint64
-	tick    uint64 // LRU key: when the last pin went away
-	heapIdx int32  // position in the eviction heap; -1 when not in it
-	queued  bool   // in the prune queue
-	allIdx  int32  // position in Tree.all while attached
-	gen     uint32 // bumped each time the node is (re)used for a block (newNode)
+	tick    uint64   // LRU key: when the last pin went away
+	heapIdx int32    // position in the eviction heap; -1 when not in it
+	queued  bool     // in the prune queue
+	allIdx  int32    // position in Tree.all while attached
+	gen     uint32   // bumped each time the node is (re)used for a block (newNode)
+	h       hostNode // its host tier state (hostreuse.go); zero without reuse offload
 
 	// Scratch of the deep self-check (Tree.Check), valid while chkEpoch is
 	// the tree's check epoch: recounting in the nodes themselves instead of
@@ -98,9 +99,10 @@ type Tree struct {
 	nodes     int
 	all       []*Node // every attached node (root excluded), Node.allIdx its index
 	spare     []*Node
-	epoch     uint32  // of the current deep self-check (BeginCheck)
-	counted   []*Node // nodes CountPin counted in this check
-	ev        *events // KV events; nil when off
+	epoch     uint32   // of the current deep self-check (BeginCheck)
+	counted   []*Node  // nodes CountPin counted in this check
+	ev        *events  // KV events; nil when off
+	ht        hostTree // the host tier of cached nodes (hostreuse.go); zero without one
 }
 
 // NewTree returns an empty tree of blocks of tpb tokens whose nodes hold one
@@ -215,7 +217,7 @@ func (t *Tree) matchPartial(parent *Node, salt string, tokens []int32) (*Node, i
 	var best *Node
 	bestN := 0
 	for _, c := range parent.children {
-		if !c.complete() || parent == t.root && c.salt != salt {
+		if !c.complete() || c.h.pend > 0 || parent == t.root && c.salt != salt {
 			continue
 		}
 		n := 0
@@ -279,6 +281,9 @@ func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache
 		t.pools[g].adopt(b, c)
 	}
 	c.nPages = len(pages)
+	if c.h.n > 0 {
+		t.leaveHost(c) // the sequence's device copy replaces the host one
+	}
 	t.addLiveKid(parent)
 	if t.ev != nil {
 		t.ev.stored(t, c)
@@ -311,6 +316,7 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 		n.pages[g] = NoBlock
 	}
 	n.gen++
+	t.initHost(n)
 	n.allIdx = int32(len(t.all))
 	t.all = append(t.all, n)
 	t.nodes++
@@ -334,6 +340,9 @@ func (t *Tree) Pin(n *Node) {
 		}
 	}
 	n.pins++
+	if n.h.counted {
+		t.hostFix(n) // a host node a new sequence is about to promote
+	}
 }
 
 // Unpin drops a pin. touch marks the node as used now (its LRU key); undoing
@@ -349,6 +358,10 @@ func (t *Tree) Unpin(n *Node, touch bool) {
 		n.tick = t.tick
 	}
 	if n.nPages == 0 {
+		if n.h.n > 0 {
+			t.hostFix(n) // back to the host tier's LRU
+			return
+		}
 		t.queuePrune(n)
 		return
 	}
@@ -405,7 +418,7 @@ func (t *Tree) Prune() {
 		n := t.pruneQ[len(t.pruneQ)-1]
 		t.pruneQ = t.pruneQ[:len(t.pruneQ)-1]
 		n.queued = false
-		for n != t.root && !n.queued && n.pins == 0 && n.nPages == 0 && len(n.children) == 0 {
+		for n != t.root && !n.queued && n.pins == 0 && n.nPages == 0 && n.h.n == 0 && len(n.children) == 0 {
 			p := n.parent
 			delete(p.children, n.hash)
 			t.recycle(n)
