@@ -303,7 +303,11 @@ func (c *Core) reusable(end *Node, tokens int) bool {
 // Reserve implements kvcache.Manager. For each item in order it computes
 // need = max(history+Tokens+Draft, Hold) and grants ceil(need/tpb) blocks in
 // every pool group, evicting cached unpinned blocks when the free lists are
-// short, or denies with a Reason and leaves no trace. Invalid items are
+// short (to the host tier, with a copy in the grant, when it has room), or
+// denies with a Reason and leaves no trace. A new sequence's Reuse may cover
+// blocks the host tier holds: they count in its need, come back with a
+// host-to-device copy each, and Grant.HostReused says how many tokens they
+// hold (package doc, Tiers). Invalid items are
 // denied with a Reason starting "invalid: ". A suspended sequence is denied
 // until resumed. A grant's Tables replace the worker's table tail from the
 // first entry it does not know (after a Resume, from the first moved block;
@@ -492,7 +496,7 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 
 // roomFor says why nb more blocks per group cannot be had; "" when they can
 // (free blocks plus evictable cached nodes, each of which frees one block in
-// every group).
+// every group, whether its content goes to the host tier or vanishes).
 func (c *Core) roomFor(nb int) string {
 	ev := c.tree.Evictable()
 	for g, pool := range c.dev {

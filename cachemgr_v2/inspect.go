@@ -117,7 +117,15 @@ func present(t []kvcache.BlockID) []kvcache.BlockID {
 //     equal the nodes' pins; pinned nodes hold all their pages (never evicted)
 //     and their parents are pinned; live-kid counts, the evictable count and the
 //     eviction heap (exactly the unpinned leaves with pages, heap-ordered) are
-//     right; every node reachable from the root has a correct parent link.
+//     right; every node reachable from the root has a correct parent link;
+//   - host tier for reuse (checkMoves, checkHostTree): pending moves only
+//     with a reservation, their holds equal each host block's, a promotion on
+//     its sequence's new path; a host block is a suspended sequence's or a
+//     node's (or a pending move's), never both; each host page owned by its
+//     node, all or none; a node on one tier, or both while a promotion is
+//     pending; device nodes below device nodes, content below content;
+//     pending counts, host-only children, the host evictable count and the
+//     host heap recomputed.
 //
 // pathMark is a path node as a deep check verified it (Seq.chkPath).
 type pathMark struct {

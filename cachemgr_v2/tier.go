@@ -10,13 +10,16 @@ import (
 // to the host tier (Copies device -> host, in Layout pool ids), and what the
 // Hooks move of their own (CanSuspend, Suspended); its shared
 // blocks (pages of tree nodes: reused or registered prompt blocks) stay on
-// device, referenced and pinned, so the tree never points at the host tier
-// and no other sequence is affected. The ledger is kept.
+// device, referenced and pinned, so no other sequence is affected. Suspended
+// sequences come first on the host tier: cached host nodes are evicted to
+// make room when free host blocks are short (package doc, Tiers). The ledger
+// is kept.
 //
 // A sequence with an outstanding reservation is refused (false, and an item
 // error): the forward it was reserved for may still write its blocks; Commit
 // or Unreserve it first. A sequence whose private blocks do not fit on the
-// host, or whose Hooks state does not (CanSuspend false), stays resident
+// host (free plus evictable cached host blocks), or whose Hooks state does
+// not (CanSuspend false), stays resident
 // (false). Suspending a suspended sequence is a no-op
 // (true). Without a host tier the call fails with ErrUnsupported.
 func (c *Core) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {

@@ -15,7 +15,8 @@ const DefaultPriority int8 = 35
 
 // Node is one committed full block of tokens in the radix tree, keyed by its
 // token content under its parent. It holds one page per pool group (NoBlock
-// where it holds none) in that group's device pool.
+// where it holds none) in that group's device pool, or, evicted to the host
+// tier, in its host pool (Node.h, hostreuse.go).
 //
 // A node is pinned while any live sequence relies on it (its path passes
 // through it, or it is the source of a pending copy-on-write). Pins cover the
