@@ -14,7 +14,8 @@ import (
 // and one block table per pool group; Reserve, Unreserve, Commit and Release
 // with the undo record; registration of committed prompt blocks in the Tree
 // (with pins and deferred pruning) and reuse of them, partial reuse with a
-// copy-on-write; the host tier (Suspend and Resume); Stats, Inspect and the
+// copy-on-write; the host tier (Suspend and Resume, and the cached blocks
+// the device evicts, hostreuse.go); Stats, Inspect and the
 // deep self-check of all of it. A manager embeds a Core, calls Init from its
 // Configure, and adds its own life cycles through Hooks.
 //

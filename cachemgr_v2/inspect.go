@@ -299,6 +299,14 @@ func (c *Core) check() []string {
 		}
 	}
 
+	moves := 0
+	for _, s := range c.seqs {
+		moves += len(s.moves)
+	}
+	if moves != c.moving {
+		bad("host tier: %d pending moves, counted %d", moves, c.moving)
+	}
+
 	// Walk the tree.
 	v = append(v, c.tree.Check()...)
 	c.checkHostTree(pend, bad)
