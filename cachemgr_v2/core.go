@@ -61,8 +61,9 @@ type Core struct {
 	copies  []kvcache.Copy
 	copyAt  []copyRange
 	// the deep self-check's recounts, per pool (check)
-	checkRefs [][]int32
-	checkFree []bool
+	checkRefs  [][]int32
+	checkFree  []bool
+	checkHolds [][]int32 // host pools' holds recounted from the pending moves
 }
 
 // NewCore returns an unconfigured core of the manager name (in errors);

@@ -62,6 +62,7 @@ type hostNode struct {
 	call    uint32            // the Reserve call that promoted it (pending promotions)
 	filled  bool              // a holder of the pending promotion committed or released
 	counted bool              // in hostTree.evictable
+	chkKids int32             // host-only children, recounted by the deep self-check
 }
 
 // hostTree is the tree's host tier of cached nodes.
@@ -694,7 +695,15 @@ func (c *Core) checkHostTree(pend map[*Node]int32, bad func(string, ...any)) {
 		return
 	}
 	evictable, leaves := 0, 0
-	kids := map[*Node]int32{}
+	t.root.h.chkKids = 0
+	for _, n := range t.all {
+		n.h.chkKids = 0
+	}
+	for _, n := range t.all {
+		if n.chkFlags&chkSeen != 0 && n.OnHost() {
+			n.parent.h.chkKids++
+		}
+	}
 	for _, n := range t.all {
 		if n.chkFlags&chkSeen == 0 {
 			continue
@@ -728,8 +737,10 @@ func (c *Core) checkHostTree(pend map[*Node]int32, bad func(string, ...any)) {
 		if n.Stored() && p != t.root && !p.Stored() {
 			bad("tree: node %p: holds content below a node that holds none", n)
 		}
+		if n.h.kids != n.h.chkKids {
+			bad("tree: node %p: %d host-only children, recounted %d", n, n.h.kids, n.h.chkKids)
+		}
 		if n.OnHost() {
-			kids[p]++
 			if n.pins != 0 {
 				bad("tree: node %p: on the host tier with %d pins", n, n.pins)
 			}
@@ -747,12 +758,8 @@ func (c *Core) checkHostTree(pend map[*Node]int32, bad func(string, ...any)) {
 			leaves++
 		}
 	}
-	for _, n := range append(t.all, t.root) {
-		if n == t.root || n.chkFlags&chkSeen != 0 {
-			if n.h.kids != kids[n] {
-				bad("tree: node %p: %d host-only children, recounted %d", n, n.h.kids, kids[n])
-			}
-		}
+	if t.root.h.kids != t.root.h.chkKids {
+		bad("tree: root: %d host-only children, recounted %d", t.root.h.kids, t.root.h.chkKids)
 	}
 	if evictable != t.ht.evictable {
 		bad("tree: host evictable %d, recomputed %d", t.ht.evictable, evictable)

@@ -151,13 +151,26 @@ func (c *Core) check() []string {
 	}
 	// Pending host moves: their holds per host pool, their count per node.
 	var holds [][]int32
-	var pend map[*Node]int32
+	var pend map[*Node]int32 // nil (all zero) without a pending move
+	moves := 0
+	for _, s := range c.seqs {
+		moves += len(s.moves)
+	}
+	if moves != c.moving {
+		bad("host tier: %d pending moves, counted %d", moves, c.moving)
+	}
 	if c.hostReuse() {
-		holds = make([][]int32, len(c.host))
-		for g, hp := range c.host {
-			holds[g] = make([]int32, hp.Total())
+		if len(c.checkHolds) != len(c.host) {
+			c.checkHolds = make([][]int32, len(c.host))
 		}
-		pend = map[*Node]int32{}
+		holds = c.checkHolds
+		for g, hp := range c.host {
+			holds[g] = slices.Grow(holds[g][:0], hp.Total())[:hp.Total()]
+			clear(holds[g])
+		}
+		if moves > 0 {
+			pend = map[*Node]int32{}
+		}
 	}
 	c.tree.BeginCheck()
 	for _, id := range c.seqIDs() {
@@ -297,14 +310,6 @@ func (c *Core) check() []string {
 		if cached != p.cached || st.Free+st.Cached+st.InUse != st.Total || st.InUse < 0 {
 			bad("pool %d: free %d + cached %d (recomputed %d) + in use %d != total %d", p.id, st.Free, st.Cached, cached, st.InUse, st.Total)
 		}
-	}
-
-	moves := 0
-	for _, s := range c.seqs {
-		moves += len(s.moves)
-	}
-	if moves != c.moving {
-		bad("host tier: %d pending moves, counted %d", moves, c.moving)
 	}
 
 	// Walk the tree.
