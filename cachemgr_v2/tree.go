@@ -38,12 +38,15 @@ type Node struct {
 	// chain is the node's prefix hash for KV events (the salt and every
 	// block from the root); computed only with events on.
 	chain   uint64
-	tick    uint64   // LRU key: when the last pin went away
-	heapIdx int32    // position in the eviction heap; -1 when not in it
-	queued  bool     // in the prune queue
-	allIdx  int32    // position in Tree.all while attached
-	gen     uint32   // bumped each time the node is (re)used for a block (newNode)
-	h       hostNode // its host tier state (hostreuse.go); zero without reuse offload
+	tick    uint64 // LRU key: when the last pin went away
+	heapIdx int32  // position in the eviction heap; -1 when not in it
+	queued  bool   // in the prune queue
+	allIdx  int32  // position in Tree.all while attached
+	gen     uint32 // bumped each time the node is (re)used for a block (newNode)
+
+	// h is the node's host tier state (hostreuse.go); zero without reuse
+	// offload.
+	h hostNode
 
 	// Scratch of the deep self-check (Tree.Check), valid while chkEpoch is
 	// the tree's check epoch: recounting in the nodes themselves instead of
@@ -100,10 +103,12 @@ type Tree struct {
 	nodes     int
 	all       []*Node // every attached node (root excluded), Node.allIdx its index
 	spare     []*Node
-	epoch     uint32   // of the current deep self-check (BeginCheck)
-	counted   []*Node  // nodes CountPin counted in this check
-	ev        *events  // KV events; nil when off
-	ht        hostTree // the host tier of cached nodes (hostreuse.go); zero without one
+	epoch     uint32  // of the current deep self-check (BeginCheck)
+	counted   []*Node // nodes CountPin counted in this check
+	ev        *events // KV events; nil when off
+
+	// ht is the host tier of cached nodes (hostreuse.go); zero without one.
+	ht hostTree
 }
 
 // NewTree returns an empty tree of blocks of tpb tokens whose nodes hold one
