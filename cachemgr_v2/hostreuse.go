@@ -63,6 +63,7 @@ type hostNode struct {
 	filled  bool              // a holder of the pending promotion committed or released
 	counted bool              // in hostTree.evictable
 	chkKids int32             // host-only children, recounted by the deep self-check
+	chkPend int32             // pending moves naming it, recounted by the deep self-check
 }
 
 // hostTree is the tree's host tier of cached nodes.
@@ -637,10 +638,20 @@ func (t *Tree) hdown(i int) {
 
 // ---- deep self-check ----
 
+// beginHostCheck zeroes the host tier's recounts in the nodes (before
+// checkMoves).
+func (c *Core) beginHostCheck() {
+	t := c.tree
+	t.root.h.chkKids, t.root.h.chkPend = 0, 0
+	for _, n := range t.all {
+		n.h.chkKids, n.h.chkPend = 0, 0
+	}
+}
+
 // checkMoves recounts, for the deep self-check, the holds of s's pending
-// moves into holds (per host pool) and the live moves per node into pend,
-// and says what is wrong with them.
-func (c *Core) checkMoves(s *Seq, holds [][]int32, pend map[*Node]int32, bad func(string, ...any)) {
+// moves into holds (per host pool) and the live moves per node into the
+// node's chkPend, and says what is wrong with them.
+func (c *Core) checkMoves(s *Seq, holds [][]int32, bad func(string, ...any)) {
 	if len(s.moves) == 0 {
 		return
 	}
@@ -672,11 +683,11 @@ func (c *Core) checkMoves(s *Seq, holds [][]int32, pend map[*Node]int32, bad fun
 		case mv.promote && (!live || n.nPages == 0 || !s.created || !slices.Contains(s.path, n)):
 			bad("seq %d: pending promotion of a node that is not on both tiers on its new path", id)
 		case mv.promote:
-			pend[n]++
+			n.h.chkPend++
 		case live && n.nPages > 0:
 			bad("seq %d: pending offload of a node on the device", id)
 		case live:
-			pend[n]++
+			n.h.chkPend++
 		}
 	}
 }
@@ -686,19 +697,15 @@ func (c *Core) checkMoves(s *Seq, holds [][]int32, pend map[*Node]int32, bad fun
 // node, its host pages are owned by it in their pools, all or none; it holds
 // its block on one tier, or both while a promotion is pending; a device
 // node's parent is on the device and a stored node's parent is stored; the
-// pending moves naming it (pend) equal its count; host-only kids, the host
+// pending moves naming it (chkPend) equal its count; host-only kids, the host
 // evictable count and the host heap (exactly the host leaves, heap-ordered)
 // are right.
-func (c *Core) checkHostTree(pend map[*Node]int32, bad func(string, ...any)) {
+func (c *Core) checkHostTree(bad func(string, ...any)) {
 	t := c.tree
 	if !c.hostReuse() {
 		return
 	}
 	evictable, leaves := 0, 0
-	t.root.h.chkKids = 0
-	for _, n := range t.all {
-		n.h.chkKids = 0
-	}
 	for _, n := range t.all {
 		if n.chkFlags&chkSeen != 0 && n.OnHost() {
 			n.parent.h.chkKids++
@@ -721,8 +728,8 @@ func (c *Core) checkHostTree(pend map[*Node]int32, bad func(string, ...any)) {
 		if got != n.h.n || got != 0 && int(got) != len(n.h.pages) {
 			bad("tree: node %p: %d host pages, counted %d of %d", n, n.h.n, got, len(n.h.pages))
 		}
-		if n.h.pend != pend[n] {
-			bad("tree: node %p: %d pending moves, recounted %d", n, n.h.pend, pend[n])
+		if n.h.pend != n.h.chkPend {
+			bad("tree: node %p: %d pending moves, recounted %d", n, n.h.pend, n.h.chkPend)
 		}
 		if n.nPages > 0 && n.h.n > 0 && n.h.pend == 0 {
 			bad("tree: node %p: on both tiers without a pending promotion", n)

@@ -151,7 +151,6 @@ func (c *Core) check() []string {
 	}
 	// Pending host moves: their holds per host pool, their count per node.
 	var holds [][]int32
-	var pend map[*Node]int32 // nil (all zero) without a pending move
 	moves := 0
 	for _, s := range c.seqs {
 		moves += len(s.moves)
@@ -168,9 +167,7 @@ func (c *Core) check() []string {
 			holds[g] = slices.Grow(holds[g][:0], hp.Total())[:hp.Total()]
 			clear(holds[g])
 		}
-		if moves > 0 {
-			pend = map[*Node]int32{}
-		}
+		c.beginHostCheck()
 	}
 	c.tree.BeginCheck()
 	for _, id := range c.seqIDs() {
@@ -265,7 +262,7 @@ func (c *Core) check() []string {
 		if s.cow != nil {
 			c.tree.CountPin(s.cow)
 		}
-		c.checkMoves(s, holds, pend, bad)
+		c.checkMoves(s, holds, bad)
 	}
 
 	for i, p := range c.pools {
@@ -314,6 +311,6 @@ func (c *Core) check() []string {
 
 	// Walk the tree.
 	v = append(v, c.tree.Check()...)
-	c.checkHostTree(pend, bad)
+	c.checkHostTree(bad)
 	return v
 }
