@@ -19,12 +19,14 @@ import (
 //     the top of the tree: a device node's parent is on the device, a host
 //     node's parent holds content on some tier, and a node without content
 //     has no child with content.
-//   - Offload: when Reserve (or Resume) evicts a device leaf to allocate,
-//     its pages are copied to one host block per group (a free one, else the
-//     least valuable cached host leaf is evicted, if it is no more valuable
-//     than the node), and the node stays in the tree on the host tier.
-//     Without host room its content vanishes, as without a tier (with its
-//     host subtree, which nothing could reach any more).
+//   - Offload: when Reserve evicts a device leaf to allocate, its pages are
+//     copied to one host block per group (a free one, else the least
+//     valuable cached host leaf is evicted, if it is no more valuable than
+//     the node), and the node stays in the tree on the host tier. Without
+//     host room its content vanishes, as without a tier (with its host
+//     subtree, which nothing could reach any more). Resume's evictions
+//     always drop content: the contract has Resume copy host to device
+//     only.
 //   - Host eviction is leaf-first by the tree's own order (less), like the
 //     device's: a host leaf is a host-only, unpinned, settled node without
 //     host-only children.
