@@ -229,6 +229,9 @@ func ssmNote(ssm *poolPlan) string {
 	return fmt.Sprintf(", after %s SSM state slots", commas(ssm.pool.Blocks))
 }
 
+// policies are the eviction policies Configure accepts, LRU first.
+var policies = []string{kvcache.EvictionLRU, kvcache.EvictionLFU}
+
 var supportedMixers = []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA, spec.MixerMamba}
 
 // validate checks every field plan relies on; errors name the key, the value
@@ -266,6 +269,9 @@ func validate(cfg kvcache.Config) error {
 		return bad("kv_cache_config.avg_seq_len = %d; must be >= 0 (0 = unset)", cfg.AvgSeqLen)
 	case len(cfg.Layers) == 0:
 		return bad("Layers is empty: the stage has no layers")
+	case cfg.EvictionPolicy != "" && !slices.Contains(policies, cfg.EvictionPolicy):
+		return bad("kv_cache_config.eviction_policy = %q; must be one of %s (\"\" means %s)",
+			cfg.EvictionPolicy, strings.Join(policies, ", "), kvcache.EvictionLRU)
 	}
 	hasBuf := false
 	for i, l := range cfg.Layers {

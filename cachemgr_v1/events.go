@@ -2,6 +2,7 @@ package cachemgrv1
 
 import (
 	"context"
+	"slices"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/zeebo/xxh3"
@@ -55,6 +56,25 @@ func (e *events) removed(h xxh3.Uint128) {
 		return
 	}
 	e.add(kvcache.Event{Kind: kvcache.BlockRemoved, Hashes: []uint64{h.Lo}, Tier: kvcache.TierDevice})
+}
+
+// unremove takes hash h out of the unread BlockRemoved events (the
+// eviction was undone) and reports whether it was there.
+func (e *events) unremove(h xxh3.Uint128) bool {
+	for k := len(e.list) - 1; k >= 0; k-- {
+		ev := &e.list[k]
+		if ev.Kind != kvcache.BlockRemoved {
+			continue
+		}
+		if i := slices.Index(ev.Hashes, h.Lo); i >= 0 {
+			ev.Hashes = slices.Delete(ev.Hashes, i, i+1)
+			if len(ev.Hashes) == 0 {
+				e.list = slices.Delete(e.list, k, k+1)
+			}
+			return true
+		}
+	}
+	return false
 }
 
 // Events implements kvcache.EventReporter: the events since the last call

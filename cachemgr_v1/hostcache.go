@@ -29,7 +29,15 @@ import (
 //     Lookup or Reserve sees them and nothing evicts them, so no request can
 //     read a block whose copy might never run. An Unreserve drops them (the
 //     copy is not made): an offloaded hash vanishes and a promoted hash
-//     vanishes, which is Unreserve's "cached blocks evicted stay evicted".
+//     vanishes, which is Unreserve's "cached blocks evicted stay evicted"
+//     (the ghost record notes an offloaded hash as evicted from the device
+//     by the rule that chose it, a promoted one as evicted from the host by
+//     the policy).
+//   - Retention travels with the content: an offloaded block keeps its
+//     priority, expiry and hits on the host; a promoted or reclaimed one
+//     takes them back (a promotion is one more hit), raised to the priority
+//     of the sequence that reuses or stores it. The host pool evicts by the
+//     same rule as the device (lowest priority, then the policy).
 //   - Within one Reserve call, a block promoted by an earlier item may be
 //     shared by a later one: the later grant carries the same host→device
 //     copy, so its content arrives even if the earlier grant is undone, and
@@ -40,9 +48,38 @@ import (
 
 // move is one pending block of a sequence's outstanding reservation.
 type move struct {
-	pool int  // paged pool index
-	host bool // the host pool's block (offload) or the device pool's (promotion)
+	pool int   // paged pool index
+	host bool  // the host pool's block (offload) or the device pool's (promotion)
+	by   uint8 // offload: the rule that evicted the device block
 	b    kvcache.BlockID
+}
+
+// origin is the retention of a host block whose hash moves to the device.
+type origin struct {
+	had    bool
+	prio   uint8
+	exp    int64
+	hits   int32
+	salted bool
+	sfree  xxh3.Uint128
+}
+
+func (p *pool) origin(b kvcache.BlockID) origin {
+	o := origin{had: true, prio: p.prio[b], exp: p.exp[b], hits: p.hits[b]}
+	if p.salted != nil && p.salted[b] {
+		o.salted, o.sfree = true, p.sfree[b]
+	}
+	return o
+}
+
+// adopt gives device block db, just registered, the retention of o (a
+// host block's), raised to the current sequence's.
+func (m *Manager) adopt(p *pool, db kvcache.BlockID, o origin) {
+	p.keep(int32(db), o.prio, o.exp, o.hits)
+	p.raise(int32(db), m.cur.prio, m.cur.exp)
+	if o.salted {
+		p.setSalt(int32(db), o.sfree)
+	}
 }
 
 // fresh is pool pi's promotions of the current Reserve call: src[db] is
@@ -61,7 +98,9 @@ func (m *Manager) endCall() {
 		for _, db := range f.dbs {
 			f.src[db] = 0
 		}
-		m.host[pi].free = append(m.host[pi].free, f.limbo...)
+		for _, hb := range f.limbo {
+			m.host[pi].pushFree(hb)
+		}
 		f.dbs, f.limbo = f.dbs[:0], f.limbo[:0]
 	}
 }
@@ -79,46 +118,48 @@ func (m *Manager) shared(pi int, h xxh3.Uint128) (db, hb kvcache.BlockID, ok boo
 	return db, kvcache.BlockID(m.fresh[pi].src[db] - 1), true
 }
 
-// allocDev allocates one device block of paged pool pi, first offloading
-// the cached block it would evict when pi has a host pool.
+// allocDev allocates one device block of paged pool pi. When that evicts
+// a cached block, its content moves to pi's host pool, or vanishes (noted
+// in the pool's ghost record) without a host tier or room there.
 func (m *Manager) allocDev(pi int) kvcache.BlockID {
 	p := m.paged[pi]
-	if m.host != nil && len(p.free) == 0 {
-		m.offload(pi, p.next[p.n])
+	if len(p.free) == 0 && m.reuse {
+		v := p.victim()
+		by := p.decided(v, m.rule)
+		m.noteEvicted(pi, v)
+		if m.host == nil || !m.offload(pi, v, by) {
+			m.ghosts[pi].add(p.hash[v], kvcache.TierDevice, by, m.now)
+		}
 	}
 	return p.alloc()
 }
 
 // offload copies cached device block b of pool pi, which is about to be
-// evicted, to a host block and registers its hash there (pending).
-func (m *Manager) offload(pi int, b int32) {
-	hp := m.host[pi]
+// evicted (by rule by), to a host block and registers its hash there
+// (pending), with its retention and hits. It reports false when the host
+// pool has no block to give (all pending).
+func (m *Manager) offload(pi int, b int32, by uint8) bool {
+	hp, dp := m.host[pi], m.paged[pi]
 	if hp.available() == 0 {
-		return
+		return false
 	}
-	hb := hp.alloc() // evicts the host LRU block when none is free
+	if len(hp.free) == 0 {
+		v := hp.victim()
+		m.ghosts[pi].add(hp.hash[v], kvcache.TierHost, hp.decided(v, m.rule), m.now)
+	}
+	hb := hp.alloc() // evicts the host's first victim when none is free
 	hp.ref[hb] = 0
-	hp.register(hb, m.paged[pi].hash[b])
-	hp.pend[hb] = true
+	hp.register(hb, dp.hash[b])
+	hp.setPend(hb, true)
 	hp.parked++
-	m.cur.moved = append(m.cur.moved, move{pool: pi, host: true, b: hb})
+	hp.keep(int32(hb), dp.prio[b], dp.exp[b], dp.hits[b])
+	if dp.salted != nil && dp.salted[b] {
+		hp.setSalt(int32(hb), dp.sfree[b])
+	}
+	m.cur.moved = append(m.cur.moved, move{pool: pi, host: true, by: by, b: hb})
 	m.copies = append(m.copies, kvcache.Copy{SrcPool: m.paged[pi].id, SrcBlock: kvcache.BlockID(b), DstPool: hp.id, DstBlock: hb})
 	m.c.offloaded++
-}
-
-// holds reports whether pool pi can serve hash h now, in either tier.
-func (m *Manager) holds(pi int, h xxh3.Uint128) bool {
-	if _, ok := m.paged[pi].live(h); ok {
-		return true
-	}
-	if _, _, ok := m.shared(pi, h); ok {
-		return true
-	}
-	if m.host != nil {
-		_, ok := m.host[pi].live(h)
-		return ok
-	}
-	return false
+	return true
 }
 
 // onHost counts the hashes pool pi serves from its host pool only: each
@@ -148,22 +189,23 @@ func (m *Manager) attach(pi int, t []kvcache.BlockID, hashes []xxh3.Uint128) []k
 	p := m.paged[pi]
 	start := len(t)
 	promote := false
-	for _, h := range hashes {
+	for j, h := range hashes {
 		if b, ok := p.live(h); ok {
 			p.acquire(b)
+			p.raise(int32(b), m.cur.prio, m.cur.exp)
 			t = append(t, b)
 			continue
 		}
+		m.fromHost[j] = true
 		if db, hb, ok := m.shared(pi, h); ok {
 			p.acquire(db)
+			p.raise(int32(db), m.cur.prio, m.cur.exp)
 			t = append(t, db)
 			m.copies = append(m.copies, kvcache.Copy{SrcPool: m.host[pi].id, SrcBlock: hb, DstPool: p.id, DstBlock: db})
 			continue
 		}
 		hb, _ := m.host[pi].live(h)
-		hp := m.host[pi]
-		hp.unlink(int32(hb)) // pinned: off the host LRU list
-		hp.cached--
+		m.host[pi].uncache(int32(hb)) // pinned: out of the host's cached set
 		t = append(t, noBlock)
 		promote = true
 	}
@@ -178,13 +220,17 @@ func (m *Manager) attach(pi int, t []kvcache.BlockID, hashes []xxh3.Uint128) []k
 		hb, _ := hp.lookup(h)
 		db := m.allocDev(pi)
 		m.copies = append(m.copies, kvcache.Copy{SrcPool: hp.id, SrcBlock: hb, DstPool: p.id, DstBlock: db})
+		m.notePromoted(pi, hb, h)
+		o := hp.origin(hb)
+		o.hits++ // this reuse
 		hp.forget(hb)
 		f := &m.fresh[pi]
 		f.limbo = append(f.limbo, hb) // freed when the call ends
 		f.src[db] = int32(hb) + 1
 		f.dbs = append(f.dbs, db)
 		p.register(db, h)
-		p.pend[db] = true
+		m.adopt(p, db, o)
+		p.setPend(db, true)
 		m.cur.moved = append(m.cur.moved, move{pool: pi, b: db})
 		t[start+j] = db
 		m.c.promoted++
@@ -194,24 +240,26 @@ func (m *Manager) attach(pi int, t []kvcache.BlockID, hashes []xxh3.Uint128) []k
 
 // claim prepares the device registration of hash h in pool pi at commit:
 // it reports whether the device may register it, taking the hash from the
-// host pool when the host holds it (not pending).
-func (m *Manager) claim(pi int, h xxh3.Uint128) bool {
+// host pool when the host holds it (not pending); then o is the host
+// block's retention.
+func (m *Manager) claim(pi int, h xxh3.Uint128) (ok bool, o origin) {
 	if m.host == nil {
-		return true
+		return true, o
 	}
 	hp := m.host[pi]
 	hb, ok := hp.lookup(h)
 	if !ok {
-		return true
+		return true, o
 	}
 	if hp.pend[hb] {
-		return false
+		return false, o
 	}
-	hp.unlink(int32(hb))
-	hp.cached--
+	o = hp.origin(hb)
+	m.c.reclaimed++
+	hp.uncache(int32(hb))
 	hp.forget(hb)
-	hp.free = append(hp.free, hb)
-	return true
+	hp.pushFree(hb)
+	return true, o
 }
 
 // settle ends the pending state of s's moves: keep (Commit, Release: the
@@ -225,20 +273,21 @@ func (m *Manager) settle(s *sequence, keep bool) {
 		if mv.host {
 			p = m.host[mv.pool]
 		}
-		p.pend[mv.b] = false
+		p.setPend(mv.b, false)
 		switch {
 		case keep && mv.host:
 			p.parked--
-			p.pushMRU(int32(mv.b))
-			p.cached++
-		case mv.host:
+			p.cache(int32(mv.b))
+		case mv.host: // the device block it came from is gone too
 			p.parked--
+			m.ghosts[mv.pool].add(p.hash[mv.b], kvcache.TierDevice, mv.by, m.now)
 			p.forget(mv.b)
-			p.free = append(p.free, mv.b)
-		case !keep:
+			p.pushFree(mv.b)
+		case !keep: // the host block it came from is free
 			if mv.pool == 0 && m.ev.on {
 				m.ev.removed(p.hash[mv.b])
 			}
+			m.ghosts[mv.pool].add(p.hash[mv.b], kvcache.TierHost, m.rule, m.now)
 			p.forget(mv.b)
 		}
 	}

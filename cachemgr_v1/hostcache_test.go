@@ -179,18 +179,67 @@ func TestHostTierOffWhenUnset(t *testing.T) {
 
 // An Unreserve drops the copies of its grant, so the moves it made must not
 // leave blocks whose content never arrives: the promoted hashes vanish.
-func TestHostTierUnreserveDropsMoves(t *testing.T) {
-	m, _, a, _ := hostScript(t, 8)
+// An undone promotion copies nothing, so the host blocks it would have read
+// still hold a, and the device blocks it evicted still hold what they held:
+// Unreserve puts both back (undo.go), and a later request reuses a with the
+// right content.
+func TestHostTierUnreservePutsBack(t *testing.T) {
+	m, w, a, _ := hostScript(t, 8)
 	if err := m.Unreserve(bg, []kvcache.SeqID{4}); err != nil {
 		t.Fatal(err)
 	}
 	noViolations(t, m)
-	if n := lookup(t, m, a); n[0] != 0 {
-		t.Fatalf("Lookup(a) after the promoting reservation was undone = %d, want 0", n[0])
+	if n := lookup(t, m, a); n[0] != 24 {
+		t.Fatalf("Lookup(a) after the promoting reservation was undone = %d, want 24 (still on the host tier)", n[0])
 	}
 	for _, p := range inspect(t, m).Pools {
 		if p.InUse != 0 || p.Free+p.Cached != p.Total {
 			t.Fatalf("pool %+v after Unreserve: want nothing in use", p)
+		}
+	}
+	g := mustGrant(t, m, kvcache.ReserveItem{Seq: 5, New: true, Tokens: 1, Reuse: 24, Prompt: a})
+	if g.HostReused != 0 && g.HostReused != 24 {
+		t.Fatalf("HostReused = %d, want 24 (or 0 from a manager that does not say)", g.HostReused)
+	}
+	w.run(g.Copies)
+	table := g.Tables[0].Blocks
+	for pos := range 24 {
+		if got := w.content[0][int(table[pos/4])*4+pos%4]; got != a[pos] {
+			t.Fatalf("reused position %d (block %d) holds %d, prompt has %d", pos, table[pos/4], got, a[pos])
+		}
+	}
+	commit(t, m, 5, 1)
+	noViolations(t, m)
+}
+
+// Without a host tier, the cached blocks a reservation evicted come back
+// when it is undone: their content was never overwritten.
+func TestUnreservePutsBackEvicted(t *testing.T) {
+	m, w, _ := hostSetup(t, 0) // a was evicted by b and c; b and c are cached
+	const tpb = 4
+	b := prompt(tpb, []int32{7, 8, 9, 10, 11, 12, 13, 14}, 0, 2)
+	before := lookup(t, m, b)[0]
+	if before != 28 {
+		t.Fatalf("Lookup(b) = %d before the test, want 28", before)
+	}
+	// d needs 8 blocks: every block is cached, and b's are the oldest.
+	d := prompt(tpb, []int32{31, 32, 33, 34, 35, 36, 37, 38}, 0, 4)
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 9, New: true, Tokens: 8 * tpb, Prompt: d})
+	if n := lookup(t, m, b)[0]; n != 0 {
+		t.Fatalf("Lookup(b) while d holds every block = %d, want 0", n)
+	}
+	if err := m.Unreserve(bg, []kvcache.SeqID{9}); err != nil {
+		t.Fatal(err)
+	}
+	noViolations(t, m)
+	if n := lookup(t, m, b)[0]; n != before {
+		t.Fatalf("Lookup(b) after the evicting reservation was undone = %d, want %d", n, before)
+	}
+	g := mustGrant(t, m, kvcache.ReserveItem{Seq: 10, New: true, Tokens: 4, Reuse: 28, Prompt: b})
+	table := g.Tables[0].Blocks
+	for pos := range 28 {
+		if got := w.content[0][int(table[pos/4])*4+pos%4]; got != b[pos] {
+			t.Fatalf("reused position %d (block %d) holds %d, prompt has %d", pos, table[pos/4], got, b[pos])
 		}
 	}
 }

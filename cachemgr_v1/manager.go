@@ -53,10 +53,11 @@
 // tokens). As history passes a full prompt block, Commit registers the
 // sequence's block under that hash in every pool, unless another block already
 // holds it. Release drops references in reverse table order; a registered
-// block with no reference becomes cached (evictable, LRU), others become free.
-// Allocation takes free blocks first, then evicts the least recently used
-// cached block. Because tail blocks are released first, a chain's deeper
-// blocks are older and go first; a cached child can outlive its evicted
+// block with no reference becomes cached (evictable), others become free.
+// Allocation takes free blocks first, then evicts the first cached block in
+// eviction order (see Retention; by default the least recently used).
+// Because tail blocks are released first, a chain's deeper blocks are older
+// and go first; a cached child can outlive its evicted
 // parent, which is harmless: Lookup stops at the first missing hash, and the
 // child is evicted in its turn.
 //
@@ -72,15 +73,60 @@
 // that an allocation evicts is copied to the host tier instead of
 // vanishing, and a reservation whose Reuse covers host blocks brings them
 // back into fresh device blocks; the copies travel in Grant.Copies. The
-// host tier evicts its own least recently used block. hostcache.go has the
-// rules. Without a host tier nothing of it runs and grants carry no copies.
+// host tier evicts in the same order as the device (see Retention), with
+// each block's priority and hits carried along. hostcache.go has the rules.
+// Without a host tier nothing of it runs and grants carry no copies.
+//
+// # Explain
+//
+// The manager is a kvcache.Explainer (explain.go). Lookup and Explain share
+// one walk over the prompt's chain (walk), so Explain's Tokens is Lookup's
+// answer by construction; the walk also counts the matched blocks some pool
+// serves from its host tier only (HostTokens: each costs a host→device
+// copy, as Grant.HostReused counts them), which Lookup ignores at no extra
+// cost. The reason for the first missing block is looked up only by
+// Explain: in-flight by comparing the live sequences' uncommitted prompt
+// hashes at that position (nothing is maintained for it on the Reserve or
+// Commit paths); cache salt through the salt-free chain, looked up in the
+// first pool's index (unsalted blocks) and in a count of salted blocks by
+// salt-free hash, kept for the first paged pool and its host pool once a
+// salted sequence was seen; evictions in a per-pool ghost record (hash →
+// tier, rule, clock) of ghostsPerBlock entries per device and host block,
+// at most maxGhosts, the oldest forgotten first: a forgotten eviction
+// reads as never_stored. The clock is the latest Now of any Lookup,
+// Explain or Reserve item.
+//
+// # Retention and eviction policies
+//
+// A new sequence's Priority (1..100, 0 = DefaultPriority 35; others are
+// denied "invalid:") and PriorityDuration (from the item's Now) go to the
+// blocks it registers; a block it reuses, or that it would have
+// registered but another block holds, takes its priority when higher (the
+// later expiry when equal). Every pool, device and host, evicts the lowest
+// priority first, then by Config.EvictionPolicy: "lru" (""), the least
+// recently cached; "lfu", the fewest reuse hits since the content was
+// stored (carried across tiers), the least recently cached among equals.
+// Each priority level is a list (LRU, O(1)) or a heap (LFU, O(log n)) and
+// a bitmap finds the lowest non-empty level (pool.go). When the clock
+// passes a block's expiry (Reserve refreshes the pools as it advances), the
+// block falls back to DefaultPriority at its old place in the policy order.
+// An eviction is reported as decided by "priority" when the policy alone
+// (all levels merged) would have taken another block.
 //
 // # Concurrency and allocation
 //
 // A Manager is not safe for concurrent use (the contract calls it from one
 // goroutine at a time). In steady state Commit does not allocate and Reserve
 // allocates only the slices it returns (one for the grants and, when some
-// table changed, two for all deltas of the call).
+// table changed, two for all deltas of the call); the ghost record, the
+// expiry heaps and the LFU heaps grow to their bound first (amortized).
+//
+// # Self-check
+//
+// Inspect with Tables runs check.go's deep self-check: device and state
+// pools are verified whole, host pools (which can hold millions of blocks)
+// only where blocks changed since the last check, which proves as much
+// because every write to a block's state marks it (checkHostPool).
 package cachemgrv1
 
 import (
@@ -134,11 +180,20 @@ type Manager struct {
 
 	c  counters
 	ev events
+
+	// Explain and retention (explain.go).
+	rule      uint8 // the policy: ruleLRU or ruleLFU
+	now       int64 // the clock: the latest Now of a Lookup, Explain or Reserve item
+	refreshed int64 // the clock the pools last expired priorities at
+	ghosts    []ghost
+	fromHost  []bool // per reused position of the item being reserved: some pool took it from the host tier
+	hostBlock int    // positions of the last granted item taken from the host tier
 }
 
 type counters struct {
 	lookupTokens, reusedTokens, denials int64
 	offloaded, promoted                 int64 // host tier: blocks copied device→host, host→device
+	reclaimed                           int64 // host tier: hashes a device commit took back from the host
 }
 
 type stagedDelta struct{ pool, from, off, n int }
@@ -169,6 +224,12 @@ type sequence struct {
 	registered int            // prompt blocks registered so far
 	prompt     []int32        // the full prompt blocks, kept only with KV events on
 	moved      []move         // host tier: pending blocks of the outstanding reservation
+	prio       uint8          // retention priority of the blocks it stores
+	exp        int64          // when prio ends; 0 = never
+	sfree      []xxh3.Uint128 // salted sequences: the prompt's chain without the salt
+	// evicted is what the outstanding reservation's allocations took from
+	// the cache (undo.go): put back by an Unreserve.
+	evicted []undone
 }
 
 // New returns an unconfigured manager.
@@ -184,13 +245,16 @@ func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
 		Version:   Version,
 		Protocols: []int{kvcache.ProtocolVersion},
 		Capabilities: kvcache.Capabilities{
-			Mixers:      slices.Clone(supportedMixers),
-			PrefixReuse: true,
-			HostTier:    false,
-			SSMState:    true,
-			SSMReuse:    false,
-			CacheSalt:   true,
-			KVEvents:    true,
+			Mixers:           slices.Clone(supportedMixers),
+			PrefixReuse:      true,
+			HostTier:         false,
+			SSMState:         true,
+			SSMReuse:         false,
+			CacheSalt:        true,
+			KVEvents:         true,
+			Explain:          true,
+			Retention:        true,
+			EvictionPolicies: slices.Clone(policies),
 		},
 	}, nil
 }
@@ -233,7 +297,29 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 		m.fresh = make([]fresh, len(m.paged))
 		for pi, p := range m.paged {
 			p.pend = make([]bool, p.n)
+			p.logRegs = true
 			m.fresh[pi].src = make([]int32, p.n)
+		}
+		for _, hp := range m.host {
+			hp.track()
+		}
+	}
+	if cfg.EvictionPolicy == kvcache.EvictionLFU {
+		m.rule = ruleLFU
+	}
+	if m.reuse {
+		for pi, p := range m.paged {
+			n := p.n
+			if m.host != nil {
+				n += m.host[pi].n
+			}
+			m.ghosts = append(m.ghosts, newGhost(ghostsPerBlock*n))
+			if m.rule == ruleLFU {
+				p.useLFU()
+				if m.host != nil {
+					m.host[pi].useLFU()
+				}
+			}
 		}
 	}
 	if cfg.KVEvents && m.reuse && len(m.paged) > 0 {
@@ -246,6 +332,10 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 	m.configured = true
 	return layout, nil
 }
+
+// ghostsPerBlock sizes a paged pool's ghost record: this many entries per
+// device and host block of the pool (at most maxGhosts).
+const ghostsPerBlock = 4
 
 func (m *Manager) ready(ctx context.Context, op string) error {
 	if err := ctx.Err(); err != nil {
@@ -261,7 +351,7 @@ func (m *Manager) ready(ctx context.Context, op string) error {
 // now: the longest chain of registered full blocks, capped at
 // floor((len(Prompt)-1)/TokensPerBlock)*TokensPerBlock so at least one token
 // is left to compute. It is 0 with block reuse off. It changes nothing but
-// the LookupTokens counter.
+// the LookupTokens counter and the clock (Now). Explain shares its walk.
 func (m *Manager) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, error) {
 	if err := m.ready(ctx, "Lookup"); err != nil {
 		return nil, err
@@ -270,35 +360,14 @@ func (m *Manager) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int
 	for i := range items {
 		prompt := items[i].Prompt
 		m.c.lookupTokens += int64(len(prompt))
-		if !m.reuse || len(prompt) <= m.tpb {
+		m.now = max(m.now, items[i].Now)
+		if !m.reuse {
 			continue
 		}
-		max := (len(prompt) - 1) / m.tpb
-		parent := saltRoot(items[i].CacheSalt)
-		n := 0
-		for ; n < max; n++ {
-			h := m.h.next(parent, prompt[n*m.tpb:(n+1)*m.tpb])
-			if !m.allHold(h) {
-				break
-			}
-			parent = h
-		}
+		n, _, _ := m.walk(prompt, items[i].CacheSalt, m.lookupLimit(prompt))
 		out[i] = n * m.tpb
 	}
 	return out, nil
-}
-
-func (m *Manager) allHold(h xxh3.Uint128) bool {
-	for pi, p := range m.paged {
-		if m.host != nil {
-			if !m.holds(pi, h) {
-				return false
-			}
-		} else if _, ok := p.lookup(h); !ok {
-			return false
-		}
-	}
-	return true
 }
 
 // Reserve grants or denies each item in order, atomically over all pools: a
@@ -322,6 +391,8 @@ func (m *Manager) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]k
 		it := &items[i]
 		grants[i].Seq = it.Seq
 		from, cfrom := len(m.staged), len(m.copies)
+		m.tick(it.Now)
+		m.hostBlock = 0
 		s, reason := m.reserveOne(it, m.find(i, it.Seq))
 		if m.hint[i] != s {
 			m.hint[i] = s
@@ -332,6 +403,7 @@ func (m *Manager) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]k
 			continue
 		}
 		grants[i].OK = true
+		grants[i].HostReused = m.hostBlock * m.tpb
 		if len(m.staged) > from || len(m.copies) > cfrom {
 			m.spans = append(m.spans, span{i, from, len(m.staged), cfrom, len(m.copies)})
 		}
@@ -398,6 +470,11 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 			commas(it.Tokens), commas(m.cfg.MaxSeqLen), m.cfg.MaxDraftTokens)
 	case it.Reuse < 0:
 		return s, invalid(it.Seq, "Reuse = %d; must be >= 0", it.Reuse)
+	case it.Priority != 0 && (it.Priority < kvcache.MinPriority || it.Priority > kvcache.MaxPriority):
+		return s, invalid(it.Seq, "Priority = %d; must be in [%d, %d] (0 = default %d)",
+			it.Priority, kvcache.MinPriority, kvcache.MaxPriority, kvcache.DefaultPriority)
+	case it.PriorityDuration < 0:
+		return s, invalid(it.Seq, "PriorityDuration = %d ns; must be >= 0 (0 = for as long as cached)", it.PriorityDuration)
 	}
 	var hashes []xxh3.Uint128
 	reuseBlocks := 0
@@ -482,6 +559,17 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 		s = m.newSeq(it.Seq)
 		m.cur = s
 		s.isNew = true
+		s.prio, s.exp = defaultLevel, 0
+		if it.Priority != 0 {
+			s.prio = uint8(it.Priority)
+		}
+		if it.PriorityDuration > 0 && s.prio != defaultLevel {
+			s.exp = it.Now + it.PriorityDuration
+		}
+		if m.host != nil && reuseBlocks > 0 {
+			m.fromHost = slices.Grow(m.fromHost[:0], reuseBlocks)[:reuseBlocks]
+			clear(m.fromHost)
+		}
 		if m.ssm != nil {
 			s.slot = m.ssm.alloc()
 			off := len(m.blocks)
@@ -496,15 +584,27 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 				for j := 0; j < reuseBlocks; j++ {
 					b, _ := p.lookup(hashes[j])
 					p.acquire(b)
+					p.raise(int32(b), s.prio, s.exp)
 					t = append(t, b)
 				}
 			}
 			s.tables[pi] = t
 		}
+		if m.host != nil {
+			for _, h := range m.fromHost[:reuseBlocks] {
+				if h {
+					m.hostBlock++
+				}
+			}
+		}
 		s.history, s.capacity = it.Reuse, it.Reuse
 		s.registered = reuseBlocks
 		s.reused = it.Reuse
 		s.hashes = append(s.hashes[:0], hashes...)
+		if it.CacheSalt != "" && len(hashes) > 0 {
+			m.saltOn()
+			s.sfree = m.h.chain(s.sfree[:0], "", it.Prompt, len(hashes))
+		}
 		if m.ev.on {
 			s.prompt = append(s.prompt[:0], it.Prompt[:len(hashes)*m.tpb]...)
 			if len(s.moved) > 0 {
@@ -520,6 +620,9 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 		m.seqs[it.Seq] = s
 	}
 	m.cur = s
+	if !it.New {
+		s.evicted = s.evicted[:0] // a new sequence's started empty, before its reuse
+	}
 	s.undoCap, s.undoHold = s.capacity, s.hold
 	s.hold, s.capacity = hold, newCap
 	for pi, p := range m.paged {
@@ -542,10 +645,11 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 	return s, ""
 }
 
-// matched is how many leading hashes every pool holds.
+// matched is how many leading hashes every pool holds: walk's rule
+// (held) over hashes already computed.
 func (m *Manager) matched(hashes []xxh3.Uint128) int {
 	for j, h := range hashes {
-		if !m.allHold(h) {
+		if ok, _ := m.held(h); !ok {
 			return j
 		}
 	}
@@ -581,14 +685,15 @@ func (m *Manager) newSeq(id kvcache.SeqID) *sequence {
 			undoKeep: make([]int32, n),
 		}
 	}
-	hashes, tables, prompt, moved := s.hashes[:0], s.tables, s.prompt[:0], s.moved[:0]
+	hashes, tables, prompt, moved, sfree, evicted := s.hashes[:0], s.tables, s.prompt[:0], s.moved[:0], s.sfree[:0], s.evicted[:0]
 	for i := range tables {
 		tables[i] = tables[i][:0]
 		s.stale[i], s.told[i], s.keep[i] = 0, 0, 0
 	}
 	*s = sequence{
-		id: id, live: true, slot: noBlock, hashes: hashes, tables: tables, prompt: prompt, moved: moved,
-		stale: s.stale, told: s.told, keep: s.keep,
+		id: id, live: true, slot: noBlock, hashes: hashes, tables: tables, prompt: prompt, moved: moved, sfree: sfree,
+		evicted: evicted,
+		stale:   s.stale, told: s.told, keep: s.keep,
 		undoLen: s.undoLen, undoTold: s.undoTold, undoKeep: s.undoKeep,
 	}
 	return s
@@ -597,8 +702,8 @@ func (m *Manager) newSeq(id kvcache.SeqID) *sequence {
 // Unreserve undoes each sequence's outstanding reservation exactly: a
 // sequence created by it disappears (its reused blocks go back to the cache),
 // an existing one gets back its capacity, hold and tables. Cached blocks
-// evicted to make room are not brought back; their blocks return to the free
-// list. Sequences that are unknown or have no reservation are reported in one
+// evicted to make room, and host blocks a promotion took, are put back as
+// cached content when nothing overwrote them (undo.go). Sequences that are unknown or have no reservation are reported in one
 // item-scoped error after the others were applied.
 func (m *Manager) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 	if err := m.ready(ctx, "Unreserve"); err != nil {
@@ -618,6 +723,7 @@ func (m *Manager) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 		m.settle(s, false)
 		if s.isNew {
 			m.drop(s)
+			m.putBack(s)
 			continue
 		}
 		for pi, p := range m.paged {
@@ -631,6 +737,7 @@ func (m *Manager) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 		}
 		s.capacity, s.hold = s.undoCap, s.undoHold
 		s.reserved, s.resTokens, s.resDraft = false, 0, 0
+		m.putBack(s)
 	}
 	return bad.err("Unreserve", len(seqs))
 }
@@ -689,8 +796,8 @@ func (m *Manager) commitOne(s *sequence, accepted int) {
 		}
 		// Register full prompt blocks before any leaves the window.
 		for j := s.registered; j < full; j++ {
-			if b := t[j]; b != noBlock && m.claim(pi, s.hashes[j]) && p.register(b, s.hashes[j]) && pi == 0 && m.ev.on {
-				m.ev.stored(s, j, m.tpb)
+			if b := t[j]; b != noBlock {
+				m.store(pi, s, j, b)
 			}
 		}
 		if p.window > 0 && s.history > p.window {
@@ -704,6 +811,36 @@ func (m *Manager) commitOne(s *sequence, accepted int) {
 	}
 	if full > s.registered {
 		s.registered = full
+	}
+}
+
+// store registers prompt block j of s, held in block b of paged pool pi,
+// with s's retention (raised to the host's when the host tier gave the
+// hash up). When another block holds the hash, that block takes s's
+// priority if higher.
+func (m *Manager) store(pi int, s *sequence, j int, b kvcache.BlockID) {
+	p, h := m.paged[pi], s.hashes[j]
+	ok, o := m.claim(pi, h)
+	if !ok {
+		return
+	}
+	if !p.register(b, h) {
+		if held, ok := p.lookup(h); ok {
+			p.raise(int32(held), s.prio, s.exp)
+		}
+		return
+	}
+	if s.prio != defaultLevel || s.exp != 0 || o.had { // else register's default retention is s's
+		p.keep(int32(b), s.prio, s.exp, o.hits)
+		if o.had {
+			p.raise(int32(b), o.prio, o.exp)
+		}
+	}
+	if pi == 0 && len(s.sfree) > j {
+		p.setSalt(int32(b), s.sfree[j])
+	}
+	if pi == 0 && m.ev.on {
+		m.ev.stored(s, j, m.tpb)
 	}
 }
 
@@ -785,7 +922,9 @@ func (m *Manager) poolStats() []kvcache.PoolStats {
 // accounting and the findings of a deep self-check (see Violations). With
 // opts.Tables it adds each sequence's tables (a position released by a
 // sliding window reads -1; the state pool's table is the sequence's slot) and
-// every block's reference count. Cost: O(blocks + table entries).
+// every block's reference count. Cost: O(device blocks + table entries)
+// for the self-check, plus the host blocks changed since the last one (see
+// check); the reference counts it returns are copies, O(blocks).
 func (m *Manager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
 	if err := m.ready(ctx, "Inspect"); err != nil {
 		return kvcache.Snapshot{}, err

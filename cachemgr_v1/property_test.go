@@ -1,6 +1,7 @@
 package cachemgrv1
 
 import (
+	"cmp"
 	"errors"
 	"reflect"
 	"slices"
@@ -52,7 +53,17 @@ type propMachine struct {
 	// An Unreserve takes its sequence's out, as the engine drops the copies
 	// of an undone grant.
 	pending []seqCopy
-	npools  int // pools of the layout: 2 device (+ 2 host)
+	npools  int   // pools of the layout: 2 device (+ 2 host)
+	now     int64 // engine time: every action may advance it
+	policy  string
+	misses  map[kvcache.MissReason]int
+}
+
+// tick advances the engine clock by a drawn amount (often 0), so that
+// retention durations expire within a walk.
+func (pm *propMachine) tick(t *rapid.T) int64 {
+	pm.now += int64(rapid.IntRange(0, 20).Draw(t, "dt"))
+	return pm.now
 }
 
 type seqCopy struct {
@@ -159,7 +170,11 @@ func (pm *propMachine) reserveChecked(t *rapid.T, it kvcache.ReserveItem, s *mse
 		}
 		s.worker[d.Pool] = append(s.worker[d.Pool][:d.From:d.From], d.Blocks...)
 	}
+	promotions := 0
 	for _, c := range g.Copies {
+		if c.SrcPool >= 2 && c.DstPool < 2 {
+			promotions++
+		}
 		if pm.npools != 4 || c.SrcPool < 0 || c.SrcPool >= 4 || c.DstPool < 0 || c.DstPool >= 4 ||
 			(c.SrcPool < 2) == (c.DstPool < 2) || c.SrcPool%2 != c.DstPool%2 ||
 			c.SrcBlock < 0 || int(c.SrcBlock)*propTPB >= len(pm.content[c.SrcPool]) ||
@@ -167,6 +182,13 @@ func (pm *propMachine) reserveChecked(t *rapid.T, it kvcache.ReserveItem, s *mse
 			t.Fatalf("bad copy %+v in grant %+v (%d pools)", c, g, pm.npools)
 		}
 		pm.pending = append(pm.pending, seqCopy{it.Seq, c})
+	}
+	// HostReused: whole blocks of Reuse, each needing a promotion (or
+	// sharing one of this call) in some pool: at least one copy from the
+	// host per host block, at most one per pool.
+	if hr := g.HostReused; hr < 0 || hr > it.Reuse || hr%propTPB != 0 || promotions > 2*hr/propTPB ||
+		(hr > 0) != (promotions > 0) {
+		t.Fatalf("grant %+v: HostReused %d for Reuse %d with %d host→device copies", g, hr, it.Reuse, promotions)
 	}
 	s.hold = max(s.hold, it.Hold)
 	s.cap = max(s.cap, s.hist+it.Tokens+it.Draft, s.hold)
@@ -177,21 +199,22 @@ func (pm *propMachine) reserveChecked(t *rapid.T, it kvcache.ReserveItem, s *mse
 func (pm *propMachine) New(t *rapid.T) {
 	p := drawPrompt(t, "prompt")
 	id := pm.nextID
-	n, err := pm.m.Lookup(bg, []kvcache.LookupItem{{Seq: id, Prompt: p}})
-	if err != nil {
-		t.Fatal(err)
+	now := pm.tick(t)
+	n := pm.explainChecked(t, kvcache.LookupItem{Seq: id, Prompt: p, Now: now})
+	if n%propTPB != 0 || n > max(0, len(p)-1) || n < 0 {
+		t.Fatalf("Lookup(%v) = %d", p, n)
 	}
-	if n[0]%propTPB != 0 || n[0] > max(0, len(p)-1) || n[0] < 0 {
-		t.Fatalf("Lookup(%v) = %d", p, n[0])
-	}
-	reuse := rapid.IntRange(0, n[0]/propTPB).Draw(t, "reuseBlocks") * propTPB
+	reuse := rapid.IntRange(0, n/propTPB).Draw(t, "reuseBlocks") * propTPB
 	tokens := rapid.IntRange(1, min(len(p)-reuse, 12)).Draw(t, "tokens")
 	hold := 0
 	if rapid.IntRange(0, 4).Draw(t, "holdDie") == 0 {
 		hold = rapid.IntRange(0, 40).Draw(t, "hold")
 	}
+	prio := rapid.IntRange(0, kvcache.MaxPriority).Draw(t, "priority")
+	dur := int64(rapid.SampledFrom([]int{0, 5, 50}).Draw(t, "duration"))
 	s := &mseq{prompt: p, hist: reuse, cap: reuse, isNew: true}
-	if !pm.reserveChecked(t, kvcache.ReserveItem{Seq: id, New: true, Tokens: tokens, Hold: hold, Prompt: p, Reuse: reuse}, s) {
+	if !pm.reserveChecked(t, kvcache.ReserveItem{Seq: id, New: true, Tokens: tokens, Hold: hold, Prompt: p, Reuse: reuse,
+		Priority: prio, PriorityDuration: dur, Now: now}, s) {
 		return
 	}
 	pm.nextID++
@@ -223,7 +246,7 @@ func (pm *propMachine) Step(t *rapid.T) {
 	}
 	id := rapid.SampledFrom(ids).Draw(t, "seq")
 	s := pm.seqs[id]
-	it := kvcache.ReserveItem{Seq: id}
+	it := kvcache.ReserveItem{Seq: id, Now: pm.tick(t)}
 	if rest := len(s.prompt) - s.hist; rest > 0 {
 		it.Tokens = rapid.IntRange(1, min(rest, 12)).Draw(t, "chunk")
 	} else {
@@ -328,13 +351,48 @@ func (pm *propMachine) Release(t *rapid.T) {
 func (pm *propMachine) Lookup(t *rapid.T) {
 	before := pm.snap(t)
 	p := drawPrompt(t, "lookup")
-	n, err := pm.m.Lookup(bg, []kvcache.LookupItem{{Seq: 999, Prompt: p}})
-	if err != nil || n[0]%propTPB != 0 || n[0] > len(p)-1 && n[0] != 0 {
-		t.Fatalf("Lookup(%v) = %v, %v", p, n, err)
+	n := pm.explainChecked(t, kvcache.LookupItem{Seq: 999, Prompt: p, Now: pm.now})
+	if n%propTPB != 0 || n > len(p)-1 && n != 0 {
+		t.Fatalf("Lookup(%v) = %v", p, n)
 	}
 	if after := pm.snap(t); !reflect.DeepEqual(before, after) {
-		t.Fatalf("Lookup changed the state")
+		t.Fatalf("Lookup or Explain changed the state")
 	}
+}
+
+// explainChecked runs Lookup and Explain on it and checks that they agree
+// and that the explanation is well formed; it returns Lookup's answer.
+func (pm *propMachine) explainChecked(t *rapid.T, it kvcache.LookupItem) int {
+	n, err := pm.m.Lookup(bg, []kvcache.LookupItem{it})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := pm.m.Explain(bg, []kvcache.LookupItem{it})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := ex[0]
+	limit := 0
+	if len(it.Prompt) > propTPB {
+		limit = (len(it.Prompt) - 1) / propTPB * propTPB
+	}
+	switch {
+	case e.Tokens != n[0]:
+		t.Fatalf("Explain(%v) = %+v, Lookup = %d", it.Prompt, e, n[0])
+	case e.HostTokens < 0 || e.HostTokens > e.Tokens || e.HostTokens%propTPB != 0 || pm.npools == 2 && e.HostTokens != 0:
+		t.Fatalf("Explain(%v) = %+v: HostTokens out of [0, Tokens] or not whole blocks", it.Prompt, e)
+	case (e.Miss == kvcache.MissPartialBlock) != (e.Tokens == limit):
+		t.Fatalf("Explain(%v) = %+v: partial_block iff the match reached %d", it.Prompt, e, limit)
+	case e.Miss == kvcache.MissUnknown || e.Miss == kvcache.MissReuseOff || e.Miss == kvcache.MissSnapshot || e.Miss == kvcache.MissCacheSalt:
+		t.Fatalf("Explain(%v) = %+v: reason %s cannot happen here", it.Prompt, e, e.Miss)
+	case e.Miss == kvcache.MissEvicted && (e.EvictedAt > pm.now || e.EvictedBy != "priority" && e.EvictedBy != pm.policy ||
+		pm.npools == 2 && e.EvictedTier != kvcache.TierDevice):
+		t.Fatalf("Explain(%v) = %+v: eviction after now %d, or by another rule than %s/priority", it.Prompt, e, pm.now, pm.policy)
+	case e.Miss != kvcache.MissEvicted && (e.EvictedBy != "" || e.EvictedAt != 0):
+		t.Fatalf("Explain(%v) = %+v: eviction fields without an eviction", it.Prompt, e)
+	}
+	pm.misses[e.Miss]++
+	return n[0]
 }
 
 // Check runs after every action.
@@ -424,11 +482,13 @@ func propertyRun(t *testing.T, hostBlocks int) {
 		m := New()
 		cfg := propConfig()
 		cfg.HostBytes = int64(hostBlocks * propTPB * 100)
+		cfg.EvictionPolicy = rapid.SampledFrom([]string{"", kvcache.EvictionLRU, kvcache.EvictionLFU}).Draw(t, "policy")
 		lay, err := m.Configure(bg, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		pm := &propMachine{m: m, seqs: map[kvcache.SeqID]*mseq{}, nextID: 1, npools: len(lay.Pools)}
+		pm := &propMachine{m: m, seqs: map[kvcache.SeqID]*mseq{}, nextID: 1, npools: len(lay.Pools),
+			policy: cmp.Or(cfg.EvictionPolicy, kvcache.EvictionLRU), misses: map[kvcache.MissReason]int{}}
 		for _, p := range lay.Pools {
 			pm.content = append(pm.content, make([]int32, p.Blocks*propTPB))
 		}
@@ -457,11 +517,14 @@ func propertyRun(t *testing.T, hostBlocks int) {
 // meant to test (reuse, eviction, denials, window release), so a generator
 // change cannot silently weaken the property test.
 func TestPropertyCoverage(t *testing.T) {
-	var reused, evicted, denied, released, offloaded, promoted int
+	var reused, evicted, denied, released, offloaded, promoted, reclaimed, byPriority, expired int
 	for seed := range 80 {
 		cfg := propConfig()
 		if seed%2 == 1 {
 			cfg.HostBytes = propHostBlocks * propTPB * 100
+		}
+		if seed%4 >= 2 {
+			cfg.EvictionPolicy = kvcache.EvictionLFU
 		}
 		m := configured(t, cfg)
 		r := newLCG(uint64(seed))
@@ -475,8 +538,10 @@ func TestPropertyCoverage(t *testing.T) {
 				}
 			}
 			p = append(p, int32(id))
-			n, _ := m.Lookup(bg, []kvcache.LookupItem{{Seq: id, Prompt: p}})
-			g, _ := m.Reserve(bg, []kvcache.ReserveItem{{Seq: id, New: true, Tokens: len(p) - n[0], Reuse: n[0], Prompt: p}})
+			now := int64(id) * 10
+			n, _ := m.Lookup(bg, []kvcache.LookupItem{{Seq: id, Prompt: p, Now: now}})
+			g, _ := m.Reserve(bg, []kvcache.ReserveItem{{Seq: id, New: true, Tokens: len(p) - n[0], Reuse: n[0], Prompt: p,
+				Priority: r.n(kvcache.MaxPriority + 1), PriorityDuration: int64(r.n(3) * 40), Now: now}})
 			if g[0].OK {
 				if _, err := m.Commit(bg, []kvcache.CommitItem{{Seq: id, Accepted: len(p) - n[0]}}); err != nil {
 					t.Fatal(err)
@@ -506,6 +571,18 @@ func TestPropertyCoverage(t *testing.T) {
 		if m.c.promoted > 0 {
 			promoted++
 		}
+		if m.c.reclaimed > 0 {
+			reclaimed++
+		}
+		for _, g := range m.ghosts {
+			if slices.ContainsFunc(g.ring, func(e ghostEntry) bool { return e.by == rulePriority }) {
+				byPriority++
+				break
+			}
+		}
+		if m.paged[0].expired > 0 {
+			expired++
+		}
 		if len(inspect(t, m).Violations) > 0 {
 			t.Fatal(inspect(t, m).Violations)
 		}
@@ -515,12 +592,12 @@ func TestPropertyCoverage(t *testing.T) {
 			}
 		}
 	}
-	if reused == 0 || evicted == 0 || denied == 0 || released == 0 || offloaded == 0 || promoted == 0 {
-		t.Fatalf("coverage: reused %d evicted %d denied %d window-released %d offloaded %d promoted %d runs",
-			reused, evicted, denied, released, offloaded, promoted)
+	if reused == 0 || evicted == 0 || denied == 0 || released == 0 || offloaded == 0 || promoted == 0 || reclaimed == 0 || byPriority == 0 || expired == 0 {
+		t.Fatalf("coverage: reused %d evicted %d denied %d window-released %d offloaded %d promoted %d reclaimed %d by-priority %d expired %d runs",
+			reused, evicted, denied, released, offloaded, promoted, reclaimed, byPriority, expired)
 	}
-	t.Logf("reused %d evicted %d denied %d window-released %d offloaded %d promoted %d (of 80 runs, 40 with a host tier)",
-		reused, evicted, denied, released, offloaded, promoted)
+	t.Logf("reused %d evicted %d denied %d window-released %d offloaded %d promoted %d reclaimed %d by-priority %d expired %d (of 80 runs, 40 with a host tier, 40 LFU)",
+		reused, evicted, denied, released, offloaded, promoted, reclaimed, byPriority, expired)
 }
 
 type lcg struct{ x uint64 }

@@ -64,6 +64,9 @@ type Core struct {
 	checkRefs  [][]int32
 	checkFree  []bool
 	checkHolds [][]int32 // host pools' holds recounted from the pending moves
+	ck         coreCheck // the incremental deep check (dirty.go)
+
+	undo undoState // Unreserve's put-back of evicted nodes (undo.go)
 }
 
 // NewCore returns an unconfigured core of the manager name (in errors);
@@ -126,6 +129,7 @@ func (c *Core) Init(cc CoreConfig) {
 			hp.holds = make([]int32, hp.Total())
 		}
 	}
+	c.tree.ret.configure(cfg.EvictionPolicy, cc.DevBlocks)
 	if cfg.KVEvents && c.reuse {
 		c.tree.ev = &events{list: []kvcache.Event{{Kind: kvcache.AllBlocksCleared}}}
 	}
@@ -171,6 +175,7 @@ type Seq struct {
 	// block i (node and generation), so a check compares a path block's
 	// tokens once, not at every check.
 	chkPath []pathMark
+	ck      seqCheck // the incremental deep check's shadow; recycle keeps it
 
 	// What the worker knows: its table entries [0, sent) are right and it has
 	// told entries (-1: unknown). The next grant replaces its tail from sent.
@@ -179,6 +184,7 @@ type Seq struct {
 	// Undo record of the outstanding reservation.
 	created              bool
 	undoBlocks, undoSent int
+	undo                 undoRec // the cached nodes its allocation evicted (undo.go)
 	// moves are the host tier moves the outstanding reservation made, pending
 	// until it settles; moveBlk the host blocks they hold (hostreuse.go).
 	moves   []hostMove
@@ -187,6 +193,16 @@ type Seq struct {
 	// Ext is the Hooks' own state of the sequence; the core never reads it
 	// and drops it when the sequence ends.
 	Ext any
+
+	// Retention (explain.go), after the fields of every step: the priority
+	// of the blocks s stores and reuses, until when (0: for ever), and how
+	// many reused path nodes have yet to count the reuse (at the first
+	// Commit); posh caches the position hashes of s's prompt blocks,
+	// computed by Explain only (inFlight).
+	prio      int8
+	reusePend int32
+	until     int64
+	posh      []uint64
 }
 
 // ID is the sequence's id.
@@ -254,7 +270,8 @@ func (c *Core) blocks(n int) int {
 // tokens a new sequence could take from the cache now, at most
 // len(Prompt)-1: held by full cached blocks (a multiple of TokensPerBlock
 // unless partial reuse is on) and Reusable by the Hooks. It changes nothing
-// (only the LookupTokens counter).
+// (only the LookupTokens counter, and the manager clock moves to the latest
+// Now). Explain (explain.go) answers the same with its reasons.
 func (c *Core) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, error) {
 	if err := c.ready(ctx, "Lookup"); err != nil {
 		return nil, err
@@ -262,32 +279,55 @@ func (c *Core) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, e
 	out := make([]int, len(items))
 	for i := range items {
 		p := items[i].Prompt
+		c.tree.observe(items[i].Now)
 		c.stats.LookupTokens += int64(len(p))
 		if c.reuse && len(p) > 1 {
-			out[i] = c.lookup(items[i].CacheSalt, p)
+			out[i], _, _ = c.walk(items[i].CacheSalt, p)
 		}
 	}
 	return out, nil
 }
 
-func (c *Core) lookup(salt string, p []int32) int {
-	if c.hostReuse() {
-		n, _ := c.lookupTiers(salt, p)
-		return n
-	}
+// walk is the one walk of Lookup and Explain (so they cannot disagree) over
+// prompt p under salt (len(p) > 1): best is what Lookup returns, blocks the
+// full blocks matched with all their pages, on either tier with a host tier
+// for reuse (at most (len(p)-1)/tpb; best <
+// blocks*tpb when the Hooks allow no reuse that far), end the node of the
+// last of them (the root when none).
+func (c *Core) walk(salt string, p []int32) (best, blocks int, end *Node) {
 	limit, tpb := len(p)-1, c.tpb
-	if c.hooks == nil && !c.partial {
-		return c.tree.matchLen(salt, p, limit/tpb) * tpb
-	}
-	n, best, i := c.tree.root, 0, 0
-	for ; i < limit/tpb; i++ {
-		ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
-		if ch == nil || !ch.complete() {
-			break
+	n, i := c.tree.root, 0
+	switch {
+	case c.hooks == nil && !c.hostReuse(): // every cached prefix is reusable: the tight loop
+		for ; i < limit/tpb; i++ {
+			ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
+			if ch == nil || !ch.complete() {
+				break
+			}
+			n = ch
 		}
-		n = ch
-		if c.reusable(n, (i+1)*tpb) {
-			best = (i + 1) * tpb
+		best = i * tpb
+	case !c.hostReuse():
+		for ; i < limit/tpb; i++ {
+			ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
+			if ch == nil || !ch.complete() {
+				break
+			}
+			n = ch
+			if c.hooks.Reusable(n, (i+1)*tpb) {
+				best = (i + 1) * tpb
+			}
+		}
+	default: // a host tier for reuse: settled nodes on either tier (pending ones are not visible)
+		for ; i < limit/tpb; i++ {
+			ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
+			if ch == nil || !ch.settled() {
+				break
+			}
+			n = ch
+			if c.reusable(n, (i+1)*tpb) {
+				best = (i + 1) * tpb
+			}
 		}
 	}
 	if c.partial && best == i*tpb {
@@ -295,7 +335,7 @@ func (c *Core) lookup(salt string, p []int32) int {
 			best = i*tpb + k
 		}
 	}
-	return best
+	return best, i, n
 }
 
 func (c *Core) reusable(end *Node, tokens int) bool {
@@ -309,8 +349,11 @@ func (c *Core) reusable(end *Node, tokens int) bool {
 // denies with a Reason and leaves no trace. A new sequence's Reuse may cover
 // blocks the host tier holds: they count in its need, come back with a
 // host-to-device copy each, and Grant.HostReused says how many tokens they
-// hold (package doc, Tiers). Invalid items are
-// denied with a Reason starting "invalid: ". A suspended sequence is denied
+// hold (package doc, Tiers). Invalid items are denied with a Reason starting
+// "invalid: " (a Priority outside 1..100 among them). The manager clock
+// moves to each item's Now (when later) and the priorities it has passed
+// fall back to the default before the item is served (package doc,
+// Retention), so its evictions see them. A suspended sequence is denied
 // until resumed. A grant's Tables replace the worker's table tail from the
 // first entry it does not know (after a Resume, from the first moved block;
 // after a Commit that adopted cached blocks, from the first adopted one).
@@ -320,12 +363,17 @@ func (c *Core) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvca
 	}
 	c.tree.Prune() // safe point: no walk in progress
 	c.tree.ht.call++
+	c.tree.expire()
 	grants := make([]kvcache.Grant, len(items))
 	c.pending = c.pending[:0]
 	c.copies = c.copies[:0]
 	c.copyAt = c.copyAt[:0]
 	for i := range items {
 		it := &items[i]
+		if it.Now > c.tree.ret.now {
+			c.tree.observe(it.Now)
+			c.tree.expire()
+		}
 		grants[i].Seq = it.Seq
 		lo := len(c.copies)
 		reason := c.reserve(it, i, &grants[i])
@@ -352,6 +400,11 @@ func (c *Core) reserve(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) string
 		return fmt.Sprintf("invalid: seq %d: draft %d > max_draft_tokens %d", it.Seq, it.Draft, c.cfg.MaxDraftTokens)
 	case it.Hold > c.maxTokens:
 		return fmt.Sprintf("invalid: seq %d: hold %d > max_seq_len %d + max_draft_tokens %d", it.Seq, it.Hold, c.cfg.MaxSeqLen, c.cfg.MaxDraftTokens)
+	}
+	if it.Priority != 0 || it.PriorityDuration != 0 {
+		if r := checkPriority(it); r != "" {
+			return r
+		}
 	}
 	s := c.seqs[it.Seq]
 	if it.New {
@@ -381,9 +434,11 @@ func (c *Core) reserve(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) string
 	if r := c.roomFor(nb); r != "" {
 		return fmt.Sprintf("no capacity: seq %d needs %d tokens (capacity %d): %s", it.Seq, need, s.led.Capacity, r)
 	}
+	c.touch(s)
 	s.created = false
 	s.undoBlocks, s.undoSent = have, s.sent
 	c.cur = s
+	s.undo.reset()
 	c.grow(s, nb)
 	s.led.Reserve(it.Tokens, it.Draft, it.Hold)
 	if c.hooks != nil {
@@ -461,6 +516,7 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 		return fmt.Sprintf("no capacity: new seq %d needs %d tokens (reuse %d): %s", it.Seq, need, reuse, r)
 	}
 	c.cur = s
+	s.undo.reset()
 	if c.hostReuse() && len(s.path) > 0 {
 		g.HostReused = c.promote(s, nb+promo) * tpb
 	}
@@ -487,7 +543,10 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 	s.led = Ledger{History: reuse, Capacity: reuse}
 	s.led.Reserve(it.Tokens, it.Draft, it.Hold)
 	s.created = true
+	s.prio, s.until = seqRetention(it)
+	s.reusePend = int32(len(s.path))
 	c.seqs[s.id] = s
+	c.touch(s)
 	c.stats.ReusedTokens += int64(reuse)
 	if c.hooks != nil {
 		c.hooks.Reserved(s, it, g)
@@ -529,15 +588,20 @@ func (c *Core) makeRoom(nb int) {
 	}
 }
 
-// grow appends nb fresh private blocks to every table of s.
+// grow appends nb fresh private blocks to every table of s, recording its
+// evictions in s.undo (which the caller reset, before a promotion that
+// records its own: promote) and, after the last Take of the reservation,
+// the allocation generation of every recorded page.
 func (c *Core) grow(s *Seq, nb int) {
-	if nb <= 0 {
-		return
+	if nb > 0 {
+		c.tree.undo.rec = &s.undo
+		c.makeRoom(nb)
+		c.tree.undo.rec = nil
+		for g, pool := range c.dev {
+			s.tables[g] = pool.Take(s.tables[g], nb)
+		}
 	}
-	c.makeRoom(nb)
-	for g, pool := range c.dev {
-		s.tables[g] = pool.Take(s.tables[g], nb)
-	}
+	s.undo.taken(c.dev, c.host)
 }
 
 func (c *Core) pend(gi int, s *Seq) {
@@ -586,8 +650,11 @@ func (c *Core) flushDeltas(grants []kvcache.Grant) {
 
 // Unreserve implements kvcache.Manager: each sequence's outstanding
 // reservation is undone exactly (a new sequence disappears, its pins are
-// dropped without touching the LRU order). Cached blocks evicted to make room
-// stay evicted. A sequence without an outstanding reservation is an item error.
+// dropped without touching the LRU order). The cached nodes its allocation
+// evicted to make room get their pages back, as cached content in their old
+// eviction order, when nothing can have overwritten them and the tree or the
+// KV events have not moved on (undo.go); others stay evicted. A sequence
+// without an outstanding reservation is an item error.
 func (c *Core) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 	if err := c.ready(ctx, "Unreserve"); err != nil {
 		return err
@@ -603,10 +670,12 @@ func (c *Core) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 			bad.add(id, "seq %d: no outstanding reservation", id)
 			continue
 		}
+		c.undo.collect(&s.undo)
 		if s.created {
 			c.drop(s, false)
 			continue
 		}
+		c.touch(s)
 		for g, pool := range c.dev {
 			for _, b := range s.tables[g][s.undoBlocks:] {
 				pool.Unref(b)
@@ -622,6 +691,7 @@ func (c *Core) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 		s.sent, s.told = min(s.undoSent, s.undoBlocks), -1
 		s.led.Unreserve()
 	}
+	c.putBack()
 	return bad.err(c.name, "Unreserve")
 }
 
@@ -649,6 +719,7 @@ func (c *Core) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.
 			continue
 		}
 		c.settle(s, true) // the forward ran the grant's copies
+		c.touch(s)
 		nb := c.blocks(s.led.Commit(it.Accepted))
 		if nb < c.held(s) {
 			for g, pool := range c.dev {
@@ -662,6 +733,9 @@ func (c *Core) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.
 		if s.cow != nil {
 			c.tree.Unpin(s.cow, true)
 			s.cow = nil
+		}
+		if s.created && s.reusePend > 0 { // created first: the hot fields
+			c.reused(s)
 		}
 		if len(s.path) < len(s.prompt)/c.tpb && !s.regStop {
 			c.register(s)
@@ -723,6 +797,7 @@ func (c *Core) register(s *Seq) {
 			}
 			s.sent = min(s.sent, i)
 		}
+		c.tree.retain(n, s.prio, s.until, adopted)
 		s.path = append(s.path, n)
 	}
 }
@@ -750,6 +825,10 @@ func (c *Core) Release(ctx context.Context, seqs []kvcache.SeqID) error {
 // drop frees everything s holds and forgets it. touch says whether its pins
 // count as a use for LRU (false when undoing a reservation).
 func (c *Core) drop(s *Seq, touch bool) {
+	c.touch(s)
+	if touch && s.reusePend > 0 {
+		c.reused(s)
+	}
 	if c.hooks != nil {
 		c.hooks.Dropped(s, touch)
 	}
@@ -806,8 +885,10 @@ func (c *Core) recycle(s *Seq) {
 	clear(s.path[:cap(s.path)])
 	clear(s.chkPath[:cap(s.chkPath)])
 	clear(s.moves[:cap(s.moves)])
-	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0],
+	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0], ck: s.ck, undo: s.undo.emptied(), posh: s.posh[:0],
 		moves: s.moves[:0], moveBlk: s.moveBlk[:0]}
+	s.ck.reset = true
+	c.touch(s)
 	c.spare = append(c.spare, s)
 }
 

@@ -28,8 +28,9 @@
 //   - BlockPool: one pool on one tier (device or host); free / cached / in-use
 //     accounting with reference counts.
 //   - Tree and Node: a radix tree of committed full prompt blocks keyed by
-//     token content, with pins, leaf-first eviction (priority, then LRU) and a
-//     prune queue drained only at safe points (seed B).
+//     token content, with pins, leaf-first eviction (retention priority,
+//     then the eviction policy) and a prune queue drained only at safe
+//     points (seed B).
 //   - Ledger: one sequence's history, capacity, hold and outstanding
 //     reservation; the only place capacity and history move (seed A).
 //
@@ -48,9 +49,10 @@
 // Suspend moves only a sequence's private blocks to the host tier; its shared
 // blocks (tree pages it reused or registered) stay on device, referenced and
 // pinned, so suspending one sequence never changes what another one sees.
-// Resume allocates device blocks (evicting cached blocks when needed, whose
-// content is then dropped: Resume's copies only bring blocks back) and the
-// next grant carries the new table tail.
+// Resume allocates device blocks (evicting cached blocks when needed, for
+// good: their content is dropped, since Resume's copies only bring blocks
+// back, and no Unreserve undoes a Resume) and the next grant carries the new
+// table tail.
 //
 // With block reuse on, the host tier also keeps cached blocks (hostreuse.go
 // has the rules): a tree node that Reserve evicts from the device to
@@ -60,8 +62,11 @@
 // gets fresh device blocks with a host-to-device copy each, counted in its
 // need before anything is touched (Grant.HostReused). Until the reservation
 // that made a copy is committed or released, the node it fills is pending:
-// no other Lookup or Reserve sees it and nothing evicts it; Unreserve drops
-// an offload's content and sends a promoted node back to its host copy. A
+// no other Lookup or Reserve sees it and nothing evicts it. Unreserve undoes
+// both (the copies never ran): an offloaded node gets its device pages back
+// when the put-back's conditions hold (undo.go; the device pages still hold
+// the content), else loses its content, and a promoted node goes back to
+// its host copy. A
 // node whose block vanishes takes its host subtree with it (nothing could
 // reach it any more).
 //
@@ -102,6 +107,56 @@
 // and an evicted one as BlockRemoved (events.go), hashed as a chain from the
 // salt; off, it computes and records nothing.
 //
+// # Explain
+//
+// The Core is a kvcache.Explainer (explain.go). Explain walks the tree with
+// the very walk of Lookup (Core.walk), so its Tokens cannot differ; the
+// extras are computed after the walk, on the Explain path only. HostTokens
+// counts the matched blocks whose node is on the host tier only
+// (Node.OnHost, Core.hostTokens, shared with LookupTiers: a hit there costs a
+// host-to-device copy). Miss is decided in this
+// order:
+//
+//   - reuse_off: prefix reuse is off;
+//   - snapshot_boundary: the tree holds the blocks further than Tokens, but
+//     the Hooks allow no reuse there (mamba: no snapshot at a later
+//     boundary);
+//   - partial_block: the match reached the last full block Lookup may
+//     return (a multiple of TokensPerBlock, at most len(Prompt)-1);
+//   - in_flight: a live sequence has the next block among the prompt blocks
+//     it has not committed to the tree yet (same salt, same tokens, same
+//     position hash, so the same blocks before it); a scan of the live
+//     sequences, with each sequence's position hashes computed once;
+//   - evicted: the ghost record holds the next block's position (the chain
+//     of keys from the root: the salt and every block before it, Node.pos),
+//     with the tier, what decided (the policy's name, or "priority" when an
+//     eviction candidate of a higher priority was left in the heap) and the
+//     manager clock then (the latest Now of a Lookup, Explain or Reserve
+//     item). The record keeps the last four evictions per device block and
+//     forgets the oldest first; a forgotten eviction reads as never_stored;
+//   - cache_salt: only when the match stops at the first block: the tree
+//     caches that block, with all its pages, under another salt (the root's
+//     children are also listed by their tokens' hash alone);
+//   - never_stored: anything else.
+//
+// # Retention and eviction policies
+//
+// ReserveItem.Priority (0: kvcache.DefaultPriority; outside 1..100 the item
+// is denied as invalid) is the retention priority of the blocks a new
+// sequence stores; PriorityDuration (engine ns after the item's Now, 0 for
+// ever) bounds it, after which the blocks fall back to the default. A block
+// it reuses takes its priority when higher (or equal with a later expiry)
+// and counts a hit, both at the sequence's first Commit, so an Unreserve
+// leaves no trace. The eviction heap orders evictable leaves by priority,
+// then by the policy (Config.EvictionPolicy): lru, the least recently
+// used; lfu, the fewest hits since the block was stored, then the least
+// recently used. Eviction stays leaf-first under both (the heap holds only
+// leaves). The heap keys are stored, never computed from the clock: nodes
+// whose priority expires sit in an expiry heap, and Reserve re-keys those
+// the clock passed before it evicts anything (O(log n) each). The deep
+// self-check verifies the expiry heap, the per-priority counts and that no
+// expired priority is left in the eviction heap.
+//
 // # Safety
 //
 // Reserve is the only place blocks are allocated and cached blocks evicted;
@@ -112,4 +167,12 @@
 // sequence relies on are pinned along their whole path; eviction frees pages
 // only; pruning happens at the start of Reserve and at the end of Commit,
 // Suspend and Resume, never inside an allocation or a commit walk.
+//
+// An Unreserve leaves no trace either, where it can: the nodes its
+// reservation evicted get their pages back as cached content, in their old
+// eviction order, when no allocation since can have let anything write the
+// pages, the node is the same attached node and holds no pages, and the KV
+// events still hold the eviction unread (undo.go); a prune skips a node
+// with pages again. Pipeline stages that disagree on a grant therefore do
+// not wipe the granting stage's cache at every retry.
 package cachemgrv2

@@ -46,7 +46,9 @@ type Hooks interface {
 	// tier (an eviction without room on the host tier, a host-tier eviction,
 	// or an Unreserve that drops an offload whose copy never ran). A node
 	// the device evicts to the host tier keeps its content and is not
-	// Evicted. n stays attached until a prune at a safe point.
+	// Evicted. n stays attached until a prune at a safe point. An
+	// Unreserve may give n its pages back (undo.go) without telling the
+	// Hooks: what they dropped for n stays dropped.
 	Evicted(n *Node)
 	// CanSuspend reports whether s's own state fits the host tier; Suspended
 	// then moves it and appends its copies (device to host) to copies.

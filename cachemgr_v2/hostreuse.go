@@ -120,6 +120,7 @@ func (t *Tree) HostEvictable() int { return t.ht.evictable }
 // host-only, unpinned, settled node is evictable, and in the host heap when
 // it has no host-only children.
 func (t *Tree) hostFix(n *Node) {
+	t.touch(n) // the incremental deep check (dirty.go)
 	want := n.OnHost() && n.pins == 0 && n.h.pend == 0
 	if want != n.h.counted {
 		n.h.counted = want
@@ -285,6 +286,9 @@ func (c *Core) dropHost(n *Node, evicted bool) {
 	}
 	t := c.tree
 	was := n.OnHost()
+	if was {
+		t.undo.noteHost(n) // inside a reservation: Unreserve may put it back (undo.go)
+	}
 	for g, hp := range t.ht.pools {
 		hp.disown(n.h.pages[g])
 		n.h.pages[g] = NoBlock
@@ -292,6 +296,7 @@ func (c *Core) dropHost(n *Node, evicted bool) {
 	n.h.n, n.h.pend, n.h.filled = 0, 0, false
 	t.hostOnlyChanged(n, was)
 	if n.nPages == 0 {
+		t.evicted(n, kvcache.TierHost) // the content is gone from every tier
 		t.queuePrune(n)
 		if c.hooks != nil {
 			c.hooks.Evicted(n)
@@ -320,32 +325,16 @@ func (c *Core) dropHostKids(n *Node, evicted bool) {
 	}
 }
 
-// lookupTiers is Lookup's match for one prompt with a host tier for reuse:
-// the tokens a new sequence could take now, and how many of them the host
-// tier holds. Pending nodes are not visible.
-func (c *Core) lookupTiers(salt string, p []int32) (tokens, host int) {
-	t, tpb := c.tree, c.tpb
-	limit := len(p) - 1
-	n, i, onHost := t.root, 0, 0
-	for ; i < limit/tpb; i++ {
-		ch := t.child(n, salt, p[i*tpb:(i+1)*tpb])
-		if ch == nil || !ch.settled() {
-			break
-		}
-		n = ch
-		if n.nPages == 0 {
-			onHost++
-		}
-		if c.reusable(n, (i+1)*tpb) {
-			tokens, host = (i+1)*tpb, onHost*tpb
+// hostTokens is how many of the best tokens of walk's match (blocks full
+// blocks ending at end) the host tier holds only.
+func (c *Core) hostTokens(best, blocks int, end *Node) int {
+	host, tpb := 0, c.tpb
+	for d, n := blocks, end; d > 0; d, n = d-1, n.parent {
+		if d*tpb <= best && n.OnHost() {
+			host += tpb
 		}
 	}
-	if c.partial && tokens == i*tpb {
-		if _, k := t.matchPartial(n, salt, p[i*tpb:min((i+1)*tpb, limit)]); k > 0 && c.reusable(n, i*tpb+k) {
-			tokens = i*tpb + k
-		}
-	}
-	return tokens, host
+	return host
 }
 
 // LookupTiers is Lookup for one prompt under salt, split by tier: the tokens
@@ -355,10 +344,8 @@ func (c *Core) LookupTiers(salt string, prompt []int32) (tokens, host int) {
 	if c.tree == nil || !c.reuse || len(prompt) <= 1 {
 		return 0, 0
 	}
-	if !c.hostReuse() {
-		return c.lookup(salt, prompt), 0
-	}
-	return c.lookupTiers(salt, prompt)
+	best, blocks, end := c.walk(salt, prompt)
+	return best, c.hostTokens(best, blocks, end)
 }
 
 // matchReserve is Tree.match for a new sequence with a host tier for reuse:
@@ -405,7 +392,9 @@ func (c *Core) toPromote(path []*Node) int {
 // returns the number of blocks that came from the host tier.
 func (c *Core) promote(s *Seq, need int) int {
 	t := c.tree
+	t.undo.rec = &s.undo // its evictions are undone by Unreserve too (undo.go)
 	c.makeRoom(need)
+	t.undo.rec = nil
 	fromHost := 0
 	for _, n := range s.path {
 		switch {
@@ -429,6 +418,7 @@ func (c *Core) promote(s *Seq, need int) int {
 		default:
 			continue
 		}
+		t.touch(n)
 		n.h.pend++
 		for g, hp := range t.ht.pools {
 			hp.hold(n.h.pages[g])
@@ -444,10 +434,12 @@ func (c *Core) promote(s *Seq, need int) int {
 
 // settle ends the pending state of s's moves, last first: keep (Commit,
 // Release: the grant's copies were handed to the worker) makes them cache
-// content; otherwise (Unreserve: the copies never ran) an offloaded node
-// loses its content and a promoted one goes back to the host tier, once its
-// last holder settles. Call it after s's table references and pins are
-// dropped when s ends.
+// content; otherwise (Unreserve: the copies never ran) a promoted node goes
+// back to the host tier once its last holder settles, and an offloaded node
+// waits in Core.undo.offloads for the put-back (undo.go), which gives it its
+// device pages back or, failing that, undoOffloads drops its unwritten host
+// copy. Call it after s's table references and pins are dropped when s
+// ends.
 func (c *Core) settle(s *Seq, keep bool) {
 	if len(s.moves) == 0 {
 		return
@@ -465,12 +457,15 @@ func (c *Core) settle(s *Seq, keep bool) {
 		if !live {
 			continue // offloaded, then dropped or adopted by registration
 		}
+		t.touch(n)
 		n.h.pend--
 		switch {
 		case !mv.promote && keep:
 			t.hostFix(n)
 		case !mv.promote:
-			c.dropHost(n, false)
+			// The copy never ran: Unreserve's put-back may give n its
+			// device pages back, else undoOffloads drops the content.
+			c.undo.offloads = append(c.undo.offloads, n)
 		case keep:
 			n.h.filled = true
 			fallthrough
@@ -541,17 +536,20 @@ func (c *Core) restore(n *Node) {
 func (p *BlockPool) takeFor(n *Node) kvcache.BlockID {
 	b := p.free[len(p.free)-1]
 	p.free = p.free[:len(p.free)-1]
+	p.touch(b)
 	p.owner[b] = n
 	p.cached++
 	p.holds[b]++
+	p.gen[b]++ // an allocation: undo.go's put-back of host nodes checks it
 	return b
 }
 
 // hold adds a pending move's hold on an owned block.
-func (p *BlockPool) hold(b kvcache.BlockID) { p.holds[b]++ }
+func (p *BlockPool) hold(b kvcache.BlockID) { p.touch(b); p.holds[b]++ }
 
 // unhold drops a hold; an unowned block with no hold left is free.
 func (p *BlockPool) unhold(b kvcache.BlockID) {
+	p.touch(b)
 	p.holds[b]--
 	if p.holds[b] == 0 && p.owner[b] == nil {
 		p.cached--
@@ -561,6 +559,7 @@ func (p *BlockPool) unhold(b kvcache.BlockID) {
 
 // disown takes b from its node; without a hold it is free.
 func (p *BlockPool) disown(b kvcache.BlockID) {
+	p.touch(b)
 	p.owner[b] = nil
 	if p.holds[b] == 0 {
 		p.cached--
@@ -580,12 +579,14 @@ func (p *BlockPool) held(b int) int32 {
 // ---- the host eviction heap: a min-heap on Tree.less, index hidx-1 ----
 
 func (t *Tree) hpush(n *Node) {
+	t.touch(n)
 	t.ht.heap = append(t.ht.heap, n)
 	n.h.hidx = int32(len(t.ht.heap))
 	t.hup(len(t.ht.heap) - 1)
 }
 
 func (t *Tree) hremove(n *Node) {
+	t.touch(n)
 	h := t.ht.heap
 	i, last := int(n.h.hidx-1), len(h)-1
 	if i != last {
@@ -603,6 +604,8 @@ func (t *Tree) hremove(n *Node) {
 func (t *Tree) hswap(i, j int) {
 	h := t.ht.heap
 	h[i], h[j] = h[j], h[i]
+	t.touch(h[i])
+	t.touch(h[j])
 	h[i].h.hidx = int32(i + 1)
 	h[j].h.hidx = int32(j + 1)
 }
@@ -651,8 +654,9 @@ func (c *Core) beginHostCheck() {
 }
 
 // checkMoves recounts, for the deep self-check, the holds of s's pending
-// moves into holds (per host pool) and the live moves per node into the
-// node's chkPend, and says what is wrong with them.
+// moves into holds (per host pool; nil: the incremental check counts them
+// itself) and the live moves per node into the node's chkPend, and says
+// what is wrong with them.
 func (c *Core) checkMoves(s *Seq, holds [][]int32, bad func(string, ...any)) {
 	if len(s.moves) == 0 {
 		return
@@ -677,7 +681,9 @@ func (c *Core) checkMoves(s *Seq, holds [][]int32, bad func(string, ...any)) {
 				bad("seq %d: move holds host block %d out of range [0, %d)", id, b, c.host[g].Total())
 				continue
 			}
-			holds[g][b]++
+			if holds != nil {
+				holds[g][b]++
+			}
 		}
 		n := mv.n
 		live := n.h.n > 0 && slices.Equal(n.h.pages, blk)

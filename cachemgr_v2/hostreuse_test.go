@@ -155,20 +155,22 @@ func TestUnreservePromotionAndOffload(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The promotions never ran: p1's blocks 1 and 2 are back on the host,
-	// where their copies stayed. The offloads never ran either: seq 2's two
-	// offloaded leaves lost their content, like the third one that had no
-	// host room: p2 keeps its first 5 blocks.
+	// where their copies stayed. The offloads never ran either, and nothing
+	// wrote the device pages they came from: the put-back (undo.go) gives
+	// seq 2's three evicted leaves (two offloaded, one without host room)
+	// their device pages back, and the offloads' host blocks are free: p2
+	// is whole on the device again, on no other tier.
 	if n, h := lookupTiers(t, m, p1); n != 12 || h != 8 {
 		t.Errorf("Lookup(p1) after Unreserve = %d (%d on host), want 12 (8)", n, h)
 	}
-	if n, _ := lookupTiers(t, m, p2); n != 20 {
-		t.Errorf("Lookup(p2) after Unreserve = %d, want 20: evicted blocks stay evicted", n)
+	if n, h := lookupTiers(t, m, p2); n != 28 || h != 0 {
+		t.Errorf("Lookup(p2) after Unreserve = %d (%d on host), want 28 (0): the evictions are undone", n, h)
 	}
 	if ps := poolStats(t, m, hostPool); ps.Cached != 2 || ps.Free != 2 {
 		t.Errorf("host pool after Unreserve %+v, want p1's 2 cached, 2 free", ps)
 	}
-	if ps := poolStats(t, m, 0); ps.InUse != 0 || ps.Cached != 6 {
-		t.Errorf("device pool after Unreserve %+v, want 6 cached (p1's block 0 and p2's 5)", ps)
+	if ps := poolStats(t, m, 0); ps.InUse != 0 || ps.Cached != 9 {
+		t.Errorf("device pool after Unreserve %+v, want 9 cached (p1's block 0 and p2's 8)", ps)
 	}
 	// And the host copies still serve a new sequence.
 	g := mustGrant(t, m, kvcache.ReserveItem{Seq: 4, Tokens: 1, New: true, Prompt: p1, Reuse: 12})

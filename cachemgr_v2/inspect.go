@@ -12,7 +12,8 @@ import (
 // Tables, each device pool's table lists the sequence's device blocks in
 // logical order (blocks on the host tier left out) and each host pool's table
 // its host blocks; RefCounts are the pools' reference counts. Violations come
-// from a deep self-check that recomputes every count (see check).
+// from the deep self-check (see check: a full recount, or the same
+// properties over what changed since the last one).
 func (c *Core) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
 	if err := c.ready(ctx, "Inspect"); err != nil {
 		return kvcache.Snapshot{}, err
@@ -100,40 +101,120 @@ func present(t []kvcache.BlockID) []kvcache.BlockID {
 	return out
 }
 
-// check is the deep self-check behind Inspect's Violations: every count the
-// manager keeps incrementally is recomputed from first principles.
+// check is the deep self-check behind Inspect's Violations. The first one,
+// every fullEvery-th (SetFullCheckEvery, default 64) and the one after a
+// check that found something are full (checkFull: every count recomputed
+// from first principles); the others are incremental (checkIncremental,
+// dirty.go: the same properties over what changed since the last check,
+// global counters as totals). Tests compare the two verdicts on random
+// operation sequences and corruptions (dirty_test.go).
+func (c *Core) check() []string {
+	if c.ck.skip {
+		return nil
+	}
+	c.ck.count++
+	every := c.ck.fullEvery
+	if every == 0 {
+		every = fullCheckEvery
+	}
+	var v []string
+	if !c.ck.valid || c.ck.fullNext || every <= 1 || c.ck.count%every == 0 {
+		v = c.checkFull()
+	} else {
+		v = c.checkIncremental()
+	}
+	c.ck.fullNext = len(v) > 0
+	return v
+}
+
+// checkFull is the full deep self-check: every count the manager keeps
+// incrementally is recomputed from first principles. Then it rebuilds the
+// incremental check's shadows (resync). What it proves, and what the
+// incremental check proves again on every changed part:
 //
-//   - per sequence: 0 <= history <= capacity <= max_seq_len+max_draft, blocks ==
-//     ceil(capacity/tpb) in every group (device plus host), capacity ==
-//     max(history, hold) without a reservation, suspended sequences hold no
-//     reservation, tree path i holds prompt block i (compared once per node
-//     generation: a node's tokens are written only when newNode gives it a
-//     block) and table block i is that node's page (a sequence never holds a
-//     private copy of a cached block);
-//   - per pool: reference counts equal the references recomputed from all
-//     tables; free + cached + in use == total; the free stack holds exactly the
-//     unreferenced unowned blocks, once each; owned pages match their node;
-//   - tree: pins recomputed from sequence paths (and copy-on-write sources)
-//     equal the nodes' pins; pinned nodes hold all their pages (never evicted)
-//     and their parents are pinned; live-kid counts, the evictable count and the
-//     eviction heap (exactly the unpinned leaves with pages, heap-ordered) are
-//     right; every node reachable from the root has a correct parent link;
-//   - host tier for reuse (checkMoves, checkHostTree): pending moves only
-//     with a reservation, their holds equal each host block's, a promotion on
-//     its sequence's new path; a host block is a suspended sequence's or a
-//     node's (or a pending move's), never both; each host page owned by its
-//     node, all or none; a node on one tier, or both while a promotion is
-//     pending; device nodes below device nodes, content below content;
-//     pending counts, host-only children, the host evictable count and the
-//     host heap recomputed.
+// Per sequence (S):
 //
+//	S1 0 <= history <= capacity <= max_seq_len+max_draft
+//	S2 capacity == max(history, hold) without a reservation
+//	S3 a suspended sequence holds no reservation
+//	S4 blocks == ceil(capacity/tpb) in every group
+//	S5 suspended: one host entry per table entry; resident: no host entries
+//	S6 every table entry is on exactly one tier, its block in range
+//	S7 (with P2) the pools' reference counts equal the references
+//	   recomputed from all device and host tables
+//	S8 the tree path is no longer than history/tpb and prompt/tpb
+//	S9 path node i is the child of path node i-1 (the root for 0)
+//	S10 path node i holds prompt block i (compared once per node
+//	   generation: a node's tokens are written only when newNode gives it a
+//	   block)
+//	S11 table block i is path node i's page (a sequence never holds a
+//	   private copy of a cached block)
+//	S12 (with T7) the sequences' paths and copy-on-write sources are the
+//	   nodes' pins
+//
+// Per pool (P):
+//
+//	P1 no block twice on the free stack
+//	P2 reference counts equal the recount (S7)
+//	P3 the free stack holds exactly the unreferenced unowned blocks
+//	P4 cached recount == cached; free + cached + in use == total; in use >= 0
+//	P5 an owned block is one its owner holds as its page: a device page,
+//	   or (a host tier for reuse) a host page
+//	P6 (host pools with a host tier for reuse) a block's holds equal the
+//	   pending moves holding it; the free stack holds the unreferenced,
+//	   unowned, unheld blocks and the cached ones are the unreferenced owned
+//	   or held; no block is both a suspended sequence's and a node's or a
+//	   move's
+//
+// Tree (T, Tree.Check):
+//
+//	T1 every listed node is at its recorded list position
+//	T2 a listed node's parent lists it under its hash
+//	T3 the child maps hold exactly the listed nodes (census)
+//	T4 the root's live kids are recounted
+//	T5 every listed node reaches the root through linked parents (no cycle)
+//	T6 live-kid counts equal the recount
+//	T7 pins equal the recount from the sequences (S12)
+//	T8 a node's pages are owned by it in their pools; its page count is right
+//	T9 a pinned node holds all its pages (never evicted while pinned)
+//	T10 a pinned node's parent is pinned (or the root)
+//	T11 a node without pages has no children with pages
+//	T12 the evictable count and the eviction heap's size (exactly the
+//	   unpinned leaves with pages) are recounted
+//	T13 an empty unpinned childless node is queued for pruning
+//	T14 a node the sequences pin is attached
+//	T15 the attached nodes are the node count
+//	T16 heap entries are evictable leaves at their index, in heap order
+//
+// Host tier for reuse (H, checkMoves and checkHostTree):
+//
+//	H1 pending moves only with a reservation and a host tier for reuse;
+//	   a promotion's node is on both tiers on its sequence's new path, an
+//	   offload's on the host only
+//	H2 a node's host pages are owned by it in their pools, all or none
+//	H3 a node's pending count equals the live moves naming it (the holds of
+//	   its host pages)
+//	H4 a node holds its block on one tier, or on both while a promotion is
+//	   pending; filled only while pending
+//	H5 a device node's parent is on the device, a stored node's parent is
+//	   stored (or the root)
+//	H6 host-only children are recounted; a host-only node is unpinned
+//	H7 the host evictable count and the host heap (exactly the host leaves,
+//	   at their index, in heap order) are recounted
+func (c *Core) checkFull() []string {
+	v := c.recount()
+	c.resync()
+	return v
+}
+
 // pathMark is a path node as a deep check verified it (Seq.chkPath).
 type pathMark struct {
 	n   *Node
 	gen uint32
 }
 
-func (c *Core) check() []string {
+// recount is checkFull's check proper.
+func (c *Core) recount() []string {
 	var v []string
 	bad := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
 	tpb := c.tpb
@@ -312,5 +393,6 @@ func (c *Core) check() []string {
 	// Walk the tree.
 	v = append(v, c.tree.Check()...)
 	c.checkHostTree(bad)
+	v = append(v, c.tree.checkRetention()...)
 	return v
 }

@@ -14,6 +14,7 @@ const Version = "0.1.0"
 var (
 	_ kvcache.Manager   = (*Manager)(nil)
 	_ kvcache.Suspender = (*Manager)(nil) // the host tier
+	_ kvcache.Explainer = (*Manager)(nil) // explained lookups (explain.go)
 )
 
 // Manager is a TensorRT-LLM "KV cache manager V2" style cache manager for one
@@ -34,11 +35,14 @@ func New() *Manager { return &Manager{Core: NewCore("cachemgr_v2")} }
 // Info implements kvcache.Manager.
 func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
 	return Describe(ctx, "cachemgr_v2", Version, kvcache.Capabilities{
-		Mixers:      []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA},
-		PrefixReuse: true,
-		HostTier:    true,
-		CacheSalt:   true,
-		KVEvents:    true,
+		Mixers:           []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA},
+		PrefixReuse:      true,
+		HostTier:         true,
+		CacheSalt:        true,
+		KVEvents:         true,
+		Explain:          true,
+		Retention:        true,
+		EvictionPolicies: slices.Clone(EvictionPolicies),
 	})
 }
 
@@ -56,10 +60,13 @@ func Describe(ctx context.Context, name, version string, caps kvcache.Capabiliti
 // a typical step (AvgSeqLen, else MaxSeqLen; PoolRatio overrides: hints that
 // change speed only) with at least one MaxSeqLen+MaxDraftTokens request and
 // one MaxNumTokens chunk per group, and splits HostBytes in the same
-// proportions. Models with state buffers are refused (ErrInvalidConfig).
-// Configure resets all state.
+// proportions. Models with state buffers are refused (ErrInvalidConfig), as
+// is an EvictionPolicy other than lru, lfu or "". Configure resets all state.
 func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.Layout, error) {
 	if err := ctx.Err(); err != nil {
+		return kvcache.Layout{}, err
+	}
+	if err := CheckEvictionPolicy("cachemgr_v2", cfg.EvictionPolicy); err != nil {
 		return kvcache.Layout{}, err
 	}
 	groups, lay, devBlocks, hostBlocks, err := planLayout(&cfg)

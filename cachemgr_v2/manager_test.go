@@ -365,7 +365,10 @@ func TestDivergingPrefixRegistersLaterBlocks(t *testing.T) {
 
 // TestSelfCheckFindsCorruption: the deep Inspect notices a broken tree (a
 // pin count off by one, a wrong evictable count, a pinned node cut off the
-// tree, a pinned node in the eviction heap) and a broken pool.
+// tree, a pinned node in the eviction heap) and a broken pool. The
+// corruptions happen behind the manager's back (nothing is marked dirty), so
+// only the full check can see them: the test asks for it every time
+// (dirty_test.go corrupts through the marks and compares both checks).
 func TestSelfCheckFindsCorruption(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -396,6 +399,7 @@ func TestSelfCheckFindsCorruption(t *testing.T) {
 		{"refcount", func(m *Manager) { m.pools[0].refs[0]++ }, "refcount"},
 	} {
 		m, _ := configure(t, smallCfg(16, 0))
+		m.SetFullCheckEvery(1)
 		mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 13, New: true, Prompt: tokens(13, 1)})
 		mustCommit(t, m, 1, 13)
 		deep := func() []string {

@@ -28,6 +28,8 @@ type BlockPool struct {
 	// holds counts, per block, the pending host moves that hold it (host
 	// pools with a host tier for reuse; nil otherwise): see hostreuse.go.
 	holds []int32
+	ck    poolCheck // the incremental deep check's marks, shadows and recounts (dirty.go)
+	gen   []uint32  // allocations of each block (Take): undo.go's proof that nothing wrote it since
 }
 
 // NewBlockPool returns a pool of n free blocks with ids 0..n-1 (handed out in
@@ -39,6 +41,8 @@ func NewBlockPool(id int, tier kvcache.Tier, n int) *BlockPool {
 		free:  make([]kvcache.BlockID, n),
 		refs:  make([]int32, n),
 		owner: make([]*Node, n),
+		ck:    poolCheck{mark: make([]bool, n)},
+		gen:   make([]uint32, n),
 	}
 	for i := range p.free {
 		p.free[i] = kvcache.BlockID(n - 1 - i)
@@ -86,6 +90,8 @@ func (p *BlockPool) Take(dst []kvcache.BlockID, n int) []kvcache.BlockID {
 	for i := len(p.free) - 1; i >= k; i-- {
 		b := p.free[i]
 		p.refs[b] = 1
+		p.touch(b)
+		p.gen[b]++
 		dst = append(dst, b)
 	}
 	p.free = p.free[:k]
@@ -94,6 +100,7 @@ func (p *BlockPool) Take(dst []kvcache.BlockID, n int) []kvcache.BlockID {
 
 // Ref adds a reference to a block that is in use or cached (a reused page).
 func (p *BlockPool) Ref(b kvcache.BlockID) {
+	p.touch(b)
 	if p.refs[b] == 0 {
 		p.cached--
 	}
@@ -103,6 +110,7 @@ func (p *BlockPool) Ref(b kvcache.BlockID) {
 // Unref drops one reference. The last reference frees a private block and
 // turns a node's page into a cached block.
 func (p *BlockPool) Unref(b kvcache.BlockID) {
+	p.touch(b)
 	p.refs[b]--
 	if p.refs[b] > 0 {
 		return
@@ -116,6 +124,7 @@ func (p *BlockPool) Unref(b kvcache.BlockID) {
 
 // adopt makes an in-use private block the page of node n.
 func (p *BlockPool) adopt(b kvcache.BlockID, n *Node) {
+	p.touch(b)
 	p.owner[b] = n
 	if p.refs[b] == 0 {
 		p.cached++
@@ -124,6 +133,7 @@ func (p *BlockPool) adopt(b kvcache.BlockID, n *Node) {
 
 // drop frees a page that its node gives up (eviction); it must be unreferenced.
 func (p *BlockPool) drop(b kvcache.BlockID) {
+	p.touch(b)
 	p.owner[b] = nil
 	if p.refs[b] == 0 {
 		p.cached--

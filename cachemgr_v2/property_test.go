@@ -2,6 +2,7 @@ package cachemgrv2
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"reflect"
 	"slices"
@@ -16,11 +17,18 @@ import (
 
 // harness drives a Manager like the core and a worker would, with a model of
 // every sequence's ledger and a simulated worker memory: each block slot
-// holds the token whose KV was written there. Before every forward the
-// worker's view of a sequence's table (built only from grant deltas) must
-// equal the manager's, and every history position must read back the right
-// token through it. That catches wrong reuse, lost or overwritten live
-// blocks, bad suspend/resume copies and bad table deltas.
+// holds the token whose KV was written there. At every grant and before
+// every forward the worker's view of a sequence's table (built only from
+// grant deltas) must equal the manager's, and every history position must
+// read back the right token through it. That catches wrong reuse, lost or
+// overwritten live blocks, bad suspend/resume copies and bad table deltas.
+//
+// As in the engine, a grant's copies run only when the reservation is kept:
+// with the step's forward, before any later manager call but the step's
+// Unreserves can change what they read (flush runs them before every call
+// but Unreserve); the step's writes come just before its Commit. An undone
+// grant copies and writes nothing. So cached content an Unreserve puts back
+// (undo.go) must read back right when it is reused.
 type harness struct {
 	t      *rapid.T
 	m      *Manager
@@ -29,8 +37,31 @@ type harness struct {
 	mem    [][]int64 // per pool, block*tpb+slot
 	seqs   map[kvcache.SeqID]*modelSeq
 	nextID kvcache.SeqID
+	// pending are the kept grants' copies not run yet, in grant order.
+	pending []pendingCopies
+	// prompts are the last prompts started, whose blocks may be cached
+	// after their sequences ended (bounce looks them up).
+	prompts [][]int32
+	clock   int64 // the engine time sent in Now, advanced by newSeq
 
 	hostGrants int // grants that brought blocks back from the host tier
+}
+
+type pendingCopies struct {
+	seq    kvcache.SeqID
+	copies []kvcache.Copy
+}
+
+// flush runs the copies of every kept grant (the forward they belong to
+// runs before any later call can change their sources).
+func (h *harness) flush() {
+	for _, p := range h.pending {
+		h.applyCopies(p.copies)
+		if s := h.seqs[p.seq]; s != nil {
+			s.copies, s.ran = nil, true
+		}
+	}
+	h.pending = h.pending[:0]
 }
 
 type modelSeq struct {
@@ -42,6 +73,8 @@ type modelSeq struct {
 	suspended       bool
 	mirror          [][]kvcache.BlockID // the worker's tables, per device pool
 	before          kvcache.SeqState    // state before the outstanding reservation
+	copies          []kvcache.Copy      // the outstanding grant's, made by its forward
+	ran             bool                // its copies ran (flush): the reservation must be committed, not undone
 }
 
 func (h *harness) token(id kvcache.SeqID, s *modelSeq, pos int) int64 {
@@ -78,16 +111,32 @@ func (h *harness) applyCopies(cs []kvcache.Copy) {
 	}
 }
 
-// forward applies a grant as the worker would, checks what it reads and
-// writes the step's tokens.
-func (h *harness) forward(id kvcache.SeqID, s *modelSeq, g kvcache.Grant) {
+// granted applies a grant's table deltas as the worker would and checks its
+// tables; the grant's forward waits for its Commit.
+func (h *harness) granted(id kvcache.SeqID, s *modelSeq, g kvcache.Grant) {
 	for _, d := range g.Tables {
 		s.mirror[d.Pool] = append(s.mirror[d.Pool][:min(d.From, len(s.mirror[d.Pool]))], d.Blocks...)
 		if d.From > len(s.mirror[d.Pool]) {
 			h.t.Fatalf("seq %d: delta From %d beyond the worker's table of %d", id, d.From, len(s.mirror[d.Pool]))
 		}
 	}
-	h.applyCopies(g.Copies)
+	st := h.state(id)
+	for p := range h.m.dev {
+		if !slices.Equal(s.mirror[p], st.Tables[p]) {
+			h.t.Fatalf("seq %d pool %d: worker table %v, manager table %v", id, p, s.mirror[p], st.Tables[p])
+		}
+	}
+	s.copies = g.Copies
+	if len(g.Copies) > 0 {
+		h.pending = append(h.pending, pendingCopies{id, g.Copies})
+	}
+}
+
+// forward runs the outstanding grant's forward as the worker would: it
+// makes the grant's copies, checks what it reads and writes the step's
+// tokens.
+func (h *harness) forward(id kvcache.SeqID, s *modelSeq) {
+	h.flush()
 	st := h.state(id)
 	for p := range h.m.dev {
 		if !slices.Equal(s.mirror[p], st.Tables[p]) {
@@ -122,6 +171,7 @@ func (h *harness) pick(filter func(*modelSeq) bool) (kvcache.SeqID, *modelSeq) {
 
 // reserveOne reserves one item and checks the answer against the model.
 func (h *harness) reserveOne(it kvcache.ReserveItem, s *modelSeq) {
+	h.flush()
 	before := h.snapshot()
 	if !it.New {
 		s.before = h.state(it.Seq)
@@ -146,10 +196,10 @@ func (h *harness) reserveOne(it kvcache.ReserveItem, s *modelSeq) {
 			h.hostGrants++
 		}
 	}
-	s.tokens, s.draft, s.reserved = it.Tokens, it.Draft, true
+	s.tokens, s.draft, s.reserved, s.ran = it.Tokens, it.Draft, true, false
 	s.hold = max(s.hold, it.Hold)
 	s.cap = max(s.cap, s.hist+it.Tokens+it.Draft, s.hold)
-	h.forward(it.Seq, s, g)
+	h.granted(it.Seq, s, g)
 }
 
 func (h *harness) newSeq(t *rapid.T) {
@@ -175,15 +225,83 @@ func (h *harness) newSeq(t *rapid.T) {
 		hold = rapid.IntRange(len(prompt), h.cfg.MaxSeqLen).Draw(t, "hold")
 	}
 	s := &modelSeq{prompt: prompt, mirror: make([][]kvcache.BlockID, len(h.m.dev))}
-	h.reserveOne(kvcache.ReserveItem{Seq: id, Tokens: tokens, Hold: hold, New: true, Prompt: prompt, Reuse: reuse}, s)
+	if h.prompts = append(h.prompts, prompt); len(h.prompts) > 16 {
+		h.prompts = h.prompts[1:]
+	}
+	h.clock += rapid.Int64Range(0, 20).Draw(t, "elapsed")
+	h.reserveOne(kvcache.ReserveItem{Seq: id, Tokens: tokens, Hold: hold, New: true, Prompt: prompt, Reuse: reuse,
+		Priority:         rapid.SampledFrom([]int{0, 0, 1, 20, 35, 60, 100}).Draw(t, "priority"),
+		PriorityDuration: rapid.SampledFrom([]int64{0, 0, 5, 40}).Draw(t, "duration"),
+		Now:              h.clock}, s)
+}
+
+// badPriority asks for a retention priority out of range: denied as
+// invalid, nothing changes.
+func (h *harness) badPriority(t *rapid.T) {
+	prio := rapid.SampledFrom([]int{-1, 101, 1000}).Draw(t, "bad priority")
+	it := kvcache.ReserveItem{Seq: h.nextID, Tokens: 1, New: true, Prompt: []int32{1, 2}, Priority: prio, Now: h.clock}
+	before := h.snapshot()
+	if g := reserve1(t, h.m, it); g.OK || !strings.HasPrefix(g.Reason, "invalid: ") || !strings.Contains(g.Reason, fmt.Sprint(prio)) {
+		t.Fatalf("Reserve(priority %d) = %v %q, want denied as invalid", prio, g.OK, g.Reason)
+	}
+	if !reflect.DeepEqual(h.snapshot(), before) {
+		t.Fatal("invalid priority changed state")
+	}
+}
+
+// explain checks Explain against Lookup and the reasons against what the
+// harness knows: it changes nothing, Tokens is Lookup's, the reason fits.
+func (h *harness) explain(t *rapid.T) {
+	prompt := rapid.SliceOfN(rapid.Int32Range(1, 3), 1, h.cfg.MaxSeqLen).Draw(t, "eprompt")
+	items := []kvcache.LookupItem{{Prompt: prompt, Now: h.clock}}
+	before := h.snapshot()
+	ex, err := h.m.Explain(ctx, items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	look, err := h.m.Lookup(ctx, items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(h.snapshot(), before) {
+		t.Fatal("Explain changed state")
+	}
+	e, full := ex[0], max(len(prompt)-1, 0)/h.tpb*h.tpb
+	policy := h.cfg.EvictionPolicy
+	if policy == "" {
+		policy = kvcache.EvictionLRU
+	}
+	_, onHost := h.m.LookupTiers("", prompt)
+	switch {
+	case e.Tokens != look[0] || e.HostTokens != onHost:
+		t.Fatalf("Explain = %+v, Lookup %d (%d on the host tier)", e, look[0], onHost)
+	case !h.cfg.EnableBlockReuse:
+		if e.Miss != kvcache.MissReuseOff {
+			t.Fatalf("reuse off: Explain = %+v", e)
+		}
+	case e.Miss == kvcache.MissPartialBlock:
+		if e.Tokens < full {
+			t.Fatalf("Explain(%d tokens) = %+v: partial block before the last full block %d", len(prompt), e, full)
+		}
+	case e.Tokens >= full && len(prompt) > 1:
+		t.Fatalf("Explain(%d tokens) = %+v: reached the last full block, want partial_block", len(prompt), e)
+	case e.Miss == kvcache.MissEvicted:
+		// With a host tier for reuse, content lost there was last on the host.
+		tierOK := e.EvictedTier == kvcache.TierDevice || e.EvictedTier == kvcache.TierHost && h.m.hostReuse()
+		if !tierOK || e.EvictedBy != policy && e.EvictedBy != "priority" || e.EvictedAt > h.clock {
+			t.Fatalf("Explain = %+v: want evicted on device (or host, with a host tier for reuse) by %s or priority, at most %d", e, policy, h.clock)
+		}
+	case e.Miss != kvcache.MissNeverStored && e.Miss != kvcache.MissInFlight:
+		t.Fatalf("Explain = %+v: no salt, no hooks: want never_stored, in_flight or evicted", e)
+	}
 }
 
 // stepItem draws the next step of a resident sequence without a reservation.
 func (h *harness) stepItem(t *rapid.T, id kvcache.SeqID, s *modelSeq) kvcache.ReserveItem {
 	if s.hist < len(s.prompt) {
-		return kvcache.ReserveItem{Seq: id, Tokens: rapid.IntRange(1, min(len(s.prompt)-s.hist, h.cfg.MaxNumTokens)).Draw(t, "chunk")}
+		return kvcache.ReserveItem{Seq: id, Tokens: rapid.IntRange(1, min(len(s.prompt)-s.hist, h.cfg.MaxNumTokens)).Draw(t, "chunk"), Now: h.clock}
 	}
-	return kvcache.ReserveItem{Seq: id, Tokens: 1, Draft: rapid.IntRange(0, h.cfg.MaxDraftTokens).Draw(t, "draft")}
+	return kvcache.ReserveItem{Seq: id, Tokens: 1, Draft: rapid.IntRange(0, h.cfg.MaxDraftTokens).Draw(t, "draft"), Now: h.clock}
 }
 
 func steppable(s *modelSeq) bool { return !s.reserved && !s.suspended && s.hist < 24 }
@@ -191,6 +309,7 @@ func steppable(s *modelSeq) bool { return !s.reserved && !s.suspended && s.hist 
 func (h *harness) commit(t *rapid.T) {
 	id, s := h.pick(func(s *modelSeq) bool { return s.reserved })
 	a := rapid.IntRange(s.tokens, s.tokens+s.draft).Draw(t, "accepted")
+	h.forward(id, s)
 	ev0, _ := h.m.Stats(ctx)
 	free0 := h.snapshot().Pools
 	mustCommit(t, h.m, id, a)
@@ -205,7 +324,7 @@ func (h *harness) commit(t *rapid.T) {
 	}
 	s.hist += a
 	s.cap = max(s.hist, s.hold)
-	s.tokens, s.draft, s.reserved, s.created = 0, 0, false, false
+	s.tokens, s.draft, s.reserved, s.created, s.ran = 0, 0, false, false, false
 }
 
 func (h *harness) badCommit(t *rapid.T) {
@@ -222,10 +341,11 @@ func (h *harness) badCommit(t *rapid.T) {
 }
 
 func (h *harness) unreserve(t *rapid.T) {
-	id, s := h.pick(func(s *modelSeq) bool { return s.reserved })
+	id, s := h.pick(func(s *modelSeq) bool { return s.reserved && !s.ran })
 	if err := h.m.Unreserve(ctx, []kvcache.SeqID{id}); err != nil {
 		t.Fatal(err)
 	}
+	h.pending = slices.DeleteFunc(h.pending, func(p pendingCopies) bool { return p.seq == id })
 	if s.created {
 		delete(h.seqs, id)
 		return
@@ -234,11 +354,73 @@ func (h *harness) unreserve(t *rapid.T) {
 		t.Fatalf("Unreserve: %+v, want %+v", got, s.before)
 	}
 	s.cap, s.hold = s.before.Capacity, s.before.Hold
-	s.tokens, s.draft, s.reserved = 0, 0, false
+	s.tokens, s.draft, s.reserved, s.copies = 0, 0, false, nil
+}
+
+// bounce reserves one item and unreserves it at once, as a pipeline stage
+// does whose grant another stage denied: everything must be as before, the
+// cached content the reservation evicted included (undo.go), and a later
+// reuse of it reads the right tokens (forward). The undone grant's deltas
+// and copies are never applied, as in the engine.
+func (h *harness) bounce(t *rapid.T) {
+	var it kvcache.ReserveItem
+	var ids []kvcache.SeqID
+	for _, id := range slices.Sorted(maps.Keys(h.seqs)) {
+		if steppable(h.seqs[id]) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) > 0 && rapid.Bool().Draw(t, "bounce a step") {
+		id := rapid.SampledFrom(ids).Draw(t, "seq")
+		it = h.stepItem(t, id, h.seqs[id])
+	} else {
+		prompt := rapid.SliceOfN(rapid.Int32Range(1, 3), 1, h.cfg.MaxSeqLen-4).Draw(t, "bprompt")
+		it = kvcache.ReserveItem{Seq: h.nextID, New: true, Prompt: prompt}
+		if h.cfg.EnableBlockReuse && rapid.Bool().Draw(t, "breuse") {
+			it.Reuse = h.lookups([][]int32{prompt})[0]
+		}
+		it.Tokens = rapid.IntRange(1, min(len(prompt)-it.Reuse, h.cfg.MaxNumTokens)).Draw(t, "btokens")
+		if rapid.Bool().Draw(t, "bhold") {
+			it.Hold = rapid.IntRange(len(prompt), h.cfg.MaxSeqLen).Draw(t, "bhold tokens")
+		}
+	}
+	before, look := h.snapshot(), h.lookups(h.prompts)
+	ev0, _ := h.m.Stats(ctx)
+	if g := reserve1(t, h.m, it); !g.OK {
+		if !strings.HasPrefix(g.Reason, "no capacity") {
+			t.Fatalf("Reserve(%+v) denied: %s", it, g.Reason)
+		}
+		return
+	}
+	if err := h.m.Unreserve(ctx, []kvcache.SeqID{it.Seq}); err != nil {
+		t.Fatal(err)
+	}
+	ev1, _ := h.m.Stats(ctx)
+	if after := h.snapshot(); !reflect.DeepEqual(after, before) {
+		t.Fatalf("Reserve(%+v) then Unreserve (%d blocks evicted) changed state:\n got %+v\nwant %+v",
+			it, ev1.Evictions-ev0.Evictions, after, before)
+	}
+	if got := h.lookups(h.prompts); !slices.Equal(got, look) {
+		t.Fatalf("Reserve(%+v) then Unreserve (%d blocks evicted): Lookup %v, was %v", it, ev1.Evictions-ev0.Evictions, got, look)
+	}
+}
+
+// lookups looks prompts up.
+func (h *harness) lookups(prompts [][]int32) []int {
+	items := make([]kvcache.LookupItem, len(prompts))
+	for i, p := range prompts {
+		items[i].Prompt = p
+	}
+	n, err := h.m.Lookup(ctx, items)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return n
 }
 
 func (h *harness) suspend(t *rapid.T) {
 	id, s := h.pick(func(s *modelSeq) bool { return !s.suspended })
+	h.flush()
 	before := h.snapshot()
 	ok, copies, err := h.m.Suspend(ctx, []kvcache.SeqID{id})
 	if h.m.host == nil {
@@ -268,6 +450,7 @@ func (h *harness) suspend(t *rapid.T) {
 
 func (h *harness) resume(t *rapid.T) {
 	id, s := h.pick(func(s *modelSeq) bool { return s.suspended })
+	h.flush()
 	before := h.snapshot()
 	ok, copies, err := h.m.Resume(ctx, []kvcache.SeqID{id})
 	if err != nil {
@@ -285,6 +468,7 @@ func (h *harness) resume(t *rapid.T) {
 
 func (h *harness) release(t *rapid.T) {
 	id, _ := h.pick(func(*modelSeq) bool { return true })
+	h.flush()
 	if err := h.m.Release(ctx, []kvcache.SeqID{id}); err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +478,7 @@ func (h *harness) release(t *rapid.T) {
 func (h *harness) lookup(t *rapid.T) {
 	prompt := rapid.SliceOfN(rapid.Int32Range(1, 3), 1, h.cfg.MaxSeqLen).Draw(t, "lprompt")
 	before := h.snapshot()
-	look, err := h.m.Lookup(ctx, []kvcache.LookupItem{{Prompt: prompt}})
+	look, err := h.m.Lookup(ctx, []kvcache.LookupItem{{Prompt: prompt, Now: h.clock}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,6 +498,7 @@ func (h *harness) stepBatch(t *rapid.T) {
 			items = append(items, h.stepItem(t, id, s))
 		}
 	}
+	h.flush()
 	for _, it := range items {
 		h.seqs[it.Seq].before = h.state(it.Seq)
 	}
@@ -332,9 +517,9 @@ func (h *harness) stepBatch(t *rapid.T) {
 			}
 			continue
 		}
-		s.tokens, s.draft, s.reserved = it.Tokens, it.Draft, true
+		s.tokens, s.draft, s.reserved, s.ran = it.Tokens, it.Draft, true, false
 		s.cap = max(s.cap, s.hist+it.Tokens+it.Draft, s.hold)
-		h.forward(it.Seq, s, g)
+		h.granted(it.Seq, s, g)
 	}
 }
 
@@ -407,7 +592,7 @@ func (h *harness) newBatch(t *rapid.T) {
 		s.hist, s.cap, s.created = it.Reuse, it.Reuse, true
 		s.tokens, s.reserved = it.Tokens, true
 		s.cap = max(s.cap, s.hist+it.Tokens)
-		h.forward(it.Seq, s, g)
+		h.granted(it.Seq, s, g)
 	}
 }
 
@@ -441,6 +626,7 @@ func propertyRun(t *rapid.T, hostReuse bool) *harness {
 		cfg := kvcache.Config{
 			Layers: layers, TokensPerBlock: tpb, MaxBatchSize: 4, MaxNumTokens: 8, MaxSeqLen: 24, MaxDraftTokens: 2,
 			EnableBlockReuse: hostReuse || rapid.IntRange(0, 3).Draw(t, "reuse") > 0,
+			EvictionPolicy:   rapid.SampledFrom([]string{"", "lru", "lfu"}).Draw(t, "policy"),
 		}
 		bb := stageBlockBytes(layers, tpb)
 		floor := blocksFor(26, tpb)
@@ -470,11 +656,14 @@ func propertyRun(t *rapid.T, hostReuse bool) *harness {
 			"commit":    h.commit,
 			"badCommit": h.badCommit,
 			"unreserve": h.unreserve,
+			"bounce":    h.bounce,
 			"suspend":   h.suspend,
 			"resume":    h.resume,
 			"release":   h.release,
 			"lookup":    h.lookup,
 			"newBatch":  h.newBatch,
+			"explain":   h.explain,
+			"badPrio":   h.badPriority,
 			"":          h.check,
 		})
 		return h

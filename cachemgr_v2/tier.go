@@ -50,6 +50,7 @@ func (c *Core) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvc
 		if !fits || c.hooks != nil && !c.hooks.CanSuspend(s) {
 			continue
 		}
+		c.touch(s)
 		if c.hostReuse() {
 			c.hostMakeRoom(nPriv) // suspended sequences come first
 		}
@@ -133,6 +134,7 @@ func (c *Core) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvca
 		if c.roomFor(moved) != "" || c.hooks != nil && !c.hooks.CanResume(s) {
 			continue
 		}
+		c.touch(s)
 		c.makeRoom(moved)
 		for g, pool := range c.dev {
 			hp := c.host[g]

@@ -9,9 +9,10 @@ import (
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
-// DefaultPriority is the eviction priority of a node; lower priorities are
-// evicted first, then the least recently used.
-const DefaultPriority int8 = 35
+// DefaultPriority is the eviction priority of a node whose sequences asked
+// for none (kvcache.DefaultPriority); lower priorities are evicted first,
+// then the eviction policy decides (explain.go, Retention).
+const DefaultPriority int8 = kvcache.DefaultPriority
 
 // Node is one committed full block of tokens in the radix tree, keyed by its
 // token content under its parent. It holds one page per pool group (NoBlock
@@ -31,7 +32,7 @@ type Node struct {
 	nPages   int
 	pins     int32
 	liveKids int32 // children that hold at least one page
-	prio     int8
+	prio     int8  // retention priority, the eviction heap's first key (see below)
 	// salt is the cache salt of a child of the root (its key mixes it in);
 	// "" elsewhere. Deeper nodes inherit their ancestor's by position.
 	salt string
@@ -55,6 +56,19 @@ type Node struct {
 	chkPins  int32 // pins recounted from the sequences (CountPin)
 	chkLive  int32 // children with pages, recounted
 	chkFlags uint8 // chkSeen, chkLeaf
+
+	ck nodeCheck // the incremental deep check's shadow and recounts (dirty.go)
+	// Retention (explain.go), kept off the cache lines a lookup reads: prio
+	// above is the node's effective priority until until, when it falls
+	// back to DefaultPriority (0: never; else expIdx is its place in the
+	// expiry heap, -1 when not in it); hits counts its reuses since it was
+	// stored (the LFU key); pos hashes the block's position (the chain of
+	// keys from the root: the salt and every block before it) for the ghost
+	// record of evictions.
+	until  int64
+	expIdx int32
+	hits   uint32
+	pos    uint64
 }
 
 const (
@@ -81,7 +95,8 @@ func (n *Node) Tokens() []int32 { return n.tokens }
 func (n *Node) complete() bool { return n.nPages == len(n.pages) }
 
 // Tree is a radix tree of committed full blocks with pins, leaf-first
-// eviction (priority, then LRU) and deferred pruning.
+// eviction (retention priority, then the eviction policy: LRU or LFU) and
+// deferred pruning.
 //
 // Eviction (EvictOne) frees pages only: an evicted node stays attached to its
 // parent, without pages, until Prune removes it. Call Prune only at a safe
@@ -109,13 +124,18 @@ type Tree struct {
 
 	// ht is the host tier of cached nodes (hostreuse.go); zero without one.
 	ht hostTree
+	ck treeCheck
+
+	// undo records what a reservation's allocation evicts (undo.go).
+	undo undoHook
+	ret  retention
 }
 
 // NewTree returns an empty tree of blocks of tpb tokens whose nodes hold one
 // page in each of pools (one device pool per pool group).
 func NewTree(tpb int, pools []*BlockPool) *Tree {
 	t := &Tree{tpb: tpb, pools: pools}
-	t.root = &Node{heapIdx: -1, children: map[uint64]*Node{}}
+	t.root = &Node{heapIdx: -1, expIdx: -1, children: map[uint64]*Node{}}
 	return t
 }
 
@@ -136,6 +156,21 @@ func hashTokens(tokens []int32) uint64 {
 		return 0
 	}
 	return xxh3.Hash(unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens)))
+}
+
+// sameTokens is slices.Equal(a, b) on blocks of tokens, compared as bytes
+// by the runtime's memequal: a lookup compares one block per node, and the
+// generic loop cost it 40% more (and a speed that moved with code layout).
+// TestSameTokens pins it to slices.Equal.
+func sameTokens(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 {
+		return true
+	}
+	return string(unsafe.Slice((*byte)(unsafe.Pointer(&a[0])), 4*len(a))) ==
+		string(unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), 4*len(b)))
 }
 
 // saltKey is the key, under the root, of a first block whose token hash is
@@ -162,7 +197,7 @@ func (t *Tree) key(parent *Node, salt string, tokens []int32) uint64 {
 // parent is the root), or nil.
 func (t *Tree) child(parent *Node, salt string, tokens []int32) *Node {
 	c := parent.children[t.key(parent, salt, tokens)]
-	if c == nil || !slices.Equal(c.tokens, tokens) || c.salt != salt && parent == t.root {
+	if c == nil || !sameTokens(c.tokens, tokens) || c.salt != salt && parent == t.root {
 		return nil
 	}
 	return c
@@ -275,6 +310,7 @@ func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache
 			parent.children = make(map[uint64]*Node, 1)
 		}
 		parent.children[h] = c
+		t.touch(parent)
 	case !slices.Equal(c.tokens, tokens) || parent == t.root && c.salt != salt:
 		return nil, false
 	}
@@ -287,6 +323,7 @@ func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache
 		t.pools[g].adopt(b, c)
 	}
 	c.nPages = len(pages)
+	t.touch(c)
 	if c.h.n > 0 {
 		t.leaveHost(c) // the sequence's device copy replaces the host one
 	}
@@ -301,6 +338,7 @@ func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache
 // copy of the same content that a sequence references (Core.register). Its
 // old pages are freed. It never allocates and never evicts content.
 func (t *Tree) repage(n *Node, pages []kvcache.BlockID) {
+	t.touch(n)
 	for g, b := range pages {
 		t.pools[g].drop(n.pages[g])
 		n.pages[g] = b
@@ -316,20 +354,27 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 	} else {
 		n = &Node{pages: make([]kvcache.BlockID, len(t.pools)), tokens: make([]int32, 0, t.tpb)}
 	}
-	n.parent, n.hash, n.prio, n.heapIdx = parent, h, DefaultPriority, -1
+	n.parent, n.hash, n.heapIdx = parent, h, -1
+	n.prio, n.until, n.expIdx, n.hits = DefaultPriority, 0, -1, 0
+	n.pos = mixPos(parent.pos, h)
 	n.tokens = append(n.tokens[:0], tokens...)
 	for g := range n.pages {
 		n.pages[g] = NoBlock
 	}
 	n.gen++
+	t.touch(n)
 	t.initHost(n)
 	n.allIdx = int32(len(t.all))
 	t.all = append(t.all, n)
 	t.nodes++
+	if parent == t.root {
+		t.indexFirst(n)
+	}
 	return n
 }
 
 func (t *Tree) addLiveKid(p *Node) {
+	t.touch(p)
 	p.liveKids++
 	if p.heapIdx >= 0 {
 		t.heapRemove(p)
@@ -339,6 +384,7 @@ func (t *Tree) addLiveKid(p *Node) {
 // Pin adds a pin. The caller pins a path from the root down, so that pins
 // cover the whole path.
 func (t *Tree) Pin(n *Node) {
+	t.touch(n)
 	if n.pins == 0 && n.nPages > 0 {
 		t.evictable--
 		if n.heapIdx >= 0 {
@@ -355,6 +401,7 @@ func (t *Tree) Pin(n *Node) {
 // a pin taken moments ago (a denied or unreserved reservation) passes false so
 // that the eviction order is exactly as before.
 func (t *Tree) Unpin(n *Node, touch bool) {
+	t.touch(n)
 	n.pins--
 	if n.pins > 0 {
 		return
@@ -390,6 +437,8 @@ func (t *Tree) evictLeaf() *Node {
 	}
 	n := t.heap[0]
 	t.heapRemove(n)
+	t.touch(n)
+	t.undo.note(n)
 	for g, b := range n.pages {
 		if b != NoBlock {
 			t.pools[g].drop(b)
@@ -398,10 +447,12 @@ func (t *Tree) evictLeaf() *Node {
 	}
 	n.nPages = 0
 	t.evictable--
+	t.evicted(n, kvcache.TierDevice)
 	if t.ev != nil {
 		t.ev.removed(n)
 	}
 	p := n.parent
+	t.touch(p)
 	p.liveKids--
 	if p != t.root && p.liveKids == 0 && p.pins == 0 && p.nPages > 0 {
 		t.heapPush(p)
@@ -411,6 +462,7 @@ func (t *Tree) evictLeaf() *Node {
 }
 
 func (t *Tree) queuePrune(n *Node) {
+	t.touch(n)
 	if !n.queued {
 		n.queued = true
 		t.pruneQ = append(t.pruneQ, n)
@@ -424,9 +476,11 @@ func (t *Tree) Prune() {
 		n := t.pruneQ[len(t.pruneQ)-1]
 		t.pruneQ = t.pruneQ[:len(t.pruneQ)-1]
 		n.queued = false
+		t.touch(n)
 		for n != t.root && !n.queued && n.pins == 0 && n.nPages == 0 && n.h.n == 0 && len(n.children) == 0 {
 			p := n.parent
 			delete(p.children, n.hash)
+			t.touch(p)
 			t.recycle(n)
 			n = p
 		}
@@ -434,9 +488,12 @@ func (t *Tree) Prune() {
 }
 
 func (t *Tree) recycle(n *Node) {
+	t.forget(n)
 	n.parent, n.salt, n.chain = nil, "", 0
 	n.tokens = n.tokens[:0] // children is empty and kept for reuse
 	last := t.all[len(t.all)-1]
+	t.touch(n)
+	t.touch(last)
 	t.all[n.allIdx], last.allIdx = last, n.allIdx
 	t.all = t.all[:len(t.all)-1]
 	n.allIdx = -1
@@ -444,22 +501,29 @@ func (t *Tree) recycle(n *Node) {
 	t.spare = append(t.spare, n)
 }
 
-// ---- eviction heap: min-heap on (prio, tick), intrusive index ----
+// ---- eviction heap: min-heap on (prio, [hits under LFU,] tick), intrusive index ----
 
 func (t *Tree) less(a, b *Node) bool {
 	if a.prio != b.prio {
 		return a.prio < b.prio
 	}
+	if t.ret.lfu && a.hits != b.hits {
+		return a.hits < b.hits
+	}
 	return a.tick < b.tick
 }
 
 func (t *Tree) heapPush(n *Node) {
+	t.touch(n)
+	t.ret.heapPrio[n.prio]++
 	n.heapIdx = int32(len(t.heap))
 	t.heap = append(t.heap, n)
 	t.up(int(n.heapIdx))
 }
 
 func (t *Tree) heapRemove(n *Node) {
+	t.touch(n)
+	t.ret.heapPrio[n.prio]--
 	i := int(n.heapIdx)
 	last := len(t.heap) - 1
 	if i != last {
@@ -476,6 +540,8 @@ func (t *Tree) heapRemove(n *Node) {
 
 func (t *Tree) swap(i, j int) {
 	t.heap[i], t.heap[j] = t.heap[j], t.heap[i]
+	t.touch(t.heap[i])
+	t.touch(t.heap[j])
 	t.heap[i].heapIdx = int32(i)
 	t.heap[j].heapIdx = int32(j)
 }

@@ -12,12 +12,19 @@ import (
 // simDevice is the sim device: it allocates nothing, computes nothing, and
 // returns the modelled time of each forward (package sim).
 //
-// Block copies are counted, not performed: each costs its source pool's
-// BlockBytes over PCIe when it crosses host and device (or stays on the
-// host), or a device-memory read plus write when both pools are on the
-// device. CopyBlocks queues that time and the next Forward adds it to its
-// Nanos, together with the time of the batch's own Copies, because the copies
-// run on the stage's device before its layers.
+// Block copies are counted, not performed, as transfers: a transfer is a
+// maximal run of consecutive copies of one list with the same source and
+// destination pools whose source and destination blocks both go up by one
+// (what a worker moves with one cudaMemcpyAsync of contiguous memory), and
+// it costs sim.Env.CopySeconds of its bytes: one Hardware.CopyLatency plus
+// the run's BlockBytes over PCIe when it crosses host and device (or stays
+// on the host), or a device-memory read plus write when both pools are on
+// the device. So N scattered blocks pay N latencies and a contiguous run of
+// N pays one, which is what makes small blocks move far below the link's
+// bandwidth. CopyBlocks queues that time and the next Forward adds it to its
+// Nanos, together with the time of the batch's own Copies (a list of its
+// own: a run does not span the two), because the copies run on the stage's
+// device before its layers.
 type simDevice struct {
 	env     *sim.Env
 	stage   *sim.Stage
@@ -66,13 +73,34 @@ func openSim(s Stage) (Device, error) {
 
 func (d *simDevice) Modelled() bool { return true }
 
+// copySeconds is the time of copies, transfer by transfer (copyRun).
 func (d *simDevice) copySeconds(copies []kvcache.Copy) float64 {
 	var s float64
-	for _, c := range copies {
+	for len(copies) > 0 {
+		n := copyRun(copies)
+		c := copies[0]
 		src, dst := d.pools[c.SrcPool], d.pools[c.DstPool]
-		s += d.env.CopySeconds(src.bytes, src.device && dst.device)
+		s += d.env.CopySeconds(float64(n)*src.bytes, src.device && dst.device)
+		copies = copies[n:]
 	}
 	return s
+}
+
+// copyRun returns the length of the transfer that starts copies: the
+// longest prefix whose copies share SrcPool and DstPool and whose SrcBlock
+// and DstBlock each go up by one from copy to copy. 0 for no copies.
+func copyRun(copies []kvcache.Copy) int {
+	if len(copies) == 0 {
+		return 0
+	}
+	n := 1
+	for ; n < len(copies); n++ {
+		p, c := copies[n-1], copies[n]
+		if c.SrcPool != p.SrcPool || c.DstPool != p.DstPool || c.SrcBlock != p.SrcBlock+1 || c.DstBlock != p.DstBlock+1 {
+			break
+		}
+	}
+	return n
 }
 
 func (d *simDevice) CopyBlocks(_ context.Context, copies []kvcache.Copy) error {

@@ -48,9 +48,10 @@
 //
 // Retention keeps reuse working when one prompt takes more snapshots than
 // the pool holds. Victims are chosen first among cold snapshots (on no live
-// sequence's path): the least recently used lineage first (a sequence's path
-// snapshots are touched together when it is released or reused), lowest
-// level first within it. Then among hot ones, lowest level first, but only
+// sequence's path): the lowest retention priority of their node first, then
+// the least recently used lineage (a sequence's path snapshots are touched
+// together when it is released or reused), then the lowest level. Then
+// among hot ones, the lowest node priority, then the lowest level, but only
 // when the victim's level is below the new snapshot's, else the new one is
 // skipped. The level of a boundary at position b is the number of trailing
 // zero bits of b / step. A prompt longer than the pool can hold thus keeps
@@ -71,6 +72,17 @@
 // a prompt block another request put in the tree first (cachemgr_v2's
 // package doc, Reuse), so requests that share a prefix and then diverge
 // each cache their own later blocks and snapshots.
+//
+// # Explain and retention
+//
+// The manager explains its lookups with the core's Explain (cachemgr_v2's
+// package doc, Explain): Tokens is Lookup's, and snapshot_boundary says
+// that the tree holds the prompt's attention blocks further than Tokens but
+// no SSM snapshot at a later boundary. Retention priorities and the
+// eviction policy (lru, lfu) order the eviction of attention blocks as in
+// cachemgr_v2; a snapshot goes with its node's pages. Snapshot slots keep
+// their own retention (below), after the node's priority: a snapshot on a
+// node of a lower priority is evicted first.
 //
 // # Host tier
 //

@@ -22,6 +22,7 @@ const NoBlock = cachemgrv2.NoBlock
 var (
 	_ kvcache.Manager   = (*Manager)(nil)
 	_ kvcache.Suspender = (*Manager)(nil) // the host tier
+	_ kvcache.Explainer = (*Manager)(nil) // cachemgrv2.Core.Explain, with MissSnapshot
 )
 
 var _ cachemgrv2.Hooks = (*life)(nil)
@@ -100,13 +101,16 @@ func New() *Manager { return &Manager{Core: cachemgrv2.NewCore(Name)} }
 // given host bytes (Suspend, Resume).
 func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
 	return cachemgrv2.Describe(ctx, Name, Version, kvcache.Capabilities{
-		Mixers:      []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA, spec.MixerMamba},
-		PrefixReuse: true,
-		HostTier:    true,
-		SSMState:    true,
-		SSMReuse:    true,
-		CacheSalt:   true,
-		KVEvents:    true,
+		Mixers:           []spec.Mixer{spec.MixerGQA, spec.MixerMLA, spec.MixerDSA, spec.MixerMamba},
+		PrefixReuse:      true,
+		HostTier:         true,
+		SSMState:         true,
+		SSMReuse:         true,
+		CacheSalt:        true,
+		KVEvents:         true,
+		Explain:          true,
+		Retention:        true,
+		EvictionPolicies: slices.Clone(cachemgrv2.EvictionPolicies),
 	})
 }
 
@@ -114,9 +118,13 @@ func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
 // the ssm pool and, with HostBytes, their host pools (package doc, Sizing)
 // and resets all state. It fails with ErrInvalidConfig, naming the numbers
 // and the fix, when one MaxSeqLen request with its states, the live states
-// of every resident sequence, or one MaxNumTokens chunk cannot fit.
+// of every resident sequence, or one MaxNumTokens chunk cannot fit, and an
+// EvictionPolicy other than lru, lfu or "".
 func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.Layout, error) {
 	if err := ctx.Err(); err != nil {
+		return kvcache.Layout{}, err
+	}
+	if err := cachemgrv2.CheckEvictionPolicy(Name, cfg.EvictionPolicy); err != nil {
 		return kvcache.Layout{}, err
 	}
 	p, err := planLayout(&cfg)
@@ -489,9 +497,10 @@ func (l *life) snapSlot(level int) (kvcache.BlockID, bool) {
 }
 
 // victim is the snapshot to evict for a new one of level: the coldest
-// (least recently used lineage, then lowest level) snapshot on no live path;
-// else the lowest-level unpinned snapshot on a live path, if its level is
-// below level; else nil.
+// (lowest node priority, then least recently used lineage, then lowest
+// level) snapshot on no live path; else the unpinned snapshot on a live
+// path of the lowest node priority, then level, if its level is below
+// level; else nil.
 func (l *life) victim(level int) *snapshot {
 	var cold, hot *snapshot
 	for _, sn := range l.snaps {
@@ -516,6 +525,9 @@ func (l *life) victim(level int) *snapshot {
 }
 
 func coldLess(a, b *snapshot) bool {
+	if pa, pb := a.node.Priority(), b.node.Priority(); pa != pb {
+		return pa < pb
+	}
 	if a.tick != b.tick {
 		return a.tick < b.tick
 	}
@@ -526,6 +538,9 @@ func coldLess(a, b *snapshot) bool {
 }
 
 func hotLess(a, b *snapshot) bool {
+	if pa, pb := a.node.Priority(), b.node.Priority(); pa != pb {
+		return pa < pb
+	}
 	if a.level != b.level {
 		return a.level < b.level
 	}

@@ -139,6 +139,7 @@ func runGenerate(g *globals, o *generateOpts, cmd *cobra.Command) error {
 		if err != nil {
 			return usageErr(err) // checked per line already
 		}
+		wl.RetentionPriority, wl.RetentionDuration = cfg.Workload.Retention()
 		res.Spec.Workload = wl
 		res.Spec.KeepOutputs = true
 		log := g.logger()
@@ -319,6 +320,10 @@ type promptLine struct {
 	Prompt    *string  `json:"prompt"`
 	MaxTokens *int64   `json:"max_tokens"`
 	CacheSalt *string  `json:"cache_salt"`
+	// retention_priority 1..100 and retention_duration_s > 0: the
+	// retention of the blocks the prompt stores (workload.Retention).
+	RetentionPriority  *int64   `json:"retention_priority"`
+	RetentionDurationS *float64 `json:"retention_duration_s"`
 }
 
 // readPrompts reads the prompts file: one completion per non-blank line,
@@ -414,6 +419,10 @@ func parsePrompt(raw []byte, lim promptLimits) (*workload.Prompt, string) {
 			return nil, fmt.Sprintf("cache_salt is %d bytes: the limit is %d", len(s), kvcache.MaxCacheSaltBytes)
 		}
 		p.CacheSalt = *pl.CacheSalt
+	}
+	var err error
+	if p.RetentionPriority, p.RetentionDuration, err = workload.Retention(pl.RetentionPriority, pl.RetentionDurationS); err != nil {
+		return nil, strings.TrimPrefix(err.Error(), "workload: ")
 	}
 	if err := workload.CheckPrompt(*p, lim.vocab); err != nil {
 		return nil, strings.TrimPrefix(err.Error(), "workload: ")

@@ -335,7 +335,7 @@ func TestPlanAndPluginsCommands(t *testing.T) {
 		t.Fatalf("plugins exit %d: %s", code, stderr)
 	}
 	for _, w := range []string{"kvx-cachemgr-v1", "kvx-cachemgr-v2", "kvx-backend-dsa", "kvx-backend-mla", "kvx-backend-gqa", "prefix-reuse", "host-tier", "cache-salt", "kv-events",
-		"protocol", "features", fmt.Sprintf(" %d ", pluginrpc.Protocol), "top_logprobs"} {
+		"explain", "retention", "eviction:lru/lfu", "protocol", "features", fmt.Sprintf(" %d ", pluginrpc.Protocol), "top_logprobs"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("plugins output lacks %q:\n%s", w, out)
 		}
@@ -489,6 +489,14 @@ func TestReportRecordsAndSeries(t *testing.T) {
 		preempt += rec.Preemptions + rec.Suspensions
 		suspend += rec.Suspensions
 		ttft = append(ttft, *rec.TTFTMs)
+	}
+	var missTokens int64
+	for _, c := range r.Tokens.MissReasons {
+		missTokens += c.Tokens
+	}
+	if tiers := r.Tokens.PrefixReusedByTier; tiers.Device+tiers.Host != r.Tokens.PrefixReused || reused+missTokens != prompt {
+		t.Errorf("prefix_reused %d by tier %+v, miss reasons' tokens %d: want the tiers to sum to it, and it and the misses to the %d prompt tokens",
+			r.Tokens.PrefixReused, tiers, missTokens, prompt)
 	}
 	if prompt != r.Tokens.Prompt || generated != r.Tokens.Generated || reused != r.Tokens.PrefixReused || preempt != r.Requests.Preemptions || suspend != r.Requests.Suspensions {
 		t.Errorf("records sum to prompt %d, generated %d, reused %d, preemptions %d (suspended %d); report says %d, %d, %d, %d (%d)",

@@ -45,10 +45,14 @@ func newPluginsCmd(g *globals) *cobra.Command {
 					for _, x := range []struct {
 						on   bool
 						name string
-					}{{c.PrefixReuse, "prefix-reuse"}, {c.HostTier, "host-tier"}, {c.SSMState, "ssm-state"}, {c.SSMReuse, "ssm-reuse"}, {c.CacheSalt, "cache-salt"}, {c.KVEvents, "kv-events"}} {
+					}{{c.PrefixReuse, "prefix-reuse"}, {c.HostTier, "host-tier"}, {c.SSMState, "ssm-state"}, {c.SSMReuse, "ssm-reuse"}, {c.CacheSalt, "cache-salt"}, {c.KVEvents, "kv-events"},
+						{c.Explain, "explain"}, {c.Retention, "retention"}} {
 						if x.on {
 							caps = append(caps, x.name)
 						}
+					}
+					if len(c.EvictionPolicies) > 0 {
+						caps = append(caps, "eviction:"+strings.Join(c.EvictionPolicies, "/"))
 					}
 					supports = strings.Join(caps, ",")
 				case f.Worker != nil:

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +34,8 @@ type runOpts struct {
 	noProgress bool
 	requests   bool
 	varies     []string
+	explain    []string // --explain: request ids, repeatable or comma lists
+	explainIDs []uint64 // parsed by prepare
 }
 
 func newRunCmd(g *globals) *cobra.Command {
@@ -77,6 +80,46 @@ func addRunFlags(cmd *cobra.Command, o *runOpts) {
 	cmd.Flags().StringVar(&o.htmlOut, "html", "", "write the report as an HTML page with charts to this file")
 	cmd.Flags().BoolVar(&o.noProgress, "no-progress", false, "do not show the progress bar")
 	cmd.Flags().BoolVar(&o.requests, "requests", false, "put one record per request in the JSON report (requests.records): arrival, first token, finish, TTFT, TPOT, tokens, reuse, preemptions")
+	cmd.Flags().StringArrayVar(&o.explain, "explain", nil, "after the run, print how the prefix cache served request REQ (its id, as in requests.records): tokens reused from each tier, computed and why, preemptions (repeatable, or a comma list)")
+}
+
+// explainIDs parses the --explain values into request ids of wl; a value
+// that is not a number or not a request of wl is an error naming it and
+// the range of ids.
+func explainIDs(vals []string, wl workload.Workload) ([]uint64, error) {
+	var ids []uint64
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	known := make(map[uint64]bool, len(wl.Requests))
+	var lo, hi uint64
+	for i, r := range wl.Requests {
+		known[r.ID] = true
+		if i == 0 || r.ID < lo {
+			lo = r.ID
+		}
+		hi = max(hi, r.ID)
+	}
+	span := "the workload has no requests"
+	if len(wl.Requests) > 0 {
+		span = fmt.Sprintf("the workload's %d requests have ids %d..%d", len(wl.Requests), lo, hi)
+	}
+	var errs []error
+	for _, v := range vals {
+		for _, f := range strings.Split(v, ",") {
+			f = strings.TrimSpace(f)
+			id, err := strconv.ParseUint(f, 10, 64)
+			switch {
+			case err != nil:
+				errs = append(errs, fmt.Errorf("--explain %q: not a request id (a number): %s", f, span))
+			case !known[id]:
+				errs = append(errs, fmt.Errorf("--explain %d: no such request: %s", id, span))
+			case !slices.Contains(ids, id):
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids, errors.Join(errs...)
 }
 
 // defaultVary is what compare varies without --vary: the cache managers.
@@ -185,6 +228,10 @@ func prepare(g *globals, o *runOpts, vs []variant) ([]prepared, error) {
 			workloads[key] = wl
 		}
 		res.Spec.Workload = wl
+		if o.explainIDs, err = explainIDs(o.explain, wl); err != nil {
+			fail(v, err)
+			continue
+		}
 		ps = append(ps, prepared{name: name, cfg: cfg, res: res})
 	}
 	if o.jsonOut == "-" && o.htmlOut == "-" {
@@ -250,6 +297,7 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 		table = os.Stderr
 	}
 	var reports []report.Report
+	var explained [][]report.RequestRecord // per report, for --explain
 	var failed []error
 	code, ran := 0, false
 	for _, p := range ps {
@@ -260,7 +308,7 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 			p.res.Spec.Progress = os.Stderr
 		}
 		p.res.Spec.Log = log
-		p.res.Spec.KeepRequests = o.requests
+		p.res.Spec.KeepRequests = o.requests || len(o.explainIDs) > 0
 		oneThreadForSim(p.cfg.Device)
 		l := setup.NewLauncher(p.cfg, builtin.Registry(), log)
 		rep, err := engine.Run(ctx, p.res.Spec, l)
@@ -274,6 +322,10 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 			}
 		}
 		rep.ResolvedConfig = p.cfg.Flatten()
+		explained = append(explained, rep.Requests.Records)
+		if !o.requests {
+			rep.Requests.Records = nil // kept for --explain alone
+		}
 		reports = append(reports, rep)
 		ran = ran || rep.Engine.Steps > 0
 		if err != nil {
@@ -295,6 +347,9 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 			return err
 		}
 	}
+	if err := writeExplain(table, o.explainIDs, reports, explained); err != nil {
+		return err
+	}
 	doc := report.NewDocument("kvx "+kvxVersion(), reports)
 	doc.Created = time.Now().UTC().Format(time.RFC3339)
 	doc.Scenario = scenarioName(g)
@@ -315,6 +370,25 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 	return nil
 }
 
+// writeExplain prints, per report, the records of the requests ids asked
+// for (kvx run --explain); a request the run did not reach says so.
+func writeExplain(w io.Writer, ids []uint64, reports []report.Report, records [][]report.RequestRecord) error {
+	for _, id := range ids {
+		for i, rep := range reports {
+			fmt.Fprintln(w)
+			j := slices.IndexFunc(records[i], func(r report.RequestRecord) bool { return r.ID == id })
+			if j < 0 {
+				fmt.Fprintf(w, "request %d (%s): the run stopped before it\n", id, rep.Variant)
+				continue
+			}
+			if err := report.WriteExplain(w, rep.Variant, records[i][j]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // scenarioName names what ran, for the report: the configuration files,
 // or the bundled demo scenario.
 func scenarioName(g *globals) string {
@@ -328,7 +402,7 @@ func scenarioName(g *globals) string {
 // sized the cache where that was kv_cache_config.max_tokens: the manager
 // sees only bytes, so its advice to raise the budget cannot say which key.
 func withBudgetHint(err error, res *setup.Resolved) error {
-	if kvcache.KindOf(err) != kvcache.KindInvalidConfig {
+	if kvcache.KindOf(err) != kvcache.KindInvalidConfig || errors.Is(err, engine.ErrEvictionPolicy) {
 		return err
 	}
 	for i, b := range res.Budgets {

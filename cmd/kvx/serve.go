@@ -119,6 +119,7 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 		return usageErr(fmt.Errorf("serve: chat template %s: the model has no tokenizer to encode its prompts (%s)", tmpl.Source, noTok))
 	}
 	log := g.logger()
+	res.Spec.Workload.RetentionPriority, res.Spec.Workload.RetentionDuration = cfg.Workload.Retention()
 	res.Spec.Log = log
 	if tmpl != nil {
 		log.Info("chat template", "source", tmpl.Source)

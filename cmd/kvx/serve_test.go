@@ -397,6 +397,11 @@ func TestServeBadInput(t *testing.T) {
 		{"fractional token id", "/v1/completions", `{"prompt":[1.5]}`, 400, "prompt", "integer"},
 		{"two prompts", "/v1/completions", `{"prompt":["a","b"]}`, 400, "prompt", "one prompt per request"},
 		{"n > 1", "/v1/completions", `{"prompt":"a","n":2}`, 400, "n", "n must be 1"},
+		{"retention priority too high", "/v1/completions", `{"prompt":"a","retention_priority":101}`, 400, "retention_priority", "retention_priority = 101: must be in [1, 100]"},
+		{"retention priority zero", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"retention_priority":0}`, 400, "retention_priority", "retention_priority = 0: must be in [1, 100]"},
+		{"retention duration negative", "/v1/completions", `{"prompt":"a","retention_priority":50,"retention_duration_s":-2}`, 400, "retention_duration_s", "retention_duration_s = -2: must be a number of seconds > 0"},
+		{"retention duration alone", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"retention_duration_s":9}`, 400, "retention_duration_s", "needs a retention_priority"},
+		{"retention priority type", "/v1/completions", `{"prompt":"a","retention_priority":"high"}`, 400, "retention_priority", "want an integer"},
 		{"oversized body", "/v1/completions", huge, 413, "", "limit of 65536 bytes"},
 		{"wrong method", "/v1/models", "", 405, "", "use GET"},
 		{"unknown path", "/v2/nothing", "{}", 404, "", "no endpoint"},
@@ -431,6 +436,11 @@ func TestServeBadInput(t *testing.T) {
 	code, v, _ := post(t, base+"/v1/completions", `{"prompt":"still here","max_tokens":4}`)
 	if code != 200 || num(v["usage"].(map[string]any)["completion_tokens"]) != 4 {
 		t.Errorf("after the bad requests: %d %v", code, v)
+	}
+	// A valid retention is accepted (a hint to a manager that ignores it).
+	code, v, _ = post(t, base+"/v1/completions", `{"prompt":"keep me","max_tokens":2,"retention_priority":90,"retention_duration_s":30}`)
+	if code != 200 || num(v["usage"].(map[string]any)["completion_tokens"]) != 2 {
+		t.Errorf("with retention_priority 90 for 30 s: %d %v", code, v)
 	}
 }
 

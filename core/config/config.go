@@ -132,6 +132,11 @@ type KVCacheConfig struct {
 	PoolRatio             []float64 // pool_ratio: initial split per pool group, sums to 1; nil = unset
 	EnablePartialReuse    bool      // enable_partial_reuse (true)
 	CopyOnPartialReuse    bool      // copy_on_partial_reuse (true)
+	// eviction_policy: lru or lfu (lru), the order in which every tier
+	// evicts cached blocks of equal retention priority
+	// (kvcache.Config.EvictionPolicy); a manager that does not list it in
+	// its Info is refused at the start.
+	EvictionPolicy string
 }
 
 // KVEventsConfig is kv_events_config, with vLLM's key names and defaults.
@@ -247,6 +252,19 @@ type WorkloadConfig struct {
 	// Both.
 	Concurrency int    // concurrency: closed loop with N in flight; 0 = open loop
 	Seed        uint64 // seed (default: the top-level seed)
+	// retention_priority 1..100 (0 = unset) and retention_duration_s > 0
+	// (0 = while cached): the retention of the cached blocks of every
+	// request without its own (kvx serve's requests and prompts-file lines
+	// may carry one).
+	RetentionPriority  int
+	RetentionDurationS float64
+}
+
+// Retention returns the default retention of the workload's requests:
+// retention_priority and retention_duration_s in ns (0s when unset), as
+// workload.Workload's RetentionPriority and RetentionDuration.
+func (w WorkloadConfig) Retention() (priority int, duration int64) {
+	return w.RetentionPriority, int64(w.RetentionDurationS * 1e9)
 }
 
 // Workload kinds returned by WorkloadConfig.Kind.
@@ -314,6 +332,7 @@ func defaults() *Config {
 			MambaSSMCacheDtype:    "auto",
 			EnablePartialReuse:    true,
 			CopyOnPartialReuse:    true,
+			EvictionPolicy:        "lru",
 		},
 		Speculative: SpeculativeConfig{AcceptanceRate: 0.7},
 		Scheduler: SchedulerConfig{

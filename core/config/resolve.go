@@ -281,6 +281,9 @@ func (ld *loader) resolveWorkload(c *Config) {
 		return ld.given[k]
 	}
 	traceKeys := []string{"workload.limit", "workload.time_scale", "workload.format", "workload.hash_block_tokens"}
+	if ld.given["workload.retention_duration_s"] && !ld.given["workload.retention_priority"] && !ld.bad["workload.retention_duration_s"] {
+		ld.crossErr("workload.retention_duration_s: %s set without workload.retention_priority: it is how long that priority lasts", fmtFloat(w.RetentionDurationS))
+	}
 	switch {
 	case ld.given["workload.trace"] && ld.given["workload.requests"]:
 		ld.crossErr("workload: trace %q and requests %d are exclusive: a workload is a trace or a generator", w.Trace, w.Requests)

@@ -176,6 +176,7 @@ var baseFields = []field{
 	},
 	boolField("kv_cache_config.enable_partial_reuse", func(c *Config) *bool { return &c.KVCache.EnablePartialReuse }),
 	boolField("kv_cache_config.copy_on_partial_reuse", func(c *Config) *bool { return &c.KVCache.CopyOnPartialReuse }),
+	enumField("kv_cache_config.eviction_policy", func(c *Config) *string { return &c.KVCache.EvictionPolicy }, []string{"lru", "lfu"}, nil),
 
 	// mamba_state_config.
 	intField("mamba_state_config.periodic_snapshot_interval", func(c *Config) *int { return &c.MambaState.PeriodicSnapshotInterval }, 0, false),
@@ -262,6 +263,48 @@ var baseFields = []field{
 	intField("workload.shared_prefix_tokens", func(c *Config) *int { return &c.Workload.SharedPrefixTokens }, 0, false),
 	intField("workload.shared_prefix_groups", func(c *Config) *int { return &c.Workload.SharedPrefixGroups }, 1, false),
 	uintField("workload.seed", func(c *Config) *uint64 { return &c.Workload.Seed }),
+	{
+		key:  "workload.retention_priority",
+		kind: "an integer",
+		set: func(c *Config, v any) string {
+			n, ok := asInt(v)
+			if !ok {
+				return "is not an integer"
+			}
+			if n < workload.MinRetentionPriority || n > workload.MaxRetentionPriority {
+				return fmt.Sprintf("is out of range; allowed: %d <= value <= %d", workload.MinRetentionPriority, workload.MaxRetentionPriority)
+			}
+			c.Workload.RetentionPriority = int(n)
+			return ""
+		},
+		get: func(c *Config) any {
+			if c.Workload.RetentionPriority == 0 {
+				return nil
+			}
+			return c.Workload.RetentionPriority
+		},
+	},
+	{
+		key:  "workload.retention_duration_s",
+		kind: "a number",
+		set: func(c *Config, v any) string {
+			f, ok := asFloat(v)
+			if !ok {
+				return "is not a number"
+			}
+			if !(f > 0) || f > workload.MaxRetentionSeconds {
+				return fmt.Sprintf("is out of range; allowed: 0 < value <= %d seconds", workload.MaxRetentionSeconds)
+			}
+			c.Workload.RetentionDurationS = f
+			return ""
+		},
+		get: func(c *Config) any {
+			if c.Workload.RetentionDurationS == 0 {
+				return nil
+			}
+			return c.Workload.RetentionDurationS
+		},
+	},
 }
 
 // syntheticFields are the synthetic.* keys, one per model.SyntheticSpec field.

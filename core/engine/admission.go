@@ -25,12 +25,20 @@ type admission struct {
 // asked again about the prompt cut at the minimum, which each answers with
 // its longest valid length within it, until they agree: the answers only
 // shrink, so this ends, at 0 at worst (reuse off for that request).
+//
+// When every stage's manager explains (Capabilities.Explain) the calls are
+// Explain, else Lookup (reasons MissUnknown). The request keeps the
+// explanation of the stage that limited its match in the first round, the
+// one asked about the whole prompt: a later round asks about a prompt cut
+// at that limit, whose answer would say partial_block. Every item carries
+// the engine clock (LookupItem.Now).
 func (a admission) Lookup(ids []kvcache.SeqID) []int {
 	e := a.e
 	out := make([]int, len(ids))
 	if e.err != nil {
 		return out
 	}
+	explain := e.explains()
 	limit := make([]int, len(ids)) // prompt length asked about
 	open := make([]int, len(ids))  // indexes of ids still to settle
 	for i, id := range ids {
@@ -47,11 +55,11 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 		items := make([]kvcache.LookupItem, len(open))
 		for k, i := range open {
 			r := e.byID[ids[i]]
-			items[k] = kvcache.LookupItem{Seq: ids[i], Prompt: r.tokens[:limit[i]], CacheSalt: r.salt}
+			items[k] = kvcache.LookupItem{Seq: ids[i], Prompt: r.tokens[:limit[i]], CacheSalt: r.salt, Now: e.now}
 		}
-		answers := make([][]int, len(e.stages))
+		answers := make([][]kvcache.Explanation, len(e.stages))
 		err := e.eachManager(func(st *stage) func() error {
-			wait := pipeline.StartLookup(a.ctx, st.m, items)
+			wait := pipeline.StartExplain(a.ctx, st.m, items, explain)
 			return func() error { return lookupAnswer(st, wait, items, answers) }
 		})
 		if err != nil {
@@ -60,9 +68,15 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 		}
 		next := open[:0]
 		for k, i := range open {
-			lo, hi := answers[0][k], answers[0][k]
-			for _, got := range answers[1:] {
-				lo, hi = min(lo, got[k]), max(hi, got[k])
+			lo, hi, by := answers[0][k].Tokens, answers[0][k].Tokens, 0
+			for s, got := range answers[1:] {
+				if got[k].Tokens < lo {
+					lo, by = got[k].Tokens, s+1
+				}
+				hi = max(hi, got[k].Tokens)
+			}
+			if round == 0 {
+				e.byID[ids[i]].explain = answers[by][k]
 			}
 			out[i] = lo
 			if lo != hi {
@@ -75,16 +89,33 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 	return out
 }
 
-// lookupAnswer takes a stage's answer to Lookup into answers.
-func lookupAnswer(st *stage, wait func() ([]int, error), items []kvcache.LookupItem, answers [][]int) error {
+// explains reports whether every stage's manager is an Explainer (its Info
+// says Explain): the engine asks for explanations only then, so that all
+// stages answer the same call.
+func (e *Engine) explains() bool {
+	for _, st := range e.stages {
+		if !st.info.Capabilities.Explain {
+			return false
+		}
+	}
+	return len(e.stages) > 0
+}
+
+// lookupAnswer takes a stage's answer to Lookup (or Explain) into answers.
+func lookupAnswer(st *stage, wait func() ([]kvcache.Explanation, error), items []kvcache.LookupItem, answers [][]kvcache.Explanation) error {
 	got, err := wait()
 	if err == nil && len(got) != len(items) {
 		err = fmt.Errorf("returned %d answers for %d items", len(got), len(items))
 	}
 	if err == nil {
-		for k, n := range got {
+		for k, ex := range got {
+			n := ex.Tokens
 			if n < 0 || (n > 0 && n >= len(items[k].Prompt)) {
 				err = fmt.Errorf("request %d: %d reusable tokens of a %d-token prompt: want 0 <= n < prompt length", items[k].Seq, n, len(items[k].Prompt))
+				break
+			}
+			if ex.HostTokens < 0 || ex.HostTokens > n {
+				err = fmt.Errorf("request %d: %d of %d reusable tokens on the host tier: want 0 <= host <= reusable", items[k].Seq, ex.HostTokens, n)
 				break
 			}
 		}
@@ -100,7 +131,10 @@ func lookupAnswer(st *stage, wait func() ([]int, error), items []kvcache.LookupI
 // disagree after it reuse nothing. Real managers agree within two or three.
 const maxLookupRounds = 8
 
-// Reserve grants each ask on every stage or on none.
+// Reserve grants each ask on every stage or on none. It completes the
+// scheduler's asks: every one gets the engine clock (Now), and a new
+// sequence its prompt and salt (with reuse) and the request's retention
+// priority and duration.
 func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 	e := a.e
 	ok := make([]bool, len(asks))
@@ -110,9 +144,17 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 	reuse := e.spec.Managers[0].EnableBlockReuse
 	for i := range asks {
 		ok[i] = true
-		if asks[i].New && reuse {
-			r := e.byID[asks[i].Seq]
+		asks[i].Now = e.now
+		if !asks[i].New {
+			continue
+		}
+		r := e.byID[asks[i].Seq]
+		if reuse {
 			asks[i].Prompt, asks[i].CacheSalt = r.tokens, r.salt
+		}
+		asks[i].Priority, asks[i].PriorityDuration = r.priority, r.priorityDur
+		if r.priority != 0 {
+			e.warnRetention()
 		}
 	}
 	grants := make([][]kvcache.Grant, len(e.stages))
@@ -159,6 +201,13 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 			r.resident = true
 			r.history = ask.Reuse
 			e.resident++
+			// The stages agree on Reuse; the host tier's share is the
+			// largest any stage reports (a stage that brought more back
+			// from its host tier paid the copies).
+			r.hostReused = 0
+			for s := range e.stages {
+				r.hostReused = max(r.hostReused, min(grants[s][i].HostReused, ask.Reuse))
+			}
 		}
 		for s, st := range e.stages {
 			if t := grants[s][i].Tables; len(t) > 0 {
@@ -173,6 +222,22 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 		}
 	}
 	return ok
+}
+
+// warnRetention logs, once per run, that a retention priority reaches a
+// manager that ignores it (its Info lacks Retention): priorities are hints.
+func (e *Engine) warnRetention() {
+	if e.warnedRetention {
+		return
+	}
+	for _, st := range e.stages {
+		if !st.info.Capabilities.Retention {
+			e.warnedRetention = true
+			e.log.Warn("requests carry a retention priority, but the cache manager ignores it (its Info does not say Retention)",
+				"stage", st.idx, "manager", st.info.Name+" "+st.info.Version)
+			return
+		}
+	}
 }
 
 // undo unreserves, on each stage of grants, the asks that stage granted but

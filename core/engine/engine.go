@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -136,6 +137,16 @@ type request struct {
 	recomputed int    // prefill tokens computed again after a preemption
 	admitted   bool   // its first prefill chunk ran
 	salt       string // cache_salt: its prefix cache is shared only with the same salt
+	// Cache control (ReserveItem.Priority, PriorityDuration) for its new
+	// sequences: 0 leaves the manager's default.
+	priority    int
+	priorityDur int64 // ns
+	// Why the prefix cache supplied what it did (admission.go): the
+	// explanation of the latest Lookup and the host tokens of the latest
+	// granted new reservation, frozen into cache at the first admission.
+	explain    kvcache.Explanation
+	hostReused int
+	cache      cacheUse
 }
 
 type reqState uint8
@@ -217,6 +228,7 @@ type Engine struct {
 	admitted, admittedReused int64
 	restarts                 restartState // restart.go
 	faults                   []Fault      // injected faults not yet fired, by step
+	warnedRetention          bool         // the warning that a manager ignores priorities was logged
 }
 
 // Run builds the engine (configures every stage) and runs the workload to the
@@ -292,6 +304,10 @@ func (e *Engine) setup(ctx context.Context) error {
 			id: kvcache.SeqID(r.ID), arrival: r.Arrival, prompt: len(r.Prompt), maxNew: r.OutputLen,
 			tokens: r.Prompt, firstTok: -1, topK: r.TopLogprobs, rejected: r.Rejected, salt: r.CacheSalt,
 		}
+		req.priority, req.priorityDur = e.spec.Workload.Retention(r)
+		if err := checkRetention(req.priority, req.priorityDur); err != nil {
+			return fmt.Errorf("request %d: %w", r.ID, err)
+		}
 		if r.CacheSalt != "" {
 			if err := checkSalt(r.CacheSalt, e.saltErr()); err != nil {
 				return fmt.Errorf("request %d: %w", r.ID, err)
@@ -325,6 +341,9 @@ func (e *Engine) startStage(ctx context.Context, st *stage) error {
 		return fmt.Errorf("stage %d: cache manager info: %w", i, err)
 	}
 	if err := checkCapabilities(info, e.spec.Managers[i]); err != nil {
+		return fmt.Errorf("stage %d: %w", i, err)
+	}
+	if err := checkEvictionPolicy(info, e.spec.Managers[i]); err != nil {
 		return fmt.Errorf("stage %d: %w", i, err)
 	}
 	mc := e.spec.Managers[i]
@@ -388,6 +407,48 @@ func checkCapabilities(info kvcache.Info, cfg kvcache.Config) error {
 	}
 	if cfg.EnableBlockReuse && !info.Capabilities.PrefixReuse {
 		return fmt.Errorf("cache manager %s has no prefix reuse; set kv_cache_config.enable_block_reuse: false", info.Name)
+	}
+	return nil
+}
+
+// checkEvictionPolicy refuses, as a configuration error, an eviction policy
+// the manager does not list in its Info (nil lists EvictionLRU alone), before
+// Configure sees it.
+func checkEvictionPolicy(info kvcache.Info, cfg kvcache.Config) error {
+	p := cfg.EvictionPolicy
+	if p == "" {
+		p = kvcache.EvictionLRU
+	}
+	accepted := info.Capabilities.EvictionPolicies
+	if len(accepted) == 0 {
+		accepted = []string{kvcache.EvictionLRU}
+	}
+	if !slices.Contains(accepted, p) {
+		return &policyError{fmt.Sprintf("kv_cache_config.eviction_policy %q: cache manager %s %s accepts %s",
+			p, info.Name, info.Version, strings.Join(accepted, ", "))}
+	}
+	return nil
+}
+
+// ErrEvictionPolicy is returned (wrapped) when a stage's manager does not
+// list the configured eviction policy; the error is also of
+// kvcache.KindInvalidConfig, a configuration error.
+var ErrEvictionPolicy = errors.New("eviction policy not accepted by the cache manager")
+
+// policyError is checkEvictionPolicy's refusal: ErrEvictionPolicy and
+// kvcache.ErrInvalidConfig.
+type policyError struct{ msg string }
+
+func (e *policyError) Error() string   { return e.msg }
+func (e *policyError) Unwrap() []error { return []error{ErrEvictionPolicy, kvcache.ErrInvalidConfig} }
+
+// checkRetention checks a request's retention priority (0 or
+// kvcache.MinPriority..MaxPriority) and duration (ns, >= 0), which a
+// manager with Retention would otherwise deny on every admission.
+func checkRetention(priority int, duration int64) error {
+	if priority != 0 && (priority < kvcache.MinPriority || priority > kvcache.MaxPriority) || duration < 0 {
+		return fmt.Errorf("retention priority %d for %d ns: want a priority in [%d, %d] (0 for the default) and a duration >= 0",
+			priority, duration, kvcache.MinPriority, kvcache.MaxPriority)
 	}
 	return nil
 }

@@ -177,10 +177,11 @@ func (e *Engine) finishOnce(p *pendingForward, results []worker.Result, err erro
 		case it.Prefill && r.preempts > 0:
 			e.rep.Tokens.Recomputed += int64(it.Tokens)
 			r.recomputed += it.Tokens
-		case it.Reuse > 0:
+		case it.Prefill && it.Pos == it.Reuse:
 			// The first chunk of the first admission: prompt tokens the
-			// cache supplied. (After a preemption reuse only saves recompute.)
-			e.rep.Tokens.PrefixReused += int64(it.Reuse)
+			// cache supplied, by tier, and the computed ones by reason.
+			// (After a preemption reuse only saves recompute.)
+			e.accountCache(r, it.Reuse)
 			r.reused = it.Reuse
 		}
 	}

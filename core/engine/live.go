@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvx-dev/kvx/core/report"
+	"github.com/kvx-dev/kvx/core/workload"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
@@ -54,6 +55,12 @@ type LiveRequest struct {
 	// unsalted request. Submit refuses one longer than
 	// kvcache.MaxCacheSaltBytes, or any when a manager lacks the capability.
 	CacheSalt string
+	// RetentionPriority (1..100; 0 takes the workload's default) and
+	// RetentionDuration (ns; 0 = while cached) are the retention of the
+	// blocks it stores (workload.Request's). Submit refuses a priority
+	// out of range.
+	RetentionPriority int
+	RetentionDuration int64
 }
 
 // Event is one step's news for a request: tokens generated, and at the end
@@ -261,6 +268,10 @@ func (lv *Live) Submit(r LiveRequest) (*Handle, error) {
 		lv.mu.Unlock()
 		return nil, err
 	}
+	if err := checkRetention(r.RetentionPriority, r.RetentionDuration); err != nil {
+		lv.mu.Unlock()
+		return nil, &RequestError{Reason: err.Error()}
+	}
 	r.Prompt = slices.Clip(slices.Clone(r.Prompt))
 	h := &Handle{ID: lv.nextID, lv: lv, req: r, notify: make(chan struct{}, 1)}
 	lv.nextID++
@@ -354,6 +365,7 @@ func (lv *Live) turn(ctx context.Context, e *Engine) error {
 		lr := h.req
 		h.req = LiveRequest{}
 		r := &request{id: h.ID, arrival: e.now, prompt: len(lr.Prompt), maxNew: lr.MaxTokens, tokens: lr.Prompt, firstTok: -1, salt: lr.CacheSalt}
+		r.priority, r.priorityDur = e.spec.Workload.Retention(workload.Request{RetentionPriority: lr.RetentionPriority, RetentionDuration: lr.RetentionDuration})
 		h.Arrival = e.now
 		e.reqs = append(e.reqs, r)
 		e.byID[r.id] = r

@@ -84,6 +84,9 @@ func (e *Engine) finishReport(ctx context.Context) {
 			SimulatedS:       s,
 		}
 	}
+	if rep.Tokens.MissReasons == nil {
+		rep.Tokens.MissReasons = missHistogram()
+	}
 	if rep.Tokens.Prompt > 0 {
 		rep.Tokens.HitRate = float64(rep.Tokens.PrefixReused) / float64(rep.Tokens.Prompt)
 	}

@@ -132,6 +132,18 @@ func TestOlderPluginWithoutAFeature(t *testing.T) {
 	if kvcache.KindOf(err) != kvcache.KindUnsupported || !strings.Contains(fmtErr(err), "feature sim_calibration") {
 		t.Errorf("Configure with a calibration = %v, want KindUnsupported naming feature sim_calibration", err)
 	}
+	// So is a copy latency that a sim worker would ignore; a cpu worker
+	// has no cost model and is configured.
+	cfg = worker.Config{Device: "sim"}
+	cfg.Hardware.CopyLatency = 5e-6
+	_, err = w.Configure(ctxTimeout(t), cfg)
+	if kvcache.KindOf(err) != kvcache.KindUnsupported || !strings.Contains(fmtErr(err), "feature copy_latency") {
+		t.Errorf("Configure(sim) with a copy latency = %v, want KindUnsupported naming feature copy_latency", err)
+	}
+	cfg.Device = "cpu"
+	if _, err = w.Configure(ctxTimeout(t), cfg); kvcache.KindOf(err) == kvcache.KindUnsupported {
+		t.Errorf("Configure(cpu) with a copy latency = %v, want no feature refusal", err)
+	}
 }
 
 // TestOlderHost: this build's plugin against hosts of older revisions: a

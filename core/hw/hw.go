@@ -26,6 +26,21 @@ const (
 // graphs (a few kernel launches per layer, a few microseconds). Uncalibrated.
 const launchLatency = 5e-6
 
+// copyLatency is the fixed cost of one block-copy transfer between host and
+// device (one cudaMemcpyAsync of pinned memory): driver submission and DMA
+// setup, paid per call whatever its size. Public measurements of Hopper-class
+// hosts with PCIe Gen 5 put it at 2.3 us (FlexKV PR #193, H20: "the per-call
+// overhead (~2.3 us) dominates chunk-sized transfers") to 5-7 us (DualPath,
+// arXiv 2602.21548, sec. 5.2: "submitting a single copy operation via
+// cudaMemcpyAsync incurs a latency overhead of approximately 5-7 us"); a
+// device-to-device call pays the same order (torchcomms PR #2195, H100: 3.5
+// us for a 1-byte cudaMemcpyAsync). 5 us is used: at ~55 GB/s a 64 KiB block
+// then moves at ~11 GB/s, a 1 MiB transfer at ~43 GB/s and 4 MiB at ~52 GB/s,
+// which is why engines coalesce contiguous blocks (vLLM PR #48434, H100 PCIe
+// Gen 5: 8 KiB pages at 12.5 GB/s one per descriptor, 54 GB/s in runs of
+// 16). Uncalibrated.
+const copyLatency = 5e-6
+
 // presets is keyed by lower-case name. Dense (not sparse) FLOP/s.
 var presets = map[string]spec.Hardware{
 	// NVIDIA H200 SXM: 141 GB HBM3e (nvidia-smi reports 143,771 MiB; the
@@ -41,6 +56,7 @@ var presets = map[string]spec.Hardware{
 		PCIeBW:        55 * gb,
 		Uncalibrated:  true,
 		LaunchLatency: launchLatency,
+		CopyLatency:   copyLatency,
 	},
 	// NVIDIA H100 SXM: 80 GB HBM3, 3.35 TB/s, same tensor cores as H200.
 	"h100": {
@@ -53,6 +69,7 @@ var presets = map[string]spec.Hardware{
 		PCIeBW:        55 * gb,
 		Uncalibrated:  true,
 		LaunchLatency: launchLatency,
+		CopyLatency:   copyLatency,
 	},
 	// NVIDIA B200: 192 GB HBM3e of which ~180 GB is usable, 8 TB/s, ~2250
 	// TFLOP/s bf16, 4500 fp8, 9000 fp4, NVLink 5 at 1.8 TB/s bidirectional.
@@ -68,6 +85,7 @@ var presets = map[string]spec.Hardware{
 		PCIeBW:        55 * gb,
 		Uncalibrated:  true,
 		LaunchLatency: launchLatency,
+		CopyLatency:   copyLatency,
 	},
 }
 

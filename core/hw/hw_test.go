@@ -23,7 +23,8 @@ func TestNamesSortedAndLookupable(t *testing.T) {
 			t.Errorf("Lookup(%q).Uncalibrated = false, want true (datasheet values)", n)
 		}
 		if h.MemoryBytes <= 0 || h.MemBandwidth <= 0 || h.FLOPSBF16 <= 0 || h.FLOPSFP8 < h.FLOPSBF16 ||
-			h.NVLinkBW <= 0 || h.PCIeBW <= 0 || h.PCIeBW >= h.NVLinkBW || h.LaunchLatency <= 0 {
+			h.NVLinkBW <= 0 || h.PCIeBW <= 0 || h.PCIeBW >= h.NVLinkBW || h.LaunchLatency <= 0 ||
+			!(h.CopyLatency > 0 && h.CopyLatency < 1e-4) {
 			t.Errorf("Lookup(%q) = %+v: implausible figures", n, h)
 		}
 	}

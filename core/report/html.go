@@ -217,17 +217,21 @@ func timeNote(rs []Report) string {
 
 // pageVariant is what the page's script reads of one variant.
 type pageVariant struct {
-	Name       string  `json:"name"`
-	Status     string  `json:"status"`
-	OutputTPS  float64 `json:"output_tokens_per_s"`
-	Latency    Latency `json:"latency"`
-	HitRate    float64 `json:"hit_rate"`
-	PeakUsage  float64 `json:"peak_usage"`
-	Preempt    int     `json:"preemptions"`
-	Suspended  int     `json:"suspensions"`
-	Recomputed int64   `json:"recomputed"`
-	WallS      float64 `json:"wall_s"`
-	Series     *Series `json:"series"`
+	Name      string  `json:"name"`
+	Status    string  `json:"status"`
+	OutputTPS float64 `json:"output_tokens_per_s"`
+	Latency   Latency `json:"latency"`
+	HitRate   float64 `json:"hit_rate"`
+	HostRate  float64 `json:"host_rate"` // prompt tokens reused from the host tier / prompt tokens
+	// Misses are each miss reason's share of the computed prompt tokens
+	// (Tokens.MissReasons), in [0, 1].
+	Misses     map[string]float64 `json:"misses"`
+	PeakUsage  float64            `json:"peak_usage"`
+	Preempt    int                `json:"preemptions"`
+	Suspended  int                `json:"suspensions"`
+	Recomputed int64              `json:"recomputed"`
+	WallS      float64            `json:"wall_s"`
+	Series     *Series            `json:"series"`
 }
 
 func pageData(rs []Report) []pageVariant {
@@ -240,8 +244,17 @@ func pageData(rs []Report) []pageVariant {
 				st = StatusFailed
 			}
 		}
+		misses := map[string]float64{}
+		for _, m := range r.Tokens.TopMisses() {
+			misses[m.Reason] = m.Share
+		}
+		host := 0.0
+		if r.Tokens.Prompt > 0 {
+			host = float64(r.Tokens.PrefixReusedByTier.Host) / float64(r.Tokens.Prompt)
+		}
 		out[i] = pageVariant{
 			Name: r.Variant, Status: st, OutputTPS: r.Throughput.OutputTokensPerS, Latency: r.Latency, HitRate: r.Tokens.HitRate,
+			HostRate: host, Misses: misses,
 			PeakUsage: r.KV.PeakUsage, Preempt: r.Requests.Preemptions, Suspended: r.Requests.Suspensions,
 			Recomputed: r.Tokens.Recomputed, WallS: r.Engine.WallS, Series: r.Series,
 		}

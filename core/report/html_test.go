@@ -31,6 +31,8 @@ func richSample(modelled bool) Document {
 			e2e = append(e2e, float64(100+k*k))
 		}
 		r.Latency.Quantiles = NewQuantiles(ttft, tpot, e2e)
+		r.Tokens.PrefixReusedByTier = TierTokens{Device: 150, Host: 100}
+		r.Tokens.MissReasons = map[string]MissCount{"evicted": {Requests: 4, Tokens: 400 - 100*int64(i)}, "partial_block": {Requests: 2, Tokens: 100}, "in_flight": {}}
 		var sp Sampler
 		for k := range 2000 {
 			sp.Add(Sample{At: int64(k) * 3e6, KVUsage: float64(k%100) / 100, Running: k % 7, Waiting: k % 5,
@@ -53,6 +55,7 @@ func TestWriteHTMLMetadata(t *testing.T) {
 		"<table>", "cache_manager=v2", "scenarios/demo.yaml", "kvx test", "2026-12-01T12:00:00Z", "sim (h200 cost model)",
 		"cache_manager=v1 (finished), cache_manager=v2 (failed)", "varied keys</dt><dd>cache_manager", "max_batch_size",
 		"uncalibrated", `kvxTimeWord = "simulated time"`, "Chart.js v4", "10 requests (open loop)",
+		`"host_rate":0.1,`, `"misses":{"evicted":0.8,"partial_block":0.2}`, `"misses":{"evicted":0.75,"partial_block":0.25}`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("HTML lacks %q", want)
@@ -70,8 +73,8 @@ func TestWriteHTMLMetadata(t *testing.T) {
 	}
 }
 
-// chartsOnPage is what the page draws: 7 bar charts, 3 CDFs, 4 series.
-const chartsOnPage = 14
+// chartsOnPage is what the page draws: 8 bar charts, 3 CDFs, 4 series.
+const chartsOnPage = 15
 
 // TestHTMLInChromium opens the page in headless Chromium: no console
 // error, no request beyond the file, every chart drawn with data, values

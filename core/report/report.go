@@ -119,8 +119,7 @@ type RequestRecord struct {
 	PromptTokens int      `json:"prompt_tokens"`
 	Generated    int      `json:"generated_tokens"`
 	// ReusedTokens are the prompt tokens the prefix cache supplied at its
-	// first admission, from any tier: the contract's Lookup answers a
-	// count, not where the blocks were.
+	// first admission, from any tier (Cache splits them).
 	ReusedTokens int `json:"reused_tokens"`
 	// RecomputedTokens are the prefill tokens computed again after a
 	// preemption that freed the request's cache.
@@ -129,6 +128,35 @@ type RequestRecord struct {
 	// Suspensions kept it on the host tier.
 	Preemptions int `json:"preemptions"`
 	Suspensions int `json:"suspensions"`
+	// Cache explains the prefix cache's part in the first admission; nil
+	// when the request was never admitted, or was preempted (or its plugin
+	// restarted) before its first prefill chunk completed: that prefill
+	// then counts as recomputed, and its reuse in no total, as before.
+	Cache *CacheUse `json:"cache,omitempty"`
+}
+
+// CacheUse is what the prefix cache did for one request's first admission:
+// its reused prompt tokens by tier and its computed ones by reason.
+// ReusedDevice + ReusedHost is the record's ReusedTokens, and
+// ReusedDevice + ReusedHost + Computed its PromptTokens.
+type CacheUse struct {
+	ReusedDevice int `json:"reused_device_tokens"`
+	ReusedHost   int `json:"reused_host_tokens"`
+	Computed     int `json:"computed_tokens"`
+	// Reason is why the first computed token was not reused (a
+	// kvcache.MissReason name: evicted, never_stored, partial_block, ...);
+	// ReasonTokens of Computed are the tokens up to the prompt's last full
+	// block it explains, and PartialBlockTokens the rest, which no cache
+	// supplies (ReasonTokens is 0 when Reason is partial_block).
+	Reason             string `json:"miss_reason"`
+	ReasonTokens       int    `json:"miss_reason_tokens"`
+	PartialBlockTokens int    `json:"partial_block_tokens"`
+	// For Reason evicted: the tier the block was evicted from, the rule
+	// that chose it (an eviction policy, or priority), and when (engine
+	// seconds; absent when the manager had no clock).
+	EvictedTier string   `json:"evicted_tier,omitempty"`
+	EvictedBy   string   `json:"evicted_by,omitempty"`
+	EvictedAtS  *float64 `json:"evicted_at_s,omitempty"`
 }
 
 // Workload describes the requests a run was given (workload.* in
@@ -156,12 +184,62 @@ type Tokens struct {
 	Prompt       int64 `json:"prompt"`
 	Generated    int64 `json:"generated"`
 	PrefixReused int64 `json:"prefix_reused"`
-	Recomputed   int64 `json:"recomputed"`
+	// PrefixReusedByTier splits PrefixReused by the tier that held the
+	// blocks (Device + Host == PrefixReused).
+	PrefixReusedByTier TierTokens `json:"prefix_reused_by_tier"`
+	// MissReasons is, per kvcache.MissReason name, how many admitted
+	// requests first missed for that reason and how many of their computed
+	// prompt tokens it explains (see CacheUse): PrefixReused plus every
+	// reason's Tokens is the prompt tokens of the admitted requests.
+	MissReasons map[string]MissCount `json:"miss_reasons"`
+	Recomputed  int64                `json:"recomputed"`
 	// HitRate is PrefixReused / Prompt.
 	HitRate float64 `json:"hit_rate"`
 	// DraftAccepted / DraftProposed is the MTP acceptance.
 	DraftProposed int64 `json:"draft_proposed"`
 	DraftAccepted int64 `json:"draft_accepted"`
+}
+
+// TierTokens are tokens by cache tier.
+type TierTokens struct {
+	Device int64 `json:"device"`
+	Host   int64 `json:"host"`
+}
+
+// MissCount is one miss reason's share.
+type MissCount struct {
+	Requests int   `json:"requests"`
+	Tokens   int64 `json:"tokens"`
+}
+
+// TopMisses returns the reasons with tokens, most tokens first (ties by
+// name), each with its share of all the reasons' tokens.
+func (t Tokens) TopMisses() []MissShare {
+	var total int64
+	var out []MissShare
+	for name, c := range t.MissReasons {
+		total += c.Tokens
+		if c.Tokens > 0 {
+			out = append(out, MissShare{Reason: name, Tokens: c.Tokens})
+		}
+	}
+	for i := range out {
+		out[i].Share = float64(out[i].Tokens) / float64(total)
+	}
+	slices.SortFunc(out, func(a, b MissShare) int {
+		if a.Tokens != b.Tokens {
+			return int(b.Tokens - a.Tokens)
+		}
+		return strings.Compare(a.Reason, b.Reason)
+	})
+	return out
+}
+
+// MissShare is a miss reason's computed tokens and their share.
+type MissShare struct {
+	Reason string
+	Tokens int64
+	Share  float64 // of every reason's tokens
 }
 
 type KV struct {
@@ -383,6 +461,9 @@ func WriteJSON(w io.Writer, d Document) error {
 				r.Status = StatusFailed
 			}
 		}
+		if r.Tokens.MissReasons == nil {
+			r.Tokens.MissReasons = map[string]MissCount{}
+		}
 		r.Requests.Rejections = nonNil(r.Requests.Rejections)
 		r.Requests.Failures = nonNil(r.Requests.Failures)
 		if r.Throughput.EngineS == 0 {
@@ -447,6 +528,8 @@ var rows = []row{
 	{"  prefix reused", func(r *Report) string {
 		return fmt.Sprintf("%s (%.1f%%)", i64(r.Tokens.PrefixReused), 100*r.Tokens.HitRate)
 	}},
+	{"    from host tier", func(r *Report) string { return i64(r.Tokens.PrefixReusedByTier.Host) }},
+	{"  miss reasons", func(r *Report) string { return missRow(r.Tokens) }},
 	{"  recomputed", func(r *Report) string { return i64(r.Tokens.Recomputed) }},
 	{"generated tokens", func(r *Report) string { return i64(r.Tokens.Generated) }},
 	{"draft acceptance", func(r *Report) string {
@@ -536,6 +619,32 @@ func WriteTable(w io.Writer, rs []Report) error {
 	return tw.Flush()
 }
 
+// missRow is the top miss reasons by computed tokens, as
+// "evicted 61% · in_flight 22% · partial 9%" ("-" for none).
+func missRow(t Tokens) string {
+	top := t.TopMisses()
+	if len(top) == 0 {
+		return "-"
+	}
+	const shown = 3
+	parts := make([]string, 0, shown)
+	for i, m := range top {
+		if i == shown {
+			break
+		}
+		name := m.Reason
+		if name == "partial_block" {
+			name = "partial"
+		}
+		share := fmt.Sprintf("%.0f%%", 100*m.Share)
+		if share == "0%" {
+			share = "<1%"
+		}
+		parts = append(parts, name+" "+share)
+	}
+	return strings.Join(parts, " · ")
+}
+
 func itoa(n int) string { return i64(int64(n)) }
 
 // i64 formats with thousands separators.
@@ -556,4 +665,64 @@ func i64(n int64) string {
 		return "-" + b.String()
 	}
 	return b.String()
+}
+
+// Why says why the first computed token was not reused, with the detail
+// of an eviction: "evicted from the device tier by lru at 12.41 s".
+func (c CacheUse) Why() string {
+	if c.Reason != "evicted" {
+		if w, ok := missWords[c.Reason]; ok {
+			return w
+		}
+		return strings.ReplaceAll(c.Reason, "_", " ")
+	}
+	s := "evicted"
+	if c.EvictedTier != "" {
+		s += " from the " + c.EvictedTier + " tier"
+	}
+	if c.EvictedBy != "" {
+		s += " by " + c.EvictedBy
+	}
+	if c.EvictedAtS != nil {
+		s += fmt.Sprintf(" at %.2f s", *c.EvictedAtS)
+	}
+	return s
+}
+
+// missWords say the miss reasons other than evicted in words.
+var missWords = map[string]string{
+	"unknown":           "unknown (the cache manager does not explain its lookups)",
+	"partial_block":     "partial block (past the last full block before the last token)",
+	"never_stored":      "never stored",
+	"snapshot_boundary": "past the last SSM snapshot boundary",
+	"cache_salt":        "cached under another cache_salt",
+	"in_flight":         "in flight (a running request is computing it)",
+	"reuse_off":         "block reuse is off",
+}
+
+// WriteExplain prints how the prefix cache served request rec of variant
+// (kvx run --explain): its prompt tokens, those reused from each tier,
+// those computed and why, and its preemptions.
+func WriteExplain(w io.Writer, variant string, rec RequestRecord) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "request %d (%s): %s\n", rec.ID, variant, rec.Status)
+	fmt.Fprintf(tw, "  prompt tokens\t%s\n", itoa(rec.PromptTokens))
+	if c := rec.Cache; c == nil {
+		fmt.Fprintf(tw, "  prefix cache\tnever admitted: no lookup was taken\n")
+	} else {
+		fmt.Fprintf(tw, "  reused\t%s from the device tier, %s from the host tier\n", itoa(c.ReusedDevice), itoa(c.ReusedHost))
+		comp := itoa(c.Computed)
+		switch {
+		case c.ReasonTokens > 0 && c.PartialBlockTokens > 0:
+			comp += fmt.Sprintf(": %s %s, %s past the last full block", itoa(c.ReasonTokens), c.Why(), itoa(c.PartialBlockTokens))
+		case c.ReasonTokens > 0:
+			comp += ": " + c.Why()
+		case c.Computed > 0:
+			comp += ": past the last full block (partial block, or the last token)"
+		}
+		fmt.Fprintf(tw, "  computed\t%s\n", comp)
+		fmt.Fprintf(tw, "  miss reason\t%s\n", c.Why())
+	}
+	fmt.Fprintf(tw, "  preemptions\t%d (recomputed %s tokens), %d suspended to the host tier\n", rec.Preemptions, itoa(rec.RecomputedTokens), rec.Suspensions)
+	return tw.Flush()
 }

@@ -128,3 +128,70 @@ func TestPercentile(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteTableCacheRows: the table says how much of the reuse came from
+// the host tier and the top miss reasons by computed tokens, largest first.
+func TestWriteTableCacheRows(t *testing.T) {
+	rs := sample()
+	rs[0].Tokens.PrefixReusedByTier = TierTokens{Device: 150, Host: 100}
+	rs[0].Tokens.MissReasons = map[string]MissCount{
+		"evicted": {Requests: 5, Tokens: 610}, "in_flight": {Requests: 2, Tokens: 220}, "partial_block": {Requests: 1, Tokens: 90},
+		"never_stored": {Requests: 1, Tokens: 80}, "unknown": {},
+	}
+	rs[1].Tokens.MissReasons = map[string]MissCount{"unknown": {Requests: 9, Tokens: 9990}, "partial_block": {Tokens: 10}}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, rs); err != nil {
+		t.Fatal(err)
+	}
+	var host, miss string
+	for _, line := range strings.Split(buf.String(), "\n") {
+		switch {
+		case strings.HasPrefix(line, "    from host tier"):
+			host = line
+		case strings.HasPrefix(line, "  miss reasons"):
+			miss = line
+		}
+	}
+	if f := strings.Fields(host); len(f) != 5 || f[3] != "100" || f[4] != "0" {
+		t.Errorf("host tier row = %q, want 100 for v1 and 0 for v2", host)
+	}
+	if !strings.Contains(miss, "evicted 61% · in_flight 22% · partial 9%") || strings.Contains(miss, "never_stored") {
+		t.Errorf("miss reasons row = %q, want the top three by tokens", miss)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(miss), "unknown 100% · partial <1%") {
+		t.Errorf("miss reasons row = %q, want a share under 1%% said so, not 0%%", miss)
+	}
+	if got := missRow(Tokens{}); got != "-" {
+		t.Errorf("miss reasons of a variant without any = %q, want -", got)
+	}
+}
+
+// TestWriteExplain: an eviction is said with its tier, rule and time, and
+// the computed tokens are split between the reason and the partial block.
+func TestWriteExplain(t *testing.T) {
+	at := 12.414
+	rec := RequestRecord{ID: 17, Status: RequestFinished, PromptTokens: 1300, ReusedTokens: 768, RecomputedTokens: 40, Preemptions: 1, Suspensions: 2,
+		Cache: &CacheUse{ReusedDevice: 512, ReusedHost: 256, Computed: 532, Reason: "evicted", ReasonTokens: 512, PartialBlockTokens: 20,
+			EvictedTier: "device", EvictedBy: "lru", EvictedAtS: &at}}
+	var buf bytes.Buffer
+	if err := WriteExplain(&buf, "v1", rec); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"request 17 (v1): finished", "prompt tokens  1,300", "512 from the device tier, 256 from the host tier",
+		"computed       532: 512 evicted from the device tier by lru at 12.41 s, 20 past the last full block",
+		"miss reason    evicted from the device tier by lru at 12.41 s", "preemptions    1 (recomputed 40 tokens), 2 suspended",
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("explanation lacks %q:\n%s", want, buf.String())
+		}
+	}
+	buf.Reset()
+	rec.Cache, rec.Status = nil, RequestRejected
+	if err := WriteExplain(&buf, "v1", rec); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "rejected") || !strings.Contains(buf.String(), "never admitted") {
+		t.Errorf("explanation of a rejected request:\n%s", buf.String())
+	}
+}

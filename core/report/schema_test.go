@@ -46,7 +46,15 @@ func TestSchemaHasTeeth(t *testing.T) {
 	// A full variant, then each new part broken in one way.
 	var buf bytes.Buffer
 	d := richSample(true)
-	d.Variants[0].Requests.Records = []RequestRecord{{ID: 1, Status: RequestFinished, PromptTokens: 3, Generated: 2}}
+	at5 := 5.0
+	d.Variants[0].Requests.Records = []RequestRecord{
+		{ID: 1, Status: RequestFinished, PromptTokens: 3, Generated: 2},
+		{ID: 2, Status: RequestFinished, PromptTokens: 100, ReusedTokens: 64, Generated: 2, Cache: &CacheUse{
+			ReusedDevice: 32, ReusedHost: 32, Computed: 36, Reason: "evicted", ReasonTokens: 32, PartialBlockTokens: 4,
+			EvictedTier: "host", EvictedBy: "lfu", EvictedAtS: &at5}},
+	}
+	d.Variants[0].Tokens.PrefixReusedByTier = TierTokens{Device: 32, Host: 32}
+	d.Variants[0].Tokens.MissReasons = map[string]MissCount{"evicted": {Requests: 1, Tokens: 32}, "partial_block": {Tokens: 4}}
 	if err := WriteJSON(&buf, d); err != nil {
 		t.Fatal(err)
 	}
@@ -69,6 +77,12 @@ func TestSchemaHasTeeth(t *testing.T) {
 			at(v, "series").(map[string]any)["t_s"] = long
 		},
 		"quantiles without p": func(v map[string]any) { delete(at(v, "latency", "quantiles").(map[string]any), "p") },
+		"an unknown miss reason": func(v map[string]any) {
+			at(v, "tokens", "miss_reasons").(map[string]any)["bad_luck"] = map[string]any{"requests": 1, "tokens": 1}
+		},
+		"no tiers":                          func(v map[string]any) { delete(at(v, "tokens").(map[string]any), "prefix_reused_by_tier") },
+		"a record's tier":                   func(v map[string]any) { recordCache(v)["evicted_tier"] = "disk" },
+		"a record's cache without a reason": func(v map[string]any) { delete(recordCache(v), "miss_reason") },
 	} {
 		var doc map[string]any
 		if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
@@ -89,4 +103,9 @@ func at(m map[string]any, keys ...string) any {
 		v = v.(map[string]any)[k]
 	}
 	return v
+}
+
+// recordCache is the cache object of the second record of variant v.
+func recordCache(v map[string]any) map[string]any {
+	return at(v, "requests", "records").([]any)[1].(map[string]any)["cache"].(map[string]any)
 }

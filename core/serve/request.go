@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvx-dev/kvx/core/workload"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
@@ -77,6 +78,11 @@ type common struct {
 	// CacheSalt (vLLM's cache_salt) isolates the request's prefix cache:
 	// only requests with the same salt share cached blocks.
 	CacheSalt *string `json:"cache_salt"`
+	// RetentionPriority (1..100) and RetentionDurationS (seconds > 0) are
+	// the retention of the blocks the request stores in the prefix cache
+	// (TensorRT-LLM's KvCacheRetentionConfig scale).
+	RetentionPriority  *int64   `json:"retention_priority"`
+	RetentionDurationS *float64 `json:"retention_duration_s"`
 }
 
 type streamOptions struct {
@@ -161,6 +167,12 @@ func (s *Server) check(c *common, j *job, defaultMax int64) *apiError {
 			return badRequest("cache_salt", "cache_salt cannot be honoured: %v", err)
 		}
 		j.salt = salt
+	}
+	var err error
+	if j.priority, j.priorityDur, err = workload.Retention(c.RetentionPriority, c.RetentionDurationS); err != nil {
+		var oe *workload.OptionError
+		errors.As(err, &oe)
+		return badRequest(oe.Field, "%s", strings.TrimPrefix(err.Error(), "workload: "))
 	}
 	j.stream = c.Stream != nil && *c.Stream
 	if c.StreamOptions != nil {

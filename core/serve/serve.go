@@ -278,6 +278,8 @@ type job struct {
 	prompt      []int32
 	maxTokens   int
 	salt        string // cache_salt; "" for none
+	priority    int    // retention_priority; 0 for the workload's default
+	priorityDur int64  // retention_duration_s in ns; 0 while cached
 	stream      bool
 	usageStream bool
 	id          string
@@ -290,7 +292,8 @@ func (s *Server) submit(j *job) (*engine.Handle, *apiError) {
 		return nil, &apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "too_many_waiting",
 			msg: fmt.Sprintf("%d requests are waiting for their first token, the limit is %d: retry later", q, s.opt.MaxWaiting), retry: 1}
 	}
-	h, err := s.eng.Submit(engine.LiveRequest{Prompt: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt})
+	h, err := s.eng.Submit(engine.LiveRequest{Prompt: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt,
+		RetentionPriority: j.priority, RetentionDuration: j.priorityDur})
 	if err != nil {
 		return nil, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: err.Error()}
 	}

@@ -330,6 +330,7 @@ func Resolve(cfg *config.Config, variant string, withWorkload bool) (*Resolved, 
 			MaxSeqLen:        cfg.MaxSeqLen,
 			MaxDraftTokens:   draft,
 			EnableBlockReuse: cfg.KVCache.EnableBlockReuse,
+			EvictionPolicy:   cfg.KVCache.EvictionPolicy,
 			AvgSeqLen:        cfg.KVCache.AvgSeqLen,
 			PoolRatio:        cfg.KVCache.PoolRatio,
 			Snapshots: kvcache.SnapshotConfig{
@@ -407,15 +408,19 @@ func Workload(cfg *config.Config, vocab int) (workload.Workload, error) {
 		if err != nil {
 			return workload.Workload{}, err
 		}
-		return workload.Workload{Requests: reqs, Concurrency: w.Concurrency}, nil
+		wl := workload.Workload{Requests: reqs, Concurrency: w.Concurrency}
+		wl.RetentionPriority, wl.RetentionDuration = w.Retention()
+		return wl, nil
 	case config.WorkloadGenerator:
-		return workload.GenerateWorkload(workload.GenOptions{
+		wl, err := workload.GenerateWorkload(workload.GenOptions{
 			Requests: w.Requests, Concurrency: w.Concurrency, Rate: w.Rate,
 			PromptMin: w.PromptTokens.Min, PromptMax: w.PromptTokens.Max,
 			OutputMin: w.OutputTokens.Min, OutputMax: w.OutputTokens.Max,
 			SharedPrefix: w.SharedPrefixTokens, SharedGroups: w.SharedPrefixGroups,
 			Vocab: vocab, Seed: seed,
 		})
+		wl.RetentionPriority, wl.RetentionDuration = w.Retention()
+		return wl, err
 	}
 	return workload.Workload{}, fmt.Errorf("workload: neither workload.trace nor workload.requests is set")
 }

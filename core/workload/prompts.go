@@ -18,6 +18,10 @@ type Prompt struct {
 	// CacheSalt isolates the prompt's prefix cache (vLLM's cache_salt); ""
 	// for the shared cache.
 	CacheSalt string
+	// RetentionPriority (1..100, 0 = unset) and RetentionDuration (ns, 0 =
+	// while cached) are the retention of the blocks it stores (Request's).
+	RetentionPriority int
+	RetentionDuration int64
 }
 
 // FromPrompts returns the workload of ps in order: request i is ps[i] with
@@ -42,14 +46,15 @@ func FromPrompts(ps []Prompt, vocab int) (Workload, error) {
 			oe.Field = fmt.Sprintf("prompts[%d].%s", i, oe.Field)
 			return Workload{}, oe
 		}
-		reqs[i] = Request{ID: uint64(i), Prompt: slices.Clip(slices.Clone(p.Tokens)), OutputLen: p.MaxTokens, TopLogprobs: p.TopLogprobs, CacheSalt: p.CacheSalt}
+		reqs[i] = Request{ID: uint64(i), Prompt: slices.Clip(slices.Clone(p.Tokens)), OutputLen: p.MaxTokens, TopLogprobs: p.TopLogprobs, CacheSalt: p.CacheSalt,
+			RetentionPriority: p.RetentionPriority, RetentionDuration: p.RetentionDuration}
 	}
 	return Workload{Requests: reqs}, nil
 }
 
 // CheckPrompt checks one prompt against a vocabulary of vocab ids. The error
-// is an *OptionError whose Field is "tokens", "tokens[i]", "max_tokens" or
-// "top_logprobs".
+// is an *OptionError whose Field is "tokens", "tokens[i]", "max_tokens",
+// "top_logprobs", "retention_priority" or "retention_duration_s".
 func CheckPrompt(p Prompt, vocab int) error {
 	switch {
 	case len(p.Tokens) == 0:
@@ -58,6 +63,10 @@ func CheckPrompt(p Prompt, vocab int) error {
 		return optErr("max_tokens", p.MaxTokens, "must be >= 1")
 	case p.TopLogprobs < 0:
 		return optErr("top_logprobs", p.TopLogprobs, "must be >= 0")
+	case p.RetentionPriority != 0 && (p.RetentionPriority < MinRetentionPriority || p.RetentionPriority > MaxRetentionPriority):
+		return optErr("retention_priority", p.RetentionPriority, "must be in [%d, %d]", MinRetentionPriority, MaxRetentionPriority)
+	case p.RetentionDuration < 0:
+		return optErr("retention_duration_s", float64(p.RetentionDuration)/1e9, "must be > 0")
 	}
 	for j, t := range p.Tokens {
 		if t < 0 || int(t) >= vocab {

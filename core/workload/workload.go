@@ -63,7 +63,52 @@ type Request struct {
 	// only requests with the same salt share blocks. "" (every generated
 	// and trace workload) is the shared cache.
 	CacheSalt string
+	// RetentionPriority is the retention priority of the blocks the
+	// request stores in the prefix cache, MinPriority..MaxPriority
+	// (TensorRT-LLM's 1..100 scale); 0 takes the Workload's default.
+	// RetentionDuration (ns, 0 = while cached) is how long it lasts.
+	RetentionPriority int
+	RetentionDuration int64
 }
+
+// Retention priorities (TensorRT-LLM's KvCacheRetentionConfig scale, as
+// kvcache.MinPriority and MaxPriority).
+const (
+	MinRetentionPriority = 1
+	MaxRetentionPriority = 100
+)
+
+// Retention reads a retention priority and its duration in seconds as a
+// request gives them (nil: not given) into RetentionPriority and
+// RetentionDuration (ns). The error is an *OptionError whose Field is
+// "retention_priority" or "retention_duration_s", with the value and the
+// range: a priority outside [1, 100], a duration not > 0 or above
+// MaxRetentionSeconds, or a duration without a priority.
+func Retention(priority *int64, durationS *float64) (int, int64, error) {
+	var p int
+	var d int64
+	if priority != nil {
+		if *priority < MinRetentionPriority || *priority > MaxRetentionPriority {
+			return 0, 0, optErr("retention_priority", *priority, "must be in [%d, %d]", MinRetentionPriority, MaxRetentionPriority)
+		}
+		p = int(*priority)
+	}
+	if durationS != nil {
+		s := *durationS
+		if !(s > 0) || s > MaxRetentionSeconds {
+			return 0, 0, optErr("retention_duration_s", s, "must be a number of seconds > 0 and <= %d", MaxRetentionSeconds)
+		}
+		if priority == nil {
+			return 0, 0, optErr("retention_duration_s", s, "needs a retention_priority: it is how long that priority lasts")
+		}
+		d = max(1, int64(s*1e9))
+	}
+	return p, d, nil
+}
+
+// MaxRetentionSeconds bounds a retention duration (a year): its nanoseconds
+// fit an int64 many times over.
+const MaxRetentionSeconds = 365 * 24 * 3600
 
 // Workload is a request list plus how the engine admits it.
 type Workload struct {
@@ -72,6 +117,21 @@ type Workload struct {
 	// requests in flight and admits the next (in slice order, Arrival
 	// ignored) when one finishes. 0 is an open loop driven by Arrival.
 	Concurrency int
+	// RetentionPriority and RetentionDuration (ns) are the retention of
+	// every request whose own RetentionPriority is 0 (workload.
+	// retention_priority, retention_duration_s); 0 leaves the manager's
+	// default.
+	RetentionPriority int
+	RetentionDuration int64
+}
+
+// Retention returns r's retention priority and duration (ns): its own, else
+// the workload's default.
+func (w Workload) Retention(r Request) (priority int, duration int64) {
+	if r.RetentionPriority != 0 {
+		return r.RetentionPriority, r.RetentionDuration
+	}
+	return w.RetentionPriority, w.RetentionDuration
 }
 
 // OptionError reports an option outside its allowed range. Field is the

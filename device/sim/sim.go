@@ -122,6 +122,9 @@ func NewEnv(m *spec.Model, hw spec.Hardware, tp int, weights string) (*Env, erro
 		return nil, fmt.Errorf("hardware %q: flops_fp8 %g, flops_fp4 %g, pcie_bandwidth %g and launch_latency %g must be >= 0",
 			hw.Name, hw.FLOPSFP8, hw.FLOPSFP4, hw.PCIeBW, hw.LaunchLatency)
 	}
+	if !(hw.CopyLatency >= 0) || math.IsInf(hw.CopyLatency, 0) {
+		return nil, fmt.Errorf("hardware %q: copy_latency %g s must be finite and >= 0", hw.Name, hw.CopyLatency)
+	}
 	dt, err := WeightsDtype(weights)
 	if err != nil {
 		return nil, err
@@ -409,16 +412,20 @@ func LMHead(e *Env, w *Work, positions int) {
 	linear(e, w, float64(e.Model.Hidden), float64(e.Model.Vocab), float64(positions), true, bf16)
 }
 
-// CopySeconds is the time to copy bytes between tiers: over PCIe when the
-// copy crosses host and device (or stays on the host), or a device-memory
-// read plus write when both ends are on the device. 0 when the hardware has
-// no PCIe figure.
+// CopySeconds is the time of one block-copy transfer of bytes (a run of
+// blocks the worker moves with one cudaMemcpyAsync): HW.CopyLatency, the
+// call's fixed cost, plus the bytes over PCIe when the transfer crosses host
+// and device (or stays on the host), or a device-memory read plus write when
+// both ends are on the device. The bytes cost nothing over PCIe when the
+// hardware has no PCIe figure. Splitting a transfer in two costs one more
+// latency, so callers group what the worker would move at once.
 func (e *Env) CopySeconds(bytes float64, device2device bool) float64 {
-	if device2device {
-		return 2 * bytes / e.HW.MemBandwidth
+	s := e.HW.CopyLatency
+	switch {
+	case device2device:
+		s += 2 * bytes / e.HW.MemBandwidth
+	case e.HW.PCIeBW > 0:
+		s += bytes / e.HW.PCIeBW
 	}
-	if e.HW.PCIeBW <= 0 {
-		return 0
-	}
-	return bytes / e.HW.PCIeBW
+	return s
 }

@@ -103,6 +103,9 @@ func TestNewEnvErrors(t *testing.T) {
 		{"no flops", noFlops, 1, "flops_bf16"},
 		{"tp without nvlink", noLink, 2, "nvlink_bandwidth"},
 		{"negative tp", h200, -1, "tensor_parallel -1"},
+		{"negative copy latency", withCopyLatency(-1e-6), 1, "copy_latency -1e-06 s must be finite and >= 0"},
+		{"NaN copy latency", withCopyLatency(math.NaN()), 1, "copy_latency NaN"},
+		{"infinite copy latency", withCopyLatency(math.Inf(1)), 1, "copy_latency +Inf"},
 	} {
 		if _, err := NewEnv(m, tc.hw, tc.tp, "bf16"); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: NewEnv error = %v, want one naming %q", tc.name, err, tc.want)
@@ -111,6 +114,12 @@ func TestNewEnvErrors(t *testing.T) {
 	if _, err := NewEnv(m, noLink, 1, "bf16"); err != nil {
 		t.Errorf("NewEnv(tp 1, no nvlink) = %v, want nil: one rank needs no link", err)
 	}
+}
+
+func withCopyLatency(l float64) spec.Hardware {
+	h := h200
+	h.CopyLatency = l
+	return h
 }
 
 func TestPeakFallback(t *testing.T) {
@@ -283,12 +292,67 @@ func TestNewStageNeedsMixer(t *testing.T) {
 	}
 }
 
+// TestCopySeconds: one transfer costs the copy latency plus its bytes over
+// PCIe (host side) or a device-memory read and write (device to device).
 func TestCopySeconds(t *testing.T) {
 	e := env(t, moeModel(), h200, 1, "bf16")
-	if got, want := e.CopySeconds(1e6, false), 1e6/h200.PCIeBW; got != want {
-		t.Errorf("host copy of 1 MB = %g s, want %g", got, want)
+	if got, want := e.CopySeconds(1e6, false), h200.CopyLatency+1e6/h200.PCIeBW; got != want {
+		t.Errorf("host transfer of 1 MB = %g s, want %g", got, want)
 	}
-	if got, want := e.CopySeconds(1e6, true), 2e6/h200.MemBandwidth; got != want {
-		t.Errorf("device copy of 1 MB = %g s, want %g", got, want)
+	if got, want := e.CopySeconds(1e6, true), h200.CopyLatency+2e6/h200.MemBandwidth; got != want {
+		t.Errorf("device transfer of 1 MB = %g s, want %g", got, want)
 	}
+	free := h200
+	free.CopyLatency = 0
+	e0 := env(t, moeModel(), free, 1, "bf16")
+	if got, want := e0.CopySeconds(1e6, false), 1e6/h200.PCIeBW; got != want {
+		t.Errorf("copy_latency 0: host transfer of 1 MB = %g s, want the bytes alone, %g", got, want)
+	}
+}
+
+// TestSmallCopiesCollapse: per byte, one 64 KiB transfer is slower than one
+// of 4 MiB by (L*B/64Ki + 1) / (L*B/4Mi + 1) for latency L and bandwidth B,
+// which on an H200 puts 64 KiB far below the link and 4 MiB close to it.
+func TestSmallCopiesCollapse(t *testing.T) {
+	e := env(t, moeModel(), h200, 1, "bf16")
+	const small, big = 64 << 10, 4 << 20
+	perByte := func(b float64) float64 { return e.CopySeconds(b, false) / b }
+	lb := h200.CopyLatency * h200.PCIeBW // bytes the link could move during one latency
+	want := (lb/small + 1) / (lb/big + 1)
+	if got := perByte(small) / perByte(big); math.Abs(got-want) > 1e-9*want {
+		t.Errorf("per-byte time of 64 KiB / 4 MiB = %g, want %g", got, want)
+	}
+	if eff := small / e.CopySeconds(small, false) / h200.PCIeBW; eff > 0.25 {
+		t.Errorf("one 64 KiB transfer moves at %.0f%% of the link, want under 25%%", 100*eff)
+	}
+	if eff := big / e.CopySeconds(big, false) / h200.PCIeBW; eff < 0.9 {
+		t.Errorf("one 4 MiB transfer moves at %.0f%% of the link, want over 90%%", 100*eff)
+	}
+}
+
+// TestCopySecondsProperties: the time of n transfers of b bytes in all
+// grows with b and with n (splitting a transfer costs one latency more),
+// in both directions.
+func TestCopySecondsProperties(t *testing.T) {
+	e := env(t, moeModel(), h200, 1, "bf16")
+	split := func(b float64, n int, d2d bool) float64 {
+		var s float64
+		for range n {
+			s += e.CopySeconds(b/float64(n), d2d)
+		}
+		return s
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		b := float64(rapid.Int64Range(1, 1<<32).Draw(t, "bytes"))
+		more := b + float64(rapid.Int64Range(1, 1<<32).Draw(t, "more"))
+		n := rapid.IntRange(1, 4096).Draw(t, "transfers")
+		d2d := rapid.Bool().Draw(t, "device2device")
+		if lo, hi := split(b, n, d2d), split(more, n, d2d); !(hi > lo) {
+			t.Fatalf("%d transfers: %g bytes take %g s, %g bytes %g s: want more bytes slower", n, b, lo, more, hi)
+		}
+		lo, hi := split(b, n, d2d), split(b, n+1, d2d)
+		if !(hi > lo) || math.Abs(hi-lo-h200.CopyLatency) > 1e-9*hi {
+			t.Fatalf("%g bytes in %d transfers take %g s, in %d %g s: want one copy latency (%g s) more", b, n, lo, n+1, hi, h200.CopyLatency)
+		}
+	})
 }

@@ -103,7 +103,13 @@
   bars('Time per output token (' + tw + ')', 'ms', [
     { name: 'p50', val: v => v.latency.tpot_p50_ms }, { name: 'p99', val: v => v.latency.tpot_p99_ms }]);
   bars('Prefix reuse and KV cache use', '%', [
-    { name: 'prompt tokens reused', val: v => 100 * v.hit_rate }, { name: 'KV peak usage', val: v => 100 * v.peak_usage }]);
+    { name: 'prompt tokens reused', val: v => 100 * v.hit_rate }, { name: 'of which from the host tier', val: v => 100 * v.host_rate },
+    { name: 'KV peak usage', val: v => 100 * v.peak_usage }]);
+  // Why prompt tokens were computed: one bar per miss reason that any
+  // variant has (partial_block alone, at 0, when none has any).
+  const reasons = [...new Set(vs.flatMap(v => Object.keys(v.misses || {})))].sort();
+  bars('Why prompt tokens were computed (share of computed)', '%', (reasons.length ? reasons : ['partial_block']).map(r => (
+    { name: r, val: v => 100 * ((v.misses || {})[r] || 0) })));
   bars('Preemptions', 'requests', [
     { name: 'preemptions', val: v => v.preemptions }, { name: 'of which suspended to host', val: v => v.suspensions }]);
   bars('Prefill tokens recomputed after preemption', 'tokens', [

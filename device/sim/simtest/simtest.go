@@ -16,4 +16,5 @@ var H200 = spec.Hardware{
 	NVLinkBW:      450e9,
 	PCIeBW:        55e9,
 	LaunchLatency: 5e-6,
+	CopyLatency:   5e-6,
 }

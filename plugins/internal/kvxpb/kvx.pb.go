@@ -2839,7 +2839,8 @@ type Hardware struct {
 	PcieBandwidth   float64                `protobuf:"fixed64,8,opt,name=pcie_bandwidth,json=pcieBandwidth,proto3" json:"pcie_bandwidth,omitempty"`
 	Uncalibrated    bool                   `protobuf:"varint,9,opt,name=uncalibrated,proto3" json:"uncalibrated,omitempty"`
 	LaunchLatency   float64                `protobuf:"fixed64,10,opt,name=launch_latency,json=launchLatency,proto3" json:"launch_latency,omitempty"`
-	Calibration     *SimCalibration        `protobuf:"bytes,11,opt,name=calibration,proto3" json:"calibration,omitempty"` // absent: the datasheet roofline
+	Calibration     *SimCalibration        `protobuf:"bytes,11,opt,name=calibration,proto3" json:"calibration,omitempty"`                      // absent: the datasheet roofline
+	CopyLatency     float64                `protobuf:"fixed64,12,opt,name=copy_latency,json=copyLatency,proto3" json:"copy_latency,omitempty"` // seconds per block-copy transfer; 0: bytes only
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -2949,6 +2950,13 @@ func (x *Hardware) GetCalibration() *SimCalibration {
 		return x.Calibration
 	}
 	return nil
+}
+
+func (x *Hardware) GetCopyLatency() float64 {
+	if x != nil {
+		return x.CopyLatency
+	}
+	return 0
 }
 
 // spec.SimCalibration
@@ -4073,7 +4081,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x06mixers\x18\x05 \x03(\tR\x06mixers\x12!\n" +
 	"\fmemory_bytes\x18\x06 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
-	"free_bytes\x18\a \x01(\x03R\tfreeBytes\"\x96\x03\n" +
+	"free_bytes\x18\a \x01(\x03R\tfreeBytes\"\xb9\x03\n" +
 	"\bHardware\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12#\n" +
@@ -4087,7 +4095,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\funcalibrated\x18\t \x01(\bR\funcalibrated\x12%\n" +
 	"\x0elaunch_latency\x18\n" +
 	" \x01(\x01R\rlaunchLatency\x128\n" +
-	"\vcalibration\x18\v \x01(\v2\x16.kvx.v1.SimCalibrationR\vcalibration\"\xa2\x01\n" +
+	"\vcalibration\x18\v \x01(\v2\x16.kvx.v1.SimCalibrationR\vcalibration\x12!\n" +
+	"\fcopy_latency\x18\f \x01(\x01R\vcopyLatency\"\xa2\x01\n" +
 	"\x0eSimCalibration\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\aclasses\x18\x02 \x03(\v2\x18.kvx.v1.KernelClassScaleR\aclasses\x12%\n" +

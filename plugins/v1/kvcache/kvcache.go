@@ -264,7 +264,8 @@ type Grant struct {
 	Copies []Copy
 	// Snapshots are the state saves this step must make (hybrid managers),
 	// in increasing Pos; the core hands them to the worker with the item.
-	Snapshots []SnapshotSlot // HostReused is how many of the item's Reuse tokens the host tier held
+	Snapshots []SnapshotSlot
+	// HostReused is how many of the item's Reuse tokens the host tier held
 	// (managers whose Info says Explain): their blocks come back through
 	// Copies. Reuse - HostReused came from the device tier.
 	HostReused int
@@ -377,7 +378,9 @@ type Manager interface {
 	Reserve(ctx context.Context, items []ReserveItem) ([]Grant, error)
 	// Unreserve undoes the outstanding reservation of each sequence exactly:
 	// its ledger and block table are as before Reserve (a new sequence
-	// disappears). Cached blocks evicted to make room stay evicted.
+	// disappears). Cached blocks evicted to make room may stay evicted, or
+	// come back: the grant's copies were not made, so a manager may register
+	// again content that no copy or forward overwrote.
 	Unreserve(ctx context.Context, seqs []SeqID) error
 	// Commit advances history; it never allocates and cannot run out of memory.
 	Commit(ctx context.Context, items []CommitItem) (CommitResult, error)
@@ -414,7 +417,8 @@ type Suspender interface {
 // of Lookup.
 type Explainer interface {
 	// Explain is Lookup with its reasons: per item, Explanation.Tokens is
-	// exactly what Lookup returns now. It changes nothing.
+	// exactly what Lookup returns now. It changes no cache content (like
+	// Lookup, it may count looked-up tokens and advance the clock).
 	Explain(ctx context.Context, items []LookupItem) ([]Explanation, error)
 }
 
@@ -430,8 +434,9 @@ type Explanation struct {
 	Miss MissReason
 	// For MissEvicted: the tier the next block was evicted from, the rule
 	// that chose it (an eviction policy, or "priority" when a lower
-	// retention priority decided), and when (the Now of the call that
-	// evicted it; 0 when the host sent no clock).
+	// retention priority decided), and when (the manager's clock, the
+	// latest Now it had seen, when it evicted it; 0 when the host sent no
+	// clock).
 	EvictedTier Tier
 	EvictedBy   string
 	EvictedAt   int64

@@ -82,6 +82,11 @@ const (
 	// The engine configures a policy other than lru only on a manager
 	// that lists it.
 	FeatureRetention Feature = "retention"
+	// FeatureCopyLatency: Hardware.copy_latency, the fixed cost of one
+	// block-copy transfer, which the sim device charges once per run of
+	// contiguous copies. A sim worker without it would charge copies their
+	// bytes only, so the client refuses to configure one with a latency.
+	FeatureCopyLatency Feature = "copy_latency"
 )
 
 // featureDef is a feature and the proto elements it adds: full names of
@@ -127,6 +132,7 @@ var features = []featureDef{
 		"kvx.v1.ManagerConfig.eviction_policy",
 		"kvx.v1.ReserveRequest.priority", "kvx.v1.ReserveRequest.priority_duration", "kvx.v1.ReserveRequest.now",
 	}},
+	{Name: FeatureCopyLatency, Adds: []string{"kvx.v1.Hardware.copy_latency"}},
 }
 
 // Contract is what one side speaks.

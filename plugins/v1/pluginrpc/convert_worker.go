@@ -47,6 +47,7 @@ func toProtoHardware(h spec.Hardware) *kvxpb.Hardware {
 		Uncalibrated:    h.Uncalibrated,
 		LaunchLatency:   h.LaunchLatency,
 		Calibration:     toProtoSimCalibration(h.Calibration),
+		CopyLatency:     h.CopyLatency,
 	}
 }
 
@@ -87,6 +88,7 @@ func fromProtoHardware(p *kvxpb.Hardware) spec.Hardware {
 		Uncalibrated:  p.GetUncalibrated(),
 		LaunchLatency: p.GetLaunchLatency(),
 		Calibration:   fromProtoSimCalibration(p.GetCalibration()),
+		CopyLatency:   p.GetCopyLatency(),
 	}
 }
 

@@ -109,7 +109,7 @@ var fullModel = spec.Model{
 var fullHardware = spec.Hardware{
 	Name: "H200", MemoryBytes: 141 << 30, MemBandwidth: 4.8e12, FLOPSBF16: 989e12, FLOPSFP8: 1979e12,
 	FLOPSFP4: 1, NVLinkBW: 450e9, PCIeBW: 64e9, Uncalibrated: true, LaunchLatency: 4e-6,
-	Calibration: &fullSimCalibration,
+	Calibration: &fullSimCalibration, CopyLatency: 5e-6,
 }
 
 var fullSimCalibration = spec.SimCalibration{
@@ -228,6 +228,7 @@ type fakeManager struct {
 	info       kvcache.Info
 	layout     kvcache.Layout
 	lookup     []int
+	explain    []kvcache.Explanation
 	grants     []kvcache.Grant
 	commit     kvcache.CommitResult
 	moveOK     []bool
@@ -287,6 +288,9 @@ func (f *fakeManager) Configure(ctx context.Context, cfg kvcache.Config) (kvcach
 }
 func (f *fakeManager) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, error) {
 	return f.lookup, f.enter(ctx, "Lookup", items)
+}
+func (f *fakeManager) Explain(ctx context.Context, items []kvcache.LookupItem) ([]kvcache.Explanation, error) {
+	return f.explain, f.enter(ctx, "Explain", items)
 }
 func (f *fakeManager) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvcache.Grant, error) {
 	return f.grants, f.enter(ctx, "Reserve", items)

@@ -326,6 +326,9 @@ func (s *managerServer) Info(ctx context.Context, _ *kvxpb.ManagerInfoRequest) (
 	if _, ok := s.impl.(kvcache.EventReporter); !ok {
 		info.Capabilities.KVEvents = false
 	}
+	if _, ok := s.impl.(kvcache.Explainer); !ok {
+		info.Capabilities.Explain = false // an explained Lookup answers KindUnsupported
+	}
 	out := toProtoManagerInfo(info)
 	if err != nil {
 		return nil, toStatus(err, out)

@@ -84,6 +84,11 @@ func (c *WorkerClient) Configure(ctx context.Context, cfg worker.Config) (worker
 			"sim calibration %q given, but the worker plugin does not offer feature %s (it would run the datasheet roofline): rebuild it against this kvx's plugins/sdk",
 			cfg.Hardware.Calibration.Name, FeatureSimCalibration)
 	}
+	if cfg.Hardware.CopyLatency > 0 && cfg.Device == "sim" && !c.fam.has(FeatureCopyLatency) {
+		return worker.Setup{}, kvcache.Errorf(kvcache.KindUnsupported,
+			"hardware %q: copy_latency %g s given, but the sim worker plugin does not offer feature %s (it would charge block copies their bytes only): rebuild it against this kvx's plugins/sdk",
+			cfg.Hardware.Name, cfg.Hardware.CopyLatency, FeatureCopyLatency)
+	}
 	req, err := toProtoWorkerConfig(cfg)
 	if err != nil {
 		return worker.Setup{}, kvcache.Errorf(kvcache.KindInvalidConfig, "kvx plugin %s: %v", m, err)

@@ -150,6 +150,11 @@ type Hardware struct {
 	PCIeBW        float64 `json:"pcie_bandwidth"`   // host<->device bytes/s
 	Uncalibrated  bool    `json:"uncalibrated"`     // figures are datasheet values, not measured
 	LaunchLatency float64 `json:"launch_latency"`   // seconds of fixed overhead per layer per step
+	// CopyLatency is the fixed cost in seconds of one block-copy transfer
+	// (one cudaMemcpyAsync: driver submission and DMA setup), paid once
+	// per transfer on top of its bytes over the link, whatever the
+	// direction. 0: copies cost their bytes only. Only the sim device reads it.
+	CopyLatency float64 `json:"copy_latency"`
 	// Calibration, when set, is the sim cost model's calibration (kvx
 	// calibrate): measured efficiencies per kernel class, a launch cost per
 	// kernel and an overhead per step that replace the datasheet roofline
