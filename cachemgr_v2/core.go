@@ -14,7 +14,8 @@ import (
 // and one block table per pool group; Reserve, Unreserve, Commit and Release
 // with the undo record; registration of committed prompt blocks in the Tree
 // (with pins and deferred pruning) and reuse of them, partial reuse with a
-// copy-on-write; the host tier (Suspend and Resume); Stats, Inspect and the
+// copy-on-write; the host tier (Suspend and Resume, and the cached blocks
+// the device evicts, hostreuse.go); Stats, Inspect and the
 // deep self-check of all of it. A manager embeds a Core, calls Init from its
 // Configure, and adds its own life cycles through Hooks.
 //
@@ -46,15 +47,24 @@ type Core struct {
 	// returns a multiple of TokensPerBlock. Init keeps it.
 	partial bool
 
+	// host tier for reuse (hostreuse.go): the sequence whose reservation
+	// makes the current moves (nil outside Reserve: Resume's moves are not
+	// pending), and the blocks moved so far
+	cur                 *Seq
+	offloaded, promoted int64
+	moving              int // pending moves of all sequences
+	srcPages            []kvcache.BlockID
+
 	// per-call scratch, reused so that the step path does not allocate
 	pages   []kvcache.BlockID
 	pending []pendingDelta
 	copies  []kvcache.Copy
 	copyAt  []copyRange
 	// the deep self-check's recounts, per pool (check)
-	checkRefs [][]int32
-	checkFree []bool
-	ck        coreCheck // the incremental deep check (dirty.go)
+	checkRefs  [][]int32
+	checkFree  []bool
+	checkHolds [][]int32 // host pools' holds recounted from the pending moves
+	ck         coreCheck // the incremental deep check (dirty.go)
 
 	undo undoState // Unreserve's put-back of evicted nodes (undo.go)
 }
@@ -113,6 +123,12 @@ func (c *Core) Init(cc CoreConfig) {
 		c.pools = append(c.pools, c.host...)
 	}
 	c.tree = NewTree(c.tpb, c.dev)
+	if c.reuse && c.host != nil {
+		c.tree.ht.pools = c.host
+		for _, hp := range c.host {
+			hp.holds = make([]int32, hp.Total())
+		}
+	}
 	c.tree.ret.configure(cfg.EvictionPolicy, cc.DevBlocks)
 	if cfg.KVEvents && c.reuse {
 		c.tree.ev = &events{list: []kvcache.Event{{Kind: kvcache.AllBlocksCleared}}}
@@ -152,7 +168,7 @@ type Seq struct {
 	plen    int     // the prompt's length, when prompt is kept
 	salt    string  // the cache salt its blocks are stored under, with prompt
 	path    []*Node // pinned: path[i] holds prompt block i, and table block i is its page
-	regStop bool    // a hash collision stopped registration
+	regStop bool    // a hash collision (or a pending promotion) stopped registration
 	cow     *Node   // pinned source of a copy-on-write, until the next Commit
 
 	// chkPath[i] is path[i] as the last deep check found it holding prompt
@@ -169,6 +185,10 @@ type Seq struct {
 	created              bool
 	undoBlocks, undoSent int
 	undo                 undoRec // the cached nodes its allocation evicted (undo.go)
+	// moves are the host tier moves the outstanding reservation made, pending
+	// until it settles; moveBlk the host blocks they hold (hostreuse.go).
+	moves   []hostMove
+	moveBlk []kvcache.BlockID
 
 	// Ext is the Hooks' own state of the sequence; the core never reads it
 	// and drops it when the sequence ends.
@@ -270,13 +290,15 @@ func (c *Core) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, e
 
 // walk is the one walk of Lookup and Explain (so they cannot disagree) over
 // prompt p under salt (len(p) > 1): best is what Lookup returns, blocks the
-// full blocks matched with all their pages (at most (len(p)-1)/tpb; best <
+// full blocks matched with all their pages, on either tier with a host tier
+// for reuse (at most (len(p)-1)/tpb; best <
 // blocks*tpb when the Hooks allow no reuse that far), end the node of the
 // last of them (the root when none).
 func (c *Core) walk(salt string, p []int32) (best, blocks int, end *Node) {
 	limit, tpb := len(p)-1, c.tpb
 	n, i := c.tree.root, 0
-	if c.hooks == nil { // every cached prefix is reusable: the tight loop
+	switch {
+	case c.hooks == nil && !c.hostReuse(): // every cached prefix is reusable: the tight loop
 		for ; i < limit/tpb; i++ {
 			ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
 			if ch == nil || !ch.complete() {
@@ -285,7 +307,7 @@ func (c *Core) walk(salt string, p []int32) (best, blocks int, end *Node) {
 			n = ch
 		}
 		best = i * tpb
-	} else {
+	case !c.hostReuse():
 		for ; i < limit/tpb; i++ {
 			ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
 			if ch == nil || !ch.complete() {
@@ -293,6 +315,17 @@ func (c *Core) walk(salt string, p []int32) (best, blocks int, end *Node) {
 			}
 			n = ch
 			if c.hooks.Reusable(n, (i+1)*tpb) {
+				best = (i + 1) * tpb
+			}
+		}
+	default: // a host tier for reuse: settled nodes on either tier (pending ones are not visible)
+		for ; i < limit/tpb; i++ {
+			ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
+			if ch == nil || !ch.settled() {
+				break
+			}
+			n = ch
+			if c.reusable(n, (i+1)*tpb) {
 				best = (i + 1) * tpb
 			}
 		}
@@ -312,11 +345,15 @@ func (c *Core) reusable(end *Node, tokens int) bool {
 // Reserve implements kvcache.Manager. For each item in order it computes
 // need = max(history+Tokens+Draft, Hold) and grants ceil(need/tpb) blocks in
 // every pool group, evicting cached unpinned blocks when the free lists are
-// short, or denies with a Reason and leaves no trace. Invalid items are
-// denied with a Reason starting "invalid: " (a Priority outside 1..100
-// among them). The manager clock moves to each item's Now (when later) and
-// the priorities it has passed fall back to the default before the item is
-// served (package doc, Retention), so its evictions see them. A suspended sequence is denied
+// short (to the host tier, with a copy in the grant, when it has room), or
+// denies with a Reason and leaves no trace. A new sequence's Reuse may cover
+// blocks the host tier holds: they count in its need, come back with a
+// host-to-device copy each, and Grant.HostReused says how many tokens they
+// hold (package doc, Tiers). Invalid items are denied with a Reason starting
+// "invalid: " (a Priority outside 1..100 among them). The manager clock
+// moves to each item's Now (when later) and the priorities it has passed
+// fall back to the default before the item is served (package doc,
+// Retention), so its evictions see them. A suspended sequence is denied
 // until resumed. A grant's Tables replace the worker's table tail from the
 // first entry it does not know (after a Resume, from the first moved block;
 // after a Commit that adopted cached blocks, from the first adopted one).
@@ -325,6 +362,7 @@ func (c *Core) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvca
 		return nil, err
 	}
 	c.tree.Prune() // safe point: no walk in progress
+	c.tree.ht.call++
 	c.tree.expire()
 	grants := make([]kvcache.Grant, len(items))
 	c.pending = c.pending[:0]
@@ -337,12 +375,18 @@ func (c *Core) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvca
 			c.tree.expire()
 		}
 		grants[i].Seq = it.Seq
-		if reason := c.reserve(it, i, &grants[i]); reason != "" {
+		lo := len(c.copies)
+		reason := c.reserve(it, i, &grants[i])
+		c.cur = nil
+		if reason != "" {
 			grants[i].Reason = reason
 			c.stats.ReserveDenials++
 			continue
 		}
 		grants[i].OK = true
+		if len(c.copies) > lo {
+			c.copyAt = append(c.copyAt, copyRange{i, lo, len(c.copies)})
+		}
 	}
 	c.flushDeltas(grants)
 	return grants, nil
@@ -393,6 +437,8 @@ func (c *Core) reserve(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) string
 	c.touch(s)
 	s.created = false
 	s.undoBlocks, s.undoSent = have, s.sent
+	c.cur = s
+	s.undo.reset()
 	c.grow(s, nb)
 	s.led.Reserve(it.Tokens, it.Draft, it.Hold)
 	if c.hooks != nil {
@@ -427,7 +473,11 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 	s := c.newSeq(it.Seq)
 	full, rem := reuse/tpb, reuse%tpb
 	if reuse > 0 {
-		s.path = c.tree.match(it.CacheSalt, it.Prompt, full, s.path)
+		if c.hostReuse() {
+			s.path = c.matchReserve(it.CacheSalt, it.Prompt, full, s.path)
+		} else {
+			s.path = c.tree.match(it.CacheSalt, it.Prompt, full, s.path)
+		}
 		got := len(s.path) * tpb
 		end := c.tree.root
 		if len(s.path) > 0 {
@@ -456,10 +506,19 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 		}
 	}
 	nb := c.blocks(need) - full
-	if r := c.roomFor(nb); r != "" {
+	promo := c.toPromote(s.path) // host blocks to bring back: fresh device blocks each
+	if r := c.roomFor(nb + promo); r != "" {
 		c.unpinAll(s, false)
 		c.recycle(s)
+		if promo > 0 {
+			r += fmt.Sprintf(" (%d of them to bring %d reused blocks back from the host tier)", promo, promo)
+		}
 		return fmt.Sprintf("no capacity: new seq %d needs %d tokens (reuse %d): %s", it.Seq, need, reuse, r)
+	}
+	c.cur = s
+	s.undo.reset()
+	if c.hostReuse() && len(s.path) > 0 {
+		g.HostReused = c.promote(s, nb+promo) * tpb
 	}
 	for g, pool := range c.dev {
 		for _, n := range s.path {
@@ -470,13 +529,11 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 	}
 	c.grow(s, nb)
 	if s.cow != nil {
-		lo := len(c.copies)
 		for g, pool := range c.dev {
 			c.copies = append(c.copies, kvcache.Copy{
 				SrcPool: pool.id, SrcBlock: s.cow.pages[g], DstPool: pool.id, DstBlock: s.tables[g][full],
 			})
 		}
-		c.copyAt = append(c.copyAt, copyRange{gi, lo, len(c.copies)})
 	}
 	if c.reuse && len(it.Prompt) >= tpb {
 		s.prompt = append(s.prompt, it.Prompt[:len(it.Prompt)/tpb*tpb]...)
@@ -500,7 +557,7 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 
 // roomFor says why nb more blocks per group cannot be had; "" when they can
 // (free blocks plus evictable cached nodes, each of which frees one block in
-// every group).
+// every group, whether its content goes to the host tier or vanishes).
 func (c *Core) roomFor(nb int) string {
 	ev := c.tree.Evictable()
 	for g, pool := range c.dev {
@@ -519,31 +576,32 @@ func (c *Core) makeRoom(nb int) {
 			g++
 			continue
 		}
-		n := c.tree.evictLeaf()
+		n, kept := c.evictOne()
 		if n == nil {
 			panic(fmt.Sprintf("%s: pool %s short of %d blocks with nothing evictable", c.name, c.groups[g].Name, nb))
 		}
 		c.stats.Evictions += int64(len(c.dev))
-		if c.hooks != nil {
+		if c.hooks != nil && !kept {
 			c.hooks.Evicted(n)
 		}
 		g = 0
 	}
 }
 
-// grow appends nb fresh private blocks to every table of s.
+// grow appends nb fresh private blocks to every table of s, recording its
+// evictions in s.undo (which the caller reset, before a promotion that
+// records its own: promote) and, after the last Take of the reservation,
+// the allocation generation of every recorded page.
 func (c *Core) grow(s *Seq, nb int) {
-	s.undo.reset()
-	if nb <= 0 {
-		return
+	if nb > 0 {
+		c.tree.undo.rec = &s.undo
+		c.makeRoom(nb)
+		c.tree.undo.rec = nil
+		for g, pool := range c.dev {
+			s.tables[g] = pool.Take(s.tables[g], nb)
+		}
 	}
-	c.tree.undo.rec = &s.undo
-	c.makeRoom(nb)
-	c.tree.undo.rec = nil
-	for g, pool := range c.dev {
-		s.tables[g] = pool.Take(s.tables[g], nb)
-	}
-	s.undo.taken(c.dev)
+	s.undo.taken(c.dev, c.host)
 }
 
 func (c *Core) pend(gi int, s *Seq) {
@@ -624,6 +682,7 @@ func (c *Core) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 			}
 			s.tables[g] = s.tables[g][:s.undoBlocks]
 		}
+		c.settle(s, false)
 		if c.hooks != nil {
 			c.hooks.Unreserved(s)
 		}
@@ -659,6 +718,7 @@ func (c *Core) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.
 			bad.add(it.Seq, "seq %d: %s", it.Seq, r)
 			continue
 		}
+		c.settle(s, true) // the forward ran the grant's copies
 		c.touch(s)
 		nb := c.blocks(s.led.Commit(it.Accepted))
 		if nb < c.held(s) {
@@ -717,6 +777,13 @@ func (c *Core) register(s *Seq) {
 		n, adopted := c.tree.extend(parent, s.salt, s.prompt[i*c.tpb:(i+1)*c.tpb], c.pages)
 		switch {
 		case n == nil:
+			s.regStop = true
+			return
+		case !adopted && n.h.pend > 0:
+			// A promotion another reservation has not settled: its pages
+			// may never be filled, so s keeps its copy and registers no
+			// further.
+			c.tree.Unpin(n, false)
 			s.regStop = true
 			return
 		case adopted:
@@ -780,6 +847,7 @@ func (c *Core) drop(s *Seq, touch bool) {
 		}
 	}
 	c.unpinAll(s, touch)
+	c.settle(s, touch) // released: the copies were handed over; unreserved: they never ran
 	delete(c.seqs, s.id)
 	c.recycle(s)
 }
@@ -816,7 +884,9 @@ func (c *Core) recycle(s *Seq) {
 	}
 	clear(s.path[:cap(s.path)])
 	clear(s.chkPath[:cap(s.chkPath)])
-	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0], ck: s.ck, undo: s.undo.emptied(), posh: s.posh[:0]}
+	clear(s.moves[:cap(s.moves)])
+	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0], ck: s.ck, undo: s.undo.emptied(), posh: s.posh[:0],
+		moves: s.moves[:0], moveBlk: s.moveBlk[:0]}
 	s.ck.reset = true
 	c.touch(s)
 	c.spare = append(c.spare, s)

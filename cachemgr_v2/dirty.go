@@ -65,6 +65,21 @@ import (
 // check (every fullEvery-th), so nothing is lost, only found later;
 // TestIncrementalCheckAgrees proves the two agree, so add a corruption for
 // each new rule there.
+//
+// The host tier for reuse (hostreuse.go) follows these notes: a host pool's
+// block is marked where its owner, holds or free-stack presence change
+// (takeFor, hold, unhold, disown, the host put-back), and verifyBlock checks
+// it as recount does (P5 for host pages, P6: free means unreferenced,
+// unowned and unheld; cached means unreferenced and owned or held; holds
+// equal the recount from the sequences' shadows of their pending moves'
+// blocks, seqCheck.moveBlk). A node is marked wherever its host state
+// changes (hostFix, the host heap's push, remove and swaps, promote, settle,
+// the put-back); nodeDelta keeps its host pages' shadow (marking the old
+// and new blocks) and its host-only state, from which the parents' host-only
+// children are recounted, and verifyHost checks H2-H7 against them: its
+// pending count equals the holds of its host pages (every hold of an owned
+// host block is a live move of its owner, and verifyBlock marks the owner
+// of a verified host block), and the host heap as the device heap.
 
 // fullCheckEvery is the default: one deep check in that many is full.
 const fullCheckEvery = 64
@@ -81,6 +96,9 @@ type seqCheck struct {
 	cow          *Node
 	suspended    bool
 	from         int // where the shadow and the sequence first differ (seqUncount)
+	// moveBlk is the shadow of Seq.moveBlk: the host blocks its pending
+	// moves hold (host tier for reuse), counted whole (a few per step).
+	moveBlk []kvcache.BlockID
 }
 
 // nodeCheck is a node's part of the incremental check.
@@ -98,6 +116,14 @@ type nodeCheck struct {
 	pins       int32 // sequences' paths and copy-on-write sources through it
 	liveKids   int32 // listed children with pages
 	pinnedKids int32 // listed children with pins
+
+	// the host tier for reuse: shadow host pages, host-only, host evictable,
+	// host leaf (as verifyNode last found it); the recount of host-only
+	// listed children
+	hpages         []kvcache.BlockID
+	onHost, hevict bool
+	hleaf          bool
+	hostKids       int32
 }
 
 // treeCheck is the tree's part of the incremental check.
@@ -105,6 +131,7 @@ type treeCheck struct {
 	dirty                     []*Node
 	epoch                     uint32
 	listed, evictable, leaves int // recounts: child-map census, evictable nodes, evictable leaves
+	hevictable, hleaves       int // recounts of the host tier for reuse: host evictable nodes, host leaves
 }
 
 // poolCheck is a pool's part of the incremental check.
@@ -119,6 +146,7 @@ type poolCheck struct {
 	ncache int               // recount of cached
 	exp    []*Node           // the path node whose table entry names the block (device pools)
 	expN   []int32           // how many path entries name it
+	holds  []int32           // pending moves holding the block, recounted from the sequences' shadows (host pools, host tier for reuse)
 }
 
 // coreCheck is the core's part of the incremental check.
@@ -286,6 +314,14 @@ func (c *Core) seqUncount(s *Seq) {
 		n.ck.pins--
 		c.tree.touch(n)
 	}
+	if len(k.moveBlk) > 0 {
+		for j, b := range k.moveBlk {
+			if hp := c.host[j%len(c.host)]; b >= 0 && int(b) < hp.Total() {
+				hp.ck.holds[b]--
+				hp.touch(b)
+			}
+		}
+	}
 	if k.cow != cow {
 		if k.cow != nil {
 			k.cow.ck.pins--
@@ -306,6 +342,7 @@ func (c *Core) seqCount(s *Seq, bad func(string, ...any)) {
 	ng, d, tpb := len(c.dev), k.from, c.tpb
 	if live {
 		c.seqOwn(s, bad)
+		c.countMoves(s, bad)
 		id := s.id
 		for g := 0; g < ng; g++ {
 			name := c.groups[g].Name
@@ -374,6 +411,11 @@ func (c *Core) seqCount(s *Seq, bad func(string, ...any)) {
 	}
 	e := min(d, len(path), len(k.path))
 	k.path = append(k.path[:e], path[e:]...)
+	if live {
+		k.moveBlk = append(k.moveBlk[:0], s.moveBlk...)
+	} else {
+		k.moveBlk = k.moveBlk[:0]
+	}
 	k.cow, k.suspended, k.reset = cow, live && s.suspended, false
 }
 
@@ -407,6 +449,25 @@ func (c *Core) seqOwn(s *Seq, bad func(string, ...any)) {
 	}
 }
 
+// countMoves puts the holds of s's pending moves into the host pools'
+// recounts and checks the moves as checkFull does (checkMoves; the per-node
+// count of live moves is verifyNode's, from the holds).
+func (c *Core) countMoves(s *Seq, bad func(string, ...any)) {
+	if len(s.moves) == 0 && len(s.moveBlk) == 0 {
+		return
+	}
+	c.checkMoves(s, nil, bad)
+	if c.host == nil {
+		return
+	}
+	for j, b := range s.moveBlk {
+		if hp := c.host[j%len(c.host)]; b >= 0 && int(b) < hp.Total() && hp.ck.holds != nil {
+			hp.ck.holds[b]++
+			hp.touch(b)
+		}
+	}
+}
+
 // listed reports whether n is in t.all at its recorded position.
 func (t *Tree) listed(n *Node) bool {
 	return n != t.root && n.allIdx >= 0 && int(n.allIdx) < len(t.all) && t.all[n.allIdx] == n
@@ -431,24 +492,44 @@ func (t *Tree) nodeDelta(n *Node, bad func(string, ...any)) {
 	var parent *Node
 	var kids int32
 	live, pinned, evict := false, false, false
+	onHost, hevict := false, false
 	if in {
 		parent, kids = n.parent, int32(len(n.children))
 		live, pinned, evict = n.nPages > 0, n.pins > 0, n.pins == 0 && n.nPages > 0
+		onHost = n.OnHost()
+		hevict = onHost && n.pins == 0 && n.h.pend == 0
 	}
-	if k.in != in || k.parent != parent || k.live != live || k.pinned != pinned {
+	if k.in != in || k.parent != parent || k.live != live || k.pinned != pinned || k.onHost != onHost {
 		if p := k.parent; k.in && p != nil {
 			p.ck.liveKids -= int32(b2i(k.live))
 			p.ck.pinnedKids -= int32(b2i(k.pinned))
+			p.ck.hostKids -= int32(b2i(k.onHost))
 			t.touch(p)
 		}
 		if parent != nil {
 			parent.ck.liveKids += int32(b2i(live))
 			parent.ck.pinnedKids += int32(b2i(pinned))
+			parent.ck.hostKids += int32(b2i(onHost))
 			t.touch(parent)
 		}
 	}
 	t.ck.listed += int(kids) - int(k.kids)
 	t.ck.evictable += b2i(evict) - b2i(k.evict)
+	t.ck.hevictable += b2i(hevict) - b2i(k.hevict)
+	if len(k.hpages) != len(n.h.pages) {
+		k.hpages = make([]kvcache.BlockID, len(n.h.pages))
+		for g := range k.hpages {
+			k.hpages[g] = NoBlock
+		}
+	}
+	for g, b := range n.h.pages {
+		if old := k.hpages[g]; old != b {
+			t.ht.pools[g].touch(old)
+			t.ht.pools[g].touch(b)
+			k.hpages[g] = b
+		}
+	}
+	k.onHost, k.hevict = onHost, hevict
 	if len(k.pages) != len(n.pages) {
 		k.pages = make([]kvcache.BlockID, len(n.pages))
 		for g := range k.pages {
@@ -474,12 +555,17 @@ func (t *Tree) verifyNode(n *Node, bad func(string, ...any)) {
 		if n.liveKids != k.liveKids {
 			bad("tree: node %p: live kids %d, recomputed %d", n, n.liveKids, k.liveKids)
 		}
+		if t.ht.pools != nil && n.h.kids != k.hostKids {
+			bad("tree: root: %d host-only children, recounted %d", n.h.kids, k.hostKids)
+		}
 		return
 	}
-	leaf := false
+	leaf, hleaf := false, false
 	defer func() {
 		t.ck.leaves += b2i(leaf) - b2i(k.leaf)
 		k.leaf = leaf
+		t.ck.hleaves += b2i(hleaf) - b2i(k.hleaf)
+		k.hleaf = hleaf
 	}()
 	if !k.in {
 		if k.pins > 0 {
@@ -521,7 +607,7 @@ func (t *Tree) verifyNode(n *Node, bad func(string, ...any)) {
 	if n.nPages == 0 && k.liveKids > 0 {
 		bad("tree: node %p: no pages but %d children with pages", n, k.liveKids)
 	}
-	if n.nPages == 0 && n.pins == 0 && !n.queued && len(n.children) == 0 {
+	if n.nPages == 0 && n.h.n == 0 && n.pins == 0 && !n.queued && len(n.children) == 0 {
 		bad("tree: node %p: empty and unpinned but not queued for pruning", n)
 	}
 	leaf = n.pins == 0 && n.nPages > 0 && k.liveKids == 0
@@ -540,6 +626,85 @@ func (t *Tree) verifyNode(n *Node, bad func(string, ...any)) {
 			}
 		}
 	}
+	if t.ht.pools != nil {
+		hleaf = t.verifyHost(n, bad)
+	}
+}
+
+// verifyHost checks listed node n's host tier state as checkHostTree does
+// (H2-H7 of checkFull), against the recounts, and reports whether n is a
+// host leaf. Its pending count is checked against the holds of its host
+// pages: every hold of an owned host block is a live move of its owner
+// (verifyBlock proves the holds against the sequences' moves and marks the
+// owner).
+func (t *Tree) verifyHost(n *Node, bad func(string, ...any)) bool {
+	k := &n.ck
+	got := int32(0)
+	for g, b := range n.h.pages {
+		if b == NoBlock {
+			continue
+		}
+		got++
+		if b < 0 || int(b) >= t.ht.pools[g].Total() || t.ht.pools[g].owner[b] != n {
+			bad("tree: node %p: host page %d in pool %d not owned by it", n, b, t.ht.pools[g].id)
+		}
+	}
+	if got != n.h.n || got != 0 && int(got) != len(n.h.pages) {
+		bad("tree: node %p: %d host pages, counted %d of %d", n, n.h.n, got, len(n.h.pages))
+	}
+	pend := int32(0)
+	if n.h.n > 0 && len(n.h.pages) > 0 {
+		if b := n.h.pages[0]; b >= 0 && int(b) < t.ht.pools[0].Total() {
+			pend = t.ht.pools[0].held(int(b))
+		}
+	}
+	if n.h.pend != pend {
+		bad("tree: node %p: %d pending moves, recounted %d", n, n.h.pend, pend)
+	}
+	if n.nPages > 0 && n.h.n > 0 && n.h.pend == 0 {
+		bad("tree: node %p: on both tiers without a pending promotion", n)
+	}
+	if n.h.filled && n.h.pend == 0 {
+		bad("tree: node %p: promotion filled but not pending", n)
+	}
+	p := n.parent
+	if n.nPages > 0 && p != t.root && p.nPages == 0 {
+		bad("tree: node %p: on the device below a node that is not", n)
+	}
+	if n.Stored() && p != t.root && !p.Stored() {
+		bad("tree: node %p: holds content below a node that holds none", n)
+	}
+	if !n.Stored() && k.hostKids > 0 {
+		bad("tree: node %p: no content but %d host-only children", n, k.hostKids)
+	}
+	if n.h.kids != k.hostKids {
+		bad("tree: node %p: %d host-only children, recounted %d", n, n.h.kids, k.hostKids)
+	}
+	if n.OnHost() && n.pins != 0 {
+		bad("tree: node %p: on the host tier with %d pins", n, n.pins)
+	}
+	want := n.OnHost() && n.pins == 0 && n.h.pend == 0
+	if want != n.h.counted {
+		bad("tree: node %p: host evictable %v, recomputed %v", n, n.h.counted, want)
+	}
+	leaf := want && n.liveKids == 0 && k.hostKids == 0
+	i := int(n.h.hidx) - 1
+	inHeap := i >= 0 && i < len(t.ht.heap) && t.ht.heap[i] == n
+	if leaf != inHeap || n.h.hidx != 0 && !inHeap {
+		bad("tree: node %p: host leaf %v, in the host heap %v", n, leaf, n.h.hidx > 0)
+	}
+	if inHeap {
+		h := t.ht.heap
+		if i > 0 && t.less(n, h[(i-1)/2]) {
+			bad("tree: host heap order broken at %d", i)
+		}
+		for _, ch := range [2]int{2*i + 1, 2*i + 2} {
+			if ch < len(h) && t.less(h[ch], n) {
+				bad("tree: host heap order broken at %d", ch)
+			}
+		}
+	}
+	return leaf
 }
 
 // reachesRoot reports whether n reaches the root through listed nodes each
@@ -568,19 +733,32 @@ func (t *Tree) reachesRoot(n *Node) bool {
 func (c *Core) verifyBlock(pi int, b kvcache.BlockID, bad func(string, ...any)) {
 	p := c.pools[pi]
 	k := &p.ck
-	r, o := p.refs[b], p.owner[b]
+	r, o, held := p.refs[b], p.owner[b], p.held(int(b))
+	host := pi >= len(c.dev)
 	if r != k.refs[b] {
 		bad("pool %d: block %d: refcount %d, recomputed %d", p.id, b, r, k.refs[b])
 	}
-	if free := r == 0 && o == nil; free != k.inFree[b] {
-		bad("pool %d: block %d: unreferenced and unowned %v, on the free stack %v", p.id, b, free, k.inFree[b])
+	if free := r == 0 && o == nil && held == 0; free != k.inFree[b] {
+		bad("pool %d: block %d: unreferenced, unowned and unheld %v, on the free stack %v", p.id, b, free, k.inFree[b])
 	}
-	if cached := r == 0 && o != nil; cached != k.cached[b] {
+	if cached := r == 0 && (o != nil || held > 0); cached != k.cached[b] {
 		k.ncache += b2i(cached) - b2i(k.cached[b])
 		k.cached[b] = cached
 	}
-	if o != nil && (pi >= len(c.dev) || o.pages[pi] != b) {
+	switch {
+	case o == nil:
+	case !host && o.pages[pi] != b,
+		host && (o.h.pages == nil || o.h.pages[pi-len(c.dev)] != b):
 		bad("pool %d: block %d owned by a node that does not hold it", p.id, b)
+	}
+	if host && k.holds != nil {
+		if held != k.holds[b] {
+			bad("pool %d: block %d: held by %d pending moves, recomputed %d", p.id, b, held, k.holds[b])
+		}
+		if r > 0 && (o != nil || held > 0) {
+			bad("pool %d: block %d is both a suspended sequence's and a cached node's (or a pending move's)", p.id, b)
+		}
+		c.tree.touch(o) // its pending count is its host pages' holds (verifyNode)
 	}
 	if o != k.owner[b] {
 		c.tree.touch(k.owner[b])
@@ -675,6 +853,21 @@ func (c *Core) checkIncremental() []string {
 	if t.ck.leaves != len(t.heap) {
 		bad("tree: eviction heap has %d nodes, %d evictable leaves", len(t.heap), t.ck.leaves)
 	}
+	if t.ht.pools != nil {
+		if t.ck.hevictable != t.ht.evictable {
+			bad("tree: host evictable %d, recomputed %d", t.ht.evictable, t.ck.hevictable)
+		}
+		if t.ck.hleaves != len(t.ht.heap) {
+			bad("tree: host heap has %d nodes, %d host leaves", len(t.ht.heap), t.ck.hleaves)
+		}
+		moves := 0
+		for _, s := range c.seqs {
+			moves += len(s.moves)
+		}
+		if moves != c.moving {
+			bad("host tier: %d pending moves, counted %d", moves, c.moving)
+		}
+	}
 	return v
 }
 
@@ -688,10 +881,13 @@ func (c *Core) resync() {
 	}
 	c.ck.seqs = c.ck.seqs[:0]
 	resetNode := func(n *Node) {
-		pages := n.ck.pages
-		n.ck = nodeCheck{pages: pages, allIdx: -1}
+		pages, hpages := n.ck.pages, n.ck.hpages
+		n.ck = nodeCheck{pages: pages, hpages: hpages, allIdx: -1}
 		for g := range pages {
 			pages[g] = NoBlock
+		}
+		for g := range hpages {
+			hpages[g] = NoBlock
 		}
 	}
 	for _, n := range t.ck.dirty {
@@ -733,7 +929,7 @@ func (c *Core) resync() {
 		}
 		k.ncache = 0
 		for b := range n {
-			if p.refs[b] == 0 && p.owner[b] != nil {
+			if p.refs[b] == 0 && (p.owner[b] != nil || p.held(b) > 0) {
 				k.cached[b] = true
 				k.ncache++
 			}
@@ -741,9 +937,12 @@ func (c *Core) resync() {
 		if pi < len(c.dev) {
 			k.exp = resized(k.exp, n)
 			k.expN = resized(k.expN, n)
+		} else if p.holds != nil {
+			k.holds = resized(k.holds, n) // recounted by seqCount below
 		}
 	}
 	t.ck.listed, t.ck.evictable, t.ck.leaves = 0, 0, 0
+	t.ck.hevictable, t.ck.hleaves = 0, 0
 	t.nodeDelta(t.root, nil) // listed += root's children
 	nobad := func(string, ...any) {}
 	for _, n := range t.all {
@@ -758,16 +957,20 @@ func (c *Core) resync() {
 			n.ck.leaf = true
 			t.ck.leaves++
 		}
+		if n.ck.hevict && n.liveKids == 0 && n.ck.hostKids == 0 {
+			n.ck.hleaf = true
+			t.ck.hleaves++
+		}
 	}
 	// The sequences: spare ones contribute nothing; live ones everything.
 	for _, s := range c.spare {
-		s.ck = seqCheck{tables: s.ck.tables, host: s.ck.host, path: s.ck.path[:0]}
+		s.ck = seqCheck{tables: s.ck.tables, host: s.ck.host, path: s.ck.path[:0], moveBlk: s.ck.moveBlk[:0]}
 		for g := range s.ck.tables {
 			s.ck.tables[g], s.ck.host[g] = s.ck.tables[g][:0], s.ck.host[g][:0]
 		}
 	}
 	for _, s := range c.seqs {
-		s.ck = seqCheck{tables: s.ck.tables, host: s.ck.host, path: s.ck.path[:0], reset: true}
+		s.ck = seqCheck{tables: s.ck.tables, host: s.ck.host, path: s.ck.path[:0], moveBlk: s.ck.moveBlk[:0], reset: true}
 		for g := range s.ck.tables {
 			s.ck.tables[g], s.ck.host[g] = s.ck.tables[g][:0], s.ck.host[g][:0]
 		}

@@ -112,7 +112,7 @@ var corruptions = map[string]corruption{
 		// A node awaiting pruning (evicted or unpinned without pages) that
 		// is no longer queued would never be pruned.
 		if len(c.tree.pruneQ) == 0 {
-			c.tree.evictLeaf() // legal at any time: Reserve does it
+			c.evictOne() // legal at any time: Resume does it (content dropped, host subtree too)
 		}
 		q := c.tree.pruneQ
 		if len(q) == 0 {
@@ -178,6 +178,71 @@ var corruptions = map[string]corruption{
 		}
 		p.touch(b)
 		return "owner", func() { p.owner[b] = old; p.touch(b) }
+	},
+	// The host tier for reuse (hostreuse.go): a node's host pages, the
+	// holds of pending moves, a node's pending count, host-only children,
+	// the host evictable count.
+	"host page owner": func(t *rapid.T, c *Core) (string, func()) {
+		n := pickNode(t, c)
+		if n == nil || n.h.n == 0 {
+			return "", nil
+		}
+		g := rapid.IntRange(0, len(n.h.pages)-1).Draw(t, "group")
+		hp := c.tree.ht.pools[g]
+		old := n.h.pages[g]
+		b := kvcache.BlockID(rapid.IntRange(0, hp.Total()-1).Draw(t, "host block"))
+		if b == old {
+			return "", nil
+		}
+		n.h.pages[g] = b
+		c.tree.touch(n)
+		return "host page", func() { n.h.pages[g] = old; c.tree.touch(n) }
+	},
+	"host block holds": func(t *rapid.T, c *Core) (string, func()) {
+		if !c.hostReuse() {
+			return "", nil
+		}
+		g := rapid.IntRange(0, len(c.host)-1).Draw(t, "host pool")
+		hp := c.host[g]
+		if hp.Total() == 0 {
+			return "", nil
+		}
+		b := rapid.IntRange(0, hp.Total()-1).Draw(t, "host block")
+		old := hp.holds[b]
+		hp.holds[b] += delta(t)
+		hp.touch(kvcache.BlockID(b))
+		return "holds", func() { hp.holds[b] = old; hp.touch(kvcache.BlockID(b)) }
+	},
+	"node pending": func(t *rapid.T, c *Core) (string, func()) {
+		n := pickNode(t, c)
+		if n == nil || !c.hostReuse() {
+			return "", nil
+		}
+		old := n.h.pend
+		n.h.pend += delta(t)
+		c.tree.touch(n)
+		return "pending", func() { n.h.pend = old; c.tree.touch(n) }
+	},
+	"node host kids": func(t *rapid.T, c *Core) (string, func()) {
+		n := pickNode(t, c)
+		if n == nil || !c.hostReuse() || rapid.Bool().Draw(t, "root") {
+			n = c.tree.root
+		}
+		if !c.hostReuse() {
+			return "", nil
+		}
+		old := n.h.kids
+		n.h.kids += delta(t)
+		c.tree.touch(n)
+		return "host kids", func() { n.h.kids = old; c.tree.touch(n) }
+	},
+	"host evictable": func(t *rapid.T, c *Core) (string, func()) {
+		if !c.hostReuse() {
+			return "", nil
+		}
+		old := c.tree.ht.evictable
+		c.tree.ht.evictable += int(delta(t))
+		return "host evictable", func() { c.tree.ht.evictable = old }
 	},
 	"block pushed on the free stack": func(t *rapid.T, c *Core) (string, func()) {
 		p, b := pickBlock(t, c)

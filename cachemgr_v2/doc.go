@@ -48,10 +48,37 @@
 //
 // Suspend moves only a sequence's private blocks to the host tier; its shared
 // blocks (tree pages it reused or registered) stay on device, referenced and
-// pinned. The tree therefore never points at the host tier, and suspending
-// one sequence never changes what another one sees. Resume allocates device
-// blocks (evicting cached blocks when needed, for good: no Unreserve undoes
-// a Resume) and the next grant carries the new table tail.
+// pinned, so suspending one sequence never changes what another one sees.
+// Resume allocates device blocks (evicting cached blocks when needed, for
+// good: their content is dropped, since Resume's copies only bring blocks
+// back, and no Unreserve undoes a Resume) and the next grant carries the new
+// table tail.
+//
+// With block reuse on, the host tier also keeps cached blocks (hostreuse.go
+// has the rules): a tree node that Reserve evicts from the device to
+// allocate is copied to the host tier (a Copy in the grant of the item that
+// caused it) and stays in the tree there, evictable by its own leaf-first
+// LRU; Lookup walks through host nodes, and a new sequence that reuses them
+// gets fresh device blocks with a host-to-device copy each, counted in its
+// need before anything is touched (Grant.HostReused). Until the reservation
+// that made a copy is committed or released, the node it fills is pending:
+// no other Lookup or Reserve sees it and nothing evicts it. Unreserve undoes
+// both (the copies never ran): an offloaded node gets its device pages back
+// when the put-back's conditions hold (undo.go; the device pages still hold
+// the content), else loses its content, and a promoted node goes back to
+// its host copy. A
+// node whose block vanishes takes its host subtree with it (nothing could
+// reach it any more).
+//
+// One host budget, one rule: suspended sequences come first. A Suspend
+// takes free host blocks and, when they are short, evicts cached host nodes
+// (least valuable leaf first); it is refused only when free plus evictable
+// host blocks do not cover it. An offload takes a free host block, else
+// evicts the least valuable cached host leaf if that leaf is no more
+// valuable than the node being offloaded (the tree's eviction order), else
+// the node's content vanishes as without a tier: an offload never displaces
+// a suspended block. In Stats and Inspect a host pool's suspended blocks are
+// InUse, its cached nodes (pending ones included) Cached.
 //
 // # Reuse
 //
@@ -85,8 +112,9 @@
 // The Core is a kvcache.Explainer (explain.go). Explain walks the tree with
 // the very walk of Lookup (Core.walk), so its Tokens cannot differ; the
 // extras are computed after the walk, on the Explain path only. HostTokens
-// counts the matched blocks whose node is on the host tier (Node.onHost;
-// the tree holds device pages only, so 0 today). Miss is decided in this
+// counts the matched blocks whose node is on the host tier only
+// (Node.OnHost, Core.hostTokens, shared with LookupTiers: a hit there costs a
+// host-to-device copy). Miss is decided in this
 // order:
 //
 //   - reuse_off: prefix reuse is off;

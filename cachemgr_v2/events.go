@@ -16,7 +16,9 @@ var _ kvcache.EventReporter = (*Core)(nil)
 // removed. A node's event hash chains xxh3 over the blocks from the root,
 // seeded at the root with the cache salt's hash (0 for no salt), so equal
 // hashes mean the same salt and the same tokens from the prompt's start.
-// The tree's pages are device pages: every event is of TierDevice.
+// Events describe the device tier (every event is of TierDevice): a node
+// the device evicts to the host tier is removed, one promoted back (or
+// adopted by a registration) is stored.
 //
 // Off (Tree.ev nil), no chain is computed and nothing recorded.
 type events struct {

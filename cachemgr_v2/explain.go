@@ -88,13 +88,19 @@ func (t *Tree) expire() {
 		n := r.exp[0]
 		t.touch(n)
 		t.expRemove(n)
-		in := n.heapIdx >= 0
+		in, hin := n.heapIdx >= 0, n.h.hidx > 0
 		if in {
 			t.heapRemove(n)
+		}
+		if hin {
+			t.hremove(n) // the host heap orders by the same key
 		}
 		n.prio, n.until = DefaultPriority, 0
 		if in {
 			t.heapPush(n)
+		}
+		if hin {
+			t.hpush(n)
 		}
 	}
 	r.expClock = r.now
@@ -131,9 +137,12 @@ func (t *Tree) setRetention(n *Node, prio int8, until int64) {
 	if n.prio == prio && n.until == until {
 		return
 	}
-	in := n.heapIdx >= 0
+	in, hin := n.heapIdx >= 0, n.h.hidx > 0
 	if in {
 		t.heapRemove(n)
+	}
+	if hin {
+		t.hremove(n) // the host heap orders by the same key
 	}
 	n.prio, n.until = prio, until
 	switch {
@@ -148,6 +157,9 @@ func (t *Tree) setRetention(n *Node, prio int8, until int64) {
 	}
 	if in {
 		t.heapPush(n)
+	}
+	if hin {
+		t.hpush(n)
 	}
 }
 
@@ -388,11 +400,6 @@ func mixPos(parent, key uint64) uint64 {
 	return p ^ p>>32
 }
 
-// onHost reports whether the node's pages sit on the host tier (a hit costs
-// a copy back to the device). The tree holds device pages only, so it is
-// false; the host tier for reuse makes it true for the nodes it keeps.
-func (n *Node) onHost() bool { return false }
-
 // Priority is the node's retention priority now (kvcache.MinPriority..
 // MaxPriority; an expiry takes effect at the next Reserve), for managers
 // whose own cache entries live on nodes (mamba's snapshots).
@@ -429,11 +436,7 @@ func (c *Core) explain(salt string, p []int32) kvcache.Explanation {
 	tpb := c.tpb
 	best, blocks, end := c.walk(salt, p)
 	e := kvcache.Explanation{Tokens: best}
-	for d, n := blocks, end; d > 0; d, n = d-1, n.parent {
-		if d*tpb <= best && n.onHost() {
-			e.HostTokens += tpb
-		}
-	}
+	e.HostTokens = c.hostTokens(best, blocks, end)
 	switch {
 	case best < blocks*tpb:
 		e.Miss = kvcache.MissSnapshot // the Hooks allow no reuse further (mamba: no snapshot there)

@@ -199,7 +199,7 @@ func (t *Tree) Check() []string {
 				leaves++
 			}
 		}
-		if n.nPages == 0 && n.pins == 0 && !n.queued && len(n.children) == 0 {
+		if n.nPages == 0 && n.h.n == 0 && n.pins == 0 && !n.queued && len(n.children) == 0 {
 			bad("tree: node %p: empty and unpinned but not queued for pruning", n)
 		}
 	}

@@ -42,8 +42,11 @@ type Hooks interface {
 	// unpins its path: released (touch true) or its creating reservation
 	// undone (touch false, which must leave no trace in LRU orders).
 	Dropped(s *Seq, touch bool)
-	// Evicted is told that node n just lost its pages (Reserve or Resume
-	// made room). n stays attached until a prune at a safe point. An
+	// Evicted is told that node n just lost its block's content on every
+	// tier (an eviction without room on the host tier, a host-tier eviction,
+	// or an Unreserve that drops an offload whose copy never ran). A node
+	// the device evicts to the host tier keeps its content and is not
+	// Evicted. n stays attached until a prune at a safe point. An
 	// Unreserve may give n its pages back (undo.go) without telling the
 	// Hooks: what they dropped for n stays dropped.
 	Evicted(n *Node)

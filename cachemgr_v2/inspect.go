@@ -158,7 +158,13 @@ func (c *Core) check() []string {
 //	P2 reference counts equal the recount (S7)
 //	P3 the free stack holds exactly the unreferenced unowned blocks
 //	P4 cached recount == cached; free + cached + in use == total; in use >= 0
-//	P5 an owned block is a device block that its owner holds as its page
+//	P5 an owned block is one its owner holds as its page: a device page,
+//	   or (a host tier for reuse) a host page
+//	P6 (host pools with a host tier for reuse) a block's holds equal the
+//	   pending moves holding it; the free stack holds the unreferenced,
+//	   unowned, unheld blocks and the cached ones are the unreferenced owned
+//	   or held; no block is both a suspended sequence's and a node's or a
+//	   move's
 //
 // Tree (T, Tree.Check):
 //
@@ -179,6 +185,22 @@ func (c *Core) check() []string {
 //	T14 a node the sequences pin is attached
 //	T15 the attached nodes are the node count
 //	T16 heap entries are evictable leaves at their index, in heap order
+//
+// Host tier for reuse (H, checkMoves and checkHostTree):
+//
+//	H1 pending moves only with a reservation and a host tier for reuse;
+//	   a promotion's node is on both tiers on its sequence's new path, an
+//	   offload's on the host only
+//	H2 a node's host pages are owned by it in their pools, all or none
+//	H3 a node's pending count equals the live moves naming it (the holds of
+//	   its host pages)
+//	H4 a node holds its block on one tier, or on both while a promotion is
+//	   pending; filled only while pending
+//	H5 a device node's parent is on the device, a stored node's parent is
+//	   stored (or the root)
+//	H6 host-only children are recounted; a host-only node is unpinned
+//	H7 the host evictable count and the host heap (exactly the host leaves,
+//	   at their index, in heap order) are recounted
 func (c *Core) checkFull() []string {
 	v := c.recount()
 	c.resync()
@@ -207,6 +229,26 @@ func (c *Core) recount() []string {
 	for i, p := range c.pools {
 		refs[i] = slices.Grow(refs[i][:0], p.Total())[:p.Total()]
 		clear(refs[i])
+	}
+	// Pending host moves: their holds per host pool, their count per node.
+	var holds [][]int32
+	moves := 0
+	for _, s := range c.seqs {
+		moves += len(s.moves)
+	}
+	if moves != c.moving {
+		bad("host tier: %d pending moves, counted %d", moves, c.moving)
+	}
+	if c.hostReuse() {
+		if len(c.checkHolds) != len(c.host) {
+			c.checkHolds = make([][]int32, len(c.host))
+		}
+		holds = c.checkHolds
+		for g, hp := range c.host {
+			holds[g] = slices.Grow(holds[g][:0], hp.Total())[:hp.Total()]
+			clear(holds[g])
+		}
+		c.beginHostCheck()
 	}
 	c.tree.BeginCheck()
 	for _, id := range c.seqIDs() {
@@ -301,6 +343,7 @@ func (c *Core) recount() []string {
 		if s.cow != nil {
 			c.tree.CountPin(s.cow)
 		}
+		c.checkMoves(s, holds, bad)
 	}
 
 	for i, p := range c.pools {
@@ -314,19 +357,31 @@ func (c *Core) recount() []string {
 			inFree[b] = true
 		}
 		cached := 0
+		host := i >= len(c.dev)
 		for b := range p.refs {
 			if p.refs[b] != refs[i][b] {
 				bad("pool %d: block %d: refcount %d, recomputed %d", p.id, b, p.refs[b], refs[i][b])
 			}
-			free := p.refs[b] == 0 && p.owner[b] == nil
-			if free != inFree[b] {
-				bad("pool %d: block %d: unreferenced and unowned %v, on the free stack %v", p.id, b, free, inFree[b])
+			held := p.held(b)
+			if host && holds != nil && held != holds[i-len(c.dev)][b] {
+				bad("pool %d: block %d: held by %d pending moves, recomputed %d", p.id, b, held, holds[i-len(c.dev)][b])
 			}
-			if p.refs[b] == 0 && p.owner[b] != nil {
+			free := p.refs[b] == 0 && p.owner[b] == nil && held == 0
+			if free != inFree[b] {
+				bad("pool %d: block %d: unreferenced, unowned and unheld %v, on the free stack %v", p.id, b, free, inFree[b])
+			}
+			if p.refs[b] == 0 && (p.owner[b] != nil || held > 0) {
 				cached++
 			}
-			if o := p.owner[b]; o != nil && (i >= len(c.dev) || o.pages[i] != kvcache.BlockID(b)) {
+			o := p.owner[b]
+			switch {
+			case o == nil:
+			case !host && o.pages[i] != kvcache.BlockID(b),
+				host && (o.h.pages == nil || o.h.pages[i-len(c.dev)] != kvcache.BlockID(b)):
 				bad("pool %d: block %d owned by a node that does not hold it", p.id, b)
+			}
+			if host && p.refs[b] > 0 && (o != nil || held > 0) {
+				bad("pool %d: block %d is both a suspended sequence's and a cached node's (or a pending move's)", p.id, b)
 			}
 		}
 		st := p.Stats()
@@ -337,6 +392,7 @@ func (c *Core) recount() []string {
 
 	// Walk the tree.
 	v = append(v, c.tree.Check()...)
+	c.checkHostTree(bad)
 	v = append(v, c.tree.checkRetention()...)
 	return v
 }

@@ -25,8 +25,11 @@ type BlockPool struct {
 	refs   []int32
 	owner  []*Node
 	cached int
-	ck     poolCheck // the incremental deep check's marks, shadows and recounts (dirty.go)
-	gen    []uint32  // allocations of each block (Take): undo.go's proof that nothing wrote it since
+	// holds counts, per block, the pending host moves that hold it (host
+	// pools with a host tier for reuse; nil otherwise): see hostreuse.go.
+	holds []int32
+	ck    poolCheck // the incremental deep check's marks, shadows and recounts (dirty.go)
+	gen   []uint32  // allocations of each block (Take): undo.go's proof that nothing wrote it since
 }
 
 // NewBlockPool returns a pool of n free blocks with ids 0..n-1 (handed out in

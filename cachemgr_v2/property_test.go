@@ -43,6 +43,8 @@ type harness struct {
 	// after their sequences ended (bounce looks them up).
 	prompts [][]int32
 	clock   int64 // the engine time sent in Now, advanced by newSeq
+
+	hostGrants int // grants that brought blocks back from the host tier
 }
 
 type pendingCopies struct {
@@ -187,6 +189,12 @@ func (h *harness) reserveOne(it kvcache.ReserveItem, s *modelSeq) {
 	if it.New {
 		h.seqs[it.Seq] = s
 		s.hist, s.cap, s.created = it.Reuse, it.Reuse, true
+		if g.HostReused < 0 || g.HostReused > it.Reuse || g.HostReused%h.tpb != 0 {
+			h.t.Fatalf("HostReused %d for Reuse %d", g.HostReused, it.Reuse)
+		}
+		if g.HostReused > 0 {
+			h.hostGrants++
+		}
 	}
 	s.tokens, s.draft, s.reserved, s.ran = it.Tokens, it.Draft, true, false
 	s.hold = max(s.hold, it.Hold)
@@ -263,9 +271,10 @@ func (h *harness) explain(t *rapid.T) {
 	if policy == "" {
 		policy = kvcache.EvictionLRU
 	}
+	_, onHost := h.m.LookupTiers("", prompt)
 	switch {
-	case e.Tokens != look[0] || e.HostTokens != 0:
-		t.Fatalf("Explain = %+v, Lookup %d", e, look[0])
+	case e.Tokens != look[0] || e.HostTokens != onHost:
+		t.Fatalf("Explain = %+v, Lookup %d (%d on the host tier)", e, look[0], onHost)
 	case !h.cfg.EnableBlockReuse:
 		if e.Miss != kvcache.MissReuseOff {
 			t.Fatalf("reuse off: Explain = %+v", e)
@@ -277,8 +286,10 @@ func (h *harness) explain(t *rapid.T) {
 	case e.Tokens >= full && len(prompt) > 1:
 		t.Fatalf("Explain(%d tokens) = %+v: reached the last full block, want partial_block", len(prompt), e)
 	case e.Miss == kvcache.MissEvicted:
-		if e.EvictedTier != kvcache.TierDevice || e.EvictedBy != policy && e.EvictedBy != "priority" || e.EvictedAt > h.clock {
-			t.Fatalf("Explain = %+v: want evicted on device by %s or priority, at most %d", e, policy, h.clock)
+		// With a host tier for reuse, content lost there was last on the host.
+		tierOK := e.EvictedTier == kvcache.TierDevice || e.EvictedTier == kvcache.TierHost && h.m.hostReuse()
+		if !tierOK || e.EvictedBy != policy && e.EvictedBy != "priority" || e.EvictedAt > h.clock {
+			t.Fatalf("Explain = %+v: want evicted on device (or host, with a host tier for reuse) by %s or priority, at most %d", e, policy, h.clock)
 		}
 	case e.Miss != kvcache.MissNeverStored && e.Miss != kvcache.MissInFlight:
 		t.Fatalf("Explain = %+v: no salt, no hooks: want never_stored, in_flight or evicted", e)
@@ -534,8 +545,79 @@ func (h *harness) check(t *rapid.T) {
 	}
 }
 
-func TestProperty(t *testing.T) {
+// newBatch starts several sequences in one Reserve call, each reusing what
+// a Lookup before the call said: later items share what earlier ones bring
+// back from the host tier (the same copy in both grants).
+func (h *harness) newBatch(t *rapid.T) {
+	if !h.cfg.EnableBlockReuse {
+		t.Skip("reuse off")
+	}
+	base := rapid.SliceOfN(rapid.Int32Range(1, 3), 1, h.cfg.MaxSeqLen-6).Draw(t, "base")
+	k := rapid.IntRange(2, 3).Draw(t, "batch size")
+	var items []kvcache.ReserveItem
+	var seqs []*modelSeq
+	for range k {
+		prompt := append(slices.Clone(base), rapid.SliceOfN(rapid.Int32Range(1, 3), 1, 2).Draw(t, "tail")...)
+		look, err := h.m.Lookup(ctx, []kvcache.LookupItem{{Prompt: prompt}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := h.nextID
+		h.nextID++
+		reuse := look[0]
+		tokens := rapid.IntRange(1, min(len(prompt)-reuse, h.cfg.MaxNumTokens)).Draw(t, "tokens")
+		items = append(items, kvcache.ReserveItem{Seq: id, Tokens: tokens, New: true, Prompt: prompt, Reuse: reuse})
+		seqs = append(seqs, &modelSeq{prompt: prompt, mirror: make([][]kvcache.BlockID, len(h.m.dev))})
+	}
+	gs, err := h.m.Reserve(ctx, items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range gs {
+		it, s := items[i], seqs[i]
+		if !g.OK {
+			// An earlier item may have evicted what a later one's Lookup saw.
+			if !strings.HasPrefix(g.Reason, "no capacity") && !strings.HasPrefix(g.Reason, "reuse") {
+				t.Fatalf("denied: %s", g.Reason)
+			}
+			continue
+		}
+		if g.HostReused < 0 || g.HostReused > it.Reuse || g.HostReused%h.tpb != 0 {
+			t.Fatalf("HostReused %d for Reuse %d", g.HostReused, it.Reuse)
+		}
+		if g.HostReused > 0 {
+			h.hostGrants++
+		}
+		h.seqs[it.Seq] = s
+		s.hist, s.cap, s.created = it.Reuse, it.Reuse, true
+		s.tokens, s.reserved = it.Tokens, true
+		s.cap = max(s.cap, s.hist+it.Tokens)
+		h.granted(it.Seq, s, g)
+	}
+}
+
+func TestProperty(t *testing.T) { rapid.Check(t, func(t *rapid.T) { propertyRun(t, false) }) }
+
+// TestPropertyHostReuse is TestProperty with reuse and a host tier always
+// on and a small device pool: cached blocks go to the host tier and come
+// back under the deep self-check, with suspends sharing the host budget and
+// batches of new sequences sharing promotions. The simulated worker memory
+// proves that every block a sequence reads back holds its tokens.
+func TestPropertyHostReuse(t *testing.T) {
+	hostGrants, offloads := 0, int64(0)
 	rapid.Check(t, func(t *rapid.T) {
+		h := propertyRun(t, true)
+		hostGrants += h.hostGrants
+		offloads += h.m.offloaded
+	})
+	if hostGrants == 0 || offloads == 0 {
+		t.Fatalf("%d grants reused host blocks, %d offloads: the test no longer reaches the host tier", hostGrants, offloads)
+	}
+	t.Logf("%d grants reused host blocks, %d offloads", hostGrants, offloads)
+}
+
+func propertyRun(t *rapid.T, hostReuse bool) *harness {
+	{
 		tpb := rapid.SampledFrom([]int{2, 4}).Draw(t, "tpb")
 		layers := []spec.Layer{dsaLayer(0, false), dsaLayer(1, true)}
 		if rapid.Bool().Draw(t, "two groups") {
@@ -543,13 +625,17 @@ func TestProperty(t *testing.T) {
 		}
 		cfg := kvcache.Config{
 			Layers: layers, TokensPerBlock: tpb, MaxBatchSize: 4, MaxNumTokens: 8, MaxSeqLen: 24, MaxDraftTokens: 2,
-			EnableBlockReuse: rapid.IntRange(0, 3).Draw(t, "reuse") > 0,
+			EnableBlockReuse: hostReuse || rapid.IntRange(0, 3).Draw(t, "reuse") > 0,
 			EvictionPolicy:   rapid.SampledFrom([]string{"", "lru", "lfu"}).Draw(t, "policy"),
 		}
 		bb := stageBlockBytes(layers, tpb)
 		floor := blocksFor(26, tpb)
-		cfg.DeviceBytes = int64(rapid.IntRange(floor, floor+16).Draw(t, "device blocks")) * bb
-		cfg.HostBytes = int64(rapid.IntRange(0, 12).Draw(t, "host blocks")) * bb
+		extra, hostMin := 16, 0
+		if hostReuse {
+			extra, hostMin = 6, 2
+		}
+		cfg.DeviceBytes = int64(rapid.IntRange(floor, floor+extra).Draw(t, "device blocks")) * bb
+		cfg.HostBytes = int64(rapid.IntRange(hostMin, 12).Draw(t, "host blocks")) * bb
 		m := New()
 		m.partial = rapid.Bool().Draw(t, "partial")
 		lay, err := m.Configure(ctx, cfg)
@@ -575,9 +661,11 @@ func TestProperty(t *testing.T) {
 			"resume":    h.resume,
 			"release":   h.release,
 			"lookup":    h.lookup,
+			"newBatch":  h.newBatch,
 			"explain":   h.explain,
 			"badPrio":   h.badPriority,
 			"":          h.check,
 		})
-	})
+		return h
+	}
 }

@@ -10,13 +10,16 @@ import (
 // to the host tier (Copies device -> host, in Layout pool ids), and what the
 // Hooks move of their own (CanSuspend, Suspended); its shared
 // blocks (pages of tree nodes: reused or registered prompt blocks) stay on
-// device, referenced and pinned, so the tree never points at the host tier
-// and no other sequence is affected. The ledger is kept.
+// device, referenced and pinned, so no other sequence is affected. Suspended
+// sequences come first on the host tier: cached host nodes are evicted to
+// make room when free host blocks are short (package doc, Tiers). The ledger
+// is kept.
 //
 // A sequence with an outstanding reservation is refused (false, and an item
 // error): the forward it was reserved for may still write its blocks; Commit
 // or Unreserve it first. A sequence whose private blocks do not fit on the
-// host, or whose Hooks state does not (CanSuspend false), stays resident
+// host (free plus evictable cached host blocks), or whose Hooks state does
+// not (CanSuspend false), stays resident
 // (false). Suspending a suspended sequence is a no-op
 // (true). Without a host tier the call fails with ErrUnsupported.
 func (c *Core) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
@@ -43,10 +46,14 @@ func (c *Core) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvc
 			ok[i] = true
 			continue
 		}
-		if !c.hostFits(s) || c.hooks != nil && !c.hooks.CanSuspend(s) {
+		nPriv, fits := c.hostFits(s)
+		if !fits || c.hooks != nil && !c.hooks.CanSuspend(s) {
 			continue
 		}
 		c.touch(s)
+		if c.hostReuse() {
+			c.hostMakeRoom(nPriv) // suspended sequences come first
+		}
 		first := c.held(s)
 		for g, pool := range c.dev {
 			hp := c.host[g]
@@ -73,8 +80,12 @@ func (c *Core) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvc
 	return ok, copies, bad.err(c.name, "Suspend")
 }
 
-// hostFits reports whether s's private blocks fit in the host pools.
-func (c *Core) hostFits(s *Seq) bool {
+// hostFits reports whether s's private blocks (most per group) fit in the
+// host pools: their free blocks plus the cached host nodes a Suspend may
+// evict.
+func (c *Core) hostFits(s *Seq) (most int, fits bool) {
+	ev := c.hostEvictableNow()
+	fits = true
 	for g, pool := range c.dev {
 		n := 0
 		for _, b := range s.tables[g] {
@@ -82,11 +93,12 @@ func (c *Core) hostFits(s *Seq) bool {
 				n++
 			}
 		}
-		if c.host[g].Free() < n {
-			return false
+		most = max(most, n)
+		if c.host[g].Free()+ev < n {
+			fits = false
 		}
 	}
-	return true
+	return most, fits
 }
 
 // Resume implements kvcache.Suspender: it allocates device blocks for a

@@ -16,7 +16,8 @@ const DefaultPriority int8 = kvcache.DefaultPriority
 
 // Node is one committed full block of tokens in the radix tree, keyed by its
 // token content under its parent. It holds one page per pool group (NoBlock
-// where it holds none) in that group's device pool.
+// where it holds none) in that group's device pool, or, evicted to the host
+// tier, in its host pool (Node.h, hostreuse.go).
 //
 // A node is pinned while any live sequence relies on it (its path passes
 // through it, or it is the source of a pending copy-on-write). Pins cover the
@@ -43,6 +44,10 @@ type Node struct {
 	queued  bool   // in the prune queue
 	allIdx  int32  // position in Tree.all while attached
 	gen     uint32 // bumped each time the node is (re)used for a block (newNode)
+
+	// h is the node's host tier state (hostreuse.go); zero without reuse
+	// offload.
+	h hostNode
 
 	// Scratch of the deep self-check (Tree.Check), valid while chkEpoch is
 	// the tree's check epoch: recounting in the nodes themselves instead of
@@ -116,7 +121,10 @@ type Tree struct {
 	epoch     uint32  // of the current deep self-check (BeginCheck)
 	counted   []*Node // nodes CountPin counted in this check
 	ev        *events // KV events; nil when off
-	ck        treeCheck
+
+	// ht is the host tier of cached nodes (hostreuse.go); zero without one.
+	ht hostTree
+	ck treeCheck
 
 	// undo records what a reservation's allocation evicts (undo.go).
 	undo undoHook
@@ -250,7 +258,7 @@ func (t *Tree) matchPartial(parent *Node, salt string, tokens []int32) (*Node, i
 	var best *Node
 	bestN := 0
 	for _, c := range parent.children {
-		if !c.complete() || parent == t.root && c.salt != salt {
+		if !c.complete() || c.h.pend > 0 || parent == t.root && c.salt != salt {
 			continue
 		}
 		n := 0
@@ -316,6 +324,9 @@ func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache
 	}
 	c.nPages = len(pages)
 	t.touch(c)
+	if c.h.n > 0 {
+		t.leaveHost(c) // the sequence's device copy replaces the host one
+	}
 	t.addLiveKid(parent)
 	if t.ev != nil {
 		t.ev.stored(t, c)
@@ -352,6 +363,7 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 	}
 	n.gen++
 	t.touch(n)
+	t.initHost(n)
 	n.allIdx = int32(len(t.all))
 	t.all = append(t.all, n)
 	t.nodes++
@@ -380,6 +392,9 @@ func (t *Tree) Pin(n *Node) {
 		}
 	}
 	n.pins++
+	if n.h.counted {
+		t.hostFix(n) // a host node a new sequence is about to promote
+	}
 }
 
 // Unpin drops a pin. touch marks the node as used now (its LRU key); undoing
@@ -396,6 +411,10 @@ func (t *Tree) Unpin(n *Node, touch bool) {
 		n.tick = t.tick
 	}
 	if n.nPages == 0 {
+		if n.h.n > 0 {
+			t.hostFix(n) // back to the host tier's LRU
+			return
+		}
 		t.queuePrune(n)
 		return
 	}
@@ -458,7 +477,7 @@ func (t *Tree) Prune() {
 		t.pruneQ = t.pruneQ[:len(t.pruneQ)-1]
 		n.queued = false
 		t.touch(n)
-		for n != t.root && !n.queued && n.pins == 0 && n.nPages == 0 && len(n.children) == 0 {
+		for n != t.root && !n.queued && n.pins == 0 && n.nPages == 0 && n.h.n == 0 && len(n.children) == 0 {
 			p := n.parent
 			delete(p.children, n.hash)
 			t.touch(p)

@@ -41,6 +41,18 @@ import (
 // pages again before the child is considered. Evictions made by Resume are
 // not recorded (no Unreserve undoes a Resume).
 //
+// With a host tier for reuse, a device eviction inside a reservation may be
+// an offload (hostreuse.go): the node keeps its content on the host tier,
+// pending the copy in the grant. The record is the same, and so is the
+// put-back, which runs after the unreserved sequences' moves settled (their
+// holds gone, promotions undone): an undone offload's node gets its device
+// pages back when the conditions above hold (its device pages still hold
+// the content, and the host copy never ran, so it is freed: content is
+// never on two tiers), and only otherwise loses its content
+// (Core.undoOffloads, after the put-back). A node with a pending move (some
+// other reservation's) is not put back; one whose host copy settled since
+// (evicted again by a later, kept reservation) is, and frees that copy.
+//
 // Without it, an engine whose pipeline stages disagree on a grant (one stage
 // grants, another denies, the first unreserves) wipes the granting stage's
 // cache a little more at every retry of a request that does not fit yet, and
@@ -54,6 +66,9 @@ type evicted struct {
 	// off locates n's pages then, one per pool group, at undoRec.pages[off:],
 	// and the allocation generation each must still have at undoRec.gens[off:].
 	off int
+	// pend is a host node's pending count then (another reservation's
+	// offload filling it, whose move still holds its host blocks).
+	pend int32
 }
 
 // undoRec is what one sequence's outstanding reservation evicted, in
@@ -62,10 +77,19 @@ type undoRec struct {
 	nodes []evicted
 	pages []kvcache.BlockID
 	gens  []uint32
+	// With a host tier for reuse: the cached host nodes it evicted to make
+	// room for its offloads (or whose device parent lost its content), their
+	// host pages and those pages' allocation generations (off indexes these).
+	hnodes []evicted
+	hpages []kvcache.BlockID
+	hgens  []uint32
 }
 
 // reset empties r, keeping its capacity.
-func (r *undoRec) reset() { r.nodes, r.pages, r.gens = r.nodes[:0], r.pages[:0], r.gens[:0] }
+func (r *undoRec) reset() {
+	r.nodes, r.pages, r.gens = r.nodes[:0], r.pages[:0], r.gens[:0]
+	r.hnodes, r.hpages, r.hgens = r.hnodes[:0], r.hpages[:0], r.hgens[:0]
+}
 
 // emptied is r emptied, for a recycled Seq.
 func (r undoRec) emptied() undoRec { r.reset(); return r }
@@ -73,13 +97,16 @@ func (r undoRec) emptied() undoRec { r.reset(); return r }
 // taken records, right after the reservation's Take, the allocation
 // generation of each page recorded since: the generation the page must still
 // have when it is put back.
-func (r *undoRec) taken(pools []*BlockPool) {
+func (r *undoRec) taken(pools, hosts []*BlockPool) {
 	for k := len(r.gens); k < len(r.pages); k++ {
 		var gen uint32
 		if b := r.pages[k]; b != NoBlock {
 			gen = pools[k%len(pools)].gen[b]
 		}
 		r.gens = append(r.gens, gen)
+	}
+	for k := len(r.hgens); k < len(r.hpages); k++ {
+		r.hgens = append(r.hgens, hosts[k%len(hosts)].gen[r.hpages[k]])
 	}
 }
 
@@ -102,11 +129,30 @@ func (h *undoHook) note(n *Node) {
 	r.pages = append(r.pages, n.pages...)
 }
 
+// noteHost records host node n and its host pages, which it is about to
+// lose, when a reservation is being applied.
+func (h *undoHook) noteHost(n *Node) {
+	r := h.rec
+	if r == nil {
+		return
+	}
+	h.clock++
+	r.hnodes = append(r.hnodes, evicted{n: n, gen: n.gen, at: h.clock, off: len(r.hpages), pend: n.h.pend})
+	r.hpages = append(r.hpages, n.h.pages...)
+}
+
 // undoState is Unreserve's scratch (Core.undo).
 type undoState struct {
-	back  undoRec  // the records of the sequences being unreserved, merged
-	marks [][]bool // per device pool: pages put back, still on the free stack
-	count []int    // per device pool: how many are marked
+	back undoRec // the records of the sequences being unreserved, merged
+	// offloads are the nodes whose offload this Unreserve undoes (settle):
+	// host-only, their host copy never written; the put-back gives them
+	// their device pages back, undoOffloads drops the others' content.
+	offloads []*Node
+	marks    [][]bool // per device pool: pages put back, still on the free stack
+	count    []int    // per device pool: how many are marked
+	// the same per host pool, for host nodes put back
+	hmarks [][]bool
+	hcount []int
 }
 
 // collect moves r into the merged record of this Unreserve call.
@@ -118,6 +164,13 @@ func (u *undoState) collect(r *undoRec) {
 	}
 	u.back.pages = append(u.back.pages, r.pages...)
 	u.back.gens = append(u.back.gens, r.gens...)
+	hbase := len(u.back.hpages)
+	for _, e := range r.hnodes {
+		e.off += hbase
+		u.back.hnodes = append(u.back.hnodes, e)
+	}
+	u.back.hpages = append(u.back.hpages, r.hpages...)
+	u.back.hgens = append(u.back.hgens, r.hgens...)
 	r.reset()
 }
 
@@ -125,6 +178,16 @@ func (u *undoState) collect(r *undoRec) {
 // where the conditions above hold, the latest eviction first. Call it after
 // the unreserved sequences' tables were released.
 func (c *Core) putBack() {
+	u := &c.undo
+	b := &u.back
+	c.putBackDevice()
+	c.undoOffloads()
+	c.putBackHost()
+	b.reset()
+}
+
+// putBackDevice is putBack's device pass.
+func (c *Core) putBackDevice() {
 	u := &c.undo
 	b := &u.back
 	if len(b.nodes) == 0 {
@@ -159,14 +222,76 @@ func (c *Core) putBack() {
 			u.count[g] = 0
 		}
 	}
-	b.reset()
+}
+
+// putBackHost is putBack's host pass, after the device pass and
+// undoOffloads (whose freed host blocks may be the very blocks the evicted
+// host nodes had): each recorded host node, latest eviction first, gets its
+// host pages back as cached host content when it is the same attached node,
+// holds no content and no pins, its parent holds content (or is the root),
+// and every page is free and was not allocated since the reservation took
+// it (no offload's copy can have written it: the undone ones never ran).
+// A node that was pending then (another reservation's offload, dropped with
+// the subtree of a device node that lost its content) is put back pending
+// when that move still holds its blocks, and nothing else: the move is live
+// again and settles it.
+func (c *Core) putBackHost() {
+	u := &c.undo
+	b := &u.back
+	if len(b.hnodes) == 0 {
+		return
+	}
+	slices.SortFunc(b.hnodes, func(x, y evicted) int { return cmp.Compare(y.at, x.at) })
+	ng := len(c.host)
+	if len(u.hmarks) != ng {
+		u.hmarks, u.hcount = make([][]bool, ng), make([]int, ng)
+	}
+	t := c.tree
+	for _, e := range b.hnodes {
+		n, pages, gens := e.n, b.hpages[e.off:e.off+ng], b.hgens[e.off:e.off+ng]
+		if n.allIdx < 0 || n.gen != e.gen || n.Stored() || n.pins != 0 || n.h.pend != 0 ||
+			n.parent != t.root && !n.parent.Stored() {
+			continue
+		}
+		ok := true
+		for g, p := range pages {
+			hp := c.host[g]
+			ok = ok && hp.refs[p] == 0 && hp.owner[p] == nil && hp.holds[p] == e.pend && hp.gen[p] == gens[g]
+		}
+		if !ok {
+			continue
+		}
+		for g, p := range pages {
+			hp := c.host[g]
+			hp.touch(p)
+			hp.owner[p] = n
+			n.h.pages[g] = p
+			if e.pend > 0 {
+				continue // held: counted cached, not on the free stack
+			}
+			if len(u.hmarks[g]) != hp.Total() {
+				u.hmarks[g] = make([]bool, hp.Total())
+			}
+			u.hmarks[g][p] = true
+			u.hcount[g]++
+			hp.cached++
+		}
+		n.h.n, n.h.pend = int32(ng), e.pend
+		t.hostOnlyChanged(n, false)
+	}
+	for g, hp := range c.host {
+		if u.hcount[g] > 0 {
+			hp.unfree(u.hmarks[g], u.hcount[g])
+			u.hcount[g] = 0
+		}
+	}
 }
 
 // restorable reports whether the evicted node e may have pages back (see
 // above), but for the KV events.
 func (c *Core) restorable(e evicted, pages []kvcache.BlockID, gens []uint32) bool {
 	n := e.n
-	if n.allIdx < 0 || n.gen != e.gen || n.nPages != 0 || n.pins != 0 {
+	if n.allIdx < 0 || n.gen != e.gen || n.nPages != 0 || n.pins != 0 || n.h.pend != 0 {
 		return false
 	}
 	if p := n.parent; p != c.tree.root && p.nPages == 0 {
@@ -200,6 +325,30 @@ func (t *Tree) restore(n *Node, pages []kvcache.BlockID) {
 	if n.liveKids == 0 {
 		t.heapPush(n)
 	}
+	if n.h.n > 0 {
+		// A host tier for reuse: n was offloaded. Its content is on the
+		// device again; the host copy (never written when this Unreserve
+		// undid the offload, a settled copy otherwise) goes, so that n
+		// holds its block on one tier.
+		t.releaseHost(n)
+		t.hostOnlyChanged(n, true)
+	} else if t.ht.pools != nil {
+		t.hostFix(n.parent) // a live kid again: no host leaf
+	}
+}
+
+// undoOffloads ends the offloads that this Unreserve undid and the put-back
+// did not reverse: the node's host copy was never written, so its content
+// is gone (with the host subtree below it, which nothing could reach).
+func (c *Core) undoOffloads() {
+	u := &c.undo
+	for _, n := range u.offloads {
+		if n.h.n > 0 && n.nPages == 0 && n.h.pend == 0 {
+			c.dropHost(n, false)
+		}
+	}
+	clear(u.offloads)
+	u.offloads = u.offloads[:0]
 }
 
 // unfree takes the n blocks marked in mark off the free stack and clears

@@ -230,3 +230,81 @@ func TestPartialReuse(t *testing.T) {
 		mustClean(t, m, "after partial reuse")
 	}
 }
+
+// TestHostTierKeepsAttentionBlocks: cached attention blocks the device
+// evicts go to the host tier through the core, their snapshots stay in
+// their device slots, and reuse through host blocks still ends exactly at a
+// snapshot boundary: the blocks come back with host -> device copies
+// (Grant.HostReused) and the snapshot with its ssm copy.
+func TestHostTierKeepsAttentionBlocks(t *testing.T) {
+	const tpb = 16
+	cfg := testConfig(tpb, 40, 4+8)
+	cfg.Snapshots.Interval = 2 * tpb // snapshots at 32 and 64 of an 83-token prompt
+	cfg.HostBytes = cfg.DeviceBytes
+	m, lay := configured(t, cfg)
+	hostFull, ssm := -1, -1
+	for _, p := range lay.Pools {
+		switch p.Name {
+		case "host-full":
+			hostFull = p.ID
+		case "ssm":
+			ssm = p.ID
+		}
+	}
+	p1 := tokens(5*tpb+3, 1)
+	prefill(t, m, 1, p1, 4*tpb)
+	release(t, m, 1) // 5 cached attention blocks, snapshots at 32 and 64
+	if got := lookup(t, m, p1); got != 64 {
+		t.Fatalf("Lookup = %d, want 64 (the last snapshot boundary)", got)
+	}
+	// Two sequences take the device: p1's 5 blocks are evicted, leaf first,
+	// to the host tier.
+	gs := reserve(t, m,
+		kvcache.ReserveItem{Seq: 2, Tokens: 1, Hold: 32 * tpb, New: true},
+		kvcache.ReserveItem{Seq: 3, Tokens: 1, Hold: 8 * tpb, New: true})
+	if !gs[0].OK || !gs[1].OK {
+		t.Fatalf("Reserve = %+v", gs)
+	}
+	offloads := 0
+	for _, c := range gs[1].Copies {
+		if c.DstPool == hostFull {
+			offloads++
+		}
+	}
+	if offloads != 5 {
+		t.Fatalf("seq 3's copies %+v, want 5 offloads to pool %d", gs[1].Copies, hostFull)
+	}
+	commit(t, m, kvcache.CommitItem{Seq: 2, Accepted: 1}, kvcache.CommitItem{Seq: 3, Accepted: 1})
+	mustClean(t, m, "after the offloads")
+	if tok, host := m.LookupTiers("", p1); tok != 64 || host != 64 {
+		t.Fatalf("LookupTiers = %d (%d on host), want 64 (64): host blocks up to the snapshot at 64", tok, host)
+	}
+	if got := lookup(t, m, p1[:60]); got != 32 {
+		t.Errorf("Lookup(60 tokens) = %d, want 32: the snapshot boundary below 59", got)
+	}
+	release(t, m, 2, 3)
+	// Seq 4 reuses 64 tokens: 4 blocks come back, the snapshot at 64 is
+	// copied into its live slot.
+	g := reserve(t, m, kvcache.ReserveItem{Seq: 4, Tokens: 5*tpb + 3 - 64, New: true, Prompt: p1, Reuse: 64})[0]
+	if !g.OK || g.HostReused != 64 {
+		t.Fatalf("Reserve with Reuse 64 = %+v, want granted with HostReused 64", g)
+	}
+	promos, snapCopy := 0, false
+	for _, c := range g.Copies {
+		switch {
+		case c.SrcPool == hostFull:
+			promos++
+		case c.SrcPool == ssm && c.DstPool == ssm:
+			snapCopy = true
+		}
+	}
+	if promos != 4 || !snapCopy {
+		t.Fatalf("copies %+v: want 4 host -> device copies and the snapshot's ssm copy", g.Copies)
+	}
+	mustClean(t, m, "with the promotion pending")
+	commit(t, m, kvcache.CommitItem{Seq: 4, Accepted: 5*tpb + 3 - 64})
+	mustClean(t, m, "after the commit")
+	if tok, host := m.LookupTiers("", p1); tok != 64 || host != 0 {
+		t.Errorf("LookupTiers after the promotion = %d (%d on host), want 64 (0)", tok, host)
+	}
+}

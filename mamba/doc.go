@@ -91,7 +91,13 @@
 // host-ssm in the same answer), freeing its live slot for another resident
 // sequence; a sequence for which no host-ssm slot is free stays resident
 // (false, nothing changes), and the scheduler then frees and recomputes it.
-// Snapshots never move: they are cache entries on the device. Resume copies
+// Snapshots never move: they are cache entries on the device. Cached
+// attention blocks the device evicts go to the host tier through the core
+// (cachemgr_v2's package doc, Tiers) and come back on a hit; a snapshot stays
+// in its device slot while its node is on the host tier, so reuse still ends
+// exactly at a snapshot boundary whatever tier holds the blocks before it,
+// and it is dropped only when its node's block vanishes from both tiers.
+// Resume copies
 // the state back into a free live slot (false while every live slot is held
 // by a resident sequence) and the sequence's next grant names that slot as
 // its ssm table entry 0. The host split follows what Suspend moves: the
@@ -115,5 +121,6 @@
 //
 // Without host bytes there is no host tier: Suspend and Resume fail with
 // ErrUnsupported (the scheduler frees and recomputes). Snapshots cover prompt
-// tokens only, and do not move to the host tier.
+// tokens only, and do not move to the host tier (their slots are not
+// offloaded; only the attention blocks are).
 package mamba

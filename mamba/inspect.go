@@ -167,8 +167,8 @@ func (m *Manager) check() []string {
 			bad("snapshot at %d keyed by another node", sn.pos)
 		case !ok:
 			bad("snapshot at %d on a node that is not attached to the tree", sn.pos)
-		case !n.Complete():
-			bad("snapshot at %d on a node without all its pages (evicted)", sn.pos)
+		case !n.Stored():
+			bad("snapshot at %d on a node that holds its pages on no tier (evicted)", sn.pos)
 		case d*tpb != sn.pos:
 			bad("snapshot at %d on a node at depth %d (%d tokens)", sn.pos, d, d*tpb)
 		}

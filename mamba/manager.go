@@ -469,7 +469,7 @@ func (l *life) planSnaps(s *cachemgrv2.Seq, x *seqState, tokens int) {
 				node = l.tree.SaltedChild(node, s.Salt(), prompt[(depth-1)*tpb:depth*tpb])
 			}
 		}
-		if node != nil && node.Complete() && l.snaps[node] != nil {
+		if node != nil && node.Stored() && l.snaps[node] != nil {
 			continue // already held by the cache
 		}
 		slot, ok := l.snapSlot(boundaryLevel(b, l.step))

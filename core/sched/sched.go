@@ -249,6 +249,7 @@ type pass struct {
 	slots    int  // items left
 	tokens   int  // tokens left
 	pressure bool // a request was preempted in this round: admit nothing
+	resumed  bool // admit resumed a request, which no pass has tried to schedule yet
 }
 
 func (p *pass) take(it Item)   { p.slots--; p.tokens -= it.Tokens + it.Draft }
@@ -283,6 +284,12 @@ func (s *Scheduler) Schedule(c Capacity) Step {
 		if len(p.items) > 0 || s.InFlight() > 0 {
 			st.Items = p.items
 			break
+		}
+		if p.resumed {
+			// A request came back from the host tier after the running ones
+			// were scheduled: schedule it before preempting anything (else
+			// it would be suspended again at once, round after round).
+			continue
 		}
 		if v := s.newestIdle(); v != nil {
 			// Nothing can run and nothing will complete: free the newest.
@@ -674,6 +681,7 @@ func (s *Scheduler) resume(p *pass) (blocked bool) {
 			return false
 		}
 		r.suspended = false
+		p.resumed = true
 		s.order++
 		r.order = s.order
 		r.running = true
