@@ -505,14 +505,12 @@ func (d *driver) checkModel() {
 	d.stats = st
 }
 
-// hostReuse reports whether the manager's host pools serve prefix reuse (a
-// layout with host pools from a manager that suspends nothing, like
-// cachemgr_v1's host tier): reusing a block the host holds takes a device
-// block.
+// hostReuse reports whether the manager's host pools may serve prefix
+// reuse (a layout with host pools: cachemgr_v1's keep evicted reusable
+// blocks, v2's and mamba's keep them beside suspended sequences): reusing a
+// block the host holds takes a device block. A manager whose host pools
+// only suspend is judged as loosely, never wrongly.
 func (d *driver) hostReuse() bool {
-	if d.h.info.Capabilities.HostTier {
-		return false
-	}
 	for _, p := range d.h.layout.Pools {
 		if p.Tier == kvcache.TierHost && p.Blocks > 0 {
 			return true
