@@ -132,7 +132,7 @@
 //     with the tier, what decided (the policy's name, or "priority" when an
 //     eviction candidate of a higher priority was left in the heap) and the
 //     manager clock then (the latest Now of a Lookup, Explain or Reserve
-//     item). The record keeps the last four evictions per device block and
+//     item). The record keeps the last 2^20 evictions (maxGhosts) and
 //     forgets the oldest first; a forgotten eviction reads as never_stored;
 //   - cache_salt: only when the match stops at the first block: the tree
 //     caches that block, with all its pages, under another salt (the root's

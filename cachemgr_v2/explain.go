@@ -59,19 +59,21 @@ const (
 
 var byNames = [...]string{kvcache.EvictionLRU, kvcache.EvictionLFU, "priority"}
 
-// configure sets the policy and sizes the ghost record: four entries per
-// device block of the first pool group (at least 64).
-func (r *retention) configure(policy string, devBlocks []int) {
+// maxGhosts bounds the ghost record: the last 2^20 evictions, whatever the
+// pools' size (reuse distances are the workload's, not the cache's: a small
+// cache evicts blocks that come back long after). It grows with the
+// evictions (some 40 bytes each), so a manager that evicts little costs
+// little.
+const maxGhosts = 1 << 20
+
+// configure sets the policy and the ghost record.
+func (r *retention) configure(policy string, _ []int) {
 	r.lfu = policy == kvcache.EvictionLFU
 	r.policy = byLRU
 	if r.lfu {
 		r.policy = byLFU
 	}
-	n := 64
-	if len(devBlocks) > 0 {
-		n = max(n, 4*devBlocks[0])
-	}
-	r.ghosts = ghosts{max: n}
+	r.ghosts = ghosts{max: maxGhosts}
 }
 
 // observe moves the manager clock to now when it is later.
