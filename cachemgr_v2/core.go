@@ -60,6 +60,8 @@ type Core struct {
 	pending []pendingDelta
 	copies  []kvcache.Copy
 	copyAt  []copyRange
+	// resuming: Resume is making room (evictOne offloads, settled at once).
+	resuming bool
 	// the deep self-check's recounts, per pool (check)
 	checkRefs  [][]int32
 	checkFree  []bool

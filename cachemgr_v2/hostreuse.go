@@ -180,8 +180,7 @@ func (c *Core) evictOne() (n *Node, kept bool) {
 	if !c.hostReuse() {
 		return t.evictLeaf(), false
 	}
-	if c.cur == nil || len(t.heap) == 0 {
-		// Resume's evictions drop content: its copies only bring blocks back.
+	if c.cur == nil && !c.resuming || len(t.heap) == 0 {
 		if n = t.evictLeaf(); n != nil {
 			c.dropHostKids(n, true)
 		}
@@ -201,6 +200,19 @@ func (c *Core) evictOne() (n *Node, kept bool) {
 		c.copies = append(c.copies, kvcache.Copy{SrcPool: c.dev[g].id, SrcBlock: src[g], DstPool: hp.id, DstBlock: h})
 	}
 	n.h.n = int32(len(t.ht.pools))
+	if c.cur == nil {
+		// Resume's offload: nothing undoes a Resume, and its copies reach
+		// the worker in order (this one before the copy that refills the
+		// device block), so the host node is settled at once.
+		for g, hp := range t.ht.pools {
+			hp.unhold(n.h.pages[g]) // takeFor's hold: no move is pending
+		}
+		c.offloaded++
+		t.hostOnlyChanged(n, false)
+		t.touch(n)
+		t.hostFix(n)
+		return n, true
+	}
 	s := c.cur
 	n.h.pend = 1
 	s.moves = append(s.moves, hostMove{n: n, at: int32(len(s.moveBlk))})

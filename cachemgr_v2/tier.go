@@ -135,7 +135,14 @@ func (c *Core) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvca
 			continue
 		}
 		c.touch(s)
+		// Room: evicted cached nodes move to the host tier when it keeps
+		// them (evictOne), their copies first, before the copies that
+		// refill those device blocks.
+		c.copies, c.resuming = c.copies[:0], true
 		c.makeRoom(moved)
+		c.resuming = false
+		copies = append(copies, c.copies...)
+		c.copies = c.copies[:0]
 		for g, pool := range c.dev {
 			hp := c.host[g]
 			for j, h := range s.host[g] {

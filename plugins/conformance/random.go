@@ -449,11 +449,24 @@ func (d *driver) move() {
 	if err != nil || len(ok) != len(ids) {
 		h.failf(h.last, "Suspend and Resume of live sequences without a reservation answer one bool per sequence", "%v, error %v", ok, err)
 	}
+	// Suspend copies device to host. Resume copies host to device, and may
+	// first move cached device blocks it evicts to the host tier (device to
+	// host), each before any copy that writes that device block again.
+	written := map[[2]int]bool{} // device blocks a Resume copy wrote
 	for _, c := range cs {
 		h.checkCopy(c, "copies")
 		src, dst := h.layout.Pools[h.idx[c.SrcPool]].Tier, h.layout.Pools[h.idx[c.DstPool]].Tier
-		if suspend && (src != kvcache.TierDevice || dst != kvcache.TierHost) || !suspend && (src != kvcache.TierHost || dst != kvcache.TierDevice) {
-			h.failf(h.last, "Suspend copies device to host, Resume host to device", "copy %+v", c)
+		switch {
+		case suspend && (src != kvcache.TierDevice || dst != kvcache.TierHost):
+			h.failf(h.last, "Suspend copies device to host", "copy %+v", c)
+		case !suspend && src == kvcache.TierHost && dst == kvcache.TierDevice:
+			written[[2]int{c.DstPool, int(c.DstBlock)}] = true
+		case !suspend && src == kvcache.TierDevice && dst == kvcache.TierHost:
+			if written[[2]int{c.SrcPool, int(c.SrcBlock)}] {
+				h.failf(h.last, "a Resume offload reads an evicted device block before any copy writes it", "copy %+v after a copy into that block", c)
+			}
+		case !suspend:
+			h.failf(h.last, "Resume copies host to device (and offloads device to host)", "copy %+v", c)
 		}
 	}
 	h.inspect()
