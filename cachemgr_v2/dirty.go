@@ -583,18 +583,7 @@ func (t *Tree) verifyNode(n *Node, bad func(string, ...any)) {
 	if n.pins != k.pins {
 		bad("tree: node %p: pins %d, recomputed %d", n, n.pins, k.pins)
 	}
-	got := 0
-	for g, b := range n.pages {
-		if b != NoBlock {
-			got++
-			if b < 0 || int(b) >= t.pools[g].Total() || t.pools[g].owner[b] != n {
-				bad("tree: node %p: page %d in pool %d not owned by it", n, b, t.pools[g].id)
-			}
-		}
-	}
-	if got != n.nPages {
-		bad("tree: node %p: %d pages, counted %d", n, n.nPages, got)
-	}
+	t.checkPages(n, bad)
 	if n.pins > 0 && !n.complete() {
 		bad("tree: node %p: pinned by %d without all its pages (evicted while pinned)", n, n.pins)
 	}
@@ -639,19 +628,7 @@ func (t *Tree) verifyNode(n *Node, bad func(string, ...any)) {
 // owner).
 func (t *Tree) verifyHost(n *Node, bad func(string, ...any)) bool {
 	k := &n.ck
-	got := int32(0)
-	for g, b := range n.h.pages {
-		if b == NoBlock {
-			continue
-		}
-		got++
-		if b < 0 || int(b) >= t.ht.pools[g].Total() || t.ht.pools[g].owner[b] != n {
-			bad("tree: node %p: host page %d in pool %d not owned by it", n, b, t.ht.pools[g].id)
-		}
-	}
-	if got != n.h.n || got != 0 && int(got) != len(n.h.pages) {
-		bad("tree: node %p: %d host pages, counted %d of %d", n, n.h.n, got, len(n.h.pages))
-	}
+	t.checkHostPages(n, bad)
 	pend := int32(0)
 	if n.h.n > 0 && len(n.h.pages) > 0 {
 		if b := n.h.pages[0]; b >= 0 && int(b) < t.ht.pools[0].Total() {

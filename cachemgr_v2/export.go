@@ -171,18 +171,7 @@ func (t *Tree) Check() []string {
 		if n.pins != n.chkPins {
 			bad("tree: node %p: pins %d, recomputed %d", n, n.pins, n.chkPins)
 		}
-		got := 0
-		for g, b := range n.pages {
-			if b != NoBlock {
-				got++
-				if t.pools[g].owner[b] != n {
-					bad("tree: node %p: page %d in pool %d not owned by it", n, b, t.pools[g].id)
-				}
-			}
-		}
-		if got != n.nPages {
-			bad("tree: node %p: %d pages, counted %d", n, n.nPages, got)
-		}
+		t.checkPages(n, bad)
 		if n.pins > 0 && !n.complete() {
 			bad("tree: node %p: pinned by %d without all its pages (evicted while pinned)", n, n.pins)
 		}
@@ -226,4 +215,21 @@ func (t *Tree) Check() []string {
 		}
 	}
 	return v
+}
+
+// checkPages checks, for both deep checks, that n's device pages are owned
+// by n in their pools and that n counts them.
+func (t *Tree) checkPages(n *Node, bad func(string, ...any)) {
+	got := 0
+	for g, b := range n.pages {
+		if b != NoBlock {
+			got++
+			if b < 0 || int(b) >= t.pools[g].Total() || t.pools[g].owner[b] != n {
+				bad("tree: node %p: page %d in pool %d not owned by it", n, b, t.pools[g].id)
+			}
+		}
+	}
+	if got != n.nPages {
+		bad("tree: node %p: %d pages, counted %d", n, n.nPages, got)
+	}
 }

@@ -735,19 +735,7 @@ func (c *Core) checkHostTree(bad func(string, ...any)) {
 		if n.chkFlags&chkSeen == 0 {
 			continue
 		}
-		got := int32(0)
-		for g, b := range n.h.pages {
-			if b == NoBlock {
-				continue
-			}
-			got++
-			if b < 0 || int(b) >= t.ht.pools[g].Total() || t.ht.pools[g].owner[b] != n {
-				bad("tree: node %p: host page %d in pool %d not owned by it", n, b, t.ht.pools[g].id)
-			}
-		}
-		if got != n.h.n || got != 0 && int(got) != len(n.h.pages) {
-			bad("tree: node %p: %d host pages, counted %d of %d", n, n.h.n, got, len(n.h.pages))
-		}
+		t.checkHostPages(n, bad)
 		if n.h.pend != n.h.chkPend {
 			bad("tree: node %p: %d pending moves, recounted %d", n, n.h.pend, n.h.chkPend)
 		}
@@ -801,5 +789,23 @@ func (c *Core) checkHostTree(bad func(string, ...any)) {
 		if i > 0 && t.less(n, t.ht.heap[(i-1)/2]) {
 			bad("tree: host heap order broken at %d", i)
 		}
+	}
+}
+
+// checkHostPages checks, for both deep checks, that n's host pages are
+// owned by n in their pools and that n counts them (all groups or none).
+func (t *Tree) checkHostPages(n *Node, bad func(string, ...any)) {
+	got := int32(0)
+	for g, b := range n.h.pages {
+		if b == NoBlock {
+			continue
+		}
+		got++
+		if b < 0 || int(b) >= t.ht.pools[g].Total() || t.ht.pools[g].owner[b] != n {
+			bad("tree: node %p: host page %d in pool %d not owned by it", n, b, t.ht.pools[g].id)
+		}
+	}
+	if got != n.h.n || got != 0 && int(got) != len(n.h.pages) {
+		bad("tree: node %p: %d host pages, counted %d of %d", n, n.h.n, got, len(n.h.pages))
 	}
 }
