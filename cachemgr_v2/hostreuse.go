@@ -66,6 +66,11 @@ type hostNode struct {
 	counted bool              // in hostTree.evictable
 	chkKids int32             // host-only children, recounted by the deep self-check
 	chkPend int32             // pending moves naming it, recounted by the deep self-check
+	// pendKids counts its children with a pending offload, pendSeq the
+	// sequence whose reservation made them all (nil: several). A hint for
+	// evictOne (not a checked invariant): see keepParents.
+	pendKids int32
+	pendSeq  *Seq
 }
 
 // hostTree is the tree's host tier of cached nodes.
@@ -81,6 +86,10 @@ type hostMove struct {
 	n       *Node
 	promote bool  // a promotion (host -> device), else an offload
 	at      int32 // Seq.moveBlk[at:at+groups]: the host blocks its copy writes or reads, held
+	// parent of an offloaded node and its generation, whose pendKids the
+	// move counts in
+	parent *Node
+	pgen   uint32
 }
 
 // OnHost reports whether the node holds its block on the host tier only: a
@@ -186,10 +195,14 @@ func (c *Core) evictOne() (n *Node, kept bool) {
 		}
 		return n, false
 	}
+	skipped := c.keepParents()
 	n = t.heap[0]
 	src := append(c.srcPages[:0], n.pages...)
 	c.srcPages = src
 	t.evictLeaf()
+	for _, k := range skipped {
+		t.heapPush(k)
+	}
 	if !c.hostRoomFor(n) {
 		c.dropHostKids(n, true)
 		return n, false
@@ -215,7 +228,17 @@ func (c *Core) evictOne() (n *Node, kept bool) {
 	}
 	s := c.cur
 	n.h.pend = 1
-	s.moves = append(s.moves, hostMove{n: n, at: int32(len(s.moveBlk))})
+	mv := hostMove{n: n, at: int32(len(s.moveBlk))}
+	if p := n.parent; p != t.root {
+		if p.h.pendKids == 0 {
+			p.h.pendSeq = s
+		} else if p.h.pendSeq != s {
+			p.h.pendSeq = nil
+		}
+		p.h.pendKids++
+		mv.parent, mv.pgen = p, p.gen
+	}
+	s.moves = append(s.moves, mv)
 	s.moveBlk = append(s.moveBlk, n.h.pages...)
 	c.moving++
 	c.offloaded++
@@ -460,6 +483,11 @@ func (c *Core) settle(s *Seq, keep bool) {
 	ng := len(t.ht.pools)
 	for i := len(s.moves) - 1; i >= 0; i-- {
 		mv := s.moves[i]
+		if p := mv.parent; p != nil && p.gen == mv.pgen && p.h.pendKids > 0 {
+			if p.h.pendKids--; p.h.pendKids == 0 {
+				p.h.pendSeq = nil
+			}
+		}
 		blk := s.moveBlk[mv.at : int(mv.at)+ng]
 		n := mv.n
 		live := n.h.n > 0 && n.h.pages[0] == blk[0] // a block is held by one node at a time
@@ -808,4 +836,29 @@ func (t *Tree) checkHostPages(n *Node, bad func(string, ...any)) {
 	if got != n.h.n || got != 0 && int(got) != len(n.h.pages) {
 		bad("tree: node %p: %d host pages, counted %d of %d", n, n.h.n, got, len(n.h.pages))
 	}
+}
+
+// keepParents takes off the device heap's top, for the eviction evictOne is
+// about to make, the nodes whose children another reservation is offloading
+// (pending), and returns them; the caller pushes them back after the
+// eviction. Evicting such a node would leave that reservation, if it is
+// undone (one pipeline stage grants, another denies), with a child that can
+// neither stay on the host (its copy never ran) nor come back below a parent
+// that left the device, and the child's host subtree would be lost. When
+// every candidate is such a node, nothing is skipped.
+func (c *Core) keepParents() []*Node {
+	t := c.tree
+	var skipped []*Node
+	for len(t.heap) > 0 {
+		n := t.heap[0]
+		if n.h.pendKids == 0 || n.h.pendSeq == c.cur {
+			return skipped
+		}
+		t.heapRemove(n)
+		skipped = append(skipped, n)
+	}
+	for _, k := range skipped {
+		t.heapPush(k)
+	}
+	return nil
 }

@@ -376,3 +376,42 @@ func TestHostCheckFindsCorruption(t *testing.T) {
 	}
 	inspect(t, m)
 }
+
+// TestEvictionKeepsParentOfPendingOffload: in one Reserve call, item A's
+// allocation offloads p1's deepest node (pending until A settles); item B
+// then needs a block, and the heap's next leaf is that node's parent. B
+// evicts another node instead (keepParents), so when A is undone (as when
+// another pipeline stage denied it) the child gets its device pages back
+// below a parent still on the device, and p1 is found whole.
+func TestEvictionKeepsParentOfPendingOffload(t *testing.T) {
+	m, _ := configure(t, smallCfg(9, 4))
+	p1, q := tokens(13, 1), tokens(5, 3)
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 13, New: true, Prompt: p1})
+	mustCommit(t, m, 1, 13)
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 3, Tokens: 5, New: true, Prompt: q})
+	mustCommit(t, m, 3, 5)
+	m.Release(ctx, []kvcache.SeqID{1, 3}) // p1's 3 nodes (older) and q's 1 cached, 5 free
+	gs, err := m.Reserve(ctx, []kvcache.ReserveItem{
+		{Seq: 10, Tokens: 24, New: true}, // 5 free + p1's deepest node, offloaded
+		{Seq: 11, Tokens: 4, New: true},  // one more: p1's middle node is the next leaf
+	})
+	if err != nil || !gs[0].OK || !gs[1].OK {
+		t.Fatalf("Reserve = %+v, %v; want both granted", gs, err)
+	}
+	if len(gs[0].Copies) != 1 || len(gs[1].Copies) != 1 {
+		t.Fatalf("copies %+v / %+v: want one offload each", gs[0].Copies, gs[1].Copies)
+	}
+	if err := m.Unreserve(ctx, []kvcache.SeqID{10}); err != nil {
+		t.Fatal(err)
+	}
+	mustCommit(t, m, 11, 4)
+	if v := inspect(t, m).Violations; len(v) > 0 {
+		t.Fatalf("violations: %v", v)
+	}
+	if n, _ := lookupTiers(t, m, p1); n != 12 {
+		t.Fatalf("Lookup(p1) after A was undone = %d, want 12: B must not evict the parent of A's pending offload", n)
+	}
+	if n, _ := lookupTiers(t, m, q); n != 4 {
+		t.Errorf("Lookup(q) = %d, want 4 (q's node went to the host tier in B's place)", n)
+	}
+}

@@ -356,6 +356,7 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 	}
 	n.parent, n.hash, n.heapIdx = parent, h, -1
 	n.prio, n.until, n.expIdx, n.hits = DefaultPriority, 0, -1, 0
+	n.h.pendKids, n.h.pendSeq = 0, nil
 	n.pos = mixPos(parent.pos, h)
 	n.tokens = append(n.tokens[:0], tokens...)
 	for g := range n.pages {
