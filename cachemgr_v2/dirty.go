@@ -635,22 +635,7 @@ func (t *Tree) verifyHost(n *Node, bad func(string, ...any)) bool {
 			pend = t.ht.pools[0].held(int(b))
 		}
 	}
-	if n.h.pend != pend {
-		bad("tree: node %p: %d pending moves, recounted %d", n, n.h.pend, pend)
-	}
-	if n.nPages > 0 && n.h.n > 0 && n.h.pend == 0 {
-		bad("tree: node %p: on both tiers without a pending promotion", n)
-	}
-	if n.h.filled && n.h.pend == 0 {
-		bad("tree: node %p: promotion filled but not pending", n)
-	}
-	p := n.parent
-	if n.nPages > 0 && p != t.root && p.nPages == 0 {
-		bad("tree: node %p: on the device below a node that is not", n)
-	}
-	if n.Stored() && p != t.root && !p.Stored() {
-		bad("tree: node %p: holds content below a node that holds none", n)
-	}
+	t.checkHostNode(n, pend, bad)
 	if !n.Stored() && k.hostKids > 0 {
 		bad("tree: node %p: no content but %d host-only children", n, k.hostKids)
 	}

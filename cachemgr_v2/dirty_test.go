@@ -406,22 +406,8 @@ func TestIncrementalCheckAgrees(t *testing.T) {
 		if v := m.checkFull(); len(v) > 0 {
 			t.Fatalf("fresh manager: %q", v)
 		}
-		h := &harness{t: t, m: m, cfg: cfg, tpb: tpb, seqs: map[kvcache.SeqID]*modelSeq{}, nextID: 1}
-		for _, p := range lay.Pools {
-			h.mem = append(h.mem, make([]int64, p.Blocks*tpb))
-		}
-		t.Repeat(map[string]func(*rapid.T){
-			"new": h.newSeq,
-			"step": func(t *rapid.T) {
-				id, s := h.pick(steppable)
-				h.reserveOne(h.stepItem(t, id, s), s)
-			},
-			"batch":     h.stepBatch,
-			"commit":    h.commit,
-			"unreserve": h.unreserve,
-			"suspend":   h.suspend,
-			"resume":    h.resume,
-			"release":   h.release,
+		h := newHarness(t, m, cfg, tpb, lay)
+		t.Repeat(h.actions(map[string]func(*rapid.T){
 			"corrupt": func(t *rapid.T) {
 				name := rapid.SampledFrom(names).Draw(t, "corruption")
 				what, undo := corruptions[name](t, &m.Core)
@@ -444,7 +430,7 @@ func TestIncrementalCheckAgrees(t *testing.T) {
 					}
 				}
 			},
-		})
+		}))
 	})
 	// Every kind of corruption must have been caught at least once (the
 	// test proves agreement, not only silence).

@@ -764,22 +764,7 @@ func (c *Core) checkHostTree(bad func(string, ...any)) {
 			continue
 		}
 		t.checkHostPages(n, bad)
-		if n.h.pend != n.h.chkPend {
-			bad("tree: node %p: %d pending moves, recounted %d", n, n.h.pend, n.h.chkPend)
-		}
-		if n.nPages > 0 && n.h.n > 0 && n.h.pend == 0 {
-			bad("tree: node %p: on both tiers without a pending promotion", n)
-		}
-		if n.h.filled && n.h.pend == 0 {
-			bad("tree: node %p: promotion filled but not pending", n)
-		}
-		p := n.parent
-		if n.nPages > 0 && p != t.root && p.nPages == 0 {
-			bad("tree: node %p: on the device below a node that is not", n)
-		}
-		if n.Stored() && p != t.root && !p.Stored() {
-			bad("tree: node %p: holds content below a node that holds none", n)
-		}
+		t.checkHostNode(n, n.h.chkPend, bad)
 		if n.h.kids != n.h.chkKids {
 			bad("tree: node %p: %d host-only children, recounted %d", n, n.h.kids, n.h.chkKids)
 		}
@@ -861,4 +846,27 @@ func (c *Core) keepParents() []*Node {
 		t.heapPush(k)
 	}
 	return nil
+}
+
+// checkHostNode checks, for both deep checks, n's tier rules (H3-H5): its
+// pending count against pend (recounted from the moves), one tier unless a
+// promotion is pending, filled only while pending, a device node below a
+// device node, content below content.
+func (t *Tree) checkHostNode(n *Node, pend int32, bad func(string, ...any)) {
+	if n.h.pend != pend {
+		bad("tree: node %p: %d pending moves, recounted %d", n, n.h.pend, pend)
+	}
+	if n.nPages > 0 && n.h.n > 0 && n.h.pend == 0 {
+		bad("tree: node %p: on both tiers without a pending promotion", n)
+	}
+	if n.h.filled && n.h.pend == 0 {
+		bad("tree: node %p: promotion filled but not pending", n)
+	}
+	p := n.parent
+	if n.nPages > 0 && p != t.root && p.nPages == 0 {
+		bad("tree: node %p: on the device below a node that is not", n)
+	}
+	if n.Stored() && p != t.root && !p.Stored() {
+		bad("tree: node %p: holds content below a node that holds none", n)
+	}
 }

@@ -155,6 +155,36 @@ func (h *harness) forward(id kvcache.SeqID, s *modelSeq) {
 	}
 }
 
+// newHarness is a harness for m, configured with cfg into lay, with the
+// worker's memory model of every pool.
+func newHarness(t *rapid.T, m *Manager, cfg kvcache.Config, tpb int, lay kvcache.Layout) *harness {
+	h := &harness{t: t, m: m, cfg: cfg, tpb: tpb, seqs: map[kvcache.SeqID]*modelSeq{}, nextID: 1}
+	for _, p := range lay.Pools {
+		h.mem = append(h.mem, make([]int64, p.Blocks*tpb))
+	}
+	return h
+}
+
+// actions is the legal operations every randomized test of the harness
+// draws from, with extra's added (or replacing the one of the same name).
+func (h *harness) actions(extra map[string]func(*rapid.T)) map[string]func(*rapid.T) {
+	a := map[string]func(*rapid.T){
+		"new": h.newSeq,
+		"step": func(t *rapid.T) {
+			id, s := h.pick(steppable)
+			h.reserveOne(h.stepItem(t, id, s), s)
+		},
+		"batch":     h.stepBatch,
+		"commit":    h.commit,
+		"unreserve": h.unreserve,
+		"suspend":   h.suspend,
+		"resume":    h.resume,
+		"release":   h.release,
+	}
+	maps.Copy(a, extra)
+	return a
+}
+
 func (h *harness) pick(filter func(*modelSeq) bool) (kvcache.SeqID, *modelSeq) {
 	var ids []kvcache.SeqID
 	for _, id := range slices.Sorted(maps.Keys(h.seqs)) {
@@ -642,30 +672,16 @@ func propertyRun(t *rapid.T, hostReuse bool) *harness {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h := &harness{t: t, m: m, cfg: cfg, tpb: tpb, seqs: map[kvcache.SeqID]*modelSeq{}, nextID: 1}
-		for _, p := range lay.Pools {
-			h.mem = append(h.mem, make([]int64, p.Blocks*tpb))
-		}
-		t.Repeat(map[string]func(*rapid.T){
-			"new": h.newSeq,
-			"step": func(t *rapid.T) {
-				id, s := h.pick(steppable)
-				h.reserveOne(h.stepItem(t, id, s), s)
-			},
-			"batch":     h.stepBatch,
-			"commit":    h.commit,
+		h := newHarness(t, m, cfg, tpb, lay)
+		t.Repeat(h.actions(map[string]func(*rapid.T){
 			"badCommit": h.badCommit,
-			"unreserve": h.unreserve,
 			"bounce":    h.bounce,
-			"suspend":   h.suspend,
-			"resume":    h.resume,
-			"release":   h.release,
 			"lookup":    h.lookup,
 			"newBatch":  h.newBatch,
 			"explain":   h.explain,
 			"badPrio":   h.badPriority,
 			"":          h.check,
-		})
+		}))
 		return h
 	}
 }
