@@ -107,6 +107,30 @@ func liveRun(t *testing.T, lv *engine.Live, n, maxTokens int) ([][]int32, []engi
 	return toks, evs
 }
 
+// liveRunToFailure submits up to n requests to an engine that is to fail
+// and returns how each request it took ended. The engine may fail before the
+// last Submit (the first request alone outlasts the failure): from then on
+// Submit fails with ErrStopped, and the rest are not submitted.
+func liveRunToFailure(t *testing.T, lv *engine.Live, n, maxTokens int) []engine.Event {
+	t.Helper()
+	var hs []*engine.Handle
+	for i := range n {
+		h, err := lv.Submit(engine.LiveRequest{Prompt: []int32{int32(i + 1), 7, 8, 9, int32(i)}, MaxTokens: maxTokens})
+		if err != nil {
+			if i == 0 || !errors.Is(err, engine.ErrStopped) {
+				t.Fatalf("Submit %d: %v", i, err)
+			}
+			break
+		}
+		hs = append(hs, h)
+	}
+	evs := make([]engine.Event, len(hs))
+	for i, h := range hs {
+		_, evs[i] = drain(t, h)
+	}
+	return evs
+}
+
 // TestLiveFaultHookRestartsAndCompletes: two injected kills of the cache
 // manager while a live engine serves 12 requests. Each is restarted, the
 // requests are recomputed, and every request completes with the tokens of
@@ -193,8 +217,7 @@ func TestLiveRestartBudgetSpent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, evs := liveRun(t, lv, 4, 500)
-	for i, ev := range evs {
+	for i, ev := range liveRunToFailure(t, lv, 4, 500) {
 		if !errors.Is(ev.Err, engine.ErrStopped) || !strings.Contains(ev.Err.Error(), "budget (plugin_restarts.max 2) is spent") {
 			t.Errorf("request %d ended with %+v, want ErrStopped naming the spent budget", i, ev)
 		}
@@ -226,8 +249,7 @@ func TestLiveManagerCorruptionStopsTheEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, evs := liveRun(t, lv, 3, 200)
-	for i, ev := range evs {
+	for i, ev := range liveRunToFailure(t, lv, 3, 200) {
 		if !errors.Is(ev.Err, engine.ErrStopped) || !strings.Contains(ev.Err.Error(), "the engine failed: stage 0: end of step") {
 			t.Errorf("request %d ended with %+v, want ErrStopped naming the refused commit", i, ev)
 		}
