@@ -135,6 +135,18 @@ const maxLookupRounds = 8
 // scheduler's asks: every one gets the engine clock (Now), and a new
 // sequence its prompt and salt (with reuse) and the request's retention
 // priority and duration.
+//
+// With more than one stage, the lead stage (Engine.lead) reserves first and
+// the others, at once, only the asks it granted; an ask another stage
+// denies is undone on the stages that granted it, and that stage leads
+// from then on. An undo restores the stage's capacity exactly but not
+// always its cache: the cached blocks the allocation evicted come back only
+// where nothing can have overwritten them (cachemgr_v1, cachemgr_v2:
+// undo.go), and an evicted block whose offload to the host tier was undone
+// below a parent that another reservation then evicted is lost with the
+// host blocks under it. Asked all at once, the stage with the least room
+// denies and the others undo, at every retry of a request that does not
+// fit yet; led by that stage, the others are asked only what it granted.
 func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 	e := a.e
 	ok := make([]bool, len(asks))
@@ -158,20 +170,34 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 		}
 	}
 	grants := make([][]kvcache.Grant, len(e.stages))
-	err := e.eachManager(func(st *stage) func() error {
-		wait := pipeline.StartReserve(a.ctx, st.m, asks)
-		return func() error {
-			g, err := wait()
-			if err == nil && len(g) != len(asks) {
-				err = fmt.Errorf("returned %d grants for %d asks", len(g), len(asks))
+	lead := e.lead
+	if len(e.stages) == 1 {
+		lead = -1 // one phase
+	}
+	err := a.reserveOn(asks, grants, func(st *stage) bool { return lead < 0 || st.idx == lead })
+	if err == nil && lead >= 0 {
+		// The other stages reserve what the lead granted (sub, at idx).
+		var sub []kvcache.ReserveItem
+		var idx []int
+		for i, g := range grants[lead] {
+			if g.OK {
+				sub, idx = append(sub, asks[i]), append(idx, i)
 			}
-			if err != nil {
-				return stageErr(st.idx, "reserve", err)
-			}
-			grants[st.idx] = g
-			return nil
 		}
-	})
+		part := make([][]kvcache.Grant, len(e.stages))
+		if len(sub) > 0 {
+			err = a.reserveOn(sub, part, func(st *stage) bool { return st.idx != lead })
+		}
+		for s := range e.stages {
+			if s == lead {
+				continue
+			}
+			grants[s] = make([]kvcache.Grant, len(asks))
+			for k, g := range part[s] {
+				grants[s][idx[k]] = g
+			}
+		}
+	}
 	if err != nil {
 		// Undo what the stages that answered granted; nothing is granted.
 		e.err = err
@@ -182,8 +208,13 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 	for s, g := range grants {
 		for i := range g {
 			if !g[i].OK {
+				if ok[i] && lead >= 0 && s != lead && grants[lead][i].OK {
+					e.lead = s
+				}
 				ok[i] = false
-				e.log.Trace("reserve denied", "stage", s, "seq", asks[i].Seq, "reason", g[i].Reason)
+				if lead < 0 || s == lead || grants[lead][i].OK {
+					e.log.Trace("reserve denied", "stage", s, "seq", asks[i].Seq, "reason", g[i].Reason)
+				}
 			}
 		}
 	}
@@ -222,6 +253,28 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 		}
 	}
 	return ok
+}
+
+// reserveOn asks the stages that on selects to reserve asks, at once, and
+// puts each one's grants in grants.
+func (a admission) reserveOn(asks []kvcache.ReserveItem, grants [][]kvcache.Grant, on func(*stage) bool) error {
+	return a.e.eachManager(func(st *stage) func() error {
+		if !on(st) {
+			return noCall
+		}
+		wait := pipeline.StartReserve(a.ctx, st.m, asks)
+		return func() error {
+			g, err := wait()
+			if err == nil && len(g) != len(asks) {
+				err = fmt.Errorf("returned %d grants for %d asks", len(g), len(asks))
+			}
+			if err != nil {
+				return stageErr(st.idx, "reserve", err)
+			}
+			grants[st.idx] = g
+			return nil
+		}
+	})
 }
 
 // warnRetention logs, once per run, that a retention priority reaches a

@@ -229,6 +229,9 @@ type Engine struct {
 	restarts                 restartState // restart.go
 	faults                   []Fault      // injected faults not yet fired, by step
 	warnedRetention          bool         // the warning that a manager ignores priorities was logged
+	// lead is the stage that reserves first (admission.Reserve): the last
+	// stage to deny an ask that the stage leading then granted.
+	lead int
 }
 
 // Run builds the engine (configures every stage) and runs the workload to the
