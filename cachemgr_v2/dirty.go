@@ -45,7 +45,8 @@ import (
 // An unmarked object is as the last check saw it, so its properties still
 // hold; a relation changes only when one of its ends is marked. The state is
 // rebuilt from scratch by every full check (resync); a check that finds
-// anything makes the next one full, and so does every fullEvery-th.
+// anything makes the next one full, and so does as much incremental work as
+// a full check's (Core.check).
 //
 // For the branches that add state (merge notes): the rule is "mark what you
 // write". New node state (host pages, priority, frequency, retention) is
@@ -62,7 +63,7 @@ import (
 // are changed through touch (a key that moves with time alone would break
 // the heap itself): verifyNode checks a touched node against its heap
 // parent and children. A rule written only in recount runs at every full
-// check (every fullEvery-th), so nothing is lost, only found later;
+// check (Core.check says when), so nothing is lost, only found later;
 // TestIncrementalCheckAgrees proves the two agree, so add a corruption for
 // each new rule there.
 //
@@ -80,9 +81,6 @@ import (
 // pending count equals the holds of its host pages (every hold of an owned
 // host block is a live move of its owner, and verifyBlock marks the owner
 // of a verified host block), and the host heap as the device heap.
-
-// fullCheckEvery is the default: one deep check in that many is full.
-const fullCheckEvery = 64
 
 // seqCheck is a sequence's part of the incremental check; Core.recycle
 // keeps it (the shadow is what the struct contributed, whoever it is now).
@@ -155,7 +153,10 @@ type coreCheck struct {
 	valid     bool                // the shadows were built (by a full check)
 	fullNext  bool                // the last check found something
 	count     int                 // deep checks so far
-	fullEvery int                 // 0: fullCheckEvery; 1: every check is full
+	fulls     int                 // full ones among them
+	fullEvery int                 // 0: by work (Core.check); 1: every check is full; n: one in n
+	work      int                 // objects the incremental checks verified since the last full one
+	size      int                 // objects that one verified
 	noTables  [][]kvcache.BlockID // a released sequence's tables: none per group
 	// skip makes Inspect's check find nothing and change nothing, for tests
 	// that run checkFull and checkIncremental themselves.
@@ -188,7 +189,8 @@ func (c *Core) touch(s *Seq) {
 
 // SetFullCheckEvery makes one deep check (Inspect with Tables) in n a full
 // recount (n <= 1: every one); the others are incremental. A check that
-// found a violation is always followed by a full one. The default is 64.
+// found a violation is always followed by a full one. By default the period
+// follows the work instead (Core.check).
 func (c *Core) SetFullCheckEvery(n int) { c.ck.fullEvery = max(n, 1) }
 
 // b2i is 1 for true.
@@ -769,6 +771,7 @@ func (c *Core) checkIncremental() []string {
 		c.seqCount(s, bad)
 		s.ck.dirty = false
 	}
+	c.ck.work += len(c.ck.seqs)
 	c.ck.seqs = c.ck.seqs[:0]
 	for _, p := range c.pools {
 		p.freeDelta(bad)
@@ -787,6 +790,10 @@ func (c *Core) checkIncremental() []string {
 				more = true
 			}
 		}
+	}
+	c.ck.work += ni
+	for _, k := range bi {
+		c.ck.work += k
 	}
 	for _, n := range t.ck.dirty {
 		t.verifyNode(n, bad)

@@ -472,6 +472,61 @@ func TestIncrementalCheckIsUsed(t *testing.T) {
 	}
 }
 
+// TestFullCheckFollowsTheWork: by default a full deep check comes once the
+// incremental checks since the last one have verified as many objects as it
+// does. Over a large cached tree, decode steps of one sequence go many more
+// than 64 checks without a full one (a fixed one in 64 would recount the
+// whole tree at every 64th); once the work adds up, the next check is full;
+// and a fixed period, when set, still holds.
+func TestFullCheckFollowsTheWork(t *testing.T) {
+	cfg := smallCfg(1024, 0) // 4 tokens per block
+	cfg.MaxNumTokens, cfg.MaxSeqLen = 32, 2048
+	m, _ := configure(t, cfg)
+	for i := range 80 {
+		id := kvcache.SeqID(100 + i)
+		mustGrant(t, m, kvcache.ReserveItem{Seq: id, Tokens: 32, New: true, Prompt: tokens(32, int32(1+i))})
+		mustCommit(t, m, id, 32)
+		m.Release(ctx, []kvcache.SeqID{id})
+	}
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 1, New: true})
+	mustCommit(t, m, 1, 1)
+	inspect(t, m) // the first check is full
+	size := m.ck.size
+	if m.ck.fulls != 1 || size < len(m.tree.all)+m.dev[0].Total() {
+		t.Fatalf("after the first check: %d full, size %d (nodes %d, blocks %d)", m.ck.fulls, size, len(m.tree.all), m.dev[0].Total())
+	}
+	checks := 0
+	for m.ck.fulls == 1 {
+		mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 1})
+		mustCommit(t, m, 1, 1)
+		before := m.ck.work
+		inspect(t, m)
+		checks++
+		if m.ck.fulls == 1 && m.ck.work == before {
+			t.Fatalf("check %d: an incremental check after a decode step counted no work", checks)
+		}
+		if m.ck.fulls == 2 && before < size {
+			t.Fatalf("check %d was full after %d objects of work, want %d (the full check's)", checks, before, size)
+		}
+		if checks > 100*size {
+			t.Fatalf("no full check in %d checks (work %d, size %d)", checks, m.ck.work, size)
+		}
+	}
+	if checks <= 64 {
+		t.Fatalf("a full check after %d decode steps over %d objects: want the work to set the period", checks, size)
+	}
+	t.Logf("the second full check came at decode step %d, over %d objects", checks, size)
+	m.SetFullCheckEvery(3)
+	for range 3 {
+		mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 1})
+		mustCommit(t, m, 1, 1)
+		inspect(t, m)
+	}
+	if m.ck.fulls != 3 {
+		t.Fatalf("%d full checks after three with SetFullCheckEvery(3), want 3", m.ck.fulls)
+	}
+}
+
 // TestIncrementalCheckStartsAtTheChange: the check of a sequence that grew
 // starts at its first new entry, not at 0 (what makes it cost in proportion
 // to the change), and one that did not change costs nothing.

@@ -102,29 +102,55 @@ func present(t []kvcache.BlockID) []kvcache.BlockID {
 }
 
 // check is the deep self-check behind Inspect's Violations. The first one,
-// every fullEvery-th (SetFullCheckEvery, default 64) and the one after a
-// check that found something are full (checkFull: every count recomputed
-// from first principles); the others are incremental (checkIncremental,
-// dirty.go: the same properties over what changed since the last check,
-// global counters as totals). Tests compare the two verdicts on random
-// operation sequences and corruptions (dirty_test.go).
+// the one after a check that found something, and then one whenever the
+// incremental checks since the last full one have verified as many objects
+// (nodes, blocks, sequences) as a full check does are full (checkFull:
+// every count recomputed from first principles); the others are
+// incremental (checkIncremental, dirty.go: the same properties over what
+// changed since the last check, global counters as totals). So the full
+// checks cost at most what the incremental ones do, in proportion to what
+// changed, however large the tree and the host tier grow; a small tree is
+// checked in full often. SetFullCheckEvery fixes the period instead. Tests
+// compare the two verdicts on random operation sequences and corruptions
+// (dirty_test.go).
 func (c *Core) check() []string {
 	if c.ck.skip {
 		return nil
 	}
 	c.ck.count++
 	every := c.ck.fullEvery
-	if every == 0 {
-		every = fullCheckEvery
+	var full bool
+	switch {
+	case !c.ck.valid || c.ck.fullNext || every == 1:
+		full = true
+	case every > 1:
+		full = c.ck.count%every == 0
+	default:
+		full = c.ck.work >= c.ck.size
 	}
 	var v []string
-	if !c.ck.valid || c.ck.fullNext || every <= 1 || c.ck.count%every == 0 {
+	if full {
 		v = c.checkFull()
+		c.ck.fulls++
+		c.ck.work, c.ck.size = 0, c.checkSize()
 	} else {
 		v = c.checkIncremental()
 	}
 	c.ck.fullNext = len(v) > 0
 	return v
+}
+
+// checkSize is the number of objects a full check verifies: the attached
+// nodes, every block of every pool, the sequences.
+func (c *Core) checkSize() int {
+	n := len(c.seqs)
+	if c.tree != nil {
+		n += len(c.tree.all)
+	}
+	for _, p := range c.pools {
+		n += p.Total()
+	}
+	return n
 }
 
 // checkFull is the full deep self-check: every count the manager keeps
