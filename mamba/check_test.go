@@ -1,7 +1,10 @@
 package mamba
 
 import (
+	"context"
 	"testing"
+
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
 // TestCheckFindsCorruption: the deep self-check notices broken snapshot and
@@ -44,6 +47,82 @@ func TestCheckFindsCorruption(t *testing.T) {
 			prefill(t, m, 1, tokens(10*tpb+3, 1), 4*tpb)
 			release(t, m, 1)
 			prefill(t, m, 2, tokens(6*tpb+1, 1), 4*tpb)
+			mustClean(t, m, "before")
+			tc.corrupt(m)
+			if v := m.check(); len(v) == 0 {
+				t.Fatal("check found nothing")
+			}
+		})
+	}
+}
+
+// TestCheckFindsHostSnapshotCorruption: the deep self-check notices broken
+// host-ssm bookkeeping: a leaked slot, a slot owned twice, a pending host
+// snapshot that no offload names, a hold dropped early, a snapshot on both
+// tiers (each corruption on a fresh manager with offloaded snapshots, one
+// reservation's offloads still pending).
+func TestCheckFindsHostSnapshotCorruption(t *testing.T) {
+	const tpb = 16
+	anyHost := func(m *Manager) *snapshot {
+		for _, sn := range m.life.hsnaps {
+			if sn.pend == nil {
+				return sn
+			}
+		}
+		return nil
+	}
+	for _, tc := range []struct {
+		name    string
+		corrupt func(m *Manager)
+	}{
+		{"host slot leaked", func(m *Manager) {
+			// The snapshot is forgotten, its slot neither owned nor free.
+			sn := anyHost(m)
+			delete(m.life.hsnaps, sn.node)
+			m.life.host.owner[sn.slot] = nil
+		}},
+		{"host slot freed while owned", func(m *Manager) {
+			m.life.host.free = append(m.life.host.free, anyHost(m).slot)
+		}},
+		{"host slot owned twice", func(m *Manager) {
+			a := anyHost(m)
+			for _, sn := range m.life.hsnaps {
+				if sn != a && sn.pend == nil {
+					m.life.host.evict(sn.slot)
+					sn.slot = a.slot
+					return
+				}
+			}
+		}},
+		{"host slot given to a suspended state", func(m *Manager) {
+			stateOf(m.Seq(9)).host = anyHost(m).slot
+		}},
+		{"pending without an offload", func(m *Manager) { anyHost(m).pend = stateOf(m.Seq(9)) }},
+		{"hold dropped early", func(m *Manager) {
+			x := stateOf(m.Seq(3))
+			m.life.host.unhold(x.offs[0].slot)
+		}},
+		{"snapshot on both tiers", func(m *Manager) {
+			sn := anyHost(m)
+			m.life.snaps[sn.node] = &snapshot{node: sn.node, slot: sn.slot, pos: sn.pos, level: sn.level}
+		}},
+		{"host snapshot pins", func(m *Manager) { anyHost(m).pins++ }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, _ := configured(t, snapHostConfig(tpb))
+			_, _ = offloadSetup(t, m, tpb)
+			commit(t, m, kvcache.CommitItem{Seq: 2, Accepted: 4*tpb + 3})
+			release(t, m, 2)
+			// Seq 9 is suspended; seq 3's step evicts p2's snapshots, pending.
+			reserve(t, m, kvcache.ReserveItem{Seq: 9, New: true, Tokens: 1})
+			commit(t, m, kvcache.CommitItem{Seq: 9, Accepted: 1})
+			if ok, _, err := m.Suspend(context.Background(), []kvcache.SeqID{9}); err != nil || !ok[0] {
+				t.Fatalf("Suspend = %v, %v", ok, err)
+			}
+			g := reserve(t, m, kvcache.ReserveItem{Seq: 3, New: true, Prompt: tokens(4*tpb+3, 3), Tokens: 4*tpb + 3})[0]
+			if len(offloads(m, g)) == 0 || anyHost(m) == nil {
+				t.Fatalf("seq 3's grant %+v offloads nothing, or no cached host snapshot is left", g)
+			}
 			mustClean(t, m, "before")
 			tc.corrupt(m)
 			if v := m.check(); len(v) == 0 {

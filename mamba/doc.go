@@ -16,7 +16,8 @@
 // (TokensPerBlock 0). It holds MaxBatchSize × Stages live slots (one per
 // resident sequence: Layout.MaxSequences) and the snapshot slots. With a
 // host tier (host_bytes) the layout is: the attention groups' device pools,
-// their host pools, the ssm pool, and a "host-ssm" pool of live states.
+// their host pools, the ssm pool, and a "host-ssm" pool of suspended live
+// states and offloaded snapshots.
 //
 // # SSM life cycle
 //
@@ -38,9 +39,10 @@
 // never prunes inside its walk (seed B, upstream #17926).
 //
 // Snapshots are best-effort cache entries. A snapshot slot is taken from the
-// free slots, else by evicting an unpinned snapshot, else the snapshot is
-// skipped (Stats.Snapshots.Skipped). Evicting a snapshot frees its slot only:
-// the tree node keeps its pages and its place; no node is detached. A
+// free slots, else by evicting an unpinned snapshot (to the host tier when
+// there is one: Host tier), else the snapshot is skipped
+// (Stats.Snapshots.Skipped). Evicting a snapshot frees its slot only: the
+// tree node keeps its pages and its place; no node is detached. A
 // snapshot is pinned while a sequence copies it into its live slot (from the
 // grant that reuses it until that sequence's next Commit) and while it is
 // being written (between Reserve and Commit); pinned snapshots are never
@@ -63,9 +65,10 @@
 //
 // Lookup returns the largest block boundary b <= len(Prompt)-1 such that the
 // tree holds every full block up to b with all its pages and a snapshot at
-// b. Reserve{New, Reuse: b} shares those attention blocks (as cachemgr_v2)
-// and copies the snapshot into the new live slot (Grant.Copies, ssm pool to
-// ssm pool). A stage without state layers reuses any full-block prefix, and
+// b, on either tier. Reserve{New, Reuse: b} shares those attention blocks (as
+// cachemgr_v2) and copies the snapshot into the new live slot (Grant.Copies,
+// from the ssm or the host-ssm pool to the ssm pool). A stage without state
+// layers reuses any full-block prefix, and
 // with the core's partial-reuse switch any prefix (a copy-on-write of the
 // partly matched block); with state layers reuse still ends on a snapshot
 // boundary, since no state exists inside a block. Registration goes on past
@@ -89,19 +92,47 @@
 // Suspend moves a sequence's private attention blocks to the host tier (as
 // cachemgr_v2) and its live SSM state to a host-ssm slot (a copy ssm to
 // host-ssm in the same answer), freeing its live slot for another resident
-// sequence; a sequence for which no host-ssm slot is free stays resident
-// (false, nothing changes), and the scheduler then frees and recomputes it.
-// Snapshots never move: they are cache entries on the device. Cached
-// attention blocks the device evicts go to the host tier through the core
-// (cachemgr_v2's package doc, Tiers) and come back on a hit; a snapshot stays
-// in its device slot while its node is on the host tier, so reuse still ends
-// exactly at a snapshot boundary whatever tier holds the blocks before it,
-// and it is dropped only when its node's block vanishes from both tiers.
-// Resume copies
-// the state back into a free live slot (false while every live slot is held
-// by a resident sequence) and the sequence's next grant names that slot as
-// its ssm table entry 0. The host split follows what Suspend moves: the
-// attention groups in proportion to their device pools, and the live states.
+// sequence. Resume copies the state back into a free live slot (false while
+// every live slot is held by a resident sequence) and the sequence's next
+// grant names that slot as its ssm table entry 0.
+//
+// Cached attention blocks the device evicts go to the host tier through the
+// core (cachemgr_v2's package doc, Tiers) and come back on a hit. Snapshots
+// move on their own, independently of their node's block: a node holds at
+// most one snapshot, in an ssm slot or in a host-ssm slot, whichever tier
+// holds its block. The rules:
+//
+//   - Offload: a cached snapshot that a Reserve evicts from its ssm slot
+//     (for a new snapshot slot: Retention) moves to a host-ssm slot: the
+//     reserving sequence's grant gets a copy ssm -> host-ssm, appended when
+//     the eviction happens and so ahead of the forward that writes the
+//     freed slot (the engine applies a grant's copies in order, first).
+//   - Pending: the host snapshot is pending until that reservation
+//     settles: not reusable (Lookup skips it), not evictable, and its slot
+//     held even if the snapshot is dropped meanwhile. Commit and Release
+//     make it a cached host snapshot; Unreserve drops it (its copy never
+//     ran), as it drops the device snapshots it evicted.
+//   - Sharing host-ssm: suspended live states come first. A Suspend that
+//     finds no free host-ssm slot evicts the least valuable cached host
+//     snapshot (node priority, then least recently used lineage, then
+//     level: the device's cold order); an offload that finds none evicts one
+//     only if it is less valuable than the snapshot offloaded, else that
+//     snapshot vanishes as without a host tier. Pinned or pending host
+//     snapshots are never evicted; a Suspend that finds neither a free
+//     slot nor an evictable host snapshot stays resident (false, nothing
+//     changes), and the scheduler then frees and recomputes the sequence.
+//   - Reuse: a host snapshot is a boundary hit like a device one;
+//     Reserve{New, Reuse} copies it host-ssm -> the new live slot and pins
+//     it until that sequence's next Commit. It stays on the host tier (no
+//     promotion), and a device snapshot is not taken where a node holds one
+//     on the host.
+//   - A node's snapshot, on either tier, goes when its block vanishes from
+//     both tiers (Hooks.Evicted); reuse thus still ends exactly at a
+//     snapshot boundary whatever tiers hold the blocks and the snapshot.
+//
+// Stats.Snapshots.Evicted counts evictions from a slot of either tier (an
+// offload is one); the host-ssm pool's Cached counts its host snapshots,
+// pending ones included.
 //
 // # Sizing
 //
@@ -117,10 +148,19 @@
 // snapshot slot when snapshots are on; otherwise Configure fails with
 // ErrInvalidConfig naming the numbers and the fix.
 //
+// HostBytes splits as the device pools did: each attention group and the
+// ssm pool get host bytes in proportion to their device bytes (the ssm
+// pool's live and snapshot slots together, since host-ssm holds suspended
+// live states and offloaded snapshots; its live slots alone when snapshots
+// are off). A pool whose share is under one block gets none, with a
+// warning that names host_bytes and the block size.
+//
 // # Not supported
 //
 // Without host bytes there is no host tier: Suspend and Resume fail with
-// ErrUnsupported (the scheduler frees and recomputes). Snapshots cover prompt
-// tokens only, and do not move to the host tier (their slots are not
-// offloaded; only the attention blocks are).
+// ErrUnsupported (the scheduler frees and recomputes), and an evicted
+// snapshot vanishes. Snapshots cover prompt tokens only. A host snapshot is
+// never promoted back to an ssm slot (reuse copies it straight into the live
+// slot), and an Unreserve gives back neither the device snapshots its
+// reservation evicted nor the host copies it offloaded.
 package mamba

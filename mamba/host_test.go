@@ -59,3 +59,36 @@ func TestSuspendedStatesResumeExactly(t *testing.T) {
 		})
 	}
 }
+
+// TestSnapshotsReusedFromHost: with an ssm pool of a few snapshot slots
+// (pool_ratio) and a host tier, the snapshots the device evicts move to
+// host-ssm slots and later requests reuse them from there: more prefix
+// reuse than the same run without host_cache_size, none of it through host
+// attention blocks (the attention pool never evicts), so the difference
+// came through host snapshots; and the outputs equal cachemgr_v1's, which
+// recomputes every prompt.
+func TestSnapshotsReusedFromHost(t *testing.T) {
+	sets := []string{"kv_cache_config.pool_ratio=[0.9998,0.0002]", "workload.requests=24"}
+	ref := runScenario(t, append([]string{"cache_manager=v1"}, sets...)...)
+	dev := runScenario(t, append([]string{"cache_manager=mamba"}, sets...)...)
+	host := runScenario(t, append([]string{"cache_manager=mamba", "kv_cache_config.host_cache_size=33554432"}, sets...)...)
+	for _, r := range []struct {
+		name string
+		rep  report.Report
+	}{{"device only", dev}, {"host tier", host}} {
+		got := r.rep
+		if got.Requests.Completed != got.Requests.Total || got.Outputs.Digest != ref.Outputs.Digest || got.Tokens.Generated != ref.Tokens.Generated {
+			t.Fatalf("mamba (%s): %d/%d completed, outputs %s (%d tokens); v1 %s (%d)", r.name, got.Requests.Completed, got.Requests.Total,
+				got.Outputs.Digest, got.Tokens.Generated, ref.Outputs.Digest, ref.Tokens.Generated)
+		}
+	}
+	if dev.Snapshots == nil || dev.Snapshots.Evicted == 0 {
+		t.Fatalf("device-only snapshots %+v: the test needs snapshot evictions", dev.Snapshots)
+	}
+	if host.Tokens.PrefixReused <= dev.Tokens.PrefixReused || host.Tokens.PrefixReusedByTier.Host != 0 {
+		t.Fatalf("prefix reuse with the host tier %d (%d through host blocks), without %d: want more, none through host blocks",
+			host.Tokens.PrefixReused, host.Tokens.PrefixReusedByTier.Host, dev.Tokens.PrefixReused)
+	}
+	t.Logf("prefix reuse %d tokens with host snapshots, %d without; snapshots %+v; outputs %s as v1's",
+		host.Tokens.PrefixReused, dev.Tokens.PrefixReused, *host.Snapshots, host.Outputs.Digest)
+}

@@ -75,12 +75,17 @@ func ssmTable(x *seqState) []kvcache.BlockID {
 //     suspended, snapshot slots only with a reservation and only at
 //     boundaries inside its step;
 //   - ssm pools: reference counts recomputed from live, host and written
-//     slots, every slot in exactly one state (free once on the stack, in
-//     use, or owned by exactly one installed snapshot), live slots at most
-//     MaxBatchSize × Stages, snapshots at most the snapshot slots;
-//   - snapshots: each sits on an attached node with all its pages, at the
-//     node's depth × tpb, keyed by that node, with its level, and pins equal
-//     to the sequences whose reuse copy is pending.
+//     slots, holds from the outstanding offloads, every slot in exactly one
+//     state (free once on the stack, in use, owned by exactly one installed
+//     snapshot, or in host-ssm pending: held by one outstanding offload and
+//     owned by its snapshot unless that was dropped since), Cached equal to
+//     the snapshots plus those held slots, live slots at most MaxBatchSize
+//     × Stages, device snapshots at most the snapshot slots;
+//   - snapshots, on either tier: each sits on an attached node with its
+//     pages on some tier, at the node's depth × tpb, keyed by that node on
+//     one tier only, with its level, pins equal to the sequences whose
+//     reuse copy is pending, and (host) pending exactly while one
+//     sequence's outstanding offload names it, never pinned then.
 func (m *Manager) check() []string {
 	l := &m.life
 	var v []string
@@ -98,11 +103,13 @@ func (m *Manager) check() []string {
 	}
 	tpb := l.tpb
 	srefs := make([]int32, len(l.ssm.refs))
-	var hrefs []int32
+	var hrefs, hholds []int32
 	if l.host != nil {
 		hrefs = make([]int32, len(l.host.refs))
+		hholds = make([]int32, len(l.host.refs))
 	}
 	snapPins := map[*snapshot]int32{}
+	offPend := map[*snapshot]*seqState{}
 	live, pending := 0, 0
 	m.EachSeq(func(s *cachemgrv2.Seq) {
 		id, led, x := s.ID(), s.Ledger(), stateOf(s)
@@ -135,9 +142,25 @@ func (m *Manager) check() []string {
 				bad("seq %d: snapshot at %d outside its step (history %d, tokens %d, prompt blocks %d)", id, p.pos, led.History, led.Tokens, len(s.Prompt())/tpb)
 			}
 		}
-		if x.src != nil {
-			snapPins[x.src]++
-			if !s.New() || l.snaps[x.src.node] != x.src {
+		if len(x.offs) > 0 && !led.Reserved {
+			bad("seq %d: %d snapshot offloads pending without a reservation", id, len(x.offs))
+		}
+		for _, o := range x.offs {
+			if o.slot < 0 || int(o.slot) >= len(hrefs) {
+				bad("seq %d: offload to host-ssm slot %d out of range (host ssm pool of %d)", id, o.slot, len(hrefs))
+				continue
+			}
+			hholds[o.slot]++
+			if sn := o.sn; l.hsnaps[sn.node] == sn && sn.slot == o.slot {
+				if offPend[sn] != nil || sn.pend != x {
+					bad("seq %d: offload of the snapshot at %d pending on another sequence or twice", id, sn.pos)
+				}
+				offPend[sn] = x
+			}
+		}
+		if sn := x.src; sn != nil {
+			snapPins[sn]++
+			if !s.New() || sn.host && l.source(sn.node) != sn || !sn.host && l.snaps[sn.node] != sn {
 				bad("seq %d: reuse source pinned but not installed, or kept past the first commit", id)
 			}
 		}
@@ -148,11 +171,28 @@ func (m *Manager) check() []string {
 	if n := len(l.snaps) + pending; n != l.nSnaps || n > l.snapCap {
 		bad("ssm: %d installed + %d written snapshots, counted %d, at most %d snapshot slots", len(l.snaps), pending, l.nSnaps, l.snapCap)
 	}
-	v = append(v, l.ssm.check("ssm", srefs, func(o *snapshot, b kvcache.BlockID) bool {
-		return l.snaps[o.node] == o && o.slot == b
+	v = append(v, l.ssm.check("ssm", srefs, make([]int32, len(srefs)), func(o *snapshot, b kvcache.BlockID) bool {
+		return !o.host && l.snaps[o.node] == o && o.slot == b
 	})...)
 	if l.host != nil {
-		v = append(v, l.host.check("host-ssm", hrefs, func(*snapshot, kvcache.BlockID) bool { return false })...)
+		v = append(v, l.host.check("host-ssm", hrefs, hholds, func(o *snapshot, b kvcache.BlockID) bool {
+			pending := int32(0) // the hold of the offload that writes it
+			if o.pend != nil {
+				pending = 1
+			}
+			return o.host && l.hsnaps[o.node] == o && o.slot == b && hholds[b] == pending
+		})...)
+		dropped := 0 // held for an offload whose snapshot went since
+		for b, h := range l.host.holds {
+			if h > 0 && l.host.owner[b] == nil {
+				dropped++
+			}
+		}
+		if st := l.host.stats(); st.Cached != len(l.hsnaps)+dropped {
+			bad("host-ssm: stats %+v with %d host snapshots and %d slots held for dropped ones", st, len(l.hsnaps), dropped)
+		}
+	} else if len(l.hsnaps) > 0 {
+		bad("host-ssm: %d host snapshots without a host tier", len(l.hsnaps))
 	}
 	if st := l.ssm.stats(); st.Cached != len(l.snaps) {
 		bad("ssm: stats %+v with %d installed snapshots", st, len(l.snaps))
@@ -160,26 +200,44 @@ func (m *Manager) check() []string {
 	// Depth of every attached node, parents first.
 	depth := map[*cachemgrv2.Node]int{}
 	l.tree.Walk(func(n *cachemgrv2.Node) { depth[n] = depth[n.Parent()] + 1 })
-	for n, sn := range l.snaps {
+	checkSnap := func(n *cachemgrv2.Node, sn *snapshot, host bool, pool *slots) {
+		tier := "ssm"
+		if host {
+			tier = "host-ssm"
+		}
 		d, ok := depth[n]
 		switch {
-		case sn.node != n:
-			bad("snapshot at %d keyed by another node", sn.pos)
+		case sn.node != n || sn.host != host:
+			bad("%s snapshot at %d keyed by another node or tier (host %v)", tier, sn.pos, sn.host)
 		case !ok:
-			bad("snapshot at %d on a node that is not attached to the tree", sn.pos)
+			bad("%s snapshot at %d on a node that is not attached to the tree", tier, sn.pos)
 		case !n.Stored():
-			bad("snapshot at %d on a node that holds its pages on no tier (evicted)", sn.pos)
+			bad("%s snapshot at %d on a node that holds its pages on no tier (evicted)", tier, sn.pos)
 		case d*tpb != sn.pos:
-			bad("snapshot at %d on a node at depth %d (%d tokens)", sn.pos, d, d*tpb)
+			bad("%s snapshot at %d on a node at depth %d (%d tokens)", tier, sn.pos, d, d*tpb)
 		}
 		if sn.level != boundaryLevel(sn.pos, l.step) {
-			bad("snapshot at %d: level %d, want %d", sn.pos, sn.level, boundaryLevel(sn.pos, l.step))
+			bad("%s snapshot at %d: level %d, want %d", tier, sn.pos, sn.level, boundaryLevel(sn.pos, l.step))
 		}
-		if sn.slot < 0 || int(sn.slot) >= len(l.ssm.owner) || l.ssm.owner[sn.slot] != sn {
-			bad("snapshot at %d: slot %d not owned by it", sn.pos, sn.slot)
+		if sn.slot < 0 || int(sn.slot) >= len(pool.owner) || pool.owner[sn.slot] != sn {
+			bad("%s snapshot at %d: slot %d not owned by it", tier, sn.pos, sn.slot)
 		}
 		if sn.pins != snapPins[sn] {
-			bad("snapshot at %d: pins %d, recomputed %d", sn.pos, sn.pins, snapPins[sn])
+			bad("%s snapshot at %d: pins %d, recomputed %d", tier, sn.pos, sn.pins, snapPins[sn])
+		}
+		if sn.pend != offPend[sn] || sn.pend != nil && sn.pins != 0 {
+			bad("%s snapshot at %d: pending %v, named by an outstanding offload %v, pins %d", tier, sn.pos, sn.pend != nil, offPend[sn] != nil, sn.pins)
+		}
+	}
+	for n, sn := range l.snaps {
+		checkSnap(n, sn, false, l.ssm)
+		if l.hsnaps[n] != nil {
+			bad("snapshot at %d held on both tiers", sn.pos)
+		}
+	}
+	if l.host != nil {
+		for n, sn := range l.hsnaps {
+			checkSnap(n, sn, true, l.host)
 		}
 	}
 	return v

@@ -15,7 +15,7 @@ type plan struct {
 	groups     []*cachemgrv2.PoolGroup
 	devBlocks  []int // per attention group
 	hostBlocks []int // per attention group; nil without a host tier
-	hostSlots  int   // host ssm slots (live states of suspended sequences)
+	hostSlots  int   // host ssm slots (suspended live states and offloaded snapshots)
 	stateBytes int64 // bytes of one sequence state over the stage's state layers
 	stateLayer []int
 	ssmBlocks  int // live + snapshot slots; 0 without state layers
@@ -232,16 +232,18 @@ func planLayout(cfg *kvcache.Config) (*plan, error) {
 	}
 	lay.Warnings = append(lay.Warnings, cachemgrv2.RatioWarnings(cfg.PoolRatio, blocks, bb, cfg.DeviceBytes, names, "one max_seq_len request and the live states")...)
 	p.devBlocks = blocks[:n]
-	// The host tier holds what Suspend moves: attention blocks in proportion
-	// to their device pools, and the live states (never the snapshots).
-	susp := make([]int64, m)
+	// The host tier splits as the device does: attention blocks in
+	// proportion to their device pools, and the ssm pool's live and
+	// snapshot slots (the live states alone without snapshots), since
+	// host-ssm holds both suspended live states and offloaded snapshots.
+	share := make([]int64, m)
 	for i := range m {
-		susp[i] = int64(blocks[i]) * bb[i]
+		share[i] = int64(blocks[i]) * bb[i]
 	}
-	if hasState {
-		susp[n] = int64(p.live) * p.stateBytes
+	if hasState && !p.snapshots {
+		share[n] = int64(p.live) * p.stateBytes
 	}
-	host, warn := cachemgrv2.SplitHost(cfg.HostBytes, susp, bb, names)
+	host, warn := cachemgrv2.SplitHost(cfg.HostBytes, share, bb, names)
 	lay.Warnings = append(lay.Warnings, warn...)
 	if host != nil {
 		p.hostBlocks = host[:n]

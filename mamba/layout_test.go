@@ -110,3 +110,37 @@ func TestNeverFitsIsDenied(t *testing.T) {
 	}
 	mustClean(t, m, "after the denials")
 }
+
+// TestHostSplitFollowsDevice: host_bytes splits as the device pools did,
+// the ssm pool's snapshot slots included (host-ssm holds offloaded snapshots
+// beside suspended live states), and without snapshots host-ssm follows the
+// live states alone.
+func TestHostSplitFollowsDevice(t *testing.T) {
+	const tpb = 16
+	for _, snaps := range []bool{true, false} {
+		cfg := testConfig(tpb, 64, 4+12)
+		cfg.HostBytes = cfg.DeviceBytes
+		if !snaps {
+			cfg.Snapshots = kvcache.SnapshotConfig{}
+		}
+		_, lay := configured(t, cfg)
+		byName := map[string]kvcache.Pool{}
+		for _, p := range lay.Pools {
+			byName[p.Name] = p
+		}
+		full, ssm := byName["full"], byName["ssm"]
+		ssmBytes := int64(ssm.Blocks) * ssm.BlockBytes
+		if !snaps {
+			ssmBytes = int64(lay.MaxSequences) * ssm.BlockBytes
+		}
+		total := int64(full.Blocks)*full.BlockBytes + ssmBytes
+		wantFull := int(float64(cfg.HostBytes) * float64(int64(full.Blocks)*full.BlockBytes) / float64(total) / float64(full.BlockBytes))
+		wantSSM := int(float64(cfg.HostBytes) * float64(ssmBytes) / float64(total) / float64(ssm.BlockBytes))
+		if got := byName["host-full"].Blocks; got != wantFull {
+			t.Errorf("snapshots %v: host-full has %d blocks, want %d", snaps, got, wantFull)
+		}
+		if got := byName["host-ssm"].Blocks; got != wantSSM || snaps && got <= lay.MaxSequences {
+			t.Errorf("snapshots %v: host-ssm has %d slots, want %d (more than the %d live states with snapshots)", snaps, got, wantSSM, lay.MaxSequences)
+		}
+	}
+}

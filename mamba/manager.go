@@ -46,7 +46,7 @@ type life struct {
 	cfg  *kvcache.Config
 
 	ssm      *slots // the state pool; nil without state layers
-	host     *slots // live states of suspended sequences; nil without a host tier
+	host     *slots // host-ssm: suspended live states and offloaded snapshots; nil without a host tier
 	live     int    // live slots: MaxBatchSize × Stages
 	liveUsed int
 	snapCap  int // slots for snapshots: the pool's slots beyond the live ones
@@ -54,7 +54,8 @@ type life struct {
 	snapOn   bool
 	step     int
 	offsets  []int
-	snaps    map[*cachemgrv2.Node]*snapshot
+	snaps    map[*cachemgrv2.Node]*snapshot // snapshots in ssm slots
+	hsnaps   map[*cachemgrv2.Node]*snapshot // snapshots in host-ssm slots, cached or pending
 	snapSeq  uint64
 	stats    kvcache.SnapshotStats
 	tick     uint64
@@ -63,15 +64,26 @@ type life struct {
 }
 
 // snapshot is an SSM state installed on the tree node of the block that ends
-// at pos.
+// at pos, in a slot of the ssm pool or, offloaded, of the host-ssm pool (a
+// node holds at most one snapshot, on one tier).
 type snapshot struct {
 	node  *cachemgrv2.Node
 	slot  kvcache.BlockID
+	host  bool      // slot is in host-ssm (l.hsnaps), else in ssm (l.snaps)
+	pend  *seqState // host: the sequence whose outstanding grant copies it there; nil once settled
 	pos   int
 	level int
 	tick  uint64 // LRU key: install, reuse, release of a sequence on its path
 	id    uint64 // creation order, the last tie-break
 	pins  int32  // sequences whose grant copies it into their live slot
+}
+
+// pendingOff is an offload that a sequence's outstanding grant copies: the
+// host-ssm slot it writes stays held until the reservation settles, even if
+// its snapshot is dropped meanwhile.
+type pendingOff struct {
+	sn   *snapshot
+	slot kvcache.BlockID
 }
 
 // pendingSnap is a snapshot slot the outstanding step writes at pos.
@@ -86,7 +98,8 @@ type seqState struct {
 	host     kvcache.BlockID // host slot holding the live state while suspended; NoBlock otherwise
 	sentLive bool            // the worker knows live as its ssm table entry 0
 	pend     []pendingSnap
-	src      *snapshot // pinned reuse source until the first Commit
+	offs     []pendingOff // snapshots the outstanding grant offloads to host-ssm
+	src      *snapshot    // pinned reuse source (on either tier) until the first Commit
 }
 
 func stateOf(s *cachemgrv2.Seq) *seqState {
@@ -141,6 +154,7 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 		step:    p.step,
 		offsets: p.offsets,
 		snaps:   map[*cachemgrv2.Node]*snapshot{},
+		hsnaps:  map[*cachemgrv2.Node]*snapshot{},
 	}
 	m.Init(cachemgrv2.CoreConfig{
 		Name: Name, Config: cfg, Groups: p.groups, DevBlocks: p.devBlocks, HostBlocks: p.hostBlocks, HostID: n,
@@ -170,8 +184,10 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 // Reserve implements kvcache.Manager: cachemgrv2.Core.Reserve, whose grants
 // for a new sequence also take a live state slot (denied when all are held
 // by resident sequences) and, with Reuse, copy the snapshot at Reuse into it
-// (Grant.Copies); a granted step that crosses snapshot boundaries of the
-// prompt gets its snapshot slots, best-effort (package doc). On a stage with
+// from either tier (Grant.Copies); a granted step that crosses snapshot
+// boundaries of the prompt gets its snapshot slots, best-effort, and with a
+// host tier a copy ssm -> host-ssm for each snapshot it evicts (package doc,
+// Host tier). On a stage with
 // state layers every grant's Tables end with the ssm table delta: the live
 // slot (entry 0, when the worker may not know it), then this step's
 // snapshot slots, which Grant.Snapshots name with their positions.
@@ -181,8 +197,9 @@ func (m *Manager) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]k
 }
 
 // Commit implements kvcache.Manager: cachemgrv2.Core.Commit, which also ends
-// the pin of a reuse source and installs the snapshots the step wrote on the
-// tree nodes of their boundaries. It never allocates and never evicts.
+// the pin of a reuse source, caches the snapshots the step offloaded on the
+// host tier and installs those it wrote on the tree nodes of their
+// boundaries. It never allocates and never evicts.
 func (m *Manager) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.CommitResult, error) {
 	m.life.tick++
 	return m.Core.Commit(ctx, items)
@@ -198,10 +215,11 @@ func (m *Manager) Release(ctx context.Context, seqs []kvcache.SeqID) error {
 
 // Suspend implements kvcache.Manager: cachemgrv2.Core.Suspend. A sequence's
 // live SSM state moves with its private blocks: it is copied to a slot of
-// the host ssm pool (Copies, ssm to host-ssm) and its live slot is freed for
+// the host ssm pool (Copies, ssm to host-ssm), evicting the least valuable
+// cached host snapshot when none is free, and its live slot is freed for
 // another resident sequence. A sequence stays resident (false) when no host
-// ssm slot is free. Without a host tier (host_bytes 0) the call fails with
-// ErrUnsupported.
+// ssm slot is free or evictable. Without a host tier (host_bytes 0) the call
+// fails with ErrUnsupported.
 func (m *Manager) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
 	return m.Core.Suspend(ctx, seqs)
 }
@@ -239,11 +257,27 @@ func (l *life) poolStats(out []kvcache.PoolStats) []kvcache.PoolStats {
 }
 
 // Reusable implements cachemgrv2.Hooks: on a stage with state layers, reuse
-// must end on a block boundary that holds a snapshot (so partial-block reuse
-// never applies there); elsewhere any cached prefix is reusable.
+// must end on a block boundary that holds a snapshot on either tier, a
+// pending offload excepted (so partial-block reuse never applies there);
+// elsewhere any cached prefix is reusable.
 func (l *life) Reusable(end *cachemgrv2.Node, tokens int) bool {
-	return l.ssm == nil || tokens%l.tpb == 0 && l.snaps[end] != nil
+	return l.ssm == nil || tokens%l.tpb == 0 && l.source(end) != nil
 }
+
+// source is the snapshot a new sequence may copy at n: the device one, else
+// a settled host one; nil when none.
+func (l *life) source(n *cachemgrv2.Node) *snapshot {
+	if sn := l.snaps[n]; sn != nil {
+		return sn
+	}
+	if sn := l.hsnaps[n]; sn != nil && sn.pend == nil {
+		return sn
+	}
+	return nil
+}
+
+// held reports whether n holds a snapshot on either tier (pending or not).
+func (l *life) held(n *cachemgrv2.Node) bool { return l.snaps[n] != nil || l.hsnaps[n] != nil }
 
 // Admit implements cachemgrv2.Hooks: a new sequence needs a free live slot.
 func (l *life) Admit(it *kvcache.ReserveItem) string {
@@ -255,8 +289,10 @@ func (l *life) Admit(it *kvcache.ReserveItem) string {
 }
 
 // Reserved implements cachemgrv2.Hooks: a new sequence takes its live slot
-// and, with Reuse, the copy of the snapshot at Reuse, pinned; then the step's
-// snapshot slots are placed.
+// and, with Reuse, the copy of the snapshot at Reuse (from ssm or host-ssm),
+// pinned; then the step's snapshot slots are placed, offloading the
+// snapshots they evict (copies ssm -> host-ssm, before the forward that
+// writes the freed slots).
 func (l *life) Reserved(s *cachemgrv2.Seq, it *kvcache.ReserveItem, g *kvcache.Grant) {
 	if l.ssm == nil {
 		return
@@ -268,18 +304,22 @@ func (l *life) Reserved(s *cachemgrv2.Seq, it *kvcache.ReserveItem, g *kvcache.G
 		l.liveUsed++
 		if it.Reuse > 0 {
 			path := s.Path()
-			src := l.snaps[path[len(path)-1]]
+			src := l.source(path[len(path)-1])
 			if src == nil {
 				panic(fmt.Sprintf("mamba: seq %d: the snapshot at %d that Reusable saw is gone", it.Seq, it.Reuse))
 			}
 			src.pins++
 			src.tick = l.tick
 			x.src = src
-			g.Copies = append(g.Copies, kvcache.Copy{SrcPool: l.ssm.id, SrcBlock: src.slot, DstPool: l.ssm.id, DstBlock: x.live})
+			pool := l.ssm.id
+			if src.host {
+				pool = l.host.id
+			}
+			g.Copies = append(g.Copies, kvcache.Copy{SrcPool: pool, SrcBlock: src.slot, DstPool: l.ssm.id, DstBlock: x.live})
 			l.stats.ReusedTokens += int64(it.Reuse)
 		}
 	}
-	l.planSnaps(s, x, it.Tokens)
+	l.planSnaps(s, x, it.Tokens, g)
 	for _, p := range x.pend {
 		g.Snapshots = append(g.Snapshots, kvcache.SnapshotSlot{Pos: p.pos, Pool: l.ssm.id, Block: p.slot})
 	}
@@ -307,17 +347,20 @@ func (l *life) Tables(s *cachemgrv2.Seq, dst []kvcache.TableDelta) []kvcache.Tab
 }
 
 // Unreserved implements cachemgrv2.Hooks: the step's snapshot slots are
-// freed; the worker may or may not have applied the undone grant, so the
-// next one names the live slot again.
+// freed and its offloaded snapshots dropped (their copies never ran); the
+// worker may or may not have applied the undone grant, so the next one
+// names the live slot again.
 func (l *life) Unreserved(s *cachemgrv2.Seq) {
 	if x := stateOf(s); x != nil {
 		l.freePending(x)
+		l.settleOffs(x, false)
 		x.sentLive = false
 	}
 }
 
-// Committed implements cachemgrv2.Hooks: the reuse source is unpinned and the
-// snapshots the step wrote are installed.
+// Committed implements cachemgrv2.Hooks: the reuse source is unpinned, the
+// snapshots the step offloaded are cached on the host tier and those it
+// wrote are installed.
 func (l *life) Committed(s *cachemgrv2.Seq) {
 	x := stateOf(s)
 	if x == nil {
@@ -327,12 +370,15 @@ func (l *life) Committed(s *cachemgrv2.Seq) {
 		x.src.pins--
 		x.src = nil
 	}
+	l.settleOffs(x, true)
 	l.install(s, x)
 }
 
 // Dropped implements cachemgrv2.Hooks: the live (or host) slot and the
-// unwritten snapshot slots are freed, the reuse source unpinned, and on a
-// release the path's snapshots are marked as used now.
+// unwritten snapshot slots are freed, the reuse source unpinned, the
+// offloads of an outstanding grant settled (kept on a release, dropped when
+// the creating reservation is undone), and on a release the path's
+// snapshots are marked as used now.
 func (l *life) Dropped(s *cachemgrv2.Seq, touch bool) {
 	if x := stateOf(s); x != nil {
 		if x.live != NoBlock {
@@ -343,6 +389,7 @@ func (l *life) Dropped(s *cachemgrv2.Seq, touch bool) {
 			l.host.unref(x.host)
 		}
 		l.freePending(x)
+		l.settleOffs(x, touch)
 		if x.src != nil {
 			x.src.pins--
 			x.src = nil
@@ -353,30 +400,41 @@ func (l *life) Dropped(s *cachemgrv2.Seq, touch bool) {
 			if sn := l.snaps[n]; sn != nil {
 				sn.tick = l.tick
 			}
+			if sn := l.hsnaps[n]; sn != nil {
+				sn.tick = l.tick
+			}
 		}
 	}
 }
 
-// Evicted implements cachemgrv2.Hooks: a node's snapshot goes with its pages
-// (the node itself stays until a prune).
+// Evicted implements cachemgrv2.Hooks: a node's snapshot goes with its pages,
+// whichever tier holds it (the node itself stays until a prune).
 func (l *life) Evicted(n *cachemgrv2.Node) {
 	if sn := l.snaps[n]; sn != nil {
 		l.dropSnap(sn)
 	}
+	if sn := l.hsnaps[n]; sn != nil {
+		l.dropHostSnap(sn)
+	}
 }
 
-// CanSuspend implements cachemgrv2.Hooks: a live state needs a free host
-// ssm slot.
+// CanSuspend implements cachemgrv2.Hooks: a live state needs a host ssm
+// slot, free or taken from a cached host snapshot (suspended states come
+// first).
 func (l *life) CanSuspend(s *cachemgrv2.Seq) bool {
-	return l.ssm == nil || l.host != nil && len(l.host.free) > 0
+	return l.ssm == nil || l.host != nil && (len(l.host.free) > 0 || l.hostVictim() != nil)
 }
 
 // Suspended implements cachemgrv2.Hooks: the live state is copied to a host
-// ssm slot and the live slot freed.
+// ssm slot (evicting the least valuable cached host snapshot when none is
+// free) and the live slot freed.
 func (l *life) Suspended(s *cachemgrv2.Seq, copies []kvcache.Copy) []kvcache.Copy {
 	x := stateOf(s)
 	if x == nil {
 		return copies
+	}
+	if len(l.host.free) == 0 {
+		l.dropHostSnap(l.hostVictim())
 	}
 	x.host = l.host.take()
 	copies = append(copies, kvcache.Copy{SrcPool: l.ssm.id, SrcBlock: x.live, DstPool: l.host.id, DstBlock: x.host})
@@ -407,13 +465,74 @@ func (l *life) Resumed(s *cachemgrv2.Seq, copies []kvcache.Copy) []kvcache.Copy 
 	return copies
 }
 
-// dropSnap evicts an installed, unpinned snapshot: its slot becomes free; the
-// tree is not touched.
+// dropSnap evicts an installed, unpinned snapshot from its ssm slot, which
+// becomes free; the tree is not touched.
 func (l *life) dropSnap(sn *snapshot) {
 	delete(l.snaps, sn.node)
 	l.ssm.evict(sn.slot)
 	l.nSnaps--
 	l.stats.Evicted++
+}
+
+// dropHostSnap evicts a host snapshot from its host-ssm slot: a cached slot
+// becomes free, a pending one stays held by its offload until that settles.
+func (l *life) dropHostSnap(sn *snapshot) {
+	delete(l.hsnaps, sn.node)
+	l.host.evict(sn.slot)
+	l.stats.Evicted++
+}
+
+// offload moves sn, just evicted from its ssm slot from, to a host-ssm slot
+// (a free one, else one freed by evicting a less valuable cached host
+// snapshot) with a copy in g, pending on x's reservation. Without a host
+// tier, or without room there, sn vanishes.
+func (l *life) offload(sn *snapshot, from kvcache.BlockID, x *seqState, g *kvcache.Grant) {
+	if l.host == nil {
+		return
+	}
+	if len(l.host.free) == 0 {
+		v := l.hostVictim()
+		if v == nil || !coldLess(v, sn) {
+			return
+		}
+		l.dropHostSnap(v)
+	}
+	sn.host, sn.pend = true, x
+	sn.slot = l.host.takeFor(sn)
+	l.hsnaps[sn.node] = sn
+	x.offs = append(x.offs, pendingOff{sn: sn, slot: sn.slot})
+	g.Copies = append(g.Copies, kvcache.Copy{SrcPool: l.ssm.id, SrcBlock: from, DstPool: l.host.id, DstBlock: sn.slot})
+}
+
+// settleOffs ends x's pending offloads: keep (Commit, Release: the grant's
+// copies were handed to the worker) caches each snapshot still there on the
+// host tier; otherwise (Unreserve: the copies never ran) it is dropped. Each
+// offload's slot hold goes either way.
+func (l *life) settleOffs(x *seqState, keep bool) {
+	for _, o := range x.offs {
+		sn := o.sn
+		if l.hsnaps[sn.node] == sn && sn.slot == o.slot {
+			sn.pend = nil
+			if !keep {
+				l.dropHostSnap(sn)
+			}
+		}
+		l.host.unhold(o.slot)
+	}
+	x.offs = x.offs[:0]
+}
+
+// hostVictim is the least valuable cached host snapshot (lowest node
+// priority, then least recently used lineage, then lowest level) that is
+// neither pinned nor pending; nil when there is none.
+func (l *life) hostVictim() *snapshot {
+	var v *snapshot
+	for _, sn := range l.hsnaps {
+		if sn.pins == 0 && sn.pend == nil && (v == nil || coldLess(sn, v)) {
+			v = sn
+		}
+	}
+	return v
 }
 
 func (l *life) freePending(x *seqState) {
@@ -425,8 +544,9 @@ func (l *life) freePending(x *seqState) {
 }
 
 // planSnaps gives the outstanding step of s (tokens after history) a slot
-// for each snapshot boundary it crosses, best-effort.
-func (l *life) planSnaps(s *cachemgrv2.Seq, x *seqState, tokens int) {
+// for each snapshot boundary it crosses, best-effort; the snapshots it
+// evicts are offloaded with copies in g.
+func (l *life) planSnaps(s *cachemgrv2.Seq, x *seqState, tokens int, g *kvcache.Grant) {
 	prompt := s.Prompt()
 	if !l.snapOn || len(prompt) == 0 {
 		return
@@ -469,10 +589,10 @@ func (l *life) planSnaps(s *cachemgrv2.Seq, x *seqState, tokens int) {
 				node = l.tree.SaltedChild(node, s.Salt(), prompt[(depth-1)*tpb:depth*tpb])
 			}
 		}
-		if node != nil && node.Stored() && l.snaps[node] != nil {
-			continue // already held by the cache
+		if node != nil && node.Stored() && l.held(node) {
+			continue // already held by the cache, on either tier
 		}
-		slot, ok := l.snapSlot(boundaryLevel(b, l.step))
+		slot, ok := l.snapSlot(boundaryLevel(b, l.step), x, g)
 		if !ok {
 			l.stats.Skipped++
 			continue
@@ -483,14 +603,18 @@ func (l *life) planSnaps(s *cachemgrv2.Seq, x *seqState, tokens int) {
 
 // snapSlot takes a slot for a snapshot of level: a free one while fewer than
 // snapCap snapshots exist, else one freed by evicting a victim (package doc,
-// retention); false when there is none and the snapshot is skipped.
-func (l *life) snapSlot(level int) (kvcache.BlockID, bool) {
+// retention), which is offloaded to the host tier when it has room (a copy
+// in g, pending on x's reservation, ahead of the forward that writes the
+// slot); false when there is none and the snapshot is skipped.
+func (l *life) snapSlot(level int, x *seqState, g *kvcache.Grant) (kvcache.BlockID, bool) {
 	if l.nSnaps >= l.snapCap {
 		v := l.victim(level)
 		if v == nil {
 			return NoBlock, false
 		}
+		from := v.slot
 		l.dropSnap(v)
+		l.offload(v, from, x, g)
 	}
 	l.nSnaps++
 	return l.ssm.take(), true
@@ -557,7 +681,7 @@ func (l *life) install(s *cachemgrv2.Seq, x *seqState) {
 	path := s.Path()
 	for _, p := range x.pend {
 		d := p.pos / l.tpb
-		if d < 1 || d > len(path) || l.snaps[path[d-1]] != nil {
+		if d < 1 || d > len(path) || l.held(path[d-1]) {
 			if d < 1 || d > len(path) {
 				l.stats.Skipped++
 			}

@@ -57,10 +57,12 @@ type variant struct {
 	interval  int
 	offsets   []int
 	budget    float64 // device bytes as a multiple of the floor
+	host      float64 // host bytes as a multiple of the device bytes; 0 = no host tier
 }
 
 func (v variant) String() string {
-	return fmt.Sprintf("avg_seq_len %d, pool_ratio %v, interval %d, offsets %v, budget ×%.2f", v.avgSeqLen, v.poolRatio, v.interval, v.offsets, v.budget)
+	return fmt.Sprintf("avg_seq_len %d, pool_ratio %v, interval %d, offsets %v, budget ×%.2f, host ×%.2f",
+		v.avgSeqLen, v.poolRatio, v.interval, v.offsets, v.budget, v.host)
 }
 
 // floorBytes is what one max_seq_len request plus the live states and one
@@ -88,9 +90,10 @@ func propSpec(t fataler, v variant, wl workload.Workload) engine.Spec {
 	}
 	attn, state := floorBytes()
 	s := engine.Spec{Variant: v.String(), Hardware: h, Hidden: propModel.Hidden, CheckEvery: 1, DeepEvery: 4, Workload: wl}
+	dev := int64(float64(attn+state)*v.budget) + 1
 	s.Managers = []kvcache.Config{{
 		Stages: 1, Layers: propModel.Layers, TokensPerBlock: propTPB,
-		DeviceBytes:  int64(float64(attn+state)*v.budget) + 1,
+		DeviceBytes: dev, HostBytes: int64(float64(dev) * v.host),
 		MaxBatchSize: propBatch, MaxNumTokens: propChunk, MaxSeqLen: propMaxSeqLen,
 		EnableBlockReuse: true, AvgSeqLen: v.avgSeqLen, PoolRatio: v.poolRatio,
 		Snapshots: kvcache.SnapshotConfig{Interval: v.interval, OffsetsFromEnd: v.offsets},
@@ -147,15 +150,17 @@ func run(t fataler, s engine.Spec, mk func() kvcache.Manager) report.Report {
 
 // TestPropertyHintsChangeSpeedOnly varies avg_seq_len (unset, 1, tiny,
 // typical, max_seq_len), pool_ratio (unset, random, a deliberately tiny SSM
-// pool), the snapshot interval and offsets and the budget, over 256k-token
+// pool), the snapshot interval and offsets, the budget and the host tier
+// (none, or one that takes the attention blocks and snapshots the device
+// evicts), over 256k-token
 // mid-needle prompts with reuse on, and checks against cachemgr_v1 (no SSM
 // reuse) on the same workload: no panic, no invariant violation, the same
 // request outcomes, outputs and token counts. Only hit rates and timings
 // may differ.
 func TestPropertyHintsChangeSpeedOnly(t *testing.T) {
-	var runs, hit, evicted, skipped int
+	var runs, hit, evicted, skipped, host int
 	defer func() {
-		t.Logf("%d runs: %d reused a prefix, %d evicted snapshots, %d skipped snapshots", runs, hit, evicted, skipped)
+		t.Logf("%d runs (%d with a host tier): %d reused a prefix, %d evicted snapshots, %d skipped snapshots", runs, host, hit, evicted, skipped)
 	}()
 	rapid.Check(t, func(rt *rapid.T) {
 		wl := needleWorkload(rt)
@@ -164,6 +169,7 @@ func TestPropertyHintsChangeSpeedOnly(t *testing.T) {
 			interval:  rapid.SampledFrom([]int{64, 256, 1000, 16384}).Draw(rt, "interval"),
 			offsets:   rapid.SampledFrom([][]int{nil, {0}, {0, 5000}}).Draw(rt, "offsets"),
 			budget:    rapid.Float64Range(1.0, 3.0).Draw(rt, "budget"),
+			host:      rapid.SampledFrom([]float64{0, 0.25, 1}).Draw(rt, "host"),
 		}
 		switch rapid.IntRange(0, 2).Draw(rt, "ratio") {
 		case 1:
@@ -188,6 +194,9 @@ func TestPropertyHintsChangeSpeedOnly(t *testing.T) {
 			rt.Fatalf("%s: no snapshot statistics in the report", v)
 		}
 		runs++
+		if v.host > 0 {
+			host++
+		}
 		if got.Tokens.PrefixReused > 0 {
 			hit++
 		}

@@ -10,7 +10,8 @@ import (
 // An Unreserve gives the attention pages its reservation evicted back to the
 // tree (cachemgr_v2/undo.go), but not the snapshots the eviction dropped:
 // the stage stays consistent, Lookup stops at the last node that still has
-// a snapshot, and a sequence reuses that far.
+// a snapshot, and a sequence reuses that far. (With a host tier the
+// snapshots it offloaded are dropped too: TestUnreserveDropsOffloads.)
 func TestUnreservePutsBackPagesNotSnapshots(t *testing.T) {
 	const tpb = 16
 	ctx := context.Background()
