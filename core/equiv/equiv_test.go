@@ -83,13 +83,12 @@ func variants(f family) []variant {
 		add(m+"/plugin", "cache_manager="+m, "isolation=plugin", "max_num_tokens=64")
 	}
 	for _, m := range f.managers {
-		if m == f.noReuse || m == "mamba" {
-			// mamba's snapshots stay in device slots (its host tier keeps
-			// attention blocks only), so a small cache loses them either way.
+		if m == f.noReuse {
 			continue
 		}
 		// A device cache of a few requests' worth, with and without a host
-		// tier: blocks evicted from the device come back from the host.
+		// tier: blocks (and mamba's snapshots) evicted from the device come
+		// back from the host.
 		small := []string{"cache_manager=" + m, "kv_cache_config.enable_block_reuse=true", "max_num_tokens=64",
 			"max_seq_len=160", "kv_cache_config.max_tokens=176"}
 		add(m+"/small-cache", small...)
