@@ -81,6 +81,8 @@ func (s *slots) evict(b kvcache.BlockID) {
 	s.freeIfIdle(b)
 }
 
+// freeIfIdle puts b on the free stack once nothing references, holds or
+// owns it.
 func (s *slots) freeIfIdle(b kvcache.BlockID) {
 	if s.refs[b] == 0 && s.holds[b] == 0 && s.owner[b] == nil {
 		s.free = append(s.free, b)
