@@ -2,6 +2,7 @@ package cachemgrv2
 
 import (
 	"context"
+	"slices"
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
@@ -16,9 +17,17 @@ var _ kvcache.EventReporter = (*Core)(nil)
 // removed. A node's event hash chains xxh3 over the blocks from the root,
 // seeded at the root with the cache salt's hash (0 for no salt), so equal
 // hashes mean the same salt and the same tokens from the prompt's start.
-// Events describe the device tier (every event is of TierDevice): a node
-// the device evicts to the host tier is removed, one promoted back (or
-// adopted by a registration) is stored.
+//
+// Device events (TierDevice) follow a node's device pages: a node the
+// device evicts is removed there, one promoted back from the host tier (or
+// adopted by a registration) is stored. With a host tier for reuse, host
+// events (TierHost) follow its settled host content: an offload is stored
+// on the host tier once its copy was handed to the worker (the reservation
+// committed or released; at once for Resume's), without tokens or parent
+// (the device's BlockStored named them), and removed when that content goes
+// (a host eviction, a promotion's copy done, a registration that adopts a
+// device copy). A pending offload that is undone records nothing there.
+// Stores and removals one after another, on one tier, join one event.
 //
 // Off (Tree.ev nil), no chain is computed and nothing recorded.
 type events struct {
@@ -46,7 +55,7 @@ func (e *events) stored(t *Tree, n *Node) {
 	hasParent := n.parent != t.root
 	if k := len(e.list) - 1; k >= 0 && hasParent {
 		last := &e.list[k]
-		if last.Kind == kvcache.BlockStored && last.Hashes[len(last.Hashes)-1] == n.parent.chain {
+		if last.Kind == kvcache.BlockStored && last.Tier == kvcache.TierDevice && last.Hashes[len(last.Hashes)-1] == n.parent.chain {
 			last.Hashes = append(last.Hashes, n.chain)
 			last.Tokens = append(last.Tokens, n.tokens...)
 			return
@@ -62,14 +71,61 @@ func (e *events) stored(t *Tree, n *Node) {
 	e.list = append(e.list, ev)
 }
 
-// removed records that n lost its pages; evictions one after another join
-// one BlockRemoved.
-func (e *events) removed(n *Node) {
-	if k := len(e.list) - 1; k >= 0 && e.list[k].Kind == kvcache.BlockRemoved {
-		e.list[k].Hashes = append(e.list[k].Hashes, n.chain)
+// storedHost records that the host tier settled the content of the node
+// whose hash is h.
+func (e *events) storedHost(h uint64, tpb int) {
+	if k := len(e.list) - 1; k >= 0 && e.list[k].Kind == kvcache.BlockStored && e.list[k].Tier == kvcache.TierHost {
+		e.list[k].Hashes = append(e.list[k].Hashes, h)
 		return
 	}
-	e.list = append(e.list, kvcache.Event{Kind: kvcache.BlockRemoved, Hashes: []uint64{n.chain}, Tier: kvcache.TierDevice})
+	e.list = append(e.list, kvcache.Event{Kind: kvcache.BlockStored, Hashes: []uint64{h}, BlockSize: tpb, Tier: kvcache.TierHost})
+}
+
+// removed records that the node whose hash is h lost its content on tier.
+func (e *events) removed(h uint64, tier kvcache.Tier) {
+	if k := len(e.list) - 1; k >= 0 && e.list[k].Kind == kvcache.BlockRemoved && e.list[k].Tier == tier {
+		e.list[k].Hashes = append(e.list[k].Hashes, h)
+		return
+	}
+	e.list = append(e.list, kvcache.Event{Kind: kvcache.BlockRemoved, Hashes: []uint64{h}, Tier: tier})
+}
+
+// unremove takes hash h out of the unread BlockRemoved events of tier (the
+// removal was undone) and reports whether it was there.
+func (e *events) unremove(h uint64, tier kvcache.Tier) bool {
+	for k := len(e.list) - 1; k >= 0; k-- {
+		ev := &e.list[k]
+		if ev.Kind != kvcache.BlockRemoved || ev.Tier != tier {
+			continue
+		}
+		if i := slices.Index(ev.Hashes, h); i >= 0 {
+			ev.Hashes = slices.Delete(ev.Hashes, i, i+1)
+			if len(ev.Hashes) == 0 {
+				e.list = slices.Delete(e.list, k, k+1)
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// hostStored records, with events on, that n's host content is settled.
+func (t *Tree) hostStored(n *Node) {
+	if t.ev != nil && !n.h.told {
+		t.touch(n)
+		n.h.told = true
+		t.ev.storedHost(n.chain, t.tpb)
+	}
+}
+
+// hostRemoved records that n's settled host content, which a host
+// BlockStored announced, is going.
+func (t *Tree) hostRemoved(n *Node) {
+	if n.h.told {
+		t.touch(n)
+		n.h.told = false
+		t.ev.removed(n.chain, kvcache.TierHost)
+	}
 }
 
 // Events implements kvcache.EventReporter: the events recorded since the

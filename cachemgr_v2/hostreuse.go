@@ -63,6 +63,7 @@ type hostNode struct {
 	pend    int32             // outstanding moves that fill the node's content
 	call    uint32            // the Reserve call that promoted it (pending promotions)
 	filled  bool              // a holder of the pending promotion committed or released
+	told    bool              // with KV events: a host BlockStored announced its settled host content (events.go)
 	counted bool              // in hostTree.evictable
 	chkKids int32             // host-only children, recounted by the deep self-check
 	chkPend int32             // pending moves naming it, recounted by the deep self-check
@@ -167,6 +168,7 @@ func (t *Tree) hostOnlyChanged(n *Node, was bool) {
 // (registration adopted a sequence's copy). A pending offload of n goes
 // stale: its move still holds the blocks until it settles.
 func (t *Tree) leaveHost(n *Node) {
+	t.hostRemoved(n)
 	for g, hp := range t.ht.pools {
 		hp.disown(n.h.pages[g])
 		n.h.pages[g] = NoBlock
@@ -224,6 +226,7 @@ func (c *Core) evictOne() (n *Node, kept bool) {
 		t.hostOnlyChanged(n, false)
 		t.touch(n)
 		t.hostFix(n)
+		t.hostStored(n)
 		return n, true
 	}
 	s := c.cur
@@ -324,6 +327,7 @@ func (c *Core) dropHost(n *Node, evicted bool) {
 	if was {
 		t.undo.noteHost(n) // inside a reservation: Unreserve may put it back (undo.go)
 	}
+	t.hostRemoved(n)
 	for g, hp := range t.ht.pools {
 		hp.disown(n.h.pages[g])
 		n.h.pages[g] = NoBlock
@@ -502,6 +506,7 @@ func (c *Core) settle(s *Seq, keep bool) {
 		switch {
 		case !mv.promote && keep:
 			t.hostFix(n)
+			t.hostStored(n)
 		case !mv.promote:
 			// The copy never ran: Unreserve's put-back may give n its
 			// device pages back, else undoOffloads drops the content.
@@ -527,6 +532,7 @@ func (c *Core) settle(s *Seq, keep bool) {
 
 // releaseHost frees the host pages of a promoted node whose copy ran.
 func (t *Tree) releaseHost(n *Node) {
+	t.hostRemoved(n)
 	for g, hp := range t.ht.pools {
 		hp.disown(n.h.pages[g])
 		n.h.pages[g] = NoBlock
@@ -554,7 +560,7 @@ func (c *Core) restore(n *Node) {
 	n.nPages = 0
 	n.h.filled = false
 	if t.ev != nil {
-		t.ev.removed(n)
+		t.ev.removed(n.chain, kvcache.TierDevice)
 	}
 	p := n.parent
 	p.liveKids--
@@ -868,5 +874,10 @@ func (t *Tree) checkHostNode(n *Node, pend int32, bad func(string, ...any)) {
 	}
 	if n.Stored() && p != t.root && !p.Stored() {
 		bad("tree: node %p: holds content below a node that holds none", n)
+	}
+	// H8: with KV events, a host BlockStored announced exactly the settled
+	// host content (a pending offload's is not yet settled).
+	if settled := n.h.n > 0 && (n.nPages > 0 || n.h.pend == 0); n.h.told != (settled && t.ev != nil) {
+		bad("tree: node %p: host content announced %v, settled %v (pending %d, device pages %d, events on %v)", n, n.h.told, settled, n.h.pend, n.nPages, t.ev != nil)
 	}
 }

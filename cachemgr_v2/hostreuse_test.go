@@ -415,3 +415,82 @@ func TestEvictionKeepsParentOfPendingOffload(t *testing.T) {
 		t.Errorf("Lookup(q) = %d, want 4 (q's node went to the host tier in B's place)", n)
 	}
 }
+
+// hostEvents returns the hashes of the events of kind on tier in evs.
+func hostEvents(evs []kvcache.Event, kind kvcache.EventKind, tier kvcache.Tier) []uint64 {
+	var out []uint64
+	for _, e := range evs {
+		if e.Kind == kind && e.Tier == tier {
+			out = append(out, e.Hashes...)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestHostTierEvents: with KV events, an offload is a device BlockRemoved at
+// the eviction and a host BlockStored (no tokens, no parent) once the
+// evicting reservation commits; a promotion is a device BlockStored, and
+// the host BlockRemoved follows when its copy is done. An undone offload
+// records nothing: Unreserve takes the device removals back.
+func TestHostTierEvents(t *testing.T) {
+	setup := func() (*Manager, []uint64) {
+		cfg := smallCfg(9, 4)
+		cfg.KVEvents = true
+		m, _ := configure(t, cfg)
+		if evs, _ := m.Events(ctx); len(evs) != 1 || evs[0].Kind != kvcache.AllBlocksCleared {
+			t.Fatalf("events after Configure %+v, want AllBlocksCleared", evs)
+		}
+		mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 13, New: true, Prompt: tokens(13, 1)})
+		mustCommit(t, m, 1, 13)
+		m.Release(ctx, []kvcache.SeqID{1})
+		evs, _ := m.Events(ctx)
+		stored := hostEvents(evs, kvcache.BlockStored, kvcache.TierDevice)
+		if len(stored) != 3 {
+			t.Fatalf("events after caching 3 blocks %+v", evs)
+		}
+		return m, stored
+	}
+	m, _ := setup()
+	n1 := m.tree.child(m.tree.root, "", tokens(13, 1)[:4])
+	n2 := m.tree.child(n1, "", tokens(13, 1)[4:8])
+	n3 := m.tree.child(n2, "", tokens(13, 1)[8:12])
+	off := []uint64{n2.chain, n3.chain}
+	slices.Sort(off)
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 32, New: true, Prompt: tokens(32, 2)})
+	evs, _ := m.Events(ctx)
+	if got := hostEvents(evs, kvcache.BlockRemoved, kvcache.TierDevice); !slices.Equal(got, off) || len(hostEvents(evs, kvcache.BlockStored, kvcache.TierHost)) != 0 {
+		t.Fatalf("events of the offloading Reserve %+v: want device removals of %x and no host store while pending", evs, off)
+	}
+	mustCommit(t, m, 2, 32)
+	evs, _ = m.Events(ctx)
+	if got := hostEvents(evs, kvcache.BlockStored, kvcache.TierHost); !slices.Equal(got, off) {
+		t.Fatalf("events of the Commit %+v: want host stores of %x", evs, off)
+	}
+	for _, e := range evs {
+		if e.Kind == kvcache.BlockStored && e.Tier == kvcache.TierHost && (len(e.Tokens) != 0 || e.HasParent || e.BlockSize != 4) {
+			t.Errorf("host BlockStored %+v: want no tokens, no parent, block size 4", e)
+		}
+	}
+	m.Release(ctx, []kvcache.SeqID{2})
+	m.Events(ctx)
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 3, Tokens: 1, New: true, Prompt: tokens(13, 1), Reuse: 12})
+	evs, _ = m.Events(ctx)
+	if got := hostEvents(evs, kvcache.BlockStored, kvcache.TierDevice); !slices.Equal(got, off) || len(hostEvents(evs, kvcache.BlockRemoved, kvcache.TierHost)) != 0 {
+		t.Fatalf("events of the promoting Reserve %+v: want device stores of %x, no host removal while pending", evs, off)
+	}
+	mustCommit(t, m, 3, 1)
+	evs, _ = m.Events(ctx)
+	if got := hostEvents(evs, kvcache.BlockRemoved, kvcache.TierHost); !slices.Equal(got, off) || len(hostEvents(evs, kvcache.BlockStored, kvcache.TierHost)) != 0 {
+		t.Fatalf("events of the promotion's Commit %+v: want host removals of %x (the offloads it made vanished unsettled)", evs, off)
+	}
+
+	m, _ = setup()
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 32, New: true, Prompt: tokens(32, 2)})
+	if err := m.Unreserve(ctx, []kvcache.SeqID{2}); err != nil {
+		t.Fatal(err)
+	}
+	if evs, _ := m.Events(ctx); len(evs) != 0 {
+		t.Fatalf("events after an undone offload %+v, want none (the device removals taken back)", evs)
+	}
+}

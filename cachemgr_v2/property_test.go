@@ -45,6 +45,11 @@ type harness struct {
 	clock   int64 // the engine time sent in Now, advanced by newSeq
 
 	hostGrants int // grants that brought blocks back from the host tier
+
+	// With KV events: the hashes the events read so far say each tier
+	// holds (events), and how many host events were read.
+	evDev, evHost map[uint64]bool
+	hostEvents    int
 }
 
 type pendingCopies struct {
@@ -276,6 +281,67 @@ func (h *harness) badPriority(t *rapid.T) {
 	}
 	if !reflect.DeepEqual(h.snapshot(), before) {
 		t.Fatal("invalid priority changed state")
+	}
+}
+
+// events reads the KV events recorded since the last read and checks them:
+// a BlockStored names a hash its tier does not hold yet, a BlockRemoved one
+// it holds; then each tier's hashes, as the events built them, are the
+// tree's: the nodes with device pages, and those with settled host content
+// (a pending promotion's host copy included, a pending offload's not).
+// Reads are drawn like any action, so that Unreserve also meets unread
+// events, which it takes back when it puts content back.
+func (h *harness) events(t *rapid.T) {
+	if !h.cfg.KVEvents {
+		t.Skip("events off")
+	}
+	evs, err := h.m.Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.evDev == nil {
+		h.evDev, h.evHost = map[uint64]bool{}, map[uint64]bool{}
+	}
+	for _, e := range evs {
+		set := h.evDev
+		if e.Tier == kvcache.TierHost {
+			set = h.evHost
+			h.hostEvents++
+		}
+		switch e.Kind {
+		case kvcache.AllBlocksCleared:
+			clear(h.evDev)
+			clear(h.evHost)
+		case kvcache.BlockStored:
+			for _, x := range e.Hashes {
+				if set[x] {
+					t.Fatalf("BlockStored %v of %x, which that tier holds already", e.Tier, x)
+				}
+				set[x] = true
+			}
+			if e.Tier == kvcache.TierHost && (len(e.Tokens) != 0 || e.HasParent || e.BlockSize != h.tpb) {
+				t.Fatalf("host BlockStored %+v: want no tokens, no parent, block size %d", e, h.tpb)
+			}
+		case kvcache.BlockRemoved:
+			for _, x := range e.Hashes {
+				if !set[x] {
+					t.Fatalf("BlockRemoved %v of %x, which that tier does not hold", e.Tier, x)
+				}
+				delete(set, x)
+			}
+		}
+	}
+	dev, host := map[uint64]bool{}, map[uint64]bool{}
+	for _, n := range h.m.tree.all {
+		if n.nPages > 0 {
+			dev[n.chain] = true
+		}
+		if n.h.n > 0 && (n.nPages > 0 || n.h.pend == 0) {
+			host[n.chain] = true
+		}
+	}
+	if !maps.Equal(dev, h.evDev) || !maps.Equal(host, h.evHost) {
+		t.Fatalf("the events say %d device and %d host blocks, the tree holds %d and %d", len(h.evDev), len(h.evHost), len(dev), len(host))
 	}
 }
 
@@ -634,16 +700,17 @@ func TestProperty(t *testing.T) { rapid.Check(t, func(t *rapid.T) { propertyRun(
 // batches of new sequences sharing promotions. The simulated worker memory
 // proves that every block a sequence reads back holds its tokens.
 func TestPropertyHostReuse(t *testing.T) {
-	hostGrants, offloads := 0, int64(0)
+	hostGrants, offloads, hostEvents := 0, int64(0), 0
 	rapid.Check(t, func(t *rapid.T) {
 		h := propertyRun(t, true)
 		hostGrants += h.hostGrants
 		offloads += h.m.offloaded
+		hostEvents += h.hostEvents
 	})
-	if hostGrants == 0 || offloads == 0 {
-		t.Fatalf("%d grants reused host blocks, %d offloads: the test no longer reaches the host tier", hostGrants, offloads)
+	if hostGrants == 0 || offloads == 0 || hostEvents == 0 {
+		t.Fatalf("%d grants reused host blocks, %d offloads, %d host KV events read: the test no longer reaches the host tier", hostGrants, offloads, hostEvents)
 	}
-	t.Logf("%d grants reused host blocks, %d offloads", hostGrants, offloads)
+	t.Logf("%d grants reused host blocks, %d offloads, %d host KV events read", hostGrants, offloads, hostEvents)
 }
 
 func propertyRun(t *rapid.T, hostReuse bool) *harness {
@@ -658,6 +725,7 @@ func propertyRun(t *rapid.T, hostReuse bool) *harness {
 			EnableBlockReuse: hostReuse || rapid.IntRange(0, 3).Draw(t, "reuse") > 0,
 			EvictionPolicy:   rapid.SampledFrom([]string{"", "lru", "lfu"}).Draw(t, "policy"),
 		}
+		cfg.KVEvents = cfg.EnableBlockReuse && rapid.Bool().Draw(t, "events")
 		bb := stageBlockBytes(layers, tpb)
 		floor := blocksFor(26, tpb)
 		extra, hostMin := 16, 0
@@ -680,6 +748,7 @@ func propertyRun(t *rapid.T, hostReuse bool) *harness {
 			"newBatch":  h.newBatch,
 			"explain":   h.explain,
 			"badPrio":   h.badPriority,
+			"events":    h.events,
 			"":          h.check,
 		}))
 		return h

@@ -69,6 +69,9 @@ type evicted struct {
 	// pend is a host node's pending count then (another reservation's
 	// offload filling it, whose move still holds its host blocks).
 	pend int32
+	// told says a host BlockStored had announced the host node's content
+	// (events.go): its host BlockRemoved must be taken back to put it back.
+	told bool
 }
 
 // undoRec is what one sequence's outstanding reservation evicted, in
@@ -137,7 +140,7 @@ func (h *undoHook) noteHost(n *Node) {
 		return
 	}
 	h.clock++
-	r.hnodes = append(r.hnodes, evicted{n: n, gen: n.gen, at: h.clock, off: len(r.hpages), pend: n.h.pend})
+	r.hnodes = append(r.hnodes, evicted{n: n, gen: n.gen, at: h.clock, off: len(r.hpages), pend: n.h.pend, told: n.h.told})
 	r.hpages = append(r.hpages, n.h.pages...)
 }
 
@@ -201,7 +204,7 @@ func (c *Core) putBackDevice() {
 	t := c.tree
 	for _, e := range b.nodes {
 		pages := b.pages[e.off : e.off+ng]
-		if !c.restorable(e, pages, b.gens[e.off:e.off+ng]) || t.ev != nil && !t.ev.unremove(e.n.chain) {
+		if !c.restorable(e, pages, b.gens[e.off:e.off+ng]) || t.ev != nil && !t.ev.unremove(e.n.chain, kvcache.TierDevice) {
 			continue
 		}
 		for g, p := range pages {
@@ -234,7 +237,9 @@ func (c *Core) putBackDevice() {
 // A node that was pending then (another reservation's offload, dropped with
 // the subtree of a device node that lost its content) is put back pending
 // when that move still holds its blocks, and nothing else: the move is live
-// again and settles it.
+// again and settles it. With KV events, a node whose settled host content a
+// host BlockStored had announced comes back only while its host
+// BlockRemoved is unread, which is taken back.
 func (c *Core) putBackHost() {
 	u := &c.undo
 	b := &u.back
@@ -258,9 +263,10 @@ func (c *Core) putBackHost() {
 			hp := c.host[g]
 			ok = ok && hp.refs[p] == 0 && hp.owner[p] == nil && hp.holds[p] == e.pend && hp.gen[p] == gens[g]
 		}
-		if !ok {
+		if !ok || e.told && !t.ev.unremove(n.chain, kvcache.TierHost) {
 			continue
 		}
+		n.h.told = e.told
 		for g, p := range pages {
 			hp := c.host[g]
 			hp.touch(p)
@@ -372,23 +378,4 @@ func (p *BlockPool) unfree(mark []bool, n int) {
 		w++
 	}
 	p.free = p.free[:w]
-}
-
-// unremove takes chain hash h out of the unread BlockRemoved events (the
-// eviction was undone) and reports whether it was there.
-func (e *events) unremove(h uint64) bool {
-	for k := len(e.list) - 1; k >= 0; k-- {
-		ev := &e.list[k]
-		if ev.Kind != kvcache.BlockRemoved {
-			continue
-		}
-		if i := slices.Index(ev.Hashes, h); i >= 0 {
-			ev.Hashes = slices.Delete(ev.Hashes, i, i+1)
-			if len(ev.Hashes) == 0 {
-				e.list = slices.Delete(e.list, k, k+1)
-			}
-			return true
-		}
-	}
-	return false
 }

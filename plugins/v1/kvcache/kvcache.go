@@ -519,7 +519,8 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind EventKind
 	// Hashes are the blocks' prefix hashes (BlockStored, BlockRemoved); for
-	// BlockStored a chain, each block the child of the one before it.
+	// BlockStored of the device tier a chain, each block the child of the
+	// one before it.
 	Hashes []uint64
 	// Parent is the hash of the block before Hashes[0] (BlockStored);
 	// HasParent is false when Hashes[0] is a prompt's first block.
@@ -528,7 +529,11 @@ type Event struct {
 	// Tokens are the stored blocks' tokens, BlockSize per block (BlockStored).
 	Tokens    []int32
 	BlockSize int
-	// Tier is where the blocks are (BlockStored, BlockRemoved).
+	// Tier is where the blocks are (BlockStored, BlockRemoved). A block
+	// enters the host tier only from the device, whose BlockStored named its
+	// tokens and parent: a BlockStored of TierHost (the block's content now
+	// settled on the host tier; the device's BlockRemoved comes first) has
+	// no Tokens and no Parent, its hashes in no particular chain.
 	Tier Tier
 }
 
