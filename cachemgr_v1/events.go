@@ -11,10 +11,29 @@ import (
 var _ kvcache.EventReporter = (*Manager)(nil)
 
 // events records KV events (Config.KVEvents with block reuse on). They
-// describe the first paged pool: every pool registers the same chain hashes
-// for the same prompt blocks, and Lookup needs the first pool to hold a
-// block. A block's event hash is the low 64 bits of its 128-bit chain hash,
-// so it names the salt and the whole prefix, like the chain.
+// describe the first paged pool and its host pool: every pool registers the
+// same chain hashes for the same prompt blocks, and Lookup needs the first
+// pool to hold a block. A block's event hash is the low 64 bits of its
+// 128-bit chain hash, so it names the salt and the whole prefix, like the
+// chain.
+//
+// The device tier: BlockStored (with the tokens and the parent) when a
+// prompt block becomes cached content, or when a promotion brings it back
+// from the host tier; BlockRemoved when its hash leaves the device pool.
+//
+// The host tier (hostcache.go), Tier kvcache.TierHost: BlockStored when an
+// evicted block's content settles on the host, i.e. when the reservation
+// whose grant carried the offload copy is committed or released (an
+// Unreserve drops the copy: nothing is recorded); it carries the hash and
+// BlockSize only (no tokens, no parent: the host keeps single blocks, not
+// chains). BlockRemoved when a host block whose BlockStored was recorded
+// loses its hash: evicted by an offload, taken by a promotion, or taken
+// back by a device commit of the same content. The device's BlockRemoved
+// of an offloaded block is recorded as without a host tier, when the
+// device evicts it. Configure reports AllBlocksCleared for both tiers.
+//
+// Events of one kind and tier recorded one after another join one event;
+// events of different tiers never do.
 //
 // Off (the default), nothing is recorded and nothing kept: sequences keep
 // their prompt blocks only for the tokens of BlockStored.
@@ -32,7 +51,7 @@ func (e *events) stored(s *sequence, j, tpb int) {
 	toks := s.prompt[j*tpb : (j+1)*tpb]
 	if k := len(e.list) - 1; k >= 0 {
 		last := &e.list[k]
-		if last.Kind == kvcache.BlockStored && j > 0 && last.Hashes[len(last.Hashes)-1] == s.hashes[j-1].Lo {
+		if last.Kind == kvcache.BlockStored && last.Tier == kvcache.TierDevice && j > 0 && last.Hashes[len(last.Hashes)-1] == s.hashes[j-1].Lo {
 			last.Hashes = append(last.Hashes, h)
 			last.Tokens = append(last.Tokens, toks...)
 			return
@@ -48,22 +67,38 @@ func (e *events) stored(s *sequence, j, tpb int) {
 	e.add(ev)
 }
 
-// removed records the eviction of the cached block whose chain hash is h;
-// evictions one after another join one BlockRemoved.
-func (e *events) removed(h xxh3.Uint128) {
-	if k := len(e.list) - 1; k >= 0 && e.list[k].Kind == kvcache.BlockRemoved {
+// storedHost records that the content of the cached block whose chain hash
+// is h settled on the host tier; host stores one after another join one
+// BlockStored.
+func (e *events) storedHost(h xxh3.Uint128, tpb int) {
+	if k := len(e.list) - 1; k >= 0 && e.list[k].Kind == kvcache.BlockStored && e.list[k].Tier == kvcache.TierHost {
 		e.list[k].Hashes = append(e.list[k].Hashes, h.Lo)
 		return
 	}
-	e.add(kvcache.Event{Kind: kvcache.BlockRemoved, Hashes: []uint64{h.Lo}, Tier: kvcache.TierDevice})
+	e.add(kvcache.Event{Kind: kvcache.BlockStored, Hashes: []uint64{h.Lo}, BlockSize: tpb, Tier: kvcache.TierHost})
 }
 
-// unremove takes hash h out of the unread BlockRemoved events (the
-// eviction was undone) and reports whether it was there.
-func (e *events) unremove(h xxh3.Uint128) bool {
+// removed records that the cached block whose chain hash is h left tier t;
+// removals of one tier one after another join one BlockRemoved.
+func (e *events) removed(h xxh3.Uint128, t kvcache.Tier) {
+	if k := len(e.list) - 1; k >= 0 && e.list[k].Kind == kvcache.BlockRemoved && e.list[k].Tier == t {
+		e.list[k].Hashes = append(e.list[k].Hashes, h.Lo)
+		return
+	}
+	e.add(kvcache.Event{Kind: kvcache.BlockRemoved, Hashes: []uint64{h.Lo}, Tier: t})
+}
+
+// removedDevice and removedHost are removed for one tier: the pools'
+// eviction hooks (pool.evicted).
+func (e *events) removedDevice(h xxh3.Uint128) { e.removed(h, kvcache.TierDevice) }
+func (e *events) removedHost(h xxh3.Uint128)   { e.removed(h, kvcache.TierHost) }
+
+// unremove takes hash h out of the unread BlockRemoved events of tier t
+// (the removal was undone) and reports whether it was there.
+func (e *events) unremove(h xxh3.Uint128, t kvcache.Tier) bool {
 	for k := len(e.list) - 1; k >= 0; k-- {
 		ev := &e.list[k]
-		if ev.Kind != kvcache.BlockRemoved {
+		if ev.Kind != kvcache.BlockRemoved || ev.Tier != t {
 			continue
 		}
 		if i := slices.Index(ev.Hashes, h.Lo); i >= 0 {

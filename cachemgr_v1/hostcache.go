@@ -38,6 +38,10 @@ import (
 //     takes them back (a promotion is one more hit), raised to the priority
 //     of the sequence that reuses or stores it. The host pool evicts by the
 //     same rule as the device (lowest priority, then the policy).
+//   - KV events (events.go) report the first pool's host blocks once they
+//     settle: stored when an offload is committed or released, removed when
+//     a settled host block loses its hash (host eviction, promotion, a
+//     device commit taking it back). A pending block is never reported.
 //   - Within one Reserve call, a block promoted by an earlier item may be
 //     shared by a later one: the later grant carries the same host→device
 //     copy, so its content arrives even if the earlier grant is undone, and
@@ -223,6 +227,9 @@ func (m *Manager) attach(pi int, t []kvcache.BlockID, hashes []xxh3.Uint128) []k
 		m.notePromoted(pi, hb, h)
 		o := hp.origin(hb)
 		o.hits++ // this reuse
+		if pi == 0 && m.ev.on {
+			m.ev.removed(h, kvcache.TierHost)
+		}
 		hp.forget(hb)
 		f := &m.fresh[pi]
 		f.limbo = append(f.limbo, hb) // freed when the call ends
@@ -256,6 +263,9 @@ func (m *Manager) claim(pi int, h xxh3.Uint128) (ok bool, o origin) {
 	}
 	o = hp.origin(hb)
 	m.c.reclaimed++
+	if pi == 0 && m.ev.on {
+		m.ev.removed(h, kvcache.TierHost)
+	}
 	hp.uncache(int32(hb))
 	hp.forget(hb)
 	hp.pushFree(hb)
@@ -278,6 +288,9 @@ func (m *Manager) settle(s *sequence, keep bool) {
 		case keep && mv.host:
 			p.parked--
 			p.cache(int32(mv.b))
+			if mv.pool == 0 && m.ev.on {
+				m.ev.storedHost(p.hash[mv.b], m.tpb)
+			}
 		case mv.host: // the device block it came from is gone too
 			p.parked--
 			m.ghosts[mv.pool].add(p.hash[mv.b], kvcache.TierDevice, mv.by, m.now)
@@ -285,7 +298,7 @@ func (m *Manager) settle(s *sequence, keep bool) {
 			p.pushFree(mv.b)
 		case !keep: // the host block it came from is free
 			if mv.pool == 0 && m.ev.on {
-				m.ev.removed(p.hash[mv.b])
+				m.ev.removed(p.hash[mv.b], kvcache.TierDevice)
 			}
 			m.ghosts[mv.pool].add(p.hash[mv.b], kvcache.TierHost, m.rule, m.now)
 			p.forget(mv.b)

@@ -316,8 +316,9 @@ func containsBlock(bs []kvcache.BlockID, b kvcache.BlockID) bool {
 	return false
 }
 
-// KV events describe the device tier: an offload removes a's blocks from
-// it and a promotion stores them again, under the same hashes.
+// The device tier's KV events: an offload removes a's blocks from it and
+// a promotion stores them again, under the same hashes (the host tier's
+// events: hostevents_test.go).
 func TestHostTierEvents(t *testing.T) {
 	const tpb = 4
 	cfg := hostConfig(8)

@@ -64,7 +64,8 @@
 // A request's cache salt starts its chain: the first block's parent is the
 // salt's hash (zero without a salt, so unsalted chains are unchanged), and
 // two salts never share a block. With Config.KVEvents the first paged pool's
-// registrations and evictions are reported as KV events (events.go).
+// registrations and evictions are reported as KV events (events.go), and
+// so are the hashes its host pool holds.
 //
 // # Host tier
 //
@@ -323,7 +324,10 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 	if cfg.KVEvents && m.reuse && len(m.paged) > 0 {
 		m.ev.on = true
 		m.ev.add(kvcache.Event{Kind: kvcache.AllBlocksCleared})
-		m.paged[0].evicted = m.ev.removed
+		m.paged[0].evicted = m.ev.removedDevice
+		if m.host != nil {
+			m.host[0].evicted = m.ev.removedHost
+		}
 	}
 	m.seqs = make(map[kvcache.SeqID]*sequence, 2*cfg.MaxBatchSize*cfg.Stages)
 	m.h = newHasher(m.tpb)

@@ -118,8 +118,8 @@ type pool struct {
 
 	evictions int64
 	expired   int64 // priorities that ran out
-	// evicted, when set (KV events on, first pool), is told the hash of
-	// each cached block alloc evicts.
+	// evicted, when set (KV events on: the first paged pool and its host
+	// pool), is told the hash of each cached block alloc evicts.
 	evicted func(h xxh3.Uint128)
 
 	// dirty (host pools): dirty[b] is set and b is in touched when b's

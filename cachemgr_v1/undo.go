@@ -29,7 +29,8 @@ import (
 // fit yet: on the Mooncake demo with a host tier, 150,400 prompt tokens of
 // 300 requests missed on one stage for blocks the other stage still held.
 //
-// KV events: the eviction's BlockRemoved is still in the unread event list
+// KV events: the BlockRemoved of the block's tier (the device's eviction, or
+// the host's for a promotion's source) is still in the unread event list
 // (Unreserve comes in the same step as its Reserve); putting a block back
 // takes its hash out of that event again. If it is no longer there (the
 // events were read in between), the block is not put back, so the events
@@ -43,6 +44,14 @@ type undone struct {
 	gen  uint32 // the block's allocation generation the content needs
 	h    xxh3.Uint128
 	o    origin // its retention (and salt-free hash) when it was taken
+}
+
+// tier is the tier of u's block.
+func (u *undone) tier() kvcache.Tier {
+	if u.host {
+		return kvcache.TierHost
+	}
+	return kvcache.TierDevice
 }
 
 // noteEvicted records, for the reservation being applied, that the cached
@@ -76,7 +85,7 @@ func (m *Manager) putBack(s *sequence) {
 		for i >= 0 && p.free[i] != kvcache.BlockID(u.b) {
 			i--
 		}
-		if i < 0 || (u.pool == 0 && !u.host && m.ev.on && !m.ev.unremove(u.h)) {
+		if i < 0 || (u.pool == 0 && m.ev.on && !m.ev.unremove(u.h, u.tier())) {
 			continue
 		}
 		// Take it off the free stack as alloc would, register it with the
