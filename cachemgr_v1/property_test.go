@@ -40,6 +40,9 @@ type mseq struct {
 	worker            [][]kvcache.BlockID
 	isNew             bool
 	undoHold, undoCap int
+	// ran: the outstanding grant's copies ran (the next forward began), so
+	// it can no longer be undone (Unreserve's contract: they were not made).
+	ran bool
 }
 
 type propMachine struct {
@@ -69,6 +72,18 @@ func (pm *propMachine) tick(t *rapid.T) int64 {
 type seqCopy struct {
 	seq kvcache.SeqID
 	c   kvcache.Copy
+}
+
+// runPending runs the pending copies, as the worker does before a forward:
+// from then on their grants cannot be undone.
+func (pm *propMachine) runPending() {
+	runCopies(pm.content, pm.pending)
+	for _, c := range pm.pending {
+		if s := pm.seqs[c.seq]; s != nil {
+			s.ran = true
+		}
+	}
+	pm.pending = pm.pending[:0]
 }
 
 // runCopies applies copies to content.
@@ -192,7 +207,7 @@ func (pm *propMachine) reserveChecked(t *rapid.T, it kvcache.ReserveItem, s *mse
 	}
 	s.hold = max(s.hold, it.Hold)
 	s.cap = max(s.cap, s.hist+it.Tokens+it.Draft, s.hold)
-	s.reserved, s.tokens, s.draft = true, it.Tokens, it.Draft
+	s.reserved, s.tokens, s.draft, s.ran = true, it.Tokens, it.Draft, false
 	return true
 }
 
@@ -270,8 +285,7 @@ func (pm *propMachine) Commit(t *rapid.T) {
 	id := rapid.SampledFrom(ids).Draw(t, "seq")
 	s := pm.seqs[id]
 	acc := rapid.IntRange(s.tokens, s.tokens+s.draft).Draw(t, "accepted")
-	runCopies(pm.content, pm.pending)
-	pm.pending = pm.pending[:0]
+	pm.runPending()
 	// The worker writes the accepted tokens' KV where its tables say.
 	for pos := s.hist; pos < s.hist+acc; pos++ {
 		v := int32(-1000 - int(id))
@@ -311,7 +325,7 @@ func (pm *propMachine) BadCommit(t *rapid.T) {
 }
 
 func (pm *propMachine) Unreserve(t *rapid.T) {
-	ids := pm.ids(func(s *mseq) bool { return s.reserved })
+	ids := pm.ids(func(s *mseq) bool { return s.reserved && !s.ran })
 	if len(ids) == 0 {
 		t.Skip("no reservation")
 	}
