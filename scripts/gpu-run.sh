@@ -22,9 +22,11 @@
 #   test     ./cuda.test -test.v -test.count=1 $TEST_ARGS, from test/
 #   compare  kvx compare of the cpu scenarios (the compares list below: GQA,
 #            DSA and dense MLA, the hybrid, a checkpoint; managers v1, v2 and
-#            mamba, reuse on and off), once with device cuda and once with
-#            device cpu; prints the outputs digest of every variant and fails
-#            unless all of a scenario's are equal
+#            mamba, reuse on and off, the host tier for reuse and suspend,
+#            mamba's snapshots on the host tier, two pipeline stages), once
+#            with device cuda and once with device cpu; prints the outputs
+#            digest of every variant and fails unless all of a scenario's
+#            are equal
 #   bench    the kernels' Go benchmarks (copy, GQA decode, MLA decode, DSA
 #            against dense MLA, the bf16 tensor-core GEMM, the exact matmul),
 #            then scripts/cuda-bench.py: PyTorch baselines in the same run and
@@ -101,6 +103,12 @@ compares=(
 	"cpu-dsa.yaml --vary cache_manager=v1,v2 --set attention_backend=mla"
 	"cpu-hybrid.yaml --vary cache_manager=v1,mamba"
 	"hf-llama.yaml --vary cache_manager=v1,v2 --set model=$here/hf/testdata/llama"
+	# cpu-llama's host tier (1 MiB) already takes evicted blocks and
+	# suspended sequences; these add two stages, mamba's snapshots through
+	# the host tier (a tiny ssm pool), and mamba's suspended live states.
+	"cpu-llama.yaml --vary cache_manager=v1,v2 --set pipeline_parallel_size=2"
+	"cpu-hybrid.yaml --vary cache_manager=v1,mamba --vary kv_cache_config.host_cache_size=0,33554432 --set kv_cache_config.pool_ratio=[0.9998,0.0002] --set workload.requests=24"
+	"cpu-hybrid.yaml --vary cache_manager=v1,mamba --set kv_cache_config.max_tokens=640 --set kv_cache_config.host_cache_size=1048576 --set scheduler_config.capacity_scheduler_policy=MAX_UTILIZATION --set workload.concurrency=6 --set workload.requests=16 --set pipeline_parallel_size=2"
 )
 
 step_compare() {
