@@ -2,7 +2,6 @@ package cachemgrv1
 
 import (
 	"context"
-	"slices"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/zeebo/xxh3"
@@ -38,55 +37,26 @@ var _ kvcache.EventReporter = (*Manager)(nil)
 // Off (the default), nothing is recorded and nothing kept: sequences keep
 // their prompt blocks only for the tokens of BlockStored.
 type events struct {
-	on   bool
-	list []kvcache.Event
+	on bool
+	kvcache.EventLog
 }
-
-func (e *events) add(ev kvcache.Event) { e.list = append(e.list, ev) }
 
 // stored records that prompt block j of s became cached content. Blocks
 // registered one after another by one commit join one BlockStored.
 func (e *events) stored(s *sequence, j, tpb int) {
-	h := s.hashes[j].Lo
-	toks := s.prompt[j*tpb : (j+1)*tpb]
-	if k := len(e.list) - 1; k >= 0 {
-		last := &e.list[k]
-		if last.Kind == kvcache.BlockStored && last.Tier == kvcache.TierDevice && j > 0 && last.Hashes[len(last.Hashes)-1] == s.hashes[j-1].Lo {
-			last.Hashes = append(last.Hashes, h)
-			last.Tokens = append(last.Tokens, toks...)
-			return
-		}
-	}
-	ev := kvcache.Event{
-		Kind: kvcache.BlockStored, Hashes: []uint64{h}, Tokens: append([]int32(nil), toks...),
-		BlockSize: tpb, Tier: kvcache.TierDevice,
-	}
+	var parent uint64
 	if j > 0 {
-		ev.Parent, ev.HasParent = s.hashes[j-1].Lo, true
+		parent = s.hashes[j-1].Lo
 	}
-	e.add(ev)
+	e.Stored(s.hashes[j].Lo, parent, j > 0, s.prompt[j*tpb:(j+1)*tpb], tpb)
 }
 
 // storedHost records that the content of the cached block whose chain hash
-// is h settled on the host tier; host stores one after another join one
-// BlockStored.
-func (e *events) storedHost(h xxh3.Uint128, tpb int) {
-	if k := len(e.list) - 1; k >= 0 && e.list[k].Kind == kvcache.BlockStored && e.list[k].Tier == kvcache.TierHost {
-		e.list[k].Hashes = append(e.list[k].Hashes, h.Lo)
-		return
-	}
-	e.add(kvcache.Event{Kind: kvcache.BlockStored, Hashes: []uint64{h.Lo}, BlockSize: tpb, Tier: kvcache.TierHost})
-}
+// is h settled on the host tier.
+func (e *events) storedHost(h xxh3.Uint128, tpb int) { e.StoredHost(h.Lo, tpb) }
 
-// removed records that the cached block whose chain hash is h left tier t;
-// removals of one tier one after another join one BlockRemoved.
-func (e *events) removed(h xxh3.Uint128, t kvcache.Tier) {
-	if k := len(e.list) - 1; k >= 0 && e.list[k].Kind == kvcache.BlockRemoved && e.list[k].Tier == t {
-		e.list[k].Hashes = append(e.list[k].Hashes, h.Lo)
-		return
-	}
-	e.add(kvcache.Event{Kind: kvcache.BlockRemoved, Hashes: []uint64{h.Lo}, Tier: t})
-}
+// removed records that the cached block whose chain hash is h left tier t.
+func (e *events) removed(h xxh3.Uint128, t kvcache.Tier) { e.Removed(t, h.Lo) }
 
 // removedDevice and removedHost are removed for one tier: the pools'
 // eviction hooks (pool.evicted).
@@ -95,22 +65,7 @@ func (e *events) removedHost(h xxh3.Uint128)   { e.removed(h, kvcache.TierHost) 
 
 // unremove takes hash h out of the unread BlockRemoved events of tier t
 // (the removal was undone) and reports whether it was there.
-func (e *events) unremove(h xxh3.Uint128, t kvcache.Tier) bool {
-	for k := len(e.list) - 1; k >= 0; k-- {
-		ev := &e.list[k]
-		if ev.Kind != kvcache.BlockRemoved || ev.Tier != t {
-			continue
-		}
-		if i := slices.Index(ev.Hashes, h.Lo); i >= 0 {
-			ev.Hashes = slices.Delete(ev.Hashes, i, i+1)
-			if len(ev.Hashes) == 0 {
-				e.list = slices.Delete(e.list, k, k+1)
-			}
-			return true
-		}
-	}
-	return false
-}
+func (e *events) unremove(h xxh3.Uint128, t kvcache.Tier) bool { return e.Unremove(t, h.Lo) }
 
 // Events implements kvcache.EventReporter: the events since the last call
 // (none unless Configure had KVEvents and block reuse on), oldest first.
@@ -118,7 +73,5 @@ func (m *Manager) Events(ctx context.Context) ([]kvcache.Event, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	out := m.ev.list
-	m.ev.list = nil
-	return out, nil
+	return m.ev.Take(), nil
 }

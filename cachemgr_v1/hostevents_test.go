@@ -450,7 +450,7 @@ func (w *evWalk) Check(t *rapid.T) {
 		t.Fatalf("Inspect: %v, violations %v", err, snap.Violations)
 	}
 	now := w.read.clone()
-	if bad := now.apply(w.m.ev.list, propTPB); bad != "" {
+	if bad := now.apply(w.m.ev.Unread(), propTPB); bad != "" {
 		t.Fatalf("unread events: %s", bad)
 	}
 	dev, host := tierHashes(w.m)

@@ -323,7 +323,7 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 	}
 	if cfg.KVEvents && m.reuse && len(m.paged) > 0 {
 		m.ev.on = true
-		m.ev.add(kvcache.Event{Kind: kvcache.AllBlocksCleared})
+		m.ev.Cleared()
 		m.paged[0].evicted = m.ev.removedDevice
 		if m.host != nil {
 			m.host[0].evicted = m.ev.removedHost

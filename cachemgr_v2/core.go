@@ -133,7 +133,8 @@ func (c *Core) Init(cc CoreConfig) {
 	}
 	c.tree.ret.configure(cfg.EvictionPolicy, cc.DevBlocks)
 	if cfg.KVEvents && c.reuse {
-		c.tree.ev = &events{list: []kvcache.Event{{Kind: kvcache.AllBlocksCleared}}}
+		c.tree.ev = &events{}
+		c.tree.ev.Cleared()
 	}
 }
 

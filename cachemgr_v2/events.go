@@ -2,7 +2,6 @@ package cachemgrv2
 
 import (
 	"context"
-	"slices"
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
@@ -31,7 +30,7 @@ var _ kvcache.EventReporter = (*Core)(nil)
 //
 // Off (Tree.ev nil), no chain is computed and nothing recorded.
 type events struct {
-	list []kvcache.Event
+	kvcache.EventLog
 }
 
 // chain is the event hash of node n, child of parent, under salt.
@@ -52,61 +51,7 @@ func (e *events) chain(parent, n *Node, salt string) uint64 {
 // stored records that n adopted pages; a child of the node stored just
 // before joins its event.
 func (e *events) stored(t *Tree, n *Node) {
-	hasParent := n.parent != t.root
-	if k := len(e.list) - 1; k >= 0 && hasParent {
-		last := &e.list[k]
-		if last.Kind == kvcache.BlockStored && last.Tier == kvcache.TierDevice && last.Hashes[len(last.Hashes)-1] == n.parent.chain {
-			last.Hashes = append(last.Hashes, n.chain)
-			last.Tokens = append(last.Tokens, n.tokens...)
-			return
-		}
-	}
-	ev := kvcache.Event{
-		Kind: kvcache.BlockStored, Hashes: []uint64{n.chain}, Tokens: append([]int32(nil), n.tokens...),
-		BlockSize: t.tpb, Tier: kvcache.TierDevice,
-	}
-	if hasParent {
-		ev.Parent, ev.HasParent = n.parent.chain, true
-	}
-	e.list = append(e.list, ev)
-}
-
-// storedHost records that the host tier settled the content of the node
-// whose hash is h.
-func (e *events) storedHost(h uint64, tpb int) {
-	if k := len(e.list) - 1; k >= 0 && e.list[k].Kind == kvcache.BlockStored && e.list[k].Tier == kvcache.TierHost {
-		e.list[k].Hashes = append(e.list[k].Hashes, h)
-		return
-	}
-	e.list = append(e.list, kvcache.Event{Kind: kvcache.BlockStored, Hashes: []uint64{h}, BlockSize: tpb, Tier: kvcache.TierHost})
-}
-
-// removed records that the node whose hash is h lost its content on tier.
-func (e *events) removed(h uint64, tier kvcache.Tier) {
-	if k := len(e.list) - 1; k >= 0 && e.list[k].Kind == kvcache.BlockRemoved && e.list[k].Tier == tier {
-		e.list[k].Hashes = append(e.list[k].Hashes, h)
-		return
-	}
-	e.list = append(e.list, kvcache.Event{Kind: kvcache.BlockRemoved, Hashes: []uint64{h}, Tier: tier})
-}
-
-// unremove takes hash h out of the unread BlockRemoved events of tier (the
-// removal was undone) and reports whether it was there.
-func (e *events) unremove(h uint64, tier kvcache.Tier) bool {
-	for k := len(e.list) - 1; k >= 0; k-- {
-		ev := &e.list[k]
-		if ev.Kind != kvcache.BlockRemoved || ev.Tier != tier {
-			continue
-		}
-		if i := slices.Index(ev.Hashes, h); i >= 0 {
-			ev.Hashes = slices.Delete(ev.Hashes, i, i+1)
-			if len(ev.Hashes) == 0 {
-				e.list = slices.Delete(e.list, k, k+1)
-			}
-			return true
-		}
-	}
-	return false
+	e.Stored(n.chain, n.parent.chain, n.parent != t.root, n.tokens, t.tpb)
 }
 
 // hostStored records, with events on, that n's host content is settled.
@@ -114,7 +59,7 @@ func (t *Tree) hostStored(n *Node) {
 	if t.ev != nil && !n.h.told {
 		t.touch(n)
 		n.h.told = true
-		t.ev.storedHost(n.chain, t.tpb)
+		t.ev.StoredHost(n.chain, t.tpb)
 	}
 }
 
@@ -124,7 +69,7 @@ func (t *Tree) hostRemoved(n *Node) {
 	if n.h.told {
 		t.touch(n)
 		n.h.told = false
-		t.ev.removed(n.chain, kvcache.TierHost)
+		t.ev.Removed(kvcache.TierHost, n.chain)
 	}
 }
 
@@ -138,9 +83,7 @@ func (c *Core) Events(ctx context.Context) ([]kvcache.Event, error) {
 	if c.tree == nil || c.tree.ev == nil {
 		return nil, nil
 	}
-	out := c.tree.ev.list
-	c.tree.ev.list = nil
-	return out, nil
+	return c.tree.ev.Take(), nil
 }
 
 // ChainHash is n's KV event hash (0 with events off).

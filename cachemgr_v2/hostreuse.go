@@ -560,7 +560,7 @@ func (c *Core) restore(n *Node) {
 	n.nPages = 0
 	n.h.filled = false
 	if t.ev != nil {
-		t.ev.removed(n.chain, kvcache.TierDevice)
+		t.ev.Removed(kvcache.TierDevice, n.chain)
 	}
 	p := n.parent
 	p.liveKids--

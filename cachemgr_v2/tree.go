@@ -450,7 +450,7 @@ func (t *Tree) evictLeaf() *Node {
 	t.evictable--
 	t.evicted(n, kvcache.TierDevice)
 	if t.ev != nil {
-		t.ev.removed(n.chain, kvcache.TierDevice)
+		t.ev.Removed(kvcache.TierDevice, n.chain)
 	}
 	p := n.parent
 	t.touch(p)

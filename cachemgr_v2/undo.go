@@ -204,7 +204,7 @@ func (c *Core) putBackDevice() {
 	t := c.tree
 	for _, e := range b.nodes {
 		pages := b.pages[e.off : e.off+ng]
-		if !c.restorable(e, pages, b.gens[e.off:e.off+ng]) || t.ev != nil && !t.ev.unremove(e.n.chain, kvcache.TierDevice) {
+		if !c.restorable(e, pages, b.gens[e.off:e.off+ng]) || t.ev != nil && !t.ev.Unremove(kvcache.TierDevice, e.n.chain) {
 			continue
 		}
 		for g, p := range pages {
@@ -263,7 +263,7 @@ func (c *Core) putBackHost() {
 			hp := c.host[g]
 			ok = ok && hp.refs[p] == 0 && hp.owner[p] == nil && hp.holds[p] == e.pend && hp.gen[p] == gens[g]
 		}
-		if !ok || e.told && !t.ev.unremove(n.chain, kvcache.TierHost) {
+		if !ok || e.told && !t.ev.Unremove(kvcache.TierHost, n.chain) {
 			continue
 		}
 		n.h.told = e.told
