@@ -579,27 +579,9 @@ func (t *Tree) verifyNode(n *Node, bad func(string, ...any)) {
 		bad("tree: node %p: parent link or hash key wrong, or does not reach the root through its parents", n)
 		return
 	}
-	if n.liveKids != k.liveKids {
-		bad("tree: node %p: live kids %d, recomputed %d", n, n.liveKids, k.liveKids)
-	}
-	if n.pins != k.pins {
-		bad("tree: node %p: pins %d, recomputed %d", n, n.pins, k.pins)
-	}
-	t.checkPages(n, bad)
-	if n.pins > 0 && !n.complete() {
-		bad("tree: node %p: pinned by %d without all its pages (evicted while pinned)", n, n.pins)
-	}
-	if n.pins > 0 && n.parent != t.root && n.parent.pins == 0 {
-		bad("tree: node %p: pinned but its parent is not", n)
-	}
+	t.checkNodeCounts(n, k.liveKids, k.pins, bad)
 	if n.pins == 0 && k.pinnedKids > 0 {
 		bad("tree: node %p: not pinned but %d of its children are", n, k.pinnedKids)
-	}
-	if n.nPages == 0 && k.liveKids > 0 {
-		bad("tree: node %p: no pages but %d children with pages", n, k.liveKids)
-	}
-	if n.nPages == 0 && n.h.n == 0 && n.pins == 0 && !n.queued && len(n.children) == 0 {
-		bad("tree: node %p: empty and unpinned but not queued for pruning", n)
 	}
 	leaf = n.pins == 0 && n.nPages > 0 && k.liveKids == 0
 	i := int(n.heapIdx)

@@ -165,31 +165,13 @@ func (t *Tree) Check() []string {
 		if n.chkFlags&chkSeen == 0 {
 			continue
 		}
-		if n.liveKids != n.chkLive {
-			bad("tree: node %p: live kids %d, recomputed %d", n, n.liveKids, n.chkLive)
-		}
-		if n.pins != n.chkPins {
-			bad("tree: node %p: pins %d, recomputed %d", n, n.pins, n.chkPins)
-		}
-		t.checkPages(n, bad)
-		if n.pins > 0 && !n.complete() {
-			bad("tree: node %p: pinned by %d without all its pages (evicted while pinned)", n, n.pins)
-		}
-		if n.pins > 0 && n.parent != t.root && n.parent.pins == 0 {
-			bad("tree: node %p: pinned but its parent is not", n)
-		}
-		if n.nPages == 0 && n.chkLive > 0 {
-			bad("tree: node %p: no pages but %d children with pages", n, n.chkLive)
-		}
+		t.checkNodeCounts(n, n.chkLive, n.chkPins, bad)
 		if n.pins == 0 && n.nPages > 0 {
 			evictable++
 			if n.chkLive == 0 {
 				n.chkFlags |= chkLeaf
 				leaves++
 			}
-		}
-		if n.nPages == 0 && n.h.n == 0 && n.pins == 0 && !n.queued && len(n.children) == 0 {
-			bad("tree: node %p: empty and unpinned but not queued for pruning", n)
 		}
 	}
 	for _, n := range t.counted {
@@ -231,5 +213,31 @@ func (t *Tree) checkPages(n *Node, bad func(string, ...any)) {
 	}
 	if got != n.nPages {
 		bad("tree: node %p: %d pages, counted %d", n, n.nPages, got)
+	}
+}
+
+// checkNodeCounts checks attached node n against its recounted children
+// with pages (live) and pins, for both deep checks: its pages, pinned only
+// whole and below a pinned parent, pages above children with pages, and
+// queued for pruning once empty and unpinned.
+func (t *Tree) checkNodeCounts(n *Node, live, pins int32, bad func(string, ...any)) {
+	if n.liveKids != live {
+		bad("tree: node %p: live kids %d, recomputed %d", n, n.liveKids, live)
+	}
+	if n.pins != pins {
+		bad("tree: node %p: pins %d, recomputed %d", n, n.pins, pins)
+	}
+	t.checkPages(n, bad)
+	if n.pins > 0 && !n.complete() {
+		bad("tree: node %p: pinned by %d without all its pages (evicted while pinned)", n, n.pins)
+	}
+	if n.pins > 0 && n.parent != t.root && n.parent.pins == 0 {
+		bad("tree: node %p: pinned but its parent is not", n)
+	}
+	if n.nPages == 0 && live > 0 {
+		bad("tree: node %p: no pages but %d children with pages", n, live)
+	}
+	if n.nPages == 0 && n.h.n == 0 && n.pins == 0 && !n.queued && len(n.children) == 0 {
+		bad("tree: node %p: empty and unpinned but not queued for pruning", n)
 	}
 }

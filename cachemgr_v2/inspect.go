@@ -279,27 +279,8 @@ func (c *Core) recount() []string {
 	c.tree.BeginCheck()
 	for _, id := range c.seqIDs() {
 		s := c.seqs[id]
-		l := &s.led
-		if l.History < 0 || l.History > l.Capacity || l.Capacity > c.maxTokens {
-			bad("seq %d: history %d, capacity %d: want 0 <= history <= capacity <= %d", id, l.History, l.Capacity, c.maxTokens)
-		}
-		if !l.Reserved && l.Capacity != max(l.History, l.Hold) {
-			bad("seq %d: capacity %d without a reservation, want max(history %d, hold %d)", id, l.Capacity, l.History, l.Hold)
-		}
-		if s.suspended && l.Reserved {
-			bad("seq %d: suspended with a reservation outstanding", id)
-		}
-		want := blocksFor(l.Capacity, tpb)
+		c.seqOwn(s, bad) // S1-S5 and S8, as the incremental check runs them
 		for g, pool := range c.dev {
-			if len(s.tables[g]) != want {
-				bad("seq %d: pool %s: %d table entries, want ceil(capacity %d / %d) = %d", id, c.groups[g].Name, len(s.tables[g]), l.Capacity, tpb, want)
-			}
-			if s.suspended && len(s.host[g]) != len(s.tables[g]) {
-				bad("seq %d: pool %s: %d host entries for %d table entries", id, c.groups[g].Name, len(s.host[g]), len(s.tables[g]))
-			}
-			if !s.suspended && len(s.host[g]) != 0 {
-				bad("seq %d: resident with %d host entries", id, len(s.host[g]))
-			}
 			if len(s.host[g]) == 0 {
 				// Resident with nothing on the host: every entry is a
 				// device block (the common case, kept tight).
@@ -336,9 +317,6 @@ func (c *Core) recount() []string {
 					}
 				}
 			}
-		}
-		if len(s.path) > l.History/tpb || len(s.path) > len(s.prompt)/tpb {
-			bad("seq %d: tree path of %d blocks beyond history %d / prompt %d", id, len(s.path), l.History, len(s.prompt))
 		}
 		parent := c.tree.root
 		s.chkPath = slices.Grow(s.chkPath[:0], len(s.path))[:len(s.path)]
