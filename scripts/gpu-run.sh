@@ -20,7 +20,7 @@
 #
 # Steps (STEPS, space-separated, in order):
 #   test     ./cuda.test -test.v -test.count=1 $TEST_ARGS, from test/
-#   compare  kvx compare of the cpu scenarios (the compares list below: GQA,
+#   compare  kvx compare (dtype float32, the exact numerics) of the cpu scenarios (the compares list below: GQA,
 #            DSA and dense MLA, the hybrid, a checkpoint; managers v1, v2 and
 #            mamba, reuse on and off, the host tier for reuse and suspend,
 #            mamba's snapshots on the host tier, two pipeline stages), once
@@ -32,7 +32,16 @@
 #            then scripts/cuda-bench.py: PyTorch baselines in the same run and
 #            $OUT/cuda-bench.{md,json}
 #   goldens  every transformers golden checkpoint through kvx generate on
-#            device cuda (scripts/goldens.sh): tokens equal transformers'
+#            device cuda, dtype float32 (scripts/goldens.sh): tokens equal
+#            transformers'
+#   fastcompare  the compares on device cuda, dtype bfloat16 (the fast
+#            numerics), plus chunk sizes and batch sizes: one digest each
+#   goldensfast  the goldens with dtype bfloat16, by vLLM's top-5 rule
+#   invariance  each golden prompt alone and in mixed batches, dtype
+#            bfloat16: the same tokens and top-5 logprobs, bit for bit
+#   bf16goldens  transformers' bf16 outputs of the goldens into $OUT/bf16
+#   e2e      a full-size Llama-3-8B checkpoint against transformers
+#            (scripts/e2e.py): $OUT/e2e/e2e.md
 #   tokenizers  scripts/hf_tokenizer_goldens.py into $OUT/tokenizers
 #   serve    kvx serve of the llama golden on device cuda, its prompts
 #            through /v1/completions (transformers' tokens), then SIGTERM
@@ -119,7 +128,7 @@ step_compare() {
 		for dev in cuda cpu; do
 			echo "== kvx compare -c $scen $args, device $dev"
 			# shellcheck disable=SC2086
-			timeout "${COMPARE_TIMEOUT:-180}" bin/kvx compare -c "scenarios/$scen" --set device=$dev $args \
+			timeout "${COMPARE_TIMEOUT:-180}" bin/kvx compare -c "scenarios/$scen" --set device=$dev --set dtype=float32 $args \
 				--json "$OUT/compare-$i-$dev.json" --no-progress || rc=1
 		done
 		[[ -s $OUT/compare-$i-cuda.json && -s $OUT/compare-$i-cpu.json ]] || { echo "compare $scen: a run wrote no report"; rc=1; continue; }
@@ -139,13 +148,108 @@ step_compare() {
 	return $rc
 }
 
+# fastcompare: the compares list on device cuda with the fast numerics
+# (dtype bfloat16, cuda's default) plus chunk sizes: every variant of a
+# scenario (managers, reuse, chunk sizes, two pipeline stages, the host
+# tier) must give one outputs digest, as the exact numerics do; the fast
+# kernels are deterministic and batch-invariant.
+fastcompares=(
+	"${compares[@]}"
+	"cpu-llama.yaml --vary cache_manager=v1,v2 --vary max_num_tokens=32,48,200"
+	"hf-llama.yaml --vary cache_manager=v1,v2 --vary max_num_tokens=16,64 --vary max_batch_size=1,4 --set model=$here/hf/testdata/llama"
+)
+
+step_fastcompare() {
+	local rc=0 i=0 c
+	for c in "${fastcompares[@]}"; do
+		i=$((i + 1))
+		local scen=${c%% *} args=${c#* }
+		echo "== kvx compare -c $scen $args, device cuda, dtype bfloat16"
+		# shellcheck disable=SC2086
+		timeout "${COMPARE_TIMEOUT:-180}" bin/kvx compare -c "scenarios/$scen" --set device=cuda --set dtype=bfloat16 $args \
+			--json "$OUT/fastcompare-$i.json" --no-progress || rc=1
+		[[ -s $OUT/fastcompare-$i.json ]] || { echo "fastcompare $scen: no report"; rc=1; continue; }
+		local d n
+		d=$(digests "$OUT/fastcompare-$i.json") || { rc=1; continue; }
+		echo "$d" | sed 's/^/  /'
+		n=$(echo "$d" | awk '{print $NF}' | sort -u | wc -l)
+		if [[ $n != 1 ]]; then
+			echo "fastcompare $scen: the outputs digests differ: the fast numerics must be batch-invariant"
+			rc=1
+		else
+			echo "fastcompare $scen: every variant has the same outputs digest"
+		fi
+	done
+	return $rc
+}
+
+# goldensfast: the goldens with the fast numerics, by vLLM's top-5 rule.
+step_goldensfast() {
+	DTYPE=bfloat16 SCENARIO=scenarios/hf-llama.yaml bash scripts/goldens.sh cuda hf/testdata "$OUT/goldens-fast"
+}
+
+# invariance: every golden checkpoint's prompts through kvx generate on
+# device cuda, fast numerics, each prompt alone (max_batch_size 1, whole
+# prompts in one chunk) and all together in batches of up to 12 with
+# chunks of up to 24 tokens and blocks of 8 beside other prompts' decodes: the tokens and the top
+# logprobs must be the same bits.
+step_invariance() {
+	local rc=0 dir name backend manager mt
+	mkdir -p "$OUT/invariance"
+	for dir in hf/testdata/*/ hf/testdata/extra/*/; do
+		[[ -f $dir/prompts.jsonl && -f $dir/config.json ]] || continue
+		name=$(basename "$dir") backend=gqa manager=v2
+		mt=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("model_type",""))' "$dir/config.json")
+		case $mt in
+		deepseek_v3) backend=mla ;;
+		deepseek_v32) backend=dsa ;;
+		nemotron_h | qwen3_next) manager=mamba ;;
+		esac
+		[[ $mt == qwen3_next ]] && { echo "$name: skipped (no Gated DeltaNet kernel on cuda)"; continue; }
+		local a=$OUT/invariance/$name-alone.json b=$OUT/invariance/$name-batched.json
+		bin/kvx generate -c scenarios/hf-llama.yaml --set model="$(cd "$dir" && pwd)" --set device=cuda --set dtype=bfloat16 \
+			--set attention_backend=$backend --set cache_manager=$manager --set max_batch_size=1 --set max_num_tokens=128 \
+			--prompts "$dir/prompts.jsonl" --top-logprobs 5 --json "$a" >"$OUT/invariance/$name-alone.log" 2>&1 || { echo "$name: alone failed"; tail -3 "$OUT/invariance/$name-alone.log"; rc=1; continue; }
+		bin/kvx generate -c scenarios/hf-llama.yaml --set model="$(cd "$dir" && pwd)" --set device=cuda --set dtype=bfloat16 \
+			--set attention_backend=$backend --set cache_manager=$manager --set max_batch_size=12 --set max_num_tokens=24 --set kv_cache_config.tokens_per_block=8 \
+			--prompts "$dir/prompts.jsonl" --top-logprobs 5 --json "$b" >"$OUT/invariance/$name-batched.log" 2>&1 || { echo "$name: batched failed"; tail -3 "$OUT/invariance/$name-batched.log"; rc=1; continue; }
+		python3 - "$a" "$b" "$name" <<'PY' || rc=1
+import json, sys
+a = {r["line"]: (r.get("output_ids"), r.get("top_logprobs")) for r in json.load(open(sys.argv[1]))}
+b = {r["line"]: (r.get("output_ids"), r.get("top_logprobs")) for r in json.load(open(sys.argv[2]))}
+same = sum(1 for k in a if a[k] == b.get(k))
+print(f"{sys.argv[3]}: {same}/{len(a)} prompts give the same tokens and top-5 logprobs alone and batched")
+sys.exit(0 if same == len(a) and len(a) > 0 else 1)
+PY
+	done
+	return $rc
+}
+
+# e2e: kvx's cuda device on a full-size random-weight Llama-3-8B checkpoint
+# that transformers makes here (E2E_CKPT, reused when there), against
+# transformers eager bf16 (sdpa) on the same prompts (scripts/e2e.py):
+# decode steps at batch 1, 8 and 64, load, prefill, throughput; the table
+# in $OUT/e2e.md. E2E_ARGS adds scripts/e2e.py flags (--skip-hf, --only).
+step_e2e() {
+	# shellcheck disable=SC2086
+	python3 scripts/e2e.py --kvx bin/kvx --scenario scenarios/e2e-llama8b.yaml --out "$OUT/e2e" \
+		--ckpt "${E2E_CKPT:-/tmp/kvx-e2e/llama8b}" ${E2E_ARGS:-}
+}
+
+# bf16goldens: transformers' outputs of the golden checkpoints in bfloat16
+# (scripts/hf_goldens_bf16.py), the oracle of the fast numerics; copy
+# $OUT/bf16/<family>/expected-bf16.json into device/hf/testdata to commit.
+step_bf16goldens() {
+	python3 scripts/hf_goldens_bf16.py --testdata hf/testdata --out "$OUT/bf16"
+}
+
 # serve: kvx serve of the llama golden checkpoint on device cuda; every
 # golden prompt (token ids) through POST /v1/completions
 # must give transformers' tokens (expected.json); then SIGTERM
 # must drain and exit 0.
 step_serve() {
 	local port=${SERVE_PORT:-18431} rc=0
-	bin/kvx serve -c scenarios/hf-llama.yaml --set model="$here/hf/testdata/llama" --set device="${SERVE_DEVICE:-cuda}" \
+	bin/kvx serve -c scenarios/hf-llama.yaml --set model="$here/hf/testdata/llama" --set device="${SERVE_DEVICE:-cuda}" --set dtype=float32 \
 		--port "$port" >"$OUT/serve-server.log" 2>&1 &
 	local pid=$!
 	python3 - "$port" "$here/hf/testdata/llama" <<'PY' || rc=1
@@ -232,7 +336,7 @@ step_calibrate() {
 failed=0
 for step in $STEPS; do
 	if ! declare -F "step_$step" >/dev/null; then
-		echo "run.sh: unknown step $step (known: test compare goldens bench tokenizers calibrate serve)" | tee -a "$OUT/summary.txt"
+		echo "run.sh: unknown step $step (known: test compare fastcompare goldens goldensfast invariance bf16goldens e2e bench tokenizers calibrate serve)" | tee -a "$OUT/summary.txt"
 		failed=1
 		continue
 	fi

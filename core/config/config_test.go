@@ -139,6 +139,7 @@ func TestDefaultsFlatten(t *testing.T) {
 		"kv_events_config.enable_kv_cache_events": false, "kv_events_config.publisher": "zmq",
 		"kv_events_config.endpoint": "tcp://*:5557", "kv_events_config.replay_endpoint": "",
 		"kv_events_config.buffer_steps": 10000, "kv_events_config.topic": "",
+		"dtype": "float32",
 	}
 	for _, f := range model.SyntheticFields() {
 		want["synthetic."+f.Key] = nil // zero = default; only device cpu uses them

@@ -47,9 +47,11 @@ func (ld *loader) resolve(c *Config) {
 			c.model, haveModel = m, true
 		}
 	}
-	if haveModel && c.model.Checkpoint != "" && c.KVCache.Dtype == "auto" {
+	ld.resolveDtype(c)
+	if haveModel && c.model.Checkpoint != "" && c.KVCache.Dtype == "auto" && c.Dtype == "float32" {
 		// auto is the checkpoint's own dtype where the kernels keep it:
-		// a float32 checkpoint keeps float32 KV (bf16 and fp16 ones run bf16).
+		// with the exact numerics a float32 checkpoint keeps float32 KV
+		// (bf16 and fp16 ones, and the fast numerics, run bf16).
 		if dt, err := model.CheckpointDtype(c.model.Checkpoint); err != nil {
 			ld.crossErr("model: %q: %v", c.Model, err)
 		} else if dt == "float32" {
@@ -125,6 +127,26 @@ func (ld *loader) resolve(c *Config) {
 	ld.resolveWorkload(c)
 	if haveModel {
 		ld.resolveModel(c)
+	}
+}
+
+// resolveDtype resolves dtype auto (bfloat16 on cuda, float32 elsewhere)
+// and refuses bfloat16 on the cpu device, whose kernels are the float32
+// reference.
+func (ld *loader) resolveDtype(c *Config) {
+	if ld.anyBad("dtype", "device") {
+		return
+	}
+	if c.Dtype == "auto" {
+		c.Dtype = "float32"
+		if c.Device == "cuda" {
+			c.Dtype = "bfloat16"
+		}
+		return
+	}
+	if c.Dtype == "bfloat16" && c.Device == "cpu" {
+		ld.crossErr("dtype: bfloat16 (%s) with device cpu (%s): the cpu device computes in float32 only (its kernels are the exact reference); use dtype: float32 or auto, or device: cuda",
+			ld.where("dtype"), ld.where("device"))
 	}
 }
 

@@ -45,6 +45,8 @@ var baseFields = []field{
 	enumField("plugin_transport", func(c *Config) *string { return &c.PluginTransport }, []string{"auto", "grpc"}, nil),
 	enumField("weights_dtype", func(c *Config) *string { return &c.WeightsDtype }, []string{"bf16", "fp8", "fp4", "w4afp8"},
 		map[string]string{"bfloat16": "bf16", "nvfp4": "fp4"}),
+	enumField("dtype", func(c *Config) *string { return &c.Dtype }, []string{"auto", "float32", "bfloat16"},
+		map[string]string{"fp32": "float32", "bf16": "bfloat16"}),
 	enumField("step_overlap", func(c *Config) *string { return &c.StepOverlap }, []string{"auto", "off"}, nil),
 	stringListField("plugin_dirs", func(c *Config) *[]string { return &c.PluginDirs }),
 	uintField("seed", func(c *Config) *uint64 { return &c.Seed }),
@@ -352,7 +354,7 @@ var ignoredKeys = []string{
 	// Top level.
 	"allreduce_strategy", "attn_backend", "backend", "batch_wait_max_tokens_ratio", "batch_wait_timeout_iters",
 	"batch_wait_timeout_ms", "build_config", "cache_transceiver_config", "checkpoint_format", "checkpoint_loader",
-	"context_parallel_size", "cp_config", "cuda_graph_config", "disable_overlap_scheduler", "dtype",
+	"context_parallel_size", "cp_config", "cuda_graph_config", "disable_overlap_scheduler",
 	"enable_attention_dp", "enable_autotuner", "enable_iter_perf_stats", "enable_iter_req_stats",
 	"enable_layerwise_nvtx_marker", "enable_lm_head_tp_in_adp", "enable_lora", "enable_min_latency",
 	"fail_fast_on_attention_window_too_large", "force_dynamic_quantization", "garbage_collection_gen0_threshold",

@@ -166,14 +166,46 @@ func TestCheckpointModel(t *testing.T) {
 }
 
 // Device cuda takes what device cpu takes: a checkpoint directory keeps its
-// own weights and shapes, with the same kv dtype.
+// own weights and shapes, with the same kv dtype under the exact numerics
+// (dtype float32); the fast numerics, cuda's default, keep bf16 KV.
 func TestCheckpointOnCUDA(t *testing.T) {
 	files := []string{"../../scenarios/hf-llama.yaml"}
 	cpu, _ := load(t, files, nil, nil)
-	cu, _ := load(t, files, nil, []string{"device=cuda"})
+	if fast, _ := load(t, files, nil, []string{"device=cuda"}); fast.Dtype != "bfloat16" || fast.KVCache.Dtype != "auto" {
+		t.Errorf("device cuda: dtype %q kv %q, want bfloat16 and auto (bf16)", fast.Dtype, fast.KVCache.Dtype)
+	}
+	cu, _ := load(t, files, nil, []string{"device=cuda", "dtype=float32"})
 	a, b := cpu.ModelSpec(), cu.ModelSpec()
 	if b.Checkpoint == "" || b.Checkpoint != a.Checkpoint || b.Hidden != a.Hidden || len(b.Layers) != len(a.Layers) || cu.KVCache.Dtype != cpu.KVCache.Dtype {
 		t.Errorf("device cuda: checkpoint %q hidden %d layers %d kv %s; want device cpu's %q %d %d %s",
 			b.Checkpoint, b.Hidden, len(b.Layers), cu.KVCache.Dtype, a.Checkpoint, a.Hidden, len(a.Layers), cpu.KVCache.Dtype)
+	}
+}
+
+// dtype auto is bfloat16 on cuda and float32 elsewhere; bfloat16 on the cpu
+// device is refused, naming both keys.
+func TestDtype(t *testing.T) {
+	files := []string{"../../scenarios/hf-llama.yaml"}
+	for _, tc := range []struct {
+		set  []string
+		want string
+	}{
+		{nil, "float32"},
+		{[]string{"device=cuda"}, "bfloat16"},
+		{[]string{"device=cuda", "dtype=bf16"}, "bfloat16"},
+		{[]string{"device=cuda", "dtype=fp32"}, "float32"},
+		{[]string{"device=sim", "dtype=bfloat16"}, "bfloat16"},
+	} {
+		if c, _ := load(t, files, nil, tc.set); c.Dtype != tc.want {
+			t.Errorf("--set %v: dtype %q, want %q", tc.set, c.Dtype, tc.want)
+		}
+	}
+	_, _, err := Load(files, nil, []string{"device=cpu", "dtype=bfloat16"})
+	if err == nil || !strings.Contains(err.Error(), "dtype: bfloat16") || !strings.Contains(err.Error(), "device cpu") {
+		t.Errorf("dtype bfloat16 on cpu: %v, want an error naming dtype and device", err)
+	}
+	_, _, err = Load(files, nil, []string{"dtype=float16"})
+	if err == nil || !strings.Contains(err.Error(), "dtype") || !strings.Contains(err.Error(), "float16") {
+		t.Errorf("dtype float16: %v, want an error naming the key and the value", err)
 	}
 }

@@ -346,7 +346,7 @@ func Resolve(cfg *config.Config, variant string, withWorkload bool) (*Resolved, 
 			Stage: i, Stages: pp, Model: m, First: st[0], Last: st[1],
 			Backend: cfg.AttentionBackend, Device: cfg.Device, Hardware: hw,
 			TensorParallel: cfg.TensorParallelSize, WeightsDtype: cfg.WeightsDtype,
-			KVDtype: kvDtype(cfg.KVCache.Dtype), Seed: cfg.Seed,
+			KVDtype: kvDtype(cfg.KVCache.Dtype), Dtype: cfg.Dtype, Seed: cfg.Seed,
 			DraftTokens: draft, DraftAcceptance: cfg.Speculative.AcceptanceRate,
 		})
 	}

@@ -133,11 +133,14 @@ func OpenWith(o Options) device.OpenFunc {
 // tokens than the model's MTP layers, buffer widths the kernels do not
 // produce, a pool whose BlockBytes differs from the in-block layout (see
 // the package doc), pools above MaxPoolBytes in all, or a checkpoint that
-// does not load (hf.New's errors).
+// does not load (hf.New's errors), or a dtype other than float32.
 func Open(s device.Stage) (device.Device, error) { return open(s, Options{}) }
 
 func open(s device.Stage, o Options) (device.Device, error) {
 	cfg := s.Config
+	if cfg.Dtype != "" && cfg.Dtype != worker.DtypeFloat32 {
+		return nil, fmt.Errorf("cpu: dtype %q: the cpu device computes in %s only (its kernels are the exact reference)", cfg.Dtype, worker.DtypeFloat32)
+	}
 	ps, err := paged.NewStage("cpu", s, hostOps{})
 	if err != nil {
 		return nil, err

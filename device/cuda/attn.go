@@ -309,7 +309,7 @@ func (o *ops) mlaAttend(layer int, m kernel.MLA, segs []synth.Seg, desc, rs cu.D
 		scale = float32(1 / math.Sqrt(float64(m.QKNopeHeadDim+m.QKRopeHeadDim)))
 	}
 	o.run("kvx_mla_attend", dim{out.r, m.Heads, 1}, dim{attThreads, 1, 1}, shm,
-		append([]any{desc, rs, cudaTensor(in.QNope).p, cudaTensor(in.QPE).p, cudaTensor(w.UK).p, cudaTensor(w.UV).p, out.p},
+		append([]any{desc, rs, cudaTensor(in.QNope).p, cudaTensor(in.QPE).p, o.f32(cudaTensor(w.UK)), o.f32(cudaTensor(w.UV)), out.p},
 			append(lv.attnArgs(), m.Heads, m.KVLoraRank, m.QKNopeHeadDim, m.QKRopeHeadDim, m.VHeadDim, scale, int(m.Dtype), sel, topk, keep)...)...)
 	return nil
 }

@@ -55,6 +55,10 @@ func (o *ops) Weight(data []float32, rows, cols int) synth.Tensor {
 	if o.err != nil {
 		return t
 	}
+	if o.fast && bf16Weights(rows, cols) {
+		o.weightBF16(t, data)
+		return t
+	}
 	p, err := o.g.alloc(t.bytes())
 	if err != nil {
 		o.fail(err)
@@ -112,6 +116,14 @@ func (o *ops) Embed(table synth.Tensor, tokens []int32) synth.Tensor {
 		if tok < 0 || int(tok) >= tb.r {
 			panic(fmt.Sprintf("cuda: Embed: token %d of a %d-row table", tok, tb.r))
 		}
+	}
+	if tb.p == 0 && tb.h != 0 {
+		out := o.newTensor(len(tokens), tb.c)
+		if len(tokens) > 0 && tb.c > 0 {
+			g, b := perRow(len(tokens), 128)
+			o.run("kvx_gather_bf16", g, b, 0, out.p, tb.h, put(o, tokens), len(tokens), tb.c, tb.ld)
+		}
+		return out
 	}
 	return o.gather(tb, tokens)
 }
@@ -175,12 +187,16 @@ const skinnyRows = 8
 var skinnyKernels = [skinnyRows]string{"kvx_matmul_skinny1", "kvx_matmul_skinny2", "kvx_matmul_skinny3",
 	"kvx_matmul_skinny4", "kvx_matmul_skinny5", "kvx_matmul_skinny6", "kvx_matmul_skinny7", "kvx_matmul_skinny8"}
 
-// MatMul is x · wᵀ, each element kernel.Dot(w row, x row): the tiled
-// kernel (64 × 64 outputs a block) for many rows, the skinny one for few.
+// MatMul is x · wᵀ. Exact numerics: each element kernel.Dot(w row, x row),
+// the tiled kernel (64 × 64 outputs a block) for many rows, the skinny one
+// for few. A bf16 weight (fast numerics) runs fastMatMul instead.
 func (o *ops) MatMul(x, w synth.Tensor) synth.Tensor {
 	xt, wt := cudaTensor(x), cudaTensor(w)
 	if xt.c != wt.c {
 		panic(fmt.Sprintf("cuda: MatMul of %d × %d by (%d × %d)ᵀ", xt.r, xt.c, wt.r, wt.c))
+	}
+	if wt.h != 0 {
+		return o.fastMatMul(xt, wt)
 	}
 	n, m, k := xt.r, wt.r, xt.c
 	out := o.newTensor(n, m)

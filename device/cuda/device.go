@@ -104,8 +104,9 @@ func Open(s device.Stage) (device.Device, error) {
 	d.cfg.Model.Layers = nil
 	d.ar.g = g
 	err = g.do(func() error {
-		load := &ops{g: g, ar: &d.ar, weights: &d.weights}
+		load := &ops{g: g, ar: &d.ar, weights: &d.weights, fast: d.fast()}
 		ps, err := paged.NewStage(Name, s, load)
+		load.freeStage()
 		if err != nil {
 			return err
 		}
@@ -121,6 +122,12 @@ func Open(s device.Stage) (device.Device, error) {
 	}
 	return d, nil
 }
+
+// fast reports whether the stage runs the fast numerics (dtype bfloat16):
+// bf16 linear weights on tensor cores, deterministic and batch-invariant
+// but not the cpu's order; float32 (and a host older than the dtype field)
+// runs the exact kernels.
+func (d *Device) fast() bool { return d.cfg.Dtype == worker.DtypeBF16 }
 
 // allocPools allocates the layout's pools, zeroed, after checking they fit.
 func (d *Device) allocPools() error {
@@ -416,7 +423,7 @@ func (d *Device) forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 	if err := d.checkCopies(b.Copies); err != nil {
 		return device.Pass{}, err
 	}
-	o := &ops{g: d.g, ar: &d.ar, weights: &d.weights, d: d, t: t, items: make(map[kvcache.SeqID]*worker.Item, len(b.Items))}
+	o := &ops{g: d.g, ar: &d.ar, weights: &d.weights, fast: d.fast(), d: d, t: t, items: make(map[kvcache.SeqID]*worker.Item, len(b.Items))}
 	copies := append(d.queued, b.Copies...)
 	d.queued = nil
 	d.copyBlocks(o, copies)

@@ -15,10 +15,15 @@ import (
 )
 
 // tensor is the cuda device's synth.Tensor: r × c float32 values, row-major
-// and contiguous, in device memory.
+// and contiguous, in device memory at p. A weight of the fast numerics
+// (bf16Weights) holds bf16 values at h instead, rows ld values apart (the
+// columns padded with zeros to fgemmPad); its p is 0 until a kernel that
+// takes float32 asks for it (ops.f32).
 type tensor struct {
 	p    cu.DevicePtr
 	r, c int
+	h    cu.DevicePtr
+	ld   int
 }
 
 func (t *tensor) Rows() int { return t.r }
@@ -132,6 +137,14 @@ type ops struct {
 	ar      *arena
 	weights *[]cu.DevicePtr // where Weight records what it allocates
 	err     error
+	// fast selects the fast numerics (dtype bfloat16): Weight keeps linear
+	// weights as bf16 and MatMul runs them on tensor cores (fgemm.go).
+	fast bool
+	// stage is Weight's float32 staging buffer in fast mode.
+	stage struct {
+		p    cu.DevicePtr
+		size int64
+	}
 
 	// The paged state of a Forward (nil for ops without a device, as in the
 	// op tests): the device, the runtime's tables, the step's items.

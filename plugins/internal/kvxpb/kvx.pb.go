@@ -3108,8 +3108,11 @@ type WorkerConfig struct {
 	Seed            uint64    `protobuf:"varint,13,opt,name=seed,proto3" json:"seed,omitempty"`
 	DraftTokens     int64     `protobuf:"varint,14,opt,name=draft_tokens,json=draftTokens,proto3" json:"draft_tokens,omitempty"`
 	DraftAcceptance float64   `protobuf:"fixed64,15,opt,name=draft_acceptance,json=draftAcceptance,proto3" json:"draft_acceptance,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// worker.Config.Dtype: the compute dtype ("float32", "bfloat16"; "" is
+	// float32). Feature compute_dtype.
+	Dtype         string `protobuf:"bytes,16,opt,name=dtype,proto3" json:"dtype,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerConfig) Reset() {
@@ -3245,6 +3248,13 @@ func (x *WorkerConfig) GetDraftAcceptance() float64 {
 		return x.DraftAcceptance
 	}
 	return 0
+}
+
+func (x *WorkerConfig) GetDtype() string {
+	if x != nil {
+		return x.Dtype
+	}
+	return ""
 }
 
 // worker.Setup
@@ -4105,7 +4115,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x10KernelClassScale\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12#\n" +
 	"\rcompute_scale\x18\x02 \x01(\x01R\fcomputeScale\x12!\n" +
-	"\fmemory_scale\x18\x03 \x01(\x01R\vmemoryScale\"\xd8\x03\n" +
+	"\fmemory_scale\x18\x03 \x01(\x01R\vmemoryScale\"\xee\x03\n" +
 	"\fWorkerConfig\x12\x14\n" +
 	"\x05stage\x18\x01 \x01(\x03R\x05stage\x12\x16\n" +
 	"\x06stages\x18\x02 \x01(\x03R\x06stages\x12\x1d\n" +
@@ -4123,7 +4133,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x06layout\x18\f \x01(\v2\x0e.kvx.v1.LayoutR\x06layout\x12\x12\n" +
 	"\x04seed\x18\r \x01(\x04R\x04seed\x12!\n" +
 	"\fdraft_tokens\x18\x0e \x01(\x03R\vdraftTokens\x12)\n" +
-	"\x10draft_acceptance\x18\x0f \x01(\x01R\x0fdraftAcceptance\"@\n" +
+	"\x10draft_acceptance\x18\x0f \x01(\x01R\x0fdraftAcceptance\x12\x14\n" +
+	"\x05dtype\x18\x10 \x01(\tR\x05dtype\"@\n" +
 	"\x05Setup\x12!\n" +
 	"\fdevice_bytes\x18\x01 \x01(\x03R\vdeviceBytes\x12\x14\n" +
 	"\x05notes\x18\x02 \x03(\tR\x05notes\"\x85\x03\n" +

@@ -87,6 +87,11 @@ const (
 	// contiguous copies. A sim worker without it would charge copies their
 	// bytes only, so the client refuses to configure one with a latency.
 	FeatureCopyLatency Feature = "copy_latency"
+	// FeatureComputeDtype: WorkerConfig.dtype, the compute dtype of a
+	// device with real math (worker.Config.Dtype). A worker without it
+	// would run float32 while the report says bfloat16, so the client
+	// refuses to configure one with a dtype other than float32.
+	FeatureComputeDtype Feature = "compute_dtype"
 )
 
 // featureDef is a feature and the proto elements it adds: full names of
@@ -133,6 +138,7 @@ var features = []featureDef{
 		"kvx.v1.ReserveRequest.priority", "kvx.v1.ReserveRequest.priority_duration", "kvx.v1.ReserveRequest.now",
 	}},
 	{Name: FeatureCopyLatency, Adds: []string{"kvx.v1.Hardware.copy_latency"}},
+	{Name: FeatureComputeDtype, Adds: []string{"kvx.v1.WorkerConfig.dtype"}},
 }
 
 // Contract is what one side speaks.

@@ -195,7 +195,7 @@ var fullWorkerInfo = worker.Info{
 
 var fullWorkerConfig = worker.Config{
 	Stage: 1, Stages: 2, Model: fullModel, First: 30, Last: 62, Backend: "dsa", Device: "sim",
-	Hardware: fullHardware, TensorParallel: 8, WeightsDtype: "fp8", KVDtype: "fp8", Layout: fullLayout,
+	Hardware: fullHardware, TensorParallel: 8, WeightsDtype: "fp8", KVDtype: "fp8", Dtype: "bfloat16", Layout: fullLayout,
 	Seed: 1 << 60, DraftTokens: 1, DraftAcceptance: 0.7,
 }
 

@@ -89,6 +89,11 @@ func (c *WorkerClient) Configure(ctx context.Context, cfg worker.Config) (worker
 			"hardware %q: copy_latency %g s given, but the sim worker plugin does not offer feature %s (it would charge block copies their bytes only): rebuild it against this kvx's plugins/sdk",
 			cfg.Hardware.Name, cfg.Hardware.CopyLatency, FeatureCopyLatency)
 	}
+	if cfg.Dtype != "" && cfg.Dtype != worker.DtypeFloat32 && !c.fam.has(FeatureComputeDtype) {
+		return worker.Setup{}, kvcache.Errorf(kvcache.KindUnsupported,
+			"dtype %s given, but the worker plugin does not offer feature %s (it would compute in float32): rebuild it against this kvx's plugins/sdk",
+			cfg.Dtype, FeatureComputeDtype)
+	}
 	req, err := toProtoWorkerConfig(cfg)
 	if err != nil {
 		return worker.Setup{}, kvcache.Errorf(kvcache.KindInvalidConfig, "kvx plugin %s: %v", m, err)

@@ -47,14 +47,30 @@ type Config struct {
 	TensorParallel int
 	WeightsDtype   string // "bf16", "fp8", "fp4", "w4afp8"
 	KVDtype        string // "bf16", "fp8"
-	Layout         kvcache.Layout
-	Seed           uint64
+	// Dtype is the compute dtype of a device with real math (dtype in the
+	// config): DtypeFloat32 ("" too, from a host before the field) or
+	// DtypeBF16. The sim ignores it.
+	Dtype  string
+	Layout kvcache.Layout
+	Seed   uint64
 	// Draft tokens proposed per step by the MTP head (last stage).
 	DraftTokens int
 	// DraftAcceptance is the probability that a draft is accepted, for
 	// devices without real sampling (sim). Real devices verify drafts.
 	DraftAcceptance float64
 }
+
+// The compute dtypes of Config.Dtype.
+const (
+	// DtypeFloat32 is the exact numerics: float32 weights and activations
+	// in the cpu reference kernels' order of operations, bit for bit on
+	// every device (the oracle).
+	DtypeFloat32 = "float32"
+	// DtypeBF16 is the fast numerics of the cuda device: bf16 weights,
+	// activations rounded to bf16 at the matmuls, float32 accumulation on
+	// tensor cores; deterministic and batch-invariant, not the cpu's bits.
+	DtypeBF16 = "bfloat16"
+)
 
 // Setup is a worker's answer to Configure.
 type Setup struct {

@@ -1,0 +1,193 @@
+//go:build cuda && cgo
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/synth"
+)
+
+// fastOps returns test ops with the fast numerics (dtype bfloat16).
+func fastOps(t testing.TB) *ops {
+	o := newTestOps(t)
+	o.fast = true
+	t.Cleanup(func() { o.g.do(func() error { o.freeStage(); return nil }) })
+	return o
+}
+
+// fgemmShapes are (rows, outputs, inputs) of the fast-matmul tests: rows
+// around every kernel's edges (1, a skinny tile, several, the tiled
+// kernel's threshold and a ragged tiled tail), outputs not a multiple of a
+// block, inputs not a multiple of the 128-value pad, and Llama-3-8B's
+// projections.
+var fgemmShapes = [][3]int{
+	{1, 40, 100}, {3, 17, 64}, {16, 96, 200}, {33, 130, 128}, {70, 64, 64},
+	{255, 136, 320}, {256, 128, 64}, {300, 200, 96}, {1, 4096, 4096}, {64, 1024, 4096}, {384, 512, 14336},
+}
+
+// TestFastMatMul: MatMul with a bf16 weight equals x (rounded to bf16) ·
+// wᵀ (rounded to bf16) in float64 within the float32 chain's error: 2^-22
+// of Σ|x_k w_k| per 16-value step, plus 64 steps of slack.
+func TestFastMatMul(t *testing.T) {
+	o := fastOps(t)
+	for _, s := range fgemmShapes {
+		n, m, k := s[0], s[1], s[2]
+		t.Run(fmt.Sprintf("%dx%dx%d", n, m, k), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(n), uint64(m*k)))
+			xv, wv := randVals(rng, n*k, 1), randVals(rng, m*k, 1)
+			var got []float32
+			on(t, o, func() {
+				w := o.Weight(wv, m, k)
+				if wt := cudaTensor(w); wt.h == 0 || wt.p != 0 {
+					t.Errorf("fast Weight(%d × %d): bf16 %#x, float32 %#x; want only bf16", m, k, wt.h, wt.p)
+				}
+				got = o.ToHost(o.MatMul(hostTensor(o, xv, n, k), w))
+			})
+			tol := (float64(k)/16 + 64) * math.Ldexp(1, -22)
+			bad, worst := 0, 0.0
+			for i := range n {
+				for j := range m {
+					var want, mag float64
+					for l := range k {
+						p := float64(bf16Round(xv[i*k+l])) * float64(bf16Round(wv[j*k+l]))
+						want += p
+						mag += math.Abs(p)
+					}
+					d := math.Abs(float64(got[i*m+j]) - want)
+					worst = max(worst, d/(tol*mag+1e-30))
+					if !(d <= tol*mag) {
+						if bad++; bad <= 3 {
+							t.Errorf("C[%d][%d] = %v, want %v (tolerance %.3g)", i, j, got[i*m+j], want, tol*mag)
+						}
+					}
+				}
+			}
+			if bad > 0 {
+				t.Errorf("%d of %d values out of tolerance", bad, n*m)
+			}
+			t.Logf("largest difference: %.3g of the tolerance", worst)
+		})
+	}
+}
+
+func bf16Round(f float32) float32 { return kernel.Float32FromBF16(kernel.BF16FromFloat32(f)) }
+
+// TestFastMatMulBatchInvariant: a row's outputs are the same bits whatever
+// else is in the call: the row alone, inside a batch at any offset, in
+// reverse order, and through every kernel (the three skinny tiles and the
+// tiled one), for every shape of fgemmShapes.
+func TestFastMatMulBatchInvariant(t *testing.T) {
+	o := fastOps(t)
+	for _, s := range fgemmShapes {
+		n, m, k := s[0], s[1], s[2]
+		t.Run(fmt.Sprintf("%dx%dx%d", n, m, k), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(m), uint64(n+k)))
+			xv, wv := randVals(rng, n*k, 1), randVals(rng, m*k, 1)
+			// alone[i] is row i computed by itself (the skinny kernel, one row).
+			alone := make([][]float32, n)
+			rows := make([]int, n)
+			for i := range rows {
+				rows[i] = n - 1 - i
+			}
+			var whole, reversed []float32
+			kernels := map[string][]float32{}
+			on(t, o, func() {
+				w := cudaTensor(o.Weight(wv, m, k))
+				x := hostTensor(o, xv, n, k)
+				for i := range n {
+					alone[i] = o.ToHost(o.MatMul(o.Rows(x, []int{i}), w))
+				}
+				whole = o.ToHost(o.MatMul(x, w))
+				reversed = o.ToHost(o.MatMul(o.Rows(x, rows), w))
+				xa := o.scratch(int64(n) * int64(w.ld) * 2)
+				g, b := flat(n * w.ld)
+				o.run("kvx_to_bf16", g, b, 0, xa, x.p, n, k, w.ld)
+				for _, mt := range []int{1, 2, 4} {
+					c := o.newTensor(n, m)
+					o.fgemmSkinny(c.p, xa, w.h, n, m, w.ld, mt)
+					kernels[fmt.Sprintf("skinny%d", mt)] = o.ToHost(c)
+				}
+				c := o.newTensor(n, m)
+				o.fgemmTiled(c.p, xa, w.h, n, m, w.ld)
+				kernels["tiled"] = o.ToHost(c)
+			})
+			for i := range n {
+				sameBits(t, fmt.Sprintf("row %d in the whole call", i), alone[i], whole[i*m:(i+1)*m])
+				sameBits(t, fmt.Sprintf("row %d reversed", i), alone[i], reversed[(n-1-i)*m:(n-i)*m])
+				for name, c := range kernels {
+					sameBits(t, fmt.Sprintf("row %d, kernel %s", i, name), alone[i], c[i*m:(i+1)*m])
+				}
+			}
+		})
+	}
+}
+
+// TestFastWeights: a bf16 weight's rows come back exactly rounded through
+// Embed (the bf16 gather) and through f32 (the float32 copy MLA reads); a
+// vector or a narrow matrix stays float32, bit for bit.
+func TestFastWeights(t *testing.T) {
+	o := fastOps(t)
+	rng := rand.New(rand.NewPCG(3, 4))
+	const rows, cols = 50, 70
+	tv := randVals(rng, rows*cols, 1)
+	gains := randVals(rng, cols, 1)
+	conv := randVals(rng, 64*4, 1)
+	toks := []int32{7, 0, 49, 7}
+	var emb, back, g, c []float32
+	on(t, o, func() {
+		tb := o.Weight(tv, rows, cols)
+		emb = o.ToHost(o.Embed(tb, toks))
+		p := o.f32(cudaTensor(tb))
+		back = make([]float32, rows*cols)
+		o.fail(download(back, p))
+		gt, ct := o.Weight(gains, 1, cols), o.Weight(conv, 64, 4)
+		if cudaTensor(gt).h != 0 || cudaTensor(ct).h != 0 {
+			t.Errorf("a 1 × %d and a 64 × 4 weight became bf16", cols)
+		}
+		g, c = o.ToHost(gt), o.ToHost(ct)
+	})
+	want := make([]float32, len(tv))
+	for i, v := range tv {
+		want[i] = bf16Round(v)
+	}
+	sameBits(t, "f32 copy", want, back)
+	for i, tok := range toks {
+		sameBits(t, fmt.Sprintf("Embed row %d (token %d)", i, tok), want[int(tok)*cols:int(tok+1)*cols], emb[i*cols:(i+1)*cols])
+	}
+	sameBits(t, "gains", gains, g)
+	sameBits(t, "conv taps", conv, c)
+}
+
+// BenchmarkFastMatMul measures the fast matmul at decode shapes (reported
+// as GB/s of the weight read once) and prefill shapes (TFLOP/s), Llama-3-8B's
+// projections; scripts/cuda-bench.py sets them against torch.matmul (cuBLAS
+// bf16) on the same shapes in the same run.
+func BenchmarkFastMatMul(b *testing.B) {
+	for _, s := range [][3]int{
+		{1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {1, 128256, 4096},
+		{8, 14336, 4096}, {16, 14336, 4096}, {32, 14336, 4096}, {64, 14336, 4096},
+		{128, 14336, 4096}, {256, 14336, 4096}, {512, 14336, 4096},
+		{2048, 4096, 4096}, {8192, 4096, 4096}, {8192, 14336, 4096}, {8192, 4096, 14336},
+	} {
+		n, m, k := s[0], s[1], s[2]
+		b.Run(fmt.Sprintf("%dx%dx%d", n, m, k), func(b *testing.B) {
+			o := fastOps(b)
+			r := rand.New(rand.NewPCG(1, 1))
+			xv, wv := randVals(r, n*k, 1), randVals(r, m*k, 1)
+			var x, w synth.Tensor
+			on(b, o, func() { x, w = keptTensor(o, xv, n, k), o.Weight(wv, m, k) })
+			timeOps(b, o, 3, func() { o.MatMul(x, w) })
+			b.ResetTimer()
+			d := timeOps(b, o, b.N, func() { o.MatMul(x, w) })
+			sec := d.Seconds() / float64(b.N)
+			b.ReportMetric(2*float64(n)*float64(m)*float64(k)/sec/1e12, "TFLOP/s")
+			b.ReportMetric(float64(m)*float64(k)*2/sec/1e9, "GB/s")
+			b.ReportMetric(float64(sec*1e6), "us")
+		})
+	}
+}

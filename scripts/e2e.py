@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""End to end on the GPU machine (step e2e of scripts/gpu-run.sh): kvx's cuda
+device on a full-size random-weight Llama-3-8B checkpoint against
+transformers eager bf16 (sdpa) on the same prompts, in one run.
+
+1. The checkpoint: transformers builds LlamaForCausalLM with Llama-3.1-8B's
+   config (32 layers, bf16, random weights, seed 0) and saves it to --ckpt
+   (reused when it is there). Its files are read once so the page cache
+   holds them, as the load goal assumes.
+2. The limits measured in the same run: device-to-device copy bandwidth
+   (torch copy_ of 4 GiB, read + write) and cuBLAS's bf16 matmul rate
+   (torch.matmul 8192 x 4096 x 4096).
+3. transformers: batch-1 decode (32 prompt + 128 new tokens, TPOT from two
+   generate calls), prefill of 64 x 2048 tokens (logits of the last
+   position only), and 64 x 2048 + 256 new tokens (output tok/s).
+4. kvx (bin/kvx run, scenarios/e2e-llama8b.yaml, the default dtype: the fast
+   numerics): load (the wall time of a 1-token run), batch-1/8/64 decode
+   TPOT, prefill of 64 x 2048 (engine time of a 1-token run), and 64 x 2048 +
+   256 (TTFT, TPOT p50/p99, output tok/s); batch-1 TPOT also with dtype
+   float32 (the exact numerics) for reference.
+
+Writes OUT/e2e.json and OUT/e2e.md (the table with each goal met or not).
+Usage: python3 scripts/e2e.py --kvx bin/kvx --scenario scenarios/e2e-llama8b.yaml --out OUT [--ckpt DIR] [--skip-hf]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+    "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "vocab_size": 128256,
+}
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def make_checkpoint(d):
+    if os.path.isfile(os.path.join(d, "config.json")) and any(f.endswith(".safetensors") for f in os.listdir(d)):
+        log(f"checkpoint: reusing {d}")
+        return
+    from transformers import LlamaConfig, LlamaForCausalLM
+    t0 = time.time()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**{k: v for k, v in LLAMA_8B.items() if k != "architectures"})
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg)
+    torch.set_default_dtype(torch.float32)
+    model.config.architectures = LLAMA_8B["architectures"]
+    model.save_pretrained(d, safe_serialization=True, max_shard_size="5GB")
+    del model
+    torch.cuda.empty_cache()
+    log(f"checkpoint: made {d} in {time.time() - t0:.1f} s")
+
+
+def warm_page_cache(d):
+    n = 0
+    for f in sorted(os.listdir(d)):
+        with open(os.path.join(d, f), "rb") as fh:
+            while True:
+                b = fh.read(64 << 20)
+                if not b:
+                    break
+                n += len(b)
+    return n
+
+
+def cuda_time(f, reps):
+    f()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        f()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / reps
+
+
+def limits():
+    x = torch.empty(1 << 31, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty_like(x)
+    s = cuda_time(lambda: y.copy_(x), 10)
+    copy = 2 * x.numel() * 2 / s
+    del x, y
+    a = torch.randn(8192, 4096, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda")
+    s = cuda_time(lambda: a @ b, 20)
+    flops = 2 * 8192 * 4096 * 4096 / s
+    return {"copy_GBps": copy / 1e9, "cublas_bf16_TFLOPs": flops / 1e12}
+
+
+def prompts(n, length, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1000, 120000, (n, length), generator=g)
+
+
+def hf_baseline(d):
+    from transformers import AutoModelForCausalLM, GenerationConfig
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16, attn_implementation="sdpa").to("cuda").eval()
+
+    def gen(ids, n):
+        gc = GenerationConfig(do_sample=False, max_new_tokens=n, min_new_tokens=n, eos_token_id=None, pad_token_id=0,
+                              temperature=None, top_p=None, top_k=None)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gc)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    res = {}
+    p1 = prompts(1, 32, 1).cuda()
+    gen(p1, 4)  # warm-up
+    t1, t128 = gen(p1, 1), gen(p1, 128)
+    res["b1_tpot_ms"] = (t128 - t1) / 127 * 1e3
+    p64 = prompts(64, 2048, 2).cuda()
+
+    def prefill():
+        with torch.no_grad():
+            for i in range(0, 64, 8):
+                model(input_ids=p64[i:i + 8], logits_to_keep=1)
+    res["prefill_64x2048_s"] = cuda_time(prefill, 2)
+    t = gen(p64, 256)
+    res["gen_64x2048_256_s"] = t
+    res["gen_64x2048_256_out_tok_s"] = 64 * 256 / t
+    del model
+    torch.cuda.empty_cache()
+    return res
+
+
+def kvx_run(kvx, scen, ckpt, out, tag, sets, timeout=600):
+    js = os.path.join(out, f"e2e-kvx-{tag}.json")
+    cmd = [kvx, "run", "-c", scen, "--set", f"model={ckpt}", "--json", js, "--no-progress"]
+    for s in sets:
+        cmd += ["--set", s]
+    log("kvx:", " ".join(cmd))
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t
+    with open(os.path.join(out, f"e2e-kvx-{tag}.log"), "w") as f:
+        f.write(p.stdout + p.stderr)
+    if p.returncode != 0:
+        log(f"kvx {tag}: exit {p.returncode}\n{p.stderr[-2000:]}")
+        return {"error": f"exit {p.returncode}", "wall_s": wall}
+    doc = json.load(open(js))
+    v = doc["variants"][0]
+    lat, thr = v.get("latency") or {}, v.get("throughput") or {}
+    return {"wall_s": wall, "ttft_p50_ms": lat.get("ttft_p50_ms"), "ttft_p99_ms": lat.get("ttft_p99_ms"),
+            "tpot_p50_ms": lat.get("tpot_p50_ms"), "tpot_p99_ms": lat.get("tpot_p99_ms"),
+            "out_tok_s": thr.get("output_tokens_per_s"), "engine_s": thr.get("engine_s")}
+
+
+def work(n, prompt, new):
+    return [f"workload.requests={n}", f"workload.concurrency={n}", f"workload.prompt_tokens={prompt}",
+            f"workload.output_tokens={new}"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvx", required=True)
+    ap.add_argument("--scenario", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ckpt", default="/tmp/kvx-e2e/llama8b")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated kvx runs (load,b1,b1exact,b8,b64,prefill,gen)")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    os.makedirs(a.ckpt, exist_ok=True)
+    make_checkpoint(a.ckpt)
+    ck_bytes = warm_page_cache(a.ckpt)
+    weights = sum(os.path.getsize(os.path.join(a.ckpt, f)) for f in os.listdir(a.ckpt) if f.endswith(".safetensors"))
+    res = {"checkpoint_bytes": ck_bytes, "weight_bytes": weights, "limits": limits()}
+    log("limits:", res["limits"])
+    if not a.skip_hf:
+        res["transformers"] = hf_baseline(a.ckpt)
+        log("transformers:", res["transformers"])
+    runs = {
+        "load": work(1, 32, 1),
+        "b1": work(1, 32, 128),
+        "b1exact": work(1, 32, 128) + ["dtype=float32"],
+        "b8": work(8, 32, 128),
+        "b64": work(64, 32, 128),
+        "prefill": work(64, 2048, 1),
+        "gen": work(64, 2048, 256),
+    }
+    only = set(filter(None, a.only.split(",")))
+    res["kvx"] = {}
+    for tag, sets in runs.items():
+        if only and tag not in only:
+            continue
+        res["kvx"][tag] = kvx_run(a.kvx, a.scenario, a.ckpt, a.out, tag, sets)
+        log(f"kvx {tag}:", res["kvx"][tag])
+    json.dump(res, open(os.path.join(a.out, "e2e.json"), "w"), indent=1)
+    write_table(res, os.path.join(a.out, "e2e.md"))
+
+
+def write_table(res, path):
+    lim, k, hf = res["limits"], res.get("kvx", {}), res.get("transformers", {})
+    wread_ms = res["weight_bytes"] / (lim["copy_GBps"] * 1e9) * 1e3
+    kv_tok = 32 * 8 * 128 * 2 * 2  # bytes of KV a token (bf16)
+
+    def g(tag, key):
+        v = k.get(tag, {}).get(key)
+        return v if isinstance(v, (int, float)) else None
+
+    rows = []
+
+    def row(work, kvx, base, limit, goal, met):
+        rows.append(f"| {work} | {kvx} | {base} | {limit} | {goal} | {'met' if met else 'not met'} |")
+
+    for tag, b in (("b1", 1), ("b8", 8), ("b64", 64)):
+        t = g(tag, "tpot_p50_ms")
+        lim_ms = (res["weight_bytes"] + b * 160 * kv_tok) / (lim["copy_GBps"] * 1e9) * 1e3
+        factor = 1.15 if b == 1 else 1.3
+        base = f"{hf['b1_tpot_ms']:.2f} ms" if b == 1 and "b1_tpot_ms" in hf else "—"
+        row(f"decode step, batch {b} (TPOT p50)", f"{t:.2f} ms" if t else "failed", base,
+            f"{lim_ms:.2f} ms", f"≤ {factor}× limit", t is not None and t <= factor * lim_ms)
+    t = g("b1exact", "tpot_p50_ms")
+    if t:
+        row("decode step, batch 1, dtype float32 (exact)", f"{t:.2f} ms", "—", f"{wread_ms:.2f} ms", "reference", False)
+    w = g("load", "wall_s")
+    row("kvx run to the end of a 1-token request (load)", f"{w:.1f} s" if w else "failed", "—", "a few seconds", "≤ 5 s", w is not None and w <= 5)
+    p = g("prefill", "engine_s")
+    flops = 2 * 64 * 2048 * 7.5e9 + 4 * 32 * 4096 * 64 * 2048 * 2048 / 2
+    lim_s = flops / (lim["cublas_bf16_TFLOPs"] * 1e12)
+    base = f"{hf['prefill_64x2048_s']:.2f} s" if "prefill_64x2048_s" in hf else "—"
+    row("prefill 64 × 2048", f"{p:.2f} s ({lim_s / p * 100:.0f}% of the cuBLAS-rate time)" if p else "failed", base,
+        f"{lim_s:.2f} s", "≥ 75%", p is not None and lim_s / p >= 0.75)
+    o = g("gen", "out_tok_s")
+    base = f"{hf['gen_64x2048_256_out_tok_s']:.0f} tok/s" if "gen_64x2048_256_out_tok_s" in hf else "—"
+    extra = ""
+    if o:
+        extra = f" (TTFT p50 {g('gen', 'ttft_p50_ms'):.0f} / p99 {g('gen', 'ttft_p99_ms'):.0f} ms, TPOT p50 {g('gen', 'tpot_p50_ms'):.1f} / p99 {g('gen', 'tpot_p99_ms'):.1f} ms)"
+    row("64 × 2048 + 256 new, output tok/s", f"{o:.0f} tok/s{extra}" if o else "failed", base, "—",
+        "≥ 1.5× transformers", o is not None and "gen_64x2048_256_out_tok_s" in hf and o >= 1.5 * hf["gen_64x2048_256_out_tok_s"])
+    head = [f"Measured on the H200 in one run: copy {lim['copy_GBps']:.0f} GB/s (read + write), cuBLAS bf16 "
+            f"{lim['cublas_bf16_TFLOPs']:.0f} TFLOP/s; weights {res['weight_bytes'] / 1e9:.2f} GB, read once in {wread_ms:.2f} ms.", "",
+            "| work | kvx (cuda, dtype bfloat16) | transformers eager bf16 (sdpa) | limit | goal | |", "|---|---|---|---|---|---|"]
+    open(path, "w").write("\n".join(head + rows) + "\n")
+    print("\n".join(head + rows))
+
+
+if __name__ == "__main__":
+    main()
