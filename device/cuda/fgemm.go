@@ -11,14 +11,18 @@ package cuda
 
 import (
 	"fmt"
+	"unsafe"
 
 	"gorgonia.org/cu"
+
+	"github.com/kvx-dev/kvx/device/hf"
+	"github.com/kvx-dev/kvx/device/synth"
 )
 
-// fgemmPad is the k tile every fast-matmul kernel steps by (the skinny
+// fgemmPad is the k tile the fast-matmul kernels step by (the skinny
 // kernel's SK_BK, a multiple of the tiled one's): a weight's row stride
 // (tensor.ld) is its columns rounded up to it.
-const fgemmPad = 128
+const fgemmPad = 64
 
 // fgemmTiledRows is the fewest rows the tiled kernel takes; fewer go to the
 // skinny kernels (decode and small prefills), which keep more warps
@@ -27,14 +31,25 @@ const fgemmTiledRows = 256
 
 // The shared memory of kernels/fgemm.cu's kernels (SK_* and TL_* there).
 const (
-	skWarps, skBK, skStages = 4, 128, 8
-	tlBM, tlBN, tlBK        = 128, 128, 32
-	tlStages, tlThreads     = 4, 256
-	fgemmTiledSmem          = tlStages * (tlBM + tlBN) * tlBK * 2
+	skBK, skStages      = 64, 6
+	tlBM, tlBN, tlBK    = 128, 128, 32
+	tlStages, tlThreads = 4, 256
+	fgemmTiledSmem      = tlStages * (tlBM + tlBN) * tlBK * 2
 )
 
-// fgemmSkinnySmem is the dynamic shared memory of kvx_fgemm_skinny<mt>.
-func fgemmSkinnySmem(mt int) int { return skStages * (16*mt + 8*skWarps) * skBK * 2 }
+// fgemmSkinnySmem is the dynamic shared memory of
+// kvx_fgemm_skinny<mt>w<warps>.
+func fgemmSkinnySmem(mt, warps int) int { return skStages * (16*mt + 8*warps) * skBK * 2 }
+
+// skinnyVariants are the (m16 tiles, warps) of kernels/fgemm.cu's skinny
+// kernels; skinnyWarps the one MatMul takes for each tile count, the
+// fastest of BenchmarkFastSkinny on the H200 at Llama-3-8B's decode shapes
+// (1 and 2 tiles: 4 warps, 1.2-2.5 TB/s; 4 tiles: 8 warps, 1.6 TB/s at
+// 14336 × 4096).
+var (
+	skinnyVariants = [][2]int{{1, 1}, {1, 2}, {1, 4}, {2, 1}, {2, 2}, {2, 4}, {4, 1}, {4, 2}, {4, 4}, {4, 8}}
+	skinnyWarps    = map[int]int{1: 4, 2: 4, 4: 8}
+)
 
 // bf16Weights reports whether a weight of rows × cols is kept as bf16 in
 // fast mode: the matrices of linear layers (and embedding tables). Vectors
@@ -43,6 +58,58 @@ func fgemmSkinnySmem(mt int) int { return skStages * (16*mt + 8*skWarps) * skBK 
 func bf16Weights(rows, cols int) bool { return rows >= 16 && cols >= 16 }
 
 func padK(k int) int { return (k + fgemmPad - 1) / fgemmPad * fgemmPad }
+
+var _ hf.BF16Loader = (*ops)(nil)
+
+// WeightBF16 implements hf.BF16Loader: in fast mode a checkpoint's bf16
+// linear weight goes to the device as it is in the file (padded there),
+// with no float32 copy on the host.
+func (o *ops) WeightBF16(raw []byte, rows, cols int) (synth.Tensor, bool) {
+	if !o.fast || !bf16Weights(rows, cols) {
+		return nil, false
+	}
+	if len(raw) != 2*rows*cols {
+		panic(fmt.Sprintf("cuda: %d bytes for a %d × %d bf16 weight", len(raw), rows, cols))
+	}
+	t := &tensor{r: rows, c: cols, ld: padK(cols)}
+	if o.err != nil {
+		return t, true
+	}
+	h, err := o.g.alloc(int64(rows) * int64(t.ld) * 2)
+	if err != nil {
+		o.fail(err)
+		return t, true
+	}
+	*o.weights = append(*o.weights, h)
+	t.h = h
+	if t.ld == cols {
+		o.fail(upload(h, raw))
+		return t, true
+	}
+	if o.fail(o.stageBytes(raw)); o.err != nil {
+		return t, true
+	}
+	g, b := flat(rows * t.ld)
+	o.run("kvx_pad_bf16", g, b, 0, h, o.stage.p, rows, cols, t.ld)
+	return t, true
+}
+
+// stageBytes copies raw into the staging buffer, grown as needed.
+func (o *ops) stageBytes(raw []byte) error {
+	need := int64(len(raw))
+	if o.stage.size < need {
+		if o.stage.p != 0 {
+			cu.MemFree(o.stage.p)
+		}
+		o.stage.p, o.stage.size = 0, 0
+		p, err := o.g.alloc(need)
+		if err != nil {
+			return err
+		}
+		o.stage.p, o.stage.size = p, need
+	}
+	return upload(o.stage.p, raw)
+}
 
 // weightBF16 makes t (rows × cols, allocated by Weight) a bf16 weight: data
 // goes through a float32 staging buffer on the device and is rounded there
@@ -56,20 +123,7 @@ func (o *ops) weightBF16(t *tensor, data []float32) {
 	}
 	*o.weights = append(*o.weights, h)
 	t.h = h
-	need := int64(len(data)) * 4
-	if o.stage.size < need {
-		if o.stage.p != 0 {
-			cu.MemFree(o.stage.p)
-		}
-		o.stage.p, o.stage.size = 0, 0
-		p, err := o.g.alloc(need)
-		if err != nil {
-			o.fail(err)
-			return
-		}
-		o.stage.p, o.stage.size = p, need
-	}
-	if o.fail(upload(o.stage.p, data)); o.err != nil {
+	if o.fail(o.stageBytes(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(data))), 4*len(data)))); o.err != nil {
 		return
 	}
 	g, b := flat(t.r * t.ld)
@@ -129,7 +183,8 @@ func (o *ops) fgemm(c, a, w cu.DevicePtr, n, m, ld int) {
 		o.fgemmTiled(c, a, w, n, m, ld)
 		return
 	}
-	o.fgemmSkinny(c, a, w, n, m, ld, skinnyTile(n))
+	mt := skinnyTile(n)
+	o.fgemmSkinny(c, a, w, n, m, ld, mt, skinnyWarps[mt])
 }
 
 // skinnyTile is the m16 tiles a skinny block takes for n rows.
@@ -143,11 +198,11 @@ func skinnyTile(n int) int {
 	return 4
 }
 
-// fgemmSkinny runs kvx_fgemm_skinny<mt> (any mt of 1, 2, 4, whatever n:
-// the tests run every one on every shape).
-func (o *ops) fgemmSkinny(c, a, w cu.DevicePtr, n, m, ld, mt int) {
-	name := map[int]string{1: "kvx_fgemm_skinny1", 2: "kvx_fgemm_skinny2", 4: "kvx_fgemm_skinny4"}[mt]
-	o.runShared(name, dim{blocks(n, 16*mt), blocks(m, 8*skWarps), 1}, dim{32 * skWarps, 1, 1}, fgemmSkinnySmem(mt), c, a, w, n, m, ld)
+// fgemmSkinny runs kvx_fgemm_skinny<mt>w<warps> (any of skinnyVariants,
+// whatever n: the tests run every one on every shape).
+func (o *ops) fgemmSkinny(c, a, w cu.DevicePtr, n, m, ld, mt, warps int) {
+	name := fmt.Sprintf("kvx_fgemm_skinny%dw%d", mt, warps)
+	o.runShared(name, dim{blocks(n, 16*mt), blocks(m, 8*warps), 1}, dim{32 * warps, 1, 1}, fgemmSkinnySmem(mt, warps), c, a, w, n, m, ld)
 }
 
 // fgemmTiled runs kvx_fgemm_tiled (any n).

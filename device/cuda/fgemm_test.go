@@ -7,6 +7,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
+
+	"gorgonia.org/cu"
 
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
 	"github.com/kvx-dev/kvx/device/synth"
@@ -23,7 +26,7 @@ func fastOps(t testing.TB) *ops {
 // fgemmShapes are (rows, outputs, inputs) of the fast-matmul tests: rows
 // around every kernel's edges (1, a skinny tile, several, the tiled
 // kernel's threshold and a ragged tiled tail), outputs not a multiple of a
-// block, inputs not a multiple of the 128-value pad, and Llama-3-8B's
+// block, inputs not a multiple of the 64-value pad, and Llama-3-8B's
 // projections.
 var fgemmShapes = [][3]int{
 	{1, 40, 100}, {3, 17, 64}, {16, 96, 200}, {33, 130, 128}, {70, 64, 64},
@@ -79,7 +82,7 @@ func bf16Round(f float32) float32 { return kernel.Float32FromBF16(kernel.BF16Fro
 
 // TestFastMatMulBatchInvariant: a row's outputs are the same bits whatever
 // else is in the call: the row alone, inside a batch at any offset, in
-// reverse order, and through every kernel (the three skinny tiles and the
+// reverse order, and through every kernel (every skinny variant and the
 // tiled one), for every shape of fgemmShapes.
 func TestFastMatMulBatchInvariant(t *testing.T) {
 	o := fastOps(t)
@@ -107,10 +110,10 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 				xa := o.scratch(int64(n) * int64(w.ld) * 2)
 				g, b := flat(n * w.ld)
 				o.run("kvx_to_bf16", g, b, 0, xa, x.p, n, k, w.ld)
-				for _, mt := range []int{1, 2, 4} {
+				for _, v := range skinnyVariants {
 					c := o.newTensor(n, m)
-					o.fgemmSkinny(c.p, xa, w.h, n, m, w.ld, mt)
-					kernels[fmt.Sprintf("skinny%d", mt)] = o.ToHost(c)
+					o.fgemmSkinny(c.p, xa, w.h, n, m, w.ld, v[0], v[1])
+					kernels[fmt.Sprintf("skinny%dw%d", v[0], v[1])] = o.ToHost(c)
 				}
 				c := o.newTensor(n, m)
 				o.fgemmTiled(c.p, xa, w.h, n, m, w.ld)
@@ -163,14 +166,89 @@ func TestFastWeights(t *testing.T) {
 	sameBits(t, "conv taps", conv, c)
 }
 
+// TestWeightBF16: a checkpoint's bf16 bytes (hf.BF16Loader) make the same
+// weight as their float32 values through Weight: MatMul gives the same bits,
+// padded (70 columns) or not (64); a float32-kept shape is declined.
+func TestWeightBF16(t *testing.T) {
+	o := fastOps(t)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, cols := range []int{64, 70} {
+		const rows, n = 40, 5
+		bits, vals := bf16Vals(rng, rows*cols, 1)
+		raw := make([]byte, 2*len(bits))
+		for i, b := range bits {
+			raw[2*i], raw[2*i+1] = byte(b), byte(b>>8)
+		}
+		xv := randVals(rng, n*cols, 1)
+		var viaRaw, viaF32 []float32
+		on(t, o, func() {
+			w, ok := o.WeightBF16(raw, rows, cols)
+			if !ok {
+				t.Errorf("WeightBF16(%d × %d) declined", rows, cols)
+				return
+			}
+			x := hostTensor(o, xv, n, cols)
+			viaRaw = o.ToHost(o.MatMul(x, w))
+			viaF32 = o.ToHost(o.MatMul(x, o.Weight(vals, rows, cols)))
+			if _, ok := o.WeightBF16(raw[:2*cols], 1, cols); ok {
+				t.Errorf("WeightBF16(1 × %d) took a vector", cols)
+			}
+		})
+		sameBits(t, fmt.Sprintf("%d columns", cols), viaF32, viaRaw)
+	}
+}
+
+// BenchmarkFastSkinny measures every skinny variant (m16 tiles × warps a
+// block) at decode shapes, as GB/s of the weight read once: the data
+// skinnyWarps is chosen from.
+func BenchmarkFastSkinny(b *testing.B) {
+	for _, s := range [][3]int{{1, 1024, 4096}, {1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {16, 14336, 4096}, {32, 14336, 4096}, {64, 14336, 4096}, {64, 4096, 14336}} {
+		n, m, k := s[0], s[1], s[2]
+		for _, v := range skinnyVariants {
+			if v[0] < skinnyTile(n) {
+				continue
+			}
+			b.Run(fmt.Sprintf("%dx%dx%d/mt%dw%d", n, m, k, v[0], v[1]), func(b *testing.B) {
+				o := fastOps(b)
+				r := rand.New(rand.NewPCG(1, 1))
+				var x, c cu.DevicePtr
+				var w *tensor
+				on(b, o, func() {
+					w = cudaTensor(o.Weight(randVals(r, m*k, 1), m, k))
+					xt := keptTensor(o, randVals(r, n*k, 1), n, k)
+					var err error
+					if x, err = o.g.alloc(int64(n) * int64(w.ld) * 2); err != nil {
+						o.fail(err)
+						return
+					}
+					if c, err = o.g.alloc(int64(n) * int64(m) * 4); err != nil {
+						o.fail(err)
+						return
+					}
+					*o.weights = append(*o.weights, x, c)
+					g, bl := flat(n * w.ld)
+					o.run("kvx_to_bf16", g, bl, 0, x, xt.p, n, k, w.ld)
+				})
+				f := func() { o.fgemmSkinny(c, x, w.h, n, m, w.ld, v[0], v[1]) }
+				timeOps(b, o, 3, f)
+				b.ResetTimer()
+				d := timeOps(b, o, b.N, f)
+				b.ReportMetric(float64(m)*float64(k)*2/(d.Seconds()/float64(b.N))/1e9, "GB/s")
+			})
+		}
+	}
+}
+
 // BenchmarkFastMatMul measures the fast matmul at decode shapes (reported
 // as GB/s of the weight read once) and prefill shapes (TFLOP/s), Llama-3-8B's
 // projections; scripts/cuda-bench.py sets them against torch.matmul (cuBLAS
-// bf16) on the same shapes in the same run.
+// bf16) on the same shapes in the same run. host-us is the time the host
+// takes to issue one call (both launches): where it is near us, the
+// launches, not the GPU, bound the loop.
 func BenchmarkFastMatMul(b *testing.B) {
 	for _, s := range [][3]int{
-		{1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {1, 128256, 4096},
-		{8, 14336, 4096}, {16, 14336, 4096}, {32, 14336, 4096}, {64, 14336, 4096},
+		{1, 1024, 4096}, {1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {1, 128256, 4096},
+		{8, 14336, 4096}, {16, 14336, 4096}, {32, 14336, 4096}, {64, 14336, 4096}, {64, 4096, 14336},
 		{128, 14336, 4096}, {256, 14336, 4096}, {512, 14336, 4096},
 		{2048, 4096, 4096}, {8192, 4096, 4096}, {8192, 14336, 4096}, {8192, 4096, 14336},
 	} {
@@ -183,11 +261,17 @@ func BenchmarkFastMatMul(b *testing.B) {
 			on(b, o, func() { x, w = keptTensor(o, xv, n, k), o.Weight(wv, m, k) })
 			timeOps(b, o, 3, func() { o.MatMul(x, w) })
 			b.ResetTimer()
-			d := timeOps(b, o, b.N, func() { o.MatMul(x, w) })
+			var issued time.Duration
+			d := timeOps(b, o, b.N, func() {
+				t := time.Now()
+				o.MatMul(x, w)
+				issued += time.Since(t)
+			})
 			sec := d.Seconds() / float64(b.N)
 			b.ReportMetric(2*float64(n)*float64(m)*float64(k)/sec/1e12, "TFLOP/s")
 			b.ReportMetric(float64(m)*float64(k)*2/sec/1e9, "GB/s")
-			b.ReportMetric(float64(sec*1e6), "us")
+			b.ReportMetric(sec*1e6, "us")
+			b.ReportMetric(issued.Seconds()/float64(b.N)*1e6, "host-us")
 		})
 	}
 }

@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"fmt"
+	"unsafe"
 
 	"gorgonia.org/cu"
 
@@ -55,11 +56,23 @@ func shape(name string, t *tensor, r, c int) {
 // arena hands out the device memory of one step's activations: bump
 // allocation in chunks, all of it reused after reset. After a step that
 // needed more than one chunk, reset replaces them by one chunk of their
-// total size, so a steady workload allocates nothing.
+// total size (when the device has it), so a steady workload allocates
+// nothing. Chunks grow by doubling up to arenaStep, so a step's memory is
+// what it uses rounded up by at most arenaStep, never a power of two past
+// it.
+//
+// The arena also stages the small host tables of a step (put): in pinned
+// host memory, copied to the device asynchronously in stream order, so
+// uploading them never waits for the kernels already queued.
 type arena struct {
 	g      *gpu
 	chunks []chunk
 	peak   int64
+
+	pin     unsafe.Pointer // pinned staging of put, pinSize bytes
+	pinSize int64
+	pinOff  int64
+	pinPeak int64 // the most put asked of it in a step (it grows to that at reset)
 }
 
 type chunk struct {
@@ -70,6 +83,8 @@ type chunk struct {
 const (
 	arenaAlign = 256
 	arenaMin   = 64 << 20
+	arenaStep  = 1 << 30
+	pinMin     = 1 << 20
 )
 
 func (a *arena) alloc(n int64) (cu.DevicePtr, error) {
@@ -87,7 +102,7 @@ func (a *arena) alloc(n int64) (cu.DevicePtr, error) {
 	}
 	size := int64(arenaMin)
 	if k := len(a.chunks); k > 0 {
-		size = max(size, 2*a.chunks[k-1].size)
+		size = max(size, min(2*a.chunks[k-1].size, arenaStep))
 	}
 	size = max(size, n)
 	p, err := a.g.alloc(size)
@@ -98,25 +113,68 @@ func (a *arena) alloc(n int64) (cu.DevicePtr, error) {
 	return p, nil
 }
 
+// stage copies n bytes at src to dst (device memory of this step) in
+// stream order: through the pinned staging buffer when it has room (the
+// host does not wait), else with a synchronous copy.
+func (a *arena) stage(dst cu.DevicePtr, src unsafe.Pointer, n int64) error {
+	if n <= 0 {
+		return nil
+	}
+	off := (a.pinOff + 15) / 16 * 16
+	a.pinPeak = max(a.pinPeak, off+n)
+	if a.pin == nil || off+n > a.pinSize {
+		if err := cu.MemcpyHtoD(dst, src, n); err != nil {
+			return fmt.Errorf("cuda: copy %d bytes to the device: %w", n, err)
+		}
+		return nil
+	}
+	p := unsafe.Add(a.pin, off)
+	copy(unsafe.Slice((*byte)(p), n), unsafe.Slice((*byte)(src), n))
+	a.pinOff = off + n
+	if err := cu.MemcpyHtoDAsync(dst, p, n, a.g.stream); err != nil {
+		return fmt.Errorf("cuda: copy %d bytes to the device: %w", n, err)
+	}
+	return nil
+}
+
 // reset makes all of the arena's memory free again. The caller must have
-// synchronized: no kernel may still use it.
+// synchronized: no kernel or copy may still use it (reset synchronizes
+// itself when the pinned staging was used, so no host write can overtake
+// a copy still reading it).
 func (a *arena) reset() error {
+	if a.pinOff > 0 {
+		if err := a.g.sync(); err != nil {
+			return err
+		}
+	}
 	var total int64
 	for _, c := range a.chunks {
 		total += c.size
 	}
 	a.peak = max(a.peak, total)
 	if len(a.chunks) > 1 {
-		a.free()
-		p, err := a.g.alloc(total)
-		if err != nil {
-			return err
+		if p, err := a.g.alloc(total); err == nil {
+			for _, c := range a.chunks {
+				cu.MemFree(c.p)
+			}
+			a.chunks = []chunk{{p: p, size: total}}
 		}
-		a.chunks = []chunk{{p: p, size: total}}
 	}
 	for i := range a.chunks {
 		a.chunks[i].off = 0
 	}
+	if want := max(a.pinPeak, pinMin); want > a.pinSize {
+		if a.pin != nil {
+			a.g.freeHost(a.pin)
+			a.pin, a.pinSize = nil, 0
+		}
+		p, _, err := a.g.allocHost(want)
+		if err != nil {
+			return err
+		}
+		a.pin, a.pinSize = p, want
+	}
+	a.pinOff, a.pinPeak = 0, 0
 	return nil
 }
 
@@ -125,6 +183,10 @@ func (a *arena) free() {
 		cu.MemFree(c.p)
 	}
 	a.chunks = nil
+	if a.pin != nil {
+		a.g.freeHost(a.pin)
+		a.pin, a.pinSize = nil, 0
+	}
 }
 
 // ops implements hf.Ops (and so synth.Ops) on the GPU for one step: every
@@ -185,13 +247,14 @@ func (o *ops) scratch(n int64) cu.DevicePtr {
 }
 
 // put copies host values (int32, int64, uint64, float32) into the step's
-// arena and returns their address.
+// arena and returns their address. The copy is in stream order (arena.stage):
+// v may be reused as soon as put returns.
 func put[T any](o *ops, v []T) cu.DevicePtr {
 	var zero T
 	n := int64(len(v)) * int64(sizeOf(zero))
 	p := o.scratch(n)
-	if o.err == nil {
-		o.fail(upload(p, v))
+	if o.err == nil && n > 0 {
+		o.fail(o.ar.stage(p, unsafe.Pointer(unsafe.SliceData(v)), n))
 	}
 	return p
 }

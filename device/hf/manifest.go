@@ -220,14 +220,25 @@ func (t *manifest) host(name string) []float32 {
 	return data
 }
 
+// BF16Loader is an optional interface of a synth.Loader whose device keeps
+// some weights in bf16 (the cuda device's fast numerics): a bf16 tensor of
+// the checkpoint goes to it as its bytes, with no float32 copy on the host.
+type BF16Loader interface {
+	// WeightBF16 makes a rows × cols weight of raw, little-endian bf16
+	// values row-major (raw is only read, during the call), and reports
+	// whether it did: false when the device keeps that weight in float32
+	// (the loader then calls Weight).
+	WeightBF16(raw []byte, rows, cols int) (synth.Tensor, bool)
+}
+
 // load puts tensor name on the device as shape[0] × (the rest), a 1-D one
-// as 1 × n; nil where host returns nil.
+// as 1 × n; nil where host returns nil. A bf16 tensor goes as its bytes to
+// a BF16Loader that takes it.
 func (t *manifest) load(name string) synth.Tensor {
-	data := t.host(name)
-	if data == nil {
+	shape, ok := t.shape(name)
+	if !ok {
 		return nil
 	}
-	shape, _ := t.shape(name)
 	rows, cols := 1, 1
 	for i, d := range shape {
 		if i == 0 && len(shape) > 1 {
@@ -235,6 +246,24 @@ func (t *manifest) load(name string) synth.Tensor {
 		} else {
 			cols *= d
 		}
+	}
+	if bl, ok := t.ops.(BF16Loader); ok {
+		raw, isBF16, err := t.ck.BF16(name, shape...)
+		if err != nil {
+			if t.lerr == nil {
+				t.lerr = err
+			}
+			return nil
+		}
+		if isBF16 {
+			if w, ok := bl.WeightBF16(raw, rows, cols); ok {
+				return w
+			}
+		}
+	}
+	data := t.host(name)
+	if data == nil {
+		return nil
 	}
 	return t.ops.Weight(data, rows, cols)
 }

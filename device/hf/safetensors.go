@@ -278,6 +278,27 @@ func (c *Checkpoint) Float32(name string, want ...int) ([]float32, error) {
 	return nil, fmt.Errorf("checkpoint %s: tensor %q has dtype %s; the reader converts F32, BF16 and F16 (and F8_E4M3, F8_E5M2 with block scales)", c.dir, name, ti.Dtype)
 }
 
+// BF16 returns tensor name's bytes when it is stored as BF16 with shape
+// want: the little-endian bf16 values, row-major, aliasing the mapped file
+// (valid until Close; the caller must not modify or keep them). ok is false,
+// with no error, for any other dtype (read it with Float32); the errors are
+// Float32's for a missing tensor or a shape other than want.
+func (c *Checkpoint) BF16(name string, want ...int) (raw []byte, ok bool, err error) {
+	f := c.where[name]
+	if f == nil {
+		return nil, false, fmt.Errorf("checkpoint %s: tensor %q is missing (want shape %v)", c.dir, name, want)
+	}
+	ti := f.tensors[name]
+	if !slices.Equal(ti.Shape, toInt64(want)) {
+		return nil, false, fmt.Errorf("checkpoint %s: tensor %q has shape %v, want %v", c.dir, name, ti.Shape, want)
+	}
+	if ti.Dtype != "BF16" {
+		return nil, false, nil
+	}
+	c.read[name] = true
+	return f.data[f.base+ti.DataOffsets[0] : f.base+ti.DataOffsets[1]], true, nil
+}
+
 func toInt64(v []int) []int64 {
 	out := make([]int64, len(v))
 	for i, x := range v {

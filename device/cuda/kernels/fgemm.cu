@@ -36,6 +36,16 @@ extern "C" __global__ void kvx_to_bf16(unsigned short* y, const float* x, long l
 	}
 }
 
+// kvx_pad_bf16: y (rows × ld bf16) = x (rows × cols bf16), columns
+// cols..ld-1 zero. Grid-stride over rows × ld.
+extern "C" __global__ void kvx_pad_bf16(unsigned short* y, const unsigned short* x, long long rows, long long cols, long long ld) {
+	const long long n = rows * ld;
+	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+		const long long r = i / ld, c = i - r * ld;
+		y[i] = c < cols ? x[r * cols + c] : (unsigned short)0;
+	}
+}
+
 // kvx_bf16_to_f32: y (rows × cols float32) = x (rows × ld bf16), exactly.
 extern "C" __global__ void kvx_bf16_to_f32(float* y, const unsigned short* x, long long rows, long long cols, long long ld) {
 	const long long n = rows * cols;
@@ -54,30 +64,27 @@ extern "C" __global__ void kvx_gather_bf16(float* out, const unsigned short* tab
 	}
 }
 
-// The skinny kernel: a block of SK_WARPS warps covers 16·MT rows and
-// 8·SK_WARPS columns; every warp owns 8 columns (one n8 tile) and all the
-// block's rows, the A tile is shared. One warp per 8 columns keeps many
-// warps streaming the weight when M is small (decode), which is what bounds
-// the time there; SK_STAGES - 1 k tiles of the weight in flight per block
-// (28 KiB of it per block) hide the memory's latency. Operands travel
-// global -> shared by cp.async in an SK_STAGES ring of SK_BK-wide k tiles,
-// shared -> registers by ldmatrix. Shared rows are SK_BK bf16 = 16 chunks
-// of 16 bytes; chunk c of row r is stored at c ^ (r % 8), so the 8 rows an
-// ldmatrix reads hit 8 bank groups. The grid's x walks the row tiles, so
-// the blocks that read the same weight columns run together and all but
-// the first find them in L2.
-#define SK_WARPS 4
-#define SK_BK 128
-#define SK_STAGES 8
-#define SK_CHUNKS (SK_BK / 8)
+// The skinny kernel: a block of WARPS warps covers 16·MT rows and
+// 8·WARPS columns; every warp owns 8 columns (one n8 tile) and all the
+// block's rows, the A tile is shared. Few warps a block and one warp per 8
+// columns keep many blocks streaming the weight when M is small (decode),
+// which is what bounds the time there. Operands travel global -> shared by
+// cp.async in an SK_STAGES ring of SK_BK-wide k tiles, shared -> registers
+// by ldmatrix. Shared rows are SK_BK bf16 = 8 chunks of 16 bytes; chunk c
+// of row r is stored at c ^ (r % 8), so the 8 rows an ldmatrix reads hit 8
+// bank groups. The grid's x walks the row tiles, so the blocks that read
+// the same weight columns run together and all but the first find them in
+// L2.
+#define SK_BK 64
+#define SK_STAGES 6
 
 __device__ __forceinline__ int sk_swz(int r, int ch) { return r * SK_BK + ((ch ^ (r & 7)) * 8); }
 
-template <int MT>
+template <int MT, int WARPS>
 __device__ __forceinline__ void fgemm_skinny(float* C, const unsigned short* A, const unsigned short* W, long long M, long long N, long long ld) {
-	extern __shared__ __align__(16) unsigned char smem[];
-	constexpr int AR = 16 * MT, BR = 8 * SK_WARPS, ROWS = AR + BR;
-	unsigned short* sA = (unsigned short*)smem;
+	extern __shared__ __align__(16) unsigned char sk_smem[];
+	constexpr int AR = 16 * MT, BR = 8 * WARPS, ROWS = AR + BR;
+	unsigned short* sA = (unsigned short*)sk_smem;
 	unsigned short* sB = sA + SK_STAGES * AR * SK_BK;
 	const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 	const int g = lane / 4, t4 = lane % 4;
@@ -87,8 +94,8 @@ __device__ __forceinline__ void fgemm_skinny(float* C, const unsigned short* A, 
 	auto load = [&](int kt) {
 		const int st = kt % SK_STAGES;
 		const long long k0 = (long long)kt * SK_BK;
-		for (int c = tid; c < ROWS * SK_CHUNKS; c += 32 * SK_WARPS) {
-			const int r = c / SK_CHUNKS, ch = c % SK_CHUNKS;
+		for (int c = tid; c < ROWS * 8; c += 32 * WARPS) {
+			const int r = c / 8, ch = c % 8;
 			if (r < AR) {
 				const long long row = m0 + r;
 				const bool ok = row < M;
@@ -121,7 +128,7 @@ __device__ __forceinline__ void fgemm_skinny(float* C, const unsigned short* A, 
 		const unsigned short* b = sB + st * BR * SK_BK;
 #pragma unroll
 		for (int kk = 0; kk < SK_BK / 16; kk += 2) {
-			// b[0], b[1]: this warp's 8 columns at k16 step kk; b[2], b[3] at kk+1.
+			// bf[0], bf[1]: this warp's 8 columns at k16 step kk; bf[2], bf[3] at kk+1.
 			unsigned bf[4];
 			ldsm_x4(bf, b + sk_swz(warp * 8 + lane % 8, kk * 2 + lane / 8));
 #pragma unroll
@@ -151,21 +158,24 @@ __device__ __forceinline__ void fgemm_skinny(float* C, const unsigned short* A, 
 	}
 }
 
-// kvx_fgemm_skinny{1,2,4}: grid (ceil(M / (16·MT)), ceil(N / 32)), block
-// 128, fgemmSkinnySmem(MT) bytes of dynamic shared memory (fgemm.go). ld
-// is a multiple of SK_BK.
-extern "C" __global__ void __launch_bounds__(32 * SK_WARPS)
-kvx_fgemm_skinny1(float* C, const unsigned short* A, const unsigned short* W, long long M, long long N, long long ld) {
-	fgemm_skinny<1>(C, A, W, M, N, ld);
-}
-extern "C" __global__ void __launch_bounds__(32 * SK_WARPS)
-kvx_fgemm_skinny2(float* C, const unsigned short* A, const unsigned short* W, long long M, long long N, long long ld) {
-	fgemm_skinny<2>(C, A, W, M, N, ld);
-}
-extern "C" __global__ void __launch_bounds__(32 * SK_WARPS)
-kvx_fgemm_skinny4(float* C, const unsigned short* A, const unsigned short* W, long long M, long long N, long long ld) {
-	fgemm_skinny<4>(C, A, W, M, N, ld);
-}
+// kvx_fgemm_skinny<MT>w<WARPS>: grid (ceil(M / (16·MT)), ceil(N /
+// (8·WARPS))), block 32·WARPS, fgemmSkinnySmem(MT, WARPS) bytes of dynamic
+// shared memory (fgemm.go). ld is a multiple of SK_BK.
+#define SKINNY(MT, WARPS)                                                                                              \
+	extern "C" __global__ void __launch_bounds__(32 * WARPS) kvx_fgemm_skinny##MT##w##WARPS(                        \
+		float* C, const unsigned short* A, const unsigned short* W, long long M, long long N, long long ld) {         \
+		fgemm_skinny<MT, WARPS>(C, A, W, M, N, ld);                                                                  \
+	}
+SKINNY(1, 1)
+SKINNY(1, 2)
+SKINNY(1, 4)
+SKINNY(2, 1)
+SKINNY(2, 2)
+SKINNY(2, 4)
+SKINNY(4, 1)
+SKINNY(4, 2)
+SKINNY(4, 4)
+SKINNY(4, 8)
 
 // The tiled kernel for many rows: block tile 128 × 128 × 32, 8 warps of
 // 64 × 32 (4 × 4 m16n8k16 tiles, 64 float32 accumulators a thread), a
