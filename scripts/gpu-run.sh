@@ -3,7 +3,7 @@
 # runs the cuda device's checks on a machine with an NVIDIA GPU, where Go
 # need not be installed:
 #
-#   bash .gpu/run.sh                 # STEPS="test compare"
+#   bash .gpu/run.sh                 # STEPS="test compare fastcompare invariance"
 #   STEPS="test" TEST_ARGS="-test.run TestOps" bash .gpu/run.sh
 #
 # The bundle beside it (bundle.tar.xz, unpacked here on the first run) holds
@@ -62,7 +62,7 @@ here=$PWD
 export PATH=$here/bin:$PATH
 OUT=${OUT:-$here/out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-test compare}
+STEPS=${STEPS:-test compare fastcompare invariance}
 TEST_ARGS=${TEST_ARGS:-}
 
 if [[ -f bundle.tar.xz ]]; then

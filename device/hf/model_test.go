@@ -1,6 +1,7 @@
 package hf_test
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -114,5 +115,74 @@ func TestNewRejects(t *testing.T) {
 	m.Arch = "MistralForCausalLM"
 	if _, err := hf.New(m, dir, 0, 2, &loader{}); err == nil || !strings.Contains(err.Error(), "architecture LlamaForCausalLM") {
 		t.Errorf("arch mismatch: New = %v, want an architecture error", err)
+	}
+}
+
+// valuesLoader keeps every weight's values in load order; as a BF16Loader
+// (bf16 true) it takes the matrices of at least 2 × 2 as raw bf16 bytes.
+type valuesLoader struct {
+	bf16 bool
+	got  [][]float32
+	raw  int // weights taken through WeightBF16
+}
+
+func (l *valuesLoader) Weight(data []float32, rows, cols int) synth.Tensor {
+	l.got = append(l.got, append([]float32(nil), data...))
+	return tensor{rows, cols}
+}
+
+type bf16Loader struct{ *valuesLoader }
+
+func (l bf16Loader) WeightBF16(raw []byte, rows, cols int) (synth.Tensor, bool) {
+	if rows < 2 || cols < 2 {
+		return nil, false
+	}
+	if len(raw) != 2*rows*cols {
+		panic("WeightBF16: wrong byte count")
+	}
+	v := make([]float32, rows*cols)
+	for i := range v {
+		v[i] = math.Float32frombits(uint32(raw[2*i])<<16 | uint32(raw[2*i+1])<<24)
+	}
+	l.raw++
+	return l.Weight(v, rows, cols), true
+}
+
+// TestBF16Loader: a BF16Loader gets a bf16 checkpoint's matrices as their
+// bytes, the same values Weight gets through the float32 path, in the same
+// order and shapes; a float32 checkpoint never reaches WeightBF16.
+func TestBF16Loader(t *testing.T) {
+	for _, dt := range []string{"BF16", "F32"} {
+		s := tiny
+		s.Dtype = dt
+		dir := write(t, s)
+		m, err := model.Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain := &valuesLoader{}
+		if _, err := hf.New(m, dir, 0, 2, plain); err != nil {
+			t.Fatal(err)
+		}
+		raw := bf16Loader{&valuesLoader{}}
+		if _, err := hf.New(m, dir, 0, 2, raw); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[string]bool{"BF16": true, "F32": false}[dt]; (raw.raw > 0) != want {
+			t.Errorf("dtype %s: %d weights through WeightBF16", dt, raw.raw)
+		}
+		if len(raw.got) != len(plain.got) {
+			t.Fatalf("dtype %s: %d weights, want %d", dt, len(raw.got), len(plain.got))
+		}
+		for i := range plain.got {
+			if len(raw.got[i]) != len(plain.got[i]) {
+				t.Fatalf("dtype %s: weight %d has %d values, want %d", dt, i, len(raw.got[i]), len(plain.got[i]))
+			}
+			for j := range plain.got[i] {
+				if math.Float32bits(raw.got[i][j]) != math.Float32bits(plain.got[i][j]) {
+					t.Fatalf("dtype %s: weight %d value %d = %v, want %v", dt, i, j, raw.got[i][j], plain.got[i][j])
+				}
+			}
+		}
 	}
 }
