@@ -4,7 +4,7 @@ BIN     := $(CURDIR)/bin
 TOOLS   := $(BIN)/tools
 export PATH := $(TOOLS):$(PATH)
 
-.PHONY: all build test test-short test-race bench-smoke fmt-check demo bench proto tools vet clean
+.PHONY: help all build test test-short test-race bench-smoke fmt-check demo bench proto tools vet clean
 
 # Packages that run goroutines of their own (plugin transport, host, engine
 # with started calls and step overlap, setup's launcher, the worker runtime
@@ -12,6 +12,12 @@ export PATH := $(TOOLS):$(PATH)
 RACE_PKGS := ./core/host/ ./core/engine/ ./core/setup/ ./plugins/... ./device/...
 
 all: build
+
+## help: the targets and what each does (their ## comments)
+help:
+	@awk '/^## [a-z0-9-]+: / { if (t) printf "  %-13s %s\n", t, d; t = $$2; sub(/:$$/, "", t); d = substr($$0, length($$2) + 5); next } \
+	  /^## / && t { d = d " " substr($$0, 4); next } { if (t) printf "  %-13s %s\n", t, d; t = "" } \
+	  END { if (t) printf "  %-13s %s\n", t, d }' $(MAKEFILE_LIST)
 
 # VERSION is what kvx --version prints first (main.version); the build's
 # VCS revision comes from the Go build info where GOFLAGS allows it.

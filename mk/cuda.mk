@@ -72,7 +72,7 @@ cuda-build: cuda-deps
 	CGO_ENABLED=1 $(GO) build -trimpath -ldflags='$(GPU_LDFLAGS)' -o $(GPU_DIR)/bin/ $(HOST_BINS:%=./cmd/%)
 
 ## gpu-bundle: everything a GPU machine needs into .gpu/ (run.sh, bundle.tar.xz, scripts/);
-## there: bash .gpu/run.sh (as a device call: carry [".gpu"])
+## run it there with bash .gpu/run.sh (as a device call: carry [".gpu"])
 gpu-bundle: cuda-build
 	@mkdir -p $(GPU_DIR)/test
 	$(CUDA_ENV) $(GO) test -c -tags cuda -trimpath -ldflags='$(GPU_LDFLAGS)' -o $(GPU_DIR)/test/cuda.test ./device/cuda

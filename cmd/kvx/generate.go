@@ -106,6 +106,9 @@ func runGenerate(g *globals, o *generateOpts, cmd *cobra.Command) error {
 	if err != nil {
 		return usageErr(err)
 	}
+	if err := setup.CheckPlugins(cfg, builtin.Registry()); err != nil {
+		return usageErr(err)
+	}
 	tok, noTok, err := tokenizerFor(cfg, res.Model)
 	if err != nil {
 		return usageErr(err)

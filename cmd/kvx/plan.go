@@ -19,7 +19,14 @@ func newPlanCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "plan",
 		Short: "Print each stage's memory budget, device and host tiers, and guaranteed capacity before anything runs",
-		Args:  cobra.NoArgs,
+		Long: `Print each stage's memory budget, device and host tiers, and guaranteed
+capacity before anything runs (with device cuda, from the free GPU memory
+NVML reports).
+
+Exit status: 0 when every stage's layout holds, 1 when a plugin failed, 2
+for bad configuration or usage, a missing or wrong plugin, or a layout that
+cannot hold the limits (the message names the numbers and the fix).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := loadConfig(g, nil)
 			if err != nil {

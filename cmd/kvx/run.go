@@ -27,6 +27,13 @@ import (
 	"github.com/kvx-dev/kvx/scenarios"
 )
 
+// runExitStatus is the exit status paragraph of run's and compare's help.
+const runExitStatus = `Exit status: 0 when every run finished, 1 when an engine failed or an
+invariant broke, 2 for bad configuration or usage (every variant's
+configuration, plugin paths and output paths are checked before the first
+run), 130, 143 or 129 when SIGINT, SIGTERM or SIGHUP stopped it (the partial
+report is written first).`
+
 // runOpts are the flags of run and compare.
 type runOpts struct {
 	jsonOut    string
@@ -43,7 +50,11 @@ func newRunCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Replay a trace or scenario and print the report",
-		Args:  cobra.NoArgs,
+		Long: `Replay a trace or scenario and print the report.
+Without --config, the bundled demo scenario runs.
+
+` + runExitStatus,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runVariants(cmd.Context(), g, o, []variant{{name: "run"}})
 		},
@@ -60,7 +71,9 @@ func newCompareCmd(g *globals) *cobra.Command {
 		Long: `Run variants of one config on the same workload and print them side by side.
 Each --vary key=a,b,c adds one variant per value; several --vary flags give
 every combination; without --vary, compare varies cache_manager=v1,v2.
-Without --config, the bundled demo scenario runs.`,
+Without --config, the bundled demo scenario runs.
+
+` + runExitStatus,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			vs, err := variants(o.varies)
@@ -143,10 +156,20 @@ func variants(varies []string) ([]variant, error) {
 		if !ok || key == "" || vals == "" {
 			return nil, fmt.Errorf("--vary %q: want key=a,b[,c]", v)
 		}
+		values := strings.Split(vals, ",")
+		for i, val := range values {
+			val = strings.TrimSpace(val)
+			if val == "" {
+				return nil, fmt.Errorf("--vary %q: value %d of %d is empty", v, i+1, len(values))
+			}
+			if j := slices.IndexFunc(values[:i], func(w string) bool { return strings.TrimSpace(w) == val }); j >= 0 {
+				return nil, fmt.Errorf("--vary %q: value %q is given twice (values %d and %d)", v, val, j+1, i+1)
+			}
+			values[i] = val
+		}
 		var next []variant
 		for _, base := range out {
-			for _, val := range strings.Split(vals, ",") {
-				val = strings.TrimSpace(val)
+			for _, val := range values {
 				nv := variant{sets: append(slices.Clone(base.sets), key+"="+val)}
 				nv.name = strings.TrimPrefix(base.name+" "+key+"="+val, " ")
 				next = append(next, nv)
@@ -157,9 +180,9 @@ func variants(varies []string) ([]variant, error) {
 	return out, nil
 }
 
-// loadConfig loads the configuration of one variant; without --config it
-// uses the bundled demo scenario.
-func loadConfig(g *globals, extra []string) (*config.Config, error) {
+// loadConfig loads the configuration of one variant (varies: its --vary
+// values); without --config it uses the bundled demo scenario.
+func loadConfig(g *globals, varies []string) (*config.Config, error) {
 	files := g.configs
 	sets := slices.Clone(g.sets)
 	if len(files) == 0 {
@@ -170,7 +193,7 @@ func loadConfig(g *globals, extra []string) (*config.Config, error) {
 		files = []string{path}
 		sets = append([]string{"workload.trace=" + trace}, sets...)
 	}
-	cfg, notices, err := config.Load(files, os.Environ(), append(sets, extra...))
+	cfg, notices, err := config.LoadVaried(files, os.Environ(), sets, varies)
 	for _, n := range notices {
 		fmt.Fprintln(os.Stderr, "notice:", n)
 	}

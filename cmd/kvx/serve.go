@@ -103,6 +103,9 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	if err != nil {
 		return usageErr(err)
 	}
+	if err := setup.CheckPlugins(cfg, builtin.Registry()); err != nil {
+		return usageErr(err)
+	}
 	tok, noTok, err := tokenizerFor(cfg, res.Model)
 	if err != nil {
 		return usageErr(err)

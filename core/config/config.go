@@ -52,22 +52,17 @@ import (
 // AttentionBackend, CacheManager, speculative lengths).
 type Config struct {
 	// kvx keys.
-	Model            string // model: preset name, or path to a config.json or a checkpoint directory; relative to the YAML file that sets it, else to the working directory (required)
-	Hardware         string // hardware: a core/hw preset name (h200)
-	Device           string // device: sim, cpu or cuda (sim)
-	CacheManager     string // cache_manager: v1, v2, mamba or a plugin path (mamba for hybrid models, else v2)
-	AttentionBackend string // attention_backend: dsa, mla or gqa (from the model)
-	Isolation        string // isolation: plugin or inprocess (plugin)
-	PluginTransport  string // plugin_transport: auto (gRPC plus a framed data plane for per-step calls when the plugin offers one) or grpc (auto)
-	WeightsDtype     string // weights_dtype: bf16, fp8, fp4 or w4afp8 (bf16)
-	// Dtype is dtype, the compute dtype of a computing device: float32
-	// (the exact numerics, the cpu's order of operations bit for bit) or
-	// bfloat16 (cuda's fast numerics: bf16 weights on tensor cores,
-	// deterministic and batch-invariant). auto, the default, resolves to
-	// bfloat16 on cuda and float32 elsewhere.
-	Dtype      string
-	PluginDirs []string // plugin_dirs
-	Seed       uint64   // seed (0)
+	Model            string   // model: preset name, or path to a config.json or a checkpoint directory; relative to the YAML file that sets it, else to the working directory (required)
+	Hardware         string   // hardware: a core/hw preset name (h200)
+	Device           string   // device: sim, cpu or cuda (sim)
+	CacheManager     string   // cache_manager: v1, v2, mamba or a plugin path (mamba for hybrid models, else v2)
+	AttentionBackend string   // attention_backend: dsa, mla or gqa (from the model)
+	Isolation        string   // isolation: plugin or inprocess (plugin)
+	PluginTransport  string   // plugin_transport: auto (gRPC plus a framed data plane for per-step calls when the plugin offers one) or grpc (auto)
+	WeightsDtype     string   // weights_dtype: bf16, fp8, fp4 or w4afp8 (bf16)
+	Dtype            string   // dtype: the compute dtype of a computing device, float32 (the exact numerics, the cpu's order bit for bit) or bfloat16 (cuda's fast numerics, deterministic and batch-invariant); auto resolves to bfloat16 on cuda, float32 elsewhere (auto)
+	PluginDirs       []string // plugin_dirs
+	Seed             uint64   // seed (0)
 	// SimCalibration is sim_calibration: the calibration file (kvx
 	// calibrate) of the sim device's cost model, relative to the YAML file
 	// that sets it; "none" for the datasheet roofline; empty for the one

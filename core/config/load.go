@@ -34,6 +34,12 @@ type origin struct {
 // the notices (ignored keys, values beyond the model's limits) and nil; or
 // nil, the notices found so far and every error found, joined.
 func Load(files []string, env []string, sets []string) (*Config, []string, error) {
+	return LoadVaried(files, env, sets, nil)
+}
+
+// LoadVaried is Load with varies ("key=value", a kvx compare variant's
+// values) after sets, overriding them; messages name them "--vary".
+func LoadVaried(files, env, sets, varies []string) (*Config, []string, error) {
 	ld := &loader{origins: map[string]origin{}}
 	merged := koanf.New(".")
 	rank := 0
@@ -78,22 +84,27 @@ func Load(files []string, env []string, sets []string) (*Config, []string, error
 	}
 	rank++
 
-	for _, s := range sets {
-		key, value, ok := strings.Cut(s, "=")
-		key = strings.TrimSpace(key)
-		if !ok || key == "" {
-			ld.errs = append(ld.errs, fmt.Errorf("--set %q: want key=value", s))
-			continue
+	for _, g := range []struct {
+		flag  string
+		pairs []string
+	}{{"--set", sets}, {"--vary", varies}} {
+		for _, s := range g.pairs {
+			key, value, ok := strings.Cut(s, "=")
+			key = strings.TrimSpace(key)
+			if !ok || key == "" {
+				ld.errs = append(ld.errs, fmt.Errorf("%s %q: want key=value", g.flag, s))
+				continue
+			}
+			var v any
+			if err := yamlv3.Unmarshal([]byte(value), &v); err != nil {
+				ld.errs = append(ld.errs, fmt.Errorf("%s %s: value %q is not a YAML scalar or flow list: %v", g.flag, key, value, err))
+				continue
+			}
+			k := koanf.New(".")
+			_ = k.Load(confmap.Provider(map[string]any{key: v}, "."), nil) // confmap cannot fail
+			ld.merge(merged, k, func(string) string { return g.flag }, rank)
+			rank++
 		}
-		var v any
-		if err := yamlv3.Unmarshal([]byte(value), &v); err != nil {
-			ld.errs = append(ld.errs, fmt.Errorf("--set %s: value %q is not a YAML scalar or flow list: %v", key, value, err))
-			continue
-		}
-		k := koanf.New(".")
-		_ = k.Load(confmap.Provider(map[string]any{key: v}, "."), nil) // confmap cannot fail
-		ld.merge(merged, k, func(string) string { return "--set" }, rank)
-		rank++
 	}
 
 	if badFile {

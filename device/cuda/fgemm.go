@@ -94,11 +94,15 @@ func (o *ops) WeightBF16(raw []byte, rows, cols int) (synth.Tensor, bool) {
 	return t, true
 }
 
-// stageBytes copies raw into the staging buffer, grown as needed.
+// stageBytes copies raw into the staging buffer, grown as needed (after the
+// kernels that read the old one are done).
 func (o *ops) stageBytes(raw []byte) error {
 	need := int64(len(raw))
 	if o.stage.size < need {
 		if o.stage.p != 0 {
+			if err := o.g.sync(); err != nil {
+				return err
+			}
 			cu.MemFree(o.stage.p)
 		}
 		o.stage.p, o.stage.size = 0, 0
@@ -134,6 +138,7 @@ func (o *ops) weightBF16(t *tensor, data []float32) {
 // must be on the context's goroutine.
 func (o *ops) freeStage() {
 	if o.stage.p != 0 {
+		o.fail(o.g.sync())
 		cu.MemFree(o.stage.p)
 	}
 	o.stage.p, o.stage.size = 0, 0

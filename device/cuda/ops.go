@@ -202,7 +202,8 @@ type ops struct {
 	// fast selects the fast numerics (dtype bfloat16): Weight keeps linear
 	// weights as bf16 and MatMul runs them on tensor cores (fgemm.go).
 	fast bool
-	// stage is Weight's float32 staging buffer in fast mode.
+	// stage is the device staging buffer of Weight and WeightBF16 in fast
+	// mode (loading only; freeStage releases it).
 	stage struct {
 		p    cu.DevicePtr
 		size int64

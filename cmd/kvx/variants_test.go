@@ -1,0 +1,61 @@
+package main
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvx-dev/kvx/core/config"
+)
+
+// TestVariants: --vary flags expand to their cartesian product; an empty or
+// repeated value is refused, naming the flag and the value's place.
+func TestVariants(t *testing.T) {
+	vs, err := variants([]string{"cache_manager=v1, v2", "max_num_tokens=32,64"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, v := range vs {
+		names = append(names, v.name)
+	}
+	want := []string{"cache_manager=v1 max_num_tokens=32", "cache_manager=v1 max_num_tokens=64",
+		"cache_manager=v2 max_num_tokens=32", "cache_manager=v2 max_num_tokens=64"}
+	if !slices.Equal(names, want) {
+		t.Errorf("variants = %q, want %q", names, want)
+	}
+	for _, tc := range []struct{ vary, want string }{
+		{"cache_manager=v1,,v2", `--vary "cache_manager=v1,,v2": value 2 of 3 is empty`},
+		{"cache_manager=v1,", `value 2 of 2 is empty`},
+		{"cache_manager=v1,v2, v1", `value "v1" is given twice (values 1 and 3)`},
+		{"=v1,v2", `want key=a,b[,c]`},
+	} {
+		if _, err := variants([]string{tc.vary}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("variants(%q) = %v, want an error containing %q", tc.vary, err, tc.want)
+		}
+	}
+}
+
+// A bad --vary value is reported as --vary's, not --set's.
+func TestVaryOrigin(t *testing.T) {
+	_, _, err := config.LoadVaried(nil, nil, []string{"model=llama-3.1-8b"}, []string{"max_num_tokens=-3"})
+	if err == nil || !strings.Contains(err.Error(), "(--vary)") || strings.Contains(err.Error(), "(--set)") {
+		t.Errorf("LoadVaried with a bad --vary value: %v, want it named (--vary)", err)
+	}
+}
+
+// serve and generate check the plugins before they start, as run does: a
+// missing plugin binary is a configuration error (exit 2) naming it.
+func TestMissingPluginExit2(t *testing.T) {
+	const missing = "/nonexistent/kvx-cachemgr-missing"
+	for _, args := range [][]string{
+		{"serve", "-c", "../../scenarios/hf-llama.yaml", "--port", "0", "--set", "cache_manager=" + missing},
+		{"generate", "-c", "../../scenarios/hf-llama.yaml", "--prompts", "../../device/hf/testdata/llama/prompts.jsonl", "--set", "cache_manager=" + missing},
+		{"run", "-c", "../../scenarios/hf-llama.yaml", "--set", "cache_manager=" + missing},
+	} {
+		out, stderr, code := kvx(t, args...)
+		if code != 2 || !strings.Contains(stderr, missing) {
+			t.Errorf("kvx %s with a missing plugin: exit %d, want 2 naming %s\n%s%s", args[0], code, missing, out, stderr)
+		}
+	}
+}
