@@ -587,7 +587,20 @@ var rows = []row{
 	}},
 }
 
-// WriteTable prints the reports side by side, one column per variant.
+// resultsFrom is the first row of rows that is a run's result rather than
+// its configuration.
+var resultsFrom = slices.IndexFunc(rows, func(r row) bool { return r.name == "requests total" })
+
+// neverRan reports whether r is a variant that stopped before its engine
+// took a step (a plugin that did not start, a layout refused): it has no
+// figures, only its error.
+func neverRan(r *Report) bool {
+	return r.Status != "" && r.Status != StatusFinished && r.Engine.Steps == 0
+}
+
+// WriteTable prints the reports side by side, one column per variant. A
+// variant that never ran shows "-" for every result and its error; "wall
+// time vs first" compares with the first variant that ran.
 func WriteTable(w io.Writer, rs []Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "variant")
@@ -595,17 +608,26 @@ func WriteTable(w io.Writer, rs []Report) error {
 		fmt.Fprintf(tw, "\t%s", rs[i].Variant)
 	}
 	fmt.Fprintln(tw)
-	for _, rw := range rows {
+	for k, rw := range rows {
 		fmt.Fprint(tw, rw.name)
 		for i := range rs {
-			fmt.Fprintf(tw, "\t%s", rw.val(&rs[i]))
+			v := rw.val(&rs[i])
+			if k >= resultsFrom && rw.name != "error" && neverRan(&rs[i]) {
+				v = "-"
+			}
+			fmt.Fprintf(tw, "\t%s", v)
 		}
 		fmt.Fprintln(tw)
 	}
-	if len(rs) > 1 && rs[0].Engine.WallS > 0 {
+	first := slices.IndexFunc(rs, func(r Report) bool { return !neverRan(&r) && r.Engine.WallS > 0 })
+	if len(rs) > 1 && first >= 0 {
 		fmt.Fprint(tw, "wall time vs first")
 		for i := range rs {
-			fmt.Fprintf(tw, "\t%.2fx", rs[i].Engine.WallS/rs[0].Engine.WallS)
+			if neverRan(&rs[i]) {
+				fmt.Fprint(tw, "\t-")
+				continue
+			}
+			fmt.Fprintf(tw, "\t%.2fx", rs[i].Engine.WallS/rs[first].Engine.WallS)
 		}
 		fmt.Fprintln(tw)
 	}

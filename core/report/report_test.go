@@ -195,3 +195,38 @@ func TestWriteExplain(t *testing.T) {
 		t.Errorf("explanation of a rejected request:\n%s", buf.String())
 	}
 }
+
+// TestWriteTableNeverRan: a variant that stopped before its first step
+// shows "-" for its figures (not a column of zeros and a digest of no
+// outputs) and its error; the wall-time ratio is against the first variant
+// that ran.
+func TestWriteTableNeverRan(t *testing.T) {
+	ok := sample()[0]
+	ok.Engine.WallS = 2
+	dead := Report{Variant: "cache_manager=./kvx-broken", Status: StatusFailed, Error: "plugin did not start"}
+	dead.Engine.WallS = 0.5
+	dead.Outputs.Digest = "ffffffffffffffff"
+	ok2 := ok
+	ok2.Variant, ok2.Engine.WallS = "cache_manager=v2", 4
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, []Report{dead, ok, ok2}); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case strings.HasPrefix(line, "requests total"), strings.HasPrefix(line, "outputs digest"):
+			if len(f) < 3 || f[2] != "-" {
+				t.Errorf("row %q: the never-ran variant shows %q, want -", line, f)
+			}
+		case strings.HasPrefix(line, "wall time vs first"):
+			if !strings.Contains(line, "-") || !strings.Contains(line, "1.00x") || !strings.Contains(line, "2.00x") {
+				t.Errorf("ratio row %q: want - for the never-ran variant, 1.00x and 2.00x for the others", line)
+			}
+		}
+	}
+	if !strings.Contains(out, "plugin did not start") || strings.Contains(out, "ffffffffffffffff") {
+		t.Errorf("table:\n%s", out)
+	}
+}
