@@ -59,7 +59,8 @@ with an error and kvx serve exits 1.
 
 SIGINT or SIGTERM drains: new requests get 503, the ones in flight finish
 (at most --drain-timeout), then kvx serve exits 0. A second signal exits at
-once.
+once, unless it is the first one again within a second (timeout and a kill
+of the process group deliver it twice).
 
 Exit status: 0 after SIGINT/SIGTERM, 1 when the engine failed, 2 for bad
 configuration or flags.`,

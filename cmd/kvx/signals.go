@@ -7,14 +7,28 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // stopSignals are the signals that stop kvx at any phase (the plugins'
 // start-up included): the run in progress stops, its partial report is
 // written, every plugin process is killed and reaped, and kvx exits
 // 128 + the signal's number (130, 143, 129). A second one exits at once
-// (the plugins then die by the parent-death signal, on Linux).
+// (the plugins then die by the parent-death signal, on Linux), unless it
+// is the first one again within echoWindow: GNU timeout and a kill of the
+// process group deliver one request twice (to the process, then to its
+// group), and that must still drain.
 var stopSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
+
+// echoWindow is how soon after a stop signal the same signal counts as the
+// same request (see stopSignals).
+const echoWindow = time.Second
+
+// exitsNow reports whether next, arriving after since the first stop
+// signal first, ends kvx at once.
+func exitsNow(first, next os.Signal, since time.Duration) bool {
+	return next != first || since >= echoWindow
+}
 
 // interrupt is the signal handling of one kvx process.
 type interrupt struct {
@@ -46,14 +60,18 @@ func signalContext(parent context.Context) (context.Context, *interrupt) {
 	ch := make(chan os.Signal, 2)
 	signal.Notify(ch, stopSignals...)
 	go func() {
-		sig := <-ch
+		first := <-ch
+		at := time.Now()
 		in.mu.Lock()
-		in.sig = sig
+		in.sig = first
 		in.mu.Unlock()
-		cancel(fmt.Errorf("received %v", signalName(sig)))
-		sig = <-ch
-		fmt.Fprintf(os.Stderr, "kvx: %v again: exiting now\n", signalName(sig))
-		os.Exit(exitCode(sig))
+		cancel(fmt.Errorf("received %v", signalName(first)))
+		for sig := range ch {
+			if exitsNow(first, sig, time.Since(at)) {
+				fmt.Fprintf(os.Stderr, "kvx: %v again: exiting now\n", signalName(sig))
+				os.Exit(exitCode(sig))
+			}
+		}
 	}()
 	return ctx, in
 }

@@ -130,5 +130,6 @@ func serve(plugins map[int]plugin.PluginSet, logger hclog.Logger) {
 		}
 		return
 	}
+	ignoreStopSignals()
 	plugin.Serve(cfg)
 }
