@@ -285,6 +285,10 @@ func (h hfTokenizer) Decode(ids []int32) string  { return h.t.Decode(ids, true) 
 // chat template writes its own.
 func (h hfTokenizer) EncodePlain(text string) []int32 { return h.t.Encode(text, false) }
 
+// tokenIDsHint says where token ids go, for the reason there is no
+// tokenizer (kvx generate and kvx serve both show it).
+const tokenIDsHint = `kvx generate: "prompt_ids" in the prompts file; kvx serve: "prompt" as a list of integers in /v1/completions`
+
 // tokenizerFor returns the tokenizer of the model cfg runs, or nil and why
 // there is none. This is the one seam for tokenizers: a Hugging Face
 // checkpoint directory's tokenizer.json, or device/synth's byte tokenizer
@@ -294,7 +298,7 @@ func tokenizerFor(cfg *config.Config, m spec.Model) (tokenizer, string, error) {
 	if st, err := os.Stat(cfg.Model); err == nil && st.IsDir() {
 		path := filepath.Join(cfg.Model, "tokenizer.json")
 		if _, err := os.Stat(path); err != nil {
-			return nil, fmt.Sprintf("model %s is a checkpoint directory without tokenizer.json: give prompt_ids", cfg.Model), nil
+			return nil, fmt.Sprintf("model %s is a checkpoint directory without tokenizer.json: give the prompt as token ids (%s)", cfg.Model, tokenIDsHint), nil
 		}
 		t, err := hftok.Load(path)
 		if err != nil {
@@ -303,7 +307,7 @@ func tokenizerFor(cfg *config.Config, m spec.Model) (tokenizer, string, error) {
 		return hfTokenizer{t}, "", nil
 	}
 	if m.Vocab < synth.MinVocab {
-		return nil, fmt.Sprintf("model %s: vocab %d is smaller than the byte tokenizer's %d ids: give prompt_ids", m.Name, m.Vocab, synth.MinVocab), nil
+		return nil, fmt.Sprintf("model %s: vocab %d is smaller than the byte tokenizer's %d ids: give the prompt as token ids (%s)", m.Name, m.Vocab, synth.MinVocab, tokenIDsHint), nil
 	}
 	return byteTokenizer{}, "", nil
 }

@@ -133,7 +133,7 @@ func TestGenerateCheckpointTokenizerErrors(t *testing.T) {
 		{"id past the vocab", edit(func(m map[string]any) {
 			m["added_tokens"] = append(m["added_tokens"].([]any), map[string]any{"id": 300, "content": "<big>", "special": true})
 		}), 1, []string{"line 1: failed: prompt: its token 3 is id 300, outside the vocabulary [0, 256)", "line 2: 2 prompt tokens"}},
-		{"none", nil, 1, []string{"line 1: failed: prompt (text):", "without tokenizer.json: give prompt_ids", "line 2: 2 prompt tokens"}},
+		{"none", nil, 1, []string{"line 1: failed: prompt (text):", "without tokenizer.json: give the prompt as token ids (kvx generate: \"prompt_ids\"", "line 2: 2 prompt tokens"}},
 	} {
 		cfg := checkpointWithTokenizer(t, tc.tokenizer)
 		out, stderr, code := kvx(t, "generate", "-c", cfg, "--prompts", prompts)
