@@ -28,6 +28,7 @@ var hybridGoldens = []string{"nemotron_h", "qwen3_next"}
 // with the mamba manager's reuse on, the shared-prefix pairs reuse a
 // snapshot.
 func TestHybridGoldens(t *testing.T) {
+	skipUnderRace(t)
 	for _, fam := range hybridGoldens {
 		t.Run(fam, func(t *testing.T) {
 			dir := goldenDir(fam)

@@ -59,6 +59,7 @@ func filled(o hf.GDNOps, rows, cols int, v float32) synth.Tensor {
 // whole heads (partial_rotary_factor ignored) fails the
 // vLLM rule or the logprob tolerance on some prompt.
 func TestQwen3NextGoldenCheckCatchesWrongKernels(t *testing.T) {
+	skipUnderRace(t)
 	gdn := func(edit func(o hf.GDNOps, in *hf.GDNIn, w *hf.GDNWeights)) func(hf.Ops) hf.Ops {
 		return func(o hf.Ops) hf.Ops { return gdnEdit{o.(hf.GDNOps), edit} }
 	}
