@@ -1,6 +1,7 @@
 package tok
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -135,5 +136,22 @@ func TestParseRefusesSparseVocab(t *testing.T) {
 	_, err := Parse([]byte(`{"model":{"type":"BPE","vocab":{"a":1073741824}}}`))
 	if want := "model.vocab: id 1073741824 with 1 entries and 0 added tokens: the limit is 65538"; err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("Parse(sparse vocab) = %v, want an error containing %q", err, want)
+	}
+}
+
+// BenchmarkUnigramLongPiece encodes 16 KiB of text that no piece covers
+// beyond a byte with a vocabulary holding one piece of 20000 bytes. Found
+// writing FuzzEncode (its 4 KiB texts hide it): tokenize hashed w[s:s+l] for
+// every l up to the longest piece, so this took 12 s (cubic in the word);
+// the prefix walk stops at the first byte no piece continues with (3 ms).
+func BenchmarkUnigramLongPiece(b *testing.B) {
+	js := fmt.Sprintf(`{"model":{"type":"Unigram","unk_id":0,"vocab":[["<unk>",0],["a",-1],[%q,-2]]}}`, strings.Repeat("a", 20000)+"b")
+	tk, err := Parse([]byte(js))
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := strings.Repeat("ab", 8<<10)
+	for b.Loop() {
+		tk.Encode(text, false)
 	}
 }
