@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 )
 
@@ -58,6 +59,27 @@ func readAll(t *testing.T, c *Checkpoint) {
 	}
 }
 
+// maxAllocPerByte bounds what opening a checkpoint and reading every
+// tensor may allocate on the heap per byte of its files (beyond a fixed
+// 1 MiB): a float32 copy is at most 4 bytes per stored byte (fp8).
+const maxAllocPerByte = 16
+
+// openAndRead opens dir and reads every tensor of it (readAll), and fails
+// t when that allocated more than maxAllocPerByte per byte of its n bytes
+// of files.
+func openAndRead(t *testing.T, dir string, n int) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if c, err := OpenCheckpoint(dir); err == nil {
+		readAll(t, c)
+		c.Close()
+	}
+	runtime.ReadMemStats(&after)
+	if a := after.TotalAlloc - before.TotalAlloc; a > maxAllocPerByte*uint64(n)+1<<20 {
+		t.Fatalf("opening and reading %d bytes allocated %d bytes, more than %d per byte", n, a, maxAllocPerByte)
+	}
+}
+
 // FuzzOpenCheckpoint writes the input as model.safetensors and opens it with
 // OpenCheckpoint, then reads every tensor it lists. Properties: no panic;
 // memory bounded by the input (no allocation sized by a length or shape
@@ -82,12 +104,7 @@ func FuzzOpenCheckpoint(f *testing.F) {
 		if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), data, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		c, err := OpenCheckpoint(dir)
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		readAll(t, c)
+		openAndRead(t, dir, len(data))
 	})
 }
 
@@ -118,11 +135,6 @@ func FuzzOpenShardedCheckpoint(f *testing.F) {
 		if err := os.WriteFile(filepath.Join(dir, name), shard, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		c, err := OpenCheckpoint(dir)
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		readAll(t, c)
+		openAndRead(t, dir, len(index)+len(shard))
 	})
 }
