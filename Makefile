@@ -81,3 +81,4 @@ clean:
 include mk/proto.mk
 include mk/examples.mk
 include mk/cuda.mk
+include mk/fuzz.mk

@@ -91,9 +91,9 @@ func NewPublisher(opt EventsOptions) (*Publisher, error) {
 	p.pub = zmq4.NewPub(ctx)
 	var err error
 	if binds(opt.Endpoint) {
-		err = p.pub.Listen(opt.Endpoint)
+		err = p.pub.Listen(guarded(opt.Endpoint))
 	} else {
-		err = p.pub.Dial(opt.Endpoint)
+		err = p.pub.Dial(guarded(opt.Endpoint))
 	}
 	if err != nil {
 		p.pub.Close()
@@ -102,7 +102,7 @@ func NewPublisher(opt EventsOptions) (*Publisher, error) {
 	}
 	if opt.ReplayEndpoint != "" {
 		p.replay = zmq4.NewRouter(ctx)
-		if err := p.replay.Listen(opt.ReplayEndpoint); err != nil {
+		if err := p.replay.Listen(guarded(opt.ReplayEndpoint)); err != nil {
 			p.pub.Close()
 			p.replay.Close()
 			cancel()
@@ -212,21 +212,12 @@ func (p *Publisher) serveReplay() {
 		if err != nil {
 			return
 		}
-		f := msg.Frames
-		if len(f) < 2 || len(f[len(f)-1]) != 8 {
-			continue // not a request: the last frame must be a sequence number
+		envelope, start, ok := replayRequest(msg.Frames)
+		if !ok {
+			continue
 		}
-		envelope := f[:len(f)-1] // identity, and the empty delimiter a REQ client adds
-		start := binary.BigEndian.Uint64(f[len(f)-1])
 		p.mu.Lock()
-		first := p.next - uint64(len(p.ring))
-		var seqs []uint64
-		var bufs [][]byte
-		for i, b := range p.ring {
-			if s := first + uint64(i); s >= start {
-				seqs, bufs = append(seqs, s), append(bufs, b)
-			}
-		}
+		seqs, bufs := replayFrom(p.next-uint64(len(p.ring)), p.ring, start)
 		p.mu.Unlock()
 		send := func(seq, payload []byte) error {
 			frames := append(append([][]byte{}, envelope...), seq, payload)
@@ -243,6 +234,30 @@ func (p *Publisher) serveReplay() {
 			return
 		}
 	}
+}
+
+// replayRequest reads the frames of a replay request: the client's
+// envelope (its identity, and the empty delimiter a REQ client adds), then
+// the start sequence number, 8 bytes big endian, as the last frame. ok is
+// false for anything else (fewer than two frames, a last frame of another
+// length), which is not answered. envelope aliases frames.
+func replayRequest(frames [][]byte) (envelope [][]byte, start uint64, ok bool) {
+	if len(frames) < 2 || len(frames[len(frames)-1]) != 8 {
+		return nil, 0, false
+	}
+	return frames[:len(frames)-1], binary.BigEndian.Uint64(frames[len(frames)-1]), true
+}
+
+// replayFrom returns the batches of ring, whose first is sequence number
+// first, from sequence number start on: their numbers and payloads, in
+// order (none when start is past the last).
+func replayFrom(first uint64, ring [][]byte, start uint64) (seqs []uint64, bufs [][]byte) {
+	for i, b := range ring {
+		if s := first + uint64(i); s >= start {
+			seqs, bufs = append(seqs, s), append(bufs, b)
+		}
+	}
+	return seqs, bufs
 }
 
 // EncodeBatch is the msgpack payload of one KVEventBatch (see the file

@@ -204,16 +204,18 @@ func (s *Server) check(c *common, j *job, defaultMax int64) *apiError {
 	} else {
 		m = *mt
 	}
+	// m > lim-n, not n+m > lim: m is the client's, and n+m can overflow
+	// (the messages add them as uint64, which cannot: both are >= 0 here).
 	switch {
 	case m < 1:
 		return badRequest(field, "%s = %d: must be >= 1", field, m)
-	case n+m > lim:
+	case m > lim-n:
 		return &apiError{status: http.StatusBadRequest, param: field, code: "context_length_exceeded",
-			msg: fmt.Sprintf("%s = %d: the prompt's %d tokens + %s = %d exceed max_seq_len %d (at most %d for this prompt)", field, m, n, field, n+m, lim, lim-n)}
+			msg: fmt.Sprintf("%s = %d: the prompt's %d tokens + %s = %d exceed max_seq_len %d (at most %d for this prompt)", field, m, n, field, uint64(n)+uint64(m), lim, lim-n)}
 	}
-	if seq := int64(s.eng.MaxSeqTokens()); seq > 0 && n+m > seq {
+	if seq := int64(s.eng.MaxSeqTokens()); seq > 0 && m > seq-n {
 		return &apiError{status: http.StatusBadRequest, param: field, code: "context_length_exceeded",
-			msg: fmt.Sprintf("%s = %d: the prompt's %d tokens + %s = %d exceed the %d tokens of one sequence the KV cache can hold (at most %d for this prompt)", field, m, n, field, n+m, seq, seq-n)}
+			msg: fmt.Sprintf("%s = %d: the prompt's %d tokens + %s = %d exceed the %d tokens of one sequence the KV cache can hold (at most %d for this prompt)", field, m, n, field, uint64(n)+uint64(m), seq, seq-n)}
 	}
 	j.maxTokens = int(m)
 	j.created = time.Now().Unix()
@@ -221,44 +223,60 @@ func (s *Server) check(c *common, j *job, defaultMax int64) *apiError {
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request, body []byte) {
-	var req completionRequest
-	if e := decode(body, &req); e != nil {
-		writeErr(w, e)
-		return
-	}
-	j := &job{id: fmt.Sprintf("cmpl-%d", s.seq.Add(1))}
-	if e := s.prompt(req.Prompt, j); e != nil {
-		writeErr(w, e)
-		return
-	}
-	if e := s.check(&req.common, j, DefaultMaxTokens); e != nil {
+	j, e := s.completionJob(body)
+	if e != nil {
 		writeErr(w, e)
 		return
 	}
 	s.run(w, r, j)
 }
 
-func (s *Server) chat(w http.ResponseWriter, r *http.Request, body []byte) {
-	var req chatRequest
+// completionJob decodes and checks a /v1/completions body: the job, or the
+// 4xx that says what is wrong with it. It does not touch the engine beyond
+// reading its limits.
+func (s *Server) completionJob(body []byte) (*job, *apiError) {
+	var req completionRequest
 	if e := decode(body, &req); e != nil {
-		writeErr(w, e)
-		return
+		return nil, e
 	}
-	j := &job{chat: true, id: fmt.Sprintf("chatcmpl-%d", s.seq.Add(1))}
-	text, e := s.chatText(req.Messages)
+	j := &job{id: fmt.Sprintf("cmpl-%d", s.seq.Add(1))}
+	if e := s.prompt(req.Prompt, j); e != nil {
+		return nil, e
+	}
+	if e := s.check(&req.common, j, DefaultMaxTokens); e != nil {
+		return nil, e
+	}
+	return j, nil
+}
+
+func (s *Server) chat(w http.ResponseWriter, r *http.Request, body []byte) {
+	j, e := s.chatJob(body)
 	if e != nil {
 		writeErr(w, e)
 		return
 	}
+	s.run(w, r, j)
+}
+
+// chatJob decodes and checks a /v1/chat/completions body, as completionJob
+// does a completions body.
+func (s *Server) chatJob(body []byte) (*job, *apiError) {
+	var req chatRequest
+	if e := decode(body, &req); e != nil {
+		return nil, e
+	}
+	j := &job{chat: true, id: fmt.Sprintf("chatcmpl-%d", s.seq.Add(1))}
+	text, e := s.chatText(req.Messages)
+	if e != nil {
+		return nil, e
+	}
 	if e := s.encode(text, "messages", j); e != nil {
-		writeErr(w, e)
-		return
+		return nil, e
 	}
 	if e := s.check(&req.common, j, int64(s.opt.MaxSeqLen)); e != nil {
-		writeErr(w, e)
-		return
+		return nil, e
 	}
-	s.run(w, r, j)
+	return j, nil
 }
 
 // prompt reads a completions prompt: a string, a list of one string, a

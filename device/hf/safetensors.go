@@ -48,10 +48,18 @@ type file struct {
 }
 
 // openFile maps path and parses its header. Errors name the file and what
-// is wrong with it: a short file, a header length above MaxHeaderBytes or
-// past the end, bad JSON, or a tensor whose offsets leave the data section,
-// overlap another's, or do not match its dtype and shape.
+// is wrong with it: not a regular file, a short file, a header length above
+// MaxHeaderBytes or past the end, bad JSON, or a tensor whose offsets leave
+// the data section, overlap another's, or do not match its dtype and shape,
+// or whose shape has more elements than the file has bits.
 func openFile(path string) (*file, error) {
+	// A directory or a named pipe is refused before it is opened (opening
+	// a pipe would wait for a writer).
+	if st, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("safetensors: %w", err)
+	} else if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("safetensors %s: mode %v: want a regular file", path, st.Mode())
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %w", err)
@@ -105,15 +113,21 @@ func parseFile(path string, data []byte) (*file, error) {
 		if err := json.Unmarshal(v, &ti); err != nil {
 			return nil, fmt.Errorf("safetensors %s: tensor %q: %w", path, name, err)
 		}
-		elems := int64(1)
+		// No dtype has less than a bit an element, so a shape of more
+		// elements than the file has bits is refused, before its product
+		// can overflow.
+		elems, maxElems := int64(1), 8*size
 		for _, d := range ti.Shape {
 			if d < 0 {
 				return nil, fmt.Errorf("safetensors %s: tensor %q: shape %v has a negative dimension", path, name, ti.Shape)
 			}
+			if d > 0 && elems > maxElems/d {
+				return nil, fmt.Errorf("safetensors %s: tensor %q: shape %v has more elements than the file's %d bytes can hold (at most %d)", path, name, ti.Shape, size, maxElems)
+			}
 			elems *= d
 		}
 		lo, hi := ti.DataOffsets[0], ti.DataOffsets[1]
-		if lo < 0 || hi < lo || sf.base+hi > size {
+		if lo < 0 || hi < lo || hi > size-sf.base {
 			return nil, fmt.Errorf("safetensors %s: tensor %q: data offsets [%d, %d] outside the %d data bytes", path, name, lo, hi, size-sf.base)
 		}
 		if eb := elemBytes(ti.Dtype); eb > 0 && hi-lo != elems*int64(eb) {
@@ -165,8 +179,10 @@ func OpenCheckpoint(dir string) (*Checkpoint, error) {
 			return nil, fmt.Errorf("checkpoint %s: model.safetensors.index.json has no weight_map entries", dir)
 		}
 		weightMap = idx.WeightMap
+		seen := map[string]bool{}
 		for _, s := range idx.WeightMap {
-			if !slices.Contains(shards, s) {
+			if !seen[s] {
+				seen[s] = true
 				shards = append(shards, s)
 			}
 		}

@@ -109,6 +109,12 @@ func TestSafetensorsRejects(t *testing.T) {
 		{"overlap", `{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, make([]byte, 8), "overlap"},
 		{"bad json", `{"a":`, nil, "header"},
 		{"negative dim", `{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,0]}}`, nil, "negative dimension"},
+		// Found writing FuzzOpenCheckpoint (testdata/fuzz): base + hi
+		// overflowed past the end check, and Float32 sliced at a negative index.
+		{"offsets overflow", `{"a":{"dtype":"F32","shape":[1],"data_offsets":[9223372036854775803,9223372036854775807]}}`, nil, "outside the 0 data bytes"},
+		// The shape's product wrapped to 0, so 0 data bytes matched it, and
+		// Dequantize sliced past the end of them.
+		{"shape overflow", `{"w":{"dtype":"F8_E4M3","shape":[4611686018427387904,4],"data_offsets":[0,0]}}`, nil, "more elements than the file's"},
 	} {
 		dir := t.TempDir()
 		writeRaw(t, filepath.Join(dir, "model.safetensors"), c.header, c.data)

@@ -65,6 +65,11 @@ func Parse(data []byte) (*Tokenizer, error) {
 	for _, id := range m.tokens() {
 		t.size = max(t.size, int(id)+1)
 	}
+	// The id table has a string per id up to the largest: ids far sparser
+	// than the file's entries would size it by a number, not by the bytes.
+	if n := len(m.tokens()); t.size > maxVocabID(n, len(f.AddedTokens)) {
+		return nil, fmt.Errorf("model.vocab: id %d with %d entries and %d added tokens: the limit is %d (2 per entry or added token, + %d)", t.size-1, n, len(f.AddedTokens), maxVocabID(n, len(f.AddedTokens)), vocabSlack)
+	}
 	t.idToken = make([]string, t.size)
 	for s, id := range m.tokens() {
 		t.idToken[id] = s
@@ -104,6 +109,13 @@ func Parse(data []byte) (*Tokenizer, error) {
 	}
 	return t, nil
 }
+
+// vocabSlack is how far above two per entry a vocabulary's ids may reach.
+const vocabSlack = 1 << 16
+
+// maxVocabID bounds one more than the largest model.vocab id of a file with
+// entries vocabulary entries and added added tokens.
+func maxVocabID(entries, added int) int { return 2*(entries+added) + vocabSlack }
 
 // VocabSize is one more than the largest id of the vocabulary and the
 // added tokens.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"sort"
 	"unicode/utf8"
 )
 
@@ -16,6 +17,14 @@ type unigram struct {
 	unkScore     float64
 	byteFallback bool
 	maxLen       int // bytes of the longest piece
+	// sorted holds the pieces in byte order and sortedIDs their ids, for
+	// tokenize's prefix walk: the pieces that start w[s:] are found by
+	// narrowing a range one byte at a time, which stops at the first byte
+	// no piece continues with (tokenizers walks a trie), instead of
+	// hashing w[s:s+l] for every l up to maxLen (cubic in a word for a
+	// vocabulary with one long piece).
+	sorted    []string
+	sortedIDs []int32
 }
 
 // unkPenalty is tokenizers' K_UNK_PENALTY: an unknown character scores the
@@ -48,6 +57,14 @@ func newUnigram(j modelJSON) (*unigram, error) {
 		m.unk = int32(*j.UnkID)
 	}
 	m.unkScore = minScore - unkPenalty
+	for p := range m.vocab {
+		m.sorted = append(m.sorted, p)
+	}
+	sort.Strings(m.sorted)
+	m.sortedIDs = make([]int32, len(m.sorted))
+	for i, p := range m.sorted {
+		m.sortedIDs[i] = m.vocab[p]
+	}
 	return m, nil
 }
 
@@ -75,11 +92,20 @@ func (m *unigram) tokenize(dst []int32, w string) []int32 {
 		_, mb := utf8.DecodeRuneInString(w[s:])
 		base := best[s].score
 		single := false
+		// [lo, hi) are the pieces that start with w[s:s+l-1]: that prefix
+		// itself first, if a piece, then by their byte l-1.
+		lo, hi := 0, len(m.sorted)
 		for l := 1; l <= m.maxLen && s+l <= len(w); l++ {
-			id, ok := m.vocab[w[s:s+l]]
-			if !ok {
+			c := w[s+l-1]
+			lo += sort.Search(hi-lo, func(i int) bool { p := m.sorted[lo+i]; return len(p) >= l && p[l-1] >= c })
+			hi = lo + sort.Search(hi-lo, func(i int) bool { p := m.sorted[lo+i]; return len(p) >= l && p[l-1] > c })
+			if lo == hi {
+				break // no piece starts with w[s:s+l]
+			}
+			if len(m.sorted[lo]) != l {
 				continue
 			}
+			id := m.sortedIDs[lo]
 			if c := base + m.scores[id]; best[s+l].start < 0 || c > best[s+l].score {
 				best[s+l] = node{id: id, score: c, start: s}
 			}

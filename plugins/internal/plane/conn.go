@@ -144,13 +144,12 @@ func (p *planeConn) buffered() int {
 	return p.w - p.r
 }
 
-// next returns the next n bytes, valid until the following call.
+// next returns the next n bytes, valid until the following call. The
+// buffer grows as the bytes arrive (fill doubles it when full), never to n
+// at once: a frame's length field is the peer's word, and a header that
+// claims a gigabyte must not cost one before the bytes come.
 func (p *planeConn) next(n int) ([]byte, error) {
 	for p.w-p.r < n {
-		if n > len(p.in) {
-			p.in = append(p.in[:p.w], make([]byte, n-p.w)...)
-			p.in = p.in[:cap(p.in)]
-		}
 		if err := p.fill(); err != nil {
 			return nil, err
 		}

@@ -3,7 +3,9 @@ package plane
 import (
 	"context"
 	"encoding/binary"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
@@ -57,7 +59,12 @@ func appendResponse(b []byte, resp proto.Message, callErr error) ([]byte, error)
 	var err error
 	if callErr != nil {
 		b[at+4] = frameErr
-		b, err = proto.MarshalOptions{}.MarshalAppend(b, status.Convert(callErr).Proto())
+		// A status message is a proto string, which must be UTF-8 (gRPC
+		// percent-encodes it instead): bad bytes become U+FFFD, so an error
+		// that quotes outside bytes still reaches the host.
+		sp := status.Convert(callErr).Proto()
+		sp.Message = strings.ToValidUTF8(sp.Message, string(utf8.RuneError))
+		b, err = proto.MarshalOptions{}.MarshalAppend(b, sp)
 	} else {
 		b, err = proto.MarshalOptions{}.MarshalAppend(b, resp)
 	}
