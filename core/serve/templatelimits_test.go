@@ -1,0 +1,142 @@
+package serve
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// renderLimit renders text over one user message and returns the limit
+// it stopped at ("" when it rendered).
+func renderLimit(t *testing.T, name, text string) (string, error) {
+	t.Helper()
+	c, err := ParseChatTemplate(name, text, "", "")
+	if err != nil {
+		return "", err
+	}
+	start := time.Now()
+	_, err = c.Render([]Message{{"user", "hi"}})
+	if d := time.Since(start); d > MaxTemplateTime+2*time.Second {
+		t.Errorf("%s: the render took %v, past MaxTemplateTime %v", name, d, MaxTemplateTime)
+	}
+	var le *TemplateLimitError
+	if errors.As(err, &le) {
+		return le.Limit, err
+	}
+	return "", err
+}
+
+// TestTemplateLimits is the regression test of issue 24: a chat template
+// that recursed without end killed kvx serve (a Go stack overflow is
+// fatal), one that looped a billion times held its request past 30 s.
+// Each now fails its own render, quickly, naming the limit, and the
+// process goes on (this test surviving is that).
+func TestTemplateLimits(t *testing.T) {
+	for _, c := range []struct{ name, text, limit string }{
+		{"recursive-macro", `{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}`, "MaxTemplateFrames"},
+		{"mutual-recursion", `{% macro a() %}{{ b() }}{% endmacro %}{% macro b() %}{{ a() }}{% endmacro %}{{ a() }}`, "MaxTemplateFrames"},
+		{"recursive-block", `{% block x %}{{ self.x() }}{% endblock %}`, "MaxTemplateFrames"},
+		{"billion-loop", `{% for i in range(1000000000) %}x{% endfor %}`, "MaxTemplateRange"},
+		{"nested-loops", `{% for a in range(1000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}`, "MaxTemplateSteps"},
+		{"slow-loops", `{% for a in range(100000) %}{% for b in range(100000) if false %}{% endfor %}{% endfor %}`, "MaxTemplateTime"},
+		{"output", `{% for a in range(1000) %}{% for b in range(100) %}` + strings.Repeat("y", 1000) + `{% endfor %}{% endfor %}`, "MaxTemplateOutput"},
+		{"macro-output", `{% macro m() %}{% for a in range(1000) %}{% for b in range(100) %}` + strings.Repeat("y", 1000) + `{% endfor %}{% endfor %}{% endmacro %}{% set x = m() %}`, "MaxTemplateOutput"},
+		{"shadow", `{% set ` + budgetKey + ` = 1 %}{% for m in messages %}{{ m.content }}{% endfor %}`, ""},
+	} {
+		limit, err := renderLimit(t, c.name, c.text)
+		if limit != c.limit || err == nil || (c.limit != "" && !strings.Contains(err.Error(), c.limit)) {
+			t.Errorf("%s: Render = %v (limit %q), want an error naming %q", c.name, err, limit, c.limit)
+		}
+	}
+	big := strings.Repeat("a", MaxTemplateBytes+1)
+	if _, err := ParseChatTemplate("big", big, "", ""); err == nil || !strings.Contains(err.Error(), "MaxTemplateBytes") {
+		t.Errorf("ParseChatTemplate(%d bytes) = %v, want MaxTemplateBytes named", len(big), err)
+	}
+	// A bounded range still works, forwards and backwards.
+	c, err := ParseChatTemplate("range", `{% for i in range(3) %}{{ i }}{% endfor %}{% for i in range(5, 0, -2) %}{{ i }}{% endfor %}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Render(nil); got != "012531" || err != nil {
+		t.Errorf("range render = %q, %v, want 012531", got, err)
+	}
+}
+
+// TestTemplateCheck: the real templates pass Check; a recursive one fails
+// it, so that kvx serve refuses it at start.
+func TestTemplateCheck(t *testing.T) {
+	for _, f := range []string{"llama3.jinja", "chatml.jinja"} {
+		if err := readTemplate(t, f, "").Check(); err != nil {
+			t.Errorf("%s.Check() = %v", f, err)
+		}
+	}
+	c, err := ParseChatTemplate("rec", `{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Check(); err == nil || !strings.Contains(err.Error(), "MaxTemplateFrames") {
+		t.Errorf("recursive template Check() = %v, want MaxTemplateFrames", err)
+	}
+	file := filepath.Join(t.TempDir(), "rec.jinja")
+	if err := os.WriteFile(file, []byte(`{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadChatTemplate("", file); err == nil || !strings.Contains(err.Error(), "does not render a minimal conversation") ||
+		!strings.Contains(err.Error(), "MaxTemplateFrames") {
+		t.Errorf("LoadChatTemplate(a recursive template) = %v, want it refused naming MaxTemplateFrames", err)
+	}
+}
+
+// FuzzChatTemplate parses and renders arbitrary template source over a
+// fixed small conversation: no panic, no crash (stack overflow), and a
+// render bounded in time by the limits.
+func FuzzChatTemplate(f *testing.F) {
+	for _, name := range []string{"llama3.jinja", "chatml.jinja"} {
+		if data, err := os.ReadFile(filepath.Join("testdata", name)); err == nil {
+			f.Add(string(data))
+		}
+	}
+	f.Add(`{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}`)
+	f.Add(`{% for i in range(1000) %}{% for j in range(1000) %}{{ i }}{% endfor %}{% endfor %}`)
+	f.Add(`{% for m in messages recursive %}{{ loop(messages) }}{% endfor %}`)
+	msgs := []Message{{"system", "Be brief."}, {"user", "Hello"}, {"assistant", "Hi."}, {"user", "Why?"}}
+	f.Fuzz(func(t *testing.T, text string) {
+		c, err := ParseChatTemplate("fuzz", text, "<s>", "</s>")
+		if err != nil {
+			return
+		}
+		start := time.Now()
+		out, err := c.Render(msgs)
+		if d := time.Since(start); d > MaxTemplateTime+2*time.Second {
+			t.Fatalf("Render took %v, past MaxTemplateTime", d)
+		}
+		if err == nil && len(out) > MaxTemplateOutput {
+			t.Fatalf("Render gave %d bytes, above MaxTemplateOutput", len(out))
+		}
+	})
+}
+
+// TestTemplateShape: nesting that would make gonja's parser overflow the
+// stack (fatal) is refused before parsing, naming the limit.
+func TestTemplateShape(t *testing.T) {
+	for _, c := range []struct{ name, text, limit string }{
+		{"parens", "{{ " + strings.Repeat("(", 300000) + "1" + strings.Repeat(")", 300000) + " }}", "MaxTemplateTagTokens"},
+		{"ifs", strings.Repeat("{%if 1%}", 50000) + strings.Repeat("{%endif%}", 50000), "MaxTemplateBlockDepth"},
+		{"brackets", "{{ " + strings.Repeat("[", 400000) + " }}", "MaxTemplateTagTokens"},
+		{"nots", "{{ " + strings.Repeat("not ", 200000) + "x }}", "MaxTemplateTagTokens"},
+		{"sets", strings.Repeat("{% set x %}", 1000) + strings.Repeat("{% endset %}", 1000), "MaxTemplateBlockDepth"},
+	} {
+		_, err := ParseChatTemplate(c.name, c.text, "", "")
+		var le *TemplateLimitError
+		if !errors.As(err, &le) || le.Limit != c.limit {
+			t.Errorf("%s: ParseChatTemplate = %.200v, want %s", c.name, err, c.limit)
+		}
+	}
+	// Flat repetition is fine: 300 sibling ifs, assignments with =.
+	if _, err := ParseChatTemplate("flat", strings.Repeat("{% if true %}x{% endif %}{% set y = 1 %}", 300), "", ""); err != nil {
+		t.Errorf("300 sibling blocks: %v", err)
+	}
+}
