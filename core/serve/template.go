@@ -39,10 +39,16 @@ const templateName = "/chat_template"
 // special tokens bos and eos.
 // A template larger than MaxTemplateBytes, or with a tag or block nesting
 // past MaxTemplateTagTokens or MaxTemplateBlockDepth, is refused before it
-// is parsed (gonja's parser recurses on nesting);
+// is parsed (gonja's parser recurses on nesting); a panic in gonja's
+// parser (it panics on some malformed tags) is an error too;
 // the parsed one is given the checks that bound its renders (see
 // MaxTemplateSteps).
-func ParseChatTemplate(source, text, bos, eos string) (*ChatTemplate, error) {
+func ParseChatTemplate(source, text, bos, eos string) (_ *ChatTemplate, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("chat template (%s) does not parse: gonja panicked: %v", source, p)
+		}
+	}()
 	if len(text) > MaxTemplateBytes {
 		return nil, fmt.Errorf("chat template (%s) is %d bytes, above the limit MaxTemplateBytes = %d", source, len(text), MaxTemplateBytes)
 	}

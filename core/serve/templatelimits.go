@@ -44,7 +44,7 @@ import (
 const (
 	MaxTemplateBytes  = 1 << 20
 	MaxTemplateSteps  = 200_000 // gonja runs ~130k loop iterations a second
-	MaxTemplateFrames = 20_000
+	MaxTemplateFrames = 10_000
 	MaxTemplateOutput = 8 << 20
 	MaxTemplateRange  = MaxTemplateSteps // a loop over more could not finish
 	MaxTemplateTime   = 2 * time.Second
@@ -107,9 +107,10 @@ func (b *budget) step(n int) error {
 	case time.Now().After(b.deadline): // every step: one can hold a loop's whole item list
 
 		return b.fail("MaxTemplateTime", int64(MaxTemplateTime), "the render's time")
-	case b.steps%16 == 0 || b.steps < 16:
-		// Recursion adds a block body per level, so checking every 16th
-		// step lets at most 16 levels (a few hundred frames) pass unseen.
+	case b.steps%64 == 0:
+		// Recursion adds a block body per level, so checking every 64th
+		// step lets at most 64 levels (a few thousand frames, well under
+		// the stack limit) pass unseen; measuring costs O(depth).
 		if runtime.Callers(0, b.frames) > MaxTemplateFrames {
 			return b.fail("MaxTemplateFrames", MaxTemplateFrames, "the render's nesting (macro calls, recursive loops, blocks) in Go stack frames")
 		}
@@ -140,8 +141,9 @@ func (t *tick) Execute(r *exec.Renderer, _ *nodes.ControlStructureBlock) error {
 var wrapperType = reflect.TypeOf((*nodes.Wrapper)(nil))
 
 // addTicks puts a tick at the start of every block body under root (every
-// *nodes.Wrapper reachable through the parsed nodes, found by reflection
-// so that each of gonja's control structures is covered).
+// *nodes.Wrapper reachable through the parsed nodes, unexported fields of
+// gonja's control structures included, found by reflection so that each
+// of them is covered).
 func addTicks(root *nodes.Template) {
 	seen := map[uintptr]bool{}
 	var walk func(v reflect.Value)
@@ -153,12 +155,10 @@ func addTicks(root *nodes.Template) {
 			}
 			seen[v.Pointer()] = true
 			if v.Type() == wrapperType {
-				w := v.Interface().(*nodes.Wrapper)
-				for _, n := range w.Nodes {
-					walk(reflect.ValueOf(n))
-				}
+				w := (*nodes.Wrapper)(v.UnsafePointer()) // the field may be unexported
 				text := 0
 				for _, n := range w.Nodes {
+					walk(reflect.ValueOf(n))
 					if d, ok := n.(*nodes.Data); ok && d.Data != nil {
 						text += len(d.Data.Val)
 					}
@@ -181,9 +181,7 @@ func addTicks(root *nodes.Template) {
 				return
 			}
 			for i := range v.NumField() {
-				if f := v.Field(i); f.CanInterface() {
-					walk(f)
-				}
+				walk(v.Field(i))
 			}
 		case reflect.Slice, reflect.Array:
 			for i := range v.Len() {

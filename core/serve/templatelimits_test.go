@@ -44,6 +44,9 @@ func TestTemplateLimits(t *testing.T) {
 		{"slow-loops", `{% for a in range(100000) %}{% for b in range(100000) if false %}{% endfor %}{% endfor %}`, "MaxTemplateTime"},
 		{"output", `{% for a in range(1000) %}{% for b in range(100) %}` + strings.Repeat("y", 1000) + `{% endfor %}{% endfor %}`, "MaxTemplateOutput"},
 		{"macro-output", `{% macro m() %}{% for a in range(1000) %}{% for b in range(100) %}` + strings.Repeat("y", 1000) + `{% endfor %}{% endfor %}{% endmacro %}{% set x = m() %}`, "MaxTemplateOutput"},
+		{"with-loop", `{% with %}{% for a in range(1000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}{% endwith %}`, "MaxTemplateSteps"},
+		{"filter-loop", `{% filter upper %}{% for a in range(1000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}{% endfilter %}`, "MaxTemplateSteps"},
+		{"set-block-loop", `{% set x %}{% for a in range(1000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}{% endset %}`, "MaxTemplateSteps"},
 		{"shadow", `{% set ` + budgetKey + ` = 1 %}{% for m in messages %}{{ m.content }}{% endfor %}`, ""},
 	} {
 		limit, err := renderLimit(t, c.name, c.text)
