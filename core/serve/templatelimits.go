@@ -11,6 +11,7 @@ import (
 	"github.com/nikolalohinski/gonja/v2"
 	"github.com/nikolalohinski/gonja/v2/exec"
 	"github.com/nikolalohinski/gonja/v2/nodes"
+	"github.com/nikolalohinski/gonja/v2/parser"
 	gtokens "github.com/nikolalohinski/gonja/v2/tokens"
 )
 
@@ -258,13 +259,152 @@ func boundedRange(e *exec.Evaluator, params *exec.VarArgs) ([]int, error) {
 	return out, nil
 }
 
-// templateEnvironment is gonja's default environment with range bounded.
+// templateEnvironment is gonja's default environment with range bounded
+// and set kept from making a value that contains itself.
 var templateEnvironment = func() *exec.Environment {
 	d := gonja.DefaultEnvironment
 	ctx := d.Context.Inherit()
 	ctx.Set("range", boundedRange)
-	return &exec.Environment{Context: ctx, Filters: d.Filters, Tests: d.Tests, ControlStructures: d.ControlStructures, Methods: d.Methods}
+	cs := exec.NewControlStructureSet(map[string]parser.ControlStructureParser{})
+	cs.Update(d.ControlStructures)
+	set, _ := cs.Get("set")
+	if err := cs.Replace("set", acyclicSetParser(set)); err != nil {
+		panic(err) // gonja has a set statement
+	}
+	return &exec.Environment{Context: ctx, Filters: d.Filters, Tests: d.Tests, ControlStructures: cs, Methods: d.Methods}
 }()
+
+// MaxTemplateCheckedValues bounds the values a set statement's cycle check
+// visits; a larger value reached through an attribute or item set fails.
+const MaxTemplateCheckedValues = 100_000
+
+// acyclicSetParser wraps gonja's set statement: after {% set ns.x = v %} or
+// {% set d[k] = v %} (a namespace or dict changed in place), the variable
+// may not contain itself. gonja prints such a value by recursing without
+// end, a fatal Go stack overflow that no render limit can catch.
+func acyclicSetParser(set parser.ControlStructureParser) parser.ControlStructureParser {
+	return func(p *parser.Parser, args *parser.Parser) (nodes.ControlStructure, error) {
+		root := ""
+		if t := args.Current(); t != nil && t.Type == gtokens.Name {
+			root = t.Val
+		}
+		cs, err := set(p, args)
+		if err != nil || root == "" {
+			return cs, err
+		}
+		ecs, ok := cs.(exec.ControlStructure)
+		if !ok {
+			return cs, nil
+		}
+		return &acyclicSet{ControlStructure: ecs, root: root}, nil
+	}
+}
+
+// acyclicSet is a set statement whose variable root is checked for cycles
+// after it runs.
+type acyclicSet struct {
+	exec.ControlStructure
+	root string
+}
+
+func (a *acyclicSet) Execute(r *exec.Renderer, tag *nodes.ControlStructureBlock) error {
+	if err := a.ControlStructure.Execute(r, tag); err != nil {
+		return err
+	}
+	v, ok := r.Environment.Context.Get(a.root)
+	if !ok {
+		return nil
+	}
+	b, _ := r.Environment.Context.Get(budgetKey)
+	bud, _ := b.(*budget)
+	c := cycleCheck{onPath: map[[2]uintptr]bool{}, done: map[[2]uintptr]bool{}}
+	var err error
+	switch cyc := c.cyclic(reflect.ValueOf(v)); {
+	case c.visited > MaxTemplateCheckedValues:
+		err = &TemplateLimitError{Limit: "MaxTemplateCheckedValues", Value: MaxTemplateCheckedValues,
+			What: fmt.Sprintf("the values of %s checked for a cycle after set", a.root)}
+	case cyc:
+		err = fmt.Errorf("set: %s now contains itself (printing it would recurse without end)", a.root)
+	}
+	if err != nil && bud != nil {
+		if bud.err == nil {
+			bud.err = err
+		}
+		return bud.err
+	}
+	return err
+}
+
+var reflectValueType = reflect.TypeOf(reflect.Value{})
+
+// cycleCheck finds a cycle through maps, slices, pointers, structs and
+// the reflect.Value inside gonja's exec.Value.
+type cycleCheck struct {
+	onPath, done map[[2]uintptr]bool
+	visited      int
+}
+
+func (c *cycleCheck) cyclic(v reflect.Value) bool {
+	if c.visited++; c.visited > MaxTemplateCheckedValues {
+		return false
+	}
+	var key [2]uintptr
+	switch v.Kind() {
+	case reflect.Interface:
+		return !v.IsNil() && c.cyclic(v.Elem())
+	case reflect.Pointer, reflect.Map:
+		if v.IsNil() {
+			return false
+		}
+		key = [2]uintptr{v.Pointer(), 0}
+	case reflect.Slice:
+		if v.Len() == 0 {
+			return false
+		}
+		key = [2]uintptr{v.Pointer(), uintptr(v.Len())}
+	case reflect.Struct:
+		if v.Type() == reflectValueType { // exec.Value.Val
+			if !v.CanInterface() {
+				return false
+			}
+			return c.cyclic(v.Interface().(reflect.Value))
+		}
+		for i := range v.NumField() {
+			if c.cyclic(v.Field(i)) {
+				return true
+			}
+		}
+		return false
+	default:
+		return false
+	}
+	if c.onPath[key] {
+		return true
+	}
+	if c.done[key] {
+		return false
+	}
+	c.onPath[key] = true
+	defer func() { delete(c.onPath, key); c.done[key] = true }()
+	switch v.Kind() {
+	case reflect.Pointer:
+		return c.cyclic(v.Elem())
+	case reflect.Map:
+		it := v.MapRange()
+		for it.Next() {
+			if c.cyclic(it.Value()) {
+				return true
+			}
+		}
+	case reflect.Slice:
+		for i := range v.Len() {
+			if c.cyclic(v.Index(i)) {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // Limits on a template's shape, checked on its tokens before gonja parses
 // it: gonja's parser recurses once or more per nested expression and per
