@@ -81,6 +81,10 @@ func LoadTrace(path string, opt TraceOptions) ([]Request, error) {
 //     Response tokens, Total tokens and Log Type; Timestamp is seconds
 //     (>= 0, never decreasing); Total tokens must be their sum.
 //
+// A line may be up to 64 MiB (maxLineBytes, its newline not counted) in
+// every format, the first one (read whole to detect the format) included;
+// a longer line is a *TraceError naming the line and the limit.
+//
 // The CSV formats carry no hash ids, so every prompt is its own unique
 // tokens. Their prompt length must be >= 1; an output length of 0 (a
 // request that failed when the trace was recorded, as BurstGPT logs them)
