@@ -65,6 +65,7 @@ func ParseChatTemplate(source, text, bos, eos string) (_ *ChatTemplate, err erro
 		msg := strings.Replace(err.Error(), "'"+text+"'", templateName, 1)
 		return nil, fmt.Errorf("chat template (%s) does not parse: %s", source, msg)
 	}
+	guardMultiply(tpl.Root())
 	addTicks(tpl.Root())
 	return &ChatTemplate{Source: source, tpl: tpl, bos: bos, eos: eos}, nil
 }

@@ -6,7 +6,9 @@ import (
 	"io"
 	"reflect"
 	"runtime"
+	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/nikolalohinski/gonja/v2"
 	"github.com/nikolalohinski/gonja/v2/exec"
@@ -40,8 +42,11 @@ import (
 //
 // Over a limit, that render fails with a *TemplateError wrapping a
 // *TemplateLimitError that names the limit, and the server goes on.
-// Builtins that build one large value in one step (a string times a
-// number, center or ljust with a huge width) are not bounded here.
+// A string times a number and ~ are bounded too (templateMul,
+// templateConcat: gonja's 'x' * 10**11 allocated at once, a fatal out of
+// memory). Not bounded: the builtins that can build one huge value in one
+// step from values within the limits (join, replace, center, ljust,
+// indent with a huge width, + on strings or lists).
 const (
 	MaxTemplateBytes  = 1 << 20
 	MaxTemplateSteps  = 200_000 // gonja runs ~130k loop iterations a second
@@ -265,6 +270,8 @@ var templateEnvironment = func() *exec.Environment {
 	d := gonja.DefaultEnvironment
 	ctx := d.Context.Inherit()
 	ctx.Set("range", boundedRange)
+	ctx.Set(mulName, templateMul)
+	ctx.Set(concatName, templateConcat)
 	cs := exec.NewControlStructureSet(map[string]parser.ControlStructureParser{})
 	cs.Update(d.ControlStructures)
 	set, _ := cs.Get("set")
@@ -470,4 +477,140 @@ func checkShape(text string) error {
 		}
 	}
 	return nil
+}
+
+// mulName and concatName are the functions ParseChatTemplate puts in
+// place of every multiplication and every ~: gonja's own 'x' * n
+// allocates n copies at once, so 'x' * 10**11 was a fatal out of memory,
+// a step no check can stop, and a string doubled by ~ in a loop reaches
+// gigabytes in 30 steps.
+const (
+	mulName    = "__kvx_mul__"
+	concatName = "__kvx_concat__"
+)
+
+// templateConcat is gonja's ~ (both sides as strings, joined) with the
+// result bounded by MaxTemplateOutput.
+func templateConcat(e *exec.Evaluator, params *exec.VarArgs) *exec.Value {
+	if len(params.Args) != 2 {
+		return exec.AsValue(errors.New("~ takes two operands"))
+	}
+	l, r := params.Args[0].String(), params.Args[1].String()
+	if len(l)+len(r) > MaxTemplateOutput {
+		return exec.AsValue(outputLimit(e, fmt.Sprintf("a string of %d bytes ~ one of %d", len(l), len(r))))
+	}
+	return exec.AsValue(l + r)
+}
+
+// outputLimit is the MaxTemplateOutput error for what, kept in the
+// render's budget.
+func outputLimit(e *exec.Evaluator, what string) error {
+	if v, ok := e.Environment.Context.Get(budgetKey); ok {
+		if b, ok := v.(*budget); ok {
+			return b.fail("MaxTemplateOutput", MaxTemplateOutput, what)
+		}
+	}
+	return &TemplateLimitError{Limit: "MaxTemplateOutput", Value: MaxTemplateOutput, What: what}
+}
+
+// templateMul is gonja's multiplication (float if either side is a
+// float, a repeated string if the left side is a string, else integers)
+// with the string's length bounded by MaxTemplateOutput and a negative
+// count giving "" (as Python's) instead of gonja's panic.
+func templateMul(e *exec.Evaluator, params *exec.VarArgs) *exec.Value {
+	if len(params.Args) != 2 {
+		return exec.AsValue(errors.New("multiplication takes two operands"))
+	}
+	l, r := params.Args[0], params.Args[1]
+	switch {
+	case l.IsFloat() || r.IsFloat():
+		return exec.AsValue(l.Float() * r.Float())
+	case l.IsString():
+		s, n := l.String(), r.Integer()
+		if n <= 0 || s == "" {
+			return exec.AsValue("")
+		}
+		if n > MaxTemplateOutput || int64(len(s))*int64(n) > MaxTemplateOutput {
+			return exec.AsValue(outputLimit(e, fmt.Sprintf("a string of %d bytes times %d", len(s), n)))
+		}
+		return exec.AsValue(strings.Repeat(s, n))
+	}
+	return exec.AsValue(l.Integer() * r.Integer())
+}
+
+// writable returns v, made settable when it is addressable (a field of
+// gonja's control structures may be unexported).
+func writable(v reflect.Value) reflect.Value {
+	if v.CanSet() || !v.CanAddr() {
+		return v
+	}
+	return reflect.NewAt(v.Type(), unsafe.Pointer(v.UnsafeAddr())).Elem()
+}
+
+var callType = reflect.TypeOf((*nodes.Call)(nil))
+
+// guardMultiply replaces every multiplication and ~ under root, wherever
+// an expression is held, by a call of templateMul or templateConcat on
+// the same operands.
+func guardMultiply(root *nodes.Template) {
+	seen := map[uintptr]bool{}
+	var walk func(v reflect.Value)
+	walk = func(v reflect.Value) {
+		switch v.Kind() {
+		case reflect.Pointer:
+			if v.IsNil() || seen[v.Pointer()] {
+				return
+			}
+			seen[v.Pointer()] = true
+			walk(v.Elem())
+		case reflect.Interface:
+			if v.IsNil() {
+				return
+			}
+			inner := v.Elem()
+			walk(inner)
+			if inner.Kind() != reflect.Pointer || inner.Type() != reflect.TypeOf((*nodes.BinaryExpression)(nil)) {
+				return
+			}
+			be := (*nodes.BinaryExpression)(inner.UnsafePointer())
+			if be.Operator == nil || be.Operator.Token == nil || !callType.AssignableTo(v.Type()) || !v.CanSet() {
+				return
+			}
+			name := ""
+			switch be.Operator.Token.Type {
+			case gtokens.Multiply:
+				name = mulName
+			case gtokens.Tilde:
+				name = concatName
+			default:
+				return
+			}
+			at := be.Operator.Token
+			call := &nodes.Call{Location: at, Func: &nodes.Name{Name: &gtokens.Token{Type: gtokens.Name, Val: name, Line: at.Line, Col: at.Col}},
+				Args: []nodes.Expression{be.Left, be.Right}, Kwargs: map[string]nodes.Expression{}}
+			v.Set(reflect.ValueOf(call))
+		case reflect.Struct:
+			if v.Type() == reflect.TypeOf(gtokens.Token{}) {
+				return
+			}
+			for i := range v.NumField() {
+				walk(writable(v.Field(i)))
+			}
+		case reflect.Slice, reflect.Array:
+			for i := range v.Len() {
+				walk(writable(v.Index(i)))
+			}
+		case reflect.Map:
+			if !v.CanSet() {
+				return
+			}
+			for _, k := range v.MapKeys() {
+				tmp := reflect.New(v.Type().Elem()).Elem()
+				tmp.Set(v.MapIndex(k))
+				walk(tmp)
+				v.SetMapIndex(k, tmp)
+			}
+		}
+	}
+	walk(reflect.ValueOf(root))
 }

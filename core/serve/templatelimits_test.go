@@ -49,6 +49,10 @@ func TestTemplateLimits(t *testing.T) {
 		{"set-block-loop", `{% set x %}{% for a in range(1000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}{% endset %}`, "MaxTemplateSteps|MaxTemplateTime"},
 		{"namespace-cycle", `{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}`, ""},
 		{"dict-cycle", `{% set ns = namespace(l=[]) %}{% set ns.l = [1, {'k': ns}] %}{{ ns }}`, ""},
+		{"string-times", `{{ 'x' * 100000000000 }}`, "MaxTemplateOutput"},
+		{"string-times-in-call", `{% macro m(a) %}{{ a }}{% endmacro %}{{ m(a=('ab' * 10000000)) }}`, "MaxTemplateOutput"},
+		{"string-times-in-set", `{% set x = 'ab' * (100000 * 100000) %}`, "MaxTemplateOutput"},
+		{"doubling", `{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}`, "MaxTemplateOutput"},
 		{"shadow", `{% set ` + budgetKey + ` = 1 %}{% for m in messages %}{{ m.content }}{% endfor %}`, ""},
 	} {
 		limit, err := renderLimit(t, c.name, c.text)
@@ -67,6 +71,14 @@ func TestTemplateLimits(t *testing.T) {
 	big := strings.Repeat("a", MaxTemplateBytes+1)
 	if _, err := ParseChatTemplate("big", big, "", ""); err == nil || !strings.Contains(err.Error(), "MaxTemplateBytes") {
 		t.Errorf("ParseChatTemplate(%d bytes) = %v, want MaxTemplateBytes named", len(big), err)
+	}
+	// Multiplication and ~ keep gonja's meaning.
+	m, err := ParseChatTemplate("mul", `{{ 3 * 4 }} {{ 1.5 * 2 }} {{ 'ab' * 3 }} {{ 'a' * -1 }}|{{ loop_ * 2 }}|{{ 'a' ~ 1 ~ none }}|{{ 2 * 'ab' }}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.Render(nil); got != "12 3.0 ababab |0|a1|0" || err != nil {
+		t.Errorf("mul render = %q, %v, want %q", got, err, "12 3.0 ababab |0|a1|0")
 	}
 	// A bounded range still works, forwards and backwards.
 	c, err := ParseChatTemplate("range", `{% for i in range(3) %}{{ i }}{% endfor %}{% for i in range(5, 0, -2) %}{{ i }}{% endfor %}`, "", "")
