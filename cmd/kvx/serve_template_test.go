@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -84,5 +86,42 @@ func TestServeCheckpointChatTemplate(t *testing.T) {
 	out, stderr, code = kvx(t, "serve", "-c", cfg, "--port", "0", "--drain-timeout", "-1s")
 	if code != 2 || !strings.Contains(stderr, "--drain-timeout -1s: must be >= 0") {
 		t.Errorf("a negative --drain-timeout: exit %d\n%s%s", code, out, stderr)
+	}
+}
+
+// TestServeHostileTemplate (issue 24): a chat template that recurses
+// without end on some messages used to kill kvx serve (a fatal Go stack
+// overflow); now that request is a 400 naming the limit and the server
+// goes on serving. A template that cannot render a minimal conversation
+// is refused at start.
+func TestServeHostileTemplate(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "boom.jinja")
+	tpl := `{% macro f() %}{{ f() }}{% endmacro %}{% for m in messages %}{% if m.content == 'boom' %}{{ f() }}{% endif %}{{ m.content }}{% endfor %}`
+	if err := os.WriteFile(file, []byte(tpl), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := startServe(t, genScenario, serveOpts{template: file})
+	code, v, _ := post(t, base+"/v1/chat/completions", `{"max_tokens":2,"messages":[{"role":"user","content":"boom"}]}`)
+	e, _ := v["error"].(map[string]any)
+	if msg, _ := e["message"].(string); code != 400 || !strings.Contains(msg, "MaxTemplateFrames") {
+		t.Errorf("recursing request: %d %v, want a 400 naming MaxTemplateFrames", code, v)
+	}
+	if code, v, _ := post(t, base+"/v1/chat/completions", `{"max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`); code != 200 {
+		t.Errorf("the next request: %d %v, want 200 (the server goes on)", code, v)
+	}
+
+	bad := filepath.Join(dir, "always.jinja")
+	if err := os.WriteFile(bad, []byte(`{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &globals{configs: []string{genScenario}, sets: []string{"isolation=inprocess"}, logLevel: "error"}
+	err = runServe(context.Background(), g, &serveOpts{template: bad}, ln, func(string) { t.Error("serve started with a template that never renders") })
+	if err == nil || !strings.Contains(err.Error(), "does not render a minimal conversation") {
+		t.Errorf("serve with a template that never renders: %v, want it refused at start", err)
 	}
 }

@@ -82,7 +82,7 @@ func Load(nameOrPath string) (spec.Model, error) {
 		return LoadCheckpoint(nameOrPath)
 	}
 	if IsPath(nameOrPath) {
-		data, err := os.ReadFile(nameOrPath)
+		data, err := readConfigFile(nameOrPath)
 		if err != nil {
 			return spec.Model{}, fmt.Errorf("model file: %w", err)
 		}
@@ -116,7 +116,7 @@ func LoadCheckpoint(dir string) (spec.Model, error) {
 	if err != nil {
 		return spec.Model{}, fmt.Errorf("checkpoint %s: %w", dir, err)
 	}
-	data, err := os.ReadFile(filepath.Join(abs, "config.json"))
+	data, err := readConfigFile(filepath.Join(abs, "config.json"))
 	if err != nil {
 		return spec.Model{}, fmt.Errorf("checkpoint %s: %w", dir, err)
 	}
@@ -144,7 +144,7 @@ func LoadCheckpoint(dir string) (spec.Model, error) {
 // states (dtype, as transformers 5 writes it, else torch_dtype), "" when
 // it states none.
 func CheckpointDtype(dir string) (string, error) {
-	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	data, err := readConfigFile(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return "", fmt.Errorf("checkpoint %s: %w", dir, err)
 	}
@@ -263,6 +263,9 @@ func supportedArchs() []string {
 }
 
 // Parse reads a Hugging Face config.json and returns the model named name.
+// Every size the config states is checked against the limits of limits.go
+// (MaxLayers, MaxHidden, MaxVocab, ...) before any is used: one above its
+// limit is an error naming the field, its value and the limit.
 // Bare Infinity, -Infinity and NaN tokens (which Python's json writes and
 // encoding/json rejects) are accepted outside strings. Errors name the model,
 // the config field and the value; every problem found is reported (joined).
@@ -286,6 +289,9 @@ func Parse(name string, data []byte) (spec.Model, error) {
 	}
 
 	p := &parser{name: name, c: &c}
+	if !p.bounds() {
+		return spec.Model{}, errors.Join(p.errs...)
+	}
 	m := spec.Model{
 		Name:        name,
 		Arch:        arch,
@@ -473,6 +479,9 @@ func (p *parser) addMTP(m *spec.Model, l spec.Layer) {
 	if n < 0 {
 		p.errorf("config field num_nextn_predict_layers is %d, want >= 0", n)
 	}
+	if !p.layerRoom(len(m.Layers), n, "num_nextn_predict_layers") {
+		return
+	}
 	l.MTP = true
 	for range n {
 		add(m, l)
@@ -645,6 +654,9 @@ func (p *parser) parseNemotronH(m *spec.Model) {
 			continue
 		}
 		module = append(module, l)
+	}
+	if !p.layerRoom(len(m.Layers), n*len(module), "num_nextn_predict_layers × MTP pattern layers") {
+		return
 	}
 	for range n {
 		for _, l := range module {

@@ -14,7 +14,12 @@
 //     latency histograms;
 //   - template.go renders chat messages with the checkpoint's Jinja chat
 //     template, so a chat prompt is the one the model was trained on, and
-//     a template that refuses the messages is a 400 that says why.
+//     a template that refuses the messages is a 400 that says why;
+//   - templatelimits.go bounds every render (stack depth, steps, time,
+//     output, range, source shape, no self-containing values), so a
+//     hostile template fails its own request with a 400 naming the limit
+//     instead of killing the server (a Go stack overflow is fatal) or
+//     holding a core.
 //
 // /health tells the truth throughout: 503 "restarting" while the engine
 // replaces a plugin that died, "draining" after Drain, "unavailable" once

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/nikolalohinski/gonja/v2"
 	"github.com/nikolalohinski/gonja/v2/config"
 	"github.com/nikolalohinski/gonja/v2/exec"
 	"github.com/nikolalohinski/gonja/v2/loaders"
@@ -38,18 +37,54 @@ const templateName = "/chat_template"
 
 // ParseChatTemplate parses text (from source, named in errors) with the
 // special tokens bos and eos.
-func ParseChatTemplate(source, text, bos, eos string) (*ChatTemplate, error) {
+// A template larger than MaxTemplateBytes, or with a tag or block nesting
+// past MaxTemplateTagTokens or MaxTemplateBlockDepth, is refused before it
+// is parsed (gonja's parser recurses on nesting); a panic in gonja's
+// parser (it panics on some malformed tags) is an error too;
+// the parsed one is given the checks that bound its renders (see
+// MaxTemplateSteps).
+func ParseChatTemplate(source, text, bos, eos string) (_ *ChatTemplate, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("chat template (%s) does not parse: gonja panicked: %v", source, p)
+		}
+	}()
+	if len(text) > MaxTemplateBytes {
+		return nil, fmt.Errorf("chat template (%s) is %d bytes, above the limit MaxTemplateBytes = %d", source, len(text), MaxTemplateBytes)
+	}
+	if err := checkShape(text); err != nil {
+		return nil, fmt.Errorf("chat template (%s): %w", source, err)
+	}
 	ld, err := loaders.NewMemoryLoader(map[string]string{templateName: text})
 	if err != nil {
 		return nil, err
 	}
-	tpl, err := exec.NewTemplate(templateName, templateConfig, ld, gonja.DefaultEnvironment)
+	tpl, err := exec.NewTemplate(templateName, templateConfig, ld, templateEnvironment)
 	if err != nil {
 		// gonja quotes the whole template in its message: name it instead.
 		msg := strings.Replace(err.Error(), "'"+text+"'", templateName, 1)
 		return nil, fmt.Errorf("chat template (%s) does not parse: %s", source, msg)
 	}
+	guardMultiply(tpl.Root())
+	addTicks(tpl.Root())
 	return &ChatTemplate{Source: source, tpl: tpl, bos: bos, eos: eos}, nil
+}
+
+// CheckMessages is the conversation Check renders.
+var CheckMessages = []Message{{Role: "system", Content: "You are a helpful assistant."}, {Role: "user", Content: "Hello."},
+	{Role: "assistant", Content: "Hello! How can I help?"}, {Role: "user", Content: "What is 2 + 2?"}}
+
+// Check renders CheckMessages once, so that a server can refuse at start
+// a template that cannot render a minimal conversation (or passes a limit
+// doing so) instead of failing every chat request. A template that refuses
+// a system message (raise_exception) is tried again without it.
+func (c *ChatTemplate) Check() error {
+	_, err := c.Render(CheckMessages)
+	var te *TemplateError
+	if errors.As(err, &te) && te.Raised != "" {
+		_, err = c.Render(CheckMessages[1:])
+	}
+	return err
 }
 
 // Message is one chat message as a template sees it.
@@ -76,14 +111,26 @@ func (e *TemplateError) Error() string {
 func (e *TemplateError) Unwrap() error { return e.Err }
 
 // Render applies the template to msgs, with add_generation_prompt true
-// (the prompt ends where the assistant's answer begins).
-func (c *ChatTemplate) Render(msgs []Message) (string, error) {
+// (the prompt ends where the assistant's answer begins), under the limits
+// of MaxTemplateSteps and the constants beside it: a render that passes
+// one fails with a *TemplateError whose Err is a *TemplateLimitError.
+//
+// A panic inside gonja (it panics on some inputs, e.g. an integer modulo
+// by zero) is recovered into a *TemplateError too.
+func (c *ChatTemplate) Render(msgs []Message) (_ string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &TemplateError{Source: c.Source, Err: fmt.Errorf("gonja panicked: %v", p)}
+		}
+	}()
 	ms := make([]map[string]any, len(msgs))
 	for i, m := range msgs {
 		ms[i] = map[string]any{"role": m.Role, "content": m.Content}
 	}
 	var raised string
+	b := newBudget()
 	ctx := exec.NewContext(map[string]any{
+		budgetKey:               b,
 		"messages":              ms,
 		"add_generation_prompt": true,
 		"bos_token":             c.bos,
@@ -93,11 +140,15 @@ func (c *ChatTemplate) Render(msgs []Message) (string, error) {
 			return "", errors.New(msg)
 		},
 	})
-	out, err := c.tpl.ExecuteToString(ctx)
+	var out strings.Builder
+	err = c.tpl.Execute(&limitWriter{w: &out, b: b}, ctx)
+	if b.err != nil { // a limit, whatever gonja made of it
+		return "", &TemplateError{Source: c.Source, Err: b.err}
+	}
 	if err != nil {
 		return "", &TemplateError{Source: c.Source, Raised: raised, Err: err}
 	}
-	return out, nil
+	return out.String(), nil
 }
 
 // LoadChatTemplate returns the chat template of the Hugging Face checkpoint
@@ -106,7 +157,9 @@ func (c *ChatTemplate) Render(msgs []Message) (string, error) {
 // chat_template (a string, or a list of named templates of which
 // "default" is taken). bos_token and eos_token come from
 // tokenizer_config.json (a string or an added token's {"content": ...}).
-// A file that does not read or parse is an error naming it.
+// A file that does not read or parse is an error naming it, and so is a
+// template that does not render a minimal conversation (Check), so that a
+// server refuses it at start rather than on every chat request.
 //
 // A non-empty file (vLLM's --chat-template) is the template instead, with
 // the special tokens of dir's tokenizer_config.json (dir may be "": none).
@@ -140,14 +193,14 @@ func LoadChatTemplate(dir, file string) (*ChatTemplate, error) {
 		if err != nil {
 			return nil, fmt.Errorf("chat template: %w", err)
 		}
-		return ParseChatTemplate(file, string(text), bos, eos)
+		return checked(ParseChatTemplate(file, string(text), bos, eos))
 	}
 	if dir == "" {
 		return nil, nil
 	}
 	jinja := filepath.Join(dir, "chat_template.jinja")
 	if text, err := os.ReadFile(jinja); err == nil {
-		return ParseChatTemplate(jinja, string(text), bos, eos)
+		return checked(ParseChatTemplate(jinja, string(text), bos, eos))
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
@@ -171,7 +224,18 @@ func LoadChatTemplate(dir, file string) (*ChatTemplate, error) {
 			return nil, fmt.Errorf("%s: chat_template: no template named \"default\" (it has %s)", cfgPath, strings.Join(names, ", "))
 		}
 	}
-	return ParseChatTemplate(cfgPath+"'s chat_template", text, bos, eos)
+	return checked(ParseChatTemplate(cfgPath+"'s chat_template", text, bos, eos))
+}
+
+// checked is c, err with c's Check as the error when err is nil.
+func checked(c *ChatTemplate, err error) (*ChatTemplate, error) {
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Check(); err != nil {
+		return nil, fmt.Errorf("chat template (%s) does not render a minimal conversation: %w", c.Source, err)
+	}
+	return c, nil
 }
 
 // specialToken reads a tokenizer_config.json token: a string, an added

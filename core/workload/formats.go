@@ -81,18 +81,27 @@ func LoadTrace(path string, opt TraceOptions) ([]Request, error) {
 //     Response tokens, Total tokens and Log Type; Timestamp is seconds
 //     (>= 0, never decreasing); Total tokens must be their sum.
 //
+// A line may be up to 64 MiB (maxLineBytes, its newline not counted) in
+// every format, the first one (read whole to detect the format) included;
+// a longer line is a *TraceError naming the line and the limit.
+//
 // The CSV formats carry no hash ids, so every prompt is its own unique
 // tokens. Their prompt length must be >= 1; an output length of 0 (a
 // request that failed when the trace was recorded, as BurstGPT logs them)
 // becomes a Rejected request that says so. Other columns are ignored.
 func ReadTrace(r io.Reader, name string, opt TraceOptions) ([]Request, error) {
-	br := bufio.NewReaderSize(r, 1<<20) // a Bailian line of 8k hash ids still fits
+	var br io.Reader = r
 	format := opt.Format
 	if format == "" {
-		first, err := firstLine(br)
+		first, rest, err := firstLine(bufio.NewReaderSize(r, 1<<20))
+		if le, ok := err.(*LineError); ok {
+			le.File = name
+			return nil, &TraceError{File: name, Errs: []*LineError{le}}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("reading trace %s: %w", name, err)
 		}
+		br = rest
 		if format, err = DetectFormat(first); err != nil {
 			return nil, &TraceError{File: name, Errs: []*LineError{{File: name, Line: 1, Problem: err.Error()}}}
 		}
@@ -147,25 +156,34 @@ func (p *parser) finish() ([]Request, error) {
 	return p.synthesize()
 }
 
-// firstLine returns the first non-blank line of br (trimmed, cut at the
-// reader's buffer size) without consuming it; nil when all of what the
-// buffer holds is blank.
-func firstLine(br *bufio.Reader) ([]byte, error) {
-	b, err := br.Peek(br.Size())
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, bufio.ErrBufferFull) {
-		return nil, err
-	}
-	for len(b) > 0 {
-		l, rest, found := bytes.Cut(b, []byte("\n"))
-		if t := bytes.TrimSpace(l); len(t) > 0 {
-			return t, nil
+// firstLine reads br up to the end of its first non-blank line, which may
+// be up to maxLineBytes long (the limit the JSONL reader also enforces),
+// and returns that line trimmed (nil when br holds only blank lines) and a
+// reader that yields all of br again, the bytes read included. A line
+// longer than maxLineBytes is an error naming its number and the limit.
+func firstLine(br *bufio.Reader) ([]byte, io.Reader, error) {
+	var read []byte // everything taken from br so far
+	start, line := 0, 1
+	for {
+		chunk, err := br.ReadSlice('\n')
+		read = append(read, chunk...)
+		if n := len(bytes.TrimSuffix(read[start:], []byte("\n"))); n > maxLineBytes {
+			return nil, nil, &LineError{Line: line, Problem: fmt.Sprintf("line longer than the %d-byte limit of a trace line", maxLineBytes)}
 		}
-		if !found {
-			break
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue // the line goes on
+		case err != nil && !errors.Is(err, io.EOF):
+			return nil, nil, err
 		}
-		b = rest
+		if t := bytes.TrimSpace(read[start:]); len(t) > 0 {
+			return t, io.MultiReader(bytes.NewReader(read), br), nil
+		}
+		if err != nil { // io.EOF: all blank
+			return nil, bytes.NewReader(read), nil
+		}
+		start, line = len(read), line+1
 	}
-	return nil, nil
 }
 
 // DetectFormat names the format of a trace from its first non-blank line:
@@ -213,6 +231,41 @@ func DetectFormat(first []byte) (string, error) {
 	return "", fmt.Errorf("the first line %q is not a JSON object nor a CSV header of the Azure (TIMESTAMP,ContextTokens,GeneratedTokens) or BurstGPT (Timestamp,Model,Request tokens,...) trace; %s", shorten(string(first)), ask)
 }
 
+// lineLimit passes r through until a line runs past maxLineBytes (its
+// newline not counted), then fails with a *LineError naming the line and
+// the limit, on that read and every later one: encoding/csv has no line
+// limit of its own and would buffer a line of any length.
+type lineLimit struct {
+	r    io.Reader
+	run  int // bytes of the current line so far
+	line int // 1-based number of the current line
+	err  error
+}
+
+func (l *lineLimit) Read(b []byte) (int, error) {
+	if l.err != nil {
+		return 0, l.err
+	}
+	n, err := l.r.Read(b)
+	for rest := b[:n]; ; {
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			l.run += len(rest)
+		} else {
+			l.run += i
+		}
+		if l.run > maxLineBytes {
+			l.err = &LineError{Line: l.line, Problem: fmt.Sprintf("line longer than the %d-byte limit of a trace line", maxLineBytes)}
+			return 0, l.err
+		}
+		if i < 0 {
+			break
+		}
+		l.run, l.line, rest = 0, l.line+1, rest[i+1:]
+	}
+	return n, err
+}
+
 // header maps a CSV header's column names (trimmed, a UTF-8 byte order
 // mark dropped) to their index; of a name given twice, the first.
 type header map[string]int
@@ -249,7 +302,7 @@ const azureTime = "2006-01-02 15:04:05"
 
 // scanCSV reads the header and the lines of a CSV trace into p.recs.
 func (p *parser) scanCSV(r io.Reader, format string) error {
-	cr := csv.NewReader(r)
+	cr := csv.NewReader(&lineLimit{r: r, line: 1})
 	cr.ReuseRecord = true
 	cr.FieldsPerRecord = -1 // counted here, with a message naming the line
 	cols, err := cr.Read()
@@ -312,6 +365,11 @@ func (p *parser) csvErr(err error) error {
 	if errors.As(err, &pe) {
 		p.fail(pe.StartLine, "", "", "not a CSV line: %v", pe.Err)
 		return nil
+	}
+	var le *LineError
+	if errors.As(err, &le) { // lineLimit: reading stops here
+		le.File = p.file
+		return &TraceError{File: p.file, Errs: append(p.errs, le)}
 	}
 	return fmt.Errorf("reading trace %s: %w", p.file, err)
 }

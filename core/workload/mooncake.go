@@ -76,7 +76,9 @@ func (o MooncakeOptions) resolve() (MooncakeOptions, error) {
 // MaxLineErrors is how many bad lines ReadMooncake reports before it stops.
 const MaxLineErrors = 20
 
-// maxLineBytes bounds one trace line.
+// maxLineBytes bounds one trace line, its newline not counted, in every
+// format: a longer line is a *LineError naming the limit (format detection
+// reads the first line whole, up to this limit).
 const maxLineBytes = 64 << 20
 
 // LineError is one problem in a trace file.
@@ -235,7 +237,7 @@ func shorten(s string) string {
 
 func (p *parser) scan(r io.Reader) error {
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
+	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes+1) // +1: the newline
 	line, lines := 0, 0
 	for sc.Scan() {
 		line++
@@ -256,7 +258,7 @@ func (p *parser) scan(r io.Reader) error {
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
-			p.fail(line+1, "", "", "line longer than %d bytes", maxLineBytes)
+			p.fail(line+1, "", "", "line longer than the %d-byte limit of a trace line", maxLineBytes)
 			return nil
 		}
 		return fmt.Errorf("reading trace %s: %w", p.file, err)

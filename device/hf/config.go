@@ -3,11 +3,46 @@ package hf
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 )
+
+// Limits on the sizes this package reads from a config.json (its shapes
+// come from spec.Model, which core/model bounds). They are checked before
+// any is used; an error names the field, the value and the limit.
+const (
+	// MaxConfigBytes bounds the config.json file (real ones are a few
+	// KiB); JSON decoding allocates in proportion to it. core/model has
+	// the same limit.
+	MaxConfigBytes = 16 << 20
+	// MaxBlockSize bounds each side of quantization_config's
+	// weight_block_size (real checkpoints: 128).
+	MaxBlockSize = 1 << 16
+	// MaxPositions bounds rope's original_max_position_embeddings, as
+	// core/model bounds max_position_embeddings.
+	MaxPositions = 1 << 30
+)
+
+// readConfigFile reads dir/config.json, of at most MaxConfigBytes.
+func readConfigFile(dir string) ([]byte, error) {
+	path := filepath.Join(dir, "config.json")
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxConfigBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxConfigBytes {
+		return nil, fmt.Errorf("%s: larger than the %d-byte limit for a config.json (MaxConfigBytes)", path, MaxConfigBytes)
+	}
+	return data, nil
+}
 
 // Config is what the model code needs from a checkpoint's config.json
 // beyond the shapes core/model already put in spec.Model: the numerics
@@ -101,14 +136,17 @@ func parseQuant(r *rawQuant) (*Quant, error) {
 		if err := json.Unmarshal(r.BlockSize, &b); err != nil || len(b) != 2 || b[0] < 1 || b[1] < 1 {
 			return nil, fmt.Errorf("config.json: quantization_config.weight_block_size %s: want two integers >= 1 ([rows, cols] of one scale's block)", r.BlockSize)
 		}
+		if b[0] > MaxBlockSize || b[1] > MaxBlockSize {
+			return nil, fmt.Errorf("config.json: quantization_config.weight_block_size %v: above the limit %d (MaxBlockSize) on a side", b, MaxBlockSize)
+		}
 		q.BlockSize = [2]int{b[0], b[1]}
 	}
 	return q, nil
 }
 
-// ReadConfig reads dir/config.json.
+// ReadConfig reads dir/config.json, of at most MaxConfigBytes.
 func ReadConfig(dir string) (Config, error) {
-	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	data, err := readConfigFile(dir)
 	if err != nil {
 		return Config{}, fmt.Errorf("checkpoint config: %w", err)
 	}
@@ -118,8 +156,9 @@ func ReadConfig(dir string) (Config, error) {
 // ParseConfig reads the numerics of a config.json. Errors name the field
 // and the value: an architecture outside Families, a hidden_act other than
 // silu, a rope type other than default, llama3 and yarn, a parameter
-// that type needs missing, or a quantization_config other than block-scaled
-// fp8 (see Quant).
+// that type needs missing, a size above its limit (MaxBlockSize,
+// MaxPositions), or a quantization_config other than block-scaled fp8
+// (see Quant).
 func ParseConfig(data []byte) (Config, error) {
 	var r rawConfig
 	if err := json.Unmarshal(data, &r); err != nil {
@@ -235,6 +274,9 @@ func ParseConfig(data []byte) (Config, error) {
 	}
 	if ro.Theta <= 0 {
 		return Config{}, fmt.Errorf("config.json: rope_theta %v must be > 0", ro.Theta)
+	}
+	if !(ro.OriginalMaxPosition >= 0 && ro.OriginalMaxPosition <= MaxPositions) {
+		return Config{}, fmt.Errorf("config.json: rope parameter original_max_position_embeddings %v: want 0 to the limit %d (MaxPositions)", ro.OriginalMaxPosition, MaxPositions)
 	}
 	if c.Arch == archQwen3Next {
 		if !(ro.PartialRotary >= 0 && ro.PartialRotary <= 1) {

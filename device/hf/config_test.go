@@ -2,6 +2,8 @@ package hf
 
 import (
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -113,4 +115,54 @@ func TestInvFreq(t *testing.T) {
 			t.Errorf("yarn freq %d = %v outside [default/4, default] = [%v, %v]", i, yf[i], d0[i]/4, d0[i])
 		}
 	}
+}
+
+// TestParseConfigBounds: the sizes this package reads from config.json are
+// bounded before they are used (issue 24), each error naming the field,
+// the value and the limit.
+func TestParseConfigBounds(t *testing.T) {
+	for _, c := range []struct{ json, want string }{
+		{`{"model_type":"deepseek_v3","quantization_config":{"quant_method":"fp8","weight_block_size":[128,1000000000000]}}`,
+			"weight_block_size [128 1000000000000]: above the limit 65536 (MaxBlockSize)"},
+		{`{"model_type":"llama","rope_parameters":{"rope_type":"yarn","rope_theta":1e4,"factor":4,"original_max_position_embeddings":1e300}}`,
+			"original_max_position_embeddings 1e+300: want 0 to the limit 1073741824 (MaxPositions)"},
+		{`{"model_type":"llama","rope_parameters":{"rope_type":"yarn","rope_theta":1e4,"factor":4,"original_max_position_embeddings":-5}}`,
+			"original_max_position_embeddings -5: want 0 to the limit"},
+	} {
+		if _, err := ParseConfig([]byte(c.json)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParseConfig(%s) = %v, want an error containing %q", c.json, err, c.want)
+		}
+	}
+	dir := t.TempDir()
+	big := `{"model_type":"llama","pad":"` + strings.Repeat("x", MaxConfigBytes) + `"}`
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(big), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadConfig(dir); err == nil || !strings.Contains(err.Error(), "larger than the 16777216-byte limit") {
+		t.Errorf("ReadConfig(a config.json over MaxConfigBytes) = %v, want the limit named", err)
+	}
+}
+
+// FuzzParseConfig feeds arbitrary bytes to ParseConfig: no panic, and a
+// config it accepts gives finite RoPE frequencies for a small head.
+func FuzzParseConfig(f *testing.F) {
+	paths, _ := filepath.Glob("testdata/*/config.json")
+	for _, p := range paths {
+		if data, err := os.ReadFile(p); err == nil {
+			f.Add(data)
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseConfig(data)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "config.json: ") {
+				t.Fatalf("ParseConfig error %q does not name config.json", err)
+			}
+			return
+		}
+		if c.Quant != nil && (c.Quant.BlockSize[0] > MaxBlockSize || c.Quant.BlockSize[1] > MaxBlockSize) {
+			t.Fatalf("ParseConfig accepted weight_block_size %v", c.Quant.BlockSize)
+		}
+		c.Rope.InvFreq(16, 4096)
+	})
 }

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"strconv"
 
 	"github.com/kvx-dev/kvx/device/synth"
@@ -108,7 +106,7 @@ type rawDeepSeek struct {
 
 // readDeepSeek reads the DeepSeek fields of dir/config.json for model m.
 func readDeepSeek(dir string, cfg Config, m spec.Model) (DeepSeekConfig, error) {
-	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	data, err := readConfigFile(dir)
 	if err != nil {
 		return DeepSeekConfig{}, err
 	}

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"strconv"
 
 	"github.com/kvx-dev/kvx/device/synth"
@@ -94,7 +92,7 @@ func (s *Stage) Mamba2Numerics() (eps, dtMin float32, ok bool) {
 
 // newNemotron is New for Nemotron-H.
 func newNemotron(m spec.Model, dir string, first, last int, cfg Config, ops synth.Loader) (*Stage, error) {
-	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	data, err := readConfigFile(dir)
 	if err != nil {
 		return nil, fmt.Errorf("hf: %s: %w", dir, err)
 	}

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"strconv"
 
 	"github.com/kvx-dev/kvx/device/synth"
@@ -120,7 +118,7 @@ func (s *Stage) GDNNumerics() (eps float32, ok bool) {
 // newQwen3Next is New for Qwen3-Next (cfg read, m's architecture checked,
 // no MTP layers).
 func newQwen3Next(m spec.Model, dir string, first, last int, cfg Config, ops synth.Loader) (*Stage, error) {
-	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	data, err := readConfigFile(dir)
 	if err != nil {
 		return nil, fmt.Errorf("hf: %s: %w", dir, err)
 	}
