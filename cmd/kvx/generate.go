@@ -413,9 +413,9 @@ func parsePrompt(raw []byte, lim promptLimits) (*workload.Prompt, string) {
 			idsField, n, lim.maxSeqLen, lim.maxSeqLen-1)
 	case mt < 1:
 		return nil, fmt.Sprintf("max_tokens = %d: must be >= 1", mt)
-	case n+mt > int64(lim.maxSeqLen):
-		return nil, fmt.Sprintf("max_tokens = %d: the prompt's %d tokens + max_tokens = %d exceed max_seq_len %d (at most %d for this prompt)",
-			mt, n, n+mt, lim.maxSeqLen, int64(lim.maxSeqLen)-n)
+	case mt > int64(lim.maxSeqLen)-n: // not n+mt: that overflows for max_tokens near 2^63
+		return nil, fmt.Sprintf("max_tokens = %d: the prompt's %d tokens + max_tokens exceed max_seq_len %d (at most %d for this prompt)",
+			mt, n, lim.maxSeqLen, int64(lim.maxSeqLen)-n)
 	}
 	p.MaxTokens = int(mt)
 	if pl.CacheSalt != nil {

@@ -23,3 +23,17 @@ func TestPromptCacheSalt(t *testing.T) {
 		}
 	}
 }
+
+// TestPromptMaxTokensOverflow: max_tokens near 2^63 is refused against
+// max_seq_len (prompt + max_tokens once overflowed past the check).
+func TestPromptMaxTokensOverflow(t *testing.T) {
+	lim := promptLimits{vocab: 1000, maxSeqLen: 100, model: "m"}
+	for _, mt := range []string{"9223372036854775807", "9223372036854775806", "99"} {
+		if p, msg := parsePrompt([]byte(`{"prompt_ids": [1, 2], "max_tokens": `+mt+`}`), lim); !strings.Contains(msg, "exceed max_seq_len 100 (at most 98 for this prompt)") {
+			t.Errorf("max_tokens %s: %+v, %q; want it refused against max_seq_len", mt, p, msg)
+		}
+	}
+	if _, msg := parsePrompt([]byte(`{"prompt_ids": [1, 2], "max_tokens": 98}`), lim); msg != "" {
+		t.Errorf("max_tokens 98 of 100: %q, want accepted", msg)
+	}
+}
