@@ -5,6 +5,10 @@
 #   make fuzz                 fuzz every target for FUZZTIME (default 10s)
 #   make fuzz FUZZTIME=60s    longer; FUZZTIME takes go's forms (30s, 1000x)
 #
+# A short duration can fail a healthy target with "context deadline
+# exceeded" (go test's fuzzing stops while an input runs); a count (5000x,
+# as .ci/run uses) cannot.
+#
 # A target is any `func FuzzXxx(f *testing.F)` in a _test.go file of the
 # root module, found with grep, so a new one is fuzzed without editing this
 # file. go test fuzzes one target per invocation, so each gets its own run;
