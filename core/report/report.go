@@ -587,6 +587,10 @@ var rows = []row{
 	}},
 }
 
+// maxHeader is the longest variant name WriteTable puts above its column;
+// longer ones are numbered and named in a legend.
+const maxHeader = 24
+
 // resultsFrom is the first row of rows that is a run's result rather than
 // its configuration.
 var resultsFrom = slices.IndexFunc(rows, func(r row) bool { return r.name == "requests total" })
@@ -598,14 +602,31 @@ func neverRan(r *Report) bool {
 	return r.Status != "" && r.Status != StatusFinished && r.Engine.Steps == 0
 }
 
-// WriteTable prints the reports side by side, one column per variant. A
+// WriteTable prints the reports side by side, one column per variant
+// (numbered, with a legend, when a name is longer than maxHeader). A
 // variant that never ran shows "-" for every result and its error; "wall
 // time vs first" compares with the first variant that ran.
 func WriteTable(w io.Writer, rs []Report) error {
+	// Long variant names (several --vary keys) would make every column as
+	// wide as its name: the columns are then numbered, and a legend above
+	// the table names them.
+	long := false
+	for i := range rs {
+		long = long || len(rs[i].Variant) > maxHeader
+	}
+	if long {
+		for i := range rs {
+			fmt.Fprintf(w, "#%d  %s\n", i+1, rs[i].Variant)
+		}
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "variant")
 	for i := range rs {
-		fmt.Fprintf(tw, "\t%s", rs[i].Variant)
+		if long {
+			fmt.Fprintf(tw, "\t#%d", i+1)
+		} else {
+			fmt.Fprintf(tw, "\t%s", rs[i].Variant)
+		}
 	}
 	fmt.Fprintln(tw)
 	for k, rw := range rows {

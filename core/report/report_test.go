@@ -230,3 +230,25 @@ func TestWriteTableNeverRan(t *testing.T) {
 		t.Errorf("table:\n%s", out)
 	}
 }
+
+// TestWriteTableLongNames: variants named by several --vary keys get
+// numbered columns and a legend, so the table stays as narrow as its
+// figures.
+func TestWriteTableLongNames(t *testing.T) {
+	rs := sample()
+	rs[0].Variant = "cache_manager=v1 kv_cache_config.enable_block_reuse=true"
+	rs[1].Variant = "cache_manager=v2 kv_cache_config.enable_block_reuse=false"
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, rs); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	if !strings.HasPrefix(out, "#1  "+rs[0].Variant+"\n#2  "+rs[1].Variant+"\n") {
+		t.Errorf("no legend first:\n%s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "variant") && (!strings.Contains(line, "#1") || strings.Contains(line, "enable_block_reuse")) {
+			t.Errorf("header %q: want #1 and #2, not the names", line)
+		}
+	}
+}
