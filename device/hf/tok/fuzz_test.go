@@ -155,3 +155,18 @@ func BenchmarkUnigramLongPiece(b *testing.B) {
 		tk.Encode(text, false)
 	}
 }
+
+// TestParseRefusesAmbiguousVocab: found by FuzzParse: a vocab whose two
+// tokens share an id, or with an empty token, made Encode return an id
+// that Token (and so Decode) does not know; both are refused, naming them.
+func TestParseRefusesAmbiguousVocab(t *testing.T) {
+	for _, tc := range []struct{ vocab, want string }{
+		{`{"a": 0, "b": 0}`, `model.vocab: tokens "a" and "b" both have id 0`},
+		{`{"a": 0, "": 1}`, `model.vocab: id 1 is the empty token`},
+	} {
+		js := `{"model": {"type": "BPE", "vocab": ` + tc.vocab + `, "merges": []}}`
+		if _, err := Parse([]byte(js)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("vocab %s: %v, want an error containing %q", tc.vocab, err, tc.want)
+		}
+	}
+}

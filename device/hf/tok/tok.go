@@ -72,6 +72,15 @@ func Parse(data []byte) (*Tokenizer, error) {
 	}
 	t.idToken = make([]string, t.size)
 	for s, id := range m.tokens() {
+		// Encode returns these ids and Decode reads them back: each must
+		// name one token, and a token must have text.
+		if s == "" {
+			return nil, fmt.Errorf("model.vocab: id %d is the empty token: every token needs text", id)
+		}
+		if o := t.idToken[id]; o != "" {
+			a, b := min(o, s), max(o, s)
+			return nil, fmt.Errorf("model.vocab: tokens %q and %q both have id %d: each id names one token", a, b, id)
+		}
 		t.idToken[id] = s
 	}
 	if t.normalize, err = newNormalizer(f.Normalizer); err != nil {
