@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"unicode"
@@ -115,6 +116,13 @@ func Parse(data []byte) (*Tokenizer, error) {
 	}
 	if t.bos, t.eos, err = newPostProcessor(f.PostProcessor); err != nil {
 		return nil, err
+	}
+	// Encode adds these ids: each must be a token of the vocabulary or an
+	// added token, as every id Encode returns is.
+	for _, id := range slices.Concat(t.bos, t.eos) {
+		if _, ok := t.Token(id); !ok {
+			return nil, fmt.Errorf("post_processor: special token id %d is neither in model.vocab nor an added token", id)
+		}
 	}
 	return t, nil
 }
