@@ -41,14 +41,26 @@ const (
 // kvx_fgemm_skinny<mt>w<warps>.
 func fgemmSkinnySmem(mt, warps int) int { return skStages * (16*mt + 8*warps) * skBK * 2 }
 
-// skinnyVariants are the (m16 tiles, warps) of kernels/fgemm.cu's skinny
-// kernels; skinnyWarps the one MatMul takes for each tile count, the
-// fastest of BenchmarkFastSkinny on the H200 at Llama-3-8B's decode shapes
-// (1 and 2 tiles: 4 warps, 1.2-2.5 TB/s; 4 tiles: 8 warps, 1.6 TB/s at
-// 14336 × 4096).
+// skinnyKernel is one of kernels/fgemm.cu's skinny variants: m16 tiles and
+// warps a block, and its entry point's name (made once, not per call).
+type skinnyKernel struct {
+	mt, warps int
+	name      string
+}
+
+func skinny(mt, warps int) skinnyKernel {
+	return skinnyKernel{mt, warps, fmt.Sprintf("kvx_fgemm_skinny%dw%d", mt, warps)}
+}
+
+// skinnyVariants are every skinny variant (the tests run each on every
+// shape); skinnyFor[mt] is the one MatMul takes for mt tiles, the fastest
+// of BenchmarkFastSkinny on the H200 at Llama-3-8B's decode shapes (1 and
+// 2 tiles: 4 warps, 1.2-2.5 TB/s; 4 tiles: 8 warps, 1.6 TB/s at 14336 ×
+// 4096).
 var (
-	skinnyVariants = [][2]int{{1, 1}, {1, 2}, {1, 4}, {2, 1}, {2, 2}, {2, 4}, {4, 1}, {4, 2}, {4, 4}, {4, 8}}
-	skinnyWarps    = map[int]int{1: 4, 2: 4, 4: 8}
+	skinnyVariants = []skinnyKernel{skinny(1, 1), skinny(1, 2), skinny(1, 4), skinny(2, 1), skinny(2, 2), skinny(2, 4),
+		skinny(4, 1), skinny(4, 2), skinny(4, 4), skinny(4, 8)}
+	skinnyFor = [5]skinnyKernel{1: skinny(1, 4), 2: skinny(2, 4), 4: skinny(4, 8)}
 )
 
 // bf16Weights reports whether a weight of rows × cols is kept as bf16 in
@@ -188,8 +200,7 @@ func (o *ops) fgemm(c, a, w cu.DevicePtr, n, m, ld int) {
 		o.fgemmTiled(c, a, w, n, m, ld)
 		return
 	}
-	mt := skinnyTile(n)
-	o.fgemmSkinny(c, a, w, n, m, ld, mt, skinnyWarps[mt])
+	o.fgemmSkinny(c, a, w, n, m, ld, skinnyFor[skinnyTile(n)])
 }
 
 // skinnyTile is the m16 tiles a skinny block takes for n rows.
@@ -203,11 +214,9 @@ func skinnyTile(n int) int {
 	return 4
 }
 
-// fgemmSkinny runs kvx_fgemm_skinny<mt>w<warps> (any of skinnyVariants,
-// whatever n: the tests run every one on every shape).
-func (o *ops) fgemmSkinny(c, a, w cu.DevicePtr, n, m, ld, mt, warps int) {
-	name := fmt.Sprintf("kvx_fgemm_skinny%dw%d", mt, warps)
-	o.runShared(name, dim{blocks(n, 16*mt), blocks(m, 8*warps), 1}, dim{32 * warps, 1, 1}, fgemmSkinnySmem(mt, warps), c, a, w, n, m, ld)
+// fgemmSkinny runs skinny kernel k (any of skinnyVariants, whatever n).
+func (o *ops) fgemmSkinny(c, a, w cu.DevicePtr, n, m, ld int, k skinnyKernel) {
+	o.runShared(k.name, dim{blocks(n, 16*k.mt), blocks(m, 8*k.warps), 1}, dim{32 * k.warps, 1, 1}, fgemmSkinnySmem(k.mt, k.warps), c, a, w, n, m, ld)
 }
 
 // fgemmTiled runs kvx_fgemm_tiled (any n).

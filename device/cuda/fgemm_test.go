@@ -112,8 +112,8 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 				o.run("kvx_to_bf16", g, b, 0, xa, x.p, n, k, w.ld)
 				for _, v := range skinnyVariants {
 					c := o.newTensor(n, m)
-					o.fgemmSkinny(c.p, xa, w.h, n, m, w.ld, v[0], v[1])
-					kernels[fmt.Sprintf("skinny%dw%d", v[0], v[1])] = o.ToHost(c)
+					o.fgemmSkinny(c.p, xa, w.h, n, m, w.ld, v)
+					kernels[v.name] = o.ToHost(c)
 				}
 				c := o.newTensor(n, m)
 				o.fgemmTiled(c.p, xa, w.h, n, m, w.ld)
@@ -200,15 +200,15 @@ func TestWeightBF16(t *testing.T) {
 
 // BenchmarkFastSkinny measures every skinny variant (m16 tiles × warps a
 // block) at decode shapes, as GB/s of the weight read once: the data
-// skinnyWarps is chosen from.
+// skinnyFor is chosen from.
 func BenchmarkFastSkinny(b *testing.B) {
 	for _, s := range [][3]int{{1, 1024, 4096}, {1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {16, 14336, 4096}, {32, 14336, 4096}, {64, 14336, 4096}, {64, 4096, 14336}} {
 		n, m, k := s[0], s[1], s[2]
 		for _, v := range skinnyVariants {
-			if v[0] < skinnyTile(n) {
+			if v.mt < skinnyTile(n) {
 				continue
 			}
-			b.Run(fmt.Sprintf("%dx%dx%d/mt%dw%d", n, m, k, v[0], v[1]), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%dx%dx%d/mt%dw%d", n, m, k, v.mt, v.warps), func(b *testing.B) {
 				o := fastOps(b)
 				r := rand.New(rand.NewPCG(1, 1))
 				var x, c cu.DevicePtr
@@ -229,7 +229,7 @@ func BenchmarkFastSkinny(b *testing.B) {
 					g, bl := flat(n * w.ld)
 					o.run("kvx_to_bf16", g, bl, 0, x, xt.p, n, k, w.ld)
 				})
-				f := func() { o.fgemmSkinny(c, x, w.h, n, m, w.ld, v[0], v[1]) }
+				f := func() { o.fgemmSkinny(c, x, w.h, n, m, w.ld, v) }
 				timeOps(b, o, 3, f)
 				b.ResetTimer()
 				d := timeOps(b, o, b.N, f)
