@@ -151,57 +151,81 @@ var wrapperType = reflect.TypeOf((*nodes.Wrapper)(nil))
 // gonja's control structures included, found by reflection so that each
 // of them is covered).
 func addTicks(root *nodes.Template) {
+	walkNodes(root, func(v reflect.Value, walk func(reflect.Value)) bool {
+		if v.Kind() != reflect.Pointer || v.IsNil() || v.Type() != wrapperType {
+			return true
+		}
+		w := (*nodes.Wrapper)(v.UnsafePointer()) // the field may be unexported
+		text := 0
+		for _, n := range w.Nodes {
+			walk(reflect.ValueOf(n))
+			if d, ok := n.(*nodes.Data); ok && d.Data != nil {
+				text += len(d.Data.Val)
+			}
+		}
+		at := w.Location
+		if at == nil {
+			at = &gtokens.Token{}
+		}
+		t := &nodes.ControlStructureBlock{Location: at, Name: "limit", ControlStructure: &tick{at: at, text: text}}
+		w.Nodes = append([]nodes.Node{t}, w.Nodes...)
+		return false
+	})
+}
+
+// walkNodes calls visit on root and on every value reachable from it:
+// through pointers (each once), interfaces, struct fields (unexported ones
+// made settable, tokens skipped), slices, arrays and map values (written
+// back on a settable map, read on another). visit returns whether to go on into v's parts;
+// when it does not, it may walk them itself with walk.
+func walkNodes(root *nodes.Template, visit func(v reflect.Value, walk func(reflect.Value)) bool) {
 	seen := map[uintptr]bool{}
 	var walk func(v reflect.Value)
 	walk = func(v reflect.Value) {
+		if !visit(v, walk) {
+			return
+		}
 		switch v.Kind() {
 		case reflect.Pointer:
 			if v.IsNil() || seen[v.Pointer()] {
 				return
 			}
 			seen[v.Pointer()] = true
-			if v.Type() == wrapperType {
-				w := (*nodes.Wrapper)(v.UnsafePointer()) // the field may be unexported
-				text := 0
-				for _, n := range w.Nodes {
-					walk(reflect.ValueOf(n))
-					if d, ok := n.(*nodes.Data); ok && d.Data != nil {
-						text += len(d.Data.Val)
-					}
-				}
-				at := w.Location
-				if at == nil {
-					at = &gtokens.Token{}
-				}
-				t := &nodes.ControlStructureBlock{Location: at, Name: "limit", ControlStructure: &tick{at: at, text: text}}
-				w.Nodes = append([]nodes.Node{t}, w.Nodes...)
-				return
-			}
 			walk(v.Elem())
 		case reflect.Interface:
 			if !v.IsNil() {
 				walk(v.Elem())
 			}
 		case reflect.Struct:
-			if v.Type() == reflect.TypeOf(gtokens.Token{}) {
+			if v.Type() == tokenType {
 				return
 			}
 			for i := range v.NumField() {
-				walk(v.Field(i))
+				walk(writable(v.Field(i)))
 			}
 		case reflect.Slice, reflect.Array:
 			for i := range v.Len() {
-				walk(v.Index(i))
+				walk(writable(v.Index(i)))
 			}
 		case reflect.Map:
-			it := v.MapRange()
-			for it.Next() {
-				walk(it.Value())
+			if !v.CanSet() {
+				for it := v.MapRange(); it.Next(); {
+					walk(it.Value())
+				}
+				return
+			}
+			for _, k := range v.MapKeys() {
+				tmp := reflect.New(v.Type().Elem()).Elem()
+				tmp.Set(v.MapIndex(k))
+				walk(tmp)
+				v.SetMapIndex(k, tmp)
 			}
 		}
 	}
 	walk(reflect.ValueOf(root))
 }
+
+var tokenType = reflect.TypeOf(gtokens.Token{})
 
 // limitWriter passes writes to w until MaxTemplateOutput bytes have gone
 // through, then fails them, charging b.
@@ -553,64 +577,34 @@ var callType = reflect.TypeOf((*nodes.Call)(nil))
 // an expression is held, by a call of templateMul or templateConcat on
 // the same operands.
 func guardMultiply(root *nodes.Template) {
-	seen := map[uintptr]bool{}
-	var walk func(v reflect.Value)
-	walk = func(v reflect.Value) {
-		switch v.Kind() {
-		case reflect.Pointer:
-			if v.IsNil() || seen[v.Pointer()] {
-				return
-			}
-			seen[v.Pointer()] = true
-			walk(v.Elem())
-		case reflect.Interface:
-			if v.IsNil() {
-				return
-			}
-			inner := v.Elem()
-			walk(inner)
-			if inner.Kind() != reflect.Pointer || inner.Type() != reflect.TypeOf((*nodes.BinaryExpression)(nil)) {
-				return
-			}
-			be := (*nodes.BinaryExpression)(inner.UnsafePointer())
-			if be.Operator == nil || be.Operator.Token == nil || !callType.AssignableTo(v.Type()) || !v.CanSet() {
-				return
-			}
-			name := ""
-			switch be.Operator.Token.Type {
-			case gtokens.Multiply:
-				name = mulName
-			case gtokens.Tilde:
-				name = concatName
-			default:
-				return
-			}
-			at := be.Operator.Token
-			call := &nodes.Call{Location: at, Func: &nodes.Name{Name: &gtokens.Token{Type: gtokens.Name, Val: name, Line: at.Line, Col: at.Col}},
-				Args: []nodes.Expression{be.Left, be.Right}, Kwargs: map[string]nodes.Expression{}}
-			v.Set(reflect.ValueOf(call))
-		case reflect.Struct:
-			if v.Type() == reflect.TypeOf(gtokens.Token{}) {
-				return
-			}
-			for i := range v.NumField() {
-				walk(writable(v.Field(i)))
-			}
-		case reflect.Slice, reflect.Array:
-			for i := range v.Len() {
-				walk(writable(v.Index(i)))
-			}
-		case reflect.Map:
-			if !v.CanSet() {
-				return
-			}
-			for _, k := range v.MapKeys() {
-				tmp := reflect.New(v.Type().Elem()).Elem()
-				tmp.Set(v.MapIndex(k))
-				walk(tmp)
-				v.SetMapIndex(k, tmp)
-			}
+	walkNodes(root, func(v reflect.Value, walk func(reflect.Value)) bool {
+		if v.Kind() != reflect.Interface || v.IsNil() {
+			return true
 		}
-	}
-	walk(reflect.ValueOf(root))
+		inner := v.Elem()
+		walk(inner)
+		if inner.Kind() != reflect.Pointer || inner.Type() != binaryType {
+			return false
+		}
+		be := (*nodes.BinaryExpression)(inner.UnsafePointer())
+		if be.Operator == nil || be.Operator.Token == nil || !callType.AssignableTo(v.Type()) || !v.CanSet() {
+			return false
+		}
+		name := ""
+		switch be.Operator.Token.Type {
+		case gtokens.Multiply:
+			name = mulName
+		case gtokens.Tilde:
+			name = concatName
+		default:
+			return false
+		}
+		at := be.Operator.Token
+		call := &nodes.Call{Location: at, Func: &nodes.Name{Name: &gtokens.Token{Type: gtokens.Name, Val: name, Line: at.Line, Col: at.Col}},
+			Args: []nodes.Expression{be.Left, be.Right}, Kwargs: map[string]nodes.Expression{}}
+		v.Set(reflect.ValueOf(call))
+		return false
+	})
 }
+
+var binaryType = reflect.TypeOf((*nodes.BinaryExpression)(nil))
