@@ -80,7 +80,7 @@ gpu-bundle: cuda-build
 	rm -rf $(GPU_DIR)/scenarios $(GPU_DIR)/hf $(GPU_DIR)/scripts $(GPU_DIR)/bundle.tar.xz
 	cp -r scenarios $(GPU_DIR)/scenarios
 	mkdir -p $(GPU_DIR)/hf && cp -r device/hf/testdata $(GPU_DIR)/hf/testdata
-	mkdir -p $(GPU_DIR)/scripts && cp scripts/*.py scripts/goldens.sh $(GPU_DIR)/scripts/
+	mkdir -p $(GPU_DIR)/scripts && cp scripts/*.py scripts/goldens.sh scripts/golden-family.sh $(GPU_DIR)/scripts/
 	@# One xz stream with a 64 MiB window: the binaries share most of
 	@# their code, so they pack to about a fifth of their size.
 	@echo "packing .gpu/bundle.tar.xz (about a minute)"

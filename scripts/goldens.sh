@@ -21,13 +21,7 @@ rc=0
 for dir in "$td"/*/ "$td"/extra/*/; do
 	[[ -f $dir/expected.json && -f $dir/config.json ]] || continue
 	name=$(basename "$dir")
-	backend=gqa manager=v2
-	mt=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("model_type",""))' "$dir/config.json")
-	case $mt in
-	deepseek_v3) backend=mla ;;
-	deepseek_v32) backend=dsa ;;
-	nemotron_h | qwen3_next) manager=mamba ;;
-	esac
+	read -r mt backend manager < <(bash "$(dirname "$0")/golden-family.sh" "$dir") || { echo "$name: no model_type"; rc=1; continue; }
 	# The cuda device has no Gated DeltaNet kernel and refuses Qwen3-Next at
 	# Open (device/cuda TestOpenRefusesGDN); say so instead of failing.
 	if [[ $dev == cuda && $mt == qwen3_next ]]; then

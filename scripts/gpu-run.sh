@@ -198,13 +198,8 @@ step_invariance() {
 	mkdir -p "$OUT/invariance"
 	for dir in hf/testdata/*/ hf/testdata/extra/*/; do
 		[[ -f $dir/prompts.jsonl && -f $dir/config.json ]] || continue
-		name=$(basename "$dir") backend=gqa manager=v2
-		mt=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("model_type",""))' "$dir/config.json")
-		case $mt in
-		deepseek_v3) backend=mla ;;
-		deepseek_v32) backend=dsa ;;
-		nemotron_h | qwen3_next) manager=mamba ;;
-		esac
+		name=$(basename "$dir")
+		read -r mt backend manager < <(bash scripts/golden-family.sh "$dir") || { echo "$name: no model_type"; rc=1; continue; }
 		[[ $mt == qwen3_next ]] && { echo "$name: skipped (no Gated DeltaNet kernel on cuda)"; continue; }
 		local a=$OUT/invariance/$name-alone.json b=$OUT/invariance/$name-batched.json
 		bin/kvx generate -c scenarios/hf-llama.yaml --set model="$(cd "$dir" && pwd)" --set device=cuda --set dtype=bfloat16 \
