@@ -103,6 +103,7 @@ func (e *Engine) startOnce(ctx context.Context, mb *microBatch, items []sched.It
 		wItems[i] = worker.Item{Seq: it.ID, Pos: it.Pos, Tokens: toks, Draft: draft, Sample: it.Sample}
 		if it.Sample {
 			wItems[i].TopLogprobs = r.topK
+			wItems[i].Logits = e.spec.KeepOutputs // a vocabulary-wide row: only when kept
 		}
 		tokens += len(toks)
 		proposed += draft

@@ -232,7 +232,7 @@ func (d *Device) Forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 		}
 		pm.tails = map[kvcache.SeqID]map[int][][]byte{}
 	}
-	step := synth.Step{Items: synth.ItemsFrom(b.Items), Hidden: b.Hidden, Logits: true}
+	step := synth.Step{Items: synth.ItemsFrom(b.Items), Hidden: b.Hidden, Logits: worker.WantLogits(b.Items)}
 	if d.last {
 		step.Drafts = d.cfg.DraftTokens
 	}

@@ -144,6 +144,10 @@ func (o *ops) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.
 	dt := int(g.Dtype)
 	o.run("kvx_attn_write", dim{n, 1, 1}, dim{attThreads, 1, 1}, 0,
 		append([]any{desc, rs, kt.p, kw, vt.p, kw}, append(pv.attnArgs(), dt)...)...)
+	if o.fast && fastGQA(g, pv) {
+		o.fastAttend(g, segs, desc, pv, qt, out, scale)
+		return out, nil
+	}
 	o.run("kvx_gqa_attend", dim{n, g.Heads, 1}, dim{attThreads, 1, 1}, shm,
 		append([]any{desc, rs, qt.p, out.p}, append(pv.attnArgs(), g.Heads, g.KVHeads, g.HeadDim, g.Window, scale, dt, keep)...)...)
 	return out, nil

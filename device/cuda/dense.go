@@ -187,6 +187,34 @@ const skinnyRows = 8
 var skinnyKernels = [skinnyRows]string{"kvx_matmul_skinny1", "kvx_matmul_skinny2", "kvx_matmul_skinny3",
 	"kvx_matmul_skinny4", "kvx_matmul_skinny5", "kvx_matmul_skinny6", "kvx_matmul_skinny7", "kvx_matmul_skinny8"}
 
+// MatMuls implements hf.MatMulser: MatMul(x, w) for every w, the same
+// bits. Fast numerics with bf16 weights of one stride round x once and run
+// few rows of up to three weights in one launch; anything else is one
+// MatMul a weight.
+func (o *ops) MatMuls(x synth.Tensor, ws ...synth.Tensor) []synth.Tensor {
+	xt := cudaTensor(x)
+	fast := make([]*tensor, len(ws))
+	for i, w := range ws {
+		wt := cudaTensor(w)
+		if wt.h == 0 || wt.c != xt.c || wt.ld != cudaTensor(ws[0]).ld {
+			fast = nil
+			break
+		}
+		fast[i] = wt
+	}
+	out := make([]synth.Tensor, len(ws))
+	if len(fast) == 0 {
+		for i, w := range ws {
+			out[i] = o.MatMul(x, w)
+		}
+		return out
+	}
+	for i, t := range o.fastMatMuls(xt, fast) {
+		out[i] = t
+	}
+	return out
+}
+
 // MatMul is x · wᵀ. Exact numerics: each element kernel.Dot(w row, x row),
 // the tiled kernel (64 × 64 outputs a block) for many rows, the skinny one
 // for few. A bf16 weight (fast numerics) runs fastMatMul instead.

@@ -445,7 +445,7 @@ func (d *Device) forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 			return device.Pass{}, err
 		}
 	}
-	step := synth.Step{Items: synth.ItemsFrom(b.Items), Hidden: b.Hidden, Logits: true}
+	step := synth.Step{Items: synth.ItemsFrom(b.Items), Hidden: b.Hidden, Logits: worker.WantLogits(b.Items)}
 	if d.ps.Last {
 		step.Drafts = d.cfg.DraftTokens
 	}

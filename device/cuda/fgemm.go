@@ -29,39 +29,58 @@ const fgemmPad = 64
 // streaming the weight. Both give the same bits (fgemm_test.go).
 const fgemmTiledRows = 256
 
-// The shared memory of kernels/fgemm.cu's kernels (SK_* and TL_* there).
+// The shared memory of kernels/fgemm.cu's tiled kernel (TL_* there).
 const (
-	skBK, skStages      = 64, 6
 	tlBM, tlBN, tlBK    = 128, 128, 32
 	tlStages, tlThreads = 4, 256
 	fgemmTiledSmem      = tlStages * (tlBM + tlBN) * tlBK * 2
 )
 
-// fgemmSkinnySmem is the dynamic shared memory of
-// kvx_fgemm_skinny<mt>w<warps>.
-func fgemmSkinnySmem(mt, warps int) int { return skStages * (16*mt + 8*warps) * skBK * 2 }
+// fgemmPart is the k values of a part (FG_PART in kernels/fgemm.cu): every
+// output is the sum, in part order, of one chain per part.
+const fgemmPart = 1024
 
-// skinnyKernel is one of kernels/fgemm.cu's skinny variants: m16 tiles and
-// warps a block, and its entry point's name (made once, not per call).
+// skinnyKernel is one of kernels/fgemm.cu's skinny variants: m16 tiles,
+// column warps and k slots a block, the k tile and the stages of its ring,
+// and its entry point's name (made once, not per call).
 type skinnyKernel struct {
-	mt, warps int
-	name      string
+	mt, wc, wk, bk, stages int
+	name                   string
 }
 
-func skinny(mt, warps int) skinnyKernel {
-	return skinnyKernel{mt, warps, fmt.Sprintf("kvx_fgemm_skinny%dw%d", mt, warps)}
+func skinny(mt, wc, wk, bk, stages int) skinnyKernel {
+	return skinnyKernel{mt, wc, wk, bk, stages, fmt.Sprintf("kvx_fgemm_skinny%dc%dk%db%ds%d", mt, wc, wk, bk, stages)}
+}
+
+// warps is the variant's warps a block.
+func (k skinnyKernel) warps() int { return k.wc * k.wk }
+
+// smem is the variant's dynamic shared memory: a ring a k slot, and the
+// other slots' partial sums.
+func (k skinnyKernel) smem() int {
+	return k.wk*k.stages*(16*k.mt+8*k.wc)*k.bk*2 + (k.wk-1)*k.mt*k.wc*32*4*4
 }
 
 // skinnyVariants are every skinny variant (the tests run each on every
-// shape); skinnyFor[mt] is the one MatMul takes for mt tiles, the fastest
-// of BenchmarkFastSkinny on the H200 at Llama-3-8B's decode shapes (1 and
-// 2 tiles: 4 warps, 1.2-2.5 TB/s; 4 tiles: 8 warps, 1.6 TB/s at 14336 ×
-// 4096).
-var (
-	skinnyVariants = []skinnyKernel{skinny(1, 1), skinny(1, 2), skinny(1, 4), skinny(2, 1), skinny(2, 2), skinny(2, 4),
-		skinny(4, 1), skinny(4, 2), skinny(4, 4), skinny(4, 8)}
-	skinnyFor = [5]skinnyKernel{1: skinny(1, 4), 2: skinny(2, 4), 4: skinny(4, 8)}
-)
+// shape); skinnyFor picks one for a call.
+var skinnyVariants = []skinnyKernel{
+	skinny(1, 1, 4, 64, 4), skinny(1, 1, 4, 128, 4), skinny(1, 1, 8, 64, 4), skinny(1, 2, 2, 128, 4), skinny(1, 2, 4, 64, 4),
+	skinny(1, 4, 1, 256, 4), skinny(1, 8, 1, 128, 4),
+	skinny(2, 2, 2, 64, 4), skinny(2, 2, 4, 64, 4), skinny(2, 4, 2, 64, 4),
+	skinny(4, 4, 2, 64, 4), skinny(4, 4, 1, 64, 6), skinny(4, 8, 1, 64, 6), skinny(4, 2, 4, 64, 4),
+}
+
+// skinnyFor is the variant for n rows: the m16 tiles n needs, and k slots
+// enough to give every part of the k range its own warps.
+func skinnyFor(n int) skinnyKernel {
+	switch skinnyTile(n) {
+	case 1:
+		return skinny(1, 1, 4, 64, 4)
+	case 2:
+		return skinny(2, 2, 2, 64, 4)
+	}
+	return skinny(4, 4, 2, 64, 4)
+}
 
 // bf16Weights reports whether a weight of rows × cols is kept as bf16 in
 // fast mode: the matrices of linear layers (and embedding tables). Vectors
@@ -179,28 +198,55 @@ func (o *ops) f32(t *tensor) cu.DevicePtr {
 // fastMatMul is MatMul with a bf16 weight: x rounded to bf16 (padded to
 // the weight's stride), then the skinny or the tiled kernel.
 func (o *ops) fastMatMul(xt, wt *tensor) *tensor {
-	n, m, k, ld := xt.r, wt.r, xt.c, wt.ld
-	out := o.newTensor(n, m)
-	if n == 0 || m == 0 {
-		return out
+	return o.fastMatMuls(xt, []*tensor{wt})[0]
+}
+
+// fastMatMuls is MatMuls with bf16 weights of one stride: x is rounded to
+// bf16 once, and few rows run every weight in one skinny launch (up to
+// three a launch).
+func (o *ops) fastMatMuls(xt *tensor, ws []*tensor) []*tensor {
+	n, k, ld := xt.r, xt.c, ws[0].ld
+	outs := make([]*tensor, len(ws))
+	gs := make([]gemmOut, len(ws))
+	for i, w := range ws {
+		if w.ld != padK(k) || w.c != k {
+			panic(fmt.Sprintf("cuda: fast MatMul: weight %d × %d (stride %d) for %d columns", w.r, w.c, w.ld, k))
+		}
+		outs[i] = o.newTensor(n, w.r)
+		gs[i] = gemmOut{outs[i].p, w.h, w.r}
 	}
-	if ld != padK(k) {
-		panic(fmt.Sprintf("cuda: fast MatMul: weight stride %d for %d columns", ld, k))
+	if n == 0 {
+		return outs
 	}
 	xa := o.scratch(int64(n) * int64(ld) * 2)
 	g, b := flat(n * ld)
 	o.run("kvx_to_bf16", g, b, 0, xa, xt.p, n, k, ld)
-	o.fgemm(out.p, xa, wt.h, n, m, ld)
-	return out
+	o.fgemm(xa, n, ld, gs)
+	return outs
 }
 
-// fgemm launches C (n × m float32) = A (n × ld bf16) · W (m × ld bf16)ᵀ.
-func (o *ops) fgemm(c, a, w cu.DevicePtr, n, m, ld int) {
+// gemmOut is one weight of a fast matmul: C (n × m float32) = A · Wᵀ.
+type gemmOut struct {
+	c, w cu.DevicePtr
+	m    int
+}
+
+// fgemm launches C = A (n × ld bf16) · Wᵀ for every weight of outs: the
+// tiled kernel for each when n is large, else the skinny one for up to
+// three weights a launch.
+func (o *ops) fgemm(a cu.DevicePtr, n, ld int, outs []gemmOut) {
 	if n >= fgemmTiledRows {
-		o.fgemmTiled(c, a, w, n, m, ld)
+		for _, g := range outs {
+			o.fgemmTiled(g.c, a, g.w, n, g.m, ld)
+		}
 		return
 	}
-	o.fgemmSkinny(c, a, w, n, m, ld, skinnyFor[skinnyTile(n)])
+	k := skinnyFor(n)
+	for len(outs) > 0 {
+		take := min(3, len(outs))
+		o.fgemmSkinny(a, n, ld, outs[:take], k)
+		outs = outs[take:]
+	}
 }
 
 // skinnyTile is the m16 tiles a skinny block takes for n rows.
@@ -214,9 +260,23 @@ func skinnyTile(n int) int {
 	return 4
 }
 
-// fgemmSkinny runs skinny kernel k (any of skinnyVariants, whatever n).
-func (o *ops) fgemmSkinny(c, a, w cu.DevicePtr, n, m, ld int, k skinnyKernel) {
-	o.runShared(k.name, dim{blocks(n, 16*k.mt), blocks(m, 8*k.warps), 1}, dim{32 * k.warps, 1, 1}, fgemmSkinnySmem(k.mt, k.warps), c, a, w, n, m, ld)
+// fgemmSkinny runs skinny kernel k (any of skinnyVariants, whatever n) over
+// up to three weights.
+func (o *ops) fgemmSkinny(a cu.DevicePtr, n, ld int, outs []gemmOut, k skinnyKernel) {
+	if len(outs) == 0 || len(outs) > 3 {
+		panic(fmt.Sprintf("cuda: skinny matmul of %d weights", len(outs)))
+	}
+	args := []any{a, n, ld}
+	m := 0
+	for i := range 3 {
+		g := gemmOut{w: outs[0].w} // an unused weight: no columns
+		if i < len(outs) {
+			g = outs[i]
+		}
+		args = append(args, g.c, g.w, g.m)
+		m += g.m
+	}
+	o.runShared(k.name, dim{blocks(n, 16*k.mt), blocks(m, 8*k.wc), 1}, dim{32 * k.warps(), 1, 1}, k.smem(), args...)
 }
 
 // fgemmTiled runs kvx_fgemm_tiled (any n).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +32,7 @@ func fastOps(t testing.TB) *ops {
 var fgemmShapes = [][3]int{
 	{1, 40, 100}, {3, 17, 64}, {16, 96, 200}, {33, 130, 128}, {70, 64, 64},
 	{255, 136, 320}, {256, 128, 64}, {300, 200, 96}, {1, 4096, 4096}, {64, 1024, 4096}, {384, 512, 14336},
+	{40, 72, 1600}, {300, 96, 2112}, {7, 300, 9000}, // parts of the k range: a short last one, one of 64, 9
 }
 
 // TestFastMatMul: MatMul with a bf16 weight equals x (rounded to bf16) ·
@@ -112,7 +114,7 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 				o.run("kvx_to_bf16", g, b, 0, xa, x.p, n, k, w.ld)
 				for _, v := range skinnyVariants {
 					c := o.newTensor(n, m)
-					o.fgemmSkinny(c.p, xa, w.h, n, m, w.ld, v)
+					o.fgemmSkinny(xa, n, w.ld, []gemmOut{{c.p, w.h, m}}, v)
 					kernels[v.name] = o.ToHost(c)
 				}
 				c := o.newTensor(n, m)
@@ -125,6 +127,41 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 				for name, c := range kernels {
 					sameBits(t, fmt.Sprintf("row %d, kernel %s", i, name), alone[i], c[i*m:(i+1)*m])
 				}
+			}
+		})
+	}
+}
+
+// TestFastMatMuls: MatMuls of several weights (q, k and v; gate and up;
+// four, past one launch's three) gives each weight's MatMul bit for bit,
+// at widths that split a warp's 8 columns between two weights, for rows of
+// the skinny and the tiled kernel.
+func TestFastMatMuls(t *testing.T) {
+	o := fastOps(t)
+	for _, s := range []struct {
+		rows, k int
+		widths  []int
+	}{
+		{1, 200, []int{36, 12, 12}}, {5, 64, []int{100, 29}}, {40, 320, []int{17, 8, 130, 64}}, {300, 128, []int{96, 50, 50}},
+	} {
+		t.Run(fmt.Sprintf("%dx%d/%v", s.rows, s.k, s.widths), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(s.rows), uint64(s.k)))
+			xv := randVals(rng, s.rows*s.k, 1)
+			var alone, grouped [][]float32
+			on(t, o, func() {
+				x := hostTensor(o, xv, s.rows, s.k)
+				var ws []synth.Tensor
+				for _, m := range s.widths {
+					w := o.Weight(randVals(rng, m*s.k, 1), m, s.k)
+					ws = append(ws, w)
+					alone = append(alone, o.ToHost(o.MatMul(x, w)))
+				}
+				for _, y := range o.MatMuls(x, ws...) {
+					grouped = append(grouped, o.ToHost(y))
+				}
+			})
+			for i := range alone {
+				sameBits(t, fmt.Sprintf("weight %d", i), alone[i], grouped[i])
 			}
 		})
 	}
@@ -202,34 +239,47 @@ func TestWeightBF16(t *testing.T) {
 // block) at decode shapes, as GB/s of the weight read once: the data
 // skinnyFor is chosen from.
 func BenchmarkFastSkinny(b *testing.B) {
-	for _, s := range [][3]int{{1, 1024, 4096}, {1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {16, 14336, 4096}, {32, 14336, 4096}, {64, 14336, 4096}, {64, 4096, 14336}} {
+	for _, s := range [][3]int{{1, 6144, 4096}, {1, 4096, 4096}, {1, 28672, 4096}, {1, 4096, 14336},
+		{8, 6144, 4096}, {8, 28672, 4096}, {8, 4096, 14336}, {32, 28672, 4096}, {64, 28672, 4096}, {64, 4096, 14336}} {
 		n, m, k := s[0], s[1], s[2]
+		// One weight a shape, shared by its variants' runs (made on the
+		// device: a host-made 14336 × 4096 takes seconds).
+		var o *ops
+		var x, c cu.DevicePtr
+		var w *tensor
+		outer := b // the ops live until every variant has run
+		setup := func(b *testing.B) {
+			if o != nil {
+				return
+			}
+			o = newTestOps(outer)
+			o.fast = true
+			r := rand.New(rand.NewPCG(1, 1))
+			on(b, o, func() {
+				w = cudaTensor(o.Weight(randVals(r, m*k, 1), m, k))
+				xt := keptTensor(o, randVals(r, n*k, 1), n, k)
+				var err error
+				if x, err = o.g.alloc(int64(n) * int64(w.ld) * 2); err != nil {
+					o.fail(err)
+					return
+				}
+				if c, err = o.g.alloc(int64(n) * int64(m) * 4); err != nil {
+					o.fail(err)
+					return
+				}
+				*o.weights = append(*o.weights, x, c)
+				g, bl := flat(n * w.ld)
+				o.run("kvx_to_bf16", g, bl, 0, x, xt.p, n, k, w.ld)
+				o.freeStage()
+			})
+		}
 		for _, v := range skinnyVariants {
 			if v.mt < skinnyTile(n) {
 				continue
 			}
-			b.Run(fmt.Sprintf("%dx%dx%d/mt%dw%d", n, m, k, v.mt, v.warps), func(b *testing.B) {
-				o := fastOps(b)
-				r := rand.New(rand.NewPCG(1, 1))
-				var x, c cu.DevicePtr
-				var w *tensor
-				on(b, o, func() {
-					w = cudaTensor(o.Weight(randVals(r, m*k, 1), m, k))
-					xt := keptTensor(o, randVals(r, n*k, 1), n, k)
-					var err error
-					if x, err = o.g.alloc(int64(n) * int64(w.ld) * 2); err != nil {
-						o.fail(err)
-						return
-					}
-					if c, err = o.g.alloc(int64(n) * int64(m) * 4); err != nil {
-						o.fail(err)
-						return
-					}
-					*o.weights = append(*o.weights, x, c)
-					g, bl := flat(n * w.ld)
-					o.run("kvx_to_bf16", g, bl, 0, x, xt.p, n, k, w.ld)
-				})
-				f := func() { o.fgemmSkinny(c, x, w.h, n, m, w.ld, v) }
+			b.Run(fmt.Sprintf("%dx%dx%d/%s", n, m, k, strings.TrimPrefix(v.name, "kvx_fgemm_")), func(b *testing.B) {
+				setup(b)
+				f := func() { o.fgemmSkinny(x, n, w.ld, []gemmOut{{c, w.h, m}}, v) }
 				timeOps(b, o, 3, f)
 				b.ResetTimer()
 				d := timeOps(b, o, b.N, f)

@@ -162,7 +162,8 @@ func readDeepSeek(dir string, cfg Config, m spec.Model) (DeepSeekConfig, error) 
 type mlp struct{ gate, up, down linear }
 
 func (f mlp) apply(ops Ops, x synth.Tensor) synth.Tensor {
-	return f.down.apply(ops, ops.SwiGLU(f.gate.apply(ops, x), f.up.apply(ops, x)))
+	gu := applyAll(ops, x, f.gate, f.up)
+	return f.down.apply(ops, ops.SwiGLU(gu[0], gu[1]))
 }
 
 type dsLayer struct {

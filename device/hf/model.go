@@ -80,7 +80,39 @@ type RowOps interface {
 	DeepSeekOps
 }
 
+// MatMulser is an optional interface of a device's ops: MatMuls returns
+// MatMul(x, w) for every w, the same bits, in fewer passes where the
+// device can (the fast cuda device rounds x to bf16 once and runs a
+// decode step's q, k and v, or gate and up, in one launch).
+type MatMulser interface {
+	MatMuls(x synth.Tensor, ws ...synth.Tensor) []synth.Tensor
+}
+
 type linear struct{ w, b synth.Tensor }
+
+// applyAll is apply of every linear of ls to the same x, through MatMuls
+// where ops has it.
+func applyAll(ops Ops, x synth.Tensor, ls ...linear) []synth.Tensor {
+	mm, ok := ops.(MatMulser)
+	if !ok {
+		ys := make([]synth.Tensor, len(ls))
+		for i, l := range ls {
+			ys[i] = l.apply(ops, x)
+		}
+		return ys
+	}
+	ws := make([]synth.Tensor, len(ls))
+	for i, l := range ls {
+		ws[i] = l.w
+	}
+	ys := mm.MatMuls(x, ws...)
+	for i, l := range ls {
+		if l.b != nil {
+			ops.AddBias(ys[i], l.b)
+		}
+	}
+	return ys
+}
 
 func (l linear) apply(ops Ops, x synth.Tensor) synth.Tensor {
 	y := ops.MatMul(x, l.w)
@@ -307,12 +339,14 @@ func (s *Stage) Forward(ctx context.Context, ops Ops, st synth.Step) (synth.Resu
 	v := s.m.Vocab
 	for i, seq := range who {
 		o := worker.Output{Seq: seq, Tokens: []int32{greedy[i]}}
-		row := host[i*v : (i+1)*v : (i+1)*v]
-		if st.Logits {
-			o.Logits = row
-		}
-		if k := topK[i]; k > 0 {
-			o.TopLogprobs = [][]worker.TokenLogprob{synth.TopLogprobs(row, k)}
+		if host != nil {
+			row := host[i*v : (i+1)*v : (i+1)*v]
+			if st.Logits {
+				o.Logits = row
+			}
+			if k := topK[i]; k > 0 {
+				o.TopLogprobs = [][]worker.TokenLogprob{synth.TopLogprobs(row, k)}
+			}
 		}
 		res.Outputs = append(res.Outputs, o)
 	}
@@ -355,7 +389,8 @@ func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x s
 	lw := &s.layers[i-s.first]
 	eps := s.cfg.Eps
 	in := ops.RMSNorm(x, lw.inNorm, eps)
-	q, k, v := lw.q.apply(ops, in), lw.k.apply(ops, in), lw.v.apply(ops, in)
+	qkv := applyAll(ops, in, lw.q, lw.k, lw.v)
+	q, k, v := qkv[0], qkv[1], qkv[2]
 	if lw.qNorm != nil {
 		q, k = ops.RMSNormGroups(q, lw.qNorm, eps), ops.RMSNormGroups(k, lw.kNorm, eps)
 	}
@@ -367,6 +402,7 @@ func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x s
 	}
 	ops.Add(x, lw.o.apply(ops, core))
 	post := ops.RMSNorm(x, lw.postNorm, eps)
-	ops.Add(x, lw.down.apply(ops, ops.SwiGLU(lw.gate.apply(ops, post), lw.up.apply(ops, post))))
+	gu := applyAll(ops, post, lw.gate, lw.up)
+	ops.Add(x, lw.down.apply(ops, ops.SwiGLU(gu[0], gu[1])))
 	return nil
 }

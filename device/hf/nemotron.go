@@ -246,7 +246,8 @@ func (nm *nemotron) layer(ctx context.Context, ops Ops, s *Stage, i int, segs []
 		}
 		ops.Add(x, lw.outProj.apply(ops, core))
 	case spec.MixerGQA:
-		core, err := ops.GQA(ctx, i, segs, lw.q.apply(ops, in), lw.k.apply(ops, in), lw.v.apply(ops, in))
+		qkv := applyAll(ops, in, lw.q, lw.k, lw.v)
+		core, err := ops.GQA(ctx, i, segs, qkv[0], qkv[1], qkv[2])
 		if err != nil {
 			return err
 		}

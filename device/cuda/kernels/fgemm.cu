@@ -2,17 +2,21 @@
 // rounded to bf16, W N × K a linear layer's bf16 weight, float32
 // accumulation on tensor cores, C M × N float32.
 //
-// # Reduction order: one chain per output, whatever M
+// # Reduction order: fixed by K alone, whatever M
 //
 // Both operands are stored with a row stride ld, a multiple of 64 that
-// depends on K alone (fgemm.go pads K with zeros to it). Every output
-// element is one float32 accumulator that mma.sync.m16n8k16 advances over
-// the k16 steps 0, 16, ..., ld-16 in ascending order, starting from zero:
-// no split-K, no atomics, no reduction across threads. Every kernel here
-// (the skinny one for few rows, the tiled one for many) runs that same
-// chain, so a row's outputs do not depend on how many rows the call has,
-// where the row sits in a tile, which kernel ran or the grid: the fast
-// matmul is batch-invariant (fgemm_test.go checks it bit for bit).
+// depends on K alone (fgemm.go pads K with zeros to it). The k range is
+// cut into parts of FG_PART values (the last one shorter). Every output
+// element is, per part, one float32 accumulator that mma.sync.m16n8k16
+// advances over the part's k16 steps in ascending order from zero, and the
+// parts' sums are added in ascending order: ((p0 + p1) + p2) + ... . No
+// atomics, no split chosen by the shape of the call. Every kernel here
+// (the skinny one for few rows, whose warps run different parts at once
+// to keep enough loads in flight, and the tiled one for many) computes
+// exactly that, so a row's outputs do not depend on how many rows the
+// call has, where the row sits in a tile, which kernel ran or the grid:
+// the fast matmul is batch-invariant (fgemm_test.go checks it bit for
+// bit).
 #include "mma.cuh"
 
 // cp_async16_zfill copies 16 bytes global -> shared when ok, and writes 16
@@ -64,124 +68,207 @@ extern "C" __global__ void kvx_gather_bf16(float* out, const unsigned short* tab
 	}
 }
 
-// The skinny kernel: a block of WARPS warps covers 16·MT rows and
-// 8·WARPS columns; every warp owns 8 columns (one n8 tile) and all the
-// block's rows, the A tile is shared. Few warps a block and one warp per 8
-// columns keep many blocks streaming the weight when M is small (decode),
-// which is what bounds the time there. Operands travel global -> shared by
-// cp.async in an SK_STAGES ring of SK_BK-wide k tiles, shared -> registers
-// by ldmatrix. Shared rows are SK_BK bf16 = 8 chunks of 16 bytes; chunk c
-// of row r is stored at c ^ (r % 8), so the 8 rows an ldmatrix reads hit 8
-// bank groups. The grid's x walks the row tiles, so the blocks that read
-// the same weight columns run together and all but the first find them in
-// L2.
-#define SK_BK 64
-#define SK_STAGES 6
+#define FG_PART 1024 // k values a part
 
-__device__ __forceinline__ int sk_swz(int r, int ch) { return r * SK_BK + ((ch ^ (r & 7)) * 8); }
+// The skinny kernel, for few rows (decode): a block has WC × WK warps and
+// covers 16·MT rows and 8·WC columns (a warp owns one n8 tile of columns
+// and all the block's rows). The WK k slots take the parts in turn: slot
+// ks runs parts ks, ks + WK, ...; its WC warps share a cp.async ring of
+// STAGES BK-wide k tiles (A and W rows, global -> shared, then ldmatrix)
+// and a named barrier. After each round of WK parts the block folds them
+// into the running sum (held by slot 0's warps) in part order, so the sum
+// is the same as one warp adding the parts one after another. Operands'
+// shared rows are BK bf16 = BK/8 chunks of 16 bytes; chunk c of row r is
+// stored at c ^ (r % 8), so the 8 rows an ldmatrix reads hit 8 bank
+// groups. The grid's x walks the row tiles, so the blocks that read the
+// same weight columns run together and all but the first find them in L2.
+//
+// Rows of A past M are not loaded: mma rows are independent, so whatever
+// their shared memory holds reaches only outputs that are never stored.
+// Parts are whole k16 steps (ld is a multiple of 64), and a k tile past a
+// part's end is not loaded or run: the chains are the same for every BK.
+//
+// A call may cover up to three weights of the same K read by one A (a
+// layer's q, k and v, or gate and up): the columns are the concatenation
+// of W0's N0 rows, W1's N1 and W2's N2, and output column c goes to the C
+// of its weight. Every output is the same sum as in a call of its weight
+// alone.
+struct skinnyOut {
+	float *C0, *C1, *C2;
+	const unsigned short *W0, *W1, *W2;
+	long long N0, N1, N2; // columns of each weight
+};
 
-template <int MT, int WARPS>
-__device__ __forceinline__ void fgemm_skinny(float* C, const unsigned short* A, const unsigned short* W, long long M, long long N, long long ld) {
+__device__ __forceinline__ int sk_swz(int r, int ch, int bk) { return r * bk + ((ch ^ (r & 7)) * 8); }
+
+// sk_bar synchronizes the nthreads threads of named barrier id (1...).
+__device__ __forceinline__ void sk_bar(int id, int nthreads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads)); }
+
+template <int MT, int WC, int WK, int BK, int STAGES>
+__device__ __forceinline__ void fgemm_skinny(const unsigned short* A, const skinnyOut& o, long long M, long long ld) {
 	extern __shared__ __align__(16) unsigned char sk_smem[];
-	constexpr int AR = 16 * MT, BR = 8 * WARPS, ROWS = AR + BR;
-	unsigned short* sA = (unsigned short*)sk_smem;
-	unsigned short* sB = sA + SK_STAGES * AR * SK_BK;
+	constexpr int AR = 16 * MT, BR = 8 * WC, CH = BK / 8, SLOT = STAGES * (AR + BR) * BK; // bf16 a slot's ring
 	const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-	const int g = lane / 4, t4 = lane % 4;
+	const int ks = warp / WC, wc = warp % WC, st0 = tid - ks * 32 * WC; // k slot, column warp, thread in slot
+	unsigned short* sA = (unsigned short*)sk_smem + ks * SLOT;
+	unsigned short* sB = sA + STAGES * AR * BK;
+	float* red = (float*)((unsigned short*)sk_smem + WK * SLOT); // (WK - 1) slots' partial sums
 	const long long m0 = (long long)blockIdx.x * AR, n0 = (long long)blockIdx.y * BR;
-	const int KT = (int)(ld / SK_BK);
+	const long long N = o.N0 + o.N1 + o.N2;
+	const int arows = (int)(M - m0 < AR ? M - m0 : AR);
+	const int parts = (int)((ld + FG_PART - 1) / FG_PART);
 
-	auto load = [&](int kt) {
-		const int st = kt % SK_STAGES;
-		const long long k0 = (long long)kt * SK_BK;
-		for (int c = tid; c < ROWS * 8; c += 32 * WARPS) {
-			const int r = c / 8, ch = c % 8;
-			if (r < AR) {
-				const long long row = m0 + r;
-				const bool ok = row < M;
-				cp_async16_zfill(sA + st * AR * SK_BK + sk_swz(r, ch), A + (ok ? row : 0) * ld + k0 + ch * 8, ok);
+	// This thread's weight rows and columns are fixed over k.
+	auto wrow = [&](long long n) -> const unsigned short* {
+		return n < o.N0 ? o.W0 + n * ld : (n < o.N0 + o.N1 ? o.W1 + (n - o.N0) * ld : o.W2 + (n - o.N0 - o.N1) * ld);
+	};
+	// The slot's k tiles, in order over its parts: tile i of the slot is
+	// part ks + WK·(i / TPP), k tile i % TPP of it (some past a short last
+	// part's end: not loaded, not run).
+	constexpr int TPP = FG_PART / BK;
+	const int myParts = parts > ks ? (parts - ks + WK - 1) / WK : 0;
+	const int tiles = myParts * TPP;
+	auto kOf = [&](int i) -> long long { return (long long)(ks + WK * (i / TPP)) * FG_PART + (long long)(i % TPP) * BK; };
+	auto load = [&](int i) {
+		const int st = i % STAGES;
+		const long long k0 = kOf(i);
+		if (k0 >= ld) return;
+		for (int c = st0; c < (arows + BR) * CH; c += 32 * WC) {
+			const int r = c / CH, ch = c % CH;
+			const bool kin = k0 + ch * 8 < ld;
+			if (r < arows) {
+				cp_async16_zfill(sA + st * AR * BK + sk_swz(r, ch, BK), A + (m0 + r) * ld + (kin ? k0 + ch * 8 : 0), kin);
 			} else {
-				const int rb = r - AR;
-				const long long row = n0 + rb;
-				const bool ok = row < N;
-				cp_async16_zfill(sB + st * BR * SK_BK + sk_swz(rb, ch), W + (ok ? row : 0) * ld + k0 + ch * 8, ok);
+				const int rb = r - arows;
+				const long long n = n0 + rb;
+				const bool ok = n < N && kin;
+				cp_async16_zfill(sB + st * BR * BK + sk_swz(rb, ch, BK), ok ? wrow(n) + k0 + ch * 8 : o.W0, ok);
 			}
 		}
 	};
 
-	float acc[MT][4];
+	float acc[MT][4], tot[MT][4];
 #pragma unroll
-	for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+	for (int i = 0; i < MT; i++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) acc[i][e] = tot[i][e] = 0.f;
 
 #pragma unroll
-	for (int s = 0; s < SK_STAGES - 1; s++) {
-		if (s < KT) load(s);
+	for (int s = 0; s < STAGES - 1; s++) {
+		if (s < tiles) load(s);
 		cp_async_commit();
 	}
-	for (int kt = 0; kt < KT; kt++) {
-		cp_async_wait<SK_STAGES - 2>();
-		__syncthreads(); // tile kt landed; every warp is done with tile kt-1's stage
-		if (kt + SK_STAGES - 1 < KT) load(kt + SK_STAGES - 1);
-		cp_async_commit();
-		const int st = kt % SK_STAGES;
-		const unsigned short* a = sA + st * AR * SK_BK;
-		const unsigned short* b = sB + st * BR * SK_BK;
+	const int rounds = (parts + WK - 1) / WK;
+	for (int rd = 0; rd < rounds; rd++) {
+		// This slot's part of the round (none when the round is short).
+		if (rd < myParts) {
+			for (int i = rd * TPP; i < (rd + 1) * TPP; i++) {
+				cp_async_wait<STAGES - 2>();
+				sk_bar(1 + ks, 32 * WC); // tile i landed; the slot is done with tile i-1's stage
+				if (i + STAGES - 1 < tiles) load(i + STAGES - 1);
+				cp_async_commit();
+				const long long k0 = kOf(i);
+				if (k0 >= ld) continue;
+				const int st = i % STAGES;
+				const unsigned short* a = sA + st * AR * BK;
+				const unsigned short* b = sB + st * BR * BK;
+				const int steps = (int)(ld - k0 < BK ? (ld - k0) / 16 : BK / 16);
 #pragma unroll
-		for (int kk = 0; kk < SK_BK / 16; kk += 2) {
-			// bf[0], bf[1]: this warp's 8 columns at k16 step kk; bf[2], bf[3] at kk+1.
-			unsigned bf[4];
-			ldsm_x4(bf, b + sk_swz(warp * 8 + lane % 8, kk * 2 + lane / 8));
+				for (int kk = 0; kk < BK / 16; kk += 2) {
+					if (kk >= steps) break; // ld is a multiple of 64: steps is even
+					// bf[0], bf[1]: this warp's 8 columns at k16 step kk; bf[2], bf[3] at kk+1.
+					unsigned bf[4];
+					ldsm_x4(bf, b + sk_swz(wc * 8 + lane % 8, kk * 2 + lane / 8, BK));
 #pragma unroll
-			for (int j = 0; j < 2; j++) {
+					for (int j = 0; j < 2; j++) {
 #pragma unroll
-				for (int mt = 0; mt < MT; mt++) {
-					unsigned af[4];
-					ldsm_x4(af, a + sk_swz(mt * 16 + lane % 16, (kk + j) * 2 + lane / 16));
-					mma_bf16(acc[mt], af, bf[2 * j], bf[2 * j + 1]);
+						for (int mt = 0; mt < MT; mt++) {
+							unsigned af[4];
+							ldsm_x4(af, a + sk_swz(mt * 16 + lane % 16, (kk + j) * 2 + lane / 16, BK));
+							mma_bf16(acc[mt], af, bf[2 * j], bf[2 * j + 1]);
+						}
+					}
 				}
 			}
 		}
+		// Fold the round's parts, in order, into slot 0's running sum.
+		const int inRound = parts - rd * WK < WK ? parts - rd * WK : WK;
+		if (ks > 0 && ks < inRound) {
+#pragma unroll
+			for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) red[((((ks - 1) * MT + mt) * WC + wc) * 32 + lane) * 4 + e] = acc[mt][e];
+		}
+		if (WK > 1) __syncthreads();
+		if (ks == 0) {
+#pragma unroll
+			for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					float v = rd == 0 ? acc[mt][e] : __fadd_rn(tot[mt][e], acc[mt][e]);
+					for (int q = 1; q < inRound; q++) v = __fadd_rn(v, red[((((q - 1) * MT + mt) * WC + wc) * 32 + lane) * 4 + e]);
+					tot[mt][e] = v;
+				}
+		}
+		if (WK > 1) __syncthreads(); // red is free for the next round
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
 	}
 	cp_async_wait<0>();
-	const long long c = n0 + warp * 8 + 2 * t4;
+	if (ks != 0) return;
+	const int g = lane / 4, t4 = lane % 4;
 #pragma unroll
-	for (int mt = 0; mt < MT; mt++) {
-		const long long r = m0 + mt * 16 + g;
-		if (r < M) {
-			if (c < N) C[r * N + c] = acc[mt][0];
-			if (c + 1 < N) C[r * N + c + 1] = acc[mt][1];
+	for (int e = 0; e < 2; e++) {
+		long long c = n0 + wc * 8 + 2 * t4 + e;
+		if (c >= N) continue;
+		float* C = o.C0;
+		long long ldc = o.N0;
+		if (c >= o.N0 + o.N1) {
+			C = o.C2, ldc = o.N2, c -= o.N0 + o.N1;
+		} else if (c >= o.N0) {
+			C = o.C1, ldc = o.N1, c -= o.N0;
 		}
-		if (r + 8 < M) {
-			if (c < N) C[(r + 8) * N + c] = acc[mt][2];
-			if (c + 1 < N) C[(r + 8) * N + c + 1] = acc[mt][3];
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) {
+			const long long r = m0 + mt * 16 + g;
+			if (r < M) C[r * ldc + c] = tot[mt][e];
+			if (r + 8 < M) C[(r + 8) * ldc + c] = tot[mt][2 + e];
 		}
 	}
 }
 
-// kvx_fgemm_skinny<MT>w<WARPS>: grid (ceil(M / (16·MT)), ceil(N /
-// (8·WARPS))), block 32·WARPS, fgemmSkinnySmem(MT, WARPS) bytes of dynamic
-// shared memory (fgemm.go). ld is a multiple of SK_BK.
-#define SKINNY(MT, WARPS)                                                                                              \
-	extern "C" __global__ void __launch_bounds__(32 * WARPS) kvx_fgemm_skinny##MT##w##WARPS(                        \
-		float* C, const unsigned short* A, const unsigned short* W, long long M, long long N, long long ld) {         \
-		fgemm_skinny<MT, WARPS>(C, A, W, M, N, ld);                                                                  \
+// kvx_fgemm_skinny<MT>c<WC>k<WK>b<BK>s<STAGES>: grid (ceil(M / (16·MT)),
+// ceil((N0 + N1 + N2) / (8·WC))), block 32·WC·WK, skinnyKernel.smem() bytes
+// of dynamic shared memory (fgemm.go). ld is a multiple of 64.
+#define SKINNY(MT, WC, WK, BK, STAGES)                                                                                  \
+	extern "C" __global__ void __launch_bounds__(32 * WC * WK) kvx_fgemm_skinny##MT##c##WC##k##WK##b##BK##s##STAGES( \
+		const unsigned short* A, long long M, long long ld, float* C0, const unsigned short* W0, long long N0,          \
+		float* C1, const unsigned short* W1, long long N1, float* C2, const unsigned short* W2, long long N2) {          \
+		const skinnyOut o = {C0, C1, C2, W0, W1, W2, N0, N1, N2};                                                      \
+		fgemm_skinny<MT, WC, WK, BK, STAGES>(A, o, M, ld);                                                             \
 	}
-SKINNY(1, 1)
-SKINNY(1, 2)
-SKINNY(1, 4)
-SKINNY(2, 1)
-SKINNY(2, 2)
-SKINNY(2, 4)
-SKINNY(4, 1)
-SKINNY(4, 2)
-SKINNY(4, 4)
-SKINNY(4, 8)
+SKINNY(1, 1, 4, 64, 4)
+SKINNY(1, 1, 4, 128, 4)
+SKINNY(1, 1, 8, 64, 4)
+SKINNY(1, 2, 2, 128, 4)
+SKINNY(1, 2, 4, 64, 4)
+SKINNY(1, 4, 1, 256, 4)
+SKINNY(1, 8, 1, 128, 4)
+SKINNY(2, 2, 2, 64, 4)
+SKINNY(2, 2, 4, 64, 4)
+SKINNY(2, 4, 2, 64, 4)
+SKINNY(4, 4, 2, 64, 4)
+SKINNY(4, 4, 1, 64, 6)
+SKINNY(4, 8, 1, 64, 6)
+SKINNY(4, 2, 4, 64, 4)
 
 // The tiled kernel for many rows: block tile 128 × 128 × 32, 8 warps of
 // 64 × 32 (4 × 4 m16n8k16 tiles, 64 float32 accumulators a thread), a
 // 4-stage cp.async ring, ldmatrix from rows of 32 bf16 (4 chunks; chunk c of
-// row r at c ^ ((r / 2) % 4)). The same k16 chain per output as the skinny
-// kernel. Blocks go down TL_GROUP row tiles before the next column tile, so
+// row r at c ^ ((r / 2) % 4)). The same part sums per output as the
+// skinny kernel: at every part's end the part's accumulators are added to
+// the running sum (64 more registers a thread) and start again from zero.
+// Blocks go down TL_GROUP row tiles before the next column tile, so
 // a wave of blocks reads a few row and column tiles that L2 holds instead
 // of the whole weight once per row tile.
 #define TL_BM 128
@@ -227,11 +314,13 @@ kvx_fgemm_tiled(float* C, const unsigned short* A, const unsigned short* W, long
 		}
 	};
 
-	float acc[4][4][4];
+	float acc[4][4][4], tot[4][4][4];
 #pragma unroll
 	for (int i = 0; i < 4; i++)
 #pragma unroll
-		for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+		for (int j = 0; j < 4; j++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) acc[i][j][e] = tot[i][j][e] = 0.f;
 
 #pragma unroll
 	for (int s = 0; s < TL_STAGES - 1; s++) {
@@ -262,6 +351,19 @@ kvx_fgemm_tiled(float* C, const unsigned short* A, const unsigned short* W, long
 					mma_bf16(acc[mt][2 * np + 1], af[mt], bf[np][2], bf[np][3]);
 				}
 		}
+		if ((kt + 1) % (FG_PART / TL_BK) == 0 || kt == KT - 1) {
+			// The end of a part: add it to the running sum, in part order.
+			const bool first = kt < FG_PART / TL_BK;
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int j = 0; j < 4; j++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						tot[i][j][e] = first ? acc[i][j][e] : __fadd_rn(tot[i][j][e], acc[i][j][e]);
+						acc[i][j][e] = 0.f;
+					}
+		}
 	}
 	cp_async_wait<0>();
 #pragma unroll
@@ -270,12 +372,12 @@ kvx_fgemm_tiled(float* C, const unsigned short* A, const unsigned short* W, long
 		for (int nt = 0; nt < 4; nt++) {
 			const long long r = bm + wm + mt * 16 + g, c = bn + wn + nt * 8 + 2 * t4;
 			if (r < M) {
-				if (c < N) C[r * N + c] = acc[mt][nt][0];
-				if (c + 1 < N) C[r * N + c + 1] = acc[mt][nt][1];
+				if (c < N) C[r * N + c] = tot[mt][nt][0];
+				if (c + 1 < N) C[r * N + c + 1] = tot[mt][nt][1];
 			}
 			if (r + 8 < M) {
-				if (c < N) C[(r + 8) * N + c] = acc[mt][nt][2];
-				if (c + 1 < N) C[(r + 8) * N + c + 1] = acc[mt][nt][3];
+				if (c < N) C[(r + 8) * N + c] = tot[mt][nt][2];
+				if (c + 1 < N) C[(r + 8) * N + c + 1] = tot[mt][nt][3];
 			}
 		}
 }

@@ -3328,6 +3328,7 @@ type Batch struct {
 	Copies        *Copies                `protobuf:"bytes,11,opt,name=copies,proto3" json:"copies,omitempty"`
 	Snapshots     *SnapshotSlots         `protobuf:"bytes,12,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
 	TopLogprobs   []int64                `protobuf:"varint,13,rep,packed,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"` // Item.TopLogprobs; optional column
+	Logits        []bool                 `protobuf:"varint,14,rep,packed,name=logits,proto3" json:"logits,omitempty"`                              // Item.Logits; optional column. Feature item_logits.
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3449,6 +3450,13 @@ func (x *Batch) GetSnapshots() *SnapshotSlots {
 func (x *Batch) GetTopLogprobs() []int64 {
 	if x != nil {
 		return x.TopLogprobs
+	}
+	return nil
+}
+
+func (x *Batch) GetLogits() []bool {
+	if x != nil {
+		return x.Logits
 	}
 	return nil
 }
@@ -4137,7 +4145,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x05dtype\x18\x10 \x01(\tR\x05dtype\"@\n" +
 	"\x05Setup\x12!\n" +
 	"\fdevice_bytes\x18\x01 \x01(\x03R\vdeviceBytes\x12\x14\n" +
-	"\x05notes\x18\x02 \x03(\tR\x05notes\"\x85\x03\n" +
+	"\x05notes\x18\x02 \x03(\tR\x05notes\"\x9d\x03\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x10\n" +
 	"\x03seq\x18\x02 \x03(\x04R\x03seq\x12\x10\n" +
@@ -4153,7 +4161,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	" \x03(\x04R\breleased\x12&\n" +
 	"\x06copies\x18\v \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\x123\n" +
 	"\tsnapshots\x18\f \x01(\v2\x15.kvx.v1.SnapshotSlotsR\tsnapshots\x12!\n" +
-	"\ftop_logprobs\x18\r \x03(\x03R\vtopLogprobs\"\xa4\x03\n" +
+	"\ftop_logprobs\x18\r \x03(\x03R\vtopLogprobs\x12\x16\n" +
+	"\x06logits\x18\x0e \x03(\bR\x06logits\"\xa4\x03\n" +
 	"\x06Result\x12\x16\n" +
 	"\x06hidden\x18\x01 \x01(\fR\x06hidden\x12\x10\n" +
 	"\x03seq\x18\x02 \x03(\x04R\x03seq\x12\x1d\n" +

@@ -92,6 +92,10 @@ const (
 	// would run float32 while the report says bfloat16, so the client
 	// refuses to configure one with a dtype other than float32.
 	FeatureComputeDtype Feature = "compute_dtype"
+	// FeatureItemLogits: Batch.logits, which items want their logits back
+	// (worker.Item.Logits). A worker without it returns every sampled
+	// item's logits, which the host ignores when it did not ask.
+	FeatureItemLogits Feature = "item_logits"
 )
 
 // featureDef is a feature and the proto elements it adds: full names of
@@ -139,6 +143,7 @@ var features = []featureDef{
 	}},
 	{Name: FeatureCopyLatency, Adds: []string{"kvx.v1.Hardware.copy_latency"}},
 	{Name: FeatureComputeDtype, Adds: []string{"kvx.v1.WorkerConfig.dtype"}},
+	{Name: FeatureItemLogits, Adds: []string{"kvx.v1.Batch.logits"}},
 }
 
 // Contract is what one side speaks.

@@ -179,6 +179,7 @@ func toProtoBatch(b *worker.Batch) *kvxpb.Batch {
 	m.Draft = column(n, func(i int) int64 { return int64(items[i].Draft) })
 	m.Sample = column(n, func(i int) bool { return items[i].Sample })
 	m.TopLogprobs = column(n, func(i int) int64 { return int64(items[i].TopLogprobs) })
+	m.Logits = column(n, func(i int) bool { return items[i].Logits })
 	m.TokensLen, m.Tokens = concat(n, func(i int) []int32 { return items[i].Tokens })
 	m.Tables = toProtoTableDeltas(n, func(i int) []kvcache.TableDelta { return items[i].Tables })
 	m.Snapshots = toProtoSnapshotSlots(n, func(i int) []kvcache.SnapshotSlot { return items[i].Snapshots })
@@ -203,7 +204,8 @@ func fromProtoBatch(p *kvxpb.Batch) (worker.Batch, error) {
 	sample, err3 := optional(msg, "sample", p.GetSample(), n)
 	tokens, err4 := newSplitter(msg, "tokens_len", "tokens", p.GetTokensLen(), p.GetTokens(), n)
 	topK, err5 := optional(msg, "top_logprobs", p.GetTopLogprobs(), n)
-	if err := firstErr(err1, err2, err3, err4, err5); err != nil {
+	logits, err6 := optional(msg, "logits", p.GetLogits(), n)
+	if err := firstErr(err1, err2, err3, err4, err5, err6); err != nil {
 		return worker.Batch{}, err
 	}
 	if n == 0 {
@@ -224,6 +226,7 @@ func fromProtoBatch(p *kvxpb.Batch) (worker.Batch, error) {
 			Draft:       int(at(draft, i)),
 			Sample:      at(sample, i),
 			TopLogprobs: int(at(topK, i)),
+			Logits:      at(logits, i),
 		}
 	}
 	if err := fromProtoTableDeltas(msg, p.GetTables(), n, func(i int, ds []kvcache.TableDelta) { b.Items[i].Tables = ds }); err != nil {

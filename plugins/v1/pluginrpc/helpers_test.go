@@ -202,8 +202,8 @@ var fullWorkerConfig = worker.Config{
 var fullBatch = worker.Batch{
 	Step: 99,
 	Items: []worker.Item{
-		{Seq: 42, Pos: 100, Tokens: []int32{5, 6}, Draft: 1, Sample: true, Tables: fullTables, Snapshots: fullSnapshots[:1], TopLogprobs: 5},
-		{Seq: 43, Pos: 1, Tokens: []int32{7}, Draft: 2, Sample: true, Tables: fullTables[:1], Snapshots: fullSnapshots[1:], TopLogprobs: 20},
+		{Seq: 42, Pos: 100, Tokens: []int32{5, 6}, Draft: 1, Sample: true, Tables: fullTables, Snapshots: fullSnapshots[:1], TopLogprobs: 5, Logits: true},
+		{Seq: 43, Pos: 1, Tokens: []int32{7}, Draft: 2, Sample: true, Tables: fullTables[:1], Snapshots: fullSnapshots[1:], TopLogprobs: 20, Logits: true},
 	},
 	Hidden:   []byte{1, 2, 3, 0, 255},
 	Released: []kvcache.SeqID{7, 8},

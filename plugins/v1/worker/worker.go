@@ -101,6 +101,11 @@ type Item struct {
 	// this item (Output.TopLogprobs); 0 asks for none, and must be >= 0.
 	// Devices without real math (sim) return none.
 	TopLogprobs int
+	// Logits asks the last stage for the logits of this item's last sampled
+	// position (Output.Logits): a row of the vocabulary's size, so the
+	// engine asks only when it keeps them (kvx generate). Feature
+	// item_logits; a worker without it returns them for every item.
+	Logits bool
 }
 
 // Batch is one micro-batch on one stage.
@@ -115,6 +120,18 @@ type Batch struct {
 	Copies []kvcache.Copy
 }
 
+// WantLogits reports whether some item of items asks for its logits
+// (Item.Logits): a device that computes a step's logits at once returns
+// them for every item of such a step.
+func WantLogits(items []Item) bool {
+	for i := range items {
+		if items[i].Logits {
+			return true
+		}
+	}
+	return false
+}
+
 // Output is what the last stage produced for one item that asked to sample.
 type Output struct {
 	Seq kvcache.SeqID
@@ -124,7 +141,7 @@ type Output struct {
 	// Drafts are the MTP head's proposals for the next step.
 	Drafts []int32
 	// Logits of the last sampled position, on devices with real math (cpu,
-	// cuda) when the config asks for them; nil on sim.
+	// cuda) when the item asked for them (Item.Logits); nil on sim.
 	Logits []float32
 	// TopLogprobs has, when the item asked for them (Item.TopLogprobs = K >
 	// 0) on a device with real math, one list per token of Tokens, in

@@ -1,0 +1,104 @@
+//go:build cuda && cgo
+
+package cuda
+
+// The fast GQA attention (dtype bfloat16; kernels/fattn.cu): flash
+// attention on tensor cores over the paged bf16 pool, one order of
+// operations per query row whatever its batch, chunk or kernel. Segments of
+// many rows (prefill) run kvx_fa_prefill_d*, which folds the context's
+// partitions in registers; segments of at most faSplitRows rows (decode and
+// short verification steps) run kvx_fa_split_d*, one warp a partition, and
+// kvx_fa_merge folds the partitions in the same order with the same
+// arithmetic, so both give the same bits.
+
+import (
+	"fmt"
+	"math"
+
+	"gorgonia.org/cu"
+
+	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/synth"
+)
+
+// The tiling of kernels/fattn.cu (FA_* there).
+const (
+	faKT   = 64  // keys a tile
+	faPart = 256 // keys a partition
+	// faSplitRows is the most (token, query head) rows of a segment the
+	// split kernel takes: one warp's m16 tile.
+	faSplitRows = 16
+)
+
+// faForcePrefill, set by tests, runs every segment on the prefill kernel,
+// so that the split kernel's rows can be compared with it; faForceWarps
+// (4 or 8) picks the prefill kernel's warps a block.
+var (
+	faForcePrefill bool
+	faForceWarps   int
+)
+
+// faWarpsFor is the warps a prefill block of the call takes: 8 (more rows
+// share each K and V tile) when some segment has 128 rows or more.
+func faWarpsFor(most int) int {
+	switch {
+	case faForceWarps != 0:
+		return faForceWarps
+	case most >= 128:
+		return 8
+	}
+	return 4
+}
+
+// faSmem is the dynamic shared memory of the fast attention kernels of
+// head dim d: two stages of a tile's K and V.
+func faSmem(d int) int { return 2 * 2 * faKT * d * 2 }
+
+// fastGQA reports whether GQA layer g over pool view v runs on the fast
+// kernels: bf16 rows, head dim 64 or 128, every row and head 16-byte
+// aligned for cp.async. Other layers (fp8 or float32 KV, other head dims)
+// run the exact kernel in fast mode too.
+func fastGQA(g kernel.GQA, v pagedView) bool {
+	return g.Dtype == kernel.BF16 && (g.HeadDim == 64 || g.HeadDim == 128) && g.KVHeads > 0 && g.Heads%g.KVHeads == 0 &&
+		v.blockBytes%16 == 0 && v.offset%16 == 0 && v.stride%16 == 0 && int64(v.base)%16 == 0
+}
+
+// fastAttend launches the fast attention of every query row of segs (q:
+// rows × heads·d) into out, the new tokens' K and V already written.
+func (o *ops) fastAttend(g kernel.GQA, segs []synth.Seg, desc cu.DevicePtr, v pagedView, q, out *tensor, scale float32) {
+	d, grp := g.HeadDim, g.Heads/g.KVHeads
+	var pre, split []int32
+	parts, most := 0, 0
+	for _, sg := range segs {
+		if r := sg.Rows * grp; r > faSplitRows || faForcePrefill {
+			most = max(most, r)
+		}
+	}
+	w := faWarpsFor(most)
+	for i, sg := range segs {
+		if r := sg.Rows * grp; r <= faSplitRows && !faForcePrefill {
+			split = append(split, int32(i))
+			parts = max(parts, blocks(sg.Pos+sg.Rows, faPart))
+		} else {
+			for r0 := 0; r0 < r; r0 += 16 * w {
+				pre = append(pre, int32(i), int32(r0))
+			}
+		}
+	}
+	qs := float32(float64(scale) * math.Log2E)
+	pool := []any{v.base, v.blockBytes, v.offset, v.stride, v.tokensPerBlock, g.Heads, g.KVHeads, g.Window, qs}
+	shm := faSmem(d)
+	if len(pre) > 0 {
+		wl := put(o, pre)
+		o.runShared(fmt.Sprintf("kvx_fa_prefill_d%dw%d", d, w), dim{len(pre) / 2, g.KVHeads, 1}, dim{32 * w, 1, 1}, shm,
+			append([]any{desc, wl, q.p, out.p}, pool...)...)
+	}
+	if len(split) > 0 {
+		wl := put(o, split)
+		n := int64(len(split)) * int64(g.KVHeads) * int64(parts) * faSplitRows
+		part, ml := o.scratch(n*int64(d)*4), o.scratch(n*2*4)
+		o.runShared(fmt.Sprintf("kvx_fa_split_d%d", d), dim{parts, g.KVHeads, len(split)}, dim{32, 1, 1}, shm,
+			append([]any{desc, wl, q.p, part, ml}, pool...)...)
+		o.run("kvx_fa_merge", dim{len(split), g.KVHeads, 1}, dim{128, 1, 1}, 0, desc, wl, part, ml, out.p, parts, g.Heads, g.KVHeads, d, g.Window)
+	}
+}
