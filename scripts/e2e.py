@@ -141,64 +141,34 @@ def hf_baseline(d):
     return res
 
 
-def kvx_run(kvx, scen, ckpt, out, tag, sets, timeout=600, ncu=False):
+def kvx_run(kvx, scen, ckpt, out, tag, sets, timeout=600, prof=False):
     js = os.path.join(out, f"e2e-kvx-{tag}.json")
     cmd = [kvx, "run", "-c", scen, "--set", f"model={ckpt}", "--json", js, "--no-progress"]
     for s in sets:
         cmd += ["--set", s]
-    if ncu:
-        # Nsight Compute on the worker (a child process of kvx): every
-        # kernel's GPU time over NCU_COUNT launches after NCU_SKIP (past
-        # loading and the prefill: a few decode steps), caches and clocks
-        # left as they run; summarized per kernel by ncu_summary.
-        cmd = ["ncu", "--target-processes", "all", "--launch-skip", os.environ.get("NCU_SKIP", "3000"),
-               "--launch-count", os.environ.get("NCU_COUNT", "1500"), "--metrics", "gpu__time_duration.sum",
-               "--cache-control", "none", "--clock-control", "none", "--csv",
-               "--log-file", os.path.join(out, f"ncu-{tag}.csv")] + cmd
+    env = dict(os.environ)
+    if prof:
+        # The cuda worker's own kernel timer (CUDA events around every
+        # launch; device/cuda/prof.go): per-kernel GPU time, GPU span and
+        # wall time a step.
+        env["CUDA_KVX_PROFILE"] = os.path.join(out, f"prof-{tag}.txt")
     log("kvx:", " ".join(cmd))
     t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     wall = time.perf_counter() - t
     with open(os.path.join(out, f"e2e-kvx-{tag}.log"), "w") as f:
         f.write(p.stdout + p.stderr)
     if p.returncode != 0:
         log(f"kvx {tag}: exit {p.returncode}\n{p.stderr[-2000:]}")
         return {"error": f"exit {p.returncode}", "wall_s": wall}
-    if ncu:
-        ncu_summary(os.path.join(out, f"ncu-{tag}.csv"), os.path.join(out, f"ncu-{tag}.txt"))
+    if prof and os.path.isfile(env["CUDA_KVX_PROFILE"]):
+        log(open(env["CUDA_KVX_PROFILE"]).read())
     doc = json.load(open(js))
     v = doc["variants"][0]
     lat, thr = v.get("latency") or {}, v.get("throughput") or {}
     return {"wall_s": wall, "ttft_p50_ms": lat.get("ttft_p50_ms"), "ttft_p99_ms": lat.get("ttft_p99_ms"),
             "tpot_p50_ms": lat.get("tpot_p50_ms"), "tpot_p99_ms": lat.get("tpot_p99_ms"),
             "out_tok_s": thr.get("output_tokens_per_s"), "engine_s": thr.get("engine_s")}
-
-
-def ncu_summary(src, dst):
-    """Per kernel: launches, total and mean GPU time, share of the total."""
-    import csv
-    tot, cnt = {}, {}
-    try:
-        rows = [l for l in open(src) if l.startswith('"')]
-    except OSError as e:
-        log(f"ncu: {e}")
-        return
-    for r in csv.DictReader(rows):
-        if r.get("Metric Name") != "gpu__time_duration.sum":
-            continue
-        v = float(r["Metric Value"].replace(",", ""))
-        unit = r.get("Metric Unit", "nsecond")
-        v *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}.get(unit, 1e-3)
-        k = r["Kernel Name"].split("(")[0]
-        tot[k] = tot.get(k, 0.0) + v
-        cnt[k] = cnt.get(k, 0) + 1
-    all_us = sum(tot.values())
-    with open(dst, "w") as f:
-        f.write(f"{sum(cnt.values())} launches, {all_us:.0f} us of GPU time\n")
-        f.write(f"{'kernel':48} {'launches':>8} {'total us':>10} {'mean us':>8} {'share':>6}\n")
-        for k in sorted(tot, key=tot.get, reverse=True):
-            f.write(f"{k:48} {cnt[k]:8d} {tot[k]:10.1f} {tot[k] / cnt[k]:8.2f} {100 * tot[k] / all_us:5.1f}%\n")
-    log(open(dst).read())
 
 
 def work(n, prompt, new):
@@ -214,7 +184,7 @@ def main():
     ap.add_argument("--ckpt", default="/tmp/kvx-e2e/llama8b")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated kvx runs (load,b1,b1exact,b8,b64,prefill,gen)")
-    ap.add_argument("--ncu", default="", help="comma-separated kvx runs to profile with Nsight Compute (ncu-<run>.txt beside)")
+    ap.add_argument("--profile", default="", help="comma-separated kvx runs to profile with the worker's kernel timer (prof-<run>.txt beside)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.ckpt, exist_ok=True)
@@ -234,14 +204,17 @@ def main():
         "b64": work(64, 32, 128),
         "prefill": work(64, 2048, 1),
         "gen": work(64, 2048, 256),
-        "b1prof": work(1, 32, 64),  # for --ncu b1prof: its times are the profiler's, not in the table
+        # for --profile: their times carry the profiler's overhead and are not in the table
+        "b1prof": work(1, 32, 64),
+        "b64prof": work(64, 32, 64),
+        "prefillprof": work(8, 2048, 1),
     }
     only = set(filter(None, a.only.split(",")))
     res["kvx"] = {}
     for tag, sets in runs.items():
         if only and tag not in only:
             continue
-        res["kvx"][tag] = kvx_run(a.kvx, a.scenario, a.ckpt, a.out, tag, sets, ncu=tag in a.ncu.split(","))
+        res["kvx"][tag] = kvx_run(a.kvx, a.scenario, a.ckpt, a.out, tag, sets, prof=tag in a.profile.split(","))
         log(f"kvx {tag}:", res["kvx"][tag])
     json.dump(res, open(os.path.join(a.out, "e2e.json"), "w"), indent=1)
     write_table(res, os.path.join(a.out, "e2e.md"))

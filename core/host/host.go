@@ -489,7 +489,7 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 		h.socketDir = dir
 	}
 	cmd := exec.Command(path)
-	cmd.Env = []string{pluginrpc.LogLevelEnv + "=" + levelName(h.logger)}
+	cmd.Env = append(inheritedEnv(os.Environ()), pluginrpc.LogLevelEnv+"="+levelName(h.logger))
 	if n := h.threads(name); n > 0 {
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(n))
 	}
@@ -809,4 +809,23 @@ func (h *Host) WorkerFactory(ctx context.Context, path string, onErr func(error)
 		}
 		return closingWorker{w, proc}
 	}
+}
+
+// inheritedEnv is what of the host's environment a plugin process gets:
+// the GPU runtime's variables (CUDA_*, NVIDIA_*, NCCL_*: visible devices,
+// the profilers' injection, CUDA_KVX_PROFILE), where shared libraries come
+// from (LD_LIBRARY_PATH, and LD_PRELOAD, how Nsight attaches) and TMPDIR.
+// Nothing else: a plugin's behaviour comes from its configuration, not
+// from the shell kvx ran in (KVX_* variables are config keys of kvx).
+func inheritedEnv(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		switch {
+		case strings.HasPrefix(name, "CUDA_"), strings.HasPrefix(name, "NVIDIA_"), strings.HasPrefix(name, "NCCL_"),
+			name == "LD_LIBRARY_PATH", name == "LD_PRELOAD", name == "TMPDIR":
+			out = append(out, kv)
+		}
+	}
+	return out
 }

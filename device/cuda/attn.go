@@ -55,13 +55,17 @@ func (o *ops) attnMixer(layer int, k device.Kernel) (*paged.Mixer, error) {
 // attnRowSegs uploads, for every row of a call over segs, its segment's
 // index (the kernels' rowSeg).
 func (o *ops) attnRowSegs(segs []synth.Seg) cu.DevicePtr {
-	var rs []int32
-	for i, sg := range segs {
-		for range sg.Rows {
-			rs = append(rs, int32(i))
+	m := o.memoFor(segs)
+	if m.rows == 0 {
+		var rs []int32
+		for i, sg := range segs {
+			for range sg.Rows {
+				rs = append(rs, int32(i))
+			}
 		}
+		m.rows = put(o, rs)
 	}
-	return put(o, rs)
+	return m.rows
 }
 
 // attnArgs are a pagedView's kernel arguments: base, block bytes, offset,

@@ -363,6 +363,11 @@ func (o *ops) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
 	if xt.c == 0 || half == 0 {
 		return
 	}
+	m, key := o.memoFor(segs), ropeKeyOf(r)
+	if t, ok := m.rope[key]; ok {
+		o.ropeApply(xt, t[0], t[1], rows, stride, r)
+		return
+	}
 	freq := make([]float64, half)
 	maxFreq, finite := 0.0, true
 	for i := range freq {
@@ -395,6 +400,15 @@ func (o *ops) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
 		o.run("kvx_rope_table", g, b, 0, cs, sn, put(o, pos), put(o, freq), rows, half,
 			int64(math.Float64bits(r.Scale)), has)
 	}
+	if m.rope == nil {
+		m.rope = map[ropeKey][2]cu.DevicePtr{}
+	}
+	m.rope[key] = [2]cu.DevicePtr{cs, sn}
+	o.ropeApply(xt, cs, sn, rows, stride, r)
+}
+
+// ropeApply rotates every row of x by the tables cs, sn.
+func (o *ops) ropeApply(xt *tensor, cs, sn cu.DevicePtr, rows, stride int, r synth.RoPE) {
 	il := 0
 	if r.Interleaved {
 		il = 1

@@ -192,6 +192,9 @@ func (d *Device) Close() error {
 			s.free()
 		}
 		d.ar.free()
+		if d.g.prof != nil {
+			d.g.prof.write()
+		}
 		d.pools, d.weights, d.tables = nil, nil, nil
 		return nil
 	})
@@ -364,6 +367,15 @@ func (o *ops) segments(layer int, role spec.Role, segs []synth.Seg) (cu.DevicePt
 	if !ok {
 		return 0, v, fmt.Errorf("cuda: layer %d has no %s buffer in a device pool", layer, role)
 	}
+	// Every layer of a pool (and window) uploads the same descriptors.
+	window := 0
+	if x := o.d.ps.Mix[layer]; x != nil && x.Kind == device.KernelGQA {
+		window = x.GQA.Window
+	}
+	m, key := o.memoFor(segs), descKey{pool: v.pool, window: window, role: role}
+	if d, ok := m.desc[key]; ok && d.v == v {
+		return d.p, v, o.err
+	}
 	desc := make([]int64, 0, segWords*len(segs))
 	row := 0
 	for _, sg := range segs {
@@ -388,7 +400,14 @@ func (o *ops) segments(layer int, role spec.Role, segs []synth.Seg) (cu.DevicePt
 		desc = append(desc, int64(tab), int64(sg.Pos), int64(sg.Rows), int64(row))
 		row += sg.Rows
 	}
-	return put(o, desc), v, o.err
+	p := put(o, desc)
+	if o.err == nil {
+		if m.desc == nil {
+			m.desc = map[descKey]descVal{}
+		}
+		m.desc[key] = descVal{p, v}
+	}
+	return p, v, o.err
 }
 
 // Forward runs the queued copies and b.Copies, then the stage's layers on
@@ -401,10 +420,16 @@ func (d *Device) Forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 	start := time.Now()
 	var pass device.Pass
 	err := d.g.do(func() error {
+		if d.g.prof != nil {
+			d.g.prof.begin()
+		}
 		var err error
 		pass, err = d.forward(ctx, b, t)
 		if serr := d.g.sync(); err == nil {
 			err = serr
+		}
+		if d.g.prof != nil {
+			d.g.prof.end()
 		}
 		if rerr := d.ar.reset(); err == nil {
 			err = rerr

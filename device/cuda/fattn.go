@@ -12,7 +12,6 @@ package cuda
 // arithmetic, so both give the same bits.
 
 import (
-	"fmt"
 	"math"
 
 	"gorgonia.org/cu"
@@ -67,14 +66,48 @@ func fastGQA(g kernel.GQA, v pagedView) bool {
 // rows × heads·d) into out, the new tokens' K and V already written.
 func (o *ops) fastAttend(g kernel.GQA, segs []synth.Seg, desc cu.DevicePtr, v pagedView, q, out *tensor, scale float32) {
 	d, grp := g.HeadDim, g.Heads/g.KVHeads
-	var pre, split []int32
-	parts, most := 0, 0
+	wk := o.fastWork(segs, grp)
+	qs := float32(float64(scale) * math.Log2E)
+	pool := []any{v.base, v.blockBytes, v.offset, v.stride, v.tokensPerBlock, g.Heads, g.KVHeads, g.Window, qs}
+	shm := faSmem(d)
+	if wk.npre > 0 {
+		o.runShared(faPrefillName(d, wk.warps), dim{wk.npre, g.KVHeads, 1}, dim{32 * wk.warps, 1, 1}, shm,
+			append([]any{desc, wk.pre, q.p, out.p}, pool...)...)
+	}
+	if wk.nsplit > 0 {
+		n := int64(wk.nsplit) * int64(g.KVHeads) * int64(wk.parts) * faSplitRows
+		part, ml := o.scratch(n*int64(d)*4), o.scratch(n*2*4)
+		o.runShared(faSplitName(d), dim{wk.parts, g.KVHeads, wk.nsplit}, dim{32, 1, 1}, shm,
+			append([]any{desc, wk.split, q.p, part, ml}, pool...)...)
+		o.run("kvx_fa_merge", dim{wk.nsplit, g.KVHeads, 1}, dim{128, 1, 1}, 0, desc, wk.split, part, ml, out.p, wk.parts, g.Heads, g.KVHeads, d, g.Window)
+	}
+}
+
+// faWork is a call's work lists on the device: prefill items (segment,
+// first row) for blocks of warps warps, split items (segments) of parts
+// partitions at most.
+type faWork struct {
+	pre, split   cu.DevicePtr
+	npre, nsplit int
+	warps, parts int
+}
+
+// fastWork returns the work lists of segs for grp query heads per kv
+// head, made once a step (every layer of a model has the same).
+func (o *ops) fastWork(segs []synth.Seg, grp int) faWork {
+	most := 0
 	for _, sg := range segs {
 		if r := sg.Rows * grp; r > faSplitRows || faForcePrefill {
 			most = max(most, r)
 		}
 	}
 	w := faWarpsFor(most)
+	m, key := o.memoFor(segs), workKey{grp: grp, warps: w}
+	if v, ok := m.work[key]; ok {
+		return faWork{v.pre, v.split, v.npre, v.nsplit, w, v.parts}
+	}
+	var pre, split []int32
+	parts := 0
 	for i, sg := range segs {
 		if r := sg.Rows * grp; r <= faSplitRows && !faForcePrefill {
 			split = append(split, int32(i))
@@ -85,20 +118,36 @@ func (o *ops) fastAttend(g kernel.GQA, segs []synth.Seg, desc cu.DevicePtr, v pa
 			}
 		}
 	}
-	qs := float32(float64(scale) * math.Log2E)
-	pool := []any{v.base, v.blockBytes, v.offset, v.stride, v.tokensPerBlock, g.Heads, g.KVHeads, g.Window, qs}
-	shm := faSmem(d)
+	v := workVal{npre: len(pre) / 2, nsplit: len(split), parts: parts}
 	if len(pre) > 0 {
-		wl := put(o, pre)
-		o.runShared(fmt.Sprintf("kvx_fa_prefill_d%dw%d", d, w), dim{len(pre) / 2, g.KVHeads, 1}, dim{32 * w, 1, 1}, shm,
-			append([]any{desc, wl, q.p, out.p}, pool...)...)
+		v.pre = put(o, pre)
 	}
 	if len(split) > 0 {
-		wl := put(o, split)
-		n := int64(len(split)) * int64(g.KVHeads) * int64(parts) * faSplitRows
-		part, ml := o.scratch(n*int64(d)*4), o.scratch(n*2*4)
-		o.runShared(fmt.Sprintf("kvx_fa_split_d%d", d), dim{parts, g.KVHeads, len(split)}, dim{32, 1, 1}, shm,
-			append([]any{desc, wl, q.p, part, ml}, pool...)...)
-		o.run("kvx_fa_merge", dim{len(split), g.KVHeads, 1}, dim{128, 1, 1}, 0, desc, wl, part, ml, out.p, parts, g.Heads, g.KVHeads, d, g.Window)
+		v.split = put(o, split)
 	}
+	if m.work == nil {
+		m.work = map[workKey]workVal{}
+	}
+	m.work[key] = v
+	return faWork{v.pre, v.split, v.npre, v.nsplit, w, v.parts}
+}
+
+// The fast attention's entry points (not made per call).
+func faPrefillName(d, warps int) string {
+	switch {
+	case d == 64 && warps == 4:
+		return "kvx_fa_prefill_d64w4"
+	case d == 64:
+		return "kvx_fa_prefill_d64w8"
+	case warps == 4:
+		return "kvx_fa_prefill_d128w4"
+	}
+	return "kvx_fa_prefill_d128w8"
+}
+
+func faSplitName(d int) string {
+	if d == 64 {
+		return "kvx_fa_split_d64"
+	}
+	return "kvx_fa_split_d128"
 }

@@ -286,6 +286,16 @@ func BenchmarkFastSkinny(b *testing.B) {
 				b.ReportMetric(float64(m)*float64(k)*2/(d.Seconds()/float64(b.N))/1e9, "GB/s")
 			})
 		}
+		if n >= 8 { // where the tiled kernel could take over
+			b.Run(fmt.Sprintf("%dx%dx%d/tiled", n, m, k), func(b *testing.B) {
+				setup(b)
+				f := func() { o.fgemmTiled(c, x, w.h, n, m, w.ld) }
+				timeOps(b, o, 3, f)
+				b.ResetTimer()
+				d := timeOps(b, o, b.N, f)
+				b.ReportMetric(float64(m)*float64(k)*2/(d.Seconds()/float64(b.N))/1e9, "GB/s")
+			})
+		}
 	}
 }
 

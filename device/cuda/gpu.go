@@ -38,12 +38,17 @@ type gpu struct {
 	name   string
 	mods   []cu.Module
 	fns    map[string]cu.Function
-	stream cu.Stream // the null stream: launches and copies run in issue order
+	stream cu.Stream   // the null stream: launches and copies run in issue order
+	prof   *kernelProf // CUDA_KVX_PROFILE's kernel timer, or nil
+	// slots and ptrs are launch's argument buffers, reused by every launch
+	// (the driver copies the arguments before cuLaunchKernel returns).
+	slots []uint64
+	ptrs  []unsafe.Pointer
 }
 
 // newGPU makes a context on device ordinal and loads the kernels.
 func newGPU(ordinal int) (*gpu, error) {
-	g := &gpu{calls: make(chan func()), fns: map[string]cu.Function{}}
+	g := &gpu{calls: make(chan func()), fns: map[string]cu.Function{}, prof: newKernelProf()}
 	started := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // the context is current on this thread only
@@ -166,8 +171,10 @@ func (g *gpu) launch(name string, grid, block dim, shmem int, args ...any) error
 	if !ok {
 		return fmt.Errorf("cuda: no kernel %s in the embedded PTX", name)
 	}
-	slots := make([]uint64, len(args))
-	ptrs := make([]unsafe.Pointer, len(args))
+	if cap(g.slots) < len(args) {
+		g.slots, g.ptrs = make([]uint64, len(args)), make([]unsafe.Pointer, len(args))
+	}
+	slots, ptrs := g.slots[:len(args)], g.ptrs[:len(args)]
 	for i, a := range args {
 		switch v := a.(type) {
 		case cu.DevicePtr:
@@ -186,7 +193,16 @@ func (g *gpu) launch(name string, grid, block dim, shmem int, args ...any) error
 	if grid.x <= 0 || grid.y <= 0 || grid.z <= 0 {
 		return nil // nothing to do (an empty tensor)
 	}
-	if err := fn.Launch(grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem, g.stream, ptrs); err != nil {
+	run := func() error {
+		return fn.Launch(grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem, g.stream, ptrs)
+	}
+	var err error
+	if g.prof != nil {
+		err = g.prof.around(name, g.stream, run)
+	} else {
+		err = run()
+	}
+	if err != nil {
 		return fmt.Errorf("cuda: launch %s grid %v block %v: %w", name, grid, block, err)
 	}
 	return nil

@@ -72,7 +72,8 @@ type arena struct {
 	pin     unsafe.Pointer // pinned staging of put, pinSize bytes
 	pinSize int64
 	pinOff  int64
-	pinPeak int64 // the most put asked of it in a step (it grows to that at reset)
+	pinPeak int64  // the most put asked of it in a step (it grows to that at reset)
+	gen     uint64 // resets so far: what an arena address is valid for
 }
 
 type chunk struct {
@@ -142,6 +143,7 @@ func (a *arena) stage(dst cu.DevicePtr, src unsafe.Pointer, n int64) error {
 // itself when the pinned staging was used, so no host write can overtake
 // a copy still reading it).
 func (a *arena) reset() error {
+	a.gen++
 	if a.pinOff > 0 {
 		if err := a.g.sync(); err != nil {
 			return err
@@ -214,6 +216,7 @@ type ops struct {
 	d     *Device
 	t     *device.Tables
 	items map[kvcache.SeqID]*worker.Item
+	memo  stepMemo // uploads the step's layers share (memo.go)
 }
 
 var _ hf.Ops = (*ops)(nil)
