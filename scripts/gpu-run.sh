@@ -156,6 +156,10 @@ step_compare() {
 fastcompares=(
 	"${compares[@]}"
 	"cpu-llama.yaml --vary cache_manager=v1,v2 --vary max_num_tokens=32,48,200"
+	# head dims the fast attention kernels take (64, 128; the goldens' are
+	# smaller and run the exact kernel): prefill and split kernels, reuse
+	"cpu-llama.yaml --vary cache_manager=v1,v2 --vary kv_cache_config.enable_block_reuse=true,false --set synthetic.head_dim=128 --set synthetic.hidden=256"
+	"cpu-llama.yaml --vary cache_manager=v1,v2 --vary max_num_tokens=24,200 --vary max_batch_size=1,4 --set synthetic.head_dim=64 --set synthetic.hidden=256"
 	"hf-llama.yaml --vary cache_manager=v1,v2 --vary max_num_tokens=16,64 --vary max_batch_size=1,4 --set model=$here/hf/testdata/llama"
 )
 

@@ -248,11 +248,27 @@ func (o *ops) MatMul(x, w synth.Tensor) synth.Tensor {
 // rmsNorm runs kernel.RMSNorm over rows of cols values with gains w.
 func (o *ops) rmsNorm(x, w *tensor, rows, cols int, eps float32) *tensor {
 	out := o.newTensor(x.r, x.c)
-	if rows > 0 && cols > 0 {
+	switch {
+	case rows == 0 || cols == 0:
+	case o.fast && cols >= fastNormCols:
+		var ob cu.DevicePtr
+		ld := padK(cols)
+		if cols == x.c { // whole rows (not RMSNormGroups' groups): the matmul's input
+			ob = o.scratch(int64(rows) * int64(ld) * 2)
+			out.b = ob
+		}
+		o.run("kvx_frmsnorm", dim{min(rows, 65535), 1, 1}, dim{256, 1, 1}, 0, out.p, ob, x.p, w.p, rows, cols, ld, eps)
+	default:
 		o.run("kvx_rmsnorm", dim{blocks(rows, 4), 1, 1}, dim{128, 1, 1}, 0, out.p, x.p, w.p, rows, cols, eps)
 	}
 	return out
 }
+
+// fastNormCols is the narrowest row the fast numerics' RMSNorm
+// (kernels/fnorm.cu, a block a row) takes; narrower ones (Qwen3's per-head
+// norms) keep the exact kernel's warp a row. The choice depends on the
+// width alone, so a row's bits do not depend on its batch.
+const fastNormCols = 512
 
 func (o *ops) RMSNorm(x, w synth.Tensor, eps float32) synth.Tensor {
 	xt, wt := cudaTensor(x), cudaTensor(w)
@@ -289,6 +305,7 @@ func (o *ops) LayerNorm(x, w, b synth.Tensor, eps float32) synth.Tensor {
 }
 
 func (o *ops) Add(dst, src synth.Tensor) {
+	dropBF16(dst)
 	d, s := cudaTensor(dst), cudaTensor(src)
 	shape("Add", s, d.r, d.c)
 	g, b := flat(d.r * d.c)
@@ -296,6 +313,7 @@ func (o *ops) Add(dst, src synth.Tensor) {
 }
 
 func (o *ops) Scale(x synth.Tensor, s float32) {
+	dropBF16(x)
 	t := cudaTensor(x)
 	g, b := flat(t.r * t.c)
 	o.run("kvx_scale", g, b, 0, t.p, t.r*t.c, s)
@@ -303,6 +321,7 @@ func (o *ops) Scale(x synth.Tensor, s float32) {
 
 // AddBias implements hf.Ops: x += b on every row.
 func (o *ops) AddBias(x, b synth.Tensor) {
+	dropBF16(x)
 	xt, bt := cudaTensor(x), cudaTensor(b)
 	shape("AddBias", bt, 1, xt.c)
 	g, bl := flat(xt.r * xt.c)
@@ -314,6 +333,13 @@ func (o *ops) SwiGLU(gate, up synth.Tensor) synth.Tensor {
 	shape("SwiGLU", ut, gt.r, gt.c)
 	out := o.newTensor(gt.r, gt.c)
 	fma := o.expFMA()
+	if o.fast && gt.r > 0 {
+		ld := padK(gt.c)
+		out.b = o.scratch(int64(gt.r) * int64(ld) * 2)
+		g, b := flat(gt.r * ld)
+		o.run("kvx_fswiglu", g, b, 0, out.p, out.b, gt.p, ut.p, gt.r, gt.c, ld, fma)
+		return out
+	}
 	g, b := flat(gt.r * gt.c)
 	o.run("kvx_swiglu", g, b, 0, out.p, gt.p, ut.p, gt.r*gt.c, fma)
 	return out
@@ -337,6 +363,7 @@ const ropeReduce = 1 << 29
 // sines of a row's angles from go_sincos (Go's math.Sincos) in one table
 // per call, then the rotation.
 func (o *ops) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
+	dropBF16(x)
 	xt := cudaTensor(x)
 	rows := 0
 	for _, sg := range segs {
@@ -509,6 +536,7 @@ func (o *ops) Gather(x synth.Tensor, r synth.Routing, e int) synth.Tensor {
 }
 
 func (o *ops) AddRouted(acc, y synth.Tensor, r synth.Routing, e int) {
+	dropBF16(acc)
 	at, yt, rt := cudaTensor(acc), cudaTensor(y), cudaRouting(r)
 	rows := rt.of[e]
 	shape("AddRouted", yt, len(rows), at.c)
@@ -530,8 +558,12 @@ func (o *ops) Argmax(x synth.Tensor) []int32 {
 	if xt.r == 0 || o.err != nil {
 		return out
 	}
+	const chunk = 256 * 32 // AM_CHUNK of kernels/dense.cu
+	chunks := blocks(xt.c, chunk)
+	pv, pi := o.scratch(int64(xt.r)*int64(chunks)*4), o.scratch(int64(xt.r)*int64(chunks)*8)
 	p := o.scratch(int64(xt.r) * 4)
-	o.run("kvx_argmax", dim{xt.r, 1, 1}, dim{256, 1, 1}, 0, xt.p, xt.r, xt.c, p)
+	o.run("kvx_argmax_part", dim{chunks, xt.r, 1}, dim{256, 1, 1}, 0, xt.p, xt.r, xt.c, pv, pi)
+	o.run("kvx_argmax_final", dim{xt.r, 1, 1}, dim{256, 1, 1}, 0, pv, pi, chunks, p)
 	if o.err == nil {
 		o.fail(download(out, p))
 	}

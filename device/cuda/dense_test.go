@@ -289,48 +289,54 @@ func TestRouteGrouped(t *testing.T) {
 	}
 }
 
+// TestArgmax: the first largest non-NaN column of rows with ties, NaNs,
+// all NaN, all -inf and signed zeros, as the cpu's, in rows of one chunk of
+// the partial kernel and of several (ties across chunks).
 func TestArgmax(t *testing.T) {
 	o := newTestOps(t)
 	c := cpu.RowOps()
 	r := rand.New(rand.NewPCG(15, 16))
 	nan := float32(math.NaN())
-	const cols = 1000
-	rows := [][]float32{}
-	for range 5 {
-		rows = append(rows, randVals(r, cols, 1))
-	}
-	rows[1][10], rows[1][900] = 9, 9 // a tie
-	rows[2][0] = nan
-	rows[2][500] = 50
-	rows[2][501] = nan
-	all := make([]float32, cols)
-	for i := range all {
-		all[i] = nan
-	}
-	neg := make([]float32, cols)
-	for i := range neg {
-		neg[i] = float32(math.Inf(-1))
-	}
-	zeros := make([]float32, cols)
-	zeros[3] = float32(math.Copysign(0, -1))
-	for i := range zeros[4:] {
-		zeros[4+i] = -1
-	}
-	rows = append(rows, all, neg, zeros)
-	var v []float32
-	for _, row := range rows {
-		v = append(v, row...)
-	}
-	want := c.Argmax(c.FromHost(clone(v), len(rows), cols))
-	on(t, o, func() {
-		got := o.Argmax(o.FromHost(clone(v), len(rows), cols))
-		for i := range want {
-			if got[i] != want[i] {
-				t.Errorf("Argmax row %d = %d, want %d", i, got[i], want[i])
-			}
+	for _, cols := range []int{1000, 20000} {
+		rows := [][]float32{}
+		for range 5 {
+			rows = append(rows, randVals(r, cols, 1))
 		}
-		one := o.Argmax(o.FromHost([]float32{3}, 1, 1))
-		if one[0] != 0 {
+		rows[1][10], rows[1][cols-100] = 9, 9 // a tie
+		rows[2][0] = nan
+		rows[2][500] = 50
+		rows[2][501] = nan
+		rows[3][cols-1] = 20 // the last column
+		all := make([]float32, cols)
+		for i := range all {
+			all[i] = nan
+		}
+		neg := make([]float32, cols)
+		for i := range neg {
+			neg[i] = float32(math.Inf(-1))
+		}
+		zeros := make([]float32, cols)
+		zeros[3] = float32(math.Copysign(0, -1))
+		for i := range zeros[4:] {
+			zeros[4+i] = -1
+		}
+		rows = append(rows, all, neg, zeros)
+		var v []float32
+		for _, row := range rows {
+			v = append(v, row...)
+		}
+		want := c.Argmax(c.FromHost(clone(v), len(rows), cols))
+		on(t, o, func() {
+			got := o.Argmax(o.FromHost(clone(v), len(rows), cols))
+			for i := range want {
+				if got[i] != want[i] {
+					t.Errorf("%d columns: Argmax row %d = %d, want %d", cols, i, got[i], want[i])
+				}
+			}
+		})
+	}
+	on(t, o, func() {
+		if one := o.Argmax(o.FromHost([]float32{3}, 1, 1)); one[0] != 0 {
 			t.Errorf("Argmax of one = %d, want 0", one[0])
 		}
 	})

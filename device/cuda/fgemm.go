@@ -221,9 +221,12 @@ func (o *ops) fastMatMuls(xt *tensor, ws []*tensor) []*tensor {
 	if n == 0 {
 		return outs
 	}
-	xa := o.scratch(int64(n) * int64(ld) * 2)
-	g, b := flat(n * ld)
-	o.run("kvx_to_bf16", g, b, 0, xa, xt.p, n, k, ld)
+	xa := xt.b // the bf16 copy the op that made x wrote, if it did
+	if xa == 0 {
+		xa = o.scratch(int64(n) * int64(ld) * 2)
+		g, b := flat(n * ld)
+		o.run("kvx_to_bf16", g, b, 0, xa, xt.p, n, k, ld)
+	}
 	o.fgemm(xa, n, ld, gs)
 	return outs
 }

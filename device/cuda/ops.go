@@ -20,12 +20,21 @@ import (
 // (bf16Weights) holds bf16 values at h instead, rows ld values apart (the
 // columns padded with zeros to fgemmPad); its p is 0 until a kernel that
 // takes float32 asks for it (ops.f32).
+//
+// An activation of the fast numerics may also carry b, its values rounded
+// to bf16 (rows padded to padK(c)), written by the op that made it
+// (RMSNorm, SwiGLU) for the fast matmul, which then skips rounding them
+// itself. An op that changes a tensor in place drops b (dropBF16).
 type tensor struct {
 	p    cu.DevicePtr
 	r, c int
 	h    cu.DevicePtr
 	ld   int
+	b    cu.DevicePtr
 }
+
+// dropBF16 forgets t's bf16 copy: an in-place op is about to change it.
+func dropBF16(t synth.Tensor) { cudaTensor(t).b = 0 }
 
 func (t *tensor) Rows() int { return t.r }
 func (t *tensor) Cols() int { return t.c }

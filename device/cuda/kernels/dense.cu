@@ -215,8 +215,11 @@ extern "C" __global__ void kvx_rope_apply(float* x, const float* cs, const float
 		float* row = x + r * cols;
 		const float* c = cs + r * half;
 		const float* s = sn + r * half;
-		for (ll e = threadIdx.x; e < heads * half; e += blockDim.x) {
-			ll h = e / half, i = e - h * half;
+		// A row's heads × half pairs fit an int (its columns do): 32-bit
+		// division, several times cheaper than 64-bit.
+		const int hh = (int)half, pairs = (int)(heads * half);
+		for (int e = threadIdx.x; e < pairs; e += blockDim.x) {
+			const int h = e / hh, i = e - h * hh;
 			float* v = row + h * stride;
 			ll a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
 			float x0 = v[a], x1 = v[b];
@@ -366,45 +369,87 @@ extern "C" __global__ void kvx_route_grouped(const float* logits, const float* b
 	}
 }
 
-// ---- argmax: one 256-thread block per row ----
+// ---- argmax: the first largest non-NaN element of each row ----
+//
+// The first maximum is the same whatever the order of comparisons (ties go
+// to the lower column), so a row is cut into chunks of AM_CHUNK columns
+// that blocks scan at once (kvx_argmax_part), and one block a row reduces
+// the chunks' winners (kvx_argmax_final): a vocabulary-wide row is read by
+// many SMs instead of one.
+#define AM_THREADS 256
+#define AM_PER 32 // columns a thread scans
+#define AM_CHUNK (AM_THREADS * AM_PER)
 
-// kvx_argmax is kernel.Argmax of every row: the first largest non-NaN
-// element's column, -1 when there is none. The first maximum is the same
-// whatever the order of comparisons, so threads reduce in a tree.
-extern "C" __global__ void kvx_argmax(const float* x, ll rows, ll cols, int* out) {
-	__shared__ float sv[256];
-	__shared__ ll si[256];
-	ll r = blockIdx.x;
-	const float* xr = x + r * cols;
-	ll best = -1;
-	float bv = 0.0f;
-	for (ll i = threadIdx.x; i < cols; i += blockDim.x) {
-		float v = xr[i];
-		if (v != v) {
-			continue;
-		}
-		if (best < 0 || v > bv) {
-			best = i;
-			bv = v;
-		}
-	}
-	sv[threadIdx.x] = bv;
-	si[threadIdx.x] = best;
+// am_take reports whether candidate (vb, ib) beats (va, ia): an index < 0
+// is no candidate.
+__device__ __forceinline__ bool am_take(float va, ll ia, float vb, ll ib) {
+	return ib >= 0 && (ia < 0 || vb > va || (!(va > vb) && ib < ia));
+}
+
+// am_block reduces every thread's (v, i) to thread 0's in a tree.
+__device__ __forceinline__ void am_block(float* v, ll* i, float* sv, ll* si) {
+	sv[threadIdx.x] = *v;
+	si[threadIdx.x] = *i;
 	__syncthreads();
-	for (int h = 128; h > 0; h >>= 1) {
-		if (threadIdx.x < h) {
-			ll ia = si[threadIdx.x], ib = si[threadIdx.x + h];
-			float va = sv[threadIdx.x], vb = sv[threadIdx.x + h];
-			bool takeB = ib >= 0 && (ia < 0 || vb > va || (!(va > vb) && ib < ia));
-			if (takeB) {
-				si[threadIdx.x] = ib;
-				sv[threadIdx.x] = vb;
-			}
+	for (int h = AM_THREADS / 2; h > 0; h >>= 1) {
+		if (threadIdx.x < h && am_take(sv[threadIdx.x], si[threadIdx.x], sv[threadIdx.x + h], si[threadIdx.x + h])) {
+			sv[threadIdx.x] = sv[threadIdx.x + h];
+			si[threadIdx.x] = si[threadIdx.x + h];
 		}
 		__syncthreads();
 	}
+	*v = sv[0];
+	*i = si[0];
+}
+
+// kvx_argmax_part: grid (ceil(cols / AM_CHUNK), rows), AM_THREADS threads;
+// the winner of chunk c of row r goes to pv/pi[r · chunks + c] (index -1:
+// only NaNs).
+extern "C" __global__ void kvx_argmax_part(const float* x, ll rows, ll cols, float* pv, ll* pi) {
+	__shared__ float sv[AM_THREADS];
+	__shared__ ll si[AM_THREADS];
+	const ll r = blockIdx.y, c0 = (ll)blockIdx.x * AM_CHUNK;
+	const float* xr = x + r * cols;
+	float vals[AM_PER];
+#pragma unroll
+	for (int u = 0; u < AM_PER; u++) {
+		const ll i = c0 + u * AM_THREADS + threadIdx.x;
+		vals[u] = i < cols ? xr[i] : __int_as_float(0x7fc00000); // past the row: NaN, never taken
+	}
+	ll best = -1;
+	float bv = 0.0f;
+#pragma unroll
+	for (int u = 0; u < AM_PER; u++) {
+		const float v = vals[u];
+		if (v == v && (best < 0 || v > bv)) {
+			best = c0 + u * AM_THREADS + threadIdx.x;
+			bv = v;
+		}
+	}
+	am_block(&bv, &best, sv, si);
 	if (threadIdx.x == 0) {
-		out[r] = (int)si[0];
+		pv[r * gridDim.x + blockIdx.x] = bv;
+		pi[r * gridDim.x + blockIdx.x] = best;
+	}
+}
+
+// kvx_argmax_final: grid rows, AM_THREADS threads; out[r] is the best of
+// row r's chunks (-1 when every element is NaN).
+extern "C" __global__ void kvx_argmax_final(const float* pv, const ll* pi, ll chunks, int* out) {
+	__shared__ float sv[AM_THREADS];
+	__shared__ ll si[AM_THREADS];
+	const ll r = blockIdx.x;
+	ll best = -1;
+	float bv = 0.0f;
+	for (ll c = threadIdx.x; c < chunks; c += AM_THREADS) {
+		if (am_take(bv, best, pv[r * chunks + c], pi[r * chunks + c])) {
+			bv = pv[r * chunks + c];
+			best = pi[r * chunks + c];
+		}
+	}
+	am_block(&bv, &best, sv, si);
+	if (threadIdx.x == 0) {
+		out[r] = (int)best;
 	}
 }
 

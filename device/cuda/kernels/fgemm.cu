@@ -31,12 +31,7 @@ extern "C" __global__ void kvx_to_bf16(unsigned short* y, const float* x, long l
 	const long long n = rows * ld;
 	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
 		const long long r = i / ld, c = i - r * ld;
-		unsigned short h = 0;
-		if (c < cols) {
-			const unsigned u = __float_as_uint(x[r * cols + c]);
-			h = (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((u >> 16) | 0x40u) : (unsigned short)bf16_rne(__uint_as_float(u));
-		}
-		y[i] = h;
+		y[i] = c < cols ? to_bf16(x[r * cols + c]) : (unsigned short)0;
 	}
 }
 
@@ -282,7 +277,9 @@ __device__ __forceinline__ int tl_swz(int r, int ch) { return r * TL_BK + ((ch ^
 
 // kvx_fgemm_tiled: grid (ceil(M / 128) · ceil(N / 128)), block 256,
 // fgemmTiledSmem bytes of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(TL_THREADS)
+// Two blocks an SM (at most 128 registers a thread): the part sums, read
+// once a part, may live in local memory rather than halve the occupancy.
+extern "C" __global__ void __launch_bounds__(TL_THREADS, 2)
 kvx_fgemm_tiled(float* C, const unsigned short* A, const unsigned short* W, long long M, long long N, long long ld) {
 	extern __shared__ __align__(16) unsigned char smem[];
 	unsigned short* sA = (unsigned short*)smem;

@@ -47,5 +47,13 @@ __device__ __forceinline__ unsigned bf16_rne(float f) {
 	return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 __device__ __forceinline__ float bf16_float(unsigned h) { return __uint_as_float(h << 16); }
+// to_bf16 rounds any float to bf16 as kvx_to_bf16 does: to nearest, ties
+// to even, a NaN kept a (quiet) NaN. Every kernel that hands the fast
+// matmul a bf16 copy of its output rounds with it, so the copy is the one
+// kvx_to_bf16 would make.
+__device__ __forceinline__ unsigned short to_bf16(float f) {
+	const unsigned u = __float_as_uint(f);
+	return (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((u >> 16) | 0x40u) : (unsigned short)bf16_rne(f);
+}
 // pack_bf16 packs two floats (lo at the lower index) into one register.
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) { return bf16_rne(lo) | (bf16_rne(hi) << 16); }

@@ -1,0 +1,91 @@
+//go:build cuda && cgo
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestFastRMSNorm: the fast numerics' RMSNorm of rows from 512 columns
+// (the block-a-row kernel) against float64 within 2^-17 relative (its sum
+// of squares is reassociated, about 40 roundings deep; the rest is the
+// exact kernel's), every row the same bits alone and inside the batch;
+// narrower rows (per-head norms) equal the exact kernel's bits.
+func TestFastRMSNorm(t *testing.T) {
+	fast, exact := fastOps(t), newTestOps(t)
+	for _, cols := range []int{64, 511, 512, 4096, 7168 + 3} {
+		t.Run(fmt.Sprintf("%d", cols), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(cols), 5))
+			const rows = 7
+			xv, wv := randVals(rng, rows*cols, 2), randVals(rng, cols, 1)
+			var got, ref []float32
+			alone := make([][]float32, rows)
+			on(t, fast, func() {
+				x, w := hostTensor(fast, xv, rows, cols), hostTensor(fast, wv, 1, cols)
+				got = fast.ToHost(fast.RMSNorm(x, w, 1e-5))
+				for i := range rows {
+					alone[i] = fast.ToHost(fast.RMSNorm(hostTensor(fast, xv[i*cols:(i+1)*cols], 1, cols), w, 1e-5))
+				}
+			})
+			on(t, exact, func() {
+				ref = exact.ToHost(exact.RMSNorm(hostTensor(exact, xv, rows, cols), hostTensor(exact, wv, 1, cols), 1e-5))
+			})
+			for i := range rows {
+				sameBits(t, fmt.Sprintf("row %d alone", i), alone[i], got[i*cols:(i+1)*cols])
+			}
+			if cols < fastNormCols {
+				sameBits(t, "narrow rows: the exact kernel", ref, got)
+				return
+			}
+			worst := 0.0
+			for i := range rows {
+				var ss float64
+				for _, v := range xv[i*cols : (i+1)*cols] {
+					ss += float64(v) * float64(v)
+				}
+				inv := 1 / math.Sqrt(ss/float64(cols)+1e-5)
+				for j := range cols {
+					want := float64(xv[i*cols+j]) * inv * float64(wv[j])
+					d := math.Abs(float64(got[i*cols+j])-want) / (math.Abs(want) + 1e-30)
+					worst = max(worst, d)
+				}
+			}
+			if worst > math.Ldexp(1, -17) {
+				t.Errorf("largest relative difference from float64 %.3g, above 2^-17", worst)
+			}
+			t.Logf("largest relative difference from float64: %.3g", worst)
+		})
+	}
+}
+
+// TestFastBF16Copies: the bf16 copy RMSNorm and SwiGLU write for the fast
+// matmul is the rounding the matmul would make itself: MatMul of their
+// outputs equals MatMul of the same values uploaded afresh, bit for bit;
+// and an in-place op (Add) drops the copy, so MatMul sees the new values.
+func TestFastBF16Copies(t *testing.T) {
+	o := fastOps(t)
+	rng := rand.New(rand.NewPCG(9, 9))
+	const rows, cols, outs = 5, 1000, 70
+	xv, gv, wv, nv := randVals(rng, rows*cols, 2), randVals(rng, rows*cols, 2), randVals(rng, outs*cols, 1), randVals(rng, cols, 1)
+	on(t, o, func() {
+		w := o.Weight(wv, outs, cols)
+		norm := o.RMSNorm(hostTensor(o, xv, rows, cols), hostTensor(o, nv, 1, cols), 1e-5)
+		glu := o.SwiGLU(hostTensor(o, xv, rows, cols), hostTensor(o, gv, rows, cols))
+		for name, y := range map[string]*tensor{"RMSNorm": cudaTensor(norm), "SwiGLU": cudaTensor(glu)} {
+			if y.b == 0 {
+				t.Errorf("%s: no bf16 copy", name)
+			}
+			fresh := hostTensor(o, o.ToHost(y), rows, cols)
+			sameBits(t, name+": MatMul through its bf16 copy", o.ToHost(o.MatMul(fresh, w)), o.ToHost(o.MatMul(y, w)))
+		}
+		o.Add(norm, glu)
+		if cudaTensor(norm).b != 0 {
+			t.Error("Add kept the bf16 copy of the tensor it changed")
+		}
+		fresh := hostTensor(o, o.ToHost(norm), rows, cols)
+		sameBits(t, "MatMul after Add", o.ToHost(o.MatMul(fresh, w)), o.ToHost(o.MatMul(norm, w)))
+	})
+}

@@ -1,0 +1,68 @@
+// The fast RMSNorm (dtype bfloat16): one block of FN_THREADS threads a row
+// instead of the exact kernel's one warp with four summing lanes, which
+// leaves a decode step's few rows on few SMs for tens of microseconds.
+//
+// A row's sum of squares has one order whatever the call: thread t adds
+// x[i]·x[i] for i = t, t + FN_THREADS, ... in ascending i; each warp's 32
+// sums meet in an xor butterfly (at every level both lanes of a pair add the
+// same two values, so every lane holds the same sum); the 8 warps' sums are
+// added in warp order. Then, as the exact kernel: inv = 1/sqrt(sum/cols +
+// eps) in float64, out = float32(x·inv)·w. A row's output depends on its
+// own values only: batch-invariant.
+//
+// When ob is not 0 the kernel also writes the output rounded to bf16 (row
+// stride ld, columns past cols zero): the fast matmul's input, which it
+// would otherwise make in a launch of its own (kvx_to_bf16, the same
+// rounding). kvx_fswiglu does the same for SwiGLU.
+#include "mma.cuh"
+#include "gomath.cuh" // ll, and exp32 for SiLU
+
+#define FN_THREADS 256
+
+// kvx_frmsnorm: grid min(rows, 65535) (grid-stride), FN_THREADS threads.
+extern "C" __global__ void __launch_bounds__(FN_THREADS) kvx_frmsnorm(float* out, unsigned short* ob, const float* x,
+		const float* w, ll rows, ll cols, ll ld, float eps) {
+	__shared__ float ws[FN_THREADS / 32];
+	const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+	for (ll r = blockIdx.x; r < rows; r += gridDim.x) {
+		const float* xr = x + r * cols;
+		float s = 0.0f;
+		for (ll i = t; i < cols; i += FN_THREADS) s = __fadd_rn(s, __fmul_rn(xr[i], xr[i]));
+#pragma unroll
+		for (int m = 16; m > 0; m >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, m));
+		if (lane == 0) ws[warp] = s;
+		__syncthreads();
+		float dot = ws[0];
+#pragma unroll
+		for (int i = 1; i < FN_THREADS / 32; i++) dot = __fadd_rn(dot, ws[i]);
+		const float ms = __fdiv_rn(dot, __ll2float_rn(cols));
+		const float inv = __double2float_rn(__ddiv_rn(1.0, __dsqrt_rn((double)__fadd_rn(ms, eps))));
+		float* o = out + r * cols;
+		for (ll i = t; i < cols; i += FN_THREADS) o[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
+		if (ob) {
+			unsigned short* b = ob + r * ld;
+			for (ll i = t; i < ld; i += FN_THREADS) b[i] = i < cols ? to_bf16(__fmul_rn(__fmul_rn(xr[i], inv), w[i])) : (unsigned short)0;
+		}
+		__syncthreads(); // ws is read by every thread before the next row writes it
+	}
+}
+
+// kvx_fswiglu is kvx_swiglu (kernel.SiLU(g) * u, the same arithmetic) of a
+// rows × cols tensor, plus its bf16 copy ob (row stride ld). Grid-stride
+// over rows × ld.
+extern "C" __global__ void kvx_fswiglu(float* out, unsigned short* ob, const float* g, const float* u, ll rows, ll cols,
+		ll ld, ll fma) {
+	const ll n = rows * ld;
+	for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (ll)gridDim.x * blockDim.x) {
+		const ll r = i / ld, c = i - r * ld;
+		if (c >= cols) {
+			ob[i] = 0;
+			continue;
+		}
+		const ll at = r * cols + c;
+		const float v = g[at];
+		const float y = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, exp32(-v, fma))), u[at]);
+		out[at] = y;
+		ob[i] = to_bf16(y);
+	}
+}
