@@ -154,7 +154,11 @@ def kvx_run(kvx, scen, ckpt, out, tag, sets, timeout=600, prof=False):
         env["CUDA_KVX_PROFILE"] = os.path.join(out, f"prof-{tag}.txt")
     log("kvx:", " ".join(cmd))
     t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        log(f"kvx {tag}: no end within {timeout} s")
+        return {"error": f"timeout {timeout} s", "wall_s": time.perf_counter() - t}
     wall = time.perf_counter() - t
     with open(os.path.join(out, f"e2e-kvx-{tag}.log"), "w") as f:
         f.write(p.stdout + p.stderr)
@@ -214,7 +218,8 @@ def main():
     for tag, sets in runs.items():
         if only and tag not in only:
             continue
-        res["kvx"][tag] = kvx_run(a.kvx, a.scenario, a.ckpt, a.out, tag, sets, prof=tag in a.profile.split(","))
+        res["kvx"][tag] = kvx_run(a.kvx, a.scenario, a.ckpt, a.out, tag, sets, prof=tag in a.profile.split(","),
+                                  timeout=int(os.environ.get("E2E_RUN_TIMEOUT", "600")))
         log(f"kvx {tag}:", res["kvx"][tag])
     json.dump(res, open(os.path.join(a.out, "e2e.json"), "w"), indent=1)
     write_table(res, os.path.join(a.out, "e2e.md"))

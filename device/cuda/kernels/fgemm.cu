@@ -277,9 +277,10 @@ __device__ __forceinline__ int tl_swz(int r, int ch) { return r * TL_BK + ((ch ^
 
 // kvx_fgemm_tiled: grid (ceil(M / 128) · ceil(N / 128)), block 256,
 // fgemmTiledSmem bytes of dynamic shared memory.
-// Two blocks an SM (at most 128 registers a thread): the part sums, read
-// once a part, may live in local memory rather than halve the occupancy.
-extern "C" __global__ void __launch_bounds__(TL_THREADS, 2)
+// (At two blocks an SM, __launch_bounds__(TL_THREADS, 2), the compiler
+// spills the accumulators of the hot loop: prefill ran 7× slower on the
+// H200. One block an SM it is, until the kernel moves to wgmma.)
+extern "C" __global__ void __launch_bounds__(TL_THREADS)
 kvx_fgemm_tiled(float* C, const unsigned short* A, const unsigned short* W, long long M, long long N, long long ld) {
 	extern __shared__ __align__(16) unsigned char smem[];
 	unsigned short* sA = (unsigned short*)smem;
