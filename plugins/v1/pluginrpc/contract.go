@@ -92,6 +92,12 @@ const (
 	// would run float32 while the report says bfloat16, so the client
 	// refuses to configure one with a dtype other than float32.
 	FeatureComputeDtype Feature = "compute_dtype"
+	// FeatureSampling: Batch.sampling carries an item's worker.Sampling
+	// (temperature, top_p, top_k, min_p, seed, penalties, min_tokens) and
+	// Batch.logprobs asks for the sampled tokens' log-probabilities, which
+	// Result.logprobs carries. A worker without it would sample greedily
+	// and return no logprobs, so the client refuses such a batch.
+	FeatureSampling Feature = "sampling"
 )
 
 // featureDef is a feature and the proto elements it adds: full names of
@@ -139,6 +145,10 @@ var features = []featureDef{
 	}},
 	{Name: FeatureCopyLatency, Adds: []string{"kvx.v1.Hardware.copy_latency"}},
 	{Name: FeatureComputeDtype, Adds: []string{"kvx.v1.WorkerConfig.dtype"}},
+	{Name: FeatureSampling, Adds: []string{
+		"kvx.v1.Batch.logprobs", "kvx.v1.Batch.sampling", "kvx.v1.Sampling",
+		"kvx.v1.Result.logprobs_len", "kvx.v1.Result.logprobs",
+	}},
 }
 
 // Contract is what one side speaks.
