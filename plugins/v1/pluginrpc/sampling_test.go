@@ -83,4 +83,3 @@ func TestSamplingRefusedWithoutFeature(t *testing.T) {
 		t.Errorf("with %s: %v, want none", FeatureSampling, err)
 	}
 }
-
