@@ -13,6 +13,8 @@ package worker
 
 import (
 	"context"
+	"fmt"
+	"math"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -240,4 +242,48 @@ type Worker interface {
 	Forward(ctx context.Context, b Batch) (Result, error)
 	CopyBlocks(ctx context.Context, copies []kvcache.Copy) error
 	Health(ctx context.Context) error
+}
+
+// Check says which field of s breaks its range, for an item at pos (nil
+// when none does): Temperature >= 0, TopP and MinP in [0, 1], TopK >= 0,
+// PresencePenalty and FrequencyPenalty in [-2, 2], RepetitionPenalty >= 0,
+// every value finite, MinTokens >= 0, Prompt in [0, pos+tokens] (an
+// item's sampled tokens follow the prompt; tokens is len(Item.Tokens)), and
+// Context holding exactly pos tokens when Penalized. A nil s is greedy and
+// always valid.
+func (s *Sampling) Check(pos, tokens int) error {
+	if s == nil {
+		return nil
+	}
+	finite := func(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+	for _, f := range []struct {
+		name     string
+		v        float64
+		min, max float64
+	}{
+		{"temperature", s.Temperature, 0, math.MaxFloat64},
+		{"top_p", s.TopP, 0, 1},
+		{"min_p", s.MinP, 0, 1},
+		{"presence_penalty", s.PresencePenalty, -2, 2},
+		{"frequency_penalty", s.FrequencyPenalty, -2, 2},
+		{"repetition_penalty", s.RepetitionPenalty, 0, math.MaxFloat64},
+	} {
+		if !finite(f.v) || f.v < f.min || f.v > f.max {
+			if f.max == math.MaxFloat64 {
+				return fmt.Errorf("sampling %s %v: must be a finite number >= %g", f.name, f.v, f.min)
+			}
+			return fmt.Errorf("sampling %s %v: must be in [%g, %g]", f.name, f.v, f.min, f.max)
+		}
+	}
+	switch {
+	case s.TopK < 0:
+		return fmt.Errorf("sampling top_k %d: must be >= 0 (0 keeps every token)", s.TopK)
+	case s.MinTokens < 0:
+		return fmt.Errorf("sampling min_tokens %d: must be >= 0", s.MinTokens)
+	case s.Prompt < 0 || s.Prompt > pos+tokens:
+		return fmt.Errorf("sampling prompt %d: must be in [0, %d] (the item's pos + tokens)", s.Prompt, pos+tokens)
+	case s.Penalized() && len(s.Context) != pos:
+		return fmt.Errorf("sampling context has %d tokens: a penalized item at pos %d needs its %d earlier tokens", len(s.Context), pos, pos)
+	}
+	return nil
 }
