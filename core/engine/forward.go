@@ -103,6 +103,8 @@ func (e *Engine) startOnce(ctx context.Context, mb *microBatch, items []sched.It
 		wItems[i] = worker.Item{Seq: it.ID, Pos: it.Pos, Tokens: toks, Draft: draft, Sample: it.Sample}
 		if it.Sample {
 			wItems[i].TopLogprobs = r.topK
+			wItems[i].Logprobs = r.dec.Logprobs
+			wItems[i].Sampling = r.sampling(it.Pos)
 		}
 		tokens += len(toks)
 		proposed += draft
