@@ -231,3 +231,11 @@ func TestDraftsKeepSampledStream(t *testing.T) {
 		}
 	}
 }
+
+// The core stops synthetic models at model.SyntheticEOS: it must be the
+// byte tokenizer's EOS.
+func TestSyntheticEOS(t *testing.T) {
+	if model.SyntheticEOS != EOS {
+		t.Errorf("model.SyntheticEOS = %d, synth.EOS = %d", model.SyntheticEOS, EOS)
+	}
+}
