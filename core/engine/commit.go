@@ -261,7 +261,7 @@ func (r *request) stopAt(emit []int32) (int, bool) {
 	}
 	if d.StopText != nil {
 		gen := append(slices.Clone(r.tokens[r.prompt:]), emit[:n]...)
-		if keep, ok := d.StopText(gen); ok && keep > before && keep <= len(gen) {
+		if keep, ok := d.StopText(gen, before); ok && keep > before && keep <= len(gen) {
 			n, stop = keep-before, true
 		}
 	}

@@ -25,10 +25,13 @@
 // replaces a plugin that died, "draining" after Drain, "unavailable" once
 // the engine ended (its process then exits: never 503 forever).
 //
-// Sampling is greedy: temperature, top_p and the other sampling fields are
-// accepted and have no effect; generation always runs to max_tokens, so
-// finish_reason is "length". Chat prompts use the checkpoint's chat
-// template (template.go: Jinja through gonja, as transformers renders it)
+// Sampling is per request (temperature, top_p, top_k, min_p, seed, the
+// penalties: worker.Sampling's rules, greedy at temperature 0); a request
+// ends at max_tokens (finish_reason "length") or at a stop condition
+// ("stop"): the model's EOS ids unless ignore_eos, stop_token_ids, stop
+// strings (never streamed, not even in part), all after min_tokens.
+// fields.go says which fields each endpoint takes. Chat prompts use the
+// checkpoint's chat template (template.go: Jinja through gonja, as transformers renders it)
 // when it has one, else a plain template (see ChatPrompt).
 package serve
 
@@ -38,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -48,6 +52,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvx-dev/kvx/core/engine"
+	"github.com/kvx-dev/kvx/core/workload"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
 // Defaults for Options left at zero.
@@ -84,6 +90,9 @@ type Options struct {
 	MaxWaiting   int       // more requests without a first token get 429
 	// ChatTemplate renders chat messages into the prompt; nil: ChatPrompt.
 	ChatTemplate *ChatTemplate
+	// EOS are the model's end-of-sequence ids (setup.EOS): a request ends
+	// at one unless it sets ignore_eos.
+	EOS []int32
 }
 
 // Server serves one live engine. It is an http.Handler.
@@ -289,6 +298,12 @@ type job struct {
 	usageStream bool
 	id          string
 	created     int64
+	dec         workload.Decoding // sampling and stop conditions
+	stops       []string          // stop strings (dec.StopText matches them)
+	logprobs    bool              // logprobs asked for
+	topLogprobs int               // alternatives per position
+	echo        bool              // completions: the prompt's text before the completion
+	promptText  *string           // the prompt as text, when it was given so
 }
 
 // submit hands j to the engine, or says why not (429, 503).
@@ -298,7 +313,7 @@ func (s *Server) submit(j *job) (*engine.Handle, *apiError) {
 			msg: fmt.Sprintf("%d requests are waiting for their first token, the limit is %d: retry later", q, s.opt.MaxWaiting), retry: 1}
 	}
 	h, err := s.eng.Submit(engine.LiveRequest{Prompt: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt,
-		RetentionPriority: j.priority, RetentionDuration: j.priorityDur})
+		RetentionPriority: j.priority, RetentionDuration: j.priorityDur, TopLogprobs: j.topLogprobs, Decoding: j.dec})
 	if err != nil {
 		return nil, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: err.Error()}
 	}
@@ -317,7 +332,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 	t0 := time.Now()
 	tr := s.met.track(s.opt.SimClock, t0)
 	var out []int32
-	text := textStream{tok: s.opt.Tokenizer, placeholder: s.opt.Placeholder}
+	var lps []float64
+	var tops [][]worker.TokenLogprob
+	text := textStream{tok: s.opt.Tokenizer, placeholder: s.opt.Placeholder, stops: j.stops, stopIDs: j.dec.StopIDs}
 	var sse *sseWriter
 	if j.stream {
 		sse = newSSE(w)
@@ -333,7 +350,16 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 			return
 		}
 		tr.event(ev, h.Arrival)
+		from := len(out)
 		out = append(out, ev.Tokens...)
+		if j.logprobs {
+			lps = append(lps, ev.Logprobs...)
+			if j.topLogprobs > 0 {
+				tops = append(tops, ev.TopLogprobs...)
+			} else {
+				tops = append(tops, make([][]worker.TokenLogprob, len(ev.Tokens))...)
+			}
+		}
 		if ev.Err != nil {
 			s.met.aborted.Inc()
 			aerr := engineErr(ev.Err)
@@ -345,9 +371,33 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 			}
 			return
 		}
+		if j.logprobs && (len(lps) != len(out) || len(tops) != len(out)) {
+			s.met.aborted.Inc()
+			aerr := &apiError{status: http.StatusInternalServerError, typ: "server_error",
+				msg: fmt.Sprintf("the device returned logprobs for %d of %d generated tokens", len(lps), len(out))}
+			if sse != nil {
+				sse.send(map[string]any{"error": aerr.body()})
+				sse.done()
+			} else {
+				writeErr(w, aerr)
+			}
+			h.Cancel()
+			return
+		}
+		finish := "length"
+		if ev.Stopped {
+			finish = "stop"
+		}
 		if sse != nil && len(ev.Tokens) > 0 {
-			delta := text.next(out, ev.Done)
-			if !sse.send(s.streamChunk(j, delta, "")) {
+			if j.echo && from == 0 {
+				text.prefix = s.promptOf(j)
+			}
+			delta := text.next(out, ev.Done, ev.Stopped)
+			c := s.streamChunk(j, delta, "")
+			if j.logprobs {
+				setLogprobs(c, s.logprobsOf(j, out, lps, tops, from, text.offset(out[:from])))
+			}
+			if !sse.send(c) {
 				h.Cancel()
 				s.met.aborted.Inc()
 				return
@@ -360,7 +410,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 				"prompt_tokens_details": map[string]int{"cached_tokens": ev.Cached},
 			}
 			if sse != nil {
-				sse.send(s.streamChunk(j, "", "length"))
+				sse.send(s.streamChunk(j, "", finish))
 				if j.usageStream {
 					c := s.chunk(j, nil, nil, usage)
 					c["choices"] = []any{}
@@ -369,8 +419,35 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 				sse.done()
 				return
 			}
-			writeJSON(w, http.StatusOK, s.final(j, out, text.all(out), usage))
+			body := text.final(out, ev.Stopped)
+			var lp any
+			if j.logprobs {
+				lp = s.logprobsOf(j, out, lps, tops, 0, 0)
+			}
+			if j.echo {
+				body = s.promptOf(j) + body
+			}
+			writeJSON(w, http.StatusOK, s.final(j, out, body, finish, lp, usage))
 			return
+		}
+	}
+}
+
+// promptOf is the prompt's text, for echo: as the request gave it, or its
+// token ids decoded.
+func (s *Server) promptOf(j *job) string {
+	if j.promptText != nil {
+		return *j.promptText
+	}
+	t := textStream{tok: s.opt.Tokenizer, placeholder: s.opt.Placeholder}
+	return t.all(j.prompt)
+}
+
+// setLogprobs puts lp into a stream chunk's choice.
+func setLogprobs(c map[string]any, lp any) {
+	if chs, ok := c["choices"].([]any); ok && len(chs) == 1 {
+		if ch, ok := chs[0].(map[string]any); ok {
+			ch["logprobs"] = lp
 		}
 	}
 }
@@ -412,8 +489,8 @@ func (s *Server) streamChunk(j *job, text, finish string) map[string]any {
 		"choices": []any{map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": fr}}}
 }
 
-func (s *Server) final(j *job, ids []int32, text string, usage map[string]any) map[string]any {
-	choice := map[string]any{"index": 0, "finish_reason": "length", "logprobs": nil, "token_ids": ids}
+func (s *Server) final(j *job, ids []int32, text, finish string, logprobs any, usage map[string]any) map[string]any {
+	choice := map[string]any{"index": 0, "finish_reason": finish, "logprobs": logprobs, "token_ids": ids}
 	if j.chat {
 		choice["message"] = map[string]any{"role": "assistant", "content": text}
 	} else {
@@ -447,7 +524,35 @@ func engineErr(err error) *apiError {
 type textStream struct {
 	tok         Tokenizer
 	placeholder bool
-	sent        int // bytes of the text already sent
+	sent        int      // bytes of the text already sent
+	stops       []string // stop strings: no part of one is ever sent
+	stopIDs     []int32  // stop ids: the text of the one that ended a request is not sent
+	prefix      string   // text sent before the completion's (echo), once
+}
+
+// final is the completion's whole text: all of ids, cut before the first
+// stop string when one occurs, else without the text of a stop id that
+// ended the request (stopped).
+func (t *textStream) final(ids []int32, stopped bool) string {
+	s := t.all(ids)
+	if !stopped {
+		return s
+	}
+	if i := stopIndex(s, t.stops); i >= 0 {
+		return s[:i]
+	}
+	if n := len(ids); n > 0 && slices.Contains(t.stopIDs, ids[n-1]) {
+		return t.all(ids[:n-1])
+	}
+	return s
+}
+
+// offset is the length in bytes of the text of ids (text_offset).
+func (t *textStream) offset(ids []int32) int {
+	if len(ids) == 0 {
+		return 0
+	}
+	return len(t.all(ids))
 }
 
 func (t *textStream) all(ids []int32) string {
@@ -466,8 +571,15 @@ func (t *textStream) all(ids []int32) string {
 	return ""
 }
 
-func (t *textStream) next(ids []int32, last bool) string {
+func (t *textStream) next(ids []int32, last, stopped bool) string {
+	pre := t.prefix
+	t.prefix = ""
 	s := t.all(ids)
+	if last {
+		s = t.final(ids, stopped)
+	} else {
+		s = s[:len(s)-heldBack(s, t.stops)]
+	}
 	end := len(s)
 	if !last {
 		for end > t.sent {
@@ -484,12 +596,15 @@ func (t *textStream) next(ids []int32, last bool) string {
 			end--
 		}
 	}
+	if t.sent > len(s) { // cannot happen: a stop string's start is held back
+		return pre
+	}
 	if end < t.sent {
 		end = t.sent
 	}
 	d := s[t.sent:end]
 	t.sent = end
-	return d
+	return pre + d
 }
 
 // sseWriter writes server-sent events.

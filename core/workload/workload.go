@@ -93,12 +93,13 @@ type Decoding struct {
 	// were generated.
 	StopIDs   []int32
 	MinTokens int
-	// StopText, when set, is asked after every step with every token
-	// generated so far: stop true ends the request after its first keep
-	// tokens (stop strings, which only a caller with the tokenizer can
-	// match). It must be a pure function of its argument; keep is in
-	// [1, len(generated)].
-	StopText func(generated []int32) (keep int, stop bool)
+	// StopText, when set, is asked after every step that generated tokens
+	// with every token generated so far, of which the first from were
+	// asked about before: stop true ends the request after its first keep
+	// tokens, keep in (from, len(generated)] (stop strings, which only a
+	// caller with the tokenizer can match). It is called on the engine's
+	// loop goroutine and must not block.
+	StopText func(generated []int32, from int) (keep int, stop bool)
 }
 
 // Retention priorities (TensorRT-LLM's KvCacheRetentionConfig scale, as
