@@ -397,6 +397,36 @@ func TestServeBadInput(t *testing.T) {
 		{"fractional token id", "/v1/completions", `{"prompt":[1.5]}`, 400, "prompt", "integer"},
 		{"two prompts", "/v1/completions", `{"prompt":["a","b"]}`, 400, "prompt", "one prompt per request"},
 		{"n > 1", "/v1/completions", `{"prompt":"a","n":2}`, 400, "n", "n must be 1"},
+		{"best_of > 1", "/v1/completions", `{"prompt":"a","best_of":3}`, 400, "best_of", "best_of = 3"},
+		{"temperature type", "/v1/completions", `{"prompt":"a","temperature":"hot"}`, 400, "temperature", "temperature: got JSON string, want a number"},
+		{"temperature range", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"temperature":2.5}`, 400, "temperature", "temperature = 2.5: must be in [0, 2]"},
+		{"top_p zero", "/v1/completions", `{"prompt":"a","top_p":0}`, 400, "top_p", "top_p = 0: must be in (0, 1]"},
+		{"top_k type", "/v1/completions", `{"prompt":"a","top_k":2.5}`, 400, "top_k", "want an integer"},
+		{"top_k range", "/v1/completions", `{"prompt":"a","top_k":-3}`, 400, "top_k", "top_k = -3: must be -1 or 0"},
+		{"min_p range", "/v1/completions", `{"prompt":"a","min_p":1.5}`, 400, "min_p", "min_p = 1.5: must be in [0, 1]"},
+		{"seed type", "/v1/completions", `{"prompt":"a","seed":"x"}`, 400, "seed", "want an integer"},
+		{"presence range", "/v1/completions", `{"prompt":"a","presence_penalty":-2.5}`, 400, "presence_penalty", "must be in [-2, 2]"},
+		{"frequency range", "/v1/completions", `{"prompt":"a","frequency_penalty":9}`, 400, "frequency_penalty", "frequency_penalty = 9: must be in [-2, 2]"},
+		{"repetition range", "/v1/completions", `{"prompt":"a","repetition_penalty":0}`, 400, "repetition_penalty", "must be in (0, 2]"},
+		{"min_tokens above max_tokens", "/v1/completions", `{"prompt":"a","max_tokens":4,"min_tokens":5}`, 400, "min_tokens", "min_tokens = 5: must be in [0, 4] (max_tokens)"},
+		{"stop_token_ids out of vocab", "/v1/completions", `{"prompt":"a","stop_token_ids":[1,999]}`, 400, "stop_token_ids", "stop_token_ids[1] is outside the vocabulary [0, 258)"},
+		{"stop_token_ids type", "/v1/completions", `{"prompt":"a","stop_token_ids":"x"}`, 400, "stop_token_ids", "want a list of integers"},
+		{"ignore_eos type", "/v1/completions", `{"prompt":"a","ignore_eos":1}`, 400, "ignore_eos", "want a boolean"},
+		{"stop type", "/v1/completions", `{"prompt":"a","stop":5}`, 400, "stop", "stop = 5: want a string or a list of strings"},
+		{"stop empty", "/v1/completions", `{"prompt":"a","stop":["x",""]}`, 400, "stop", "stop[1] is empty"},
+		{"stop too many", "/v1/completions", `{"prompt":"a","stop":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"]}`, 400, "stop", "17 strings: the limit is 16"},
+		{"completions logprobs type", "/v1/completions", `{"prompt":"a","logprobs":true}`, 400, "logprobs", "logprobs = true: want an integer in [0, 20]"},
+		{"completions logprobs range", "/v1/completions", `{"prompt":"a","logprobs":21}`, 400, "logprobs", "want an integer in [0, 20]"},
+		{"chat logprobs type", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"logprobs":3}`, 400, "logprobs", "logprobs = 3: want a boolean"},
+		{"top_logprobs without logprobs", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"top_logprobs":2}`, 400, "top_logprobs", "needs logprobs: true"},
+		{"top_logprobs range", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21}`, 400, "top_logprobs", "top_logprobs = 21: must be in [0, 20]"},
+		{"top_logprobs on completions", "/v1/completions", `{"prompt":"a","top_logprobs":2}`, 400, "top_logprobs", "not a field kvx serve implements for this endpoint"},
+		{"echo with logprobs", "/v1/completions", `{"prompt":"a","echo":true,"logprobs":1}`, 400, "echo", "prompt's logprobs"},
+		{"chat echo", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"echo":true}`, 400, "echo", "chat completions do not echo"},
+		{"unknown field", "/v1/completions", `{"prompt":"a","temprature":0.5}`, 400, "temprature", "temprature is not a field kvx serve implements"},
+		{"tolerant field, non-default", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"logit_bias":{"5":10}}`, 400, "logit_bias", "kvx serve does not implement logit_bias; it accepts only null or {}"},
+		{"tools", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}`, 400, "tools", "does not implement tools"},
+		{"max_completion_tokens range", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`, 400, "max_completion_tokens", "max_completion_tokens = 0: must be >= 1"},
 		{"retention priority too high", "/v1/completions", `{"prompt":"a","retention_priority":101}`, 400, "retention_priority", "retention_priority = 101: must be in [1, 100]"},
 		{"retention priority zero", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"retention_priority":0}`, 400, "retention_priority", "retention_priority = 0: must be in [1, 100]"},
 		{"retention duration negative", "/v1/completions", `{"prompt":"a","retention_priority":50,"retention_duration_s":-2}`, 400, "retention_duration_s", "retention_duration_s = -2: must be a number of seconds > 0"},
@@ -436,6 +466,13 @@ func TestServeBadInput(t *testing.T) {
 	code, v, _ := post(t, base+"/v1/completions", `{"prompt":"still here","max_tokens":4}`)
 	if code != 200 || num(v["usage"].(map[string]any)["completion_tokens"]) != 4 {
 		t.Errorf("after the bad requests: %d %v", code, v)
+	}
+	// The fields OpenAI clients send at their no-op values are accepted.
+	code, v, _ = post(t, base+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3,"user":"u1",
+		"logit_bias":{},"tools":[],"tool_choice":"none","parallel_tool_calls":true,"response_format":{"type":"text"},"store":false,
+		"service_tier":"auto","metadata":{},"n":1,"best_of":1,"logprobs":false,"temperature":0,"top_p":1,"presence_penalty":0,"frequency_penalty":0}`)
+	if code != 200 || num(v["usage"].(map[string]any)["completion_tokens"]) != 3 {
+		t.Errorf("with the default fields of OpenAI clients: %d %v", code, v)
 	}
 	// A valid retention is accepted (a hint to a manager that ignores it).
 	code, v, _ = post(t, base+"/v1/completions", `{"prompt":"keep me","max_tokens":2,"retention_priority":90,"retention_duration_s":30}`)

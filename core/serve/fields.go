@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -179,16 +180,8 @@ func (s *Server) checkStop(raw json.RawMessage, j *job) *apiError {
 	} else if err := json.Unmarshal(raw, &list); err != nil {
 		return badRequest("stop", "stop = %s: want a string or a list of strings", describe(raw))
 	}
-	if len(list) > MaxStops {
-		return badRequest("stop", "stop has %d strings: the limit is %d", len(list), MaxStops)
-	}
-	for i, st := range list {
-		switch {
-		case st == "":
-			return badRequest("stop", "stop[%d] is empty: a stop string has at least 1 byte", i)
-		case len(st) > MaxStopBytes:
-			return badRequest("stop", "stop[%d] is %d bytes: the limit is %d", i, len(st), MaxStopBytes)
-		}
+	if msg := CheckStops(list); msg != "" {
+		return badRequest("stop", "%s", msg)
 	}
 	if len(list) > 0 && s.opt.Tokenizer == nil && !s.opt.Placeholder {
 		return badRequest("stop", "stop strings need the model's tokenizer to match the text, and %s", s.opt.NoTokenizer)
@@ -211,18 +204,55 @@ func (s *Server) checkSampling(c *common, j *job) *apiError {
 	d.Logprobs = j.logprobs
 	if len(j.stops) > 0 {
 		t := textStream{tok: s.opt.Tokenizer, placeholder: s.opt.Placeholder}
-		stops := j.stops
-		d.StopText = func(gen []int32, from int) (int, bool) {
-			for k := from + 1; k <= len(gen); k++ {
-				if stopIndex(t.all(gen[:k]), stops) >= 0 {
-					return k, true
-				}
-			}
-			return 0, false
-		}
+		d.StopText = stopMatcher(t.all, j.stops)
 	}
 	j.dec = d
 	return nil
+}
+
+// StopMatcher is a workload.Decoding.StopText for stop strings: it ends a
+// request after the first token whose text (tok's decoding of every token
+// up to it) holds one of stops.
+func StopMatcher(tok Tokenizer, stops []string) func(gen []int32, from int) (int, bool) {
+	return stopMatcher(tok.Decode, stops)
+}
+
+func stopMatcher(text func([]int32) string, stops []string) func(gen []int32, from int) (int, bool) {
+	return func(gen []int32, from int) (int, bool) {
+		for k := from + 1; k <= len(gen); k++ {
+			if stopIndex(text(gen[:k]), stops) >= 0 {
+				return k, true
+			}
+		}
+		return 0, false
+	}
+}
+
+// FinalText is the text of a completion whose tokens are ids: tok's
+// decoding, cut before the first of stops when one occurs, else, when a
+// stop condition ended it (stopped) at one of stopIDs, without that last
+// token's text (OpenAI's: a stop sequence is not in the text).
+func FinalText(tok Tokenizer, ids []int32, stops []string, stopIDs []int32, stopped bool) string {
+	t := textStream{tok: tok, stops: stops, stopIDs: stopIDs}
+	return t.final(ids, stopped)
+}
+
+// CheckStops checks stop strings as a request body's stop is checked: at
+// most MaxStops, each non-empty and at most MaxStopBytes bytes; the message
+// names the one at fault.
+func CheckStops(stops []string) string {
+	if len(stops) > MaxStops {
+		return fmt.Sprintf("stop has %d strings: the limit is %d", len(stops), MaxStops)
+	}
+	for i, st := range stops {
+		switch {
+		case st == "":
+			return fmt.Sprintf("stop[%d] is empty: a stop string has at least 1 byte", i)
+		case len(st) > MaxStopBytes:
+			return fmt.Sprintf("stop[%d] is %d bytes: the limit is %d", i, len(st), MaxStopBytes)
+		}
+	}
+	return ""
 }
 
 // stopIndex is where the first of stops to occur in text starts, -1 if none

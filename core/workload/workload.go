@@ -100,6 +100,10 @@ type Decoding struct {
 	// caller with the tokenizer can match). It is called on the engine's
 	// loop goroutine and must not block.
 	StopText func(generated []int32, from int) (keep int, stop bool)
+	// Stops are the stop strings StopText matches, for a caller that cuts
+	// the completion's text before the one that occurs (the engine reads
+	// only StopText).
+	Stops []string
 }
 
 // Retention priorities (TensorRT-LLM's KvCacheRetentionConfig scale, as
