@@ -19,9 +19,9 @@ import (
 	"github.com/kvx-dev/kvx/core/config"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/report"
+	"github.com/kvx-dev/kvx/core/serve"
 	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/core/workload"
-	"github.com/kvx-dev/kvx/core/serve"
 	hftok "github.com/kvx-dev/kvx/device/hf/tok"
 	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -98,10 +98,10 @@ type completion struct {
 	Logprobs []float64 `json:"logprobs,omitempty"`
 	// FinishReason is "stop" (an EOS or stop id, a stop string) or
 	// "length" (max_tokens).
-	FinishReason string `json:"finish_reason,omitempty"`
-	Error        string `json:"error,omitempty"`
-	prompt      int                     // prompt tokens
-	req         *workload.Prompt        // nil when the line failed before it ran
+	FinishReason string           `json:"finish_reason,omitempty"`
+	Error        string           `json:"error,omitempty"`
+	prompt       int              // prompt tokens
+	req          *workload.Prompt // nil when the line failed before it ran
 }
 
 func runGenerate(g *globals, o *generateOpts, cmd *cobra.Command) error {
