@@ -664,10 +664,11 @@ func TestServeOpenAIClient(t *testing.T) {
 	}
 	prompts := filepath.Join(t.TempDir(), "p.jsonl")
 	if err := os.WriteFile(prompts, []byte(`{"prompt": "kvx generates", "max_tokens": 12}`+"\n"+
-		fmt.Sprintf(`{"prompt": %q, "max_tokens": 6}`, serve.ChatPrompt([]string{"user"}, []string{"hello"}))+"\n"), 0o644); err != nil {
+		fmt.Sprintf(`{"prompt": %q, "max_tokens": 6}`, serve.ChatPrompt([]string{"user"}, []string{"hello"}))+"\n"+
+		`{"prompt": "kvx generates", "max_tokens": 12, "temperature": 1.1, "top_p": 0.9, "seed": 11}`+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	want, out, stderr, code := generate(t, prompts, "--set", "isolation=inprocess")
+	want, out, stderr, code := generate(t, prompts, "--set", "isolation=inprocess", "--top-logprobs=2")
 	if code != 0 {
 		t.Fatalf("generate: exit %d\n%s%s", code, out, stderr)
 	}
@@ -721,5 +722,67 @@ func TestServeOpenAIClient(t *testing.T) {
 	}
 	if got.BadRequest.Status != 400 || !strings.Contains(got.BadRequest.Message, "max_tokens = 0") {
 		t.Errorf("max_tokens 0 through the client: %+v, want 400 naming max_tokens", got.BadRequest)
+	}
+	checkOpenAISampling(t, raw, want)
+}
+
+// checkOpenAISampling checks what client.mjs got for seeded sampling, stop
+// and logprobs against kvx generate's completions want (the greedy
+// prompt, the chat prompt, the seeded prompt; top logprobs 2).
+func checkOpenAISampling(t *testing.T, raw map[string]json.RawMessage, want []completion) {
+	t.Helper()
+	var sampled struct{ Text, Again, Finish string }
+	var stop *struct{ Stop, Text, Finish, StreamText, StreamFinish string }
+	var lp struct {
+		Tokens        []string             `json:"tokens"`
+		TokenLogprobs []float64            `json:"token_logprobs"`
+		TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+		TextOffset    []int                `json:"text_offset"`
+	}
+	var chat struct {
+		Content []struct {
+			Token       string    `json:"token"`
+			Logprob     float64   `json:"logprob"`
+			Bytes       []int     `json:"bytes"`
+			TopLogprobs []struct {
+				Token   string  `json:"token"`
+				Logprob float64 `json:"logprob"`
+			} `json:"top_logprobs"`
+		} `json:"content"`
+	}
+	for k, dst := range map[string]any{"sampled": &sampled, "stop": &stop, "logprobs": &lp, "chatLogprobs": &chat} {
+		if err := json.Unmarshal(raw[k], dst); err != nil {
+			t.Fatalf("client output: %s: %v (%s)", k, err, raw[k])
+		}
+	}
+	// generate's text is raw bytes; JSON carries them as UTF-8.
+	valid := func(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+	if sampled.Text != sampled.Again || sampled.Text != valid(*want[2].Text) || sampled.Text == valid(*want[0].Text) {
+		t.Errorf("seed 11 through the client: %q then %q, want generate's %q twice, not the greedy %q", sampled.Text, sampled.Again, *want[2].Text, *want[0].Text)
+	}
+	if stop == nil {
+		t.Errorf("the greedy text %q has no two letters or digits for a stop string", *want[0].Text)
+	} else {
+		cut := valid(*want[0].Text)
+		cut = cut[:strings.Index(cut, stop.Stop)]
+		if stop.Text != cut || stop.Finish != "stop" || stop.StreamText != cut || stop.StreamFinish != "stop" {
+			t.Errorf("stop %q through the client: %q (%s), streamed %q (%s); want %q (stop)", stop.Stop, stop.Text, stop.Finish, stop.StreamText, stop.StreamFinish, cut)
+		}
+	}
+	if len(lp.TokenLogprobs) != len(want[0].OutputIDs) || len(lp.Tokens) != len(lp.TokenLogprobs) || len(lp.TopLogprobs) != len(lp.TokenLogprobs) || len(lp.TextOffset) != len(lp.TokenLogprobs) {
+		t.Fatalf("completions logprobs through the client: %+v, want one entry per token of %v", lp, want[0].OutputIDs)
+	}
+	for i, v := range lp.TokenLogprobs {
+		if v != want[0].TopLogprobs[i][0].Logprob || len(lp.TopLogprobs[i]) == 0 {
+			t.Errorf("token %d: logprob %v (top %v), generate's %v", i, v, lp.TopLogprobs[i], want[0].TopLogprobs[i])
+		}
+	}
+	if len(chat.Content) != len(want[1].OutputIDs) {
+		t.Fatalf("chat logprobs through the client: %d entries, want %d", len(chat.Content), len(want[1].OutputIDs))
+	}
+	for i, e := range chat.Content {
+		if e.Logprob != e.TopLogprobs[0].Logprob || len(e.TopLogprobs) != 2 || len(e.Bytes) == 0 && e.Token != "" {
+			t.Errorf("chat token %d: %+v, want its logprob first of 2 alternatives, with bytes", i, e)
+		}
 	}
 }
