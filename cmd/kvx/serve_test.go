@@ -741,9 +741,9 @@ func checkOpenAISampling(t *testing.T, raw map[string]json.RawMessage, want []co
 	}
 	var chat struct {
 		Content []struct {
-			Token       string    `json:"token"`
-			Logprob     float64   `json:"logprob"`
-			Bytes       []int     `json:"bytes"`
+			Token       string  `json:"token"`
+			Logprob     float64 `json:"logprob"`
+			Bytes       []int   `json:"bytes"`
 			TopLogprobs []struct {
 				Token   string  `json:"token"`
 				Logprob float64 `json:"logprob"`
