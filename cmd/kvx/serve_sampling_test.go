@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -95,6 +97,61 @@ func TestServeSamplingStopLogprobs(t *testing.T) {
 		t.Errorf("generate with seed 7: %v %q, serve gave %v %q", gen[0].OutputIDs, *gen[0].Text, s1.ids, s1.text)
 	}
 
+	// n: choice i samples with seed 7+i, each as a request of its own
+	// would; usage counts the prompt once and every choice's tokens.
+	code, v, _ := post(t, base+"/v1/completions", strings.TrimSuffix(sampled, "}")+`,"n":3}`)
+	if code != 200 {
+		t.Fatalf("n 3: %d %v", code, v)
+	}
+	chs := v["choices"].([]any)
+	total := 0
+	for i, c := range chs {
+		c := c.(map[string]any)
+		want, _ := complete(t, base, strings.Replace(sampled, `"seed":7`, fmt.Sprintf(`"seed":%d`, 7+i), 1))
+		var ids []int32
+		for _, id := range c["token_ids"].([]any) {
+			ids = append(ids, int32(id.(float64)))
+		}
+		if num(c["index"]) != i || !slices.Equal(ids, want.ids) || c["text"] != want.text {
+			t.Errorf("n 3: choice %d (index %v) %v, want seed %d's %v", i, c["index"], ids, 7+i, want.ids)
+		}
+		total += len(ids)
+	}
+	if u := v["usage"].(map[string]any); len(chs) != 3 || num(u["completion_tokens"]) != total || num(u["prompt_tokens"]) != num(s1.usage["prompt_tokens"]) {
+		t.Errorf("n 3: %d choices, usage %v; want 3, %d completion tokens, the prompt once", len(chs), u, total)
+	}
+	// best_of 3, n 1: the one of the three with the highest log-probability.
+	best, bestLP := -1, math.Inf(-1)
+	for i := range 3 {
+		_, ch := complete(t, base, strings.TrimSuffix(strings.Replace(sampled, `"seed":7`, fmt.Sprintf(`"seed":%d`, 7+i), 1), "}")+`,"logprobs":0}`)
+		var sum float64
+		for _, x := range ch["logprobs"].(map[string]any)["token_logprobs"].([]any) {
+			sum += x.(float64)
+		}
+		if sum > bestLP {
+			best, bestLP = i, sum
+		}
+	}
+	bo, ch := complete(t, base, strings.TrimSuffix(sampled, "}")+`,"best_of":3}`)
+	if want, _ := complete(t, base, strings.Replace(sampled, `"seed":7`, fmt.Sprintf(`"seed":%d`, 7+best), 1)); !slices.Equal(bo.ids, want.ids) || ch["logprobs"] != nil {
+		t.Errorf("best_of 3: %v (logprobs %v), want seed %d's %v (log-probability %v) without logprobs", bo.ids, ch["logprobs"], 7+best, want.ids, bestLP)
+	}
+	// Streamed chat with n 2: each index's deltas add up to its choice.
+	nchat := `{"messages":[{"role":"user","content":"hi"}],"max_tokens":20,"ignore_eos":true,"temperature":1,"seed":5,"n":2`
+	code, v, _ = post(t, base+"/v1/chat/completions", nchat+`}`)
+	if code != 200 || len(v["choices"].([]any)) != 2 {
+		t.Fatalf("chat n 2: %d %v", code, v)
+	}
+	texts := streamByIndex(t, base+"/v1/chat/completions", nchat+`,"stream":true}`)
+	for i, c := range v["choices"].([]any) {
+		if want := c.(map[string]any)["message"].(map[string]any)["content"]; texts[i] != want {
+			t.Errorf("chat n 2 streamed: index %d %q, want %q", i, texts[i], want)
+		}
+	}
+	if texts[0] == texts[1] {
+		t.Errorf("chat n 2: both choices %q: seeds 5 and 6 should differ", texts[0])
+	}
+
 	// A stop string of two printable bytes of the greedy text.
 	at := printablePair(greedy.text, 8)
 	if at < 0 {
@@ -141,7 +198,7 @@ func TestServeSamplingStopLogprobs(t *testing.T) {
 	}
 
 	// Logprobs: kvx generate's values (its second line is the greedy prompt).
-	_, ch := complete(t, base, `{`+prompt+`,"logprobs":3}`)
+	_, ch = complete(t, base, `{`+prompt+`,"logprobs":3}`)
 	lp := ch["logprobs"].(map[string]any)
 	toks, tlp, top, off := lp["tokens"].([]any), lp["token_logprobs"].([]any), lp["top_logprobs"].([]any), lp["text_offset"].([]any)
 	g := gen[1]
@@ -175,7 +232,7 @@ func TestServeSamplingStopLogprobs(t *testing.T) {
 		}
 	}
 	// Chat: content entries with bytes, top_logprobs lists.
-	code, v, _ := post(t, base+"/v1/chat/completions", chat+`,"logprobs":true,"top_logprobs":2}`)
+	code, v, _ = post(t, base+"/v1/chat/completions", chat+`,"logprobs":true,"top_logprobs":2}`)
 	if code != 200 {
 		t.Fatalf("chat logprobs: %d %v", code, v)
 	}
@@ -198,6 +255,40 @@ func TestServeSamplingStopLogprobs(t *testing.T) {
 			t.Errorf("chat entry %d: NaN logprob", i)
 		}
 	}
+}
+
+// streamByIndex posts a streaming chat body and returns each choice
+// index's concatenated content.
+func streamByIndex(t *testing.T, url, body string) map[int]string {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[int]string{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var v struct {
+			Choices []struct {
+				Index int `json:"index"`
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &v); err != nil {
+			t.Fatalf("stream event %q: %v", data, err)
+		}
+		for _, c := range v.Choices {
+			out[c.Index] += c.Delta.Content
+		}
+	}
+	return out
 }
 
 // jsonText is the byte tokenizer's text of ids as a JSON string carries it.

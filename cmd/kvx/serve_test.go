@@ -396,8 +396,11 @@ func TestServeBadInput(t *testing.T) {
 		{"negative token id", "/v1/completions", `{"prompt":[-1]}`, 400, "prompt", "outside the vocabulary"},
 		{"fractional token id", "/v1/completions", `{"prompt":[1.5]}`, 400, "prompt", "integer"},
 		{"two prompts", "/v1/completions", `{"prompt":["a","b"]}`, 400, "prompt", "one prompt per request"},
-		{"n > 1", "/v1/completions", `{"prompt":"a","n":2}`, 400, "n", "n must be 1"},
-		{"best_of > 1", "/v1/completions", `{"prompt":"a","best_of":3}`, 400, "best_of", "best_of = 3"},
+		{"n too large", "/v1/completions", `{"prompt":"a","n":17}`, 400, "n", "n = 17: must be in [1, 16]"},
+		{"n zero", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"n":0}`, 400, "n", "n = 0: must be in [1, 16]"},
+		{"best_of below n", "/v1/completions", `{"prompt":"a","n":3,"best_of":2}`, 400, "best_of", "best_of = 2: must be in [n = 3, 16]"},
+		{"best_of streamed", "/v1/completions", `{"prompt":"a","best_of":2,"stream":true}`, 400, "best_of", "best_of = 2 with stream"},
+		{"best_of in chat", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"best_of":2}`, 400, "best_of", "chat completions take no best_of"},
 		{"temperature type", "/v1/completions", `{"prompt":"a","temperature":"hot"}`, 400, "temperature", "temperature: got JSON string, want a number"},
 		{"temperature range", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"temperature":2.5}`, 400, "temperature", "temperature = 2.5: must be in [0, 2]"},
 		{"top_p zero", "/v1/completions", `{"prompt":"a","top_p":0}`, 400, "top_p", "top_p = 0: must be in (0, 1]"},
@@ -527,7 +530,7 @@ func TestServeDisconnectFreesBlocks(t *testing.T) {
 	// Long enough to be cancelled mid-way: 4000 tokens.
 	base := startServe(t, genScenario, serveOpts{}, "kv_cache_config.enable_block_reuse=false",
 		"max_seq_len=4096", "kv_cache_config.max_tokens=8192")
-	req, _ := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"prompt":"go away soon","max_tokens":4000,"stream":true}`))
+	req, _ := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"prompt":"go away soon","max_tokens":4000,"stream":true,"ignore_eos":true}`))
 	ctx, cancel := context.WithCancel(context.Background())
 	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
 	if err != nil {
@@ -665,7 +668,8 @@ func TestServeOpenAIClient(t *testing.T) {
 	prompts := filepath.Join(t.TempDir(), "p.jsonl")
 	if err := os.WriteFile(prompts, []byte(`{"prompt": "kvx generates", "max_tokens": 12}`+"\n"+
 		fmt.Sprintf(`{"prompt": %q, "max_tokens": 6}`, serve.ChatPrompt([]string{"user"}, []string{"hello"}))+"\n"+
-		`{"prompt": "kvx generates", "max_tokens": 12, "temperature": 1.1, "top_p": 0.9, "seed": 11}`+"\n"), 0o644); err != nil {
+		`{"prompt": "kvx generates", "max_tokens": 12, "temperature": 1.1, "top_p": 0.9, "seed": 11}`+"\n"+
+		`{"prompt": "kvx generates", "max_tokens": 12, "temperature": 1.1, "top_p": 0.9, "seed": 12}`+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	want, out, stderr, code := generate(t, prompts, "--set", "isolation=inprocess", "--top-logprobs=2")
@@ -750,7 +754,16 @@ func checkOpenAISampling(t *testing.T, raw map[string]json.RawMessage, want []co
 			} `json:"top_logprobs"`
 		} `json:"content"`
 	}
-	for k, dst := range map[string]any{"sampled": &sampled, "stop": &stop, "logprobs": &lp, "chatLogprobs": &chat} {
+	var n struct {
+		Texts   []string
+		Indexes []int
+		Usage   struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		}
+		Chat []string
+	}
+	for k, dst := range map[string]any{"sampled": &sampled, "stop": &stop, "logprobs": &lp, "chatLogprobs": &chat, "n": &n} {
 		if err := json.Unmarshal(raw[k], dst); err != nil {
 			t.Fatalf("client output: %s: %v (%s)", k, err, raw[k])
 		}
@@ -759,6 +772,11 @@ func checkOpenAISampling(t *testing.T, raw map[string]json.RawMessage, want []co
 	valid := func(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
 	if sampled.Text != sampled.Again || sampled.Text != valid(*want[2].Text) || sampled.Text == valid(*want[0].Text) {
 		t.Errorf("seed 11 through the client: %q then %q, want generate's %q twice, not the greedy %q", sampled.Text, sampled.Again, *want[2].Text, *want[0].Text)
+	}
+	if !slices.Equal(n.Texts, []string{valid(*want[2].Text), valid(*want[3].Text)}) || !slices.Equal(n.Indexes, []int{0, 1}) ||
+		n.Usage.PromptTokens != 14 || n.Usage.CompletionTokens != 24 || len(n.Chat) != 2 || n.Chat[0] == n.Chat[1] {
+		t.Errorf("n 2 through the client: %+v; want seeds 11 and 12 of generate (%q, %q), indexes 0 1, 14 + 24 tokens, two chat choices",
+			n, *want[2].Text, *want[3].Text)
 	}
 	if stop == nil {
 		t.Errorf("the greedy text %q has no two letters or digits for a stop string", *want[0].Text)

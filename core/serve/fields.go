@@ -120,6 +120,9 @@ func checkFields(body []byte, fields []string) *apiError {
 // default max_logprobs.
 const MaxLogprobs = 20
 
+// MaxChoices bounds n and best_of: the sequences one request generates.
+const MaxChoices = 16
+
 // MaxStops bounds the stop strings of a request, and MaxStopBytes each one.
 const (
 	MaxStops     = 16
@@ -200,6 +203,11 @@ func (s *Server) checkSampling(c *common, j *job) *apiError {
 			return badRequest(oe.Field, "%s", strings.TrimPrefix(err.Error(), "workload: "))
 		}
 		return badRequest("", "%v", err)
+	}
+	if j.bestOf > j.n && !j.logprobs {
+		// best_of ranks by the sequences' log-probabilities: asked for,
+		// and left out of the answer.
+		j.logprobs, j.hideLogprobs = true, true
 	}
 	d.Logprobs = j.logprobs
 	if len(j.stops) > 0 {

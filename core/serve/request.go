@@ -154,11 +154,25 @@ func (s *Server) check(c *common, j *job, defaultMax int64) *apiError {
 		return &apiError{status: http.StatusNotFound, typ: "not_found_error", param: "model", code: "model_not_found",
 			msg: fmt.Sprintf("model %q does not exist: this server serves %q (GET /v1/models)", *c.Model, s.opt.Model)}
 	}
-	if c.N != nil && *c.N != 1 {
-		return badRequest("n", "n = %d: kvx generates one choice per request (n must be 1; n > 1 is not implemented)", *c.N)
+	j.n, j.bestOf = 1, 1
+	if c.N != nil {
+		if *c.N < 1 || *c.N > MaxChoices {
+			return badRequest("n", "n = %d: must be in [1, %d]", *c.N, MaxChoices)
+		}
+		j.n, j.bestOf = int(*c.N), int(*c.N)
 	}
-	if c.BestOf != nil && *c.BestOf != 1 {
-		return badRequest("best_of", "best_of = %d: kvx generates one choice per request (best_of must be 1; best_of > 1 is not implemented)", *c.BestOf)
+	if c.BestOf != nil {
+		switch b := *c.BestOf; {
+		case b < int64(j.n) || b > MaxChoices:
+			return badRequest("best_of", "best_of = %d: must be in [n = %d, %d]", b, j.n, MaxChoices)
+		case j.chat && b != int64(j.n):
+			return badRequest("best_of", "best_of = %d: chat completions take no best_of (only n)", b)
+		case b > int64(j.n) && c.Stream != nil && *c.Stream:
+			return badRequest("best_of", "best_of = %d with stream: the best %d are known only at the end (OpenAI refuses it too)", b, j.n)
+		case b > int64(j.n) && s.opt.Placeholder:
+			return badRequest("best_of", "best_of = %d: ranking needs logprobs, and device sim's tokens are placeholders with no distribution", b)
+		}
+		j.bestOf = int(*c.BestOf)
 	}
 	if e := s.checkLogprobs(c, j); e != nil {
 		return e

@@ -42,6 +42,16 @@ const s1 = await client.completions.create(sampled);
 const s2 = await client.completions.create(sampled);
 out.sampled = { text: s1.choices[0].text, again: s2.choices[0].text, finish: s1.choices[0].finish_reason };
 
+// n: two choices, choice 1 with the next seed.
+const n2 = await client.completions.create({ ...sampled, n: 2 });
+const n2chat = await client.chat.completions.create({
+  model: out.models[0], messages: [{ role: "user", content: "hello" }], max_tokens: 6, n: 2, temperature: 1.1, seed: 11,
+});
+out.n = {
+  texts: n2.choices.map((c) => c.text), indexes: n2.choices.map((c) => c.index), usage: n2.usage,
+  chat: n2chat.choices.map((c) => c.message.content),
+};
+
 // stop: two letters or digits of the greedy completion's text.
 const m = /[a-zA-Z0-9]{2}/.exec(out.completion.text.slice(1));
 if (m) {
