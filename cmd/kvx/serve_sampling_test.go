@@ -181,6 +181,19 @@ func TestServeSamplingStopLogprobs(t *testing.T) {
 		}
 	}
 
+	// The stopped requests count under finished_reason "stop".
+	reasons := map[string]float64{}
+	for _, m := range metricsOf(t, base)["kvx:request_success_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "finished_reason" {
+				reasons[l.GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if reasons["stop"] < 3 || reasons["length"] < 5 {
+		t.Errorf("request_success_total by finished_reason = %v, want the stopped ones under stop", reasons)
+	}
+
 	// stop_token_ids, and min_tokens before them.
 	sid := greedy.ids[6]
 	k := slices.Index(greedy.ids, sid)

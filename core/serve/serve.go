@@ -482,7 +482,13 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 			}
 		}
 	}
-	s.met.success.Inc()
+	// One count per request, by its first choice's finish_reason (vLLM's
+	// finished_reason label).
+	if cs[0].finish == "stop" {
+		s.met.stopped.Inc()
+	} else {
+		s.met.success.Inc()
+	}
 	completion := 0
 	for _, c := range cs {
 		completion += len(c.out)
