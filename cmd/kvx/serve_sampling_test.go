@@ -181,6 +181,33 @@ func TestServeSamplingStopLogprobs(t *testing.T) {
 		}
 	}
 
+	// A stopped request's blocks are free at once, and its prompt's full
+	// blocks cached: the prompt sent again comes from the cache.
+	long := `"prompt":[256,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39],"max_tokens":60,"ignore_eos":true,"temperature":1,"seed":3`
+	lg, _ := complete(t, base, `{`+long+`,"cache_salt":"first"}`)
+	at = -1 // a token that first occurs late: the request stops mid-way
+	for i := 15; i < len(lg.ids) && at < 0; i++ {
+		if slices.Index(lg.ids, lg.ids[i]) == i {
+			at = i
+		}
+	}
+	if at < 0 {
+		t.Fatalf("no token of %v first occurs at 15 or later", lg.ids)
+	}
+	// A salt of its own: the cache holds nothing of it before.
+	a, _ = complete(t, base, fmt.Sprintf(`{%s,"stop_token_ids":[%d],"cache_salt":"stopped"}`, long, lg.ids[at]))
+	if a.finish != "stop" || !slices.Equal(a.ids, lg.ids[:at+1]) || num(a.usage["prompt_tokens_details"].(map[string]any)["cached_tokens"]) != 0 {
+		t.Fatalf("stop at %d: %v (%s, usage %v), want %v with nothing cached", lg.ids[at], a.ids, a.finish, a.usage, lg.ids[:at+1])
+	}
+	f := metricsOf(t, base)
+	if run, usage := value(t, f, "kvx:num_requests_running"), value(t, f, "kvx:kv_cache_usage_perc"); run != 0 || usage != 0 {
+		t.Errorf("after the stopped request: running %v, kv usage %v; want 0 and 0", run, usage)
+	}
+	again, _ := complete(t, base, `{`+strings.Replace(long, `"max_tokens":60`, `"max_tokens":1`, 1)+`,"cache_salt":"stopped"}`)
+	if cached := num(again.usage["prompt_tokens_details"].(map[string]any)["cached_tokens"]); cached != 32 {
+		t.Errorf("the stopped request's prompt again: cached %d, want 32 (its 2 full blocks)", cached)
+	}
+
 	// The stopped requests count under finished_reason "stop".
 	reasons := map[string]float64{}
 	for _, m := range metricsOf(t, base)["kvx:request_success_total"].GetMetric() {
