@@ -262,7 +262,7 @@ func notConfigured(call string) error {
 // samples.
 //
 // Errors: an item that breaks the contract (Pos < 0, no tokens, Draft not in
-// [0, len(Tokens)-1], TopLogprobs < 0, a table delta naming an unknown pool, starting beyond
+// [0, len(Tokens)-1], TopLogprobs < 0, a Sampling out of its ranges (Sampling.Check), a table delta naming an unknown pool, starting beyond
 // the table or holding a block outside its pool, a full-attention device
 // pool's table too short for the tokens written, a sequence twice in the
 // batch) is a *kvcache.Error of kind KindInvalidArg with Seqs naming it; the
@@ -367,6 +367,9 @@ func (w *Worker) checkItems(items []worker.Item) error {
 		}
 		if it.TopLogprobs < 0 {
 			return itemErr(it.Seq, "seq %d at pos %d: top logprobs %d must be >= 0", it.Seq, it.Pos, it.TopLogprobs)
+		}
+		if err := it.Sampling.Check(it.Pos, n); err != nil {
+			return itemErr(it.Seq, "seq %d at pos %d: %v", it.Seq, it.Pos, err)
 		}
 		for k, ss := range it.Snapshots {
 			p := w.pool(ss.Pool)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"github.com/kvx-dev/kvx/core/config"
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/report"
+	"github.com/kvx-dev/kvx/core/serve"
 	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/core/workload"
 	hftok "github.com/kvx-dev/kvx/device/hf/tok"
@@ -39,14 +41,23 @@ func newGenerateCmd(g *globals) *cobra.Command {
 	o := &generateOpts{}
 	cmd := &cobra.Command{
 		Use:   "generate",
-		Short: "Run prompts through the engine greedily and print each completion",
+		Short: "Run prompts through the engine and print each completion",
 		Long: `Run the prompts of a JSONL file through the real engine (scheduler, cache
-managers, worker plugins as configured) with greedy sampling, and print each
-completion: its token ids, and its text when the model has a tokenizer.
+managers, worker plugins as configured), greedy unless a line samples, and
+print each completion: its token ids, and its text when the model has a
+tokenizer.
 
 Each line of --prompts is one prompt:
   {"prompt_ids": [1, 2, 3], "max_tokens": 16}
   {"prompt": "some text", "max_tokens": 16}   (models with a tokenizer)
+with, optionally, the sampling and stop fields of kvx serve: temperature,
+top_p, top_k, min_p, seed, presence_penalty, frequency_penalty,
+repetition_penalty, stop (strings), stop_token_ids, ignore_eos, min_tokens.
+A completion ends at max_tokens ("finish_reason": "length") or earlier at
+the model's EOS ids (generation_config.json's or config.json's eos_token_id;
+the byte tokenizer's EOS for synthetic models), unless ignore_eos, at a stop
+id or at a stop string ("stop"); a stop string is cut from the text, as is
+the text of the EOS or stop id that ended it.
 A checkpoint directory's tokenizer.json is the tokenizer of model: DIR (its
 BOS added as transformers does; no chat template is applied); synthetic
 models use the byte tokenizer.
@@ -54,10 +65,12 @@ A bad line (not JSON, no prompt, max_tokens < 1, an id outside the
 vocabulary, longer than max_seq_len) fails alone; the others still run.
 
 --json writes a list in input order of
-  {"output_ids": [..], "text": "..", "top_logprobs": [[[id, logprob], ..], ..]}
+  {"output_ids": [..], "text": "..", "top_logprobs": [[[id, logprob], ..], ..],
+   "logprobs": [..], "finish_reason": "stop" or "length"}
 with one top_logprobs list per generated token (--top-logprobs K of them,
-most likely first, ties to the lower id as greedy sampling breaks them) and
-"error" set on a line that failed. In JSON, each byte of the text that is not
+most likely first, ties to the lower id as greedy sampling breaks them),
+each generated token's own logprob (with --top-logprobs) and "error" set on
+a line that failed. In JSON, each byte of the text that is not
 UTF-8 becomes U+FFFD (the printed text quotes it exactly).
 
 Only a computing device (device: cpu or cuda) gives real tokens; device sim is
@@ -80,9 +93,15 @@ type completion struct {
 	OutputIDs   []int32                 `json:"output_ids"`
 	Text        *string                 `json:"text,omitempty"`
 	TopLogprobs [][]report.TokenLogprob `json:"top_logprobs,omitempty"`
-	Error       string                  `json:"error,omitempty"`
-	prompt      int                     // prompt tokens
-	req         *workload.Prompt        // nil when the line failed before it ran
+	// Logprobs are the generated tokens' own log-probabilities (with
+	// --top-logprobs; a sampled token need not lead its top list).
+	Logprobs []float64 `json:"logprobs,omitempty"`
+	// FinishReason is "stop" (an EOS or stop id, a stop string) or
+	// "length" (max_tokens).
+	FinishReason string           `json:"finish_reason,omitempty"`
+	Error        string           `json:"error,omitempty"`
+	prompt       int              // prompt tokens
+	req          *workload.Prompt // nil when the line failed before it ran
 }
 
 func runGenerate(g *globals, o *generateOpts, cmd *cobra.Command) error {
@@ -117,8 +136,13 @@ func runGenerate(g *globals, o *generateOpts, cmd *cobra.Command) error {
 	if err != nil {
 		return usageErr(fmt.Errorf("generate: %w", err))
 	}
+	eos, err := setup.EOS(cfg, res.Model)
+	if err != nil {
+		f.Close()
+		return usageErr(fmt.Errorf("generate: %w", err))
+	}
 	lines, err := readPrompts(f, promptLimits{vocab: res.Model.Vocab, maxSeqLen: cfg.MaxSeqLen, model: res.Model.Name,
-		topLogprobs: o.topLogprobs, tok: tok, noTok: noTok})
+		topLogprobs: o.topLogprobs, tok: tok, noTok: noTok, eos: eos})
 	f.Close()
 	if err != nil {
 		return usageErr(fmt.Errorf("generate: %s: %w", o.prompts, err))
@@ -210,15 +234,17 @@ func collect(rep report.Report, runs []*completion, tok tokenizer) {
 			c.Error = w
 			continue
 		}
-		if len(ro.Tokens) != c.req.MaxTokens {
+		stopped := ro.FinishReason == "stop"
+		if len(ro.Tokens) != c.req.MaxTokens && !stopped {
 			c.Error = fmt.Sprintf("generated %d of max_tokens %d tokens", len(ro.Tokens), c.req.MaxTokens)
 			continue
 		}
-		c.OutputIDs = ro.Tokens
+		c.OutputIDs, c.FinishReason = ro.Tokens, ro.FinishReason
 		if tok != nil {
-			text := tok.Decode(ro.Tokens)
+			text := serve.FinalText(tok, ro.Tokens, c.req.Decoding.Stops, c.req.Decoding.StopIDs, stopped)
 			c.Text = &text
 		}
+		c.Logprobs = ro.Logprobs
 		c.TopLogprobs = ro.TopLogprobs
 		if c.req.TopLogprobs > 0 && len(c.TopLogprobs) != len(c.OutputIDs) {
 			c.Error = fmt.Sprintf("the device returned top logprobs for %d of %d generated tokens", len(c.TopLogprobs), len(c.OutputIDs))
@@ -319,10 +345,17 @@ type promptLimits struct {
 	topLogprobs      int
 	tok              tokenizer // nil: text prompts fail with noTok
 	noTok            string
+	eos              []int32 // the model's end-of-sequence ids (setup.EOS)
 }
 
 // promptLine is one line of the prompts file.
 type promptLine struct {
+	// The sampling and stop fields of the OpenAI and vLLM APIs:
+	// temperature, top_p, top_k, min_p, seed, the penalties,
+	// stop_token_ids, ignore_eos, min_tokens (workload.SamplingFields),
+	// and stop strings.
+	workload.SamplingFields
+	Stop      []string `json:"stop"`
 	PromptIDs *[]int64 `json:"prompt_ids"`
 	Prompt    *string  `json:"prompt"`
 	MaxTokens *int64   `json:"max_tokens"`
@@ -428,6 +461,20 @@ func parsePrompt(raw []byte, lim promptLimits) (*workload.Prompt, string) {
 		p.CacheSalt = *pl.CacheSalt
 	}
 	var err error
+	if p.Decoding, err = pl.SamplingFields.Decoding(lim.vocab, p.MaxTokens, lim.eos, rand.Uint64); err != nil {
+		return nil, strings.TrimPrefix(err.Error(), "workload: ")
+	}
+	p.Decoding.Logprobs = lim.topLogprobs > 0
+	if len(pl.Stop) > 0 {
+		if msg := serve.CheckStops(pl.Stop); msg != "" {
+			return nil, msg
+		}
+		if lim.tok == nil {
+			return nil, "stop strings need the model's tokenizer to match the text: " + lim.noTok
+		}
+		p.Decoding.StopText = serve.StopMatcher(lim.tok, pl.Stop)
+	}
+	p.Decoding.Stops = pl.Stop
 	if p.RetentionPriority, p.RetentionDuration, err = workload.Retention(pl.RetentionPriority, pl.RetentionDurationS); err != nil {
 		return nil, strings.TrimPrefix(err.Error(), "workload: ")
 	}

@@ -194,7 +194,7 @@ func TestGenerateBadLinesFailAlone(t *testing.T) {
 		{`{"prompt": "hello", "max_tokens": 400}`, []string{"line 6:", "max_tokens = 400", "max_seq_len 320", "at most 314"}},
 		{`{"prompt_ids": [` + strings.Repeat("1, ", 330) + `1], "max_tokens": 1}`, []string{"line 7:", "331 tokens", "max_seq_len 320", "at most 319"}},
 		{`{"prompt": "ok", "max_tokens": 3}`, nil},
-		{`{"prompt": "x", "max_tokens": 2, "temperature": 1}`, []string{"line 9:", "temperature"}},
+		{`{"prompt": "x", "max_tokens": 2, "temperature": 3}`, []string{"line 9:", "temperature = 3: must be in [0, 2]"}},
 		{`{"prompt_ids": [], "max_tokens": 2}`, []string{"line 10:", "prompt_ids is empty"}},
 	}
 	var text []string

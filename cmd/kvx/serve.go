@@ -111,6 +111,10 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	if err != nil {
 		return usageErr(err)
 	}
+	eos, err := setup.EOS(cfg, res.Model)
+	if err != nil {
+		return usageErr(fmt.Errorf("serve: %w", err))
+	}
 	ckpt := ""
 	if st, err := os.Stat(cfg.Model); err == nil && st.IsDir() {
 		ckpt = cfg.Model
@@ -170,7 +174,7 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	opt := serve.Options{
 		Model: name, Vocab: res.Model.Vocab, MaxSeqLen: cfg.MaxSeqLen, NoTokenizer: noTok,
 		Placeholder: !config.Computing(cfg.Device), SimClock: !config.Computing(cfg.Device),
-		MaxWaiting: o.maxWaiting, MaxBodyBytes: o.maxBody, ChatTemplate: tmpl,
+		MaxWaiting: o.maxWaiting, MaxBodyBytes: o.maxBody, ChatTemplate: tmpl, EOS: eos,
 	}
 	if tok != nil {
 		opt.Tokenizer = tok

@@ -396,7 +396,40 @@ func TestServeBadInput(t *testing.T) {
 		{"negative token id", "/v1/completions", `{"prompt":[-1]}`, 400, "prompt", "outside the vocabulary"},
 		{"fractional token id", "/v1/completions", `{"prompt":[1.5]}`, 400, "prompt", "integer"},
 		{"two prompts", "/v1/completions", `{"prompt":["a","b"]}`, 400, "prompt", "one prompt per request"},
-		{"n > 1", "/v1/completions", `{"prompt":"a","n":2}`, 400, "n", "n must be 1"},
+		{"n too large", "/v1/completions", `{"prompt":"a","n":17}`, 400, "n", "n = 17: must be in [1, 16]"},
+		{"n zero", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"n":0}`, 400, "n", "n = 0: must be in [1, 16]"},
+		{"best_of below n", "/v1/completions", `{"prompt":"a","n":3,"best_of":2}`, 400, "best_of", "best_of = 2: must be in [n = 3, 16]"},
+		{"best_of streamed", "/v1/completions", `{"prompt":"a","best_of":2,"stream":true}`, 400, "best_of", "best_of = 2 with stream"},
+		{"best_of in chat", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"best_of":2}`, 400, "best_of", "chat completions take no best_of"},
+		{"temperature type", "/v1/completions", `{"prompt":"a","temperature":"hot"}`, 400, "temperature", "temperature: got JSON string, want a number"},
+		{"temperature range", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"temperature":2.5}`, 400, "temperature", "temperature = 2.5: must be in [0, 2]"},
+		{"top_p zero", "/v1/completions", `{"prompt":"a","top_p":0}`, 400, "top_p", "top_p = 0: must be in (0, 1]"},
+		{"top_k type", "/v1/completions", `{"prompt":"a","top_k":2.5}`, 400, "top_k", "want an integer"},
+		{"top_k range", "/v1/completions", `{"prompt":"a","top_k":-3}`, 400, "top_k", "top_k = -3: must be -1 or 0"},
+		{"min_p range", "/v1/completions", `{"prompt":"a","min_p":1.5}`, 400, "min_p", "min_p = 1.5: must be in [0, 1]"},
+		{"seed type", "/v1/completions", `{"prompt":"a","seed":"x"}`, 400, "seed", "want an integer"},
+		{"presence range", "/v1/completions", `{"prompt":"a","presence_penalty":-2.5}`, 400, "presence_penalty", "must be in [-2, 2]"},
+		{"frequency range", "/v1/completions", `{"prompt":"a","frequency_penalty":9}`, 400, "frequency_penalty", "frequency_penalty = 9: must be in [-2, 2]"},
+		{"repetition range", "/v1/completions", `{"prompt":"a","repetition_penalty":0}`, 400, "repetition_penalty", "must be in (0, 2]"},
+		{"min_tokens above max_tokens", "/v1/completions", `{"prompt":"a","max_tokens":4,"min_tokens":5}`, 400, "min_tokens", "min_tokens = 5: must be in [0, 4] (max_tokens)"},
+		{"stop_token_ids out of vocab", "/v1/completions", `{"prompt":"a","stop_token_ids":[1,999]}`, 400, "stop_token_ids", "stop_token_ids[1] is outside the vocabulary [0, 258)"},
+		{"stop_token_ids type", "/v1/completions", `{"prompt":"a","stop_token_ids":"x"}`, 400, "stop_token_ids", "want a list of integers"},
+		{"ignore_eos type", "/v1/completions", `{"prompt":"a","ignore_eos":1}`, 400, "ignore_eos", "want a boolean"},
+		{"stop type", "/v1/completions", `{"prompt":"a","stop":5}`, 400, "stop", "stop = 5: want a string or a list of strings"},
+		{"stop empty", "/v1/completions", `{"prompt":"a","stop":["x",""]}`, 400, "stop", "stop[1] is empty"},
+		{"stop too many", "/v1/completions", `{"prompt":"a","stop":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"]}`, 400, "stop", "17 strings: the limit is 16"},
+		{"completions logprobs type", "/v1/completions", `{"prompt":"a","logprobs":true}`, 400, "logprobs", "logprobs = true: want an integer in [0, 20]"},
+		{"completions logprobs range", "/v1/completions", `{"prompt":"a","logprobs":21}`, 400, "logprobs", "want an integer in [0, 20]"},
+		{"chat logprobs type", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"logprobs":3}`, 400, "logprobs", "logprobs = 3: want a boolean"},
+		{"top_logprobs without logprobs", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"top_logprobs":2}`, 400, "top_logprobs", "needs logprobs: true"},
+		{"top_logprobs range", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21}`, 400, "top_logprobs", "top_logprobs = 21: must be in [0, 20]"},
+		{"top_logprobs on completions", "/v1/completions", `{"prompt":"a","top_logprobs":2}`, 400, "top_logprobs", "not a field kvx serve implements for this endpoint"},
+		{"echo with logprobs", "/v1/completions", `{"prompt":"a","echo":true,"logprobs":1}`, 400, "echo", "prompt's logprobs"},
+		{"chat echo", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"echo":true}`, 400, "echo", "chat completions do not echo"},
+		{"unknown field", "/v1/completions", `{"prompt":"a","temprature":0.5}`, 400, "temprature", "temprature is not a field kvx serve implements"},
+		{"tolerant field, non-default", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"logit_bias":{"5":10}}`, 400, "logit_bias", "kvx serve does not implement logit_bias; it accepts only null or {}"},
+		{"tools", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}`, 400, "tools", "does not implement tools"},
+		{"max_completion_tokens range", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`, 400, "max_completion_tokens", "max_completion_tokens = 0: must be >= 1"},
 		{"retention priority too high", "/v1/completions", `{"prompt":"a","retention_priority":101}`, 400, "retention_priority", "retention_priority = 101: must be in [1, 100]"},
 		{"retention priority zero", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"retention_priority":0}`, 400, "retention_priority", "retention_priority = 0: must be in [1, 100]"},
 		{"retention duration negative", "/v1/completions", `{"prompt":"a","retention_priority":50,"retention_duration_s":-2}`, 400, "retention_duration_s", "retention_duration_s = -2: must be a number of seconds > 0"},
@@ -436,6 +469,13 @@ func TestServeBadInput(t *testing.T) {
 	code, v, _ := post(t, base+"/v1/completions", `{"prompt":"still here","max_tokens":4}`)
 	if code != 200 || num(v["usage"].(map[string]any)["completion_tokens"]) != 4 {
 		t.Errorf("after the bad requests: %d %v", code, v)
+	}
+	// The fields OpenAI clients send at their no-op values are accepted.
+	code, v, _ = post(t, base+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3,"user":"u1",
+		"logit_bias":{},"tools":[],"tool_choice":"none","parallel_tool_calls":true,"response_format":{"type":"text"},"store":false,
+		"service_tier":"auto","metadata":{},"n":1,"best_of":1,"logprobs":false,"temperature":0,"top_p":1,"presence_penalty":0,"frequency_penalty":0}`)
+	if code != 200 || num(v["usage"].(map[string]any)["completion_tokens"]) != 3 {
+		t.Errorf("with the default fields of OpenAI clients: %d %v", code, v)
 	}
 	// A valid retention is accepted (a hint to a manager that ignores it).
 	code, v, _ = post(t, base+"/v1/completions", `{"prompt":"keep me","max_tokens":2,"retention_priority":90,"retention_duration_s":30}`)
@@ -490,7 +530,7 @@ func TestServeDisconnectFreesBlocks(t *testing.T) {
 	// Long enough to be cancelled mid-way: 4000 tokens.
 	base := startServe(t, genScenario, serveOpts{}, "kv_cache_config.enable_block_reuse=false",
 		"max_seq_len=4096", "kv_cache_config.max_tokens=8192")
-	req, _ := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"prompt":"go away soon","max_tokens":4000,"stream":true}`))
+	req, _ := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"prompt":"go away soon","max_tokens":4000,"stream":true,"ignore_eos":true}`))
 	ctx, cancel := context.WithCancel(context.Background())
 	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
 	if err != nil {
@@ -627,10 +667,12 @@ func TestServeOpenAIClient(t *testing.T) {
 	}
 	prompts := filepath.Join(t.TempDir(), "p.jsonl")
 	if err := os.WriteFile(prompts, []byte(`{"prompt": "kvx generates", "max_tokens": 12}`+"\n"+
-		fmt.Sprintf(`{"prompt": %q, "max_tokens": 6}`, serve.ChatPrompt([]string{"user"}, []string{"hello"}))+"\n"), 0o644); err != nil {
+		fmt.Sprintf(`{"prompt": %q, "max_tokens": 6}`, serve.ChatPrompt([]string{"user"}, []string{"hello"}))+"\n"+
+		`{"prompt": "kvx generates", "max_tokens": 12, "temperature": 1.1, "top_p": 0.9, "seed": 11}`+"\n"+
+		`{"prompt": "kvx generates", "max_tokens": 12, "temperature": 1.1, "top_p": 0.9, "seed": 12}`+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	want, out, stderr, code := generate(t, prompts, "--set", "isolation=inprocess")
+	want, out, stderr, code := generate(t, prompts, "--set", "isolation=inprocess", "--top-logprobs=2")
 	if code != 0 {
 		t.Fatalf("generate: exit %d\n%s%s", code, out, stderr)
 	}
@@ -684,5 +726,81 @@ func TestServeOpenAIClient(t *testing.T) {
 	}
 	if got.BadRequest.Status != 400 || !strings.Contains(got.BadRequest.Message, "max_tokens = 0") {
 		t.Errorf("max_tokens 0 through the client: %+v, want 400 naming max_tokens", got.BadRequest)
+	}
+	checkOpenAISampling(t, raw, want)
+}
+
+// checkOpenAISampling checks what client.mjs got for seeded sampling, stop
+// and logprobs against kvx generate's completions want (the greedy
+// prompt, the chat prompt, the seeded prompt; top logprobs 2).
+func checkOpenAISampling(t *testing.T, raw map[string]json.RawMessage, want []completion) {
+	t.Helper()
+	var sampled struct{ Text, Again, Finish string }
+	var stop *struct{ Stop, Text, Finish, StreamText, StreamFinish string }
+	var lp struct {
+		Tokens        []string             `json:"tokens"`
+		TokenLogprobs []float64            `json:"token_logprobs"`
+		TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+		TextOffset    []int                `json:"text_offset"`
+	}
+	var chat struct {
+		Content []struct {
+			Token       string  `json:"token"`
+			Logprob     float64 `json:"logprob"`
+			Bytes       []int   `json:"bytes"`
+			TopLogprobs []struct {
+				Token   string  `json:"token"`
+				Logprob float64 `json:"logprob"`
+			} `json:"top_logprobs"`
+		} `json:"content"`
+	}
+	var n struct {
+		Texts   []string
+		Indexes []int
+		Usage   struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		}
+		Chat []string
+	}
+	for k, dst := range map[string]any{"sampled": &sampled, "stop": &stop, "logprobs": &lp, "chatLogprobs": &chat, "n": &n} {
+		if err := json.Unmarshal(raw[k], dst); err != nil {
+			t.Fatalf("client output: %s: %v (%s)", k, err, raw[k])
+		}
+	}
+	// generate's text is raw bytes; JSON carries them as UTF-8.
+	valid := func(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+	if sampled.Text != sampled.Again || sampled.Text != valid(*want[2].Text) || sampled.Text == valid(*want[0].Text) {
+		t.Errorf("seed 11 through the client: %q then %q, want generate's %q twice, not the greedy %q", sampled.Text, sampled.Again, *want[2].Text, *want[0].Text)
+	}
+	if !slices.Equal(n.Texts, []string{valid(*want[2].Text), valid(*want[3].Text)}) || !slices.Equal(n.Indexes, []int{0, 1}) ||
+		n.Usage.PromptTokens != 14 || n.Usage.CompletionTokens != 24 || len(n.Chat) != 2 || n.Chat[0] == n.Chat[1] {
+		t.Errorf("n 2 through the client: %+v; want seeds 11 and 12 of generate (%q, %q), indexes 0 1, 14 + 24 tokens, two chat choices",
+			n, *want[2].Text, *want[3].Text)
+	}
+	if stop == nil {
+		t.Errorf("the greedy text %q has no two letters or digits for a stop string", *want[0].Text)
+	} else {
+		cut := valid(*want[0].Text)
+		cut = cut[:strings.Index(cut, stop.Stop)]
+		if stop.Text != cut || stop.Finish != "stop" || stop.StreamText != cut || stop.StreamFinish != "stop" {
+			t.Errorf("stop %q through the client: %q (%s), streamed %q (%s); want %q (stop)", stop.Stop, stop.Text, stop.Finish, stop.StreamText, stop.StreamFinish, cut)
+		}
+	}
+	if len(lp.TokenLogprobs) != len(want[0].OutputIDs) || len(lp.Tokens) != len(lp.TokenLogprobs) || len(lp.TopLogprobs) != len(lp.TokenLogprobs) || len(lp.TextOffset) != len(lp.TokenLogprobs) {
+		t.Fatalf("completions logprobs through the client: %+v, want one entry per token of %v", lp, want[0].OutputIDs)
+	}
+	for i, v := range lp.TokenLogprobs {
+		if v != want[0].TopLogprobs[i][0].Logprob || len(lp.TopLogprobs[i]) == 0 {
+			t.Errorf("token %d: logprob %v (top %v), generate's %v", i, v, lp.TopLogprobs[i], want[0].TopLogprobs[i])
+		}
+	}
+	if len(chat.Content) != len(want[1].OutputIDs) {
+		t.Fatalf("chat logprobs through the client: %d entries, want %d", len(chat.Content), len(want[1].OutputIDs))
+	}
+	for i, e := range chat.Content {
+		if e.Logprob != e.TopLogprobs[0].Logprob || len(e.TopLogprobs) != 2 || len(e.Bytes) == 0 && e.Token != "" {
+			t.Errorf("chat token %d: %+v, want its logprob first of 2 alternatives, with bytes", i, e)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/pipeline"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
 // completeUpTo commits every in-flight micro-batch that finished by t.
@@ -56,14 +57,25 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 			if rem := r.maxNew - (len(r.tokens) - r.prompt); len(emit) > rem {
 				emit = emit[:rem]
 			}
+			if n, ok := r.stopAt(emit); ok {
+				// A stop condition ends it here: the scheduler and the
+				// release below see the shorter length.
+				emit = emit[:n]
+				r.stopped = true
+				r.maxNew = len(r.tokens) - r.prompt + n
+				e.sched.Shorten(it.ID, r.maxNew)
+			}
 			emits[i] = emit
 			r.drafts = append(r.drafts[:0], out.Drafts...)
 			if e.spec.KeepOutputs && out.Logits != nil {
 				r.logits, r.logitsAt = out.Logits, len(r.tokens)-r.prompt+len(out.Tokens)-1
 			}
-			if e.spec.KeepOutputs && r.topK > 0 && len(out.TopLogprobs) == len(out.Tokens) {
+			if r.topK > 0 && len(out.TopLogprobs) == len(out.Tokens) {
 				// One list per emitted token, as the tokens are cut.
 				r.logprobs = append(r.logprobs, out.TopLogprobs[:len(emit)]...)
+			}
+			if r.dec.Logprobs && len(out.Logprobs) == len(out.Tokens) {
+				r.chosen = append(r.chosen, out.Logprobs[:len(emit)]...)
 			}
 		}
 		commits = append(commits, kvcache.CommitItem{Seq: it.ID, Accepted: accepted})
@@ -228,4 +240,54 @@ func (e *Engine) release(ctx context.Context, ids []kvcache.SeqID) error {
 		r.resident, r.history, r.reserved = false, 0, false
 	}
 	return nil
+}
+
+// stopAt says whether a stop condition ends r within emit, the tokens this
+// step adds: the number of them to keep, true. A stop id ends it at that
+// token (kept) once at least dec.MinTokens tokens were generated with it;
+// dec.StopText is then asked about everything generated up to there.
+func (r *request) stopAt(emit []int32) (int, bool) {
+	d := &r.dec
+	if len(emit) == 0 || len(d.StopIDs) == 0 && d.StopText == nil {
+		return 0, false
+	}
+	before := len(r.tokens) - r.prompt
+	n, stop := len(emit), false
+	for j, t := range emit {
+		if before+j+1 >= d.MinTokens && slices.Contains(d.StopIDs, t) {
+			n, stop = j+1, true
+			break
+		}
+	}
+	if d.StopText != nil {
+		gen := append(slices.Clone(r.tokens[r.prompt:]), emit[:n]...)
+		if keep, ok := d.StopText(gen, before); ok && keep > before && keep <= len(gen) {
+			n, stop = keep-before, true
+		}
+	}
+	return n, stop
+}
+
+// sampling is the worker.Sampling of r's next sampled item at pos: nil for
+// a greedy request without min_tokens; otherwise dec.Sampling (greedy when
+// nil) with the prompt's length, the min_tokens mask of its stop ids and,
+// when penalized, the tokens before pos.
+func (r *request) sampling(pos int) *worker.Sampling {
+	d := &r.dec
+	masked := d.MinTokens > 0 && len(d.StopIDs) > 0
+	if d.Sampling == nil && !masked {
+		return nil
+	}
+	var s worker.Sampling
+	if d.Sampling != nil {
+		s = *d.Sampling
+	}
+	s.Prompt = r.prompt
+	if masked {
+		s.MinTokens, s.StopIDs = d.MinTokens, d.StopIDs
+	}
+	if s.Penalized() {
+		s.Context = r.tokens[:pos]
+	}
+	return &s
 }

@@ -130,7 +130,10 @@ type request struct {
 	logits   []float32               // of the last sampled position (KeepOutputs)
 	logitsAt int                     // index among the generated tokens of the token those logits sampled
 	topK     int                     // top logprobs asked for every generated token
-	logprobs [][]worker.TokenLogprob // of each generated token, while the worker returns them (KeepOutputs)
+	logprobs [][]worker.TokenLogprob // of each generated token, while the worker returns them (topK > 0)
+	dec      workload.Decoding       // sampling and stop conditions
+	chosen   []float64               // the log-probability of each generated token (dec.Logprobs)
+	stopped  bool                    // a stop condition ended it before maxNew (finish_reason "stop")
 	reused   int                     // prompt tokens the prefix cache supplied at the first admission
 	// For the report's records and series (record.go).
 	suspends   int    // preemptions that suspended it to the host tier
@@ -305,7 +308,7 @@ func (e *Engine) setup(ctx context.Context) error {
 	for _, r := range e.spec.Workload.Requests {
 		req := &request{
 			id: kvcache.SeqID(r.ID), arrival: r.Arrival, prompt: len(r.Prompt), maxNew: r.OutputLen,
-			tokens: r.Prompt, firstTok: -1, topK: r.TopLogprobs, rejected: r.Rejected, salt: r.CacheSalt,
+			tokens: r.Prompt, firstTok: -1, topK: r.TopLogprobs, rejected: r.Rejected, salt: r.CacheSalt, dec: r.Decoding,
 		}
 		req.priority, req.priorityDur = e.spec.Workload.Retention(r)
 		if err := checkRetention(req.priority, req.priorityDur); err != nil {

@@ -104,6 +104,8 @@ func (e *Engine) startOnce(ctx context.Context, mb *microBatch, items []sched.It
 		if it.Sample {
 			wItems[i].TopLogprobs = r.topK
 			wItems[i].Logits = e.spec.KeepOutputs // a vocabulary-wide row: only when kept
+			wItems[i].Logprobs = r.dec.Logprobs
+			wItems[i].Sampling = r.sampling(it.Pos)
 		}
 		tokens += len(toks)
 		proposed += draft

@@ -14,6 +14,7 @@ import (
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/workload"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
 // A live engine takes its requests while it runs (kvx serve) instead of from
@@ -61,6 +62,12 @@ type LiveRequest struct {
 	// out of range.
 	RetentionPriority int
 	RetentionDuration int64
+	// TopLogprobs asks for the TopLogprobs most likely tokens of every
+	// generated position (Event.TopLogprobs), 0 for none.
+	TopLogprobs int
+	// Decoding is its sampling and stop conditions (workload.Decoding);
+	// the zero value is greedy to MaxTokens.
+	Decoding workload.Decoding
 }
 
 // Event is one step's news for a request: tokens generated, and at the end
@@ -69,8 +76,16 @@ type LiveRequest struct {
 type Event struct {
 	Tokens []int32 // newly generated tokens; owned by the receiver
 	At     int64   // the engine clock (ns) when they were committed
-	Done   bool    // the request generated MaxTokens tokens
-	Err    error   // ErrCancelled, ErrStopped, or a *RequestError
+	Done   bool    // the request generated MaxTokens tokens, or Stopped
+	// Stopped, with Done, says a stop condition ended the request before
+	// MaxTokens (a stop id, or Decoding.StopText): OpenAI's finish_reason
+	// "stop".
+	Stopped bool
+	// Logprobs (Decoding.Logprobs) and TopLogprobs (LiveRequest.TopLogprobs)
+	// have one entry per token of Tokens, on devices that compute them.
+	Logprobs    []float64
+	TopLogprobs [][]worker.TokenLogprob
+	Err         error // ErrCancelled, ErrStopped, or a *RequestError
 	// Cached is the number of prompt tokens the prefix cache supplied at the
 	// request's first admission; set on the final event.
 	Cached int
@@ -364,7 +379,8 @@ func (lv *Live) turn(ctx context.Context, e *Engine) error {
 	for _, h := range subs {
 		lr := h.req
 		h.req = LiveRequest{}
-		r := &request{id: h.ID, arrival: e.now, prompt: len(lr.Prompt), maxNew: lr.MaxTokens, tokens: lr.Prompt, firstTok: -1, salt: lr.CacheSalt}
+		r := &request{id: h.ID, arrival: e.now, prompt: len(lr.Prompt), maxNew: lr.MaxTokens, tokens: lr.Prompt, firstTok: -1, salt: lr.CacheSalt,
+			topK: lr.TopLogprobs, dec: lr.Decoding}
 		r.priority, r.priorityDur = e.spec.Workload.Retention(workload.Request{RetentionPriority: lr.RetentionPriority, RetentionDuration: lr.RetentionDuration})
 		h.Arrival = e.now
 		e.reqs = append(e.reqs, r)
@@ -454,6 +470,12 @@ func (lv *Live) publish(e *Engine) {
 				lv.queued.Add(-1)
 			}
 			ev.Tokens = slices.Clone(r.tokens[r.prompt+o.sent:])
+			if r.dec.Logprobs && len(r.chosen) == gen {
+				ev.Logprobs = slices.Clone(r.chosen[o.sent:])
+			}
+			if r.topK > 0 && len(r.logprobs) == gen {
+				ev.TopLogprobs = slices.Clone(r.logprobs[o.sent:])
+			}
 			o.sent = gen
 		}
 		ev.At = e.now
@@ -462,7 +484,7 @@ func (lv *Live) publish(e *Engine) {
 		}
 		switch r.state {
 		case stDone:
-			ev.Done, ev.At, ev.Cached = true, r.finish, r.reused
+			ev.Done, ev.At, ev.Cached, ev.Stopped = true, r.finish, r.reused, r.stopped
 			lv.completed++
 		case stFailed, stRejected:
 			switch w := why[id]; {

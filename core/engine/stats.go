@@ -60,6 +60,15 @@ func (e *Engine) finishReport(ctx context.Context) {
 					}
 				}
 			}
+			if r.dec.Logprobs && len(r.chosen) == len(o.Tokens) {
+				o.Logprobs = slices.Clone(r.chosen)
+			}
+			if r.state == stDone {
+				o.FinishReason = "length"
+				if r.stopped {
+					o.FinishReason = "stop"
+				}
+			}
 			rep.Outputs.Requests = append(rep.Outputs.Requests, o)
 		}
 		if e.spec.KeepRequests {

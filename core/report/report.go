@@ -380,6 +380,14 @@ type RequestOutput struct {
 	// the token itself), when the request asked for them on a device that
 	// computes them; nil otherwise.
 	TopLogprobs [][]TokenLogprob `json:"top_logprobs,omitempty"`
+	// Logprobs has the log-probability of every token of Tokens when the
+	// request asked for them (workload.Decoding.Logprobs) on a device that
+	// computes them.
+	Logprobs []float64 `json:"logprobs,omitempty"`
+	// FinishReason is "stop" when a stop condition (a stop id, a stop
+	// string) ended the request, "length" when it ran to its length; ""
+	// for a request that did not finish.
+	FinishReason string `json:"finish_reason,omitempty"`
 }
 
 // TokenLogprob is a candidate token of a generated position and its

@@ -845,3 +845,14 @@ func (s *Scheduler) Abort(id kvcache.SeqID) {
 	}
 	s.drop(r)
 }
+
+// Shorten lowers request id's output length to maxNew generated tokens (a
+// stop condition ended it early: an EOS or stop id, a stop string). Called
+// before the Complete of the step that generated its last token, that
+// Complete then finishes it. A longer maxNew, or an unknown id, changes
+// nothing.
+func (s *Scheduler) Shorten(id kvcache.SeqID, maxNew int) {
+	if r := s.reqs[id]; r != nil && maxNew < r.MaxNew {
+		r.MaxNew = max(maxNew, r.emitted)
+	}
+}

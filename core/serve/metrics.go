@@ -17,8 +17,8 @@ import (
 // they complete); on a computing device they are wall seconds as the
 // client sees them.
 type metrics struct {
-	ttft, itl, e2e   prometheus.Observer
-	success, aborted prometheus.Counter
+	ttft, itl, e2e            prometheus.Observer
+	success, stopped, aborted prometheus.Counter
 }
 
 // latency buckets (seconds), vLLM's for TTFT and end to end.
@@ -69,6 +69,7 @@ func newMetrics(reg *prometheus.Registry, model string, eng *engine.Live) *metri
 		[]string{"finished_reason"})
 	reg.MustRegister(done)
 	m.success = done.WithLabelValues("length")
+	m.stopped = done.WithLabelValues("stop")
 	m.aborted = done.WithLabelValues("abort")
 	return m
 }

@@ -64,17 +64,21 @@ func badRequest(param, format string, args ...any) *apiError {
 	return &apiError{status: http.StatusBadRequest, param: param, msg: fmt.Sprintf(format, args...)}
 }
 
-// common are the fields both endpoints share. Sampling fields (temperature,
-// top_p, ...) are accepted and ignored: kvx samples greedily.
+// common are the fields both endpoints share (fields.go lists every field
+// an endpoint takes).
 type common struct {
+	workload.SamplingFields
 	Model               *string         `json:"model"`
 	MaxTokens           *int64          `json:"max_tokens"`
 	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
 	Stream              *bool           `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	N                   *int64          `json:"n"`
+	BestOf              *int64          `json:"best_of"`
 	Echo                *bool           `json:"echo"`
-	Logprobs            json.RawMessage `json:"logprobs"`
+	Logprobs            json.RawMessage `json:"logprobs"`     // completions: an integer; chat: a boolean
+	TopLogprobs         *int64          `json:"top_logprobs"` // chat
+	Stop                json.RawMessage `json:"stop"`         // a string or a list of strings
 	// CacheSalt (vLLM's cache_salt) isolates the request's prefix cache:
 	// only requests with the same salt share cached blocks.
 	CacheSalt *string `json:"cache_salt"`
@@ -110,7 +114,7 @@ func decode(body []byte, v any) *apiError {
 	var se *json.SyntaxError
 	switch {
 	case errors.As(err, &te):
-		field := strings.TrimPrefix(te.Field, "common.")
+		field := strings.TrimPrefix(strings.TrimPrefix(te.Field, "common."), "SamplingFields.")
 		if field == "" {
 			return badRequest("", "the request body is JSON %s: want an object", te.Value)
 		}
@@ -136,6 +140,10 @@ func jsonType(goType string) string {
 		return "a string"
 	case strings.Contains(goType, "serve."):
 		return "an object"
+	case strings.Contains(goType, "float"):
+		return "a number"
+	case strings.HasPrefix(goType, "[]int"):
+		return "a list of integers"
 	}
 	return goType
 }
@@ -146,14 +154,31 @@ func (s *Server) check(c *common, j *job, defaultMax int64) *apiError {
 		return &apiError{status: http.StatusNotFound, typ: "not_found_error", param: "model", code: "model_not_found",
 			msg: fmt.Sprintf("model %q does not exist: this server serves %q (GET /v1/models)", *c.Model, s.opt.Model)}
 	}
-	if c.N != nil && *c.N != 1 {
-		return badRequest("n", "n = %d: kvx generates one choice per request (n must be 1)", *c.N)
+	j.n, j.bestOf = 1, 1
+	if c.N != nil {
+		if *c.N < 1 || *c.N > MaxChoices {
+			return badRequest("n", "n = %d: must be in [1, %d]", *c.N, MaxChoices)
+		}
+		j.n, j.bestOf = int(*c.N), int(*c.N)
 	}
-	if c.Echo != nil && *c.Echo {
-		return badRequest("echo", "echo is not supported")
+	if c.BestOf != nil {
+		switch b := *c.BestOf; {
+		case b < int64(j.n) || b > MaxChoices:
+			return badRequest("best_of", "best_of = %d: must be in [n = %d, %d]", b, j.n, MaxChoices)
+		case j.chat && b != int64(j.n):
+			return badRequest("best_of", "best_of = %d: chat completions take no best_of (only n)", b)
+		case b > int64(j.n) && c.Stream != nil && *c.Stream:
+			return badRequest("best_of", "best_of = %d with stream: the best %d are known only at the end (OpenAI refuses it too)", b, j.n)
+		case b > int64(j.n) && s.opt.Placeholder:
+			return badRequest("best_of", "best_of = %d: ranking needs logprobs, and device sim's tokens are placeholders with no distribution", b)
+		}
+		j.bestOf = int(*c.BestOf)
 	}
-	if len(c.Logprobs) > 0 && !bytes.Equal(c.Logprobs, []byte("null")) && !bytes.Equal(c.Logprobs, []byte("false")) {
-		return badRequest("logprobs", "logprobs are not supported by kvx serve yet")
+	if e := s.checkLogprobs(c, j); e != nil {
+		return e
+	}
+	if e := s.checkStop(c.Stop, j); e != nil {
+		return e
 	}
 	if c.CacheSalt != nil {
 		salt := *c.CacheSalt
@@ -218,6 +243,9 @@ func (s *Server) check(c *common, j *job, defaultMax int64) *apiError {
 			msg: fmt.Sprintf("%s = %d: the prompt's %d tokens + %s = %d exceed the %d tokens of one sequence the KV cache can hold (at most %d for this prompt)", field, m, n, field, uint64(n)+uint64(m), seq, seq-n)}
 	}
 	j.maxTokens = int(m)
+	if e := s.checkSampling(c, j); e != nil {
+		return e
+	}
 	j.created = time.Now().Unix()
 	return nil
 }
@@ -239,10 +267,14 @@ func (s *Server) completionJob(body []byte) (*job, *apiError) {
 	if e := decode(body, &req); e != nil {
 		return nil, e
 	}
+	if e := checkFields(body, completionFields); e != nil {
+		return nil, e
+	}
 	j := &job{id: fmt.Sprintf("cmpl-%d", s.seq.Add(1))}
 	if e := s.prompt(req.Prompt, j); e != nil {
 		return nil, e
 	}
+	j.echo = req.Echo != nil && *req.Echo
 	if e := s.check(&req.common, j, DefaultMaxTokens); e != nil {
 		return nil, e
 	}
@@ -264,6 +296,12 @@ func (s *Server) chatJob(body []byte) (*job, *apiError) {
 	var req chatRequest
 	if e := decode(body, &req); e != nil {
 		return nil, e
+	}
+	if e := checkFields(body, chatFields); e != nil {
+		return nil, e
+	}
+	if req.Echo != nil && *req.Echo {
+		return nil, badRequest("echo", "echo = true: chat completions do not echo the prompt in kvx serve (echo is a /v1/completions field here)")
 	}
 	j := &job{chat: true, id: fmt.Sprintf("chatcmpl-%d", s.seq.Add(1))}
 	text, e := s.chatText(req.Messages)
@@ -294,6 +332,7 @@ func (s *Server) prompt(raw json.RawMessage, j *job) *apiError {
 		if err := json.Unmarshal(raw, &text); err != nil {
 			return badRequest("prompt", "prompt: %v", err)
 		}
+		j.promptText = &text
 		return s.encode(text, "prompt", j)
 	case first == '[' && second == '"':
 		var texts []string
@@ -303,6 +342,7 @@ func (s *Server) prompt(raw json.RawMessage, j *job) *apiError {
 		if len(texts) != 1 {
 			return badRequest("prompt", "prompt is a list of %d strings: kvx serves one prompt per request", len(texts))
 		}
+		j.promptText = &texts[0]
 		return s.encode(texts[0], "prompt", j)
 	case first == '[' && second == '[':
 		var lists [][]float64

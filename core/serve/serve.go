@@ -25,19 +25,24 @@
 // replaces a plugin that died, "draining" after Drain, "unavailable" once
 // the engine ended (its process then exits: never 503 forever).
 //
-// Sampling is greedy: temperature, top_p and the other sampling fields are
-// accepted and have no effect; generation always runs to max_tokens, so
-// finish_reason is "length". Chat prompts use the checkpoint's chat
-// template (template.go: Jinja through gonja, as transformers renders it)
+// Sampling is per request (temperature, top_p, top_k, min_p, seed, the
+// penalties: worker.Sampling's rules, greedy at temperature 0); a request
+// ends at max_tokens (finish_reason "length") or at a stop condition
+// ("stop"): the model's EOS ids unless ignore_eos, stop_token_ids, stop
+// strings (never streamed, not even in part), all after min_tokens.
+// fields.go says which fields each endpoint takes. Chat prompts use the
+// checkpoint's chat template (template.go: Jinja through gonja, as transformers renders it)
 // when it has one, else a plain template (see ChatPrompt).
 package serve
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -48,6 +53,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvx-dev/kvx/core/engine"
+	"github.com/kvx-dev/kvx/core/workload"
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
 // Defaults for Options left at zero.
@@ -84,6 +91,9 @@ type Options struct {
 	MaxWaiting   int       // more requests without a first token get 429
 	// ChatTemplate renders chat messages into the prompt; nil: ChatPrompt.
 	ChatTemplate *ChatTemplate
+	// EOS are the model's end-of-sequence ids (setup.EOS): a request ends
+	// at one unless it sets ignore_eos.
+	EOS []int32
 }
 
 // Server serves one live engine. It is an http.Handler.
@@ -279,98 +289,269 @@ func engineEnded(eng *engine.Live) bool {
 
 // job is one checked request ready for the engine.
 type job struct {
-	chat        bool
-	prompt      []int32
-	maxTokens   int
-	salt        string // cache_salt; "" for none
-	priority    int    // retention_priority; 0 for the workload's default
-	priorityDur int64  // retention_duration_s in ns; 0 while cached
-	stream      bool
-	usageStream bool
-	id          string
-	created     int64
+	chat         bool
+	prompt       []int32
+	maxTokens    int
+	salt         string // cache_salt; "" for none
+	priority     int    // retention_priority; 0 for the workload's default
+	priorityDur  int64  // retention_duration_s in ns; 0 while cached
+	stream       bool
+	usageStream  bool
+	id           string
+	created      int64
+	dec          workload.Decoding // sampling and stop conditions
+	stops        []string          // stop strings (dec.StopText matches them)
+	logprobs     bool              // logprobs asked for
+	topLogprobs  int               // alternatives per position
+	echo         bool              // completions: the prompt's text before the completion
+	n, bestOf    int               // choices returned, and sequences generated (>= n)
+	hideLogprobs bool              // best_of without logprobs asked: they were only for the ranking
+	promptText   *string           // the prompt as text, when it was given so
 }
 
-// submit hands j to the engine, or says why not (429, 503).
-func (s *Server) submit(j *job) (*engine.Handle, *apiError) {
+// submit hands j's choices to the engine (best_of of them, each one
+// request: choice i samples with seed+i), or says why not (429, 503); on
+// an error none is left running.
+func (s *Server) submit(j *job) ([]*engine.Handle, *apiError) {
 	if q := s.eng.Queued(); q >= s.opt.MaxWaiting {
 		return nil, &apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "too_many_waiting",
 			msg: fmt.Sprintf("%d requests are waiting for their first token, the limit is %d: retry later", q, s.opt.MaxWaiting), retry: 1}
 	}
-	h, err := s.eng.Submit(engine.LiveRequest{Prompt: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt,
-		RetentionPriority: j.priority, RetentionDuration: j.priorityDur})
-	if err != nil {
-		return nil, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: err.Error()}
+	hs := make([]*engine.Handle, 0, j.bestOf)
+	for i := range j.bestOf {
+		dec := j.dec
+		if dec.Sampling != nil && i > 0 {
+			sp := *dec.Sampling
+			sp.Seed += uint64(i)
+			dec.Sampling = &sp
+		}
+		h, err := s.eng.Submit(engine.LiveRequest{Prompt: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt,
+			RetentionPriority: j.priority, RetentionDuration: j.priorityDur, TopLogprobs: j.topLogprobs, Decoding: dec})
+		if err != nil {
+			for _, h := range hs {
+				h.Cancel()
+			}
+			return nil, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: err.Error()}
+		}
+		hs = append(hs, h)
 	}
-	return h, nil
+	return hs, nil
 }
 
-// run drives one request: it reads its events and writes the answer, as
-// one JSON object or as server-sent events.
+// choice is one sequence of a request as its events arrive.
+type choice struct {
+	index  int
+	h      *engine.Handle
+	tr     *tracker
+	out    []int32
+	lps    []float64
+	tops   [][]worker.TokenLogprob
+	text   textStream
+	finish string // "" until it is done
+	cached int
+}
+
+// take adds ev's tokens and logprobs; a device that returned no logprobs
+// for tokens that asked for them is an error.
+func (c *choice) take(j *job, ev engine.Event) *apiError {
+	c.tr.event(ev, c.h.Arrival)
+	c.out = append(c.out, ev.Tokens...)
+	if j.logprobs {
+		c.lps = append(c.lps, ev.Logprobs...)
+		if j.topLogprobs > 0 {
+			c.tops = append(c.tops, ev.TopLogprobs...)
+		} else {
+			c.tops = append(c.tops, make([][]worker.TokenLogprob, len(ev.Tokens))...)
+		}
+		if len(c.lps) != len(c.out) || len(c.tops) != len(c.out) {
+			return &apiError{status: http.StatusInternalServerError, typ: "server_error",
+				msg: fmt.Sprintf("the device returned logprobs for %d of %d generated tokens", len(c.lps), len(c.out))}
+		}
+	}
+	if ev.Done {
+		c.finish, c.cached = "length", ev.Cached
+		if ev.Stopped {
+			c.finish = "stop"
+		}
+	}
+	return nil
+}
+
+// choiceEvent is one event of choice i, or the error reading it.
+type choiceEvent struct {
+	i   int
+	ev  engine.Event
+	err error
+}
+
+// run drives one request: it reads its choices' events and writes the
+// answer, as one JSON object or as server-sent events (chunks of all
+// choices interleaved as their tokens come, each naming its index).
 func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
-	h, aerr := s.submit(j)
+	hs, aerr := s.submit(j)
 	if aerr != nil {
 		writeErr(w, aerr)
 		return
 	}
-	ctx := r.Context()
+	ctx, stop := context.WithCancel(r.Context())
+	defer stop()
 	t0 := time.Now()
-	tr := s.met.track(s.opt.SimClock, t0)
-	var out []int32
-	text := textStream{tok: s.opt.Tokenizer, placeholder: s.opt.Placeholder}
+	cs := make([]*choice, len(hs))
+	evc := make(chan choiceEvent)
+	for i, h := range hs {
+		cs[i] = &choice{index: i, h: h, tr: s.met.track(s.opt.SimClock, t0),
+			text: textStream{tok: s.opt.Tokenizer, placeholder: s.opt.Placeholder, stops: j.stops, stopIDs: j.dec.StopIDs}}
+		go func() {
+			for {
+				ev, err := h.Next(ctx)
+				select {
+				case evc <- choiceEvent{i, ev, err}:
+				case <-ctx.Done():
+					return
+				}
+				if err != nil || ev.Done || ev.Err != nil {
+					return
+				}
+			}
+		}()
+	}
+	cancelAll := func() {
+		for _, h := range hs {
+			h.Cancel()
+		}
+	}
 	var sse *sseWriter
 	if j.stream {
 		sse = newSSE(w)
 		if j.chat {
-			sse.send(s.chunk(j, map[string]any{"role": "assistant", "content": ""}, nil, nil))
+			for i := range cs {
+				sse.send(s.chunk(j, i, map[string]any{"role": "assistant", "content": ""}, nil, nil))
+			}
 		}
 	}
-	for {
-		ev, err := h.Next(ctx)
-		if err != nil { // the client went away: free its blocks now
-			h.Cancel()
+	fail := func(aerr *apiError) {
+		cancelAll()
+		s.met.aborted.Inc()
+		if sse != nil {
+			sse.send(map[string]any{"error": aerr.body()})
+			sse.done()
+		} else {
+			writeErr(w, aerr)
+		}
+	}
+	for left := len(cs); left > 0; {
+		var ce choiceEvent
+		select {
+		case ce = <-evc:
+		case <-ctx.Done():
+		}
+		if ce.err != nil || ctx.Err() != nil { // the client went away: free its blocks now
+			cancelAll()
 			s.met.aborted.Inc()
 			return
 		}
-		tr.event(ev, h.Arrival)
-		out = append(out, ev.Tokens...)
+		c, ev := cs[ce.i], ce.ev
 		if ev.Err != nil {
-			s.met.aborted.Inc()
-			aerr := engineErr(ev.Err)
-			if sse != nil {
-				sse.send(map[string]any{"error": aerr.body()})
-				sse.done()
-			} else {
-				writeErr(w, aerr)
-			}
+			fail(engineErr(ev.Err))
+			return
+		}
+		from := len(c.out)
+		if aerr := c.take(j, ev); aerr != nil {
+			fail(aerr)
 			return
 		}
 		if sse != nil && len(ev.Tokens) > 0 {
-			delta := text.next(out, ev.Done)
-			if !sse.send(s.streamChunk(j, delta, "")) {
-				h.Cancel()
+			if j.echo && from == 0 {
+				c.text.prefix = s.promptOf(j)
+			}
+			delta := c.text.next(c.out, ev.Done, ev.Stopped)
+			ch := s.streamChunk(j, c.index, delta, "")
+			if j.logprobs {
+				setLogprobs(ch, s.logprobsOf(j, c.out, c.lps, c.tops, from, c.text.offset(c.out[:from])))
+			}
+			if !sse.send(ch) {
+				cancelAll()
 				s.met.aborted.Inc()
 				return
 			}
 		}
 		if ev.Done {
-			s.met.success.Inc()
-			usage := map[string]any{
-				"prompt_tokens": len(j.prompt), "completion_tokens": len(out), "total_tokens": len(j.prompt) + len(out),
-				"prompt_tokens_details": map[string]int{"cached_tokens": ev.Cached},
-			}
+			left--
 			if sse != nil {
-				sse.send(s.streamChunk(j, "", "length"))
-				if j.usageStream {
-					c := s.chunk(j, nil, nil, usage)
-					c["choices"] = []any{}
-					sse.send(c)
-				}
-				sse.done()
-				return
+				sse.send(s.streamChunk(j, c.index, "", c.finish))
 			}
-			writeJSON(w, http.StatusOK, s.final(j, out, text.all(out), usage))
-			return
+		}
+	}
+	// One count per request, by its first choice's finish_reason (vLLM's
+	// finished_reason label).
+	if cs[0].finish == "stop" {
+		s.met.stopped.Inc()
+	} else {
+		s.met.success.Inc()
+	}
+	completion := 0
+	for _, c := range cs {
+		completion += len(c.out)
+	}
+	// OpenAI's usage: the prompt once, every generated token of every
+	// sequence (best_of's too).
+	usage := map[string]any{
+		"prompt_tokens": len(j.prompt), "completion_tokens": completion, "total_tokens": len(j.prompt) + completion,
+		"prompt_tokens_details": map[string]int{"cached_tokens": cs[0].cached},
+	}
+	if sse != nil {
+		if j.usageStream {
+			c := s.chunk(j, 0, nil, nil, usage)
+			c["choices"] = []any{}
+			sse.send(c)
+		}
+		sse.done()
+		return
+	}
+	if j.bestOf > j.n {
+		// best_of: the n with the highest log-probability (the sum of their
+		// tokens'), the earlier among equals.
+		sum := func(c *choice) float64 {
+			var t float64
+			for _, v := range c.lps {
+				t += v
+			}
+			return t
+		}
+		slices.SortStableFunc(cs, func(a, b *choice) int { return cmp.Compare(sum(b), sum(a)) })
+		cs = cs[:j.n]
+	}
+	choices := make([]any, len(cs))
+	for i, c := range cs {
+		body := c.text.final(c.out, c.finish == "stop")
+		var lp any
+		if j.logprobs && !j.hideLogprobs {
+			lp = s.logprobsOf(j, c.out, c.lps, c.tops, 0, 0)
+		}
+		if j.echo {
+			body = s.promptOf(j) + body
+		}
+		choices[i] = s.choiceOf(j, i, c.out, body, c.finish, lp)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"id": j.id, "object": s.object(j, false), "created": j.created, "model": s.opt.Model,
+		"choices": choices, "usage": usage})
+}
+
+// promptOf is the prompt's text, for echo: as the request gave it, or its
+// token ids decoded.
+func (s *Server) promptOf(j *job) string {
+	if j.promptText != nil {
+		return *j.promptText
+	}
+	t := textStream{tok: s.opt.Tokenizer, placeholder: s.opt.Placeholder}
+	return t.all(j.prompt)
+}
+
+// setLogprobs puts lp into a stream chunk's choice.
+func setLogprobs(c map[string]any, lp any) {
+	if chs, ok := c["choices"].([]any); ok && len(chs) == 1 {
+		if ch, ok := chs[0].(map[string]any); ok {
+			ch["logprobs"] = lp
 		}
 	}
 }
@@ -385,10 +566,10 @@ func (s *Server) object(j *job, stream bool) string {
 	return "text_completion"
 }
 
-func (s *Server) chunk(j *job, delta map[string]any, finish *string, usage map[string]any) map[string]any {
+func (s *Server) chunk(j *job, index int, delta map[string]any, finish *string, usage map[string]any) map[string]any {
 	c := map[string]any{"id": j.id, "object": s.object(j, true), "created": j.created, "model": s.opt.Model}
 	if delta != nil || finish != nil {
-		c["choices"] = []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}}
+		c["choices"] = []any{map[string]any{"index": index, "delta": delta, "finish_reason": finish}}
 	}
 	if usage != nil {
 		c["usage"] = usage
@@ -396,7 +577,7 @@ func (s *Server) chunk(j *job, delta map[string]any, finish *string, usage map[s
 	return c
 }
 
-func (s *Server) streamChunk(j *job, text, finish string) map[string]any {
+func (s *Server) streamChunk(j *job, index int, text, finish string) map[string]any {
 	var fr *string
 	if finish != "" {
 		fr = &finish
@@ -406,21 +587,21 @@ func (s *Server) streamChunk(j *job, text, finish string) map[string]any {
 		if text != "" || fr == nil {
 			d["content"] = text
 		}
-		return s.chunk(j, d, fr, nil)
+		return s.chunk(j, index, d, fr, nil)
 	}
 	return map[string]any{"id": j.id, "object": "text_completion", "created": j.created, "model": s.opt.Model,
-		"choices": []any{map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": fr}}}
+		"choices": []any{map[string]any{"index": index, "text": text, "logprobs": nil, "finish_reason": fr}}}
 }
 
-func (s *Server) final(j *job, ids []int32, text string, usage map[string]any) map[string]any {
-	choice := map[string]any{"index": 0, "finish_reason": "length", "logprobs": nil, "token_ids": ids}
+// choiceOf is choice index of a non-streamed answer.
+func (s *Server) choiceOf(j *job, index int, ids []int32, text, finish string, logprobs any) map[string]any {
+	choice := map[string]any{"index": index, "finish_reason": finish, "logprobs": logprobs, "token_ids": ids}
 	if j.chat {
 		choice["message"] = map[string]any{"role": "assistant", "content": text}
 	} else {
 		choice["text"] = text
 	}
-	return map[string]any{"id": j.id, "object": s.object(j, false), "created": j.created, "model": s.opt.Model,
-		"choices": []any{choice}, "usage": usage}
+	return choice
 }
 
 // engineErr maps a request's engine error to an HTTP answer.
@@ -447,7 +628,35 @@ func engineErr(err error) *apiError {
 type textStream struct {
 	tok         Tokenizer
 	placeholder bool
-	sent        int // bytes of the text already sent
+	sent        int      // bytes of the text already sent
+	stops       []string // stop strings: no part of one is ever sent
+	stopIDs     []int32  // stop ids: the text of the one that ended a request is not sent
+	prefix      string   // text sent before the completion's (echo), once
+}
+
+// final is the completion's whole text: all of ids, cut before the first
+// stop string when one occurs, else without the text of a stop id that
+// ended the request (stopped).
+func (t *textStream) final(ids []int32, stopped bool) string {
+	s := t.all(ids)
+	if !stopped {
+		return s
+	}
+	if i := stopIndex(s, t.stops); i >= 0 {
+		return s[:i]
+	}
+	if n := len(ids); n > 0 && slices.Contains(t.stopIDs, ids[n-1]) {
+		return t.all(ids[:n-1])
+	}
+	return s
+}
+
+// offset is the length in bytes of the text of ids (text_offset).
+func (t *textStream) offset(ids []int32) int {
+	if len(ids) == 0 {
+		return 0
+	}
+	return len(t.all(ids))
 }
 
 func (t *textStream) all(ids []int32) string {
@@ -466,8 +675,15 @@ func (t *textStream) all(ids []int32) string {
 	return ""
 }
 
-func (t *textStream) next(ids []int32, last bool) string {
+func (t *textStream) next(ids []int32, last, stopped bool) string {
+	pre := t.prefix
+	t.prefix = ""
 	s := t.all(ids)
+	if last {
+		s = t.final(ids, stopped)
+	} else {
+		s = s[:len(s)-heldBack(s, t.stops)]
+	}
 	end := len(s)
 	if !last {
 		for end > t.sent {
@@ -484,12 +700,15 @@ func (t *textStream) next(ids []int32, last bool) string {
 			end--
 		}
 	}
+	if t.sent > len(s) { // cannot happen: a stop string's start is held back
+		return pre
+	}
 	if end < t.sent {
 		end = t.sent
 	}
 	d := s[t.sent:end]
 	t.sent = end
-	return d
+	return pre + d
 }
 
 // sseWriter writes server-sent events.

@@ -22,7 +22,7 @@ func TestTextStreamNeverSplitsACharacter(t *testing.T) {
 		var got strings.Builder
 		for i := range ids {
 			last := i == len(ids)-1
-			d := ts.next(ids[:i+1], last)
+			d := ts.next(ids[:i+1], last, false)
 			if !last && strings.ContainsRune(d, '\uFFFD') && strings.ToValidUTF8(s, "") == s {
 				t.Errorf("%q: delta %q after %d bytes splits a character", s, d, i+1)
 			}

@@ -637,3 +637,26 @@ func keys[V any](m map[string]V) string {
 	}
 	return strings.Join(slices.Sorted(maps.Keys(m)), ", ")
 }
+
+// EOS returns the end-of-sequence ids that end a request of the model cfg
+// runs unless it asks to ignore them: a checkpoint directory's
+// (model.EOSTokenIDs: generation_config.json, else config.json), the byte
+// tokenizer's EOS for a synthetic model on a computing device, and none on
+// device sim, whose tokens are placeholders (an id that happened to be an
+// EOS would end a request at random).
+func EOS(cfg *config.Config, m spec.Model) ([]int32, error) {
+	if !config.Computing(cfg.Device) {
+		return nil, nil
+	}
+	if fi, err := os.Stat(cfg.Model); err == nil && fi.IsDir() {
+		ids, err := model.EOSTokenIDs(cfg.Model, m.Vocab)
+		if err != nil {
+			return nil, fmt.Errorf("model: %w", err)
+		}
+		return ids, nil
+	}
+	if m.Vocab > int(model.SyntheticEOS) {
+		return []int32{model.SyntheticEOS}, nil
+	}
+	return nil, nil
+}

@@ -22,6 +22,8 @@ type Prompt struct {
 	// while cached) are the retention of the blocks it stores (Request's).
 	RetentionPriority int
 	RetentionDuration int64
+	// Decoding is its sampling and stop conditions (Request's).
+	Decoding Decoding
 }
 
 // FromPrompts returns the workload of ps in order: request i is ps[i] with
@@ -47,7 +49,7 @@ func FromPrompts(ps []Prompt, vocab int) (Workload, error) {
 			return Workload{}, oe
 		}
 		reqs[i] = Request{ID: uint64(i), Prompt: slices.Clip(slices.Clone(p.Tokens)), OutputLen: p.MaxTokens, TopLogprobs: p.TopLogprobs, CacheSalt: p.CacheSalt,
-			RetentionPriority: p.RetentionPriority, RetentionDuration: p.RetentionDuration}
+			RetentionPriority: p.RetentionPriority, RetentionDuration: p.RetentionDuration, Decoding: p.Decoding}
 	}
 	return Workload{Requests: reqs}, nil
 }

@@ -20,7 +20,11 @@
 // are safe to call from several goroutines at once.
 package workload
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/kvx-dev/kvx/plugins/v1/worker"
+)
 
 // Defaults applied where an option is left at zero.
 const (
@@ -69,6 +73,37 @@ type Request struct {
 	// RetentionDuration (ns, 0 = while cached) is how long it lasts.
 	RetentionPriority int
 	RetentionDuration int64
+	// Decoding is how its tokens are chosen and when it stops before
+	// OutputLen; the zero value is greedy to OutputLen.
+	Decoding Decoding
+}
+
+// Decoding is how a request's tokens are chosen and when it ends before
+// its output length (OpenAI's and vLLM's sampling and stop fields).
+type Decoding struct {
+	// Sampling picks its tokens (worker.Sampling without Prompt and
+	// Context, which the engine fills in); nil is greedy.
+	Sampling *worker.Sampling
+	// Logprobs asks for the log-probability of every generated token (on
+	// devices that compute them).
+	Logprobs bool
+	// StopIDs end the request when it generates one of them, that token
+	// kept (the model's EOS ids unless ignore_eos, and stop_token_ids);
+	// MinTokens: none ends it, nor can be sampled, before that many tokens
+	// were generated.
+	StopIDs   []int32
+	MinTokens int
+	// StopText, when set, is asked after every step that generated tokens
+	// with every token generated so far, of which the first from were
+	// asked about before: stop true ends the request after its first keep
+	// tokens, keep in (from, len(generated)] (stop strings, which only a
+	// caller with the tokenizer can match). It is called on the engine's
+	// loop goroutine and must not block.
+	StopText func(generated []int32, from int) (keep int, stop bool)
+	// Stops are the stop strings StopText matches, for a caller that cuts
+	// the completion's text before the one that occurs (the engine reads
+	// only StopText).
+	Stops []string
 }
 
 // Retention priorities (TensorRT-LLM's KvCacheRetentionConfig scale, as

@@ -194,7 +194,7 @@ func (r *rig) step(active []*req) error {
 	items := make([]worker.Item, len(active))
 	res := make([]kvcache.ReserveItem, len(active))
 	for i, q := range active {
-		it := worker.Item{Seq: q.seq, Pos: q.pos}
+		it := worker.Item{Seq: q.seq, Pos: q.pos, Logits: true} // the checks compare logits
 		if q.pos < len(q.prompt) {
 			if !q.begun && r.o.reuse {
 				got, err := r.mgrs[0].Lookup(ctx, []kvcache.LookupItem{{Seq: q.seq, Prompt: q.prompt}})

@@ -267,7 +267,8 @@ func (s *Stage) Model() spec.Model { return s.m }
 
 // Forward runs the stage's layers on st.Items over ops (an Ops of the
 // device that built the stage, holding this step's caches), and on the
-// last stage samples greedily after every item with Sample, with the
+// last stage samples after every item with Sample (greedily, or by
+// synth.Choose for an item whose Sampling is not greedy), with the
 // logits when st.Logits and the item's TopLogprobs most likely tokens
 // (synth.TopLogprobs) when it asks for them. The rows of item i are Tokens' positions
 // Pos..Pos+len-1, in item order. Item problems (no tokens, drafts, a token
@@ -315,15 +316,14 @@ func (s *Stage) Forward(ctx context.Context, ops Ops, st synth.Step) (synth.Resu
 		hid := ops.ToHost(x)
 		return synth.Result{Hidden: synth.EncodeHidden(make([]byte, 0, 4*len(hid)), hid)}, nil
 	}
-	var idx, topK []int
-	var who []kvcache.SeqID
+	var idx []int
+	var items []synth.Item // the sampling items, in order
 	base := 0
 	for _, it := range st.Items {
 		base += len(it.Tokens)
 		if it.Sample {
 			idx = append(idx, base-1)
-			who = append(who, it.Seq)
-			topK = append(topK, it.TopLogprobs)
+			items = append(items, it)
 		}
 	}
 	var res synth.Result
@@ -333,21 +333,31 @@ func (s *Stage) Forward(ctx context.Context, ops Ops, st synth.Step) (synth.Resu
 	lg := ops.MatMul(ops.RMSNorm(ops.Rows(x, idx), s.finalNorm, s.cfg.Eps), s.lmHead)
 	greedy := ops.Argmax(lg)
 	var host []float32
-	if st.Logits || slices.ContainsFunc(st.Items, func(it synth.Item) bool { return it.Sample && it.TopLogprobs > 0 }) {
+	if st.Logits || slices.ContainsFunc(items, func(it synth.Item) bool {
+		return it.TopLogprobs > 0 || it.Logprobs || !it.Sampling.Greedy()
+	}) {
 		host = ops.ToHost(lg)
 	}
 	v := s.m.Vocab
-	for i, seq := range who {
-		o := worker.Output{Seq: seq, Tokens: []int32{greedy[i]}}
-		if host != nil {
+	for i, it := range items {
+		tok := greedy[i]
+		o := worker.Output{Seq: it.Seq}
+		if host != nil { // the row is on the host when some item needs it
 			row := host[i*v : (i+1)*v : (i+1)*v]
+			if !it.Sampling.Greedy() {
+				tok = synth.Choose(row, it.Sampling, it.Pos+len(it.Tokens), it.Sampling.Context, it.Tokens)
+			}
 			if st.Logits {
 				o.Logits = row
 			}
-			if k := topK[i]; k > 0 {
+			if k := it.TopLogprobs; k > 0 {
 				o.TopLogprobs = [][]worker.TokenLogprob{synth.TopLogprobs(row, k)}
 			}
+			if it.Logprobs {
+				o.Logprobs = []float64{synth.Logprob(row, tok)}
+			}
 		}
+		o.Tokens = []int32{tok}
 		res.Outputs = append(res.Outputs, o)
 	}
 	return res, nil
@@ -371,7 +381,7 @@ func (s *Stage) checkItem(it synth.Item) error {
 			return kvcache.ItemErrorf(seqs, "hf: sequence %d: token %d outside the vocabulary [0, %d)", it.Seq, t, s.m.Vocab)
 		}
 	}
-	return nil
+	return synth.CheckSampling(it, s.m.Vocab)
 }
 
 // layer runs decoder layer i on x in place, as transformers' LlamaDecoderLayer

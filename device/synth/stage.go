@@ -29,7 +29,6 @@ package synth
 import (
 	"context"
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/kvx-dev/kvx/device"
@@ -62,13 +61,20 @@ type Item struct {
 	// tokens of every token it samples (worker.Output.TopLogprobs, made by
 	// TopLogprobs).
 	TopLogprobs int
+	// Logprobs asks a sampling item for the log-probability of every token
+	// it samples (worker.Output.Logprobs, made by Logprob).
+	Logprobs bool
+	// Sampling picks a sampling item's tokens (worker.Item.Sampling; nil:
+	// greedy, Ops.Argmax; otherwise Choose on the host).
+	Sampling *worker.Sampling
 }
 
 // ItemsFrom converts worker items (no Lookahead: the v1 contract has none).
 func ItemsFrom(items []worker.Item) []Item {
 	out := make([]Item, len(items))
 	for i, it := range items {
-		out[i] = Item{Seq: it.Seq, Pos: it.Pos, Tokens: it.Tokens, Draft: it.Draft, Sample: it.Sample, TopLogprobs: it.TopLogprobs}
+		out[i] = Item{Seq: it.Seq, Pos: it.Pos, Tokens: it.Tokens, Draft: it.Draft, Sample: it.Sample, TopLogprobs: it.TopLogprobs,
+			Logprobs: it.Logprobs, Sampling: it.Sampling}
 	}
 	return out
 }
@@ -293,6 +299,28 @@ func (s *Stage) checkItem(it Item) error {
 			}
 		}
 	}
+	return CheckSampling(it, s.m.Vocab)
+}
+
+// CheckSampling checks an item's Sampling (worker.Sampling.Check) and that
+// its stop ids and context tokens are in [0, vocab); nil for a greedy item.
+// Problems are *kvcache.Error values naming the sequence.
+func CheckSampling(it Item, vocab int) error {
+	sp := it.Sampling
+	if sp == nil {
+		return nil
+	}
+	seqs := []kvcache.SeqID{it.Seq}
+	if err := sp.Check(it.Pos, len(it.Tokens)); err != nil {
+		return kvcache.ItemErrorf(seqs, "sequence %d: %v", it.Seq, err)
+	}
+	for name, toks := range map[string][]int32{"stop id": sp.StopIDs, "context token": sp.Context} {
+		for _, t := range toks {
+			if t < 0 || int(t) >= vocab {
+				return kvcache.ItemErrorf(seqs, "sequence %d: sampling %s %d outside the vocabulary [0, %d)", it.Seq, name, t, vocab)
+			}
+		}
+	}
 	return nil
 }
 
@@ -339,22 +367,10 @@ func TopLogprobs(logits []float32, k int) []worker.TokenLogprob {
 	if k <= 0 {
 		return nil
 	}
-	maxv := math.Inf(-1)
-	for _, x := range logits {
-		if x == x && float64(x) > maxv {
-			maxv = float64(x)
-		}
-	}
-	if math.IsInf(maxv, -1) {
+	lse, ok := logSumExp(logits)
+	if !ok {
 		return nil // no logit, or all NaN or -Inf
 	}
-	var sum float64
-	for _, x := range logits {
-		if x == x {
-			sum += math.Exp(float64(x) - maxv)
-		}
-	}
-	lse := maxv + math.Log(sum)
 	// The k best by (logit descending, id ascending): a k-wide insertion
 	// list, as k is small next to the vocabulary.
 	top := make([]worker.TokenLogprob, 0, min(k, len(logits)))
@@ -437,26 +453,47 @@ func (s *Stage) head(ctx context.Context, ops Ops, st Step, x Tensor) (Result, e
 	if len(idx) > 0 {
 		greedy, lg = s.greedy(ops, x, idx)
 	}
-	var mi []mtpItem
-	var keep []int   // rows of lg whose logits the outputs carry
-	var lpRows []int // rows of lg whose top logprobs the outputs carry
-	base, g := 0, 0
+	// The host has every row of lg when a sampled item, logprobs or top
+	// logprobs need them; a sampled item's rows then get Choose's tokens in
+	// place of the greedy ones, and its drafts are verified against those.
+	var host []float32
+	v := s.m.Vocab
+	if slices.ContainsFunc(st.Items, func(it Item) bool {
+		return it.Sample && (!it.Sampling.Greedy() || it.Logprobs || it.TopLogprobs > 0)
+	}) {
+		host = ops.ToHost(lg)
+	}
+	g := 0
 	for _, it := range st.Items {
 		n := len(it.Tokens)
-		if it.Sample {
-			first := n - 1 - it.Draft
-			toks := Verify(it.Tokens, it.Draft, greedy[g:g+it.Draft+1])
-			keep = append(keep, g+len(toks)-1)
-			if it.TopLogprobs > 0 {
-				// Token j of toks (an accepted draft, then the sampled
-				// token) is the greedy token of row g+j.
-				for j := range toks {
-					lpRows = append(lpRows, g+j)
+		switch {
+		case it.Sample:
+			if !it.Sampling.Greedy() {
+				for j := range it.Draft + 1 {
+					r := n - 1 - it.Draft + j // the row whose next token this is
+					greedy[g+j] = Choose(host[(g+j)*v:(g+j+1)*v], it.Sampling, it.Pos+r+1, it.Sampling.Context, it.Tokens[:r+1])
 				}
 			}
 			g += it.Draft + 1
+		case st.Drafts > 0 && len(it.Lookahead) == 0:
+			g++
+		}
+	}
+	var mi []mtpItem
+	var keep []int  // rows of lg whose logits the outputs carry
+	var first []int // per output, the row of lg of its first token
+	base = 0
+	g = 0
+	for _, it := range st.Items {
+		n := len(it.Tokens)
+		if it.Sample {
+			firstRow := n - 1 - it.Draft
+			toks := Verify(it.Tokens, it.Draft, greedy[g:g+it.Draft+1])
+			keep = append(keep, g+len(toks)-1)
+			first = append(first, g)
+			g += it.Draft + 1
 			res.Outputs = append(res.Outputs, worker.Output{Seq: it.Seq, Tokens: toks})
-			m := first + len(toks)
+			m := firstRow + len(toks)
 			ext := append(slices.Clone(it.Tokens[:m]), toks[len(toks)-1])
 			mi = append(mi, mtpItem{seq: it.Seq, pos: it.Pos, base: base, m: m, ext: ext, out: len(res.Outputs) - 1})
 		} else if st.Drafts > 0 {
@@ -470,30 +507,30 @@ func (s *Stage) head(ctx context.Context, ops Ops, st Step, x Tensor) (Result, e
 		base += n
 	}
 	if st.Logits && len(keep) > 0 {
-		v := s.m.Vocab
-		host := ops.ToHost(ops.Rows(lg, keep))
+		h := ops.ToHost(ops.Rows(lg, keep))
 		for i := range keep {
-			res.Outputs[i].Logits = host[i*v : (i+1)*v : (i+1)*v]
+			res.Outputs[i].Logits = h[i*v : (i+1)*v : (i+1)*v]
 		}
 	}
-	if len(lpRows) > 0 {
-		v := s.m.Vocab
-		host := ops.ToHost(ops.Rows(lg, lpRows))
-		r, o := 0, 0
+	if host != nil {
+		o := 0
 		for _, it := range st.Items {
 			if !it.Sample {
 				continue
 			}
 			out := &res.Outputs[o]
+			// Token j of out.Tokens (an accepted draft, then the sampled
+			// token) was picked from row first[o]+j.
+			for j, tok := range out.Tokens {
+				row := host[(first[o]+j)*v : (first[o]+j+1)*v]
+				if it.TopLogprobs > 0 {
+					out.TopLogprobs = append(out.TopLogprobs, TopLogprobs(row, it.TopLogprobs))
+				}
+				if it.Logprobs {
+					out.Logprobs = append(out.Logprobs, Logprob(row, tok))
+				}
+			}
 			o++
-			if it.TopLogprobs == 0 {
-				continue
-			}
-			out.TopLogprobs = make([][]worker.TokenLogprob, len(out.Tokens))
-			for j := range out.Tokens {
-				out.TopLogprobs[j] = TopLogprobs(host[r*v:(r+1)*v], it.TopLogprobs)
-				r++
-			}
 		}
 	}
 	if st.Drafts == 0 || len(mi) == 0 {

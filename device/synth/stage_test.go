@@ -100,6 +100,7 @@ type seqRun struct {
 	log    []string                // one line per sampling step: tokens, drafts, logits bits
 	stream []int32                 // verified tokens
 	lps    [][]worker.TokenLogprob // top logprobs of every verified token
+	chosen []float64               // Output.Logprobs of every verified token (sampled runs)
 }
 
 // runTopK is the number of top logprobs run asks of every sampling item.
@@ -111,6 +112,24 @@ const runTopK = 4
 // greedy continuation (so every draft must be accepted).
 func run(t *testing.T, p *pipe, prompts [][]int32, chunk, drafts, gens int, oracle []int32) []*seqRun {
 	t.Helper()
+	return runSampled(t, p, prompts, chunk, drafts, gens, oracle, nil)
+}
+
+// runSampled is run with every sampling item sampled by sp (nil: greedy),
+// its Prompt and Context filled in per sequence, and its logprobs asked for.
+func runSampled(t *testing.T, p *pipe, prompts [][]int32, chunk, drafts, gens int, oracle []int32, sp *worker.Sampling) []*seqRun {
+	t.Helper()
+	sampling := func(s *seqRun, pos int) *worker.Sampling {
+		if sp == nil {
+			return nil
+		}
+		c := *sp
+		c.Prompt = len(s.prompt)
+		if c.Penalized() {
+			c.Context = append(slices.Clone(s.prompt), s.stream...)[:pos]
+		}
+		return &c
+	}
 	var seqs []*seqRun
 	for i, pr := range prompts {
 		seqs = append(seqs, &seqRun{id: kvcache.SeqID(100 + i), prompt: pr})
@@ -126,13 +145,17 @@ func run(t *testing.T, p *pipe, prompts [][]int32, chunk, drafts, gens int, orac
 			if s.hist < len(s.prompt) {
 				end := min(s.hist+chunk, len(s.prompt))
 				it := Item{Seq: s.id, Pos: s.hist, Tokens: s.prompt[s.hist:end], Sample: end == len(s.prompt), TopLogprobs: runTopK}
+				if it.Sample {
+					it.Sampling, it.Logprobs = sampling(s, s.hist), sp != nil
+				}
 				if !it.Sample {
 					it.Lookahead = s.prompt[end:min(end+drafts, len(s.prompt))]
 				}
 				items = append(items, it)
 				continue
 			}
-			items = append(items, Item{Seq: s.id, Pos: s.hist, Tokens: s.next, Draft: s.draft, Sample: true, TopLogprobs: runTopK})
+			items = append(items, Item{Seq: s.id, Pos: s.hist, Tokens: s.next, Draft: s.draft, Sample: true, TopLogprobs: runTopK,
+				Sampling: sampling(s, s.hist), Logprobs: sp != nil})
 		}
 		if len(items) == 0 {
 			return seqs
@@ -162,8 +185,12 @@ func run(t *testing.T, p *pipe, prompts [][]int32, chunk, drafts, gens int, orac
 			if len(out.TopLogprobs) != len(out.Tokens) {
 				t.Fatalf("step %d: %d top logprob lists for %d tokens", step, len(out.TopLogprobs), len(out.Tokens))
 			}
+			if sp != nil && len(out.Logprobs) != len(out.Tokens) {
+				t.Fatalf("step %d: %d logprobs for %d tokens", step, len(out.Logprobs), len(out.Tokens))
+			}
+			s.chosen = append(s.chosen, out.Logprobs...)
 			for j, l := range out.TopLogprobs {
-				if len(l) != runTopK || l[0].ID != out.Tokens[j] {
+				if len(l) != runTopK || sp == nil && l[0].ID != out.Tokens[j] {
 					t.Fatalf("step %d: token %d: top logprobs %v, want %d led by the token", step, out.Tokens[j], l, runTopK)
 				}
 			}

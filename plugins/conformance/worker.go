@@ -281,6 +281,7 @@ func (h *wh) item(seq kvcache.SeqID, pos int, toks []int32, draft int, sample bo
 	it := worker.Item{Seq: seq, Pos: pos, Tokens: toks, Draft: draft, Sample: sample}
 	if sample && seq%2 == 1 {
 		it.TopLogprobs = confTopLogprobs // odd sequences ask for top logprobs too
+		it.Logprobs = true               // and for their tokens' own (FeatureSampling)
 	}
 	t := h.tables[seq]
 	for i, p := range h.cfg.Layout.Pools {
@@ -350,8 +351,8 @@ func (h *wh) forward(items ...worker.Item) worker.Result {
 	if len(res.Outputs) != len(sampling) {
 		h.failf(call, "the last stage returns one Output per item that samples, in item order", "%d outputs for %d sampling items", len(res.Outputs), len(sampling))
 	}
-	if res.Nanos < 0 || (h.info.Device == "sim" && !res.Modelled) {
-		h.failf(call, "Nanos >= 0, Modelled on sim", "Nanos %d, Modelled %v on device %q", res.Nanos, res.Modelled, h.info.Device)
+	if res.Nanos < 0 || (h.cfg.Device == "sim" && !res.Modelled) {
+		h.failf(call, "Nanos >= 0, Modelled on sim", "Nanos %d, Modelled %v on device %q", res.Nanos, res.Modelled, h.cfg.Device)
 	}
 	vocab := int32(h.cfg.Model.Vocab)
 	for i, out := range res.Outputs {
@@ -379,6 +380,7 @@ func (h *wh) forward(items ...worker.Item) worker.Result {
 			}
 		}
 		h.checkTopLogprobs(call, it, out)
+		h.checkLogprobs(call, it, out)
 		h.hist[it.Seq] = it.Pos + len(it.Tokens) - it.Draft + acc
 		h.last[it.Seq] = wlast{sampled: out.Tokens[acc], drafts: slices.Clone(out.Drafts)}
 	}
@@ -414,6 +416,27 @@ func (h *wh) checkTopLogprobs(call string, it worker.Item, out worker.Output) {
 		if !ok {
 			h.failf(call, "Output.TopLogprobs[j]: the min(K, vocab) most likely tokens of token j's position, most likely first (ties: lower id), led by token j",
 				"seq %d token %d (%d): %v", it.Seq, j, out.Tokens[j], l)
+		}
+	}
+}
+
+// checkLogprobs checks an output's Logprobs: none unless asked for; on a
+// device that computes top logprobs, one per token of Tokens, each the
+// log-probability that leads its token's top list (the suite's items are
+// greedy, so the token leads it).
+func (h *wh) checkLogprobs(call string, it worker.Item, out worker.Output) {
+	switch {
+	case out.Logprobs == nil && (!it.Logprobs || out.TopLogprobs == nil):
+		return
+	case !it.Logprobs || len(out.Logprobs) != len(out.Tokens):
+		h.failf(call, "Output.Logprobs: one per token of Tokens, when the item asked for them (Item.Logprobs) on a device with real math",
+			"seq %d asked %t: %d logprobs for %d tokens", it.Seq, it.Logprobs, len(out.Logprobs), len(out.Tokens))
+		return
+	}
+	for j, v := range out.Logprobs {
+		if v > 0 || j < len(out.TopLogprobs) && len(out.TopLogprobs[j]) > 0 && out.TopLogprobs[j][0].Logprob != v {
+			h.failf(call, "Output.Logprobs[j]: the log-probability of token j by the same log-softmax as its top logprobs",
+				"seq %d token %d (%d): logprob %v, top %v", it.Seq, j, out.Tokens[j], v, out.TopLogprobs)
 		}
 	}
 }

@@ -3314,21 +3314,25 @@ func (x *Setup) GetNotes() []string {
 // pos[i], draft[i], sample[i], top_logprobs[i], Tokens of the next
 // tokens_len[i] values of tokens, and its tables.
 type Batch struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Step          uint64                 `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
-	Seq           []uint64               `protobuf:"varint,2,rep,packed,name=seq,proto3" json:"seq,omitempty"`
-	Pos           []int64                `protobuf:"varint,3,rep,packed,name=pos,proto3" json:"pos,omitempty"`
-	Draft         []int64                `protobuf:"varint,4,rep,packed,name=draft,proto3" json:"draft,omitempty"`
-	Sample        []bool                 `protobuf:"varint,5,rep,packed,name=sample,proto3" json:"sample,omitempty"`
-	TokensLen     []int64                `protobuf:"varint,6,rep,packed,name=tokens_len,json=tokensLen,proto3" json:"tokens_len,omitempty"`
-	Tokens        []int32                `protobuf:"varint,7,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	Tables        *TableDeltas           `protobuf:"bytes,8,opt,name=tables,proto3" json:"tables,omitempty"`
-	Hidden        []byte                 `protobuf:"bytes,9,opt,name=hidden,proto3" json:"hidden,omitempty"`
-	Released      []uint64               `protobuf:"varint,10,rep,packed,name=released,proto3" json:"released,omitempty"`
-	Copies        *Copies                `protobuf:"bytes,11,opt,name=copies,proto3" json:"copies,omitempty"`
-	Snapshots     *SnapshotSlots         `protobuf:"bytes,12,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
-	TopLogprobs   []int64                `protobuf:"varint,13,rep,packed,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"` // Item.TopLogprobs; optional column
-	Logits        []bool                 `protobuf:"varint,14,rep,packed,name=logits,proto3" json:"logits,omitempty"`                              // Item.Logits; optional column. Feature item_logits.
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Step        uint64                 `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	Seq         []uint64               `protobuf:"varint,2,rep,packed,name=seq,proto3" json:"seq,omitempty"`
+	Pos         []int64                `protobuf:"varint,3,rep,packed,name=pos,proto3" json:"pos,omitempty"`
+	Draft       []int64                `protobuf:"varint,4,rep,packed,name=draft,proto3" json:"draft,omitempty"`
+	Sample      []bool                 `protobuf:"varint,5,rep,packed,name=sample,proto3" json:"sample,omitempty"`
+	TokensLen   []int64                `protobuf:"varint,6,rep,packed,name=tokens_len,json=tokensLen,proto3" json:"tokens_len,omitempty"`
+	Tokens      []int32                `protobuf:"varint,7,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	Tables      *TableDeltas           `protobuf:"bytes,8,opt,name=tables,proto3" json:"tables,omitempty"`
+	Hidden      []byte                 `protobuf:"bytes,9,opt,name=hidden,proto3" json:"hidden,omitempty"`
+	Released    []uint64               `protobuf:"varint,10,rep,packed,name=released,proto3" json:"released,omitempty"`
+	Copies      *Copies                `protobuf:"bytes,11,opt,name=copies,proto3" json:"copies,omitempty"`
+	Snapshots   *SnapshotSlots         `protobuf:"bytes,12,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
+	TopLogprobs []int64                `protobuf:"varint,13,rep,packed,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"` // Item.TopLogprobs; optional column
+	Logprobs    []bool                 `protobuf:"varint,14,rep,packed,name=logprobs,proto3" json:"logprobs,omitempty"`                          // Item.Logprobs; optional column
+	// Item.Sampling: 0 entries (every item greedy) or one per item, where
+	// an entry with has = false is a nil Sampling.
+	Sampling      []*Sampling `protobuf:"bytes,15,rep,name=sampling,proto3" json:"sampling,omitempty"`
+	Logits        []bool      `protobuf:"varint,16,rep,packed,name=logits,proto3" json:"logits,omitempty"` // Item.Logits; optional column. Feature item_logits.
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3454,9 +3458,164 @@ func (x *Batch) GetTopLogprobs() []int64 {
 	return nil
 }
 
+func (x *Batch) GetLogprobs() []bool {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
+}
+
+func (x *Batch) GetSampling() []*Sampling {
+	if x != nil {
+		return x.Sampling
+	}
+	return nil
+}
+
 func (x *Batch) GetLogits() []bool {
 	if x != nil {
 		return x.Logits
+	}
+	return nil
+}
+
+// worker.Sampling; has = false stands for nil (greedy).
+type Sampling struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Has               bool                   `protobuf:"varint,1,opt,name=has,proto3" json:"has,omitempty"`
+	Temperature       float64                `protobuf:"fixed64,2,opt,name=temperature,proto3" json:"temperature,omitempty"`
+	TopP              float64                `protobuf:"fixed64,3,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
+	TopK              int64                  `protobuf:"varint,4,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
+	MinP              float64                `protobuf:"fixed64,5,opt,name=min_p,json=minP,proto3" json:"min_p,omitempty"`
+	Seed              uint64                 `protobuf:"varint,6,opt,name=seed,proto3" json:"seed,omitempty"`
+	PresencePenalty   float64                `protobuf:"fixed64,7,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`
+	FrequencyPenalty  float64                `protobuf:"fixed64,8,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"`
+	RepetitionPenalty float64                `protobuf:"fixed64,9,opt,name=repetition_penalty,json=repetitionPenalty,proto3" json:"repetition_penalty,omitempty"`
+	MinTokens         int64                  `protobuf:"varint,10,opt,name=min_tokens,json=minTokens,proto3" json:"min_tokens,omitempty"`
+	StopIds           []int32                `protobuf:"varint,11,rep,packed,name=stop_ids,json=stopIds,proto3" json:"stop_ids,omitempty"`
+	Prompt            int64                  `protobuf:"varint,12,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	Context           []int32                `protobuf:"varint,13,rep,packed,name=context,proto3" json:"context,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *Sampling) Reset() {
+	*x = Sampling{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Sampling) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Sampling) ProtoMessage() {}
+
+func (x *Sampling) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Sampling.ProtoReflect.Descriptor instead.
+func (*Sampling) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *Sampling) GetHas() bool {
+	if x != nil {
+		return x.Has
+	}
+	return false
+}
+
+func (x *Sampling) GetTemperature() float64 {
+	if x != nil {
+		return x.Temperature
+	}
+	return 0
+}
+
+func (x *Sampling) GetTopP() float64 {
+	if x != nil {
+		return x.TopP
+	}
+	return 0
+}
+
+func (x *Sampling) GetTopK() int64 {
+	if x != nil {
+		return x.TopK
+	}
+	return 0
+}
+
+func (x *Sampling) GetMinP() float64 {
+	if x != nil {
+		return x.MinP
+	}
+	return 0
+}
+
+func (x *Sampling) GetSeed() uint64 {
+	if x != nil {
+		return x.Seed
+	}
+	return 0
+}
+
+func (x *Sampling) GetPresencePenalty() float64 {
+	if x != nil {
+		return x.PresencePenalty
+	}
+	return 0
+}
+
+func (x *Sampling) GetFrequencyPenalty() float64 {
+	if x != nil {
+		return x.FrequencyPenalty
+	}
+	return 0
+}
+
+func (x *Sampling) GetRepetitionPenalty() float64 {
+	if x != nil {
+		return x.RepetitionPenalty
+	}
+	return 0
+}
+
+func (x *Sampling) GetMinTokens() int64 {
+	if x != nil {
+		return x.MinTokens
+	}
+	return 0
+}
+
+func (x *Sampling) GetStopIds() []int32 {
+	if x != nil {
+		return x.StopIds
+	}
+	return nil
+}
+
+func (x *Sampling) GetPrompt() int64 {
+	if x != nil {
+		return x.Prompt
+	}
+	return 0
+}
+
+func (x *Sampling) GetContext() []int32 {
+	if x != nil {
+		return x.Context
 	}
 	return nil
 }
@@ -3482,13 +3641,16 @@ type Result struct {
 	TopLogprobsN   []int64                `protobuf:"varint,12,rep,packed,name=top_logprobs_n,json=topLogprobsN,proto3" json:"top_logprobs_n,omitempty"`
 	TopLogprobIds  []int32                `protobuf:"varint,13,rep,packed,name=top_logprob_ids,json=topLogprobIds,proto3" json:"top_logprob_ids,omitempty"`
 	TopLogprobs    []float64              `protobuf:"fixed64,14,rep,packed,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Output.Logprobs: output i has the next logprobs_len[i] values.
+	LogprobsLen   []int64   `protobuf:"varint,15,rep,packed,name=logprobs_len,json=logprobsLen,proto3" json:"logprobs_len,omitempty"`
+	Logprobs      []float64 `protobuf:"fixed64,16,rep,packed,name=logprobs,proto3" json:"logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3500,7 +3662,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3513,7 +3675,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{44}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Result) GetHidden() []byte {
@@ -3614,6 +3776,20 @@ func (x *Result) GetTopLogprobs() []float64 {
 	return nil
 }
 
+func (x *Result) GetLogprobsLen() []int64 {
+	if x != nil {
+		return x.LogprobsLen
+	}
+	return nil
+}
+
+func (x *Result) GetLogprobs() []float64 {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
+}
+
 type CopyBlocksRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Copies        *Copies                `protobuf:"bytes,1,opt,name=copies,proto3" json:"copies,omitempty"`
@@ -3623,7 +3799,7 @@ type CopyBlocksRequest struct {
 
 func (x *CopyBlocksRequest) Reset() {
 	*x = CopyBlocksRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3635,7 +3811,7 @@ func (x *CopyBlocksRequest) String() string {
 func (*CopyBlocksRequest) ProtoMessage() {}
 
 func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3648,7 +3824,7 @@ func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyBlocksRequest.ProtoReflect.Descriptor instead.
 func (*CopyBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{45}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CopyBlocksRequest) GetCopies() *Copies {
@@ -3666,7 +3842,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3678,7 +3854,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3691,7 +3867,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{46}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{47}
 }
 
 type EventsRequest struct {
@@ -3702,7 +3878,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3714,7 +3890,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3727,7 +3903,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{47}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{48}
 }
 
 // kvcache.Event
@@ -3746,7 +3922,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[48]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3758,7 +3934,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[48]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3771,7 +3947,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{48}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Event) GetKind() int32 {
@@ -3833,7 +4009,7 @@ type EventList struct {
 
 func (x *EventList) Reset() {
 	*x = EventList{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[49]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3845,7 +4021,7 @@ func (x *EventList) String() string {
 func (*EventList) ProtoMessage() {}
 
 func (x *EventList) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[49]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3858,7 +4034,7 @@ func (x *EventList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventList.ProtoReflect.Descriptor instead.
 func (*EventList) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{49}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *EventList) GetEvents() []*Event {
@@ -4145,7 +4321,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x05dtype\x18\x10 \x01(\tR\x05dtype\"@\n" +
 	"\x05Setup\x12!\n" +
 	"\fdevice_bytes\x18\x01 \x01(\x03R\vdeviceBytes\x12\x14\n" +
-	"\x05notes\x18\x02 \x03(\tR\x05notes\"\x9d\x03\n" +
+	"\x05notes\x18\x02 \x03(\tR\x05notes\"\xe7\x03\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x10\n" +
 	"\x03seq\x18\x02 \x03(\x04R\x03seq\x12\x10\n" +
@@ -4161,8 +4337,26 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	" \x03(\x04R\breleased\x12&\n" +
 	"\x06copies\x18\v \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\x123\n" +
 	"\tsnapshots\x18\f \x01(\v2\x15.kvx.v1.SnapshotSlotsR\tsnapshots\x12!\n" +
-	"\ftop_logprobs\x18\r \x03(\x03R\vtopLogprobs\x12\x16\n" +
-	"\x06logits\x18\x0e \x03(\bR\x06logits\"\xa4\x03\n" +
+	"\ftop_logprobs\x18\r \x03(\x03R\vtopLogprobs\x12\x1a\n" +
+	"\blogprobs\x18\x0e \x03(\bR\blogprobs\x12,\n" +
+	"\bsampling\x18\x0f \x03(\v2\x10.kvx.v1.SamplingR\bsampling\x12\x16\n" +
+	"\x06logits\x18\x10 \x03(\bR\x06logits\"\x84\x03\n" +
+	"\bSampling\x12\x10\n" +
+	"\x03has\x18\x01 \x01(\bR\x03has\x12 \n" +
+	"\vtemperature\x18\x02 \x01(\x01R\vtemperature\x12\x13\n" +
+	"\x05top_p\x18\x03 \x01(\x01R\x04topP\x12\x13\n" +
+	"\x05top_k\x18\x04 \x01(\x03R\x04topK\x12\x13\n" +
+	"\x05min_p\x18\x05 \x01(\x01R\x04minP\x12\x12\n" +
+	"\x04seed\x18\x06 \x01(\x04R\x04seed\x12)\n" +
+	"\x10presence_penalty\x18\a \x01(\x01R\x0fpresencePenalty\x12+\n" +
+	"\x11frequency_penalty\x18\b \x01(\x01R\x10frequencyPenalty\x12-\n" +
+	"\x12repetition_penalty\x18\t \x01(\x01R\x11repetitionPenalty\x12\x1d\n" +
+	"\n" +
+	"min_tokens\x18\n" +
+	" \x01(\x03R\tminTokens\x12\x19\n" +
+	"\bstop_ids\x18\v \x03(\x05R\astopIds\x12\x16\n" +
+	"\x06prompt\x18\f \x01(\x03R\x06prompt\x12\x18\n" +
+	"\acontext\x18\r \x03(\x05R\acontext\"\xe3\x03\n" +
 	"\x06Result\x12\x16\n" +
 	"\x06hidden\x18\x01 \x01(\fR\x06hidden\x12\x10\n" +
 	"\x03seq\x18\x02 \x03(\x04R\x03seq\x12\x1d\n" +
@@ -4181,7 +4375,9 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x10top_logprobs_len\x18\v \x03(\x03R\x0etopLogprobsLen\x12$\n" +
 	"\x0etop_logprobs_n\x18\f \x03(\x03R\ftopLogprobsN\x12&\n" +
 	"\x0ftop_logprob_ids\x18\r \x03(\x05R\rtopLogprobIds\x12!\n" +
-	"\ftop_logprobs\x18\x0e \x03(\x01R\vtopLogprobs\";\n" +
+	"\ftop_logprobs\x18\x0e \x03(\x01R\vtopLogprobs\x12!\n" +
+	"\flogprobs_len\x18\x0f \x03(\x03R\vlogprobsLen\x12\x1a\n" +
+	"\blogprobs\x18\x10 \x03(\x01R\blogprobs\";\n" +
 	"\x11CopyBlocksRequest\x12&\n" +
 	"\x06copies\x18\x01 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\"\x0f\n" +
 	"\rHealthRequest\"\x0f\n" +
@@ -4236,7 +4432,7 @@ func file_kvx_v1_kvx_proto_rawDescGZIP() []byte {
 	return file_kvx_v1_kvx_proto_rawDescData
 }
 
-var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*ContractSide)(nil),       // 0: kvx.v1.ContractSide
 	(*Empty)(nil),              // 1: kvx.v1.Empty
@@ -4282,12 +4478,13 @@ var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*WorkerConfig)(nil),       // 41: kvx.v1.WorkerConfig
 	(*Setup)(nil),              // 42: kvx.v1.Setup
 	(*Batch)(nil),              // 43: kvx.v1.Batch
-	(*Result)(nil),             // 44: kvx.v1.Result
-	(*CopyBlocksRequest)(nil),  // 45: kvx.v1.CopyBlocksRequest
-	(*HealthRequest)(nil),      // 46: kvx.v1.HealthRequest
-	(*EventsRequest)(nil),      // 47: kvx.v1.EventsRequest
-	(*Event)(nil),              // 48: kvx.v1.Event
-	(*EventList)(nil),          // 49: kvx.v1.EventList
+	(*Sampling)(nil),           // 44: kvx.v1.Sampling
+	(*Result)(nil),             // 45: kvx.v1.Result
+	(*CopyBlocksRequest)(nil),  // 46: kvx.v1.CopyBlocksRequest
+	(*HealthRequest)(nil),      // 47: kvx.v1.HealthRequest
+	(*EventsRequest)(nil),      // 48: kvx.v1.EventsRequest
+	(*Event)(nil),              // 49: kvx.v1.Event
+	(*EventList)(nil),          // 50: kvx.v1.EventList
 }
 var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	6,  // 0: kvx.v1.ManagerInfo.capabilities:type_name -> kvx.v1.Capabilities
@@ -4318,55 +4515,56 @@ var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	15, // 25: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
 	16, // 26: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
 	17, // 27: kvx.v1.Batch.snapshots:type_name -> kvx.v1.SnapshotSlots
-	16, // 28: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
-	48, // 29: kvx.v1.EventList.events:type_name -> kvx.v1.Event
-	0,  // 30: kvx.v1.Contract.Hello:input_type -> kvx.v1.ContractSide
-	4,  // 31: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
-	8,  // 32: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
-	12, // 33: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
-	14, // 34: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
-	19, // 35: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
-	20, // 36: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
-	19, // 37: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
-	19, // 38: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
-	19, // 39: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
-	25, // 40: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
-	29, // 41: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
-	22, // 42: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
-	2,  // 43: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	47, // 44: kvx.v1.CacheManager.Events:input_type -> kvx.v1.EventsRequest
-	36, // 45: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
-	41, // 46: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
-	43, // 47: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
-	45, // 48: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
-	46, // 49: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
-	2,  // 50: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	0,  // 51: kvx.v1.Contract.Hello:output_type -> kvx.v1.ContractSide
-	5,  // 52: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
-	10, // 53: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
-	13, // 54: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
-	18, // 55: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
-	1,  // 56: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
-	21, // 57: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
-	24, // 58: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
-	24, // 59: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
-	1,  // 60: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
-	28, // 61: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
-	34, // 62: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
-	23, // 63: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
-	3,  // 64: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	49, // 65: kvx.v1.CacheManager.Events:output_type -> kvx.v1.EventList
-	37, // 66: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
-	42, // 67: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
-	44, // 68: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
-	1,  // 69: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
-	1,  // 70: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
-	3,  // 71: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	51, // [51:72] is the sub-list for method output_type
-	30, // [30:51] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	44, // 28: kvx.v1.Batch.sampling:type_name -> kvx.v1.Sampling
+	16, // 29: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
+	49, // 30: kvx.v1.EventList.events:type_name -> kvx.v1.Event
+	0,  // 31: kvx.v1.Contract.Hello:input_type -> kvx.v1.ContractSide
+	4,  // 32: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
+	8,  // 33: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
+	12, // 34: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
+	14, // 35: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
+	19, // 36: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
+	20, // 37: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
+	19, // 38: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
+	19, // 39: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
+	19, // 40: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
+	25, // 41: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
+	29, // 42: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
+	22, // 43: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
+	2,  // 44: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	48, // 45: kvx.v1.CacheManager.Events:input_type -> kvx.v1.EventsRequest
+	36, // 46: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
+	41, // 47: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
+	43, // 48: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
+	46, // 49: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
+	47, // 50: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
+	2,  // 51: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	0,  // 52: kvx.v1.Contract.Hello:output_type -> kvx.v1.ContractSide
+	5,  // 53: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
+	10, // 54: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
+	13, // 55: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
+	18, // 56: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
+	1,  // 57: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
+	21, // 58: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
+	24, // 59: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
+	24, // 60: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
+	1,  // 61: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
+	28, // 62: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
+	34, // 63: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
+	23, // 64: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
+	3,  // 65: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	50, // 66: kvx.v1.CacheManager.Events:output_type -> kvx.v1.EventList
+	37, // 67: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
+	42, // 68: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
+	45, // 69: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
+	1,  // 70: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
+	1,  // 71: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
+	3,  // 72: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	52, // [52:73] is the sub-list for method output_type
+	31, // [31:52] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_kvx_v1_kvx_proto_init() }
@@ -4380,7 +4578,7 @@ func file_kvx_v1_kvx_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvx_v1_kvx_proto_rawDesc), len(file_kvx_v1_kvx_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   50,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -96,6 +96,12 @@ const (
 	// (worker.Item.Logits). A worker without it returns every sampled
 	// item's logits, which the host ignores when it did not ask.
 	FeatureItemLogits Feature = "item_logits"
+	// FeatureSampling: Batch.sampling carries an item's worker.Sampling
+	// (temperature, top_p, top_k, min_p, seed, penalties, min_tokens) and
+	// Batch.logprobs asks for the sampled tokens' log-probabilities, which
+	// Result.logprobs carries. A worker without it would sample greedily
+	// and return no logprobs, so the client refuses such a batch.
+	FeatureSampling Feature = "sampling"
 )
 
 // featureDef is a feature and the proto elements it adds: full names of
@@ -144,6 +150,10 @@ var features = []featureDef{
 	{Name: FeatureCopyLatency, Adds: []string{"kvx.v1.Hardware.copy_latency"}},
 	{Name: FeatureComputeDtype, Adds: []string{"kvx.v1.WorkerConfig.dtype"}},
 	{Name: FeatureItemLogits, Adds: []string{"kvx.v1.Batch.logits"}},
+	{Name: FeatureSampling, Adds: []string{
+		"kvx.v1.Batch.logprobs", "kvx.v1.Batch.sampling", "kvx.v1.Sampling",
+		"kvx.v1.Result.logprobs_len", "kvx.v1.Result.logprobs",
+	}},
 }
 
 // Contract is what one side speaks.

@@ -3,6 +3,7 @@ package pluginrpc
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/kvx-dev/kvx/plugins/internal/kvxpb"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -179,7 +180,9 @@ func toProtoBatch(b *worker.Batch) *kvxpb.Batch {
 	m.Draft = column(n, func(i int) int64 { return int64(items[i].Draft) })
 	m.Sample = column(n, func(i int) bool { return items[i].Sample })
 	m.TopLogprobs = column(n, func(i int) int64 { return int64(items[i].TopLogprobs) })
+	m.Logprobs = column(n, func(i int) bool { return items[i].Logprobs })
 	m.Logits = column(n, func(i int) bool { return items[i].Logits })
+	m.Sampling = toProtoSamplings(items)
 	m.TokensLen, m.Tokens = concat(n, func(i int) []int32 { return items[i].Tokens })
 	m.Tables = toProtoTableDeltas(n, func(i int) []kvcache.TableDelta { return items[i].Tables })
 	m.Snapshots = toProtoSnapshotSlots(n, func(i int) []kvcache.SnapshotSlot { return items[i].Snapshots })
@@ -204,8 +207,10 @@ func fromProtoBatch(p *kvxpb.Batch) (worker.Batch, error) {
 	sample, err3 := optional(msg, "sample", p.GetSample(), n)
 	tokens, err4 := newSplitter(msg, "tokens_len", "tokens", p.GetTokensLen(), p.GetTokens(), n)
 	topK, err5 := optional(msg, "top_logprobs", p.GetTopLogprobs(), n)
-	logits, err6 := optional(msg, "logits", p.GetLogits(), n)
-	if err := firstErr(err1, err2, err3, err4, err5, err6); err != nil {
+	lps, err6 := optional(msg, "logprobs", p.GetLogprobs(), n)
+	samp, err7 := optional(msg, "sampling", p.GetSampling(), n)
+	logits, err8 := optional(msg, "logits", p.GetLogits(), n)
+	if err := firstErr(err1, err2, err3, err4, err5, err6, err7, err8); err != nil {
 		return worker.Batch{}, err
 	}
 	if n == 0 {
@@ -226,6 +231,8 @@ func fromProtoBatch(p *kvxpb.Batch) (worker.Batch, error) {
 			Draft:       int(at(draft, i)),
 			Sample:      at(sample, i),
 			TopLogprobs: int(at(topK, i)),
+			Logprobs:    at(lps, i),
+			Sampling:    fromProtoSampling(at(samp, i)),
 			Logits:      at(logits, i),
 		}
 	}
@@ -253,7 +260,44 @@ func toProtoResult(r *worker.Result) *kvxpb.Result {
 	m.DraftsLen, m.Drafts = concat(n, func(i int) []int32 { return outs[i].Drafts })
 	m.LogitsLen, m.Logits = concat(n, func(i int) []float32 { return outs[i].Logits })
 	m.TopLogprobsLen, m.TopLogprobsN, m.TopLogprobIds, m.TopLogprobs = toProtoTopLogprobs(outs)
+	m.LogprobsLen, m.Logprobs = concat(n, func(i int) []float64 { return outs[i].Logprobs })
 	return m
+}
+
+// toProtoSamplings is Batch.sampling: nil when every item is greedy (nil
+// Sampling), else one entry per item.
+func toProtoSamplings(items []worker.Item) []*kvxpb.Sampling {
+	if !slices.ContainsFunc(items, func(it worker.Item) bool { return it.Sampling != nil }) {
+		return nil
+	}
+	out := make([]*kvxpb.Sampling, len(items))
+	for i := range items {
+		out[i] = toProtoSampling(items[i].Sampling)
+	}
+	return out
+}
+
+func toProtoSampling(s *worker.Sampling) *kvxpb.Sampling {
+	if s == nil {
+		return &kvxpb.Sampling{}
+	}
+	return &kvxpb.Sampling{
+		Has: true, Temperature: s.Temperature, TopP: s.TopP, TopK: int64(s.TopK), MinP: s.MinP, Seed: s.Seed,
+		PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepetitionPenalty: s.RepetitionPenalty,
+		MinTokens: int64(s.MinTokens), StopIds: share(s.StopIDs), Prompt: int64(s.Prompt), Context: share(s.Context),
+	}
+}
+
+// fromProtoSampling is nil for a nil message or one without has.
+func fromProtoSampling(p *kvxpb.Sampling) *worker.Sampling {
+	if !p.GetHas() {
+		return nil
+	}
+	return &worker.Sampling{
+		Temperature: p.GetTemperature(), TopP: p.GetTopP(), TopK: int(p.GetTopK()), MinP: p.GetMinP(), Seed: p.GetSeed(),
+		PresencePenalty: p.GetPresencePenalty(), FrequencyPenalty: p.GetFrequencyPenalty(), RepetitionPenalty: p.GetRepetitionPenalty(),
+		MinTokens: int(p.GetMinTokens()), StopIDs: share(p.GetStopIds()), Prompt: int(p.GetPrompt()), Context: share(p.GetContext()),
+	}
 }
 
 // toProtoTopLogprobs encodes every output's TopLogprobs as the Result's
@@ -361,7 +405,8 @@ func fromProtoResult(p *kvxpb.Result) (worker.Result, error) {
 	drafts, err2 := newSplitter(msg, "drafts_len", "drafts", p.GetDraftsLen(), p.GetDrafts(), n)
 	logits, err3 := newSplitter(msg, "logits_len", "logits", p.GetLogitsLen(), p.GetLogits(), n)
 	top, err4 := newTopLogprobsSplitter(msg, p, n)
-	if err := firstErr(err1, err2, err3, err4); err != nil || n == 0 {
+	lps, err5 := newSplitter(msg, "logprobs_len", "logprobs", p.GetLogprobsLen(), p.GetLogprobs(), n)
+	if err := firstErr(err1, err2, err3, err4, err5); err != nil || n == 0 {
 		return r, err
 	}
 	r.Outputs = make([]worker.Output, n)
@@ -372,6 +417,7 @@ func fromProtoResult(p *kvxpb.Result) (worker.Result, error) {
 			Drafts:      drafts.part(i),
 			Logits:      logits.part(i),
 			TopLogprobs: top.part(i),
+			Logprobs:    lps.part(i),
 		}
 	}
 	return r, nil

@@ -2,6 +2,7 @@ package pluginrpc
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -122,19 +123,34 @@ func (c *WorkerClient) Forward(ctx context.Context, b worker.Batch) (worker.Resu
 
 // unsupported refuses a batch that asks for a feature the plugin does not
 // offer, which it would ignore (an item's TopLogprobs without
-// FeatureTopLogprobs would come back with no logprobs).
+// FeatureTopLogprobs would come back with no logprobs; a sampled item
+// without FeatureSampling would come back greedy).
 func (c *WorkerClient) unsupported(b *worker.Batch) error {
-	if c.fam.has(FeatureTopLogprobs) {
+	top, samp := c.fam.has(FeatureTopLogprobs), c.fam.has(FeatureSampling)
+	if top && samp {
 		return nil
 	}
 	for _, it := range b.Items {
-		if it.TopLogprobs > 0 {
+		switch {
+		case !top && it.TopLogprobs > 0:
 			return kvcache.Errorf(kvcache.KindUnsupported,
 				"batch item seq %d asks for top_logprobs %d, but the worker plugin does not offer feature %s: rebuild it against this kvx's plugins/sdk",
 				it.Seq, it.TopLogprobs, FeatureTopLogprobs)
+		case !samp && (it.Logprobs || it.Sampling != nil):
+			return kvcache.Errorf(kvcache.KindUnsupported,
+				"batch item seq %d asks for sampling (%s) or logprobs (%t), but the worker plugin does not offer feature %s: rebuild it against this kvx's plugins/sdk",
+				it.Seq, describeSampling(it.Sampling), it.Logprobs, FeatureSampling)
 		}
 	}
 	return nil
+}
+
+// describeSampling names a sampling's main parameters for an error.
+func describeSampling(s *worker.Sampling) string {
+	if s == nil {
+		return "greedy"
+	}
+	return fmt.Sprintf("temperature %g, seed %d", s.Temperature, s.Seed)
 }
 
 // CopyBlocks implements worker.Worker.

@@ -13,6 +13,8 @@ package worker
 
 import (
 	"context"
+	"fmt"
+	"math"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -106,6 +108,76 @@ type Item struct {
 	// engine asks only when it keeps them (kvx generate). Feature
 	// item_logits; a worker without it returns them for every item.
 	Logits bool
+	// Logprobs asks the last stage of a device with real math for the
+	// log-probability of every token it samples for this item
+	// (Output.Logprobs). Devices without real math (sim) return none.
+	Logprobs bool
+	// Sampling says how the last stage picks this item's tokens; nil is
+	// greedy, as every item was before it (the largest logit, the lower
+	// token id among equals: Ops.Argmax, bit for bit).
+	Sampling *Sampling
+}
+
+// Sampling is how the last stage picks one sequence's tokens, with vLLM's
+// SamplingParams semantics. For the token at position p of the sequence
+// (the position it will take: Item.Pos+r+1 after row r), in this order:
+//
+//  1. the logits are the position's final logits, as float64;
+//  2. while fewer than MinTokens tokens follow the prompt (p-Prompt <
+//     MinTokens), every id of StopIDs gets -Inf (vLLM's min_tokens);
+//  3. RepetitionPenalty r != 1 divides a positive logit by r and multiplies
+//     a negative one by r, for every token among the sequence's tokens
+//     before p (prompt and generated); FrequencyPenalty and PresencePenalty
+//     subtract f·count and pr·(count > 0), count being the token's
+//     occurrences among the generated tokens before p;
+//  4. Temperature 0 picks the largest of those logits (the lower id among
+//     equals): greedy. Otherwise the logits are divided by Temperature and
+//     turned into probabilities (softmax); MinP drops the tokens whose
+//     probability is below MinP times the largest; TopK keeps the TopK
+//     most likely; TopP keeps the most likely tokens whose probabilities
+//     sum to at least TopP (always the first); the token is then drawn
+//     from what is left, renormalized, with the uniform number
+//     synth.Uniform(Seed, p), walking the tokens from the most likely (ties
+//     by the lower id).
+//
+// So a token depends only on the position's logits, the sequence's tokens
+// before it and (Seed, p): never on the batch, the chunking, a preemption
+// and recompute, the manager or the process. Drafts are verified by the
+// same rule: a draft is accepted when it is the token this rule picks at
+// its position, so drafts change how many tokens a step keeps, never which.
+type Sampling struct {
+	Temperature float64 // >= 0; 0 is greedy
+	TopP        float64 // in (0, 1]; 0 stands for 1 (every token)
+	TopK        int     // >= 0; 0 keeps every token
+	MinP        float64 // in [0, 1]
+	Seed        uint64
+	// PresencePenalty and FrequencyPenalty are in [-2, 2];
+	// RepetitionPenalty is > 0, and 0 stands for 1 (none).
+	PresencePenalty   float64
+	FrequencyPenalty  float64
+	RepetitionPenalty float64
+	// MinTokens and StopIDs: see rule 2.
+	MinTokens int
+	StopIDs   []int32
+	// Prompt is the length of the sequence's prompt: the tokens at
+	// positions >= Prompt were generated.
+	Prompt int
+	// Context is the sequence's tokens at positions 0..Item.Pos-1 when a
+	// penalty is set (Penalized), which rule 3 reads with Item.Tokens; nil
+	// otherwise.
+	Context []int32
+}
+
+// Penalized reports whether s sets a penalty, so that rule 3 needs the
+// sequence's earlier tokens (Context).
+func (s *Sampling) Penalized() bool {
+	return s != nil && (s.PresencePenalty != 0 || s.FrequencyPenalty != 0 || s.RepetitionPenalty != 0 && s.RepetitionPenalty != 1)
+}
+
+// Greedy reports whether s picks tokens exactly as a nil Sampling does: the
+// largest raw logit, with no penalty and no min_tokens mask.
+func (s *Sampling) Greedy() bool {
+	return s == nil || s.Temperature == 0 && !s.Penalized() && (s.MinTokens == 0 || len(s.StopIDs) == 0)
 }
 
 // Batch is one micro-batch on one stage.
@@ -152,6 +224,12 @@ type Output struct {
 	// token id as greedy sampling breaks them; so a list's first entry is
 	// the token sampled there. nil otherwise.
 	TopLogprobs [][]TokenLogprob
+	// Logprobs has, when the item asked for them (Item.Logprobs) on a
+	// device with real math, the log-probability of every token of Tokens
+	// by the same float64 log-softmax of the raw logits as TopLogprobs
+	// (before penalties, temperature and truncation: vLLM's raw logprobs),
+	// whether it was sampled or greedy. nil otherwise.
+	Logprobs []float64
 }
 
 // TokenLogprob is one candidate token of a sampled position and its
@@ -181,4 +259,48 @@ type Worker interface {
 	Forward(ctx context.Context, b Batch) (Result, error)
 	CopyBlocks(ctx context.Context, copies []kvcache.Copy) error
 	Health(ctx context.Context) error
+}
+
+// Check says which field of s breaks its range, for an item at pos (nil
+// when none does): Temperature >= 0, TopP and MinP in [0, 1], TopK >= 0,
+// PresencePenalty and FrequencyPenalty in [-2, 2], RepetitionPenalty >= 0,
+// every value finite, MinTokens >= 0, Prompt in [0, pos+tokens] (an
+// item's sampled tokens follow the prompt; tokens is len(Item.Tokens)), and
+// Context holding exactly pos tokens when Penalized. A nil s is greedy and
+// always valid.
+func (s *Sampling) Check(pos, tokens int) error {
+	if s == nil {
+		return nil
+	}
+	finite := func(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+	for _, f := range []struct {
+		name     string
+		v        float64
+		min, max float64
+	}{
+		{"temperature", s.Temperature, 0, math.MaxFloat64},
+		{"top_p", s.TopP, 0, 1},
+		{"min_p", s.MinP, 0, 1},
+		{"presence_penalty", s.PresencePenalty, -2, 2},
+		{"frequency_penalty", s.FrequencyPenalty, -2, 2},
+		{"repetition_penalty", s.RepetitionPenalty, 0, math.MaxFloat64},
+	} {
+		if !finite(f.v) || f.v < f.min || f.v > f.max {
+			if f.max == math.MaxFloat64 {
+				return fmt.Errorf("sampling %s %v: must be a finite number >= %g", f.name, f.v, f.min)
+			}
+			return fmt.Errorf("sampling %s %v: must be in [%g, %g]", f.name, f.v, f.min, f.max)
+		}
+	}
+	switch {
+	case s.TopK < 0:
+		return fmt.Errorf("sampling top_k %d: must be >= 0 (0 keeps every token)", s.TopK)
+	case s.MinTokens < 0:
+		return fmt.Errorf("sampling min_tokens %d: must be >= 0", s.MinTokens)
+	case s.Prompt < 0 || s.Prompt > pos+tokens:
+		return fmt.Errorf("sampling prompt %d: must be in [0, %d] (the item's pos + tokens)", s.Prompt, pos+tokens)
+	case s.Penalized() && len(s.Context) != pos:
+		return fmt.Errorf("sampling context has %d tokens: a penalized item at pos %d needs its %d earlier tokens", len(s.Context), pos, pos)
+	}
+	return nil
 }

@@ -35,6 +35,50 @@ const cs = await client.chat.completions.create({
 for await (const chunk of cs) chatText += chunk.choices[0]?.delta?.content ?? "";
 out.chatStream = { text: chatText };
 
+// Seeded sampling: the same seed twice gives the same text (and kvx
+// generate's, which the Go test checks).
+const sampled = { model: out.models[0], prompt: "kvx generates", max_tokens: 12, temperature: 1.1, top_p: 0.9, seed: 11 };
+const s1 = await client.completions.create(sampled);
+const s2 = await client.completions.create(sampled);
+out.sampled = { text: s1.choices[0].text, again: s2.choices[0].text, finish: s1.choices[0].finish_reason };
+
+// n: two choices, choice 1 with the next seed.
+const n2 = await client.completions.create({ ...sampled, n: 2 });
+const n2chat = await client.chat.completions.create({
+  model: out.models[0], messages: [{ role: "user", content: "hello" }], max_tokens: 6, n: 2, temperature: 1.1, seed: 11,
+});
+out.n = {
+  texts: n2.choices.map((c) => c.text), indexes: n2.choices.map((c) => c.index), usage: n2.usage,
+  chat: n2chat.choices.map((c) => c.message.content),
+};
+
+// stop: two letters or digits of the greedy completion's text.
+const m = /[a-zA-Z0-9]{2}/.exec(out.completion.text.slice(1));
+if (m) {
+  const stop = m[0];
+  const st = await client.completions.create({ model: out.models[0], prompt: "kvx generates", max_tokens: 12, stop: [stop] });
+  let stText = "";
+  let stFinish = null;
+  const ss = await client.completions.create({
+    model: out.models[0], prompt: "kvx generates", max_tokens: 12, stop: [stop], stream: true,
+  });
+  for await (const chunk of ss) {
+    for (const ch of chunk.choices) {
+      stText += ch.text;
+      if (ch.finish_reason) stFinish = ch.finish_reason;
+    }
+  }
+  out.stop = { stop, text: st.choices[0].text, finish: st.choices[0].finish_reason, streamText: stText, streamFinish: stFinish };
+}
+
+// logprobs: completions (logprobs: N) and chat (logprobs + top_logprobs).
+const lp = await client.completions.create({ model: out.models[0], prompt: "kvx generates", max_tokens: 12, logprobs: 2 });
+out.logprobs = lp.choices[0].logprobs;
+const clp = await client.chat.completions.create({
+  model: out.models[0], messages: [{ role: "user", content: "hello" }], max_tokens: 6, logprobs: true, top_logprobs: 2,
+});
+out.chatLogprobs = clp.choices[0].logprobs;
+
 try {
   await client.completions.create({ model: out.models[0], prompt: "x", max_tokens: 0 });
   out.badRequest = "accepted";
