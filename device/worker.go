@@ -519,9 +519,10 @@ const (
 	saltHidden = 0x68696464656e
 )
 
-// mix is the splitmix64 finalizer: a bijection on uint64 whose output bits
-// all depend on all input bits.
-func mix(x uint64) uint64 {
+// Mix is the splitmix64 finalizer: a bijection on uint64 whose output bits
+// all depend on all input bits. The sim's token and acceptance streams and
+// the samplers' uniform numbers (synth.Uniform) are made of it.
+func Mix(x uint64) uint64 {
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 27
@@ -531,11 +532,11 @@ func mix(x uint64) uint64 {
 }
 
 // streamKey names one hash stream: a seed and a use.
-func streamKey(seed, salt uint64) uint64 { return mix(seed ^ salt) }
+func streamKey(seed, salt uint64) uint64 { return Mix(seed ^ salt) }
 
 // hash is the stream's value at (seq, pos).
 func hash(key uint64, seq kvcache.SeqID, pos int) uint64 {
-	return mix(mix(key^uint64(seq)) ^ uint64(pos))
+	return Mix(Mix(key^uint64(seq)) ^ uint64(pos))
 }
 
 // unit maps a hash to [0, 1) with 53 bits.

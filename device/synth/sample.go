@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
@@ -23,18 +24,8 @@ import (
 // process: a preempted and recomputed sequence, or one whose drafts were
 // rejected, draws the same number at the same position again.
 func Uniform(seed uint64, pos int) float64 {
-	x := mix64(seed ^ mix64(uint64(pos)+0x9e3779b97f4a7c15))
+	x := device.Mix(seed ^ device.Mix(uint64(pos)+0x9e3779b97f4a7c15))
 	return float64(x>>11) / (1 << 53)
-}
-
-// mix64 is splitmix64's finalizer.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
 }
 
 // Choose returns the token that s picks at position pos from that
