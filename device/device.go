@@ -18,7 +18,9 @@
 //     memory, no math: a roofline cost model, package sim; built in), cpu
 //     (pure-Go reference kernels on real pools, package cpu, added with
 //     WithDevice("cpu", cpu.Open): the bit-exact oracle every manager is
-//     checked against) and cuda (GPU kernels behind the cuda build tag: not written yet).
+//     checked against) and cuda (package cuda, behind the cuda build tag:
+//     the same models on CUDA kernels, in the exact numerics, the cpu's bits,
+//     or the fast deterministic bf16 ones; docs/cuda.md).
 //
 // A device that computes returns the next stage's activations and the last
 // stage's samples itself (Pass). A device that only models time (sim) returns
