@@ -64,14 +64,18 @@ fmt-check:
 	@out="$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
+# The benchmarks run once in the same go test as the tests (-bench .
+# -benchtime 1x, what bench-smoke does on its own). Tests that run kvx and
+# the plugins as processes use the binaries make build has just made
+# ($(TESTBIN_ENV)). go test's own vet (a subset of go vet's analyzers) is
+# off in both passes: make vet has just run all of them over the same
+# packages.
+
 ## test: formatting, vet, the whole suite, the concurrent packages under the
 ## race detector, every benchmark once, and the example plugin proved against
 ## v1 (sim and cpu devices; no GPU needed)
-## (the benchmarks run once in the same go test as the tests: -bench . -benchtime 1x,
-## as bench-smoke does on its own). Tests that run kvx and the plugins as
-## processes use the binaries make build has just made ($(TESTBIN_ENV)).
 test: tools build fmt-check vet
-	$(TESTBIN_ENV) $(GO) test -timeout 15m -count=1 -bench . -benchtime 1x ./...
+	$(TESTBIN_ENV) $(GO) test -vet=off -timeout 15m -count=1 -bench . -benchtime 1x ./...
 	@$(MAKE) --no-print-directory test-race examples
 
 # What the tests that need kvx's binaries are told after make build: use
@@ -84,7 +88,7 @@ test-short: build
 
 ## test-race: the packages with goroutines of their own, under -race (short mode)
 test-race:
-	$(GO) test -race -short -timeout 15m -count=1 $(RACE_PKGS)
+	$(GO) test -vet=off -race -short -timeout 15m -count=1 $(RACE_PKGS)
 
 ## bench-smoke: every benchmark once, so a broken benchmark fails the suite
 bench-smoke:
