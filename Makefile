@@ -18,7 +18,7 @@ export GOFLAGS
 # would print a warning for each on every cold build and vet.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: help all build test test-short test-race soak bench-smoke fmt-check demo bench proto tools vet clean
+.PHONY: help all build test test-plain test-short test-race soak bench-smoke fmt-check demo bench proto tools vet clean
 
 # Packages that run goroutines of their own (plugin transport and data
 # plane, the SDK's signal handling, host, engine with started calls and step
@@ -64,19 +64,25 @@ fmt-check:
 	@out="$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-# The benchmarks run once in the same go test as the tests (-bench .
-# -benchtime 1x, what bench-smoke does on its own). Tests that run kvx and
-# the plugins as processes use the binaries make build has just made
-# ($(TESTBIN_ENV)). go test's own vet (a subset of go vet's analyzers) is
-# off in both passes: make vet has just run all of them over the same
-# packages.
+# After vet, the plain pass, the race pass and the examples run side by
+# side (they share no compiled package: -race compiles its own), so one's
+# waits (plugin processes, deadlines, the soak's clients) are filled by
+# another's compiling; lines are kept whole. The benchmarks run once in the
+# plain pass (-bench . -benchtime 1x, what bench-smoke does on its own).
+# Tests that run kvx and the plugins as processes use the binaries make
+# build has just made ($(TESTBIN_ENV)). go test's own vet (a subset of go
+# vet's analyzers) is off in both passes: make vet has run all of them over
+# the same packages.
 
 ## test: formatting, vet, the whole suite, the concurrent packages under the
 ## race detector, every benchmark once, and the example plugin proved against
 ## v1 (sim and cpu devices; no GPU needed)
 test: tools build fmt-check vet
+	@$(MAKE) --no-print-directory -j3 --output-sync=line test-plain test-race examples
+
+# test-plain: make test's plain pass, every test and every benchmark once.
+test-plain:
 	$(TESTBIN_ENV) $(GO) test -vet=off -timeout 15m -count=1 -bench . -benchtime 1x ./...
-	@$(MAKE) --no-print-directory test-race examples
 
 # What the tests that need kvx's binaries are told after make build: use
 # these (core/testbin links them instead of building them again).
