@@ -103,7 +103,7 @@ SOAK_TIMEOUT ?= 2h
 ## and stopped at random, for SOAK_TIME (default 10m; make test runs the same test for 40 s):
 ## nothing leaked, every request answered, memory and p99 latency steady
 soak: build
-	$(TESTBIN_ENV) $(GO) test -vet=off -count=1 -timeout $(SOAK_TIMEOUT) -run '^TestServeSoak$$' -v ./cmd/kvx -args -soak=$(SOAK_TIME)
+	$(TESTBIN_ENV) $(GO) test -vet=off -count=1 -timeout $(SOAK_TIMEOUT) -run '^TestServeSoak$$' -v ./cmd/kvx/soaktest -args -soak=$(SOAK_TIME)
 
 ## bench-smoke: every benchmark once, so a broken benchmark fails the suite
 bench-smoke:

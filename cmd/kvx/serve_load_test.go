@@ -107,11 +107,6 @@ func loadBody(i int) (path, body string, stream bool) {
 // [DONE] with the usage chunk, or as one JSON object. accepted is false for
 // a refusal (not 200).
 func completes(resp *http.Response, stream bool) (accepted bool, problem string) {
-	return completesN(resp, stream, loadTokens)
-}
-
-// completesN is completes for an answer of want tokens.
-func completesN(resp *http.Response, stream bool, want int) (accepted bool, problem string) {
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return resp.StatusCode == 200, "reading: " + err.Error()
@@ -152,8 +147,8 @@ func completesN(resp *http.Response, stream bool, want int) (accepted bool, prob
 			return true, "no [DONE]: " + string(data)
 		}
 	}
-	if usage.CompletionTokens != want {
-		return true, fmt.Sprintf("%d completion tokens, want %d", usage.CompletionTokens, want)
+	if usage.CompletionTokens != loadTokens {
+		return true, fmt.Sprintf("%d completion tokens, want %d", usage.CompletionTokens, loadTokens)
 	}
 	return true, ""
 }

@@ -1,4 +1,4 @@
-package main
+package soaktest
 
 import (
 	"bufio"
@@ -140,7 +140,7 @@ func TestServeSoak(t *testing.T) {
 	if n := len(pluginPIDs(t)); n > 0 {
 		t.Fatalf("%d plugin processes before the test", n)
 	}
-	s := startServed(t, nil, "--set", "plugin_restarts.max=1000000", "--set", "plugin_restarts.backoff=20ms",
+	s := startServed(t, "--set", "plugin_restarts.max=1000000", "--set", "plugin_restarts.backoff=20ms",
 		"--set", "plugin_restarts.max_backoff=200ms", "--set", "plugin_timeouts.forward=1s", "--set", "plugin_timeouts.call=1s")
 	tr := &http.Transport{MaxIdleConnsPerHost: soakClients}
 	client := &http.Client{Transport: tr}
@@ -360,7 +360,7 @@ func soakDo(client *http.Client, base string, q soakRequest) (outcome, problem s
 		}
 		return "cut", ""
 	}
-	if _, problem := completesN(resp, q.stream, q.maxTokens); problem != "" {
+	if problem := completes(resp, q.stream, q.maxTokens); problem != "" {
 		return "", problem
 	}
 	return "done", ""
