@@ -31,10 +31,6 @@ CUDA_BACKENDS := kvx-backend-gqa kvx-backend-mla kvx-backend-dsa
 # machine without a GPU); kvx uses cgo for NVML (core/gpumem).
 HOST_BINS     := kvx kvx-cachemgr-v1 kvx-cachemgr-v2 kvx-mamba
 
-# go-nvml's header marks some NVML calls deprecated; cgo would print a
-# warning for each on every fresh build.
-export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
-
 .PHONY: cuda-deps cuda-nvcc ptx cuda-vet cuda-build gpu-bundle
 
 ## cuda-deps: CUDA 11.8's cuda.h and stub libcuda.so into .cuda/ (what cuda-vet and

@@ -14,6 +14,7 @@ import (
 	"github.com/kvx-dev/kvx/core/sched"
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/dsa"
+	"github.com/kvx-dev/kvx/internal/race"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
@@ -168,7 +169,14 @@ func TestRestartAtEveryCall(t *testing.T) {
 	wl := genWorkload(t, 40, 128)
 	ts := testSpec{pp: 2, draft: 1, reuse: true, policy: sched.MaxUtilization, cacheTokens: 2600, reqs: wl, maxSeqLen: 2048}
 	clean := runSpec(t, buildSpec(t, ts), v1Launcher())
-	for die := int64(1); die < 400; die += 3 {
+	// Every third call of the first 400; under -race, where each run takes
+	// ten times as long and the restart's goroutines are what is raced, a
+	// spread of 19 of them (the plain pass tries all 133).
+	stride := int64(3)
+	if race.Enabled {
+		stride = 21
+	}
+	for die := int64(1); die < 400; die += stride {
 		var launches atomic.Int64
 		l := inproc{
 			manager: func() kvcache.Manager {

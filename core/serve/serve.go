@@ -50,6 +50,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvx-dev/kvx/core/engine"
@@ -122,6 +123,10 @@ func New(eng *engine.Live, opt Options) *Server {
 	}
 	s := &Server{opt: opt, eng: eng, mux: http.NewServeMux(), reg: prometheus.NewRegistry(), start: time.Now()}
 	s.met = newMetrics(s.reg, opt.Model, eng)
+	// The Go runtime's and the process's standard series (go_goroutines,
+	// process_open_fds, process_resident_memory_bytes): what a soak
+	// watches for leaks.
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.mux.HandleFunc("/v1/completions", s.post(s.completions))
 	s.mux.HandleFunc("/v1/chat/completions", s.post(s.chat))
 	s.mux.HandleFunc("/v1/models", s.get(s.models))

@@ -15,6 +15,7 @@ import (
 	"github.com/kvx-dev/kvx/device/hf"
 	"github.com/kvx-dev/kvx/device/hf/hftest"
 	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/internal/race"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
@@ -155,6 +156,7 @@ func checkAll(t *testing.T, name string, cs []hftest.Comparison) (exact int, wor
 // with reuse on and off: same tokens by the vLLM rule, logprobs within
 // lpTol, and every variant's tokens and logits bit-identical.
 func TestOwnCheckpoints(t *testing.T) {
+	skipUnderRace(t)
 	for _, s := range ownSpecs {
 		t.Run(s.Family+"/"+cmp.Or(s.Dtype, "F32"), func(t *testing.T) {
 			dir, ps, es := ownGolden(t, s)
@@ -207,15 +209,16 @@ func backendOf(m spec.Model) string {
 
 func goldenDir(fam string) string { return filepath.Join("..", "hf", "testdata", fam) }
 
-// skipUnderRace skips a golden test in the race detector's pass (make
-// test-race): the goldens are single-threaded numerical checks that the
-// normal pass runs in full, and under -race they took about 290 of the
-// package's 400 s; the device's parallel loops are raced by the
-// equivalence and metamorphic tests, which still run there.
+// skipUnderRace skips a numerical check in the race detector's pass (make
+// test-race): the goldens, the checks that show a check has teeth and the
+// kernel choice are single-threaded numerical checks that the normal pass
+// runs in full; under -race the goldens took about 290 of the package's
+// 400 s, and the rest 40 of its 112. The device's parallel loops are raced
+// by the equivalence and metamorphic tests, which still run there.
 func skipUnderRace(t *testing.T) {
 	t.Helper()
-	if raceEnabled {
-		t.Skip("a numerical golden check: run without -race (make test's main pass)")
+	if race.Enabled {
+		t.Skip("a numerical check: run without -race (make test's main pass)")
 	}
 }
 

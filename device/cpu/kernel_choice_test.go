@@ -30,6 +30,7 @@ func init() { backends["dense-dsa"] = denseDSA{dsa.Backend} }
 // called: a new backend mapping DSA layers to dense MLA gives, bit for bit,
 // the dense-MLA reference (the mla backend's choice), and not the sparse one.
 func TestBackendChoosesKernel(t *testing.T) {
+	skipUnderRace(t)
 	m := synthModel(t, "deepseek-v3.2", model.SyntheticSpec{}, "bf16")
 	dense, err := cpu.NewReference(m, seed, mla.Backend.Kernel)
 	if err != nil {

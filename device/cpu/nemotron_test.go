@@ -97,6 +97,7 @@ func withConfig(t *testing.T, fam, key string, value any) string {
 // norm's gains dropped, or no dt floor on prompt tokens (time_step_min 0)
 // fails the rule or the logprob tolerance on some prompt.
 func TestHybridGoldenCheckCatchesWrongKernels(t *testing.T) {
+	skipUnderRace(t)
 	for _, c := range []struct {
 		name string
 		dir  func(t *testing.T) string

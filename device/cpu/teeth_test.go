@@ -25,6 +25,7 @@ func findItem(b *worker.Batch, seq kvcache.SeqID) *worker.Item {
 }
 
 func TestWrongBlockTableIsCaught(t *testing.T) {
+	skipUnderRace(t)
 	for _, c := range []struct {
 		preset, backend, manager string
 	}{

@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -111,11 +110,13 @@ func firstDiff(a, b []string) (int, bool) {
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("runtime.Caller failed")
+	// go test runs a package's tests in its directory; runtime.Caller
+	// would name no directory under -trimpath (make test's build flags).
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..", "..")
+	return filepath.Join(wd, "..", "..", "..")
 }
 
 // findGenerator looks for name at the pinned version: first where

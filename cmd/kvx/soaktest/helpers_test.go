@@ -1,0 +1,242 @@
+package soaktest
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvx-dev/kvx/core/testbin"
+)
+
+// binDir holds kvx and every plugin binary, built (or linked) once.
+var binDir string
+
+func TestMain(m *testing.M) { testbin.Main(m, &binDir) }
+
+// serveSim is cmd/kvx's kvx serve scenario on the sim device.
+const serveSim = "../testdata/serve-sim.yaml"
+
+// served is a kvx serve process.
+type served struct {
+	cmd    *exec.Cmd
+	base   string
+	stderr *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startServed starts kvx serve on a loopback port and returns once it
+// listens.
+func startServed(t *testing.T, args ...string) *served {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "kvx"), append([]string{"serve", "-c", serveSim, "--port", "0"}, args...)...)
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &served{cmd: cmd, stderr: &syncBuffer{}}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	sc := bufio.NewScanner(pipe)
+	for sc.Scan() {
+		fmt.Fprintln(s.stderr, sc.Text())
+		if u, ok := strings.CutPrefix(sc.Text(), "kvx serve: listening on "); ok {
+			s.base = u
+			break
+		}
+	}
+	if s.base == "" {
+		_ = cmd.Wait()
+		t.Fatalf("kvx serve did not listen:\n%s", s.stderr)
+	}
+	go io.Copy(s.stderr, pipe)
+	return s
+}
+
+// stop sends SIGTERM and returns the exit code.
+func (s *served) stop(t *testing.T) int {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	case <-time.After(30 * time.Second):
+		_ = s.cmd.Process.Kill()
+		t.Fatalf("kvx serve still runs 30 s after SIGTERM\n%s", s.stderr)
+		return 0
+	}
+}
+
+// metricsOf scrapes /metrics and returns, per metric name, the sum of its
+// series' values (the text format's sample lines; histograms' own
+// _bucket, _sum and _count names stay apart).
+func metricsOf(t *testing.T, base string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	m := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name := line[:strings.IndexAny(line, "{ ")]
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			t.Fatalf("/metrics line %q: %v", line, err)
+		}
+		m[name] += v
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("/metrics: %v", err)
+	}
+	return m
+}
+
+// value is metric name of m; a metric /metrics lacks fails the test.
+func value(t *testing.T, m map[string]float64, name string) float64 {
+	t.Helper()
+	v, ok := m[name]
+	if !ok {
+		t.Fatalf("/metrics has no %s", name)
+	}
+	return v
+}
+
+// pluginPIDs lists the live processes of this package's plugin binaries.
+func pluginPIDs(t *testing.T) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Skip("no /proc")
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
+		if err != nil || !strings.HasPrefix(exe, binDir) || strings.HasSuffix(exe, "/kvx") {
+			continue
+		}
+		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && strings.Contains(string(stat), ") Z ") {
+			continue // a zombie: dead, waiting for a reaper
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// noPluginLeft fails the test when a plugin process outlives kvx for 5 s.
+func noPluginLeft(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(pluginPIDs(t)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if pids := pluginPIDs(t); len(pids) > 0 {
+		t.Errorf("plugin processes left: %v", pids)
+	}
+}
+
+// completes checks one 200 answer: want tokens, streamed to [DONE] with
+// the usage chunk and no error event, or as one JSON object with usage.
+func completes(resp *http.Response, stream bool, want int) (problem string) {
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "reading: " + err.Error()
+	}
+	if resp.StatusCode != 200 {
+		return fmt.Sprintf("status %d: %s", resp.StatusCode, data)
+	}
+	var usage struct {
+		CompletionTokens int `json:"completion_tokens"`
+	}
+	if !stream {
+		var v struct {
+			Usage *json.RawMessage `json:"usage"`
+		}
+		if err := json.Unmarshal(data, &v); err != nil || v.Usage == nil {
+			return fmt.Sprintf("answer %s: %v", data, err)
+		}
+		_ = json.Unmarshal(*v.Usage, &usage)
+	} else {
+		done := false
+		for line := range strings.SplitSeq(string(data), "\n") {
+			d, ok := strings.CutPrefix(line, "data: ")
+			switch {
+			case !ok:
+			case d == "[DONE]":
+				done = true
+			case strings.Contains(d, `"error"`):
+				return "error event " + d
+			case strings.Contains(d, `"usage"`):
+				var v struct {
+					Usage json.RawMessage `json:"usage"`
+				}
+				_ = json.Unmarshal([]byte(d), &v)
+				_ = json.Unmarshal(v.Usage, &usage)
+			}
+		}
+		if !done {
+			return "no [DONE]: " + string(data)
+		}
+	}
+	if usage.CompletionTokens != want {
+		return fmt.Sprintf("%d completion tokens, want %d", usage.CompletionTokens, want)
+	}
+	return ""
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(ds))
+	return s[min(len(s)-1, int(p*float64(len(s))))]
+}
