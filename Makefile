@@ -74,11 +74,11 @@ fmt-check:
 # vet's analyzers) is off in both passes: make vet has run all of them over
 # the same packages.
 
-## test: formatting, vet, the whole suite, the concurrent packages under the
-## race detector, every benchmark once, and the example plugin proved against
-## v1 (sim and cpu devices; no GPU needed)
+## test: formatting, vet, the whole suite with every benchmark once, and the
+## example plugin proved against v1 (sim and cpu devices; no GPU needed); the
+## race pass is test-race, which .ci/run runs after it
 test: tools build fmt-check vet
-	@$(MAKE) --no-print-directory -j3 --output-sync=line test-plain test-race examples
+	@$(MAKE) --no-print-directory -j2 --output-sync=line test-plain examples
 
 # test-plain: make test's plain pass, every test and every benchmark once.
 test-plain:
@@ -92,7 +92,9 @@ TESTBIN_ENV := KVXTEST_BIN_DIR=$(BIN)
 test-short: build
 	$(TESTBIN_ENV) $(GO) test -short -count=1 ./...
 
-## test-race: the packages with goroutines of their own, under -race (short mode)
+## test-race: the packages with goroutines of their own, under -race (short
+## mode); its own target (a second build of the tree and the standard library)
+## so that make test answers within 5 minutes on 2 cores; .ci/run runs both
 test-race:
 	$(GO) test -vet=off -race -short -timeout 15m -count=1 $(RACE_PKGS)
 
