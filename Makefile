@@ -74,16 +74,15 @@ fmt-check:
 # vet's analyzers) is off in both passes: make vet has run all of them over
 # the same packages.
 
-## test: formatting, vet, the whole suite with every benchmark once, the
-## concurrent packages under the race detector, and the example plugin proved
-## against v1 (sim and cpu devices; no GPU needed)
-test: fmt-check
-	@$(MAKE) --no-print-directory -j2 --output-sync=line tools build
-	@$(MAKE) --no-print-directory -j4 --output-sync=line vet test-plain test-race examples
+## test: formatting, vet, the whole suite, the concurrent packages under the
+## race detector, every benchmark once, and the example plugin proved against
+## v1 (sim and cpu devices; no GPU needed)
+test: tools build fmt-check vet
+	@$(MAKE) --no-print-directory -j3 --output-sync=line test-plain test-race examples
 
 # test-plain: make test's plain pass, every test and every benchmark once.
 test-plain:
-	$(TESTBIN_ENV) $(GO) test -vet=off -p 4 -timeout 15m -count=1 -bench . -benchtime 1x ./...
+	$(TESTBIN_ENV) $(GO) test -vet=off -timeout 15m -count=1 -bench . -benchtime 1x ./...
 
 # What the tests that need kvx's binaries are told after make build: use
 # these (core/testbin links them instead of building them again).
