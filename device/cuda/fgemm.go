@@ -5,9 +5,9 @@ package cuda
 // The fast matmul (dtype bfloat16; kernels/fgemm.cu): linear weights live
 // on the device as bf16 rows padded with zeros to a stride of whole 64-value
 // tiles, activations are rounded to bf16 on their way in, and every output
-// is one float32 chain of tensor-core steps in ascending k, whatever the
-// number of rows or the kernel, so the result of a row does not depend on
-// its batch.
+// is the in-order sum of float32 chains of tensor-core steps, one chain per
+// 1024-wide part of k, whatever the number of rows or the kernel, so the
+// result of a row does not depend on its batch.
 
 import (
 	"fmt"
@@ -19,9 +19,10 @@ import (
 	"github.com/kvx-dev/kvx/device/synth"
 )
 
-// fgemmPad is the k tile the fast-matmul kernels step by (the skinny
-// kernel's SK_BK, a multiple of the tiled one's): a weight's row stride
-// (tensor.ld) is its columns rounded up to it.
+// fgemmPad is what a weight's row stride (tensor.ld) rounds its columns up
+// to: a whole number of the k tiles the kernels step by (the skinny
+// variants' 64-wide ones, and their last partial tile of a wider one; the
+// tiled kernel's 32).
 const fgemmPad = 64
 
 // fgemmTiledRows is the fewest rows the tiled kernel takes; fewer go to the
