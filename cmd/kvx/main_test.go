@@ -11,9 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +21,8 @@ import (
 	"github.com/kvx-dev/kvx/core/report/pagecheck"
 	"github.com/kvx-dev/kvx/core/testbin"
 	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
+
+	"github.com/kvx-dev/kvx/cmd/kvx/internal/servetest"
 )
 
 // binDir holds kvx and every plugin binary, built once for the package.
@@ -132,29 +132,7 @@ func TestStepOverlapChangesNothing(t *testing.T) {
 }
 
 // pluginPIDs lists live processes whose executable is one of our plugins.
-func pluginPIDs(t *testing.T) []int {
-	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Skip("no /proc")
-	}
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if err != nil || !strings.HasPrefix(exe, binDir) || strings.HasSuffix(exe, "/kvx") {
-			continue
-		}
-		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && strings.Contains(string(stat), ") Z ") {
-			continue // a zombie: dead, waiting for a reaper
-		}
-		pids = append(pids, pid)
-	}
-	return pids
-}
+func pluginPIDs(t *testing.T) []int { return servetest.PluginPIDs(t, binDir) }
 
 // TestNoOrphanPluginProcesses: after a run, and after a run interrupted with
 // SIGINT, no plugin process is left.
@@ -568,20 +546,5 @@ func TestCPUScenariosSameOutputs(t *testing.T) {
 }
 
 // syncBuffer is a bytes.Buffer that a child's output and the test may use
-// at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// at once (servetest.SyncBuffer).
+type syncBuffer = servetest.SyncBuffer

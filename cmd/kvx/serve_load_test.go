@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/kvx-dev/kvx/core/engine"
+
+	"github.com/kvx-dev/kvx/cmd/kvx/internal/servetest"
 )
 
 // The bounded load test (issue 14): the real kvx serve binary, its plugins
@@ -30,12 +32,8 @@ const (
 	loadTokens   = 32 // max_tokens of every request
 )
 
-// served is a kvx serve process.
-type served struct {
-	cmd    *exec.Cmd
-	base   string
-	stderr *syncBuffer
-}
+// served is a kvx serve process (servetest.Served).
+type served = servetest.Served
 
 // startServed starts kvx serve on a loopback port with env added and
 // returns once it listens.
@@ -43,38 +41,7 @@ func startServed(t *testing.T, env []string, args ...string) *served {
 	t.Helper()
 	cmd := execKVX(append([]string{"serve", "-c", serveSim, "--port", "0"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
-	pipe, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &served{cmd: cmd, stderr: &syncBuffer{}}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	sc := bufio.NewScanner(pipe)
-	for sc.Scan() {
-		fmt.Fprintln(s.stderr, sc.Text())
-		if u, ok := strings.CutPrefix(sc.Text(), "kvx serve: listening on "); ok {
-			s.base = u
-			break
-		}
-	}
-	if s.base == "" {
-		_ = cmd.Wait()
-		t.Fatalf("kvx serve did not listen:\n%s", s.stderr)
-	}
-	go io.Copy(s.stderr, pipe)
-	return s
-}
-
-// stop sends SIGTERM and waits for the exit code.
-func (s *served) stop(t *testing.T) int {
-	t.Helper()
-	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	return waitExitServed(t, s)
+	return servetest.Start(t, cmd)
 }
 
 // loadResult is what the clients saw.
@@ -283,7 +250,7 @@ func TestServeLoadWithKills(t *testing.T) {
 		}
 		s := startServed(t, env, "--set", "plugin_restarts.backoff=50ms")
 		before := pluginPIDs(t)
-		r := drive(t, s.base)
+		r := drive(t, s.Base)
 		results[k] = r
 		for _, f := range r.failures {
 			t.Errorf("faults %q: %s", faults, f)
@@ -299,18 +266,18 @@ func TestServeLoadWithKills(t *testing.T) {
 		want := 0.0
 		if faults != "" {
 			want = 2
-			if !strings.Contains(s.stderr.String(), "FAULT INJECTION IS ON") {
-				t.Errorf("the fault hook was on without its warning:\n%s", s.stderr)
+			if !strings.Contains(s.Stderr.String(), "FAULT INJECTION IS ON") {
+				t.Errorf("the fault hook was on without its warning:\n%s", s.Stderr)
 			}
 			if after := pluginPIDs(t); len(after) != 2 || slices.Equal(after, before) {
 				t.Errorf("plugin pids %v before, %v after two kills: want 2 new processes", before, after)
 			}
-		} else if strings.Contains(s.stderr.String(), "FAULT INJECTION") {
-			t.Errorf("fault injection is on without %s:\n%s", engine.FaultEnv, s.stderr)
+		} else if strings.Contains(s.Stderr.String(), "FAULT INJECTION") {
+			t.Errorf("fault injection is on without %s:\n%s", engine.FaultEnv, s.Stderr)
 		}
-		afterLoad(t, s.base, want)
-		if code := s.stop(t); code != 0 {
-			t.Errorf("faults %q: exit %d after SIGTERM, want 0\n%s", faults, code, s.stderr)
+		afterLoad(t, s.Base, want)
+		if code := s.Stop(t); code != 0 {
+			t.Errorf("faults %q: exit %d after SIGTERM, want 0\n%s", faults, code, s.Stderr)
 		}
 		noPluginLeft(t)
 	}
@@ -336,7 +303,7 @@ func TestServeUnrecoverableExitsNonZero(t *testing.T) {
 	for i := range answers {
 		wg.Go(func() {
 			stream := i%2 == 1
-			resp, err := http.Post(s.base+"/v1/completions", "application/json",
+			resp, err := http.Post(s.Base+"/v1/completions", "application/json",
 				strings.NewReader(fmt.Sprintf(`{"prompt":[1,2,3,%d],"max_tokens":3000,"stream":%v}`, i, stream)))
 			if err != nil {
 				answers[i] = "transport: " + err.Error()
@@ -361,15 +328,15 @@ func TestServeUnrecoverableExitsNonZero(t *testing.T) {
 		}
 	}
 	done := make(chan error, 1)
-	go func() { done <- s.cmd.Wait() }()
+	go func() { done <- s.Cmd.Wait() }()
 	select {
 	case err := <-done:
 		ee, ok := err.(*exec.ExitError)
 		if !ok || ee.ExitCode() != 1 {
-			t.Errorf("kvx serve with its restart budget spent: %v, want exit 1\n%s", err, s.stderr)
+			t.Errorf("kvx serve with its restart budget spent: %v, want exit 1\n%s", err, s.Stderr)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatalf("kvx serve still runs 30 s after its restart budget was spent\n%s", s.stderr)
+		t.Fatalf("kvx serve still runs 30 s after its restart budget was spent\n%s", s.Stderr)
 	}
 	noPluginLeft(t)
 }
@@ -392,7 +359,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 			results := make([]chan streamed, 2)
 			for i := range results {
 				results[i] = make(chan streamed, 1)
-				resp, err := http.Post(s.base+"/v1/completions", "application/json",
+				resp, err := http.Post(s.Base+"/v1/completions", "application/json",
 					strings.NewReader(fmt.Sprintf(`{"prompt":[5,6,7,%d],"max_tokens":4000,"stream":true,"stream_options":{"include_usage":true}}`, i)))
 				if err != nil {
 					t.Fatal(err)
@@ -408,11 +375,11 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 					results[i] <- streamed{rest, err}
 				}()
 			}
-			if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			if err := s.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}
 			for end := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
-				resp, err := http.Get(s.base + "/health")
+				resp, err := http.Get(s.Base + "/health")
 				if err != nil {
 					t.Fatalf("/health after SIGTERM: %v", err)
 				}
@@ -426,7 +393,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 				}
 			}
 			if c.finish {
-				resp, err := http.Post(s.base+"/v1/completions", "application/json", strings.NewReader(`{"prompt":[1],"max_tokens":2}`))
+				resp, err := http.Post(s.Base+"/v1/completions", "application/json", strings.NewReader(`{"prompt":[1],"max_tokens":2}`))
 				if err != nil {
 					t.Fatalf("a new request while draining: %v", err)
 				}
@@ -447,35 +414,15 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 					t.Errorf("stream %d cut by the drain timeout: no engine_stopped error event: %.200q", i, body[max(0, len(body)-200):])
 				}
 			}
-			code := waitExitServed(t, s)
-			if code != 0 || !strings.Contains(s.stderr.String(), "draining") {
-				t.Errorf("exit %d after SIGTERM, want 0\n%s", code, s.stderr)
+			code := s.Wait(t)
+			if code != 0 || !strings.Contains(s.Stderr.String(), "draining") {
+				t.Errorf("exit %d after SIGTERM, want 0\n%s", code, s.Stderr)
 			}
-			if !c.finish && !strings.Contains(s.stderr.String(), "2 requests still in flight are cut off") {
-				t.Errorf("the drain timeout is not reported:\n%s", s.stderr)
+			if !c.finish && !strings.Contains(s.Stderr.String(), "2 requests still in flight are cut off") {
+				t.Errorf("the drain timeout is not reported:\n%s", s.Stderr)
 			}
 			noPluginLeft(t)
 		})
-	}
-}
-
-func waitExitServed(t *testing.T, s *served) int {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- s.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if ee, ok := err.(*exec.ExitError); ok {
-			return ee.ExitCode()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return 0
-	case <-time.After(30 * time.Second):
-		_ = s.cmd.Process.Kill()
-		t.Fatalf("kvx serve still runs 30 s after SIGTERM\n%s", s.stderr)
-		return 0
 	}
 }
 
@@ -493,14 +440,14 @@ func TestServeIdleKillIsFoundAndRestarted(t *testing.T) {
 	killed := time.Now()
 	var took time.Duration
 	for end := killed.Add(20 * time.Second); took == 0; time.Sleep(10 * time.Millisecond) {
-		if value(t, metricsOf(t, s.base), "kvx:plugin_restarts_total") == 1 {
+		if value(t, metricsOf(t, s.Base), "kvx:plugin_restarts_total") == 1 {
 			took = time.Since(killed)
 		} else if time.Now().After(end) {
-			t.Fatalf("20 s after kill -9 of the idle worker: no restart counted\n%s", s.stderr)
+			t.Fatalf("20 s after kill -9 of the idle worker: no restart counted\n%s", s.Stderr)
 		}
 	}
 	for end := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		resp, err := http.Get(s.base + "/health")
+		resp, err := http.Get(s.Base + "/health")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -513,12 +460,12 @@ func TestServeIdleKillIsFoundAndRestarted(t *testing.T) {
 		}
 	}
 	t.Logf("kill -9 of the idle worker plugin: restart counted %v after the kill (probe every 500 ms)", took.Round(time.Millisecond))
-	code, v, _ := post(t, s.base+"/v1/completions", `{"prompt":[1,2,3],"max_tokens":5}`)
+	code, v, _ := post(t, s.Base+"/v1/completions", `{"prompt":[1,2,3],"max_tokens":5}`)
 	if code != 200 || len(parseAnswer(t, v, false).ids) != 5 {
 		t.Errorf("after the restart: %d %v", code, v)
 	}
-	if code := s.stop(t); code != 0 {
-		t.Errorf("exit %d after SIGTERM\n%s", code, s.stderr)
+	if code := s.Stop(t); code != 0 {
+		t.Errorf("exit %d after SIGTERM\n%s", code, s.Stderr)
 	}
 	noPluginLeft(t)
 }
@@ -531,7 +478,7 @@ func TestServeDisconnectWithPlugins(t *testing.T) {
 	s := startServed(t, nil)
 	const n, maxTok = 4, 3000
 	for i := range n {
-		resp, err := http.Post(s.base+"/v1/completions", "application/json",
+		resp, err := http.Post(s.Base+"/v1/completions", "application/json",
 			strings.NewReader(fmt.Sprintf(`{"prompt":[9,8,7,%d],"max_tokens":%d,"stream":true}`, i, maxTok)))
 		if err != nil {
 			t.Fatal(err)
@@ -541,8 +488,8 @@ func TestServeDisconnectWithPlugins(t *testing.T) {
 		}
 		resp.Body.Close() // the client goes away
 	}
-	var f = metricsOf(t, s.base)
-	for end := time.Now().Add(10 * time.Second); ; f = metricsOf(t, s.base) {
+	var f = metricsOf(t, s.Base)
+	for end := time.Now().Add(10 * time.Second); ; f = metricsOf(t, s.Base) {
 		if value(t, f, "kvx:num_requests_running") == 0 && value(t, f, "kvx:kv_cache_usage_perc") == 0 &&
 			value(t, f, "kvx:request_success_total") == n {
 			break
@@ -565,8 +512,8 @@ func TestServeDisconnectWithPlugins(t *testing.T) {
 			}
 		}
 	}
-	if code := s.stop(t); code != 0 {
-		t.Errorf("exit %d after SIGTERM\n%s", code, s.stderr)
+	if code := s.Stop(t); code != 0 {
+		t.Errorf("exit %d after SIGTERM\n%s", code, s.Stderr)
 	}
 	noPluginLeft(t)
 }
@@ -580,7 +527,7 @@ func TestServeStoppedPluginIsReplaced(t *testing.T) {
 	const n, maxTok = 3, 1500
 	results := make(chan string, n)
 	for i := range n {
-		resp, err := http.Post(s.base+"/v1/completions", "application/json",
+		resp, err := http.Post(s.Base+"/v1/completions", "application/json",
 			strings.NewReader(fmt.Sprintf(`{"prompt":[4,4,%d],"max_tokens":%d,"stream":true,"stream_options":{"include_usage":true}}`, i, maxTok)))
 		if err != nil {
 			t.Fatal(err)
@@ -607,13 +554,13 @@ func TestServeStoppedPluginIsReplaced(t *testing.T) {
 		_ = syscall.Kill(victim, syscall.SIGKILL)
 		t.Fatalf("the stopped worker (pid %d) was never killed", victim)
 	}
-	f := metricsOf(t, s.base)
-	if r := value(t, f, "kvx:plugin_restarts_total"); r != 1 || !strings.Contains(s.stderr.String(), "did not answer within its deadline") {
-		t.Errorf("restarts %v; want the stopped worker killed at its deadline and replaced\n%s", r, s.stderr)
+	f := metricsOf(t, s.Base)
+	if r := value(t, f, "kvx:plugin_restarts_total"); r != 1 || !strings.Contains(s.Stderr.String(), "did not answer within its deadline") {
+		t.Errorf("restarts %v; want the stopped worker killed at its deadline and replaced\n%s", r, s.Stderr)
 	}
 	t.Logf("worker stopped with kill -STOP mid-stream (deadlines 1 s): %d streams of %d tokens complete %v after the stop", n, maxTok, took.Round(time.Millisecond))
-	if code := s.stop(t); code != 0 {
-		t.Errorf("exit %d after SIGTERM\n%s", code, s.stderr)
+	if code := s.Stop(t); code != 0 {
+		t.Errorf("exit %d after SIGTERM\n%s", code, s.Stderr)
 	}
 	noPluginLeft(t)
 }

@@ -6,18 +6,17 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvx-dev/kvx/core/testbin"
+
+	"github.com/kvx-dev/kvx/cmd/kvx/internal/servetest"
 )
 
 // binDir holds kvx and every plugin binary, built (or linked) once.
@@ -28,82 +27,14 @@ func TestMain(m *testing.M) { testbin.Main(m, &binDir) }
 // serveSim is cmd/kvx's kvx serve scenario on the sim device.
 const serveSim = "../testdata/serve-sim.yaml"
 
-// served is a kvx serve process.
-type served struct {
-	cmd    *exec.Cmd
-	base   string
-	stderr *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// served is a kvx serve process (servetest.Served).
+type served = servetest.Served
 
 // startServed starts kvx serve on a loopback port and returns once it
 // listens.
 func startServed(t *testing.T, args ...string) *served {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "kvx"), append([]string{"serve", "-c", serveSim, "--port", "0"}, args...)...)
-	pipe, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &served{cmd: cmd, stderr: &syncBuffer{}}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	sc := bufio.NewScanner(pipe)
-	for sc.Scan() {
-		fmt.Fprintln(s.stderr, sc.Text())
-		if u, ok := strings.CutPrefix(sc.Text(), "kvx serve: listening on "); ok {
-			s.base = u
-			break
-		}
-	}
-	if s.base == "" {
-		_ = cmd.Wait()
-		t.Fatalf("kvx serve did not listen:\n%s", s.stderr)
-	}
-	go io.Copy(s.stderr, pipe)
-	return s
-}
-
-// stop sends SIGTERM and returns the exit code.
-func (s *served) stop(t *testing.T) int {
-	t.Helper()
-	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if ee, ok := err.(*exec.ExitError); ok {
-			return ee.ExitCode()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return 0
-	case <-time.After(30 * time.Second):
-		_ = s.cmd.Process.Kill()
-		t.Fatalf("kvx serve still runs 30 s after SIGTERM\n%s", s.stderr)
-		return 0
-	}
+	return servetest.Start(t, exec.Command(filepath.Join(binDir, "kvx"), append([]string{"serve", "-c", serveSim, "--port", "0"}, args...)...))
 }
 
 // metricsOf scrapes /metrics and returns, per metric name, the sum of its
@@ -148,29 +79,7 @@ func value(t *testing.T, m map[string]float64, name string) float64 {
 }
 
 // pluginPIDs lists the live processes of this package's plugin binaries.
-func pluginPIDs(t *testing.T) []int {
-	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Skip("no /proc")
-	}
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if err != nil || !strings.HasPrefix(exe, binDir) || strings.HasSuffix(exe, "/kvx") {
-			continue
-		}
-		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && strings.Contains(string(stat), ") Z ") {
-			continue // a zombie: dead, waiting for a reaper
-		}
-		pids = append(pids, pid)
-	}
-	return pids
-}
+func pluginPIDs(t *testing.T) []int { return servetest.PluginPIDs(t, binDir) }
 
 // noPluginLeft fails the test when a plugin process outlives kvx for 5 s.
 func noPluginLeft(t *testing.T) {

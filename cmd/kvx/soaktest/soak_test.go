@@ -119,7 +119,7 @@ func openFDs(pid int) int {
 
 func countsOf(t *testing.T, s *served) soakCounts {
 	t.Helper()
-	f := metricsOf(t, s.base)
+	f := metricsOf(t, s.Base)
 	c := soakCounts{goroutines: value(t, f, "go_goroutines"), fds: value(t, f, "process_open_fds"), plugins: map[string]int{}}
 	for bin, pid := range livePlugins(t) {
 		c.plugins[bin] = openFDs(pid)
@@ -150,7 +150,7 @@ func TestServeSoak(t *testing.T) {
 	// A warm-up of every kind of request, so that what is made once (a
 	// plugin's data plane, the server's connections) is there before the
 	// counts are taken.
-	warm := soakRun(t, client, s.base, s.cmd.Process.Pid, seed, 2*time.Second, nil)
+	warm := soakRun(t, client, s.Base, s.Cmd.Process.Pid, seed, 2*time.Second, nil)
 	if len(warm.failures) > 0 {
 		t.Fatalf("warm-up, no faults: %v", warm.failures)
 	}
@@ -160,13 +160,13 @@ func TestServeSoak(t *testing.T) {
 	}
 
 	var faults []string
-	res := soakRun(t, client, s.base, s.cmd.Process.Pid, seed+1, *soakTime, &faults)
+	res := soakRun(t, client, s.Base, s.Cmd.Process.Pid, seed+1, *soakTime, &faults)
 	for _, f := range res.failures {
 		t.Error(f)
 	}
 
-	f := metricsOf(t, s.base)
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); f = metricsOf(t, s.base) {
+	f := metricsOf(t, s.Base)
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); f = metricsOf(t, s.Base) {
 		if value(t, f, "kvx:num_requests_running") == 0 && value(t, f, "kvx:num_requests_waiting") == 0 &&
 			value(t, f, "kvx:kv_cache_usage_perc") == 0 {
 			break
@@ -209,8 +209,8 @@ func TestServeSoak(t *testing.T) {
 	if res.completed == 0 || len(faults) == 0 {
 		t.Errorf("%d requests completed, %d faults injected: the soak tested nothing", res.completed, len(faults))
 	}
-	if code := s.stop(t); code != 0 {
-		t.Errorf("exit %d after SIGTERM, want 0\n%s", code, s.stderr)
+	if code := s.Stop(t); code != 0 {
+		t.Errorf("exit %d after SIGTERM, want 0\n%s", code, s.Stderr)
 	}
 	noPluginLeft(t)
 }
