@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"testing"
+	"time"
 
 	cachemgrv1 "github.com/kvx-dev/kvx/cachemgr_v1"
 	cachemgrv2 "github.com/kvx-dev/kvx/cachemgr_v2"
@@ -78,10 +79,16 @@ var variants = []struct {
 // all, in process and over gRPC; under -race they took 200 CPU-seconds.
 const raceVariant = "reuse"
 
+// checkTimeout bounds each check of the suite's own runs, so a call that
+// never returns fails naming its check instead of holding the package
+// until go test's timeout (once seen under -race on CI, not reproduced).
+const checkTimeout = 4 * time.Minute
+
 func TestManagers(t *testing.T) {
 	for _, m := range managers {
 		for _, v := range variants {
 			opts := v.opts
+			opts.CheckTimeout = checkTimeout
 			name := m.name + "/" + v.name
 			t.Run(name+"/inprocess", func(t *testing.T) {
 				skipUnderRace(t)
@@ -138,11 +145,11 @@ func TestWorkers(t *testing.T) {
 		t.Run(b.name+"/inprocess", func(t *testing.T) {
 			skipUnderRace(t)
 			t.Parallel()
-			conformance.TestWorker(t, newWorker, conformance.WorkerOptions{})
+			conformance.TestWorker(t, newWorker, conformance.WorkerOptions{CheckTimeout: checkTimeout})
 		})
 		t.Run(b.name+"/grpc", func(t *testing.T) {
 			t.Parallel()
-			conformance.TestWorker(t, func() worker.Worker { return pluginrpc.TestWorkerPair(t, newWorker()) }, conformance.WorkerOptions{})
+			conformance.TestWorker(t, func() worker.Worker { return pluginrpc.TestWorkerPair(t, newWorker()) }, conformance.WorkerOptions{CheckTimeout: checkTimeout})
 		})
 	}
 }
