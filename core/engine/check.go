@@ -101,16 +101,18 @@ func (e *Engine) checkStage(st *stage, snap *kvcache.Snapshot, deep bool) []stri
 	if len(snap.Seqs) != e.resident {
 		bad("holds %d sequences, the engine has %d resident", len(snap.Seqs), e.resident)
 	}
+	if deep {
+		// The snapshot is the engine's: its reference counts are recounted
+		// in place (no copy of every pool's counts at every deep check);
+		// the findings join Violations as "tables: ...". A plugin's server
+		// has done this already (TablesChecked).
+		kvcache.SealTables(pools, kvcache.InspectOptions{Tables: true, CheckTables: true}, snap)
+	}
 	for _, s := range snap.Violations {
 		if strings.HasPrefix(s, "tables: ") {
 			bad("%s", s) // found by kvcache.CheckTables where the tables are
 		} else {
 			bad("manager self-check: %s", s)
-		}
-	}
-	if deep && !snap.TablesChecked {
-		for _, s := range kvcache.CheckTables(pools, snap) {
-			bad("tables: %s", s)
 		}
 	}
 	return v

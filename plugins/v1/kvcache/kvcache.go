@@ -390,6 +390,9 @@ type Manager interface {
 	// Stats returns cumulative counters.
 	Stats(ctx context.Context) (Stats, error)
 	// Inspect returns the ledger and pool accounting for invariant checks.
+	// The snapshot is the caller's: its slices are not kept by the manager,
+	// and the caller may change them (SealTables recounts RefCounts in
+	// place, on the plugin's server and in the engine alike).
 	Inspect(ctx context.Context, opts InspectOptions) (Snapshot, error)
 }
 
