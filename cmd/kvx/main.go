@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 
 	"github.com/hashicorp/go-hclog"
@@ -68,6 +69,7 @@ type globals struct {
 	sets       []string
 	logLevel   string
 	cpuProfile string
+	memProfile string
 }
 
 func (g *globals) logger() hclog.Logger {
@@ -88,7 +90,16 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringArrayVar(&g.sets, "set", nil, "override one key, e.g. --set kv_cache_config.tokens_per_block=64 (repeatable)")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "warn", "log level: trace, debug, info, warn, error")
 	root.PersistentFlags().StringVar(&g.cpuProfile, "cpuprofile", "", "write a CPU profile of kvx itself to this file")
+	root.PersistentFlags().StringVar(&g.memProfile, "memprofile", "", "write a heap profile of kvx itself to this file when the command ends (after a GC: what is still held)")
 	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		if g.memProfile != "" {
+			// Refuse an unwritable path now, not after the run.
+			f, err := os.Create(g.memProfile)
+			if err != nil {
+				return err
+			}
+			_ = f.Close()
+		}
 		if g.cpuProfile == "" {
 			return nil
 		}
@@ -102,7 +113,27 @@ func newRoot() *cobra.Command {
 		if g.cpuProfile != "" {
 			pprof.StopCPUProfile()
 		}
+		if g.memProfile != "" {
+			writeHeapProfile(g.memProfile)
+		}
 	}
 	root.AddCommand(newRunCmd(g), newCompareCmd(g), newPlanCmd(g), newGenerateCmd(g), newServeCmd(g), newPluginsCmd(g), newConformanceCmd(g), newCalibrateCmd(g))
 	return root
+}
+
+// writeHeapProfile writes the heap profile of what is live after a GC to
+// path (--memprofile); a failure is reported, not fatal: the command's
+// work is done.
+func writeHeapProfile(path string) {
+	runtime.GC()
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.Lookup("heap").WriteTo(f, 0)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kvx: --memprofile %s: %v\n", path, err)
+	}
 }

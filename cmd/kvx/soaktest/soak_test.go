@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,6 +24,8 @@ import (
 // make test; make soak runs it for SOAK_TIME, 10 minutes by default) with
 // mixed requests, while the worker and the cache manager plugin are killed
 // (kill -9) or stopped (kill -STOP, then -CONT) at random points.
+var soakMemProfile = flag.String("memprofile", "", "kvx serve writes a heap profile of what it still holds after the soak to this file (kvx --memprofile)")
+
 var soakTime = flag.Duration("soak", 40*time.Second, "how long TestServeSoak drives kvx serve under faults (make soak: SOAK_TIME)")
 
 const soakClients = 4
@@ -85,6 +88,7 @@ type soakResult struct {
 	failures                      []string
 	latencies                     []time.Duration // of completed requests, in the order they ended
 	rss                           []int           // kvx serve's resident set, KiB, a sample a second
+	heap                          []int           // its Go heap in use (go_memstats_heap_inuse_bytes), KiB, beside each RSS sample
 }
 
 // soakCounts are the leak counters of a served process and its plugins.
@@ -140,8 +144,12 @@ func TestServeSoak(t *testing.T) {
 	if n := len(pluginPIDs(t)); n > 0 {
 		t.Fatalf("%d plugin processes before the test", n)
 	}
-	s := startServed(t, "--set", "plugin_restarts.max=1000000", "--set", "plugin_restarts.backoff=20ms",
-		"--set", "plugin_restarts.max_backoff=200ms", "--set", "plugin_timeouts.forward=1s", "--set", "plugin_timeouts.call=1s")
+	args := []string{"--set", "plugin_restarts.max=1000000", "--set", "plugin_restarts.backoff=20ms",
+		"--set", "plugin_restarts.max_backoff=200ms", "--set", "plugin_timeouts.forward=1s", "--set", "plugin_timeouts.call=1s"}
+	if *soakMemProfile != "" {
+		args = append(args, "--memprofile", *soakMemProfile)
+	}
+	s := startServed(t, args...)
 	tr := &http.Transport{MaxIdleConnsPerHost: soakClients}
 	client := &http.Client{Transport: tr}
 	seed := uint64(time.Now().UnixNano())
@@ -198,6 +206,8 @@ func TestServeSoak(t *testing.T) {
 	p99a, p99b := percentile(res.latencies[:n/2], 0.99), percentile(half, 0.99)
 	t.Logf("kvx serve's RSS: %.1f MiB at the start, %.1f MiB mean over the third quarter, %.1f MiB over the last",
 		float64(res.rss[0])/1024, rss3/1024, rss4/1024)
+	t.Logf("its Go heap in use: %.1f MiB at the start, %.1f MiB mean over the third quarter, %.1f MiB over the last",
+		float64(res.heap[0])/1024, mean(res.heap[2*q:3*q])/1024, mean(res.heap[3*q:])/1024)
 	if *soakTime >= 5*time.Minute {
 		if rss4 > 1.05*rss3 {
 			t.Errorf("kvx serve's RSS grew %.1f%% from the third quarter of the soak to the last, want at most 5%%", 100*(rss4/rss3-1))
@@ -297,8 +307,10 @@ func soakRun(t *testing.T, client *http.Client, base string, pid int, seed uint6
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
 				if kb := rssKB(pid); kb > 0 {
+					heap := heapInuseKB(client, base)
 					mu.Lock()
 					res.rss = append(res.rss, kb)
+					res.heap = append(res.heap, heap)
 					mu.Unlock()
 				}
 				time.Sleep(time.Second)
@@ -307,6 +319,25 @@ func soakRun(t *testing.T, client *http.Client, base string, pid int, seed uint6
 	}
 	wg.Wait()
 	return res
+}
+
+// heapInuseKB is go_memstats_heap_inuse_bytes of kvx serve at base, in
+// KiB (0 when /metrics did not answer): the Go heap's spans in use, which
+// tell a heap that grows from a resident set the runtime keeps.
+func heapInuseKB(client *http.Client, base string) int {
+	resp, err := client.Get(base + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_inuse_bytes "); ok {
+			b, _ := strconv.ParseFloat(v, 64)
+			return int(b / 1024)
+		}
+	}
+	return 0
 }
 
 // rssKB is the resident set of process pid in KiB (0 when unknown).
