@@ -204,8 +204,7 @@ func maxTokensFit(cfg *config.Config, layers []spec.Layer) error {
 	if cfg.Speculative.Enabled() {
 		draft = cfg.Speculative.MaxDraftLen
 	}
-	blocks := func(n int) int { return (n + tpb - 1) / tpb }
-	seq, chunk := blocks(cfg.MaxSeqLen+draft)*tpb, blocks(cfg.MaxNumTokens)*tpb
+	seq, chunk := kvcache.BlocksFor(cfg.MaxSeqLen+draft, tpb)*tpb, kvcache.BlocksFor(cfg.MaxNumTokens, tpb)*tpb
 	mt := cfg.KVCache.MaxTokens
 	if mt >= max(seq, chunk) {
 		return nil
