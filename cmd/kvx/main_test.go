@@ -313,7 +313,8 @@ func TestPlanAndPluginsCommands(t *testing.T) {
 		t.Fatalf("plugins exit %d: %s", code, stderr)
 	}
 	for _, w := range []string{"kvx-cachemgr-v1", "kvx-cachemgr-v2", "kvx-backend-dsa", "kvx-backend-mla", "kvx-backend-gqa", "prefix-reuse", "host-tier", "cache-salt", "kv-events",
-		"explain", "retention", "eviction:lru/lfu", "protocol", "features", fmt.Sprintf(" %d ", pluginrpc.Protocol), "top_logprobs"} {
+		"explain", "retention", "eviction:lru/lfu", "protocol", "features", fmt.Sprintf(" %d ", pluginrpc.Protocol), "top_logprobs",
+		"cache_manager: v1", "cache_manager: mamba", "attention_backend: gqa"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("plugins output lacks %q:\n%s", w, out)
 		}

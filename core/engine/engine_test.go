@@ -339,7 +339,7 @@ func TestSuspendWithReuseUnderPressure(t *testing.T) {
 		"workload.requests=16", "workload.concurrency=6", "workload.prompt_tokens={min: 120, max: 260}",
 		"workload.output_tokens={min: 16, max: 48}", "workload.shared_prefix_tokens=96", "workload.shared_prefix_groups=3", "workload.seed=7",
 	}
-	cfg, _, err := config.Load(nil, nil, sets)
+	cfg, _, err := config.Load(builtin.Registry(), nil, nil, sets)
 	if err != nil {
 		t.Fatal(err)
 	}
