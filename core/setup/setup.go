@@ -281,6 +281,12 @@ func Resolve(cfg *config.Config, variant string, withWorkload bool) (*Resolved, 
 		draft = cfg.Speculative.MaxDraftLen
 	}
 	host := cfg.KVCache.HostCacheSize
+	// A worker is asked for the registered backend it serves; a backend
+	// given as a path is whatever its binary is ("" asks for no name).
+	backend := cfg.AttentionBackend
+	if registry.IsPath(backend) {
+		backend = ""
+	}
 	r := &Resolved{Model: m, Stages: stages}
 	s := &r.Spec
 	s.Variant = variant
@@ -322,7 +328,7 @@ func Resolve(cfg *config.Config, variant string, withWorkload bool) (*Resolved, 
 		s.Managers = append(s.Managers, mc)
 		s.Workers = append(s.Workers, worker.Config{
 			Stage: i, Stages: pp, Model: m, First: st[0], Last: st[1],
-			Backend: cfg.AttentionBackend, Device: cfg.Device, Hardware: hw,
+			Backend: backend, Device: cfg.Device, Hardware: hw,
 			TensorParallel: cfg.TensorParallelSize, WeightsDtype: cfg.WeightsDtype,
 			KVDtype: kvDtype(cfg.KVCache.Dtype), Dtype: cfg.Dtype, Seed: cfg.Seed,
 			DraftTokens: draft, DraftAcceptance: cfg.Speculative.AcceptanceRate,
