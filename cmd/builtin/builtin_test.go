@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/kvx-dev/kvx/cmd/builtin"
+	"github.com/kvx-dev/kvx/core/host"
+	"github.com/kvx-dev/kvx/core/registry"
 	"github.com/kvx-dev/kvx/core/registry/registrytest"
 )
 
@@ -18,6 +20,9 @@ func TestRegistry(t *testing.T) {
 	reg := builtin.Registry()
 	if err := reg.Check(); err != nil {
 		t.Fatal(err)
+	}
+	if registry.BinaryPrefix != host.NamePrefix {
+		t.Errorf("registry.BinaryPrefix %q, host.NamePrefix %q: kvx plugins would not list the registered binaries", registry.BinaryPrefix, host.NamePrefix)
 	}
 	ctx := context.Background()
 	for _, b := range reg.Backends {

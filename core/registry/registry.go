@@ -97,8 +97,9 @@ func (r *Registry) Check() error {
 	return nil
 }
 
-// BinaryPrefix starts the file name of every kvx plugin binary (what
-// `kvx plugins` lists).
+// BinaryPrefix starts the file name of every kvx plugin binary: what
+// `kvx plugins` lists (core/host.NamePrefix; cmd/builtin's test keeps them
+// equal).
 const BinaryPrefix = "kvx-"
 
 // IsPath reports whether a cache_manager or attention_backend value is a
