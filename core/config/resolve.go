@@ -232,7 +232,7 @@ func (ld *loader) resolveModel(c *Config) {
 	} else if b, ok := reg.Backend(c.AttentionBackend); ok && !ld.bad["attention_backend"] {
 		// A plugin path says what it runs in its worker's Info, which the
 		// worker checks against the stage's layers when it is configured.
-		if miss := b.Runs(need); miss != nil {
+		if miss := b.Missing(need); miss != nil {
 			noun := "mixer"
 			if len(miss) > 1 {
 				noun = "mixers"

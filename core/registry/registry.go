@@ -215,7 +215,7 @@ func ModelMixers(m spec.Model) []spec.Mixer {
 	return out
 }
 
-// missing returns the mixers of need that have lists not.
+// missing returns the mixers of need that has does not list.
 func missing(need, has []spec.Mixer) []spec.Mixer {
 	var out []spec.Mixer
 	for _, x := range need {
@@ -226,13 +226,13 @@ func missing(need, has []spec.Mixer) []spec.Mixer {
 	return out
 }
 
-// Runs returns the mixers of need that backend b does not run (nil: b
+// Missing returns the mixers of need that backend b does not run (nil: b
 // runs them all).
-func (b Backend) Runs(need []spec.Mixer) []spec.Mixer { return missing(need, b.Mixers) }
+func (b Backend) Missing(need []spec.Mixer) []spec.Mixer { return missing(need, b.Mixers) }
 
-// Serves returns the mixers of need whose caches manager m does not manage
+// Missing returns the mixers of need whose caches manager m does not manage
 // (nil: it manages them all).
-func (m Manager) Serves(need []spec.Mixer) []spec.Mixer {
+func (m Manager) Missing(need []spec.Mixer) []spec.Mixer {
 	return missing(need, m.Capabilities.Mixers)
 }
 
@@ -242,7 +242,7 @@ func (r *Registry) BackendsFor(need []spec.Mixer) []Backend {
 	var out []Backend
 	if r != nil {
 		for _, b := range r.Backends {
-			if b.Runs(need) == nil {
+			if b.Missing(need) == nil {
 				out = append(out, b)
 			}
 		}
@@ -256,7 +256,7 @@ func (r *Registry) ManagersFor(need []spec.Mixer) []Manager {
 	var out []Manager
 	if r != nil {
 		for _, m := range r.Managers {
-			if m.Serves(need) == nil {
+			if m.Missing(need) == nil {
 				out = append(out, m)
 			}
 		}
