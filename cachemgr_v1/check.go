@@ -52,7 +52,7 @@ func (m *Manager) check() []string {
 		if !s.reserved && (s.resTokens != 0 || s.resDraft != 0 || s.isNew) {
 			add("seq %d: reservation fields set without a reservation", id)
 		}
-		want := ceilDiv(s.capacity, m.tpb)
+		want := kvcache.BlocksFor(s.capacity, m.tpb)
 		for pi, p := range m.paged {
 			t := s.tables[pi]
 			if len(t) != want {

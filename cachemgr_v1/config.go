@@ -128,14 +128,14 @@ func plan(cfg kvcache.Config) (kvcache.Layout, []poolPlan, error) {
 		}
 		blocks := int(n)
 		hold := blocks * cfg.TokensPerBlock
-		needBlocks := ceilDiv(limit, cfg.TokensPerBlock)
+		needBlocks := kvcache.BlocksFor(limit, cfg.TokensPerBlock)
 		if blocks < needBlocks {
 			return kvcache.Layout{}, nil, kvcache.Errorf(kvcache.KindInvalidConfig,
 				"cachemgr-v1: %s: %s blocks of %d tokens hold %s tokens; one max_seq_len request needs %s (%s + %d draft) = %s blocks; %s bytes of cache memory over %s bytes per token (%d paged pools%s); raise kv_cache_config.free_gpu_memory_fraction or lower max_seq_len",
 				st, commas(blocks), cfg.TokensPerBlock, commas(hold), commas(limit), commas(cfg.MaxSeqLen), cfg.MaxDraftTokens,
 				commas(needBlocks), commas64(budget), commas64(sumBPT), len(windows), ssmNote(ssm))
 		}
-		if chunk := ceilDiv(cfg.MaxNumTokens, cfg.TokensPerBlock); blocks < chunk {
+		if chunk := kvcache.BlocksFor(cfg.MaxNumTokens, cfg.TokensPerBlock); blocks < chunk {
 			return kvcache.Layout{}, nil, kvcache.Errorf(kvcache.KindInvalidConfig,
 				"cachemgr-v1: %s: %s blocks of %d tokens cannot hold one max_num_tokens chunk of %s tokens (%s blocks); raise kv_cache_config.free_gpu_memory_fraction or lower max_num_tokens",
 				st, commas(blocks), cfg.TokensPerBlock, commas(cfg.MaxNumTokens), commas(chunk))
@@ -311,8 +311,6 @@ func mixerList() string {
 	}
 	return strings.Join(s, ", ")
 }
-
-func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 // commas formats n with thousands separators: 262145 -> "262,145".
 func commas(n int) string { return commas64(int64(n)) }

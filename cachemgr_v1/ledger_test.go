@@ -170,7 +170,7 @@ func TestSeedA(t *testing.T) {
 		}
 		commit(t, m, seq, 1)
 		st = seqState(t, m, seq)
-		if st.History != prompt+1 || st.Capacity != prompt+1 || st.Blocks[0] != ceilDiv(prompt+1, 64) {
+		if st.History != prompt+1 || st.Capacity != prompt+1 || st.Blocks[0] != kvcache.BlocksFor(prompt+1, 64) {
 			t.Fatalf("prompt %d after a rejected draft: history %d capacity %d blocks %d", prompt, st.History, st.Capacity, st.Blocks[0])
 		}
 		noViolations(t, m)

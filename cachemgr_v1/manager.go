@@ -520,7 +520,7 @@ func (m *Manager) reserveOne(it *kvcache.ReserveItem, s *sequence) (*sequence, s
 	}
 	hold = max(hold, it.Hold)
 	newCap := max(capacity, end, hold)
-	want := ceilDiv(newCap, m.tpb)
+	want := kvcache.BlocksFor(newCap, m.tpb)
 
 	// Check every pool before touching any: all or nothing.
 	for pi, p := range m.paged {
@@ -778,7 +778,7 @@ func (m *Manager) commitOne(s *sequence, accepted int) {
 	s.history += accepted
 	s.reserved, s.isNew, s.resTokens, s.resDraft = false, false, 0, 0
 	s.capacity = max(s.history, s.hold)
-	want := ceilDiv(s.capacity, m.tpb)
+	want := kvcache.BlocksFor(s.capacity, m.tpb)
 	full := min(len(s.hashes), s.history/m.tpb)
 	for pi, p := range m.paged {
 		t := s.tables[pi]

@@ -433,7 +433,7 @@ func (pm *propMachine) Check(t *rapid.T) {
 		if wantRes, wantDraft := s.tokens+s.draft, s.draft; st.Reserved != wantRes || st.Draft != wantDraft {
 			t.Fatalf("seq %d: reservation %d/%d, model %v %d/%d", st.Seq, st.Reserved, st.Draft, s.reserved, s.tokens, s.draft)
 		}
-		want := ceilDiv(st.Capacity, propTPB)
+		want := kvcache.BlocksFor(st.Capacity, propTPB)
 		if st.Blocks[0] != want || len(st.Tables[0]) != want || len(st.Tables[1]) != want {
 			t.Fatalf("seq %d: capacity %d needs %d blocks; full pool %d (table %d), window table %d",
 				st.Seq, st.Capacity, want, st.Blocks[0], len(st.Tables[0]), len(st.Tables[1]))

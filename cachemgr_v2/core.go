@@ -266,7 +266,7 @@ func (c *Core) blocks(n int) int {
 	if len(c.dev) == 0 {
 		return 0
 	}
-	return blocksFor(n, c.tpb)
+	return kvcache.BlocksFor(n, c.tpb)
 }
 
 // Lookup implements kvcache.Manager: per item, the number of leading prompt

@@ -434,7 +434,7 @@ func (c *Core) seqOwn(s *Seq, bad func(string, ...any)) {
 	if s.suspended && l.Reserved {
 		bad("seq %d: suspended with a reservation outstanding", id)
 	}
-	want := blocksFor(l.Capacity, tpb)
+	want := kvcache.BlocksFor(l.Capacity, tpb)
 	for g := range c.dev {
 		if len(s.tables[g]) != want {
 			bad("seq %d: pool %s: %d table entries, want ceil(capacity %d / %d) = %d", id, c.groups[g].Name, len(s.tables[g]), l.Capacity, tpb, want)

@@ -393,7 +393,7 @@ func TestIncrementalCheckAgrees(t *testing.T) {
 			EnableBlockReuse: rapid.IntRange(0, 3).Draw(t, "reuse") > 0,
 		}
 		bb := stageBlockBytes(layers, tpb)
-		floor := blocksFor(26, tpb)
+		floor := kvcache.BlocksFor(26, tpb)
 		cfg.DeviceBytes = int64(rapid.IntRange(floor, floor+16).Draw(t, "device blocks")) * bb
 		cfg.HostBytes = int64(rapid.IntRange(0, 12).Draw(t, "host blocks")) * bb
 		m := New()

@@ -114,7 +114,7 @@ func externalCheck(m *Manager, snap kvcache.Snapshot) error {
 			if m.host != nil {
 				n += s.Blocks[ng+g]
 			}
-			if want := blocksFor(s.Capacity, tpb); n != want {
+			if want := kvcache.BlocksFor(s.Capacity, tpb); n != want {
 				return fmt.Errorf("seq %d: group %d holds %d blocks, want ceil(%d/%d) = %d", s.Seq, g, n, s.Capacity, tpb, want)
 			}
 		}

@@ -125,8 +125,8 @@ func typicalBlocks(cfg *kvcache.Config, g *PoolGroup) float64 {
 		typical = cfg.MaxSeqLen
 	}
 	tpb := cfg.TokensPerBlock
-	chunk := blocksFor(min(cfg.MaxNumTokens, cfg.MaxSeqLen)+cfg.MaxDraftTokens, tpb)
-	gen := blocksFor(typical+cfg.MaxDraftTokens, tpb)
+	chunk := kvcache.BlocksFor(min(cfg.MaxNumTokens, cfg.MaxSeqLen)+cfg.MaxDraftTokens, tpb)
+	gen := kvcache.BlocksFor(typical+cfg.MaxDraftTokens, tpb)
 	return float64(chunk) + float64(cfg.MaxBatchSize-1)*float64(gen)
 }
 
@@ -245,7 +245,7 @@ func planLayout(cfg *kvcache.Config) ([]*PoolGroup, kvcache.Layout, []int, []int
 	bb := make([]int64, n)
 	floors := make([]int, n)
 	reqTokens := cfg.MaxSeqLen + cfg.MaxDraftTokens
-	floor := max(blocksFor(reqTokens, tpb), blocksFor(cfg.MaxNumTokens, tpb))
+	floor := max(kvcache.BlocksFor(reqTokens, tpb), kvcache.BlocksFor(cfg.MaxNumTokens, tpb))
 	var minBytes, perBlockAll int64
 	for g, pg := range groups {
 		names[g] = pg.Name
@@ -317,13 +317,13 @@ func ShrinkFix(cfg kvcache.Config, fitBlocks int) string {
 	tpb := cfg.TokensPerBlock
 	fit := fitBlocks * tpb
 	var fixes []string
-	if blocksFor(cfg.MaxSeqLen+cfg.MaxDraftTokens, tpb) > fitBlocks {
+	if kvcache.BlocksFor(cfg.MaxSeqLen+cfg.MaxDraftTokens, tpb) > fitBlocks {
 		if fit-cfg.MaxDraftTokens < 2 { // one prompt and one output token
 			return ""
 		}
 		fixes = append(fixes, fmt.Sprintf("max_seq_len to at most %d", fit-cfg.MaxDraftTokens))
 	}
-	if blocksFor(cfg.MaxNumTokens, tpb) > fitBlocks {
+	if kvcache.BlocksFor(cfg.MaxNumTokens, tpb) > fitBlocks {
 		if fit < 1 {
 			return ""
 		}

@@ -132,7 +132,7 @@ func TestConfigureHintsOnlyChangeSpeed(t *testing.T) {
 	layers := []spec.Layer{gqaLayer(0, 0), gqaLayer(1, 512), dsaLayer(2, false), gqaLayer(3, 512)}
 	base := baseCfg(layers)
 	base.MaxSeqLen, base.TokensPerBlock = 20000, 32
-	floor := blocksFor(20001, 32)
+	floor := kvcache.BlocksFor(20001, 32)
 	var bytesPerAll int64
 	for _, l := range layers {
 		bytesPerAll += l.Buffers[0].BytesPerToken * 32

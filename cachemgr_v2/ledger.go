@@ -67,6 +67,3 @@ func (l *Ledger) Commit(accepted int) int {
 	l.Tokens, l.Draft, l.Reserved = 0, 0, false
 	return l.Capacity
 }
-
-// blocksFor is the number of blocks of tpb tokens that back n token slots.
-func blocksFor(n, tpb int) int { return (n + tpb - 1) / tpb }

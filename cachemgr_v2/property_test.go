@@ -727,7 +727,7 @@ func propertyRun(t *rapid.T, hostReuse bool) *harness {
 		}
 		cfg.KVEvents = cfg.EnableBlockReuse && rapid.Bool().Draw(t, "events")
 		bb := stageBlockBytes(layers, tpb)
-		floor := blocksFor(26, tpb)
+		floor := kvcache.BlocksFor(26, tpb)
 		extra, hostMin := 16, 0
 		if hostReuse {
 			extra, hostMin = 6, 2

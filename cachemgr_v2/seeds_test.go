@@ -21,7 +21,7 @@ func seedACfg(prompt, outputs int) kvcache.Config {
 		Stage: 1, Stages: 2, Layers: layers, TokensPerBlock: 64,
 		MaxBatchSize: 16, MaxNumTokens: 8192, MaxSeqLen: prompt + outputs, MaxDraftTokens: 1,
 	}
-	cfg.DeviceBytes = int64(blocksFor(cfg.MaxSeqLen+1, 64)) * stageBlockBytes(layers, 64)
+	cfg.DeviceBytes = int64(kvcache.BlocksFor(cfg.MaxSeqLen+1, 64)) * stageBlockBytes(layers, 64)
 	return cfg
 }
 
@@ -36,7 +36,7 @@ func TestSeedA_RejectedDraftAfterLongChunkedPrefill(t *testing.T) {
 		t.Run(fmt.Sprint(prompt), func(t *testing.T) {
 			const outputs = 40
 			m, lay := configure(t, seedACfg(prompt, outputs))
-			if lay.Pools[0].Blocks != blocksFor(prompt+outputs+1, 64) {
+			if lay.Pools[0].Blocks != kvcache.BlocksFor(prompt+outputs+1, 64) {
 				t.Fatalf("layout has %d blocks, want exactly one request", lay.Pools[0].Blocks)
 			}
 			const id = 7
@@ -59,15 +59,15 @@ func TestSeedA_RejectedDraftAfterLongChunkedPrefill(t *testing.T) {
 				if s.Capacity != hist+2 || s.Reserved != 2 || s.Draft != 1 {
 					t.Fatalf("step %d reserved: %+v, want capacity %d, reserved 2, draft 1", step, s, hist+2)
 				}
-				if blocksFor(hist+2, 64) > blocksFor(hist, 64) && len(g.Tables) != 1 {
+				if kvcache.BlocksFor(hist+2, 64) > kvcache.BlocksFor(hist, 64) && len(g.Tables) != 1 {
 					t.Fatalf("step %d: crossing a block boundary granted tables %v", step, g.Tables)
 				}
 				accepted := 1 + step%2 // even steps reject the draft
 				mustCommit(t, m, id, accepted)
 				hist += accepted
 				s = seqState(t, inspect(t, m), id)
-				if s.History != hist || s.Capacity != hist || s.Reserved != 0 || s.Blocks[0] != blocksFor(hist, 64) {
-					t.Fatalf("step %d committed: %+v, want history = capacity = %d in %d blocks", step, s, hist, blocksFor(hist, 64))
+				if s.History != hist || s.Capacity != hist || s.Reserved != 0 || s.Blocks[0] != kvcache.BlocksFor(hist, 64) {
+					t.Fatalf("step %d committed: %+v, want history = capacity = %d in %d blocks", step, s, hist, kvcache.BlocksFor(hist, 64))
 				}
 			}
 			// With a hold (GUARANTEED_NO_EVICT) capacity stays at the hold.
@@ -89,7 +89,7 @@ func TestSeedA_RejectedDraftAfterLongChunkedPrefill(t *testing.T) {
 func TestSeedA_DraftPaddedAfterReservation(t *testing.T) {
 	cfg := seedACfg(1000, 100)
 	cfg.MaxDraftTokens, cfg.MaxNumTokens = 3, 1024
-	cfg.DeviceBytes = 2 * int64(blocksFor(cfg.MaxSeqLen+3, 64)) * stageBlockBytes(cfg.Layers, 64)
+	cfg.DeviceBytes = 2 * int64(kvcache.BlocksFor(cfg.MaxSeqLen+3, 64)) * stageBlockBytes(cfg.Layers, 64)
 	m, _ := configure(t, cfg)
 	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 1000, New: true})
 	mustCommit(t, m, 1, 1000)

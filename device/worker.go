@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/bits"
 	"slices"
 	"strings"
 
@@ -37,14 +36,11 @@ type Worker struct {
 	ok      bool
 	stage   int
 	last    bool
-	vocab   int
 	drafts  int
-	accept  float64
-	tokKey  uint64         // streamKey(seed, saltToken)
-	accKey  uint64         // streamKey(seed, saltAccept)
-	pools   []kvcache.Pool // layout order; Layers dropped
-	poolIdx []int32        // pool id -> index in pools, -1 when none
-	cover   []int          // indexes of full-attention device pools: their tables must cover every token written
+	ph      worker.Placeholder // the sim's tokens and draft acceptance
+	pools   []kvcache.Pool     // layout order; Layers dropped
+	poolIdx []int32            // pool id -> index in pools, -1 when none
+	cover   []int              // indexes of full-attention device pools: their tables must cover every token written
 	tables  Tables
 	dev     Device
 	step    uint64 // Forward calls since Configure; stamps sequences
@@ -146,11 +142,8 @@ func (w *Worker) Configure(ctx context.Context, cfg worker.Config) (worker.Setup
 	w.dev = dev
 	w.stage = cfg.Stage
 	w.last = cfg.Stage == cfg.Stages-1
-	w.vocab = cfg.Model.Vocab
 	w.drafts = cfg.DraftTokens
-	w.accept = cfg.DraftAcceptance
-	w.tokKey = streamKey(cfg.Seed, saltToken)
-	w.accKey = streamKey(cfg.Seed, saltAccept)
+	w.ph = worker.NewPlaceholder(cfg.Seed, cfg.Model.Vocab, cfg.DraftAcceptance)
 	w.tables.reset(len(w.pools))
 	w.hint = nil
 	w.lens = make([]int, len(w.pools))
@@ -271,14 +264,15 @@ func notConfigured(call string) error {
 // batches. On any error no table delta of the batch is applied (Released
 // is) and nothing runs.
 //
-// Sampling on sim: each draft of an item is accepted with probability
-// DraftAcceptance, drawn from a hash of (Seed, Seq, draft position), and
-// acceptance stops at the first rejection. Output.Tokens are the accepted
-// drafts (the item's own draft ids) and one token sampled after them;
-// Output.Drafts are DraftTokens proposals for the positions after that.
-// Every sampled or proposed id is a hash of (Seed, Seq, position) mapped
-// into [0, Vocab): the same position always gets the same token, whatever the
-// batch, the process or the acceptance so far.
+// Sampling on sim is the contract's (worker.Placeholder): each draft of an
+// item is accepted with probability DraftAcceptance, drawn from a hash of
+// (Seed, Seq, draft position), and acceptance stops at the first rejection.
+// Output.Tokens are the accepted drafts (the item's own draft ids) and one
+// token sampled after them; Output.Drafts are DraftTokens proposals for the
+// positions after that. Every sampled or proposed id is a hash of (Seed,
+// Seq, position) mapped into [0, Vocab): the same position always gets the
+// same token, whatever the batch, the process, the backend or the
+// acceptance so far.
 // Placeholder tokens have no distribution: the sim returns no
 // Output.TopLogprobs (computing devices do, see synth.TopLogprobs).
 func (w *Worker) Forward(ctx context.Context, b worker.Batch) (worker.Result, error) {
@@ -512,24 +506,13 @@ func (w *Worker) CopyBlocks(ctx context.Context, copies []kvcache.Copy) error {
 // Health reports nil: an in-process worker is alive when it answers.
 func (w *Worker) Health(ctx context.Context) error { return ctx.Err() }
 
-// Salts keep the hash streams of different uses apart.
-const (
-	saltToken  = 0x746f6b656e // "token"
-	saltAccept = 0x616363657074
-	saltHidden = 0x68696464656e
-)
+// saltHidden keeps the placeholder hidden state's hash stream apart from
+// the placeholder sampling's (worker.Placeholder).
+const saltHidden = 0x68696464656e
 
-// Mix is the splitmix64 finalizer: a bijection on uint64 whose output bits
-// all depend on all input bits. The sim's token and acceptance streams and
-// the samplers' uniform numbers (synth.Uniform) are made of it.
-func Mix(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
+// Mix is the splitmix64 finalizer (worker.Mix, one definition): the
+// samplers' uniform numbers (synth.Uniform) are made of it.
+func Mix(x uint64) uint64 { return worker.Mix(x) }
 
 // streamKey names one hash stream: a seed and a use.
 func streamKey(seed, salt uint64) uint64 { return Mix(seed ^ salt) }
@@ -537,28 +520,6 @@ func streamKey(seed, salt uint64) uint64 { return Mix(seed ^ salt) }
 // hash is the stream's value at (seq, pos).
 func hash(key uint64, seq kvcache.SeqID, pos int) uint64 {
 	return Mix(Mix(key^uint64(seq)) ^ uint64(pos))
-}
-
-// unit maps a hash to [0, 1) with 53 bits.
-func unit(h uint64) float64 { return float64(h>>11) * (1.0 / (1 << 53)) }
-
-// token is the placeholder token at position pos of seq.
-func (w *Worker) token(seq kvcache.SeqID, pos int) int32 {
-	hi, _ := bits.Mul64(hash(w.tokKey, seq, pos), uint64(w.vocab)) // uniform in [0, vocab) without a division
-	return int32(hi)
-}
-
-// acceptedDrafts is how many of it's drafts are accepted: draft k sits at
-// position it.Pos+len(it.Tokens)-it.Draft+k and is accepted when its hash
-// falls below DraftAcceptance, until the first rejection.
-func (w *Worker) acceptedDrafts(it *worker.Item) int {
-	first := it.Pos + len(it.Tokens) - it.Draft
-	for k := range it.Draft {
-		if unit(hash(w.accKey, it.Seq, first+k)) >= w.accept {
-			return k
-		}
-	}
-	return it.Draft
 }
 
 // sample builds the outputs of the items that sample. All token slices share
@@ -584,19 +545,19 @@ func (w *Worker) sample(items []worker.Item) []worker.Output {
 		}
 		o := &outs[j]
 		j++
-		a := w.acceptedDrafts(it)
+		a := w.ph.Accepted(it)
 		first := len(it.Tokens) - it.Draft
 		pos := it.Pos + first // position of the first sampled token
 		toks := buf[: a+1 : a+1]
 		buf = buf[a+1:]
 		copy(toks, it.Tokens[first:first+a])
-		toks[a] = w.token(it.Seq, pos+a)
+		toks[a] = w.ph.Token(it.Seq, pos+a)
 		o.Seq, o.Tokens = it.Seq, toks
 		if w.drafts > 0 {
 			d := buf[:w.drafts:w.drafts]
 			buf = buf[w.drafts:]
 			for k := range d {
-				d[k] = w.token(it.Seq, pos+a+1+k)
+				d[k] = w.ph.Token(it.Seq, pos+a+1+k)
 			}
 			o.Drafts = d
 		}

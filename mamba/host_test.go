@@ -15,7 +15,7 @@ import (
 // kernels on the cpu device) in-process with sets.
 func runScenario(t *testing.T, sets ...string) report.Report {
 	t.Helper()
-	cfg, _, err := config.Load([]string{"../scenarios/cpu-hybrid.yaml"}, nil, append([]string{"isolation=inprocess"}, sets...))
+	cfg, _, err := config.Load(builtin.Registry(), []string{"../scenarios/cpu-hybrid.yaml"}, nil, append([]string{"isolation=inprocess"}, sets...))
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}

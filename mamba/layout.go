@@ -89,8 +89,6 @@ func gcd(a, b int) int {
 	return a
 }
 
-func ceilDiv(a, b int) int { return (a + b - 1) / b }
-
 // planLayout validates cfg, groups the layers, splits the budget and proves
 // that one MaxSeqLen request fits end to end with its states and that every
 // resident state fits.
@@ -107,7 +105,7 @@ func planLayout(cfg *kvcache.Config) (*plan, error) {
 	stages := max(cfg.Stages, 1)
 	reqTokens := cfg.MaxSeqLen + cfg.MaxDraftTokens
 	chunk := min(cfg.MaxNumTokens, reqTokens)
-	floor := max(ceilDiv(reqTokens, tpb), ceilDiv(cfg.MaxNumTokens, tpb))
+	floor := max(kvcache.BlocksFor(reqTokens, tpb), kvcache.BlocksFor(cfg.MaxNumTokens, tpb))
 	hasState := p.stateBytes > 0
 
 	if hasState {

@@ -213,20 +213,25 @@ func (m *Manager) Release(ctx context.Context, seqs []kvcache.SeqID) error {
 	return m.Core.Release(ctx, seqs)
 }
 
-// Suspend implements kvcache.Manager: cachemgrv2.Core.Suspend. A sequence's
-// live SSM state moves with its private blocks: it is copied to a slot of
-// the host ssm pool (Copies, ssm to host-ssm), evicting the least valuable
-// cached host snapshot when none is free, and its live slot is freed for
-// another resident sequence. A sequence stays resident (false) when no host
-// ssm slot is free or evictable. Without a host tier (host_bytes 0) the call
-// fails with ErrUnsupported.
+// Suspend implements kvcache.Suspender (the host tier): cachemgrv2.Core.Suspend.
+// A sequence's private attention blocks move to the host tier (evicting
+// cached host nodes to make room: suspended sequences come first) and its
+// live SSM state goes with them: it is copied to a slot of the host ssm pool
+// (Copies, ssm to host-ssm), evicting the least valuable cached host
+// snapshot when none is free (never a pinned or pending one), and its live
+// slot is freed for another resident sequence. A sequence stays resident
+// (false, nothing changes) when its private blocks do not fit the host pools
+// or no host ssm slot is free or evictable; one already suspended is true,
+// and one with a reservation outstanding is an item error. Without a host
+// tier (host_bytes 0) the call fails with ErrUnsupported.
 func (m *Manager) Suspend(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
 	return m.Core.Suspend(ctx, seqs)
 }
 
-// Resume implements kvcache.Manager: cachemgrv2.Core.Resume. The live state
+// Resume implements kvcache.Suspender: cachemgrv2.Core.Resume. The live state
 // comes back into a free live slot (false while all are held by resident
-// sequences), and the sequence's next grant names the new slot as its ssm
+// sequences, or while the device cannot make room for its attention
+// blocks), and the sequence's next grant names the new slot as its ssm
 // table entry 0.
 func (m *Manager) Resume(ctx context.Context, seqs []kvcache.SeqID) ([]bool, []kvcache.Copy, error) {
 	return m.Core.Resume(ctx, seqs)

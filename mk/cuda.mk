@@ -26,10 +26,12 @@ CUDA_ENV   := CGO_ENABLED=1 CGO_CFLAGS="-I$(CUDA_DIR)/include -Wno-deprecated-de
 # The bundle must travel to the GPU machine within 64 MiB: no symbol tables.
 GPU_LDFLAGS ?= -s -w
 
-CUDA_BACKENDS := kvx-backend-gqa kvx-backend-mla kvx-backend-dsa
+# Every backend binary under cmd/ (cmd/builtin's registry names them); the
+# other binaries are kvx and the managers.
+CUDA_BACKENDS := $(sort $(notdir $(wildcard cmd/kvx-backend-*)))
 # kvx and the managers never link gorgonia.org/cu (cu's init exits on a
 # machine without a GPU); kvx uses cgo for NVML (core/gpumem).
-HOST_BINS     := kvx kvx-cachemgr-v1 kvx-cachemgr-v2 kvx-mamba
+HOST_BINS     := $(filter-out builtin $(CUDA_BACKENDS),$(sort $(notdir $(wildcard cmd/kvx*))))
 
 .PHONY: cuda-deps cuda-nvcc ptx cuda-vet cuda-build gpu-bundle
 

@@ -2,69 +2,114 @@ package builtin_test
 
 import (
 	"os/exec"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvx-dev/kvx/cmd/builtin"
 )
 
 const mod = "github.com/kvx-dev/kvx/"
 
-// The layout's rules (DESIGN §7), checked on what each package and binary
-// really links: the engine and the worker wing are two programs that meet
-// only through plugins/, and only the cuda worker may link the CUDA driver
-// package, whose init exits on a machine without a GPU.
-var layoutRules = []struct {
+// layoutRule is one rule of the layout (DESIGN §7), checked on what each
+// package and binary really links.
+type layoutRule struct {
 	name  string
 	pkgs  []string // patterns for go list
 	tags  string   // build tags
 	deps  bool     // all transitive dependencies, not only the packages' own imports
 	ban   []string // import path prefixes that must not appear
 	allow []string // exceptions to ban (exact paths)
-}{
-	{
-		name: "a backend binary links no engine package and no cache manager",
-		pkgs: []string{"./cmd/kvx-backend-dsa", "./cmd/kvx-backend-mla", "./cmd/kvx-backend-gqa"},
-		deps: true,
-		ban:  []string{mod + "core/", mod + "cachemgr_v1", mod + "cachemgr_v2", mod + "mamba", mod + "cmd/builtin"},
-	},
-	{
-		name: "a cache manager binary links no engine package, no device and no backend",
-		pkgs: []string{"./cmd/kvx-cachemgr-v1", "./cmd/kvx-cachemgr-v2", "./cmd/kvx-mamba"},
-		deps: true,
-		ban:  []string{mod + "core/", mod + "device", mod + "dsa", mod + "gqa", mod + "cmd/builtin"},
-	},
-	{
-		name: "kvx never links the CUDA driver package, with or without the cuda tag",
-		pkgs: []string{"./cmd/kvx"},
-		deps: true,
-		ban:  []string{"gorgonia.org/cu"},
-	},
-	{
-		name: "kvx never links the CUDA driver package, with or without the cuda tag",
-		pkgs: []string{"./cmd/kvx"},
-		tags: "cuda",
-		deps: true,
-		ban:  []string{"gorgonia.org/cu"},
-	},
-	{
-		name: "the engine imports no cache manager, no backend and no device",
-		pkgs: []string{"./core/..."},
-		ban:  []string{mod + "cachemgr_v1", mod + "cachemgr_v2", mod + "mamba", mod + "device", mod + "dsa", mod + "gqa", mod + "cmd/"},
-	},
-	{
-		name: "the worker wing and the backends import no engine package and no cache manager",
-		pkgs: []string{"./device/...", "./dsa/...", "./gqa/..."},
-		ban:  []string{mod + "core/", mod + "cachemgr_v1", mod + "cachemgr_v2", mod + "mamba", mod + "cmd/"},
-	},
-	{
-		name: "the managers import no engine package, no device and no backend",
-		pkgs: []string{"./cachemgr_v1/...", "./cachemgr_v2/...", "./mamba/..."},
-		ban:  []string{mod + "core/", mod + "device", mod + "dsa", mod + "gqa", mod + "cmd/"},
-	},
-	{
-		name: "the contract imports nothing of the engine, the managers or the devices",
-		pkgs: []string{"./plugins/..."},
-		ban:  []string{mod + "core/", mod + "cachemgr_v1", mod + "cachemgr_v2", mod + "mamba", mod + "device", mod + "dsa", mod + "gqa", mod + "cmd/"},
-	},
+}
+
+// layoutRules are the layout's rules: the engine and the worker wing are two
+// programs that meet only through plugins/, and only the cuda worker may
+// link the CUDA driver package, whose init exits on a machine without a
+// GPU. The managers, the backends and their binaries are the registry's
+// (a backend's package is its device.Backend's, a manager's its New's), so
+// a backend or manager added to the registry is held to the rules without
+// a line here.
+func layoutRules() []layoutRule {
+	reg := builtin.Registry()
+	var backendBins, managerBins, backendPkgs, managerPkgs []string
+	add := func(list *[]string, s string) {
+		if !slices.Contains(*list, s) {
+			*list = append(*list, s)
+		}
+	}
+	for _, b := range reg.Backends {
+		add(&backendBins, "./cmd/"+b.Binary)
+		add(&backendPkgs, pkgOf(builtin.Backend(b.Name)))
+	}
+	for _, m := range reg.Managers {
+		add(&managerBins, "./cmd/"+m.Binary)
+		add(&managerPkgs, pkgOf(m.New()))
+	}
+	tree := func(pkgs []string) []string { // go list patterns: each package and those below it
+		var out []string
+		for _, p := range pkgs {
+			out = append(out, "./"+strings.TrimPrefix(p, mod)+"/...")
+		}
+		return out
+	}
+	core, builtinPkg, device := mod+"core/", mod+"cmd/builtin", mod+"device"
+	return []layoutRule{
+		{
+			name: "a backend binary links no engine package and no cache manager",
+			pkgs: backendBins,
+			deps: true,
+			ban:  slices.Concat([]string{core, builtinPkg}, managerPkgs),
+		},
+		{
+			name: "a cache manager binary links no engine package, no device and no backend",
+			pkgs: managerBins,
+			deps: true,
+			ban:  slices.Concat([]string{core, device, builtinPkg}, backendPkgs),
+		},
+		{
+			name: "kvx never links the CUDA driver package, with or without the cuda tag",
+			pkgs: []string{"./cmd/kvx"},
+			deps: true,
+			ban:  []string{"gorgonia.org/cu"},
+		},
+		{
+			name: "kvx never links the CUDA driver package, with or without the cuda tag",
+			pkgs: []string{"./cmd/kvx"},
+			tags: "cuda",
+			deps: true,
+			ban:  []string{"gorgonia.org/cu"},
+		},
+		{
+			name: "the engine imports no cache manager, no backend and no device",
+			pkgs: []string{"./core/..."},
+			ban:  slices.Concat([]string{device, mod + "cmd/"}, managerPkgs, backendPkgs),
+		},
+		{
+			name: "the worker wing and the backends import no engine package and no cache manager",
+			pkgs: slices.Concat([]string{"./device/..."}, tree(backendPkgs)),
+			ban:  slices.Concat([]string{core, mod + "cmd/"}, managerPkgs),
+		},
+		{
+			name: "the managers import no engine package, no device and no backend",
+			pkgs: tree(managerPkgs),
+			ban:  slices.Concat([]string{core, device, mod + "cmd/"}, backendPkgs),
+		},
+		{
+			name: "the contract imports nothing of the engine, the managers or the devices",
+			pkgs: []string{"./plugins/..."},
+			ban:  slices.Concat([]string{core, device, mod + "cmd/"}, managerPkgs, backendPkgs),
+		},
+	}
+}
+
+// pkgOf is the import path of the package that defines v's type.
+func pkgOf(v any) string {
+	t := reflect.TypeOf(v)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.PkgPath()
 }
 
 // TestLayout checks every rule on the module's non-test code and reports
@@ -73,7 +118,7 @@ func TestLayout(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("no go tool on PATH")
 	}
-	for _, r := range layoutRules {
+	for _, r := range layoutRules() {
 		format := `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`
 		args := []string{"list", "-f", format}
 		if r.deps {
@@ -146,5 +191,22 @@ func TestBannedMatches(t *testing.T) {
 		if got := banned(c.imp, c.ban, nil); got != c.want {
 			t.Errorf("banned(%q, %q) = %v, want %v", c.imp, c.ban, got, c.want)
 		}
+	}
+}
+
+// TestLayoutRulesFromRegistry pins what the registry gives the rules: the
+// packages of the built-in managers and backends, and their binaries.
+func TestLayoutRulesFromRegistry(t *testing.T) {
+	rules := layoutRules()
+	for _, w := range []string{mod + "cachemgr_v1", mod + "cachemgr_v2", mod + "mamba", mod + "dsa", mod + "dsa/mla", mod + "gqa"} {
+		if !slices.Contains(rules[4].ban, w) {
+			t.Errorf("the engine's rule bans %v, not %s", rules[4].ban, w)
+		}
+	}
+	if want := []string{"./cmd/kvx-backend-dsa", "./cmd/kvx-backend-mla", "./cmd/kvx-backend-gqa"}; !slices.Equal(rules[0].pkgs, want) {
+		t.Errorf("backend binaries %v, want %v", rules[0].pkgs, want)
+	}
+	if want := []string{"./cmd/kvx-cachemgr-v2", "./cmd/kvx-mamba", "./cmd/kvx-cachemgr-v1"}; !slices.Equal(rules[1].pkgs, want) {
+		t.Errorf("manager binaries %v, want %v", rules[1].pkgs, want)
 	}
 }

@@ -112,7 +112,7 @@ func TestGenerateDraftsChangeNothing(t *testing.T) {
 // no-cache reference of genScenario's model.
 func checkAgainstReference(t *testing.T, cs []completion) {
 	t.Helper()
-	cfg, _, err := config.Load([]string{genScenario}, nil, nil)
+	cfg, _, err := config.Load(builtin.Registry(), []string{genScenario}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -275,7 +275,8 @@ func TestBadConfigExitsTwoNamingTheKey(t *testing.T) {
 	}{
 		{[]string{"run", "-c", "testdata/small.yaml", "--set", "max_batch_sise=4"}, []string{"max_batch_sise", "max_batch_size"}},
 		{[]string{"run", "-c", "testdata/small.yaml", "--set", "kv_cache_config.free_gpu_memory_fraction=1.5"}, []string{"free_gpu_memory_fraction", "1.5"}},
-		{[]string{"run", "-c", "testdata/small.yaml", "--set", "cache_manager=v9"}, []string{"cache_manager", "v9", "v1, v2"}},
+		{[]string{"run", "-c", "testdata/small.yaml", "--set", "cache_manager=v9"}, []string{"cache_manager", "v9", "v2, mamba, v1"}},
+		{[]string{"run", "-c", "testdata/small.yaml", "--set", "attention_backend=dsa9"}, []string{"attention_backend", "dsa9", "dsa, mla, gqa or a plugin path"}},
 		{[]string{"run", "-c", "testdata/missing.yaml"}, []string{"missing.yaml"}},
 		{[]string{"compare", "-c", "testdata/small.yaml", "--vary", "nonsense"}, []string{"--vary", "key=a,b"}},
 		{[]string{"run", "-c", "testdata/small.yaml", "--set", "workload.requests=0", "--set", "workload.trace=testdata/nope.jsonl"}, []string{"nope.jsonl"}},
@@ -313,7 +314,8 @@ func TestPlanAndPluginsCommands(t *testing.T) {
 		t.Fatalf("plugins exit %d: %s", code, stderr)
 	}
 	for _, w := range []string{"kvx-cachemgr-v1", "kvx-cachemgr-v2", "kvx-backend-dsa", "kvx-backend-mla", "kvx-backend-gqa", "prefix-reuse", "host-tier", "cache-salt", "kv-events",
-		"explain", "retention", "eviction:lru/lfu", "protocol", "features", fmt.Sprintf(" %d ", pluginrpc.Protocol), "top_logprobs"} {
+		"explain", "retention", "eviction:lru/lfu", "protocol", "features", fmt.Sprintf(" %d ", pluginrpc.Protocol), "top_logprobs",
+		"cache_manager: v1", "cache_manager: mamba", "attention_backend: gqa"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("plugins output lacks %q:\n%s", w, out)
 		}

@@ -98,7 +98,7 @@ var hostRow = regexp.MustCompile(`(?m)^ ?\S+ host \d+ `)
 // in-process, as plan does: the layouts the plan must print.
 func layouts(t *testing.T, sets ...string) ([]kvcache.Layout, *setup.Resolved) {
 	t.Helper()
-	cfg, _, err := config.Load([]string{"testdata/small.yaml"}, nil, append([]string{"isolation=inprocess"}, sets...))
+	cfg, _, err := config.Load(builtin.Registry(), []string{"testdata/small.yaml"}, nil, append([]string{"isolation=inprocess"}, sets...))
 	if err != nil {
 		t.Fatal(err)
 	}

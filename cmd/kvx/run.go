@@ -193,7 +193,7 @@ func loadConfig(g *globals, varies []string) (*config.Config, error) {
 		files = []string{path}
 		sets = append([]string{"workload.trace=" + trace}, sets...)
 	}
-	cfg, notices, err := config.LoadVaried(files, os.Environ(), sets, varies)
+	cfg, notices, err := config.LoadVaried(builtin.Registry(), files, os.Environ(), sets, varies)
 	for _, n := range notices {
 		fmt.Fprintln(os.Stderr, "notice:", n)
 	}

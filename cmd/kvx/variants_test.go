@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvx-dev/kvx/cmd/builtin"
 	"github.com/kvx-dev/kvx/core/config"
 )
 
@@ -38,7 +39,7 @@ func TestVariants(t *testing.T) {
 
 // A bad --vary value is reported as --vary's, not --set's.
 func TestVaryOrigin(t *testing.T) {
-	_, _, err := config.LoadVaried(nil, nil, []string{"model=llama-3.1-8b"}, []string{"max_num_tokens=-3"})
+	_, _, err := config.LoadVaried(builtin.Registry(), nil, nil, []string{"model=llama-3.1-8b"}, []string{"max_num_tokens=-3"})
 	if err == nil || !strings.Contains(err.Error(), "(--vary)") || strings.Contains(err.Error(), "(--set)") {
 		t.Errorf("LoadVaried with a bad --vary value: %v, want it named (--vary)", err)
 	}

@@ -72,7 +72,7 @@ func TestSimCalibrationRefused(t *testing.T) {
 		{"class", file("cls.json", strings.Replace(goodCalibration, `"gemm"`, `"tensor"`, 1)), nil, `class "tensor" is not one of gemm, moe, memory or mixer.<mixer>`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, _, err := Load(nil, nil, append([]string{"model=llama-3.1-8b", "sim_calibration=" + c.path}, c.sets...))
+			_, _, err := Load(testReg, nil, nil, append([]string{"model=llama-3.1-8b", "sim_calibration=" + c.path}, c.sets...))
 			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "sim_calibration: \""+c.path+"\"") {
 				t.Fatalf("Load with sim_calibration %s: error %v, want one naming the key and value and containing %q", c.path, err, c.want)
 			}

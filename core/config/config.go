@@ -44,6 +44,7 @@ import (
 	"time"
 
 	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/core/registry"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
@@ -55,8 +56,8 @@ type Config struct {
 	Model            string   // model: preset name, or path to a config.json or a checkpoint directory; relative to the YAML file that sets it, else to the working directory (required)
 	Hardware         string   // hardware: a core/hw preset name (h200)
 	Device           string   // device: sim, cpu or cuda (sim)
-	CacheManager     string   // cache_manager: v1, v2, mamba or a plugin path (mamba for hybrid models, else v2)
-	AttentionBackend string   // attention_backend: dsa, mla or gqa (from the model)
+	CacheManager     string   // cache_manager: a manager of the registry or a plugin path (default: the first registered that manages the model's mixers)
+	AttentionBackend string   // attention_backend: a backend of the registry or a plugin path (default: the first registered that runs the model's mixers)
 	Isolation        string   // isolation: plugin or inprocess (plugin)
 	PluginTransport  string   // plugin_transport: auto (gRPC plus a framed data plane for per-step calls when the plugin offers one) or grpc (auto)
 	WeightsDtype     string   // weights_dtype: bf16, fp8, fp4 or w4afp8 (bf16)
@@ -118,6 +119,7 @@ type Config struct {
 
 	model    spec.Model
 	hardware spec.Hardware
+	reg      *registry.Registry // what cache_manager and attention_backend may name
 }
 
 // KVCacheConfig is kv_cache_config.
@@ -301,6 +303,10 @@ func (c *Config) ModelSpec() spec.Model {
 	m.Layers = slices.Clone(m.Layers)
 	return m
 }
+
+// Registry returns the registry the configuration was loaded against: the
+// managers and backends that CacheManager and AttentionBackend may name.
+func (c *Config) Registry() *registry.Registry { return c.reg }
 
 // HardwareSpec returns the hardware preset named by Hardware.
 func (c *Config) HardwareSpec() spec.Hardware { return c.hardware }

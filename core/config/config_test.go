@@ -15,7 +15,7 @@ import (
 
 func load(t *testing.T, files, env, sets []string) (*Config, []string) {
 	t.Helper()
-	c, notices, err := Load(files, env, sets)
+	c, notices, err := Load(testReg, files, env, sets)
 	if err != nil {
 		t.Fatalf("Load(%v, %v, %v): %v", files, env, sets, err)
 	}
@@ -272,7 +272,7 @@ func TestErrors(t *testing.T) {
 			`workload.retention_duration_s: 30 set without workload.retention_priority: it is how long that priority lasts`},
 		{"enum policy", "scheduler_config: {capacity_scheduler_policy: STATIC_BATCH}\n", nil, nil,
 			`scheduler_config.capacity_scheduler_policy: "STATIC_BATCH" (file F) is not one of GUARANTEED_NO_EVICT, MAX_UTILIZATION`},
-		{"cache manager", "cache_manager: v3\n", nil, nil, `cache_manager: "v3" (file F) is not one of v1, v2, mamba or a plugin path (containing a path separator)`},
+		{"cache manager", "cache_manager: v3\n", nil, nil, `cache_manager: "v3" (file F) is not one of v2, mamba, v1 or a plugin path (containing a path separator)`},
 		{"check invariants", "check_invariants: sometimes\n", nil, nil, `check_invariants: "sometimes" (file F) is not "every", "off" or a number of steps`},
 		{"bytes", "kv_cache_config: {host_cache_size: 64 parsecs}\n", nil, nil,
 			`kv_cache_config.host_cache_size: "64 parsecs" (file F) is not a byte count (an integer or a size such as "64GiB")`},
@@ -302,9 +302,9 @@ func TestErrors(t *testing.T) {
 		{"ep without experts", "tensor_parallel_size: 2\nexpert_parallel_size: 2\n", nil, nil,
 			`expert_parallel_size: 2 needs a MoE model; model "llama-3.1-8b" has no experts`},
 		{"dsa on gqa", "attention_backend: dsa\n", nil, nil,
-			`attention_backend: "dsa" does not fit model "llama-3.1-8b", whose attention is gqa; allowed: gqa`},
+			`attention_backend: "dsa" does not fit model "llama-3.1-8b", whose layers need mixer gqa: backend dsa runs dsa; allowed: gqa, or a plugin path`},
 		{"gqa on dsa", "attention_backend: gqa\n", nil, []string{"model=glm-5"},
-			`attention_backend: "gqa" does not fit model "glm-5", whose attention is dsa; allowed: dsa or mla (dense A/B)`},
+			`attention_backend: "gqa" does not fit model "glm-5", whose layers need mixer dsa: backend gqa runs gqa, mamba, none (ffn only); allowed: dsa or mla, or a plugin path`},
 		{"mtp without layers", "speculative_config: {decoding_type: MTP}\n", nil, nil,
 			`speculative_config.decoding_type: MTP needs MTP layers; model "llama-3.1-8b" has num_nextn_predict_layers 0`},
 		{"spec without type", "speculative_config: {max_draft_len: 2}\n", nil, nil,
@@ -341,7 +341,7 @@ func TestErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := writeYAML(t, "model: llama-3.1-8b\n"+tt.yaml)
-			_, _, err := Load([]string{f}, tt.env, tt.sets)
+			_, _, err := Load(testReg, []string{f}, tt.env, tt.sets)
 			if err == nil {
 				t.Fatalf("Load = nil error, want %q", tt.want)
 			}
@@ -356,7 +356,7 @@ func TestErrors(t *testing.T) {
 func TestFileErrors(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "nope.yaml")
 	bad := writeYAML(t, "model: [unclosed\n")
-	_, _, err := Load([]string{missing, bad}, nil, []string{"model=llama-3.1-8b"})
+	_, _, err := Load(testReg, []string{missing, bad}, nil, []string{"model=llama-3.1-8b"})
 	want := "config file " + missing + ": open " + missing + ": no such file or directory\n" +
 		"config file " + bad + ": yaml: line 2: did not find expected ',' or ']' (while parsing a flow sequence that starts at line 1)"
 	if err == nil || err.Error() != want {
@@ -378,7 +378,7 @@ func TestYAMLErrorLines(t *testing.T) {
 		{"seed: 3\nkv_cache_config: {tokens_per_block: 32,\n  dtype: fp8\nhardware: h200\n", "line 10: did not find expected ',' or '}' (while parsing a flow mapping that starts at line 8)"},
 	} {
 		f := writeYAML(t, head+tc.tail)
-		_, _, err := Load([]string{f}, nil, nil)
+		_, _, err := Load(testReg, []string{f}, nil, nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "missing") {
 			t.Errorf("Load(%q) = %v, want an error with %q and nothing about missing keys", tc.tail, err, tc.want)
 		}
@@ -388,7 +388,7 @@ func TestYAMLErrorLines(t *testing.T) {
 // All problems come back at once, not just the first.
 func TestErrorsCollected(t *testing.T) {
 	f := writeYAML(t, "model: llama-3.1-8b\nmax_batch_size: -1\ndevice: tpu\nkv_cache_config:\n  tokens_per_blok: 3\n  dtype: int4\nfoo: 1\n")
-	_, _, err := Load([]string{f}, []string{"KVX_SEED=abc"}, []string{"workload.rate=-1"})
+	_, _, err := Load(testReg, []string{f}, []string{"KVX_SEED=abc"}, []string{"workload.rate=-1"})
 	if err == nil {
 		t.Fatal("Load = nil error")
 	}
@@ -406,7 +406,7 @@ func TestErrorsCollected(t *testing.T) {
 func TestIgnoredKeysNotices(t *testing.T) {
 	for _, ig := range IgnoredKeys() {
 		set := ig + "=1"
-		_, notices, err := Load(nil, nil, []string{"model=llama-3.1-8b", set})
+		_, notices, err := Load(testReg, nil, nil, []string{"model=llama-3.1-8b", set})
 		if err != nil {
 			t.Errorf("--set %s: %v", set, err)
 			continue
@@ -472,7 +472,7 @@ func TestWorkloadModes(t *testing.T) {
 		t.Errorf("bailian trace workload = %+v, want format bailian, hash_block_tokens 8", w)
 	}
 	const noIDs = "workload.hash_block_tokens: 16, but workload.format azure traces have no hash_ids"
-	if _, _, err := Load(nil, nil, []string{"model=llama-3.1-8b", "workload.trace=" + trace, "workload.format=azure", "workload.hash_block_tokens=16"}); err == nil || !strings.Contains(err.Error(), noIDs) {
+	if _, _, err := Load(testReg, nil, nil, []string{"model=llama-3.1-8b", "workload.trace=" + trace, "workload.format=azure", "workload.hash_block_tokens=16"}); err == nil || !strings.Contains(err.Error(), noIDs) {
 		t.Errorf("azure with hash_block_tokens: Load = %v, want an error containing %q", err, noIDs)
 	}
 	c, _ = load(t, nil, nil, []string{"model=llama-3.1-8b", "workload.requests=5", "workload.prompt_tokens.max=100",
@@ -523,7 +523,7 @@ func TestFlattenRoundTrip(t *testing.T) {
 				continue
 			}
 			sets := append(slices.Clone(b.sets), key+"="+formatValue(v))
-			c, _, err := Load(b.files, nil, sets)
+			c, _, err := Load(testReg, b.files, nil, sets)
 			if err != nil {
 				t.Errorf("%v + --set %s=%s: %v", b.files, key, formatValue(v), err)
 				continue
@@ -560,7 +560,7 @@ func TestSuggest(t *testing.T) {
 
 func BenchmarkLoadSeedB(b *testing.B) {
 	for b.Loop() {
-		if _, _, err := Load([]string{"testdata/seed_b_003.yml"}, []string{"KVX_MAX_BATCH_SIZE=16"}, []string{"tp_size=4"}); err != nil {
+		if _, _, err := Load(testReg, []string{"testdata/seed_b_003.yml"}, []string{"KVX_MAX_BATCH_SIZE=16"}, []string{"tp_size=4"}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -581,14 +581,14 @@ func TestTracePathRelativeToFile(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte("model: llama-3.1-8b\nworkload:\n  trace: traces/t.jsonl\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c, _, err := Load([]string{cfgPath}, nil, nil)
+	c, _, err := Load(testReg, []string{cfgPath}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Workload.Trace != trace {
 		t.Errorf("workload.trace = %q, want %q", c.Workload.Trace, trace)
 	}
-	if _, _, err := Load([]string{cfgPath}, nil, []string{"workload.trace=traces/t.jsonl"}); err == nil {
+	if _, _, err := Load(testReg, []string{cfgPath}, nil, []string{"workload.trace=traces/t.jsonl"}); err == nil {
 		t.Errorf("--set workload.trace=traces/t.jsonl resolved against the config file's directory, want the working directory")
 	}
 }
@@ -614,20 +614,20 @@ func TestModelPathRelativeToFile(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte("model: ../ckpt/config.json\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c, _, err := Load([]string{cfgPath}, nil, nil)
+	c, _, err := Load(testReg, []string{cfgPath}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := filepath.Join(dir, "ckpt", "config.json"); c.Model != want {
 		t.Errorf("model = %q, want %q", c.Model, want)
 	}
-	if _, _, err := Load([]string{cfgPath}, nil, []string{"model=../ckpt/config.json"}); err == nil {
+	if _, _, err := Load(testReg, []string{cfgPath}, nil, []string{"model=../ckpt/config.json"}); err == nil {
 		t.Errorf("--set model=../ckpt/config.json resolved against the config file's directory, want the working directory")
 	}
 	if err := os.WriteFile(cfgPath, []byte("model: llama-3.1-8b\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, err := Load([]string{cfgPath}, nil, nil); err != nil {
+	if c, _, err := Load(testReg, []string{cfgPath}, nil, nil); err != nil {
 		t.Errorf("preset from a file: %v", err)
 	} else if c.Model != "llama-3.1-8b" {
 		t.Errorf("preset from a file: model %q, want the preset name unchanged", c.Model)

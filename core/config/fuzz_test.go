@@ -34,7 +34,7 @@ func FuzzLoad(f *testing.F) {
 			t.Fatal(err)
 		}
 		start := time.Now()
-		c, _, err := Load([]string{path}, nil, []string{set})
+		c, _, err := Load(testReg, []string{path}, nil, []string{set})
 		if d := time.Since(start); d > 5*time.Second {
 			t.Errorf("Load took %v", d)
 		}

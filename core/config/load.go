@@ -12,6 +12,8 @@ import (
 	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/v2"
 	yamlv3 "go.yaml.in/yaml/v3"
+
+	"github.com/kvx-dev/kvx/core/registry"
 )
 
 // EnvPrefix starts every environment variable that Load reads.
@@ -33,13 +35,16 @@ type origin struct {
 // sets ("key=value"), each overriding the previous. It returns the config,
 // the notices (ignored keys, values beyond the model's limits) and nil; or
 // nil, the notices found so far and every error found, joined.
-func Load(files []string, env []string, sets []string) (*Config, []string, error) {
-	return LoadVaried(files, env, sets, nil)
+// cache_manager and attention_backend are checked against reg, which
+// lists the built-in managers and backends and picks their defaults (nil:
+// none, so both must be plugin paths); the Config keeps it (Registry).
+func Load(reg *registry.Registry, files []string, env []string, sets []string) (*Config, []string, error) {
+	return LoadVaried(reg, files, env, sets, nil)
 }
 
 // LoadVaried is Load with varies ("key=value", a kvx compare variant's
 // values) after sets, overriding them; messages name them "--vary".
-func LoadVaried(files, env, sets, varies []string) (*Config, []string, error) {
+func LoadVaried(reg *registry.Registry, files, env, sets, varies []string) (*Config, []string, error) {
 	ld := &loader{origins: map[string]origin{}}
 	merged := koanf.New(".")
 	rank := 0
@@ -113,6 +118,7 @@ func LoadVaried(files, env, sets, varies []string) (*Config, []string, error) {
 		return nil, ld.notices, errors.Join(ld.errs...)
 	}
 	c := defaults()
+	c.reg = reg
 	ld.apply(c, merged.All())
 	ld.resolve(c)
 	if len(ld.errs) > 0 {

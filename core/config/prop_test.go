@@ -32,7 +32,7 @@ func TestIntKeysProperty(t *testing.T) {
 		if override {
 			sets = append(sets, key+"=7") // --set after env (or a later --set) wins
 		}
-		c, _, err := Load(nil, env, sets)
+		c, _, err := Load(testReg, nil, env, sets)
 		if override {
 			if err != nil {
 				t.Fatalf("override: %v", err)
@@ -71,7 +71,7 @@ func TestIgnoredKeysProperty(t *testing.T) {
 			want = append(want, "key "+k+" has no effect in kvx")
 		}
 		slices.Sort(want)
-		_, notices, err := Load(nil, nil, sets)
+		_, notices, err := Load(testReg, nil, nil, sets)
 		if err != nil {
 			t.Fatal(err)
 		}

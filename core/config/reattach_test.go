@@ -16,10 +16,10 @@ func TestReattachVariablesAreNotKeys(t *testing.T) {
 	}
 	sets := []string{"model=llama-3.1-8b"}
 	reattach := pluginrpc.ReattachEnv("kvx-fifo") + `={"protocol":"grpc","version":2,"network":"unix","address":"/tmp/p","pid":7}`
-	if _, _, err := Load(nil, []string{reattach}, sets); err != nil {
+	if _, _, err := Load(testReg, nil, []string{reattach}, sets); err != nil {
 		t.Errorf("Load with %s: %v, want no error", reattach, err)
 	}
-	_, _, err := Load(nil, []string{"KVX_REATTACHED=1"}, sets)
+	_, _, err := Load(testReg, nil, []string{"KVX_REATTACHED=1"}, sets)
 	if err == nil || !strings.Contains(err.Error(), "KVX_REATTACHED") {
 		t.Errorf("Load with KVX_REATTACHED=1: %v, want an unknown-key error naming it", err)
 	}

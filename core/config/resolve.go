@@ -5,10 +5,12 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/kvx-dev/kvx/core/hw"
 	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/core/registry"
 	"github.com/kvx-dev/kvx/core/workload"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
@@ -217,41 +219,34 @@ func (ld *loader) where(key string) string {
 // resolveModel applies the rules that need the model.
 func (ld *loader) resolveModel(c *Config) {
 	m := c.model
-	var dsa, mla, mamba bool
-	for _, l := range m.Layers {
-		switch l.Mixer {
-		case spec.MixerDSA:
-			dsa = true
-		case spec.MixerMLA:
-			mla = true
-		case spec.MixerMamba:
-			mamba = true
-		}
-	}
-	kind := "gqa"
-	switch {
-	case dsa:
-		kind = "dsa"
-	case mla:
-		kind = "mla"
-	}
+	reg := c.reg
+	need := registry.ModelMixers(m)
+	mamba := slices.Contains(need, spec.MixerMamba)
 	if c.AttentionBackend == "" {
-		c.AttentionBackend = kind
-	} else if !ld.bad["attention_backend"] {
-		ok := c.AttentionBackend == kind || (c.AttentionBackend == "mla" && kind == "dsa")
-		if !ok {
-			allowed := kind
-			if kind == "dsa" {
-				allowed = "dsa or mla (dense A/B)"
+		if fit := reg.BackendsFor(need); len(fit) > 0 {
+			c.AttentionBackend = fit[0].Name
+		} else {
+			ld.crossErr("attention_backend: not set, and no built-in backend (%s) runs every mixer of model %q (%s); set attention_backend to a plugin path",
+				registry.Or(reg.BackendNames()), m.Name, registry.MixerList(need))
+		}
+	} else if b, ok := reg.Backend(c.AttentionBackend); ok && !ld.bad["attention_backend"] {
+		// A plugin path says what it runs in its worker's Info, which the
+		// worker checks against the stage's layers when it is configured.
+		if miss := b.Missing(need); miss != nil {
+			noun := "mixer"
+			if len(miss) > 1 {
+				noun = "mixers"
 			}
-			ld.crossErr("attention_backend: %q does not fit model %q, whose attention is %s; allowed: %s",
-				c.AttentionBackend, m.Name, kind, allowed)
+			ld.crossErr("attention_backend: %q does not fit model %q, whose layers need %s %s: backend %s runs %s; allowed: %s",
+				c.AttentionBackend, m.Name, noun, registry.MixerList(miss), b.Name, registry.MixerList(b.Mixers), fitting(reg.BackendsFor(need), func(b registry.Backend) string { return b.Name }))
 		}
 	}
 	if c.CacheManager == "" {
-		c.CacheManager = "v2"
-		if mamba {
-			c.CacheManager = "mamba"
+		if fit := reg.ManagersFor(need); len(fit) > 0 {
+			c.CacheManager = fit[0].Name
+		} else {
+			ld.crossErr("cache_manager: not set, and no built-in cache manager (%s) manages every mixer of model %q (%s); set cache_manager to a plugin path",
+				registry.Or(reg.ManagerNames()), m.Name, registry.MixerList(need))
 		}
 	}
 	if !mamba && (ld.given["mamba_state_config.periodic_snapshot_interval"] || ld.given["mamba_state_config.additional_snapshot_offsets_from_end"]) {
@@ -421,4 +416,17 @@ func (ld *loader) resolveCalibration(c *Config) {
 	p := cal.Params
 	c.hardware.Calibration = &p
 	c.hardware.Uncalibrated = false
+}
+
+// fitting lists the names of the registry entries that fit, for an
+// "allowed:" clause: "dsa or mla, or a plugin path".
+func fitting[E any](fit []E, name func(E) string) string {
+	names := make([]string, len(fit))
+	for i, e := range fit {
+		names[i] = name(e)
+	}
+	if len(names) == 0 {
+		return "a plugin path"
+	}
+	return registry.Or(names) + ", or a plugin path"
 }

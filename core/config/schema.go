@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 	"math"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/kvx-dev/kvx/core/hw"
 	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/core/registry"
 	"github.com/kvx-dev/kvx/core/workload"
 )
 
@@ -34,13 +34,8 @@ var baseFields = []field{
 	stringField("model", func(c *Config) *string { return &c.Model }, nil),
 	enumField("hardware", func(c *Config) *string { return &c.Hardware }, hw.Names(), nil),
 	enumField("device", func(c *Config) *string { return &c.Device }, []string{"sim", "cpu", "cuda"}, nil),
-	stringField("cache_manager", func(c *Config) *string { return &c.CacheManager }, func(s string) string {
-		if s == "v1" || s == "v2" || s == "mamba" || strings.ContainsRune(s, '/') || strings.ContainsRune(s, filepath.Separator) {
-			return ""
-		}
-		return "is not one of v1, v2, mamba or a plugin path (containing a path separator)"
-	}),
-	enumField("attention_backend", func(c *Config) *string { return &c.AttentionBackend }, []string{"dsa", "mla", "gqa"}, nil),
+	pluginField("cache_manager", func(c *Config) *string { return &c.CacheManager }, (*registry.Registry).ManagerNames),
+	pluginField("attention_backend", func(c *Config) *string { return &c.AttentionBackend }, (*registry.Registry).BackendNames),
 	enumField("isolation", func(c *Config) *string { return &c.Isolation }, []string{"plugin", "inprocess"}, nil),
 	enumField("plugin_transport", func(c *Config) *string { return &c.PluginTransport }, []string{"auto", "grpc"}, nil),
 	enumField("weights_dtype", func(c *Config) *string { return &c.WeightsDtype }, []string{"bf16", "fp8", "fp4", "w4afp8"},
@@ -551,6 +546,47 @@ func stringField(key string, acc func(*Config) *string, check func(string) strin
 			}
 			*acc(c) = s
 			return ""
+		},
+		get: func(c *Config) any {
+			if *acc(c) == "" {
+				return nil
+			}
+			return *acc(c)
+		},
+	}
+}
+
+// pluginField is cache_manager or attention_backend: a name the config's
+// registry lists (names, case-insensitive) or a plugin binary's path
+// (registry.IsPath: it contains a path separator).
+func pluginField(key string, acc func(*Config) *string, names func(*registry.Registry) []string) field {
+	return field{
+		key:  key,
+		kind: "a string",
+		set: func(c *Config, v any) string {
+			s, ok := v.(string)
+			if !ok {
+				return "is not a string"
+			}
+			s = strings.TrimSpace(s)
+			if s == "" {
+				return "is empty"
+			}
+			if registry.IsPath(s) {
+				*acc(c) = s
+				return ""
+			}
+			known := names(c.reg)
+			for _, n := range known {
+				if strings.EqualFold(s, n) {
+					*acc(c) = n
+					return ""
+				}
+			}
+			if len(known) == 0 {
+				return "is not a plugin path (containing a path separator); this kvx has no built-in one"
+			}
+			return "is not one of " + strings.Join(known, ", ") + " or a plugin path (containing a path separator)"
 		},
 		get: func(c *Config) any {
 			if *acc(c) == "" {

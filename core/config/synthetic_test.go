@@ -98,7 +98,7 @@ func TestSyntheticErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		sets := append([]string{"model=llama-3.1-8b"}, tt.sets...)
-		_, _, err := Load(nil, nil, sets)
+		_, _, err := Load(testReg, nil, nil, sets)
 		if err == nil {
 			t.Errorf("%s: Load(%v) = nil error, want %q", tt.name, sets, tt.want)
 			continue
@@ -121,7 +121,7 @@ func TestSyntheticKeysProperty(t *testing.T) {
 		preset := rapid.SampledFrom(presets).Draw(t, "preset")
 		v := rapid.OneOf(rapid.IntRange(-2, 70), rapid.IntRange(0, 1<<15)).Draw(t, "value")
 		key := "synthetic." + f.Key
-		c, _, err := Load(nil, nil, []string{"model=" + preset, "device=cpu", fmt.Sprintf("%s=%d", key, v)})
+		c, _, err := Load(testReg, nil, nil, []string{"model=" + preset, "device=cpu", fmt.Sprintf("%s=%d", key, v)})
 		if err != nil {
 			if msg := err.Error(); !strings.Contains(msg, key) || !strings.Contains(msg, fmt.Sprint(v)) {
 				t.Fatalf("Load(%s=%d) error %q does not name the key and the value", key, v, msg)
@@ -159,7 +159,7 @@ func TestCheckpointModel(t *testing.T) {
 	if c, _ := load(t, nil, nil, []string{"model=" + dir, "device=cpu", "kv_cache_config.dtype=bf16"}); c.KVCache.Dtype != "bf16" {
 		t.Errorf("kv_cache_config.dtype=bf16 became %q", c.KVCache.Dtype)
 	}
-	_, _, err := Load(nil, nil, []string{"model=" + dir, "device=cpu", "synthetic.hidden=32"})
+	_, _, err := Load(testReg, nil, nil, []string{"model=" + dir, "device=cpu", "synthetic.hidden=32"})
 	if err == nil || !strings.Contains(err.Error(), "synthetic.hidden: set with model") {
 		t.Errorf("synthetic keys with a checkpoint: %v, want an error naming synthetic.hidden", err)
 	}
@@ -200,11 +200,11 @@ func TestDtype(t *testing.T) {
 			t.Errorf("--set %v: dtype %q, want %q", tc.set, c.Dtype, tc.want)
 		}
 	}
-	_, _, err := Load(files, nil, []string{"device=cpu", "dtype=bfloat16"})
+	_, _, err := Load(testReg, files, nil, []string{"device=cpu", "dtype=bfloat16"})
 	if err == nil || !strings.Contains(err.Error(), "dtype: bfloat16") || !strings.Contains(err.Error(), "device cpu") {
 		t.Errorf("dtype bfloat16 on cpu: %v, want an error naming dtype and device", err)
 	}
-	_, _, err = Load(files, nil, []string{"dtype=float16"})
+	_, _, err = Load(testReg, files, nil, []string{"dtype=float16"})
 	if err == nil || !strings.Contains(err.Error(), "dtype") || !strings.Contains(err.Error(), "float16") {
 		t.Errorf("dtype float16: %v, want an error naming the key and the value", err)
 	}

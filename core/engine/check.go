@@ -93,7 +93,7 @@ func (e *Engine) checkStage(st *stage, snap *kvcache.Snapshot, deep bool) []stri
 			if p.Tier != kvcache.TierDevice || p.TokensPerBlock == 0 || p.Window > 0 {
 				continue
 			}
-			if want := ceilDiv(s.Capacity, p.TokensPerBlock); s.Blocks[i] != want {
+			if want := kvcache.BlocksFor(s.Capacity, p.TokensPerBlock); s.Blocks[i] != want {
 				bad("request %d: pool %s holds %d blocks for capacity %d, want %d", s.Seq, p.Name, s.Blocks[i], s.Capacity, want)
 			}
 		}
@@ -117,5 +117,3 @@ func (e *Engine) checkStage(st *stage, snap *kvcache.Snapshot, deep bool) []stri
 	}
 	return v
 }
-
-func ceilDiv(a, b int) int { return (a + b - 1) / b }

@@ -30,6 +30,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/kvx-dev/kvx/core/registry"
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/sched"
 	"github.com/kvx-dev/kvx/core/workload"
@@ -63,6 +64,9 @@ type Spec struct {
 	Managers []kvcache.Config // one per pipeline stage
 	Workers  []worker.Config  // one per pipeline stage; Layout is filled in by Run
 	Sched    sched.Config     // MaxSeqTokens is filled in by Run from the layouts
+	// Registry names the built-in managers that a refusal of the
+	// configured one suggests instead (checkCapabilities); nil: none.
+	Registry *registry.Registry
 
 	// CheckEvery inspects the managers after every CheckEvery-th commit (0 = never);
 	// DeepEvery adds block tables and reference counts every DeepEvery-th check.
@@ -346,7 +350,7 @@ func (e *Engine) startStage(ctx context.Context, st *stage) error {
 	if err != nil {
 		return fmt.Errorf("stage %d: cache manager info: %w", i, err)
 	}
-	if err := checkCapabilities(info, e.spec.Managers[i]); err != nil {
+	if err := checkCapabilities(info, e.spec.Managers[i], e.spec.Registry); err != nil {
 		return fmt.Errorf("stage %d: %w", i, err)
 	}
 	if err := checkEvictionPolicy(info, e.spec.Managers[i]); err != nil {
@@ -397,16 +401,25 @@ func suspender(m kvcache.Manager, info kvcache.Info, layout kvcache.Layout) kvca
 	return nil
 }
 
-// checkCapabilities refuses a manager that cannot hold the stage's layers.
-func checkCapabilities(info kvcache.Info, cfg kvcache.Config) error {
+// checkCapabilities refuses a manager that cannot hold the stage's layers,
+// naming the registered managers that can.
+func checkCapabilities(info kvcache.Info, cfg kvcache.Config, reg *registry.Registry) error {
 	for _, l := range cfg.Layers {
 		if !l.HasCache() {
 			continue
 		}
 		if !slices.Contains(info.Capabilities.Mixers, l.Mixer) {
+			var fit []string
+			for _, m := range reg.ManagersFor([]spec.Mixer{l.Mixer}) {
+				name := m.Name
+				if l.Mixer == spec.MixerMamba && !m.Capabilities.SSMReuse {
+					name += " (without SSM reuse)"
+				}
+				fit = append(fit, name)
+			}
 			hint := ""
-			if l.Mixer == spec.MixerMamba {
-				hint = "; hybrid Mamba models need a manager with an SSM life cycle: set cache_manager: mamba (or v1, without SSM reuse)"
+			if len(fit) > 0 {
+				hint = fmt.Sprintf("; set cache_manager to one that manages mixer %q: %s", l.Mixer, strings.Join(fit, ", "))
 			}
 			return fmt.Errorf("cache manager %s cannot serve layer %d (mixer %q); it supports %v%s", info.Name, l.Index, l.Mixer, info.Capabilities.Mixers, hint)
 		}

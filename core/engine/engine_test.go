@@ -339,7 +339,7 @@ func TestSuspendWithReuseUnderPressure(t *testing.T) {
 		"workload.requests=16", "workload.concurrency=6", "workload.prompt_tokens={min: 120, max: 260}",
 		"workload.output_tokens={min: 16, max: 48}", "workload.shared_prefix_tokens=96", "workload.shared_prefix_groups=3", "workload.seed=7",
 	}
-	cfg, _, err := config.Load(nil, nil, sets)
+	cfg, _, err := config.Load(builtin.Registry(), nil, nil, sets)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,5 +407,27 @@ func TestDeepCheckFindsALeakedBlock(t *testing.T) {
 				t.Errorf("%d deep checks, want the run to stop at the first", rep.Invariants.DeepChecks)
 			}
 		})
+	}
+}
+
+// TestManagerRefusalNamesTheRegisteredOnes: a manager that cannot hold a
+// stage's layers is refused at start, and the refusal names the managers
+// the registry says can (SSM reuse or not), not a list written here.
+func TestManagerRefusalNamesTheRegisteredOnes(t *testing.T) {
+	cfg, _, err := config.Load(builtin.Registry(), nil, nil, []string{"model=nemotron-3-nano-30b-a3b", "cache_manager=v2", "isolation=inprocess",
+		"workload.requests=1", "workload.prompt_tokens=64", "workload.output_tokens=4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := setup.Resolve(cfg, "refused", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := setup.NewLauncher(cfg, builtin.Registry(), nil)
+	defer l.Close()
+	_, err = engine.Run(context.Background(), res.Spec, l)
+	want := `set cache_manager to one that manages mixer "mamba": mamba, v1 (without SSM reuse)`
+	if err == nil || !strings.Contains(err.Error(), "cannot serve layer") || !strings.Contains(err.Error(), want) {
+		t.Errorf("v2 on a hybrid model: %v; want a refusal containing %q", err, want)
 	}
 }

@@ -103,7 +103,7 @@ func variants(f family) []variant {
 // run runs one variant and returns its report with every request's outputs.
 func run(t *testing.T, sets []string) (report.Report, *config.Config) {
 	t.Helper()
-	cfg, _, err := config.Load(nil, nil, append([]string{"isolation=inprocess", "plugin_dirs=" + binDir}, sets...))
+	cfg, _, err := config.Load(builtin.Registry(), nil, nil, append([]string{"isolation=inprocess", "plugin_dirs=" + binDir}, sets...))
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}

@@ -59,7 +59,7 @@ func TestCheckpointGoldens(t *testing.T) {
 				if !slices.Contains(v, "isolation=plugin") {
 					sets = append(sets, "isolation=inprocess")
 				}
-				cfg, _, err := config.Load(nil, nil, append([]string{"plugin_dirs=" + binDir}, sets...))
+				cfg, _, err := config.Load(builtin.Registry(), nil, nil, append([]string{"plugin_dirs=" + binDir}, sets...))
 				if err != nil {
 					t.Fatalf("%s: config: %v", name, err)
 				}

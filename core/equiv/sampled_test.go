@@ -20,7 +20,7 @@ import (
 // logprobs asked for, and the stop ids stopIDs gives it.
 func runDecoded(t *testing.T, sets []string, stopIDs func(id uint64) []int32) report.Report {
 	t.Helper()
-	cfg, _, err := config.Load(nil, nil, append([]string{"isolation=inprocess", "plugin_dirs=" + binDir}, sets...))
+	cfg, _, err := config.Load(builtin.Registry(), nil, nil, append([]string{"isolation=inprocess", "plugin_dirs=" + binDir}, sets...))
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}

@@ -62,7 +62,7 @@ func (a *aliasing) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]
 func TestEquivalenceHasTeeth(t *testing.T) {
 	f := families[0]
 	sets := slices.Concat(common, f.sets, []string{"cache_manager=v1", "max_num_tokens=64", "isolation=inprocess", "plugin_dirs=" + binDir})
-	cfg, _, err := config.Load(nil, nil, sets)
+	cfg, _, err := config.Load(builtin.Registry(), nil, nil, sets)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,11 @@ func TestEquivalenceHasTeeth(t *testing.T) {
 	res.Spec.KeepOutputs = true
 	reg := builtin.Registry()
 	broken := &aliasing{Manager: cachemgrv1.New(), blocks: map[kvcache.SeqID][]kvcache.BlockID{}}
-	reg.Managers["v1"] = func() kvcache.Manager { return broken }
+	for i := range reg.Managers {
+		if reg.Managers[i].Name == "v1" {
+			reg.Managers[i].New = func() kvcache.Manager { return broken }
+		}
+	}
 	l := setup.NewLauncher(cfg, reg, nil)
 	defer l.Close()
 	rep, err := engine.Run(context.Background(), res.Spec, l)

@@ -55,7 +55,10 @@ func StateBytes(name string) (int64, error) {
 // Indexer keys are fp8 with one fp32 scale per token, whatever the KV dtype.
 const indexScaleBytes = 4
 
-func ceilDiv(a, b int) int { return (a + b - 1) / b }
+// perRank is how many of n heads (or groups) one of tp tensor-parallel ranks
+// holds: n/tp rounded up, so that a count tp does not divide (fewer KV heads
+// than ranks) is replicated rather than split.
+func perRank(n, tp int) int { return (n + tp - 1) / tp }
 
 // FillBuffers sets Buffers on every layer of m (decoder and MTP) to the
 // per-rank cache buffers for tensor parallelism tp, replacing any buffers
@@ -111,7 +114,7 @@ func FillBuffers(m *spec.Model, d Dtypes, tp int) error {
 	if kvHeads == 0 {
 		kvHeads = m.Heads
 	}
-	gqa := int64(2*ceilDiv(kvHeads, tp)*m.HeadDim) * kvB
+	gqa := int64(2*perRank(kvHeads, tp)*m.HeadDim) * kvB
 	latent := int64(m.KVLoraRank+m.QKRopeHeadDim) * kvB
 	index := int64(m.IndexHeadDim) + indexScaleBytes
 	if m.Checkpoint != "" {
@@ -120,7 +123,7 @@ func FillBuffers(m *spec.Model, d Dtypes, tp int) error {
 	var conv, ssm int64
 	if mamba {
 		heads := m.MambaHeads / tp
-		conv = int64((heads*m.MambaHeadDim+2*ceilDiv(m.NGroups, tp)*m.SSMStateSize)*(m.ConvKernel-1)) * convB
+		conv = int64((heads*m.MambaHeadDim+2*perRank(m.NGroups, tp)*m.SSMStateSize)*(m.ConvKernel-1)) * convB
 		ssm = int64(heads*m.MambaHeadDim*m.SSMStateSize) * ssmB
 	}
 	for i := range m.Layers {

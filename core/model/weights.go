@@ -73,7 +73,7 @@ func layerParams(m spec.Model, l spec.Layer, tp int) params {
 			q *= 2 // gated attention: the query projection also yields the output gate
 			p.small += 2 * hd
 		}
-		p.linear += q/t + 2*h*float64(ceilDiv(kv, tp))*hd + float64(m.Heads)*hd*h/t
+		p.linear += q/t + 2*h*float64(perRank(kv, tp))*hd + float64(m.Heads)*hd*h/t
 		p.small += h
 	case spec.MixerMLA, spec.MixerDSA:
 		heads := float64(m.Heads)
@@ -97,7 +97,7 @@ func layerParams(m spec.Model, l spec.Layer, tp int) params {
 	case spec.MixerMamba:
 		heads := float64(m.MambaHeads) / t
 		inner := heads * float64(m.MambaHeadDim)
-		groups := float64(ceilDiv(m.NGroups, tp)) * float64(m.SSMStateSize)
+		groups := float64(perRank(m.NGroups, tp)) * float64(m.SSMStateSize)
 		conv := inner + 2*groups
 		perHead := 1.0 // Mamba2: dt per head
 		if m.Arch == archQwen3Next {

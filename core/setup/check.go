@@ -11,40 +11,60 @@ import (
 
 	"github.com/kvx-dev/kvx/core/config"
 	"github.com/kvx-dev/kvx/core/host"
+	"github.com/kvx-dev/kvx/core/registry"
 )
 
 // CheckPlugins finds what cfg's cache_manager and attention_backend name,
-// without starting anything: with isolation plugin, each plugin binary
-// must exist and be executable (the error wraps host.ErrNotFound and says
-// where it looked); in-process, each must have an implementation in reg.
-// Both problems are reported at once.
-func CheckPlugins(cfg *config.Config, reg Registry) error {
+// without starting anything: with isolation plugin, each plugin binary (a
+// registered name's, or the path given) must exist and be executable (the
+// error wraps host.ErrNotFound and says where it looked, or, for a path,
+// what the file is and what is allowed) and match its plugin_sha256 pin;
+// in-process, each must have an implementation in reg. Every problem is
+// reported at once.
+func CheckPlugins(cfg *config.Config, reg *registry.Registry) error {
 	if cfg.Isolation != "plugin" {
 		var errs []error
-		if _, ok := reg.Managers[cfg.CacheManager]; !ok {
-			errs = append(errs, fmt.Errorf("cache_manager %q has no in-process implementation (known: %s); use isolation: plugin",
-				cfg.CacheManager, keys(reg.Managers)))
+		if _, ok := reg.Manager(cfg.CacheManager); !ok {
+			errs = append(errs, inProcessErr("cache_manager", cfg.CacheManager, reg.ManagerNames(), "; use isolation: plugin"))
 		}
-		if _, ok := reg.Workers[cfg.AttentionBackend]; !ok {
-			errs = append(errs, fmt.Errorf("attention_backend %q has no in-process implementation (known: %s)",
-				cfg.AttentionBackend, keys(reg.Workers)))
+		if _, ok := reg.Backend(cfg.AttentionBackend); !ok {
+			errs = append(errs, inProcessErr("attention_backend", cfg.AttentionBackend, reg.BackendNames(), "; use isolation: plugin"))
 		}
 		return errors.Join(errs...)
 	}
 	h := host.New(nil, cfg.PluginDirs)
 	defer h.Close()
 	var errs []error
-	if path, err := h.Find(ManagerBinary(cfg.CacheManager)); err != nil {
-		errs = append(errs, fmt.Errorf("cache_manager %s: %w", cfg.CacheManager, err))
-	} else if err := checkPinned(path, "plugin_sha256.cache_manager", cfg.PluginSHA256.CacheManager); err != nil {
-		errs = append(errs, err)
-	}
-	if path, err := h.Find(WorkerBinary(cfg.AttentionBackend)); err != nil {
-		errs = append(errs, fmt.Errorf("attention_backend %s: %w", cfg.AttentionBackend, err))
-	} else if err := checkPinned(path, "plugin_sha256.attention_backend", cfg.PluginSHA256.AttentionBackend); err != nil {
-		errs = append(errs, err)
+	for _, p := range []struct {
+		key, value, binary, pinKey, pin string
+		names                           []string
+	}{
+		{"cache_manager", cfg.CacheManager, reg.ManagerBinary(cfg.CacheManager), "plugin_sha256.cache_manager", cfg.PluginSHA256.CacheManager, reg.ManagerNames()},
+		{"attention_backend", cfg.AttentionBackend, reg.BackendBinary(cfg.AttentionBackend), "plugin_sha256.attention_backend", cfg.PluginSHA256.AttentionBackend, reg.BackendNames()},
+	} {
+		path, err := h.Find(p.binary)
+		switch {
+		case err != nil && registry.IsPath(p.value):
+			errs = append(errs, fmt.Errorf("%s: %q is not an executable plugin binary: %w; allowed: %s",
+				p.key, p.value, err, allowedPlugins(p.names)))
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%s %s: %w", p.key, p.value, err))
+		default:
+			if err := checkPinned(path, p.pinKey, p.pin); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// allowedPlugins is the "allowed:" clause of a cache_manager or
+// attention_backend value.
+func allowedPlugins(names []string) string {
+	if len(names) == 0 {
+		return "the path of an executable file"
+	}
+	return strings.Join(names, ", ") + ", or the path of an executable file (containing a path separator)"
 }
 
 // ErrPinMismatch is a plugin binary whose SHA-256 is not the one the

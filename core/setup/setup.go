@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"runtime"
 	"slices"
@@ -22,6 +21,7 @@ import (
 	"github.com/kvx-dev/kvx/core/gpumem"
 	"github.com/kvx-dev/kvx/core/host"
 	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/core/registry"
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/sched"
 	"github.com/kvx-dev/kvx/core/workload"
@@ -29,28 +29,6 @@ import (
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
-
-// Registry holds the in-process implementations, by the names the config
-// uses: cache_manager (v1, v2, mamba) and attention_backend (dsa, mla, gqa).
-type Registry struct {
-	Managers map[string]func() kvcache.Manager
-	Workers  map[string]func() worker.Worker
-}
-
-// ManagerBinary is the plugin binary of a cache_manager value: a path is
-// used as is.
-func ManagerBinary(name string) string {
-	if strings.ContainsRune(name, os.PathSeparator) {
-		return name
-	}
-	if name == "mamba" {
-		return "kvx-mamba"
-	}
-	return "kvx-cachemgr-" + name
-}
-
-// WorkerBinary is the plugin binary of an attention backend.
-func WorkerBinary(backend string) string { return "kvx-backend-" + backend }
 
 // Budget is one stage's device memory split, per GPU.
 type Budget struct {
@@ -204,8 +182,7 @@ func maxTokensFit(cfg *config.Config, layers []spec.Layer) error {
 	if cfg.Speculative.Enabled() {
 		draft = cfg.Speculative.MaxDraftLen
 	}
-	blocks := func(n int) int { return (n + tpb - 1) / tpb }
-	seq, chunk := blocks(cfg.MaxSeqLen+draft)*tpb, blocks(cfg.MaxNumTokens)*tpb
+	seq, chunk := kvcache.BlocksFor(cfg.MaxSeqLen+draft, tpb)*tpb, kvcache.BlocksFor(cfg.MaxNumTokens, tpb)*tpb
 	mt := cfg.KVCache.MaxTokens
 	if mt >= max(seq, chunk) {
 		return nil
@@ -304,9 +281,16 @@ func Resolve(cfg *config.Config, variant string, withWorkload bool) (*Resolved, 
 		draft = cfg.Speculative.MaxDraftLen
 	}
 	host := cfg.KVCache.HostCacheSize
+	// A worker is asked for the registered backend it serves; a backend
+	// given as a path is whatever its binary is ("" asks for no name).
+	backend := cfg.AttentionBackend
+	if registry.IsPath(backend) {
+		backend = ""
+	}
 	r := &Resolved{Model: m, Stages: stages}
 	s := &r.Spec
 	s.Variant = variant
+	s.Registry = cfg.Registry()
 	s.Hardware = hw
 	s.Hidden = m.Hidden
 	s.Setup = report.Setup{
@@ -344,7 +328,7 @@ func Resolve(cfg *config.Config, variant string, withWorkload bool) (*Resolved, 
 		s.Managers = append(s.Managers, mc)
 		s.Workers = append(s.Workers, worker.Config{
 			Stage: i, Stages: pp, Model: m, First: st[0], Last: st[1],
-			Backend: cfg.AttentionBackend, Device: cfg.Device, Hardware: hw,
+			Backend: backend, Device: cfg.Device, Hardware: hw,
 			TensorParallel: cfg.TensorParallelSize, WeightsDtype: cfg.WeightsDtype,
 			KVDtype: kvDtype(cfg.KVCache.Dtype), Dtype: cfg.Dtype, Seed: cfg.Seed,
 			DraftTokens: draft, DraftAcceptance: cfg.Speculative.AcceptanceRate,
@@ -431,7 +415,7 @@ func Workload(cfg *config.Config, vocab int) (workload.Workload, error) {
 // each).
 type Launcher struct {
 	cfg  *config.Config
-	reg  Registry
+	reg  *registry.Registry
 	host *host.Host
 	mu   sync.Mutex
 	proc map[any]*host.Process // plugin clients handed out, and their processes
@@ -451,9 +435,13 @@ var (
 	_ engine.Stopper  = (*Launcher)(nil)
 )
 
-// NewLauncher returns a launcher; with plugin isolation it owns a plugin host
-// that Close shuts down.
-func NewLauncher(cfg *config.Config, reg Registry, log hclog.Logger) *Launcher {
+// NewLauncher returns a launcher that starts what cfg's cache_manager and
+// attention_backend name: reg's binaries (isolation: plugin) or factories
+// (inprocess), or the plugin binary at a path. reg is usually the registry
+// cfg was loaded against (cfg.Registry()); tests pass one with other
+// factories. With plugin isolation it owns a plugin host that Close shuts
+// down.
+func NewLauncher(cfg *config.Config, reg *registry.Registry, log hclog.Logger) *Launcher {
 	l := &Launcher{cfg: cfg, reg: reg}
 	if cfg.Isolation == "plugin" {
 		l.host = host.New(log, cfg.PluginDirs)
@@ -474,13 +462,13 @@ func NewLauncher(cfg *config.Config, reg Registry, log hclog.Logger) *Launcher {
 func (l *Launcher) Manager(ctx context.Context, stage int) (kvcache.Manager, error) {
 	name := l.cfg.CacheManager
 	if l.host == nil {
-		f, ok := l.reg.Managers[name]
+		m, ok := l.reg.Manager(name)
 		if !ok {
-			return nil, fmt.Errorf("cache_manager %q has no in-process implementation (known: %s); use isolation: plugin", name, keys(l.reg.Managers))
+			return nil, inProcessErr("cache_manager", name, l.reg.ManagerNames(), "; use isolation: plugin")
 		}
-		return f(), nil
+		return m.New(), nil
 	}
-	path, err := l.host.Find(ManagerBinary(name))
+	path, err := l.host.Find(l.reg.ManagerBinary(name))
 	if err != nil {
 		return nil, err
 	}
@@ -496,13 +484,13 @@ func (l *Launcher) Manager(ctx context.Context, stage int) (kvcache.Manager, err
 func (l *Launcher) Worker(ctx context.Context, stage int) (worker.Worker, error) {
 	name := l.cfg.AttentionBackend
 	if l.host == nil {
-		f, ok := l.reg.Workers[name]
+		b, ok := l.reg.Backend(name)
 		if !ok {
-			return nil, fmt.Errorf("attention_backend %q has no in-process implementation (known: %s)", name, keys(l.reg.Workers))
+			return nil, inProcessErr("attention_backend", name, l.reg.BackendNames(), "; use isolation: plugin")
 		}
-		return f(), nil
+		return b.New(), nil
 	}
-	path, err := l.host.Find(WorkerBinary(name))
+	path, err := l.host.Find(l.reg.BackendBinary(name))
 	if err != nil {
 		return nil, err
 	}
@@ -510,6 +498,16 @@ func (l *Launcher) Worker(ctx context.Context, stage int) (worker.Worker, error)
 		return nil, err
 	}
 	return startHint(launchShared(ctx, l, path, l.host.WorkerInstance, l.host.LaunchWorker))
+}
+
+// inProcessErr is the refusal of a key's value that has no in-process
+// implementation (a plugin path, or a name the launcher's registry lacks).
+func inProcessErr(key, value string, known []string, fix string) error {
+	k := "none"
+	if len(known) > 0 {
+		k = strings.Join(known, ", ")
+	}
+	return fmt.Errorf("%s %q has no in-process implementation (isolation: inprocess runs only the built-in ones: %s)%s", key, value, k, fix)
 }
 
 // startHint adds the config key to a start that timed out.
@@ -630,13 +628,6 @@ func (l *Launcher) Close() {
 
 // Host is the plugin host, nil in-process.
 func (l *Launcher) Host() *host.Host { return l.host }
-
-func keys[V any](m map[string]V) string {
-	if len(m) == 0 {
-		return "none"
-	}
-	return strings.Join(slices.Sorted(maps.Keys(m)), ", ")
-}
 
 // EOS returns the end-of-sequence ids that end a request of the model cfg
 // runs unless it asks to ignore them: a checkpoint directory's

@@ -8,11 +8,12 @@ import (
 
 	"github.com/kvx-dev/kvx/core/config"
 	"github.com/kvx-dev/kvx/core/gpumem"
+	"github.com/kvx-dev/kvx/core/registry/registrytest"
 )
 
 func load(t *testing.T, sets ...string) *config.Config {
 	t.Helper()
-	cfg, _, err := config.Load(nil, nil, append([]string{"workload.requests=1", "workload.prompt_tokens=100", "workload.output_tokens=10"}, sets...))
+	cfg, _, err := config.Load(registrytest.Builtin(), nil, nil, append([]string{"workload.requests=1", "workload.prompt_tokens=100", "workload.output_tokens=10"}, sets...))
 	if err != nil {
 		t.Fatal(err)
 	}

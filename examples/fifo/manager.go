@@ -133,11 +133,11 @@ func (m *Manager) Configure(_ context.Context, cfg kvcache.Config) (kvcache.Layo
 		n = maxBlocks
 	}
 	limit := cfg.MaxSeqLen + cfg.MaxDraftTokens
-	if need := ceilDiv(limit, tpb); n < int64(need) {
+	if need := kvcache.BlocksFor(limit, tpb); n < int64(need) {
 		return bad("%d bytes hold %d blocks of %d tokens (%d bytes each); one max_seq_len request (%d + %d draft tokens) needs %d: raise kv_cache_config.free_gpu_memory_fraction or lower max_seq_len",
 			cfg.DeviceBytes, n, tpb, blockBytes, cfg.MaxSeqLen, cfg.MaxDraftTokens, need)
 	}
-	if need := ceilDiv(cfg.MaxNumTokens, tpb); n < int64(need) {
+	if need := kvcache.BlocksFor(cfg.MaxNumTokens, tpb); n < int64(need) {
 		return bad("%d blocks of %d tokens cannot hold one max_num_tokens chunk of %d tokens (%d blocks): lower max_num_tokens",
 			n, tpb, cfg.MaxNumTokens, need)
 	}
@@ -242,7 +242,7 @@ func (m *Manager) reserve(it kvcache.ReserveItem) kvcache.Grant {
 		m.ref(b)
 	}
 	have := len(s.table) + len(reused)
-	more := ceilDiv(need, m.tpb) - have
+	more := kvcache.BlocksFor(need, m.tpb) - have
 	if more > len(m.free)+m.idle {
 		for _, b := range reused {
 			m.unref(b)
@@ -303,7 +303,7 @@ func (m *Manager) Commit(_ context.Context, items []kvcache.CommitItem) (kvcache
 		}
 		s.history += it.Accepted
 		s.capacity = max(s.history, s.hold)
-		m.trim(s, ceilDiv(s.capacity, m.tpb))
+		m.trim(s, kvcache.BlocksFor(s.capacity, m.tpb))
 		s.reserved, s.created, s.tokens, s.draft = false, false, 0, 0
 		m.register(s)
 	}
@@ -470,5 +470,3 @@ func sortedKeys(seqs map[kvcache.SeqID]*seq) []kvcache.SeqID {
 	slices.Sort(ids)
 	return ids
 }
-
-func ceilDiv(a, b int) int { return (a + b - 1) / b }

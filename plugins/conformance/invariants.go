@@ -107,7 +107,7 @@ func (h *mh) invariants(s kvcache.Snapshot) []string {
 			continue
 		}
 		for _, i := range h.full {
-			if need := ceilDiv(st.Capacity, h.tpb); len(st.Tables[i]) < need {
+			if need := kvcache.BlocksFor(st.Capacity, h.tpb); len(st.Tables[i]) < need {
 				add("seq %d: pool %d: %d blocks back capacity %d, want ceil(%d/%d) = %d", st.Seq, pools[i].ID, len(st.Tables[i]), st.Capacity, st.Capacity, h.tpb, need)
 			}
 		}

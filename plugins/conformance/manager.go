@@ -530,9 +530,6 @@ func (h *mh) checkCopy(c kvcache.Copy, where string) {
 	}
 }
 
-// ceilDiv is ceil(a/b) for a >= 0, b > 0.
-func ceilDiv(a, b int) int { return (a + b - 1) / b }
-
 // itemErr checks that err is an item-scoped KindInvalidArg error naming every
 // seq of bad and none of good.
 func (h *mh) itemErr(err error, bad, good []kvcache.SeqID, want string) {

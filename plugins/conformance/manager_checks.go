@@ -51,7 +51,7 @@ func prompt(n, salt int) []int32 {
 }
 
 // roundUp is n rounded up to a multiple of tpb.
-func (h *mh) roundUp(n int) int { return ceilDiv(n, h.tpb) * h.tpb }
+func (h *mh) roundUp(n int) int { return kvcache.BlocksFor(n, h.tpb) * h.tpb }
 
 // afterCommit checks the ledger of st right after a commit that left
 // history at wantHistory: no reservation, and capacity between history and
@@ -65,7 +65,7 @@ func (h *mh) afterCommit(st *kvcache.SeqState, wantHistory, hold int) {
 			"%s, want capacity <= %d (blocks for max(history %d, hold %d))", fmtSeq(*st), limit, st.History, hold)
 	}
 	for _, p := range h.full {
-		if want := ceilDiv(max(st.History, hold), h.tpb); len(st.Tables[p]) > want {
+		if want := kvcache.BlocksFor(max(st.History, hold), h.tpb); len(st.Tables[p]) > want {
 			h.failf(h.last, "Commit frees the blocks of rejected drafts", "%s: pool %d holds %d blocks, want %d for max(history %d, hold %d)",
 				fmtSeq(*st), h.layout.Pools[p].ID, len(st.Tables[p]), want, st.History, hold)
 		}
@@ -174,7 +174,7 @@ func checkConfigureImpossible(h *mh) {
 	h.info = h.callInfo()
 	cfg := h.config(false)
 	bpt := bytesPerToken(cfg.Layers)
-	need := ceilDiv(cfg.MaxSeqLen+cfg.MaxDraftTokens, cfg.TokensPerBlock)
+	need := kvcache.BlocksFor(cfg.MaxSeqLen+cfg.MaxDraftTokens, cfg.TokensPerBlock)
 	cfg.DeviceBytes = int64(need/2) * int64(cfg.TokensPerBlock) * bpt
 	call := "Configure(" + fmtConfig(cfg) + ")"
 	_, err := h.m.Configure(h.ctx, cfg)
@@ -269,7 +269,7 @@ func checkReserveNew(h *mh) {
 func (h *mh) covers(seq kvcache.SeqID, g kvcache.Grant, tokens int) {
 	t := h.workerTables(seq)
 	for _, p := range h.full {
-		if want := ceilDiv(tokens, h.tpb); len(t[p]) < want {
+		if want := kvcache.BlocksFor(tokens, h.tpb); len(t[p]) < want {
 			h.failf(h.last, "the grant's TableDeltas cover ceil((history+Tokens+Draft)/TokensPerBlock) blocks in every full-attention device pool",
 				"seq %d pool %d: the worker's table has %d blocks %v after deltas %s, want %d for %d tokens",
 				seq, h.layout.Pools[p].ID, len(t[p]), t[p], fmtDeltas(g.Tables), want, tokens)
@@ -416,7 +416,7 @@ func (h *mh) minFree() int {
 func checkDenial(h *mh) {
 	h.setup(false, nil)
 	chunk := h.cfg.MaxNumTokens
-	limit := h.minFree()/ceilDiv(chunk, h.tpb) + 2
+	limit := h.minFree()/kvcache.BlocksFor(chunk, h.tpb) + 2
 	var granted []kvcache.SeqID
 	denied := false
 	for range limit {

@@ -290,7 +290,7 @@ func (d *driver) need(before kvcache.Snapshot, it kvcache.ReserveItem, s *rseq) 
 			have[p] = len(st.Tables[p])
 		}
 	}
-	return ceilDiv(tokens, h.tpb), have
+	return kvcache.BlocksFor(tokens, h.tpb), have
 }
 
 func minOf(v []int, at []int) int {

@@ -291,7 +291,7 @@ func (h *wh) item(seq kvcache.SeqID, pos int, toks []int32, draft int, sample bo
 		}
 		need := 1
 		if p.TokensPerBlock > 0 {
-			need = ceilDiv(pos+len(toks), p.TokensPerBlock)
+			need = kvcache.BlocksFor(pos+len(toks), p.TokensPerBlock)
 		}
 		if need <= have {
 			continue

@@ -166,6 +166,14 @@ type Pool struct {
 	Blocks         int
 }
 
+// BlocksFor is the number of blocks of tokensPerBlock tokens that back
+// tokens token slots: tokens / tokensPerBlock rounded up. tokens must be >= 0
+// and tokensPerBlock > 0. Managers, the host and the conformance suite all
+// count a table's blocks by it.
+func BlocksFor(tokens, tokensPerBlock int) int {
+	return (tokens + tokensPerBlock - 1) / tokensPerBlock
+}
+
 // Layout is a manager's answer to Configure.
 type Layout struct {
 	Pools []Pool

@@ -42,7 +42,10 @@ type Config struct {
 	Model  spec.Model
 	First  int // this stage runs Model.Layers[First:Last]
 	Last   int
-	// Backend is the attention backend: "dsa", "mla" or "gqa".
+	// Backend is the attention backend the host asks for: the config's
+	// attention_backend when it names a registered backend ("dsa", "mla",
+	// "gqa"), which a worker for another backend refuses; "" when the config
+	// gave the plugin binary's path, whose worker is then the backend.
 	Backend        string
 	Device         string // "sim", "cpu" or "cuda"
 	Hardware       spec.Hardware
