@@ -62,8 +62,9 @@ import (
 
 // Recorder collects the events of one run. Its methods take a sequence id
 // (a request) and must be called in the order the run made the calls they
-// stand for. The zero value is not usable: call NewRecorder. A Recorder is
-// not safe for concurrent use.
+// stand for. The zero value is not usable: call NewRecorder; a nil
+// *Recorder records nothing (its methods do nothing). A Recorder is not
+// safe for concurrent use.
 type Recorder struct {
 	tpb    int
 	blocks map[blockKey]int32 // (parent, content) → block
@@ -117,6 +118,9 @@ func (r *Recorder) TokensPerBlock() int { return r.tpb }
 // Admit. The first Admit of seq fixes its prompt; prompt is read, not
 // kept.
 func (r *Recorder) Admit(seq uint64, salt string, prompt []int32, reused int) {
+	if r == nil {
+		return
+	}
 	i := r.state(seq, salt, prompt)
 	s := &r.seq[i]
 	s.lookup = int32(len(r.ev))
@@ -127,6 +131,9 @@ func (r *Recorder) Admit(seq uint64, salt string, prompt []int32, reused int) {
 // Count marks seq's latest admission as the one whose reuse a manager's
 // figures count; without an admission it does nothing.
 func (r *Recorder) Count(seq uint64) {
+	if r == nil {
+		return
+	}
 	i, ok := r.seqs[seq]
 	if !ok || r.seq[i].lookup < 0 {
 		return
@@ -139,6 +146,9 @@ func (r *Recorder) Count(seq uint64) {
 // fewer blocks than seq holds already, or of a sequence never admitted,
 // does nothing.
 func (r *Recorder) Hold(seq uint64, tokens int) {
+	if r == nil {
+		return
+	}
 	i, ok := r.seqs[seq]
 	if !ok {
 		return
@@ -155,6 +165,9 @@ func (r *Recorder) Hold(seq uint64, tokens int) {
 // Drop records that seq holds no block any more (released, preempted,
 // suspended to the host tier, or lost with a plugin).
 func (r *Recorder) Drop(seq uint64) {
+	if r == nil {
+		return
+	}
 	i, ok := r.seqs[seq]
 	if !ok || r.seq[i].held == 0 {
 		return
