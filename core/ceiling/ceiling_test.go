@@ -198,7 +198,7 @@ func TestOptimalAgainstBruteForce(t *testing.T) {
 		}
 		u := r.uses()
 		for i, c := range caps {
-			rule, _ := r.replay(u, c, true)
+			rule, _ := r.replay(u, c, true, new(evictHeap))
 			if want := bruteForce(r, c, true); rule != want {
 				t.Fatalf("capacity %d: rule reuses %d blocks, brute force of the looser model %d\n%s", c, rule, want, r.dump())
 			}
@@ -235,8 +235,8 @@ func TestBeladyIsNotOptimal(t *testing.T) {
 	r.Count(0)
 	r.Hold(0, 3)
 	u := r.uses()
-	plain, _ := r.replay(u, 6, false)
-	loose, _ := r.replay(u, 6, true)
+	plain, _ := r.replay(u, 6, false, new(evictHeap))
+	loose, _ := r.replay(u, 6, true, new(evictHeap))
 	best := bruteForce(r, 6, false)
 	if plain >= best || loose < best || r.Result(6).At[0] < best {
 		t.Errorf("plain Belady %d, looser model %d, figure %d, optimum %d; want plain < optimum <= the others", plain, loose, r.Result(6).At[0], best)
@@ -436,7 +436,7 @@ func TestOptimalSeeded(t *testing.T) {
 		}
 		u := r.uses()
 		for c := 1; c <= 6; c++ {
-			rule, _ := r.replay(u, c, true)
+			rule, _ := r.replay(u, c, true, new(evictHeap))
 			if want := bruteForce(r, c, true); rule != want {
 				t.Fatalf("seed %d capacity %d: rule reuses %d blocks, brute force of the looser model %d\n%s", seed, c, rule, want, r.dump())
 			}

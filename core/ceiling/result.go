@@ -17,6 +17,9 @@ type Result struct {
 	At []int64
 	// PinnedPeak is the most distinct blocks the requests held at once.
 	PinnedPeak int
+	// Blocks are the distinct blocks recorded, Uses the block uses
+	// replayed per capacity (counted lookups' and holds' blocks): the cost.
+	Blocks, Uses int
 }
 
 // Result replays the recorded events for an infinite cache and for a
@@ -38,18 +41,25 @@ type Result struct {
 // reach, of holds and of drops) per capacity, and does not change r.
 func (r *Recorder) Result(capacities ...int) Result {
 	u := r.uses()
-	res := Result{At: make([]int64, len(capacities))}
+	res := Result{At: make([]int64, len(capacities)), Blocks: len(r.depth), Uses: len(u.list)}
 	for _, e := range r.ev {
 		if e.kind == evLookup && e.counted {
 			res.Requests++
 			res.Reachable += int64(r.seq[e.seq].reach) * int64(r.tpb)
 		}
 	}
+	var h evictHeap
 	var gain int64
-	gain, res.PinnedPeak = r.replay(u, math.MaxInt, false)
+	gain, res.PinnedPeak = r.replay(u, math.MaxInt, false, &h)
 	res.Infinite = gain * int64(r.tpb)
 	for i, c := range capacities {
-		gain, _ = r.replay(u, max(0, c), true)
+		if c >= len(r.depth) {
+			// Every block fits: the looser model reuses at least the
+			// infinite cache's, and the figure is the smaller.
+			res.At[i] = res.Infinite
+			continue
+		}
+		gain, _ = r.replay(u, max(0, c), true, &h)
 		res.At[i] = min(gain*int64(r.tpb), res.Infinite)
 	}
 	return res
@@ -98,14 +108,18 @@ const never = math.MaxInt32
 // the blocks the counted lookups reused and the most distinct blocks pinned
 // at once. With store, a looked-up block that missed may be stored at its
 // lookup (the looser model of Result).
-func (r *Recorder) replay(u uses, capacity int, store bool) (gain int64, pinnedPeak int) {
+//
+// h is scratch space, emptied first; with every block within capacity
+// nothing is ever evicted, and the heap is not kept.
+func (r *Recorder) replay(u uses, capacity int, store bool, h *evictHeap) (gain int64, pinnedPeak int) {
 	n := len(r.depth)
+	*h = (*h)[:0]
+	evicts := capacity < n
 	in := make([]bool, n)
 	pins := make([]int32, n)
 	pos := make([]int32, n)
 	copy(pos, u.start[:n])
 	ver := make([]uint32, n)
-	var h evictHeap
 	size, pinned := 0, 0
 	next := func(b int32) int32 {
 		p := pos[b]
@@ -116,6 +130,9 @@ func (r *Recorder) replay(u uses, capacity int, store bool) (gain int64, pinnedP
 	}
 	valid := func(x entry) bool { return x.ver == ver[x.block] && in[x.block] && pins[x.block] == 0 }
 	push := func(b int32) {
+		if !evicts {
+			return
+		}
 		ver[b]++
 		h.push(entry{next: next(b), depth: r.depth[b], block: b, ver: ver[b]})
 	}
