@@ -46,7 +46,7 @@ func (e *Engine) ceilingReport() *report.Ceiling {
 			c.DeviceHost = &report.CeilingAt{CapacityBlocks: total, Reused: res.At[1], HitRate: rate(res.At[1])}
 		}
 	}
-	e.log.Debug("reuse ceiling", "events_took", time.Since(start), "requests", res.Requests, "blocks", res.Blocks, "uses", res.Uses, "infinite", res.Infinite, "capacities", caps, "reused", res.At)
+	e.log.Debug("reuse ceiling", "took", time.Since(start), "requests", res.Requests, "blocks", res.Blocks, "uses", res.Uses, "infinite", res.Infinite, "capacities", caps, "reused", res.At)
 	return c
 }
 
