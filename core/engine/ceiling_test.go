@@ -12,6 +12,7 @@ import (
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/setup"
+	"github.com/kvx-dev/kvx/internal/race"
 )
 
 // runConfig runs files with sets in-process, keeping the request records.
@@ -43,8 +44,12 @@ func runConfig(t *testing.T, files []string, sets ...string) report.Report {
 // reused, the infinite cache's never below it, and it counts the same
 // admissions as the manager's figures. Somewhere the capacity binds (the
 // ceiling at it is below the infinite cache's), so the bound is not only
-// the infinite cache's.
+// the infinite cache's. Nothing in it is concurrent: the race pass leaves it
+// to the plain pass, and -short runs the demo and the small cache only.
 func TestCeilingBoundsEveryManager(t *testing.T) {
+	if race.Enabled {
+		t.Skip("nothing concurrent: the plain pass runs it")
+	}
 	pressure := []string{
 		"model=llama-3.1-8b", "attention_backend=gqa", "device=sim", "max_batch_size=4", "max_num_tokens=64",
 		"max_seq_len=320", "enable_chunked_prefill=true", "kv_cache_config.enable_block_reuse=true",
@@ -69,6 +74,9 @@ func TestCeilingBoundsEveryManager(t *testing.T) {
 	}
 	binds := false
 	for _, tc := range cases {
+		if testing.Short() && tc.name != "demo" && tc.name != "pressure" {
+			continue
+		}
 		for _, m := range tc.managers {
 			for _, host := range tc.hosts {
 				name := fmt.Sprintf("%s/%s/host=%s", tc.name, m, host)
