@@ -229,6 +229,7 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 		}
 		r := e.byID[ask.Seq]
 		if ask.New {
+			e.ceil.Admit(uint64(ask.Seq), r.salt, r.tokens[:r.prompt], ask.Reuse)
 			r.resident = true
 			r.history = ask.Reuse
 			e.resident++
@@ -386,6 +387,18 @@ func (a admission) move(ids []kvcache.SeqID, suspend bool) []bool {
 			ok[i] = ok[i] && res[i]
 		}
 	}
+	defer func() { // once the moves back are settled
+		for i, id := range ids {
+			switch {
+			case !ok[i]:
+			case suspend:
+				e.ceil.Drop(uint64(id))
+			default:
+				r := e.byID[id]
+				e.ceil.Hold(uint64(id), min(r.history, r.prompt))
+			}
+		}
+	}()
 	err = e.eachManager(func(st *stage) func() error {
 		var back []kvcache.SeqID
 		for i, id := range ids {

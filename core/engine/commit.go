@@ -128,6 +128,9 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 			e.admittedReused += int64(r.reused)
 		}
 		r.history += commits[i].Accepted
+		if it.Prefill {
+			e.ceil.Hold(uint64(it.ID), min(r.history, r.prompt))
+		}
 		r.tokens = append(r.tokens, emits[i]...)
 		if len(emits[i]) > 0 && r.firstTok < 0 {
 			r.firstTok = mb.done
@@ -143,6 +146,9 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 			e.active--
 			e.bar.tick(e)
 		}
+	}
+	for _, id := range finishing {
+		e.ceil.Drop(uint64(id))
 	}
 	e.sample(mb.done)
 	e.bar.update(e)
@@ -238,6 +244,7 @@ func (e *Engine) release(ctx context.Context, ids []kvcache.SeqID) error {
 			e.resident--
 		}
 		r.resident, r.history, r.reserved = false, 0, false
+		e.ceil.Drop(uint64(id))
 	}
 	return nil
 }

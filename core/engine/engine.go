@@ -30,6 +30,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/kvx-dev/kvx/core/ceiling"
 	"github.com/kvx-dev/kvx/core/registry"
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/sched"
@@ -239,6 +240,9 @@ type Engine struct {
 	// lead is the stage that reserves first (admission.Reserve): the last
 	// stage to deny an ask that the stage leading then granted.
 	lead int
+	// ceil records what the report's reuse ceiling needs (ceiling.go); nil
+	// in a live engine, which keeps no history.
+	ceil *ceiling.Recorder
 }
 
 // Run builds the engine (configures every stage) and runs the workload to the
@@ -247,6 +251,9 @@ func Run(ctx context.Context, s Spec, l Launcher) (report.Report, error) {
 	e := &Engine{spec: s, launch: l, log: s.Log, byID: map[kvcache.SeqID]*request{}}
 	if e.log == nil {
 		e.log = hclog.NewNullLogger()
+	}
+	if len(s.Managers) > 0 {
+		e.ceil = ceiling.NewRecorder(s.Managers[0].TokensPerBlock)
 	}
 	e.rep.Variant = s.Variant
 	e.rep.Config = s.Setup

@@ -62,6 +62,7 @@ func (e *Engine) accountCache(r *request, reuse int) {
 		c.missTokens = 0
 	}
 	r.cache = c
+	e.ceil.Count(uint64(r.id))
 	t := &e.rep.Tokens
 	t.PrefixReused += int64(reuse)
 	t.PrefixReusedByTier.Host += int64(c.host)

@@ -98,6 +98,7 @@ func (e *Engine) recoverStage(ctx context.Context, dead int, cause error) error 
 		if r.resident {
 			resident = append(resident, r.id)
 		}
+		e.ceil.Drop(uint64(r.id))
 		r.resident, r.reserved, r.history = false, false, 0
 		r.drafts = r.drafts[:0]
 	}

@@ -99,6 +99,7 @@ func (e *Engine) finishReport(ctx context.Context) {
 	if rep.Tokens.Prompt > 0 {
 		rep.Tokens.HitRate = float64(rep.Tokens.PrefixReused) / float64(rep.Tokens.Prompt)
 	}
+	rep.Tokens.Ceiling = e.ceilingReport()
 	rep.KV.Stages = rep.KV.Stages[:0]
 	var snaps report.Snapshots
 	hasSnaps := false

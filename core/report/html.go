@@ -223,6 +223,11 @@ type pageVariant struct {
 	Latency   Latency `json:"latency"`
 	HitRate   float64 `json:"hit_rate"`
 	HostRate  float64 `json:"host_rate"` // prompt tokens reused from the host tier / prompt tokens
+	// CeilingRate and InfiniteRate are the reuse ceiling at the run's
+	// capacity (Ceiling.Best) and of an infinite cache, over the prompt
+	// tokens; null when the run has none.
+	CeilingRate  *float64 `json:"ceiling_rate"`
+	InfiniteRate *float64 `json:"infinite_rate"`
 	// Misses are each miss reason's share of the computed prompt tokens
 	// (Tokens.MissReasons), in [0, 1].
 	Misses     map[string]float64 `json:"misses"`
@@ -252,9 +257,16 @@ func pageData(rs []Report) []pageVariant {
 		if r.Tokens.Prompt > 0 {
 			host = float64(r.Tokens.PrefixReusedByTier.Host) / float64(r.Tokens.Prompt)
 		}
+		var ceil, inf *float64
+		if c := r.Tokens.Ceiling; c != nil {
+			inf = &c.InfiniteHitRate
+			if b := c.Best(); b != nil {
+				ceil = &b.HitRate
+			}
+		}
 		out[i] = pageVariant{
 			Name: r.Variant, Status: st, OutputTPS: r.Throughput.OutputTokensPerS, Latency: r.Latency, HitRate: r.Tokens.HitRate,
-			HostRate: host, Misses: misses,
+			HostRate: host, CeilingRate: ceil, InfiniteRate: inf, Misses: misses,
 			PeakUsage: r.KV.PeakUsage, Preempt: r.Requests.Preemptions, Suspended: r.Requests.Suspensions,
 			Recomputed: r.Tokens.Recomputed, WallS: r.Engine.WallS, Series: r.Series,
 		}

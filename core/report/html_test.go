@@ -33,6 +33,11 @@ func richSample(modelled bool) Document {
 		r.Latency.Quantiles = NewQuantiles(ttft, tpot, e2e)
 		r.Tokens.PrefixReusedByTier = TierTokens{Device: 150, Host: 100}
 		r.Tokens.MissReasons = map[string]MissCount{"evicted": {Requests: 4, Tokens: 400 - 100*int64(i)}, "partial_block": {Requests: 2, Tokens: 100}, "in_flight": {}}
+		r.Tokens.Ceiling = &Ceiling{Infinite: 320, InfiniteHitRate: 0.32, Requests: 10, Reachable: 900, PinnedPeakBlocks: 12,
+			Device: &CeilingAt{CapacityBlocks: 40, Reused: 280, HitRate: 0.28}}
+		if i == 0 {
+			r.Tokens.Ceiling.DeviceHost = &CeilingAt{CapacityBlocks: 400, Reused: 310, HitRate: 0.31}
+		}
 		var sp Sampler
 		for k := range 2000 {
 			sp.Add(Sample{At: int64(k) * 3e6, KVUsage: float64(k%100) / 100, Running: k % 7, Waiting: k % 5,
@@ -55,7 +60,7 @@ func TestWriteHTMLMetadata(t *testing.T) {
 		"<table>", "cache_manager=v2", "scenarios/demo.yaml", "kvx test", "2026-12-01T12:00:00Z", "sim (h200 cost model)",
 		"cache_manager=v1 (finished), cache_manager=v2 (failed)", "varied keys</dt><dd>cache_manager", "max_batch_size",
 		"uncalibrated", `kvxTimeWord = "simulated time"`, "Chart.js v4", "10 requests (open loop)",
-		`"host_rate":0.1,`, `"misses":{"evicted":0.8,"partial_block":0.2}`, `"misses":{"evicted":0.75,"partial_block":0.25}`,
+		`"host_rate":0.1,`, `"ceiling_rate":0.31,`, `"infinite_rate":0.32`, "ceiling: best, device", "280 (28.0%)", `"misses":{"evicted":0.8,"partial_block":0.2}`, `"misses":{"evicted":0.75,"partial_block":0.25}`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("HTML lacks %q", want)
@@ -73,8 +78,8 @@ func TestWriteHTMLMetadata(t *testing.T) {
 	}
 }
 
-// chartsOnPage is what the page draws: 8 bar charts, 3 CDFs, 4 series.
-const chartsOnPage = 15
+// chartsOnPage is what the page draws: 9 bar charts, 3 CDFs, 4 series.
+const chartsOnPage = 16
 
 // TestHTMLInChromium opens the page in headless Chromium: no console
 // error, no request beyond the file, every chart drawn with data, values

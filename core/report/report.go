@@ -198,6 +198,54 @@ type Tokens struct {
 	// DraftAccepted / DraftProposed is the MTP acceptance.
 	DraftProposed int64 `json:"draft_proposed"`
 	DraftAccepted int64 `json:"draft_accepted"`
+	// Ceiling is the prefix reuse the same admissions could have had; nil
+	// from an engine that does not record it (kvx serve).
+	Ceiling *Ceiling `json:"ceiling,omitempty"`
+}
+
+// Ceiling is how much prefix reuse the run's counted admissions (those in
+// PrefixReused) could have had, in the order the run admitted them, from
+// full blocks before each prompt's last token (core/ceiling says the model
+// and why it bounds every manager). Hit rates are over Tokens.Prompt, as
+// Tokens.HitRate.
+type Ceiling struct {
+	// Infinite is the reuse of a cache that never evicts.
+	Infinite        int64   `json:"infinite"`
+	InfiniteHitRate float64 `json:"infinite_hit_rate"`
+	// Device bounds the reuse of the best eviction at the run's device
+	// capacity, DeviceHost at device plus host tier capacity (absent
+	// without a host tier); both absent when a stage has no full-attention
+	// pool to size them by.
+	Device     *CeilingAt `json:"device,omitempty"`
+	DeviceHost *CeilingAt `json:"device_host,omitempty"`
+	// Requests are the counted admissions, Reachable their full blocks
+	// before the last prompt token (tokens): no cache reuses more.
+	Requests  int   `json:"requests"`
+	Reachable int64 `json:"reachable"`
+	// PinnedPeakBlocks is the most distinct prompt blocks that running
+	// requests held at once.
+	PinnedPeakBlocks int `json:"pinned_peak_blocks"`
+}
+
+// CeilingAt is the ceiling at one capacity.
+type CeilingAt struct {
+	// CapacityBlocks is the smallest stage's blocks of the tiers counted
+	// (the smallest full-attention pool of each).
+	CapacityBlocks int     `json:"capacity_blocks"`
+	Reused         int64   `json:"reused"`
+	HitRate        float64 `json:"hit_rate"`
+}
+
+// Best is the ceiling at the run's whole capacity: device and host tier
+// when it has one, else the device; nil when neither is known.
+func (c *Ceiling) Best() *CeilingAt {
+	switch {
+	case c == nil:
+		return nil
+	case c.DeviceHost != nil:
+		return c.DeviceHost
+	}
+	return c.Device
 }
 
 // TierTokens are tokens by cache tier.
@@ -537,6 +585,18 @@ var rows = []row{
 		return fmt.Sprintf("%s (%.1f%%)", i64(r.Tokens.PrefixReused), 100*r.Tokens.HitRate)
 	}},
 	{"    from host tier", func(r *Report) string { return i64(r.Tokens.PrefixReusedByTier.Host) }},
+	{"  ceiling: best, device", func(r *Report) string { return ceilingCell(r, func(c *Ceiling) *CeilingAt { return c.Device }) }},
+	{"    device + host tier", func(r *Report) string { return ceilingCell(r, func(c *Ceiling) *CeilingAt { return c.DeviceHost }) }},
+	{"    infinite cache", func(r *Report) string {
+		return ceilingCell(r, func(c *Ceiling) *CeilingAt { return &CeilingAt{Reused: c.Infinite, HitRate: c.InfiniteHitRate} })
+	}},
+	{"  reused / ceiling", func(r *Report) string {
+		b := r.Tokens.Ceiling.Best()
+		if b == nil || b.Reused == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f%%", 100*float64(r.Tokens.PrefixReused)/float64(b.Reused))
+	}},
 	{"  miss reasons", func(r *Report) string { return missRow(r.Tokens) }},
 	{"  recomputed", func(r *Report) string { return i64(r.Tokens.Recomputed) }},
 	{"generated tokens", func(r *Report) string { return i64(r.Tokens.Generated) }},
@@ -668,6 +728,19 @@ func WriteTable(w io.Writer, rs []Report) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// ceilingCell is one of r's ceilings as "1,234 (28.9%)", "-" when r has
+// none.
+func ceilingCell(r *Report, at func(*Ceiling) *CeilingAt) string {
+	if r.Tokens.Ceiling == nil {
+		return "-"
+	}
+	a := at(r.Tokens.Ceiling)
+	if a == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%s (%.1f%%)", i64(a.Reused), 100*a.HitRate)
 }
 
 // missRow is the top miss reasons by computed tokens, as

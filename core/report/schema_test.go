@@ -81,6 +81,8 @@ func TestSchemaHasTeeth(t *testing.T) {
 			at(v, "tokens", "miss_reasons").(map[string]any)["bad_luck"] = map[string]any{"requests": 1, "tokens": 1}
 		},
 		"no tiers":                          func(v map[string]any) { delete(at(v, "tokens").(map[string]any), "prefix_reused_by_tier") },
+		"a ceiling's hit rate above 1":      func(v map[string]any) { at(v, "tokens", "ceiling", "device").(map[string]any)["hit_rate"] = 1.5 },
+		"a ceiling without its infinite":    func(v map[string]any) { delete(at(v, "tokens", "ceiling").(map[string]any), "infinite") },
 		"a record's tier":                   func(v map[string]any) { recordCache(v)["evicted_tier"] = "disk" },
 		"a record's cache without a reason": func(v map[string]any) { delete(recordCache(v), "miss_reason") },
 	} {

@@ -105,6 +105,12 @@
   bars('Prefix reuse and KV cache use', '%', [
     { name: 'prompt tokens reused', val: v => 100 * v.hit_rate }, { name: 'of which from the host tier', val: v => 100 * v.host_rate },
     { name: 'KV peak usage', val: v => 100 * v.peak_usage }]);
+  // Each manager's reuse beside its ceiling: the best eviction at the run's
+  // capacity (device, and host tier when it has one) and an infinite cache.
+  bars('Prefix reuse against its ceiling (share of prompt tokens)', '%', [
+    { name: 'reused by the manager', val: v => 100 * v.hit_rate },
+    { name: 'ceiling: best eviction at its capacity', val: v => v.ceiling_rate === null ? null : 100 * v.ceiling_rate },
+    { name: 'ceiling: infinite cache', val: v => v.infinite_rate === null ? null : 100 * v.infinite_rate }]);
   // Why prompt tokens were computed: one bar per miss reason that any
   // variant has (partial_block alone, at 0, when none has any).
   const reasons = [...new Set(vs.flatMap(v => Object.keys(v.misses || {})))].sort();
