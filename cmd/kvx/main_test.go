@@ -314,11 +314,38 @@ func TestPlanAndPluginsCommands(t *testing.T) {
 		t.Fatalf("plugins exit %d: %s", code, stderr)
 	}
 	for _, w := range []string{"kvx-cachemgr-v1", "kvx-cachemgr-v2", "kvx-backend-dsa", "kvx-backend-mla", "kvx-backend-gqa", "prefix-reuse", "host-tier", "cache-salt", "kv-events",
-		"explain", "retention", "eviction:lru/lfu", "protocol", "features", fmt.Sprintf(" %d ", pluginrpc.Protocol), "top_logprobs",
-		"cache_manager: v1", "cache_manager: mamba", "attention_backend: gqa"} {
+		"explain", "retention", "eviction:lru/lfu", "contract", "features", fmt.Sprintf("wire %d", pluginrpc.Protocol),
+		fmt.Sprintf("all %d", len(pluginrpc.Current().Features)), "cache_manager: v1", "cache_manager: mamba", "attention_backend: gqa"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("plugins output lacks %q:\n%s", w, out)
 		}
+	}
+	for line := range strings.SplitSeq(out, "\n") {
+		if len(line) > 80 && !strings.HasPrefix(line, "found in ") {
+			t.Errorf("plugins output line of %d columns, want at most 80 (a terminal's width):\n%s", len(line), line)
+		}
+	}
+}
+
+// TestFeatureText: a plugin with every feature of this kvx is "all N"; one
+// without some, or requiring one, is listed, the required starred.
+func TestFeatureText(t *testing.T) {
+	cur := pluginrpc.Current()
+	if got, want := featureText(cur), fmt.Sprintf("all %d", len(cur.Features)); got != want {
+		t.Errorf("current contract: %q, want %q", got, want)
+	}
+	less := cur
+	less.Features = cur.Features[1:]
+	if got := featureText(less); strings.HasPrefix(got, "all") || strings.Contains(got, string(cur.Features[0])) || !strings.Contains(got, string(cur.Features[1])) {
+		t.Errorf("without %s: %q, want the list of the others", cur.Features[0], got)
+	}
+	req := cur
+	req.Required = cur.Features[:1]
+	if got := featureText(req); !strings.Contains(got, string(cur.Features[0])+"*") {
+		t.Errorf("requiring %s: %q, want it starred", cur.Features[0], got)
+	}
+	if got := featureText(pluginrpc.Contract{Protocol: cur.Protocol}); got != "?" {
+		t.Errorf("handshake only: %q, want ?", got)
 	}
 }
 

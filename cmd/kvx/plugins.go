@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvx-dev/kvx/cmd/builtin"
 	"github.com/kvx-dev/kvx/core/host"
 	"github.com/kvx-dev/kvx/core/registry"
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 )
 
@@ -21,47 +23,47 @@ func newPluginsCmd(g *globals) *cobra.Command {
 		Use:   "plugins",
 		Short: "List the plugin binaries found, the config value that picks each, and what each supports",
 		Args:  cobra.NoArgs,
+		Long: `List the plugin binaries found, the config value that picks each, and what each supports.
+
+The table gives each binary's config value, kind, contract (the kvcache
+protocol versions and the wire protocol) and features ("all N" when it
+offers every feature of this kvx's contract; otherwise the list, a required
+one starred). Below it, each binary's name and version as it describes
+itself and what it supports (mixers and capabilities), wrapped to 80
+columns; the directory is printed once when every binary is in one.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			h := host.New(g.logger(), dirs)
 			defer h.Close()
 			found := h.Plugins()
 			reg := builtin.Registry()
-			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "binary\tconfig\tkind\tname\tversion\tcontract\tprotocol\tfeatures\tsupports\tpath")
-			seen := map[string]bool{}
+			oneDir := len(found) > 0
 			for _, f := range found {
-				name, version, protocols, supports := "-", "-", "-", "-"
-				protocol, features := "-", "-"
+				oneDir = oneDir && filepath.Dir(f.Path) == filepath.Dir(found[0].Path)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+			head := "binary\tconfig\tkind\tcontract\tfeatures"
+			if !oneDir {
+				head += "\tpath"
+			}
+			fmt.Fprintln(tw, head)
+			seen := map[string]bool{}
+			var about [][2]string // binary, what it supports
+			for _, f := range found {
+				contract, features := "-", "-"
 				if c := f.Contract; c != nil {
-					protocol, features = fmt.Sprint(c.Protocol), featureText(*c)
+					contract, features = fmt.Sprintf("wire %d", c.Protocol), featureText(*c)
 				}
+				what := "-"
 				switch {
 				case f.Err != nil:
-					supports = "error: " + f.Err.Error()
+					what = "error: " + f.Err.Error()
 				case f.Manager != nil:
 					i := f.Manager
-					name, version, protocols = i.Name, i.Version, fmt.Sprint(i.Protocols)
-					c := i.Capabilities
-					var caps []string
-					for _, m := range c.Mixers {
-						caps = append(caps, string(m))
-					}
-					for _, x := range []struct {
-						on   bool
-						name string
-					}{{c.PrefixReuse, "prefix-reuse"}, {c.HostTier, "host-tier"}, {c.SSMState, "ssm-state"}, {c.SSMReuse, "ssm-reuse"}, {c.CacheSalt, "cache-salt"}, {c.KVEvents, "kv-events"},
-						{c.Explain, "explain"}, {c.Retention, "retention"}} {
-						if x.on {
-							caps = append(caps, x.name)
-						}
-					}
-					if len(c.EvictionPolicies) > 0 {
-						caps = append(caps, "eviction:"+strings.Join(c.EvictionPolicies, "/"))
-					}
-					supports = strings.Join(caps, ",")
+					contract = fmt.Sprintf("%v, %s", i.Protocols, contract)
+					what = i.Name + " " + i.Version + ": " + managerSupports(i.Capabilities)
 				case f.Worker != nil:
 					i := f.Worker
-					name, version, protocols = i.Name, i.Version, fmt.Sprint(i.Protocols)
+					contract = fmt.Sprintf("%v, %s", i.Protocols, contract)
 					var mx []string
 					for _, m := range i.Mixers {
 						if m == "" {
@@ -70,28 +72,95 @@ func newPluginsCmd(g *globals) *cobra.Command {
 						}
 						mx = append(mx, string(m))
 					}
-					supports = "device " + i.Device + ": " + strings.Join(mx, ",")
+					what = i.Name + " " + i.Version + ": device " + i.Device + ": " + strings.Join(mx, ", ")
 				}
-				path := f.Path
+				name := f.Name
 				if f.Shadowed {
-					path += " (shadowed)"
+					name += " (shadowed)"
 				}
 				seen[f.Name] = true
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Name, configValue(reg, f), f.Kind, name, version, protocols, protocol, features, supports, path)
+				row := fmt.Sprintf("%s\t%s\t%s\t%s\t%s", name, configValue(reg, f), f.Kind, contract, features)
+				if !oneDir {
+					row += "\t" + f.Path
+				}
+				fmt.Fprintln(tw, row)
+				about = append(about, [2]string{name, what})
 			}
 			if len(found) == 0 {
 				fmt.Fprintln(tw, "no kvx-* plugin binaries found in", strings.Join(h.SearchPath(), ", "), "; run `make build`")
 			}
 			for _, e := range slices.Concat(entries(reg.ManagerNames(), reg.ManagerBinary, "cache_manager"), entries(reg.BackendNames(), reg.BackendBinary, "attention_backend")) {
 				if !seen[e[1]] {
-					fmt.Fprintf(tw, "%s\t%s\tnot found\t-\t-\t-\t-\t-\t-\t-\n", e[1], e[0])
+					fmt.Fprintf(tw, "%s\t%s\tnot found\t-\t-\n", e[1], e[0])
 				}
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if oneDir {
+				fmt.Printf("found in %s\n", filepath.Dir(found[0].Path))
+			}
+			if len(about) > 0 {
+				fmt.Println("\nwhat each supports (its name and version: mixers and capabilities):")
+				width := 0
+				for _, a := range about {
+					width = max(width, len(a[0]))
+				}
+				for _, a := range about {
+					for i, line := range wrapWords(a[1], 78-width-2) {
+						label := ""
+						if i == 0 {
+							label = a[0]
+						}
+						fmt.Printf("  %-*s  %s\n", width, label, line)
+					}
+				}
+			}
+			return nil
 		},
 	}
 	cmd.Flags().StringArrayVar(&dirs, "plugin-dir", nil, "also look in this directory (repeatable)")
 	return cmd
+}
+
+// managerSupports lists a manager's mixers and capabilities.
+func managerSupports(c kvcache.Capabilities) string {
+	var caps []string
+	for _, m := range c.Mixers {
+		caps = append(caps, string(m))
+	}
+	for _, x := range []struct {
+		on   bool
+		name string
+	}{{c.PrefixReuse, "prefix-reuse"}, {c.HostTier, "host-tier"}, {c.SSMState, "ssm-state"}, {c.SSMReuse, "ssm-reuse"}, {c.CacheSalt, "cache-salt"}, {c.KVEvents, "kv-events"},
+		{c.Explain, "explain"}, {c.Retention, "retention"}} {
+		if x.on {
+			caps = append(caps, x.name)
+		}
+	}
+	if len(c.EvictionPolicies) > 0 {
+		caps = append(caps, "eviction:"+strings.Join(c.EvictionPolicies, "/"))
+	}
+	return strings.Join(caps, ", ")
+}
+
+// wrapWords breaks s at spaces into lines of at most width bytes (a word
+// longer than width gets a line of its own).
+func wrapWords(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = w
+		case len(line)+1+len(w) <= width:
+			line += " " + w
+		default:
+			lines = append(lines, line)
+			line = w
+		}
+	}
+	return append(lines, line)
 }
 
 // configValue is the setting that picks f: "cache_manager: v1" for a
@@ -120,12 +189,17 @@ func entries(names []string, binary func(string) string, key string) [][2]string
 	return out
 }
 
-// featureText names a side's features for a table cell: "top_logprobs",
-// a required one starred ("kv_events*"), "none", or "?" when only its
-// handshake is known.
+// featureText names a side's features for a table cell: "all N" when they
+// are exactly this kvx's N and none is required; else the list
+// ("top_logprobs,kv_events*", a required one starred), "none", or "?"
+// when only its handshake is known.
 func featureText(c pluginrpc.Contract) string {
 	if c.Features == nil && c.Required == nil && c.Build == "" {
 		return "?"
+	}
+	all := pluginrpc.Current().Features
+	if len(c.Required) == 0 && len(c.Features) == len(all) && !slices.ContainsFunc(all, func(f pluginrpc.Feature) bool { return !c.Has(f) }) {
+		return fmt.Sprintf("all %d", len(all))
 	}
 	var fs []string
 	for _, f := range c.Features {
