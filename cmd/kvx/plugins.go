@@ -190,16 +190,20 @@ func entries(names []string, binary func(string) string, key string) [][2]string
 }
 
 // featureText names a side's features for a table cell: "all N" when they
-// are exactly this kvx's N and none is required; else the list
-// ("top_logprobs,kv_events*", a required one starred), "none", or "?"
-// when only its handshake is known.
+// are exactly this kvx's N and none is required, else featureList.
 func featureText(c pluginrpc.Contract) string {
-	if c.Features == nil && c.Required == nil && c.Build == "" {
-		return "?"
-	}
 	all := pluginrpc.Current().Features
 	if len(c.Required) == 0 && len(c.Features) == len(all) && !slices.ContainsFunc(all, func(f pluginrpc.Feature) bool { return !c.Has(f) }) {
 		return fmt.Sprintf("all %d", len(all))
+	}
+	return featureList(c)
+}
+
+// featureList names a side's features: "top_logprobs,kv_events*" (a
+// required one starred), "none", or "?" when only its handshake is known.
+func featureList(c pluginrpc.Contract) string {
+	if c.Features == nil && c.Required == nil && c.Build == "" {
+		return "?"
 	}
 	var fs []string
 	for _, f := range c.Features {
