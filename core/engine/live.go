@@ -196,7 +196,7 @@ type Live struct {
 
 	queued atomic.Int64
 	maxSeq int
-	salt   error // why salted requests are refused (nil: they are served)
+	salt   error       // why salted requests are refused (nil: they are served)
 	resets []*resetReq // ResetPrefixCache calls waiting for the loop (reset.go)
 }
 
