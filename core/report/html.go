@@ -117,10 +117,10 @@ func WriteHTML(w io.Writer, d Document) error {
 		names = append(names, v.Name+" ("+v.Status+")")
 	}
 	data.Variants = strings.Join(names, ", ")
-	for _, rw := range rows {
+	for _, rw := range shownRows(rs) {
 		r := row{Name: rw.name}
 		for i := range rs {
-			r.Cells = append(r.Cells, rw.val(&rs[i]))
+			r.Cells = append(r.Cells, rw.cell(&rs[i]))
 		}
 		data.Rows = append(data.Rows, r)
 	}
@@ -180,6 +180,9 @@ func timeWord(rs []Report) string {
 	if len(rs) == 0 {
 		return "engine time"
 	}
+	if !slices.ContainsFunc(rs, func(r Report) bool { return r.Bench == nil }) {
+		return "wall time at the client"
+	}
 	for _, r := range rs {
 		if !r.Engine.Modelled {
 			return "engine time"
@@ -190,6 +193,10 @@ func timeWord(rs []Report) string {
 
 // timeNote says where the page's times come from.
 func timeNote(rs []Report) string {
+	benched := slices.ContainsFunc(rs, func(r Report) bool { return r.Bench != nil })
+	if benched && !slices.ContainsFunc(rs, func(r Report) bool { return r.Bench == nil }) {
+		return "measured by kvx bench at the client: wall-clock times from sending a request to its streamed tokens"
+	}
 	sim, measured := 0, 0
 	uncal := false
 	for _, r := range rs {
@@ -211,6 +218,8 @@ func timeNote(rs []Report) string {
 		return "simulated: every time comes from " + model + " (device sim), not a clock"
 	case sim > 0:
 		return "engine time: measured on the real devices, simulated by " + model + " on device sim"
+	case benched:
+		return "engine time measured on the device for the engine runs; wall-clock times at the client for the kvx bench runs"
 	}
 	return "engine time, measured on the device"
 }
