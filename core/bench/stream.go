@@ -116,7 +116,14 @@ func (b *runner) stream(ctx context.Context, body []byte, maxTokens int) *result
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), "text/event-stream") {
 		return r.fail("content_type", "HTTP 200 with Content-Type %q, want text/event-stream", ct)
 	}
-	br := bufio.NewReaderSize(io.LimitReader(resp.Body, MaxStreamBytes+1), 64<<10)
+	return readEvents(ctx, resp.Body, maxTokens, r)
+}
+
+// readEvents reads a server-sent event stream of completion chunks into r
+// (whose sent time is set) until data: [DONE], within the bounds above.
+// Whatever body holds, it returns r with ok set or an error kind.
+func readEvents(ctx context.Context, body io.Reader, maxTokens int, r *result) *result {
+	br := bufio.NewReaderSize(io.LimitReader(body, MaxStreamBytes+1), 64<<10)
 	var read int64
 	var data []byte // the data of the event being read
 	events, limit := 0, maxEvents(maxTokens)
