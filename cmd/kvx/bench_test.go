@@ -119,6 +119,33 @@ func TestBenchAgainstServe(t *testing.T) {
 	if n := cached(); n != 0 {
 		t.Errorf("the prompt after the reset: %d cached tokens, want 0", n)
 	}
+	// While a request streams, the reset is refused (409) and changes
+	// nothing.
+	sresp, err := http.Post(srv.Base+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt": [1, 2, 3], "max_tokens": 250, "ignore_eos": true, "stream": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, 16)
+	if _, err := io.ReadFull(sresp.Body, first); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = http.Post(srv.Base+"/reset_prefix_cache", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(data), "engine_busy") {
+		t.Errorf("POST /reset_prefix_cache during a stream: %d %s, want 409 engine_busy", resp.StatusCode, data)
+	}
+	if rest, err := io.ReadAll(sresp.Body); err != nil || !strings.HasSuffix(strings.TrimSpace(string(rest)), "data: [DONE]") {
+		t.Errorf("the stream during the refused reset: %v, ends %q", err, string(rest)[max(0, len(rest)-40):])
+	}
+	sresp.Body.Close()
+	if n := cached(); n != 32 {
+		t.Errorf("the prompt after the refused reset: %d cached tokens, want 32 (nothing dropped)", n)
+	}
 	if code := srv.Stop(t); code != 0 {
 		t.Errorf("kvx serve exit %d after SIGTERM\n%s", code, srv.Stderr)
 	}
