@@ -67,8 +67,9 @@ bailian, azure, burstgpt) or generated prompts (--requests, --prompt-tokens,
 --output-tokens, --shared-prefix-tokens in --shared-prefix-groups groups).
 Requests are sent at the trace's timestamps (a trace without --rate or
 --concurrency, scaled by --time-scale), at --rate per second (Poisson, or
---arrivals constant), or as a closed loop of --concurrency in flight (the
-default, 8, for generated prompts); --concurrency also caps an open loop.
+--arrivals constant; --concurrency then caps the requests in flight), or as
+a closed loop of --concurrency in flight (a trace with --concurrency too, in
+its order; 8 by default for generated prompts).
 
 Before the measured phase: --warmup N requests, then --flush (POST
 /reset_prefix_cache, which kvx serve and vLLM answer; SGLang's /flush_cache
@@ -104,7 +105,7 @@ flags, 130/143/129 when a signal stopped it (the partial report is written).`,
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the prompts and of the Poisson arrivals")
 	f.Float64Var(&o.rate, "rate", 0, "requests per second (an open loop)")
 	f.StringVar(&o.arrivals, "arrivals", "poisson", "with --rate: poisson or constant")
-	f.IntVar(&o.concurrency, "concurrency", 0, "requests in flight: a closed loop, or the cap of an open one (default 8 for generated prompts without --rate)")
+	f.IntVar(&o.concurrency, "concurrency", 0, "requests in flight: a closed loop, or with --rate its cap (default 8 for generated prompts without --rate)")
 	f.IntVar(&o.warmup, "warmup", 0, "requests sent before measuring, not measured")
 	f.BoolVar(&o.flush, "flush", false, "after the warm-up, ask the server to drop its prefix cache (POST /reset_prefix_cache)")
 	f.BoolVar(&o.prime, "prime", false, "before measuring, send each shared prefix once (1 output token)")

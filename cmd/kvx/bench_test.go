@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvx-dev/kvx/cmd/kvx/internal/servetest"
+	"github.com/kvx-dev/kvx/core/report/pagecheck"
 )
 
 // TestBenchAgainstServe runs the kvx bench binary against the kvx serve
@@ -86,6 +87,21 @@ func TestBenchAgainstServe(t *testing.T) {
 	html, err := os.ReadFile(page)
 	if err != nil || !strings.Contains(string(html), "server hit rate") || !strings.Contains(string(html), "wall time at the client") {
 		t.Errorf("the HTML page (%v) lacks the bench rows or the clock's name", err)
+	}
+	p := pagecheck.Open(t, page)[0]
+	for _, e := range p.Errors {
+		t.Errorf("the bench page's console: %s", e)
+	}
+	for _, u := range p.Requests {
+		t.Errorf("the bench page asked for %s", u)
+	}
+	if p.Drawn == 0 || p.Drawn != p.Canvases {
+		t.Errorf("the bench page: kvxCharts %d, %d canvases; want as many charts drawn as canvases", p.Drawn, p.Canvases)
+	}
+	for _, c := range p.Charts {
+		if !c.Painted || c.Datasets == 0 || strings.Contains(c.Title, "Preemptions") || strings.Contains(c.Title, "so far") {
+			t.Errorf("the bench page's chart %q: painted %v, %d datasets; want only charts of what the bench measured, with data", c.Title, c.Painted, c.Datasets)
+		}
 	}
 
 	// The flush drops the cached blocks: a prompt cached before is computed

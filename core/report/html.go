@@ -69,8 +69,8 @@ table.cfg td { max-width: 30em; overflow-wrap: anywhere }
 <div class="charts" id="bars"></div>
 <h2>Latency distributions ({{.TimeWord}})</h2>
 <div class="charts" id="cdfs"></div>
-<h2>Over {{.TimeWord}}</h2>
-<div class="charts" id="series"></div>
+{{if .EngineRuns}}<h2>Over {{.TimeWord}}</h2>
+<div class="charts" id="series"></div>{{end}}
 <h2>Resolved configuration</h2>
 {{if .Config}}<details><summary>{{len .Config}} keys after defaults, files, KVX_* environment and --set{{if .Varied}}; the keys that differ between variants are highlighted{{end}}</summary>
 <table class="cfg">
@@ -110,7 +110,8 @@ func WriteHTML(w io.Writer, d Document) error {
 		Workload, TimeNote       string
 		TimeWord                 string
 		Data                     []pageVariant
-	}{Doc: d, Lib: inlineChartJS, PageJS: template.JS(pageJS), TimeWord: word, Data: pageData(rs)}
+		EngineRuns               bool // some variant is not a kvx bench's: the page has the series over engine time
+	}{EngineRuns: slices.ContainsFunc(rs, func(r Report) bool { return r.Bench == nil }), Doc: d, Lib: inlineChartJS, PageJS: template.JS(pageJS), TimeWord: word, Data: pageData(rs)}
 	data.Command = strings.Join(d.Command, " ")
 	var names []string
 	for _, v := range data.Data {
@@ -241,6 +242,7 @@ type pageVariant struct {
 	Recomputed int64              `json:"recomputed"`
 	WallS      float64            `json:"wall_s"`
 	Series     *Series            `json:"series"`
+	Bench      bool               `json:"bench"` // measured by kvx bench: no engine figures
 }
 
 func pageData(rs []Report) []pageVariant {
@@ -265,7 +267,7 @@ func pageData(rs []Report) []pageVariant {
 			Name: r.Variant, Status: st, OutputTPS: r.Throughput.OutputTokensPerS, Latency: r.Latency, HitRate: r.Tokens.HitRate,
 			HostRate: host, Misses: misses,
 			PeakUsage: r.KV.PeakUsage, Preempt: r.Requests.Preemptions, Suspended: r.Requests.Suspensions,
-			Recomputed: r.Tokens.Recomputed, WallS: r.Engine.WallS, Series: r.Series,
+			Recomputed: r.Tokens.Recomputed, WallS: r.Engine.WallS, Series: r.Series, Bench: r.Bench != nil,
 		}
 	}
 	return out
