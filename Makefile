@@ -23,11 +23,11 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # Packages that run goroutines of their own (plugin transport and data
 # plane, the SDK's signal handling, host, engine with started calls and step
 # overlap, setup's launcher, the worker runtime and the cpu kernels'
-# parallel loops) or drive them over a real gRPC pair (the conformance
+# parallel loops, kvx bench's request loops) or drive them over a real gRPC pair (the conformance
 # suite): the race detector runs their tests. The other device packages
 # (synth, hf, sim, paged) and the contract's type packages start no
 # goroutine: the race pass would only run their tests ten times slower.
-RACE_PKGS := ./core/host/ ./core/engine/ ./core/setup/ ./plugins/internal/plane/ ./plugins/sdk/ \
+RACE_PKGS := ./core/host/ ./core/engine/ ./core/setup/ ./core/bench/ ./plugins/internal/plane/ ./plugins/sdk/ \
 	./plugins/v1/pluginrpc/ ./plugins/v1/pipeline/ ./plugins/conformance/ ./device/ ./device/cpu/...
 
 all: build

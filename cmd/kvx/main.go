@@ -6,6 +6,7 @@
 //	kvx plan --config F
 //	kvx generate --config F --prompts P.jsonl [--top-logprobs K] [--json out.json]
 //	kvx serve --config F [--host 127.0.0.1] [--port 8000]
+//	kvx bench --url http://127.0.0.1:8000 [--concurrency N | --rate R] [--json out.json] [--html out.html]
 //	kvx plugins
 //	kvx calibrate --config F [--out FILE] [--json] [--refit FILE]...
 //
@@ -117,7 +118,7 @@ func newRoot() *cobra.Command {
 			writeHeapProfile(g.memProfile)
 		}
 	}
-	root.AddCommand(newRunCmd(g), newCompareCmd(g), newPlanCmd(g), newGenerateCmd(g), newServeCmd(g), newPluginsCmd(g), newConformanceCmd(g), newCalibrateCmd(g))
+	root.AddCommand(newRunCmd(g), newCompareCmd(g), newPlanCmd(g), newGenerateCmd(g), newServeCmd(g), newPluginsCmd(g), newConformanceCmd(g), newCalibrateCmd(g), newBenchCmd(g))
 	return root
 }
 

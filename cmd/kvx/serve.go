@@ -37,6 +37,7 @@ func newServeCmd(g *globals) *cobra.Command {
 		Long: `Serve the configured engine over HTTP, OpenAI-compatible:
   POST /v1/completions, POST /v1/chat/completions   (JSON, or SSE with "stream": true)
   GET /v1/models, GET /health, GET /metrics          (Prometheus, kvx: names after vLLM's)
+  POST /reset_prefix_cache                           (vLLM's: drop every cached prefix block; 409 while busy)
 on the same engine loop as kvx run, with requests arriving from HTTP instead
 of a workload (the config's workload section is not used). It listens on
 loopback unless --host says otherwise.

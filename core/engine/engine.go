@@ -183,6 +183,7 @@ type stage struct {
 	usage    float64               // device blocks in use / device blocks at the last check; -1 before
 	info     kvcache.Info          // m's Info
 	events   kvcache.EventReporter // m, when it records KV events for Spec.KVEvents; nil: it does not
+	base     baseStats             // m's counters before its last prefix cache reset (reset.go)
 }
 
 // forget drops what the stage keeps for seq's next forward.

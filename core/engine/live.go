@@ -196,7 +196,8 @@ type Live struct {
 
 	queued atomic.Int64
 	maxSeq int
-	salt   error // why salted requests are refused (nil: they are served)
+	salt   error       // why salted requests are refused (nil: they are served)
+	resets []*resetReq // ResetPrefixCache calls waiting for the loop (reset.go)
 }
 
 // stForgotten marks a live request whose figures moved into the report's
@@ -431,6 +432,7 @@ func (lv *Live) turn(ctx context.Context, e *Engine) error {
 		}
 	}
 	lv.publish(e)
+	lv.refuseResets(e)
 	lv.refreshStats(ctx, e, false)
 	return nil
 }
@@ -619,9 +621,16 @@ func (lv *Live) idle(ctx context.Context, e *Engine) (bool, error) {
 	for {
 		lv.mu.Lock()
 		ready := len(lv.subs) > 0 || len(lv.cancels) > 0
+		resets := len(lv.resets) > 0
 		lv.mu.Unlock()
 		if ready {
 			return true, nil
+		}
+		if resets {
+			if err := lv.runResets(ctx, e); err != nil {
+				return true, err
+			}
+			continue
 		}
 		select {
 		case <-lv.wakeC:

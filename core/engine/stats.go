@@ -114,13 +114,18 @@ func (e *Engine) finishReport(ctx context.Context) {
 				u.Manager = info.Name + " " + info.Version
 			}
 			if s, err := st.m.Stats(ctx); err == nil {
-				u.Evictions = s.Evictions
-				if s.Snapshots != (kvcache.SnapshotStats{}) {
+				u.Evictions = s.Evictions + st.base.Evictions
+				sn := s.Snapshots
+				sn.Taken += st.base.Snapshots.Taken
+				sn.Skipped += st.base.Snapshots.Skipped
+				sn.Evicted += st.base.Snapshots.Evicted
+				sn.ReusedTokens += st.base.Snapshots.ReusedTokens
+				if sn != (kvcache.SnapshotStats{}) {
 					hasSnaps = true
-					snaps.Taken += s.Snapshots.Taken
-					snaps.Skipped += s.Snapshots.Skipped
-					snaps.Evicted += s.Snapshots.Evicted
-					snaps.ReusedTokens += s.Snapshots.ReusedTokens
+					snaps.Taken += sn.Taken
+					snaps.Skipped += sn.Skipped
+					snaps.Evicted += sn.Evicted
+					snaps.ReusedTokens += sn.ReusedTokens
 				}
 			}
 			e.dog.disarm(slotCall)

@@ -69,8 +69,8 @@ table.cfg td { max-width: 30em; overflow-wrap: anywhere }
 <div class="charts" id="bars"></div>
 <h2>Latency distributions ({{.TimeWord}})</h2>
 <div class="charts" id="cdfs"></div>
-<h2>Over {{.TimeWord}}</h2>
-<div class="charts" id="series"></div>
+{{if .EngineRuns}}<h2>Over {{.TimeWord}}</h2>
+<div class="charts" id="series"></div>{{end}}
 <h2>Resolved configuration</h2>
 {{if .Config}}<details><summary>{{len .Config}} keys after defaults, files, KVX_* environment and --set{{if .Varied}}; the keys that differ between variants are highlighted{{end}}</summary>
 <table class="cfg">
@@ -110,17 +110,18 @@ func WriteHTML(w io.Writer, d Document) error {
 		Workload, TimeNote       string
 		TimeWord                 string
 		Data                     []pageVariant
-	}{Doc: d, Lib: inlineChartJS, PageJS: template.JS(pageJS), TimeWord: word, Data: pageData(rs)}
+		EngineRuns               bool // some variant is not a kvx bench's: the page has the series over engine time
+	}{EngineRuns: slices.ContainsFunc(rs, func(r Report) bool { return r.Bench == nil }), Doc: d, Lib: inlineChartJS, PageJS: template.JS(pageJS), TimeWord: word, Data: pageData(rs)}
 	data.Command = strings.Join(d.Command, " ")
 	var names []string
 	for _, v := range data.Data {
 		names = append(names, v.Name+" ("+v.Status+")")
 	}
 	data.Variants = strings.Join(names, ", ")
-	for _, rw := range rows {
+	for _, rw := range shownRows(rs) {
 		r := row{Name: rw.name}
 		for i := range rs {
-			r.Cells = append(r.Cells, rw.val(&rs[i]))
+			r.Cells = append(r.Cells, rw.cell(&rs[i]))
 		}
 		data.Rows = append(data.Rows, r)
 	}
@@ -180,6 +181,9 @@ func timeWord(rs []Report) string {
 	if len(rs) == 0 {
 		return "engine time"
 	}
+	if !slices.ContainsFunc(rs, func(r Report) bool { return r.Bench == nil }) {
+		return "wall time at the client"
+	}
 	for _, r := range rs {
 		if !r.Engine.Modelled {
 			return "engine time"
@@ -190,6 +194,10 @@ func timeWord(rs []Report) string {
 
 // timeNote says where the page's times come from.
 func timeNote(rs []Report) string {
+	benched := slices.ContainsFunc(rs, func(r Report) bool { return r.Bench != nil })
+	if benched && !slices.ContainsFunc(rs, func(r Report) bool { return r.Bench == nil }) {
+		return "measured by kvx bench at the client: wall-clock times from sending a request to its streamed tokens"
+	}
 	sim, measured := 0, 0
 	uncal := false
 	for _, r := range rs {
@@ -211,6 +219,8 @@ func timeNote(rs []Report) string {
 		return "simulated: every time comes from " + model + " (device sim), not a clock"
 	case sim > 0:
 		return "engine time: measured on the real devices, simulated by " + model + " on device sim"
+	case benched:
+		return "engine time measured on the device for the engine runs; wall-clock times at the client for the kvx bench runs"
 	}
 	return "engine time, measured on the device"
 }
@@ -237,6 +247,7 @@ type pageVariant struct {
 	Recomputed int64              `json:"recomputed"`
 	WallS      float64            `json:"wall_s"`
 	Series     *Series            `json:"series"`
+	Bench      bool               `json:"bench"` // measured by kvx bench: no engine figures
 }
 
 func pageData(rs []Report) []pageVariant {
@@ -268,7 +279,7 @@ func pageData(rs []Report) []pageVariant {
 			Name: r.Variant, Status: st, OutputTPS: r.Throughput.OutputTokensPerS, Latency: r.Latency, HitRate: r.Tokens.HitRate,
 			HostRate: host, CeilingRate: ceil, InfiniteRate: inf, Misses: misses,
 			PeakUsage: r.KV.PeakUsage, Preempt: r.Requests.Preemptions, Suspended: r.Requests.Suspensions,
-			Recomputed: r.Tokens.Recomputed, WallS: r.Engine.WallS, Series: r.Series,
+			Recomputed: r.Tokens.Recomputed, WallS: r.Engine.WallS, Series: r.Series, Bench: r.Bench != nil,
 		}
 	}
 	return out

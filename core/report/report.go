@@ -46,6 +46,8 @@ type Report struct {
 	Workload *Workload `json:"workload,omitempty"`
 	// Series are the run's figures over engine time, at most MaxPoints.
 	Series *Series `json:"series,omitempty"`
+	// Bench is set for what kvx bench measured of a server (see Bench).
+	Bench *Bench `json:"bench,omitempty"`
 	// Status is StatusFinished, or StatusFailed when the run stopped early;
 	// WriteJSON fills it in from Error when it is empty.
 	Status string `json:"status"`
@@ -563,86 +565,118 @@ func ReadJSON(r io.Reader) (Document, error) {
 	return d, nil
 }
 
-// row is one line of the side-by-side table.
+// row is one line of the side-by-side table. A row of only engine runs
+// (only == onlyEngine) shows "-" for a bench variant, and one of only
+// bench runs the other way round; a row none of whose variants it is for
+// is left out.
 type row struct {
 	name string
 	val  func(r *Report) string
+	only int
 }
 
+// Values of row.only.
+const (
+	onlyEngine = 1 + iota
+	onlyBench
+)
+
 var rows = []row{
-	{"cache manager", func(r *Report) string { return r.Config.CacheManager }},
-	{"backend / device", func(r *Report) string { return r.Config.Backend + " / " + r.Config.Device }},
-	{"sim calibration", func(r *Report) string { return r.Config.Calibration }},
-	{"policy", func(r *Report) string { return r.Config.Policy }},
-	{"requests total", func(r *Report) string { return itoa(r.Requests.Total) }},
-	{"  completed", func(r *Report) string { return itoa(r.Requests.Completed) }},
-	{"  rejected", func(r *Report) string { return itoa(r.Requests.Rejected) }},
-	{"  failed", func(r *Report) string { return itoa(r.Requests.Failed) }},
-	{"  preemptions", func(r *Report) string { return itoa(r.Requests.Preemptions) }},
-	{"    suspended to host", func(r *Report) string { return itoa(r.Requests.Suspensions) }},
-	{"prompt tokens", func(r *Report) string { return i64(r.Tokens.Prompt) }},
+	{"cache manager", func(r *Report) string { return r.Config.CacheManager }, onlyEngine},
+	{"backend / device", func(r *Report) string { return r.Config.Backend + " / " + r.Config.Device }, onlyEngine},
+	{"sim calibration", func(r *Report) string { return r.Config.Calibration }, onlyEngine},
+	{"policy", func(r *Report) string { return r.Config.Policy }, onlyEngine},
+	{"server", func(r *Report) string { return benchServer(r.Bench) }, onlyBench},
+	{"load", func(r *Report) string { return benchLoad(r.Bench) }, onlyBench},
+	{"warm-up / flush / prime", func(r *Report) string {
+		p := r.Bench.Phases
+		return fmt.Sprintf("%d / %s / %d", p.Warmup, p.Flush, p.Prime)
+	}, onlyBench},
+	{"requests total", func(r *Report) string { return itoa(r.Requests.Total) }, 0},
+	{"  completed", func(r *Report) string { return itoa(r.Requests.Completed) }, 0},
+	{"  rejected", func(r *Report) string { return itoa(r.Requests.Rejected) }, 0},
+	{"  failed", func(r *Report) string { return itoa(r.Requests.Failed) }, 0},
+	{"    by kind", func(r *Report) string { return benchErrors(r.Bench) }, onlyBench},
+	{"  preemptions", func(r *Report) string { return itoa(r.Requests.Preemptions) }, onlyEngine},
+	{"    suspended to host", func(r *Report) string { return itoa(r.Requests.Suspensions) }, onlyEngine},
+	{"prompt tokens", func(r *Report) string { return i64(r.Tokens.Prompt) }, 0},
 	{"  prefix reused", func(r *Report) string {
 		return fmt.Sprintf("%s (%.1f%%)", i64(r.Tokens.PrefixReused), 100*r.Tokens.HitRate)
-	}},
-	{"    from host tier", func(r *Report) string { return i64(r.Tokens.PrefixReusedByTier.Host) }},
-	{"  ceiling: best, device", func(r *Report) string { return ceilingCell(r, func(c *Ceiling) *CeilingAt { return c.Device }) }},
-	{"    device + host tier", func(r *Report) string { return ceilingCell(r, func(c *Ceiling) *CeilingAt { return c.DeviceHost }) }},
+	}, 0},
+	{"  server hit rate", func(r *Report) string { return benchMetrics(r.Bench) }, onlyBench},
+	{"    from host tier", func(r *Report) string { return i64(r.Tokens.PrefixReusedByTier.Host) }, onlyEngine},
+	{"  ceiling: best, device", func(r *Report) string { return ceilingCell(r, func(c *Ceiling) *CeilingAt { return c.Device }) }, onlyEngine},
+	{"    device + host tier", func(r *Report) string { return ceilingCell(r, func(c *Ceiling) *CeilingAt { return c.DeviceHost }) }, onlyEngine},
 	{"    infinite cache", func(r *Report) string {
 		return ceilingCell(r, func(c *Ceiling) *CeilingAt { return &CeilingAt{Reused: c.Infinite, HitRate: c.InfiniteHitRate} })
-	}},
+	}, onlyEngine},
 	{"  reused / ceiling", func(r *Report) string {
 		b := r.Tokens.Ceiling.Best()
 		if b == nil || b.Reused == 0 {
 			return "-"
 		}
 		return fmt.Sprintf("%.1f%%", 100*float64(r.Tokens.PrefixReused)/float64(b.Reused))
-	}},
-	{"  miss reasons", func(r *Report) string { return missRow(r.Tokens) }},
-	{"  recomputed", func(r *Report) string { return i64(r.Tokens.Recomputed) }},
-	{"generated tokens", func(r *Report) string { return i64(r.Tokens.Generated) }},
+	}, onlyEngine},
+	{"  miss reasons", func(r *Report) string { return missRow(r.Tokens) }, onlyEngine},
+	{"  recomputed", func(r *Report) string { return i64(r.Tokens.Recomputed) }, onlyEngine},
+	{"generated tokens", func(r *Report) string { return i64(r.Tokens.Generated) }, 0},
+	{"  streamed / usage", func(r *Report) string {
+		b := r.Bench
+		s := fmt.Sprintf("%s / %s", i64(b.StreamedTokens), i64(b.UsageTokens))
+		if b.TokenMismatches > 0 {
+			s += fmt.Sprintf(" (%d requests differ)", b.TokenMismatches)
+		}
+		return s
+	}, onlyBench},
 	{"draft acceptance", func(r *Report) string {
 		if r.Tokens.DraftProposed == 0 {
 			return "-"
 		}
 		return fmt.Sprintf("%.1f%%", 100*float64(r.Tokens.DraftAccepted)/float64(r.Tokens.DraftProposed))
-	}},
+	}, onlyEngine},
 	{"kv peak usage", func(r *Report) string {
 		parts := make([]string, len(r.KV.Stages))
 		for i, s := range r.KV.Stages {
 			parts[i] = fmt.Sprintf("%.0f%%", 100*s.PeakUsage)
 		}
 		return strings.Join(parts, " / ")
-	}},
+	}, onlyEngine},
 	{"kv tokens per seq (max)", func(r *Report) string {
 		parts := make([]string, len(r.KV.Stages))
 		for i, s := range r.KV.Stages {
 			parts[i] = itoa(s.MaxSeqTokens)
 		}
 		return strings.Join(parts, " / ")
-	}},
-	{"ttft p50 / p99 ms", func(r *Report) string { return fmt.Sprintf("%.0f / %.0f", r.Latency.TTFTP50, r.Latency.TTFTP99) }},
-	{"tpot p50 / p99 ms", func(r *Report) string { return fmt.Sprintf("%.2f / %.2f", r.Latency.TPOTP50, r.Latency.TPOTP99) }},
-	{"output tok/s", func(r *Report) string { return fmt.Sprintf("%.0f", r.Throughput.OutputTokensPerS) }},
-	{"engine time s", func(r *Report) string { return fmt.Sprintf("%.1f", r.Throughput.SimulatedS) }},
+	}, onlyEngine},
+	{"ttft p50 / p99 ms", func(r *Report) string { return fmt.Sprintf("%.0f / %.0f", r.Latency.TTFTP50, r.Latency.TTFTP99) }, 0},
+	{"tpot p50 / p99 ms", func(r *Report) string { return fmt.Sprintf("%.2f / %.2f", r.Latency.TPOTP50, r.Latency.TPOTP99) }, 0},
+	{"ttft p50 / p90 / p99 ms", func(r *Report) string { return dist3(r.Bench.Latency.TTFT, "%.1f") }, onlyBench},
+	{"tpot p50 / p90 / p99 ms", func(r *Report) string { return dist3(r.Bench.Latency.TPOT, "%.2f") }, onlyBench},
+	{"itl p50 / p90 / p99 ms", func(r *Report) string { return dist3(r.Bench.Latency.ITL, "%.2f") }, onlyBench},
+	{"e2e p50 / p90 / p99 ms", func(r *Report) string { return dist3(r.Bench.Latency.E2E, "%.1f") }, onlyBench},
+	{"output tok/s", func(r *Report) string { return fmt.Sprintf("%.0f", r.Throughput.OutputTokensPerS) }, 0},
+	{"requests/s", func(r *Report) string { return fmt.Sprintf("%.2f", r.Throughput.RequestsPerS) }, onlyBench},
+	{"goodput req/s", func(r *Report) string { return benchGoodput(r.Bench) }, onlyBench},
+	{"engine time s", func(r *Report) string { return fmt.Sprintf("%.1f", r.Throughput.SimulatedS) }, onlyEngine},
 	{"snapshots taken/skipped", func(r *Report) string {
 		if r.Snapshots == nil {
 			return "-"
 		}
 		return fmt.Sprintf("%d / %d", r.Snapshots.Taken, r.Snapshots.Skipped)
-	}},
+	}, onlyEngine},
 	{"  evicted / reused tok", func(r *Report) string {
 		if r.Snapshots == nil {
 			return "-"
 		}
 		return fmt.Sprintf("%d / %s", r.Snapshots.Evicted, i64(r.Snapshots.ReusedTokens))
-	}},
-	{"invariant checks", func(r *Report) string { return i64(r.Invariants.CheckedSteps) }},
-	{"violations", func(r *Report) string { return itoa(r.Invariants.Violations) }},
-	{"engine steps", func(r *Report) string { return i64(r.Engine.Steps) }},
-	{"  overlapped", func(r *Report) string { return i64(r.Engine.OverlappedSteps) }},
-	{"plugin restarts", func(r *Report) string { return itoa(r.Engine.PluginRestarts) }},
-	{"wall time s", func(r *Report) string { return fmt.Sprintf("%.2f", r.Engine.WallS) }},
-	{"outputs digest", func(r *Report) string { return r.Outputs.Digest }},
+	}, onlyEngine},
+	{"invariant checks", func(r *Report) string { return i64(r.Invariants.CheckedSteps) }, onlyEngine},
+	{"violations", func(r *Report) string { return itoa(r.Invariants.Violations) }, onlyEngine},
+	{"engine steps", func(r *Report) string { return i64(r.Engine.Steps) }, onlyEngine},
+	{"  overlapped", func(r *Report) string { return i64(r.Engine.OverlappedSteps) }, onlyEngine},
+	{"plugin restarts", func(r *Report) string { return itoa(r.Engine.PluginRestarts) }, onlyEngine},
+	{"wall time s", func(r *Report) string { return fmt.Sprintf("%.2f", r.Engine.WallS) }, 0},
+	{"outputs digest", func(r *Report) string { return r.Outputs.Digest }, 0},
 	{"error", func(r *Report) string {
 		const width = 48
 		switch {
@@ -652,7 +686,103 @@ var rows = []row{
 			return r.Error[:width] + "... (see the message below)"
 		}
 		return r.Error
-	}},
+	}, 0},
+}
+
+// shownRows are the rows of rs's table: those for some variant of rs.
+func shownRows(rs []Report) []row {
+	var engine, bench bool
+	for i := range rs {
+		engine = engine || rs[i].Bench == nil
+		bench = bench || rs[i].Bench != nil
+	}
+	var out []row
+	for _, rw := range rows {
+		if (rw.only == onlyEngine && !engine) || (rw.only == onlyBench && !bench) {
+			continue
+		}
+		out = append(out, rw)
+	}
+	return out
+}
+
+// cell is row rw's value for r: "-" where rw is not for r's kind of run.
+func (rw row) cell(r *Report) string {
+	if (rw.only == onlyEngine && r.Bench != nil) || (rw.only == onlyBench && r.Bench == nil) {
+		return "-"
+	}
+	return rw.val(r)
+}
+
+func benchServer(b *Bench) string {
+	if b.Server == "" {
+		return b.URL
+	}
+	return b.Server + " at " + b.URL
+}
+
+func benchLoad(b *Bench) string {
+	var s string
+	switch b.Load {
+	case LoadRate:
+		s = fmt.Sprintf("%g req/s (%s)", b.RatePerS, b.Arrivals)
+	case LoadConcurrency:
+		return fmt.Sprintf("%d in flight", b.Concurrency)
+	default:
+		s = "trace timestamps"
+	}
+	if b.Concurrency > 0 {
+		s += fmt.Sprintf(", at most %d in flight", b.Concurrency)
+	}
+	return s
+}
+
+func benchErrors(b *Bench) string {
+	var parts []string
+	for _, k := range BenchErrorKinds {
+		if n := b.Errors[k]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, n))
+		}
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, " · ")
+}
+
+func benchMetrics(b *Bench) string {
+	m := b.Metrics
+	if m == nil {
+		return "- (no /metrics counters)"
+	}
+	if m.PrefixQueries == 0 && m.HitRate > 0 {
+		return fmt.Sprintf("%.1f%% (%s gauge)", 100*m.HitRate, m.Names)
+	}
+	return fmt.Sprintf("%.1f%% (%s: %s of %s)", 100*m.HitRate, m.Names, i64(m.PrefixHits), i64(m.PrefixQueries))
+}
+
+func benchGoodput(b *Bench) string {
+	var lim []string
+	if b.SLO.TTFTMs > 0 {
+		lim = append(lim, fmt.Sprintf("ttft <= %g", b.SLO.TTFTMs))
+	}
+	if b.SLO.TPOTMs > 0 {
+		lim = append(lim, fmt.Sprintf("tpot <= %g", b.SLO.TPOTMs))
+	}
+	if b.SLO.E2EMs > 0 {
+		lim = append(lim, fmt.Sprintf("e2e <= %g", b.SLO.E2EMs))
+	}
+	if len(lim) == 0 {
+		return fmt.Sprintf("%.2f (no SLO: every completed request)", b.GoodputPerS)
+	}
+	return fmt.Sprintf("%.2f (%d met %s ms)", b.GoodputPerS, b.Good, strings.Join(lim, ", "))
+}
+
+func dist3(d Dist, f string) string {
+	if d.N == 0 {
+		return "-"
+	}
+	return fmt.Sprintf(f+" / "+f+" / "+f, d.P50, d.P90, d.P99)
 }
 
 // maxHeader is the longest variant name WriteTable puts above its column;
@@ -663,10 +793,19 @@ const maxHeader = 24
 // its configuration.
 var resultsFrom = slices.IndexFunc(rows, func(r row) bool { return r.name == "requests total" })
 
+// isResult reports whether rw is a run's result rather than its
+// configuration.
+func isResult(rw row) bool {
+	return slices.IndexFunc(rows, func(r row) bool { return r.name == rw.name }) >= resultsFrom
+}
+
 // neverRan reports whether r is a variant that stopped before its engine
 // took a step (a plugin that did not start, a layout refused): it has no
 // figures, only its error.
 func neverRan(r *Report) bool {
+	if r.Bench != nil { // a bench takes no engine step: it ran when it sent a request
+		return r.Status != "" && r.Status != StatusFinished && r.Requests.Total == 0
+	}
 	return r.Status != "" && r.Status != StatusFinished && r.Engine.Steps == 0
 }
 
@@ -697,11 +836,11 @@ func WriteTable(w io.Writer, rs []Report) error {
 		}
 	}
 	fmt.Fprintln(tw)
-	for k, rw := range rows {
+	for _, rw := range shownRows(rs) {
 		fmt.Fprint(tw, rw.name)
 		for i := range rs {
-			v := rw.val(&rs[i])
-			if k >= resultsFrom && rw.name != "error" && neverRan(&rs[i]) {
+			v := rw.cell(&rs[i])
+			if isResult(rw) && rw.name != "error" && neverRan(&rs[i]) {
 				v = "-"
 			}
 			fmt.Fprintf(tw, "\t%s", v)
@@ -849,4 +988,140 @@ func WriteExplain(w io.Writer, variant string, rec RequestRecord) error {
 	}
 	fmt.Fprintf(tw, "  preemptions\t%d (recomputed %s tokens), %d suspended to the host tier\n", rec.Preemptions, itoa(rec.RecomputedTokens), rec.Suspensions)
 	return tw.Flush()
+}
+
+// Bench is what kvx bench measured of a server over HTTP (core/bench); nil
+// for engine runs. Its variant's other figures are the client's too:
+// requests and tokens counted from the answers (tokens.prefix_reused is
+// the sum of usage's prompt_tokens_details.cached_tokens), latencies in
+// wall-clock ms from sending a request, throughput over the measured
+// phase.
+type Bench struct {
+	URL string `json:"url"`
+	// Server is the engine the /metrics names say it is (kvx, vllm,
+	// sglang), "" when they say none.
+	Server string `json:"server"`
+	// Load is how requests were sent: LoadTimestamps (the workload's
+	// arrival times, scaled), LoadRate (RatePerS, Poisson or constant) or
+	// LoadConcurrency (a closed loop); Concurrency > 0 also caps the open
+	// loops.
+	Load        string  `json:"load"`
+	RatePerS    float64 `json:"rate_per_s"`
+	Arrivals    string  `json:"arrivals,omitempty"` // poisson or constant, for LoadRate
+	Concurrency int     `json:"concurrency"`
+	// DurationS is the measured phase, from its first request sent to its
+	// last answer.
+	DurationS float64 `json:"duration_s"`
+	// Phases say what ran before the measured phase.
+	Phases BenchPhases `json:"phases"`
+	// Latency adds p90, the mean and the inter-token latency (ITL: the gap
+	// between two streamed chunks, split among their tokens) to the
+	// variant's latency.
+	Latency BenchLatency `json:"latency"`
+	// SLO and the requests that met it: goodput is those per second.
+	SLO          SLO     `json:"slo"`
+	Good         int     `json:"good_requests"`
+	GoodputPerS  float64 `json:"goodput_per_s"`
+	CachedTokens int64   `json:"cached_tokens"`
+	// UsageRequests are the completed requests whose stream ended with a
+	// usage chunk; StreamedTokens the tokens counted in the streams (token
+	// ids, else one per chunk with text) and UsageTokens the sum of
+	// usage.completion_tokens; TokenMismatches the requests where the two
+	// differ.
+	UsageRequests   int   `json:"usage_requests"`
+	StreamedTokens  int64 `json:"streamed_tokens"`
+	UsageTokens     int64 `json:"usage_tokens"`
+	TokenMismatches int   `json:"token_mismatches"`
+	// Errors counts the requests that failed, by kind (BenchErrorKinds).
+	Errors map[string]int `json:"errors"`
+	// Metrics is what the server's /metrics counted over the measured
+	// phase (after minus before); nil when it has none that kvx reads.
+	Metrics *ServerMetrics `json:"server_metrics,omitempty"`
+	// Notes say what could not be done (a flush the server refused, a
+	// /metrics that is not Prometheus text).
+	Notes []string `json:"notes"`
+}
+
+// Values of Bench.Load.
+const (
+	LoadTimestamps  = "timestamps"
+	LoadRate        = "rate"
+	LoadConcurrency = "concurrency"
+)
+
+// BenchErrorKinds are the kinds of failed requests Bench.Errors counts:
+// connect (refused, reset before an answer, DNS), timeout (the request's or
+// the run's deadline), http_4xx and http_5xx (an answer of that status),
+// http_other (another status but 200: a redirect, which is never followed),
+// content_type (200 but not text/event-stream), bad_sse (a line that is not
+// an event, JSON that does not parse, a line or a stream past its bound,
+// more events than tokens asked), stream_error (an error event in the
+// stream), cut (the stream ended before data: [DONE]).
+var BenchErrorKinds = []string{"connect", "timeout", "http_4xx", "http_5xx", "http_other", "content_type", "bad_sse", "stream_error", "cut"}
+
+// BenchPhases are the phases before the measured one.
+type BenchPhases struct {
+	Warmup int `json:"warmup_requests"`
+	// Flush is "ok" when the server dropped its prefix cache, "off" when
+	// not asked, else why not.
+	Flush string `json:"flush"`
+	// FlushEndpoint is the path that answered (/reset_prefix_cache,
+	// /flush_cache).
+	FlushEndpoint string `json:"flush_endpoint,omitempty"`
+	// Prime counts the shared prefixes sent once before measuring.
+	Prime int `json:"prime_requests"`
+}
+
+// BenchLatency are percentiles and means in ms.
+type BenchLatency struct {
+	TTFT Dist `json:"ttft_ms"`
+	TPOT Dist `json:"tpot_ms"`
+	ITL  Dist `json:"itl_ms"`
+	E2E  Dist `json:"e2e_ms"`
+}
+
+// Dist summarises one latency.
+type Dist struct {
+	N    int     `json:"n"`
+	Mean float64 `json:"mean"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+}
+
+// NewDist summarises xs (sorted in place).
+func NewDist(xs []float64) Dist {
+	d := Dist{N: len(xs)}
+	if len(xs) == 0 {
+		return d
+	}
+	var sum float64
+	for _, x := range xs {
+		sum += x
+	}
+	d.Mean = sum / float64(len(xs))
+	d.P50, d.P90, d.P99 = Percentile(xs, 50), Percentile(xs, 90), Percentile(xs, 99)
+	return d
+}
+
+// SLO bounds a good request: each limit in ms, 0 for none.
+type SLO struct {
+	TTFTMs float64 `json:"ttft_ms"`
+	TPOTMs float64 `json:"tpot_ms"`
+	E2EMs  float64 `json:"e2e_ms"`
+}
+
+// ServerMetrics are a server's Prometheus counters over the measured
+// phase. PrefixQueries and PrefixHits are prompt tokens (vLLM's
+// prefix_cache_queries and prefix_cache_hits, kvx's the same names);
+// HitRate is their ratio, or the server's own gauge where it exports only
+// that (sglang:cache_hit_rate, at the end).
+type ServerMetrics struct {
+	Names            string  `json:"names"` // the metric prefix read: kvx, vllm, sglang
+	PrefixQueries    int64   `json:"prefix_queries"`
+	PrefixHits       int64   `json:"prefix_hits"`
+	HitRate          float64 `json:"hit_rate"`
+	PromptTokens     int64   `json:"prompt_tokens"`
+	GenerationTokens int64   `json:"generation_tokens"`
+	Preemptions      int64   `json:"preemptions"`
 }

@@ -1,7 +1,8 @@
 // Package serve is kvx's OpenAI-compatible HTTP front end over a live engine
 // (engine.StartLive): POST /v1/completions and /v1/chat/completions (JSON,
 // or server-sent events with "stream": true), GET /v1/models, GET /health
-// and GET /metrics (Prometheus, vLLM's metric names with a kvx: prefix).
+// and GET /metrics (Prometheus, vLLM's metric names with a kvx: prefix), and
+// vLLM's POST /reset_prefix_cache.
 //
 // Its parts and the failure each prevents:
 //   - request.go checks every request before it reaches the engine, so bad
@@ -131,6 +132,7 @@ func New(eng *engine.Live, opt Options) *Server {
 	s.mux.HandleFunc("/v1/chat/completions", s.post(s.chat))
 	s.mux.HandleFunc("/v1/models", s.get(s.models))
 	s.mux.HandleFunc("/health", s.get(s.health))
+	s.mux.HandleFunc("/reset_prefix_cache", s.post(s.resetPrefixCache))
 	s.mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, &apiError{status: http.StatusNotFound, typ: "not_found_error", msg: fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path)})
@@ -253,7 +255,7 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 		"object": "list",
 		"data": []map[string]any{{
 			"id": s.opt.Model, "object": "model", "created": s.start.Unix(), "owned_by": "kvx",
-			"max_model_len": s.opt.MaxSeqLen,
+			"max_model_len": s.opt.MaxSeqLen, "vocab_size": s.opt.Vocab,
 		}},
 	})
 }
@@ -282,6 +284,31 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 	}
 	writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": status, "reason": why})
 }
+
+// resetPrefixCache is vLLM's POST /reset_prefix_cache: it drops every
+// cached prefix block of every stage's manager (engine.Live.ResetPrefixCache)
+// and answers 200 {"status": "ok", "cached_blocks_dropped": N}; while
+// requests are in flight it changes nothing and answers 409
+// (engine_busy), as vLLM refuses a reset while blocks are in use. The body
+// and vLLM's query parameters (device) are ignored.
+func (s *Server) resetPrefixCache(w http.ResponseWriter, r *http.Request, _ []byte) {
+	ctx, cancel := context.WithTimeout(r.Context(), resetTimeout)
+	defer cancel()
+	res, err := s.eng.ResetPrefixCache(ctx)
+	switch {
+	case errors.Is(err, engine.ErrBusy):
+		writeErr(w, &apiError{status: http.StatusConflict, code: "engine_busy", retry: 1, msg: "reset_prefix_cache: " + err.Error()})
+	case errors.Is(err, engine.ErrStopped):
+		writeErr(w, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "engine_stopped", msg: "reset_prefix_cache: " + err.Error()})
+	case err != nil:
+		writeErr(w, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: "reset_prefix_cache: " + err.Error()})
+	default:
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "cached_blocks_dropped": res.CachedBlocks})
+	}
+}
+
+// resetTimeout bounds a reset's wait for the engine's idle point.
+const resetTimeout = 30 * time.Second
 
 func engineEnded(eng *engine.Live) bool {
 	select {
@@ -470,7 +497,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 				c.text.prefix = s.promptOf(j)
 			}
 			delta := c.text.next(c.out, ev.Done, ev.Stopped)
-			ch := s.streamChunk(j, c.index, delta, "")
+			ch := s.streamChunk(j, c.index, delta, "", c.out[from:])
 			if j.logprobs {
 				setLogprobs(ch, s.logprobsOf(j, c.out, c.lps, c.tops, from, c.text.offset(c.out[:from])))
 			}
@@ -483,7 +510,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		if ev.Done {
 			left--
 			if sse != nil {
-				sse.send(s.streamChunk(j, c.index, "", c.finish))
+				sse.send(s.streamChunk(j, c.index, "", c.finish, nil))
 			}
 		}
 	}
@@ -582,20 +609,31 @@ func (s *Server) chunk(j *job, index int, delta map[string]any, finish *string, 
 	return c
 }
 
-func (s *Server) streamChunk(j *job, index int, text, finish string) map[string]any {
+// streamChunk is one streamed chunk of choice index: its text, its finish
+// reason ("" until the last), and the token ids it carries (as the
+// non-streamed choice's token_ids; absent when none), so a client counts
+// the tokens it received even where their text is held back (a stop
+// string's prefix, a byte that is not UTF-8 alone).
+func (s *Server) streamChunk(j *job, index int, text, finish string, ids []int32) map[string]any {
 	var fr *string
 	if finish != "" {
 		fr = &finish
 	}
+	var c map[string]any
 	if j.chat {
 		d := map[string]any{}
 		if text != "" || fr == nil {
 			d["content"] = text
 		}
-		return s.chunk(j, index, d, fr, nil)
+		c = s.chunk(j, index, d, fr, nil)
+	} else {
+		c = map[string]any{"id": j.id, "object": "text_completion", "created": j.created, "model": s.opt.Model,
+			"choices": []any{map[string]any{"index": index, "text": text, "logprobs": nil, "finish_reason": fr}}}
 	}
-	return map[string]any{"id": j.id, "object": "text_completion", "created": j.created, "model": s.opt.Model,
-		"choices": []any{map[string]any{"index": index, "text": text, "logprobs": nil, "finish_reason": fr}}}
+	if len(ids) > 0 {
+		c["choices"].([]any)[0].(map[string]any)["token_ids"] = slices.Clone(ids)
+	}
+	return c
 }
 
 // choiceOf is choice index of a non-streamed answer.

@@ -105,21 +105,29 @@
   bars('Prefix reuse and KV cache use', '%', [
     { name: 'prompt tokens reused', val: v => 100 * v.hit_rate }, { name: 'of which from the host tier', val: v => 100 * v.host_rate },
     { name: 'KV peak usage', val: v => 100 * v.peak_usage }]);
-  // Each manager's reuse beside its ceiling: the best eviction at the run's
-  // capacity (device, and host tier when it has one) and an infinite cache.
-  bars('Prefix reuse against its ceiling (share of prompt tokens)', '%', [
-    { name: 'reused by the manager', val: v => 100 * v.hit_rate },
-    { name: 'ceiling: best eviction at its capacity', val: v => v.ceiling_rate === null ? null : 100 * v.ceiling_rate },
-    { name: 'ceiling: infinite cache', val: v => v.infinite_rate === null ? null : 100 * v.infinite_rate }]);
+  // The engine's own figures (miss reasons, preemptions, recompute, the
+  // ceiling, the series over engine time) are drawn when some variant is an
+  // engine run, not for kvx bench variants alone, which measure none of them.
+  const engineRuns = vs.some(v => !v.bench);
+  if (engineRuns) {
+    // Each manager's reuse beside its ceiling: the best eviction at the run's
+    // capacity (device, and host tier when it has one) and an infinite cache.
+    bars('Prefix reuse against its ceiling (share of prompt tokens)', '%', [
+      { name: 'reused by the manager', val: v => 100 * v.hit_rate },
+      { name: 'ceiling: best eviction at its capacity', val: v => v.ceiling_rate === null ? null : 100 * v.ceiling_rate },
+      { name: 'ceiling: infinite cache', val: v => v.infinite_rate === null ? null : 100 * v.infinite_rate }]);
+  }
   // Why prompt tokens were computed: one bar per miss reason that any
   // variant has (partial_block alone, at 0, when none has any).
   const reasons = [...new Set(vs.flatMap(v => Object.keys(v.misses || {})))].sort();
-  bars('Why prompt tokens were computed (share of computed)', '%', (reasons.length ? reasons : ['partial_block']).map(r => (
-    { name: r, val: v => 100 * ((v.misses || {})[r] || 0) })));
-  bars('Preemptions', 'requests', [
-    { name: 'preemptions', val: v => v.preemptions }, { name: 'of which suspended to host', val: v => v.suspensions }]);
-  bars('Prefill tokens recomputed after preemption', 'tokens', [
-    { name: 'recomputed', val: v => v.recomputed }]);
+  if (engineRuns) {
+    bars('Why prompt tokens were computed (share of computed)', '%', (reasons.length ? reasons : ['partial_block']).map(r => (
+      { name: r, val: v => 100 * ((v.misses || {})[r] || 0) })));
+    bars('Preemptions', 'preemptions', [
+      { name: 'preemptions', val: v => v.preemptions }, { name: 'of which suspended to host', val: v => v.suspensions }]);
+    bars('Prefill tokens recomputed after preemption', 'tokens', [
+      { name: 'recomputed', val: v => v.recomputed }]);
+  }
   bars('Wall time of the run (real clock)', 's', [{ name: 'wall s', val: v => v.wall_s }]);
 
   // lines draws one line (or more) per variant over a linear x axis.
@@ -180,9 +188,11 @@
     }));
   }
 
-  series('KV cache usage (fullest stage, max per interval)', 'device blocks in use', true, s => [['$', s.kv_usage.map(u => 100 * u)]]);
-  series('Prefix hit rate so far', 'prompt tokens reused', true, s => [['$', s.hit_rate.map(h => 100 * h)]]);
-  series('Running and waiting requests (max per interval)', 'requests', false, s => [
-    ['$ running', s.running], ['$ waiting', s.waiting, true]]);
-  series('Preemptions so far', 'preemptions', false, s => [['$', s.preemptions]]);
+  if (engineRuns) {
+    series('KV cache usage (fullest stage, max per interval)', 'device blocks in use', true, s => [['$', s.kv_usage.map(u => 100 * u)]]);
+    series('Prefix hit rate so far', 'prompt tokens reused', true, s => [['$', s.hit_rate.map(h => 100 * h)]]);
+    series('Running and waiting requests (max per interval)', 'requests', false, s => [
+      ['$ running', s.running], ['$ waiting', s.waiting, true]]);
+    series('Preemptions so far', 'preemptions', false, s => [['$', s.preemptions]]);
+  }
 })();
