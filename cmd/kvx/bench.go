@@ -205,21 +205,7 @@ func runBench(ctx context.Context, o *benchOpts) error {
 			fmt.Fprintf(table, "%s: request %d: %s\n", r.Variant, f.ID, f.Reason)
 		}
 	}
-	doc := report.NewDocument("kvx "+kvxVersion(), reports)
-	doc.Created = time.Now().UTC().Format(time.RFC3339)
-	doc.Scenario = "kvx bench " + strings.Join(o.urls, " ")
-	doc.Command = os.Args
-	if o.jsonOut != "" {
-		if err := writeFile(o.jsonOut, func(w io.Writer) error { return report.WriteJSON(w, doc) }); err != nil {
-			return err
-		}
-	}
-	if o.htmlOut != "" {
-		if err := writeFile(o.htmlOut, func(w io.Writer) error { return report.WriteHTML(w, doc) }); err != nil {
-			return err
-		}
-	}
-	return nil
+	return writeDocument(reports, "kvx bench "+strings.Join(o.urls, " "), o.jsonOut, o.htmlOut)
 }
 
 func loadWords(o bench.Options) string {

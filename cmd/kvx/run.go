@@ -373,19 +373,8 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 	if err := writeExplain(table, o.explainIDs, reports, explained); err != nil {
 		return err
 	}
-	doc := report.NewDocument("kvx "+kvxVersion(), reports)
-	doc.Created = time.Now().UTC().Format(time.RFC3339)
-	doc.Scenario = scenarioName(g)
-	doc.Command = os.Args
-	if o.jsonOut != "" {
-		if err := writeFile(o.jsonOut, func(w io.Writer) error { return report.WriteJSON(w, doc) }); err != nil {
-			return err
-		}
-	}
-	if o.htmlOut != "" {
-		if err := writeFile(o.htmlOut, func(w io.Writer) error { return report.WriteHTML(w, doc) }); err != nil {
-			return err
-		}
+	if err := writeDocument(reports, scenarioName(g), o.jsonOut, o.htmlOut); err != nil {
+		return err
 	}
 	if len(failed) > 0 {
 		return &exitError{code: code, err: errors.Join(failed...)}
@@ -438,6 +427,27 @@ func withBudgetHint(err error, res *setup.Resolved) error {
 }
 
 // writeFile writes with write to path ('-' for stdout).
+// writeDocument writes the kvx.report/v1 document of reports, named for
+// scenario, as JSON to jsonOut and as the HTML page to htmlOut (either ""
+// for none, "-" for standard output).
+func writeDocument(reports []report.Report, scenario, jsonOut, htmlOut string) error {
+	doc := report.NewDocument("kvx "+kvxVersion(), reports)
+	doc.Created = time.Now().UTC().Format(time.RFC3339)
+	doc.Scenario = scenario
+	doc.Command = os.Args
+	if jsonOut != "" {
+		if err := writeFile(jsonOut, func(w io.Writer) error { return report.WriteJSON(w, doc) }); err != nil {
+			return err
+		}
+	}
+	if htmlOut != "" {
+		if err := writeFile(htmlOut, func(w io.Writer) error { return report.WriteHTML(w, doc) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func writeFile(path string, write func(io.Writer) error) error {
 	if path == "-" {
 		return write(os.Stdout)
