@@ -582,6 +582,7 @@ func (c *Core) restore(n *Node) {
 func (p *BlockPool) takeFor(n *Node) kvcache.BlockID {
 	b := p.free[len(p.free)-1]
 	p.free = p.free[:len(p.free)-1]
+	p.lowFree(len(p.free))
 	p.touch(b)
 	p.owner[b] = n
 	p.cached++
