@@ -60,6 +60,7 @@ type Core struct {
 	pending []pendingDelta
 	copies  []kvcache.Copy
 	copyAt  []copyRange
+	ids     []kvcache.SeqID // Inspect's (the snapshot does not keep it)
 	// resuming: Resume is making room (evictOne offloads, settled at once).
 	resuming bool
 	// the deep self-check's recounts, per pool (check)
