@@ -526,6 +526,7 @@ func (c *Core) settle(s *Seq, keep bool) {
 		}
 	}
 	c.moving -= len(s.moves)
+	clear(s.moves)
 	s.moves = s.moves[:0]
 	s.moveBlk = s.moveBlk[:0]
 }

@@ -325,7 +325,13 @@ func (c *Core) recount() []string {
 			}
 		}
 		parent := c.tree.root
+		// Entries beyond the last check's are not trusted (a mark of an
+		// earlier, longer path): cleared, so they compare again.
+		was := len(s.chkPath)
 		s.chkPath = slices.Grow(s.chkPath[:0], len(s.path))[:len(s.path)]
+		if was < len(s.chkPath) {
+			clear(s.chkPath[was:])
+		}
 		for i, n := range s.path {
 			c.tree.CountPin(n)
 			if n.parent != parent {
