@@ -60,6 +60,7 @@ type Core struct {
 	pending []pendingDelta
 	copies  []kvcache.Copy
 	copyAt  []copyRange
+	ids     []kvcache.SeqID // Inspect's (the snapshot does not keep it)
 	// resuming: Resume is making room (evictOne offloads, settled at once).
 	resuming bool
 	// the deep self-check's recounts, per pool (check)
@@ -864,6 +865,7 @@ func (c *Core) unpinAll(s *Seq, touch bool) {
 	for i := len(s.path) - 1; i >= 0; i-- {
 		c.tree.Unpin(s.path[i], touch)
 	}
+	clear(s.path)
 	s.path = s.path[:0]
 }
 
@@ -885,9 +887,14 @@ func (c *Core) recycle(s *Seq) {
 		s.tables[g] = s.tables[g][:0]
 		s.host[g] = s.host[g][:0]
 	}
-	clear(s.path[:cap(s.path)])
-	clear(s.chkPath[:cap(s.chkPath)])
-	clear(s.moves[:cap(s.moves)])
+	// Only the entries in use hold anything: beyond their length these
+	// slices are cleared where they shrink (unpinAll, settle), and recount
+	// clears the chkPath entries it exposes. Clearing whole capacities (a
+	// max_seq_len path is thousands of entries) at every release cost more
+	// than the rest of it under the GC's write barrier.
+	clear(s.path)
+	clear(s.chkPath)
+	clear(s.moves)
 	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0], ck: s.ck, undo: s.undo.emptied(), posh: s.posh[:0],
 		moves: s.moves[:0], moveBlk: s.moveBlk[:0]}
 	s.ck.reset = true

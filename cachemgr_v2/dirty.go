@@ -58,7 +58,8 @@ import (
 // block state: p.touch(b), checked in verifyBlock next to its rule in
 // recount; in particular, once nodes own host-pool blocks, P5 ("an owned
 // block is a device block its owner holds") changes in recount and
-// verifyBlock alike. New sequence state: c.touch(s), checked in seqCount
+// verifyBlock alike. New code that pops the free stack or rewrites it
+// below its top calls p.lowFree (a push needs nothing). New sequence state: c.touch(s), checked in seqCount
 // from ck.from on. The eviction heap's less must depend only on fields that
 // are changed through touch (a key that moves with time alone would break
 // the heap itself): verifyNode checks a touched node against its heap
@@ -145,6 +146,12 @@ type poolCheck struct {
 	exp    []*Node           // the path node whose table entry names the block (device pools)
 	expN   []int32           // how many path entries name it
 	holds  []int32           // pending moves holding the block, recounted from the sequences' shadows (host pools, host tier for reuse)
+	// low is the least length of the free stack since the last check: its
+	// entries below low are as the shadow (free) has them, since the stack
+	// changes only at its top, and every pop or rewrite lowers low
+	// (BlockPool.lowFree: Take, takeFor, unfree). freeDelta compares from
+	// there, not the whole stack (a host pool's is some 10^5 blocks).
+	low int
 }
 
 // coreCheck is the core's part of the incremental check.
@@ -717,10 +724,11 @@ func (c *Core) verifyBlock(pi int, b kvcache.BlockID, bad func(string, ...any)) 
 }
 
 // freeDelta moves pool p's free-stack membership from its shadow to the
-// stack as it is now (a stack: only its top changes).
+// stack as it is now (a stack: only its top changes, above ck.low).
 func (p *BlockPool) freeDelta(bad func(string, ...any)) {
 	k := &p.ck
-	d := commonPrefix(k.free, p.free)
+	d := min(k.low, len(k.free), len(p.free))
+	d += commonPrefix(k.free[d:], p.free[d:])
 	for _, b := range k.free[d:] {
 		k.inFree[b] = false
 		p.touch(b)
@@ -737,6 +745,7 @@ func (p *BlockPool) freeDelta(bad func(string, ...any)) {
 		p.touch(b)
 	}
 	k.free = append(k.free[:d], p.free[d:]...)
+	k.low = len(p.free)
 }
 
 // checkIncremental is the deep self-check over what changed since the last
@@ -873,6 +882,7 @@ func (c *Core) resync() {
 		k.cached = resized(k.cached, n)
 		k.owner = append(k.owner[:0], p.owner...)
 		k.free = append(k.free[:0], p.free...)
+		k.low = len(p.free)
 		for _, b := range p.free {
 			if b >= 0 && int(b) < n {
 				k.inFree[b] = true

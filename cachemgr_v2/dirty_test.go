@@ -254,6 +254,22 @@ var corruptions = map[string]corruption{
 		p.touch(b)
 		return "free push", func() { p.free = p.free[:old]; p.touch(b) }
 	},
+	// Below its top, through lowFree (as Take, takeFor and unfree write
+	// it): freeDelta compares the stack from there only.
+	"free stack entry rewritten": func(t *rapid.T, c *Core) (string, func()) {
+		p, b := pickBlock(t, c)
+		if p == nil || len(p.free) == 0 {
+			return "", nil
+		}
+		i := rapid.IntRange(0, len(p.free)-1).Draw(t, "free entry")
+		old := p.free[i]
+		if old == b {
+			return "", nil
+		}
+		p.free[i] = b
+		p.lowFree(i)
+		return "free rewrite", func() { p.free[i] = old; p.lowFree(i) }
+	},
 	"pool cached": func(t *rapid.T, c *Core) (string, func()) {
 		p := c.pools[rapid.IntRange(0, len(c.pools)-1).Draw(t, "pool")]
 		old := p.cached

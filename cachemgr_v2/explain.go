@@ -338,7 +338,7 @@ func (c *Core) reused(s *Seq) {
 // most max of them; the oldest is forgotten first (FIFO), and a forgotten
 // eviction explains as MissNeverStored.
 type ghosts struct {
-	m    map[uint64]ghost
+	m    ghostSet
 	ring []uint64 // positions in eviction order, a ring once full
 	next int      // the ring slot the next eviction overwrites, once full
 	max  int
@@ -355,16 +355,13 @@ func (g *ghosts) add(pos uint64, tier kvcache.Tier, by uint8, at int64) {
 	if g.max == 0 {
 		return
 	}
-	if g.m == nil {
-		g.m = map[uint64]ghost{}
-	}
 	slot := len(g.ring)
 	if slot < g.max {
 		g.ring = append(g.ring, pos)
 	} else {
 		slot = g.next
-		if old := g.ring[slot]; g.m[old].slot == int32(slot) {
-			delete(g.m, old)
+		if i, ok := g.m.find(g.ring[slot]); ok && g.m.slots[i].g.slot == int32(slot) {
+			g.m.del(i)
 		}
 		g.ring[slot] = pos
 		g.next = (slot + 1) % g.max
@@ -373,7 +370,89 @@ func (g *ghosts) add(pos uint64, tier kvcache.Tier, by uint8, at int64) {
 	if tier == kvcache.TierHost {
 		e.tier = 1
 	}
-	g.m[pos] = e
+	g.m.put(pos, e)
+}
+
+// ghostSet is the ghost record's index, position -> ghost: open addressing
+// with linear probing and backward-shift deletion, grown by doubling at 3/4
+// load. Once full the record deletes as often as it adds; Go's map left
+// deleted slots behind that every insert then probed past (the hot spot of
+// an eviction), and here a deletion leaves none. Positions are mixPos
+// hashes, so their low bits index the table directly. TestGhostSet holds
+// it to a map.
+type ghostSet struct {
+	slots []ghostSlot // len a power of two (or 0)
+	n     int         // used slots
+}
+
+type ghostSlot struct {
+	pos  uint64
+	g    ghost
+	used bool
+}
+
+// find returns pos's slot and true, or the empty slot where it would go
+// and false (0, false on an empty table).
+func (s *ghostSet) find(pos uint64) (int, bool) {
+	if len(s.slots) == 0 {
+		return 0, false
+	}
+	mask := len(s.slots) - 1
+	for i := int(pos) & mask; ; i = (i + 1) & mask {
+		switch e := &s.slots[i]; {
+		case !e.used:
+			return i, false
+		case e.pos == pos:
+			return i, true
+		}
+	}
+}
+
+// get is pos's ghost, if any.
+func (s *ghostSet) get(pos uint64) (ghost, bool) {
+	if i, ok := s.find(pos); ok {
+		return s.slots[i].g, true
+	}
+	return ghost{}, false
+}
+
+// put sets pos's ghost.
+func (s *ghostSet) put(pos uint64, g ghost) {
+	if 4*(s.n+1) > 3*len(s.slots) {
+		old := s.slots
+		s.slots = make([]ghostSlot, max(2*len(old), 16))
+		for _, e := range old {
+			if e.used {
+				i, _ := s.find(e.pos)
+				s.slots[i] = e
+			}
+		}
+	}
+	i, ok := s.find(pos)
+	if !ok {
+		s.n++
+	}
+	s.slots[i] = ghostSlot{pos: pos, g: g, used: true}
+}
+
+// del empties used slot i, shifting back the entries after it in its probe
+// run that may move into the hole (those whose home is not between the hole
+// and them), so that every entry stays reachable from its home.
+func (s *ghostSet) del(i int) {
+	mask := len(s.slots) - 1
+	s.n--
+	for j := i; ; {
+		j = (j + 1) & mask
+		e := s.slots[j]
+		if !e.used {
+			break
+		}
+		if home := int(e.pos) & mask; (j-home)&mask >= (j-i)&mask {
+			s.slots[i] = e
+			i = j
+		}
+	}
+	s.slots[i] = ghostSlot{}
 }
 
 // evicted records that n just lost its pages in tier (the hook at the point
@@ -458,7 +537,7 @@ func (c *Core) missAt(e *kvcache.Explanation, salt string, p []int32, i int, par
 	tpb := c.tpb
 	blk := p[i*tpb : (i+1)*tpb]
 	pos := mixPos(parent.pos, c.tree.key(parent, salt, blk))
-	switch g, ok := c.tree.ret.ghosts.m[pos]; {
+	switch g, ok := c.tree.ret.ghosts.m.get(pos); {
 	case c.inFlight(salt, p, i, pos):
 		e.Miss = kvcache.MissInFlight
 	case ok:

@@ -2,11 +2,12 @@ package cachemgrv2
 
 import (
 	"errors"
-	"maps"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+
+	"pgregory.net/rapid"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -306,7 +307,13 @@ func TestGhostsForgetOldest(t *testing.T) {
 	g := ghosts{max: 3}
 	has := func(want ...uint64) {
 		t.Helper()
-		got := slices.Sorted(maps.Keys(g.m))
+		var got []uint64
+		for _, e := range g.m.slots {
+			if e.used {
+				got = append(got, e.pos)
+			}
+		}
+		slices.Sort(got)
 		if !slices.Equal(got, want) {
 			t.Fatalf("ghosts remember %v, want %v", got, want)
 		}
@@ -319,7 +326,7 @@ func TestGhostsForgetOldest(t *testing.T) {
 	has(3, 4)
 	g.add(5, kvcache.TierDevice, byLRU, 60) // overwrites 3's old slot: 3 stays
 	has(3, 4, 5)
-	if e := g.m[3]; e.at != 50 || e.tier != 1 || e.by != byPriority {
+	if e, _ := g.m.get(3); e.at != 50 || e.tier != 1 || e.by != byPriority {
 		t.Fatalf("ghost 3 = %+v, want its second eviction", e)
 	}
 	g.add(6, kvcache.TierDevice, byLRU, 70)
@@ -408,3 +415,48 @@ func TestSameTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestGhostSet: the ghost record's index answers as a map does under any
+// sequence of puts, lookups and deletions, positions crowded into a few
+// homes included (long probe runs that wrap around the table).
+func TestGhostSet(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		var s ghostSet
+		want := map[uint64]ghost{}
+		crowd := rapid.Bool().Draw(t, "crowd")
+		pos := func() uint64 {
+			p := rapid.Uint64Range(0, 40).Draw(t, "pos")
+			if crowd {
+				p = p<<20 | p&1 // few homes, many positions
+			}
+			return p
+		}
+		for i := range rapid.IntRange(0, 300).Draw(t, "ops") {
+			p := pos()
+			switch rapid.IntRange(0, 2).Draw(t, "op") {
+			case 0:
+				g := ghost{at: int64(i), slot: int32(i)}
+				s.put(p, g)
+				want[p] = g
+			case 1:
+				if j, ok := s.find(p); ok {
+					s.del(j)
+				}
+				delete(want, p)
+			}
+			if g, ok := s.get(p); ok != hasGhost(want, p) || g != want[p] {
+				t.Fatalf("get(%d) = %+v, %v; want %+v", p, g, ok, want[p])
+			}
+			if s.n != len(want) {
+				t.Fatalf("%d entries, want %d", s.n, len(want))
+			}
+		}
+		for p, g := range want {
+			if got, ok := s.get(p); !ok || got != g {
+				t.Fatalf("get(%d) = %+v, %v; want %+v", p, got, ok, g)
+			}
+		}
+	})
+}
+
+func hasGhost(m map[uint64]ghost, p uint64) bool { _, ok := m[p]; return ok }

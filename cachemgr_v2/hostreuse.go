@@ -526,6 +526,7 @@ func (c *Core) settle(s *Seq, keep bool) {
 		}
 	}
 	c.moving -= len(s.moves)
+	clear(s.moves)
 	s.moves = s.moves[:0]
 	s.moveBlk = s.moveBlk[:0]
 }
@@ -582,6 +583,7 @@ func (c *Core) restore(n *Node) {
 func (p *BlockPool) takeFor(n *Node) kvcache.BlockID {
 	b := p.free[len(p.free)-1]
 	p.free = p.free[:len(p.free)-1]
+	p.lowFree(len(p.free))
 	p.touch(b)
 	p.owner[b] = n
 	p.cached++

@@ -23,7 +23,8 @@ func (c *Core) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcach
 	for _, p := range c.pools {
 		snap.Pools = append(snap.Pools, p.Stats())
 	}
-	ids := c.seqIDs()
+	c.ids = c.appendSeqIDs(c.ids[:0])
+	ids := c.ids
 	snap.Seqs = make([]kvcache.SeqState, 0, len(ids))
 	blocks := make([]int, len(ids)*len(c.pools)) // one allocation: Inspect runs after every step
 	for i, id := range ids {
@@ -69,8 +70,13 @@ func (c *Core) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcach
 	return snap, nil
 }
 
+// seqIDs is the sequences' ids in order, in a new slice.
 func (c *Core) seqIDs() []kvcache.SeqID {
-	ids := make([]kvcache.SeqID, 0, len(c.seqs))
+	return c.appendSeqIDs(make([]kvcache.SeqID, 0, len(c.seqs)))
+}
+
+// appendSeqIDs appends the sequences' ids to ids and sorts them.
+func (c *Core) appendSeqIDs(ids []kvcache.SeqID) []kvcache.SeqID {
 	for id := range c.seqs {
 		ids = append(ids, id)
 	}
@@ -319,7 +325,13 @@ func (c *Core) recount() []string {
 			}
 		}
 		parent := c.tree.root
+		// Entries beyond the last check's are not trusted (a mark of an
+		// earlier, longer path): cleared, so they compare again.
+		was := len(s.chkPath)
 		s.chkPath = slices.Grow(s.chkPath[:0], len(s.path))[:len(s.path)]
+		if was < len(s.chkPath) {
+			clear(s.chkPath[was:])
+		}
 		for i, n := range s.path {
 			c.tree.CountPin(n)
 			if n.parent != parent {

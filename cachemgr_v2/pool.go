@@ -95,7 +95,17 @@ func (p *BlockPool) Take(dst []kvcache.BlockID, n int) []kvcache.BlockID {
 		dst = append(dst, b)
 	}
 	p.free = p.free[:k]
+	p.lowFree(k)
 	return dst
+}
+
+// lowFree notes that the free stack's entries from k up were popped or
+// rewritten, for the deep check (poolCheck.low): the one call wherever the
+// stack changes below its top.
+func (p *BlockPool) lowFree(k int) {
+	if k < p.ck.low {
+		p.ck.low = k
+	}
 }
 
 // Ref adds a reference to a block that is in use or cached (a reused page).

@@ -129,6 +129,56 @@ type Tree struct {
 	// undo records what a reservation's allocation evicts (undo.go).
 	undo undoHook
 	ret  retention
+	slab nodeSlab
+}
+
+// nodeSlab hands out new nodes and their arrays (tokens, pages, host pages
+// and the deep check's shadows of both) from chunks. A tree never frees a
+// node (a pruned one waits on spare for reuse), so a chunk is garbage only
+// with the whole tree; meanwhile the GC marks one object per chunk instead
+// of five or six per node, and a tree of hundreds of thousands of nodes is
+// most of a manager's heap (each mark phase walks it).
+type nodeSlab struct {
+	nodes  []Node
+	tokens []int32
+	blocks []kvcache.BlockID
+}
+
+// slabChunk is the number of nodes per chunk.
+const slabChunk = 64
+
+// node returns a zero node whose tokens have capacity tpb (length 0), whose
+// pages (groups of them) are NoBlock, and, with hostGroups > 0, whose host
+// pages are allocated (initHost sets them); the deep check's shadows of
+// both are allocated and NoBlock (nothing counted yet). Every slice is
+// capped at its length, so an append never writes into a neighbour.
+func (s *nodeSlab) node(tpb, groups, hostGroups int) *Node {
+	if len(s.nodes) == 0 {
+		s.nodes = make([]Node, slabChunk)
+	}
+	n := &s.nodes[0]
+	s.nodes = s.nodes[1:]
+	if len(s.tokens) < tpb {
+		s.tokens = make([]int32, tpb*slabChunk)
+	}
+	n.tokens = s.tokens[:0:tpb]
+	s.tokens = s.tokens[tpb:]
+	nb := 2 * (groups + hostGroups)
+	if len(s.blocks) < nb {
+		s.blocks = make([]kvcache.BlockID, nb*slabChunk)
+	}
+	b := s.blocks[:nb:nb]
+	s.blocks = s.blocks[nb:]
+	for i := range b {
+		b[i] = NoBlock
+	}
+	n.pages, b = b[:groups:groups], b[groups:]
+	n.ck.pages, b = b[:groups:groups], b[groups:]
+	if hostGroups > 0 {
+		n.h.pages, b = b[:hostGroups:hostGroups], b[hostGroups:]
+		n.ck.hpages = b[:hostGroups:hostGroups]
+	}
+	return n
 }
 
 // NewTree returns an empty tree of blocks of tpb tokens whose nodes hold one
@@ -352,7 +402,7 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 		n = t.spare[k-1]
 		t.spare = t.spare[:k-1]
 	} else {
-		n = &Node{pages: make([]kvcache.BlockID, len(t.pools)), tokens: make([]int32, 0, t.tpb)}
+		n = t.slab.node(t.tpb, len(t.pools), len(t.ht.pools))
 	}
 	n.parent, n.hash, n.heapIdx = parent, h, -1
 	n.prio, n.until, n.expIdx, n.hits = DefaultPriority, 0, -1, 0

@@ -369,6 +369,7 @@ func (p *BlockPool) unfree(mark []bool, n int) {
 		}
 	}
 	w := lo
+	p.lowFree(lo)
 	for _, b := range p.free[lo:] {
 		if mark[b] {
 			mark[b] = false

@@ -34,6 +34,15 @@ func TestCheckFindsCorruption(t *testing.T) {
 			}
 		}},
 		{"snapshot count", func(m *Manager) { m.life.nSnaps++ }},
+		// victim scans snapList, not the map: the two must agree.
+		{"snapshot left off the list", func(m *Manager) {
+			m.life.snapList = m.life.snapList[:len(m.life.snapList)-1]
+		}},
+		{"list index", func(m *Manager) { m.life.snapList[0].at++ }},
+		{"listed snapshot not installed", func(m *Manager) {
+			sn := *m.life.snapList[0]
+			m.life.snapList[0] = &sn
+		}},
 		{"live slot count", func(m *Manager) { m.life.liveUsed-- }},
 		{"node evicted under its snapshot", func(m *Manager) {
 			// Evict behind the manager's back, as an eviction that forgets

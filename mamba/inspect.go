@@ -229,6 +229,14 @@ func (m *Manager) check() []string {
 			bad("%s snapshot at %d: pending %v, named by an outstanding offload %v, pins %d", tier, sn.pos, sn.pend != nil, offPend[sn] != nil, sn.pins)
 		}
 	}
+	if len(l.snapList) != len(l.snaps) {
+		bad("ssm: %d snapshots listed, %d installed", len(l.snapList), len(l.snaps))
+	}
+	for i, sn := range l.snapList {
+		if int(sn.at) != i || l.snaps[sn.node] != sn {
+			bad("ssm: listed snapshot %d at %d (records %d) is not its node's", sn.id, i, sn.at)
+		}
+	}
 	for n, sn := range l.snaps {
 		checkSnap(n, sn, false, l.ssm)
 		if l.hsnaps[n] != nil {

@@ -55,6 +55,10 @@ type life struct {
 	step     int
 	offsets  []int
 	snaps    map[*cachemgrv2.Node]*snapshot // snapshots in ssm slots
+	// snapList is snaps' values, snapshot.at each one's index, for victim's
+	// scan of every snapshot: iterating the map cost more than the rest of
+	// the scan (the deep check proves the two agree).
+	snapList []*snapshot
 	hsnaps   map[*cachemgrv2.Node]*snapshot // snapshots in host-ssm slots, cached or pending
 	snapSeq  uint64
 	stats    kvcache.SnapshotStats
@@ -76,6 +80,7 @@ type snapshot struct {
 	tick  uint64 // LRU key: install, reuse, release of a sequence on its path
 	id    uint64 // creation order, the last tie-break
 	pins  int32  // sequences whose grant copies it into their live slot
+	at    int32  // in ssm: its index in life.snapList
 }
 
 // pendingOff is an offload that a sequence's outstanding grant copies: the
@@ -474,6 +479,10 @@ func (l *life) Resumed(s *cachemgrv2.Seq, copies []kvcache.Copy) []kvcache.Copy 
 // becomes free; the tree is not touched.
 func (l *life) dropSnap(sn *snapshot) {
 	delete(l.snaps, sn.node)
+	last := l.snapList[len(l.snapList)-1]
+	l.snapList[sn.at], last.at = last, sn.at
+	l.snapList[len(l.snapList)-1] = nil
+	l.snapList = l.snapList[:len(l.snapList)-1]
 	l.ssm.evict(sn.slot)
 	l.nSnaps--
 	l.stats.Evicted++
@@ -632,7 +641,7 @@ func (l *life) snapSlot(level int, x *seqState, g *kvcache.Grant) (kvcache.Block
 // level; else nil.
 func (l *life) victim(level int) *snapshot {
 	var cold, hot *snapshot
-	for _, sn := range l.snaps {
+	for _, sn := range l.snapList { // l.snaps; the orders are total, so its order does not matter
 		if sn.pins > 0 {
 			continue
 		}
@@ -698,6 +707,8 @@ func (l *life) install(s *cachemgrv2.Seq, x *seqState) {
 		l.snapSeq++
 		sn := &snapshot{node: n, slot: p.slot, pos: p.pos, level: boundaryLevel(p.pos, l.step), tick: l.tick, id: l.snapSeq}
 		l.snaps[n] = sn
+		sn.at = int32(len(l.snapList))
+		l.snapList = append(l.snapList, sn)
 		l.ssm.install(p.slot, sn)
 		l.stats.Taken++
 	}
