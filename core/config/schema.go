@@ -527,39 +527,40 @@ func floatField(key string, acc func(*Config) *float64, ok func(float64) bool, a
 }
 
 func stringField(key string, acc func(*Config) *string, check func(string) string) field {
-	return field{
-		key:  key,
-		kind: "a string",
-		set: func(c *Config, v any) string {
-			s, ok := v.(string)
-			if !ok {
-				return "is not a string"
+	return textField(key, acc, func(_ *Config, s string) (string, string) {
+		if check != nil {
+			if p := check(s); p != "" {
+				return "", p
 			}
-			s = strings.TrimSpace(s)
-			if s == "" {
-				return "is empty"
-			}
-			if check != nil {
-				if p := check(s); p != "" {
-					return p
-				}
-			}
-			*acc(c) = s
-			return ""
-		},
-		get: func(c *Config) any {
-			if *acc(c) == "" {
-				return nil
-			}
-			return *acc(c)
-		},
-	}
+		}
+		return s, ""
+	})
 }
 
 // pluginField is cache_manager or attention_backend: a name the config's
 // registry lists (names, case-insensitive) or a plugin binary's path
 // (registry.IsPath: it contains a path separator).
 func pluginField(key string, acc func(*Config) *string, names func(*registry.Registry) []string) field {
+	return textField(key, acc, func(c *Config, s string) (string, string) {
+		if registry.IsPath(s) {
+			return s, ""
+		}
+		known := names(c.reg)
+		for _, n := range known {
+			if strings.EqualFold(s, n) {
+				return n, ""
+			}
+		}
+		if len(known) == 0 {
+			return "", "is not a plugin path (containing a path separator); this kvx has no built-in one"
+		}
+		return "", "is not one of " + strings.Join(known, ", ") + " or a plugin path (containing a path separator)"
+	})
+}
+
+// textField is a non-empty string, trimmed, that parse turns into the value
+// kept (or a problem); unset, it reads as nil.
+func textField(key string, acc func(*Config) *string, parse func(c *Config, s string) (value, problem string)) field {
 	return field{
 		key:  key,
 		kind: "a string",
@@ -572,21 +573,12 @@ func pluginField(key string, acc func(*Config) *string, names func(*registry.Reg
 			if s == "" {
 				return "is empty"
 			}
-			if registry.IsPath(s) {
-				*acc(c) = s
-				return ""
+			val, p := parse(c, s)
+			if p != "" {
+				return p
 			}
-			known := names(c.reg)
-			for _, n := range known {
-				if strings.EqualFold(s, n) {
-					*acc(c) = n
-					return ""
-				}
-			}
-			if len(known) == 0 {
-				return "is not a plugin path (containing a path separator); this kvx has no built-in one"
-			}
-			return "is not one of " + strings.Join(known, ", ") + " or a plugin path (containing a path separator)"
+			*acc(c) = val
+			return ""
 		},
 		get: func(c *Config) any {
 			if *acc(c) == "" {
