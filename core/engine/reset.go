@@ -145,10 +145,7 @@ func (e *Engine) resetStage(ctx context.Context, st *stage, res *ResetResult) er
 		res.CachedBlocks += p.Cached
 	}
 	st.base.Evictions += before.Evictions
-	st.base.Snapshots.Taken += before.Snapshots.Taken
-	st.base.Snapshots.Skipped += before.Snapshots.Skipped
-	st.base.Snapshots.Evicted += before.Snapshots.Evicted
-	st.base.Snapshots.ReusedTokens += before.Snapshots.ReusedTokens
+	st.base.Snapshots = addSnapshots(st.base.Snapshots, before.Snapshots)
 	mc := e.spec.Managers[st.idx]
 	mc.KVEvents = st.events != nil
 	layout, err := st.m.Configure(ctx, mc)

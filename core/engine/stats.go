@@ -115,11 +115,7 @@ func (e *Engine) finishReport(ctx context.Context) {
 			}
 			if s, err := st.m.Stats(ctx); err == nil {
 				u.Evictions = s.Evictions + st.base.Evictions
-				sn := s.Snapshots
-				sn.Taken += st.base.Snapshots.Taken
-				sn.Skipped += st.base.Snapshots.Skipped
-				sn.Evicted += st.base.Snapshots.Evicted
-				sn.ReusedTokens += st.base.Snapshots.ReusedTokens
+				sn := addSnapshots(s.Snapshots, st.base.Snapshots)
 				if sn != (kvcache.SnapshotStats{}) {
 					hasSnaps = true
 					snaps.Taken += sn.Taken
@@ -147,4 +143,13 @@ func cmpInt64(a, b int64) int {
 		return 1
 	}
 	return 0
+}
+
+// addSnapshots is the sum of two managers' (or two lives') snapshot counters.
+func addSnapshots(a, b kvcache.SnapshotStats) kvcache.SnapshotStats {
+	a.Taken += b.Taken
+	a.Skipped += b.Skipped
+	a.Evicted += b.Evicted
+	a.ReusedTokens += b.ReusedTokens
+	return a
 }
