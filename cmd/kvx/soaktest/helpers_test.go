@@ -42,9 +42,19 @@ func startServed(t *testing.T, args ...string) *served {
 // _bucket, _sum and _count names stay apart).
 func metricsOf(t *testing.T, base string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
+	m, err := scrape(http.DefaultClient, base)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return m
+}
+
+// scrape reads base's /metrics into a map of each series' sum over its
+// labels; it is safe off the test's goroutine (no t.Fatal).
+func scrape(client *http.Client, base string) (map[string]float64, error) {
+	resp, err := client.Get(base + "/metrics")
+	if err != nil {
+		return nil, err
 	}
 	defer resp.Body.Close()
 	m := map[string]float64{}
@@ -58,14 +68,14 @@ func metricsOf(t *testing.T, base string) map[string]float64 {
 		f := strings.Fields(line)
 		v, err := strconv.ParseFloat(f[len(f)-1], 64)
 		if err != nil {
-			t.Fatalf("/metrics line %q: %v", line, err)
+			return nil, fmt.Errorf("/metrics line %q: %v", line, err)
 		}
 		m[name] += v
 	}
 	if err := sc.Err(); err != nil {
-		t.Fatalf("/metrics: %v", err)
+		return nil, fmt.Errorf("/metrics: %v", err)
 	}
-	return m
+	return m, nil
 }
 
 // value is metric name of m; a metric /metrics lacks fails the test.

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -325,19 +324,11 @@ func soakRun(t *testing.T, client *http.Client, base string, pid int, seed uint6
 // KiB (0 when /metrics did not answer): the Go heap's spans in use, which
 // tell a heap that grows from a resident set the runtime keeps.
 func heapInuseKB(client *http.Client, base string) int {
-	resp, err := client.Get(base + "/metrics")
+	m, err := scrape(client, base)
 	if err != nil {
 		return 0
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_inuse_bytes "); ok {
-			b, _ := strconv.ParseFloat(v, 64)
-			return int(b / 1024)
-		}
-	}
-	return 0
+	return int(m["go_memstats_heap_inuse_bytes"] / 1024)
 }
 
 // rssKB is the resident set of process pid in KiB (0 when unknown).
