@@ -110,7 +110,7 @@ func (e *Engine) checkStage(st *stage, snap *kvcache.Snapshot, deep bool) []stri
 	}
 	for _, s := range snap.Violations {
 		if strings.HasPrefix(s, "tables: ") {
-			bad("%s", s) // found by kvcache.CheckTables where the tables are
+			bad("%s", s) // found by kvcache.SealTables, here or where the tables are
 		} else {
 			bad("manager self-check: %s", s)
 		}
