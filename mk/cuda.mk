@@ -78,11 +78,11 @@ gpu-bundle: cuda-build
 	rm -rf $(GPU_DIR)/scenarios $(GPU_DIR)/hf $(GPU_DIR)/scripts $(GPU_DIR)/bundle.tar.xz
 	cp -r scenarios $(GPU_DIR)/scenarios
 	mkdir -p $(GPU_DIR)/hf && cp -r device/hf/testdata $(GPU_DIR)/hf/testdata
-	mkdir -p $(GPU_DIR)/scripts && cp scripts/*.py scripts/goldens.sh scripts/golden-family.sh $(GPU_DIR)/scripts/
+	mkdir -p $(GPU_DIR)/scripts && cp scripts/*.py scripts/*.cu scripts/goldens.sh scripts/golden-family.sh $(GPU_DIR)/scripts/
 	@# One xz stream with a 64 MiB window: the binaries share most of
 	@# their code, so they pack to about a fifth of their size.
 	@echo "packing .gpu/bundle.tar.xz (about a minute)"
-	cd $(GPU_DIR) && tar -cf - bin test scenarios hf | xz -6 -T2 > bundle.tar.xz.tmp && mv bundle.tar.xz.tmp bundle.tar.xz
+	cd $(GPU_DIR) && tar -cf - bin test scenarios hf | xz -9 -T2 > bundle.tar.xz.tmp && mv bundle.tar.xz.tmp bundle.tar.xz
 	cd $(GPU_DIR) && rm -rf bin test scenarios hf
 	install -m 755 scripts/gpu-run.sh $(GPU_DIR)/run.sh
 	@echo "bundle: $$(du -sh $(GPU_DIR) | cut -f1) in .gpu/; run it there with: bash .gpu/run.sh"

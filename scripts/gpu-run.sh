@@ -39,6 +39,8 @@
 #   goldensfast  the goldens with dtype bfloat16, by vLLM's top-5 rule
 #   invariance  each golden prompt alone and in mixed batches, dtype
 #            bfloat16: the same tokens and top-5 logprobs, bit for bit
+#   wgmma    scripts/wgmma-probe.cu compiled here (nvcc for sm_90a) and
+#            run: whether wgmma and mma.sync give the same bits
 #   bf16goldens  transformers' bf16 outputs of the goldens into $OUT/bf16
 #   e2e      a full-size Llama-3-8B checkpoint against transformers
 #            (scripts/e2e.py): $OUT/e2e/e2e.md
@@ -282,6 +284,11 @@ PY
 
 # bench: the cuda kernels' benchmarks (the test binary's), then PyTorch's
 # baselines on the same GPU and the table of ratios (scripts/cuda-bench.py).
+# wgmma: does Hopper's wgmma give mma.sync's bits (scripts/wgmma-probe.cu)?
+step_wgmma() {
+	nvcc -gencode arch=compute_90a,code=sm_90a -O2 -o "$OUT/wgmma-probe" scripts/wgmma-probe.cu && "$OUT/wgmma-probe"
+}
+
 step_bench() {
 	(cd test && timeout "${BENCH_TIMEOUT:-300}" ./cuda.test -test.run '^$' -test.bench "${BENCH:-Copy|DecodeGQA|MLADecode|DSA|GEMM|MatMul}" -test.benchtime "${BENCHTIME:-10x}") | tee "$OUT/go-bench.txt"
 	python3 scripts/cuda-bench.py --go-bench "$OUT/go-bench.txt" --out "$OUT"

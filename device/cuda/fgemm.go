@@ -25,17 +25,54 @@ import (
 // tiled kernel's 32).
 const fgemmPad = 64
 
-// fgemmTiledRows is the fewest rows the tiled kernel takes; fewer go to the
+// fgemmTiledRows is the fewest rows a tiled kernel takes; fewer go to the
 // skinny kernels (decode and small prefills), which keep more warps
 // streaming the weight. Both give the same bits (fgemm_test.go).
 const fgemmTiledRows = 256
 
-// The shared memory of kernels/fgemm.cu's tiled kernel (TL_* there).
-const (
-	tlBM, tlBN, tlBK    = 128, 128, 32
-	tlStages, tlThreads = 4, 256
-	fgemmTiledSmem      = tlStages * (tlBM + tlBN) * tlBK * 2
-)
+// tiledKernel is one of kernels/fgemm.cu's kernels for many rows: the
+// 8-warp kvx_fgemm_tiled (running sums in registers) or a wide one
+// (kvx_fgemm_wide<bm>s<stages><s|g>: bm / 32 warps of 64 × 64, running
+// sums in shared memory or in C). All give the same bits.
+type tiledKernel struct {
+	bm, stages, threads int
+	totShared           bool // the running sums in shared memory
+	name                string
+}
+
+func wide(bm, stages int, totShared bool) tiledKernel {
+	suffix := "g"
+	if totShared {
+		suffix = "s"
+	}
+	return tiledKernel{bm, stages, bm, totShared, fmt.Sprintf("kvx_fgemm_wide%ds%d%s", bm, stages, suffix)}
+}
+
+// The tile of every tiled kernel: bm × 128 × 32.
+const tlBN, tlBK = 128, 32
+
+// smem is the kernel's dynamic shared memory: its ring, and its running
+// sums when they are kept there.
+func (k tiledKernel) smem() int {
+	b := k.stages * (k.bm + tlBN) * tlBK * 2
+	if k.totShared {
+		b += k.bm * tlBN * 4
+	}
+	return b
+}
+
+// tiledVariants are every tiled kernel (the tests run each on every
+// shape); tiledDefault is the one fgemm runs. BenchmarkFastTiled on the
+// H200 at Llama-3-8B's prefill shapes: kvx_fgemm_tiled 152-160 TFLOP/s,
+// wide128s3s 206-218, wide256s3s 212-229, wide128s4g 142-151 (its running
+// sums in C spill registers). The wide kernels' three-stage ring (the
+// shared memory holds the running sums too) keeps one k tile in flight.
+var tiledVariants = []tiledKernel{
+	{bm: 128, stages: 4, threads: 256, name: "kvx_fgemm_tiled"},
+	wide(128, 3, true), wide(256, 3, true), wide(128, 4, false),
+}
+
+var tiledDefault = wide(128, 3, true)
 
 // fgemmPart is the k values of a part (FG_PART in kernels/fgemm.cu): every
 // output is the sum, in part order, of one chain per part.
@@ -244,7 +281,7 @@ type gemmOut struct {
 func (o *ops) fgemm(a cu.DevicePtr, n, ld int, outs []gemmOut) {
 	if n >= fgemmTiledRows {
 		for _, g := range outs {
-			o.fgemmTiled(g.c, a, g.w, n, g.m, ld)
+			o.fgemmTiled(g.c, a, g.w, n, g.m, ld, tiledDefault)
 		}
 		return
 	}
@@ -286,7 +323,7 @@ func (o *ops) fgemmSkinny(a cu.DevicePtr, n, ld int, outs []gemmOut, k skinnyKer
 	o.runShared(k.name, dim{blocks(n, 16*k.mt), blocks(m, 8*k.wc), 1}, dim{32 * k.warps(), 1, 1}, k.smem(), args...)
 }
 
-// fgemmTiled runs kvx_fgemm_tiled (any n).
-func (o *ops) fgemmTiled(c, a, w cu.DevicePtr, n, m, ld int) {
-	o.runShared("kvx_fgemm_tiled", dim{blocks(n, tlBM) * blocks(m, tlBN), 1, 1}, dim{tlThreads, 1, 1}, fgemmTiledSmem, c, a, w, n, m, ld)
+// fgemmTiled runs tiled kernel k (any of tiledVariants, any n).
+func (o *ops) fgemmTiled(c, a, w cu.DevicePtr, n, m, ld int, k tiledKernel) {
+	o.runShared(k.name, dim{blocks(n, k.bm) * blocks(m, tlBN), 1, 1}, dim{k.threads, 1, 1}, k.smem(), c, a, w, n, m, ld)
 }

@@ -85,7 +85,7 @@ func bf16Round(f float32) float32 { return kernel.Float32FromBF16(kernel.BF16Fro
 // TestFastMatMulBatchInvariant: a row's outputs are the same bits whatever
 // else is in the call: the row alone, inside a batch at any offset, in
 // reverse order, and through every kernel (every skinny variant and the
-// tiled one), for every shape of fgemmShapes.
+// tiled ones), for every shape of fgemmShapes.
 func TestFastMatMulBatchInvariant(t *testing.T) {
 	o := fastOps(t)
 	for _, s := range fgemmShapes {
@@ -117,9 +117,11 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 					o.fgemmSkinny(xa, n, w.ld, []gemmOut{{c.p, w.h, m}}, v)
 					kernels[v.name] = o.ToHost(c)
 				}
-				c := o.newTensor(n, m)
-				o.fgemmTiled(c.p, xa, w.h, n, m, w.ld)
-				kernels["tiled"] = o.ToHost(c)
+				for _, v := range tiledVariants {
+					c := o.newTensor(n, m)
+					o.fgemmTiled(c.p, xa, w.h, n, m, w.ld, v)
+					kernels[v.name] = o.ToHost(c)
+				}
 			})
 			for i := range n {
 				sameBits(t, fmt.Sprintf("row %d in the whole call", i), alone[i], whole[i*m:(i+1)*m])
@@ -235,6 +237,49 @@ func TestWeightBF16(t *testing.T) {
 	}
 }
 
+// gemmOperands are a benchmark's matmul operands on the device: A (n × ld
+// bf16), the weight and C (n × m float32).
+type gemmOperands struct {
+	o    *ops
+	x, c cu.DevicePtr
+	w    *tensor
+}
+
+// lazyOperands returns a function that makes a shape's operands on its
+// first call and returns the same ones after, so a shape's variants share
+// one weight (made on the device: a host-made 14336 × 4096 takes seconds)
+// that lives until outer ends.
+func lazyOperands(outer *testing.B, n, m, k int) func(b *testing.B) *gemmOperands {
+	var p *gemmOperands
+	return func(b *testing.B) *gemmOperands {
+		if p != nil {
+			return p
+		}
+		p = &gemmOperands{o: newTestOps(outer)}
+		o := p.o
+		o.fast = true
+		r := rand.New(rand.NewPCG(1, 1))
+		on(b, o, func() {
+			p.w = cudaTensor(o.Weight(randVals(r, m*k, 1), m, k))
+			xt := keptTensor(o, randVals(r, n*k, 1), n, k)
+			var err error
+			if p.x, err = o.g.alloc(int64(n) * int64(p.w.ld) * 2); err != nil {
+				o.fail(err)
+				return
+			}
+			if p.c, err = o.g.alloc(int64(n) * int64(m) * 4); err != nil {
+				o.fail(err)
+				return
+			}
+			*o.weights = append(*o.weights, p.x, p.c)
+			g, bl := flat(n * p.w.ld)
+			o.run("kvx_to_bf16", g, bl, 0, p.x, xt.p, n, k, p.w.ld)
+			o.freeStage()
+		})
+		return p
+	}
+}
+
 // BenchmarkFastSkinny measures every skinny variant (m16 tiles × warps a
 // block) at decode shapes, as GB/s of the weight read once: the data
 // skinnyFor is chosen from.
@@ -242,58 +287,48 @@ func BenchmarkFastSkinny(b *testing.B) {
 	for _, s := range [][3]int{{1, 6144, 4096}, {1, 4096, 4096}, {1, 28672, 4096}, {1, 4096, 14336},
 		{8, 6144, 4096}, {8, 28672, 4096}, {8, 4096, 14336}, {32, 28672, 4096}, {64, 28672, 4096}, {64, 4096, 14336}} {
 		n, m, k := s[0], s[1], s[2]
-		// One weight a shape, shared by its variants' runs (made on the
-		// device: a host-made 14336 × 4096 takes seconds).
-		var o *ops
-		var x, c cu.DevicePtr
-		var w *tensor
-		outer := b // the ops live until every variant has run
-		setup := func(b *testing.B) {
-			if o != nil {
-				return
-			}
-			o = newTestOps(outer)
-			o.fast = true
-			r := rand.New(rand.NewPCG(1, 1))
-			on(b, o, func() {
-				w = cudaTensor(o.Weight(randVals(r, m*k, 1), m, k))
-				xt := keptTensor(o, randVals(r, n*k, 1), n, k)
-				var err error
-				if x, err = o.g.alloc(int64(n) * int64(w.ld) * 2); err != nil {
-					o.fail(err)
-					return
-				}
-				if c, err = o.g.alloc(int64(n) * int64(m) * 4); err != nil {
-					o.fail(err)
-					return
-				}
-				*o.weights = append(*o.weights, x, c)
-				g, bl := flat(n * w.ld)
-				o.run("kvx_to_bf16", g, bl, 0, x, xt.p, n, k, w.ld)
-				o.freeStage()
-			})
-		}
+		setup := lazyOperands(b, n, m, k)
 		for _, v := range skinnyVariants {
 			if v.mt < skinnyTile(n) {
 				continue
 			}
 			b.Run(fmt.Sprintf("%dx%dx%d/%s", n, m, k, strings.TrimPrefix(v.name, "kvx_fgemm_")), func(b *testing.B) {
-				setup(b)
-				f := func() { o.fgemmSkinny(x, n, w.ld, []gemmOut{{c, w.h, m}}, v) }
-				timeOps(b, o, 3, f)
+				p := setup(b)
+				f := func() { p.o.fgemmSkinny(p.x, n, p.w.ld, []gemmOut{{p.c, p.w.h, m}}, v) }
+				timeOps(b, p.o, 3, f)
 				b.ResetTimer()
-				d := timeOps(b, o, b.N, f)
+				d := timeOps(b, p.o, b.N, f)
 				b.ReportMetric(float64(m)*float64(k)*2/(d.Seconds()/float64(b.N))/1e9, "GB/s")
 			})
 		}
 		if n >= 8 { // where the tiled kernel could take over
 			b.Run(fmt.Sprintf("%dx%dx%d/tiled", n, m, k), func(b *testing.B) {
-				setup(b)
-				f := func() { o.fgemmTiled(c, x, w.h, n, m, w.ld) }
-				timeOps(b, o, 3, f)
+				p := setup(b)
+				f := func() { p.o.fgemmTiled(p.c, p.x, p.w.h, n, m, p.w.ld, tiledDefault) }
+				timeOps(b, p.o, 3, f)
 				b.ResetTimer()
-				d := timeOps(b, o, b.N, f)
+				d := timeOps(b, p.o, b.N, f)
 				b.ReportMetric(float64(m)*float64(k)*2/(d.Seconds()/float64(b.N))/1e9, "GB/s")
+			})
+		}
+	}
+}
+
+// BenchmarkFastTiled measures every tiled kernel at Llama-3-8B's prefill
+// shapes (a 2048- and an 8192-token step's q, o, gate and up, and down), in
+// TFLOP/s: the data tiledDefault is chosen from.
+func BenchmarkFastTiled(b *testing.B) {
+	for _, s := range [][3]int{{2048, 6144, 4096}, {8192, 4096, 4096}, {8192, 28672, 4096}, {8192, 4096, 14336}} {
+		n, m, k := s[0], s[1], s[2]
+		setup := lazyOperands(b, n, m, k)
+		for _, v := range tiledVariants {
+			b.Run(fmt.Sprintf("%dx%dx%d/%s", n, m, k, strings.TrimPrefix(v.name, "kvx_fgemm_")), func(b *testing.B) {
+				p := setup(b)
+				f := func() { p.o.fgemmTiled(p.c, p.x, p.w.h, n, m, p.w.ld, v) }
+				timeOps(b, p.o, 3, f)
+				b.ResetTimer()
+				d := timeOps(b, p.o, b.N, f)
+				b.ReportMetric(2*float64(n)*float64(m)*float64(k)/(d.Seconds()/float64(b.N))/1e12, "TFLOP/s")
 			})
 		}
 	}

@@ -379,3 +379,144 @@ kvx_fgemm_tiled(float* C, const unsigned short* A, const unsigned short* W, long
 			}
 		}
 }
+
+// The wide tiled kernels for many rows: block tile BM × 128 × 32 with
+// BM / 32 warps of 64 × 64 (4 × 8 m16n8k16 tiles, 128 float32 accumulators
+// a thread: a k16 step reads 8 ldmatrix fragments for 32 mma, against the
+// 8-warp kernel's 6 for 16), a STAGES-deep cp.async ring. The part sums
+// are those of every kernel above: at a part's end the thread adds its
+// accumulators, in part order, to a running sum that lives outside its
+// registers (128 more would not fit), in shared memory (TOT_SMEM: BM × 128
+// float32 a block, value-major so a warp's stores hit 32 banks) or in C
+// itself (each thread reads back only what it wrote, so no other thread's
+// order enters), and starts the next part from zero; the last part's sum
+// is the output. Rows past M and columns past N are zero-filled on load and
+// never stored.
+template <int BM, int STAGES, bool TOT_SMEM>
+__device__ __forceinline__ void fgemm_wide(float* C, const unsigned short* A, const unsigned short* W, long long M, long long N, long long ld) {
+	constexpr int BN = TL_BN, BK = TL_BK, THREADS = BM / 64 * 2 * 32;
+	extern __shared__ __align__(16) unsigned char wd_smem[];
+	unsigned short* sA = (unsigned short*)wd_smem;
+	unsigned short* sB = sA + STAGES * BM * BK;
+	float* sTot = (float*)(sB + STAGES * BN * BK);
+	const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+	const int g = lane / 4, t4 = lane % 4;
+	long long bm, bn;
+	{
+		const long long mt = (M + BM - 1) / BM, nt = (N + BN - 1) / BN, pid = blockIdx.x;
+		const long long per = TL_GROUP * nt, grp = pid / per, first = grp * TL_GROUP;
+		const long long rows = mt - first < TL_GROUP ? mt - first : TL_GROUP;
+		bm = (first + (pid % per) % rows) * BM;
+		bn = ((pid % per) / rows) * BN;
+	}
+	const int wm = (warp / 2) * 64, wn = (warp % 2) * 64;
+	const int KT = (int)(ld / BK);
+
+	auto load = [&](int kt) {
+		const int st = kt % STAGES;
+		unsigned short* a = sA + st * BM * BK;
+		unsigned short* b = sB + st * BN * BK;
+		const long long k0 = (long long)kt * BK;
+#pragma unroll
+		for (int c = tid; c < (BM + BN) * 4; c += THREADS) {
+			const int r = c / 4, ch = c % 4;
+			if (r < BM) {
+				const bool ok = bm + r < M;
+				cp_async16_zfill(a + tl_swz(r, ch), A + (ok ? bm + r : 0) * ld + k0 + ch * 8, ok);
+			} else {
+				const int rb = r - BM;
+				const bool ok = bn + rb < N;
+				cp_async16_zfill(b + tl_swz(rb, ch), W + (ok ? bn + rb : 0) * ld + k0 + ch * 8, ok);
+			}
+		}
+	};
+
+	float acc[4][8][4];
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int j = 0; j < 8; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+
+#pragma unroll
+	for (int s = 0; s < STAGES - 1; s++) {
+		if (s < KT) load(s);
+		cp_async_commit();
+	}
+	for (int kt = 0; kt < KT; kt++) {
+		cp_async_wait<STAGES - 2>();
+		__syncthreads(); // tile kt landed; every warp is done with tile kt-1's stage
+		if (kt + STAGES - 1 < KT) load(kt + STAGES - 1);
+		cp_async_commit();
+		const int st = kt % STAGES;
+		const unsigned short* a = sA + st * BM * BK;
+		const unsigned short* b = sB + st * BN * BK;
+#pragma unroll
+		for (int kk = 0; kk < BK / 16; kk++) {
+			unsigned af[4][4], bf[4][4];
+#pragma unroll
+			for (int mt = 0; mt < 4; mt++) ldsm_x4(af[mt], a + tl_swz(wm + mt * 16 + lane % 16, kk * 2 + lane / 16));
+#pragma unroll
+			for (int np = 0; np < 4; np++)
+				ldsm_x4(bf[np], b + tl_swz(wn + np * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
+#pragma unroll
+			for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+				for (int np = 0; np < 4; np++) {
+					mma_bf16(acc[mt][2 * np], af[mt], bf[np][0], bf[np][1]);
+					mma_bf16(acc[mt][2 * np + 1], af[mt], bf[np][2], bf[np][3]);
+				}
+		}
+		if ((kt + 1) % (FG_PART / BK) == 0 || kt == KT - 1) {
+			// The end of a part: add it to the running sum, in part order.
+			const bool first = kt < FG_PART / BK, last = kt == KT - 1;
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int j = 0; j < 8; j++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						float v = acc[i][j][e];
+						if (TOT_SMEM) {
+							float* t = sTot + ((i * 8 + j) * 4 + e) * THREADS + tid;
+							if (!first) v = __fadd_rn(*t, v);
+							if (!last) *t = v;
+						} else {
+							const long long r = bm + wm + i * 16 + g + (e / 2) * 8, c = bn + wn + j * 8 + 2 * t4 + e % 2;
+							if (r < M && c < N) {
+								float* p = C + r * N + c;
+								if (!first) v = __fadd_rn(*p, v);
+								if (!last) *p = v;
+							}
+						}
+						acc[i][j][e] = last ? v : 0.f;
+					}
+		}
+	}
+	cp_async_wait<0>();
+#pragma unroll
+	for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+		for (int nt = 0; nt < 8; nt++) {
+			const long long r = bm + wm + mt * 16 + g, c = bn + wn + nt * 8 + 2 * t4;
+			if (r < M) {
+				if (c < N) C[r * N + c] = acc[mt][nt][0];
+				if (c + 1 < N) C[r * N + c + 1] = acc[mt][nt][1];
+			}
+			if (r + 8 < M) {
+				if (c < N) C[(r + 8) * N + c] = acc[mt][nt][2];
+				if (c + 1 < N) C[(r + 8) * N + c + 1] = acc[mt][nt][3];
+			}
+		}
+}
+
+// kvx_fgemm_wide<BM>s<STAGES><s|g>: grid (ceil(M / BM) · ceil(N / 128)),
+// block BM threads, tiledKernel.smem() bytes of dynamic shared memory
+// (fgemm.go); s keeps the running sums in shared memory, g in C.
+#define WIDE(BM, STAGES, TOT, SUFFIX, MINB)                                                                     \
+	extern "C" __global__ void __launch_bounds__(BM, MINB) kvx_fgemm_wide##BM##s##STAGES##SUFFIX(               \
+		float* C, const unsigned short* A, const unsigned short* W, long long M, long long N, long long ld) { \
+		fgemm_wide<BM, STAGES, TOT>(C, A, W, M, N, ld);                                                     \
+	}
+WIDE(128, 3, true, s, 2)
+WIDE(256, 3, true, s, 1)
+WIDE(128, 4, false, g, 2)
