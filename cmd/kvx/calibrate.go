@@ -4,29 +4,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"math"
 	"os"
-	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvx-dev/kvx/cmd/builtin"
+	calib "github.com/kvx-dev/kvx/core/calibrate"
 	"github.com/kvx-dev/kvx/core/hw"
-	"github.com/kvx-dev/kvx/device/sim"
-)
-
-// minPoints is the fewest points a measurement that stopped early is
-// still fitted with.
-const minPoints = 12
-
-// Goals of issue 17 (DESIGN.md section 8), printed beside the figures.
-const (
-	goalMedian   = 0.05 // sim per-step error on held-out points, median
-	goalP90      = 0.10 // and p90
-	goalCrossing = 0.02 // plugin crossings' share of an engine step
 )
 
 type calibrateOpts struct {
@@ -102,70 +88,37 @@ func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 		return usageErr(fmt.Errorf("calibrate: --out %s: %w", o.out, err))
 	}
 
-	var points []calibPoint
-	notes := []string{}
-	var hardware, device string
-	var models []string
+	var m calib.Measurement
 	if len(g.configs) > 0 {
 		cfg, err := loadConfig(g, nil)
 		if err != nil {
 			return usageErr(err)
 		}
-		name := strings.Join(g.configs, "+")
-		s, res, done, err := newSession(cmd.Context(), g, cfg, name, progress, o.budget)
-		if err != nil {
-			return err
-		}
-		s.repeat = o.repeat
-		fmt.Fprintf(progress, "calibrate: %s: %s on device %s (hardware %s), max_batch_size %d, max_seq_len %d, max_num_tokens %d\n",
-			name, res.Model.Name, cfg.Device, cfg.Hardware, cfg.MaxBatchSize, cfg.MaxSeqLen, cfg.MaxNumTokens)
-		skipped, err := s.calibDesign(cmd.Context(), res.Spec.Workers[0].Layout)
-		done()
-		var ee *exitError
+		oneThreadForSim(cfg.Device)
+		m, err = calib.Measure(cmd.Context(), cfg, calib.Options{Name: strings.Join(g.configs, "+"), Budget: o.budget, Repeat: o.repeat,
+			Progress: progress, Log: g.logger(), Registry: builtin.Registry(), Sim: builtin.SimCost()})
 		switch {
-		case errors.As(err, &ee):
-			return err
-		case err != nil && (errors.Is(err, errBudget) || cmd.Context().Err() != nil) && len(s.points) >= minPoints:
-			// Stopped early: what was measured is still worth a fit.
-			notes = append(notes, fmt.Sprintf("%s: measuring stopped after %d points: %v", name, len(s.points), err))
-			fmt.Fprintf(progress, "calibrate: %s: measuring stopped after %d points (%v); fitting them\n", name, len(s.points), err)
+		case errors.Is(err, calib.ErrUnmeasurable):
+			return usageErr(err)
 		case err != nil:
-			return engineErr(fmt.Errorf("calibrate: %s: %w", name, err))
-		case skipped > 0:
-			notes = append(notes, fmt.Sprintf("%s: the time budget (--budget %s) skipped %d context rungs", name, o.budget, skipped))
+			return engineErr(err)
 		}
-		points = s.points
-		hardware, device, models = cfg.Hardware, cfg.Device, []string{res.Model.Name}
 	}
 	for _, f := range o.refit {
 		c, err := hw.LoadCalibration(f)
 		if err != nil {
 			return usageErr(fmt.Errorf("calibrate: --refit %s: %w", f, err))
 		}
-		if hardware == "" {
-			hardware, device = c.Hardware, c.Device
-		}
-		if !strings.EqualFold(c.Hardware, hardware) || c.Device != device {
-			return usageErr(fmt.Errorf("calibrate: --refit %s: measured on hardware %q, device %q; the other points are hardware %q, device %q",
-				f, c.Hardware, c.Device, hardware, device))
-		}
-		for _, p := range c.Points {
-			points = append(points, calibPoint{CalibrationPoint: p, features: fromFeatures(p.Features)})
-		}
-		for _, m := range c.Models {
-			if !slices.Contains(models, m) {
-				models = append(models, m)
-			}
+		if err := m.Add(*c); err != nil {
+			return usageErr(fmt.Errorf("calibrate: --refit %s: %w", f, err))
 		}
 	}
-	cal, err := fitPoints(points, o.holdEvery)
+	cal, err := calib.Fit(m, o.holdEvery, builtin.SimCost())
 	if err != nil {
 		return engineErr(fmt.Errorf("calibrate: %w", err))
 	}
-	cal.Hardware, cal.Device, cal.Models = strings.ToLower(hardware), device, models
 	cal.Created = time.Now().UTC().Format(time.RFC3339)
 	cal.Generator = "kvx " + kvxVersion()
-	cal.Notes = notes
 
 	data, err := json.MarshalIndent(cal, "", " ")
 	if err != nil {
@@ -178,7 +131,7 @@ func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 	if err := os.WriteFile(o.out, data, 0o644); err != nil {
 		return usageErr(fmt.Errorf("calibrate: --out: %w", err))
 	}
-	writeCalibrationTable(table, cal)
+	calib.WriteTable(table, cal)
 	fmt.Fprintf(table, "wrote %s; use it with --set sim_calibration=%s\n", o.out, o.out)
 	if o.json {
 		if _, err := stdout.Write(data); err != nil {
@@ -186,133 +139,4 @@ func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 		}
 	}
 	return nil
-}
-
-// fitPoints splits the points (every holdEvery-th held out), fits the sim
-// to the rest, and fills in every point's predictions and the errors.
-func fitPoints(points []calibPoint, holdEvery int) (hw.Calibration, error) {
-	var train, held []sim.FitPoint
-	for i := range points {
-		p := &points[i]
-		p.HeldOut = i%holdEvery == holdEvery-1
-		fp := sim.FitPoint{Features: p.features, Measured: p.MeasuredS}
-		if p.HeldOut {
-			held = append(held, fp)
-		} else {
-			train = append(train, fp)
-		}
-	}
-	if len(held) == 0 {
-		return hw.Calibration{}, fmt.Errorf("%d points: none is held out of the fit (need at least %d)", len(points), holdEvery)
-	}
-	res, err := sim.Fit(train)
-	if err != nil {
-		return hw.Calibration{}, err
-	}
-	c := hw.Calibration{Schema: hw.CalibrationSchema, Params: res.Calibration, Points: make([]hw.CalibrationPoint, len(points))}
-	var heldDS []float64
-	var share []float64
-	var fwd, step float64
-	for i := range points {
-		p := &points[i]
-		p.PredictedS = sim.Predict(&res.Calibration, p.features)
-		p.Features = asFeatures(p.features)
-		c.Points[i] = p.CalibrationPoint
-		if p.HeldOut {
-			heldDS = append(heldDS, math.Abs(p.DatasheetS-p.MeasuredS)/p.MeasuredS)
-		}
-		if p.StepS > 0 {
-			share = append(share, 1-p.MeasuredS/p.StepS)
-			fwd += p.MeasuredS
-			step += p.StepS
-		}
-	}
-	c.Fit = errorStats(sim.RelErrors(&res.Calibration, train))
-	c.HeldOut = errorStats(sim.RelErrors(&res.Calibration, held))
-	c.Datasheet = errorStats(heldDS)
-	if len(share) > 0 {
-		s := errorStats(share)
-		c.Crossing = hw.CrossingStats{Median: s.Median, P90: s.P90, Total: 1 - fwd/step}
-	}
-	return c, nil
-}
-
-// errorStats summarises xs (not modified).
-func errorStats(xs []float64) hw.ErrorStats {
-	if len(xs) == 0 {
-		return hw.ErrorStats{}
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	q := func(f float64) float64 { return s[min(len(s)-1, int(math.Ceil(f*float64(len(s))))-1)] }
-	return hw.ErrorStats{Points: len(s), Median: q(0.5), P90: q(0.9), Max: s[len(s)-1]}
-}
-
-func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }
-
-func goal(x, limit float64) string {
-	if x <= limit {
-		return "met"
-	}
-	return "not met"
-}
-
-// writeCalibrationTable prints the fitted parameters, the errors and the
-// crossings' share.
-func writeCalibrationTable(w io.Writer, c hw.Calibration) {
-	held := 0
-	for _, p := range c.Points {
-		if p.HeldOut {
-			held++
-		}
-	}
-	fmt.Fprintf(w, "\ncalibration of hardware %s on device %s (%s): %d points, %d fitted, %d held out\n",
-		c.Hardware, c.Device, strings.Join(c.Models, ", "), len(c.Points), len(c.Points)-held, held)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "kernel class\tcompute scale\tof peak\tmemory scale\tof bandwidth")
-	eff := func(s float64) string {
-		if s == 0 {
-			return "-"
-		}
-		return pct(1 / s)
-	}
-	for _, k := range c.Params.Classes {
-		fmt.Fprintf(tw, "%s\t%.3g\t%s\t%.3g\t%s\n", k.Class, k.ComputeScale, eff(k.ComputeScale), k.MemoryScale, eff(k.MemoryScale))
-	}
-	tw.Flush()
-	fmt.Fprintf(w, "launch per kernel %.3g µs, overhead per step %.3g µs\n\n", 1e6*c.Params.LaunchSeconds, 1e6*c.Params.StepSeconds)
-
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "per-step error |sim-measured|/measured\tpoints\tmedian\tp90\tmax")
-	for _, r := range []struct {
-		name string
-		s    hw.ErrorStats
-	}{{"calibrated sim, fitted points", c.Fit}, {"calibrated sim, held-out points", c.HeldOut}, {"datasheet roofline, held-out points", c.Datasheet}} {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", r.name, r.s.Points, pct(r.s.Median), pct(r.s.P90), pct(r.s.Max))
-	}
-	tw.Flush()
-	fmt.Fprintf(w, "held-out goal: median <= %s (%s), p90 <= %s (%s)\n\n", pct(goalMedian), goal(c.HeldOut.Median, goalMedian), pct(goalP90), goal(c.HeldOut.P90, goalP90))
-
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "kind\tpoints\tmeasured ms (median)\tsim error (median)\tcrossing share (median)")
-	for _, kind := range []string{"prefill", "decode", "mixed"} {
-		var ms, errs, share []float64
-		for _, p := range c.Points {
-			if p.Kind != kind {
-				continue
-			}
-			ms = append(ms, 1e3*p.MeasuredS)
-			errs = append(errs, math.Abs(p.PredictedS-p.MeasuredS)/p.MeasuredS)
-			if p.StepS > 0 {
-				share = append(share, 1-p.MeasuredS/p.StepS)
-			}
-		}
-		if len(ms) == 0 {
-			continue
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%s\t%s\n", kind, len(ms), errorStats(ms).Median, pct(errorStats(errs).Median), pct(errorStats(share).Median))
-	}
-	tw.Flush()
-	fmt.Fprintf(w, "plugin crossings' share of an engine step (1 - worker forward / host step): median %s, p90 %s, all steps %s; goal <= %s (%s)\n",
-		pct(c.Crossing.Median), pct(c.Crossing.P90), pct(c.Crossing.Total), pct(goalCrossing), goal(c.Crossing.Total, goalCrossing))
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvx-dev/kvx/cmd/builtin"
 	"github.com/kvx-dev/kvx/core/hw"
 	"github.com/kvx-dev/kvx/device/sim"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -66,7 +67,7 @@ func TestCalibrateEndToEnd(t *testing.T) {
 		if len(p.Features) == 0 || !(p.DatasheetS > 0) {
 			t.Errorf("point %d: %d features, datasheet %g s", i, len(p.Features), p.DatasheetS)
 		}
-		if got := sim.Predict(&c.Params, fromFeatures(p.Features)); math.Abs(got-p.PredictedS) > 1e-12*p.PredictedS {
+		if got := builtin.SimCost().Predict(&c.Params, p.Features); math.Abs(got-p.PredictedS) > 1e-12*p.PredictedS {
 			t.Errorf("point %d: predicted_s %g, but its features and the parameters give %g", i, p.PredictedS, got)
 		}
 	}

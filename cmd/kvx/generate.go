@@ -121,11 +121,8 @@ func runGenerate(g *globals, o *generateOpts, cmd *cobra.Command) error {
 		return usageErr(errors.New("generate: device sim computes no tokens (its tokens are placeholders hashed from the seed, the request and the position); " +
 			"use a computing device: set device: cpu (--set device=cpu)"))
 	}
-	res, err := setup.Resolve(cfg, "generate", false)
+	res, err := setup.Prepare(cfg, "generate", builtin.Registry())
 	if err != nil {
-		return usageErr(err)
-	}
-	if err := setup.CheckPlugins(cfg, builtin.Registry()); err != nil {
 		return usageErr(err)
 	}
 	tok, noTok, err := tokenizerFor(cfg, res.Model)
@@ -172,7 +169,7 @@ func runGenerate(g *globals, o *generateOpts, cmd *cobra.Command) error {
 		log := g.logger()
 		res.Spec.Log = log
 		oneThreadForSim(cfg.Device)
-		l := setup.NewLauncher(cfg, builtin.Registry(), log)
+		l := res.Launcher(log)
 		rep, err := engine.Run(cmd.Context(), res.Spec, l)
 		l.Close()
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvx-dev/kvx/cmd/builtin"
+	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -32,37 +33,28 @@ cannot hold the limits (the message names the numbers and the fix).`,
 			if err != nil {
 				return usageErr(err)
 			}
-			res, err := setup.Resolve(cfg, "plan", false)
+			p, err := setup.Prepare(cfg, "plan", builtin.Registry())
 			if err != nil {
 				return usageErr(err)
 			}
-			if err := setup.CheckPlugins(cfg, builtin.Registry()); err != nil {
-				return usageErr(err)
-			}
-			log := g.logger()
-			l := setup.NewLauncher(cfg, builtin.Registry(), log)
+			l := p.Launcher(g.logger())
 			defer l.Close()
 			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintf(tw, "model %s on %s, TP %d, PP %d, weights %s, cache manager %s, backend %s\n",
-				res.Model.Name, res.Spec.Hardware.Name, cfg.TensorParallelSize, cfg.PipelineParallelSize,
+				p.Model.Name, p.Spec.Hardware.Name, cfg.TensorParallelSize, cfg.PipelineParallelSize,
 				cfg.WeightsDtype, cfg.CacheManager, cfg.AttentionBackend)
-			for i, st := range res.Stages {
-				b := res.Budgets[i]
-				mc := res.Spec.Managers[i]
-				m, err := l.Manager(cmd.Context(), i)
-				if err != nil && configError(err) {
-					return usageErr(err)
-				} else if err != nil {
+			for i, st := range p.Stages {
+				b := p.Budgets[i]
+				mc := p.Spec.Managers[i]
+				// The manager starts as the engine starts it, with its checks.
+				s, err := engine.StartManager(cmd.Context(), p.Spec, l, i)
+				switch {
+				case err != nil && configError(err):
+					return usageErr(p.BudgetHint(err))
+				case err != nil:
 					return engineErr(err)
 				}
-				info, err := m.Info(cmd.Context())
-				if err != nil {
-					return engineErr(fmt.Errorf("stage %d: manager info: %w", i, err))
-				}
-				layout, err := m.Configure(cmd.Context(), mc)
-				if err != nil {
-					return usageErr(withBudgetHint(fmt.Errorf("stage %d: %w", i, err), res))
-				}
+				layout, info := s.Layout, s.Info
 				fmt.Fprintf(tw, "\nstage %d: layers %d..%d (%d with a cache)\n", i, st[0], st[1]-1, cacheLayers(mc.Layers))
 				if cfg.Device == "cuda" {
 					fmt.Fprintf(tw, "  memory source\t%s\n", b.Source)

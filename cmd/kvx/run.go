@@ -56,7 +56,7 @@ Without --config, the bundled demo scenario runs.
 ` + runExitStatus,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runVariants(cmd.Context(), g, o, []variant{{name: "run"}})
+			return runVariants(cmd.Context(), g, o, []setup.Variant{{}})
 		},
 	}
 	addRunFlags(cmd, o)
@@ -76,7 +76,7 @@ Without --config, the bundled demo scenario runs.
 ` + runExitStatus,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			vs, err := variants(o.varies)
+			vs, err := setup.Variants(o.varies)
 			if err != nil {
 				return usageErr(err)
 			}
@@ -84,7 +84,7 @@ Without --config, the bundled demo scenario runs.
 		},
 	}
 	addRunFlags(cmd, o)
-	cmd.Flags().StringArrayVar(&o.varies, "vary", nil, "key=a,b[,c]: one variant per value (repeatable; default "+defaultVary+")")
+	cmd.Flags().StringArrayVar(&o.varies, "vary", nil, "key=a,b[,c]: one variant per value (repeatable; default "+setup.DefaultVary+")")
 	return cmd
 }
 
@@ -135,51 +135,6 @@ func explainIDs(vals []string, wl workload.Workload) ([]uint64, error) {
 	return ids, errors.Join(errs...)
 }
 
-// defaultVary is what compare varies without --vary: the cache managers.
-const defaultVary = "cache_manager=v1,v2"
-
-// variant is one configuration of a comparison: the base plus some sets.
-type variant struct {
-	name string
-	sets []string
-}
-
-// variants expands --vary flags into their cartesian product.
-func variants(varies []string) ([]variant, error) {
-	if len(varies) == 0 {
-		varies = []string{defaultVary}
-	}
-	out := []variant{{}}
-	for _, v := range varies {
-		key, vals, ok := strings.Cut(v, "=")
-		key = strings.TrimSpace(key)
-		if !ok || key == "" || vals == "" {
-			return nil, fmt.Errorf("--vary %q: want key=a,b[,c]", v)
-		}
-		values := strings.Split(vals, ",")
-		for i, val := range values {
-			val = strings.TrimSpace(val)
-			if val == "" {
-				return nil, fmt.Errorf("--vary %q: value %d of %d is empty", v, i+1, len(values))
-			}
-			if j := slices.IndexFunc(values[:i], func(w string) bool { return strings.TrimSpace(w) == val }); j >= 0 {
-				return nil, fmt.Errorf("--vary %q: value %q is given twice (values %d and %d)", v, val, j+1, i+1)
-			}
-			values[i] = val
-		}
-		var next []variant
-		for _, base := range out {
-			for _, val := range values {
-				nv := variant{sets: append(slices.Clone(base.sets), key+"="+val)}
-				nv.name = strings.TrimPrefix(base.name+" "+key+"="+val, " ")
-				next = append(next, nv)
-			}
-		}
-		out = next
-	}
-	return out, nil
-}
-
 // loadConfig loads the configuration of one variant (varies: its --vary
 // values); without --config it uses the bundled demo scenario.
 func loadConfig(g *globals, varies []string) (*config.Config, error) {
@@ -200,62 +155,19 @@ func loadConfig(g *globals, varies []string) (*config.Config, error) {
 	return cfg, err
 }
 
-// prepared is a variant whose configuration passed every check that needs
-// no plugin to run: ready to run.
-type prepared struct {
-	name string
-	cfg  *config.Config
-	res  *setup.Resolved
-}
-
-// prepare loads and checks every variant before any runs: its config, its
-// resolved spec (memory budgets, workload), its plugin binaries, and the
+// prepare loads and checks every variant before any runs
+// (setup.PrepareAll: its config, its resolved spec with the memory budgets
+// and the workload, its plugin binaries, and the --explain ids), and the
 // output paths. Problems are reported together as a usage error (exit 2).
-// Variants with the same workload share one copy of its requests.
-func prepare(g *globals, o *runOpts, vs []variant) ([]prepared, error) {
+func prepare(g *globals, o *runOpts, vs []setup.Variant) ([]*setup.Prepared, error) {
+	load := func(sets []string) (*config.Config, error) { return loadConfig(g, sets) }
+	ps, err := setup.PrepareAll(vs, builtin.Registry(), load, func(p *setup.Prepared) (err error) {
+		o.explainIDs, err = explainIDs(o.explain, p.Spec.Workload)
+		return err
+	})
 	var errs []error
-	fail := func(v variant, err error) {
-		if len(vs) > 1 {
-			err = fmt.Errorf("variant %s: %w", v.name, err)
-		}
+	if err != nil {
 		errs = append(errs, err)
-	}
-	workloads := map[string]workload.Workload{}
-	var ps []prepared
-	for _, v := range vs {
-		cfg, err := loadConfig(g, v.sets)
-		if err != nil {
-			fail(v, err)
-			continue
-		}
-		name := v.name
-		if name == "run" {
-			name = cfg.CacheManager
-		}
-		res, err := setup.Resolve(cfg, name, false)
-		if err != nil {
-			fail(v, err)
-			continue
-		}
-		if err := setup.CheckPlugins(cfg, builtin.Registry()); err != nil {
-			fail(v, err)
-			continue
-		}
-		key := fmt.Sprintf("%+v vocab %d max_seq_len %d", cfg.Workload, res.Model.Vocab, cfg.MaxSeqLen)
-		wl, ok := workloads[key]
-		if !ok {
-			if wl, err = setup.Workload(cfg, res.Model.Vocab); err != nil {
-				fail(v, err)
-				continue
-			}
-			workloads[key] = wl
-		}
-		res.Spec.Workload = wl
-		if o.explainIDs, err = explainIDs(o.explain, wl); err != nil {
-			fail(v, err)
-			continue
-		}
-		ps = append(ps, prepared{name: name, cfg: cfg, res: res})
 	}
 	if o.jsonOut == "-" && o.htmlOut == "-" {
 		errs = append(errs, errors.New("--json - and --html - both write to stdout; give one of them a file"))
@@ -308,7 +220,7 @@ func configError(err error) bool {
 	return errors.Is(err, host.ErrNotFound) || errors.Is(err, host.ErrProtocol)
 }
 
-func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) error {
+func runVariants(ctx context.Context, g *globals, o *runOpts, vs []setup.Variant) error {
 	ps, err := prepare(g, o, vs)
 	if err != nil {
 		return err
@@ -328,23 +240,23 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 			break // interrupted: no next variant
 		}
 		if !o.noProgress && term.IsTerminal(int(os.Stderr.Fd())) {
-			p.res.Spec.Progress = os.Stderr
+			p.Spec.Progress = os.Stderr
 		}
-		p.res.Spec.Log = log
-		p.res.Spec.KeepRequests = o.requests || len(o.explainIDs) > 0
-		oneThreadForSim(p.cfg.Device)
-		l := setup.NewLauncher(p.cfg, builtin.Registry(), log)
-		rep, err := engine.Run(ctx, p.res.Spec, l)
+		p.Spec.Log = log
+		p.Spec.KeepRequests = o.requests || len(o.explainIDs) > 0
+		oneThreadForSim(p.Config.Device)
+		l := p.Launcher(log)
+		rep, err := engine.Run(ctx, p.Spec, l)
 		l.Close()
 		if err != nil {
-			err = withBudgetHint(err, p.res)
+			err = p.BudgetHint(err)
 			rep.Error = err.Error()
 			rep.Status = report.StatusFailed
 			if ctx.Err() != nil {
 				rep.Status = report.StatusInterrupted
 			}
 		}
-		rep.ResolvedConfig = p.cfg.Flatten()
+		rep.ResolvedConfig = p.Config.Flatten()
 		explained = append(explained, rep.Requests.Records)
 		if !o.requests {
 			rep.Requests.Records = nil // kept for --explain alone
@@ -352,7 +264,7 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []variant) erro
 		reports = append(reports, rep)
 		ran = ran || rep.Engine.Steps > 0
 		if err != nil {
-			failed = append(failed, fmt.Errorf("variant %s: %w", p.name, err))
+			failed = append(failed, fmt.Errorf("variant %s: %w", p.Spec.Variant, err))
 			c := 1
 			if configError(err) {
 				c = 2
@@ -408,22 +320,6 @@ func scenarioName(g *globals) string {
 		return "bundled demo scenario (scenarios/demo.yaml)"
 	}
 	return strings.Join(g.configs, " + ")
-}
-
-// withBudgetHint adds to a configuration a manager refused which setting
-// sized the cache where that was kv_cache_config.max_tokens: the manager
-// sees only bytes, so its advice to raise the budget cannot say which key.
-func withBudgetHint(err error, res *setup.Resolved) error {
-	if kvcache.KindOf(err) != kvcache.KindInvalidConfig || errors.Is(err, engine.ErrEvictionPolicy) {
-		return err
-	}
-	for i, b := range res.Budgets {
-		if b.MaxTokens > 0 {
-			return fmt.Errorf("%w (stage %d's cache budget, %d bytes, is set by %s, not by free_gpu_memory_fraction, which alone would give %d bytes)",
-				err, i, b.Cache, b.Binding(), b.FromFraction)
-		}
-	}
-	return err
 }
 
 // writeFile writes with write to path ('-' for stdout).

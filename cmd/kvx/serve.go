@@ -101,11 +101,8 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	if err != nil {
 		return usageErr(err)
 	}
-	res, err := setup.Resolve(cfg, "serve", false)
+	res, err := setup.Prepare(cfg, "serve", builtin.Registry())
 	if err != nil {
-		return usageErr(err)
-	}
-	if err := setup.CheckPlugins(cfg, builtin.Registry()); err != nil {
 		return usageErr(err)
 	}
 	tok, noTok, err := tokenizerFor(cfg, res.Model)
@@ -148,7 +145,7 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 		log.Warn("FAULT INJECTION IS ON: plugins will be killed on purpose", "env", engine.FaultEnv, "faults", v)
 		res.Spec.Faults = faults
 	}
-	l := setup.NewLauncher(cfg, builtin.Registry(), log)
+	l := res.Launcher(log)
 	defer l.Close()
 	if ev := cfg.KVEvents; ev.EnableKVCacheEvents && ev.Publisher == "zmq" {
 		pub, err := serve.NewPublisher(serve.EventsOptions{Endpoint: ev.Endpoint, ReplayEndpoint: ev.ReplayEndpoint, BufferSteps: ev.BufferSteps, Topic: ev.Topic})

@@ -346,48 +346,129 @@ func (e *Engine) setup(ctx context.Context) error {
 
 // startStage launches (or relaunches) a stage's plugins and configures them.
 func (e *Engine) startStage(ctx context.Context, st *stage) error {
-	i := st.idx
-	m, err := e.launch.Manager(ctx, i)
+	m, info, layout, events, err := e.startManager(ctx, st)
 	if err != nil {
-		return fmt.Errorf("stage %d: cache manager: %w", i, err)
+		return err
 	}
-	bound := e.spec.Liveness.Configure
-	e.dog.arm(slotCall, fmt.Sprintf("stage %d: cache manager Info and Configure", i), bound, m)
-	defer e.dog.disarm(slotCall)
-	info, err := m.Info(ctx)
+	w, err := e.startWorker(ctx, st.idx, layout)
 	if err != nil {
-		return fmt.Errorf("stage %d: cache manager info: %w", i, err)
-	}
-	if err := checkCapabilities(info, e.spec.Managers[i], e.spec.Registry); err != nil {
-		return fmt.Errorf("stage %d: %w", i, err)
-	}
-	if err := checkEvictionPolicy(info, e.spec.Managers[i]); err != nil {
-		return fmt.Errorf("stage %d: %w", i, err)
-	}
-	mc := e.spec.Managers[i]
-	events := e.eventsConfig(st, m, info, &mc)
-	layout, err := m.Configure(ctx, mc)
-	if err != nil {
-		return fmt.Errorf("stage %d: configure %s: %w", i, info.Name, err)
-	}
-	for _, w := range layout.Warnings {
-		e.log.Info("cache manager", "stage", i, "warning", w)
-	}
-	e.dog.disarm(slotCall) // the launch is bounded by the plugin host's start timeout
-	w, err := e.launch.Worker(ctx, i)
-	if err != nil {
-		return fmt.Errorf("stage %d: worker: %w", i, err)
-	}
-	wc := e.spec.Workers[i]
-	wc.Layout = layout
-	e.dog.arm(slotCall, fmt.Sprintf("stage %d: worker Configure", i), bound, w)
-	if _, err := w.Configure(ctx, wc); err != nil {
-		return fmt.Errorf("stage %d: configure worker: %w", i, err)
+		return err
 	}
 	st.m, st.w, st.layout = m, w, layout
 	st.sp = suspender(m, info, layout)
 	st.info, st.events = info, events
 	return nil
+}
+
+// startManager launches stage st's cache manager, checks its Info against
+// the stage's config (checkCapabilities, checkEvictionPolicy) and
+// configures it; st is not changed.
+func (e *Engine) startManager(ctx context.Context, st *stage) (kvcache.Manager, kvcache.Info, kvcache.Layout, kvcache.EventReporter, error) {
+	i := st.idx
+	m, err := e.launch.Manager(ctx, i)
+	if err != nil {
+		return nil, kvcache.Info{}, kvcache.Layout{}, nil, fmt.Errorf("stage %d: cache manager: %w", i, err)
+	}
+	e.dog.arm(slotCall, fmt.Sprintf("stage %d: cache manager Info and Configure", i), e.spec.Liveness.Configure, m)
+	defer e.dog.disarm(slotCall)
+	fail := func(err error) (kvcache.Manager, kvcache.Info, kvcache.Layout, kvcache.EventReporter, error) {
+		return nil, kvcache.Info{}, kvcache.Layout{}, nil, err
+	}
+	info, err := m.Info(ctx)
+	if err != nil {
+		return fail(fmt.Errorf("stage %d: cache manager info: %w", i, err))
+	}
+	if err := checkCapabilities(info, e.spec.Managers[i], e.spec.Registry); err != nil {
+		return fail(fmt.Errorf("stage %d: %w", i, err))
+	}
+	if err := checkEvictionPolicy(info, e.spec.Managers[i]); err != nil {
+		return fail(fmt.Errorf("stage %d: %w", i, err))
+	}
+	mc := e.spec.Managers[i]
+	events := e.eventsConfig(st, m, info, &mc)
+	layout, err := m.Configure(ctx, mc)
+	if err != nil {
+		return fail(fmt.Errorf("stage %d: configure %s: %w", i, info.Name, err))
+	}
+	for _, w := range layout.Warnings {
+		e.log.Info("cache manager", "stage", i, "warning", w)
+	}
+	return m, info, layout, events, nil
+}
+
+// startWorker launches stage i's worker and configures it for layout.
+func (e *Engine) startWorker(ctx context.Context, i int, layout kvcache.Layout) (worker.Worker, error) {
+	// The launch is bounded by the plugin host's start timeout.
+	w, err := e.launch.Worker(ctx, i)
+	if err != nil {
+		return nil, fmt.Errorf("stage %d: worker: %w", i, err)
+	}
+	wc := e.spec.Workers[i]
+	wc.Layout = layout
+	e.dog.arm(slotCall, fmt.Sprintf("stage %d: worker Configure", i), e.spec.Liveness.Configure, w)
+	defer e.dog.disarm(slotCall)
+	if _, err := w.Configure(ctx, wc); err != nil {
+		return nil, fmt.Errorf("stage %d: configure worker: %w", i, err)
+	}
+	return w, nil
+}
+
+// Stage is one pipeline stage's plugins, launched and configured by
+// StartManager or StartStage exactly as Run configures them.
+type Stage struct {
+	Manager kvcache.Manager
+	Info    kvcache.Info   // the manager's
+	Layout  kvcache.Layout // what the manager's Configure returned
+	Worker  worker.Worker  // configured with Layout; nil from StartManager
+}
+
+// StartManager launches stage i's cache manager of s through l and
+// configures it as Run does, with the same checks: a manager whose Info
+// cannot serve the stage's layers, or does not list the eviction policy,
+// is refused before Configure (as a configuration error). The caller owns
+// what l started (closing l stops it). s.Liveness does not apply: there
+// is no engine to restart a plugin.
+func StartManager(ctx context.Context, s Spec, l Launcher, i int) (Stage, error) {
+	e, st, err := starter(s, l, i)
+	if err != nil {
+		return Stage{}, err
+	}
+	m, info, layout, _, err := e.startManager(ctx, st)
+	return Stage{Manager: m, Info: info, Layout: layout}, err
+}
+
+// StartStage is StartManager, then stage i's worker launched and
+// configured with the manager's layout, as Run starts a stage: a caller
+// that drives a stage itself (kvx calibrate) gets every check the engine
+// makes.
+func StartStage(ctx context.Context, s Spec, l Launcher, i int) (Stage, error) {
+	e, st, err := starter(s, l, i)
+	if err != nil {
+		return Stage{}, err
+	}
+	m, info, layout, _, err := e.startManager(ctx, st)
+	if err != nil {
+		return Stage{}, err
+	}
+	w, err := e.startWorker(ctx, i, layout)
+	if err != nil {
+		return Stage{}, err
+	}
+	return Stage{Manager: m, Info: info, Layout: layout, Worker: w}, nil
+}
+
+// starter is the engine of StartManager and StartStage: s and l, no
+// watchdog, no KV events.
+func starter(s Spec, l Launcher, i int) (*Engine, *stage, error) {
+	if i < 0 || i >= len(s.Managers) || i >= len(s.Workers) {
+		return nil, nil, fmt.Errorf("engine: stage %d of %d manager configs and %d worker configs", i, len(s.Managers), len(s.Workers))
+	}
+	s.KVEvents = nil
+	e := &Engine{spec: s, launch: l, log: s.Log}
+	if e.log == nil {
+		e.log = hclog.NewNullLogger()
+	}
+	return e, &stage{idx: i}, nil
 }
 
 // suspender returns m as a kvcache.Suspender when it can suspend sequences:

@@ -1,4 +1,4 @@
-package main
+package calibrate
 
 import (
 	"context"
@@ -8,11 +8,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvx-dev/kvx/cmd/builtin"
 	"github.com/kvx-dev/kvx/core/config"
 	"github.com/kvx-dev/kvx/core/hw"
-	"github.com/kvx-dev/kvx/core/setup"
-	"github.com/kvx-dev/kvx/device/sim"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
@@ -34,12 +31,6 @@ import (
 // The first forward of each shape of the warm-up is not measured: a warm-up
 // sequence runs one chunk of every length and one decode first.
 
-// calibPoint is a measured forward and the sim's kernels for it.
-type calibPoint struct {
-	hw.CalibrationPoint
-	features []sim.Feature
-}
-
 // session drives one stage's manager and worker plugins directly, one
 // designed forward at a time: the manager reserves and commits exactly as
 // the engine's step does, so each forward runs on real block tables.
@@ -48,13 +39,13 @@ type session struct {
 	name    string // the config file, for the points
 	m       kvcache.Manager
 	w       worker.Worker
-	stage   *sim.Stage
+	stage   StageSim
 	vocab   int
 	step    uint64
 	hist    map[kvcache.SeqID]int // history per live sequence
 	last    map[kvcache.SeqID]int32
 	release []kvcache.SeqID // released since the last forward
-	points  []calibPoint
+	points  []hw.CalibrationPoint
 	record  bool
 	repeat  int // forwards per recorded point (the median is kept)
 	log     io.Writer
@@ -67,79 +58,6 @@ type part struct {
 	seq    kvcache.SeqID
 	tokens int
 	sample bool
-}
-
-// newSession launches and configures stage 0's plugins and the sim's model
-// of the same stage (on the hardware's datasheet roofline). It refuses what
-// it cannot measure: more than one stage, tensor parallelism, speculative
-// decoding, a device that does not compute.
-func newSession(ctx context.Context, g *globals, cfg *config.Config, name string, log io.Writer, budget time.Duration) (*session, *setup.Resolved, func(), error) {
-	switch {
-	case !config.Computing(cfg.Device):
-		return nil, nil, nil, usageErr(fmt.Errorf("calibrate: %s: device %q measures nothing (its times are the sim's own); use device cpu or cuda", name, cfg.Device))
-	case cfg.PipelineParallelSize != 1:
-		return nil, nil, nil, usageErr(fmt.Errorf("calibrate: %s: pipeline_parallel_size %d: calibrate measures one stage; set 1", name, cfg.PipelineParallelSize))
-	case cfg.TensorParallelSize != 1:
-		return nil, nil, nil, usageErr(fmt.Errorf("calibrate: %s: tensor_parallel_size %d: calibrate measures one GPU; set 1", name, cfg.TensorParallelSize))
-	case cfg.Speculative.Enabled():
-		return nil, nil, nil, usageErr(fmt.Errorf("calibrate: %s: speculative_config: calibrate measures forwards without MTP drafts; leave it unset", name))
-	}
-	res, err := setup.Resolve(cfg, "calibrate", false)
-	if err != nil {
-		return nil, nil, nil, usageErr(err)
-	}
-	if err := setup.CheckPlugins(cfg, builtin.Registry()); err != nil {
-		return nil, nil, nil, usageErr(err)
-	}
-	backend := builtin.Backend(cfg.AttentionBackend)
-	if backend == nil {
-		return nil, nil, nil, usageErr(fmt.Errorf("calibrate: attention_backend %q is not a built-in backend; the sim has no cost model for it", cfg.AttentionBackend))
-	}
-	datasheet := cfg.HardwareSpec()
-	datasheet.Calibration = nil
-	m := res.Model
-	m.Layers = nil
-	env, err := sim.NewEnv(&m, datasheet, 1, cfg.WeightsDtype)
-	if err != nil {
-		return nil, nil, nil, usageErr(err)
-	}
-	wc := res.Spec.Workers[0]
-	stage, err := sim.NewStage(sim.StageConfig{Env: env, Layers: res.Model.Layers[wc.First:wc.Last], Embed: true, Head: true, Mixer: backend.MixerWork})
-	if err != nil {
-		return nil, nil, nil, usageErr(err)
-	}
-
-	oneThreadForSim(cfg.Device)
-	l := setup.NewLauncher(cfg, builtin.Registry(), g.logger())
-	done := l.Close
-	s := &session{cfg: cfg, name: name, stage: stage, vocab: res.Model.Vocab,
-		hist: map[kvcache.SeqID]int{}, last: map[kvcache.SeqID]int32{}, log: log, budget: budget}
-	fail := func(err error) (*session, *setup.Resolved, func(), error) {
-		done()
-		return nil, nil, nil, engineErr(fmt.Errorf("calibrate: %s: %w", name, err))
-	}
-	if s.m, err = l.Manager(ctx, 0); err != nil {
-		return fail(fmt.Errorf("cache manager: %w", err))
-	}
-	if _, err := s.m.Info(ctx); err != nil {
-		return fail(fmt.Errorf("cache manager info: %w", err))
-	}
-	layout, err := s.m.Configure(ctx, res.Spec.Managers[0])
-	if err != nil {
-		return fail(fmt.Errorf("configure cache manager: %w", err))
-	}
-	if s.w, err = l.Worker(ctx, 0); err != nil {
-		return fail(fmt.Errorf("worker: %w", err))
-	}
-	if _, err := s.w.Info(ctx); err != nil {
-		return fail(fmt.Errorf("worker info: %w", err))
-	}
-	wc.Layout = layout
-	if _, err := s.w.Configure(ctx, wc); err != nil {
-		return fail(fmt.Errorf("configure worker: %w", err))
-	}
-	res.Spec.Workers[0].Layout = layout
-	return s, res, done, nil
 }
 
 // capacityTokens is the most tokens the device pools hold over all
@@ -183,7 +101,8 @@ func (s *session) forward(ctx context.Context, kind string, parts []part) error 
 		return fmt.Errorf("reserve: %w", err)
 	}
 	b := worker.Batch{Step: s.step + 1, Released: s.release}
-	st := &sim.Step{}
+	work := make([]Work, len(parts))
+	tokens := 0
 	for i, g := range grants {
 		p := parts[i]
 		if !g.OK {
@@ -201,13 +120,8 @@ func (s *session) forward(ctx context.Context, kind string, parts []part) error 
 		}
 		b.Items = append(b.Items, worker.Item{Seq: p.seq, Pos: pos, Tokens: toks, Sample: p.sample, Tables: g.Tables, Snapshots: g.Snapshots})
 		b.Copies = append(b.Copies, g.Copies...)
-		st.Seqs = append(st.Seqs, sim.Seq{Context: pos + p.tokens, New: p.tokens})
-		st.Tokens += p.tokens
-		if p.sample {
-			st.Logits++
-			st.Sampled.Seqs = append(st.Sampled.Seqs, sim.Seq{Context: pos + p.tokens + 1, New: 1})
-			st.Sampled.Tokens++
-		}
+		work[i] = Work{Context: pos + p.tokens, New: p.tokens, Sample: p.sample}
+		tokens += p.tokens
 	}
 	// The forward, repeat times when recording (the same tokens at the same
 	// positions: the KV it writes is the same, and table deltas are
@@ -264,17 +178,17 @@ func (s *session) forward(ctx context.Context, kind string, parts []part) error 
 	if r.Modelled {
 		return fmt.Errorf("the worker modelled its time instead of measuring it (device %s)", s.cfg.Device)
 	}
-	w0, fs := s.stage.Record(st)
+	datasheetS, fs := s.stage.Record(work)
 	ctxMax := 0
-	for _, q := range st.Seqs {
+	for _, q := range work {
 		ctxMax = max(ctxMax, q.Context)
 	}
-	pt := calibPoint{features: fs}
-	pt.Config, pt.Kind, pt.Seqs, pt.Tokens, pt.Context = s.name, kind, len(parts), st.Tokens, ctxMax
+	pt := hw.CalibrationPoint{Features: fs}
+	pt.Config, pt.Kind, pt.Seqs, pt.Tokens, pt.Context = s.name, kind, len(parts), tokens, ctxMax
 	pt.MeasuredS = dev
 	pt.HostForwardS = host
 	pt.StepS = stepS
-	pt.DatasheetS = w0.Seconds
+	pt.DatasheetS = datasheetS
 	s.points = append(s.points, pt)
 	fmt.Fprintf(s.log, "calibrate: [%3d] %-7s %3d seqs %6d tokens, context %6d: %9.3f ms (host forward %9.3f ms, step %9.3f ms)\n",
 		len(s.points), kind, pt.Seqs, pt.Tokens, pt.Context, 1e3*pt.MeasuredS, 1e3*pt.HostForwardS, 1e3*pt.StepS)
@@ -322,11 +236,11 @@ func (s *session) calibDesign(ctx context.Context, layout kvcache.Layout) (int, 
 	}
 	headroom := 2*len(batches) + 2
 	if S <= 2*headroom+8 {
-		return 0, usageErr(fmt.Errorf("calibrate: %s: max_seq_len %d is too short to measure; allowed: > %d", s.name, S, 2*headroom+8))
+		return 0, refuse(fmt.Errorf("calibrate: %s: max_seq_len %d is too short to measure; allowed: > %d", s.name, S, 2*headroom+8))
 	}
 	need := (n + 1) * S
 	if c := capacityTokens(layout); c > 0 && c < need {
-		return 0, usageErr(fmt.Errorf("calibrate: %s: the design needs (max_batch_size %d + 1) x max_seq_len %d = %d tokens of KV cache; the layout holds %d: "+
+		return 0, refuse(fmt.Errorf("calibrate: %s: the design needs (max_batch_size %d + 1) x max_seq_len %d = %d tokens of KV cache; the layout holds %d: "+
 			"lower max_batch_size or max_seq_len, or raise kv_cache_config.max_tokens", s.name, n, S, need, c))
 	}
 	var chunks []int
@@ -434,22 +348,4 @@ func (s *session) calibDesign(ctx context.Context, layout kvcache.Layout) (int, 
 	})
 	slices.Sort(live)
 	return 0, s.releaseSeqs(ctx, live)
-}
-
-// asFeatures converts the sim's features to the file's.
-func asFeatures(fs []sim.Feature) []hw.CalibrationFeature {
-	out := make([]hw.CalibrationFeature, len(fs))
-	for i, f := range fs {
-		out[i] = hw.CalibrationFeature(f)
-	}
-	return out
-}
-
-// fromFeatures converts the file's features to the sim's.
-func fromFeatures(fs []hw.CalibrationFeature) []sim.Feature {
-	out := make([]sim.Feature, len(fs))
-	for i, f := range fs {
-		out[i] = sim.Feature(f)
-	}
-	return out
 }
