@@ -258,6 +258,7 @@ func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
 			Explain:          true,
 			Retention:        true,
 			EvictionPolicies: slices.Clone(policies),
+			Fork:             true,
 		},
 	}, nil
 }

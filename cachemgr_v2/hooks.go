@@ -59,4 +59,11 @@ type Hooks interface {
 	// places reach the worker through Tables in s's next grant.
 	CanResume(s *Seq) bool
 	Resumed(s *Seq, copies []kvcache.Copy) []kvcache.Copy
+	// CanFork says why parent cannot fork into a child now ("" when it
+	// can); it is asked before the core takes anything and must change
+	// nothing. Forked is told of the granted fork, after the core built
+	// child's tables and path: it takes the child's own state (a copy of
+	// the parent's, whose copies it appends to g) and cannot deny.
+	CanFork(parent *Seq, child kvcache.SeqID) string
+	Forked(parent, child *Seq, g *kvcache.Grant)
 }

@@ -51,6 +51,11 @@ func (r *recorder) Suspended(s *Seq, c []kvcache.Copy) []kvcache.Copy {
 	return append(c, kvcache.Copy{SrcPool: 9, DstPool: 10})
 }
 func (r *recorder) CanResume(*Seq) bool { return !r.hold }
+func (r *recorder) CanFork(p *Seq, child kvcache.SeqID) string {
+	r.add("canfork %d %d", p.ID(), child)
+	return r.admit
+}
+func (r *recorder) Forked(p, s *Seq, g *kvcache.Grant) { r.add("forked %d %d", p.ID(), s.ID()) }
 func (r *recorder) Resumed(s *Seq, c []kvcache.Copy) []kvcache.Copy {
 	r.add("resumed %d", s.ID())
 	return append(c, kvcache.Copy{SrcPool: 10, DstPool: 9})

@@ -15,6 +15,7 @@ var (
 	_ kvcache.Manager   = (*Manager)(nil)
 	_ kvcache.Suspender = (*Manager)(nil) // the host tier
 	_ kvcache.Explainer = (*Manager)(nil) // explained lookups (explain.go)
+	_ kvcache.Forker    = (*Manager)(nil) // n > 1: children share the prompt's blocks (fork.go)
 )
 
 // Manager is a TensorRT-LLM "KV cache manager V2" style cache manager for one
@@ -43,6 +44,7 @@ func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
 		Explain:          true,
 		Retention:        true,
 		EvictionPolicies: slices.Clone(EvictionPolicies),
+		Fork:             true,
 	})
 }
 

@@ -23,6 +23,7 @@ var (
 	_ kvcache.Manager   = (*Manager)(nil)
 	_ kvcache.Suspender = (*Manager)(nil) // the host tier
 	_ kvcache.Explainer = (*Manager)(nil) // cachemgrv2.Core.Explain, with MissSnapshot
+	_ kvcache.Forker    = (*Manager)(nil) // cachemgrv2.Core.Fork, with a copy of the live state
 )
 
 var _ cachemgrv2.Hooks = (*life)(nil)
@@ -129,6 +130,7 @@ func (m *Manager) Info(ctx context.Context) (kvcache.Info, error) {
 		Explain:          true,
 		Retention:        true,
 		EvictionPolicies: slices.Clone(cachemgrv2.EvictionPolicies),
+		Fork:             true,
 	})
 }
 
@@ -415,6 +417,30 @@ func (l *life) Dropped(s *cachemgrv2.Seq, touch bool) {
 			}
 		}
 	}
+}
+
+// CanFork implements cachemgrv2.Hooks: a child needs a free live slot,
+// as a new sequence does.
+func (l *life) CanFork(parent *cachemgrv2.Seq, child kvcache.SeqID) string {
+	if l.ssm != nil && l.liveUsed >= l.live {
+		return fmt.Sprintf("no capacity: fork of seq %d into %d: all %d live state slots (max_batch_size %d × pipeline_parallel_size %d) are held by resident sequences",
+			parent.ID(), child, l.live, l.cfg.MaxBatchSize, max(l.cfg.Stages, 1))
+	}
+	return ""
+}
+
+// Forked implements cachemgrv2.Hooks: the child takes a live slot and a
+// copy of the parent's live state into it (the state after the parent's
+// history, which the child's next step continues).
+func (l *life) Forked(parent, child *cachemgrv2.Seq, g *kvcache.Grant) {
+	if l.ssm == nil {
+		return
+	}
+	px := stateOf(parent)
+	x := &seqState{live: l.ssm.take(), host: NoBlock}
+	child.Ext = x
+	l.liveUsed++
+	g.Copies = append(g.Copies, kvcache.Copy{SrcPool: l.ssm.id, SrcBlock: px.live, DstPool: l.ssm.id, DstBlock: x.live})
 }
 
 // Evicted implements cachemgrv2.Hooks: a node's snapshot goes with its pages,

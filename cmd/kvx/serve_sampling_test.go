@@ -297,8 +297,8 @@ func TestServeSamplingStopLogprobs(t *testing.T) {
 	}
 }
 
-// streamByIndex posts a streaming chat body and returns each choice
-// index's concatenated content.
+// streamByIndex posts a streaming body (chat or completions) and returns
+// each choice index's concatenated content (or text).
 func streamByIndex(t *testing.T, url, body string) map[int]string {
 	t.Helper()
 	resp, err := http.Post(url, "application/json", strings.NewReader(body))
@@ -315,7 +315,8 @@ func streamByIndex(t *testing.T, url, body string) map[int]string {
 		}
 		var v struct {
 			Choices []struct {
-				Index int `json:"index"`
+				Index int    `json:"index"`
+				Text  string `json:"text"`
 				Delta struct {
 					Content string `json:"content"`
 				} `json:"delta"`
@@ -325,7 +326,7 @@ func streamByIndex(t *testing.T, url, body string) map[int]string {
 			t.Fatalf("stream event %q: %v", data, err)
 		}
 		for _, c := range v.Choices {
-			out[c.Index] += c.Delta.Content
+			out[c.Index] += c.Delta.Content + c.Text
 		}
 	}
 	return out
@@ -408,5 +409,82 @@ func TestServeEOS(t *testing.T) {
 	}
 	if !slices.Equal(cs[0].OutputIDs, plain.ids[:k+1]) || cs[0].FinishReason != "stop" || !slices.Equal(cs[1].OutputIDs, plain.ids) || cs[1].FinishReason != "length" {
 		t.Errorf("generate: %v (%s) and %v (%s); want %v (stop) and %v (length)", cs[0].OutputIDs, cs[0].FinishReason, cs[1].OutputIDs, cs[1].FinishReason, plain.ids[:k+1], plain.ids)
+	}
+}
+
+// choicesOf parses every choice of a completions answer: token ids, text.
+func choicesOf(t *testing.T, v map[string]any) []answer {
+	t.Helper()
+	var out []answer
+	for _, c := range v["choices"].([]any) {
+		c := c.(map[string]any)
+		a := answer{text: c["text"].(string), finish: fmt.Sprint(c["finish_reason"])}
+		for _, id := range c["token_ids"].([]any) {
+			a.ids = append(a.ids, int32(id.(float64)))
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// TestServeN4 runs n = 4 over HTTP on the cpu device, where every manager
+// forks the prompt's sequence (kvx:forked_sequences_total counts the
+// sequences): greedy, the four choices are the n = 1 answer; seeded, choice
+// i is the request with seed + i alone, streamed (chunks by index) or not;
+// usage counts the prompt once and every choice's tokens.
+func TestServeN4(t *testing.T) {
+	for _, v := range []struct{ name, mgr, iso string }{
+		{"v1", "v1", "isolation=inprocess"}, {"v2", "v2", "isolation=inprocess"}, {"v2/plugin", "v2", "isolation=plugin"},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			base := startServe(t, genScenario, serveOpts{}, "cache_manager="+v.mgr, v.iso, "plugin_dirs=["+binDir+"]")
+			const prompt = `"prompt":"n choices share one prefill of this prompt","max_tokens":16,"ignore_eos":true`
+			one, _ := complete(t, base, `{`+prompt+`}`)
+			code, v, _ := post(t, base+"/v1/completions", `{`+prompt+`,"n":4}`)
+			if code != 200 {
+				t.Fatalf("greedy n 4: %d %v", code, v)
+			}
+			chs := choicesOf(t, v)
+			if len(chs) != 4 {
+				t.Fatalf("greedy n 4: %d choices", len(chs))
+			}
+			for i, c := range chs {
+				if !slices.Equal(c.ids, one.ids) || c.text != one.text {
+					t.Errorf("greedy n 4: choice %d %v, want the n 1 answer %v", i, c.ids, one.ids)
+				}
+			}
+			u := v["usage"].(map[string]any)
+			if num(u["prompt_tokens"]) != num(one.usage["prompt_tokens"]) || num(u["completion_tokens"]) != 4*16 ||
+				num(u["total_tokens"]) != num(one.usage["prompt_tokens"])+4*16 {
+				t.Errorf("greedy n 4: usage %v, want the prompt once (%v) and 64 completion tokens", u, one.usage["prompt_tokens"])
+			}
+
+			sampled := `{` + prompt + `,"temperature":1.1,"top_p":0.9,"seed":41`
+			code, v, _ = post(t, base+"/v1/completions", sampled+`,"n":4}`)
+			if code != 200 {
+				t.Fatalf("seeded n 4: %d %v", code, v)
+			}
+			chs = choicesOf(t, v)
+			distinct := map[string]bool{}
+			for i, c := range chs {
+				want, _ := complete(t, base, strings.Replace(sampled, `"seed":41`, fmt.Sprintf(`"seed":%d`, 41+i), 1)+`}`)
+				if !slices.Equal(c.ids, want.ids) {
+					t.Errorf("seeded n 4: choice %d %v, want seed %d alone %v", i, c.ids, 41+i, want.ids)
+				}
+				distinct[c.text] = true
+			}
+			if len(distinct) < 2 {
+				t.Errorf("seeded n 4: the choices are all %q", chs[0].text)
+			}
+			texts := streamByIndex(t, base+"/v1/completions", sampled+`,"n":4,"stream":true}`)
+			for i, c := range chs {
+				if texts[i] != c.text {
+					t.Errorf("seeded n 4 streamed: index %d %q, want %q", i, texts[i], c.text)
+				}
+			}
+			if f := value(t, metricsOf(t, base), "kvx:forked_sequences_total"); f < 12 {
+				t.Errorf("kvx:forked_sequences_total %v after three n 4 requests, want >= 12", f)
+			}
+		})
 	}
 }

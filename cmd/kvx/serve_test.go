@@ -763,7 +763,15 @@ func checkOpenAISampling(t *testing.T, raw map[string]json.RawMessage, want []co
 		}
 		Chat []string
 	}
-	for k, dst := range map[string]any{"sampled": &sampled, "stop": &stop, "logprobs": &lp, "chatLogprobs": &chat, "n": &n} {
+	type usage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	}
+	var n4 struct {
+		Texts, Stream      []string
+		Usage, StreamUsage *usage
+	}
+	for k, dst := range map[string]any{"sampled": &sampled, "stop": &stop, "logprobs": &lp, "chatLogprobs": &chat, "n": &n, "n4": &n4} {
 		if err := json.Unmarshal(raw[k], dst); err != nil {
 			t.Fatalf("client output: %s: %v (%s)", k, err, raw[k])
 		}
@@ -777,6 +785,11 @@ func checkOpenAISampling(t *testing.T, raw map[string]json.RawMessage, want []co
 		n.Usage.PromptTokens != 14 || n.Usage.CompletionTokens != 24 || len(n.Chat) != 2 || n.Chat[0] == n.Chat[1] {
 		t.Errorf("n 2 through the client: %+v; want seeds 11 and 12 of generate (%q, %q), indexes 0 1, 14 + 24 tokens, two chat choices",
 			n, *want[2].Text, *want[3].Text)
+	}
+	if len(n4.Texts) != 4 || !slices.Equal(n4.Texts[:2], n.Texts) || !slices.Equal(n4.Stream, n4.Texts) || n4.Usage == nil || n4.StreamUsage == nil ||
+		*n4.Usage != (usage{14, 48}) || *n4.StreamUsage != *n4.Usage {
+		t.Errorf("n 4 through the client: %+v (usage %+v, streamed %+v); want seeds 11..14 (the first two n 2's %q), the same streamed by index, 14 + 48 tokens",
+			n4, n4.Usage, n4.StreamUsage, n.Texts)
 	}
 	if stop == nil {
 		t.Errorf("the greedy text %q has no two letters or digits for a stop string", *want[0].Text)

@@ -80,11 +80,14 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 		}
 		commits = append(commits, kvcache.CommitItem{Seq: it.ID, Accepted: accepted})
 	}
-	// Requests that this step finishes are released in the same call.
+	// Requests that this step finishes are released in the same call, but
+	// for the prefix of forked requests, whose sequence the fork takes
+	// first (fork.go).
 	var finishing []kvcache.SeqID
+	ends := make([]bool, len(mb.items))
 	for i, it := range mb.items {
 		r := e.byID[it.ID]
-		if len(r.tokens)-r.prompt+len(emits[i]) >= r.maxNew {
+		if ends[i] = len(r.tokens)-r.prompt+len(emits[i]) >= r.maxNew; ends[i] && r.group == nil {
 			finishing = append(finishing, it.ID)
 		}
 	}
@@ -135,15 +138,21 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 		if len(emits[i]) > 0 && r.firstTok < 0 {
 			r.firstTok = mb.done
 		}
-		e.rep.Tokens.Generated += int64(len(emits[i]))
+		if r.group == nil {
+			e.rep.Tokens.Generated += int64(len(emits[i]))
+		}
 		finished := e.sched.Complete(it.ID, commits[i].Accepted, sampled[i])
-		if finished != slices.Contains(finishing, it.ID) {
+		if finished != ends[i] {
 			return fmt.Errorf("step %d: request %d: the scheduler says finished %v, the engine released it %v", mb.step, it.ID, finished, !finished)
 		}
 		if finished {
 			r.state, r.finish = stDone, mb.done
-			r.history = 0
 			e.active--
+			if r.group != nil {
+				e.forkPend = append(e.forkPend, r.group) // resident at its history until the fork
+				continue
+			}
+			r.history = 0
 			e.bar.tick(e)
 		}
 	}

@@ -140,6 +140,10 @@ type request struct {
 	chosen   []float64               // the log-probability of each generated token (dec.Logprobs)
 	stopped  bool                    // a stop condition ended it before maxNew (finish_reason "stop")
 	reused   int                     // prompt tokens the prefix cache supplied at the first admission
+	// group, on the hidden prefix request of forked requests (fork.go):
+	// when it ends, its sequence forks into the group's requests instead
+	// of being released.
+	group *forkGroup
 	// For the report's records and series (record.go).
 	suspends   int    // preemptions that suspended it to the host tier
 	recomputed int    // prefill tokens computed again after a preemption
@@ -244,6 +248,10 @@ type Engine struct {
 	// ceil records what the report's reuse ceiling needs (ceiling.go); nil
 	// in a live engine, which keeps no history.
 	ceil *ceiling.Recorder
+	// forkPend are the groups whose prefix request ended and whose fork
+	// is next (fork.go); forked counts the sequences forked.
+	forkPend []*forkGroup
+	forked   int64
 }
 
 // Run builds the engine (configures every stage) and runs the workload to the

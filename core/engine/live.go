@@ -97,6 +97,7 @@ type Handle struct {
 	Arrival int64 // the engine clock when the loop took it; set with the first event
 	lv      *Live
 	req     LiveRequest // until the loop takes it
+	grp     *liveGroup  // the request's group when SubmitN made it; nil alone
 	mu      sync.Mutex
 	queue   []Event
 	notify  chan struct{}
@@ -162,6 +163,7 @@ type LiveStats struct {
 	PluginRestarts     int
 	Completed, Aborted int64 // requests finished; requests that ended otherwise
 	Steps              uint64
+	Forked             int64 // sequences forked from a prompt prefilled once (SubmitN)
 	Clock              int64 // engine clock, ns
 	Modelled           bool  // the clock is simulated (device sim)
 }
@@ -298,6 +300,51 @@ func (lv *Live) Submit(r LiveRequest) (*Handle, error) {
 	return h, nil
 }
 
+// liveGroup is the requests of one SubmitN call, and the id of their
+// hidden prefix request.
+type liveGroup struct {
+	pre kvcache.SeqID
+	hs  []*Handle
+}
+
+// SubmitN hands the loop one request per decs entry, each r with that
+// Decoding: the n sequences of one prompt (OpenAI's n and best_of). Their
+// prompt is prefilled once and its blocks shared through the managers'
+// fork (fork.go) when every stage's manager forks; otherwise, and for a
+// prompt of one token, each runs as if Submit had taken it. Either way a
+// handle's tokens are those Submit would have given it. The handles are in
+// decs' order; errors are Submit's, and on one none was submitted.
+func (lv *Live) SubmitN(r LiveRequest, decs []workload.Decoding) ([]*Handle, error) {
+	lv.mu.Lock()
+	if lv.stopped {
+		lv.mu.Unlock()
+		return nil, ErrStopped
+	}
+	if err := checkSalt(r.CacheSalt, lv.salt); err != nil {
+		lv.mu.Unlock()
+		return nil, err
+	}
+	if err := checkRetention(r.RetentionPriority, r.RetentionDuration); err != nil {
+		lv.mu.Unlock()
+		return nil, &RequestError{Reason: err.Error()}
+	}
+	r.Prompt = slices.Clip(slices.Clone(r.Prompt))
+	g := &liveGroup{pre: lv.nextID}
+	lv.nextID++
+	for _, d := range decs {
+		q := r
+		q.Decoding = d
+		h := &Handle{ID: lv.nextID, lv: lv, req: q, grp: g, notify: make(chan struct{}, 1)}
+		lv.nextID++
+		g.hs = append(g.hs, h)
+	}
+	lv.subs = append(lv.subs, g.hs...)
+	lv.mu.Unlock()
+	lv.queued.Add(int64(len(decs)))
+	lv.wake()
+	return slices.Clone(g.hs), nil
+}
+
 // Queued is the number of submitted requests that have produced no token
 // yet (waiting, or in their prefill): what a server bounds.
 func (lv *Live) Queued() int { return int(lv.queued.Load()) }
@@ -377,6 +424,7 @@ func (lv *Live) turn(ctx context.Context, e *Engine) error {
 	cancels := append(lv.pending, lv.cancels...)
 	lv.cancels = nil
 	lv.mu.Unlock()
+	var group *forkGroup // the group being taken, while it forks
 	for _, h := range subs {
 		lr := h.req
 		h.req = LiveRequest{}
@@ -384,8 +432,26 @@ func (lv *Live) turn(ctx context.Context, e *Engine) error {
 			topK: lr.TopLogprobs, dec: lr.Decoding}
 		r.priority, r.priorityDur = e.spec.Workload.Retention(workload.Request{RetentionPriority: lr.RetentionPriority, RetentionDuration: lr.RetentionDuration})
 		h.Arrival = e.now
-		e.reqs = append(e.reqs, r)
-		e.byID[r.id] = r
+		if g := h.grp; g != nil && h == g.hs[0] {
+			group = nil
+			if len(g.hs) > 1 && len(lr.Prompt) > 1 && e.forks() {
+				// The hidden prefix: the prompt but its last token, greedy,
+				// one token that nobody sees (fork.go).
+				pre := &request{id: g.pre, arrival: e.now, prompt: r.prompt - 1, maxNew: 1, tokens: slices.Clip(lr.Prompt[:r.prompt-1]), firstTok: -1,
+					salt: r.salt, priority: r.priority, priorityDur: r.priorityDur}
+				group = &forkGroup{pre: pre}
+				pre.group = group
+				e.reqs = append(e.reqs, pre)
+				e.byID[pre.id] = pre
+			}
+		}
+		if group != nil && h.grp != nil && h.grp.pre == group.pre.id {
+			r.tokens = slices.Clone(lr.Prompt) // each child appends its own tokens
+			group.children = append(group.children, r)
+		} else {
+			e.reqs = append(e.reqs, r)
+			e.byID[r.id] = r
+		}
 		e.rep.Requests.Total++
 		lv.prompt += int64(r.prompt)
 		lv.open[r.id] = &liveOpen{h: h, r: r}
@@ -604,6 +670,7 @@ func (lv *Live) refreshStats(ctx context.Context, e *Engine, force bool) {
 	s.PluginRestarts = e.rep.Engine.PluginRestarts
 	s.Completed, s.Aborted = lv.completed, lv.aborted
 	s.Steps, s.Clock, s.Modelled = e.steps, e.now, e.modelled
+	s.Forked = e.forked
 }
 
 // probeEvery is how often an idle live engine asks its plugins whether
@@ -688,7 +755,7 @@ func (e *Engine) liveStep(ctx context.Context, err error) error {
 	if terr := lv.turn(ctx, e); terr != nil {
 		return terr
 	}
-	if err != errDone || e.next < len(e.reqs) || !e.sched.Idle() {
+	if err != errDone || e.next < len(e.reqs) || !e.sched.Idle() || len(e.forkPend) > 0 {
 		return nil // more to run: arrivals this turn took, or work a cancellation left
 	}
 	// Nothing left to run: settle the last end of step (its releases reach

@@ -78,6 +78,10 @@ func (e *Engine) iterate(ctx context.Context) error {
 			return nil
 		}
 	}
+	if err := e.runForks(ctx); err != nil { // fork.go: before the children's first step
+		return err
+	}
+	e.admitArrivals() // the forks' requests that run on their own
 	step := e.sched.Schedule(admission{e, ctx})
 	failed := e.err
 	if failed != nil {
@@ -130,6 +134,8 @@ func (e *Engine) iterate(ctx context.Context) error {
 			e.now = max(e.now, e.inflight[0].done)
 		case e.next < len(e.reqs) && e.spec.Workload.Concurrency == 0:
 			e.now = max(e.now, e.reqs[e.next].arrival)
+		case len(e.forkPend) > 0:
+			// A prefix ended in a turn's completion: fork it next.
 		case e.sched.Idle() && e.next >= len(e.reqs):
 			return errDone
 		case e.sched.Idle() && e.canAdmitMore():
@@ -165,6 +171,10 @@ func (e *Engine) overlaps() bool {
 func (e *Engine) admitArrivals() {
 	for e.next < len(e.reqs) {
 		r := e.reqs[e.next]
+		if r.state == stActive { // a forked request (fork.go): running already
+			e.next++
+			continue
+		}
 		if r.rejected != "" && (e.spec.Workload.Concurrency > 0 || r.arrival <= e.now) {
 			// Known to be unrunnable before it arrived: rejected on arrival,
 			// without a slot in the loop or a word to the scheduler.

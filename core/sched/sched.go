@@ -133,6 +133,9 @@ type req struct {
 	inBatch   bool // granted in the step being built
 	item      Item // the in-batch or in-flight item
 	order     uint64
+	// hold is the Hold its next reservation asks for (a forked request
+	// under GuaranteedNoEvict, whose sequence the fork made without one).
+	hold int
 }
 
 func (r *req) known() int { return r.Prompt + r.emitted }
@@ -195,6 +198,35 @@ func (s *Scheduler) Add(r Request) {
 	q := &req{Request: r}
 	s.reqs[r.ID] = q
 	s.waiting = append(s.waiting, q)
+}
+
+// Room is the number of requests that can still become resident
+// (MaxResident less those admitted, suspended or aborted in flight).
+func (s *Scheduler) Room() int { return s.cfg.MaxResident - s.resident() }
+
+// AddForked adds a request whose sequence the executor already made
+// resident with history tokens computed, by forking another request's
+// sequence (kvcache.Forker): it runs at once, the newest admission, from
+// history (history < Prompt). Under GuaranteedNoEvict its next reservation
+// asks for the Hold an admission would have. It returns why the request
+// can never run, as Add's rejections say ("" when it was added); then
+// nothing was added and the executor releases the sequence.
+func (s *Scheduler) AddForked(r Request, history int) string {
+	if reason := s.check(r); reason != "" {
+		return reason
+	}
+	if history < 0 || history >= r.Prompt {
+		return fmt.Sprintf("forked at history %d of a %d-token prompt: want 0 <= history < prompt", history, r.Prompt)
+	}
+	q := &req{Request: r, running: true, history: history}
+	if s.cfg.Policy == GuaranteedNoEvict {
+		q.hold = r.Prompt + r.MaxNew + s.cfg.Draft
+	}
+	s.order++
+	q.order = s.order
+	s.reqs[r.ID] = q
+	s.running = append(s.running, q)
+	return ""
 }
 
 func (s *Scheduler) check(r Request) string {
@@ -398,14 +430,15 @@ func (s *Scheduler) reserveRunning(p *pass, cands []*req, items []Item) ([]*req,
 		return cands, items
 	}
 	asks := s.asks[:0]
-	for _, it := range items {
-		asks = append(asks, kvcache.ReserveItem{Seq: it.ID, Tokens: it.Tokens, Draft: it.Draft})
+	for i, it := range items {
+		asks = append(asks, kvcache.ReserveItem{Seq: it.ID, Tokens: it.Tokens, Draft: it.Draft, Hold: cands[i].hold})
 	}
 	ok := p.c.Reserve(asks)
 	s.asks = asks[:0]
 	n := 0
 	for i, r := range cands {
 		if i < len(ok) && ok[i] {
+			r.hold = 0 // the sequence keeps it until released
 			s.grant(p, r, items[i])
 			continue
 		}

@@ -54,6 +54,8 @@ func newMetrics(reg *prometheus.Registry, model string, eng *engine.Live) *metri
 		func(s engine.LiveStats) float64 { return float64(s.PromptTokens) })
 	counter("kvx:generation_tokens_total", "Tokens generated.",
 		func(s engine.LiveStats) float64 { return float64(s.GeneratedTokens) })
+	counter("kvx:forked_sequences_total", "Sequences of n > 1 requests forked from a prompt prefilled once (blocks shared through the cache manager).",
+		func(s engine.LiveStats) float64 { return float64(s.Forked) })
 	counter("kvx:plugin_restarts_total", "Cache manager or worker plugins restarted after they died.",
 		func(s engine.LiveStats) float64 { return float64(s.PluginRestarts) })
 	m := &metrics{}

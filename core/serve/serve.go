@@ -341,33 +341,49 @@ type job struct {
 	promptText   *string           // the prompt as text, when it was given so
 }
 
-// submit hands j's choices to the engine (best_of of them, each one
-// request: choice i samples with seed+i), or says why not (429, 503); on
-// an error none is left running.
+// submit hands j's choices to the engine (best_of of them: choice i
+// samples with seed+i), or says why not (429, 503); on an error none is
+// left running. More than one choice go in one SubmitN, which prefills the
+// prompt once and forks its blocks through the cache managers.
 func (s *Server) submit(j *job) ([]*engine.Handle, *apiError) {
 	if q := s.eng.Queued(); q >= s.opt.MaxWaiting {
 		return nil, &apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "too_many_waiting",
 			msg: fmt.Sprintf("%d requests are waiting for their first token, the limit is %d: retry later", q, s.opt.MaxWaiting), retry: 1}
 	}
-	hs := make([]*engine.Handle, 0, j.bestOf)
-	for i := range j.bestOf {
-		dec := j.dec
-		if dec.Sampling != nil && i > 0 {
-			sp := *dec.Sampling
-			sp.Seed += uint64(i)
-			dec.Sampling = &sp
+	req := engine.LiveRequest{Prompt: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt,
+		RetentionPriority: j.priority, RetentionDuration: j.priorityDur, TopLogprobs: j.topLogprobs, Decoding: j.dec}
+	var hs []*engine.Handle
+	var err error
+	if j.bestOf == 1 {
+		var h *engine.Handle
+		if h, err = s.eng.Submit(req); err == nil {
+			hs = []*engine.Handle{h}
 		}
-		h, err := s.eng.Submit(engine.LiveRequest{Prompt: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt,
-			RetentionPriority: j.priority, RetentionDuration: j.priorityDur, TopLogprobs: j.topLogprobs, Decoding: dec})
-		if err != nil {
-			for _, h := range hs {
-				h.Cancel()
-			}
-			return nil, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: err.Error()}
-		}
-		hs = append(hs, h)
+	} else {
+		hs, err = s.eng.SubmitN(req, ChoiceDecodings(j.dec, j.bestOf))
+	}
+	if err != nil {
+		return nil, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: err.Error()}
 	}
 	return hs, nil
+}
+
+// ChoiceDecodings is the Decoding of each of n choices of one request:
+// choice i samples with the request's seed + i (wrapping at 2^64), so a
+// seeded request with n > 1 gives the same n choices on every manager and
+// on every run, and choice 0 is what the request would give with n = 1. A
+// greedy request's choices are all greedy (equal).
+func ChoiceDecodings(d workload.Decoding, n int) []workload.Decoding {
+	out := make([]workload.Decoding, n)
+	for i := range out {
+		out[i] = d
+		if d.Sampling != nil && i > 0 {
+			sp := *d.Sampling
+			sp.Seed += uint64(i)
+			out[i].Sampling = &sp
+		}
+	}
+	return out
 }
 
 // choice is one sequence of a request as its events arrive.

@@ -34,6 +34,7 @@ var managerChecks = []check[*mh]{
 	{"UnreserveEviction", "with block reuse: Unreserve after a Reserve that evicted cached blocks restores every sequence exactly and the blocks in use; the evicted blocks are free or cached again, and Lookup never finds more than before", checkUnreserveEviction},
 	{"Hold", "Hold keeps capacity until Release, whatever Commit does", checkHold},
 	{"SuspendResume", "Info says HostTier only for a kvcache.Suspender; a Suspender's Suspend and Resume fail with ErrUnsupported without HostTier, with it they round-trip a sequence through the host tier with Copies", checkSuspendResume},
+	{"Fork", forkRule, checkFork},
 	{"Ownership", "slices passed in are not retained (the caller reuses its buffers); slices returned are the caller's (scribbling on them changes nothing)", checkOwnership},
 	{"Stats", "Stats counters are non-negative, count since Configure, and agree with Inspect", checkStats},
 	{"EmptyCalls", "batch calls with nil or empty slices succeed, return nothing and change nothing", checkEmptyCalls},

@@ -429,6 +429,7 @@ type Capabilities struct {
 	Explain          bool                   `protobuf:"varint,8,opt,name=explain,proto3" json:"explain,omitempty"`
 	Retention        bool                   `protobuf:"varint,9,opt,name=retention,proto3" json:"retention,omitempty"`
 	EvictionPolicies []string               `protobuf:"bytes,10,rep,name=eviction_policies,json=evictionPolicies,proto3" json:"eviction_policies,omitempty"`
+	Fork             bool                   `protobuf:"varint,11,opt,name=fork,proto3" json:"fork,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -531,6 +532,13 @@ func (x *Capabilities) GetEvictionPolicies() []string {
 		return x.EvictionPolicies
 	}
 	return nil
+}
+
+func (x *Capabilities) GetFork() bool {
+	if x != nil {
+		return x.Fork
+	}
+	return false
 }
 
 // kvcache.SnapshotConfig
@@ -1610,6 +1618,59 @@ func (x *ReserveResponse) GetHostReused() []int64 {
 	return nil
 }
 
+// []kvcache.ForkItem by column (parent sets the count).
+type ForkRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Parent        []uint64               `protobuf:"varint,1,rep,packed,name=parent,proto3" json:"parent,omitempty"`
+	Child         []uint64               `protobuf:"varint,2,rep,packed,name=child,proto3" json:"child,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkRequest) Reset() {
+	*x = ForkRequest{}
+	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRequest) ProtoMessage() {}
+
+func (x *ForkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
+func (*ForkRequest) Descriptor() ([]byte, []int) {
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ForkRequest) GetParent() []uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return nil
+}
+
+func (x *ForkRequest) GetChild() []uint64 {
+	if x != nil {
+		return x.Child
+	}
+	return nil
+}
+
 // A list of kvcache.SeqID (Unreserve, Suspend, Resume, Release).
 type Seqs struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1620,7 +1681,7 @@ type Seqs struct {
 
 func (x *Seqs) Reset() {
 	*x = Seqs{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +1693,7 @@ func (x *Seqs) String() string {
 func (*Seqs) ProtoMessage() {}
 
 func (x *Seqs) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[19]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +1706,7 @@ func (x *Seqs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Seqs.ProtoReflect.Descriptor instead.
 func (*Seqs) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{19}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Seqs) GetSeqs() []uint64 {
@@ -1666,7 +1727,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1739,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[20]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1752,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{20}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CommitRequest) GetSeq() []uint64 {
@@ -1718,7 +1779,7 @@ type CommitResult struct {
 
 func (x *CommitResult) Reset() {
 	*x = CommitResult{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1730,7 +1791,7 @@ func (x *CommitResult) String() string {
 func (*CommitResult) ProtoMessage() {}
 
 func (x *CommitResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[21]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1743,7 +1804,7 @@ func (x *CommitResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResult.ProtoReflect.Descriptor instead.
 func (*CommitResult) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{21}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CommitResult) GetCopies() *Copies {
@@ -1765,7 +1826,7 @@ type EndStepRequest struct {
 
 func (x *EndStepRequest) Reset() {
 	*x = EndStepRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +1838,7 @@ func (x *EndStepRequest) String() string {
 func (*EndStepRequest) ProtoMessage() {}
 
 func (x *EndStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[22]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +1851,7 @@ func (x *EndStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepRequest.ProtoReflect.Descriptor instead.
 func (*EndStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{22}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EndStepRequest) GetCommit() *CommitRequest {
@@ -1825,7 +1886,7 @@ type EndStepResult struct {
 
 func (x *EndStepResult) Reset() {
 	*x = EndStepResult{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1837,7 +1898,7 @@ func (x *EndStepResult) String() string {
 func (*EndStepResult) ProtoMessage() {}
 
 func (x *EndStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[23]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1850,7 +1911,7 @@ func (x *EndStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepResult.ProtoReflect.Descriptor instead.
 func (*EndStepResult) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{23}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EndStepResult) GetCommit() *CommitResult {
@@ -1878,7 +1939,7 @@ type MoveResult struct {
 
 func (x *MoveResult) Reset() {
 	*x = MoveResult{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +1951,7 @@ func (x *MoveResult) String() string {
 func (*MoveResult) ProtoMessage() {}
 
 func (x *MoveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[24]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +1964,7 @@ func (x *MoveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResult.ProtoReflect.Descriptor instead.
 func (*MoveResult) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{24}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MoveResult) GetOk() []bool {
@@ -1928,7 +1989,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2001,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[25]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2014,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{25}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{26}
 }
 
 // kvcache.PoolStats
@@ -1970,7 +2031,7 @@ type PoolStats struct {
 
 func (x *PoolStats) Reset() {
 	*x = PoolStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1982,7 +2043,7 @@ func (x *PoolStats) String() string {
 func (*PoolStats) ProtoMessage() {}
 
 func (x *PoolStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[26]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1995,7 +2056,7 @@ func (x *PoolStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStats.ProtoReflect.Descriptor instead.
 func (*PoolStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{26}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PoolStats) GetPool() int64 {
@@ -2046,7 +2107,7 @@ type SnapshotStats struct {
 
 func (x *SnapshotStats) Reset() {
 	*x = SnapshotStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2058,7 +2119,7 @@ func (x *SnapshotStats) String() string {
 func (*SnapshotStats) ProtoMessage() {}
 
 func (x *SnapshotStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[27]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2071,7 +2132,7 @@ func (x *SnapshotStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotStats.ProtoReflect.Descriptor instead.
 func (*SnapshotStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{27}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SnapshotStats) GetTaken() int64 {
@@ -2119,7 +2180,7 @@ type ManagerStats struct {
 
 func (x *ManagerStats) Reset() {
 	*x = ManagerStats{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2192,7 @@ func (x *ManagerStats) String() string {
 func (*ManagerStats) ProtoMessage() {}
 
 func (x *ManagerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[28]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2205,7 @@ func (x *ManagerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagerStats.ProtoReflect.Descriptor instead.
 func (*ManagerStats) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{28}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ManagerStats) GetPools() []*PoolStats {
@@ -2214,7 +2275,7 @@ type InspectOptions struct {
 
 func (x *InspectOptions) Reset() {
 	*x = InspectOptions{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2226,7 +2287,7 @@ func (x *InspectOptions) String() string {
 func (*InspectOptions) ProtoMessage() {}
 
 func (x *InspectOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[29]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2239,7 +2300,7 @@ func (x *InspectOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectOptions.ProtoReflect.Descriptor instead.
 func (*InspectOptions) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{29}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *InspectOptions) GetTables() bool {
@@ -2266,7 +2327,7 @@ type BlockTable struct {
 
 func (x *BlockTable) Reset() {
 	*x = BlockTable{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2339,7 @@ func (x *BlockTable) String() string {
 func (*BlockTable) ProtoMessage() {}
 
 func (x *BlockTable) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[30]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2352,7 @@ func (x *BlockTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockTable.ProtoReflect.Descriptor instead.
 func (*BlockTable) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{30}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *BlockTable) GetBlocks() []int32 {
@@ -2319,7 +2380,7 @@ type SeqState struct {
 
 func (x *SeqState) Reset() {
 	*x = SeqState{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2331,7 +2392,7 @@ func (x *SeqState) String() string {
 func (*SeqState) ProtoMessage() {}
 
 func (x *SeqState) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[31]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2344,7 +2405,7 @@ func (x *SeqState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeqState.ProtoReflect.Descriptor instead.
 func (*SeqState) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{31}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SeqState) GetSeq() uint64 {
@@ -2431,7 +2492,7 @@ type SeqColumns struct {
 
 func (x *SeqColumns) Reset() {
 	*x = SeqColumns{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2443,7 +2504,7 @@ func (x *SeqColumns) String() string {
 func (*SeqColumns) ProtoMessage() {}
 
 func (x *SeqColumns) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[32]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2456,7 +2517,7 @@ func (x *SeqColumns) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeqColumns.ProtoReflect.Descriptor instead.
 func (*SeqColumns) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{32}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SeqColumns) GetSeq() []uint64 {
@@ -2532,7 +2593,7 @@ type RefCounts struct {
 
 func (x *RefCounts) Reset() {
 	*x = RefCounts{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2544,7 +2605,7 @@ func (x *RefCounts) String() string {
 func (*RefCounts) ProtoMessage() {}
 
 func (x *RefCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[33]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2557,7 +2618,7 @@ func (x *RefCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefCounts.ProtoReflect.Descriptor instead.
 func (*RefCounts) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{33}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RefCounts) GetCounts() []int32 {
@@ -2582,7 +2643,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2594,7 +2655,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[34]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2607,7 +2668,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{34}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Snapshot) GetPools() []*PoolStats {
@@ -2662,7 +2723,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2674,7 +2735,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[35]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2687,7 +2748,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{35}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ErrorDetail) GetSeqs() []uint64 {
@@ -2705,7 +2766,7 @@ type WorkerInfoRequest struct {
 
 func (x *WorkerInfoRequest) Reset() {
 	*x = WorkerInfoRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2717,7 +2778,7 @@ func (x *WorkerInfoRequest) String() string {
 func (*WorkerInfoRequest) ProtoMessage() {}
 
 func (x *WorkerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[36]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2730,7 +2791,7 @@ func (x *WorkerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfoRequest.ProtoReflect.Descriptor instead.
 func (*WorkerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{36}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{37}
 }
 
 // worker.Info
@@ -2749,7 +2810,7 @@ type WorkerInfo struct {
 
 func (x *WorkerInfo) Reset() {
 	*x = WorkerInfo{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2761,7 +2822,7 @@ func (x *WorkerInfo) String() string {
 func (*WorkerInfo) ProtoMessage() {}
 
 func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[37]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2774,7 +2835,7 @@ func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
 func (*WorkerInfo) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{37}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WorkerInfo) GetName() string {
@@ -2847,7 +2908,7 @@ type Hardware struct {
 
 func (x *Hardware) Reset() {
 	*x = Hardware{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2859,7 +2920,7 @@ func (x *Hardware) String() string {
 func (*Hardware) ProtoMessage() {}
 
 func (x *Hardware) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[38]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2872,7 +2933,7 @@ func (x *Hardware) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hardware.ProtoReflect.Descriptor instead.
 func (*Hardware) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{38}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Hardware) GetName() string {
@@ -2972,7 +3033,7 @@ type SimCalibration struct {
 
 func (x *SimCalibration) Reset() {
 	*x = SimCalibration{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2984,7 +3045,7 @@ func (x *SimCalibration) String() string {
 func (*SimCalibration) ProtoMessage() {}
 
 func (x *SimCalibration) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[39]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2997,7 +3058,7 @@ func (x *SimCalibration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SimCalibration.ProtoReflect.Descriptor instead.
 func (*SimCalibration) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{39}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SimCalibration) GetName() string {
@@ -3040,7 +3101,7 @@ type KernelClassScale struct {
 
 func (x *KernelClassScale) Reset() {
 	*x = KernelClassScale{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3052,7 +3113,7 @@ func (x *KernelClassScale) String() string {
 func (*KernelClassScale) ProtoMessage() {}
 
 func (x *KernelClassScale) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[40]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3065,7 +3126,7 @@ func (x *KernelClassScale) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KernelClassScale.ProtoReflect.Descriptor instead.
 func (*KernelClassScale) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{40}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *KernelClassScale) GetClass() string {
@@ -3117,7 +3178,7 @@ type WorkerConfig struct {
 
 func (x *WorkerConfig) Reset() {
 	*x = WorkerConfig{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3129,7 +3190,7 @@ func (x *WorkerConfig) String() string {
 func (*WorkerConfig) ProtoMessage() {}
 
 func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[41]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3142,7 +3203,7 @@ func (x *WorkerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerConfig.ProtoReflect.Descriptor instead.
 func (*WorkerConfig) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{41}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WorkerConfig) GetStage() int64 {
@@ -3268,7 +3329,7 @@ type Setup struct {
 
 func (x *Setup) Reset() {
 	*x = Setup{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3280,7 +3341,7 @@ func (x *Setup) String() string {
 func (*Setup) ProtoMessage() {}
 
 func (x *Setup) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[42]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3293,7 +3354,7 @@ func (x *Setup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Setup.ProtoReflect.Descriptor instead.
 func (*Setup) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{42}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Setup) GetDeviceBytes() int64 {
@@ -3339,7 +3400,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3351,7 +3412,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[43]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3364,7 +3425,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{43}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Batch) GetStep() uint64 {
@@ -3501,7 +3562,7 @@ type Sampling struct {
 
 func (x *Sampling) Reset() {
 	*x = Sampling{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3513,7 +3574,7 @@ func (x *Sampling) String() string {
 func (*Sampling) ProtoMessage() {}
 
 func (x *Sampling) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[44]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3526,7 +3587,7 @@ func (x *Sampling) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sampling.ProtoReflect.Descriptor instead.
 func (*Sampling) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{44}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Sampling) GetHas() bool {
@@ -3650,7 +3711,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3662,7 +3723,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[45]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3675,7 +3736,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{45}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Result) GetHidden() []byte {
@@ -3799,7 +3860,7 @@ type CopyBlocksRequest struct {
 
 func (x *CopyBlocksRequest) Reset() {
 	*x = CopyBlocksRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3811,7 +3872,7 @@ func (x *CopyBlocksRequest) String() string {
 func (*CopyBlocksRequest) ProtoMessage() {}
 
 func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[46]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3824,7 +3885,7 @@ func (x *CopyBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyBlocksRequest.ProtoReflect.Descriptor instead.
 func (*CopyBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{46}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CopyBlocksRequest) GetCopies() *Copies {
@@ -3842,7 +3903,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3854,7 +3915,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[47]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3867,7 +3928,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{47}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{48}
 }
 
 type EventsRequest struct {
@@ -3878,7 +3939,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[48]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3890,7 +3951,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[48]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3903,7 +3964,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{48}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{49}
 }
 
 // kvcache.Event
@@ -3922,7 +3983,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[49]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3934,7 +3995,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[49]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3947,7 +4008,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{49}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Event) GetKind() int32 {
@@ -4009,7 +4070,7 @@ type EventList struct {
 
 func (x *EventList) Reset() {
 	*x = EventList{}
-	mi := &file_kvx_v1_kvx_proto_msgTypes[50]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4021,7 +4082,7 @@ func (x *EventList) String() string {
 func (*EventList) ProtoMessage() {}
 
 func (x *EventList) ProtoReflect() protoreflect.Message {
-	mi := &file_kvx_v1_kvx_proto_msgTypes[50]
+	mi := &file_kvx_v1_kvx_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4034,7 +4095,7 @@ func (x *EventList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventList.ProtoReflect.Descriptor instead.
 func (*EventList) Descriptor() ([]byte, []int) {
-	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{50}
+	return file_kvx_v1_kvx_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *EventList) GetEvents() []*Event {
@@ -4067,7 +4128,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1c\n" +
 	"\tprotocols\x18\x03 \x03(\x03R\tprotocols\x128\n" +
-	"\fcapabilities\x18\x04 \x01(\v2\x14.kvx.v1.CapabilitiesR\fcapabilities\"\xc1\x02\n" +
+	"\fcapabilities\x18\x04 \x01(\v2\x14.kvx.v1.CapabilitiesR\fcapabilities\"\xd5\x02\n" +
 	"\fCapabilities\x12\x16\n" +
 	"\x06mixers\x18\x01 \x03(\tR\x06mixers\x12!\n" +
 	"\fprefix_reuse\x18\x02 \x01(\bR\vprefixReuse\x12\x1b\n" +
@@ -4080,7 +4141,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\aexplain\x18\b \x01(\bR\aexplain\x12\x1c\n" +
 	"\tretention\x18\t \x01(\bR\tretention\x12+\n" +
 	"\x11eviction_policies\x18\n" +
-	" \x03(\tR\x10evictionPolicies\"V\n" +
+	" \x03(\tR\x10evictionPolicies\x12\x12\n" +
+	"\x04fork\x18\v \x01(\bR\x04fork\"V\n" +
 	"\x0eSnapshotConfig\x12\x1a\n" +
 	"\binterval\x18\x01 \x01(\x03R\binterval\x12(\n" +
 	"\x10offsets_from_end\x18\x02 \x03(\x03R\x0eoffsetsFromEnd\"\xc9\x04\n" +
@@ -4183,7 +4245,10 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x06copies\x18\x06 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\x123\n" +
 	"\tsnapshots\x18\a \x01(\v2\x15.kvx.v1.SnapshotSlotsR\tsnapshots\x12\x1f\n" +
 	"\vhost_reused\x18\b \x03(\x03R\n" +
-	"hostReused\"\x1a\n" +
+	"hostReused\";\n" +
+	"\vForkRequest\x12\x16\n" +
+	"\x06parent\x18\x01 \x03(\x04R\x06parent\x12\x14\n" +
+	"\x05child\x18\x02 \x03(\x04R\x05child\"\x1a\n" +
 	"\x04Seqs\x12\x12\n" +
 	"\x04seqs\x18\x01 \x03(\x04R\x04seqs\"=\n" +
 	"\rCommitRequest\x12\x10\n" +
@@ -4395,7 +4460,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\tEventList\x12%\n" +
 	"\x06events\x18\x01 \x03(\v2\r.kvx.v1.EventR\x06events2?\n" +
 	"\bContract\x123\n" +
-	"\x05Hello\x12\x14.kvx.v1.ContractSide\x1a\x14.kvx.v1.ContractSide2\xea\x05\n" +
+	"\x05Hello\x12\x14.kvx.v1.ContractSide\x1a\x14.kvx.v1.ContractSide2\xa0\x06\n" +
 	"\fCacheManager\x127\n" +
 	"\x04Info\x12\x1a.kvx.v1.ManagerInfoRequest\x1a\x13.kvx.v1.ManagerInfo\x122\n" +
 	"\tConfigure\x12\x15.kvx.v1.ManagerConfig\x1a\x0e.kvx.v1.Layout\x127\n" +
@@ -4410,7 +4475,8 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\aInspect\x12\x16.kvx.v1.InspectOptions\x1a\x10.kvx.v1.Snapshot\x128\n" +
 	"\aEndStep\x12\x16.kvx.v1.EndStepRequest\x1a\x15.kvx.v1.EndStepResult\x12>\n" +
 	"\rOpenDataPlane\x12\x18.kvx.v1.DataPlaneRequest\x1a\x11.kvx.v1.DataPlane0\x01\x122\n" +
-	"\x06Events\x12\x15.kvx.v1.EventsRequest\x1a\x11.kvx.v1.EventList2\xc3\x02\n" +
+	"\x06Events\x12\x15.kvx.v1.EventsRequest\x1a\x11.kvx.v1.EventList\x124\n" +
+	"\x04Fork\x12\x13.kvx.v1.ForkRequest\x1a\x17.kvx.v1.ReserveResponse2\xc3\x02\n" +
 	"\x06Worker\x125\n" +
 	"\x04Info\x12\x19.kvx.v1.WorkerInfoRequest\x1a\x12.kvx.v1.WorkerInfo\x120\n" +
 	"\tConfigure\x12\x14.kvx.v1.WorkerConfig\x1a\r.kvx.v1.Setup\x12(\n" +
@@ -4432,7 +4498,7 @@ func file_kvx_v1_kvx_proto_rawDescGZIP() []byte {
 	return file_kvx_v1_kvx_proto_rawDescData
 }
 
-var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_kvx_v1_kvx_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*ContractSide)(nil),       // 0: kvx.v1.ContractSide
 	(*Empty)(nil),              // 1: kvx.v1.Empty
@@ -4453,38 +4519,39 @@ var file_kvx_v1_kvx_proto_goTypes = []any{
 	(*Copies)(nil),             // 16: kvx.v1.Copies
 	(*SnapshotSlots)(nil),      // 17: kvx.v1.SnapshotSlots
 	(*ReserveResponse)(nil),    // 18: kvx.v1.ReserveResponse
-	(*Seqs)(nil),               // 19: kvx.v1.Seqs
-	(*CommitRequest)(nil),      // 20: kvx.v1.CommitRequest
-	(*CommitResult)(nil),       // 21: kvx.v1.CommitResult
-	(*EndStepRequest)(nil),     // 22: kvx.v1.EndStepRequest
-	(*EndStepResult)(nil),      // 23: kvx.v1.EndStepResult
-	(*MoveResult)(nil),         // 24: kvx.v1.MoveResult
-	(*StatsRequest)(nil),       // 25: kvx.v1.StatsRequest
-	(*PoolStats)(nil),          // 26: kvx.v1.PoolStats
-	(*SnapshotStats)(nil),      // 27: kvx.v1.SnapshotStats
-	(*ManagerStats)(nil),       // 28: kvx.v1.ManagerStats
-	(*InspectOptions)(nil),     // 29: kvx.v1.InspectOptions
-	(*BlockTable)(nil),         // 30: kvx.v1.BlockTable
-	(*SeqState)(nil),           // 31: kvx.v1.SeqState
-	(*SeqColumns)(nil),         // 32: kvx.v1.SeqColumns
-	(*RefCounts)(nil),          // 33: kvx.v1.RefCounts
-	(*Snapshot)(nil),           // 34: kvx.v1.Snapshot
-	(*ErrorDetail)(nil),        // 35: kvx.v1.ErrorDetail
-	(*WorkerInfoRequest)(nil),  // 36: kvx.v1.WorkerInfoRequest
-	(*WorkerInfo)(nil),         // 37: kvx.v1.WorkerInfo
-	(*Hardware)(nil),           // 38: kvx.v1.Hardware
-	(*SimCalibration)(nil),     // 39: kvx.v1.SimCalibration
-	(*KernelClassScale)(nil),   // 40: kvx.v1.KernelClassScale
-	(*WorkerConfig)(nil),       // 41: kvx.v1.WorkerConfig
-	(*Setup)(nil),              // 42: kvx.v1.Setup
-	(*Batch)(nil),              // 43: kvx.v1.Batch
-	(*Sampling)(nil),           // 44: kvx.v1.Sampling
-	(*Result)(nil),             // 45: kvx.v1.Result
-	(*CopyBlocksRequest)(nil),  // 46: kvx.v1.CopyBlocksRequest
-	(*HealthRequest)(nil),      // 47: kvx.v1.HealthRequest
-	(*EventsRequest)(nil),      // 48: kvx.v1.EventsRequest
-	(*Event)(nil),              // 49: kvx.v1.Event
-	(*EventList)(nil),          // 50: kvx.v1.EventList
+	(*ForkRequest)(nil),        // 19: kvx.v1.ForkRequest
+	(*Seqs)(nil),               // 20: kvx.v1.Seqs
+	(*CommitRequest)(nil),      // 21: kvx.v1.CommitRequest
+	(*CommitResult)(nil),       // 22: kvx.v1.CommitResult
+	(*EndStepRequest)(nil),     // 23: kvx.v1.EndStepRequest
+	(*EndStepResult)(nil),      // 24: kvx.v1.EndStepResult
+	(*MoveResult)(nil),         // 25: kvx.v1.MoveResult
+	(*StatsRequest)(nil),       // 26: kvx.v1.StatsRequest
+	(*PoolStats)(nil),          // 27: kvx.v1.PoolStats
+	(*SnapshotStats)(nil),      // 28: kvx.v1.SnapshotStats
+	(*ManagerStats)(nil),       // 29: kvx.v1.ManagerStats
+	(*InspectOptions)(nil),     // 30: kvx.v1.InspectOptions
+	(*BlockTable)(nil),         // 31: kvx.v1.BlockTable
+	(*SeqState)(nil),           // 32: kvx.v1.SeqState
+	(*SeqColumns)(nil),         // 33: kvx.v1.SeqColumns
+	(*RefCounts)(nil),          // 34: kvx.v1.RefCounts
+	(*Snapshot)(nil),           // 35: kvx.v1.Snapshot
+	(*ErrorDetail)(nil),        // 36: kvx.v1.ErrorDetail
+	(*WorkerInfoRequest)(nil),  // 37: kvx.v1.WorkerInfoRequest
+	(*WorkerInfo)(nil),         // 38: kvx.v1.WorkerInfo
+	(*Hardware)(nil),           // 39: kvx.v1.Hardware
+	(*SimCalibration)(nil),     // 40: kvx.v1.SimCalibration
+	(*KernelClassScale)(nil),   // 41: kvx.v1.KernelClassScale
+	(*WorkerConfig)(nil),       // 42: kvx.v1.WorkerConfig
+	(*Setup)(nil),              // 43: kvx.v1.Setup
+	(*Batch)(nil),              // 44: kvx.v1.Batch
+	(*Sampling)(nil),           // 45: kvx.v1.Sampling
+	(*Result)(nil),             // 46: kvx.v1.Result
+	(*CopyBlocksRequest)(nil),  // 47: kvx.v1.CopyBlocksRequest
+	(*HealthRequest)(nil),      // 48: kvx.v1.HealthRequest
+	(*EventsRequest)(nil),      // 49: kvx.v1.EventsRequest
+	(*Event)(nil),              // 50: kvx.v1.Event
+	(*EventList)(nil),          // 51: kvx.v1.EventList
 }
 var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	6,  // 0: kvx.v1.ManagerInfo.capabilities:type_name -> kvx.v1.Capabilities
@@ -4495,73 +4562,75 @@ var file_kvx_v1_kvx_proto_depIdxs = []int32{
 	16, // 5: kvx.v1.ReserveResponse.copies:type_name -> kvx.v1.Copies
 	17, // 6: kvx.v1.ReserveResponse.snapshots:type_name -> kvx.v1.SnapshotSlots
 	16, // 7: kvx.v1.CommitResult.copies:type_name -> kvx.v1.Copies
-	20, // 8: kvx.v1.EndStepRequest.commit:type_name -> kvx.v1.CommitRequest
-	19, // 9: kvx.v1.EndStepRequest.release:type_name -> kvx.v1.Seqs
-	29, // 10: kvx.v1.EndStepRequest.inspect:type_name -> kvx.v1.InspectOptions
-	21, // 11: kvx.v1.EndStepResult.commit:type_name -> kvx.v1.CommitResult
-	34, // 12: kvx.v1.EndStepResult.snapshot:type_name -> kvx.v1.Snapshot
+	21, // 8: kvx.v1.EndStepRequest.commit:type_name -> kvx.v1.CommitRequest
+	20, // 9: kvx.v1.EndStepRequest.release:type_name -> kvx.v1.Seqs
+	30, // 10: kvx.v1.EndStepRequest.inspect:type_name -> kvx.v1.InspectOptions
+	22, // 11: kvx.v1.EndStepResult.commit:type_name -> kvx.v1.CommitResult
+	35, // 12: kvx.v1.EndStepResult.snapshot:type_name -> kvx.v1.Snapshot
 	16, // 13: kvx.v1.MoveResult.copies:type_name -> kvx.v1.Copies
-	26, // 14: kvx.v1.ManagerStats.pools:type_name -> kvx.v1.PoolStats
-	27, // 15: kvx.v1.ManagerStats.snapshots:type_name -> kvx.v1.SnapshotStats
-	30, // 16: kvx.v1.SeqState.tables:type_name -> kvx.v1.BlockTable
-	26, // 17: kvx.v1.Snapshot.pools:type_name -> kvx.v1.PoolStats
-	31, // 18: kvx.v1.Snapshot.seqs:type_name -> kvx.v1.SeqState
-	32, // 19: kvx.v1.Snapshot.seq_columns:type_name -> kvx.v1.SeqColumns
-	33, // 20: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
-	39, // 21: kvx.v1.Hardware.calibration:type_name -> kvx.v1.SimCalibration
-	40, // 22: kvx.v1.SimCalibration.classes:type_name -> kvx.v1.KernelClassScale
-	38, // 23: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
+	27, // 14: kvx.v1.ManagerStats.pools:type_name -> kvx.v1.PoolStats
+	28, // 15: kvx.v1.ManagerStats.snapshots:type_name -> kvx.v1.SnapshotStats
+	31, // 16: kvx.v1.SeqState.tables:type_name -> kvx.v1.BlockTable
+	27, // 17: kvx.v1.Snapshot.pools:type_name -> kvx.v1.PoolStats
+	32, // 18: kvx.v1.Snapshot.seqs:type_name -> kvx.v1.SeqState
+	33, // 19: kvx.v1.Snapshot.seq_columns:type_name -> kvx.v1.SeqColumns
+	34, // 20: kvx.v1.Snapshot.ref_counts:type_name -> kvx.v1.RefCounts
+	40, // 21: kvx.v1.Hardware.calibration:type_name -> kvx.v1.SimCalibration
+	41, // 22: kvx.v1.SimCalibration.classes:type_name -> kvx.v1.KernelClassScale
+	39, // 23: kvx.v1.WorkerConfig.hardware:type_name -> kvx.v1.Hardware
 	10, // 24: kvx.v1.WorkerConfig.layout:type_name -> kvx.v1.Layout
 	15, // 25: kvx.v1.Batch.tables:type_name -> kvx.v1.TableDeltas
 	16, // 26: kvx.v1.Batch.copies:type_name -> kvx.v1.Copies
 	17, // 27: kvx.v1.Batch.snapshots:type_name -> kvx.v1.SnapshotSlots
-	44, // 28: kvx.v1.Batch.sampling:type_name -> kvx.v1.Sampling
+	45, // 28: kvx.v1.Batch.sampling:type_name -> kvx.v1.Sampling
 	16, // 29: kvx.v1.CopyBlocksRequest.copies:type_name -> kvx.v1.Copies
-	49, // 30: kvx.v1.EventList.events:type_name -> kvx.v1.Event
+	50, // 30: kvx.v1.EventList.events:type_name -> kvx.v1.Event
 	0,  // 31: kvx.v1.Contract.Hello:input_type -> kvx.v1.ContractSide
 	4,  // 32: kvx.v1.CacheManager.Info:input_type -> kvx.v1.ManagerInfoRequest
 	8,  // 33: kvx.v1.CacheManager.Configure:input_type -> kvx.v1.ManagerConfig
 	12, // 34: kvx.v1.CacheManager.Lookup:input_type -> kvx.v1.LookupRequest
 	14, // 35: kvx.v1.CacheManager.Reserve:input_type -> kvx.v1.ReserveRequest
-	19, // 36: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
-	20, // 37: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
-	19, // 38: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
-	19, // 39: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
-	19, // 40: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
-	25, // 41: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
-	29, // 42: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
-	22, // 43: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
+	20, // 36: kvx.v1.CacheManager.Unreserve:input_type -> kvx.v1.Seqs
+	21, // 37: kvx.v1.CacheManager.Commit:input_type -> kvx.v1.CommitRequest
+	20, // 38: kvx.v1.CacheManager.Suspend:input_type -> kvx.v1.Seqs
+	20, // 39: kvx.v1.CacheManager.Resume:input_type -> kvx.v1.Seqs
+	20, // 40: kvx.v1.CacheManager.Release:input_type -> kvx.v1.Seqs
+	26, // 41: kvx.v1.CacheManager.Stats:input_type -> kvx.v1.StatsRequest
+	30, // 42: kvx.v1.CacheManager.Inspect:input_type -> kvx.v1.InspectOptions
+	23, // 43: kvx.v1.CacheManager.EndStep:input_type -> kvx.v1.EndStepRequest
 	2,  // 44: kvx.v1.CacheManager.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	48, // 45: kvx.v1.CacheManager.Events:input_type -> kvx.v1.EventsRequest
-	36, // 46: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
-	41, // 47: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
-	43, // 48: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
-	46, // 49: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
-	47, // 50: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
-	2,  // 51: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
-	0,  // 52: kvx.v1.Contract.Hello:output_type -> kvx.v1.ContractSide
-	5,  // 53: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
-	10, // 54: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
-	13, // 55: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
-	18, // 56: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
-	1,  // 57: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
-	21, // 58: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
-	24, // 59: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
-	24, // 60: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
-	1,  // 61: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
-	28, // 62: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
-	34, // 63: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
-	23, // 64: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
-	3,  // 65: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	50, // 66: kvx.v1.CacheManager.Events:output_type -> kvx.v1.EventList
-	37, // 67: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
-	42, // 68: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
-	45, // 69: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
-	1,  // 70: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
-	1,  // 71: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
-	3,  // 72: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
-	52, // [52:73] is the sub-list for method output_type
-	31, // [31:52] is the sub-list for method input_type
+	49, // 45: kvx.v1.CacheManager.Events:input_type -> kvx.v1.EventsRequest
+	19, // 46: kvx.v1.CacheManager.Fork:input_type -> kvx.v1.ForkRequest
+	37, // 47: kvx.v1.Worker.Info:input_type -> kvx.v1.WorkerInfoRequest
+	42, // 48: kvx.v1.Worker.Configure:input_type -> kvx.v1.WorkerConfig
+	44, // 49: kvx.v1.Worker.Forward:input_type -> kvx.v1.Batch
+	47, // 50: kvx.v1.Worker.CopyBlocks:input_type -> kvx.v1.CopyBlocksRequest
+	48, // 51: kvx.v1.Worker.Health:input_type -> kvx.v1.HealthRequest
+	2,  // 52: kvx.v1.Worker.OpenDataPlane:input_type -> kvx.v1.DataPlaneRequest
+	0,  // 53: kvx.v1.Contract.Hello:output_type -> kvx.v1.ContractSide
+	5,  // 54: kvx.v1.CacheManager.Info:output_type -> kvx.v1.ManagerInfo
+	10, // 55: kvx.v1.CacheManager.Configure:output_type -> kvx.v1.Layout
+	13, // 56: kvx.v1.CacheManager.Lookup:output_type -> kvx.v1.LookupResponse
+	18, // 57: kvx.v1.CacheManager.Reserve:output_type -> kvx.v1.ReserveResponse
+	1,  // 58: kvx.v1.CacheManager.Unreserve:output_type -> kvx.v1.Empty
+	22, // 59: kvx.v1.CacheManager.Commit:output_type -> kvx.v1.CommitResult
+	25, // 60: kvx.v1.CacheManager.Suspend:output_type -> kvx.v1.MoveResult
+	25, // 61: kvx.v1.CacheManager.Resume:output_type -> kvx.v1.MoveResult
+	1,  // 62: kvx.v1.CacheManager.Release:output_type -> kvx.v1.Empty
+	29, // 63: kvx.v1.CacheManager.Stats:output_type -> kvx.v1.ManagerStats
+	35, // 64: kvx.v1.CacheManager.Inspect:output_type -> kvx.v1.Snapshot
+	24, // 65: kvx.v1.CacheManager.EndStep:output_type -> kvx.v1.EndStepResult
+	3,  // 66: kvx.v1.CacheManager.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	51, // 67: kvx.v1.CacheManager.Events:output_type -> kvx.v1.EventList
+	18, // 68: kvx.v1.CacheManager.Fork:output_type -> kvx.v1.ReserveResponse
+	38, // 69: kvx.v1.Worker.Info:output_type -> kvx.v1.WorkerInfo
+	43, // 70: kvx.v1.Worker.Configure:output_type -> kvx.v1.Setup
+	46, // 71: kvx.v1.Worker.Forward:output_type -> kvx.v1.Result
+	1,  // 72: kvx.v1.Worker.CopyBlocks:output_type -> kvx.v1.Empty
+	1,  // 73: kvx.v1.Worker.Health:output_type -> kvx.v1.Empty
+	3,  // 74: kvx.v1.Worker.OpenDataPlane:output_type -> kvx.v1.DataPlane
+	53, // [53:75] is the sub-list for method output_type
+	31, // [31:53] is the sub-list for method input_type
 	31, // [31:31] is the sub-list for extension type_name
 	31, // [31:31] is the sub-list for extension extendee
 	0,  // [0:31] is the sub-list for field type_name
@@ -4578,7 +4647,7 @@ func file_kvx_v1_kvx_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvx_v1_kvx_proto_rawDesc), len(file_kvx_v1_kvx_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   51,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -180,6 +180,7 @@ const (
 	CacheManager_EndStep_FullMethodName       = "/kvx.v1.CacheManager/EndStep"
 	CacheManager_OpenDataPlane_FullMethodName = "/kvx.v1.CacheManager/OpenDataPlane"
 	CacheManager_Events_FullMethodName        = "/kvx.v1.CacheManager/Events"
+	CacheManager_Fork_FullMethodName          = "/kvx.v1.CacheManager/Fork"
 )
 
 // CacheManagerClient is the client API for CacheManager service.
@@ -204,6 +205,9 @@ type CacheManagerClient interface {
 	OpenDataPlane(ctx context.Context, in *DataPlaneRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DataPlane], error)
 	// kvcache.EventReporter: the KV events recorded since the last call.
 	Events(ctx context.Context, in *EventsRequest, opts ...grpc.CallOption) (*EventList, error)
+	// kvcache.Forker: children of resident sequences sharing their blocks;
+	// one grant per item, for the child (feature fork).
+	Fork(ctx context.Context, in *ForkRequest, opts ...grpc.CallOption) (*ReserveResponse, error)
 }
 
 type cacheManagerClient struct {
@@ -363,6 +367,16 @@ func (c *cacheManagerClient) Events(ctx context.Context, in *EventsRequest, opts
 	return out, nil
 }
 
+func (c *cacheManagerClient) Fork(ctx context.Context, in *ForkRequest, opts ...grpc.CallOption) (*ReserveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReserveResponse)
+	err := c.cc.Invoke(ctx, CacheManager_Fork_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CacheManagerServer is the server API for CacheManager service.
 // All implementations must embed UnimplementedCacheManagerServer
 // for forward compatibility.
@@ -385,6 +399,9 @@ type CacheManagerServer interface {
 	OpenDataPlane(*DataPlaneRequest, grpc.ServerStreamingServer[DataPlane]) error
 	// kvcache.EventReporter: the KV events recorded since the last call.
 	Events(context.Context, *EventsRequest) (*EventList, error)
+	// kvcache.Forker: children of resident sequences sharing their blocks;
+	// one grant per item, for the child (feature fork).
+	Fork(context.Context, *ForkRequest) (*ReserveResponse, error)
 	mustEmbedUnimplementedCacheManagerServer()
 }
 
@@ -436,6 +453,9 @@ func (UnimplementedCacheManagerServer) OpenDataPlane(*DataPlaneRequest, grpc.Ser
 }
 func (UnimplementedCacheManagerServer) Events(context.Context, *EventsRequest) (*EventList, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Events not implemented")
+}
+func (UnimplementedCacheManagerServer) Fork(context.Context, *ForkRequest) (*ReserveResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Fork not implemented")
 }
 func (UnimplementedCacheManagerServer) mustEmbedUnimplementedCacheManagerServer() {}
 func (UnimplementedCacheManagerServer) testEmbeddedByValue()                      {}
@@ -703,6 +723,24 @@ func _CacheManager_Events_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CacheManager_Fork_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForkRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CacheManagerServer).Fork(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CacheManager_Fork_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CacheManagerServer).Fork(ctx, req.(*ForkRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CacheManager_ServiceDesc is the grpc.ServiceDesc for CacheManager service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -761,6 +799,10 @@ var CacheManager_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Events",
 			Handler:    _CacheManager_Events_Handler,
+		},
+		{
+			MethodName: "Fork",
+			Handler:    _CacheManager_Fork_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -87,6 +87,10 @@ type Capabilities struct {
 	// EvictionPolicies are the values of Config.EvictionPolicy the manager
 	// accepts, EvictionLRU first; nil means EvictionLRU only.
 	EvictionPolicies []string
+	// Fork: the manager is a Forker: a resident sequence forks into
+	// children that share its blocks (n > 1 completions prefill the
+	// prompt once). A host without it runs each child as its own request.
+	Fork bool
 }
 
 // Eviction policies (Config.EvictionPolicy). Among cached blocks of equal
@@ -555,4 +559,39 @@ type EventReporter interface {
 	// Events returns and forgets the events recorded since the last call, in
 	// the order they happened. The slice and what it holds are the caller's.
 	Events(ctx context.Context) ([]Event, error)
+}
+
+// ForkItem asks for one child of a resident sequence (Forker.Fork).
+type ForkItem struct {
+	Parent SeqID // resident, not suspended, no outstanding reservation
+	Child  SeqID // a new id: no sequence of it exists
+}
+
+// Forker is an optional Manager interface, found by type assertion: a
+// manager whose Info says Fork implements it. The core forks the sequence
+// that prefilled a prompt into the n sequences of one request (OpenAI's n,
+// best_of), so the prompt is computed once and its blocks held once.
+type Forker interface {
+	// Fork creates, per item in order, the sequence Child as a copy of
+	// Parent's ledger and tables: History is Parent's history, Capacity
+	// is that history (no Hold, no reservation), and it stores the blocks
+	// it completes under Parent's prompt and cache salt as Parent would.
+	// Every full block of the history is shared by reference (its
+	// reference count grows by one, on every pool; a sliding window's
+	// table shares what Parent's holds), never copied. The last partial
+	// block, which the child's next step writes, is the copy-on-write:
+	// the child gets a fresh block and the grant's Copies copy Parent's
+	// into it, so no block that a sequence writes is shared (Parent's
+	// own is left as it was). Per-sequence state (SSM) is a fresh slot
+	// with a copy of Parent's in Copies too. The grant's Tables are the
+	// child's whole tables (From 0), for the worker.
+	//
+	// An item is granted or denied as Reserve's are: a denial (no room
+	// for the partial block or the state slot) is OK false with a Reason
+	// and leaves no trace; a bad item (unknown or suspended parent, a
+	// parent with an outstanding reservation, a child that exists) is a
+	// denial whose Reason starts with "invalid:". An earlier grant may
+	// cause a later denial. Release frees a child like any sequence, and
+	// releasing the parent first leaves its children's shared blocks held.
+	Fork(ctx context.Context, items []ForkItem) ([]Grant, error)
 }

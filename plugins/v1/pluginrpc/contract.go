@@ -102,6 +102,11 @@ const (
 	// Result.logprobs carries. A worker without it would sample greedily
 	// and return no logprobs, so the client refuses such a batch.
 	FeatureSampling Feature = "sampling"
+	// FeatureFork: the CacheManager.Fork RPC (kvcache.Forker) and
+	// Capabilities.fork. A plugin without it never says Fork, so the host
+	// runs the n sequences of one request as separate requests; the client
+	// refuses a Fork call to it.
+	FeatureFork Feature = "fork"
 )
 
 // featureDef is a feature and the proto elements it adds: full names of
@@ -153,6 +158,9 @@ var features = []featureDef{
 	{Name: FeatureSampling, Adds: []string{
 		"kvx.v1.Batch.logprobs", "kvx.v1.Batch.sampling", "kvx.v1.Sampling",
 		"kvx.v1.Result.logprobs_len", "kvx.v1.Result.logprobs",
+	}},
+	{Name: FeatureFork, Adds: []string{
+		"kvx.v1.Capabilities.fork", "kvx.v1.ForkRequest", "kvx.v1.CacheManager.Fork",
 	}},
 }
 

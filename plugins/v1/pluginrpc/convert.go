@@ -87,6 +87,7 @@ func toProtoCapabilities(c kvcache.Capabilities) *kvxpb.Capabilities {
 		KvEvents:    c.KVEvents,
 		Explain:     c.Explain,
 		Retention:   c.Retention,
+		Fork:        c.Fork,
 
 		EvictionPolicies: share(c.EvictionPolicies),
 	}
@@ -103,6 +104,7 @@ func fromProtoCapabilities(p *kvxpb.Capabilities) kvcache.Capabilities {
 		KVEvents:    p.GetKvEvents(),
 		Explain:     p.GetExplain(),
 		Retention:   p.GetRetention(),
+		Fork:        p.GetFork(),
 
 		EvictionPolicies: share(p.GetEvictionPolicies()),
 	}

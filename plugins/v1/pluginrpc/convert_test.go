@@ -98,6 +98,7 @@ var converters = []converter{
 	conv("[]kvcache.Explanation", fullExplanations, toProtoExplainResponse, mustFrom(fromProtoExplainResponse)),
 	conv("lookup tokens", []int{0, 512, 1 << 40}, toProtoLookupResponse, fromProtoLookupResponse),
 	conv("[]kvcache.ReserveItem", fullReserveItems, toProtoReserveRequest, mustFrom(fromProtoReserveRequest)),
+	conv("[]kvcache.ForkItem", fullForkItems, toProtoForkRequest, mustFrom(fromProtoForkRequest)),
 	conv("[]kvcache.TableDelta", fullTables,
 		func(ds []kvcache.TableDelta) *kvxpb.TableDeltas {
 			return toProtoTableDeltas(1, func(int) []kvcache.TableDelta { return ds })
@@ -232,6 +233,7 @@ func TestMalformedColumns(t *testing.T) {
 		err  error
 		want string
 	}{
+		{"fork columns of two lengths", second(fromProtoForkRequest(&kvxpb.ForkRequest{Parent: []uint64{1, 2}, Child: []uint64{3}})), "2 parents and 1 children"},
 		{"short optional column", second(fromProtoReserveRequest(&kvxpb.ReserveRequest{Seq: []uint64{1, 2}, Draft: []int64{1}})), "draft"},
 		{"prompt lengths too long", second(fromProtoReserveRequest(&kvxpb.ReserveRequest{Seq: []uint64{1}, PromptLen: []int64{3}, Prompt: []int32{1, 2}})), "prompt_len"},
 		{"prompt without lengths", second(fromProtoReserveRequest(&kvxpb.ReserveRequest{Seq: []uint64{1}, Prompt: []int32{1}})), "prompt_len"},

@@ -135,7 +135,7 @@ var fullInfo = kvcache.Info{
 	Name: "cachemgr_v2", Version: "2.1.0", Protocols: []int{1, 2},
 	Capabilities: kvcache.Capabilities{Mixers: []spec.Mixer{spec.MixerGQA, spec.MixerMamba},
 		PrefixReuse: true, HostTier: true, SSMState: true, SSMReuse: true, CacheSalt: true, KVEvents: true,
-		Explain: true, Retention: true, EvictionPolicies: []string{kvcache.EvictionLRU, kvcache.EvictionLFU}},
+		Explain: true, Retention: true, EvictionPolicies: []string{kvcache.EvictionLRU, kvcache.EvictionLFU}, Fork: true},
 }
 
 var fullConfig = kvcache.Config{
@@ -154,6 +154,8 @@ var fullExplanations = []kvcache.Explanation{
 	{Tokens: 512, HostTokens: 256, Miss: kvcache.MissEvicted, EvictedTier: kvcache.TierHost, EvictedBy: kvcache.EvictionLRU, EvictedAt: 1 << 40},
 	{Tokens: 1 << 40, HostTokens: 1, Miss: kvcache.MissEvicted, EvictedTier: kvcache.TierDevice, EvictedBy: "priority", EvictedAt: 1},
 }
+
+var fullForkItems = []kvcache.ForkItem{{Parent: 42, Child: 1 << 40}, {Parent: 1, Child: 2}}
 
 var fullReserveItems = []kvcache.ReserveItem{
 	{Seq: 42, Tokens: 8192, Draft: 1, Hold: 180000, New: true, Prompt: []int32{9, 8, 7}, Reuse: 512, CacheSalt: "tenant-a", Priority: 90, PriorityDuration: 30e9, Now: 5e9},
@@ -297,6 +299,9 @@ func (f *fakeManager) Explain(ctx context.Context, items []kvcache.LookupItem) (
 }
 func (f *fakeManager) Reserve(ctx context.Context, items []kvcache.ReserveItem) ([]kvcache.Grant, error) {
 	return f.grants, f.enter(ctx, "Reserve", items)
+}
+func (f *fakeManager) Fork(ctx context.Context, items []kvcache.ForkItem) ([]kvcache.Grant, error) {
+	return f.grants, f.enter(ctx, "Fork", items)
 }
 func (f *fakeManager) Unreserve(ctx context.Context, seqs []kvcache.SeqID) error {
 	return f.enter(ctx, "Unreserve", seqs)

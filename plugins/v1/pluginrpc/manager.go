@@ -329,6 +329,9 @@ func (s *managerServer) Info(ctx context.Context, _ *kvxpb.ManagerInfoRequest) (
 	if _, ok := s.impl.(kvcache.Explainer); !ok {
 		info.Capabilities.Explain = false // an explained Lookup answers KindUnsupported
 	}
+	if _, ok := s.impl.(kvcache.Forker); !ok {
+		info.Capabilities.Fork = false // Fork answers KindUnsupported
+	}
 	out := toProtoManagerInfo(info)
 	if err != nil {
 		return nil, toStatus(err, out)

@@ -49,6 +49,7 @@ func TestManagerOverWire(t *testing.T) {
 	m := TestManagerPair(t, f)
 	sp := m.(kvcache.Suspender)
 	er := m.(kvcache.EventReporter)
+	fk := m.(kvcache.Forker)
 	seqs := []kvcache.SeqID{3, 1 << 40}
 	commits := []kvcache.CommitItem{{Seq: 3, Accepted: 2}}
 	type result = []any
@@ -62,6 +63,7 @@ func TestManagerOverWire(t *testing.T) {
 		{"Configure", fullConfig, func() (result, error) { v, err := m.Configure(ctx, fullConfig); return result{v}, err }, result{fullLayout}},
 		{"Lookup", fullLookupItems, func() (result, error) { v, err := m.Lookup(ctx, fullLookupItems); return result{v}, err }, result{[]int{0, 64}}},
 		{"Reserve", fullReserveItems, func() (result, error) { v, err := m.Reserve(ctx, fullReserveItems); return result{v}, err }, result{fullGrants}},
+		{"Fork", fullForkItems, func() (result, error) { v, err := fk.Fork(ctx, fullForkItems); return result{v}, err }, result{fullGrants}},
 		{"Unreserve", seqs, func() (result, error) { return nil, m.Unreserve(ctx, seqs) }, nil},
 		{"Commit", commits, func() (result, error) { v, err := m.Commit(ctx, commits); return result{v}, err }, result{f.commit}},
 		{"Suspend", seqs, func() (result, error) { ok, c, err := sp.Suspend(ctx, seqs); return result{ok, c}, err }, result{f.moveOK, fullCopies}},

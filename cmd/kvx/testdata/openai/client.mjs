@@ -52,6 +52,18 @@ out.n = {
   chat: n2chat.choices.map((c) => c.message.content),
 };
 
+// n 4, streamed and not: choice i with seed 11 + i; the stream's chunks
+// name their index, and its usage chunk counts the prompt once.
+const n4 = await client.completions.create({ ...sampled, n: 4 });
+const n4s = await client.completions.create({ ...sampled, n: 4, stream: true, stream_options: { include_usage: true } });
+const byIndex = ["", "", "", ""];
+let n4usage = null;
+for await (const chunk of n4s) {
+  for (const ch of chunk.choices) byIndex[ch.index] += ch.text;
+  if (chunk.usage) n4usage = chunk.usage;
+}
+out.n4 = { texts: n4.choices.map((c) => c.text), stream: byIndex, usage: n4.usage, streamUsage: n4usage };
+
 // stop: two letters or digits of the greedy completion's text.
 const m = /[a-zA-Z0-9]{2}/.exec(out.completion.text.slice(1));
 if (m) {
