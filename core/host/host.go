@@ -762,7 +762,7 @@ func (h *Host) probe(f *Found) {
 }
 
 // closingManager is a plugin client that stops its process on Close. It
-// keeps the client's kvcache.Suspender.
+// keeps the client's kvcache.Suspender, EventReporter and Forker.
 type closingManager struct {
 	suspendingManager
 	proc *Process
@@ -773,6 +773,7 @@ type suspendingManager interface {
 	kvcache.Manager
 	kvcache.Suspender
 	kvcache.EventReporter
+	kvcache.Forker
 }
 
 func (m closingManager) Close() error { m.proc.Kill(); return nil }
