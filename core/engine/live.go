@@ -278,19 +278,10 @@ func (lv *Live) MaxSeqTokens() int { return lv.maxSeq }
 // stopped. The caller must read the handle's events to the end or Cancel it.
 func (lv *Live) Submit(r LiveRequest) (*Handle, error) {
 	lv.mu.Lock()
-	if lv.stopped {
-		lv.mu.Unlock()
-		return nil, ErrStopped
-	}
-	if err := checkSalt(r.CacheSalt, lv.salt); err != nil {
+	if err := lv.admit(&r); err != nil {
 		lv.mu.Unlock()
 		return nil, err
 	}
-	if err := checkRetention(r.RetentionPriority, r.RetentionDuration); err != nil {
-		lv.mu.Unlock()
-		return nil, &RequestError{Reason: err.Error()}
-	}
-	r.Prompt = slices.Clip(slices.Clone(r.Prompt))
 	h := &Handle{ID: lv.nextID, lv: lv, req: r, notify: make(chan struct{}, 1)}
 	lv.nextID++
 	lv.subs = append(lv.subs, h)
@@ -298,6 +289,23 @@ func (lv *Live) Submit(r LiveRequest) (*Handle, error) {
 	lv.queued.Add(1)
 	lv.wake()
 	return h, nil
+}
+
+// admit checks r as Submit and SubmitN take it (the engine running, its
+// salt and retention) and gives it its own copy of the prompt. lv.mu must
+// be held.
+func (lv *Live) admit(r *LiveRequest) error {
+	if lv.stopped {
+		return ErrStopped
+	}
+	if err := checkSalt(r.CacheSalt, lv.salt); err != nil {
+		return err
+	}
+	if err := checkRetention(r.RetentionPriority, r.RetentionDuration); err != nil {
+		return &RequestError{Reason: err.Error()}
+	}
+	r.Prompt = slices.Clip(slices.Clone(r.Prompt))
+	return nil
 }
 
 // liveGroup is the requests of one SubmitN call, and the id of their
@@ -316,19 +324,10 @@ type liveGroup struct {
 // decs' order; errors are Submit's, and on one none was submitted.
 func (lv *Live) SubmitN(r LiveRequest, decs []workload.Decoding) ([]*Handle, error) {
 	lv.mu.Lock()
-	if lv.stopped {
-		lv.mu.Unlock()
-		return nil, ErrStopped
-	}
-	if err := checkSalt(r.CacheSalt, lv.salt); err != nil {
+	if err := lv.admit(&r); err != nil {
 		lv.mu.Unlock()
 		return nil, err
 	}
-	if err := checkRetention(r.RetentionPriority, r.RetentionDuration); err != nil {
-		lv.mu.Unlock()
-		return nil, &RequestError{Reason: err.Error()}
-	}
-	r.Prompt = slices.Clip(slices.Clone(r.Prompt))
 	g := &liveGroup{pre: lv.nextID}
 	lv.nextID++
 	for _, d := range decs {
