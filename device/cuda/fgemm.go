@@ -30,8 +30,7 @@ const fgemmPad = 64
 // streaming the weight. Both give the same bits (fgemm_test.go).
 const fgemmTiledRows = 256
 
-// tiledKernel is one of kernels/fgemm.cu's kernels for many rows: the
-// 8-warp kvx_fgemm_tiled (running sums in registers) or a wide one
+// tiledKernel is one of kernels/fgemm.cu's kernels for many rows
 // (kvx_fgemm_wide<bm>s<stages><s|g>: bm / 32 warps of 64 × 64, running
 // sums in shared memory or in C). All give the same bits.
 type tiledKernel struct {
@@ -63,12 +62,12 @@ func (k tiledKernel) smem() int {
 
 // tiledVariants are every tiled kernel (the tests run each on every
 // shape); tiledDefault is the one fgemm runs. BenchmarkFastTiled on the
-// H200 at Llama-3-8B's prefill shapes: kvx_fgemm_tiled 152-160 TFLOP/s,
+// H200 at Llama-3-8B's prefill shapes: an 8-warp kernel (64 × 32 a warp, its
+// running sums in registers; since removed) 152-160 TFLOP/s,
 // wide128s3s 206-218, wide256s3s 212-229, wide128s4g 142-151 (its running
 // sums in C spill registers). The wide kernels' three-stage ring (the
 // shared memory holds the running sums too) keeps one k tile in flight.
 var tiledVariants = []tiledKernel{
-	{bm: 128, stages: 4, threads: 256, name: "kvx_fgemm_tiled"},
 	wide(128, 3, true), wide(256, 3, true), wide(128, 4, false),
 }
 

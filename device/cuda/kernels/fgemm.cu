@@ -257,128 +257,16 @@ SKINNY(4, 4, 1, 64, 6)
 SKINNY(4, 8, 1, 64, 6)
 SKINNY(4, 2, 4, 64, 4)
 
-// The tiled kernel for many rows: block tile 128 × 128 × 32, 8 warps of
-// 64 × 32 (4 × 4 m16n8k16 tiles, 64 float32 accumulators a thread), a
-// 4-stage cp.async ring, ldmatrix from rows of 32 bf16 (4 chunks; chunk c of
-// row r at c ^ ((r / 2) % 4)). The same part sums per output as the
-// skinny kernel: at every part's end the part's accumulators are added to
-// the running sum (64 more registers a thread) and start again from zero.
-// Blocks go down TL_GROUP row tiles before the next column tile, so
-// a wave of blocks reads a few row and column tiles that L2 holds instead
-// of the whole weight once per row tile.
-#define TL_BM 128
+// The tile width, k tile and row grouping of the tiled kernels below:
+// blocks go down TL_GROUP row tiles before the next column tile, so a wave
+// of blocks reads a few row and column tiles that L2 holds instead of the
+// whole weight once per row tile. Shared rows are 32 bf16 (4 chunks; chunk
+// c of row r at c ^ ((r / 2) % 4)).
 #define TL_BN 128
 #define TL_BK 32
-#define TL_STAGES 4
-#define TL_THREADS 256
 #define TL_GROUP 8
 
 __device__ __forceinline__ int tl_swz(int r, int ch) { return r * TL_BK + ((ch ^ ((r >> 1) & 3)) * 8); }
-
-// kvx_fgemm_tiled: grid (ceil(M / 128) · ceil(N / 128)), block 256,
-// fgemmTiledSmem bytes of dynamic shared memory.
-// (At two blocks an SM, __launch_bounds__(TL_THREADS, 2), the compiler
-// spills the accumulators of the hot loop: prefill ran 7× slower on the
-// H200. One block an SM it is, until the kernel moves to wgmma.)
-extern "C" __global__ void __launch_bounds__(TL_THREADS)
-kvx_fgemm_tiled(float* C, const unsigned short* A, const unsigned short* W, long long M, long long N, long long ld) {
-	extern __shared__ __align__(16) unsigned char smem[];
-	unsigned short* sA = (unsigned short*)smem;
-	unsigned short* sB = sA + TL_STAGES * TL_BM * TL_BK;
-	const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-	const int g = lane / 4, t4 = lane % 4;
-	long long bm, bn;
-	{
-		const long long mt = (M + TL_BM - 1) / TL_BM, nt = (N + TL_BN - 1) / TL_BN, pid = blockIdx.x;
-		const long long per = TL_GROUP * nt, grp = pid / per, first = grp * TL_GROUP;
-		const long long rows = mt - first < TL_GROUP ? mt - first : TL_GROUP;
-		bm = (first + (pid % per) % rows) * TL_BM;
-		bn = ((pid % per) / rows) * TL_BN;
-	}
-	const int wm = (warp / 4) * 64, wn = (warp % 4) * 32;
-	const int KT = (int)(ld / TL_BK);
-
-	auto load = [&](int kt) {
-		const int st = kt % TL_STAGES;
-		unsigned short* a = sA + st * TL_BM * TL_BK;
-		unsigned short* b = sB + st * TL_BN * TL_BK;
-		const long long k0 = (long long)kt * TL_BK;
-#pragma unroll
-		for (int i = 0; i < 2; i++) {
-			const int c = tid + i * TL_THREADS, r = c / 4, ch = c % 4;
-			const bool oka = bm + r < M, okb = bn + r < N;
-			cp_async16_zfill(a + tl_swz(r, ch), A + (oka ? bm + r : 0) * ld + k0 + ch * 8, oka);
-			cp_async16_zfill(b + tl_swz(r, ch), W + (okb ? bn + r : 0) * ld + k0 + ch * 8, okb);
-		}
-	};
-
-	float acc[4][4][4], tot[4][4][4];
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-#pragma unroll
-		for (int j = 0; j < 4; j++)
-#pragma unroll
-			for (int e = 0; e < 4; e++) acc[i][j][e] = tot[i][j][e] = 0.f;
-
-#pragma unroll
-	for (int s = 0; s < TL_STAGES - 1; s++) {
-		if (s < KT) load(s);
-		cp_async_commit();
-	}
-	for (int kt = 0; kt < KT; kt++) {
-		cp_async_wait<TL_STAGES - 2>();
-		__syncthreads();
-		if (kt + TL_STAGES - 1 < KT) load(kt + TL_STAGES - 1);
-		cp_async_commit();
-		const int st = kt % TL_STAGES;
-		const unsigned short* a = sA + st * TL_BM * TL_BK;
-		const unsigned short* b = sB + st * TL_BN * TL_BK;
-#pragma unroll
-		for (int kk = 0; kk < TL_BK / 16; kk++) {
-			unsigned af[4][4], bf[2][4];
-#pragma unroll
-			for (int mt = 0; mt < 4; mt++) ldsm_x4(af[mt], a + tl_swz(wm + mt * 16 + lane % 16, kk * 2 + lane / 16));
-#pragma unroll
-			for (int np = 0; np < 2; np++)
-				ldsm_x4(bf[np], b + tl_swz(wn + np * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
-#pragma unroll
-			for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-				for (int np = 0; np < 2; np++) {
-					mma_bf16(acc[mt][2 * np], af[mt], bf[np][0], bf[np][1]);
-					mma_bf16(acc[mt][2 * np + 1], af[mt], bf[np][2], bf[np][3]);
-				}
-		}
-		if ((kt + 1) % (FG_PART / TL_BK) == 0 || kt == KT - 1) {
-			// The end of a part: add it to the running sum, in part order.
-			const bool first = kt < FG_PART / TL_BK;
-#pragma unroll
-			for (int i = 0; i < 4; i++)
-#pragma unroll
-				for (int j = 0; j < 4; j++)
-#pragma unroll
-					for (int e = 0; e < 4; e++) {
-						tot[i][j][e] = first ? acc[i][j][e] : __fadd_rn(tot[i][j][e], acc[i][j][e]);
-						acc[i][j][e] = 0.f;
-					}
-		}
-	}
-	cp_async_wait<0>();
-#pragma unroll
-	for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-		for (int nt = 0; nt < 4; nt++) {
-			const long long r = bm + wm + mt * 16 + g, c = bn + wn + nt * 8 + 2 * t4;
-			if (r < M) {
-				if (c < N) C[r * N + c] = tot[mt][nt][0];
-				if (c + 1 < N) C[r * N + c + 1] = tot[mt][nt][1];
-			}
-			if (r + 8 < M) {
-				if (c < N) C[(r + 8) * N + c] = tot[mt][nt][2];
-				if (c + 1 < N) C[(r + 8) * N + c + 1] = tot[mt][nt][3];
-			}
-		}
-}
 
 // The wide tiled kernels for many rows: block tile BM × 128 × 32 with
 // BM / 32 warps of 64 × 64 (4 × 8 m16n8k16 tiles, 128 float32 accumulators
