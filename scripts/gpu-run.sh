@@ -282,13 +282,13 @@ PY
 	return $rc
 }
 
-# bench: the cuda kernels' benchmarks (the test binary's), then PyTorch's
-# baselines on the same GPU and the table of ratios (scripts/cuda-bench.py).
 # wgmma: does Hopper's wgmma give mma.sync's bits (scripts/wgmma-probe.cu)?
 step_wgmma() {
 	nvcc -gencode arch=compute_90a,code=sm_90a -O2 -o "$OUT/wgmma-probe" scripts/wgmma-probe.cu && "$OUT/wgmma-probe"
 }
 
+# bench: the cuda kernels' benchmarks (the test binary's), then PyTorch's
+# baselines on the same GPU and the table of ratios (scripts/cuda-bench.py).
 step_bench() {
 	(cd test && timeout "${BENCH_TIMEOUT:-300}" ./cuda.test -test.run '^$' -test.bench "${BENCH:-Copy|DecodeGQA|MLADecode|DSA|GEMM|MatMul}" -test.benchtime "${BENCHTIME:-10x}") | tee "$OUT/go-bench.txt"
 	python3 scripts/cuda-bench.py --go-bench "$OUT/go-bench.txt" --out "$OUT"

@@ -62,38 +62,46 @@ func (k tiledKernel) smem() int {
 
 // tiledVariants are every tiled kernel (the tests run each on every
 // shape); tiledDefault is the one fgemm runs. BenchmarkFastTiled on the
-// H200 at Llama-3-8B's prefill shapes: an 8-warp kernel (64 × 32 a warp, its
-// running sums in registers; since removed) 152-160 TFLOP/s,
-// wide128s3s 206-218, wide256s3s 212-229, wide128s4g 142-151 (its running
-// sums in C spill registers). The wide kernels' three-stage ring (the
-// shared memory holds the running sums too) keeps one k tile in flight.
+// H200 at Llama-3-8B's prefill shapes, with the weights in the fragments'
+// order (W read with 16-byte shared loads): wide128s3s 198-209 TFLOP/s,
+// wide256s3s 204-220, wide128s4g 129-141 (its running sums in C spill
+// registers); with ldmatrix on the logical order they were 206-218,
+// 212-229 and 142-151. The wide kernels' three-stage ring (the shared
+// memory holds the running sums too) keeps one k tile in flight.
 var tiledVariants = []tiledKernel{
 	wide(128, 3, true), wide(256, 3, true), wide(128, 4, false),
 }
 
-var tiledDefault = wide(128, 3, true)
+var tiledDefault = wide(256, 3, true)
 
 // fgemmPart is the k values of a part (FG_PART in kernels/fgemm.cu): every
 // output is the sum, in part order, of one chain per part.
 const fgemmPart = 1024
 
 // skinnyKernel is one of kernels/fgemm.cu's skinny variants: m16 tiles,
-// column warps and k slots a block, the k tile and the stages of its ring,
-// and its entry point's name (made once, not per call).
+// column warps and k slots a block, and how the warps are fed: the direct
+// kernels (u > 0: kvx_fgemm_gemv*) load the weight straight into registers
+// u 32-wide k blocks a chunk, the ring ones (kvx_fgemm_skinny*) through a
+// cp.async ring of stages k tiles bk wide. Its entry point's name is made
+// once, not per call.
 type skinnyKernel struct {
-	mt, wc, wk, bk, stages int
-	name                   string
+	mt, wc, wk, bk, stages, u int
+	name                      string
 }
 
 func skinny(mt, wc, wk, bk, stages int) skinnyKernel {
-	return skinnyKernel{mt, wc, wk, bk, stages, fmt.Sprintf("kvx_fgemm_skinny%dc%dk%db%ds%d", mt, wc, wk, bk, stages)}
+	return skinnyKernel{mt, wc, wk, bk, stages, 0, fmt.Sprintf("kvx_fgemm_skinny%dc%dk%db%ds%d", mt, wc, wk, bk, stages)}
+}
+
+func gemv(mt, wc, wk, u int) skinnyKernel {
+	return skinnyKernel{mt: mt, wc: wc, wk: wk, u: u, name: fmt.Sprintf("kvx_fgemm_gemv%dc%dk%du%d", mt, wc, wk, u)}
 }
 
 // warps is the variant's warps a block.
 func (k skinnyKernel) warps() int { return k.wc * k.wk }
 
-// smem is the variant's dynamic shared memory: a ring a k slot, and the
-// other slots' partial sums.
+// smem is the variant's dynamic shared memory: a ring a k slot (ring
+// kernels), and the other slots' partial sums.
 func (k skinnyKernel) smem() int {
 	return k.wk*k.stages*(16*k.mt+8*k.wc)*k.bk*2 + (k.wk-1)*k.mt*k.wc*32*4*4
 }
@@ -101,18 +109,30 @@ func (k skinnyKernel) smem() int {
 // skinnyVariants are every skinny variant (the tests run each on every
 // shape); skinnyFor picks one for a call.
 var skinnyVariants = []skinnyKernel{
-	skinny(1, 1, 4, 64, 4), skinny(1, 1, 4, 128, 4), skinny(1, 1, 8, 64, 4), skinny(1, 2, 2, 128, 4), skinny(1, 2, 4, 64, 4),
-	skinny(1, 4, 1, 256, 4), skinny(1, 8, 1, 128, 4),
-	skinny(2, 2, 2, 64, 4), skinny(2, 2, 4, 64, 4), skinny(2, 4, 2, 64, 4),
-	skinny(4, 4, 2, 64, 4), skinny(4, 4, 1, 64, 6), skinny(4, 8, 1, 64, 6), skinny(4, 2, 4, 64, 4),
+	gemv(1, 2, 4, 4), gemv(1, 2, 8, 4), gemv(1, 2, 4, 8), gemv(1, 1, 4, 8), gemv(1, 4, 4, 4), gemv(1, 4, 1, 8),
+	gemv(2, 2, 4, 4), gemv(4, 4, 2, 4),
+	skinny(1, 2, 4, 64, 4), skinny(2, 2, 4, 64, 4), skinny(2, 4, 2, 64, 4), skinny(4, 4, 2, 64, 4),
 }
 
-// skinnyFor is the variant for n rows: the m16 tiles n needs, and k slots
-// that give the parts of the k range their own warps. The fastest of
-// BenchmarkFastSkinny on the H200 at Llama-3-8B's decode shapes: up to 16
-// rows, 2 column warps × 4 k slots (1.8-2.5 TB/s); up to 32, 4 × 2 (2.1
-// TB/s at 28672 × 4096); up to 64, 4 × 2 (0.8-1.3 TB/s).
-func skinnyFor(n int) skinnyKernel {
+// skinnyFor is the variant for n rows of a k range padded to ld: the m16
+// tiles n needs, and k slots that give the parts of the k range their own
+// warps. BenchmarkFastSkinny on the H200 at Llama-3-8B's decode shapes
+// (28672, 4096 and 6144 × 4096; 4096 × 14336), in TB/s:
+//   - up to 4 rows, the direct kernel, 2 column warps × 4 k slots (1 row:
+//     3.15, 2.45, 2.06, 2.19; 4 rows: 2.88, —, 1.79, 2.05), or × 8 k slots
+//     from 8 parts (2.41 at 4096 × 14336, 1 row; 2.25, 4 rows), against
+//     the ring kernel's 2.47, 1.82, 2.10, 1.91 (1 row);
+//   - up to 16 rows, the ring kernel, 2 × 4 (8 rows: 2.41, —, 2.04, 1.82;
+//     the direct kernel's A loads cost it there: 2.18, —, 1.47, 1.83);
+//   - up to 32 rows, the ring kernel 4 × 2 (1.97 at 28672 × 4096); up to
+//     64, 4 × 2 (1.21 at 28672 × 4096, 0.79 at 4096 × 14336).
+func skinnyFor(n, ld int) skinnyKernel {
+	switch {
+	case n <= 4 && ld >= 8*fgemmPart:
+		return gemv(1, 2, 8, 4)
+	case n <= 4:
+		return gemv(1, 2, 4, 4)
+	}
 	switch skinnyTile(n) {
 	case 1:
 		return skinny(1, 2, 4, 64, 4)
@@ -128,13 +148,23 @@ func skinnyFor(n int) skinnyKernel {
 // float32: the kernels that read them take float32.
 func bf16Weights(rows, cols int) bool { return rows >= 16 && cols >= 16 }
 
+// The k order of a bf16 row, the last argument of the conversion kernels:
+// a weight's rows are kept in the mma fragments' order (inside each
+// 32-value block, position 8t+2q+e holds k 8q+2t+e; kernels/fgemm.cu), so a
+// decode lane loads its fragments with one 16-byte load; activations keep
+// the logical order.
+const (
+	logicalOrder = 0
+	weightOrder  = 1
+)
+
 func padK(k int) int { return (k + fgemmPad - 1) / fgemmPad * fgemmPad }
 
 var _ hf.BF16Loader = (*ops)(nil)
 
 // WeightBF16 implements hf.BF16Loader: in fast mode a checkpoint's bf16
-// linear weight goes to the device as it is in the file (padded there),
-// with no float32 copy on the host.
+// linear weight goes to the device as it is in the file (padded and put
+// in the fragments' order there), with no float32 copy on the host.
 func (o *ops) WeightBF16(raw []byte, rows, cols int) (synth.Tensor, bool) {
 	if !o.fast || !bf16Weights(rows, cols) {
 		return nil, false
@@ -153,15 +183,11 @@ func (o *ops) WeightBF16(raw []byte, rows, cols int) (synth.Tensor, bool) {
 	}
 	*o.weights = append(*o.weights, h)
 	t.h = h
-	if t.ld == cols {
-		o.fail(upload(h, raw))
-		return t, true
-	}
 	if o.fail(o.stageBytes(raw)); o.err != nil {
 		return t, true
 	}
 	g, b := flat(rows * t.ld)
-	o.run("kvx_pad_bf16", g, b, 0, h, o.stage.p, rows, cols, t.ld)
+	o.run("kvx_pad_bf16", g, b, 0, h, o.stage.p, rows, cols, t.ld, weightOrder)
 	return t, true
 }
 
@@ -202,7 +228,7 @@ func (o *ops) weightBF16(t *tensor, data []float32) {
 		return
 	}
 	g, b := flat(t.r * t.ld)
-	o.run("kvx_to_bf16", g, b, 0, t.h, o.stage.p, t.r, t.c, t.ld)
+	o.run("kvx_to_bf16", g, b, 0, t.h, o.stage.p, t.r, t.c, t.ld, weightOrder)
 }
 
 // freeStage releases Weight's staging buffer (after loading). The caller
@@ -230,7 +256,7 @@ func (o *ops) f32(t *tensor) cu.DevicePtr {
 	}
 	*o.weights = append(*o.weights, p)
 	g, b := flat(t.r * t.c)
-	o.run("kvx_bf16_to_f32", g, b, 0, p, t.h, t.r, t.c, t.ld)
+	o.run("kvx_bf16_to_f32", g, b, 0, p, t.h, t.r, t.c, t.ld, weightOrder)
 	t.p = p
 	return p
 }
@@ -262,7 +288,7 @@ func (o *ops) fastMatMuls(xt *tensor, ws []*tensor) []*tensor {
 	if xa == 0 {
 		xa = o.scratch(int64(n) * int64(ld) * 2)
 		g, b := flat(n * ld)
-		o.run("kvx_to_bf16", g, b, 0, xa, xt.p, n, k, ld)
+		o.run("kvx_to_bf16", g, b, 0, xa, xt.p, n, k, ld, logicalOrder)
 	}
 	o.fgemm(xa, n, ld, gs)
 	return outs
@@ -284,7 +310,7 @@ func (o *ops) fgemm(a cu.DevicePtr, n, ld int, outs []gemmOut) {
 		}
 		return
 	}
-	k := skinnyFor(n)
+	k := skinnyFor(n, ld)
 	for len(outs) > 0 {
 		take := min(3, len(outs))
 		o.fgemmSkinny(a, n, ld, outs[:take], k)

@@ -111,7 +111,7 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 				reversed = o.ToHost(o.MatMul(o.Rows(x, rows), w))
 				xa := o.scratch(int64(n) * int64(w.ld) * 2)
 				g, b := flat(n * w.ld)
-				o.run("kvx_to_bf16", g, b, 0, xa, x.p, n, k, w.ld)
+				o.run("kvx_to_bf16", g, b, 0, xa, x.p, n, k, w.ld, logicalOrder)
 				for _, v := range skinnyVariants {
 					c := o.newTensor(n, m)
 					o.fgemmSkinny(xa, n, w.ld, []gemmOut{{c.p, w.h, m}}, v)
@@ -273,7 +273,7 @@ func lazyOperands(outer *testing.B, n, m, k int) func(b *testing.B) *gemmOperand
 			}
 			*o.weights = append(*o.weights, p.x, p.c)
 			g, bl := flat(n * p.w.ld)
-			o.run("kvx_to_bf16", g, bl, 0, p.x, xt.p, n, k, p.w.ld)
+			o.run("kvx_to_bf16", g, bl, 0, p.x, xt.p, n, k, p.w.ld, logicalOrder)
 			o.freeStage()
 		})
 		return p
@@ -285,7 +285,7 @@ func lazyOperands(outer *testing.B, n, m, k int) func(b *testing.B) *gemmOperand
 // skinnyFor is chosen from.
 func BenchmarkFastSkinny(b *testing.B) {
 	for _, s := range [][3]int{{1, 6144, 4096}, {1, 4096, 4096}, {1, 28672, 4096}, {1, 4096, 14336},
-		{8, 6144, 4096}, {8, 28672, 4096}, {8, 4096, 14336}, {32, 28672, 4096}, {64, 28672, 4096}, {64, 4096, 14336}} {
+		{2, 6144, 4096}, {2, 28672, 4096}, {4, 6144, 4096}, {4, 28672, 4096}, {4, 4096, 14336}, {8, 6144, 4096}, {8, 28672, 4096}, {8, 4096, 14336}, {32, 28672, 4096}, {64, 28672, 4096}, {64, 4096, 14336}} {
 		n, m, k := s[0], s[1], s[2]
 		setup := lazyOperands(b, n, m, k)
 		for _, v := range skinnyVariants {

@@ -25,63 +25,87 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, boo
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(ok ? 16 : 0));
 }
 
+// # Weights in the fragments' k order
+//
+// A weight's row is stored in blocks of 32 k values, and inside a block
+// physical position 8t + 2q + e holds logical k 8q + 2t + e (t, q < 4,
+// e < 2): lane t of an mma quad finds its B fragments of both k16 steps
+// of the block (k 2t, 2t+1, 2t+8, 2t+9 and those plus 16) in one 16-byte
+// chunk, which the decode kernel loads straight from global memory into
+// registers and the tiled ones with one shared-memory load. The map is its
+// own inverse, and a row's stride (a multiple of 64) holds whole blocks.
+// Activations keep the logical order. The order changes which bytes hold a
+// value, never the values an mma step multiplies: the bits of every output
+// are those of the logical layout.
+__device__ __forceinline__ long long wperm(long long c) {
+	const int i = (int)(c & 31);
+	return (c & ~31LL) | (long long)((((i >> 1) & 3) << 3) | ((i >> 3) << 1) | (i & 1));
+}
+
+// In the conversions below, perm != 0 means y (or x) is a weight, its rows
+// in the fragments' order; 0, an activation in the logical order.
+
 // kvx_to_bf16: y (rows × ld bf16) = x (rows × cols float32) rounded to
 // nearest even, columns cols..ld-1 zero. Grid-stride over rows × ld.
-extern "C" __global__ void kvx_to_bf16(unsigned short* y, const float* x, long long rows, long long cols, long long ld) {
+extern "C" __global__ void kvx_to_bf16(unsigned short* y, const float* x, long long rows, long long cols, long long ld, int perm) {
 	const long long n = rows * ld;
 	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-		const long long r = i / ld, c = i - r * ld;
+		const long long r = i / ld, p = i - r * ld, c = perm ? wperm(p) : p;
 		y[i] = c < cols ? to_bf16(x[r * cols + c]) : (unsigned short)0;
 	}
 }
 
 // kvx_pad_bf16: y (rows × ld bf16) = x (rows × cols bf16), columns
 // cols..ld-1 zero. Grid-stride over rows × ld.
-extern "C" __global__ void kvx_pad_bf16(unsigned short* y, const unsigned short* x, long long rows, long long cols, long long ld) {
+extern "C" __global__ void kvx_pad_bf16(unsigned short* y, const unsigned short* x, long long rows, long long cols, long long ld, int perm) {
 	const long long n = rows * ld;
 	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-		const long long r = i / ld, c = i - r * ld;
+		const long long r = i / ld, p = i - r * ld, c = perm ? wperm(p) : p;
 		y[i] = c < cols ? x[r * cols + c] : (unsigned short)0;
 	}
 }
 
 // kvx_bf16_to_f32: y (rows × cols float32) = x (rows × ld bf16), exactly.
-extern "C" __global__ void kvx_bf16_to_f32(float* y, const unsigned short* x, long long rows, long long cols, long long ld) {
+extern "C" __global__ void kvx_bf16_to_f32(float* y, const unsigned short* x, long long rows, long long cols, long long ld, int perm) {
 	const long long n = rows * cols;
 	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
 		const long long r = i / cols, c = i - r * cols;
-		y[i] = bf16_float(x[r * ld + c]);
+		y[i] = bf16_float(x[r * ld + (perm ? wperm(c) : c)]);
 	}
 }
 
 // kvx_gather_bf16: out row i (cols float32) = row idx[i] of table (ld bf16),
 // exactly. Grid: one block per row (grid-stride past 65535).
-extern "C" __global__ void kvx_gather_bf16(float* out, const unsigned short* table, const int* idx, long long rows, long long cols, long long ld) {
+extern "C" __global__ void kvx_gather_bf16(float* out, const unsigned short* table, const int* idx, long long rows, long long cols, long long ld, int perm) {
 	for (long long i = blockIdx.x; i < rows; i += gridDim.x) {
 		const unsigned short* src = table + (long long)idx[i] * ld;
-		for (long long c = threadIdx.x; c < cols; c += blockDim.x) out[i * cols + c] = bf16_float(src[c]);
+		for (long long c = threadIdx.x; c < cols; c += blockDim.x) out[i * cols + c] = bf16_float(src[perm ? wperm(c) : c]);
 	}
 }
 
 #define FG_PART 1024 // k values a part
 
-// The skinny kernel, for few rows (decode): a block has WC × WK warps and
+// The skinny kernels, for few rows (decode): a block has WC × WK warps and
 // covers 16·MT rows and 8·WC columns (a warp owns one n8 tile of columns
 // and all the block's rows). The WK k slots take the parts in turn: slot
-// ks runs parts ks, ks + WK, ...; its WC warps share a cp.async ring of
-// STAGES BK-wide k tiles (A and W rows, global -> shared, then ldmatrix)
-// and a named barrier. After each round of WK parts the block folds them
-// into the running sum (held by slot 0's warps) in part order, so the sum
-// is the same as one warp adding the parts one after another. Operands'
-// shared rows are BK bf16 = BK/8 chunks of 16 bytes; chunk c of row r is
-// stored at c ^ (r % 8), so the 8 rows an ldmatrix reads hit 8 bank
-// groups. The grid's x walks the row tiles, so the blocks that read the
-// same weight columns run together and all but the first find them in L2.
+// ks runs parts ks, ks + WK, ...; after each round of WK parts the block
+// folds them into the running sum (held by slot 0's warps) in part order,
+// so the sum is the same as one warp adding the parts one after another.
+// The grid's x walks the row tiles, so the blocks that read the same
+// weight columns run together and all but the first find them in L2.
+//
+// Two ways to feed the warps: kvx_fgemm_gemv* loads each lane's weight
+// fragments straight from global memory into registers (one 16-byte load
+// a 32-wide k block, U blocks a chunk, two chunks in flight), and its A
+// fragments from global memory too (L1 keeps the few rows); the ring
+// kernels kvx_fgemm_skinny* stage A and W through a cp.async ring of
+// STAGES BK-wide k tiles a slot, shared by its WC warps with a named
+// barrier.
 //
 // Rows of A past M are not loaded: mma rows are independent, so whatever
-// their shared memory holds reaches only outputs that are never stored.
-// Parts are whole k16 steps (ld is a multiple of 64), and a k tile past a
-// part's end is not loaded or run: the chains are the same for every BK.
+// the registers hold reaches only outputs that are never stored. Parts are
+// whole k16 steps (ld is a multiple of 64), and a k block past a part's end
+// is not loaded or run: the chains are the same for every variant.
 //
 // A call may cover up to three weights of the same K read by one A (a
 // layer's q, k and v, or gate and up): the columns are the concatenation
@@ -92,9 +116,72 @@ struct skinnyOut {
 	float *C0, *C1, *C2;
 	const unsigned short *W0, *W1, *W2;
 	long long N0, N1, N2; // columns of each weight
+
+	__device__ __forceinline__ long long n() const { return N0 + N1 + N2; }
+	// row is weight column n's row (n < n()).
+	__device__ __forceinline__ const unsigned short* row(long long n, long long ld) const {
+		return n < N0 ? W0 + n * ld : (n < N0 + N1 ? W1 + (n - N0) * ld : W2 + (n - N0 - N1) * ld);
+	}
 };
 
-__device__ __forceinline__ int sk_swz(int r, int ch, int bk) { return r * bk + ((ch ^ (r & 7)) * 8); }
+// sk_fold adds the round's parts (WK slots' acc, in slot order) into slot
+// 0's tot; red is (WK - 1) slots' partial sums in shared memory. Every
+// thread of the block calls it once a round; acc is zero after.
+template <int MT, int WC, int WK>
+__device__ __forceinline__ void sk_fold(float (&acc)[MT][4], float (&tot)[MT][4], float* red, int rd, int inRound, int ks, int wc, int lane) {
+	if (ks > 0 && ks < inRound) {
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) red[((((ks - 1) * MT + mt) * WC + wc) * 32 + lane) * 4 + e] = acc[mt][e];
+	}
+	if (WK > 1) __syncthreads();
+	if (ks == 0) {
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				float v = rd == 0 ? acc[mt][e] : __fadd_rn(tot[mt][e], acc[mt][e]);
+				for (int q = 1; q < inRound; q++) v = __fadd_rn(v, red[((((q - 1) * MT + mt) * WC + wc) * 32 + lane) * 4 + e]);
+				tot[mt][e] = v;
+			}
+	}
+	if (WK > 1) __syncthreads(); // red is free for the next round
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+}
+
+// sk_store writes slot 0's sums: this warp's 8 columns from n0 + wc·8, the
+// block's rows from m0.
+template <int MT>
+__device__ __forceinline__ void sk_store(const skinnyOut& o, const float (&tot)[MT][4], long long M, long long m0, long long n0, int wc, int lane) {
+	const int g = lane / 4, t4 = lane % 4;
+#pragma unroll
+	for (int e = 0; e < 2; e++) {
+		long long c = n0 + wc * 8 + 2 * t4 + e;
+		if (c >= o.n()) continue;
+		float* C = o.C0;
+		long long ldc = o.N0;
+		if (c >= o.N0 + o.N1) {
+			C = o.C2, ldc = o.N2, c -= o.N0 + o.N1;
+		} else if (c >= o.N0) {
+			C = o.C1, ldc = o.N1, c -= o.N0;
+		}
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) {
+			const long long r = m0 + mt * 16 + g;
+			if (r < M) C[r * ldc + c] = tot[mt][e];
+			if (r + 8 < M) C[(r + 8) * ldc + c] = tot[mt][2 + e];
+		}
+	}
+}
+
+// The ring kernels' shared rows are BK bf16 = BK/8 chunks of 16 bytes;
+// chunk c of row r is stored at c ^ s(r), s(r) = (r % 8) ^ 4·(r % 2): the 8
+// rows an ldmatrix reads (A) hit 8 bank groups, and so do the two rows ×
+// four chunks a quarter warp's 16-byte loads read (W, one 32-wide k block
+// of two rows).
+__device__ __forceinline__ int sk_swz(int r, int ch, int bk) { return r * bk + ((ch ^ (r & 7) ^ ((r & 1) << 2)) * 8); }
 
 // sk_bar synchronizes the nthreads threads of named barrier id (1...).
 __device__ __forceinline__ void sk_bar(int id, int nthreads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads)); }
@@ -109,14 +196,10 @@ __device__ __forceinline__ void fgemm_skinny(const unsigned short* A, const skin
 	unsigned short* sB = sA + STAGES * AR * BK;
 	float* red = (float*)((unsigned short*)sk_smem + WK * SLOT); // (WK - 1) slots' partial sums
 	const long long m0 = (long long)blockIdx.x * AR, n0 = (long long)blockIdx.y * BR;
-	const long long N = o.N0 + o.N1 + o.N2;
+	const long long N = o.n();
 	const int arows = (int)(M - m0 < AR ? M - m0 : AR);
 	const int parts = (int)((ld + FG_PART - 1) / FG_PART);
 
-	// This thread's weight rows and columns are fixed over k.
-	auto wrow = [&](long long n) -> const unsigned short* {
-		return n < o.N0 ? o.W0 + n * ld : (n < o.N0 + o.N1 ? o.W1 + (n - o.N0) * ld : o.W2 + (n - o.N0 - o.N1) * ld);
-	};
 	// The slot's k tiles, in order over its parts: tile i of the slot is
 	// part ks + WK·(i / TPP), k tile i % TPP of it (some past a short last
 	// part's end: not loaded, not run).
@@ -137,7 +220,7 @@ __device__ __forceinline__ void fgemm_skinny(const unsigned short* A, const skin
 				const int rb = r - arows;
 				const long long n = n0 + rb;
 				const bool ok = n < N && kin;
-				cp_async16_zfill(sB + st * BR * BK + sk_swz(rb, ch, BK), ok ? wrow(n) + k0 + ch * 8 : o.W0, ok);
+				cp_async16_zfill(sB + st * BR * BK + sk_swz(rb, ch, BK), ok ? o.row(n, ld) + k0 + ch * 8 : o.W0, ok);
 			}
 		}
 	};
@@ -153,6 +236,7 @@ __device__ __forceinline__ void fgemm_skinny(const unsigned short* A, const skin
 		if (s < tiles) load(s);
 		cp_async_commit();
 	}
+	const int g = lane / 4, t4 = lane % 4;
 	const int rounds = (parts + WK - 1) / WK;
 	for (int rd = 0; rd < rounds; rd++) {
 		// This slot's part of the round (none when the round is short).
@@ -171,9 +255,10 @@ __device__ __forceinline__ void fgemm_skinny(const unsigned short* A, const skin
 #pragma unroll
 				for (int kk = 0; kk < BK / 16; kk += 2) {
 					if (kk >= steps) break; // ld is a multiple of 64: steps is even
-					// bf[0], bf[1]: this warp's 8 columns at k16 step kk; bf[2], bf[3] at kk+1.
+					// bf[0], bf[1]: this warp's 8 columns at k16 step kk; bf[2], bf[3] at kk+1
+					// (one chunk of the 32-wide block in the fragments' order).
 					unsigned bf[4];
-					ldsm_x4(bf, b + sk_swz(wc * 8 + lane % 8, kk * 2 + lane / 8, BK));
+					lds128(bf, b + sk_swz(wc * 8 + g, kk * 2 + t4, BK));
 #pragma unroll
 					for (int j = 0; j < 2; j++) {
 #pragma unroll
@@ -186,50 +271,10 @@ __device__ __forceinline__ void fgemm_skinny(const unsigned short* A, const skin
 				}
 			}
 		}
-		// Fold the round's parts, in order, into slot 0's running sum.
-		const int inRound = parts - rd * WK < WK ? parts - rd * WK : WK;
-		if (ks > 0 && ks < inRound) {
-#pragma unroll
-			for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-				for (int e = 0; e < 4; e++) red[((((ks - 1) * MT + mt) * WC + wc) * 32 + lane) * 4 + e] = acc[mt][e];
-		}
-		if (WK > 1) __syncthreads();
-		if (ks == 0) {
-#pragma unroll
-			for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					float v = rd == 0 ? acc[mt][e] : __fadd_rn(tot[mt][e], acc[mt][e]);
-					for (int q = 1; q < inRound; q++) v = __fadd_rn(v, red[((((q - 1) * MT + mt) * WC + wc) * 32 + lane) * 4 + e]);
-					tot[mt][e] = v;
-				}
-		}
-		if (WK > 1) __syncthreads(); // red is free for the next round
-#pragma unroll
-		for (int mt = 0; mt < MT; mt++) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+		sk_fold<MT, WC, WK>(acc, tot, red, rd, parts - rd * WK < WK ? parts - rd * WK : WK, ks, wc, lane);
 	}
 	cp_async_wait<0>();
-	if (ks != 0) return;
-	const int g = lane / 4, t4 = lane % 4;
-#pragma unroll
-	for (int e = 0; e < 2; e++) {
-		long long c = n0 + wc * 8 + 2 * t4 + e;
-		if (c >= N) continue;
-		float* C = o.C0;
-		long long ldc = o.N0;
-		if (c >= o.N0 + o.N1) {
-			C = o.C2, ldc = o.N2, c -= o.N0 + o.N1;
-		} else if (c >= o.N0) {
-			C = o.C1, ldc = o.N1, c -= o.N0;
-		}
-#pragma unroll
-		for (int mt = 0; mt < MT; mt++) {
-			const long long r = m0 + mt * 16 + g;
-			if (r < M) C[r * ldc + c] = tot[mt][e];
-			if (r + 8 < M) C[(r + 8) * ldc + c] = tot[mt][2 + e];
-		}
-	}
+	if (ks == 0) sk_store<MT>(o, tot, M, m0, n0, wc, lane);
 }
 
 // kvx_fgemm_skinny<MT>c<WC>k<WK>b<BK>s<STAGES>: grid (ceil(M / (16·MT)),
@@ -242,20 +287,119 @@ __device__ __forceinline__ void fgemm_skinny(const unsigned short* A, const skin
 		const skinnyOut o = {C0, C1, C2, W0, W1, W2, N0, N1, N2};                                                      \
 		fgemm_skinny<MT, WC, WK, BK, STAGES>(A, o, M, ld);                                                             \
 	}
-SKINNY(1, 1, 4, 64, 4)
-SKINNY(1, 1, 4, 128, 4)
-SKINNY(1, 1, 8, 64, 4)
-SKINNY(1, 2, 2, 128, 4)
 SKINNY(1, 2, 4, 64, 4)
-SKINNY(1, 4, 1, 256, 4)
-SKINNY(1, 8, 1, 128, 4)
-SKINNY(2, 2, 2, 64, 4)
 SKINNY(2, 2, 4, 64, 4)
 SKINNY(2, 4, 2, 64, 4)
 SKINNY(4, 4, 2, 64, 4)
-SKINNY(4, 4, 1, 64, 6)
-SKINNY(4, 8, 1, 64, 6)
-SKINNY(4, 2, 4, 64, 4)
+
+// The direct kernel: a lane's weight fragments of a 32-wide k block are one
+// 16-byte chunk of its column's row (the fragments' order), loaded into
+// registers with no shared memory between; U blocks make a chunk, and the
+// next chunk's loads are issued before the current one's mma, so two
+// chunks (2·U·512 bytes a warp) are in flight. A's fragments are 4-byte
+// loads of the few rows, which L1 keeps.
+template <int MT, int WC, int WK, int U>
+__device__ __forceinline__ void fgemm_gemv(const unsigned short* A, const skinnyOut& o, long long M, long long ld) {
+	constexpr int NCH = FG_PART / 32 / U; // chunks a part
+	static_assert(NCH >= 2 && NCH % 2 == 0, "a part is an even number of chunks");
+	extern __shared__ __align__(16) unsigned char gv_smem[];
+	float* red = (float*)gv_smem; // (WK - 1) slots' partial sums
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+	const int ks = warp / WC, wc = warp % WC;
+	const long long m0 = (long long)blockIdx.x * 16 * MT, n0 = (long long)blockIdx.y * 8 * WC;
+	const long long n = n0 + wc * 8 + g;
+	const unsigned short* wr = n < o.n() ? o.row(n, ld) + 8 * t4 : nullptr;
+	const int parts = (int)((ld + FG_PART - 1) / FG_PART);
+	const int myParts = parts > ks ? (parts - ks + WK - 1) / WK : 0;
+
+	// ar[mt][h]: row m0 + 16·mt + g + 8·h of A at k 2·t4, or none past M.
+	const unsigned short* ar[MT][2];
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const long long r = m0 + mt * 16 + g + 8 * h;
+			ar[mt][h] = r < M ? A + r * ld + 2 * t4 : nullptr;
+		}
+	auto a32 = [&](int mt, int h, long long k) -> unsigned {
+		return ar[mt][h] ? __ldg((const unsigned*)(ar[mt][h] + k)) : 0u;
+	};
+	// ldw loads chunk ch of part p: blocks past ld are not loaded.
+	auto ldw = [&](uint4 (&w)[U], int p, int ch) {
+		const long long k0 = (long long)p * FG_PART + (long long)ch * U * 32;
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			const long long kb = k0 + u * 32;
+			if (wr && kb < ld) w[u] = ldg_stream(wr + kb);
+		}
+	};
+	// mm runs chunk ch of part p: two k16 steps a block, in k order.
+	auto mm = [&](const uint4 (&w)[U], int p, int ch, float (&acc)[MT][4]) {
+		const long long k0 = (long long)p * FG_PART + (long long)ch * U * 32;
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			const long long kb = k0 + u * 32;
+			if (kb >= ld) break;
+#pragma unroll
+			for (int j = 0; j < 2; j++) {
+				const unsigned b0 = j ? w[u].z : w[u].x, b1 = j ? w[u].w : w[u].y;
+#pragma unroll
+				for (int mt = 0; mt < MT; mt++) {
+					const long long k = kb + 16 * j;
+					const unsigned af[4] = {a32(mt, 0, k), a32(mt, 1, k), a32(mt, 0, k + 8), a32(mt, 1, k + 8)};
+					mma_bf16(acc[mt], af, b0, b1);
+				}
+			}
+		}
+	};
+
+	float acc[MT][4], tot[MT][4];
+#pragma unroll
+	for (int i = 0; i < MT; i++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) acc[i][e] = tot[i][e] = 0.f;
+	uint4 w0[U], w1[U];
+#pragma unroll
+	for (int u = 0; u < U; u++) w0[u] = w1[u] = make_uint4(0, 0, 0, 0);
+	if (myParts > 0) ldw(w0, ks, 0);
+	const int rounds = (parts + WK - 1) / WK;
+	for (int rd = 0; rd < rounds; rd++) {
+		if (rd < myParts) {
+			const int p = ks + WK * rd;
+#pragma unroll 1
+			for (int c = 0; c < NCH; c += 2) {
+				ldw(w1, p, c + 1);
+				mm(w0, p, c, acc);
+				if (c + 2 < NCH) {
+					ldw(w0, p, c + 2);
+				} else if (rd + 1 < myParts) {
+					ldw(w0, p + WK, 0); // the slot's next part, before this one's last chunk runs
+				}
+				mm(w1, p, c + 1, acc);
+			}
+		}
+		sk_fold<MT, WC, WK>(acc, tot, red, rd, parts - rd * WK < WK ? parts - rd * WK : WK, ks, wc, lane);
+	}
+	if (ks == 0) sk_store<MT>(o, tot, M, m0, n0, wc, lane);
+}
+
+// kvx_fgemm_gemv<MT>c<WC>k<WK>u<U>: grid and arguments as the ring
+// kernels', skinnyKernel.smem() bytes of dynamic shared memory.
+#define GEMV(MT, WC, WK, U)                                                                                    \
+	extern "C" __global__ void __launch_bounds__(32 * WC * WK) kvx_fgemm_gemv##MT##c##WC##k##WK##u##U(      \
+		const unsigned short* A, long long M, long long ld, float* C0, const unsigned short* W0, long long N0, \
+		float* C1, const unsigned short* W1, long long N1, float* C2, const unsigned short* W2, long long N2) { \
+		const skinnyOut o = {C0, C1, C2, W0, W1, W2, N0, N1, N2};                                             \
+		fgemm_gemv<MT, WC, WK, U>(A, o, M, ld);                                                               \
+	}
+GEMV(1, 2, 4, 4)
+GEMV(1, 2, 8, 4)
+GEMV(1, 2, 4, 8)
+GEMV(1, 1, 4, 8)
+GEMV(1, 4, 4, 4)
+GEMV(1, 4, 1, 8)
+GEMV(2, 2, 4, 4)
+GEMV(4, 4, 2, 4)
 
 // The tile width, k tile and row grouping of the tiled kernels below:
 // blocks go down TL_GROUP row tiles before the next column tile, so a wave
@@ -270,8 +414,9 @@ __device__ __forceinline__ int tl_swz(int r, int ch) { return r * TL_BK + ((ch ^
 
 // The wide tiled kernels for many rows: block tile BM × 128 × 32 with
 // BM / 32 warps of 64 × 64 (4 × 8 m16n8k16 tiles, 128 float32 accumulators
-// a thread: a k16 step reads 8 ldmatrix fragments for 32 mma, against the
-// 8-warp kernel's 6 for 16), a STAGES-deep cp.async ring. The part sums
+// a thread: a 32-wide k tile reads 8 ldmatrix fragments of A and 8
+// 16-byte chunks of W, in the fragments' order, for 64 mma), a
+// STAGES-deep cp.async ring. The part sums
 // are those of every kernel above: at a part's end the thread adds its
 // accumulators, in part order, to a running sum that lives outside its
 // registers (128 more would not fit), in shared memory (TOT_SMEM: BM × 128
@@ -338,21 +483,20 @@ __device__ __forceinline__ void fgemm_wide(float* C, const unsigned short* A, co
 		const int st = kt % STAGES;
 		const unsigned short* a = sA + st * BM * BK;
 		const unsigned short* b = sB + st * BN * BK;
+		// The k tile is one 32-wide block of the weights' fragment order:
+		// bf[nt] holds n tile nt's fragments of both k16 steps.
+		unsigned bf[8][4];
+#pragma unroll
+		for (int nt = 0; nt < 8; nt++) lds128(bf[nt], b + tl_swz(wn + nt * 8 + g, t4));
 #pragma unroll
 		for (int kk = 0; kk < BK / 16; kk++) {
-			unsigned af[4][4], bf[4][4];
+			unsigned af[4][4];
 #pragma unroll
 			for (int mt = 0; mt < 4; mt++) ldsm_x4(af[mt], a + tl_swz(wm + mt * 16 + lane % 16, kk * 2 + lane / 16));
 #pragma unroll
-			for (int np = 0; np < 4; np++)
-				ldsm_x4(bf[np], b + tl_swz(wn + np * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
-#pragma unroll
 			for (int mt = 0; mt < 4; mt++)
 #pragma unroll
-				for (int np = 0; np < 4; np++) {
-					mma_bf16(acc[mt][2 * np], af[mt], bf[np][0], bf[np][1]);
-					mma_bf16(acc[mt][2 * np + 1], af[mt], bf[np][2], bf[np][3]);
-				}
+				for (int nt = 0; nt < 8; nt++) mma_bf16(acc[mt][nt], af[mt], bf[nt][2 * kk], bf[nt][2 * kk + 1]);
 		}
 		if ((kt + 1) % (FG_PART / BK) == 0 || kt == KT - 1) {
 			// The end of a part: add it to the running sum, in part order.

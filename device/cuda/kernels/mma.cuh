@@ -34,6 +34,21 @@ __device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const void* p) {
 		: "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
 }
 
+// lds128 loads 16 bytes of shared memory into four registers.
+__device__ __forceinline__ void lds128(unsigned* r, const void* p) {
+	asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// ldg_stream loads 16 bytes of read-only global memory that is read once
+// (a weight streamed by a decode matmul): not kept in L1. Not volatile:
+// the memory never changes while a kernel runs, so the compiler may move it.
+__device__ __forceinline__ uint4 ldg_stream(const void* p) {
+	uint4 v;
+	asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+		: "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+	return v;
+}
+
 // mma_bf16: c += a · b, one m16n8k16 tile.
 __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
 	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
