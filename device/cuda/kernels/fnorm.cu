@@ -27,6 +27,9 @@ extern "C" __global__ void __launch_bounds__(FN_THREADS) kvx_frmsnorm(float* out
 	for (ll r = blockIdx.x; r < rows; r += gridDim.x) {
 		const float* xr = x + r * cols;
 		float s = 0.0f;
+		// Unrolled so that a thread's loads are in flight together (the adds
+		// stay one chain in ascending i).
+#pragma unroll 8
 		for (ll i = t; i < cols; i += FN_THREADS) s = __fadd_rn(s, __fmul_rn(xr[i], xr[i]));
 #pragma unroll
 		for (int m = 16; m > 0; m >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, m));
@@ -37,11 +40,29 @@ extern "C" __global__ void __launch_bounds__(FN_THREADS) kvx_frmsnorm(float* out
 		for (int i = 1; i < FN_THREADS / 32; i++) dot = __fadd_rn(dot, ws[i]);
 		const float ms = __fdiv_rn(dot, __ll2float_rn(cols));
 		const float inv = __double2float_rn(__ddiv_rn(1.0, __dsqrt_rn((double)__fadd_rn(ms, eps))));
+		// The row's outputs, 8 a thread at a time: all 8 loads are issued
+		// before the first store (out may be x itself).
 		float* o = out + r * cols;
-		for (ll i = t; i < cols; i += FN_THREADS) o[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
-		if (ob) {
-			unsigned short* b = ob + r * ld;
-			for (ll i = t; i < ld; i += FN_THREADS) b[i] = i < cols ? to_bf16(__fmul_rn(__fmul_rn(xr[i], inv), w[i])) : (unsigned short)0;
+		unsigned short* b = ob ? ob + r * ld : nullptr;
+		for (ll i0 = t; i0 < cols; i0 += 8 * FN_THREADS) {
+			float xv[8], wv[8];
+#pragma unroll
+			for (int j = 0; j < 8; j++) {
+				const ll i = i0 + j * FN_THREADS;
+				xv[j] = i < cols ? xr[i] : 0.0f;
+				wv[j] = i < cols ? w[i] : 0.0f;
+			}
+#pragma unroll
+			for (int j = 0; j < 8; j++) {
+				const ll i = i0 + j * FN_THREADS;
+				if (i >= cols) break;
+				const float y = __fmul_rn(__fmul_rn(xv[j], inv), wv[j]);
+				o[i] = y;
+				if (b) b[i] = to_bf16(y);
+			}
+		}
+		if (b) {
+			for (ll i = cols + t; i < ld; i += FN_THREADS) b[i] = 0;
 		}
 		__syncthreads(); // ws is read by every thread before the next row writes it
 	}
