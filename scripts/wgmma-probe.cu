@@ -39,16 +39,20 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ void wg_n8(float* d, const unsigned* a, uint64_t b) {
-	asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, 1, 1, 1, 0;\n"
+	// scale-d is a predicate operand (accumulate into d when true), as
+	// CUTLASS writes it; an immediate there is not what the ISA takes.
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+		"wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
 		: "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
 #define R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 __device__ __forceinline__ void wg_n128(float* d, const unsigned* a, uint64_t b) {
-	asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+		"wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
 		"{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
 		"%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-		"{%64,%65,%66,%67}, %68, 1, 1, 1, 0;\n"
+		"{%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
 		: R8(0), R8(8), R8(16), R8(24), R8(32), R8(40), R8(48), R8(56)
 		: "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
@@ -57,7 +61,10 @@ __device__ __forceinline__ void wg_n128(float* d, const unsigned* a, uint64_t b)
 // layer's weight), out[mode][64][N]. mode 0: mma.sync; 1, 2: wgmma n128 with
 // (lbo, sbo) = (128, 256) or (256, 128); 3, 4: wgmma n8 likewise.
 __global__ void probe(const unsigned short* A, const unsigned short* B, float* out) {
-	__shared__ __align__(128) unsigned short sb[N * 16]; // core matrices (n/8, k/8): 128 bytes each
+	// Core matrices (n/8, k/8): 128 bytes each; 256 bytes of slack past them,
+	// which the wrong encoding's last n8 tile reads (lbo 256 from the last
+	// tile's base), so a wrong guess gives wrong values, not a fault.
+	__shared__ __align__(128) unsigned short sb[N * 16 + 128];
 	const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 	const unsigned short* At = A + (size_t)blockIdx.x * 64 * 16 * STEPS;
 	const unsigned short* Bt = B + (size_t)blockIdx.x * N * 16 * STEPS;
