@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -124,6 +125,27 @@ func TestServePromptLogprobs(t *testing.T) {
 	if fmt.Sprint(streamed) != fmt.Sprint(lps) {
 		t.Errorf("streamed token_logprobs %v, want %v", streamed, lps)
 	}
+
+	// Chunks of 7 tokens on the other manager, three such requests at once
+	// in a cache that holds two: the same rows, each position once.
+	other := startServe(t, genScenario, serveOpts{}, "max_num_tokens=7", "kv_cache_config.tokens_per_block=4", "cache_manager=v1", "kv_cache_config.max_tokens=192", "max_seq_len=128")
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, v, _ := post(t, other+"/v1/completions", body)
+			if code != 200 {
+				t.Errorf("chunks of 7: %d %v", code, v)
+				return
+			}
+			got := v["choices"].([]any)[0].(map[string]any)["logprobs"].(map[string]any)["token_logprobs"]
+			if fmt.Sprint(got) != fmt.Sprint(lps) {
+				t.Errorf("chunks of 7, v1: token_logprobs %v, want %v", got, lps)
+			}
+		}()
+	}
+	wg.Wait()
 
 	for _, bad := range []string{`21`, `-1`, `"2"`, `1.5`} {
 		code, v, _ := post(t, base+"/v1/completions", `{"prompt":"kvx","max_tokens":1,"prompt_logprobs":`+bad+`}`)
