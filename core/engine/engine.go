@@ -146,8 +146,8 @@ type request struct {
 	promptTopK int
 	promptLP   []float64
 	promptTop  [][]worker.TokenLogprob
-	stopped  bool                    // a stop condition ended it before maxNew (finish_reason "stop")
-	reused   int                     // prompt tokens the prefix cache supplied at the first admission
+	stopped    bool // a stop condition ended it before maxNew (finish_reason "stop")
+	reused     int  // prompt tokens the prefix cache supplied at the first admission
 	// group, on the hidden prefix request of forked requests (fork.go):
 	// when it ends, its sequence forks into the group's requests instead
 	// of being released.
