@@ -133,6 +133,9 @@ type Pass struct {
 	Nanos   int64
 	Hidden  []byte          // computing devices, every stage but the last
 	Outputs []worker.Output // computing devices, last stage
+	// Prompt are the prompt rows of the items that asked
+	// (worker.Item.PromptLogprobs); computing devices, last stage.
+	Prompt []worker.PromptLogprobs
 }
 
 // Stage is what a device learns at Configure, already validated: the config

@@ -321,7 +321,7 @@ func (w *Worker) Forward(ctx context.Context, b worker.Batch) (worker.Result, er
 	res := worker.Result{Nanos: pass.Nanos, Modelled: w.dev.Modelled()}
 	switch {
 	case !res.Modelled && w.last:
-		res.Outputs = pass.Outputs
+		res.Outputs, res.Prompt = pass.Outputs, pass.Prompt
 	case !res.Modelled:
 		res.Hidden = pass.Hidden
 	case w.last:
@@ -361,6 +361,9 @@ func (w *Worker) checkItems(items []worker.Item) error {
 		}
 		if it.TopLogprobs < 0 {
 			return itemErr(it.Seq, "seq %d at pos %d: top logprobs %d must be >= 0", it.Seq, it.Pos, it.TopLogprobs)
+		}
+		if it.PromptTopLogprobs < 0 {
+			return itemErr(it.Seq, "seq %d at pos %d: prompt top logprobs %d must be >= 0", it.Seq, it.Pos, it.PromptTopLogprobs)
 		}
 		if err := it.Sampling.Check(it.Pos, n); err != nil {
 			return itemErr(it.Seq, "seq %d at pos %d: %v", it.Seq, it.Pos, err)

@@ -41,9 +41,13 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 	explain := e.explains()
 	limit := make([]int, len(ids)) // prompt length asked about
 	open := make([]int, len(ids))  // indexes of ids still to settle
+	open = open[:0]
 	for i, id := range ids {
 		limit[i] = len(e.byID[id].tokens)
-		open[i] = i
+		if e.byID[id].wantPrompt {
+			continue // every prompt position is computed: out[i] = 0
+		}
+		open = append(open, i)
 	}
 	for round := 0; len(open) > 0; round++ {
 		if round == maxLookupRounds {

@@ -138,8 +138,16 @@ type request struct {
 	logprobs [][]worker.TokenLogprob // of each generated token, while the worker returns them (topK > 0)
 	dec      workload.Decoding       // sampling and stop conditions
 	chosen   []float64               // the log-probability of each generated token (dec.Logprobs)
-	stopped  bool                    // a stop condition ended it before maxNew (finish_reason "stop")
-	reused   int                     // prompt tokens the prefix cache supplied at the first admission
+	// Prompt logprobs (LiveRequest.PromptLogprobs): wantPrompt asks,
+	// promptTopK lists per position; promptLP[i] (and promptTop[i]) is
+	// position i's row, about prompt token i+1, taken once each as the
+	// chunks come back (forward.go).
+	wantPrompt bool
+	promptTopK int
+	promptLP   []float64
+	promptTop  [][]worker.TokenLogprob
+	stopped    bool // a stop condition ended it before maxNew (finish_reason "stop")
+	reused     int  // prompt tokens the prefix cache supplied at the first admission
 	// group, on the hidden prefix request of forked requests (fork.go):
 	// when it ends, its sequence forks into the group's requests instead
 	// of being released.

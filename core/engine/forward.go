@@ -107,6 +107,13 @@ func (e *Engine) startOnce(ctx context.Context, mb *microBatch, items []sched.It
 			wItems[i].Logprobs = r.dec.Logprobs
 			wItems[i].Sampling = r.sampling(it.Pos)
 		}
+		if r.wantPrompt && it.Prefill && it.Pos <= len(r.promptLP) && len(r.promptLP) < r.prompt-1 {
+			// This chunk holds the next positions without a row.
+			wItems[i].PromptLogprobs, wItems[i].PromptTopLogprobs = true, r.promptTopK
+			if end := it.Pos + it.Tokens; !it.Sample && end < len(r.tokens) {
+				wItems[i].Next = r.tokens[end]
+			}
+		}
 		tokens += len(toks)
 		proposed += draft
 		r.reserved = true // in flight: an end of step the forward overlaps sees it so
@@ -190,6 +197,7 @@ func (e *Engine) finishOnce(p *pendingForward, results []worker.Result, err erro
 	}
 	e.rep.Tokens.DraftProposed += int64(p.proposed)
 	mb.done = prevEnd
+	e.takePromptRows(items, last.Prompt)
 	mb.outputs = make(map[kvcache.SeqID]worker.Output, len(last.Outputs))
 	for _, o := range last.Outputs {
 		mb.outputs[o.Seq] = o
@@ -204,4 +212,30 @@ func (e *Engine) transferNanos(tokens int) int64 {
 		return 0
 	}
 	return int64(float64(tokens*e.spec.Hidden*2) / bw * 1e9)
+}
+
+// takePromptRows keeps, of each item's prompt rows, those of the positions
+// its request has no row for yet, up to the prompt's last but one: so a
+// recompute (after a preemption or a plugin restart) adds none, and each
+// position's row is taken once whatever the chunking.
+func (e *Engine) takePromptRows(items []sched.Item, rows []worker.PromptLogprobs) {
+	for _, p := range rows {
+		r := e.byID[p.Seq]
+		k := slices.IndexFunc(items, func(it sched.Item) bool { return it.ID == p.Seq })
+		if r == nil || k < 0 {
+			continue
+		}
+		from := len(r.promptLP) - items[k].Pos // the first row not yet taken
+		if from < 0 || from >= len(p.Logprobs) {
+			continue
+		}
+		n := min(len(p.Logprobs), r.prompt-1-items[k].Pos)
+		if n <= from {
+			continue
+		}
+		r.promptLP = append(r.promptLP, p.Logprobs[from:n]...)
+		if r.promptTopK > 0 && len(p.TopLogprobs) == len(p.Logprobs) {
+			r.promptTop = append(r.promptTop, p.TopLogprobs[from:n]...)
+		}
+	}
 }

@@ -68,6 +68,15 @@ type LiveRequest struct {
 	// Decoding is its sampling and stop conditions (workload.Decoding);
 	// the zero value is greedy to MaxTokens.
 	Decoding workload.Decoding
+	// PromptLogprobs asks for the log-probability of every prompt token
+	// after the first (Event.PromptLogprobs), and PromptTopLogprobs > 0
+	// for that many most likely tokens at each of those positions too.
+	// Such a request takes nothing from the prefix cache: every prompt
+	// position is computed, so that each has its row (vLLM does the same);
+	// the blocks it computes are still cached for others. Its prompt is
+	// prefilled on its own when SubmitN makes it, never forked.
+	PromptLogprobs    bool
+	PromptTopLogprobs int
 }
 
 // Event is one step's news for a request: tokens generated, and at the end
@@ -85,7 +94,12 @@ type Event struct {
 	// have one entry per token of Tokens, on devices that compute them.
 	Logprobs    []float64
 	TopLogprobs [][]worker.TokenLogprob
-	Err         error // ErrCancelled, ErrStopped, or a *RequestError
+	// PromptLogprobs and PromptTopLogprobs (LiveRequest.PromptLogprobs)
+	// come with the first event that has tokens, on devices that compute
+	// them: entry i is about prompt token i+1 (the first has none).
+	PromptLogprobs    []float64
+	PromptTopLogprobs [][]worker.TokenLogprob
+	Err               error // ErrCancelled, ErrStopped, or a *RequestError
 	// Cached is the number of prompt tokens the prefix cache supplied at the
 	// request's first admission; set on the final event.
 	Cached int
@@ -428,12 +442,12 @@ func (lv *Live) turn(ctx context.Context, e *Engine) error {
 		lr := h.req
 		h.req = LiveRequest{}
 		r := &request{id: h.ID, arrival: e.now, prompt: len(lr.Prompt), maxNew: lr.MaxTokens, tokens: lr.Prompt, firstTok: -1, salt: lr.CacheSalt,
-			topK: lr.TopLogprobs, dec: lr.Decoding}
+			topK: lr.TopLogprobs, dec: lr.Decoding, wantPrompt: lr.PromptLogprobs, promptTopK: lr.PromptTopLogprobs}
 		r.priority, r.priorityDur = e.spec.Workload.Retention(workload.Request{RetentionPriority: lr.RetentionPriority, RetentionDuration: lr.RetentionDuration})
 		h.Arrival = e.now
 		if g := h.grp; g != nil && h == g.hs[0] {
 			group = nil
-			if len(g.hs) > 1 && len(lr.Prompt) > 1 && e.forks() {
+			if len(g.hs) > 1 && len(lr.Prompt) > 1 && !lr.PromptLogprobs && e.forks() {
 				// The hidden prefix: the prompt but its last token, greedy,
 				// one token that nobody sees (fork.go).
 				pre := &request{id: g.pre, arrival: e.now, prompt: r.prompt - 1, maxNew: 1, tokens: slices.Clip(lr.Prompt[:r.prompt-1]), firstTok: -1,
@@ -542,6 +556,12 @@ func (lv *Live) publish(e *Engine) {
 			}
 			if r.topK > 0 && len(r.logprobs) == gen {
 				ev.TopLogprobs = slices.Clone(r.logprobs[o.sent:])
+			}
+			if o.sent == 0 && r.wantPrompt && len(r.promptLP) == r.prompt-1 {
+				ev.PromptLogprobs = r.promptLP
+				if r.promptTopK > 0 {
+					ev.PromptTopLogprobs = r.promptTop
+				}
 			}
 			o.sent = gen
 		}

@@ -182,3 +182,37 @@ func fmtErr(err error) string {
 	}
 	return err.Error()
 }
+
+// TestOlderWorkerWithoutPromptLogprobs: a worker plugin process from before
+// feature prompt_logprobs (every other feature of this build) gets no item
+// that asks for prompt rows: Forward fails those items alone, as an
+// item-scoped error naming the feature (the engine fails their requests
+// and runs the others), and forwards the rest.
+func TestOlderWorkerWithoutPromptLogprobs(t *testing.T) {
+	var old []string
+	for _, f := range pluginrpc.Current().Features {
+		if f != pluginrpc.FeaturePromptLogprobs {
+			old = append(old, string(f))
+		}
+	}
+	t.Setenv("FAKEPLUGIN_FEATURES", strings.Join(old, ","))
+	h, _ := newHost(t)
+	w, proc, err := h.LaunchWorker(ctxTimeout(t), fakeWorker)
+	if err != nil {
+		t.Fatalf("LaunchWorker: %v", err)
+	}
+	if slices.Contains(proc.Features(), pluginrpc.FeaturePromptLogprobs) {
+		t.Fatalf("Features() = %v, want no %s", proc.Features(), pluginrpc.FeaturePromptLogprobs)
+	}
+	plain := worker.Item{Seq: 5, Sample: true, Tokens: []int32{1, 2}}
+	if _, err := w.Forward(ctxTimeout(t), worker.Batch{Step: 1, Items: []worker.Item{plain}}); err != nil {
+		t.Errorf("Forward without prompt logprobs: %v", err)
+	}
+	asking := worker.Item{Seq: 6, Sample: true, Tokens: []int32{1, 2}, PromptLogprobs: true, PromptTopLogprobs: 2}
+	_, err = w.Forward(ctxTimeout(t), worker.Batch{Step: 2, Items: []worker.Item{plain, asking}})
+	var ke *kvcache.Error
+	if !errors.As(err, &ke) || ke.Kind != kvcache.KindInvalidArg || !slices.Equal(ke.Seqs, []kvcache.SeqID{6}) ||
+		!strings.Contains(fmtErr(err), "feature prompt_logprobs") {
+		t.Errorf("Forward with an item asking for prompt rows = %v, want an item error for seq 6 naming feature prompt_logprobs", err)
+	}
+}

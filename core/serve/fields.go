@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/kvx-dev/kvx/core/workload"
@@ -29,7 +30,7 @@ var sharedFields = []string{
 }
 
 var (
-	completionFields = append(slices.Clone(sharedFields), "prompt", "echo")
+	completionFields = append(slices.Clone(sharedFields), "prompt", "echo", "prompt_logprobs")
 	chatFields       = append(slices.Clone(sharedFields), "messages", "top_logprobs", "echo")
 )
 
@@ -164,9 +165,72 @@ func (s *Server) checkLogprobs(c *common, j *job) *apiError {
 		return badRequest("logprobs", "logprobs: device sim's tokens are placeholders with no distribution; serve a computing device (device: cpu) for logprobs")
 	}
 	if j.logprobs && j.echo {
-		return badRequest("echo", "echo with logprobs asks for the prompt's logprobs, which kvx serve does not compute yet: send echo or logprobs, not both")
+		// OpenAI's echo with logprobs: the prompt's tokens lead the
+		// logprobs, the first one's null.
+		j.promptLP, j.promptTopK = true, j.topLogprobs
 	}
 	return nil
+}
+
+// checkPromptLogprobs reads vLLM's prompt_logprobs: null, or an integer in
+// [0, MaxLogprobs], the most likely tokens per prompt position besides the
+// prompt's own (vLLM's -1, the whole vocabulary, is refused).
+func (s *Server) checkPromptLogprobs(raw json.RawMessage, j *job) *apiError {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	var k int64
+	if err := json.Unmarshal(raw, &k); err != nil || k < 0 || k > MaxLogprobs {
+		return badRequest("prompt_logprobs", "prompt_logprobs = %s: want an integer in [0, %d] (the most likely tokens per prompt position)", describe(raw), MaxLogprobs)
+	}
+	if s.opt.Placeholder {
+		return badRequest("prompt_logprobs", "prompt_logprobs: device sim's tokens are placeholders with no distribution; serve a computing device (device: cpu) for logprobs")
+	}
+	if j.promptLP && int(k) != j.promptTopK {
+		return badRequest("prompt_logprobs", "prompt_logprobs = %d with echo and logprobs = %d: the prompt's rows are computed once, send one count (or drop prompt_logprobs)", k, j.promptTopK)
+	}
+	j.vllmPrompt, j.promptLP, j.promptTopK = true, true, int(k)
+	return nil
+}
+
+// promptLogprobsOf is vLLM's prompt_logprobs of a choice: per prompt
+// token, null for the first, else {id: {"logprob", "rank",
+// "decoded_token"}} over the token itself and the promptTopK most likely
+// there. A rank is the token's place among the most likely (1 for the
+// most likely); for a prompt token outside them it is unknown here and
+// null (vLLM computes it over the vocabulary).
+func (s *Server) promptLogprobsOf(j *job, p *promptRows) []any {
+	t := textStream{tok: s.opt.Tokenizer, placeholder: s.opt.Placeholder}
+	out := make([]any, len(j.prompt))
+	if p == nil {
+		return out
+	}
+	for i := 1; i < len(j.prompt); i++ {
+		m := map[string]any{}
+		id := j.prompt[i]
+		var top []worker.TokenLogprob
+		if i-1 < len(p.tops) {
+			top = p.tops[i-1]
+		}
+		var rank any
+		for r, c := range top {
+			if c.ID == id {
+				rank = r + 1
+			}
+			m[strconv.Itoa(int(c.ID))] = map[string]any{"logprob": c.Logprob, "rank": r + 1, "decoded_token": t.all([]int32{c.ID})}
+		}
+		m[strconv.Itoa(int(id))] = map[string]any{"logprob": p.lps[i-1], "rank": rank, "decoded_token": t.all([]int32{id})}
+		out[i] = m
+	}
+	return out
+}
+
+// promptRows are a choice's prompt rows (engine.Event.PromptLogprobs):
+// entry i is about prompt token i+1.
+type promptRows struct {
+	lps  []float64
+	tops [][]worker.TokenLogprob
 }
 
 // checkStop reads stop: null, a string, or a list of at most MaxStops
@@ -299,7 +363,10 @@ func heldBack(text string, stops []string) int {
 // chat {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}.
 // lps[i] and tops[i] are token i's logprob and most likely tokens; a token's
 // text is its id decoded alone.
-func (s *Server) logprobsOf(j *job, ids []int32, lps []float64, tops [][]worker.TokenLogprob, from, offset int) map[string]any {
+//
+// With echo, prompt (the choice's prompt rows) leads the completions shape
+// when from is 0.
+func (s *Server) logprobsOf(j *job, ids []int32, lps []float64, tops [][]worker.TokenLogprob, from, offset int, prompt *promptRows) map[string]any {
 	t := textStream{tok: s.opt.Tokenizer, placeholder: s.opt.Placeholder}
 	tokText := func(id int32) string { return t.all([]int32{id}) }
 	if j.chat {
@@ -323,22 +390,44 @@ func (s *Server) logprobsOf(j *job, ids []int32, lps []float64, tops [][]worker.
 		}
 		return map[string]any{"content": content}
 	}
-	if j.echo {
-		offset += len(s.promptOf(j))
-	}
-	n := len(ids) - from
-	toks, lpv, top, offs := make([]string, n), make([]float64, n), make([]map[string]float64, n), make([]int, n)
-	for k := range n {
-		i := from + k
-		toks[k], lpv[k], offs[k] = tokText(ids[i]), lps[i], offset
-		offset += len(toks[k])
-		top[k] = map[string]float64{}
-		for _, c := range tops[i] {
-			if _, dup := top[k][tokText(c.ID)]; !dup {
-				top[k][tokText(c.ID)] = c.Logprob
+	var toks []string
+	var lpv []any // float64, or nil for the prompt's first token
+	var top []any // map[string]float64, or nil there
+	var offs []int
+	entry := func(id int32, lp float64, alts []worker.TokenLogprob, at int) int {
+		txt := tokText(id)
+		m := map[string]float64{}
+		for _, c := range alts {
+			if _, dup := m[tokText(c.ID)]; !dup {
+				m[tokText(c.ID)] = c.Logprob
 			}
 		}
-		top[k][toks[k]] = lps[i] // vLLM's: the chosen token is always among them
+		m[txt] = lp // vLLM's: the chosen token is always among them
+		toks, lpv, top, offs = append(toks, txt), append(lpv, lp), append(top, m), append(offs, at)
+		return at + len(txt)
+	}
+	if j.echo {
+		if prompt != nil && from == 0 {
+			// OpenAI's echo with logprobs: the prompt's tokens first, the
+			// first with no logprob, offsets from the prompt's start.
+			at := 0
+			for i, id := range j.prompt {
+				if i == 0 {
+					toks, lpv, top, offs = append(toks, tokText(id)), append(lpv, nil), append(top, nil), append(offs, 0)
+					at += len(toks[0])
+					continue
+				}
+				var alts []worker.TokenLogprob
+				if i-1 < len(prompt.tops) {
+					alts = prompt.tops[i-1]
+				}
+				at = entry(id, prompt.lps[i-1], alts, at)
+			}
+		}
+		offset += len(s.promptOf(j))
+	}
+	for i := from; i < len(ids); i++ {
+		offset = entry(ids[i], lps[i], tops[i], offset)
 	}
 	return map[string]any{"tokens": toks, "token_logprobs": lpv, "top_logprobs": top, "text_offset": offs}
 }

@@ -96,6 +96,9 @@ type streamOptions struct {
 type completionRequest struct {
 	common
 	Prompt json.RawMessage `json:"prompt"`
+	// PromptLogprobs is vLLM's: the prompt tokens' logprobs and that many
+	// most likely tokens at each prompt position.
+	PromptLogprobs json.RawMessage `json:"prompt_logprobs"`
 }
 
 type chatRequest struct {
@@ -276,6 +279,9 @@ func (s *Server) completionJob(body []byte) (*job, *apiError) {
 	}
 	j.echo = req.Echo != nil && *req.Echo
 	if e := s.check(&req.common, j, DefaultMaxTokens); e != nil {
+		return nil, e
+	}
+	if e := s.checkPromptLogprobs(req.PromptLogprobs, j); e != nil {
 		return nil, e
 	}
 	return j, nil

@@ -339,6 +339,12 @@ type job struct {
 	n, bestOf    int               // choices returned, and sequences generated (>= n)
 	hideLogprobs bool              // best_of without logprobs asked: they were only for the ranking
 	promptText   *string           // the prompt as text, when it was given so
+	// Prompt logprobs (echo with logprobs, or vLLM's prompt_logprobs):
+	// promptLP asks, promptTopK alternatives per position; vllmPrompt puts
+	// prompt_logprobs in each choice.
+	promptLP   bool
+	promptTopK int
+	vllmPrompt bool
 }
 
 // submit hands j's choices to the engine (best_of of them: choice i
@@ -351,7 +357,8 @@ func (s *Server) submit(j *job) ([]*engine.Handle, *apiError) {
 			msg: fmt.Sprintf("%d requests are waiting for their first token, the limit is %d: retry later", q, s.opt.MaxWaiting), retry: 1}
 	}
 	req := engine.LiveRequest{Prompt: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt,
-		RetentionPriority: j.priority, RetentionDuration: j.priorityDur, TopLogprobs: j.topLogprobs, Decoding: j.dec}
+		RetentionPriority: j.priority, RetentionDuration: j.priorityDur, TopLogprobs: j.topLogprobs, Decoding: j.dec,
+		PromptLogprobs: j.promptLP, PromptTopLogprobs: j.promptTopK}
 	var hs []*engine.Handle
 	var err error
 	if j.bestOf == 1 {
@@ -395,7 +402,8 @@ type choice struct {
 	lps    []float64
 	tops   [][]worker.TokenLogprob
 	text   textStream
-	finish string // "" until it is done
+	prompt *promptRows // the prompt's rows, when asked (job.promptLP)
+	finish string      // "" until it is done
 	cached int
 }
 
@@ -403,6 +411,13 @@ type choice struct {
 // for tokens that asked for them is an error.
 func (c *choice) take(j *job, ev engine.Event) *apiError {
 	c.tr.event(ev, c.h.Arrival)
+	if j.promptLP && c.prompt == nil && len(ev.Tokens) > 0 {
+		if len(ev.PromptLogprobs) != len(j.prompt)-1 || j.promptTopK > 0 && len(ev.PromptTopLogprobs) != len(ev.PromptLogprobs) {
+			return &apiError{status: http.StatusInternalServerError, typ: "server_error",
+				msg: fmt.Sprintf("the device returned prompt logprobs for %d of %d prompt tokens after the first", len(ev.PromptLogprobs), len(j.prompt)-1)}
+		}
+		c.prompt = &promptRows{lps: ev.PromptLogprobs, tops: ev.PromptTopLogprobs}
+	}
 	c.out = append(c.out, ev.Tokens...)
 	if j.logprobs {
 		c.lps = append(c.lps, ev.Logprobs...)
@@ -515,7 +530,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 			delta := c.text.next(c.out, ev.Done, ev.Stopped)
 			ch := s.streamChunk(j, c.index, delta, "", c.out[from:])
 			if j.logprobs {
-				setLogprobs(ch, s.logprobsOf(j, c.out, c.lps, c.tops, from, c.text.offset(c.out[:from])))
+				setLogprobs(ch, s.logprobsOf(j, c.out, c.lps, c.tops, from, c.text.offset(c.out[:from]), c.prompt))
+			}
+			if j.vllmPrompt && from == 0 {
+				setChoiceField(ch, "prompt_logprobs", s.promptLogprobsOf(j, c.prompt))
 			}
 			if !sse.send(ch) {
 				cancelAll()
@@ -574,12 +592,15 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		body := c.text.final(c.out, c.finish == "stop")
 		var lp any
 		if j.logprobs && !j.hideLogprobs {
-			lp = s.logprobsOf(j, c.out, c.lps, c.tops, 0, 0)
+			lp = s.logprobsOf(j, c.out, c.lps, c.tops, 0, 0, c.prompt)
 		}
 		if j.echo {
 			body = s.promptOf(j) + body
 		}
 		choices[i] = s.choiceOf(j, i, c.out, body, c.finish, lp)
+		if j.vllmPrompt {
+			choices[i].(map[string]any)["prompt_logprobs"] = s.promptLogprobsOf(j, c.prompt)
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"id": j.id, "object": s.object(j, false), "created": j.created, "model": s.opt.Model,
 		"choices": choices, "usage": usage})
@@ -593,6 +614,15 @@ func (s *Server) promptOf(j *job) string {
 	}
 	t := textStream{tok: s.opt.Tokenizer, placeholder: s.opt.Placeholder}
 	return t.all(j.prompt)
+}
+
+// setChoiceField puts v as key into a stream chunk's choice.
+func setChoiceField(c map[string]any, key string, v any) {
+	if chs, ok := c["choices"].([]any); ok && len(chs) == 1 {
+		if ch, ok := chs[0].(map[string]any); ok {
+			ch[key] = v
+		}
+	}
 }
 
 // setLogprobs puts lp into a stream chunk's choice.

@@ -258,7 +258,7 @@ func (d *Device) Forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 		s.tailBase = it.Pos + n - it.Draft
 		s.tail = pm.tails[it.Seq]
 	}
-	return device.Pass{Nanos: time.Since(start).Nanoseconds(), Hidden: res.Hidden, Outputs: res.Outputs}, nil
+	return device.Pass{Nanos: time.Since(start).Nanoseconds(), Hidden: res.Hidden, Outputs: res.Outputs, Prompt: res.Prompt}, nil
 }
 
 // liveSlot returns layer l's conv and ssm bytes in seq's live state slot.

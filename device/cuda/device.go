@@ -484,5 +484,5 @@ func (d *Device) forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 	if len(d.ps.Mambas) > 0 {
 		d.finishStates(o, b.Items)
 	}
-	return device.Pass{Hidden: slices.Clip(res.Hidden), Outputs: res.Outputs}, o.err
+	return device.Pass{Hidden: slices.Clip(res.Hidden), Outputs: res.Outputs, Prompt: res.Prompt}, o.err
 }

@@ -326,7 +326,7 @@ func (s *Stage) Forward(ctx context.Context, ops Ops, st synth.Step) (synth.Resu
 			items = append(items, it)
 		}
 	}
-	var res synth.Result
+	res := synth.Result{Prompt: synth.PromptRows(ops, x, s.finalNorm, s.lmHead, s.cfg.Eps, s.m.Vocab, st.Items)}
 	if len(idx) == 0 {
 		return res, nil
 	}
@@ -373,6 +373,8 @@ func (s *Stage) checkItem(it synth.Item) error {
 		return kvcache.ItemErrorf(seqs, "hf: sequence %d: %d drafts; model %q has no MTP head (limit 0)", it.Seq, it.Draft, s.m.Name)
 	case it.TopLogprobs < 0:
 		return kvcache.ItemErrorf(seqs, "hf: sequence %d: top logprobs %d must be >= 0", it.Seq, it.TopLogprobs)
+	case it.PromptTopLogprobs < 0:
+		return kvcache.ItemErrorf(seqs, "hf: sequence %d: prompt top logprobs %d must be >= 0", it.Seq, it.PromptTopLogprobs)
 	case it.Pos < 0 || (s.m.MaxPosition > 0 && it.Pos+n > s.m.MaxPosition):
 		return kvcache.ItemErrorf(seqs, "hf: sequence %d: positions %d..%d outside [0, max_position %d)", it.Seq, it.Pos, it.Pos+n-1, s.m.MaxPosition)
 	}

@@ -67,6 +67,61 @@ type Item struct {
 	// Sampling picks a sampling item's tokens (worker.Item.Sampling; nil:
 	// greedy, Ops.Argmax; otherwise Choose on the host).
 	Sampling *worker.Sampling
+	// PromptLogprobs, PromptTopLogprobs and Next ask for the item's prompt
+	// rows (worker.Item.PromptLogprobs; Result.Prompt, made by PromptRows).
+	PromptLogprobs    bool
+	PromptTopLogprobs int
+	Next              int32
+}
+
+// worker is it as a worker.Item, for the contract's row helpers.
+func (it *Item) worker() worker.Item {
+	return worker.Item{Tokens: it.Tokens, Draft: it.Draft, Sample: it.Sample, PromptLogprobs: it.PromptLogprobs, Next: it.Next}
+}
+
+// PromptRows computes the prompt rows of every item that asks for them
+// (Item.PromptLogprobs) from x, the last layer's output of every item's
+// rows in item order: each row's final norm and LM head (the same ops as
+// the sampled rows', so the same values: every op is row-independent),
+// then Logprob of its target and TopLogprobs, in float64 on the host. nil
+// when no item asks.
+func PromptRows(ops Ops, x, norm, head Tensor, eps float32, vocab int, items []Item) []worker.PromptLogprobs {
+	var idx []int
+	base := 0
+	for i := range items {
+		wi := items[i].worker()
+		for j := range wi.PromptRows() {
+			idx = append(idx, base+j)
+		}
+		base += len(items[i].Tokens)
+	}
+	if len(idx) == 0 {
+		return nil
+	}
+	host := ops.ToHost(ops.MatMul(ops.RMSNorm(ops.Rows(x, idx), norm, eps), head))
+	var out []worker.PromptLogprobs
+	r := 0
+	for i := range items {
+		it := &items[i]
+		if !it.PromptLogprobs {
+			continue
+		}
+		wi := it.worker()
+		p := worker.PromptLogprobs{Seq: it.Seq, Logprobs: make([]float64, wi.PromptRows())}
+		if it.PromptTopLogprobs > 0 {
+			p.TopLogprobs = make([][]worker.TokenLogprob, len(p.Logprobs))
+		}
+		for j := range p.Logprobs {
+			row := host[r*vocab : (r+1)*vocab : (r+1)*vocab]
+			p.Logprobs[j] = Logprob(row, wi.PromptTarget(j))
+			if p.TopLogprobs != nil {
+				p.TopLogprobs[j] = TopLogprobs(row, it.PromptTopLogprobs)
+			}
+			r++
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // ItemsFrom converts worker items (no Lookahead: the v1 contract has none).
@@ -74,7 +129,8 @@ func ItemsFrom(items []worker.Item) []Item {
 	out := make([]Item, len(items))
 	for i, it := range items {
 		out[i] = Item{Seq: it.Seq, Pos: it.Pos, Tokens: it.Tokens, Draft: it.Draft, Sample: it.Sample, TopLogprobs: it.TopLogprobs,
-			Logprobs: it.Logprobs, Sampling: it.Sampling}
+			Logprobs: it.Logprobs, Sampling: it.Sampling,
+			PromptLogprobs: it.PromptLogprobs, PromptTopLogprobs: it.PromptTopLogprobs, Next: it.Next}
 	}
 	return out
 }
@@ -100,6 +156,8 @@ type Result struct {
 	Hidden []byte
 	// Outputs are the last stage's, one per item with Sample, in item order.
 	Outputs []worker.Output
+	// Prompt are the last stage's prompt rows (PromptRows).
+	Prompt []worker.PromptLogprobs
 }
 
 type layerW struct {
@@ -289,6 +347,8 @@ func (s *Stage) checkItem(it Item) error {
 		return kvcache.ItemErrorf(seqs, "synth: sequence %d: %d drafts without sample", it.Seq, it.Draft)
 	case it.TopLogprobs < 0:
 		return kvcache.ItemErrorf(seqs, "synth: sequence %d: top logprobs %d must be >= 0", it.Seq, it.TopLogprobs)
+	case it.PromptTopLogprobs < 0:
+		return kvcache.ItemErrorf(seqs, "synth: sequence %d: prompt top logprobs %d must be >= 0", it.Seq, it.PromptTopLogprobs)
 	case it.Pos < 0 || (s.m.MaxPosition > 0 && it.Pos+n > s.m.MaxPosition):
 		return kvcache.ItemErrorf(seqs, "synth: sequence %d: positions %d..%d outside [0, max_position %d)", it.Seq, it.Pos, it.Pos+n-1, s.m.MaxPosition)
 	}
@@ -422,7 +482,7 @@ func Verify(tokens []int32, draft int, greedy []int32) []int32 {
 // head runs the last stage's sampling, verification and MTP head. x is the
 // main model's final hidden (before the final norm).
 func (s *Stage) head(ctx context.Context, ops Ops, st Step, x Tensor) (Result, error) {
-	var res Result
+	res := Result{Prompt: PromptRows(ops, x, s.finalNorm, s.lmHead, NormEps, s.m.Vocab, st.Items)}
 	type mtpItem struct {
 		seq  kvcache.SeqID
 		pos  int

@@ -80,6 +80,7 @@ var workerChecks = []check[*wh]{
 	{"CopyBlocks", "CopyBlocks and Batch.Copies with blocks inside the layout's pools succeed, and the worker serves on", checkWorkerCopies},
 	{"TwoStages", "a first stage returns Hidden and no Outputs; the last stage, given that Hidden, returns the Outputs", checkWorkerStages},
 	{"Health", "Health is nil while the worker serves", checkWorkerHealth},
+	{"PromptRows", "where the worker returns prompt rows (Item.PromptLogprobs, feature prompt_logprobs), Result.Prompt has one entry per asking item in item order with Item.PromptRows rows, each a log-probability <= 0 and, with PromptTopLogprobs K, the min(K, vocab) most likely tokens, most likely first; a prompt prefilled in chunks gets the rows one chunk gives, bit for bit", checkWorkerPromptRows},
 }
 
 func runWorkerCheck(ctx context.Context, factory func() worker.Worker, opts WorkerOptions, c check[*wh]) *Violation {
@@ -620,4 +621,89 @@ func checkWorkerHealth(h *wh) {
 	if err := h.w.Health(h.ctx); err != nil {
 		h.failf("Health() after Forward", "Health is nil while the worker serves", "error %v", err)
 	}
+}
+
+// confPromptTop is what the PromptRows check asks per prompt position.
+const confPromptTop = 2
+
+func checkWorkerPromptRows(h *wh) {
+	h.setup()
+	a, b := kvcache.SeqID(1), kvcache.SeqID(2)
+	p := prompt(2*h.tpb+5, 11)
+	ask := func(it worker.Item, next int32) worker.Item {
+		it.PromptLogprobs, it.PromptTopLogprobs, it.Next = true, confPromptTop, next
+		return it
+	}
+	whole := ask(h.item(a, 0, p, 0, true), 0)
+	res := h.forward(whole)
+	if len(res.Prompt) == 0 {
+		return // a device without real math returns none
+	}
+	rows := h.checkPromptRows("Forward(whole prompt)", []worker.Item{whole}, res)
+	var chunked [][]float64
+	for _, c := range [][2]int{{0, h.tpb}, {h.tpb, 2 * h.tpb}, {2 * h.tpb, len(p)}} {
+		sample := c[1] == len(p)
+		var next int32
+		if !sample {
+			next = p[c[1]]
+		}
+		it := ask(h.item(b, c[0], p[c[0]:c[1]], 0, sample), next)
+		chunked = append(chunked, h.checkPromptRows(fmt.Sprintf("Forward(chunk [%d, %d))", c[0], c[1]), []worker.Item{it}, h.forward(it))...)
+	}
+	var flat []float64
+	for _, r := range chunked {
+		flat = append(flat, r...)
+	}
+	if len(rows) == 1 && !slices.Equal(flat, rows[0]) {
+		h.failf("Forward(the prompt in chunks of "+fmt.Sprint(h.tpb)+")", "a prompt prefilled in chunks gets the rows one chunk gives, bit for bit",
+			"chunked %v, whole %v", flat, rows[0])
+	}
+}
+
+// checkPromptRows checks res.Prompt against the items that asked and
+// returns each entry's log-probabilities.
+func (h *wh) checkPromptRows(call string, items []worker.Item, res worker.Result) [][]float64 {
+	var asked []worker.Item
+	for _, it := range items {
+		if it.PromptLogprobs {
+			asked = append(asked, it)
+		}
+	}
+	if len(res.Prompt) != len(asked) {
+		h.failf(call, "Result.Prompt has one entry per item that asks for prompt rows, in item order", "%d entries for %d items", len(res.Prompt), len(asked))
+		return nil
+	}
+	vocab := h.cfg.Model.Vocab
+	out := make([][]float64, len(asked))
+	for i, it := range asked {
+		pr := res.Prompt[i]
+		if pr.Seq != it.Seq || len(pr.Logprobs) != it.PromptRows() {
+			h.failf(call, "entry i is item i's, with Item.PromptRows rows", "entry %d: seq %d with %d rows, want seq %d with %d", i, pr.Seq, len(pr.Logprobs), it.Seq, it.PromptRows())
+			continue
+		}
+		if len(pr.TopLogprobs) != len(pr.Logprobs) {
+			h.failf(call, "with PromptTopLogprobs K, one top list per row", "seq %d: %d lists for %d rows", it.Seq, len(pr.TopLogprobs), len(pr.Logprobs))
+			continue
+		}
+		for j, v := range pr.Logprobs {
+			l := pr.TopLogprobs[j]
+			sorted := slices.IsSortedFunc(l, func(x, y worker.TokenLogprob) int { return cmpFloat(y.Logprob, x.Logprob) })
+			if !(v <= 0) || len(l) != min(it.PromptTopLogprobs, vocab) || !sorted || len(l) > 0 && v > l[0].Logprob {
+				h.failf(call, "each row is a log-probability <= 0 of its target, at most the most likely's, with the min(K, vocab) most likely tokens, most likely first",
+					"seq %d row %d (target %d): %v, top %v", it.Seq, j, it.PromptTarget(j), v, l)
+			}
+		}
+		out[i] = slices.Clone(pr.Logprobs)
+	}
+	return out
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }

@@ -3392,10 +3392,15 @@ type Batch struct {
 	Logprobs    []bool                 `protobuf:"varint,14,rep,packed,name=logprobs,proto3" json:"logprobs,omitempty"`                          // Item.Logprobs; optional column
 	// Item.Sampling: 0 entries (every item greedy) or one per item, where
 	// an entry with has = false is a nil Sampling.
-	Sampling      []*Sampling `protobuf:"bytes,15,rep,name=sampling,proto3" json:"sampling,omitempty"`
-	Logits        []bool      `protobuf:"varint,16,rep,packed,name=logits,proto3" json:"logits,omitempty"` // Item.Logits; optional column. Feature item_logits.
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Sampling []*Sampling `protobuf:"bytes,15,rep,name=sampling,proto3" json:"sampling,omitempty"`
+	Logits   []bool      `protobuf:"varint,16,rep,packed,name=logits,proto3" json:"logits,omitempty"` // Item.Logits; optional column. Feature item_logits.
+	// Item.PromptLogprobs, PromptTopLogprobs and Next; optional columns.
+	// Feature prompt_logprobs.
+	PromptLogprobs    []bool  `protobuf:"varint,17,rep,packed,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
+	PromptTopLogprobs []int64 `protobuf:"varint,18,rep,packed,name=prompt_top_logprobs,json=promptTopLogprobs,proto3" json:"prompt_top_logprobs,omitempty"`
+	Next              []int32 `protobuf:"varint,19,rep,packed,name=next,proto3" json:"next,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Batch) Reset() {
@@ -3536,6 +3541,27 @@ func (x *Batch) GetSampling() []*Sampling {
 func (x *Batch) GetLogits() []bool {
 	if x != nil {
 		return x.Logits
+	}
+	return nil
+}
+
+func (x *Batch) GetPromptLogprobs() []bool {
+	if x != nil {
+		return x.PromptLogprobs
+	}
+	return nil
+}
+
+func (x *Batch) GetPromptTopLogprobs() []int64 {
+	if x != nil {
+		return x.PromptTopLogprobs
+	}
+	return nil
+}
+
+func (x *Batch) GetNext() []int32 {
+	if x != nil {
+		return x.Next
 	}
 	return nil
 }
@@ -3703,10 +3729,21 @@ type Result struct {
 	TopLogprobIds  []int32                `protobuf:"varint,13,rep,packed,name=top_logprob_ids,json=topLogprobIds,proto3" json:"top_logprob_ids,omitempty"`
 	TopLogprobs    []float64              `protobuf:"fixed64,14,rep,packed,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	// Output.Logprobs: output i has the next logprobs_len[i] values.
-	LogprobsLen   []int64   `protobuf:"varint,15,rep,packed,name=logprobs_len,json=logprobsLen,proto3" json:"logprobs_len,omitempty"`
-	Logprobs      []float64 `protobuf:"fixed64,16,rep,packed,name=logprobs,proto3" json:"logprobs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LogprobsLen []int64   `protobuf:"varint,15,rep,packed,name=logprobs_len,json=logprobsLen,proto3" json:"logprobs_len,omitempty"`
+	Logprobs    []float64 `protobuf:"fixed64,16,rep,packed,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// Result.Prompt (feature prompt_logprobs): entry i is prompt_seq[i] with
+	// the next prompt_len[i] values of prompt_logprobs and the next
+	// prompt_top_len[i] top lists (empty column: none); list j has the next
+	// prompt_top_n[j] entries of prompt_top_ids and prompt_top_logprobs.
+	PromptSeq         []uint64  `protobuf:"varint,17,rep,packed,name=prompt_seq,json=promptSeq,proto3" json:"prompt_seq,omitempty"`
+	PromptLen         []int64   `protobuf:"varint,18,rep,packed,name=prompt_len,json=promptLen,proto3" json:"prompt_len,omitempty"`
+	PromptLogprobs    []float64 `protobuf:"fixed64,19,rep,packed,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
+	PromptTopN        []int64   `protobuf:"varint,20,rep,packed,name=prompt_top_n,json=promptTopN,proto3" json:"prompt_top_n,omitempty"`
+	PromptTopIds      []int32   `protobuf:"varint,21,rep,packed,name=prompt_top_ids,json=promptTopIds,proto3" json:"prompt_top_ids,omitempty"`
+	PromptTopLogprobs []float64 `protobuf:"fixed64,22,rep,packed,name=prompt_top_logprobs,json=promptTopLogprobs,proto3" json:"prompt_top_logprobs,omitempty"`
+	PromptTopLen      []int64   `protobuf:"varint,23,rep,packed,name=prompt_top_len,json=promptTopLen,proto3" json:"prompt_top_len,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
@@ -3847,6 +3884,55 @@ func (x *Result) GetLogprobsLen() []int64 {
 func (x *Result) GetLogprobs() []float64 {
 	if x != nil {
 		return x.Logprobs
+	}
+	return nil
+}
+
+func (x *Result) GetPromptSeq() []uint64 {
+	if x != nil {
+		return x.PromptSeq
+	}
+	return nil
+}
+
+func (x *Result) GetPromptLen() []int64 {
+	if x != nil {
+		return x.PromptLen
+	}
+	return nil
+}
+
+func (x *Result) GetPromptLogprobs() []float64 {
+	if x != nil {
+		return x.PromptLogprobs
+	}
+	return nil
+}
+
+func (x *Result) GetPromptTopN() []int64 {
+	if x != nil {
+		return x.PromptTopN
+	}
+	return nil
+}
+
+func (x *Result) GetPromptTopIds() []int32 {
+	if x != nil {
+		return x.PromptTopIds
+	}
+	return nil
+}
+
+func (x *Result) GetPromptTopLogprobs() []float64 {
+	if x != nil {
+		return x.PromptTopLogprobs
+	}
+	return nil
+}
+
+func (x *Result) GetPromptTopLen() []int64 {
+	if x != nil {
+		return x.PromptTopLen
 	}
 	return nil
 }
@@ -4386,7 +4472,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x05dtype\x18\x10 \x01(\tR\x05dtype\"@\n" +
 	"\x05Setup\x12!\n" +
 	"\fdevice_bytes\x18\x01 \x01(\x03R\vdeviceBytes\x12\x14\n" +
-	"\x05notes\x18\x02 \x03(\tR\x05notes\"\xe7\x03\n" +
+	"\x05notes\x18\x02 \x03(\tR\x05notes\"\xd4\x04\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x10\n" +
 	"\x03seq\x18\x02 \x03(\x04R\x03seq\x12\x10\n" +
@@ -4405,7 +4491,10 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\ftop_logprobs\x18\r \x03(\x03R\vtopLogprobs\x12\x1a\n" +
 	"\blogprobs\x18\x0e \x03(\bR\blogprobs\x12,\n" +
 	"\bsampling\x18\x0f \x03(\v2\x10.kvx.v1.SamplingR\bsampling\x12\x16\n" +
-	"\x06logits\x18\x10 \x03(\bR\x06logits\"\x84\x03\n" +
+	"\x06logits\x18\x10 \x03(\bR\x06logits\x12'\n" +
+	"\x0fprompt_logprobs\x18\x11 \x03(\bR\x0epromptLogprobs\x12.\n" +
+	"\x13prompt_top_logprobs\x18\x12 \x03(\x03R\x11promptTopLogprobs\x12\x12\n" +
+	"\x04next\x18\x13 \x03(\x05R\x04next\"\x84\x03\n" +
 	"\bSampling\x12\x10\n" +
 	"\x03has\x18\x01 \x01(\bR\x03has\x12 \n" +
 	"\vtemperature\x18\x02 \x01(\x01R\vtemperature\x12\x13\n" +
@@ -4421,7 +4510,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	" \x01(\x03R\tminTokens\x12\x19\n" +
 	"\bstop_ids\x18\v \x03(\x05R\astopIds\x12\x16\n" +
 	"\x06prompt\x18\f \x01(\x03R\x06prompt\x12\x18\n" +
-	"\acontext\x18\r \x03(\x05R\acontext\"\xe3\x03\n" +
+	"\acontext\x18\r \x03(\x05R\acontext\"\xe8\x05\n" +
 	"\x06Result\x12\x16\n" +
 	"\x06hidden\x18\x01 \x01(\fR\x06hidden\x12\x10\n" +
 	"\x03seq\x18\x02 \x03(\x04R\x03seq\x12\x1d\n" +
@@ -4442,7 +4531,17 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x0ftop_logprob_ids\x18\r \x03(\x05R\rtopLogprobIds\x12!\n" +
 	"\ftop_logprobs\x18\x0e \x03(\x01R\vtopLogprobs\x12!\n" +
 	"\flogprobs_len\x18\x0f \x03(\x03R\vlogprobsLen\x12\x1a\n" +
-	"\blogprobs\x18\x10 \x03(\x01R\blogprobs\";\n" +
+	"\blogprobs\x18\x10 \x03(\x01R\blogprobs\x12\x1d\n" +
+	"\n" +
+	"prompt_seq\x18\x11 \x03(\x04R\tpromptSeq\x12\x1d\n" +
+	"\n" +
+	"prompt_len\x18\x12 \x03(\x03R\tpromptLen\x12'\n" +
+	"\x0fprompt_logprobs\x18\x13 \x03(\x01R\x0epromptLogprobs\x12 \n" +
+	"\fprompt_top_n\x18\x14 \x03(\x03R\n" +
+	"promptTopN\x12$\n" +
+	"\x0eprompt_top_ids\x18\x15 \x03(\x05R\fpromptTopIds\x12.\n" +
+	"\x13prompt_top_logprobs\x18\x16 \x03(\x01R\x11promptTopLogprobs\x12$\n" +
+	"\x0eprompt_top_len\x18\x17 \x03(\x03R\fpromptTopLen\";\n" +
 	"\x11CopyBlocksRequest\x12&\n" +
 	"\x06copies\x18\x01 \x01(\v2\x0e.kvx.v1.CopiesR\x06copies\"\x0f\n" +
 	"\rHealthRequest\"\x0f\n" +

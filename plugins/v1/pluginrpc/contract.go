@@ -107,6 +107,12 @@ const (
 	// runs the n sequences of one request as separate requests; the client
 	// refuses a Fork call to it.
 	FeatureFork Feature = "fork"
+	// FeaturePromptLogprobs: Batch.prompt_logprobs, prompt_top_logprobs
+	// and next ask the last stage for a prefill item's prompt rows
+	// (worker.Item.PromptLogprobs), which Result.prompt_* carry. A worker
+	// without it would return none, so the client refuses such a batch,
+	// naming the feature, for the asking items alone.
+	FeaturePromptLogprobs Feature = "prompt_logprobs"
 )
 
 // featureDef is a feature and the proto elements it adds: full names of
@@ -161,6 +167,12 @@ var features = []featureDef{
 	}},
 	{Name: FeatureFork, Adds: []string{
 		"kvx.v1.Capabilities.fork", "kvx.v1.ForkRequest", "kvx.v1.CacheManager.Fork",
+	}},
+	{Name: FeaturePromptLogprobs, Adds: []string{
+		"kvx.v1.Batch.prompt_logprobs", "kvx.v1.Batch.prompt_top_logprobs", "kvx.v1.Batch.next",
+		"kvx.v1.Result.prompt_seq", "kvx.v1.Result.prompt_len", "kvx.v1.Result.prompt_logprobs",
+		"kvx.v1.Result.prompt_top_n", "kvx.v1.Result.prompt_top_ids", "kvx.v1.Result.prompt_top_logprobs",
+		"kvx.v1.Result.prompt_top_len",
 	}},
 }
 

@@ -182,6 +182,9 @@ func toProtoBatch(b *worker.Batch) *kvxpb.Batch {
 	m.TopLogprobs = column(n, func(i int) int64 { return int64(items[i].TopLogprobs) })
 	m.Logprobs = column(n, func(i int) bool { return items[i].Logprobs })
 	m.Logits = column(n, func(i int) bool { return items[i].Logits })
+	m.PromptLogprobs = column(n, func(i int) bool { return items[i].PromptLogprobs })
+	m.PromptTopLogprobs = column(n, func(i int) int64 { return int64(items[i].PromptTopLogprobs) })
+	m.Next = column(n, func(i int) int32 { return items[i].Next })
 	m.Sampling = toProtoSamplings(items)
 	m.TokensLen, m.Tokens = concat(n, func(i int) []int32 { return items[i].Tokens })
 	m.Tables = toProtoTableDeltas(n, func(i int) []kvcache.TableDelta { return items[i].Tables })
@@ -210,7 +213,10 @@ func fromProtoBatch(p *kvxpb.Batch) (worker.Batch, error) {
 	lps, err6 := optional(msg, "logprobs", p.GetLogprobs(), n)
 	samp, err7 := optional(msg, "sampling", p.GetSampling(), n)
 	logits, err8 := optional(msg, "logits", p.GetLogits(), n)
-	if err := firstErr(err1, err2, err3, err4, err5, err6, err7, err8); err != nil {
+	plp, err9 := optional(msg, "prompt_logprobs", p.GetPromptLogprobs(), n)
+	ptop, err10 := optional(msg, "prompt_top_logprobs", p.GetPromptTopLogprobs(), n)
+	next, err11 := optional(msg, "next", p.GetNext(), n)
+	if err := firstErr(err1, err2, err3, err4, err5, err6, err7, err8, err9, err10, err11); err != nil {
 		return worker.Batch{}, err
 	}
 	if n == 0 {
@@ -234,6 +240,10 @@ func fromProtoBatch(p *kvxpb.Batch) (worker.Batch, error) {
 			Logprobs:    at(lps, i),
 			Sampling:    fromProtoSampling(at(samp, i)),
 			Logits:      at(logits, i),
+
+			PromptLogprobs:    at(plp, i),
+			PromptTopLogprobs: int(at(ptop, i)),
+			Next:              at(next, i),
 		}
 	}
 	if err := fromProtoTableDeltas(msg, p.GetTables(), n, func(i int, ds []kvcache.TableDelta) { b.Items[i].Tables = ds }); err != nil {
@@ -249,6 +259,7 @@ func toProtoResult(r *worker.Result) *kvxpb.Result {
 	outs := r.Outputs
 	n := len(outs)
 	m := &kvxpb.Result{Hidden: share(r.Hidden), Nanos: r.Nanos, Modelled: r.Modelled}
+	toProtoPrompt(m, r.Prompt)
 	if n == 0 {
 		return m
 	}
@@ -406,7 +417,11 @@ func fromProtoResult(p *kvxpb.Result) (worker.Result, error) {
 	logits, err3 := newSplitter(msg, "logits_len", "logits", p.GetLogitsLen(), p.GetLogits(), n)
 	top, err4 := newTopLogprobsSplitter(msg, p, n)
 	lps, err5 := newSplitter(msg, "logprobs_len", "logprobs", p.GetLogprobsLen(), p.GetLogprobs(), n)
-	if err := firstErr(err1, err2, err3, err4, err5); err != nil || n == 0 {
+	if err := firstErr(err1, err2, err3, err4, err5); err != nil {
+		return r, err
+	}
+	var err error
+	if r.Prompt, err = fromProtoPrompt(msg, p); err != nil || n == 0 {
 		return r, err
 	}
 	r.Outputs = make([]worker.Output, n)
@@ -429,4 +444,98 @@ func toProtoCopyBlocksRequest(cs []kvcache.Copy) *kvxpb.CopyBlocksRequest {
 
 func fromProtoCopyBlocksRequest(p *kvxpb.CopyBlocksRequest) ([]kvcache.Copy, error) {
 	return fromProtoCopyList("CopyBlocksRequest", p.GetCopies())
+}
+
+// toProtoPrompt encodes r.Prompt as m's prompt_* columns (none when empty).
+func toProtoPrompt(m *kvxpb.Result, ps []worker.PromptLogprobs) {
+	n := len(ps)
+	if n == 0 {
+		return
+	}
+	m.PromptSeq = make([]uint64, n)
+	for i := range ps {
+		m.PromptSeq[i] = uint64(ps[i].Seq)
+	}
+	m.PromptLen, m.PromptLogprobs = concat(n, func(i int) []float64 { return ps[i].Logprobs })
+	m.PromptTopLen = column(n, func(i int) int64 { return int64(len(ps[i].TopLogprobs)) })
+	for i := range ps {
+		for _, l := range ps[i].TopLogprobs {
+			m.PromptTopN = append(m.PromptTopN, int64(len(l)))
+			for _, e := range l {
+				m.PromptTopIds = append(m.PromptTopIds, e.ID)
+				m.PromptTopLogprobs = append(m.PromptTopLogprobs, e.Logprob)
+			}
+		}
+	}
+	m.PromptTopN, m.PromptTopIds, m.PromptTopLogprobs = trimZero(m.PromptTopN), trimZero(m.PromptTopIds), trimZero(m.PromptTopLogprobs)
+}
+
+// fromProtoPrompt decodes the prompt_* columns, bounding every length by
+// the columns it indexes before it allocates.
+func fromProtoPrompt(msg string, p *kvxpb.Result) ([]worker.PromptLogprobs, error) {
+	seq := p.GetPromptSeq()
+	n := len(seq)
+	lps, err := newSplitter(msg, "prompt_len", "prompt_logprobs", p.GetPromptLen(), p.GetPromptLogprobs(), n)
+	if err != nil {
+		return nil, err
+	}
+	lens, err := optional(msg, "prompt_top_len", p.GetPromptTopLen(), n)
+	if err != nil {
+		return nil, err
+	}
+	var lists int64
+	for i, l := range lens {
+		if l < 0 {
+			return nil, colError("%s: prompt_top_len[%d] = %d, want >= 0", msg, i, l)
+		}
+		lists += l
+	}
+	counts := p.GetPromptTopN()
+	if len(counts) == 0 && lists > 0 {
+		counts = make([]int64, lists) // every list empty
+	}
+	tops, err := newSplitter(msg, "prompt_top_len", "prompt_top_n", lens, counts, n)
+	if err != nil {
+		return nil, err
+	}
+	var entries int64
+	for j, c := range counts {
+		if c < 0 {
+			return nil, colError("%s: prompt_top_n[%d] = %d, want >= 0", msg, j, c)
+		}
+		entries += c
+	}
+	ids, err := optional(msg, "prompt_top_ids", p.GetPromptTopIds(), int(entries))
+	if err != nil {
+		return nil, err
+	}
+	tlps, err := optional(msg, "prompt_top_logprobs", p.GetPromptTopLogprobs(), int(entries))
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	out := make([]worker.PromptLogprobs, n)
+	off := 0
+	for i := range out {
+		out[i] = worker.PromptLogprobs{Seq: kvcache.SeqID(seq[i]), Logprobs: lps.part(i)}
+		cs := tops.part(i)
+		if len(cs) == 0 {
+			continue
+		}
+		out[i].TopLogprobs = make([][]worker.TokenLogprob, len(cs))
+		for j, c := range cs {
+			if c == 0 {
+				continue
+			}
+			l := make([]worker.TokenLogprob, c)
+			for k := range l {
+				l[k] = worker.TokenLogprob{ID: at(ids, off+k), Logprob: at(tlps, off+k)}
+			}
+			off += int(c)
+			out[i].TopLogprobs[j] = l
+		}
+	}
+	return out, nil
 }

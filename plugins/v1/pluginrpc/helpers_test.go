@@ -206,9 +206,10 @@ var fullBatch = worker.Batch{
 	Items: []worker.Item{
 		{Seq: 42, Pos: 100, Tokens: []int32{5, 6}, Draft: 1, Sample: true, Tables: fullTables, Snapshots: fullSnapshots[:1], TopLogprobs: 5, Logprobs: true, Logits: true,
 			Sampling: &worker.Sampling{Temperature: 0.8, TopP: 0.95, TopK: 50, MinP: 0.1, Seed: 77, PresencePenalty: 0.5, FrequencyPenalty: 0.25,
-				RepetitionPenalty: 1.1, MinTokens: 2, StopIDs: []int32{2}, Prompt: 90, Context: []int32{1, 2, 3}}},
+				RepetitionPenalty: 1.1, MinTokens: 2, StopIDs: []int32{2}, Prompt: 90, Context: []int32{1, 2, 3}},
+			PromptLogprobs: true, PromptTopLogprobs: 3, Next: 9},
 		{Seq: 43, Pos: 1, Tokens: []int32{7}, Draft: 2, Sample: true, Tables: fullTables[:1], Snapshots: fullSnapshots[1:], TopLogprobs: 20, Logprobs: true, Logits: true,
-			Sampling: &worker.Sampling{Temperature: 1, Seed: 1}},
+			Sampling: &worker.Sampling{Temperature: 1, Seed: 1}, PromptLogprobs: true, PromptTopLogprobs: 1, Next: 4},
 	},
 	Hidden:   []byte{1, 2, 3, 0, 255},
 	Released: []kvcache.SeqID{7, 8},
@@ -219,6 +220,8 @@ var fullResult = worker.Result{
 	Hidden: []byte{9, 8},
 	Outputs: []worker.Output{{Seq: 42, Tokens: []int32{6, 11}, Drafts: []int32{12}, Logits: []float32{0.5, -1, 3e38},
 		TopLogprobs: [][]worker.TokenLogprob{{{ID: 6, Logprob: -0.25}, {ID: 9, Logprob: -1.5}}, {{ID: 11, Logprob: -1e-300}, {ID: 1, Logprob: -700}}}, Logprobs: []float64{-0.25, -2}}},
+	Prompt: []worker.PromptLogprobs{{Seq: 42, Logprobs: []float64{-0.5, -1e-300},
+		TopLogprobs: [][]worker.TokenLogprob{{{ID: 6, Logprob: -0.5}}, {{ID: 1, Logprob: -1e-300}, {ID: 2, Logprob: -3}}}}},
 	Nanos:    123456,
 	Modelled: true,
 }

@@ -126,9 +126,21 @@ func (c *WorkerClient) Forward(ctx context.Context, b worker.Batch) (worker.Resu
 // FeatureTopLogprobs would come back with no logprobs; a sampled item
 // without FeatureSampling would come back greedy).
 func (c *WorkerClient) unsupported(b *worker.Batch) error {
-	top, samp := c.fam.has(FeatureTopLogprobs), c.fam.has(FeatureSampling)
-	if top && samp {
+	top, samp, prompt := c.fam.has(FeatureTopLogprobs), c.fam.has(FeatureSampling), c.fam.has(FeaturePromptLogprobs)
+	if top && samp && prompt {
 		return nil
+	}
+	var noPrompt []kvcache.SeqID
+	for _, it := range b.Items {
+		if !prompt && it.PromptLogprobs {
+			noPrompt = append(noPrompt, it.Seq)
+		}
+	}
+	if len(noPrompt) > 0 {
+		// Request-scoped: those requests fail alone, the others run.
+		return kvcache.ItemErrorf(noPrompt,
+			"prompt logprobs (echo with logprobs, or prompt_logprobs) need a worker plugin with feature %s, which this one lacks: rebuild it against this kvx's plugins/sdk",
+			FeaturePromptLogprobs)
 	}
 	for _, it := range b.Items {
 		switch {

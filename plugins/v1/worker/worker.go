@@ -119,6 +119,43 @@ type Item struct {
 	// greedy, as every item was before it (the largest logit, the lower
 	// token id among equals: Ops.Argmax, bit for bit).
 	Sampling *Sampling
+	// PromptLogprobs asks the last stage of a device with real math for
+	// the rows of this prefill item's positions (Result.Prompt, feature
+	// prompt_logprobs): position Pos+i's row is the log-probability of the
+	// token that follows it, Tokens[i+1], or Next for the last position
+	// of a chunk that does not sample; a sampling item has no row at its
+	// last position (that one samples). So a prompt prefilled in chunks,
+	// each asking, gets one row per position 0..len(prompt)-2, each once.
+	// Devices without real math (sim) return none.
+	PromptLogprobs bool
+	// PromptTopLogprobs > 0 asks each of those rows for its
+	// min(PromptTopLogprobs, vocab) most likely tokens too, in
+	// Output.TopLogprobs' order; must be >= 0.
+	PromptTopLogprobs int
+	// Next is the token after Tokens (the next chunk's first prompt
+	// token), read only when PromptLogprobs is set and Sample is not.
+	Next int32
+}
+
+// PromptRows is the number of rows Result.Prompt has for it (0 unless it
+// asks, Item.PromptLogprobs).
+func (it *Item) PromptRows() int {
+	switch {
+	case !it.PromptLogprobs:
+		return 0
+	case it.Sample:
+		return len(it.Tokens) - it.Draft - 1
+	}
+	return len(it.Tokens)
+}
+
+// PromptTarget is the token whose log-probability the item's row i gives
+// (Item.PromptLogprobs): Tokens[i+1], or Next past the last token.
+func (it *Item) PromptTarget(i int) int32 {
+	if i+1 < len(it.Tokens) {
+		return it.Tokens[i+1]
+	}
+	return it.Next
 }
 
 // Sampling is how the last stage picks one sequence's tokens, with vLLM's
@@ -242,10 +279,27 @@ type TokenLogprob struct {
 	Logprob float64
 }
 
+// PromptLogprobs is one item's prompt rows (Item.PromptLogprobs): row i
+// is position Pos+i's, by the same float64 log-softmax of the raw final
+// logits as Output.Logprobs and Output.TopLogprobs.
+type PromptLogprobs struct {
+	Seq kvcache.SeqID
+	// Logprobs[i] is the log-probability of Item.PromptTarget(i) at
+	// position Pos+i; len is Item.PromptRows.
+	Logprobs []float64
+	// TopLogprobs has, when the item asked (PromptTopLogprobs = K > 0),
+	// one list per row: the min(K, vocab) most likely tokens there, as
+	// Output.TopLogprobs lists them. nil otherwise.
+	TopLogprobs [][]TokenLogprob
+}
+
 // Result is one stage's answer to Forward.
 type Result struct {
 	Hidden  []byte   // for the next stage; nil on the last stage
 	Outputs []Output // last stage only, in the order of the items that sampled
+	// Prompt is, on the last stage of a device with real math, the rows of
+	// every item that asked for them (Item.PromptLogprobs), in item order.
+	Prompt []PromptLogprobs
 	// Nanos is the device time of this forward: modelled on sim, measured on
 	// real devices.
 	Nanos    int64
