@@ -39,9 +39,8 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 		return out
 	}
 	explain := e.explains()
-	limit := make([]int, len(ids)) // prompt length asked about
-	open := make([]int, len(ids))  // indexes of ids still to settle
-	open = open[:0]
+	limit := make([]int, len(ids))   // prompt length asked about
+	open := make([]int, 0, len(ids)) // indexes of ids still to settle
 	for i, id := range ids {
 		limit[i] = len(e.byID[id].tokens)
 		if e.byID[id].wantPrompt {
