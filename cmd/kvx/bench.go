@@ -205,7 +205,7 @@ func runBench(ctx context.Context, o *benchOpts) error {
 			fmt.Fprintf(table, "%s: request %d: %s\n", r.Variant, f.ID, f.Reason)
 		}
 	}
-	return writeDocument(reports, "kvx bench "+strings.Join(o.urls, " "), o.jsonOut, o.htmlOut)
+	return writeDocument(reports, "kvx bench "+strings.Join(o.urls, " "), o.jsonOut, o.htmlOut, nil)
 }
 
 func loadWords(o bench.Options) string {

@@ -197,3 +197,63 @@ func TestMaxTokensHintNamesMaxTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestCompareCapacity: compare --capacity sweeps the load per manager and
+// reports each one's capacity in the table and the JSON; under a generous
+// SLO every load is kept, under a tiny one none is.
+func TestCompareCapacity(t *testing.T) {
+	for _, c := range []struct {
+		slo  string
+		want float64 // -1: none
+	}{{"1e9", 16}, {"0.001", -1}} {
+		js := filepath.Join(t.TempDir(), "r.json")
+		out, stderr, code := kvx(t, "compare", "-c", "testdata/small.yaml", "--set", "workload.requests=12", "--set", "workload.rate=0", "--set", "isolation=inprocess",
+			"--vary", "cache_manager=v1,v2", "--vary", "workload.concurrency=1,4,16",
+			"--capacity", "workload.concurrency", "--slo-ttft-p95-ms", c.slo, "--json", js)
+		if code != 0 {
+			t.Fatalf("slo %s: exit %d\n%s\n%s", c.slo, code, out, stderr)
+		}
+		if !strings.Contains(out, "capacity: the most workload.concurrency kept at p95 TTFT <= ") {
+			t.Errorf("slo %s: the table lacks the capacity section:\n%s", c.slo, out)
+		}
+		data, err := os.ReadFile(js)
+		if err != nil {
+			t.Fatal(err)
+		}
+		validateReport(t, js, data)
+		d, err := report.ReadJSON(strings.NewReader(string(data)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Capacity == nil || len(d.Capacity.Groups) != 2 {
+			t.Fatalf("slo %s: capacity %+v, want 2 groups (v1, v2)", c.slo, d.Capacity)
+		}
+		for _, g := range d.Capacity.Groups {
+			if len(g.Points) != 3 {
+				t.Errorf("%s: %d points, want 3", g.Name, len(g.Points))
+			}
+			for _, p := range g.Points {
+				if p.TTFTP95Ms == nil || !(*p.TTFTP95Ms > 0) {
+					t.Errorf("%s at %v: p95 TTFT %v, want a measured one", g.Name, p.Load, p.TTFTP95Ms)
+				}
+			}
+			switch {
+			case c.want < 0 && g.Capacity != nil:
+				t.Errorf("slo %s, %s: capacity %v, want none", c.slo, g.Name, *g.Capacity)
+			case c.want >= 0 && (g.Capacity == nil || *g.Capacity != c.want):
+				t.Errorf("slo %s, %s: capacity %v, want %v", c.slo, g.Name, g.Capacity, c.want)
+			}
+		}
+	}
+	for _, bad := range [][]string{
+		{"--capacity", "workload.concurrency", "--vary", "workload.concurrency=1,2"},                            // no SLO
+		{"--capacity", "workload.concurrency", "--slo-ttft-p95-ms", "100"},                                      // not swept
+		{"--slo-ttft-p95-ms", "100", "--vary", "workload.concurrency=1,2"},                                      // no --capacity
+		{"--capacity", "workload.concurrency", "--slo-ttft-p95-ms", "-5", "--vary", "workload.concurrency=1,2"}, // bad SLO
+	} {
+		out, stderr, code := kvx(t, append([]string{"compare", "-c", "testdata/small.yaml"}, bad...)...)
+		if code != 2 || out != "" || !strings.Contains(stderr, "--") {
+			t.Errorf("compare %v: exit %d, stdout %q, stderr %q; want exit 2 naming the flag", bad, code, out, stderr)
+		}
+	}
+}

@@ -43,6 +43,8 @@ type runOpts struct {
 	varies     []string
 	explain    []string // --explain: request ids, repeatable or comma lists
 	explainIDs []uint64 // parsed by prepare
+	capacity   string   // compare --capacity: the load key swept
+	sloTTFT    float64  // compare --slo-ttft-p95-ms
 }
 
 func newRunCmd(g *globals) *cobra.Command {
@@ -80,12 +82,33 @@ Without --config, the bundled demo scenario runs.
 			if err != nil {
 				return usageErr(err)
 			}
+			if err := checkCapacityFlags(o); err != nil {
+				return usageErr(err)
+			}
 			return runVariants(cmd.Context(), g, o, vs)
 		},
 	}
 	addRunFlags(cmd, o)
 	cmd.Flags().StringArrayVar(&o.varies, "vary", nil, "key=a,b[,c]: one variant per value (repeatable; default "+setup.DefaultVary+")")
+	cmd.Flags().StringVar(&o.capacity, "capacity", "", "KEY: report each configuration's capacity, the largest KEY value (a --vary sweep, e.g. workload.concurrency) kept at p95 TTFT within --slo-ttft-p95-ms")
+	cmd.Flags().Float64Var(&o.sloTTFT, "slo-ttft-p95-ms", 0, "the p95 TTFT SLO of --capacity, in ms")
 	return cmd
+}
+
+// checkCapacityFlags: --capacity needs its SLO and a --vary of its key,
+// and the SLO needs --capacity.
+func checkCapacityFlags(o *runOpts) error {
+	switch {
+	case o.capacity == "" && o.sloTTFT != 0:
+		return fmt.Errorf("--slo-ttft-p95-ms %v: it is --capacity's SLO; give --capacity KEY too", o.sloTTFT)
+	case o.capacity == "":
+		return nil
+	case !(o.sloTTFT > 0):
+		return fmt.Errorf("--capacity %s: give the SLO as --slo-ttft-p95-ms MS (a positive number; got %v)", o.capacity, o.sloTTFT)
+	case !slices.ContainsFunc(o.varies, func(v string) bool { return strings.HasPrefix(strings.TrimSpace(v), o.capacity+"=") }):
+		return fmt.Errorf("--capacity %s: no --vary sweeps it; add --vary %s=a,b,c", o.capacity, o.capacity)
+	}
+	return nil
 }
 
 func addRunFlags(cmd *cobra.Command, o *runOpts) {
@@ -285,7 +308,18 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []setup.Variant
 	if err := writeExplain(table, o.explainIDs, reports, explained); err != nil {
 		return err
 	}
-	if err := writeDocument(reports, scenarioName(g), o.jsonOut, o.htmlOut); err != nil {
+	var capacity *report.Capacity
+	if o.capacity != "" && len(reports) > 0 {
+		c, err := report.NewCapacity(reports, o.capacity, o.sloTTFT)
+		if err != nil {
+			return err
+		}
+		if err := report.WriteCapacity(table, c); err != nil {
+			return err
+		}
+		capacity = c
+	}
+	if err := writeDocument(reports, scenarioName(g), o.jsonOut, o.htmlOut, capacity); err != nil {
 		return err
 	}
 	if len(failed) > 0 {
@@ -325,9 +359,11 @@ func scenarioName(g *globals) string {
 // writeFile writes with write to path ('-' for stdout).
 // writeDocument writes the kvx.report/v1 document of reports, named for
 // scenario, as JSON to jsonOut and as the HTML page to htmlOut (either ""
-// for none, "-" for standard output).
-func writeDocument(reports []report.Report, scenario, jsonOut, htmlOut string) error {
+// for none, "-" for standard output), with capacity (compare --capacity)
+// when not nil.
+func writeDocument(reports []report.Report, scenario, jsonOut, htmlOut string, capacity *report.Capacity) error {
 	doc := report.NewDocument("kvx "+kvxVersion(), reports)
+	doc.Capacity = capacity
 	doc.Created = time.Now().UTC().Format(time.RFC3339)
 	doc.Scenario = scenario
 	doc.Command = os.Args

@@ -27,7 +27,7 @@ var pageJS string
 // shipped, and the page must not ask for anything).
 var inlineChartJS = template.JS(strings.Replace(chartJS, "//# sourceMappingURL=chart.umd.min.js.map", "", 1))
 
-var page = template.Must(template.New("report").Parse(`<!doctype html>
+var page = template.Must(template.New("report").Funcs(template.FuncMap{"deref": func(v *float64) string { return num(*v) }}).Parse(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:">
 <title>kvx report{{if .Doc.Scenario}}: {{.Doc.Scenario}}{{end}}</title>
@@ -69,6 +69,9 @@ table.cfg td { max-width: 30em; overflow-wrap: anywhere }
 <div class="charts" id="bars"></div>
 <h2>Latency distributions ({{.TimeWord}})</h2>
 <div class="charts" id="cdfs"></div>
+{{with .Doc.Capacity}}<h2>Capacity</h2>
+<p class="note">The most {{.LoadKey}} each configuration keeps at p95 TTFT within {{.SLOMs}} ms:{{range .Groups}} {{.Name}}: {{if .Capacity}}{{deref .Capacity}}{{else}}none (the lightest load misses){{end}};{{end}}</p>
+<div class="charts" id="capacity"></div>{{end}}
 {{if .EngineRuns}}<h2>Over {{.TimeWord}}</h2>
 <div class="charts" id="series"></div>{{end}}
 <h2>Resolved configuration</h2>
@@ -77,7 +80,7 @@ table.cfg td { max-width: 30em; overflow-wrap: anywhere }
 <tr><th>key</th>{{range .Doc.Variants}}<th>{{.Variant}}</th>{{end}}</tr>
 {{range .Config}}<tr{{if .Differs}} class="diff"{{end}}><td>{{.Key}}</td>{{range .Cells}}<td>{{.}}</td>{{end}}</tr>
 {{end}}</table></details>{{else}}<p class="note">not recorded</p>{{end}}
-<script>const kvxReport = {{.Data}}; const kvxTimeWord = {{.TimeWord}};</script>
+<script>const kvxReport = {{.Data}}; const kvxTimeWord = {{.TimeWord}}; const kvxCapacity = {{.Doc.Capacity}};</script>
 <script>{{.PageJS}}</script>
 </body></html>
 `))

@@ -93,7 +93,14 @@ func TestHTMLInChromium(t *testing.T) {
 	failed := richSample(true)
 	b := &failed.Variants[1]
 	b.Series, b.Latency.Quantiles, b.ResolvedConfig, b.Workload = nil, nil, nil, nil
-	for i, d := range []Document{richSample(true), richSample(false), failed} {
+	// A compare with --capacity adds its chart.
+	withCapacity := richSample(false)
+	c, err := NewCapacity(capacitySweep(), "workload.concurrency", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCapacity.Capacity = c
+	for i, d := range []Document{richSample(true), richSample(false), failed, withCapacity} {
 		path := filepath.Join(dir, fmt.Sprintf("r%d.html", i))
 		var buf bytes.Buffer
 		if err := WriteHTML(&buf, d); err != nil {
@@ -112,7 +119,8 @@ func TestHTMLInChromium(t *testing.T) {
 	CheckPage(t, pages[0], chartsOnPage, true)
 	CheckPage(t, pages[1], chartsOnPage, false)
 	CheckPage(t, pages[2], chartsOnPage, true)
-	checkBadPage(t, pages[3])
+	CheckPage(t, pages[3], chartsOnPage+1, false)
+	checkBadPage(t, pages[4])
 }
 
 // CheckPage checks what Chromium saw of a report page with want charts.

@@ -499,6 +499,9 @@ type Document struct {
 	// Command is the command line that wrote it.
 	Command  []string `json:"command,omitempty"`
 	Variants []Report `json:"variants"`
+	// Capacity is the capacity KPI of a compare that swept a load key
+	// (kvx compare --capacity); nil otherwise.
+	Capacity *Capacity `json:"capacity,omitempty"`
 }
 
 // NewDocument returns the document of reports rs, written by generator.

@@ -188,6 +188,39 @@
     }));
   }
 
+  // Capacity (kvx compare --capacity): p95 TTFT against the load per
+  // configuration, with the SLO as a dashed line.
+  if (kvxCapacity && kvxCapacity.groups.length > 0) {
+    const c = kvxCapacity;
+    const sets = c.groups.map((g, i) => ({
+      label: g.name,
+      data: g.points.filter(p => p.ttft_p95_ms !== null).map(p => ({ x: p.load, y: p.ttft_p95_ms })),
+      borderColor: palette[i % palette.length], backgroundColor: palette[i % palette.length],
+    }));
+    const loads = c.groups.flatMap(g => g.points.map(p => p.load));
+    sets.push({
+      label: 'SLO ' + fmt(c.slo_ttft_p95_ms) + ' ms',
+      data: [{ x: Math.min(...loads), y: c.slo_ttft_p95_ms }, { x: Math.max(...loads), y: c.slo_ttft_p95_ms }],
+      borderColor: '#888', backgroundColor: '#888', borderDash: [6, 3], pointRadius: 0,
+    });
+    draw('capacity', {
+      type: 'line',
+      data: { datasets: sets },
+      options: {
+        parsing: false,
+        elements: { point: { radius: 3 }, line: { borderWidth: 2, tension: 0 } },
+        plugins: {
+          title: { display: true, text: 'p95 TTFT against ' + c.load_key },
+          legend: { labels: { usePointStyle: true, pointStyle: 'line' } },
+        },
+        scales: {
+          x: { type: 'linear', title: { display: true, text: c.load_key } },
+          y: { beginAtZero: true, title: { display: true, text: 'p95 TTFT, ms of ' + tw } },
+        },
+      },
+    });
+  }
+
   if (engineRuns) {
     series('KV cache usage (fullest stage, max per interval)', 'device blocks in use', true, s => [['$', s.kv_usage.map(u => 100 * u)]]);
     series('Prefix hit rate so far', 'prompt tokens reused', true, s => [['$', s.hit_rate.map(h => 100 * h)]]);
