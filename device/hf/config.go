@@ -11,18 +11,18 @@ import (
 )
 
 // Limits on the sizes this package reads from a config.json (its shapes
-// come from spec.Model, which core/model bounds). They are checked before
+// come from spec.Model, which plugins/model bounds). They are checked before
 // any is used; an error names the field, the value and the limit.
 const (
 	// MaxConfigBytes bounds the config.json file (real ones are a few
-	// KiB); JSON decoding allocates in proportion to it. core/model has
+	// KiB); JSON decoding allocates in proportion to it. plugins/model has
 	// the same limit.
 	MaxConfigBytes = 16 << 20
 	// MaxBlockSize bounds each side of quantization_config's
 	// weight_block_size (real checkpoints: 128).
 	MaxBlockSize = 1 << 16
 	// MaxPositions bounds rope's original_max_position_embeddings, as
-	// core/model bounds max_position_embeddings.
+	// plugins/model bounds max_position_embeddings.
 	MaxPositions = 1 << 30
 )
 
@@ -45,7 +45,7 @@ func readConfigFile(dir string) ([]byte, error) {
 }
 
 // Config is what the model code needs from a checkpoint's config.json
-// beyond the shapes core/model already put in spec.Model: the numerics
+// beyond the shapes plugins/model already put in spec.Model: the numerics
 // (norm epsilon, RoPE frequencies, biases, q/k norm, tied embeddings).
 // Fields are as transformers 5 writes them (rope_parameters), with the
 // older rope_theta / rope_scaling accepted.

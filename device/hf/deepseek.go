@@ -36,7 +36,7 @@ import (
 //     position, ties in the router to the lower expert index (torch.topk
 //     leaves both unspecified; the goldens keep prompts free of them).
 //   - The MLP is dense for the first first_k_dense_replace layers
-//     (core/model put FFN in spec.Layer); else MoE: router logits
+//     (plugins/model put FFN in spec.Layer); else MoE: router logits
 //     gate(x) in float32, sigmoid scores, e_score_correction_bias added to
 //     choose, top topk_group of n_group groups (group score: the sum of its
 //     best two), top num_experts_per_tok experts inside them, weights from
@@ -46,7 +46,7 @@ import (
 //     n_shared_experts) added. Experts are stored one by one
 //     (mlp.experts.N.{gate,up,down}_proj.weight).
 //
-// MTP layers are not run: core/model drops them when the checkpoint holds
+// MTP layers are not run: plugins/model drops them when the checkpoint holds
 // no weights for them, and New refuses a model that still has them.
 
 // DeepSeekOps are the ops the DeepSeek families need beyond synth.Ops,

@@ -20,7 +20,7 @@
 //   - Config (config.go) reads the numerics transformers takes from
 //     config.json (rms_norm_eps, rope_parameters or rope_theta /
 //     rope_scaling, tie_word_embeddings, attention_bias, mlp_bias); the
-//     shapes and layers come from spec.Model, which core/model parsed from
+//     shapes and layers come from spec.Model, which plugins/model parsed from
 //     the same file, and New cross-checks the architecture.
 //   - Stage (this file) is the Llama family's forward: Llama, Mistral
 //     (sliding window: the layer's Window, which the GQA kernel applies)
@@ -153,7 +153,7 @@ type Stage struct {
 func (s *Stage) Config() Config { return s.cfg }
 
 // New loads layers [first, last) of model m from checkpoint directory dir
-// onto the device of ops. m is what core/model parsed from dir/config.json
+// onto the device of ops. m is what plugins/model parsed from dir/config.json
 // (Checkpoint set, buffers filled or not). Errors name the field or tensor,
 // the value and the limit: an architecture other than m's or outside
 // Families, a layer that is not GQA with a dense MLP, MTP layers, a

@@ -19,7 +19,7 @@ const archNemotronH = "NemotronHForCausalLM"
 //
 //   - Every layer is one block, x += mixer(RMSNorm(x)): a Mamba2 mixer
 //     (layers_block_type linear_attention, pattern M), attention (full_attention,
-//     *) or an MLP (mlp, -); core/model reads hybrid_override_pattern or
+//     *) or an MLP (mlp, -); plugins/model reads hybrid_override_pattern or
 //     layers_block_type into spec.Layers (MoE blocks are refused here).
 //   - Attention is GQA without RoPE (the checkpoint has no position
 //     embedding at all) and without biases (transformers builds q, k, v, o

@@ -21,7 +21,7 @@ const archQwen3Next = "Qwen3NextForCausalLM"
 //     (Qwen3NextRMSNorm, Gemma3's): x̂ · (1 + w), the 1 + w taken in
 //     float32 once at load, which is what torch computes per call.
 //   - Each layer is x += mixer(RMSNorm(x)), then x += mlp(RMSNorm(x)); the
-//     mixer is a Gated DeltaNet (layer_types linear_attention; core/model
+//     mixer is a Gated DeltaNet (layer_types linear_attention; plugins/model
 //     maps it onto MixerMamba) or gated full attention (full_attention).
 //   - Full attention: q_proj gives, per head, head_dim query then head_dim
 //     gate elements; q and k get the per-head zero-centred RMSNorm, then
@@ -45,7 +45,7 @@ const archQwen3Next = "Qwen3NextForCausalLM"
 //     token on every path (kernel.GDN), so its tokens do not depend on
 //     chunking, managers or reuse; the two forms differ at ~1e-6 and the
 //     goldens were chosen robust to that.
-//   - The MLP is sparse MoE on the layers core/model marks (num_experts >
+//   - The MLP is sparse MoE on the layers plugins/model marks (num_experts >
 //     0, decoder_sparse_step, mlp_only_layers), else a dense SwiGLU MLP of
 //     intermediate_size. MoE: softmax router, top num_experts_per_tok,
 //     renormalized (norm_topk_prob; the lowest index among equal

@@ -4,15 +4,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/device/hf"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
 const qwen3NextGolden = "testdata/qwen3_next"
 
 // TestQwen3NextConfigAndLoad: the golden's config.json parses as Qwen3-Next
-// with its partial rotary factor; core/model maps the delta-net layers onto
+// with its partial rotary factor; plugins/model maps the delta-net layers onto
 // the Mamba mixer and the last onto attention, MoE everywhere; New loads
 // every tensor exactly once over the stages of any split (the permuted
 // in_proj rows and the 1 + w norms included); the stage reports its GDN

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
