@@ -2,12 +2,12 @@ package hf
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
 
 	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
@@ -93,27 +93,10 @@ func isDeepSeek(arch string) bool {
 	return arch == "DeepseekV3ForCausalLM" || arch == "DeepseekV32ForCausalLM"
 }
 
-type rawDeepSeek struct {
-	NGroup         *int     `json:"n_group"`
-	TopKGroup      *int     `json:"topk_group"`
-	NormTopK       *bool    `json:"norm_topk_prob"`
-	RoutedScale    *float64 `json:"routed_scaling_factor"`
-	RopeInterleave *bool    `json:"rope_interleave"`
-	ScoringFunc    string   `json:"scoring_func"`
-	TopKMethod     string   `json:"topk_method"`
-	HiddenAct      string   `json:"hidden_act"`
-}
-
-// readDeepSeek reads the DeepSeek fields of dir/config.json for model m.
-func readDeepSeek(dir string, cfg Config, m spec.Model) (DeepSeekConfig, error) {
-	data, err := readConfigFile(dir)
-	if err != nil {
-		return DeepSeekConfig{}, err
-	}
-	var r rawDeepSeek
-	if err := json.Unmarshal(data, &r); err != nil {
-		return DeepSeekConfig{}, fmt.Errorf("config.json: %w", err)
-	}
+// readDeepSeek checks and derives the DeepSeek numerics of model m from
+// the fields of its config.json (cfg.Extra).
+func readDeepSeek(cfg model.Numerics, m spec.Model) (DeepSeekConfig, error) {
+	r := cfg.Extra
 	d := DeepSeekConfig{NGroup: 1, TopKGroup: 1, NormTopK: true, RoutedScale: 1, Interleave: true, IndexLayerNormEps: 1e-6,
 		QLora: m.QLoraRank > 0, Sparse: cfg.Arch == "DeepseekV32ForCausalLM", RoPEDim: m.QKRopeHeadDim}
 	if r.NGroup != nil {
@@ -186,12 +169,12 @@ type dsLayer struct {
 }
 
 // newDeepSeek is New for the DeepSeek families (cfg read, m's architecture checked).
-func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cfg Config) (*Stage, error) {
+func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cfg model.Numerics) (*Stage, error) {
 	n := len(m.Layers)
 	if m.NumNextN > 0 {
 		return nil, fmt.Errorf("hf: model %q: %d MTP layers; the %s code has no MTP head (limit 0)", m.Name, m.NumNextN, m.Arch)
 	}
-	ds, err := readDeepSeek(dir, cfg, m)
+	ds, err := readDeepSeek(cfg, m)
 	if err != nil {
 		return nil, fmt.Errorf("hf: %s: %w", dir, err)
 	}

@@ -2,12 +2,12 @@ package hf
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
 
 	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
@@ -101,10 +101,6 @@ type GDNOps interface {
 	GatedDeltaNet(ctx context.Context, layer int, segs []synth.Seg, in GDNIn, w GDNWeights) (synth.Tensor, error)
 }
 
-type rawQwen3Next struct {
-	NormTopK *bool `json:"norm_topk_prob"`
-}
-
 // GDNNumerics returns, for a Qwen3-Next stage, the GDN kernel's numerics
 // that come from the checkpoint: the gated norm's epsilon (rms_norm_eps).
 // ok is false for other architectures.
@@ -117,15 +113,8 @@ func (s *Stage) GDNNumerics() (eps float32, ok bool) {
 
 // newQwen3Next is New for Qwen3-Next (cfg read, m's architecture checked,
 // no MTP layers).
-func newQwen3Next(m spec.Model, dir string, first, last int, cfg Config, ops synth.Loader) (*Stage, error) {
-	data, err := readConfigFile(dir)
-	if err != nil {
-		return nil, fmt.Errorf("hf: %s: %w", dir, err)
-	}
-	var rc rawQwen3Next
-	if err := json.Unmarshal(data, &rc); err != nil {
-		return nil, fmt.Errorf("hf: %s: config.json: %w", dir, err)
-	}
+func newQwen3Next(m spec.Model, dir string, first, last int, cfg model.Numerics, ops synth.Loader) (*Stage, error) {
+	rc := cfg.Extra
 	if rc.NormTopK != nil && !*rc.NormTopK && m.Experts > 0 {
 		return nil, fmt.Errorf("hf: %s: config.json: norm_topk_prob false: the %s router renormalizes the top-k weights (true)", dir, m.Arch)
 	}

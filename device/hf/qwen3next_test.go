@@ -18,12 +18,12 @@ const qwen3NextGolden = "testdata/qwen3_next"
 // in_proj rows and the 1 + w norms included); the stage reports its GDN
 // numerics and a Nemotron-H stage none.
 func TestQwen3NextConfigAndLoad(t *testing.T) {
-	cfg, err := hf.ReadConfig(qwen3NextGolden)
+	cfg, err := model.ReadNumerics(qwen3NextGolden)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Arch != "Qwen3NextForCausalLM" || cfg.Rope.PartialRotary != 0.25 || cfg.Eps != float32(1e-6) || cfg.Tied {
-		t.Errorf("ReadConfig = arch %s partial %v eps %v tied %v, want Qwen3NextForCausalLM 0.25 1e-06 false", cfg.Arch, cfg.Rope.PartialRotary, cfg.Eps, cfg.Tied)
+		t.Errorf("ReadNumerics = arch %s partial %v eps %v tied %v, want Qwen3NextForCausalLM 0.25 1e-06 false", cfg.Arch, cfg.Rope.PartialRotary, cfg.Eps, cfg.Tied)
 	}
 	m, err := model.Load(qwen3NextGolden)
 	if err != nil {
