@@ -81,7 +81,7 @@ const (
 	KernelMLA                  // dense multi-head latent attention, absorbed form
 	KernelDSA                  // DSA: lightning indexer top-k, then sparse MLA
 	KernelMamba2               // the Mamba2 selective-state-space mixer
-	// KernelGDN is Qwen3-Next's Gated DeltaNet. No backend names it: core/model
+	// KernelGDN is Qwen3-Next's Gated DeltaNet. No backend names it: plugins/model
 	// maps GDN layers onto the Mamba mixer (same state buffers), and the
 	// computing devices run KernelGDN where the backend chose KernelMamba2
 	// for a layer of a Qwen3-Next model (paged.NewMixer).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Goldens for kvx's tokenizer.json reader (device/hf/tok), made by Hugging Face `tokenizers`.
+"""Goldens for kvx's tokenizer.json reader (plugins/model/tok), made by Hugging Face `tokenizers`.
 
 Usage: python3 scripts/hf_tokenizer_goldens.py OUTDIR
 
@@ -29,7 +29,7 @@ special tokens among text). The tokenizers:
   spm_mdec    the spm model with the Metaspace decoder
   unigram     a Unigram model (T5 / ALBERT style) with Metaspace
 
-Go's tests (go test ./device/hf/tok/) read them from device/hf/testdata/tokenizers/.
+Go's tests (go test ./plugins/model/tok/) read them from plugins/model/testdata/tokenizers/.
 """
 
 import json

@@ -19,6 +19,7 @@ type layoutRule struct {
 	pkgs  []string // patterns for go list
 	tags  string   // build tags
 	deps  bool     // all transitive dependencies, not only the packages' own imports
+	tests bool     // the packages' test files' imports too (without deps)
 	ban   []string // import path prefixes that must not appear
 	allow []string // exceptions to ban (exact paths)
 }
@@ -53,7 +54,7 @@ func layoutRules() []layoutRule {
 		}
 		return out
 	}
-	core, builtinPkg, device := mod+"core/", mod+"cmd/builtin", mod+"device"
+	core, builtinPkg, device, model := mod+"core/", mod+"cmd/builtin", mod+"device", mod+"plugins/model"
 	return []layoutRule{
 		{
 			name: "a backend binary links no engine package and no cache manager",
@@ -100,6 +101,25 @@ func layoutRules() []layoutRule {
 			pkgs: []string{"./plugins/..."},
 			ban:  slices.Concat([]string{core, device, mod + "cmd/"}, managerPkgs, backendPkgs),
 		},
+		{
+			name:  "the worker wing's tests import no engine package either: the model's description is plugins/model's",
+			pkgs:  []string{"./device/..."},
+			tests: true,
+			ban:   []string{core, mod + "cmd/"},
+		},
+		{
+			name:  "the worker wing's tests import no engine package either: the model's description is plugins/model's",
+			pkgs:  []string{"./device/..."},
+			tags:  "cuda",
+			tests: true,
+			ban:   []string{core, mod + "cmd/"},
+		},
+		{
+			name:  "the model's description, read by host and worker alike, imports neither of them, tests included",
+			pkgs:  []string{"./" + strings.TrimPrefix(model, mod) + "/..."},
+			tests: true,
+			ban:   slices.Concat([]string{core, device, mod + "cmd/"}, managerPkgs, backendPkgs),
+		},
 	}
 }
 
@@ -112,14 +132,17 @@ func pkgOf(v any) string {
 	return t.PkgPath()
 }
 
-// TestLayout checks every rule on the module's non-test code and reports
-// every offending import at once.
+// TestLayout checks every rule on the module's code (its test files too
+// where a rule says so) and reports every offending import at once.
 func TestLayout(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("no go tool on PATH")
 	}
 	for _, r := range layoutRules() {
 		format := `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`
+		if r.tests {
+			format += `{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}`
+		}
 		args := []string{"list", "-f", format}
 		if r.deps {
 			args = []string{"list", "-deps", "-f", "{{.ImportPath}}"}

@@ -22,8 +22,7 @@ import (
 	"github.com/kvx-dev/kvx/core/serve"
 	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/core/workload"
-	hftok "github.com/kvx-dev/kvx/device/hf/tok"
-	"github.com/kvx-dev/kvx/device/synth"
+	modeltok "github.com/kvx-dev/kvx/plugins/model/tok"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
@@ -291,15 +290,15 @@ type tokenizer interface {
 // (device/synth: BOS, then one token per byte).
 type byteTokenizer struct{}
 
-func (byteTokenizer) Encode(text string) []int32 { return synth.Encode(text) }
-func (byteTokenizer) Decode(ids []int32) string  { return synth.Decode(ids) }
+func (byteTokenizer) Encode(text string) []int32 { return modeltok.EncodeBytes(text) }
+func (byteTokenizer) Decode(ids []int32) string  { return modeltok.DecodeBytes(ids) }
 
-// hfTokenizer is a checkpoint directory's tokenizer.json (device/hf/tok):
+// hfTokenizer is a checkpoint directory's tokenizer.json (plugins/model/tok):
 // prompts get the special tokens its post-processor adds (a BOS, as
 // transformers' tokenizer(text) does), and completions are decoded
 // without special tokens (as vLLM's skip_special_tokens default). No chat
 // template is applied: a prompt is encoded as it is.
-type hfTokenizer struct{ t *hftok.Tokenizer }
+type hfTokenizer struct{ t *modeltok.Tokenizer }
 
 func (h hfTokenizer) Encode(text string) []int32 { return h.t.Encode(text, true) }
 func (h hfTokenizer) Decode(ids []int32) string  { return h.t.Decode(ids, true) }
@@ -323,14 +322,14 @@ func tokenizerFor(cfg *config.Config, m spec.Model) (tokenizer, string, error) {
 		if _, err := os.Stat(path); err != nil {
 			return nil, fmt.Sprintf("model %s is a checkpoint directory without tokenizer.json: give the prompt as token ids (%s)", cfg.Model, tokenIDsHint), nil
 		}
-		t, err := hftok.Load(path)
+		t, err := modeltok.Load(path)
 		if err != nil {
 			return nil, "", fmt.Errorf("tokenizer: %w", err)
 		}
 		return hfTokenizer{t}, "", nil
 	}
-	if m.Vocab < synth.MinVocab {
-		return nil, fmt.Sprintf("model %s: vocab %d is smaller than the byte tokenizer's %d ids: give the prompt as token ids (%s)", m.Name, m.Vocab, synth.MinVocab, tokenIDsHint), nil
+	if m.Vocab < modeltok.ByteVocab {
+		return nil, fmt.Sprintf("model %s: vocab %d is smaller than the byte tokenizer's %d ids: give the prompt as token ids (%s)", m.Name, m.Vocab, modeltok.ByteVocab, tokenIDsHint), nil
 	}
 	return byteTokenizer{}, "", nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/device/cpu"
 	"github.com/kvx-dev/kvx/device/synth"
+	modeltok "github.com/kvx-dev/kvx/plugins/model/tok"
 )
 
 const (
@@ -150,7 +151,7 @@ func checkAgainstReference(t *testing.T, cs []completion) {
 		}
 		// JSON text holds U+FFFD for each byte that is not UTF-8.
 		var text string
-		b, _ := json.Marshal(synth.Decode(toks))
+		b, _ := json.Marshal(modeltok.DecodeBytes(toks))
 		json.Unmarshal(b, &text)
 		if c.Text == nil || *c.Text != text {
 			t.Errorf("line %d: text %v, want %q", c.Line, c.Text, text)

@@ -8,12 +8,12 @@ import (
 	"strings"
 	"testing"
 
-	hftok "github.com/kvx-dev/kvx/device/hf/tok"
+	modeltok "github.com/kvx-dev/kvx/plugins/model/tok"
 )
 
 const (
-	ckptDir      = "../../device/hf/testdata/llama"                      // config.json + model.safetensors, vocab 256
-	ckptTokenize = "../../device/hf/tok/testdata/bytebpe/tokenizer.json" // ids < 33
+	ckptDir      = "../../device/hf/testdata/llama"                          // config.json + model.safetensors, vocab 256
+	ckptTokenize = "../../plugins/model/tok/testdata/bytebpe/tokenizer.json" // ids < 33
 )
 
 // checkpointWithTokenizer copies the golden Llama checkpoint to a temporary
@@ -90,7 +90,7 @@ func TestGenerateCheckpointTokenizer(t *testing.T) {
 	if !strings.Contains(out, "line 1: 3 prompt tokens") || !strings.Contains(out, "line 3: 5 prompt tokens") {
 		t.Errorf("prompt token counts: want 3 (BOS hello Ġworld) and 5 (BOS hello ĠĠ Ġworld s):\n%s", out)
 	}
-	tk, err := hftok.Load(ckptTokenize)
+	tk, err := modeltok.Load(ckptTokenize)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,8 @@ import (
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/serve"
 	"github.com/kvx-dev/kvx/core/setup"
+
+	"github.com/kvx-dev/kvx/plugins/model/chat"
 )
 
 type serveOpts struct {
@@ -117,7 +119,7 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	if st, err := os.Stat(cfg.Model); err == nil && st.IsDir() {
 		ckpt = cfg.Model
 	}
-	tmpl, err := serve.LoadChatTemplate(ckpt, o.template)
+	tmpl, err := chat.Load(ckpt, o.template)
 	if err != nil {
 		return usageErr(fmt.Errorf("serve: %w", err))
 	}

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/kvx-dev/kvx/device/synth"
+	modeltok "github.com/kvx-dev/kvx/plugins/model/tok"
 )
 
 // complete posts a completions body and parses its one choice; it fails the
@@ -225,12 +225,12 @@ func TestServeSamplingStopLogprobs(t *testing.T) {
 	sid := greedy.ids[6]
 	k := slices.Index(greedy.ids, sid)
 	a, _ = complete(t, base, fmt.Sprintf(`{%s,"stop_token_ids":[%d]}`, prompt, sid))
-	if !slices.Equal(a.ids, greedy.ids[:k+1]) || a.text != synth.Decode(greedy.ids[:k]) || a.finish != "stop" {
-		t.Errorf("stop_token_ids [%d]: %v %q (%s), want %v %q (stop)", sid, a.ids, a.text, a.finish, greedy.ids[:k+1], synth.Decode(greedy.ids[:k]))
+	if !slices.Equal(a.ids, greedy.ids[:k+1]) || a.text != modeltok.DecodeBytes(greedy.ids[:k]) || a.finish != "stop" {
+		t.Errorf("stop_token_ids [%d]: %v %q (%s), want %v %q (stop)", sid, a.ids, a.text, a.finish, greedy.ids[:k+1], modeltok.DecodeBytes(greedy.ids[:k]))
 	}
 	st, fin = streamFinish(t, base+"/v1/completions", fmt.Sprintf(`{%s,"stop_token_ids":[%d],"stream":true}`, prompt, sid), false)
-	if st != synth.Decode(greedy.ids[:k]) || fin != "stop" {
-		t.Errorf("stop_token_ids [%d] streamed: %q (%s), want %q (stop)", sid, st, fin, synth.Decode(greedy.ids[:k]))
+	if st != modeltok.DecodeBytes(greedy.ids[:k]) || fin != "stop" {
+		t.Errorf("stop_token_ids [%d] streamed: %q (%s), want %q (stop)", sid, st, fin, modeltok.DecodeBytes(greedy.ids[:k]))
 	}
 	a, _ = complete(t, base, fmt.Sprintf(`{%s,"stop_token_ids":[%d],"min_tokens":%d}`, prompt, sid, k+2))
 	if slices.Contains(a.ids[:min(k+2, len(a.ids))], sid) || len(a.ids) < k+2 || !slices.Equal(a.ids[:k], greedy.ids[:k]) {
@@ -250,12 +250,12 @@ func TestServeSamplingStopLogprobs(t *testing.T) {
 		want := g.TopLogprobs[i]
 		// JSON writes a byte that is not UTF-8 as U+FFFD.
 		if tlp[i].(float64) != want[0].Logprob || toks[i].(string) != jsonText(g.OutputIDs[i:i+1]) || int(off[i].(float64)) != n {
-			t.Errorf("token %d: %q %v at %v; generate says %q %v at %d", i, toks[i], tlp[i], off[i], synth.Decode(g.OutputIDs[i:i+1]), want[0].Logprob, n)
+			t.Errorf("token %d: %q %v at %v; generate says %q %v at %d", i, toks[i], tlp[i], off[i], modeltok.DecodeBytes(g.OutputIDs[i:i+1]), want[0].Logprob, n)
 		}
-		n += len(synth.Decode(g.OutputIDs[i : i+1]))
+		n += len(modeltok.DecodeBytes(g.OutputIDs[i : i+1]))
 		alts := top[i].(map[string]any)
 		for _, c := range want {
-			if txt := jsonText([]int32{c.ID}); utf8.ValidString(synth.Decode([]int32{c.ID})) && txt != "" && alts[txt] != c.Logprob {
+			if txt := jsonText([]int32{c.ID}); utf8.ValidString(modeltok.DecodeBytes([]int32{c.ID})) && txt != "" && alts[txt] != c.Logprob {
 				t.Errorf("token %d: top %q = %v, generate says %v", i, txt, alts[txt], c.Logprob)
 			}
 		}
@@ -333,7 +333,7 @@ func streamByIndex(t *testing.T, url, body string) map[int]string {
 }
 
 // jsonText is the byte tokenizer's text of ids as a JSON string carries it.
-func jsonText(ids []int32) string { return strings.ToValidUTF8(synth.Decode(ids), "\uFFFD") }
+func jsonText(ids []int32) string { return strings.ToValidUTF8(modeltok.DecodeBytes(ids), "\uFFFD") }
 
 // printablePair is the offset of the first two letters or digits of text
 // from offset from on (-1 when none): a stop string JSON and %q write alike.

@@ -13,7 +13,7 @@ import (
 
 // TestServeChatTemplateFile: with --chat-template, /v1/chat/completions
 // gives the tokens of a completion of the template's rendering (a
-// Llama-3-style and a ChatML template, written in core/serve/testdata);
+// Llama-3-style and a ChatML template, written in plugins/model/chat/testdata);
 // messages the template refuses (raise_exception) are a 400 that says why.
 func TestServeChatTemplateFile(t *testing.T) {
 	chat := `{"max_tokens":5,"messages":[{"role":"system","content":" Be brief. "},{"role":"user","content":"Hello"}]}`
@@ -27,7 +27,7 @@ func TestServeChatTemplateFile(t *testing.T) {
 			`{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]}`, "conversation roles must alternate"},
 	} {
 		t.Run(c.file, func(t *testing.T) {
-			base := startServe(t, genScenario, serveOpts{template: filepath.Join("../../core/serve/testdata", c.file)})
+			base := startServe(t, genScenario, serveOpts{template: filepath.Join("../../plugins/model/chat/testdata", c.file)})
 			code, v, _ := post(t, base+"/v1/chat/completions", chat)
 			if code != 200 {
 				t.Fatalf("chat: %d %v", code, v)

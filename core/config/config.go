@@ -43,8 +43,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/core/registry"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 

@@ -9,9 +9,9 @@ import (
 	"strings"
 
 	"github.com/kvx-dev/kvx/core/hw"
-	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/core/registry"
 	"github.com/kvx-dev/kvx/core/workload"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/kvx-dev/kvx/core/hw"
-	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/core/registry"
 	"github.com/kvx-dev/kvx/core/workload"
+	"github.com/kvx-dev/kvx/plugins/model"
 )
 
 // field is one settable key. set parses and range-checks a non-null value

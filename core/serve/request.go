@@ -13,6 +13,8 @@ import (
 
 	"github.com/kvx-dev/kvx/core/workload"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+
+	"github.com/kvx-dev/kvx/plugins/model/chat"
 )
 
 // apiError is a 4xx/5xx answer in OpenAI's error shape:
@@ -491,9 +493,9 @@ func (s *Server) chatText(raw json.RawMessage) (string, *apiError) {
 	if ct == nil {
 		return ChatPrompt(roles, contents), nil
 	}
-	tm := make([]Message, len(roles))
+	tm := make([]chat.Message, len(roles))
 	for i := range roles {
-		tm[i] = Message{Role: roles[i], Content: contents[i]}
+		tm[i] = chat.Message{Role: roles[i], Content: contents[i]}
 	}
 	text, err := ct.Render(tm)
 	if err != nil {

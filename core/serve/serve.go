@@ -13,14 +13,14 @@
 //     and a request the engine fails ends alone;
 //   - metrics.go exposes the engine's gauges and counters and the
 //     latency histograms;
-//   - template.go renders chat messages with the checkpoint's Jinja chat
-//     template, so a chat prompt is the one the model was trained on, and
-//     a template that refuses the messages is a 400 that says why;
-//   - templatelimits.go bounds every render (stack depth, steps, time,
-//     output, range, source shape, no self-containing values), so a
-//     hostile template fails its own request with a 400 naming the limit
-//     instead of killing the server (a Go stack overflow is fatal) or
-//     holding a core.
+//   - request.go renders chat messages with the checkpoint's Jinja chat
+//     template (plugins/model/chat, the model description's reader), so a
+//     chat prompt is the one the model was trained on, and a template that
+//     refuses the messages is a 400 that says why; chat bounds every render
+//     (stack depth, steps, time, output, range, source shape, no
+//     self-containing values), so a hostile template fails its own request
+//     with a 400 naming the limit instead of killing the server (a Go stack
+//     overflow is fatal) or holding a core.
 //
 // /health tells the truth throughout: 503 "restarting" while the engine
 // replaces a plugin that died, "draining" after Drain, "unavailable" once
@@ -57,6 +57,8 @@ import (
 	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/workload"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
+
+	"github.com/kvx-dev/kvx/plugins/model/chat"
 )
 
 // Defaults for Options left at zero.
@@ -92,7 +94,7 @@ type Options struct {
 	MaxBodyBytes int64     // larger request bodies get 413
 	MaxWaiting   int       // more requests without a first token get 429
 	// ChatTemplate renders chat messages into the prompt; nil: ChatPrompt.
-	ChatTemplate *ChatTemplate
+	ChatTemplate *chat.Template
 	// EOS are the model's end-of-sequence ids (setup.EOS): a request ends
 	// at one unless it sets ignore_eos.
 	EOS []int32

@@ -4,20 +4,20 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvx-dev/kvx/device/synth"
+	modeltok "github.com/kvx-dev/kvx/plugins/model/tok"
 )
 
 type byteTok struct{}
 
-func (byteTok) Encode(s string) []int32   { return synth.Encode(s) }
-func (byteTok) Decode(ids []int32) string { return synth.Decode(ids) }
+func (byteTok) Encode(s string) []int32   { return modeltok.EncodeBytes(s) }
+func (byteTok) Decode(ids []int32) string { return modeltok.DecodeBytes(ids) }
 
 // TestTextStreamNeverSplitsACharacter: streamed one byte token at a time,
 // the deltas are whole UTF-8 characters and add up to the decoded text;
 // bytes that are not UTF-8 are not held back forever.
 func TestTextStreamNeverSplitsACharacter(t *testing.T) {
 	for _, s := range []string{"héllo wörld ✓ 😀", "plain", "bad \xff\xfe bytes", "cut at the end \xe2\x9c"} {
-		ids := synth.Encode(s)[1:] // without BOS
+		ids := modeltok.EncodeBytes(s)[1:] // without BOS
 		ts := textStream{tok: byteTok{}}
 		var got strings.Builder
 		for i := range ids {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 

@@ -5,8 +5,8 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/device/cpu"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )

@@ -9,13 +9,13 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu"
 	"github.com/kvx-dev/kvx/device/hf"
 	"github.com/kvx-dev/kvx/device/hf/hftest"
 	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/internal/race"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
@@ -24,7 +24,7 @@ import (
 // oracle on the ids both sides have.
 const lpTol = 1e-3
 
-// checkpointModel loads dir as the engine does (core/model), with TP-1
+// checkpointModel loads dir as the engine does (plugins/model), with TP-1
 // buffers at the checkpoint's KV dtype.
 func checkpointModel(t testing.TB, dir, kv string) spec.Model {
 	t.Helper()

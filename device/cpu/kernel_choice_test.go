@@ -3,11 +3,11 @@ package cpu_test
 import (
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu"
 	"github.com/kvx-dev/kvx/dsa"
 	"github.com/kvx-dev/kvx/dsa/mla"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 

@@ -22,7 +22,7 @@ type Reference struct {
 }
 
 // NewReference builds the reference of model m (its Buffers filled by
-// core/model.FillBuffers with TP 1: the cache dtypes are read off them; a
+// plugins/model.FillBuffers with TP 1: the cache dtypes are read off them; a
 // model without buffers runs bf16 KV and float32 state) with the weights of
 // seed, running each layer with the kernel that kernelOf, the backend's
 // Kernel method, picks for its mixer (so DSA layers run sparse or dense as on

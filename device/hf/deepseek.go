@@ -2,12 +2,12 @@ package hf
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
 
 	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
@@ -36,7 +36,7 @@ import (
 //     position, ties in the router to the lower expert index (torch.topk
 //     leaves both unspecified; the goldens keep prompts free of them).
 //   - The MLP is dense for the first first_k_dense_replace layers
-//     (core/model put FFN in spec.Layer); else MoE: router logits
+//     (plugins/model put FFN in spec.Layer); else MoE: router logits
 //     gate(x) in float32, sigmoid scores, e_score_correction_bias added to
 //     choose, top topk_group of n_group groups (group score: the sum of its
 //     best two), top num_experts_per_tok experts inside them, weights from
@@ -46,7 +46,7 @@ import (
 //     n_shared_experts) added. Experts are stored one by one
 //     (mlp.experts.N.{gate,up,down}_proj.weight).
 //
-// MTP layers are not run: core/model drops them when the checkpoint holds
+// MTP layers are not run: plugins/model drops them when the checkpoint holds
 // no weights for them, and New refuses a model that still has them.
 
 // DeepSeekOps are the ops the DeepSeek families need beyond synth.Ops,
@@ -93,27 +93,10 @@ func isDeepSeek(arch string) bool {
 	return arch == "DeepseekV3ForCausalLM" || arch == "DeepseekV32ForCausalLM"
 }
 
-type rawDeepSeek struct {
-	NGroup         *int     `json:"n_group"`
-	TopKGroup      *int     `json:"topk_group"`
-	NormTopK       *bool    `json:"norm_topk_prob"`
-	RoutedScale    *float64 `json:"routed_scaling_factor"`
-	RopeInterleave *bool    `json:"rope_interleave"`
-	ScoringFunc    string   `json:"scoring_func"`
-	TopKMethod     string   `json:"topk_method"`
-	HiddenAct      string   `json:"hidden_act"`
-}
-
-// readDeepSeek reads the DeepSeek fields of dir/config.json for model m.
-func readDeepSeek(dir string, cfg Config, m spec.Model) (DeepSeekConfig, error) {
-	data, err := readConfigFile(dir)
-	if err != nil {
-		return DeepSeekConfig{}, err
-	}
-	var r rawDeepSeek
-	if err := json.Unmarshal(data, &r); err != nil {
-		return DeepSeekConfig{}, fmt.Errorf("config.json: %w", err)
-	}
+// readDeepSeek checks and derives the DeepSeek numerics of model m from
+// the fields of its config.json (cfg.Extra).
+func readDeepSeek(cfg model.Numerics, m spec.Model) (DeepSeekConfig, error) {
+	r := cfg.Extra
 	d := DeepSeekConfig{NGroup: 1, TopKGroup: 1, NormTopK: true, RoutedScale: 1, Interleave: true, IndexLayerNormEps: 1e-6,
 		QLora: m.QLoraRank > 0, Sparse: cfg.Arch == "DeepseekV32ForCausalLM", RoPEDim: m.QKRopeHeadDim}
 	if r.NGroup != nil {
@@ -186,12 +169,12 @@ type dsLayer struct {
 }
 
 // newDeepSeek is New for the DeepSeek families (cfg read, m's architecture checked).
-func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cfg Config) (*Stage, error) {
+func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cfg model.Numerics) (*Stage, error) {
 	n := len(m.Layers)
 	if m.NumNextN > 0 {
 		return nil, fmt.Errorf("hf: model %q: %d MTP layers; the %s code has no MTP head (limit 0)", m.Name, m.NumNextN, m.Arch)
 	}
-	ds, err := readDeepSeek(dir, cfg, m)
+	ds, err := readDeepSeek(cfg, m)
 	if err != nil {
 		return nil, fmt.Errorf("hf: %s: %w", dir, err)
 	}

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvx-dev/kvx/plugins/model"
 )
 
 // e4m3Want is the E4M3 value of bits b derived from the format's
@@ -212,15 +214,15 @@ func TestDequantize(t *testing.T) {
 
 func TestParseQuant(t *testing.T) {
 	base := `{"architectures":["DeepseekV3ForCausalLM"],"quantization_config":`
-	c, err := ParseConfig([]byte(base + `{"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,64]}}`))
+	c, err := model.ParseNumerics([]byte(base + `{"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,64]}}`))
 	if err != nil || c.Quant == nil || c.Quant.BlockSize != [2]int{128, 64} || c.Quant.Fmt != "e4m3" {
-		t.Errorf("ParseConfig(fp8 [128 64]) = %+v, %v", c.Quant, err)
+		t.Errorf("model.ParseNumerics(fp8 [128 64]) = %+v, %v", c.Quant, err)
 	}
-	if c, err := ParseConfig([]byte(base + `{"quant_method":"fp8"}}`)); err != nil || c.Quant.BlockSize != [2]int{128, 128} {
-		t.Errorf("ParseConfig(fp8, no block size) = %+v, %v; want [128 128]", c.Quant, err)
+	if c, err := model.ParseNumerics([]byte(base + `{"quant_method":"fp8"}}`)); err != nil || c.Quant.BlockSize != [2]int{128, 128} {
+		t.Errorf("model.ParseNumerics(fp8, no block size) = %+v, %v; want [128 128]", c.Quant, err)
 	}
-	if c, err := ParseConfig([]byte(`{"architectures":["DeepseekV3ForCausalLM"]}`)); err != nil || c.Quant != nil {
-		t.Errorf("ParseConfig(no quantization_config) = %+v, %v; want nil", c.Quant, err)
+	if c, err := model.ParseNumerics([]byte(`{"architectures":["DeepseekV3ForCausalLM"]}`)); err != nil || c.Quant != nil {
+		t.Errorf("model.ParseNumerics(no quantization_config) = %+v, %v; want nil", c.Quant, err)
 	}
 	for _, c := range []struct{ q, want string }{
 		{`{"quant_method":"gptq"}`, `quantization_config.quant_method "gptq"`},
@@ -228,8 +230,8 @@ func TestParseQuant(t *testing.T) {
 		{`{"quant_method":"fp8","weight_block_size":[128]}`, `quantization_config.weight_block_size [128]: want two integers >= 1`},
 		{`{"quant_method":"fp8","weight_block_size":[0,128]}`, `weight_block_size [0,128]`},
 	} {
-		if _, err := ParseConfig([]byte(base + c.q + "}")); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("ParseConfig(%s) = %v, want an error containing %q", c.q, err, c.want)
+		if _, err := model.ParseNumerics([]byte(base + c.q + "}")); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("model.ParseNumerics(%s) = %v, want an error containing %q", c.q, err, c.want)
 		}
 	}
 }

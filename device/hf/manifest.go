@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/plugins/model"
 )
 
 // manifest is every tensor one architecture's checkpoint must hold and
@@ -24,7 +25,7 @@ import (
 type manifest struct {
 	ck        *Checkpoint
 	ops       synth.Loader
-	quant     *Quant           // config.json's quantization_config; nil: none
+	quant     *model.Quant     // config.json's quantization_config; nil: none
 	want, may map[string][]int // name -> shape
 	lerr      error            // the first read error of host
 }
@@ -32,7 +33,7 @@ type manifest struct {
 // openManifest opens the checkpoint in dir (OpenCheckpoint's errors,
 // prefixed "hf: ") for an empty manifest whose loads go onto ops; quant is
 // the checkpoint's quantization_config (nil: none). The caller closes it.
-func openManifest(dir string, ops synth.Loader, quant *Quant) (*manifest, error) {
+func openManifest(dir string, ops synth.Loader, quant *model.Quant) (*manifest, error) {
 	ck, err := OpenCheckpoint(dir)
 	if err != nil {
 		return nil, fmt.Errorf("hf: %w", err)

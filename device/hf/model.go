@@ -17,10 +17,10 @@
 //     mis-shaped tensor is an error that names it (of several, the first
 //     by name, every time), so a checkpoint of another architecture or
 //     size can never load with some weights silently left at zero.
-//   - Config (config.go) reads the numerics transformers takes from
+//   - model.Numerics (plugins/model) reads the numerics transformers takes from
 //     config.json (rms_norm_eps, rope_parameters or rope_theta /
 //     rope_scaling, tie_word_embeddings, attention_bias, mlp_bias); the
-//     shapes and layers come from spec.Model, which core/model parsed from
+//     shapes and layers come from spec.Model, which plugins/model parsed from
 //     the same file, and New cross-checks the architecture.
 //   - Stage (this file) is the Llama family's forward: Llama, Mistral
 //     (sliding window: the layer's Window, which the GQA kernel applies)
@@ -54,6 +54,7 @@ import (
 	"strconv"
 
 	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
@@ -136,7 +137,7 @@ type layerW struct {
 // use with distinct Ops of that device.
 type Stage struct {
 	m           spec.Model
-	cfg         Config
+	cfg         model.Numerics
 	first, last int
 	embed       synth.Tensor
 	finalNorm   synth.Tensor
@@ -150,10 +151,10 @@ type Stage struct {
 }
 
 // Config returns the checkpoint's numerics the stage runs with.
-func (s *Stage) Config() Config { return s.cfg }
+func (s *Stage) Config() model.Numerics { return s.cfg }
 
 // New loads layers [first, last) of model m from checkpoint directory dir
-// onto the device of ops. m is what core/model parsed from dir/config.json
+// onto the device of ops. m is what plugins/model parsed from dir/config.json
 // (Checkpoint set, buffers filled or not). Errors name the field or tensor,
 // the value and the limit: an architecture other than m's or outside
 // Families, a layer that is not GQA with a dense MLP, MTP layers, a
@@ -164,7 +165,7 @@ func New(m spec.Model, dir string, first, last int, ops synth.Loader) (*Stage, e
 	if first < 0 || first >= last || last > n {
 		return nil, fmt.Errorf("hf: layers [%d, %d) are not a non-empty range of the %d layers of model %q", first, last, n, m.Name)
 	}
-	cfg, err := ReadConfig(dir)
+	cfg, err := model.ReadNumerics(dir)
 	if err != nil {
 		return nil, fmt.Errorf("hf: %s: %w", dir, err)
 	}

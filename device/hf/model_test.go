@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/device/hf"
 	"github.com/kvx-dev/kvx/device/hf/hftest"
 	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/plugins/model"
 )
 
 type tensor struct{ r, c int }

@@ -2,12 +2,12 @@ package hf
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
 
 	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
@@ -19,7 +19,7 @@ const archNemotronH = "NemotronHForCausalLM"
 //
 //   - Every layer is one block, x += mixer(RMSNorm(x)): a Mamba2 mixer
 //     (layers_block_type linear_attention, pattern M), attention (full_attention,
-//     *) or an MLP (mlp, -); core/model reads hybrid_override_pattern or
+//     *) or an MLP (mlp, -); plugins/model reads hybrid_override_pattern or
 //     layers_block_type into spec.Layers (MoE blocks are refused here).
 //   - Attention is GQA without RoPE (the checkpoint has no position
 //     embedding at all) and without biases (transformers builds q, k, v, o
@@ -68,16 +68,6 @@ type nemoLayer struct {
 	up, down linear
 }
 
-// nemoConfig is what the Nemotron-H code reads from config.json beyond
-// Config.
-type nemoConfig struct {
-	MLPAct      *string  `json:"mlp_hidden_act"`
-	MambaAct    *string  `json:"mamba_hidden_act"`
-	ConvBias    *bool    `json:"use_conv_bias"`
-	UseBias     bool     `json:"use_bias"` // in_proj and out_proj; mlp_bias is Config.MLPBias
-	TimeStepMin *float64 `json:"time_step_min"`
-}
-
 // Mamba2Numerics returns, for a Nemotron-H stage, the Mamba2 kernel's
 // numerics that come from the checkpoint: the gated norm's epsilon
 // (layer_norm_epsilon) and the dt floor for prompt tokens (time_step_min;
@@ -91,15 +81,8 @@ func (s *Stage) Mamba2Numerics() (eps, dtMin float32, ok bool) {
 }
 
 // newNemotron is New for Nemotron-H.
-func newNemotron(m spec.Model, dir string, first, last int, cfg Config, ops synth.Loader) (*Stage, error) {
-	data, err := readConfigFile(dir)
-	if err != nil {
-		return nil, fmt.Errorf("hf: %s: %w", dir, err)
-	}
-	var nc nemoConfig
-	if err := json.Unmarshal(data, &nc); err != nil {
-		return nil, fmt.Errorf("hf: %s: config.json: %w", dir, err)
-	}
+func newNemotron(m spec.Model, dir string, first, last int, cfg model.Numerics, ops synth.Loader) (*Stage, error) {
+	nc := cfg.Extra
 	if nc.MLPAct != nil && *nc.MLPAct != "relu2" {
 		return nil, fmt.Errorf("hf: %s: config.json: mlp_hidden_act %q: the %s MLP runs relu2", dir, *nc.MLPAct, m.Arch)
 	}

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/device/hf"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
@@ -77,12 +77,12 @@ func copyGolden(t *testing.T, src string, edits map[string]any, omit string) str
 // once over the stages of any split; the stage reports the Mamba2 numerics
 // (epsilon, the dt floor time_step_min) and a Llama stage none.
 func TestNemotronConfigAndLoad(t *testing.T) {
-	cfg, err := hf.ReadConfig(nemotronGolden)
+	cfg, err := model.ReadNumerics(nemotronGolden)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Arch != "NemotronHForCausalLM" || cfg.Eps != float32(1e-5) || cfg.Tied {
-		t.Errorf("ReadConfig = arch %s eps %v tied %v, want NemotronHForCausalLM 1e-05 false", cfg.Arch, cfg.Eps, cfg.Tied)
+		t.Errorf("ReadNumerics = arch %s eps %v tied %v, want NemotronHForCausalLM 1e-05 false", cfg.Arch, cfg.Eps, cfg.Tied)
 	}
 	m, err := model.Load(nemotronGolden)
 	if err != nil {

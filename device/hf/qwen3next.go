@@ -2,12 +2,12 @@ package hf
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
 
 	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
@@ -21,7 +21,7 @@ const archQwen3Next = "Qwen3NextForCausalLM"
 //     (Qwen3NextRMSNorm, Gemma3's): x̂ · (1 + w), the 1 + w taken in
 //     float32 once at load, which is what torch computes per call.
 //   - Each layer is x += mixer(RMSNorm(x)), then x += mlp(RMSNorm(x)); the
-//     mixer is a Gated DeltaNet (layer_types linear_attention; core/model
+//     mixer is a Gated DeltaNet (layer_types linear_attention; plugins/model
 //     maps it onto MixerMamba) or gated full attention (full_attention).
 //   - Full attention: q_proj gives, per head, head_dim query then head_dim
 //     gate elements; q and k get the per-head zero-centred RMSNorm, then
@@ -45,7 +45,7 @@ const archQwen3Next = "Qwen3NextForCausalLM"
 //     token on every path (kernel.GDN), so its tokens do not depend on
 //     chunking, managers or reuse; the two forms differ at ~1e-6 and the
 //     goldens were chosen robust to that.
-//   - The MLP is sparse MoE on the layers core/model marks (num_experts >
+//   - The MLP is sparse MoE on the layers plugins/model marks (num_experts >
 //     0, decoder_sparse_step, mlp_only_layers), else a dense SwiGLU MLP of
 //     intermediate_size. MoE: softmax router, top num_experts_per_tok,
 //     renormalized (norm_topk_prob; the lowest index among equal
@@ -101,10 +101,6 @@ type GDNOps interface {
 	GatedDeltaNet(ctx context.Context, layer int, segs []synth.Seg, in GDNIn, w GDNWeights) (synth.Tensor, error)
 }
 
-type rawQwen3Next struct {
-	NormTopK *bool `json:"norm_topk_prob"`
-}
-
 // GDNNumerics returns, for a Qwen3-Next stage, the GDN kernel's numerics
 // that come from the checkpoint: the gated norm's epsilon (rms_norm_eps).
 // ok is false for other architectures.
@@ -117,15 +113,8 @@ func (s *Stage) GDNNumerics() (eps float32, ok bool) {
 
 // newQwen3Next is New for Qwen3-Next (cfg read, m's architecture checked,
 // no MTP layers).
-func newQwen3Next(m spec.Model, dir string, first, last int, cfg Config, ops synth.Loader) (*Stage, error) {
-	data, err := readConfigFile(dir)
-	if err != nil {
-		return nil, fmt.Errorf("hf: %s: %w", dir, err)
-	}
-	var rc rawQwen3Next
-	if err := json.Unmarshal(data, &rc); err != nil {
-		return nil, fmt.Errorf("hf: %s: config.json: %w", dir, err)
-	}
+func newQwen3Next(m spec.Model, dir string, first, last int, cfg model.Numerics, ops synth.Loader) (*Stage, error) {
+	rc := cfg.Extra
 	if rc.NormTopK != nil && !*rc.NormTopK && m.Experts > 0 {
 		return nil, fmt.Errorf("hf: %s: config.json: norm_topk_prob false: the %s router renormalizes the top-k weights (true)", dir, m.Arch)
 	}

@@ -4,26 +4,26 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/device/hf"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
 const qwen3NextGolden = "testdata/qwen3_next"
 
 // TestQwen3NextConfigAndLoad: the golden's config.json parses as Qwen3-Next
-// with its partial rotary factor; core/model maps the delta-net layers onto
+// with its partial rotary factor; plugins/model maps the delta-net layers onto
 // the Mamba mixer and the last onto attention, MoE everywhere; New loads
 // every tensor exactly once over the stages of any split (the permuted
 // in_proj rows and the 1 + w norms included); the stage reports its GDN
 // numerics and a Nemotron-H stage none.
 func TestQwen3NextConfigAndLoad(t *testing.T) {
-	cfg, err := hf.ReadConfig(qwen3NextGolden)
+	cfg, err := model.ReadNumerics(qwen3NextGolden)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Arch != "Qwen3NextForCausalLM" || cfg.Rope.PartialRotary != 0.25 || cfg.Eps != float32(1e-6) || cfg.Tied {
-		t.Errorf("ReadConfig = arch %s partial %v eps %v tied %v, want Qwen3NextForCausalLM 0.25 1e-06 false", cfg.Arch, cfg.Rope.PartialRotary, cfg.Eps, cfg.Tied)
+		t.Errorf("ReadNumerics = arch %s partial %v eps %v tied %v, want Qwen3NextForCausalLM 0.25 1e-06 false", cfg.Arch, cfg.Rope.PartialRotary, cfg.Eps, cfg.Tied)
 	}
 	m, err := model.Load(qwen3NextGolden)
 	if err != nil {

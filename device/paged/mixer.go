@@ -27,7 +27,7 @@ type Mixer struct {
 
 // NewMixer configures layer l's kernel k, the backend's choice for
 // l.Mixer. kvDtype is the attention cache dtype; conv and ssm the Mamba
-// state dtypes. A Mamba layer of a Qwen3-Next model (ArchGDN: core/model
+// state dtypes. A Mamba layer of a Qwen3-Next model (ArchGDN: plugins/model
 // maps its Gated DeltaNet layers onto the Mamba mixer, with the same state
 // buffers) runs KernelGDN where the backend chose the state-space kernel
 // KernelMamba2. Errors name the layer, the field and the limit.
@@ -63,7 +63,7 @@ func NewMixer(m *spec.Model, l spec.Layer, k device.Kernel, kvDtype, conv, ssm k
 			x.DSA.Indexer = kernel.Indexer{Heads: m.IndexHeads, HeadDim: m.IndexHeadDim, TopK: m.IndexTopK}
 			if m.Checkpoint != "" {
 				// transformers' indexer: unquantized keys at the KV dtype
-				// (core/model.FillBuffers sizes them so).
+				// (plugins/model.FillBuffers sizes them so).
 				x.DSA.Indexer.Plain, x.DSA.Indexer.Keys = true, kvDtype
 			}
 			if err := x.DSA.Indexer.Validate(); err != nil {
@@ -77,7 +77,7 @@ func NewMixer(m *spec.Model, l spec.Layer, k device.Kernel, kvDtype, conv, ssm k
 			return nil, fmt.Errorf("layer %d: %w", l.Index, err)
 		}
 	case device.KernelGDN:
-		// The mapping of core/model.parseQwen3Next: value heads, value head
+		// The mapping of plugins/model.parseQwen3Next: value heads, value head
 		// dim, key head dim, key heads.
 		x.GDN = kernel.GDN{Heads: m.MambaHeads, VDim: m.MambaHeadDim, KDim: m.SSMStateSize, KHeads: m.NGroups,
 			ConvKernel: m.ConvKernel, ConvDtype: conv, SSMDtype: ssm, Eps: synth.NormEps}
@@ -128,7 +128,7 @@ func (x *Mixer) OutWidth() int {
 	return 0
 }
 
-// kvDtype maps Config.KVDtype ("" is bf16, as core/model's "auto").
+// kvDtype maps Config.KVDtype ("" is bf16, as plugins/model's "auto").
 func KVDtype(name string) (kernel.Dtype, error) {
 	switch name {
 	case "", "auto", "bf16", "bfloat16":

@@ -3,10 +3,10 @@ package paged
 import (
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
 	"github.com/kvx-dev/kvx/device/synth"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
@@ -27,7 +27,7 @@ func TestWithScales(t *testing.T) {
 }
 
 // TestGDNMixer: a Qwen3-Next checkpoint's Mamba-mapped layers run
-// KernelGDN where the backend chose KernelMamba2, with core/model's
+// KernelGDN where the backend chose KernelMamba2, with plugins/model's
 // mapping (value heads, value dim, key dim, key heads) and its buffers'
 // widths; a Nemotron-H checkpoint's Mamba layers keep Mamba2.
 func TestGDNMixer(t *testing.T) {

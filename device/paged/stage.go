@@ -11,7 +11,7 @@ import (
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
-// ArchGDN is Qwen3-Next, whose Gated DeltaNet layers core/model maps onto
+// ArchGDN is Qwen3-Next, whose Gated DeltaNet layers plugins/model maps onto
 // the Mamba mixer for sizing; their kernel is KernelGDN (NewMixer), which
 // only a checkpoint's model code (package hf) calls: the synthetic model
 // has no GDN layer.

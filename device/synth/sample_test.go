@@ -5,8 +5,10 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
+
+	"github.com/kvx-dev/kvx/plugins/model/tok"
 )
 
 // logitsOf returns logits whose softmax is probs (log of each).
@@ -179,8 +181,8 @@ func TestLogprobMatchesTopLogprobs(t *testing.T) {
 // another one.
 func TestDraftsKeepSampledStream(t *testing.T) {
 	m := synthModel(t, "deepseek-v3", model.SyntheticSpec{MTPLayers: 2})
-	prompt := Encode("seeded sampling")
-	other := Encode("a neighbour in the batch")
+	prompt := tok.EncodeBytes("seeded sampling")
+	other := tok.EncodeBytes("a neighbour in the batch")
 	sp := &worker.Sampling{Temperature: 1.5, TopP: 0.95, TopK: 40, Seed: 1234, PresencePenalty: 0.2, RepetitionPenalty: 1.1}
 	ref := runSampled(t, newPipe(t, m, 3, 1), [][]int32{prompt}, 1<<20, 0, 14, nil, sp)[0]
 	for _, v := range []struct {
@@ -229,13 +231,5 @@ func TestDraftsKeepSampledStream(t *testing.T) {
 				t.Errorf("token %d (%d): logprob %v, top list says %v", i, tok, ref.chosen[i], e.Logprob)
 			}
 		}
-	}
-}
-
-// The core stops synthetic models at model.SyntheticEOS: it must be the
-// byte tokenizer's EOS.
-func TestSyntheticEOS(t *testing.T) {
-	if model.SyntheticEOS != EOS {
-		t.Errorf("model.SyntheticEOS = %d, synth.EOS = %d", model.SyntheticEOS, EOS)
 	}
 }

@@ -35,6 +35,8 @@ import (
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
+
+	"github.com/kvx-dev/kvx/plugins/model/tok"
 )
 
 // NormEps is the RMSNorm epsilon of every norm.
@@ -204,8 +206,8 @@ func New(m spec.Model, seed uint64, first, last int, kernelOf func(spec.Mixer) d
 		return nil, fmt.Errorf("synth: layers [%d, %d) hold MTP layers but not the last layer %d (MTP layers are on the last stage)", first, last, n-1)
 	case m.Hidden <= 0:
 		return nil, fmt.Errorf("synth: model %q: hidden %d must be > 0", m.Name, m.Hidden)
-	case m.Vocab < MinVocab:
-		return nil, fmt.Errorf("synth: model %q: vocab %d is less than %d (256 bytes + BOS + EOS)", m.Name, m.Vocab, MinVocab)
+	case m.Vocab < tok.ByteVocab:
+		return nil, fmt.Errorf("synth: model %q: vocab %d is less than %d (256 bytes + BOS + EOS)", m.Name, m.Vocab, tok.ByteVocab)
 	}
 	w := Weights{Seed: seed, Layers: decEnd}
 	s := &Stage{m: m, first: first, last: last, decEnd: decEnd}

@@ -11,10 +11,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/model"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
+
+	"github.com/kvx-dev/kvx/plugins/model/tok"
 )
 
 // pipe is a model split into stages, each with its own device (as separate
@@ -236,8 +238,8 @@ func TestSplitChunkBatchInvariance(t *testing.T) {
 		t.Run(preset, func(t *testing.T) {
 			m := synthModel(t, preset, model.SyntheticSpec{})
 			drafts := min(m.NumNextN, 1)
-			prompt := Encode("kvx: bit-identical whatever the split")
-			other := Encode("another sequence in the same batch")
+			prompt := tok.EncodeBytes("kvx: bit-identical whatever the split")
+			other := tok.EncodeBytes("another sequence in the same batch")
 			type variant struct {
 				pp, chunk int
 				batched   bool
@@ -275,7 +277,7 @@ func TestDraftsKeepGreedyStream(t *testing.T) {
 				ov.MoELatent = 80 // wider than hidden 64
 			}
 			m := synthModel(t, preset, ov)
-			prompt := Encode("speculative decoding")
+			prompt := tok.EncodeBytes("speculative decoding")
 			plain := run(t, newPipe(t, m, 3, 1), [][]int32{prompt}, 5, 0, 12, nil)[0]
 			mtp := run(t, newPipe(t, m, 3, 2), [][]int32{prompt}, 5, 2, 6, nil)[0]
 			n := min(len(plain.stream), len(mtp.stream))
@@ -312,7 +314,7 @@ func TestActivationScale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	toks := Encode("scale check")
+	toks := tok.EncodeBytes("scale check")
 	res, err := s.Forward(context.Background(), ops, Step{Items: []Item{{Seq: 1, Tokens: toks}}})
 	if err != nil {
 		t.Fatal(err)

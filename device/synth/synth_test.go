@@ -11,28 +11,6 @@ import (
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
 
-func TestTokenizerRoundTrip(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		s := string(rapid.SliceOf(rapid.Byte()).Draw(t, "bytes"))
-		ids := Encode(s)
-		if len(ids) != len(s)+1 || ids[0] != BOS {
-			t.Fatalf("Encode(%q) = %v, want BOS + %d bytes", s, ids, len(s))
-		}
-		for i, id := range ids[1:] {
-			if id != int32(s[i]) {
-				t.Fatalf("Encode(%q)[%d] = %d, want %d", s, i+1, id, s[i])
-			}
-		}
-		// EOS and ids beyond the bytes (a vocab > 258) decode to nothing.
-		extra := rapid.SliceOf(rapid.Int32Range(256, 1000)).Draw(t, "extra")
-		at := rapid.IntRange(0, len(ids)).Draw(t, "at")
-		mixed := slices.Insert(slices.Clone(ids), at, extra...)
-		if got := Decode(mixed); got != s {
-			t.Fatalf("Decode(%v) = %q, want %q", mixed, got, s)
-		}
-	})
-}
-
 func TestWeightsDeterminism(t *testing.T) {
 	a := Weights{Seed: 7, Layers: 4}
 	b := Weights{Seed: 7, Layers: 4}

@@ -14,7 +14,7 @@ import (
 //
 //	fp8 e4m3 codes[HeadDim] then float32 scale (little-endian)
 //
-// what core/model.FillBuffers sizes the index_key buffer with. A key k is
+// what plugins/model.FillBuffers sizes the index_key buffer with. A key k is
 // stored as scale = max(max|k_i|, 1e-4) / 448 and codes_i = FP8(k_i / scale)
 // (QuantizeIndexKey).
 //

@@ -21,7 +21,7 @@ import "math"
 //	ssm:  [Heads][KDim][VDim]      transformers' recurrent state, S[h][k][v]
 //
 // Their sizes equal Mamba2's with Heads, HeadDim = VDim, State = KDim and
-// Groups = KHeads (how core/model maps a GDN layer for sizing), so the
+// Groups = KHeads (how plugins/model maps a GDN layer for sizing), so the
 // state slots, snapshots and copies are the Mamba path's.
 //
 // Per token t, in this order (DenseGDN does the same):

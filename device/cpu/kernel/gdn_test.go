@@ -83,7 +83,7 @@ func TestGDNChunkedEqualsDenseProperty(t *testing.T) {
 }
 
 // TestGDNSizesAreMamba2s: the state sizes are those of the Mamba2 mapping
-// core/model sizes a GDN layer's buffers with (heads, head dim = value dim,
+// plugins/model sizes a GDN layer's buffers with (heads, head dim = value dim,
 // state = key dim, groups = key heads).
 func TestGDNSizesAreMamba2s(t *testing.T) {
 	for _, d := range []Dtype{F32, BF16} {

@@ -9,7 +9,7 @@ import "math"
 //
 //	K[KVHeads][HeadDim] then V[KVHeads][HeadDim]
 //
-// i.e. 2*KVHeads*HeadDim*Dtype.Size() bytes, what core/model.FillBuffers
+// i.e. 2*KVHeads*HeadDim*Dtype.Size() bytes, what plugins/model.FillBuffers
 // sizes a GQA layer's kv buffer with (per-rank KVHeads).
 type GQA struct {
 	Heads   int // query heads (per rank)

@@ -15,7 +15,7 @@
 //
 // and its row is the kernel's RowBytes long. Rows are little-endian at the
 // cache dtype; each kernel documents its row layout, and the row widths equal
-// the per-token bytes core/model.FillBuffers sizes pools with. A state buffer
+// the per-token bytes plugins/model.FillBuffers sizes pools with. A state buffer
 // (Mamba conv and SSM state) is a plain []byte of one state slot.
 //
 // # Determinism
@@ -101,7 +101,7 @@ func (d Dtype) String() string {
 
 func (d Dtype) valid() bool { return d <= F32 }
 
-// ParseDtype maps a cache dtype name of the engine config (core/model's
+// ParseDtype maps a cache dtype name of the engine config (plugins/model's
 // KVBytes and StateBytes names) to a Dtype. "auto" is the caller's business:
 // pass what it resolves to.
 func ParseDtype(name string) (Dtype, error) {

@@ -13,7 +13,7 @@ package kernel
 //	conv: [ConvKernel-1][ConvDim]  the last ConvKernel-1 conv inputs, oldest first
 //	ssm:  [Heads][HeadDim][State]
 //
-// ConvBytes and SSMBytes are what core/model.FillBuffers sizes the conv and
+// ConvBytes and SSMBytes are what plugins/model.FillBuffers sizes the conv and
 // ssm buffers with. A new sequence starts from zeroed state (clear both
 // slices); a snapshot or restore is a copy of the state slot (CopyBlocks).
 //

@@ -13,7 +13,7 @@ import (
 //
 //	c_kv[KVLoraRank] then k_pe[QKRopeHeadDim]
 //
-// (KVLoraRank+QKRopeHeadDim)*Dtype.Size() bytes, what core/model.FillBuffers
+// (KVLoraRank+QKRopeHeadDim)*Dtype.Size() bytes, what plugins/model.FillBuffers
 // sizes the latent buffer with. c_kv is the compressed KV after its norm;
 // k_pe is the shared rope key after RoPE. fp8 latents are stored without a
 // scale (the model sizes none): a plain saturating e4m3 cast.

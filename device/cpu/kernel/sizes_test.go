@@ -4,13 +4,13 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/kvx-dev/kvx/core/model"
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
 
 // TestRowBytesMatchFillBuffers: the kernels' row and state widths are the
-// bytes core/model.FillBuffers sizes the managers' pools with.
+// bytes plugins/model.FillBuffers sizes the managers' pools with.
 func TestRowBytesMatchFillBuffers(t *testing.T) {
 	for _, tc := range []struct {
 		kv, ssm, conv string

@@ -1,4 +1,4 @@
-package serve
+package chat
 
 import (
 	"errors"
@@ -24,7 +24,7 @@ import (
 // holds its request and a core. So that no template can crash, hang or
 // exhaust the server, every render is bounded:
 //
-//   - depth: ParseChatTemplate puts a check at the start of every block
+//   - depth: Parse puts a check at the start of every block
 //     body of the template (loop bodies, branches, macro and call bodies,
 //     blocks), so that every recursion (a macro calling itself, self.block(),
 //     a recursive loop) passes one per level; it measures the render's Go
@@ -124,7 +124,7 @@ func (b *budget) step(n int) error {
 	return nil
 }
 
-// tick is the check ParseChatTemplate puts at the start of every block
+// tick is the check Parse puts at the start of every block
 // body: a control structure that charges the render's budget.
 type tick struct {
 	at   *gtokens.Token
@@ -503,7 +503,7 @@ func checkShape(text string) error {
 	return nil
 }
 
-// mulName and concatName are the functions ParseChatTemplate puts in
+// mulName and concatName are the functions Parse puts in
 // place of every multiplication and every ~: gonja's own 'x' * n
 // allocates n copies at once, so 'x' * 10**11 was a fatal out of memory,
 // a step no check can stop, and a string doubled by ~ in a loop reaches

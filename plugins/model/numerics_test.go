@@ -1,4 +1,4 @@
-package hf
+package model
 
 import (
 	"math"
@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-func TestParseConfigRope(t *testing.T) {
+func TestParseNumericsRope(t *testing.T) {
 	for _, c := range []struct {
 		name, json string
 		want       Rope
@@ -20,28 +20,28 @@ func TestParseConfigRope(t *testing.T) {
 		{"yarn", `{"model_type":"qwen3","rope_parameters":{"rope_type":"yarn","rope_theta":1e6,"factor":4.0,"original_max_position_embeddings":32768,"beta_fast":null}}`,
 			Rope{Type: "yarn", Theta: 1e6, Factor: 4, OriginalMaxPosition: 32768}},
 	} {
-		got, err := ParseConfig([]byte(c.json))
+		got, err := ParseNumerics([]byte(c.json))
 		if err != nil {
-			t.Errorf("%s: ParseConfig: %v", c.name, err)
+			t.Errorf("%s: ParseNumerics: %v", c.name, err)
 			continue
 		}
 		if got.Rope.Truncate != nil || got.Rope != c.want {
 			t.Errorf("%s: Rope = %+v, want %+v", c.name, got.Rope, c.want)
 		}
 	}
-	q, err := ParseConfig([]byte(`{"model_type":"qwen3","tie_word_embeddings":true,"attention_bias":true,"rms_norm_eps":1e-5,"dtype":"float32"}`))
+	q, err := ParseNumerics([]byte(`{"model_type":"qwen3","tie_word_embeddings":true,"attention_bias":true,"rms_norm_eps":1e-5,"dtype":"float32"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if q.Arch != "Qwen3ForCausalLM" || !q.QKNorm || !q.Tied || !q.AttnBias || q.Eps != 1e-5 || q.Dtype != "float32" {
 		t.Errorf("qwen3 config = %+v", q)
 	}
-	if l, _ := ParseConfig([]byte(`{"model_type":"llama"}`)); l.QKNorm || l.Tied || l.Eps != 1e-6 {
+	if l, _ := ParseNumerics([]byte(`{"model_type":"llama"}`)); l.QKNorm || l.Tied || l.Eps != 1e-6 {
 		t.Errorf("llama defaults = %+v, want no q/k norm, untied, eps 1e-6", l)
 	}
 }
 
-func TestParseConfigRejects(t *testing.T) {
+func TestParseNumericsRejects(t *testing.T) {
 	for _, c := range []struct{ json, want string }{
 		{`{"model_type":"gpt2"}`, `model_type "gpt2"`},
 		{`{"model_type":"llama","hidden_act":"gelu"}`, `hidden_act "gelu"`},
@@ -50,8 +50,8 @@ func TestParseConfigRejects(t *testing.T) {
 		{`{"model_type":"llama","rope_parameters":{"rope_type":"default","rope_theta":"x"}}`, "rope_theta"},
 		{`{"model_type":"llama","partial_rotary_factor":0.5}`, "partial_rotary_factor 0.5"},
 	} {
-		if _, err := ParseConfig([]byte(c.json)); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("ParseConfig(%s) = %v, want an error containing %q", c.json, err, c.want)
+		if _, err := ParseNumerics([]byte(c.json)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParseNumerics(%s) = %v, want an error containing %q", c.json, err, c.want)
 		}
 	}
 }
@@ -117,10 +117,10 @@ func TestInvFreq(t *testing.T) {
 	}
 }
 
-// TestParseConfigBounds: the sizes this package reads from config.json are
+// TestParseNumericsBounds: the sizes this package reads from config.json are
 // bounded before they are used (issue 24), each error naming the field,
 // the value and the limit.
-func TestParseConfigBounds(t *testing.T) {
+func TestParseNumericsBounds(t *testing.T) {
 	for _, c := range []struct{ json, want string }{
 		{`{"model_type":"deepseek_v3","quantization_config":{"quant_method":"fp8","weight_block_size":[128,1000000000000]}}`,
 			"weight_block_size [128 1000000000000]: above the limit 65536 (MaxBlockSize)"},
@@ -129,8 +129,8 @@ func TestParseConfigBounds(t *testing.T) {
 		{`{"model_type":"llama","rope_parameters":{"rope_type":"yarn","rope_theta":1e4,"factor":4,"original_max_position_embeddings":-5}}`,
 			"original_max_position_embeddings -5: want 0 to the limit"},
 	} {
-		if _, err := ParseConfig([]byte(c.json)); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("ParseConfig(%s) = %v, want an error containing %q", c.json, err, c.want)
+		if _, err := ParseNumerics([]byte(c.json)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParseNumerics(%s) = %v, want an error containing %q", c.json, err, c.want)
 		}
 	}
 	dir := t.TempDir()
@@ -138,30 +138,30 @@ func TestParseConfigBounds(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(big), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ReadConfig(dir); err == nil || !strings.Contains(err.Error(), "larger than the 16777216-byte limit") {
-		t.Errorf("ReadConfig(a config.json over MaxConfigBytes) = %v, want the limit named", err)
+	if _, err := ReadNumerics(dir); err == nil || !strings.Contains(err.Error(), "larger than the 16777216-byte limit") {
+		t.Errorf("ReadNumerics(a config.json over MaxConfigBytes) = %v, want the limit named", err)
 	}
 }
 
-// FuzzParseConfig feeds arbitrary bytes to ParseConfig: no panic, and a
+// FuzzParseNumerics feeds arbitrary bytes to ParseNumerics: no panic, and a
 // config it accepts gives finite RoPE frequencies for a small head.
-func FuzzParseConfig(f *testing.F) {
-	paths, _ := filepath.Glob("testdata/*/config.json")
+func FuzzParseNumerics(f *testing.F) {
+	paths, _ := filepath.Glob("presets/*.json")
 	for _, p := range paths {
 		if data, err := os.ReadFile(p); err == nil {
 			f.Add(data)
 		}
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := ParseConfig(data)
+		c, err := ParseNumerics(data)
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "config.json: ") {
-				t.Fatalf("ParseConfig error %q does not name config.json", err)
+				t.Fatalf("ParseNumerics error %q does not name config.json", err)
 			}
 			return
 		}
 		if c.Quant != nil && (c.Quant.BlockSize[0] > MaxBlockSize || c.Quant.BlockSize[1] > MaxBlockSize) {
-			t.Fatalf("ParseConfig accepted weight_block_size %v", c.Quant.BlockSize)
+			t.Fatalf("ParseNumerics accepted weight_block_size %v", c.Quant.BlockSize)
 		}
 		c.Rope.InvFreq(16, 4096)
 	})

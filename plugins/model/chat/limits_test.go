@@ -1,4 +1,4 @@
-package serve
+package chat
 
 import (
 	"errors"
@@ -13,7 +13,7 @@ import (
 // it stopped at ("" when it rendered).
 func renderLimit(t *testing.T, name, text string) (string, error) {
 	t.Helper()
-	c, err := ParseChatTemplate(name, text, "", "")
+	c, err := Parse(name, text, "", "")
 	if err != nil {
 		return "", err
 	}
@@ -69,11 +69,11 @@ func TestTemplateLimits(t *testing.T) {
 		}
 	}
 	big := strings.Repeat("a", MaxTemplateBytes+1)
-	if _, err := ParseChatTemplate("big", big, "", ""); err == nil || !strings.Contains(err.Error(), "MaxTemplateBytes") {
-		t.Errorf("ParseChatTemplate(%d bytes) = %v, want MaxTemplateBytes named", len(big), err)
+	if _, err := Parse("big", big, "", ""); err == nil || !strings.Contains(err.Error(), "MaxTemplateBytes") {
+		t.Errorf("Parse(%d bytes) = %v, want MaxTemplateBytes named", len(big), err)
 	}
 	// Multiplication and ~ keep gonja's meaning.
-	m, err := ParseChatTemplate("mul", `{{ 3 * 4 }} {{ 1.5 * 2 }} {{ 'ab' * 3 }} {{ 'a' * -1 }}|{{ loop_ * 2 }}|{{ 'a' ~ 1 ~ none }}|{{ 2 * 'ab' }}`, "", "")
+	m, err := Parse("mul", `{{ 3 * 4 }} {{ 1.5 * 2 }} {{ 'ab' * 3 }} {{ 'a' * -1 }}|{{ loop_ * 2 }}|{{ 'a' ~ 1 ~ none }}|{{ 2 * 'ab' }}`, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestTemplateLimits(t *testing.T) {
 		t.Errorf("mul render = %q, %v, want %q", got, err, "12 3.0 ababab |0|a1|0")
 	}
 	// A bounded range still works, forwards and backwards.
-	c, err := ParseChatTemplate("range", `{% for i in range(3) %}{{ i }}{% endfor %}{% for i in range(5, 0, -2) %}{{ i }}{% endfor %}`, "", "")
+	c, err := Parse("range", `{% for i in range(3) %}{{ i }}{% endfor %}{% for i in range(5, 0, -2) %}{{ i }}{% endfor %}`, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestTemplateCheck(t *testing.T) {
 			t.Errorf("%s.Check() = %v", f, err)
 		}
 	}
-	c, err := ParseChatTemplate("rec", `{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}`, "", "")
+	c, err := Parse("rec", `{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}`, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,9 +109,9 @@ func TestTemplateCheck(t *testing.T) {
 	if err := os.WriteFile(file, []byte(`{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadChatTemplate("", file); err == nil || !strings.Contains(err.Error(), "does not render a minimal conversation") ||
+	if _, err := Load("", file); err == nil || !strings.Contains(err.Error(), "does not render a minimal conversation") ||
 		!strings.Contains(err.Error(), "MaxTemplateFrames") {
-		t.Errorf("LoadChatTemplate(a recursive template) = %v, want it refused naming MaxTemplateFrames", err)
+		t.Errorf("Load(a recursive template) = %v, want it refused naming MaxTemplateFrames", err)
 	}
 }
 
@@ -132,7 +132,7 @@ func FuzzChatTemplate(f *testing.F) {
 	f.Add(`{% set ns = namespace(x=1) %}{% for m in messages %}{% set ns.x = ns.x + 1 %}{% endfor %}{{ ns.x }}`)
 	msgs := []Message{{"system", "Be brief."}, {"user", "Hello"}, {"assistant", "Hi."}, {"user", "Why?"}}
 	f.Fuzz(func(t *testing.T, text string) {
-		c, err := ParseChatTemplate("fuzz", text, "<s>", "</s>")
+		c, err := Parse("fuzz", text, "<s>", "</s>")
 		if err != nil {
 			return
 		}
@@ -152,7 +152,7 @@ func FuzzChatTemplate(f *testing.F) {
 func TestTemplateCycles(t *testing.T) {
 	for _, text := range []string{`{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}`,
 		`{% set ns = namespace(l=[]) %}{% set ns.l = [1, {'k': ns}] %}{{ ns }}`} {
-		c, err := ParseChatTemplate("cycle", text, "", "")
+		c, err := Parse("cycle", text, "", "")
 		if err == nil {
 			_, err = c.Render(nil)
 		}
@@ -172,14 +172,14 @@ func TestTemplateShape(t *testing.T) {
 		{"nots", "{{ " + strings.Repeat("not ", 200000) + "x }}", "MaxTemplateTagTokens"},
 		{"sets", strings.Repeat("{% set x %}", 1000) + strings.Repeat("{% endset %}", 1000), "MaxTemplateBlockDepth"},
 	} {
-		_, err := ParseChatTemplate(c.name, c.text, "", "")
+		_, err := Parse(c.name, c.text, "", "")
 		var le *TemplateLimitError
 		if !errors.As(err, &le) || le.Limit != c.limit {
-			t.Errorf("%s: ParseChatTemplate = %.200v, want %s", c.name, err, c.limit)
+			t.Errorf("%s: Parse = %.200v, want %s", c.name, err, c.limit)
 		}
 	}
 	// Flat repetition is fine: 300 sibling ifs, assignments with =.
-	if _, err := ParseChatTemplate("flat", strings.Repeat("{% if true %}x{% endif %}{% set y = 1 %}", 300), "", ""); err != nil {
+	if _, err := Parse("flat", strings.Repeat("{% if true %}x{% endif %}{% set y = 1 %}", 300), "", ""); err != nil {
 		t.Errorf("300 sibling blocks: %v", err)
 	}
 }

@@ -1,55 +1,25 @@
-package hf
+package model
 
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 )
 
-// Limits on the sizes this package reads from a config.json (its shapes
-// come from spec.Model, which core/model bounds). They are checked before
-// any is used; an error names the field, the value and the limit.
-const (
-	// MaxConfigBytes bounds the config.json file (real ones are a few
-	// KiB); JSON decoding allocates in proportion to it. core/model has
-	// the same limit.
-	MaxConfigBytes = 16 << 20
-	// MaxBlockSize bounds each side of quantization_config's
-	// weight_block_size (real checkpoints: 128).
-	MaxBlockSize = 1 << 16
-	// MaxPositions bounds rope's original_max_position_embeddings, as
-	// core/model bounds max_position_embeddings.
-	MaxPositions = 1 << 30
-)
+// MaxBlockSize bounds each side of quantization_config's weight_block_size
+// (real checkpoints: 128), checked, with MaxPositions for rope's
+// original_max_position_embeddings, before either is used; an error names
+// the field, the value and the limit.
+const MaxBlockSize = 1 << 16
 
-// readConfigFile reads dir/config.json, of at most MaxConfigBytes.
-func readConfigFile(dir string) ([]byte, error) {
-	path := filepath.Join(dir, "config.json")
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxConfigBytes+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > MaxConfigBytes {
-		return nil, fmt.Errorf("%s: larger than the %d-byte limit for a config.json (MaxConfigBytes)", path, MaxConfigBytes)
-	}
-	return data, nil
-}
-
-// Config is what the model code needs from a checkpoint's config.json
-// beyond the shapes core/model already put in spec.Model: the numerics
+// Numerics is what a worker's model code needs from a checkpoint's
+// config.json beyond the shapes Parse puts in spec.Model: the numerics
 // (norm epsilon, RoPE frequencies, biases, q/k norm, tied embeddings).
 // Fields are as transformers 5 writes them (rope_parameters), with the
 // older rope_theta / rope_scaling accepted.
-type Config struct {
+type Numerics struct {
 	Arch      string // architectures[0], or from model_type
 	ModelType string
 	Eps       float32 // rms_norm_eps
@@ -60,6 +30,28 @@ type Config struct {
 	Rope      Rope
 	Dtype     string // dtype / torch_dtype: float32, bfloat16, float16
 	Quant     *Quant // quantization_config; nil when the checkpoint has none
+	Extra     Extra  // what one architecture's code reads beyond these, as written
+}
+
+// Extra holds the config.json fields that only one architecture's code
+// reads, as the file states them (nil: absent). ParseNumerics decodes them
+// and checks their JSON types only; the code that runs the architecture
+// checks their values.
+type Extra struct {
+	// Nemotron-H
+	MLPAct      *string  `json:"mlp_hidden_act"`
+	MambaAct    *string  `json:"mamba_hidden_act"`
+	ConvBias    *bool    `json:"use_conv_bias"`
+	UseBias     bool     `json:"use_bias"` // in_proj and out_proj; mlp_bias is MLPBias
+	TimeStepMin *float64 `json:"time_step_min"`
+	// DeepSeek-V3 / V3.2 (NormTopK: Qwen3-Next too)
+	NGroup         *int     `json:"n_group"`
+	TopKGroup      *int     `json:"topk_group"`
+	NormTopK       *bool    `json:"norm_topk_prob"`
+	RoutedScale    *float64 `json:"routed_scaling_factor"`
+	RopeInterleave *bool    `json:"rope_interleave"`
+	ScoringFunc    string   `json:"scoring_func"`
+	TopKMethod     string   `json:"topk_method"`
 }
 
 // Quant is a checkpoint's quantization_config, as DeepSeek-V3 (and
@@ -89,7 +81,8 @@ type Rope struct {
 	PartialRotary        float64 // partial_rotary_factor (0: 1)
 }
 
-// Families are the architectures this package runs.
+// Families are the architectures whose checkpoints a worker runs
+// (ParseNumerics refuses others).
 var Families = []string{"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
 	"DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", archNemotronH, archQwen3Next}
 
@@ -144,27 +137,32 @@ func parseQuant(r *rawQuant) (*Quant, error) {
 	return q, nil
 }
 
-// ReadConfig reads dir/config.json, of at most MaxConfigBytes.
-func ReadConfig(dir string) (Config, error) {
-	data, err := readConfigFile(dir)
+// ReadNumerics reads the numerics of dir/config.json, of at most
+// MaxConfigBytes.
+func ReadNumerics(dir string) (Numerics, error) {
+	data, err := readConfigFile(filepath.Join(dir, "config.json"))
 	if err != nil {
-		return Config{}, fmt.Errorf("checkpoint config: %w", err)
+		return Numerics{}, fmt.Errorf("checkpoint config: %w", err)
 	}
-	return ParseConfig(data)
+	return ParseNumerics(data)
 }
 
-// ParseConfig reads the numerics of a config.json. Errors name the field
+// ParseNumerics reads the numerics of a config.json. Errors name the field
 // and the value: an architecture outside Families, a hidden_act other than
 // silu, a rope type other than default, llama3 and yarn, a parameter
 // that type needs missing, a size above its limit (MaxBlockSize,
 // MaxPositions), or a quantization_config other than block-scaled fp8
 // (see Quant).
-func ParseConfig(data []byte) (Config, error) {
+func ParseNumerics(data []byte) (Numerics, error) {
 	var r rawConfig
 	if err := json.Unmarshal(data, &r); err != nil {
-		return Config{}, fmt.Errorf("config.json: %w", err)
+		return Numerics{}, fmt.Errorf("config.json: %w", err)
 	}
-	c := Config{ModelType: r.ModelType, Eps: 1e-6, AttnBias: r.AttentionBias, MLPBias: r.MLPBias, Dtype: r.Dtype}
+	var extra Extra
+	if err := json.Unmarshal(data, &extra); err != nil {
+		return Numerics{}, fmt.Errorf("config.json: %w", err)
+	}
+	c := Numerics{Extra: extra, ModelType: r.ModelType, Eps: 1e-6, AttnBias: r.AttentionBias, MLPBias: r.MLPBias, Dtype: r.Dtype}
 	if c.Dtype == "" {
 		c.Dtype = r.TorchDtype
 	}
@@ -173,13 +171,13 @@ func ParseConfig(data []byte) (Config, error) {
 	} else if a, ok := familyOf[r.ModelType]; ok {
 		c.Arch = a
 	} else {
-		return Config{}, fmt.Errorf("config.json: architectures %v, model_type %q: not one of %v", r.Architectures, r.ModelType, Families)
+		return Numerics{}, fmt.Errorf("config.json: architectures %v, model_type %q: not one of %v", r.Architectures, r.ModelType, Families)
 	}
 	c.QKNorm = c.Arch == "Qwen3ForCausalLM"
 	if r.Quant != nil {
 		q, err := parseQuant(r.Quant)
 		if err != nil {
-			return Config{}, err
+			return Numerics{}, err
 		}
 		c.Quant = q
 	}
@@ -192,7 +190,7 @@ func ParseConfig(data []byte) (Config, error) {
 		c.Tied = *r.Tie
 	}
 	if r.HiddenAct != "" && r.HiddenAct != "silu" {
-		return Config{}, fmt.Errorf("config.json: hidden_act %q: the %s MLP runs silu", r.HiddenAct, c.Arch)
+		return Numerics{}, fmt.Errorf("config.json: hidden_act %q: the %s MLP runs silu", r.HiddenAct, c.Arch)
 	}
 	// rope_parameters (transformers 5) wins; else rope_scaling plus rope_theta.
 	params := r.RopeParameters
@@ -252,38 +250,38 @@ func ParseConfig(data []byte) (Config, error) {
 	for _, f := range fields {
 		v, ok, err := num(f.key)
 		if err != nil {
-			return Config{}, err
+			return Numerics{}, err
 		}
 		if ok {
 			*f.dst = v
 		} else if slices.Contains(f.need, ro.Type) {
-			return Config{}, fmt.Errorf("config.json: rope_type %s needs rope parameter %s", ro.Type, f.key)
+			return Numerics{}, fmt.Errorf("config.json: rope_type %s needs rope parameter %s", ro.Type, f.key)
 		}
 	}
 	if v, ok := params["truncate"]; ok {
 		var b bool
 		if err := json.Unmarshal(v, &b); err != nil {
-			return Config{}, fmt.Errorf("config.json: rope parameter truncate = %s: want true or false", v)
+			return Numerics{}, fmt.Errorf("config.json: rope parameter truncate = %s: want true or false", v)
 		}
 		ro.Truncate = &b
 	}
 	switch ro.Type {
 	case "default", "llama3", "yarn":
 	default:
-		return Config{}, fmt.Errorf("config.json: rope_type %q: allowed default, llama3, yarn", ro.Type)
+		return Numerics{}, fmt.Errorf("config.json: rope_type %q: allowed default, llama3, yarn", ro.Type)
 	}
 	if ro.Theta <= 0 {
-		return Config{}, fmt.Errorf("config.json: rope_theta %v must be > 0", ro.Theta)
+		return Numerics{}, fmt.Errorf("config.json: rope_theta %v must be > 0", ro.Theta)
 	}
 	if !(ro.OriginalMaxPosition >= 0 && ro.OriginalMaxPosition <= MaxPositions) {
-		return Config{}, fmt.Errorf("config.json: rope parameter original_max_position_embeddings %v: want 0 to the limit %d (MaxPositions)", ro.OriginalMaxPosition, MaxPositions)
+		return Numerics{}, fmt.Errorf("config.json: rope parameter original_max_position_embeddings %v: want 0 to the limit %d (MaxPositions)", ro.OriginalMaxPosition, MaxPositions)
 	}
 	if c.Arch == archQwen3Next {
 		if !(ro.PartialRotary >= 0 && ro.PartialRotary <= 1) {
-			return Config{}, fmt.Errorf("config.json: partial_rotary_factor %v: want a fraction in (0, 1]", ro.PartialRotary)
+			return Numerics{}, fmt.Errorf("config.json: partial_rotary_factor %v: want a fraction in (0, 1]", ro.PartialRotary)
 		}
 	} else if ro.PartialRotary != 0 && ro.PartialRotary != 1 {
-		return Config{}, fmt.Errorf("config.json: partial_rotary_factor %v: the %s attention rotates whole heads (1)", ro.PartialRotary, c.Arch)
+		return Numerics{}, fmt.Errorf("config.json: partial_rotary_factor %v: the %s attention rotates whole heads (1)", ro.PartialRotary, c.Arch)
 	}
 	return c, nil
 }

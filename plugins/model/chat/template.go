@@ -1,4 +1,9 @@
-package serve
+// Package chat reads and renders a model's chat template (a checkpoint's
+// chat_template.jinja or tokenizer_config.json's chat_template, or a file),
+// as transformers' apply_chat_template renders it, under limits that no
+// template can pass (limits.go): a template is outside input. It is part of
+// the one model description (plugins/model); only the host renders chats.
+package chat
 
 import (
 	"encoding/json"
@@ -13,13 +18,13 @@ import (
 	"github.com/nikolalohinski/gonja/v2/loaders"
 )
 
-// ChatTemplate is a checkpoint's chat template: Jinja, rendered as
+// Template is a checkpoint's chat template: Jinja, rendered as
 // transformers' apply_chat_template renders it (trim_blocks and
 // lstrip_blocks on; the variables messages, add_generation_prompt,
 // bos_token and eos_token; the function raise_exception). It is parsed
 // once and safe for concurrent use. A template can read nothing but its
 // variables: include, import and extends find no file.
-type ChatTemplate struct {
+type Template struct {
 	Source   string // where it came from, for messages: "tokenizer_config.json's chat_template", a path
 	tpl      *exec.Template
 	bos, eos string
@@ -35,7 +40,7 @@ var templateConfig = func() *config.Config {
 
 const templateName = "/chat_template"
 
-// ParseChatTemplate parses text (from source, named in errors) with the
+// Parse parses text (from source, named in errors) with the
 // special tokens bos and eos.
 // A template larger than MaxTemplateBytes, or with a tag or block nesting
 // past MaxTemplateTagTokens or MaxTemplateBlockDepth, is refused before it
@@ -43,7 +48,7 @@ const templateName = "/chat_template"
 // parser (it panics on some malformed tags) is an error too;
 // the parsed one is given the checks that bound its renders (see
 // MaxTemplateSteps).
-func ParseChatTemplate(source, text, bos, eos string) (_ *ChatTemplate, err error) {
+func Parse(source, text, bos, eos string) (_ *Template, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("chat template (%s) does not parse: gonja panicked: %v", source, p)
@@ -67,7 +72,7 @@ func ParseChatTemplate(source, text, bos, eos string) (_ *ChatTemplate, err erro
 	}
 	guardMultiply(tpl.Root())
 	addTicks(tpl.Root())
-	return &ChatTemplate{Source: source, tpl: tpl, bos: bos, eos: eos}, nil
+	return &Template{Source: source, tpl: tpl, bos: bos, eos: eos}, nil
 }
 
 // CheckMessages is the conversation Check renders.
@@ -78,7 +83,7 @@ var CheckMessages = []Message{{Role: "system", Content: "You are a helpful assis
 // a template that cannot render a minimal conversation (or passes a limit
 // doing so) instead of failing every chat request. A template that refuses
 // a system message (raise_exception) is tried again without it.
-func (c *ChatTemplate) Check() error {
+func (c *Template) Check() error {
 	_, err := c.Render(CheckMessages)
 	var te *TemplateError
 	if errors.As(err, &te) && te.Raised != "" {
@@ -117,7 +122,7 @@ func (e *TemplateError) Unwrap() error { return e.Err }
 //
 // A panic inside gonja (it panics on some inputs, e.g. an integer modulo
 // by zero) is recovered into a *TemplateError too.
-func (c *ChatTemplate) Render(msgs []Message) (_ string, err error) {
+func (c *Template) Render(msgs []Message) (_ string, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = &TemplateError{Source: c.Source, Err: fmt.Errorf("gonja panicked: %v", p)}
@@ -151,7 +156,7 @@ func (c *ChatTemplate) Render(msgs []Message) (_ string, err error) {
 	return out.String(), nil
 }
 
-// LoadChatTemplate returns the chat template of the Hugging Face checkpoint
+// Load returns the chat template of the Hugging Face checkpoint
 // directory dir, or nil when it has none: chat_template.jinja when it
 // exists (transformers' own file), else tokenizer_config.json's
 // chat_template (a string, or a list of named templates of which
@@ -163,11 +168,11 @@ func (c *ChatTemplate) Render(msgs []Message) (_ string, err error) {
 //
 // A non-empty file (vLLM's --chat-template) is the template instead, with
 // the special tokens of dir's tokenizer_config.json (dir may be "": none).
-func LoadChatTemplate(dir, file string) (*ChatTemplate, error) {
+func Load(dir, file string) (*Template, error) {
 	var tc struct {
-		ChatTemplate json.RawMessage `json:"chat_template"`
-		BOS          json.RawMessage `json:"bos_token"`
-		EOS          json.RawMessage `json:"eos_token"`
+		Template json.RawMessage `json:"chat_template"`
+		BOS      json.RawMessage `json:"bos_token"`
+		EOS      json.RawMessage `json:"eos_token"`
 	}
 	cfgPath := filepath.Join(dir, "tokenizer_config.json")
 	data, err := os.ReadFile(cfgPath)
@@ -193,24 +198,24 @@ func LoadChatTemplate(dir, file string) (*ChatTemplate, error) {
 		if err != nil {
 			return nil, fmt.Errorf("chat template: %w", err)
 		}
-		return checked(ParseChatTemplate(file, string(text), bos, eos))
+		return checked(Parse(file, string(text), bos, eos))
 	}
 	if dir == "" {
 		return nil, nil
 	}
 	jinja := filepath.Join(dir, "chat_template.jinja")
 	if text, err := os.ReadFile(jinja); err == nil {
-		return checked(ParseChatTemplate(jinja, string(text), bos, eos))
+		return checked(Parse(jinja, string(text), bos, eos))
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	if len(tc.ChatTemplate) == 0 || string(tc.ChatTemplate) == "null" {
+	if len(tc.Template) == 0 || string(tc.Template) == "null" {
 		return nil, nil
 	}
 	var text string
-	if err := json.Unmarshal(tc.ChatTemplate, &text); err != nil {
+	if err := json.Unmarshal(tc.Template, &text); err != nil {
 		var named []struct{ Name, Template string }
-		if err := json.Unmarshal(tc.ChatTemplate, &named); err != nil {
+		if err := json.Unmarshal(tc.Template, &named); err != nil {
 			return nil, fmt.Errorf("%s: chat_template: want a string or a list of {\"name\", \"template\"}", cfgPath)
 		}
 		var names []string
@@ -224,11 +229,11 @@ func LoadChatTemplate(dir, file string) (*ChatTemplate, error) {
 			return nil, fmt.Errorf("%s: chat_template: no template named \"default\" (it has %s)", cfgPath, strings.Join(names, ", "))
 		}
 	}
-	return checked(ParseChatTemplate(cfgPath+"'s chat_template", text, bos, eos))
+	return checked(Parse(cfgPath+"'s chat_template", text, bos, eos))
 }
 
 // checked is c, err with c's Check as the error when err is nil.
-func checked(c *ChatTemplate, err error) (*ChatTemplate, error) {
+func checked(c *Template, err error) (*Template, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -253,4 +258,13 @@ func specialToken(raw json.RawMessage) (string, error) {
 		return "", fmt.Errorf("want a string or {\"content\": string}, got %s", describe(raw))
 	}
 	return *at.Content, nil
+}
+
+// describe is raw for a message, cut at 40 bytes (core/serve's requests
+// quote their fields the same way).
+func describe(raw json.RawMessage) string {
+	if len(raw) > 40 {
+		return string(raw[:40]) + "..."
+	}
+	return string(raw)
 }

@@ -7,11 +7,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/kvx-dev/kvx/plugins/model/tok"
 )
 
 // SyntheticEOS is the end-of-sequence id of the synthetic models' byte
-// tokenizer (device/synth.EOS: 256 bytes, BOS 256, EOS 257).
-const SyntheticEOS int32 = 257
+// tokenizer (tok.ByteEOS: 256 bytes, BOS 256, EOS 257).
+const SyntheticEOS = tok.ByteEOS
 
 // maxEOSFile bounds the generation_config.json and config.json read for
 // eos_token_id (a real one is a few KiB).

@@ -1,6 +1,10 @@
-// Package model turns a Hugging Face config.json into a spec.Model, fills in
-// its per-rank cache buffers, splits it into pipeline stages and estimates its
-// weight footprint.
+// Package model is the one reader of a model's description, imported by the
+// engine (core/) and the worker wing (device/) alike, and importing neither:
+// it turns a Hugging Face config.json into a spec.Model, fills in its
+// per-rank cache buffers, splits it into pipeline stages and estimates its
+// weight footprint; it also reads the numerics a worker's model code needs
+// from the same file (Numerics, numerics.go), so config.json is parsed here
+// only.
 //
 // Supported architectures (the "architectures" field, or "model_type"):
 //

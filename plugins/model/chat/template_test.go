@@ -1,4 +1,4 @@
-package serve
+package chat
 
 import (
 	"errors"
@@ -8,13 +8,13 @@ import (
 	"testing"
 )
 
-func readTemplate(t *testing.T, name, bos string) *ChatTemplate {
+func readTemplate(t *testing.T, name, bos string) *Template {
 	t.Helper()
 	text, err := os.ReadFile(filepath.Join("testdata", name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := ParseChatTemplate(name, string(text), bos, "")
+	c, err := Parse(name, string(text), bos, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,17 +65,17 @@ func TestChatTemplateErrors(t *testing.T) {
 	if !errors.As(err, &te) || !strings.Contains(te.Raised, "must alternate") || !strings.Contains(te.Raised, "message 1 is user") {
 		t.Errorf("chatml with two user messages in a row: %v, want the alternation error", err)
 	}
-	bad, err := ParseChatTemplate("bad.jinja", "{{ messages[0]['content'] | no_such_filter }}", "", "")
+	bad, err := Parse("bad.jinja", "{{ messages[0]['content'] | no_such_filter }}", "", "")
 	if err == nil {
 		_, err = bad.Render([]Message{{"user", "a"}})
 	}
 	if err == nil || !strings.Contains(err.Error(), "bad.jinja") || !strings.Contains(err.Error(), "no_such_filter") {
 		t.Errorf("an unknown filter: %v, want an error naming the template and the filter", err)
 	}
-	if _, err := ParseChatTemplate("open.jinja", "{% for m in messages %}{{ m.content }}", "", ""); err == nil || !strings.Contains(err.Error(), "open.jinja") {
+	if _, err := Parse("open.jinja", "{% for m in messages %}{{ m.content }}", "", ""); err == nil || !strings.Contains(err.Error(), "open.jinja") {
 		t.Errorf("an unclosed for: %v, want a parse error naming the template", err)
 	}
-	inc, err := ParseChatTemplate("inc.jinja", `{% include "/etc/passwd" %}`, "", "")
+	inc, err := Parse("inc.jinja", `{% include "/etc/passwd" %}`, "", "")
 	if err == nil {
 		var out string
 		out, err = inc.Render([]Message{{"user", "a"}})
@@ -114,12 +114,12 @@ func TestLoadChatTemplate(t *testing.T) {
 	dir := t.TempDir()
 	write(dir, "tokenizer_config.json", `{"bos_token": "<s>", "chat_template": "not this"}`)
 	write(dir, "mine.jinja", "{{ bos_token }}{{ messages[0].content }}!")
-	if ct, err := LoadChatTemplate(dir, filepath.Join(dir, "mine.jinja")); err != nil || ct == nil {
-		t.Errorf("LoadChatTemplate with a file: %v %v", ct, err)
+	if ct, err := Load(dir, filepath.Join(dir, "mine.jinja")); err != nil || ct == nil {
+		t.Errorf("Load with a file: %v %v", ct, err)
 	} else if got, err := ct.Render(msgs); got != "<s>hi!" || err != nil {
 		t.Errorf("the --chat-template file renders %q, %v, want <s>hi!", got, err)
 	}
-	if _, err := LoadChatTemplate("", filepath.Join(dir, "none.jinja")); err == nil || !strings.Contains(err.Error(), "none.jinja") {
+	if _, err := Load("", filepath.Join(dir, "none.jinja")); err == nil || !strings.Contains(err.Error(), "none.jinja") {
 		t.Errorf("a missing --chat-template file: %v, want an error naming it", err)
 	}
 	for i, c := range cases {
@@ -127,14 +127,14 @@ func TestLoadChatTemplate(t *testing.T) {
 		for n, text := range c.files {
 			write(dir, n, text)
 		}
-		ct, err := LoadChatTemplate(dir, "")
+		ct, err := Load(dir, "")
 		switch {
 		case c.err != "":
 			if err == nil || !strings.Contains(err.Error(), c.err) {
-				t.Errorf("case %d: LoadChatTemplate = %v, want an error containing %q", i, err, c.err)
+				t.Errorf("case %d: Load = %v, want an error containing %q", i, err, c.err)
 			}
 		case err != nil:
-			t.Errorf("case %d: LoadChatTemplate: %v", i, err)
+			t.Errorf("case %d: Load: %v", i, err)
 		case c.want == "" && ct != nil:
 			t.Errorf("case %d: a template (%s) where there is none", i, ct.Source)
 		case c.want != "":
