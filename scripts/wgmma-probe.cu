@@ -57,20 +57,36 @@ __device__ __forceinline__ void wg_n128(float* d, const unsigned* a, uint64_t b)
 		: "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+#define R8b(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+__device__ __forceinline__ void wg_n64(float* d, const unsigned* a, uint64_t b) {
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+		"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+		"{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+		"{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+		: R8b(0), R8b(8), R8b(16), R8b(24)
+		: "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
 // One tile: A 64 × (16·STEPS), B N × (16·STEPS) (K-major, as a linear
 // layer's weight), out[mode][64][N]. mode 0: mma.sync; 1, 2: wgmma n128 with
-// (lbo, sbo) = (128, 256) or (256, 128); 3, 4: wgmma n8 likewise.
+// (lbo, sbo) = (128, 256) or (256, 128); 3, 4: wgmma n8 likewise; 5: the
+// roles swapped, as a prefill kernel over weights kept in the fragments' k
+// order would run it: wgmma m64n64k16 with B's first 64 rows (the weight)
+// as the register operand and A's 64 rows (the activations) from shared
+// memory, so D[n][r] is out[r][n] (columns 64..127 of mode 5 are zero).
 __global__ void probe(const unsigned short* A, const unsigned short* B, float* out) {
 	// Core matrices (n/8, k/8): 128 bytes each; 256 bytes of slack past them,
 	// which the wrong encoding's last n8 tile reads (lbo 256 from the last
 	// tile's base), so a wrong guess gives wrong values, not a fault.
 	__shared__ __align__(128) unsigned short sb[N * 16 + 128];
+	__shared__ __align__(128) unsigned short sa[64 * 16]; // A's step, core matrices as sb
 	const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 	const unsigned short* At = A + (size_t)blockIdx.x * 64 * 16 * STEPS;
 	const unsigned short* Bt = B + (size_t)blockIdx.x * N * 16 * STEPS;
-	float* o = out + (size_t)blockIdx.x * 5 * 64 * N;
-	float m[16][4], w1[64], w2[64], w3[16][4], w4[16][4];
+	float* o = out + (size_t)blockIdx.x * 6 * 64 * N;
+	float m[16][4], w1[64], w2[64], w3[16][4], w4[16][4], w5[32];
 	for (int i = 0; i < 64; i++) w1[i] = w2[i] = 0.f;
+	for (int i = 0; i < 32; i++) w5[i] = 0.f;
 	for (int j = 0; j < 16; j++) for (int e = 0; e < 4; e++) m[j][e] = w3[j][e] = w4[j][e] = 0.f;
 	const int K = 16 * STEPS;
 	for (int s = 0; s < STEPS; s++) {
@@ -78,6 +94,7 @@ __global__ void probe(const unsigned short* A, const unsigned short* B, float* o
 		for (int i = tid; i < N * 16; i += 128) { // element (n, k) of this step
 			const int n = i / 16, k = i % 16;
 			sb[((n / 8) * 2 + k / 8) * 64 + (n % 8) * 8 + k % 8] = Bt[(size_t)n * K + s * 16 + k];
+			if (n < 64) sa[((n / 8) * 2 + k / 8) * 64 + (n % 8) * 8 + k % 8] = At[(size_t)n * K + s * 16 + k];
 		}
 		asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 		__syncthreads();
@@ -101,6 +118,18 @@ __global__ void probe(const unsigned short* A, const unsigned short* B, float* o
 		wg_n128(w2, a, desc(sb, 256, 128));
 		wg_commit();
 		wg_wait();
+		{
+			// The weight's rows 16·warp + g (+8) as the register operand.
+			auto wv = [&](int r, int c) -> unsigned {
+				const unsigned short* p = Bt + (size_t)(16 * warp + r) * K + s * 16 + c;
+				return (unsigned)p[0] | ((unsigned)p[1] << 16);
+			};
+			unsigned b[4] = {wv(g, 2 * t), wv(g + 8, 2 * t), wv(g, 2 * t + 8), wv(g + 8, 2 * t + 8)};
+			wg_fence();
+			wg_n64(w5, b, desc(sa, 128, 256));
+			wg_commit();
+			wg_wait();
+		}
 		for (int j = 0; j < 16; j++) {
 			wg_fence();
 			wg_n8(w3[j], a, desc(sb + j * 128, 128, 256));
@@ -117,6 +146,14 @@ __global__ void probe(const unsigned short* A, const unsigned short* B, float* o
 			o[2 * 64 * N + r * N + c] = w2[4 * j + e];
 			o[3 * 64 * N + r * N + c] = w3[j][e];
 			o[4 * 64 * N + r * N + c] = w4[j][e];
+		}
+	// Mode 5's D (64 weight rows × 64 activation rows): this thread holds
+	// D[16·warp + g (+8)][8·j + 2t (+1)], i.e. out[8·j + 2t (+1)][16·warp + g (+8)].
+	for (int j = 0; j < 8; j++)
+		for (int e = 0; e < 4; e++) {
+			const int n = 16 * warp + g + (e / 2) * 8, r = 8 * j + 2 * t + e % 2;
+			o[5 * 64 * N + r * N + n] = w5[4 * j + e];
+			o[5 * 64 * N + r * N + n + 64] = 0.f;
 		}
 }
 
@@ -146,7 +183,7 @@ int main() {
 	float* dO;
 	cudaMalloc(&dA, A.size() * 2);
 	cudaMalloc(&dB, B.size() * 2);
-	cudaMalloc(&dO, (size_t)tiles * 5 * 64 * N * 4);
+	cudaMalloc(&dO, (size_t)tiles * 6 * 64 * N * 4);
 	cudaMemcpy(dA, A.data(), A.size() * 2, cudaMemcpyHostToDevice);
 	cudaMemcpy(dB, B.data(), B.size() * 2, cudaMemcpyHostToDevice);
 	probe<<<tiles, 128>>>(dA, dB, dO);
@@ -155,11 +192,12 @@ int main() {
 		printf("probe: %s\n", cudaGetErrorString(err));
 		return 1;
 	}
-	std::vector<float> O((size_t)tiles * 5 * 64 * N);
+	std::vector<float> O((size_t)tiles * 6 * 64 * N);
 	cudaMemcpy(O.data(), dO, O.size() * 4, cudaMemcpyDeviceToHost);
-	const char* names[5] = {"mma.sync m16n8k16", "wgmma n128 lbo128/sbo256", "wgmma n128 lbo256/sbo128", "wgmma n8 lbo128/sbo256", "wgmma n8 lbo256/sbo128"};
-	long long same[5] = {0}, total = (long long)tiles * 64 * N;
-	double worst[5] = {0};
+	const char* names[6] = {"mma.sync m16n8k16", "wgmma n128 lbo128/sbo256", "wgmma n128 lbo256/sbo128", "wgmma n8 lbo128/sbo256", "wgmma n8 lbo256/sbo128", "wgmma n64, roles swapped"};
+	long long same[6] = {0}, total = (long long)tiles * 64 * N, totals[6];
+	double worst[6] = {0};
+	for (int md = 0; md < 6; md++) totals[md] = md == 5 ? total / 2 : total;
 	for (int ti = 0; ti < tiles; ti++)
 		for (int r = 0; r < 64; r++)
 			for (int c = 0; c < N; c++) {
@@ -168,15 +206,16 @@ int main() {
 					double p = fl(A[((size_t)ti * 64 + r) * K + k]) * fl(B[((size_t)ti * N + c) * K + k]);
 					want += p, mag += fabs(p);
 				}
-				const float* o = &O[(size_t)ti * 5 * 64 * N];
-				for (int md = 0; md < 5; md++) {
+				const float* o = &O[(size_t)ti * 6 * 64 * N];
+				for (int md = 0; md < 6; md++) {
+					if (md == 5 && c >= 64) continue; // mode 5 covers the first 64 weight rows
 					float v = o[md * 64 * N + r * N + c], m0 = o[r * N + c];
 					if (memcmp(&v, &m0, 4) == 0) same[md]++;
 					double e = fabs(v - want) / (mag + 1e-300);
 					if (!(e <= worst[md])) worst[md] = std::isnan(e) ? INFINITY : e;
 				}
 			}
-	for (int md = 0; md < 5; md++)
-		printf("%-26s bit-equal to mma.sync: %lld / %lld   worst |err| / sum|ab|: %.3g\n", names[md], same[md], total, worst[md]);
+	for (int md = 0; md < 6; md++)
+		printf("%-26s bit-equal to mma.sync: %lld / %lld   worst |err| / sum|ab|: %.3g\n", names[md], same[md], totals[md], worst[md]);
 	return 0;
 }
