@@ -20,6 +20,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -351,7 +352,7 @@ func (e *Engine) setup(ctx context.Context) error {
 		e.byID[req.id] = req
 	}
 	if e.spec.Workload.Concurrency == 0 {
-		slices.SortStableFunc(e.reqs, func(a, b *request) int { return cmpInt64(a.arrival, b.arrival) })
+		slices.SortStableFunc(e.reqs, func(a, b *request) int { return cmp.Compare(a.arrival, b.arrival) })
 	}
 	e.rep.Requests.Total = len(e.reqs)
 	if e.spec.Progress != nil {

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -55,7 +56,7 @@ func (e *Engine) awaitForward(ctx context.Context) error {
 		err = e.finishOnce(p, res, err)
 		if err == nil {
 			e.inflight = append(e.inflight, p.mb)
-			slices.SortStableFunc(e.inflight, func(a, b *microBatch) int { return cmpInt64(a.done, b.done) })
+			slices.SortStableFunc(e.inflight, func(a, b *microBatch) int { return cmp.Compare(a.done, b.done) })
 			return nil
 		}
 		bad := itemSeqs(err)

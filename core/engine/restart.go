@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -131,7 +132,7 @@ func ParseFaults(s string) ([]Fault, error) {
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%s=%q names no fault: want kill:<manager|worker>[.<stage>]:<step>[,...]", FaultEnv, s)
 	}
-	slices.SortStableFunc(out, func(a, b Fault) int { return cmpInt64(int64(a.Step), int64(b.Step)) })
+	slices.SortStableFunc(out, func(a, b Fault) int { return cmp.Compare(int64(a.Step), int64(b.Step)) })
 	return out, nil
 }
 

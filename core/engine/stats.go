@@ -135,16 +135,6 @@ func (e *Engine) finishReport(ctx context.Context) {
 	e.bar.finish(e)
 }
 
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 // addSnapshots is the sum of two managers' (or two lives') snapshot counters.
 func addSnapshots(a, b kvcache.SnapshotStats) kvcache.SnapshotStats {
 	a.Taken += b.Taken

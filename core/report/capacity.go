@@ -1,6 +1,7 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"slices"
@@ -89,15 +90,7 @@ func NewCapacity(rs []Report, loadKey string, sloMs float64) (*Capacity, error) 
 	}
 	for i := range c.Groups {
 		g := &c.Groups[i]
-		slices.SortStableFunc(g.Points, func(a, b CapacityPoint) int {
-			switch {
-			case a.Load < b.Load:
-				return -1
-			case a.Load > b.Load:
-				return 1
-			}
-			return 0
-		})
+		slices.SortStableFunc(g.Points, func(a, b CapacityPoint) int { return cmp.Compare(a.Load, b.Load) })
 		for _, p := range g.Points {
 			if !p.Met {
 				break

@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -687,7 +688,7 @@ func (h *wh) checkPromptRows(call string, items []worker.Item, res worker.Result
 		}
 		for j, v := range pr.Logprobs {
 			l := pr.TopLogprobs[j]
-			sorted := slices.IsSortedFunc(l, func(x, y worker.TokenLogprob) int { return cmpFloat(y.Logprob, x.Logprob) })
+			sorted := slices.IsSortedFunc(l, func(x, y worker.TokenLogprob) int { return cmp.Compare(y.Logprob, x.Logprob) })
 			if !(v <= 0) || len(l) != min(it.PromptTopLogprobs, vocab) || !sorted || len(l) > 0 && v > l[0].Logprob {
 				h.failf(call, "each row is a log-probability <= 0 of its target, at most the most likely's, with the min(K, vocab) most likely tokens, most likely first",
 					"seq %d row %d (target %d): %v, top %v", it.Seq, j, it.PromptTarget(j), v, l)
@@ -696,14 +697,4 @@ func (h *wh) checkPromptRows(call string, items []worker.Item, res worker.Result
 		out[i] = slices.Clone(pr.Logprobs)
 	}
 	return out
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
