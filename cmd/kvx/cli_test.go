@@ -245,15 +245,18 @@ func TestCompareCapacity(t *testing.T) {
 			}
 		}
 	}
-	for _, bad := range [][]string{
-		{"--capacity", "workload.concurrency", "--vary", "workload.concurrency=1,2"},                            // no SLO
-		{"--capacity", "workload.concurrency", "--slo-ttft-p95-ms", "100"},                                      // not swept
-		{"--slo-ttft-p95-ms", "100", "--vary", "workload.concurrency=1,2"},                                      // no --capacity
-		{"--capacity", "workload.concurrency", "--slo-ttft-p95-ms", "-5", "--vary", "workload.concurrency=1,2"}, // bad SLO
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--capacity", "workload.concurrency", "--vary", "workload.concurrency=1,2"}, "give the SLO as --slo-ttft-p95-ms"},
+		{[]string{"--capacity", "workload.concurrency", "--slo-ttft-p95-ms", "100"}, "no --vary sweeps it"},
+		{[]string{"--slo-ttft-p95-ms", "100", "--vary", "workload.concurrency=1,2"}, "give --capacity KEY too"},
+		{[]string{"--capacity", "workload.concurrency", "--slo-ttft-p95-ms", "-5", "--vary", "workload.concurrency=1,2"}, "a positive number; got -5"},
 	} {
-		out, stderr, code := kvx(t, append([]string{"compare", "-c", "testdata/small.yaml"}, bad...)...)
-		if code != 2 || out != "" || !strings.Contains(stderr, "--") {
-			t.Errorf("compare %v: exit %d, stdout %q, stderr %q; want exit 2 naming the flag", bad, code, out, stderr)
+		out, stderr, code := kvx(t, append([]string{"compare", "-c", "testdata/small.yaml"}, bad.args...)...)
+		if code != 2 || out != "" || !strings.Contains(stderr, bad.want) {
+			t.Errorf("compare %v: exit %d, stdout %q, stderr %q; want exit 2 and %q", bad.args, code, out, stderr, bad.want)
 		}
 	}
 }
