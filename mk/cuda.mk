@@ -6,6 +6,8 @@
 #   make cuda-deps    CUDA 11.8's cuda.h and stub libcuda.so into .cuda/
 #   make cuda-nvcc    the same, plus Debian's nvcc 11.8 into .cuda/nvcc/
 #   make ptx          device/cuda/kernels/*.cu -> device/cuda/ptx/*.ptx, and ptx/SOURCES
+#   make ptx-sm90a    device/cuda/sm90a/*.cu -> device/cuda/ptx/sm90a/*.ptx (wgmma:
+#                     nvcc 12 or later, e.g. a GPU machine's; NVCC90=...)
 #   make cuda-vet     go vet -tags cuda of device/cuda and the backend mains
 #   make cuda-build   the cuda backends (-tags cuda) and kvx, the managers (no tag) into .gpu/bin/
 #   make gpu-bundle   cuda-build, the cuda test binary and the test data, packed
@@ -33,7 +35,7 @@ CUDA_BACKENDS := $(sort $(notdir $(wildcard cmd/kvx-backend-*)))
 # machine without a GPU); kvx uses cgo for NVML (core/gpumem).
 HOST_BINS     := $(filter-out builtin $(CUDA_BACKENDS),$(sort $(notdir $(wildcard cmd/kvx*))))
 
-.PHONY: cuda-deps cuda-nvcc ptx cuda-vet cuda-build gpu-bundle
+.PHONY: cuda-deps cuda-nvcc ptx ptx-sm90a cuda-vet cuda-build gpu-bundle
 
 ## cuda-deps: CUDA 11.8's cuda.h and stub libcuda.so into .cuda/ (what cuda-vet and
 ## cuda-build need, and run first; a no-op once they are there)
@@ -58,6 +60,12 @@ ptx:
 	@# kernels/, sorted by path; TestPTXFresh recomputes it.
 	@cd device/cuda && find kernels -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' \) | LC_ALL=C sort | xargs -r sha256sum > ptx/SOURCES.tmp && mv ptx/SOURCES.tmp ptx/SOURCES
 	@echo "wrote $(PTX_DIR)/SOURCES ($$(wc -l < $(PTX_DIR)/SOURCES) sources)"
+
+## ptx-sm90a: compile device/cuda/sm90a/*.cu (wgmma, sm_90a only) to device/cuda/ptx/sm90a/,
+## with an nvcc of CUDA 12 or later (NVCC90=..., default /usr/local/cuda/bin/nvcc): on a GPU
+## machine, bash scripts/ptx-sm90a.sh, and bring device/cuda/ptx/sm90a back
+ptx-sm90a:
+	bash scripts/ptx-sm90a.sh $(NVCC90)
 
 ## cuda-vet: go vet -tags cuda of device/cuda and the backend mains
 cuda-vet: cuda-deps

@@ -30,49 +30,73 @@ const fgemmPad = 64
 // streaming the weight. Both give the same bits (fgemm_test.go).
 const fgemmTiledRows = 256
 
-// tiledKernel is one of kernels/fgemm.cu's kernels for many rows
-// (kvx_fgemm_wide<bm>s<stages><s|g>: bm / 32 warps of 64 × 64, running
-// sums in shared memory or in C). All give the same bits.
+// tiledKernel is one of the kernels for many rows: kernels/fgemm.cu's
+// kvx_fgemm_wide<bm>s<stages><s|g> (mma.sync: bm / 32 warps of 64 × 64,
+// running sums in shared memory or in C) or sm90a/fgemm_wg.cu's
+// kvx_fgemm_ws<bm>w2s<stages>k<kpi><s|r> (wgmma, warp-specialized: two
+// computing warpgroups of 64 features × bm tokens and a copying one;
+// loaded only on a device of compute capability 9.0). Every tile is bm
+// rows × 128 columns, and all give the same bits.
 type tiledKernel struct {
-	bm, stages, threads int
-	totShared           bool // the running sums in shared memory
-	name                string
+	bm, threads, smem int // rows a tile, threads and dynamic shared memory a block
+	sm90a             bool
+	name              string
 }
 
 func wide(bm, stages int, totShared bool) tiledKernel {
 	suffix := "g"
+	smem := stages * (bm + tlBN) * tlBK * 2 // the ring
 	if totShared {
 		suffix = "s"
+		smem += bm * tlBN * 4 // the running sums
 	}
-	return tiledKernel{bm, stages, bm, totShared, fmt.Sprintf("kvx_fgemm_wide%ds%d%s", bm, stages, suffix)}
+	return tiledKernel{bm, bm, smem, false, fmt.Sprintf("kvx_fgemm_wide%ds%d%s", bm, stages, suffix)}
 }
 
-// The tile of every tiled kernel: bm × 128 × 32.
+func wgmmaWS(bm, stages, kpi int, totShared bool) tiledKernel {
+	suffix := "r"
+	smem := stages*(bm+tlBN)*tlBK*kpi*2 + 2*stages*8 // the ring and its barriers
+	if totShared {
+		suffix = "s"
+		smem += bm * tlBN * 4
+	}
+	return tiledKernel{bm, 3 * 128, smem, true, fmt.Sprintf("kvx_fgemm_ws%dw2s%dk%d%s", bm, stages, kpi, suffix)}
+}
+
+// The tile of every tiled kernel: bm × 128, k steps of 32 (the wgmma
+// kernels' stages are 32·kpi wide).
 const tlBN, tlBK = 128, 32
 
-// smem is the kernel's dynamic shared memory: its ring, and its running
-// sums when they are kept there.
-func (k tiledKernel) smem() int {
-	b := k.stages * (k.bm + tlBN) * tlBK * 2
-	if k.totShared {
-		b += k.bm * tlBN * 4
-	}
-	return b
-}
-
-// tiledVariants are every tiled kernel (the tests run each on every
-// shape); tiledDefault is the one fgemm runs. BenchmarkFastTiled on the
+// tiledVariants are every tiled kernel (the tests run each loaded one on
+// every shape); tiled picks the one fgemm runs. BenchmarkFastTiled on the
 // H200 at Llama-3-8B's prefill shapes, with the weights in the fragments'
-// order (W read with 16-byte shared loads): wide128s3s 198-209 TFLOP/s,
-// wide256s3s 204-220, wide128s4g 129-141 (its running sums in C spill
-// registers); with ldmatrix on the logical order they were 206-218,
-// 212-229 and 142-151. The wide kernels' three-stage ring (the shared
-// memory holds the running sums too) keeps one k tile in flight.
+// order: wide128s3s 198-209 TFLOP/s, wide256s3s 204-220, wide128s4g
+// 129-141 (its running sums in C spill registers); scripts/wgemm-check.cu
+// there: ws256w2s4k1s 239-250, ws192w2s5k2r 222-237, wide256s3s 209-224.
 var tiledVariants = []tiledKernel{
 	wide(128, 3, true), wide(256, 3, true), wide(128, 4, false),
+	wgmmaWS(256, 4, 1, true), wgmmaWS(192, 5, 2, false),
 }
 
-var tiledDefault = wide(256, 3, true)
+var (
+	tiledWide  = wide(256, 3, true)
+	tiledWGMMA = wgmmaWS(256, 4, 1, true)
+)
+
+// loaded reports whether the device has kernel k (the sm90a ones only on
+// compute capability 9.0).
+func (g *gpu) loaded(k tiledKernel) bool {
+	_, ok := g.fns[k.name]
+	return ok
+}
+
+// tiled is the tiled kernel fgemm runs: the wgmma one where it is loaded.
+func (g *gpu) tiled() tiledKernel {
+	if g.loaded(tiledWGMMA) {
+		return tiledWGMMA
+	}
+	return tiledWide
+}
 
 // fgemmPart is the k values of a part (FG_PART in kernels/fgemm.cu): every
 // output is the sum, in part order, of one chain per part.
@@ -306,7 +330,7 @@ type gemmOut struct {
 func (o *ops) fgemm(a cu.DevicePtr, n, ld int, outs []gemmOut) {
 	if n >= fgemmTiledRows {
 		for _, g := range outs {
-			o.fgemmTiled(g.c, a, g.w, n, g.m, ld, tiledDefault)
+			o.fgemmTiled(g.c, a, g.w, n, g.m, ld, o.g.tiled())
 		}
 		return
 	}
@@ -350,5 +374,5 @@ func (o *ops) fgemmSkinny(a cu.DevicePtr, n, ld int, outs []gemmOut, k skinnyKer
 
 // fgemmTiled runs tiled kernel k (any of tiledVariants, any n).
 func (o *ops) fgemmTiled(c, a, w cu.DevicePtr, n, m, ld int, k tiledKernel) {
-	o.runShared(k.name, dim{blocks(n, k.bm) * blocks(m, tlBN), 1, 1}, dim{k.threads, 1, 1}, k.smem(), c, a, w, n, m, ld)
+	o.runShared(k.name, dim{blocks(n, k.bm) * blocks(m, tlBN), 1, 1}, dim{k.threads, 1, 1}, k.smem, c, a, w, n, m, ld)
 }

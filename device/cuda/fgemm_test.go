@@ -118,6 +118,9 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 					kernels[v.name] = o.ToHost(c)
 				}
 				for _, v := range tiledVariants {
+					if !o.g.loaded(v) {
+						continue // an sm90a kernel on another device (TestTiledWGMMALoaded)
+					}
 					c := o.newTensor(n, m)
 					o.fgemmTiled(c.p, xa, w.h, n, m, w.ld, v)
 					kernels[v.name] = o.ToHost(c)
@@ -138,6 +141,34 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 // four, past one launch's three) gives each weight's MatMul bit for bit,
 // at widths that split a warp's 8 columns between two weights, for rows of
 // the skinny and the tiled kernel.
+// TestTiledWGMMALoaded checks that a device of compute capability 9.0 has
+// loaded the sm90a (wgmma) tiled kernels and runs them by default, and that
+// another device has neither (TestFastMatMulBatchInvariant runs every
+// loaded tiled kernel against the skinny ones, bit for bit).
+func TestTiledWGMMALoaded(t *testing.T) {
+	g, err := sharedGPU()
+	if err != nil {
+		t.Fatalf("no GPU: %v", err)
+	}
+	major, minor := 0, 0
+	if err := g.do(func() error {
+		var err error
+		major, minor, err = g.dev.ComputeCapability()
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sm90 := major == 9 && minor == 0
+	for _, v := range tiledVariants {
+		if want := !v.sm90a || sm90; g.loaded(v) != want {
+			t.Errorf("compute capability %d.%d: %s loaded %v, want %v", major, minor, v.name, g.loaded(v), want)
+		}
+	}
+	if want := map[bool]string{true: tiledWGMMA.name, false: tiledWide.name}[sm90]; g.tiled().name != want {
+		t.Errorf("compute capability %d.%d: the tiled kernel is %s, want %s", major, minor, g.tiled().name, want)
+	}
+}
+
 func TestFastMatMuls(t *testing.T) {
 	o := fastOps(t)
 	for _, s := range []struct {
@@ -304,7 +335,7 @@ func BenchmarkFastSkinny(b *testing.B) {
 		if n >= 8 { // where the tiled kernel could take over
 			b.Run(fmt.Sprintf("%dx%dx%d/tiled", n, m, k), func(b *testing.B) {
 				p := setup(b)
-				f := func() { p.o.fgemmTiled(p.c, p.x, p.w.h, n, m, p.w.ld, tiledDefault) }
+				f := func() { p.o.fgemmTiled(p.c, p.x, p.w.h, n, m, p.w.ld, p.o.g.tiled()) }
 				timeOps(b, p.o, 3, f)
 				b.ResetTimer()
 				d := timeOps(b, p.o, b.N, f)
@@ -316,7 +347,7 @@ func BenchmarkFastSkinny(b *testing.B) {
 
 // BenchmarkFastTiled measures every tiled kernel at Llama-3-8B's prefill
 // shapes (a 2048- and an 8192-token step's q, o, gate and up, and down), in
-// TFLOP/s: the data tiledDefault is chosen from.
+// TFLOP/s: the data tiled's choice is made from.
 func BenchmarkFastTiled(b *testing.B) {
 	for _, s := range [][3]int{{2048, 6144, 4096}, {8192, 4096, 4096}, {8192, 28672, 4096}, {8192, 4096, 14336}} {
 		n, m, k := s[0], s[1], s[2]
@@ -324,6 +355,9 @@ func BenchmarkFastTiled(b *testing.B) {
 		for _, v := range tiledVariants {
 			b.Run(fmt.Sprintf("%dx%dx%d/%s", n, m, k, strings.TrimPrefix(v.name, "kvx_fgemm_")), func(b *testing.B) {
 				p := setup(b)
+				if !p.o.g.loaded(v) {
+					b.Skipf("%s is not loaded on this device (sm90a only)", v.name)
+				}
 				f := func() { p.o.fgemmTiled(p.c, p.x, p.w.h, n, m, p.w.ld, v) }
 				timeOps(b, p.o, 3, f)
 				b.ResetTimer()

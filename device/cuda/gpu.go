@@ -24,7 +24,7 @@ import (
 // Built reports whether this binary has the cuda device (the cuda build tag).
 const Built = true
 
-//go:embed ptx/*.ptx
+//go:embed ptx/*.ptx ptx/sm90a/*.ptx
 var ptxFS embed.FS
 
 // gpu is one CUDA context on one OS-locked goroutine. Every cu call runs on
@@ -74,7 +74,28 @@ func (g *gpu) init(ordinal int) error {
 	if g.ctx, err = g.dev.MakeContext(cu.SchedAuto); err != nil {
 		return fmt.Errorf("cuda device %d (%s): context: %w", ordinal, g.name, err)
 	}
-	files, err := ptxFS.ReadDir("ptx")
+	// ptx/sm90a's kernels (wgmma) are for compute capability 9.0 alone: the
+	// driver cannot compile them for another device.
+	major, minor, err := g.dev.ComputeCapability()
+	if err != nil {
+		return fmt.Errorf("cuda device %d (%s): compute capability: %w", ordinal, g.name, err)
+	}
+	dirs := []string{"ptx"}
+	if major == 9 && minor == 0 {
+		dirs = append(dirs, "ptx/sm90a")
+	}
+	for _, dir := range dirs {
+		if err := g.load(dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// load loads every PTX module of the embedded directory dir and looks up
+// its kernels.
+func (g *gpu) load(dir string) error {
+	files, err := ptxFS.ReadDir(dir)
 	if err != nil {
 		return err
 	}
@@ -82,27 +103,28 @@ func (g *gpu) init(ordinal int) error {
 		if !strings.HasSuffix(f.Name(), ".ptx") {
 			continue
 		}
-		src, err := ptxFS.ReadFile(path.Join("ptx", f.Name()))
+		name := path.Join(dir, f.Name())
+		src, err := ptxFS.ReadFile(name)
 		if err != nil {
 			return err
 		}
 		mod, err := cu.LoadData(string(src))
 		if err != nil {
-			return fmt.Errorf("cuda: load %s: %w", f.Name(), err)
+			return fmt.Errorf("cuda: load %s: %w", name, err)
 		}
 		g.mods = append(g.mods, mod)
 		if err := setExpMode(mod); err != nil {
-			return fmt.Errorf("cuda: %s: %w", f.Name(), err)
+			return fmt.Errorf("cuda: %s: %w", name, err)
 		}
-		for _, name := range entries(string(src)) {
-			fn, err := mod.Function(name)
+		for _, fn := range entries(string(src)) {
+			h, err := mod.Function(fn)
 			if err != nil {
-				return fmt.Errorf("cuda: %s: function %s: %w", f.Name(), name, err)
+				return fmt.Errorf("cuda: %s: function %s: %w", name, fn, err)
 			}
-			if _, dup := g.fns[name]; dup {
-				return fmt.Errorf("cuda: kernel %s is defined twice (%s)", name, f.Name())
+			if _, dup := g.fns[fn]; dup {
+				return fmt.Errorf("cuda: kernel %s is defined twice (%s)", fn, name)
 			}
-			g.fns[name] = fn
+			g.fns[fn] = h
 		}
 	}
 	return nil
