@@ -13,6 +13,8 @@ import (
 	"github.com/kvx-dev/kvx/cmd/builtin"
 	calib "github.com/kvx-dev/kvx/core/calibrate"
 	"github.com/kvx-dev/kvx/core/hw"
+	"github.com/kvx-dev/kvx/core/report"
+	"github.com/kvx-dev/kvx/core/setup"
 )
 
 type calibrateOpts struct {
@@ -84,7 +86,7 @@ func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 	if o.out == "-" {
 		return usageErr(errors.New("calibrate: --out -: give a file (--json prints the calibration on stdout)"))
 	}
-	if err := checkWritable(o.out); err != nil {
+	if err := report.CheckWritable(o.out); err != nil {
 		return usageErr(fmt.Errorf("calibrate: --out %s: %w", o.out, err))
 	}
 
@@ -94,7 +96,7 @@ func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 		if err != nil {
 			return usageErr(err)
 		}
-		oneThreadForSim(cfg.Device)
+		setup.Threads(cfg.Device)
 		m, err = calib.Measure(cmd.Context(), cfg, calib.Options{Name: strings.Join(g.configs, "+"), Budget: o.budget, Repeat: o.repeat,
 			Progress: progress, Log: g.logger(), Registry: builtin.Registry(), Sim: builtin.SimCost()})
 		switch {
