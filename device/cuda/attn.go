@@ -102,7 +102,7 @@ func attnRows(name string, segs []synth.Seg, n int) {
 
 // GQA writes the new tokens' K and V (rows K[KVHeads][HeadDim] then V) and
 // returns every query row's attention over its window, as
-// kernelspec.GQA.
+// kernel.GQA.
 func (o *ops) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.Tensor) (synth.Tensor, error) {
 	x, err := o.attnMixer(layer, device.KernelGQA)
 	if err != nil {
@@ -159,7 +159,7 @@ func (o *ops) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.
 
 // MLA writes the new tokens' latent rows (c_kv then k_pe) and returns every
 // query row's absorbed attention over positions 0..p, as
-// kernelspec.MLA with the call's scale.
+// kernel.MLA with the call's scale.
 func (o *ops) MLA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn, w synth.MLAWeights) (synth.Tensor, error) {
 	x, err := o.attnMixer(layer, device.KernelMLA)
 	if err != nil {
@@ -187,7 +187,7 @@ func (o *ops) MLA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn
 
 // DSA writes the new tokens' latent and indexer key rows, scores every
 // query row's positions with the lightning indexer, keeps its top k and
-// returns its sparse MLA over them, as kernelspec.DSA with the call's
+// returns its sparse MLA over them, as kernel.DSA with the call's
 // scales.
 func (o *ops) DSA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn, ix synth.IndexIn, w synth.MLAWeights) (synth.Tensor, error) {
 	x, err := o.attnMixer(layer, device.KernelDSA)
