@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -122,13 +121,9 @@ func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 	cal.Created = time.Now().UTC().Format(time.RFC3339)
 	cal.Generator = "kvx " + kvxVersion()
 
-	data, err := json.MarshalIndent(cal, "", " ")
+	data, err := calib.Encode(cal, o.out)
 	if err != nil {
 		return engineErr(fmt.Errorf("calibrate: %w", err))
-	}
-	data = append(data, '\n')
-	if _, err := hw.ParseCalibration(data, o.out); err != nil {
-		return engineErr(fmt.Errorf("calibrate: the calibration does not check: %w", err))
 	}
 	if err := os.WriteFile(o.out, data, 0o644); err != nil {
 		return usageErr(fmt.Errorf("calibrate: --out: %w", err))
