@@ -154,45 +154,20 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []setup.Variant
 	if o.jsonOut == "-" || o.htmlOut == "-" {
 		table = os.Stderr
 	}
-	var reports []report.Report
-	var explained [][]report.RequestRecord // per report, for --explain
-	var failed []error
-	code, ran := 0, false
-	for _, p := range ps {
-		if ctx.Err() != nil {
-			break // interrupted: no next variant
-		}
-		if !o.noProgress && term.IsTerminal(int(os.Stderr.Fd())) {
-			p.Spec.Progress = os.Stderr
-		}
-		p.Spec.KeepRequests = o.requests || len(o.explainIDs) > 0
-		rep, err := p.Run(ctx, log)
-		explained = append(explained, rep.Requests.Records)
-		if !o.requests {
-			rep.Requests.Records = nil // kept for --explain alone
-		}
-		reports = append(reports, rep)
-		ran = ran || rep.Engine.Steps > 0
-		if err != nil {
-			failed = append(failed, fmt.Errorf("variant %s: %w", p.Spec.Variant, err))
-			c := 1
-			if setup.ConfigError(err) {
-				c = 2
-			}
-			code = max(code, c)
-		}
-		if ctx.Err() != nil {
-			break // interrupted: compare stops at once
-		}
+	var progress io.Writer
+	if !o.noProgress && term.IsTerminal(int(os.Stderr.Fd())) {
+		progress = os.Stderr
 	}
+	out := setup.RunAll(ctx, ps, setup.RunOptions{Log: log, Progress: progress, Requests: o.requests, Explain: o.explainIDs})
+	reports, failed := out.Reports, out.Failed
 	// A run that failed before its first step (a plugin that did not
 	// start) has nothing to tabulate: the message below says it all.
-	if ran || len(failed) == 0 {
+	if out.Ran || len(failed) == 0 {
 		if err := report.WriteTable(table, reports); err != nil {
 			return err
 		}
 	}
-	if err := writeExplain(table, o.explainIDs, reports, explained); err != nil {
+	if err := report.WriteExplains(table, o.explainIDs, reports, out.Records); err != nil {
 		return err
 	}
 	var capacity *report.Capacity
@@ -210,26 +185,11 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []setup.Variant
 		return err
 	}
 	if len(failed) > 0 {
-		return &exitError{code: code, err: errors.Join(failed...)}
-	}
-	return nil
-}
-
-// writeExplain prints, per report, the records of the requests ids asked
-// for (kvx run --explain); a request the run did not reach says so.
-func writeExplain(w io.Writer, ids []uint64, reports []report.Report, records [][]report.RequestRecord) error {
-	for _, id := range ids {
-		for i, rep := range reports {
-			fmt.Fprintln(w)
-			j := slices.IndexFunc(records[i], func(r report.RequestRecord) bool { return r.ID == id })
-			if j < 0 {
-				fmt.Fprintf(w, "request %d (%s): the run stopped before it\n", id, rep.Variant)
-				continue
-			}
-			if err := report.WriteExplain(w, rep.Variant, records[i][j]); err != nil {
-				return err
-			}
+		code := 1
+		if slices.ContainsFunc(failed, setup.ConfigError) {
+			code = 2 // a plugin missing or of the wrong kind, a configuration refused
 		}
+		return &exitError{code: code, err: errors.Join(failed...)}
 	}
 	return nil
 }

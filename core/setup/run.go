@@ -3,6 +3,8 @@ package setup
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"slices"
@@ -62,6 +64,59 @@ func (p *Prepared) Run(ctx context.Context, log hclog.Logger) (report.Report, er
 	}
 	rep.ResolvedConfig = p.Config.Flatten()
 	return rep, err
+}
+
+// RunOptions are what a batch of runs (kvx run and compare) asks of each.
+type RunOptions struct {
+	Log      hclog.Logger
+	Progress io.Writer // a progress bar per run; nil for none
+	// Requests keeps one record per request in each report; Explain keeps
+	// them too, for these request ids, in Outcome.Records only.
+	Requests bool
+	Explain  []uint64
+}
+
+// Outcome is what a batch of runs gives: a report per variant that ran, in
+// order, and the failures.
+type Outcome struct {
+	Reports []report.Report
+	// Records are each report's request records (also without
+	// RunOptions.Requests when Explain asks for some).
+	Records [][]report.RequestRecord
+	// Failed holds each failed run's error, prefixed "variant NAME: ";
+	// ConfigError says whose fault each is.
+	Failed []error
+	// Ran is whether any run took a step (a run that failed before its
+	// first, e.g. a plugin that did not start, has nothing to tabulate).
+	Ran bool
+}
+
+// RunAll runs every prepared variant in turn (Prepared.Run), with the
+// same options, and stops before the next one, or at once, when ctx ends:
+// the reports so far are the outcome.
+func RunAll(ctx context.Context, ps []*Prepared, o RunOptions) Outcome {
+	var out Outcome
+	for _, p := range ps {
+		if ctx.Err() != nil {
+			break // interrupted: no next variant
+		}
+		p.Spec.Progress = o.Progress
+		p.Spec.KeepRequests = o.Requests || len(o.Explain) > 0
+		rep, err := p.Run(ctx, o.Log)
+		out.Records = append(out.Records, rep.Requests.Records)
+		if !o.Requests {
+			rep.Requests.Records = nil // kept for Explain alone
+		}
+		out.Reports = append(out.Reports, rep)
+		out.Ran = out.Ran || rep.Engine.Steps > 0
+		if err != nil {
+			out.Failed = append(out.Failed, fmt.Errorf("variant %s: %w", p.Spec.Variant, err))
+		}
+		if ctx.Err() != nil {
+			break // interrupted: a comparison stops at once
+		}
+	}
+	return out
 }
 
 // ConfigError reports whether err, from starting or running an engine, is
