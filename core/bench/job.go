@@ -59,6 +59,9 @@ type Job struct {
 // Its errors are the job's: a workload the server's vocabulary refuses, or
 // options Run refuses.
 func (j *Job) Run(ctx context.Context, progress, notices io.Writer) ([]report.Report, error) {
+	if j.wl == nil {
+		return nil, errors.New("bench: Job.Run before a Check that passed")
+	}
 	var reports []report.Report
 	for _, bo := range j.opts {
 		if ctx.Err() != nil {
