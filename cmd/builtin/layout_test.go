@@ -122,6 +122,11 @@ func layoutRules() []layoutRule {
 			ban:   slices.Concat([]string{core, device, mod + "cmd/"}, managerPkgs, backendPkgs),
 		},
 		{
+			name: "kvx imports no device, manager or backend: its commands open engines through core/setup with cmd/builtin's registry",
+			pkgs: []string{"./cmd/kvx"},
+			ban:  slices.Concat([]string{device}, managerPkgs, backendPkgs),
+		},
+		{
 			name: "the cuda device links no package of the cpu device: the kernel specs both run are device/kernelspec's (only cuda's tests compare with cpu's reference kernels)",
 			pkgs: []string{"./device/cuda/..."},
 			tags: "cuda",
