@@ -222,11 +222,11 @@ func DSA(d kernelspec.DSA, lat, idx Paged, w *MLAWeights, in MLAInput, ix IndexI
 	return nil
 }
 
-// DenseDSA is the dense reference of kernelspec.DSA.Forward: in.CKV, in.KPE and ix.K
+// DenseDSA is the dense reference of DSA: in.CKV, in.KPE and ix.K
 // hold every position 0..Pos+n-1 (raw: it rotates, rounds and quantizes them
 // as the cache would), the queries are the n tokens at Pos..Pos+n-1. Top-k
 // here sorts all candidates (score descending, then position ascending),
-// independently of TopK's heap. sel as in Forward. Bit-identical to Forward.
+// independently of TopK's heap. sel as in DSA. Bit-identical to DSA.
 func DenseDSA(d kernelspec.DSA, w *MLAWeights, in MLAInput, ix IndexInput, out []float32, sel [][]int32) error {
 	if err := d.Indexer.Validate(); err != nil {
 		return err

@@ -192,11 +192,11 @@ func gdnStep(g kernelspec.GDN, w *GDNWeights, st *gdnState, qkv, z, b, a, out []
 	gdnHeads(g, w, st.ssm, st.xc, z, b, a, st.kv, st.o, out)
 }
 
-// DenseGDN is the dense reference of kernelspec.GDN.Forward: it runs all n tokens of
+// DenseGDN is the dense reference of GDN: it runs all n tokens of
 // a sequence from zero state, the conv reading its taps straight from the
 // inputs (zero before the sequence) rather than from a state, and returns
 // the final conv and recurrent state as float32 in the slot layouts.
-// Bit-identical to any chunked Forward.
+// Bit-identical to any chunked GDN.
 func DenseGDN(g kernelspec.GDN, w *GDNWeights, qkv, z, b, a, out []float32) (conv, ssm []float32, err error) {
 	n, err := gdnTokens(g, qkv, z, b, a, out)
 	if err != nil {

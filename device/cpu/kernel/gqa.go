@@ -208,12 +208,12 @@ func (p Paged) span(stride, j, hi int) ([]byte, int) {
 	return p.Data[at:], cnt
 }
 
-// DenseGQA is the dense reference of kernelspec.GQA.Forward: no cache, naive loops.
+// DenseGQA is the dense reference of GQA: no cache, naive loops.
 // k and v hold every position 0 .. pos+n-1 (T × KVHeads × HeadDim, before
 // kernelspec.RoPE and before rounding: it rotates each k at its position and rounds k
 // and v to g.Dtype, as the cache would); q holds the n queries at pos ..
 // pos+n-1 (n × Heads × HeadDim); out is n × Heads × HeadDim. Its output is
-// bit-identical to Forward's for the same inputs.
+// bit-identical to GQA's for the same inputs.
 func DenseGQA(g kernelspec.GQA, pos int, q, k, v, out []float32) error {
 	n, err := gqaTokens(g, pos, q, out)
 	if err != nil {

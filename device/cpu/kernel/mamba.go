@@ -160,10 +160,10 @@ func mamba2Step(m kernelspec.Mamba2, w *Mamba2Weights, st *mambaState, z, xBC, d
 	}
 }
 
-// DenseMamba2 is the dense reference of kernelspec.Mamba2.Forward: it runs all n tokens
+// DenseMamba2 is the dense reference of Mamba2: it runs all n tokens
 // of a sequence from zero state, the recurrence written out with plain
 // float32 slices (no state slot), and returns the final conv and SSM state
-// as float32 in the slot layouts. Bit-identical to any chunked Forward.
+// as float32 in the slot layouts. Bit-identical to any chunked Mamba2.
 func DenseMamba2(m kernelspec.Mamba2, w *Mamba2Weights, z, xBC, dt, out []float32) (conv, ssm []float32, err error) {
 	n, err := mamba2Tokens(m, z, xBC, dt, out)
 	if err != nil {

@@ -260,11 +260,11 @@ func mlaAttendHeads(m kernelspec.MLA, lat Paged, stride int, w *MLAWeights, s *m
 	}
 }
 
-// DenseMLA is the dense reference of kernelspec.MLA.Forward: no cache, naive loops.
+// DenseMLA is the dense reference of MLA: no cache, naive loops.
 // in.CKV and in.KPE hold every position 0..Pos+n-1 (before kernelspec.RoPE and before
 // rounding: it rotates k_pe at each position and rounds to m.Dtype as the
 // cache would); in.QNope and in.QPE hold the n queries at Pos..Pos+n-1. Its
-// output is bit-identical to Forward's.
+// output is bit-identical to MLA's.
 func DenseMLA(m kernelspec.MLA, w *MLAWeights, in MLAInput, out []float32) error {
 	n, err := mlaCheck(m, w, &in, out, true)
 	if err != nil {
