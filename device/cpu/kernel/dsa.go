@@ -133,9 +133,9 @@ func (h *topHeap) Pop() any {
 
 // IndexInput is the indexer's part of one sequence's step of n tokens.
 type IndexInput struct {
-	Q []float32 // n × kernelspec.Indexer.Heads × kernelspec.Indexer.HeadDim
-	W []float32 // n × kernelspec.Indexer.Heads: head weights
-	K []float32 // n × kernelspec.Indexer.HeadDim: the new tokens' keys (quantized by the kernel)
+	Q []float32 // n × Indexer.Heads × Indexer.HeadDim
+	W []float32 // n × Indexer.Heads: head weights
+	K []float32 // n × Indexer.HeadDim: the new tokens' keys (quantized by the kernel)
 }
 
 func dsaCheckIndex(d kernelspec.DSA, ix *IndexInput, n, keys int) error {
@@ -154,7 +154,7 @@ func dsaCheckIndex(d kernelspec.DSA, ix *IndexInput, n, keys int) error {
 // DSA writes the new tokens' latent rows into lat and indexer key rows
 // into idx, then for each query token p: scores every cached position
 // 0..p with the indexer (reading idx in logical order), selects TopK
-// positions (TopK's order; all of them when p+1 <= TopK) and runs kernelspec.MLA over
+// positions (TopK's order; all of them when p+1 <= TopK) and runs MLA over
 // the selected positions in ascending order (see kernelspec.MLA for the formulas).
 // When sel is not nil, sel[i] receives query i's selected positions
 // (appended to sel[i][:0]); len(sel) must then be n. Errors wrap kernelspec.ErrInvalid.

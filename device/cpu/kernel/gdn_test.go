@@ -84,8 +84,8 @@ func TestGDNChunkedEqualsDenseProperty(t *testing.T) {
 	})
 }
 
-// TestGDNSizesAreMamba2s: the state sizes are those of the kernelspec.Mamba2 mapping
-// plugins/model sizes a kernelspec.GDN layer's buffers with (heads, head dim = value dim,
+// TestGDNSizesAreMamba2s: the state sizes are those of the Mamba2 mapping
+// plugins/model sizes a GDN layer's buffers with (heads, head dim = value dim,
 // state = key dim, groups = key heads).
 func TestGDNSizesAreMamba2s(t *testing.T) {
 	for _, d := range []kernelspec.Dtype{kernelspec.F32, kernelspec.BF16} {

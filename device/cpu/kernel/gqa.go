@@ -210,7 +210,7 @@ func (p Paged) span(stride, j, hi int) ([]byte, int) {
 
 // DenseGQA is the dense reference of GQA: no cache, naive loops.
 // k and v hold every position 0 .. pos+n-1 (T × KVHeads × HeadDim, before
-// kernelspec.RoPE and before rounding: it rotates each k at its position and rounds k
+// RoPE and before rounding: it rotates each k at its position and rounds k
 // and v to g.Dtype, as the cache would); q holds the n queries at pos ..
 // pos+n-1 (n × Heads × HeadDim); out is n × Heads × HeadDim. Its output is
 // bit-identical to GQA's for the same inputs.

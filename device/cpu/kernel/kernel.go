@@ -1,9 +1,14 @@
 // Package kernel holds the pure-Go reference kernels of the cpu device: paged
-// kernelspec.GQA attention (with sliding window), kernelspec.MLA in absorbed form, kernelspec.DSA (lightning
-// indexer, top-k and sparse kernelspec.MLA), the kernelspec.Mamba2 mixer, block copies, cache dtype
+// GQA attention (with sliding window), MLA in absorbed form, DSA (lightning
+// indexer, top-k and sparse MLA), the Mamba2 mixer, block copies, cache dtype
 // converters (bf16, fp8 e4m3) and the small dense helpers a model needs
-// (RMSNorm, kernelspec.RoPE, matvec, softmax, SiLU, argmax, MoE top-k routing). The cpu
+// (RMSNorm, RoPE, matvec, softmax, SiLU, argmax, MoE top-k routing). The cpu
 // device's synth.Ops are loops over these functions.
+//
+// What each kernel computes (its shape, cache dtype, row or state layout
+// and order of operations) is its spec's in device/kernelspec, which the
+// cuda device runs too: kernel.GQA(g, ...) runs the spec g here, and the
+// cuda device's tests compare their results with these.
 //
 // # Storage
 //

@@ -214,7 +214,7 @@ func TestMamba2Errors(t *testing.T) {
 }
 
 // TestMamba2OneTokenOracle checks one token from zero state against the
-// kernelspec.Mamba2 step written out in float64 (transformers' decode step): the conv
+// Mamba2 step written out in float64 (transformers' decode step): the conv
 // over a zero state is w[K-1]·u + bias, so the conv bias, the silu, the dt
 // floor, the D skip, the gate and the grouped norm all show.
 func TestMamba2OneTokenOracle(t *testing.T) {

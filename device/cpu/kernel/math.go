@@ -79,7 +79,7 @@ func exp32(x float32) float32 { return float32(math.Exp(float64(x))) }
 // SiLU returns x·sigmoid(x) = x / (1 + e^-x).
 func SiLU(x float32) float32 { return x / (1 + exp32(-x)) }
 
-// Softplus returns log(1 + e^x), or x when x > 20 (as kernelspec.Mamba2 does).
+// Softplus returns log(1 + e^x), or x when x > 20 (as Mamba2 does).
 func Softplus(x float32) float32 {
 	if x > 20 {
 		return x

@@ -261,7 +261,7 @@ func mlaAttendHeads(m kernelspec.MLA, lat Paged, stride int, w *MLAWeights, s *m
 }
 
 // DenseMLA is the dense reference of MLA: no cache, naive loops.
-// in.CKV and in.KPE hold every position 0..Pos+n-1 (before kernelspec.RoPE and before
+// in.CKV and in.KPE hold every position 0..Pos+n-1 (before RoPE and before
 // rounding: it rotates k_pe at each position and rounds to m.Dtype as the
 // cache would); in.QNope and in.QPE hold the n queries at Pos..Pos+n-1. Its
 // output is bit-identical to MLA's.

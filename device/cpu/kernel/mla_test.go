@@ -177,7 +177,7 @@ func TestDSAPagedEqualsDenseProperty(t *testing.T) {
 }
 
 // TestDSAWithLargeTopKIsMLA: when top-k covers the whole context, sparse
-// kernelspec.MLA is dense kernelspec.MLA bit for bit.
+// MLA is dense MLA bit for bit.
 func TestDSAWithLargeTopKIsMLA(t *testing.T) {
 	m := kernelspec.MLA{Heads: 2, KVLoraRank: 16, QKNopeHeadDim: 8, QKRopeHeadDim: 4, VHeadDim: 8, Dtype: kernelspec.BF16, RoPE: kernelspec.RoPE{Dim: 4, Theta: 10000}}
 	x := kernelspec.Indexer{Heads: 2, HeadDim: 8, TopK: 64}
