@@ -11,6 +11,12 @@ import "math"
 //
 // i.e. 2*KVHeads*HeadDim*Dtype.Size() bytes, what plugins/model.FillBuffers
 // sizes a GQA layer's kv buffer with (per-rank KVHeads).
+//
+// Query i at position p attends to the cached positions First(p) .. p.
+// Per query and head, in this order (device/cpu/kernel's GQA and DenseGQA
+// do the same): s_j = Dot(q, K_j) * SoftmaxScale for j ascending;
+// m = max s_j; e_j = exp(s_j - m), l = Σ e_j (j ascending);
+// acc = Σ e_j V_j (j ascending, Axpy); out = acc / l.
 type GQA struct {
 	Heads   int // query heads (per rank)
 	KVHeads int // key/value heads; divides Heads; query head h uses kv head h/(Heads/KVHeads)

@@ -31,10 +31,8 @@ func gqaTokens(g kernelspec.GQA, pos int, q, out []float32) (int, error) {
 // verification tokens are all the same call. Positions before pos must have
 // been written by earlier calls.
 //
-// Per query and head, in this order (DenseGQA does the same on float32):
-// s_j = Dot(q, K_j) * scale for j ascending; m = max s_j; e_j = exp(s_j - m),
-// l = Σ e_j (j ascending); acc = Σ e_j V_j (j ascending, Axpy); out = acc / l.
-// K and V are read back from the cache, so out depends only on the logical
+// Per query and head it computes in kernelspec.GQA's order (DenseGQA does
+// the same on float32). K and V are read back from the cache, so out depends only on the logical
 // contents, never on placement, block size, chunking or GOMAXPROCS.
 //
 // Errors (wrapping kernelspec.ErrInvalid): bad dimensions, lengths, pos, or a table
