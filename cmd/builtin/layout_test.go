@@ -55,6 +55,7 @@ func layoutRules() []layoutRule {
 		return out
 	}
 	core, builtinPkg, device, model := mod+"core/", mod+"cmd/builtin", mod+"device", mod+"plugins/model"
+	cpuDev, kernelSpec := mod+"device/cpu", mod+"device/kernelspec"
 	return []layoutRule{
 		{
 			name: "a backend binary links no engine package and no cache manager",
@@ -119,6 +120,36 @@ func layoutRules() []layoutRule {
 			pkgs:  []string{"./" + strings.TrimPrefix(model, mod) + "/..."},
 			tests: true,
 			ban:   slices.Concat([]string{core, device, mod + "cmd/"}, managerPkgs, backendPkgs),
+		},
+		{
+			name: "kvx imports no device, manager or backend: its commands open engines through core/setup with cmd/builtin's registry",
+			pkgs: []string{"./cmd/kvx"},
+			ban:  slices.Concat([]string{device}, managerPkgs, backendPkgs),
+		},
+		{
+			name: "the cuda device links no package of the cpu device: the kernel specs both run are device/kernelspec's (only cuda's tests compare with cpu's reference kernels)",
+			pkgs: []string{"./device/cuda/..."},
+			tags: "cuda",
+			deps: true,
+			ban:  []string{cpuDev},
+		},
+		{
+			name: "the cuda device links no package of the cpu device: the kernel specs both run are device/kernelspec's (only cuda's tests compare with cpu's reference kernels)",
+			pkgs: []string{"./device/cuda/..."},
+			deps: true,
+			ban:  []string{cpuDev},
+		},
+		{
+			name: "what the cpu and cuda devices share (the paged mixers, the kernel specs) imports neither device",
+			pkgs: []string{"./device/paged/...", "./" + strings.TrimPrefix(kernelSpec, mod) + "/..."},
+			ban:  []string{cpuDev, mod + "device/cuda"},
+		},
+		{
+			name:  "the kernel specs compute nothing and import no other package of the worker wing, tests included",
+			pkgs:  []string{"./" + strings.TrimPrefix(kernelSpec, mod) + "/..."},
+			tests: true,
+			ban:   slices.Concat([]string{core, device, mod + "cmd/"}, managerPkgs, backendPkgs),
+			allow: []string{kernelSpec},
 		},
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +12,8 @@ import (
 	"github.com/kvx-dev/kvx/cmd/builtin"
 	calib "github.com/kvx-dev/kvx/core/calibrate"
 	"github.com/kvx-dev/kvx/core/hw"
+	"github.com/kvx-dev/kvx/core/report"
+	"github.com/kvx-dev/kvx/core/setup"
 )
 
 type calibrateOpts struct {
@@ -84,7 +85,7 @@ func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 	if o.out == "-" {
 		return usageErr(errors.New("calibrate: --out -: give a file (--json prints the calibration on stdout)"))
 	}
-	if err := checkWritable(o.out); err != nil {
+	if err := report.CheckWritable(o.out); err != nil {
 		return usageErr(fmt.Errorf("calibrate: --out %s: %w", o.out, err))
 	}
 
@@ -94,7 +95,7 @@ func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 		if err != nil {
 			return usageErr(err)
 		}
-		oneThreadForSim(cfg.Device)
+		setup.Threads(cfg.Device)
 		m, err = calib.Measure(cmd.Context(), cfg, calib.Options{Name: strings.Join(g.configs, "+"), Budget: o.budget, Repeat: o.repeat,
 			Progress: progress, Log: g.logger(), Registry: builtin.Registry(), Sim: builtin.SimCost()})
 		switch {
@@ -120,13 +121,9 @@ func runCalibrate(g *globals, o *calibrateOpts, cmd *cobra.Command) error {
 	cal.Created = time.Now().UTC().Format(time.RFC3339)
 	cal.Generator = "kvx " + kvxVersion()
 
-	data, err := json.MarshalIndent(cal, "", " ")
+	data, err := calib.Encode(cal, o.out)
 	if err != nil {
 		return engineErr(fmt.Errorf("calibrate: %w", err))
-	}
-	data = append(data, '\n')
-	if _, err := hw.ParseCalibration(data, o.out); err != nil {
-		return engineErr(fmt.Errorf("calibrate: the calibration does not check: %w", err))
 	}
 	if err := os.WriteFile(o.out, data, 0o644); err != nil {
 		return usageErr(fmt.Errorf("calibrate: --out: %w", err))

@@ -13,12 +13,16 @@ import (
 
 	"github.com/kvx-dev/kvx/cmd/builtin"
 	"github.com/kvx-dev/kvx/core/config"
+	gen "github.com/kvx-dev/kvx/core/generate"
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/setup"
 	"github.com/kvx-dev/kvx/device/cpu"
 	"github.com/kvx-dev/kvx/device/synth"
 	modeltok "github.com/kvx-dev/kvx/plugins/model/tok"
 )
+
+// completion is one line of kvx generate --json.
+type completion = gen.Completion
 
 const (
 	genScenario = "../../scenarios/cpu-llama.yaml"
@@ -130,7 +134,7 @@ func checkAgainstReference(t *testing.T, cs []completion) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	lines, err := readPrompts(f, promptLimits{vocab: res.Model.Vocab, maxSeqLen: cfg.MaxSeqLen, tok: byteTokenizer{}})
+	lines, err := gen.Read(f, gen.Limits{Vocab: res.Model.Vocab, MaxSeqLen: cfg.MaxSeqLen, Tok: setup.ByteTokenizer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +142,7 @@ func checkAgainstReference(t *testing.T, cs []completion) {
 		t.Fatalf("%d completions for %d prompt lines", len(cs), len(lines))
 	}
 	for i, c := range cs {
-		p := lines[i].req
+		p := lines[i].Prompt()
 		if p == nil || c.Error != "" {
 			t.Fatalf("line %d: %s%s", c.Line, lines[i].Error, c.Error)
 		}

@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,13 +15,8 @@ import (
 
 	"github.com/kvx-dev/kvx/cmd/builtin"
 	"github.com/kvx-dev/kvx/core/config"
-	"github.com/kvx-dev/kvx/core/engine"
-	"github.com/kvx-dev/kvx/core/host"
 	"github.com/kvx-dev/kvx/core/report"
 	"github.com/kvx-dev/kvx/core/setup"
-	"github.com/kvx-dev/kvx/core/workload"
-	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
-	"github.com/kvx-dev/kvx/scenarios"
 )
 
 // runExitStatus is the exit status paragraph of run's and compare's help.
@@ -119,59 +111,11 @@ func addRunFlags(cmd *cobra.Command, o *runOpts) {
 	cmd.Flags().StringArrayVar(&o.explain, "explain", nil, "after the run, print how the prefix cache served request REQ (its id, as in requests.records): tokens reused from each tier, computed and why, preemptions (repeatable, or a comma list)")
 }
 
-// explainIDs parses the --explain values into request ids of wl; a value
-// that is not a number or not a request of wl is an error naming it and
-// the range of ids.
-func explainIDs(vals []string, wl workload.Workload) ([]uint64, error) {
-	var ids []uint64
-	if len(vals) == 0 {
-		return nil, nil
-	}
-	known := make(map[uint64]bool, len(wl.Requests))
-	var lo, hi uint64
-	for i, r := range wl.Requests {
-		known[r.ID] = true
-		if i == 0 || r.ID < lo {
-			lo = r.ID
-		}
-		hi = max(hi, r.ID)
-	}
-	span := "the workload has no requests"
-	if len(wl.Requests) > 0 {
-		span = fmt.Sprintf("the workload's %d requests have ids %d..%d", len(wl.Requests), lo, hi)
-	}
-	var errs []error
-	for _, v := range vals {
-		for _, f := range strings.Split(v, ",") {
-			f = strings.TrimSpace(f)
-			id, err := strconv.ParseUint(f, 10, 64)
-			switch {
-			case err != nil:
-				errs = append(errs, fmt.Errorf("--explain %q: not a request id (a number): %s", f, span))
-			case !known[id]:
-				errs = append(errs, fmt.Errorf("--explain %d: no such request: %s", id, span))
-			case !slices.Contains(ids, id):
-				ids = append(ids, id)
-			}
-		}
-	}
-	return ids, errors.Join(errs...)
-}
-
 // loadConfig loads the configuration of one variant (varies: its --vary
-// values); without --config it uses the bundled demo scenario.
+// values; setup.LoadConfig: without --config, the bundled demo scenario)
+// and prints its notices.
 func loadConfig(g *globals, varies []string) (*config.Config, error) {
-	files := g.configs
-	sets := slices.Clone(g.sets)
-	if len(files) == 0 {
-		path, trace, err := scenarios.WriteDemo(os.TempDir())
-		if err != nil {
-			return nil, err
-		}
-		files = []string{path}
-		sets = append([]string{"workload.trace=" + trace}, sets...)
-	}
-	cfg, notices, err := config.LoadVaried(builtin.Registry(), files, os.Environ(), sets, varies)
+	cfg, notices, err := setup.LoadConfig(builtin.Registry(), g.configs, g.sets, varies)
 	for _, n := range notices {
 		fmt.Fprintln(os.Stderr, "notice:", n)
 	}
@@ -185,62 +129,18 @@ func loadConfig(g *globals, varies []string) (*config.Config, error) {
 func prepare(g *globals, o *runOpts, vs []setup.Variant) ([]*setup.Prepared, error) {
 	load := func(sets []string) (*config.Config, error) { return loadConfig(g, sets) }
 	ps, err := setup.PrepareAll(vs, builtin.Registry(), load, func(p *setup.Prepared) (err error) {
-		o.explainIDs, err = explainIDs(o.explain, p.Spec.Workload)
+		o.explainIDs, err = setup.ExplainIDs(o.explain, p.Spec.Workload)
 		return err
 	})
 	var errs []error
 	if err != nil {
 		errs = append(errs, err)
 	}
-	if o.jsonOut == "-" && o.htmlOut == "-" {
-		errs = append(errs, errors.New("--json - and --html - both write to stdout; give one of them a file"))
-	}
-	for _, out := range []struct{ flag, path string }{{"--json", o.jsonOut}, {"--html", o.htmlOut}} {
-		if err := checkWritable(out.path); err != nil {
-			errs = append(errs, fmt.Errorf("%s %s: %w", out.flag, out.path, err))
-		}
-	}
+	errs = append(errs, report.CheckOutputs(o.jsonOut, o.htmlOut)...)
 	if len(errs) > 0 {
 		return nil, usageErr(errors.Join(errs...))
 	}
 	return ps, nil
-}
-
-// checkWritable reports why path ("" for none, "-" for stdout) cannot be
-// written, without truncating or leaving anything behind: an existing file
-// is opened for writing, else a file is created and removed in its
-// directory.
-func checkWritable(path string) error {
-	if path == "" || path == "-" {
-		return nil
-	}
-	if fi, err := os.Stat(path); err == nil {
-		if fi.IsDir() {
-			return errors.New("is a directory")
-		}
-		f, err := os.OpenFile(path, os.O_WRONLY, 0)
-		if err != nil {
-			return err
-		}
-		return f.Close()
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".kvx-check-*")
-	if err != nil {
-		return fmt.Errorf("cannot create files in %s: %w", filepath.Dir(path), errors.Unwrap(err))
-	}
-	f.Close()
-	return os.Remove(f.Name())
-}
-
-// configError reports whether err, from a run, is the configuration's fault
-// rather than the engine's: a plugin that is missing, of the wrong kind or
-// protocol, or a configuration a manager or worker refused.
-func configError(err error) bool {
-	switch kvcache.KindOf(err) {
-	case kvcache.KindInvalidConfig, kvcache.KindUnsupported:
-		return true
-	}
-	return errors.Is(err, host.ErrNotFound) || errors.Is(err, host.ErrProtocol)
 }
 
 func runVariants(ctx context.Context, g *globals, o *runOpts, vs []setup.Variant) error {
@@ -254,58 +154,20 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []setup.Variant
 	if o.jsonOut == "-" || o.htmlOut == "-" {
 		table = os.Stderr
 	}
-	var reports []report.Report
-	var explained [][]report.RequestRecord // per report, for --explain
-	var failed []error
-	code, ran := 0, false
-	for _, p := range ps {
-		if ctx.Err() != nil {
-			break // interrupted: no next variant
-		}
-		if !o.noProgress && term.IsTerminal(int(os.Stderr.Fd())) {
-			p.Spec.Progress = os.Stderr
-		}
-		p.Spec.Log = log
-		p.Spec.KeepRequests = o.requests || len(o.explainIDs) > 0
-		oneThreadForSim(p.Config.Device)
-		l := p.Launcher(log)
-		rep, err := engine.Run(ctx, p.Spec, l)
-		l.Close()
-		if err != nil {
-			err = p.BudgetHint(err)
-			rep.Error = err.Error()
-			rep.Status = report.StatusFailed
-			if ctx.Err() != nil {
-				rep.Status = report.StatusInterrupted
-			}
-		}
-		rep.ResolvedConfig = p.Config.Flatten()
-		explained = append(explained, rep.Requests.Records)
-		if !o.requests {
-			rep.Requests.Records = nil // kept for --explain alone
-		}
-		reports = append(reports, rep)
-		ran = ran || rep.Engine.Steps > 0
-		if err != nil {
-			failed = append(failed, fmt.Errorf("variant %s: %w", p.Spec.Variant, err))
-			c := 1
-			if configError(err) {
-				c = 2
-			}
-			code = max(code, c)
-		}
-		if ctx.Err() != nil {
-			break // interrupted: compare stops at once
-		}
+	var progress io.Writer
+	if !o.noProgress && term.IsTerminal(int(os.Stderr.Fd())) {
+		progress = os.Stderr
 	}
+	out := setup.RunAll(ctx, ps, setup.RunOptions{Log: log, Progress: progress, Requests: o.requests, Explain: o.explainIDs})
+	reports, failed := out.Reports, out.Failed
 	// A run that failed before its first step (a plugin that did not
 	// start) has nothing to tabulate: the message below says it all.
-	if ran || len(failed) == 0 {
+	if out.Ran || len(failed) == 0 {
 		if err := report.WriteTable(table, reports); err != nil {
 			return err
 		}
 	}
-	if err := writeExplain(table, o.explainIDs, reports, explained); err != nil {
+	if err := report.WriteExplains(table, o.explainIDs, reports, out.Records); err != nil {
 		return err
 	}
 	var capacity *report.Capacity
@@ -323,26 +185,11 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []setup.Variant
 		return err
 	}
 	if len(failed) > 0 {
-		return &exitError{code: code, err: errors.Join(failed...)}
-	}
-	return nil
-}
-
-// writeExplain prints, per report, the records of the requests ids asked
-// for (kvx run --explain); a request the run did not reach says so.
-func writeExplain(w io.Writer, ids []uint64, reports []report.Report, records [][]report.RequestRecord) error {
-	for _, id := range ids {
-		for i, rep := range reports {
-			fmt.Fprintln(w)
-			j := slices.IndexFunc(records[i], func(r report.RequestRecord) bool { return r.ID == id })
-			if j < 0 {
-				fmt.Fprintf(w, "request %d (%s): the run stopped before it\n", id, rep.Variant)
-				continue
-			}
-			if err := report.WriteExplain(w, rep.Variant, records[i][j]); err != nil {
-				return err
-			}
+		code := 1
+		if slices.ContainsFunc(failed, setup.ConfigError) {
+			code = 2 // a plugin missing or of the wrong kind, a configuration refused
 		}
+		return &exitError{code: code, err: errors.Join(failed...)}
 	}
 	return nil
 }
@@ -351,12 +198,11 @@ func writeExplain(w io.Writer, ids []uint64, reports []report.Report, records []
 // or the bundled demo scenario.
 func scenarioName(g *globals) string {
 	if len(g.configs) == 0 {
-		return "bundled demo scenario (scenarios/demo.yaml)"
+		return setup.DemoScenario
 	}
 	return strings.Join(g.configs, " + ")
 }
 
-// writeFile writes with write to path ('-' for stdout).
 // writeDocument writes the kvx.report/v1 document of reports, named for
 // scenario, as JSON to jsonOut and as the HTML page to htmlOut (either ""
 // for none, "-" for standard output), with capacity (compare --capacity)
@@ -367,46 +213,5 @@ func writeDocument(reports []report.Report, scenario, jsonOut, htmlOut string, c
 	doc.Created = time.Now().UTC().Format(time.RFC3339)
 	doc.Scenario = scenario
 	doc.Command = os.Args
-	if jsonOut != "" {
-		if err := writeFile(jsonOut, func(w io.Writer) error { return report.WriteJSON(w, doc) }); err != nil {
-			return err
-		}
-	}
-	if htmlOut != "" {
-		if err := writeFile(htmlOut, func(w io.Writer) error { return report.WriteHTML(w, doc) }); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func writeFile(path string, write func(io.Writer) error) error {
-	if path == "-" {
-		return write(os.Stdout)
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := write(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-// oneThreadForSim runs kvx on one OS thread at a time for the sim device:
-// the step loop is sequential and plugin calls wait on the network, so more
-// threads only spin (measured on 2 cores: a third of the wall time). A
-// device that computes in this process keeps every core. GOMAXPROCS in the
-// environment always wins.
-func oneThreadForSim(device string) {
-	if os.Getenv("GOMAXPROCS") != "" {
-		return
-	}
-	if !config.Computing(device) {
-		runtime.GOMAXPROCS(1)
-	} else {
-		runtime.GOMAXPROCS(runtime.NumCPU())
-	}
+	return report.WriteFiles(doc, jsonOut, htmlOut)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"strconv"
 	"time"
@@ -13,12 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvx-dev/kvx/cmd/builtin"
-	"github.com/kvx-dev/kvx/core/config"
-	"github.com/kvx-dev/kvx/core/engine"
 	"github.com/kvx-dev/kvx/core/serve"
-	"github.com/kvx-dev/kvx/core/setup"
-
-	"github.com/kvx-dev/kvx/plugins/model/chat"
 )
 
 type serveOpts struct {
@@ -103,127 +97,13 @@ func runServe(ctx context.Context, g *globals, o *serveOpts, ln net.Listener, re
 	if err != nil {
 		return usageErr(err)
 	}
-	res, err := setup.Prepare(cfg, "serve", builtin.Registry())
+	s, err := serve.Open(cfg, builtin.Registry(), serve.SessionOptions{Model: o.model, ChatTemplate: o.template,
+		MaxWaiting: o.maxWaiting, MaxBodyBytes: o.maxBody, Drain: o.drain, Log: g.logger(), Notices: os.Stderr})
 	if err != nil {
 		return usageErr(err)
 	}
-	tok, noTok, err := tokenizerFor(cfg, res.Model)
-	if err != nil {
-		return usageErr(err)
-	}
-	eos, err := setup.EOS(cfg, res.Model)
-	if err != nil {
-		return usageErr(fmt.Errorf("serve: %w", err))
-	}
-	ckpt := ""
-	if st, err := os.Stat(cfg.Model); err == nil && st.IsDir() {
-		ckpt = cfg.Model
-	}
-	tmpl, err := chat.Load(ckpt, o.template)
-	if err != nil {
-		return usageErr(fmt.Errorf("serve: %w", err))
-	}
-	if tmpl != nil && tok == nil {
-		return usageErr(fmt.Errorf("serve: chat template %s: the model has no tokenizer to encode its prompts (%s)", tmpl.Source, noTok))
-	}
-	log := g.logger()
-	res.Spec.Workload.RetentionPriority, res.Spec.Workload.RetentionDuration = cfg.Workload.Retention()
-	res.Spec.Log = log
-	if tmpl != nil {
-		log.Info("chat template", "source", tmpl.Source)
-	}
-	// Unlike kvx run, a server keeps every core on the sim device too: the
-	// HTTP connections run beside the engine loop.
-	if v, ok := os.LookupEnv(engine.FaultEnv); ok {
-		faults, err := engine.ParseFaults(v)
-		if err != nil {
-			return usageErr(fmt.Errorf("serve: %w", err))
-		}
-		if cfg.Isolation != "plugin" {
-			return usageErr(fmt.Errorf("serve: %s kills plugin processes; isolation is %q, want plugin", engine.FaultEnv, cfg.Isolation))
-		}
-		// Never quiet: this kills the server's own plugins.
-		fmt.Fprintf(os.Stderr, "kvx serve: WARNING: %s=%q: FAULT INJECTION IS ON, plugins will be killed on purpose (for tests only)\n", engine.FaultEnv, v)
-		log.Warn("FAULT INJECTION IS ON: plugins will be killed on purpose", "env", engine.FaultEnv, "faults", v)
-		res.Spec.Faults = faults
-	}
-	l := res.Launcher(log)
-	defer l.Close()
-	if ev := cfg.KVEvents; ev.EnableKVCacheEvents && ev.Publisher == "zmq" {
-		pub, err := serve.NewPublisher(serve.EventsOptions{Endpoint: ev.Endpoint, ReplayEndpoint: ev.ReplayEndpoint, BufferSteps: ev.BufferSteps, Topic: ev.Topic})
-		if err != nil {
-			return usageErr(fmt.Errorf("serve: %w", err))
-		}
-		defer pub.Close() // after the engine stopped: what it reported goes out
-		res.Spec.KVEvents = pub
-		fmt.Fprintf(os.Stderr, "kvx serve: KV events on %s (replay %q)\n", ev.Endpoint, ev.ReplayEndpoint)
-	}
-	// The engine outlives a stop signal: the requests in flight finish
-	// first (the drain below), then Stop ends it.
-	lv, err := engine.StartLive(context.WithoutCancel(ctx), res.Spec, l)
-	if err != nil {
-		return engineErr(fmt.Errorf("serve: %w", err))
-	}
-	name := o.model
-	if name == "" {
-		name = cfg.ServedModelName
-	}
-	if name == "" {
-		name = cfg.Model
-	}
-	opt := serve.Options{
-		Model: name, Vocab: res.Model.Vocab, MaxSeqLen: cfg.MaxSeqLen, NoTokenizer: noTok,
-		Placeholder: !config.Computing(cfg.Device), SimClock: !config.Computing(cfg.Device),
-		MaxWaiting: o.maxWaiting, MaxBodyBytes: o.maxBody, ChatTemplate: tmpl, EOS: eos,
-	}
-	if tok != nil {
-		opt.Tokenizer = tok
-	}
-	h := serve.New(lv, opt)
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	if ready != nil {
-		ready(ln.Addr().String())
-	}
-	var failed error
-	select {
-	case <-ctx.Done():
-		// A stop signal: drain, within the timeout.
-		if o.drain > 0 {
-			fmt.Fprintf(os.Stderr, "kvx serve: %v: draining (new requests get 503; at most %v for the ones in flight)\n", context.Cause(ctx), o.drain)
-		}
-		dctx, cancel := context.WithTimeout(context.Background(), o.drain)
-		go func() { // an engine that fails while draining ends the wait
-			select {
-			case <-lv.Done():
-				cancel()
-			case <-dctx.Done():
-			}
-		}()
-		left := h.Drain(dctx)
-		cancel()
-		if left > 0 {
-			fmt.Fprintf(os.Stderr, "kvx serve: drain timeout %v: %d requests still in flight are cut off\n", o.drain, left)
-		}
-		failed = lv.Err()
-	case <-lv.Done():
-		failed = lv.Err()
-	case err := <-errc:
-		failed = err
-	}
-	// Stop the engine: requests still in flight end with 503, then the
-	// server closes its connections.
-	_, stopErr := lv.Stop()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	if failed == nil {
-		failed = stopErr
-	}
-	if failed != nil && !errors.Is(failed, http.ErrServerClosed) {
-		fmt.Fprintln(os.Stderr, "kvx serve: engine failed:", failed)
-		return engineErr(fmt.Errorf("serve: %w", failed))
+	if err := s.Serve(ctx, ln, ready); err != nil {
+		return engineErr(err)
 	}
 	return nil
 }

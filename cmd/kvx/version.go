@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kvx-dev/kvx/core/host"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
@@ -39,7 +40,7 @@ func versionText() string {
 	fmt.Fprintf(&b, "kvx %s\n", kvxVersion())
 	transports := slices.Sorted(maps.Keys(pluginrpc.HostPlugins()))
 	fmt.Fprintf(&b, "plugin contract: cache manager v%d, worker v%d; plugin transport protocol %s, features %s\n",
-		kvcache.ProtocolVersion, worker.ProtocolVersion, strings.Trim(fmt.Sprint(transports), "[]"), featureList(pluginrpc.Current()))
+		kvcache.ProtocolVersion, worker.ProtocolVersion, strings.Trim(fmt.Sprint(transports), "[]"), host.FeatureList(pluginrpc.Current()))
 	fmt.Fprintf(&b, "build: %s %s/%s", runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	if bi, ok := readBuildInfo(); ok {
 		s := map[string]string{}

@@ -1,6 +1,7 @@
 package calibrate
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -105,6 +106,22 @@ func goal(x, limit float64) string {
 		return "met"
 	}
 	return "not met"
+}
+
+// Encode returns c as a calibration file holds it (kvx.calibration/v1:
+// indented JSON and a final newline), checked as hw.ParseCalibration reads
+// it back (name: where it goes, for the message), so that kvx never writes
+// a file sim_calibration would refuse.
+func Encode(c hw.Calibration, name string) ([]byte, error) {
+	data, err := json.MarshalIndent(c, "", " ")
+	if err != nil {
+		return nil, err
+	}
+	data = append(data, '\n')
+	if _, err := hw.ParseCalibration(data, name); err != nil {
+		return nil, fmt.Errorf("the calibration does not check: %w", err)
+	}
+	return data, nil
 }
 
 // WriteTable prints c's fitted parameters, its errors against the goals

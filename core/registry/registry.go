@@ -20,6 +20,7 @@ import (
 	"strings"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
@@ -199,6 +200,39 @@ func (r *Registry) Named(file string) (key, name string) {
 		}
 	}
 	return "", ""
+}
+
+// Setting is the setting that picks the plugin binary named file of kind
+// (pluginrpc.ManagerPluginName or WorkerPluginName, as it answered):
+// "cache_manager: v1" for a registered binary, "cache_manager: PATH" (or
+// attention_backend) for another plugin of a known kind, "-" otherwise.
+func (r *Registry) Setting(file, kind string) string {
+	if key, name := r.Named(file); key != "" {
+		return key + ": " + name
+	}
+	switch kind {
+	case pluginrpc.ManagerPluginName:
+		return "cache_manager: PATH"
+	case pluginrpc.WorkerPluginName:
+		return "attention_backend: PATH"
+	}
+	return "-"
+}
+
+// Settings pairs every registered name, managers first, with its setting
+// and binary: {"cache_manager: v1", "kvx-cachemgr-v1"}.
+func (r *Registry) Settings() [][2]string {
+	if r == nil {
+		return nil
+	}
+	var out [][2]string
+	for _, m := range r.Managers {
+		out = append(out, [2]string{"cache_manager: " + m.Name, m.Binary})
+	}
+	for _, b := range r.Backends {
+		out = append(out, [2]string{"attention_backend: " + b.Name, b.Binary})
+	}
+	return out
 }
 
 // ModelMixers returns the distinct mixers of m's layers that need a

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+	"github.com/kvx-dev/kvx/plugins/v1/pluginrpc"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 	"github.com/kvx-dev/kvx/plugins/v1/worker"
 )
@@ -41,6 +42,11 @@ func TestLookups(t *testing.T) {
 		{Or(r.BackendNames()), "x or y"},
 		{Or([]string{"a", "b", "c"}), "a, b or c"},
 		{MixerList([]spec.Mixer{spec.MixerGQA, spec.MixerNone}), "gqa, none (ffn only)"},
+		{r.Setting("kvx-b", pluginrpc.ManagerPluginName), "cache_manager: b"},
+		{r.Setting("kvx-backend-y", pluginrpc.WorkerPluginName), "attention_backend: y"},
+		{r.Setting("kvx-mine", pluginrpc.ManagerPluginName), "cache_manager: PATH"},
+		{r.Setting("kvx-mine", pluginrpc.WorkerPluginName), "attention_backend: PATH"},
+		{r.Setting("kvx-mine", ""), "-"},
 	} {
 		if c.got != c.want {
 			t.Errorf("got %q, want %q", c.got, c.want)
@@ -68,8 +74,12 @@ func TestLookups(t *testing.T) {
 	if got := ModelMixers(m); !slices.Equal(got, []spec.Mixer{spec.MixerMamba, spec.MixerGQA}) {
 		t.Errorf("ModelMixers = %v, want mamba, gqa", got)
 	}
+	want := [][2]string{{"cache_manager: a", "kvx-a"}, {"cache_manager: b", "kvx-b"}, {"attention_backend: x", "kvx-backend-x"}, {"attention_backend: y", "kvx-backend-y"}}
+	if got := r.Settings(); !slices.Equal(got, want) {
+		t.Errorf("Settings = %v, want %v", got, want)
+	}
 	var none *Registry
-	if _, ok := none.Manager("a"); ok || none.ManagerNames() != nil || none.BackendsFor(nil) != nil || none.Check() != nil {
+	if _, ok := none.Manager("a"); ok || none.ManagerNames() != nil || none.BackendsFor(nil) != nil || none.Check() != nil || none.Settings() != nil {
 		t.Error("a nil registry has entries")
 	}
 }

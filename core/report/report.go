@@ -966,6 +966,26 @@ var missWords = map[string]string{
 	"reuse_off":         "block reuse is off",
 }
 
+// WriteExplains prints, for each request id of ids and each report, its
+// record among that report's records (kvx run --explain; records[i] are
+// reports[i]'s); a request the run did not reach says so.
+func WriteExplains(w io.Writer, ids []uint64, reports []Report, records [][]RequestRecord) error {
+	for _, id := range ids {
+		for i, rep := range reports {
+			fmt.Fprintln(w)
+			j := slices.IndexFunc(records[i], func(r RequestRecord) bool { return r.ID == id })
+			if j < 0 {
+				fmt.Fprintf(w, "request %d (%s): the run stopped before it\n", id, rep.Variant)
+				continue
+			}
+			if err := WriteExplain(w, rep.Variant, records[i][j]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // WriteExplain prints how the prefix cache served request rec of variant
 // (kvx run --explain): its prompt tokens, those reused from each tier,
 // those computed and why, and its preemptions.

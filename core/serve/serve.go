@@ -20,7 +20,12 @@
 //     (stack depth, steps, time, output, range, source shape, no
 //     self-containing values), so a hostile template fails its own request
 //     with a 400 naming the limit instead of killing the server (a Go stack
-//     overflow is fatal) or holding a core.
+//     overflow is fatal) or holding a core;
+//   - session.go is kvx serve's session: Open makes every check a run makes
+//     (setup.Prepare) and those of serving (tokenizer, EOS, chat template,
+//     fault injection, the KV events publisher) before anything starts, so
+//     a bad configuration never starts an engine; Serve drains the requests
+//     in flight on a stop signal before it stops the engine.
 //
 // /health tells the truth throughout: 503 "restarting" while the engine
 // replaces a plugin that died, "draining" after Drain, "unavailable" once

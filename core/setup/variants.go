@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/kvx-dev/kvx/core/config"
@@ -113,4 +114,44 @@ func PrepareAll(vs []Variant, reg *registry.Registry, load func(sets []string) (
 		ps = append(ps, p)
 	}
 	return ps, errors.Join(errs...)
+}
+
+// ExplainIDs parses --explain values (request ids, repeatable or comma
+// lists) into request ids of wl, without repeats; a value that is not a
+// number or not a request of wl is an error naming it and the range of
+// ids, all of them joined.
+func ExplainIDs(vals []string, wl workload.Workload) ([]uint64, error) {
+	var ids []uint64
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	known := make(map[uint64]bool, len(wl.Requests))
+	var lo, hi uint64
+	for i, r := range wl.Requests {
+		known[r.ID] = true
+		if i == 0 || r.ID < lo {
+			lo = r.ID
+		}
+		hi = max(hi, r.ID)
+	}
+	span := "the workload has no requests"
+	if len(wl.Requests) > 0 {
+		span = fmt.Sprintf("the workload's %d requests have ids %d..%d", len(wl.Requests), lo, hi)
+	}
+	var errs []error
+	for _, v := range vals {
+		for _, f := range strings.Split(v, ",") {
+			f = strings.TrimSpace(f)
+			id, err := strconv.ParseUint(f, 10, 64)
+			switch {
+			case err != nil:
+				errs = append(errs, fmt.Errorf("--explain %q: not a request id (a number): %s", f, span))
+			case !known[id]:
+				errs = append(errs, fmt.Errorf("--explain %d: no such request: %s", id, span))
+			case !slices.Contains(ids, id):
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids, errors.Join(errs...)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvx-dev/kvx/core/config"
 	"github.com/kvx-dev/kvx/core/registry/registrytest"
+	"github.com/kvx-dev/kvx/core/workload"
 )
 
 // TestVariants: --vary flags expand to their cartesian product; an empty or
@@ -79,5 +80,27 @@ func TestPrepareAll(t *testing.T) {
 	run, err := PrepareAll([]Variant{{}}, registrytest.Builtin(), load, nil)
 	if err != nil || len(run) != 1 || run[0].Spec.Variant != "v2" {
 		t.Errorf("PrepareAll of the base alone: %v, %v; want one variant named after its cache manager", run, err)
+	}
+}
+
+// TestExplainIDs: ids of the workload, repeatable and comma lists, each
+// once; a bad value names itself and the workload's range, all at once.
+func TestExplainIDs(t *testing.T) {
+	wl := workload.Workload{Requests: []workload.Request{{ID: 4}, {ID: 2}, {ID: 9}}}
+	ids, err := ExplainIDs([]string{"9", " 2,9 ", "4"}, wl)
+	if err != nil || !slices.Equal(ids, []uint64{9, 2, 4}) {
+		t.Errorf("ExplainIDs = %v, %v; want [9 2 4]", ids, err)
+	}
+	_, err = ExplainIDs([]string{"x,5"}, wl)
+	for _, w := range []string{`--explain "x": not a request id (a number): the workload's 3 requests have ids 2..9`, "--explain 5: no such request"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("ExplainIDs(x,5) = %v, want %q", err, w)
+		}
+	}
+	if _, err := ExplainIDs([]string{"0"}, workload.Workload{}); err == nil || !strings.Contains(err.Error(), "the workload has no requests") {
+		t.Errorf("ExplainIDs on an empty workload = %v", err)
+	}
+	if ids, err := ExplainIDs(nil, wl); ids != nil || err != nil {
+		t.Errorf("ExplainIDs(nil) = %v, %v", ids, err)
 	}
 }

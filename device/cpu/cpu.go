@@ -33,8 +33,8 @@
 // and each of that layer's paged buffers in order, TokensPerBlock ×
 // BytesPerToken bytes (token row stride BytesPerToken); a state pool's block
 // (TokensPerBlock 0) holds, for each layer in order, its conv then its ssm
-// state. Row formats are the kernels' (kernel.GQA, kernel.MLA,
-// kernel.Indexer, kernel.Mamba2, kernel.GDN).
+// state. Row formats are the kernels' (kernelspec.GQA, kernelspec.MLA,
+// kernelspec.Indexer, kernelspec.Mamba2, kernelspec.GDN).
 //
 // # Mamba2 and Gated DeltaNet state
 //
@@ -47,9 +47,9 @@
 // the matching one back into the live slot. Item.Snapshots save the live
 // state after their Pos tokens into their block. A checkpoint's Mamba2
 // layers (Nemotron-H) run with its numerics (paged.CheckpointMamba) and floor dt
-// at kernel.Mamba2.DtMin on the tokens before the sequence's first sampled
+// at kernelspec.Mamba2.DtMin on the tokens before the sequence's first sampled
 // one (its prompt) only, as transformers' prefill does and its decode step
-// does not. A Qwen3-Next checkpoint's Gated DeltaNet layers (kernel.GDN)
+// does not. A Qwen3-Next checkpoint's Gated DeltaNet layers (kernelspec.GDN)
 // keep their conv and recurrent state in the same slots and walk them the
 // same way (pagedOps.walkState): snapshots, restores and draft rollback
 // are the Mamba2 path's.
@@ -109,7 +109,7 @@ type seqState struct {
 	tail map[int][][]byte
 	// promptEnd is the position of the sequence's first sampled token (its
 	// prompt's length), 0 until it first samples: the Mamba2 dt floor
-	// (kernel.Mamba2.DtMin) applies to the tokens before it only.
+	// (kernelspec.Mamba2.DtMin) applies to the tokens before it only.
 	promptEnd int
 }
 
@@ -372,7 +372,7 @@ func (pm *pagedOps) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v 
 	}
 	core := newTensor(q.Rows(), x.OutWidth())
 	err = eachSeg(layer, segs, func(sg synth.Seg, lo, hi int) error {
-		return x.GQA.Forward(pm.paged(layer, spec.RoleKV, sg.Seq), sg.Pos, rowsOf(q, lo, hi), rowsOf(k, lo, hi), rowsOf(v, lo, hi), core.rowsOf(lo, hi))
+		return kernel.GQA(x.GQA, pm.paged(layer, spec.RoleKV, sg.Seq), sg.Pos, rowsOf(q, lo, hi), rowsOf(k, lo, hi), rowsOf(v, lo, hi), core.rowsOf(lo, hi))
 	})
 	if err != nil {
 		return nil, err
@@ -404,7 +404,7 @@ func (pm *pagedOps) MLA(_ context.Context, layer int, segs []synth.Seg, in synth
 	core := newTensor(in.QNope.Rows(), x.OutWidth())
 	err = eachSeg(layer, segs, func(sg synth.Seg, lo, hi int) error {
 		mi, _ := mlaRows(in, nil, sg.Pos, lo, hi)
-		return x.WithScales(in, nil).MLA.Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), &mw, mi, core.rowsOf(lo, hi))
+		return kernel.MLA(x.WithScales(in, nil).MLA, pm.paged(layer, spec.RoleLatent, sg.Seq), &mw, mi, core.rowsOf(lo, hi))
 	})
 	if err != nil {
 		return nil, err
@@ -421,7 +421,7 @@ func (pm *pagedOps) DSA(_ context.Context, layer int, segs []synth.Seg, in synth
 	core := newTensor(in.QNope.Rows(), x.OutWidth())
 	err = eachSeg(layer, segs, func(sg synth.Seg, lo, hi int) error {
 		mi, ki := mlaRows(in, &ix, sg.Pos, lo, hi)
-		return x.WithScales(in, &ix).Forward(pm.paged(layer, spec.RoleLatent, sg.Seq), pm.paged(layer, spec.RoleIndexKey, sg.Seq), &mw, mi, ki, core.rowsOf(lo, hi), nil)
+		return kernel.DSA(x.WithScales(in, &ix), pm.paged(layer, spec.RoleLatent, sg.Seq), pm.paged(layer, spec.RoleIndexKey, sg.Seq), &mw, mi, ki, core.rowsOf(lo, hi), nil)
 	})
 	if err != nil {
 		return nil, err
@@ -449,7 +449,7 @@ func (pm *pagedOps) Mamba2(_ context.Context, layer int, segs []synth.Seg, in sy
 				mb.DtMin = 0
 			}
 			lo, hi = r+lo, r+hi
-			return mb.Forward(&mw, conv, ssm, rowsOf(in.Z, lo, hi), rowsOf(in.XBC, lo, hi), rowsOf(in.DT, lo, hi), core.d[lo*di:hi*di:hi*di])
+			return kernel.Mamba2(mb, &mw, conv, ssm, rowsOf(in.Z, lo, hi), rowsOf(in.XBC, lo, hi), rowsOf(in.DT, lo, hi), core.d[lo*di:hi*di:hi*di])
 		})
 		if err != nil {
 			return nil, err
@@ -474,7 +474,7 @@ func (pm *pagedOps) GatedDeltaNet(_ context.Context, layer int, segs []synth.Seg
 	for _, sg := range segs {
 		err := pm.walkState(layer, sg, 0, func(conv, ssm []byte, lo, hi int, _ bool) error {
 			lo, hi = r+lo, r+hi
-			return x.GDN.Forward(&gw, conv, ssm, rowsOf(in.QKV, lo, hi), rowsOf(in.Z, lo, hi), rowsOf(in.B, lo, hi), rowsOf(in.A, lo, hi),
+			return kernel.GDN(x.GDN, &gw, conv, ssm, rowsOf(in.QKV, lo, hi), rowsOf(in.Z, lo, hi), rowsOf(in.B, lo, hi), rowsOf(in.A, lo, hi),
 				core.d[lo*di:hi*di:hi*di])
 		})
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
 	"github.com/kvx-dev/kvx/device/hf"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/device/synth"
 )
 
@@ -222,11 +223,11 @@ func (hostOps) ReLU2(x synth.Tensor) synth.Tensor {
 
 func (hostOps) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
 	xt := cpuTensor(x)
-	kr := kernel.RoPE{Dim: r.Dim, Theta: r.Theta, Interleaved: r.Interleaved, InvFreq: r.InvFreq, Scale: r.Scale}
+	kr := kernelspec.RoPE{Dim: r.Dim, Theta: r.Theta, Interleaved: r.Interleaved, InvFreq: r.InvFreq, Scale: r.Scale}
 	row := 0
 	for _, sg := range segs {
 		for j := range sg.Rows {
-			kr.Apply(xt.rowsOf(row, row+1), stride, sg.Pos+j)
+			kernel.RoPE(kr, xt.rowsOf(row, row+1), stride, sg.Pos+j)
 			row++
 		}
 	}

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"context"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/device/paged"
 	"math"
 	"math/rand/v2"
@@ -183,7 +184,7 @@ func TestDenseOpsAreDenseKernels(t *testing.T) {
 	segs := []synth.Seg{{Seq: 1, Rows: 5}, {Seq: 2, Rows: 3}}
 	rows := 8
 	for _, k := range []device.Kernel{device.KernelGQA, device.KernelMLA, device.KernelDSA} {
-		x, err := paged.NewMixer(&m, spec.Layer{Index: 2, Mixer: spec.MixerDSA}, k, kernel.BF16, kernel.F32, kernel.F32)
+		x, err := paged.NewMixer(&m, spec.Layer{Index: 2, Mixer: spec.MixerDSA}, k, kernelspec.BF16, kernelspec.F32, kernelspec.F32)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,7 +234,7 @@ func TestDenseOpsAreDenseKernels(t *testing.T) {
 	}
 }
 
-// RoPE rotates row j of a segment at position Pos+j, as kernel.RoPE.Apply.
+// RoPE rotates row j of a segment at position Pos+j, as kernelspec.RoPE.
 func TestOpsRoPEIsKernelRoPE(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	var o hostOps
@@ -250,12 +251,12 @@ func TestOpsRoPEIsKernelRoPE(t *testing.T) {
 		row := 0
 		for _, sg := range segs {
 			for j := range sg.Rows {
-				kernel.RoPE{Dim: r.Dim, Theta: r.Theta, Interleaved: r.Interleaved, InvFreq: r.InvFreq, Scale: r.Scale}.Apply(want[row*24:(row+1)*24], 8, sg.Pos+j)
+				kernel.RoPE(kernelspec.RoPE{Dim: r.Dim, Theta: r.Theta, Interleaved: r.Interleaved, InvFreq: r.InvFreq, Scale: r.Scale}, want[row*24:(row+1)*24], 8, sg.Pos+j)
 				row++
 			}
 		}
 		if !sameBits(x.d, want) {
-			t.Errorf("RoPE %+v differs from kernel.RoPE.Apply at the segments' positions", r)
+			t.Errorf("RoPE %+v differs from kernelspec.RoPE at the segments' positions", r)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package cpu
 import (
 	"context"
 	"fmt"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/device/paged"
 
 	"github.com/kvx-dev/kvx/device"
@@ -139,13 +140,13 @@ func (dm denseOps) Mamba2(_ context.Context, layer int, segs []synth.Seg, in syn
 
 // kvFromBuffers reads the KV dtype off the first attention layer's buffers
 // (bf16 when no layer has buffers).
-func kvFromBuffers(m *spec.Model, kernelOf func(spec.Mixer) device.Kernel) (kernel.Dtype, error) {
+func kvFromBuffers(m *spec.Model, kernelOf func(spec.Mixer) device.Kernel) (kernelspec.Dtype, error) {
 	for _, l := range m.Layers {
 		if len(l.Buffers) == 0 || l.Mixer == spec.MixerMamba || l.Mixer == spec.MixerNone {
 			continue
 		}
-		for _, dt := range []kernel.Dtype{kernel.BF16, kernel.FP8} {
-			x, err := paged.NewMixer(m, l, kernelOf(l.Mixer), dt, kernel.F32, kernel.F32)
+		for _, dt := range []kernelspec.Dtype{kernelspec.BF16, kernelspec.FP8} {
+			x, err := paged.NewMixer(m, l, kernelOf(l.Mixer), dt, kernelspec.F32, kernelspec.F32)
 			if err != nil {
 				return 0, err
 			}
@@ -155,5 +156,5 @@ func kvFromBuffers(m *spec.Model, kernelOf func(spec.Mixer) device.Kernel) (kern
 		}
 		return 0, fmt.Errorf("layer %d (%s): buffers %+v fit neither bf16 nor fp8 KV", l.Index, l.Mixer, l.Buffers)
 	}
-	return kernel.BF16, nil
+	return kernelspec.BF16, nil
 }

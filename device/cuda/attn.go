@@ -21,7 +21,7 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/kvx-dev/kvx/device"
-	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/device/paged"
 	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -102,7 +102,7 @@ func attnRows(name string, segs []synth.Seg, n int) {
 
 // GQA writes the new tokens' K and V (rows K[KVHeads][HeadDim] then V) and
 // returns every query row's attention over its window, as
-// kernel.GQA.Forward.
+// kernel.GQA.
 func (o *ops) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.Tensor) (synth.Tensor, error) {
 	x, err := o.attnMixer(layer, device.KernelGQA)
 	if err != nil {
@@ -159,7 +159,7 @@ func (o *ops) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.
 
 // MLA writes the new tokens' latent rows (c_kv then k_pe) and returns every
 // query row's absorbed attention over positions 0..p, as
-// kernel.MLA.Forward with the call's scale.
+// kernel.MLA with the call's scale.
 func (o *ops) MLA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn, w synth.MLAWeights) (synth.Tensor, error) {
 	x, err := o.attnMixer(layer, device.KernelMLA)
 	if err != nil {
@@ -187,7 +187,7 @@ func (o *ops) MLA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn
 
 // DSA writes the new tokens' latent and indexer key rows, scores every
 // query row's positions with the lightning indexer, keeps its top k and
-// returns its sparse MLA over them, as kernel.DSA.Forward with the call's
+// returns its sparse MLA over them, as kernel.DSA with the call's
 // scales.
 func (o *ops) DSA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn, ix synth.IndexIn, w synth.MLAWeights) (synth.Tensor, error) {
 	x, err := o.attnMixer(layer, device.KernelDSA)
@@ -271,7 +271,7 @@ func (o *ops) DSA(_ context.Context, layer int, segs []synth.Seg, in synth.MLAIn
 }
 
 // attnCheckMLA checks an MLA call's shapes and returns its rows.
-func (o *ops) attnCheckMLA(m kernel.MLA, segs []synth.Seg, in synth.MLAIn, w synth.MLAWeights) int {
+func (o *ops) attnCheckMLA(m kernelspec.MLA, segs []synth.Seg, in synth.MLAIn, w synth.MLAWeights) int {
 	qn, qp, ckv, kpe := cudaTensor(in.QNope), cudaTensor(in.QPE), cudaTensor(in.CKV), cudaTensor(in.KPE)
 	n := qn.r
 	shape("mla q_nope", qn, n, m.Heads*m.QKNopeHeadDim)
@@ -285,7 +285,7 @@ func (o *ops) attnCheckMLA(m kernel.MLA, segs []synth.Seg, in synth.MLAIn, w syn
 }
 
 // mlaWrite stores the n new tokens' latent rows.
-func (o *ops) mlaWrite(layer int, m kernel.MLA, desc, rs cu.DevicePtr, lv pagedView, in synth.MLAIn, n int) error {
+func (o *ops) mlaWrite(layer int, m kernelspec.MLA, desc, rs cu.DevicePtr, lv pagedView, in synth.MLAIn, n int) error {
 	if err := checkAttnView(layer, spec.RoleLatent, lv, m.RowBytes(), m.Dtype.Size()); err != nil {
 		return err
 	}
@@ -297,7 +297,7 @@ func (o *ops) mlaWrite(layer int, m kernel.MLA, desc, rs cu.DevicePtr, lv pagedV
 
 // mlaAttend launches the absorbed attention of every query row into out:
 // dense, or over the topk positions per row at sel when sel is not 0.
-func (o *ops) mlaAttend(layer int, m kernel.MLA, segs []synth.Seg, desc, rs cu.DevicePtr, lv pagedView, in synth.MLAIn, w synth.MLAWeights, out *tensor, sel cu.DevicePtr, topk int) error {
+func (o *ops) mlaAttend(layer int, m kernelspec.MLA, segs []synth.Seg, desc, rs cu.DevicePtr, lv pagedView, in synth.MLAIn, w synth.MLAWeights, out *tensor, sel cu.DevicePtr, topk int) error {
 	shm := (m.QKNopeHeadDim + 2*m.KVLoraRank + m.QKRopeHeadDim + attThreads) * 4
 	if shm+attStatic > attnMaxShared {
 		return fmt.Errorf("cuda: layer %d: mla dimensions need %d bytes of shared memory, above %d", layer, shm+attStatic, attnMaxShared)

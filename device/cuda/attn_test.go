@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/device/paged"
 	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -39,11 +40,11 @@ type attnRig struct {
 // newAttnRig configures layer l of m on kernel k at KV dtype dt, in a pool
 // of tpb tokens per block with room for seqs tokens per sequence. edit,
 // when not nil, adjusts the mixer (a scale) before use.
-func newAttnRig(t testing.TB, m *spec.Model, l spec.Layer, k device.Kernel, dt kernel.Dtype, tpb int, seqs map[kvcache.SeqID]int, edit func(*paged.Mixer)) *attnRig {
+func newAttnRig(t testing.TB, m *spec.Model, l spec.Layer, k device.Kernel, dt kernelspec.Dtype, tpb int, seqs map[kvcache.SeqID]int, edit func(*paged.Mixer)) *attnRig {
 	t.Helper()
 	o := newTestOps(t)
 	l.Index = attnLayer
-	x, err := paged.NewMixer(m, l, k, dt, kernel.F32, kernel.F32)
+	x, err := paged.NewMixer(m, l, k, dt, kernelspec.F32, kernelspec.F32)
 	if err != nil {
 		t.Fatalf("NewMixer: %v", err)
 	}
@@ -227,16 +228,16 @@ func TestGQA(t *testing.T) {
 		name                    string
 		heads, kvHeads, headDim int
 		window, tpb, long       int
-		dt                      kernel.Dtype
+		dt                      kernelspec.Dtype
 		scale                   float32
 	}{
-		{"bf16", 6, 2, 10, 0, 4, 9, kernel.BF16, 0},
-		{"fp8-mha-window", 4, 4, 14, 5, 3, 11, kernel.FP8, 0},
-		{"f32-mqa-wide", 8, 1, 136, 0, 16, 150, kernel.F32, 0.07},
-		{"bf16-window-long", 3, 1, 64, 37, 8, 150, kernel.BF16, 0},
-		{"bf16-odd-groups", 6, 2, 32, 0, 5, 140, kernel.BF16, 0},    // 3 heads per kv head
-		{"bf16-beyond-kept", 2, 1, 16, 0, 32, 2100, kernel.BF16, 0}, // scores computed twice
-		{"fp8-window-beyond-kept", 2, 2, 12, 2070, 32, 2100, kernel.FP8, 0},
+		{"bf16", 6, 2, 10, 0, 4, 9, kernelspec.BF16, 0},
+		{"fp8-mha-window", 4, 4, 14, 5, 3, 11, kernelspec.FP8, 0},
+		{"f32-mqa-wide", 8, 1, 136, 0, 16, 150, kernelspec.F32, 0.07},
+		{"bf16-window-long", 3, 1, 64, 37, 8, 150, kernelspec.BF16, 0},
+		{"bf16-odd-groups", 6, 2, 32, 0, 5, 140, kernelspec.BF16, 0},    // 3 heads per kv head
+		{"bf16-beyond-kept", 2, 1, 16, 0, 32, 2100, kernelspec.BF16, 0}, // scores computed twice
+		{"fp8-window-beyond-kept", 2, 2, 12, 2070, 32, 2100, kernelspec.FP8, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -260,7 +261,7 @@ func TestGQA(t *testing.T) {
 						r := 0
 						for _, sg := range segs {
 							lo, hi := r, r+sg.Rows
-							if err := g.x.GQA.Forward(g.paged(spec.RoleKV, sg.Seq), sg.Pos, hostRows(q, qw, lo, hi), hostRows(k, kw, lo, hi),
+							if err := kernel.GQA(g.x.GQA, g.paged(spec.RoleKV, sg.Seq), sg.Pos, hostRows(q, qw, lo, hi), hostRows(k, kw, lo, hi),
 								hostRows(v, kw, lo, hi), hostRows(out, qw, lo, hi)); err != nil {
 								return err
 							}
@@ -278,7 +279,7 @@ type mlaCase struct {
 	name                 string
 	heads, r, n, pe, vd  int
 	tpb, long            int
-	dt                   kernel.Dtype
+	dt                   kernelspec.Dtype
 	scale                float32 // MLAIn.Scale
 	ixHeads, ixDim, topK int     // DSA only
 	plain                bool    // DSA: unquantized indexer keys (a checkpoint's)
@@ -314,10 +315,10 @@ func (g *attnRig) mlaInputs(c mlaCase, rows int) mlaInputs {
 
 func TestMLA(t *testing.T) {
 	cases := []mlaCase{
-		{name: "bf16", heads: 3, r: 18, n: 6, pe: 6, vd: 7, tpb: 4, long: 9, dt: kernel.BF16},
-		{name: "fp8-long", heads: 2, r: 33, n: 5, pe: 4, vd: 9, tpb: 3, long: 140, dt: kernel.FP8},
-		{name: "f32-wide-scale", heads: 4, r: 160, n: 16, pe: 2, vd: 130, tpb: 16, long: 20, dt: kernel.F32, scale: 0.11},
-		{name: "bf16-beyond-kept", heads: 2, r: 8, n: 4, pe: 2, vd: 3, tpb: 32, long: 2100, dt: kernel.BF16},
+		{name: "bf16", heads: 3, r: 18, n: 6, pe: 6, vd: 7, tpb: 4, long: 9, dt: kernelspec.BF16},
+		{name: "fp8-long", heads: 2, r: 33, n: 5, pe: 4, vd: 9, tpb: 3, long: 140, dt: kernelspec.FP8},
+		{name: "f32-wide-scale", heads: 4, r: 160, n: 16, pe: 2, vd: 130, tpb: 16, long: 20, dt: kernelspec.F32, scale: 0.11},
+		{name: "bf16-beyond-kept", heads: 2, r: 8, n: 4, pe: 2, vd: 3, tpb: 32, long: 2100, dt: kernelspec.BF16},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { runMLA(t, c, device.KernelMLA, spec.MixerMLA) })
@@ -326,13 +327,13 @@ func TestMLA(t *testing.T) {
 
 func TestDSA(t *testing.T) {
 	cases := []mlaCase{
-		{name: "quantized-bf16", heads: 3, r: 18, n: 6, pe: 6, vd: 7, tpb: 4, long: 9, dt: kernel.BF16, ixHeads: 3, ixDim: 9, topK: 4},
-		{name: "plain-fp8-long", heads: 2, r: 21, n: 5, pe: 4, vd: 6, tpb: 8, long: 300, dt: kernel.FP8, scale: 0.2,
+		{name: "quantized-bf16", heads: 3, r: 18, n: 6, pe: 6, vd: 7, tpb: 4, long: 9, dt: kernelspec.BF16, ixHeads: 3, ixDim: 9, topK: 4},
+		{name: "plain-fp8-long", heads: 2, r: 21, n: 5, pe: 4, vd: 6, tpb: 8, long: 300, dt: kernelspec.FP8, scale: 0.2,
 			ixHeads: 4, ixDim: 16, topK: 37, plain: true, ixScale: 0.3},
-		{name: "plain-f32", heads: 2, r: 12, n: 4, pe: 2, vd: 5, tpb: 5, long: 40, dt: kernel.F32, ixHeads: 2, ixDim: 6, topK: 7, plain: true},
-		{name: "quantized-ties", heads: 2, r: 10, n: 3, pe: 2, vd: 4, tpb: 4, long: 270, dt: kernel.F32, ixHeads: 2, ixDim: 5, topK: 5, zeroW: true},
-		{name: "quantized-long", heads: 2, r: 16, n: 8, pe: 4, vd: 8, tpb: 16, long: 290, dt: kernel.BF16, ixHeads: 8, ixDim: 32, topK: 64},
-		{name: "plain-bf16-beyond-kept", heads: 2, r: 8, n: 4, pe: 2, vd: 3, tpb: 32, long: 2200, dt: kernel.BF16, ixHeads: 2, ixDim: 8, topK: 2100, plain: true},
+		{name: "plain-f32", heads: 2, r: 12, n: 4, pe: 2, vd: 5, tpb: 5, long: 40, dt: kernelspec.F32, ixHeads: 2, ixDim: 6, topK: 7, plain: true},
+		{name: "quantized-ties", heads: 2, r: 10, n: 3, pe: 2, vd: 4, tpb: 4, long: 270, dt: kernelspec.F32, ixHeads: 2, ixDim: 5, topK: 5, zeroW: true},
+		{name: "quantized-long", heads: 2, r: 16, n: 8, pe: 4, vd: 8, tpb: 16, long: 290, dt: kernelspec.BF16, ixHeads: 8, ixDim: 32, topK: 64},
+		{name: "plain-bf16-beyond-kept", heads: 2, r: 8, n: 4, pe: 2, vd: 3, tpb: 32, long: 2200, dt: kernelspec.BF16, ixHeads: 2, ixDim: 8, topK: 2100, plain: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { runMLA(t, c, device.KernelDSA, spec.MixerDSA) })
@@ -374,10 +375,10 @@ func runMLA(t *testing.T, c mlaCase, k device.Kernel, mix spec.Mixer) {
 					o := hostRows(out, ow, lo, hi)
 					var err error
 					if k == device.KernelMLA {
-						err = d.MLA.Forward(g.paged(spec.RoleLatent, sg.Seq), &mw, mi, o)
+						err = kernel.MLA(d.MLA, g.paged(spec.RoleLatent, sg.Seq), &mw, mi, o)
 					} else {
 						ki := kernel.IndexInput{Q: hostRows(in.iq, c.ixHeads*c.ixDim, lo, hi), W: hostRows(in.iw, c.ixHeads, lo, hi), K: hostRows(in.ik, c.ixDim, lo, hi)}
-						err = d.Forward(g.paged(spec.RoleLatent, sg.Seq), g.paged(spec.RoleIndexKey, sg.Seq), &mw, mi, ki, o, nil)
+						err = kernel.DSA(d, g.paged(spec.RoleLatent, sg.Seq), g.paged(spec.RoleIndexKey, sg.Seq), &mw, mi, ki, o, nil)
 					}
 					if err != nil {
 						return err
@@ -393,7 +394,7 @@ func runMLA(t *testing.T, c mlaCase, k device.Kernel, mix spec.Mixer) {
 // another kernel.
 func TestAttnWrongKernel(t *testing.T) {
 	m := &spec.Model{Heads: 2, KVHeads: 1, HeadDim: 4}
-	g := newAttnRig(t, m, spec.Layer{Mixer: spec.MixerGQA}, device.KernelGQA, kernel.BF16, 4, map[kvcache.SeqID]int{1: 1}, nil)
+	g := newAttnRig(t, m, spec.Layer{Mixer: spec.MixerGQA}, device.KernelGQA, kernelspec.BF16, 4, map[kvcache.SeqID]int{1: 1}, nil)
 	var err error
 	on(t, g.o, func() {
 		_, err = g.o.MLA(context.Background(), attnLayer, nil, synth.MLAIn{}, synth.MLAWeights{})
@@ -426,7 +427,7 @@ func BenchmarkAttn(b *testing.B) {
 	}{{"decode-32x4096", decode(32, 4096)}, {"prefill-2048", prefill}} {
 		b.Run("gqa-"+bc.name, func(b *testing.B) {
 			m := &spec.Model{Heads: 32, KVHeads: 8, HeadDim: 128}
-			g := newAttnRig(b, m, spec.Layer{Mixer: spec.MixerGQA}, device.KernelGQA, kernel.BF16, 16, attnSeqs([][]synth.Seg{bc.segs}), nil)
+			g := newAttnRig(b, m, spec.Layer{Mixer: spec.MixerGQA}, device.KernelGQA, kernelspec.BF16, 16, attnSeqs([][]synth.Seg{bc.segs}), nil)
 			rows := len(bc.segs) * bc.segs[0].Rows
 			q, kv := g.rand(rows*32*128, 1), g.rand(rows*8*128, 1)
 			benchAttn(b, g, func(up func([]float32, int, int) synth.Tensor) (synth.Tensor, error) {
@@ -434,7 +435,7 @@ func BenchmarkAttn(b *testing.B) {
 			})
 		})
 		for _, k := range []device.Kernel{device.KernelMLA, device.KernelDSA} {
-			c := mlaCase{heads: 16, r: 512, n: 128, pe: 64, vd: 128, dt: kernel.BF16, ixHeads: 64, ixDim: 128, topK: 2048}
+			c := mlaCase{heads: 16, r: 512, n: 128, pe: 64, vd: 128, dt: kernelspec.BF16, ixHeads: 64, ixDim: 128, topK: 2048}
 			mix := spec.MixerMLA
 			if k == device.KernelDSA {
 				mix = spec.MixerDSA

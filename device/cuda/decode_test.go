@@ -12,6 +12,7 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 )
 
 // decodeRig is a paged bf16 GQA pool (head dim 128) of batch sequences of
@@ -112,7 +113,7 @@ func TestDecodeGQA(t *testing.T) {
 				pool = make([]byte, int64(c.batch*r.maxBlocks)*r.v.blockBytes)
 				o.fail(download(pool, r.v.base))
 			})
-			g := kernel.GQA{Heads: c.heads, KVHeads: c.kvh, HeadDim: 128, Dtype: kernel.BF16}
+			g := kernelspec.GQA{Heads: c.heads, KVHeads: c.kvh, HeadDim: 128, Dtype: kernelspec.BF16}
 			kw := c.kvh * 128
 			worst := 0.0
 			for b := range c.batch {

@@ -358,7 +358,7 @@ func (o *ops) ReLU2(x synth.Tensor) synth.Tensor {
 // reduction below it, and RoPE computes larger angles' tables on the host.
 const ropeReduce = 1 << 29
 
-// RoPE is kernel.RoPE.Apply of every row at its segment's position: the
+// RoPE is kernel.RoPE of every row at its segment's position: the
 // frequencies come from the host (math.Pow, or InvFreq), the cosines and
 // sines of a row's angles from go_sincos (Go's math.Sincos) in one table
 // per call, then the rotation.
@@ -382,7 +382,7 @@ func (o *ops) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
 	if len(r.InvFreq) > 0 && len(r.InvFreq) < half {
 		panic(fmt.Sprintf("cuda: RoPE: %d frequencies for dim %d", len(r.InvFreq), r.Dim))
 	}
-	// Every head must fit (as kernel.RoPE.Apply's slicing demands), which
+	// Every head must fit (as kernel.RoPE's slicing demands), which
 	// also means stride >= Dim: heads never overlap.
 	if xt.c > 0 && (xt.c-1)/stride*stride+r.Dim > xt.c {
 		panic(fmt.Sprintf("cuda: RoPE: heads of %d (stride %d) run past %d columns", r.Dim, stride, xt.c))
@@ -445,7 +445,7 @@ func (o *ops) ropeApply(xt *tensor, cs, sn cu.DevicePtr, rows, stride int, r syn
 }
 
 // ropeHost computes the cosine and sine tables on the host, as
-// kernel.RoPE.Apply does, and uploads them.
+// kernel.RoPE does, and uploads them.
 func (o *ops) ropeHost(pos []int64, freq []float64, scale float64) (cs, sn cu.DevicePtr) {
 	c := make([]float32, len(pos)*len(freq))
 	s := make([]float32, len(c))

@@ -16,7 +16,7 @@ import (
 
 	"gorgonia.org/cu"
 
-	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/device/synth"
 )
 
@@ -57,14 +57,14 @@ func faSmem(d int) int { return 2 * 2 * faKT * d * 2 }
 // kernels: bf16 rows, head dim 64 or 128, every row and head 16-byte
 // aligned for cp.async. Other layers (fp8 or float32 KV, other head dims)
 // run the exact kernel in fast mode too.
-func fastGQA(g kernel.GQA, v pagedView) bool {
-	return g.Dtype == kernel.BF16 && (g.HeadDim == 64 || g.HeadDim == 128) && g.KVHeads > 0 && g.Heads%g.KVHeads == 0 &&
+func fastGQA(g kernelspec.GQA, v pagedView) bool {
+	return g.Dtype == kernelspec.BF16 && (g.HeadDim == 64 || g.HeadDim == 128) && g.KVHeads > 0 && g.Heads%g.KVHeads == 0 &&
 		v.blockBytes%16 == 0 && v.offset%16 == 0 && v.stride%16 == 0 && int64(v.base)%16 == 0
 }
 
 // fastAttend launches the fast attention of every query row of segs (q:
 // rows × heads·d) into out, the new tokens' K and V already written.
-func (o *ops) fastAttend(g kernel.GQA, segs []synth.Seg, desc cu.DevicePtr, v pagedView, q, out *tensor, scale float32) {
+func (o *ops) fastAttend(g kernelspec.GQA, segs []synth.Seg, desc cu.DevicePtr, v pagedView, q, out *tensor, scale float32) {
 	d, grp := g.HeadDim, g.Heads/g.KVHeads
 	wk := o.fastWork(segs, grp)
 	qs := float32(float64(scale) * math.Log2E)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -82,7 +83,7 @@ func TestFastGQA(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			m := &spec.Model{Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim}
 			steps := attnSteps(c.long)
-			g := newAttnRig(t, m, spec.Layer{Mixer: spec.MixerGQA, Window: c.window}, device.KernelGQA, kernel.BF16, c.tpb, attnSeqs(steps), nil)
+			g := newAttnRig(t, m, spec.Layer{Mixer: spec.MixerGQA, Window: c.window}, device.KernelGQA, kernelspec.BF16, c.tpb, attnSeqs(steps), nil)
 			g.o.fast = true
 			qw, kw := c.heads*c.headDim, c.kvHeads*c.headDim
 			const vmax = 1.5
@@ -98,7 +99,7 @@ func TestFastGQA(t *testing.T) {
 				r := 0
 				for _, sg := range segs {
 					lo, hi := r, r+sg.Rows
-					if err := g.x.GQA.Forward(g.paged(spec.RoleKV, sg.Seq), sg.Pos, hostRows(q, qw, lo, hi), hostRows(k, kw, lo, hi),
+					if err := kernel.GQA(g.x.GQA, g.paged(spec.RoleKV, sg.Seq), sg.Pos, hostRows(q, qw, lo, hi), hostRows(k, kw, lo, hi),
 						hostRows(v, kw, lo, hi), hostRows(want, qw, lo, hi)); err != nil {
 						t.Fatal(err)
 					}
@@ -146,7 +147,7 @@ func TestFastGQAInvariant(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			n := c.long + 20
 			m := &spec.Model{Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim}
-			g := newAttnRig(t, m, spec.Layer{Mixer: spec.MixerGQA, Window: c.window}, device.KernelGQA, kernel.BF16, c.tpb,
+			g := newAttnRig(t, m, spec.Layer{Mixer: spec.MixerGQA, Window: c.window}, device.KernelGQA, kernelspec.BF16, c.tpb,
 				map[kvcache.SeqID]int{1: n, 2: n}, nil)
 			g.o.fast = true
 			qw, kw := c.heads*c.headDim, c.kvHeads*c.headDim
@@ -215,7 +216,7 @@ func BenchmarkFastAttn(b *testing.B) {
 				seqs[kvcache.SeqID(i+1)] = s.pos + s.new
 				segs = append(segs, synth.Seg{Seq: kvcache.SeqID(i + 1), Pos: s.pos, Rows: s.new})
 			}
-			g := newAttnRig(b, m, spec.Layer{Mixer: spec.MixerGQA}, device.KernelGQA, kernel.BF16, tpb, seqs, nil)
+			g := newAttnRig(b, m, spec.Layer{Mixer: spec.MixerGQA}, device.KernelGQA, kernelspec.BF16, tpb, seqs, nil)
 			g.o.fast = true
 			rows := s.batch * s.new
 			qw, kw := heads*d, kvHeads*d

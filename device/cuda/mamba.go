@@ -9,7 +9,7 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/kvx-dev/kvx/device"
-	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/device/paged"
 	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -22,7 +22,7 @@ import (
 // from whatever its slot holds; the states after each row of the last
 // step's draft tail are kept (in device memory) and put back when the next
 // Pos says drafts were rejected; Item.Snapshots save the live state after
-// their Pos tokens; the dt floor (kernel.Mamba2.DtMin) applies to the
+// their Pos tokens; the dt floor (kernelspec.Mamba2.DtMin) applies to the
 // tokens before the sequence's first sampled one only.
 //
 // One Mamba2 call runs every segment in one pass of five kernels
@@ -138,17 +138,17 @@ func (d *Device) liveSlot(o *ops, l int, seq kvcache.SeqID) (conv, ssm cu.Device
 }
 
 // slot returns the addresses of layer l's conv and ssm state in block b of
-// the pool at index pi. Errors (wrapping kernel.ErrInvalid) as
+// the pool at index pi. Errors (wrapping kernelspec.ErrInvalid) as
 // kernel.StateSlot's: a block outside the pool, a buffer outside the block.
 func (d *Device) slot(l, pi int, b kvcache.BlockID) (conv, ssm cu.DevicePtr, at paged.StateAt, err error) {
 	at = d.ps.Place[l].State[pi]
 	p := &d.pools[pi]
 	if b < 0 || int(b) >= p.Blocks {
-		return 0, 0, at, fmt.Errorf("%w: state slot: block %d, pool has %d blocks", kernel.ErrInvalid, b, p.Blocks)
+		return 0, 0, at, fmt.Errorf("%w: state slot: block %d, pool has %d blocks", kernelspec.ErrInvalid, b, p.Blocks)
 	}
 	for _, r := range [][2]int{{at.Conv, at.ConvLen}, {at.SSM, at.SSMLen}} {
 		if r[0] < 0 || r[1] < 0 || int64(r[0]+r[1]) > p.BlockBytes {
-			return 0, 0, at, fmt.Errorf("%w: state slot: offset %d + size %d exceeds block bytes %d", kernel.ErrInvalid, r[0], r[1], p.BlockBytes)
+			return 0, 0, at, fmt.Errorf("%w: state slot: offset %d + size %d exceeds block bytes %d", kernelspec.ErrInvalid, r[0], r[1], p.BlockBytes)
 		}
 	}
 	base := p.block(b)
@@ -333,8 +333,8 @@ const (
 	scanUpdaters  = 256 // SCAN_UPDATERS: kvx_mamba_scan's threads but its last warp
 )
 
-func dtypeFlag(t kernel.Dtype) int {
-	if t == kernel.BF16 {
+func dtypeFlag(t kernelspec.Dtype) int {
+	if t == kernelspec.BF16 {
 		return 1
 	}
 	return 0
@@ -357,7 +357,7 @@ func (o *ops) planMamba(x *paged.Mixer, sg synth.Seg, r int, floors []float32) (
 	mb := x.Mamba
 	if live.ConvLen != mb.ConvBytes() || live.SSMLen != mb.SSMBytes() {
 		return 0, 0, nil, itemErrMamba(sg.Seq, l, fmt.Errorf("%w: mamba2: state of %d conv and %d ssm bytes, want %d and %d",
-			kernel.ErrInvalid, live.ConvLen, live.SSMLen, mb.ConvBytes(), mb.SSMBytes()))
+			kernelspec.ErrInvalid, live.ConvLen, live.SSMLen, mb.ConvBytes(), mb.SSMBytes()))
 	}
 	var snaps []kvcache.SnapshotSlot
 	if it := o.items[sg.Seq]; it != nil && it.Pos == sg.Pos && len(it.Tokens) == sg.Rows {

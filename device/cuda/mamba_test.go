@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/device/paged"
 	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -27,7 +28,7 @@ import (
 // mambaShape is one test configuration of the Mamba2 layers.
 type mambaShape struct {
 	heads, headDim, state, groups, conv int
-	convDtype, ssmDtype                 kernel.Dtype
+	convDtype, ssmDtype                 kernelspec.Dtype
 	dtMin                               float32
 	blocks                              int // live slots (8 when 0)
 }
@@ -66,7 +67,7 @@ func newMambaRig(t testing.TB, sh mambaShape) *mambaRig {
 	t.Helper()
 	o := newTestOps(t)
 	m := &spec.Model{MambaHeads: sh.heads, MambaHeadDim: sh.headDim, SSMStateSize: sh.state, NGroups: sh.groups, ConvKernel: sh.conv}
-	probe := kernel.Mamba2{Heads: sh.heads, HeadDim: sh.headDim, State: sh.state, Groups: sh.groups, ConvKernel: sh.conv,
+	probe := kernelspec.Mamba2{Heads: sh.heads, HeadDim: sh.headDim, State: sh.state, Groups: sh.groups, ConvKernel: sh.conv,
 		ConvDtype: sh.convDtype, SSMDtype: sh.ssmDtype}
 	var layers []spec.Layer
 	for _, li := range mambaLayers {
@@ -89,7 +90,7 @@ func newMambaRig(t testing.TB, sh mambaShape) *mambaRig {
 	r := &mambaRig{t: t, o: o, mix: map[int]*paged.Mixer{}, w: map[int]*kernel.Mamba2Weights{}, dw: map[int]synth.Mamba2Weights{},
 		hist: map[kvcache.SeqID]map[int][][]byte{}, promptEnd: map[kvcache.SeqID]int{}, live: map[kvcache.SeqID]kvcache.BlockID{}}
 	for _, l := range layers {
-		x, err := paged.NewMixer(m, l, device.KernelMamba2, kernel.BF16, sh.convDtype, sh.ssmDtype)
+		x, err := paged.NewMixer(m, l, device.KernelMamba2, kernelspec.BF16, sh.convDtype, sh.ssmDtype)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -213,11 +214,11 @@ func (r *mambaRig) setSlot(seq kvcache.SeqID, pos int, seed int64) {
 	rng := rand.New(rand.NewSource(seed))
 	for _, l := range mambaLayers {
 		mb := r.mix[l].Mamba
-		enc := func(dt kernel.Dtype, n int, scale float32) []byte {
+		enc := func(dt kernelspec.Dtype, n int, scale float32) []byte {
 			var b []byte
 			for i := 0; i < n; i++ {
 				v := scale * (2*rng.Float32() - 1)
-				if dt == kernel.BF16 {
+				if dt == kernelspec.BF16 {
 					b = binary.LittleEndian.AppendUint16(b, kernel.BF16FromFloat32(v))
 				} else {
 					b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
@@ -290,7 +291,7 @@ func (r *mambaRig) step(name string, items []mambaItem) {
 		wi = append(wi, it.Item)
 		segs = append(segs, synth.Seg{Seq: it.Seq, Pos: it.Pos, Rows: len(it.Tokens), Draft: it.Draft})
 	}
-	// The oracle: kernel.Mamba2.Forward one token at a time from the state
+	// The oracle: kernelspec.Mamba2 one token at a time from the state
 	// after Pos tokens, the dt floor on the tokens before promptEnd.
 	want := map[int][]float32{}
 	in := map[int][3][]float32{}
@@ -326,7 +327,7 @@ func (r *mambaRig) step(name string, items []mambaItem) {
 					k.DtMin = 0
 				}
 				conv, ssm := st[:mb.ConvBytes()], st[mb.ConvBytes():]
-				if err := k.Forward(r.w[l], conv, ssm, zr, xr, dr, o); err != nil {
+				if err := kernel.Mamba2(k, r.w[l], conv, ssm, zr, xr, dr, o); err != nil {
 					t.Fatal(err)
 				}
 				hl = append(hl, bytes.Clone(st))
@@ -421,20 +422,20 @@ func toks(n int) []int32 { return make([]int32, n) }
 
 // TestMamba2States runs a scripted trace per shape through the cuda
 // device's Mamba2 state machine and kernels and checks every output, live
-// state and snapshot bit for bit against kernel.Mamba2.Forward: prefill from
+// state and snapshot bit for bit against kernelspec.Mamba2: prefill from
 // zero (over a dirty slot), one-row steps, a sequence first seen at Pos > 0
 // (prefix reuse), chunked prefill against one-shot, snapshots into a
 // host-tier pool, draft tails with partial, full and no acceptance, the dt
 // floor on prompt tokens only, and a restart at Pos 0.
 func TestMamba2States(t *testing.T) {
 	shapes := []mambaShape{
-		{heads: 4, headDim: 6, state: 5, groups: 2, conv: 4, convDtype: kernel.F32, ssmDtype: kernel.F32},
-		{heads: 6, headDim: 16, state: 16, groups: 3, conv: 4, convDtype: kernel.BF16, ssmDtype: kernel.BF16, dtMin: 0.3},
-		{heads: 2, headDim: 3, state: 130, groups: 1, conv: 1, convDtype: kernel.F32, ssmDtype: kernel.BF16, dtMin: 0.3},
-		{heads: 3, headDim: 5, state: 7, groups: 3, conv: 3, convDtype: kernel.BF16, ssmDtype: kernel.F32, dtMin: 0.2},
-		{heads: 8, headDim: 64, state: 128, groups: 2, conv: 4, convDtype: kernel.BF16, ssmDtype: kernel.F32, dtMin: 0.1},
-		{heads: 2, headDim: 40, state: 64, groups: 1, conv: 2, convDtype: kernel.F32, ssmDtype: kernel.BF16},  // a partial tile
-		{heads: 1, headDim: 3, state: 1024, groups: 1, conv: 4, convDtype: kernel.BF16, ssmDtype: kernel.F32}, // the largest state
+		{heads: 4, headDim: 6, state: 5, groups: 2, conv: 4, convDtype: kernelspec.F32, ssmDtype: kernelspec.F32},
+		{heads: 6, headDim: 16, state: 16, groups: 3, conv: 4, convDtype: kernelspec.BF16, ssmDtype: kernelspec.BF16, dtMin: 0.3},
+		{heads: 2, headDim: 3, state: 130, groups: 1, conv: 1, convDtype: kernelspec.F32, ssmDtype: kernelspec.BF16, dtMin: 0.3},
+		{heads: 3, headDim: 5, state: 7, groups: 3, conv: 3, convDtype: kernelspec.BF16, ssmDtype: kernelspec.F32, dtMin: 0.2},
+		{heads: 8, headDim: 64, state: 128, groups: 2, conv: 4, convDtype: kernelspec.BF16, ssmDtype: kernelspec.F32, dtMin: 0.1},
+		{heads: 2, headDim: 40, state: 64, groups: 1, conv: 2, convDtype: kernelspec.F32, ssmDtype: kernelspec.BF16},  // a partial tile
+		{heads: 1, headDim: 3, state: 1024, groups: 1, conv: 4, convDtype: kernelspec.BF16, ssmDtype: kernelspec.F32}, // the largest state
 	}
 	for _, sh := range shapes {
 		t.Run(sh.String(), func(t *testing.T) {
@@ -482,7 +483,7 @@ func TestMamba2States(t *testing.T) {
 // TestMamba2Errors: a sequence whose state covers neither Pos nor a kept
 // draft state, and a snapshot pool outside the layout, are item errors.
 func TestMamba2Errors(t *testing.T) {
-	r := newMambaRig(t, mambaShape{heads: 2, headDim: 4, state: 4, groups: 1, conv: 2, convDtype: kernel.F32, ssmDtype: kernel.F32})
+	r := newMambaRig(t, mambaShape{heads: 2, headDim: 4, state: 4, groups: 1, conv: 2, convDtype: kernelspec.F32, ssmDtype: kernelspec.F32})
 	r.live[1] = 0
 	r.step("prefill", []mambaItem{{Item: worker.Item{Seq: 1, Pos: 0, Tokens: toks(3), Sample: true}, key: 1}})
 	o := r.o
@@ -507,7 +508,7 @@ func TestMamba2Errors(t *testing.T) {
 // loop dominates), and a decode step of 64 sequences (reading and writing
 // their 4 MiB ssm states dominates).
 func BenchmarkMamba2(b *testing.B) {
-	sh := mambaShape{heads: 128, headDim: 64, state: 128, groups: 8, conv: 4, convDtype: kernel.F32, ssmDtype: kernel.F32}
+	sh := mambaShape{heads: 128, headDim: 64, state: 128, groups: 8, conv: 4, convDtype: kernelspec.F32, ssmDtype: kernelspec.F32}
 	for _, c := range []struct {
 		name       string
 		seqs, rows int
@@ -598,7 +599,7 @@ func TestMamba2Dt(t *testing.T) {
 	wantDt, wantDA := make([]float32, rows*heads), make([]float32, rows*heads)
 	for i := range dt {
 		r, h := i/heads, i%heads
-		m := kernel.Mamba2{DtMin: floors[r]}
+		m := kernelspec.Mamba2{DtMin: floors[r]}
 		v := kernel.Softplus(dt[i] + bias[h])
 		if m.DtMin > 0 {
 			v = max(v, m.DtMin)

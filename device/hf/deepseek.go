@@ -32,7 +32,7 @@ import (
 //     ReLU(q_h·k_t · D^-0.5) in float32 over the causal keys, the best
 //     min(index_topk, t+1) kept and every other key masked out of the
 //     attention. Keys are cached unquantized at the KV dtype
-//     (kernel.Indexer.Plain). Ties in the index score break to the lower
+//     (kernelspec.Indexer.Plain). Ties in the index score break to the lower
 //     position, ties in the router to the lower expert index (torch.topk
 //     leaves both unspecified; the goldens keep prompts free of them).
 //   - The MLP is dense for the first first_k_dense_replace layers

@@ -42,7 +42,7 @@ const archQwen3Next = "Qwen3NextForCausalLM"
 //     and the gated norm RMSNorm(o)·w·silu(z) per value head; then
 //     out_proj. transformers runs prefill through its chunked algorithm and
 //     decode through the recurrence; kvx runs the recurrence token by
-//     token on every path (kernel.GDN), so its tokens do not depend on
+//     token on every path (kernelspec.GDN), so its tokens do not depend on
 //     chunking, managers or reuse; the two forms differ at ~1e-6 and the
 //     goldens were chosen robust to that.
 //   - The MLP is sparse MoE on the layers plugins/model marks (num_experts >

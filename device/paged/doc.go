@@ -12,6 +12,6 @@
 // that layer's paged buffers in order, TokensPerBlock × BytesPerToken bytes
 // (token row stride BytesPerToken); a state pool's block (TokensPerBlock 0)
 // holds, for each layer in order, its conv then its ssm state. Row formats
-// are the cpu kernels' (kernel.GQA, kernel.MLA, kernel.Indexer,
-// kernel.Mamba2, kernel.GDN).
+// are the cpu kernels' (kernelspec.GQA, kernelspec.MLA, kernelspec.Indexer,
+// kernelspec.Mamba2, kernelspec.GDN).
 package paged

@@ -9,7 +9,7 @@ import (
 )
 
 // MambaPass is one stretch of a Mamba2 layer's walk over a sequence's rows
-// in one call: positions [From, To) run with the dt floor (kernel.Mamba2's
+// in one call: positions [From, To) run with the dt floor (kernelspec.Mamba2's
 // DtMin) when Floor, without it otherwise; after them the state is saved
 // into Snaps (the item's snapshots at To, in order) and, when Tail, kept
 // for a rollback of rejected draft rows. A pass may be empty (From == To)

@@ -4,8 +4,8 @@ import (
 	"fmt"
 
 	"github.com/kvx-dev/kvx/device"
-	"github.com/kvx-dev/kvx/device/cpu/kernel"
 	"github.com/kvx-dev/kvx/device/hf"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
@@ -19,10 +19,10 @@ import (
 type Mixer struct {
 	Layer int
 	Kind  device.Kernel
-	GQA   kernel.GQA
-	DSA   kernel.DSA // MLA in dsa.MLA; the indexer only for KernelDSA
-	Mamba kernel.Mamba2
-	GDN   kernel.GDN
+	GQA   kernelspec.GQA
+	DSA   kernelspec.DSA // MLA in dsa.MLA; the indexer only for KernelDSA
+	Mamba kernelspec.Mamba2
+	GDN   kernelspec.GDN
 }
 
 // NewMixer configures layer l's kernel k, the backend's choice for
@@ -31,7 +31,7 @@ type Mixer struct {
 // maps its Gated DeltaNet layers onto the Mamba mixer, with the same state
 // buffers) runs KernelGDN where the backend chose the state-space kernel
 // KernelMamba2. Errors name the layer, the field and the limit.
-func NewMixer(m *spec.Model, l spec.Layer, k device.Kernel, kvDtype, conv, ssm kernel.Dtype) (*Mixer, error) {
+func NewMixer(m *spec.Model, l spec.Layer, k device.Kernel, kvDtype, conv, ssm kernelspec.Dtype) (*Mixer, error) {
 	if k == device.KernelMamba2 && m.Arch == ArchGDN {
 		k = device.KernelGDN
 	}
@@ -46,21 +46,21 @@ func NewMixer(m *spec.Model, l spec.Layer, k device.Kernel, kvDtype, conv, ssm k
 		if kvh == 0 {
 			kvh = m.Heads
 		}
-		x.GQA = kernel.GQA{Heads: m.Heads, KVHeads: kvh, HeadDim: m.HeadDim, Window: l.Window, Dtype: kvDtype,
-			RoPE: kernel.RoPE{Dim: m.HeadDim, Theta: synth.RoPETheta}}
+		x.GQA = kernelspec.GQA{Heads: m.Heads, KVHeads: kvh, HeadDim: m.HeadDim, Window: l.Window, Dtype: kvDtype,
+			RoPE: kernelspec.RoPE{Dim: m.HeadDim, Theta: synth.RoPETheta}}
 		if err := x.GQA.Validate(); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", l.Index, err)
 		}
-		x.GQA.RoPE = kernel.RoPE{} // the model rotates q and k (synth.Ops.RoPE)
+		x.GQA.RoPE = kernelspec.RoPE{} // the model rotates q and k (synth.Ops.RoPE)
 	case device.KernelMLA, device.KernelDSA:
-		x.DSA.MLA = kernel.MLA{Heads: m.Heads, KVLoraRank: m.KVLoraRank, QKNopeHeadDim: m.QKNopeHeadDim, QKRopeHeadDim: m.QKRopeHeadDim,
-			VHeadDim: m.VHeadDim, Dtype: kvDtype, RoPE: kernel.RoPE{Dim: m.QKRopeHeadDim, Theta: synth.RoPETheta, Interleaved: true}}
+		x.DSA.MLA = kernelspec.MLA{Heads: m.Heads, KVLoraRank: m.KVLoraRank, QKNopeHeadDim: m.QKNopeHeadDim, QKRopeHeadDim: m.QKRopeHeadDim,
+			VHeadDim: m.VHeadDim, Dtype: kvDtype, RoPE: kernelspec.RoPE{Dim: m.QKRopeHeadDim, Theta: synth.RoPETheta, Interleaved: true}}
 		if err := x.DSA.MLA.Validate(); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", l.Index, err)
 		}
-		x.DSA.MLA.RoPE = kernel.RoPE{} // the model rotates q_pe and k_pe (synth.Ops.RoPE)
+		x.DSA.MLA.RoPE = kernelspec.RoPE{} // the model rotates q_pe and k_pe (synth.Ops.RoPE)
 		if k == device.KernelDSA {
-			x.DSA.Indexer = kernel.Indexer{Heads: m.IndexHeads, HeadDim: m.IndexHeadDim, TopK: m.IndexTopK}
+			x.DSA.Indexer = kernelspec.Indexer{Heads: m.IndexHeads, HeadDim: m.IndexHeadDim, TopK: m.IndexTopK}
 			if m.Checkpoint != "" {
 				// transformers' indexer: unquantized keys at the KV dtype
 				// (plugins/model.FillBuffers sizes them so).
@@ -71,7 +71,7 @@ func NewMixer(m *spec.Model, l spec.Layer, k device.Kernel, kvDtype, conv, ssm k
 			}
 		}
 	case device.KernelMamba2:
-		x.Mamba = kernel.Mamba2{Heads: m.MambaHeads, HeadDim: m.MambaHeadDim, State: m.SSMStateSize, Groups: m.NGroups,
+		x.Mamba = kernelspec.Mamba2{Heads: m.MambaHeads, HeadDim: m.MambaHeadDim, State: m.SSMStateSize, Groups: m.NGroups,
 			ConvKernel: m.ConvKernel, ConvDtype: conv, SSMDtype: ssm, Eps: synth.NormEps}
 		if err := x.Mamba.Validate(); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", l.Index, err)
@@ -79,7 +79,7 @@ func NewMixer(m *spec.Model, l spec.Layer, k device.Kernel, kvDtype, conv, ssm k
 	case device.KernelGDN:
 		// The mapping of plugins/model.parseQwen3Next: value heads, value head
 		// dim, key head dim, key heads.
-		x.GDN = kernel.GDN{Heads: m.MambaHeads, VDim: m.MambaHeadDim, KDim: m.SSMStateSize, KHeads: m.NGroups,
+		x.GDN = kernelspec.GDN{Heads: m.MambaHeads, VDim: m.MambaHeadDim, KDim: m.SSMStateSize, KHeads: m.NGroups,
 			ConvKernel: m.ConvKernel, ConvDtype: conv, SSMDtype: ssm, Eps: synth.NormEps}
 		if err := x.GDN.Validate(); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", l.Index, err)
@@ -93,7 +93,7 @@ func NewMixer(m *spec.Model, l spec.Layer, k device.Kernel, kvDtype, conv, ssm k
 // Mixers configures the kernel of every mixer layer of layers, as
 // kernelOf (the backend's Kernel method) picks it, and checks each against
 // its buffers when check is set.
-func Mixers(m *spec.Model, layers []spec.Layer, kernelOf func(spec.Mixer) device.Kernel, kv, conv, ssm kernel.Dtype, check bool) (map[int]*Mixer, error) {
+func Mixers(m *spec.Model, layers []spec.Layer, kernelOf func(spec.Mixer) device.Kernel, kv, conv, ssm kernelspec.Dtype, check bool) (map[int]*Mixer, error) {
 	ks := map[int]*Mixer{}
 	for _, l := range layers {
 		if l.Mixer == spec.MixerNone {
@@ -129,14 +129,14 @@ func (x *Mixer) OutWidth() int {
 }
 
 // kvDtype maps Config.KVDtype ("" is bf16, as plugins/model's "auto").
-func KVDtype(name string) (kernel.Dtype, error) {
+func KVDtype(name string) (kernelspec.Dtype, error) {
 	switch name {
 	case "", "auto", "bf16", "bfloat16":
-		return kernel.BF16, nil
+		return kernelspec.BF16, nil
 	case "fp8":
-		return kernel.FP8, nil
+		return kernelspec.FP8, nil
 	case "float32", "fp32":
-		return kernel.F32, nil
+		return kernelspec.F32, nil
 	}
 	return 0, fmt.Errorf("kv dtype %q: the computing devices run bf16, fp8 and float32", name)
 }
@@ -144,16 +144,16 @@ func KVDtype(name string) (kernel.Dtype, error) {
 // StateDtypes reads the Mamba conv and SSM state dtypes off the state
 // buffers' widths (the config carries only the KV dtype): 4 bytes per
 // element is float32, 2 is bf16 (float16 state runs as bf16).
-func StateDtypes(m *spec.Model, layers []spec.Layer) (conv, ssm kernel.Dtype, err error) {
-	conv, ssm = kernel.F32, kernel.F32
-	probe := kernel.Mamba2{Heads: m.MambaHeads, HeadDim: m.MambaHeadDim, State: m.SSMStateSize, Groups: m.NGroups, ConvKernel: m.ConvKernel,
-		ConvDtype: kernel.F32, SSMDtype: kernel.F32}
-	pick := func(role spec.Role, bytes int64, elems int) (kernel.Dtype, error) {
+func StateDtypes(m *spec.Model, layers []spec.Layer) (conv, ssm kernelspec.Dtype, err error) {
+	conv, ssm = kernelspec.F32, kernelspec.F32
+	probe := kernelspec.Mamba2{Heads: m.MambaHeads, HeadDim: m.MambaHeadDim, State: m.SSMStateSize, Groups: m.NGroups, ConvKernel: m.ConvKernel,
+		ConvDtype: kernelspec.F32, SSMDtype: kernelspec.F32}
+	pick := func(role spec.Role, bytes int64, elems int) (kernelspec.Dtype, error) {
 		switch {
 		case elems > 0 && bytes == int64(4*elems):
-			return kernel.F32, nil
+			return kernelspec.F32, nil
 		case elems > 0 && bytes == int64(2*elems):
-			return kernel.BF16, nil
+			return kernelspec.BF16, nil
 		}
 		return 0, fmt.Errorf("mamba %s state: %d bytes per sequence, want %d (float32) or %d (bf16) for %d elements", role, bytes, 4*elems, 2*elems, elems)
 	}
@@ -233,7 +233,7 @@ func CheckWidths(x *Mixer, l spec.Layer) error {
 // WithScales returns the layer's DSA (its MLA alone for an MLA call, ix
 // nil) with the softmax and index scales the call's inputs set (0 keeps the
 // kernel's default). x is not modified.
-func (x *Mixer) WithScales(in synth.MLAIn, ix *synth.IndexIn) kernel.DSA {
+func (x *Mixer) WithScales(in synth.MLAIn, ix *synth.IndexIn) kernelspec.DSA {
 	d := x.DSA
 	if in.Scale != 0 {
 		d.MLA.Scale = in.Scale

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvx-dev/kvx/device"
-	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/device/synth"
 	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -13,7 +13,7 @@ import (
 // TestWithScales: a call's MLA and index scales replace the kernel's
 // defaults; 0 keeps them, and the layer's own configuration is untouched.
 func TestWithScales(t *testing.T) {
-	x := &Mixer{DSA: kernel.DSA{MLA: kernel.MLA{Scale: 0}, Indexer: kernel.Indexer{Scale: 0}}}
+	x := &Mixer{DSA: kernelspec.DSA{MLA: kernelspec.MLA{Scale: 0}, Indexer: kernelspec.Indexer{Scale: 0}}}
 	d := x.WithScales(synth.MLAIn{Scale: 0.5}, &synth.IndexIn{Scale: 0.25})
 	if d.MLA.Scale != 0.5 || d.Indexer.Scale != 0.25 {
 		t.Errorf("WithScales(0.5, 0.25) = %v, %v", d.MLA.Scale, d.Indexer.Scale)
@@ -44,7 +44,7 @@ func TestGDNMixer(t *testing.T) {
 			t.Fatal(err)
 		}
 		l := m.Layers[0]
-		x, err := NewMixer(&m, l, state(l.Mixer), kernel.F32, kernel.F32, kernel.F32)
+		x, err := NewMixer(&m, l, state(l.Mixer), kernelspec.F32, kernelspec.F32, kernelspec.F32)
 		if err != nil {
 			t.Fatalf("%s: NewMixer: %v", c.dir, err)
 		}

@@ -55,7 +55,7 @@ type MLAIn struct {
 // index_head_dim), K (index_head_dim) and W (index_heads, already scaled).
 // Scale, when not 0, multiplies every head's q·k inside the ReLU
 // (transformers' index_head_dim^-0.5); it is for the indexer layout that
-// stores keys unquantized (kernel.Indexer.Plain), which a checkpoint's
+// stores keys unquantized (kernelspec.Indexer.Plain), which a checkpoint's
 // layers get, and the synthetic model leaves it 0.
 type IndexIn struct {
 	Q, K, W Tensor

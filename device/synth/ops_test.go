@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvx-dev/kvx/device"
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
@@ -150,7 +151,7 @@ func (*meanOps) RoPE(x Tensor, segs []Seg, stride int, r RoPE) {
 	row := 0
 	for _, sg := range segs {
 		for j := range sg.Rows {
-			kernel.RoPE{Dim: r.Dim, Theta: r.Theta, Interleaved: r.Interleaved}.Apply(m_(x).row(row), stride, sg.Pos+j)
+			kernel.RoPE(kernelspec.RoPE{Dim: r.Dim, Theta: r.Theta, Interleaved: r.Interleaved}, m_(x).row(row), stride, sg.Pos+j)
 			row++
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/kvx-dev/kvx/device/kernelspec"
 )
 
 // Benchmarks. Decode = one query at the end of a ctx-token context; prefill
@@ -27,10 +29,10 @@ func benchPaged(r *rand.Rand, rowBytes, ctx int, contiguous bool) Paged {
 	return newPaged(r, layout{tpb: 16, perm: r.Perm(nb)}, rowBytes)
 }
 
-var benchGQA = GQA{Heads: 8, KVHeads: 2, HeadDim: 64, Dtype: BF16}
+var benchGQA = kernelspec.GQA{Heads: 8, KVHeads: 2, HeadDim: 64, Dtype: kernelspec.BF16}
 
 // fillGQA writes rows 0..len(k)/kw-1 without attending.
-func fillGQA(g GQA, kv Paged, k, v []float32) {
+func fillGQA(g kernelspec.GQA, kv Paged, k, v []float32) {
 	kw, rb := g.KVHeads*g.HeadDim, g.RowBytes()
 	for t := 0; t < len(k)/kw; t++ {
 		row := kv.rowAt(kv.Stride, rb, t)
@@ -63,7 +65,7 @@ func benchGQAForward(b *testing.B, ctx, n int) {
 				fillGQA(g, kv, in.k, in.v)
 				b.ResetTimer()
 				for range b.N {
-					if err := g.Forward(kv, pos, q, in.k[pos*kw:], in.v[pos*kw:], out); err != nil {
+					if err := GQA(g, kv, pos, q, in.k[pos*kw:], in.v[pos*kw:], out); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -86,8 +88,8 @@ func BenchmarkGQAPrefill(b *testing.B) {
 }
 
 var (
-	benchMLA = MLA{Heads: 8, KVLoraRank: 64, QKNopeHeadDim: 32, QKRopeHeadDim: 16, VHeadDim: 32, Dtype: BF16}
-	benchIdx = Indexer{Heads: 4, HeadDim: 32, TopK: 256}
+	benchMLA = kernelspec.MLA{Heads: 8, KVLoraRank: 64, QKNopeHeadDim: 32, QKRopeHeadDim: 16, VHeadDim: 32, Dtype: kernelspec.BF16}
+	benchIdx = kernelspec.Indexer{Heads: 4, HeadDim: 32, TopK: 256}
 )
 
 // fillMLA writes the latent (and index key) rows 0..T-1 without attending.
@@ -119,7 +121,7 @@ func benchMLAForward(b *testing.B, sparse bool, ctx, n int) {
 			in, ix := c.slice(pos, ctx)
 			if mode == "dense" {
 				din, _ := c.dense(pos)
-				cl, kpe := m.denseLatents(din)
+				cl, kpe := mlaDenseLatents(m, din)
 				all := make([]int32, ctx)
 				for j := range all {
 					all[j] = int32(j)
@@ -128,7 +130,7 @@ func benchMLAForward(b *testing.B, sparse bool, ctx, n int) {
 				for range b.N {
 					for i := 0; i < n; i++ {
 						for h := 0; h < m.Heads; h++ {
-							m.denseOne(c.w, cl, kpe, h, in.QNope[(i*m.Heads+h)*m.QKNopeHeadDim:][:m.QKNopeHeadDim],
+							mlaDenseOne(m, c.w, cl, kpe, h, in.QNope[(i*m.Heads+h)*m.QKNopeHeadDim:][:m.QKNopeHeadDim],
 								in.QPE[(i*m.Heads+h)*m.QKRopeHeadDim:][:m.QKRopeHeadDim], all[:pos+i+1], out[(i*m.Heads+h)*m.VHeadDim:][:m.VHeadDim])
 						}
 					}
@@ -137,14 +139,14 @@ func benchMLAForward(b *testing.B, sparse bool, ctx, n int) {
 				lat := benchPaged(r, m.RowBytes(), ctx, mode == "contig")
 				idx := benchPaged(r, c.x.RowBytes(), ctx, mode == "contig")
 				fillMLA(c, &lat, &idx)
-				d := DSA{MLA: m, Indexer: c.x}
+				d := kernelspec.DSA{MLA: m, Indexer: c.x}
 				b.ResetTimer()
 				for range b.N {
 					var err error
 					if sparse {
-						err = d.Forward(lat, idx, c.w, in, ix, out, nil)
+						err = DSA(d, lat, idx, c.w, in, ix, out, nil)
 					} else {
-						err = m.Forward(lat, c.w, in, out)
+						err = MLA(m, lat, c.w, in, out)
 					}
 					if err != nil {
 						b.Fatal(err)
@@ -181,7 +183,7 @@ func BenchmarkDSAPrefill(b *testing.B) {
 }
 
 func BenchmarkMamba2(b *testing.B) {
-	m := Mamba2{Heads: 16, HeadDim: 32, State: 64, Groups: 2, ConvKernel: 4, ConvDtype: F32, SSMDtype: F32, Eps: 1e-5}
+	m := kernelspec.Mamba2{Heads: 16, HeadDim: 32, State: 64, Groups: 2, ConvKernel: 4, ConvDtype: kernelspec.F32, SSMDtype: kernelspec.F32, Eps: 1e-5}
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, n := range []int{1, 64} {
 		b.Run(fmt.Sprintf("tokens=%d", n), func(b *testing.B) {
@@ -220,8 +222,8 @@ func BenchmarkPagedVsDenseDecode(b *testing.B) {
 			out := make([]float32, qw)
 			q := in.q[pos*qw:]
 			runs := []func(){
-				func() { _ = g.Forward(paged, pos, q, in.k[pos*kw:], in.v[pos*kw:], out) },
-				func() { _ = g.Forward(contig, pos, q, in.k[pos*kw:], in.v[pos*kw:], out) },
+				func() { _ = GQA(g, paged, pos, q, in.k[pos*kw:], in.v[pos*kw:], out) },
+				func() { _ = GQA(g, contig, pos, q, in.k[pos*kw:], in.v[pos*kw:], out) },
 				func() { denseGQA(g, pos, q, k, v, out) },
 			}
 			reportRatios(b, runs)
@@ -237,18 +239,18 @@ func BenchmarkPagedVsDenseDecode(b *testing.B) {
 			fillMLA(c, &contig, nil)
 			in, _ := c.slice(pos, ctx)
 			din, _ := c.dense(pos)
-			cl, kpe := m.denseLatents(din)
+			cl, kpe := mlaDenseLatents(m, din)
 			all := make([]int32, ctx)
 			for j := range all {
 				all[j] = int32(j)
 			}
 			out := make([]float32, m.Heads*m.VHeadDim)
 			runs := []func(){
-				func() { _ = m.Forward(paged, c.w, in, out) },
-				func() { _ = m.Forward(contig, c.w, in, out) },
+				func() { _ = MLA(m, paged, c.w, in, out) },
+				func() { _ = MLA(m, contig, c.w, in, out) },
 				func() {
 					for h := 0; h < m.Heads; h++ {
-						m.denseOne(c.w, cl, kpe, h, in.QNope[h*m.QKNopeHeadDim:][:m.QKNopeHeadDim],
+						mlaDenseOne(m, c.w, cl, kpe, h, in.QNope[h*m.QKNopeHeadDim:][:m.QKNopeHeadDim],
 							in.QPE[h*m.QKRopeHeadDim:][:m.QKRopeHeadDim], all, out[h*m.VHeadDim:][:m.VHeadDim])
 					}
 				},

@@ -3,6 +3,8 @@ package kernel
 import (
 	"encoding/binary"
 	"math"
+
+	"github.com/kvx-dev/kvx/device/kernelspec"
 )
 
 // BF16FromFloat32 rounds f to bfloat16, to nearest with ties to even. Finite
@@ -74,13 +76,13 @@ func Float32FromFP8(c uint8) float32 { return fp8Table[c] }
 // Round rounds every element of x in place to what a cache of dtype d stores
 // and reads back: a dense reference applies it to K/V (or latents) so that it
 // sees exactly what the paged kernel reads.
-func Round(d Dtype, x []float32) {
+func Round(d kernelspec.Dtype, x []float32) {
 	switch d {
-	case BF16:
+	case kernelspec.BF16:
 		for i, v := range x {
 			x[i] = Float32FromBF16(BF16FromFloat32(v))
 		}
-	case FP8:
+	case kernelspec.FP8:
 		for i, v := range x {
 			x[i] = fp8Table[FP8FromFloat32(v)]
 		}
@@ -88,19 +90,19 @@ func Round(d Dtype, x []float32) {
 }
 
 // encodeRow stores src at dtype d into dst (len(dst) >= len(src)*d.Size()).
-func encodeRow(d Dtype, dst []byte, src []float32) {
+func encodeRow(d kernelspec.Dtype, dst []byte, src []float32) {
 	switch d {
-	case BF16:
+	case kernelspec.BF16:
 		dst = dst[:2*len(src)]
 		for i, v := range src {
 			binary.LittleEndian.PutUint16(dst[2*i:], BF16FromFloat32(v))
 		}
-	case FP8:
+	case kernelspec.FP8:
 		dst = dst[:len(src)]
 		for i, v := range src {
 			dst[i] = FP8FromFloat32(v)
 		}
-	case F32:
+	case kernelspec.F32:
 		dst = dst[:4*len(src)]
 		for i, v := range src {
 			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
@@ -109,9 +111,9 @@ func encodeRow(d Dtype, dst []byte, src []float32) {
 }
 
 // decodeRow reads len(dst) elements of dtype d from src.
-func decodeRow(d Dtype, dst []float32, src []byte) {
+func decodeRow(d kernelspec.Dtype, dst []float32, src []byte) {
 	switch d {
-	case BF16:
+	case kernelspec.BF16:
 		n := len(dst)
 		src = src[:2*n]
 		i := 0
@@ -127,12 +129,12 @@ func decodeRow(d Dtype, dst []float32, src []byte) {
 		for ; i < n; i++ {
 			dst[i] = Float32FromBF16(binary.LittleEndian.Uint16(src[2*i:]))
 		}
-	case FP8:
+	case kernelspec.FP8:
 		src = src[:len(dst)]
 		for i, c := range src {
 			dst[i] = fp8Table[c]
 		}
-	case F32:
+	case kernelspec.F32:
 		src = src[:4*len(dst)]
 		for i := range dst {
 			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))

@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/kvx-dev/kvx/device/kernelspec"
 )
 
 func TestBF16AllValuesRoundTrip(t *testing.T) {
@@ -161,7 +163,7 @@ func TestFP8RoundsToNearestEvenAndSaturates(t *testing.T) {
 
 func TestRowCodecsMatchRound(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	for _, d := range []Dtype{BF16, FP8, F32} {
+	for _, d := range []kernelspec.Dtype{kernelspec.BF16, kernelspec.FP8, kernelspec.F32} {
 		for n := 0; n < 11; n++ {
 			x := make([]float32, n)
 			q := make([]float32, n)
@@ -180,7 +182,7 @@ func TestRowCodecsMatchRound(t *testing.T) {
 					t.Fatalf("%v n=%d: decode(encode(x))[%d] = %g, Round = %g", d, n, i, back[i], want[i])
 				}
 			}
-			if d == BF16 {
+			if d == kernelspec.BF16 {
 				q2 := randVec(r, n, 1)
 				ga, gb := dot2BF16(q, q2, row)
 				if math.Float32bits(ga) != math.Float32bits(Dot(q, want)) || math.Float32bits(gb) != math.Float32bits(Dot(q2, want)) {
@@ -195,7 +197,7 @@ func TestRowCodecsMatchRound(t *testing.T) {
 					t.Fatalf("n=%d: axpy2BF16 differs from Axpy", n)
 				}
 			}
-			if d == FP8 {
+			if d == kernelspec.FP8 {
 				if got, w := dotFP8(q, row), Dot(q, want); math.Float32bits(got) != math.Float32bits(w) {
 					t.Fatalf("n=%d: dotFP8 = %g, Dot = %g", n, got, w)
 				}

@@ -1,6 +1,8 @@
 package kernel
 
-import "github.com/kvx-dev/kvx/plugins/v1/kvcache"
+import (
+	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
+)
 
 // Pool is one pool's memory as the device owns it: Blocks × BlockBytes bytes.
 type Pool struct {
@@ -27,7 +29,7 @@ func (p Pool) Block(b kvcache.BlockID) []byte {
 // DstPool: tier moves, SSM snapshots and restores, copy-on-write. Copies run
 // in order, so a later copy sees an earlier one's result (A→B then B→C
 // copies A's bytes to C). Source and destination pools must have the same
-// BlockBytes. Everything is validated first: on error (wrapping ErrInvalid,
+// BlockBytes. Everything is validated first: on error (wrapping kernelspec.ErrInvalid,
 // naming the copy index, the field, the value and the limit) nothing is
 // copied.
 func CopyBlocks(pools []Pool, copies []kvcache.Copy) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
@@ -43,15 +44,15 @@ func TestCopyBlocksInOrderAcrossPools(t *testing.T) {
 		{{SrcPool: 0, SrcBlock: 0, DstPool: 1, DstBlock: -1}},
 	} {
 		err := CopyBlocks(pools, bad)
-		if !errors.Is(err, ErrInvalid) {
-			t.Errorf("CopyBlocks(%v) = %v, want ErrInvalid", bad, err)
+		if !errors.Is(err, kernelspec.ErrInvalid) {
+			t.Errorf("CopyBlocks(%v) = %v, want kernelspec.ErrInvalid", bad, err)
 		}
 		t.Log(err)
 	}
 	if !bytes.Equal(dev.Data, before) {
 		t.Errorf("a refused copy list changed the pool")
 	}
-	if _, err := StateSlot(dev, 1, 4, 3); !errors.Is(err, ErrInvalid) {
-		t.Errorf("StateSlot past the block: %v, want ErrInvalid", err)
+	if _, err := StateSlot(dev, 1, 4, 3); !errors.Is(err, kernelspec.ErrInvalid) {
+		t.Errorf("StateSlot past the block: %v, want kernelspec.ErrInvalid", err)
 	}
 }

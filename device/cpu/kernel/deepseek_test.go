@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/kvx-dev/kvx/device/kernelspec"
 )
 
 func TestGroupedRoute(t *testing.T) {
@@ -80,14 +82,14 @@ func TestLayerNorm(t *testing.T) {
 // Σ_h w_h ReLU(q_h·k_s · Scale) computed in float64 (no fp8, no scale per
 // key), the score transformers' deepseek_v32 indexer uses.
 func TestPlainIndexerIsTransformers(t *testing.T) {
-	m := MLA{Heads: 2, KVLoraRank: 8, QKNopeHeadDim: 4, QKRopeHeadDim: 2, VHeadDim: 4, Dtype: F32}
-	x := Indexer{Heads: 3, HeadDim: 8, TopK: 5, Plain: true, Keys: F32, Scale: 0.35}
+	m := kernelspec.MLA{Heads: 2, KVLoraRank: 8, QKNopeHeadDim: 4, QKRopeHeadDim: 2, VHeadDim: 4, Dtype: kernelspec.F32}
+	x := kernelspec.Indexer{Heads: 3, HeadDim: 8, TopK: 5, Plain: true, Keys: kernelspec.F32, Scale: 0.35}
 	r := rand.New(rand.NewPCG(9, 10))
 	const T = 24
 	c := newMLACase(r, m, x, T)
 	in, ix := c.dense(0)
 	sel := make([][]int32, T)
-	if err := DenseDSA(DSA{MLA: m, Indexer: x}, c.w, in, ix, make([]float32, T*m.Heads*m.VHeadDim), sel); err != nil {
+	if err := DenseDSA(kernelspec.DSA{MLA: m, Indexer: x}, c.w, in, ix, make([]float32, T*m.Heads*m.VHeadDim), sel); err != nil {
 		t.Fatal(err)
 	}
 	D, H := x.HeadDim, x.Heads

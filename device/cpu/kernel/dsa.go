@@ -5,72 +5,12 @@ import (
 	"encoding/binary"
 	"math"
 	"slices"
+
+	"github.com/kvx-dev/kvx/device/kernelspec"
 )
 
-// Indexer is the DSA lightning indexer (DeepSeek-V3.2) over its paged key
-// cache.
-//
-// Row layout of one token (RowBytes = HeadDim + 4 bytes):
-//
-//	fp8 e4m3 codes[HeadDim] then float32 scale (little-endian)
-//
-// what plugins/model.FillBuffers sizes the index_key buffer with. A key k is
-// stored as scale = max(max|k_i|, 1e-4) / 448 and codes_i = FP8(k_i / scale)
-// (QuantizeIndexKey).
-//
-// The score of query token p (Heads query vectors q_h, HeadDim each, and head
-// weights w_h, the output of weights_proj already scaled as the model wants)
-// for a cached position s <= p is
-//
-//	I(p, s) = (Σ_h w_h * ReLU(Dot(q_h, codes_s)))  * scale_s      (h ascending)
-//
-// with codes_s the fp8 values (dequantized exactly) and scale_s applied once
-// at the end, as DeepSeek's fp8_index does. q stays float32 (DeepSeek
-// quantizes it to fp8 too; the reference kernels do not). Any RoPE or
-// Hadamard rotation of q and k is the caller's, before the call.
-//
-// With Plain set the keys are stored unquantized at dtype Keys (RowBytes =
-// HeadDim × Keys.Size(), no scale), and the score is transformers 5.17's
-// deepseek_v32 indexer (no Hadamard, no fp8):
-//
-//	I(p, s) = Σ_h w_h * ReLU(Dot(q_h, k_s) * Scale)                  (h ascending)
-//
-// (Scale 0 = 1). Either way positions tie only on equal scores, and TopK
-// breaks ties to the lower position (torch.topk leaves them unspecified).
-type Indexer struct {
-	Heads   int // index_n_heads
-	HeadDim int // index_head_dim
-	TopK    int // index_topk
-	Plain   bool
-	Keys    Dtype   // the key dtype when Plain
-	Scale   float32 // multiplies each head's dot product inside the ReLU when Plain (0 = 1)
-}
-
-// Validate checks the dimensions.
-func (x Indexer) Validate() error {
-	switch {
-	case x.Heads <= 0:
-		return invalidf("indexer: heads %d must be > 0", x.Heads)
-	case x.HeadDim <= 0:
-		return invalidf("indexer: head dim %d must be > 0", x.HeadDim)
-	case x.TopK <= 0:
-		return invalidf("indexer: top k %d must be > 0", x.TopK)
-	case x.Plain && !x.Keys.valid():
-		return invalidf("indexer: key dtype %d: allowed bf16, fp8, float32", x.Keys)
-	}
-	return nil
-}
-
-// RowBytes returns the bytes of one token's indexer key row.
-func (x Indexer) RowBytes() int {
-	if x.Plain {
-		return x.HeadDim * x.Keys.Size()
-	}
-	return x.HeadDim + 4
-}
-
-// storeKey writes key k as one indexer row into dst.
-func (x Indexer) storeKey(dst []byte, k []float32) {
+// indexStoreKey writes key k as one indexer row into dst.
+func indexStoreKey(x kernelspec.Indexer, dst []byte, k []float32) {
 	if x.Plain {
 		encodeRow(x.Keys, dst, k)
 		return
@@ -79,7 +19,7 @@ func (x Indexer) storeKey(dst []byte, k []float32) {
 }
 
 // plainScore is I(p, s) of the Plain layout for key k (decoded).
-func (x Indexer) plainScore(q, w, k []float32) float32 {
+func indexPlainScore(x kernelspec.Indexer, q, w, k []float32) float32 {
 	D := x.HeadDim
 	sc := x.Scale
 	if sc == 0 {
@@ -114,12 +54,12 @@ func QuantizeIndexKey(dst []byte, k []float32) {
 // scale) and its scale, for references and tests.
 func DequantizeIndexKey(row []byte, headDim int) (codes []float32, scale float32) {
 	codes = make([]float32, headDim)
-	decodeRow(FP8, codes, row)
+	decodeRow(kernelspec.FP8, codes, row)
 	return codes, math.Float32frombits(binary.LittleEndian.Uint32(row[headDim:]))
 }
 
 // indexScore is I(p, s) for one stored row.
-func (x Indexer) indexScore(q, w []float32, row []byte) float32 {
+func indexScore(x kernelspec.Indexer, q, w []float32, row []byte) float32 {
 	D := x.HeadDim
 	var acc float32
 	for h := 0; h < x.Heads; h++ {
@@ -191,13 +131,6 @@ func (h *topHeap) Pop() any {
 	return v
 }
 
-// DSA is DeepSeek Sparse Attention: MLA on its latent cache, reading per
-// query only the positions its lightning indexer selects.
-type DSA struct {
-	MLA     MLA
-	Indexer Indexer
-}
-
 // IndexInput is the indexer's part of one sequence's step of n tokens.
 type IndexInput struct {
 	Q []float32 // n × Indexer.Heads × Indexer.HeadDim
@@ -205,15 +138,7 @@ type IndexInput struct {
 	K []float32 // n × Indexer.HeadDim: the new tokens' keys (quantized by the kernel)
 }
 
-// Validate checks the dimensions.
-func (d DSA) Validate() error {
-	if err := d.MLA.Validate(); err != nil {
-		return err
-	}
-	return d.Indexer.Validate()
-}
-
-func (d DSA) checkIndex(ix *IndexInput, n, keys int) error {
+func dsaCheckIndex(d kernelspec.DSA, ix *IndexInput, n, keys int) error {
 	x := d.Indexer
 	switch {
 	case len(ix.Q) != n*x.Heads*x.HeadDim:
@@ -226,23 +151,23 @@ func (d DSA) checkIndex(ix *IndexInput, n, keys int) error {
 	return nil
 }
 
-// Forward writes the new tokens' latent rows into lat and indexer key rows
+// DSA writes the new tokens' latent rows into lat and indexer key rows
 // into idx, then for each query token p: scores every cached position
 // 0..p with the indexer (reading idx in logical order), selects TopK
 // positions (TopK's order; all of them when p+1 <= TopK) and runs MLA over
-// the selected positions in ascending order (see MLA for the formulas).
+// the selected positions in ascending order (see kernelspec.MLA for the formulas).
 // When sel is not nil, sel[i] receives query i's selected positions
-// (appended to sel[i][:0]); len(sel) must then be n. Errors wrap ErrInvalid.
-func (d DSA) Forward(lat, idx Paged, w *MLAWeights, in MLAInput, ix IndexInput, out []float32, sel [][]int32) error {
+// (appended to sel[i][:0]); len(sel) must then be n. Errors wrap kernelspec.ErrInvalid.
+func DSA(d kernelspec.DSA, lat, idx Paged, w *MLAWeights, in MLAInput, ix IndexInput, out []float32, sel [][]int32) error {
 	if err := d.Indexer.Validate(); err != nil {
 		return err
 	}
 	m := d.MLA
-	n, err := m.check(w, &in, out, false)
+	n, err := mlaCheck(m, w, &in, out, false)
 	if err != nil {
 		return err
 	}
-	if err := d.checkIndex(&ix, n, n); err != nil {
+	if err := dsaCheckIndex(d, &ix, n, n); err != nil {
 		return err
 	}
 	if sel != nil && len(sel) != n {
@@ -261,9 +186,9 @@ func (d DSA) Forward(lat, idx Paged, w *MLAWeights, in MLAInput, ix IndexInput, 
 	if err != nil {
 		return err
 	}
-	m.write(lat, stride, &in, n)
+	mlaWrite(m, lat, stride, &in, n)
 	for i := 0; i < n; i++ {
-		x.storeKey(idx.rowAt(istride, ib, in.Pos+i), ix.K[i*x.HeadDim:(i+1)*x.HeadDim])
+		indexStoreKey(x, idx.rowAt(istride, ib, in.Pos+i), ix.K[i*x.HeadDim:(i+1)*x.HeadDim])
 	}
 	if sel == nil {
 		sel = make([][]int32, n)
@@ -284,48 +209,48 @@ func (d DSA) Forward(lat, idx Paged, w *MLAWeights, in MLAInput, ix IndexInput, 
 				row := base[t*istride : t*istride+ib]
 				if x.Plain {
 					decodeRow(x.Keys, key, row)
-					scores[j+t] = x.plainScore(q, hw, key)
+					scores[j+t] = indexPlainScore(x, q, hw, key)
 				} else {
-					scores[j+t] = x.indexScore(q, hw, row)
+					scores[j+t] = indexScore(x, q, hw, row)
 				}
 			}
 			j += cnt
 		}
 		sel[i] = TopK(sel[i], scores[:p+1], x.TopK)
 	})
-	m.attend(lat, stride, w, in.Pos, n, m.rotateQ(in.Pos, in.QPE), in.QNope, sel, out)
+	mlaAttend(m, lat, stride, w, in.Pos, n, mlaRotateQ(m, in.Pos, in.QPE), in.QNope, sel, out)
 	return nil
 }
 
-// DenseDSA is the dense reference of DSA.Forward: in.CKV, in.KPE and ix.K
+// DenseDSA is the dense reference of DSA: in.CKV, in.KPE and ix.K
 // hold every position 0..Pos+n-1 (raw: it rotates, rounds and quantizes them
 // as the cache would), the queries are the n tokens at Pos..Pos+n-1. Top-k
 // here sorts all candidates (score descending, then position ascending),
-// independently of TopK's heap. sel as in Forward. Bit-identical to Forward.
-func DenseDSA(d DSA, w *MLAWeights, in MLAInput, ix IndexInput, out []float32, sel [][]int32) error {
+// independently of TopK's heap. sel as in DSA. Bit-identical to DSA.
+func DenseDSA(d kernelspec.DSA, w *MLAWeights, in MLAInput, ix IndexInput, out []float32, sel [][]int32) error {
 	if err := d.Indexer.Validate(); err != nil {
 		return err
 	}
 	m, x := d.MLA, d.Indexer
-	n, err := m.check(w, &in, out, true)
+	n, err := mlaCheck(m, w, &in, out, true)
 	if err != nil {
 		return err
 	}
-	if err := d.checkIndex(&ix, n, in.Pos+n); err != nil {
+	if err := dsaCheckIndex(d, &ix, n, in.Pos+n); err != nil {
 		return err
 	}
 	if sel != nil && len(sel) != n {
 		return invalidf("dsa: len(sel) %d, want %d tokens", len(sel), n)
 	}
-	c, kpe := m.denseLatents(in)
-	qpe := m.rotateQ(in.Pos, in.QPE)
+	c, kpe := mlaDenseLatents(m, in)
+	qpe := mlaRotateQ(m, in.Pos, in.QPE)
 	T, D := in.Pos+n, x.HeadDim
 	codes := make([]float32, T*D)
 	scales := make([]float32, T)
 	row := make([]byte, x.RowBytes())
 	for t := 0; t < T; t++ {
 		if x.Plain {
-			x.storeKey(row, ix.K[t*D:(t+1)*D])
+			indexStoreKey(x, row, ix.K[t*D:(t+1)*D])
 			decodeRow(x.Keys, codes[t*D:(t+1)*D], row)
 			continue
 		}
@@ -341,7 +266,7 @@ func DenseDSA(d DSA, w *MLAWeights, in MLAInput, ix IndexInput, out []float32, s
 		for s := 0; s <= p; s++ {
 			cand[s] = int32(s)
 			if x.Plain {
-				score[s] = x.plainScore(ix.Q[i*x.Heads*D:(i+1)*x.Heads*D], ix.W[i*x.Heads:(i+1)*x.Heads], codes[s*D:(s+1)*D])
+				score[s] = indexPlainScore(x, ix.Q[i*x.Heads*D:(i+1)*x.Heads*D], ix.W[i*x.Heads:(i+1)*x.Heads], codes[s*D:(s+1)*D])
 				continue
 			}
 			var acc float32
@@ -374,7 +299,7 @@ func DenseDSA(d DSA, w *MLAWeights, in MLAInput, ix IndexInput, out []float32, s
 			sel[i] = append(sel[i][:0], cand...)
 		}
 		for h := 0; h < m.Heads; h++ {
-			m.denseOne(w, c, kpe, h, in.QNope[(i*m.Heads+h)*m.QKNopeHeadDim:][:m.QKNopeHeadDim],
+			mlaDenseOne(m, w, c, kpe, h, in.QNope[(i*m.Heads+h)*m.QKNopeHeadDim:][:m.QKNopeHeadDim],
 				qpe[(i*m.Heads+h)*m.QKRopeHeadDim:][:m.QKRopeHeadDim], cand, out[(i*m.Heads+h)*m.VHeadDim:][:m.VHeadDim])
 		}
 	}

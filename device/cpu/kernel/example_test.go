@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
@@ -12,8 +13,8 @@ import (
 // layer 0's rows followed by 4 tokens of layer 1's rows (BlockBytes covers
 // both layers, as kvcache.Pool says). One sequence's table is [2 0]: its
 // tokens 0..3 are in block 2, tokens 4..7 in block 0.
-func ExampleGQA_Forward() {
-	g := kernel.GQA{Heads: 4, KVHeads: 2, HeadDim: 8, Dtype: kernel.BF16, RoPE: kernel.RoPE{Dim: 8, Theta: 10000}}
+func ExampleGQA() {
+	g := kernelspec.GQA{Heads: 4, KVHeads: 2, HeadDim: 8, Dtype: kernelspec.BF16, RoPE: kernelspec.RoPE{Dim: 8, Theta: 10000}}
 	const tpb, blocks = 4, 3
 	layerBytes := tpb * g.RowBytes()
 	pool := kernel.Pool{Data: make([]byte, blocks*2*layerBytes), BlockBytes: 2 * layerBytes}
@@ -30,10 +31,10 @@ func ExampleGQA_Forward() {
 	}
 	out := make([]float32, T*32)
 	// Prefill 6 tokens, then decode the 7th.
-	if err := g.Forward(layer1, 0, q[:6*32], k[:6*16], v[:6*16], out[:6*32]); err != nil {
+	if err := kernel.GQA(g, layer1, 0, q[:6*32], k[:6*16], v[:6*16], out[:6*32]); err != nil {
 		fmt.Println(err)
 	}
-	if err := g.Forward(layer1, 6, q[6*32:], k[6*16:], v[6*16:], out[6*32:]); err != nil {
+	if err := kernel.GQA(g, layer1, 6, q[6*32:], k[6*16:], v[6*16:], out[6*32:]); err != nil {
 		fmt.Println(err)
 	}
 	want := make([]float32, T*32)

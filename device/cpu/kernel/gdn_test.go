@@ -7,15 +7,17 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/kvx-dev/kvx/device/kernelspec"
 )
 
 type gdnCase struct {
-	g            GDN
+	g            kernelspec.GDN
 	w            *GDNWeights
 	qkv, z, b, a []float32
 }
 
-func newGDNCase(r *rand.Rand, g GDN, T int) gdnCase {
+func newGDNCase(r *rand.Rand, g kernelspec.GDN, T int) gdnCase {
 	cd, H := g.ConvDim(), g.Heads
 	w := &GDNWeights{
 		ConvW:  randVec(r, cd*g.ConvKernel, 0.5),
@@ -34,21 +36,21 @@ func (c gdnCase) run(t tb, conv, ssm []byte, lo, hi int, out []float32) {
 	t.Helper()
 	g := c.g
 	di, cd, H := g.Inner(), g.ConvDim(), g.Heads
-	if err := g.Forward(c.w, conv, ssm, c.qkv[lo*cd:hi*cd], c.z[lo*di:hi*di], c.b[lo*H:hi*H], c.a[lo*H:hi*H], out[lo*di:hi*di]); err != nil {
+	if err := GDN(g, c.w, conv, ssm, c.qkv[lo*cd:hi*cd], c.z[lo*di:hi*di], c.b[lo*H:hi*H], c.a[lo*H:hi*H], out[lo*di:hi*di]); err != nil {
 		t.Fatalf("GDN.Forward(%d..%d): %v", lo, hi, err)
 	}
 }
 
-func drawGDN(t *rapid.T) GDN {
+func drawGDN(t *rapid.T) kernelspec.GDN {
 	kh := rapid.IntRange(1, 2).Draw(t, "keyHeads")
-	return GDN{
+	return kernelspec.GDN{
 		KHeads:     kh,
 		Heads:      kh * rapid.IntRange(1, 3).Draw(t, "headsPerKey"),
 		KDim:       rapid.IntRange(1, 6).Draw(t, "keyDim"),
 		VDim:       rapid.IntRange(1, 5).Draw(t, "valueDim"),
 		ConvKernel: rapid.IntRange(1, 4).Draw(t, "kernel"),
-		ConvDtype:  rapid.SampledFrom([]Dtype{F32, BF16}).Draw(t, "convDtype"),
-		SSMDtype:   rapid.SampledFrom([]Dtype{F32, BF16}).Draw(t, "ssmDtype"),
+		ConvDtype:  rapid.SampledFrom([]kernelspec.Dtype{kernelspec.F32, kernelspec.BF16}).Draw(t, "convDtype"),
+		SSMDtype:   rapid.SampledFrom([]kernelspec.Dtype{kernelspec.F32, kernelspec.BF16}).Draw(t, "ssmDtype"),
 		Eps:        1e-6,
 	}
 }
@@ -86,11 +88,11 @@ func TestGDNChunkedEqualsDenseProperty(t *testing.T) {
 // plugins/model sizes a GDN layer's buffers with (heads, head dim = value dim,
 // state = key dim, groups = key heads).
 func TestGDNSizesAreMamba2s(t *testing.T) {
-	for _, d := range []Dtype{F32, BF16} {
-		g := GDN{Heads: 32, KHeads: 16, KDim: 128, VDim: 128, ConvKernel: 4, ConvDtype: d, SSMDtype: d}
-		m := Mamba2{Heads: 32, HeadDim: 128, State: 128, Groups: 16, ConvKernel: 4, ConvDtype: d, SSMDtype: d}
+	for _, d := range []kernelspec.Dtype{kernelspec.F32, kernelspec.BF16} {
+		g := kernelspec.GDN{Heads: 32, KHeads: 16, KDim: 128, VDim: 128, ConvKernel: 4, ConvDtype: d, SSMDtype: d}
+		m := kernelspec.Mamba2{Heads: 32, HeadDim: 128, State: 128, Groups: 16, ConvKernel: 4, ConvDtype: d, SSMDtype: d}
 		if g.ConvBytes() != m.ConvBytes() || g.SSMBytes() != m.SSMBytes() || g.Inner() != m.Inner() {
-			t.Errorf("%v: GDN conv %d ssm %d inner %d, Mamba2 mapping %d %d %d", d, g.ConvBytes(), g.SSMBytes(), g.Inner(), m.ConvBytes(), m.SSMBytes(), m.Inner())
+			t.Errorf("%v: kernelspec.GDN conv %d ssm %d inner %d, kernelspec.Mamba2 mapping %d %d %d", d, g.ConvBytes(), g.SSMBytes(), g.Inner(), m.ConvBytes(), m.SSMBytes(), m.Inner())
 		}
 	}
 }
@@ -101,7 +103,7 @@ func TestGDNSizesAreMamba2s(t *testing.T) {
 // q scale, decay, β and gated norm: a transposed state, a dropped β or gate,
 // a conv tap off by one or a key head read by the wrong value head shows.
 func TestGDNOracle(t *testing.T) {
-	g := GDN{Heads: 4, KHeads: 2, KDim: 3, VDim: 2, ConvKernel: 3, ConvDtype: F32, SSMDtype: F32, Eps: 1e-6}
+	g := kernelspec.GDN{Heads: 4, KHeads: 2, KDim: 3, VDim: 2, ConvKernel: 3, ConvDtype: kernelspec.F32, SSMDtype: kernelspec.F32, Eps: 1e-6}
 	const T = 3
 	r := rand.New(rand.NewPCG(21, 22))
 	c := newGDNCase(r, g, T)
@@ -179,7 +181,7 @@ func TestGDNOracle(t *testing.T) {
 }
 
 func TestGDNErrors(t *testing.T) {
-	g := GDN{Heads: 2, KHeads: 1, KDim: 2, VDim: 2, ConvKernel: 3, ConvDtype: F32, SSMDtype: F32}
+	g := kernelspec.GDN{Heads: 2, KHeads: 1, KDim: 2, VDim: 2, ConvKernel: 3, ConvDtype: kernelspec.F32, SSMDtype: kernelspec.F32}
 	r := rand.New(rand.NewPCG(1, 1))
 	c := newGDNCase(r, g, 2)
 	conv, ssm := make([]byte, g.ConvBytes()), make([]byte, g.SSMBytes())
@@ -187,20 +189,20 @@ func TestGDNErrors(t *testing.T) {
 	bad := g
 	bad.KHeads = 3
 	fp8 := g
-	fp8.SSMDtype = FP8
+	fp8.SSMDtype = kernelspec.FP8
 	for _, tc := range []struct {
 		name string
 		err  error
 	}{
-		{"key heads", bad.Forward(c.w, conv, ssm, c.qkv, c.z, c.b, c.a, out)},
+		{"key heads", GDN(bad, c.w, conv, ssm, c.qkv, c.z, c.b, c.a, out)},
 		{"ssm dtype", fp8.Validate()},
-		{"qkv", g.Forward(c.w, conv, ssm, c.qkv[1:], c.z, c.b, c.a, out)},
-		{"b", g.Forward(c.w, conv, ssm, c.qkv, c.z, c.b[1:], c.a, out)},
-		{"state", g.Forward(c.w, conv[1:], ssm, c.qkv, c.z, c.b, c.a, out)},
-		{"weights", g.Forward(&GDNWeights{}, conv, ssm, c.qkv, c.z, c.b, c.a, out)},
+		{"qkv", GDN(g, c.w, conv, ssm, c.qkv[1:], c.z, c.b, c.a, out)},
+		{"b", GDN(g, c.w, conv, ssm, c.qkv, c.z, c.b[1:], c.a, out)},
+		{"state", GDN(g, c.w, conv[1:], ssm, c.qkv, c.z, c.b, c.a, out)},
+		{"weights", GDN(g, &GDNWeights{}, conv, ssm, c.qkv, c.z, c.b, c.a, out)},
 	} {
-		if !errors.Is(tc.err, ErrInvalid) {
-			t.Errorf("%s: %v, want ErrInvalid", tc.name, tc.err)
+		if !errors.Is(tc.err, kernelspec.ErrInvalid) {
+			t.Errorf("%s: %v, want kernelspec.ErrInvalid", tc.name, tc.err)
 		} else {
 			t.Logf("%s: %v", tc.name, tc.err)
 		}

@@ -1,65 +1,11 @@
 package kernel
 
-import "math"
+import (
+	"github.com/kvx-dev/kvx/device/kernelspec"
+)
 
-// GQA is grouped-query attention (MHA and MQA included) with an optional
-// sliding window, over a paged K/V cache.
-//
-// Row layout of one token (RowBytes bytes, at Dtype, little-endian):
-//
-//	K[KVHeads][HeadDim] then V[KVHeads][HeadDim]
-//
-// i.e. 2*KVHeads*HeadDim*Dtype.Size() bytes, what plugins/model.FillBuffers
-// sizes a GQA layer's kv buffer with (per-rank KVHeads).
-type GQA struct {
-	Heads   int // query heads (per rank)
-	KVHeads int // key/value heads; divides Heads; query head h uses kv head h/(Heads/KVHeads)
-	HeadDim int
-	Window  int     // attention window in tokens; 0 = full attention
-	Scale   float32 // softmax scale; 0 = 1/sqrt(HeadDim)
-	Dtype   Dtype   // cache dtype
-	// RoPE, when Theta != 0, is applied by the kernel to q and to the new k
-	// at their positions (before k is stored); Theta 0 = inputs come rotated.
-	RoPE RoPE
-}
-
-// Validate checks the dimensions.
-func (g GQA) Validate() error {
-	switch {
-	case g.Heads <= 0:
-		return invalidf("gqa: heads %d must be > 0", g.Heads)
-	case g.KVHeads <= 0 || g.Heads%g.KVHeads != 0:
-		return invalidf("gqa: kv heads %d must be > 0 and divide heads %d", g.KVHeads, g.Heads)
-	case g.HeadDim <= 0:
-		return invalidf("gqa: head dim %d must be > 0", g.HeadDim)
-	case g.Window < 0:
-		return invalidf("gqa: window %d must be >= 0", g.Window)
-	case !g.Dtype.valid():
-		return invalidf("gqa: dtype %d: allowed bf16, fp8, float32", g.Dtype)
-	}
-	return g.RoPE.validate("gqa", g.HeadDim)
-}
-
-// RowBytes returns the bytes of one token's row.
-func (g GQA) RowBytes() int { return 2 * g.KVHeads * g.HeadDim * g.Dtype.Size() }
-
-func (g GQA) scale() float32 {
-	if g.Scale != 0 {
-		return g.Scale
-	}
-	return float32(1 / math.Sqrt(float64(g.HeadDim)))
-}
-
-// first returns the first position query position p attends to.
-func (g GQA) first(p int) int {
-	if g.Window > 0 && p-g.Window+1 > 0 {
-		return p - g.Window + 1
-	}
-	return 0
-}
-
-// tokens checks the input lengths and returns the number of new tokens.
-func (g GQA) tokens(pos int, q, out []float32) (int, error) {
+// gqaTokens checks the input lengths and returns the number of new tokens.
+func gqaTokens(g kernelspec.GQA, pos int, q, out []float32) (int, error) {
 	if err := g.Validate(); err != nil {
 		return 0, err
 	}
@@ -77,7 +23,7 @@ func (g GQA) tokens(pos int, q, out []float32) (int, error) {
 	return n, nil
 }
 
-// Forward runs one sequence's step: it writes the n new tokens' K and V
+// GQA runs one sequence's step of g: it writes the n new tokens' K and V
 // (k, v: n × KVHeads × HeadDim, token i at position pos+i) into kv, then for
 // each query i (q: n × Heads × HeadDim) at position p = pos+i attends to the
 // cached positions max(0, p-Window+1) .. p (Window 0: 0 .. p) and writes out
@@ -85,17 +31,15 @@ func (g GQA) tokens(pos int, q, out []float32) (int, error) {
 // verification tokens are all the same call. Positions before pos must have
 // been written by earlier calls.
 //
-// Per query and head, in this order (DenseGQA does the same on float32):
-// s_j = Dot(q, K_j) * scale for j ascending; m = max s_j; e_j = exp(s_j - m),
-// l = Σ e_j (j ascending); acc = Σ e_j V_j (j ascending, Axpy); out = acc / l.
-// K and V are read back from the cache, so out depends only on the logical
+// Per query and head it computes in kernelspec.GQA's order (DenseGQA does
+// the same on float32). K and V are read back from the cache, so out depends only on the logical
 // contents, never on placement, block size, chunking or GOMAXPROCS.
 //
-// Errors (wrapping ErrInvalid): bad dimensions, lengths, pos, or a table
+// Errors (wrapping kernelspec.ErrInvalid): bad dimensions, lengths, pos, or a table
 // that does not cover pos+n-1 with valid blocks (entries before the first
 // block the window reads are not checked). q, k, v are not modified.
-func (g GQA) Forward(kv Paged, pos int, q, k, v, out []float32) error {
-	n, err := g.tokens(pos, q, out)
+func GQA(g kernelspec.GQA, kv Paged, pos int, q, k, v, out []float32) error {
+	n, err := gqaTokens(g, pos, q, out)
 	if err != nil {
 		return err
 	}
@@ -107,7 +51,7 @@ func (g GQA) Forward(kv Paged, pos int, q, k, v, out []float32) error {
 		return nil
 	}
 	rb := g.RowBytes()
-	stride, err := kv.check("gqa kv", rb, g.first(pos), pos+n)
+	stride, err := kv.check("gqa kv", rb, g.First(pos), pos+n)
 	if err != nil {
 		return err
 	}
@@ -116,12 +60,12 @@ func (g GQA) Forward(kv Paged, pos int, q, k, v, out []float32) error {
 	kr := make([]float32, kw)
 	for i := 0; i < n; i++ {
 		copy(kr, k[i*kw:(i+1)*kw])
-		g.RoPE.Apply(kr, g.HeadDim, pos+i)
+		RoPE(g.RoPE, kr, g.HeadDim, pos+i)
 		row := kv.rowAt(stride, rb, pos+i)
 		encodeRow(g.Dtype, row, kr)
 		encodeRow(g.Dtype, row[kw*sz:], v[i*kw:(i+1)*kw])
 	}
-	qr := g.rotateQ(pos, q)
+	qr := gqaRotateQ(g, pos, q)
 	G := g.Heads / g.KVHeads
 	ctx := pos + n
 	if g.Window > 0 && g.Window < ctx {
@@ -137,20 +81,20 @@ func (g GQA) Forward(kv Paged, pos int, q, k, v, out []float32) error {
 		func(s *gqaScratch, u int) {
 			i, kh := u/g.KVHeads, u%g.KVHeads
 			at := (i*g.Heads + kh*G) * g.HeadDim
-			g.attendGroup(kv, stride, s, qr[at:at+G*g.HeadDim], pos+i, kh, out[at:at+G*g.HeadDim])
+			gqaAttendGroup(g, kv, stride, s, qr[at:at+G*g.HeadDim], pos+i, kh, out[at:at+G*g.HeadDim])
 		})
 	return nil
 }
 
-func (g GQA) rotateQ(pos int, q []float32) []float32 {
-	if !g.RoPE.on() {
+func gqaRotateQ(g kernelspec.GQA, pos int, q []float32) []float32 {
+	if !g.RoPE.On() {
 		return q
 	}
 	qw := g.Heads * g.HeadDim
 	qr := make([]float32, len(q))
 	copy(qr, q)
 	for i := 0; i < len(q)/qw; i++ {
-		g.RoPE.Apply(qr[i*qw:(i+1)*qw], g.HeadDim, pos+i)
+		RoPE(g.RoPE, qr[i*qw:(i+1)*qw], g.HeadDim, pos+i)
 	}
 	return qr
 }
@@ -159,23 +103,23 @@ type gqaScratch struct{ scores, row, acc []float32 }
 
 // attendGroup computes the G = Heads/KVHeads query heads of kv head kh for
 // the query at position p: q and out are G × HeadDim.
-func (g GQA) attendGroup(kv Paged, stride int, s *gqaScratch, q []float32, p, kh int, out []float32) {
+func gqaAttendGroup(g kernelspec.GQA, kv Paged, stride int, s *gqaScratch, q []float32, p, kh int, out []float32) {
 	D := g.HeadDim
 	G := len(q) / D
-	lo := g.first(p)
+	lo := g.First(p)
 	ctx := p + 1 - lo
 	sz := g.Dtype.Size()
 	koff := kh * D * sz
 	voff := (g.KVHeads + kh) * D * sz
 	kb := D * sz
-	scale := g.scale()
+	scale := g.SoftmaxScale()
 	row := s.row
 	// Pass 1: scores[h*ctx + j-lo], one block base per block, one decode per row.
 	for j := lo; j <= p; {
 		base, cnt := kv.span(stride, j, p+1)
 		for t := 0; t < cnt; t++ {
 			r := base[t*stride+koff:][:kb]
-			if g.Dtype == BF16 { // fused: two heads per pass over the row
+			if g.Dtype == kernelspec.BF16 { // fused: two heads per pass over the row
 				for h := 0; h < G; h += 2 {
 					h2 := min(h+1, G-1)
 					sa, sb := dot2BF16(q[h*D:(h+1)*D], q[h2*D:(h2+1)*D], r)
@@ -205,7 +149,7 @@ func (g GQA) attendGroup(kv Paged, stride int, s *gqaScratch, q []float32, p, kh
 		base, cnt := kv.span(stride, j, p+1)
 		for t := 0; t < cnt; t++ {
 			r := base[t*stride+voff:][:kb]
-			if g.Dtype == BF16 {
+			if g.Dtype == kernelspec.BF16 {
 				h := 0
 				for ; h+2 <= G; h += 2 {
 					axpy2BF16(acc[h*D:(h+1)*D], acc[(h+1)*D:(h+2)*D], s.scores[h*ctx+j-lo+t], s.scores[(h+1)*ctx+j-lo+t], r)
@@ -262,14 +206,14 @@ func (p Paged) span(stride, j, hi int) ([]byte, int) {
 	return p.Data[at:], cnt
 }
 
-// DenseGQA is the dense reference of GQA.Forward: no cache, naive loops.
+// DenseGQA is the dense reference of GQA: no cache, naive loops.
 // k and v hold every position 0 .. pos+n-1 (T × KVHeads × HeadDim, before
 // RoPE and before rounding: it rotates each k at its position and rounds k
 // and v to g.Dtype, as the cache would); q holds the n queries at pos ..
 // pos+n-1 (n × Heads × HeadDim); out is n × Heads × HeadDim. Its output is
-// bit-identical to Forward's for the same inputs.
-func DenseGQA(g GQA, pos int, q, k, v, out []float32) error {
-	n, err := g.tokens(pos, q, out)
+// bit-identical to GQA's for the same inputs.
+func DenseGQA(g kernelspec.GQA, pos int, q, k, v, out []float32) error {
+	n, err := gqaTokens(g, pos, q, out)
 	if err != nil {
 		return err
 	}
@@ -280,27 +224,27 @@ func DenseGQA(g GQA, pos int, q, k, v, out []float32) error {
 	kc := append([]float32(nil), k...)
 	vc := append([]float32(nil), v...)
 	for t := 0; t < pos+n; t++ {
-		g.RoPE.Apply(kc[t*kw:(t+1)*kw], g.HeadDim, t)
+		RoPE(g.RoPE, kc[t*kw:(t+1)*kw], g.HeadDim, t)
 	}
 	Round(g.Dtype, kc)
 	Round(g.Dtype, vc)
-	denseGQA(g, pos, g.rotateQ(pos, q), kc, vc, out)
+	denseGQA(g, pos, gqaRotateQ(g, pos, q), kc, vc, out)
 	return nil
 }
 
 // denseGQA is DenseGQA on rotated q and rotated, rounded k and v.
-func denseGQA(g GQA, pos int, q, k, v, out []float32) {
+func denseGQA(g kernelspec.GQA, pos int, q, k, v, out []float32) {
 	D, kw := g.HeadDim, g.KVHeads*g.HeadDim
 	n := len(q) / (g.Heads * D)
 	for i := 0; i < n; i++ {
 		p := pos + i
-		lo := g.first(p)
+		lo := g.First(p)
 		for h := 0; h < g.Heads; h++ {
 			kh := h / (g.Heads / g.KVHeads)
 			qv := q[(i*g.Heads+h)*D:][:D]
 			s := make([]float32, p+1-lo)
 			for j := lo; j <= p; j++ {
-				s[j-lo] = Dot(qv, k[j*kw+kh*D:][:D]) * g.scale()
+				s[j-lo] = Dot(qv, k[j*kw+kh*D:][:D]) * g.SoftmaxScale()
 			}
 			m := s[0]
 			for _, x := range s {

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/internal/race"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"pgregory.net/rapid"
@@ -14,7 +15,7 @@ type gqaInputs struct {
 	q, k, v []float32 // all T tokens
 }
 
-func newGQAInputs(r *rand.Rand, g GQA, T int) gqaInputs {
+func newGQAInputs(r *rand.Rand, g kernelspec.GQA, T int) gqaInputs {
 	return gqaInputs{
 		q: randVec(r, T*g.Heads*g.HeadDim, 2),
 		k: randVec(r, T*g.KVHeads*g.HeadDim, 1),
@@ -24,14 +25,14 @@ func newGQAInputs(r *rand.Rand, g GQA, T int) gqaInputs {
 
 // runGQAPaged runs the sequence through kv in the given chunks and returns
 // every token's output.
-func runGQAPaged(t tb, g GQA, kv Paged, in gqaInputs, chunks []int) []float32 {
+func runGQAPaged(t tb, g kernelspec.GQA, kv Paged, in gqaInputs, chunks []int) []float32 {
 	t.Helper()
 	qw, kw := g.Heads*g.HeadDim, g.KVHeads*g.HeadDim
 	T := len(in.q) / qw
 	out := make([]float32, T*qw)
 	pos := 0
 	for _, n := range chunks {
-		if err := g.Forward(kv, pos, in.q[pos*qw:(pos+n)*qw], in.k[pos*kw:(pos+n)*kw], in.v[pos*kw:(pos+n)*kw], out[pos*qw:(pos+n)*qw]); err != nil {
+		if err := GQA(g, kv, pos, in.q[pos*qw:(pos+n)*qw], in.k[pos*kw:(pos+n)*kw], in.v[pos*kw:(pos+n)*kw], out[pos*qw:(pos+n)*qw]); err != nil {
 			t.Fatalf("Forward(pos %d, n %d): %v", pos, n, err)
 		}
 		pos += n
@@ -39,9 +40,9 @@ func runGQAPaged(t tb, g GQA, kv Paged, in gqaInputs, chunks []int) []float32 {
 	return out
 }
 
-func drawGQA(t *rapid.T) GQA {
+func drawGQA(t *rapid.T) kernelspec.GQA {
 	kvh := rapid.IntRange(1, 3).Draw(t, "kvHeads")
-	g := GQA{
+	g := kernelspec.GQA{
 		KVHeads: kvh,
 		Heads:   kvh * rapid.IntRange(1, 3).Draw(t, "group"),
 		HeadDim: rapid.IntRange(1, 9).Draw(t, "headDim"),
@@ -79,7 +80,7 @@ func TestGQAPagedEqualsDenseProperty(t *testing.T) {
 // TestGQADenseSuffix: the dense reference of a suffix of queries equals the
 // tail of the full one (so a caller may check one decode step alone).
 func TestGQADenseSuffix(t *testing.T) {
-	g := GQA{Heads: 4, KVHeads: 2, HeadDim: 8, Window: 5, Dtype: BF16, RoPE: RoPE{Dim: 8, Theta: 10000}}
+	g := kernelspec.GQA{Heads: 4, KVHeads: 2, HeadDim: 8, Window: 5, Dtype: kernelspec.BF16, RoPE: kernelspec.RoPE{Dim: 8, Theta: 10000}}
 	r := rand.New(rand.NewPCG(7, 7))
 	in := newGQAInputs(r, g, 20)
 	qw := g.Heads * g.HeadDim
@@ -98,9 +99,9 @@ func TestGQADenseSuffix(t *testing.T) {
 // one chunk of 64 against 64 chunks of 1, block size 16 contiguous against
 // block size 3 shuffled, GOMAXPROCS 1 against 2 (parallel path forced).
 func TestGQAChunkAndPlacementInvariance(t *testing.T) {
-	for _, g := range []GQA{
-		{Heads: 8, KVHeads: 2, HeadDim: 16, Dtype: BF16, RoPE: RoPE{Dim: 16, Theta: 10000}},
-		{Heads: 4, KVHeads: 4, HeadDim: 12, Window: 9, Dtype: FP8},
+	for _, g := range []kernelspec.GQA{
+		{Heads: 8, KVHeads: 2, HeadDim: 16, Dtype: kernelspec.BF16, RoPE: kernelspec.RoPE{Dim: 16, Theta: 10000}},
+		{Heads: 4, KVHeads: 4, HeadDim: 12, Window: 9, Dtype: kernelspec.FP8},
 	} {
 		r := rand.New(rand.NewPCG(11, 12))
 		const T = 64
@@ -125,7 +126,7 @@ func TestGQAChunkAndPlacementInvariance(t *testing.T) {
 // (another sequence's, or the same sequence's before its last write) gives a
 // different output, so an equivalence suite can catch a wrong block table.
 func TestGQAStaleBlockDetected(t *testing.T) {
-	g := GQA{Heads: 4, KVHeads: 2, HeadDim: 8, Dtype: BF16}
+	g := kernelspec.GQA{Heads: 4, KVHeads: 2, HeadDim: 8, Dtype: kernelspec.BF16}
 	r := rand.New(rand.NewPCG(13, 14))
 	const T, tpb = 24, 4
 	in := newGQAInputs(r, g, T)
@@ -144,7 +145,7 @@ func TestGQAStaleBlockDetected(t *testing.T) {
 		v.Table = tab
 		out := make([]float32, qw)
 		// Re-run the last token only: it rewrites its own row (in block 5) and reads the rest.
-		if err := g.Forward(v, T-1, in.q[(T-1)*qw:], in.k[(T-1)*g.KVHeads*g.HeadDim:], in.v[(T-1)*g.KVHeads*g.HeadDim:], out); err != nil {
+		if err := GQA(g, v, T-1, in.q[(T-1)*qw:], in.k[(T-1)*g.KVHeads*g.HeadDim:], in.v[(T-1)*g.KVHeads*g.HeadDim:], out); err != nil {
 			t.Fatal(err)
 		}
 		return out
@@ -160,20 +161,20 @@ func TestGQAStaleBlockDetected(t *testing.T) {
 }
 
 func TestGQAErrors(t *testing.T) {
-	g := GQA{Heads: 4, KVHeads: 2, HeadDim: 8, Dtype: BF16}
+	g := kernelspec.GQA{Heads: 4, KVHeads: 2, HeadDim: 8, Dtype: kernelspec.BF16}
 	r := rand.New(rand.NewPCG(1, 1))
 	kv := newPaged(r, layout{tpb: 4, perm: seq(2)}, g.RowBytes())
 	q, k, out := make([]float32, 32), make([]float32, 16), make([]float32, 32)
 	for _, tc := range []struct {
 		name string
-		g    GQA
+		g    kernelspec.GQA
 		kv   func(Paged) Paged
 		pos  int
 		q    []float32
 	}{
-		{"heads", GQA{Heads: 3, KVHeads: 2, HeadDim: 8}, nil, 0, q},
-		{"window", GQA{Heads: 4, KVHeads: 2, HeadDim: 8, Window: -1}, nil, 0, q},
-		{"rope dim", GQA{Heads: 4, KVHeads: 2, HeadDim: 8, RoPE: RoPE{Dim: 10, Theta: 1}}, nil, 0, q},
+		{"heads", kernelspec.GQA{Heads: 3, KVHeads: 2, HeadDim: 8}, nil, 0, q},
+		{"window", kernelspec.GQA{Heads: 4, KVHeads: 2, HeadDim: 8, Window: -1}, nil, 0, q},
+		{"rope dim", kernelspec.GQA{Heads: 4, KVHeads: 2, HeadDim: 8, RoPE: kernelspec.RoPE{Dim: 10, Theta: 1}}, nil, 0, q},
 		{"q length", g, nil, 0, q[:31]},
 		{"pos", g, nil, -1, q},
 		{"table short", g, nil, 8, q},
@@ -187,9 +188,9 @@ func TestGQAErrors(t *testing.T) {
 		if tc.kv != nil {
 			v = tc.kv(kv)
 		}
-		err := tc.g.Forward(v, tc.pos, tc.q, k, k, out)
-		if !errors.Is(err, ErrInvalid) {
-			t.Errorf("%s: Forward = %v, want ErrInvalid", tc.name, err)
+		err := GQA(tc.g, v, tc.pos, tc.q, k, k, out)
+		if !errors.Is(err, kernelspec.ErrInvalid) {
+			t.Errorf("%s: Forward = %v, want kernelspec.ErrInvalid", tc.name, err)
 		} else {
 			t.Logf("%s: %v", tc.name, err)
 		}
@@ -199,7 +200,7 @@ func TestGQAErrors(t *testing.T) {
 	gw.Window = 2
 	v := kv
 	v.Table = []kvcache.BlockID{-1, 1}
-	if err := gw.Forward(v, 5, q, k, k, out); err != nil {
+	if err := GQA(gw, v, 5, q, k, k, out); err != nil {
 		t.Errorf("window 2 at pos 5 with table[0] = -1: %v, want nil", err)
 	}
 }
@@ -210,7 +211,7 @@ func TestGQAErrors(t *testing.T) {
 // dense reference over the real tokens, and the verify step's outputs for
 // the accepted prefix equal it too.
 func TestGQADraftVerifyAndRewrite(t *testing.T) {
-	g := GQA{Heads: 4, KVHeads: 2, HeadDim: 8, Window: 6, Dtype: BF16, RoPE: RoPE{Dim: 8, Theta: 10000}}
+	g := kernelspec.GQA{Heads: 4, KVHeads: 2, HeadDim: 8, Window: 6, Dtype: kernelspec.BF16, RoPE: kernelspec.RoPE{Dim: 8, Theta: 10000}}
 	r := rand.New(rand.NewPCG(51, 52))
 	const T = 16
 	in := newGQAInputs(r, g, T)
@@ -223,7 +224,7 @@ func TestGQADraftVerifyAndRewrite(t *testing.T) {
 	got := make([]float32, T*qw)
 	step := func(pos int, q, k, v, out []float32) {
 		t.Helper()
-		if err := g.Forward(kv, pos, q, k, v, out); err != nil {
+		if err := GQA(g, kv, pos, q, k, v, out); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -253,7 +254,7 @@ func TestLongContextRealDims(t *testing.T) {
 	}
 	r := rand.New(rand.NewPCG(61, 62))
 	const T = 400
-	g := GQA{Heads: 8, KVHeads: 2, HeadDim: 64, Window: 300, Dtype: BF16, RoPE: RoPE{Dim: 64, Theta: 500000}}
+	g := kernelspec.GQA{Heads: 8, KVHeads: 2, HeadDim: 64, Window: 300, Dtype: kernelspec.BF16, RoPE: kernelspec.RoPE{Dim: 64, Theta: 500000}}
 	in := newGQAInputs(r, g, T)
 	want := make([]float32, len(in.q))
 	if err := DenseGQA(g, 0, in.q, in.k, in.v, want); err != nil {
@@ -266,8 +267,8 @@ func TestLongContextRealDims(t *testing.T) {
 	})
 	checkEqual(t, "GQA long context", got, want)
 
-	m := MLA{Heads: 8, KVLoraRank: 64, QKNopeHeadDim: 32, QKRopeHeadDim: 16, VHeadDim: 32, Dtype: FP8, RoPE: RoPE{Dim: 16, Theta: 10000, Interleaved: true}}
-	x := Indexer{Heads: 4, HeadDim: 32, TopK: 64}
+	m := kernelspec.MLA{Heads: 8, KVLoraRank: 64, QKNopeHeadDim: 32, QKRopeHeadDim: 16, VHeadDim: 32, Dtype: kernelspec.FP8, RoPE: kernelspec.RoPE{Dim: 16, Theta: 10000, Interleaved: true}}
+	x := kernelspec.Indexer{Heads: 4, HeadDim: 32, TopK: 64}
 	c := newMLACase(r, m, x, T)
 	din, dix := c.dense(0)
 	wantM := make([]float32, T*m.Heads*m.VHeadDim)
@@ -275,7 +276,7 @@ func TestLongContextRealDims(t *testing.T) {
 	if err := DenseMLA(m, c.w, din, wantM); err != nil {
 		t.Fatal(err)
 	}
-	if err := DenseDSA(DSA{MLA: m, Indexer: x}, c.w, din, dix, wantD, nil); err != nil {
+	if err := DenseDSA(kernelspec.DSA{MLA: m, Indexer: x}, c.w, din, dix, wantD, nil); err != nil {
 		t.Fatal(err)
 	}
 	var gotM, gotD []float32

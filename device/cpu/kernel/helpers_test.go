@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"pgregory.net/rapid"
 )
@@ -97,15 +98,15 @@ func withProcs(p int, f func()) {
 	f()
 }
 
-func drawDtype(t *rapid.T) Dtype {
-	return rapid.SampledFrom([]Dtype{BF16, FP8, F32}).Draw(t, "dtype")
+func drawDtype(t *rapid.T) kernelspec.Dtype {
+	return rapid.SampledFrom([]kernelspec.Dtype{kernelspec.BF16, kernelspec.FP8, kernelspec.F32}).Draw(t, "dtype")
 }
 
-func drawRoPE(t *rapid.T, dim int) RoPE {
+func drawRoPE(t *rapid.T, dim int) kernelspec.RoPE {
 	if dim < 2 || !rapid.Bool().Draw(t, "rope") {
-		return RoPE{}
+		return kernelspec.RoPE{}
 	}
-	return RoPE{Dim: 2 * rapid.IntRange(1, dim/2).Draw(t, "ropeHalf"), Theta: 10000, Interleaved: rapid.Bool().Draw(t, "interleaved")}
+	return kernelspec.RoPE{Dim: 2 * rapid.IntRange(1, dim/2).Draw(t, "ropeHalf"), Theta: 10000, Interleaved: rapid.Bool().Draw(t, "interleaved")}
 }
 
 func checkEqual(t tb, what string, got, want []float32) {

@@ -5,6 +5,11 @@
 // (RMSNorm, RoPE, matvec, softmax, SiLU, argmax, MoE top-k routing). The cpu
 // device's synth.Ops are loops over these functions.
 //
+// What each kernel computes (its shape, cache dtype, row or state layout
+// and order of operations) is its spec's in device/kernelspec, which the
+// cuda device runs too: kernel.GQA(g, ...) runs the spec g here, and the
+// cuda device's tests compare their results with these.
+//
 // # Storage
 //
 // The device owns each pool as one []byte of Blocks × BlockBytes. A paged
@@ -36,7 +41,7 @@
 //
 // # Errors and panics
 //
-// Kernels validate shapes and tables and return errors wrapping ErrInvalid
+// Kernels validate shapes and tables and return errors wrapping kernelspec.ErrInvalid
 // that name the field, the value and the limit. They panic only on
 // programmer errors that validation rules out (documented per function).
 // Kernels are safe for concurrent use on disjoint outputs and caches; an
@@ -46,74 +51,17 @@
 package kernel
 
 import (
-	"errors"
 	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
-// ErrInvalid is wrapped by every validation error of this package.
-var ErrInvalid = errors.New("kernel: invalid argument")
-
 func invalidf(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
-}
-
-// Dtype is the element type of a cache buffer.
-type Dtype uint8
-
-const (
-	// BF16 is bfloat16, 2 bytes, rounded to nearest even (see BF16FromFloat32).
-	BF16 Dtype = iota
-	// FP8 is OCP float8 e4m3fn, 1 byte, saturating (see FP8FromFloat32).
-	FP8
-	// F32 is float32, 4 bytes, exact.
-	F32
-)
-
-// Size returns the bytes of one element.
-func (d Dtype) Size() int {
-	switch d {
-	case BF16:
-		return 2
-	case FP8:
-		return 1
-	case F32:
-		return 4
-	}
-	return 0
-}
-
-func (d Dtype) String() string {
-	switch d {
-	case BF16:
-		return "bf16"
-	case FP8:
-		return "fp8"
-	case F32:
-		return "float32"
-	}
-	return fmt.Sprintf("Dtype(%d)", uint8(d))
-}
-
-func (d Dtype) valid() bool { return d <= F32 }
-
-// ParseDtype maps a cache dtype name of the engine config (plugins/model's
-// KVBytes and StateBytes names) to a Dtype. "auto" is the caller's business:
-// pass what it resolves to.
-func ParseDtype(name string) (Dtype, error) {
-	switch name {
-	case "bf16", "bfloat16":
-		return BF16, nil
-	case "fp8":
-		return FP8, nil
-	case "float32", "fp32":
-		return F32, nil
-	}
-	return 0, invalidf("dtype %q: allowed bf16, bfloat16, fp8, float32, fp32", name)
+	return fmt.Errorf("%w: "+format, append([]any{kernelspec.ErrInvalid}, args...)...)
 }
 
 // Paged is a view of one layer's paged buffer in one pool, for one sequence.

@@ -1,54 +1,6 @@
 package kernel
 
-// Mamba2 is the Mamba2 mixer's sequence part (after in_proj, before
-// out_proj): a causal depthwise conv1d over (x, B, C), the selective-scan
-// recurrence per head, the silu(z) gate and the grouped RMSNorm. It reads
-// and writes one sequence's conv and SSM state in its state slot.
-//
-// Dimensions are per rank: d_inner = Heads*HeadDim, ConvDim = d_inner +
-// 2*Groups*State (x, then B, then C, as in_proj splits xBC).
-//
-// State layouts (little-endian, at ConvDtype / SSMDtype):
-//
-//	conv: [ConvKernel-1][ConvDim]  the last ConvKernel-1 conv inputs, oldest first
-//	ssm:  [Heads][HeadDim][State]
-//
-// ConvBytes and SSMBytes are what plugins/model.FillBuffers sizes the conv and
-// ssm buffers with. A new sequence starts from zeroed state (clear both
-// slices); a snapshot or restore is a copy of the state slot (CopyBlocks).
-//
-// Per token t, in this order (DenseMamba2 does the same):
-//
-//	u = xBC_t rounded to ConvDtype (so the conv sees the same inputs whether
-//	    they come from the state or from this chunk)
-//	conv_c = bias_c + Σ_k w[c][k] * in_k[c], k = 0..K-1 ascending, in_{K-1} = u,
-//	    in_0..K-2 the conv state; xc = SiLU(conv_c); the state shifts in u
-//	x, B, C = split(xc); head h uses group g = h / (Heads/Groups)
-//	dt_h = Softplus(dt_t[h] + DtBias[h]), then max(dt_h, DtMin) when DtMin > 0;
-//	    dA = exp(dt_h * A[h])
-//	s[h][p][n] = s*dA + (dt_h*x[h][p]) * B[g][n], rounded to SSMDtype
-//	y[h][p] = Σ_n s[h][p][n]*C[g][n] (n ascending, from 0) + D[h]*x[h][p]
-//	y = y * SiLU(z_t), then RMSNorm over each of Groups groups of d_inner/Groups
-//	    elements with weight NormW (Mamba2's RMSNormGated, norm after gate)
-//
-// The recurrence runs token by token for chunks too (no chunked SSD form),
-// so a token's output and the state after it do not depend on chunking.
-type Mamba2 struct {
-	Heads      int // mamba heads (per rank)
-	HeadDim    int
-	State      int // ssm_state_size
-	Groups     int // n_groups (per rank); divides Heads
-	ConvKernel int // conv taps (>= 1)
-	ConvDtype  Dtype
-	SSMDtype   Dtype
-	Eps        float32 // RMSNorm epsilon
-	// DtMin, when > 0, is a floor on dt after the softplus: transformers'
-	// chunked scan (its prefill) clamps dt to time_step_min, its
-	// single-token decode step does not, so a device runs prompt tokens
-	// with DtMin and generated ones without. 0 (the synthetic model): no
-	// floor.
-	DtMin float32
-}
+import "github.com/kvx-dev/kvx/device/kernelspec"
 
 // Mamba2Weights are one layer's mixer weights; the kernel never retains them.
 type Mamba2Weights struct {
@@ -60,38 +12,7 @@ type Mamba2Weights struct {
 	NormW  []float32 // Heads*HeadDim
 }
 
-// Validate checks the dimensions.
-func (m Mamba2) Validate() error {
-	switch {
-	case m.Heads <= 0 || m.HeadDim <= 0 || m.State <= 0:
-		return invalidf("mamba2: heads %d, head dim %d, state %d must all be > 0", m.Heads, m.HeadDim, m.State)
-	case m.Groups <= 0 || m.Heads%m.Groups != 0:
-		return invalidf("mamba2: groups %d must be > 0 and divide heads %d", m.Groups, m.Heads)
-	case m.ConvKernel < 1:
-		return invalidf("mamba2: conv kernel %d must be >= 1", m.ConvKernel)
-	case m.ConvDtype != F32 && m.ConvDtype != BF16:
-		return invalidf("mamba2: conv dtype %v: allowed float32, bf16", m.ConvDtype)
-	case m.SSMDtype != F32 && m.SSMDtype != BF16:
-		return invalidf("mamba2: ssm dtype %v: allowed float32, bf16", m.SSMDtype)
-	case !(m.DtMin >= 0):
-		return invalidf("mamba2: dt floor %v must be >= 0", m.DtMin)
-	}
-	return nil
-}
-
-// Inner returns d_inner = Heads*HeadDim.
-func (m Mamba2) Inner() int { return m.Heads * m.HeadDim }
-
-// ConvDim returns the conv channels, Inner + 2*Groups*State.
-func (m Mamba2) ConvDim() int { return m.Inner() + 2*m.Groups*m.State }
-
-// ConvBytes returns the bytes of one sequence's conv state.
-func (m Mamba2) ConvBytes() int { return (m.ConvKernel - 1) * m.ConvDim() * m.ConvDtype.Size() }
-
-// SSMBytes returns the bytes of one sequence's SSM state.
-func (m Mamba2) SSMBytes() int { return m.Heads * m.HeadDim * m.State * m.SSMDtype.Size() }
-
-func (m Mamba2) checkWeights(w *Mamba2Weights) error {
+func mamba2CheckWeights(m kernelspec.Mamba2, w *Mamba2Weights) error {
 	if w == nil {
 		return invalidf("mamba2: nil weights")
 	}
@@ -109,8 +30,8 @@ func (m Mamba2) checkWeights(w *Mamba2Weights) error {
 	return nil
 }
 
-// tokens checks the per-token inputs and returns their count.
-func (m Mamba2) tokens(z, xBC, dt, out []float32) (int, error) {
+// mamba2Tokens checks the per-token inputs and returns their count.
+func mamba2Tokens(m kernelspec.Mamba2, z, xBC, dt, out []float32) (int, error) {
 	if err := m.Validate(); err != nil {
 		return 0, err
 	}
@@ -130,29 +51,29 @@ func (m Mamba2) tokens(z, xBC, dt, out []float32) (int, error) {
 	return n, nil
 }
 
-// Forward runs n tokens of one sequence (z: n × d_inner, xBC: n × ConvDim,
+// Mamba2 runs n tokens of one sequence (z: n × d_inner, xBC: n × ConvDim,
 // dt: n × Heads, out: n × d_inner) from the state in conv and ssm (the
 // layer's buffers in the sequence's state slot, ConvBytes and SSMBytes
 // long) and leaves the state after the last token there. One token is
 // decode; more is a prefill chunk; the results are the same either way.
-// Errors wrap ErrInvalid. z, xBC, dt are not modified.
-func (m Mamba2) Forward(w *Mamba2Weights, conv, ssm []byte, z, xBC, dt, out []float32) error {
-	n, err := m.tokens(z, xBC, dt, out)
+// Errors wrap kernelspec.ErrInvalid. z, xBC, dt are not modified.
+func Mamba2(m kernelspec.Mamba2, w *Mamba2Weights, conv, ssm []byte, z, xBC, dt, out []float32) error {
+	n, err := mamba2Tokens(m, z, xBC, dt, out)
 	if err != nil {
 		return err
 	}
-	if err := m.checkWeights(w); err != nil {
+	if err := mamba2CheckWeights(m, w); err != nil {
 		return err
 	}
 	if len(conv) != m.ConvBytes() || len(ssm) != m.SSMBytes() {
 		return invalidf("mamba2: state of %d conv and %d ssm bytes, want %d and %d", len(conv), len(ssm), m.ConvBytes(), m.SSMBytes())
 	}
-	st := m.newState()
+	st := mamba2NewState(m)
 	decodeRow(m.ConvDtype, st.conv, conv)
 	decodeRow(m.SSMDtype, st.ssm, ssm)
 	cd, di := m.ConvDim(), m.Inner()
 	for i := 0; i < n; i++ {
-		m.step(w, st, z[i*di:(i+1)*di], xBC[i*cd:(i+1)*cd], dt[i*m.Heads:(i+1)*m.Heads], out[i*di:(i+1)*di])
+		mamba2Step(m, w, st, z[i*di:(i+1)*di], xBC[i*cd:(i+1)*cd], dt[i*m.Heads:(i+1)*m.Heads], out[i*di:(i+1)*di])
 	}
 	encodeRow(m.ConvDtype, conv, st.conv)
 	encodeRow(m.SSMDtype, ssm, st.ssm)
@@ -164,7 +85,7 @@ type mambaState struct {
 	u, xc, y  []float32 // scratch
 }
 
-func (m Mamba2) newState() *mambaState {
+func mamba2NewState(m kernelspec.Mamba2) *mambaState {
 	cd := m.ConvDim()
 	return &mambaState{
 		conv: make([]float32, (m.ConvKernel-1)*cd),
@@ -176,7 +97,7 @@ func (m Mamba2) newState() *mambaState {
 }
 
 // dtOf is head h's step: Softplus(dt + bias), floored at DtMin when set.
-func (m Mamba2) dtOf(dt, bias float32) float32 {
+func mamba2DtOf(m kernelspec.Mamba2, dt, bias float32) float32 {
 	v := Softplus(dt + bias)
 	if m.DtMin > 0 {
 		v = max(v, m.DtMin)
@@ -185,7 +106,7 @@ func (m Mamba2) dtOf(dt, bias float32) float32 {
 }
 
 // step advances the state by one token and writes its output.
-func (m Mamba2) step(w *Mamba2Weights, st *mambaState, z, xBC, dt, out []float32) {
+func mamba2Step(m kernelspec.Mamba2, w *Mamba2Weights, st *mambaState, z, xBC, dt, out []float32) {
 	cd, K := m.ConvDim(), m.ConvKernel
 	u := st.u
 	copy(u, xBC)
@@ -208,10 +129,10 @@ func (m Mamba2) step(w *Mamba2Weights, st *mambaState, z, xBC, dt, out []float32
 	B := st.xc[di : di+m.Groups*N]
 	C := st.xc[di+m.Groups*N:]
 	hpg := m.Heads / m.Groups
-	round := m.SSMDtype != F32
+	round := m.SSMDtype != kernelspec.F32
 	for h := 0; h < m.Heads; h++ {
 		g := h / hpg
-		dth := m.dtOf(dt[h], w.DtBias[h])
+		dth := mamba2DtOf(m, dt[h], w.DtBias[h])
 		dA := exp32(dth * w.A[h])
 		Bg, Cg := B[g*N:(g+1)*N], C[g*N:(g+1)*N]
 		for p := 0; p < P; p++ {
@@ -239,16 +160,16 @@ func (m Mamba2) step(w *Mamba2Weights, st *mambaState, z, xBC, dt, out []float32
 	}
 }
 
-// DenseMamba2 is the dense reference of Mamba2.Forward: it runs all n tokens
+// DenseMamba2 is the dense reference of Mamba2: it runs all n tokens
 // of a sequence from zero state, the recurrence written out with plain
 // float32 slices (no state slot), and returns the final conv and SSM state
-// as float32 in the slot layouts. Bit-identical to any chunked Forward.
-func DenseMamba2(m Mamba2, w *Mamba2Weights, z, xBC, dt, out []float32) (conv, ssm []float32, err error) {
-	n, err := m.tokens(z, xBC, dt, out)
+// as float32 in the slot layouts. Bit-identical to any chunked Mamba2.
+func DenseMamba2(m kernelspec.Mamba2, w *Mamba2Weights, z, xBC, dt, out []float32) (conv, ssm []float32, err error) {
+	n, err := mamba2Tokens(m, z, xBC, dt, out)
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := m.checkWeights(w); err != nil {
+	if err := mamba2CheckWeights(m, w); err != nil {
 		return nil, nil, err
 	}
 	cd, di, K, N, P := m.ConvDim(), m.Inner(), m.ConvKernel, m.State, m.HeadDim
@@ -273,7 +194,7 @@ func DenseMamba2(m Mamba2, w *Mamba2Weights, z, xBC, dt, out []float32) (conv, s
 		y := make([]float32, di)
 		for h := 0; h < m.Heads; h++ {
 			g := h / (m.Heads / m.Groups)
-			dth := m.dtOf(dt[t*m.Heads+h], w.DtBias[h])
+			dth := mamba2DtOf(m, dt[t*m.Heads+h], w.DtBias[h])
 			dA := exp32(dth * w.A[h])
 			for p := 0; p < P; p++ {
 				xv := x[h*P+p]
@@ -281,7 +202,7 @@ func DenseMamba2(m Mamba2, w *Mamba2Weights, z, xBC, dt, out []float32) (conv, s
 				for j := 0; j < N; j++ {
 					i := (h*P+p)*N + j
 					s[i] = float32(s[i]*dA) + float32(dth*xv*B[g*N+j])
-					if m.SSMDtype == BF16 {
+					if m.SSMDtype == kernelspec.BF16 {
 						s[i] = Float32FromBF16(BF16FromFloat32(s[i]))
 					}
 					acc += float32(s[i] * C[g*N+j])

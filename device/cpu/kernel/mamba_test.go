@@ -6,17 +6,18 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"pgregory.net/rapid"
 )
 
 type mambaCase struct {
-	m          Mamba2
+	m          kernelspec.Mamba2
 	w          *Mamba2Weights
 	z, xBC, dt []float32
 }
 
-func newMambaCase(r *rand.Rand, m Mamba2, T int) mambaCase {
+func newMambaCase(r *rand.Rand, m kernelspec.Mamba2, T int) mambaCase {
 	cd, H := m.ConvDim(), m.Heads
 	w := &Mamba2Weights{
 		ConvW:  randVec(r, cd*m.ConvKernel, 0.5),
@@ -37,7 +38,7 @@ func (c mambaCase) run(t tb, conv, ssm []byte, a, b int, out []float32) {
 	t.Helper()
 	m := c.m
 	di, cd, H := m.Inner(), m.ConvDim(), m.Heads
-	if err := m.Forward(c.w, conv, ssm, c.z[a*di:b*di], c.xBC[a*cd:b*cd], c.dt[a*H:b*H], out[a*di:b*di]); err != nil {
+	if err := Mamba2(m, c.w, conv, ssm, c.z[a*di:b*di], c.xBC[a*cd:b*cd], c.dt[a*H:b*H], out[a*di:b*di]); err != nil {
 		t.Fatalf("Mamba2.Forward(%d..%d): %v", a, b, err)
 	}
 }
@@ -60,16 +61,16 @@ func (c mambaCase) pool(r *rand.Rand, nb, pad int) (Pool, func(b int) (conv, ssm
 	}
 }
 
-func drawMamba(t *rapid.T) Mamba2 {
+func drawMamba(t *rapid.T) kernelspec.Mamba2 {
 	g := rapid.IntRange(1, 2).Draw(t, "groups")
-	return Mamba2{
+	return kernelspec.Mamba2{
 		Groups:     g,
 		Heads:      g * rapid.IntRange(1, 3).Draw(t, "headsPerGroup"),
 		HeadDim:    rapid.IntRange(1, 4).Draw(t, "headDim"),
 		State:      rapid.IntRange(1, 6).Draw(t, "state"),
 		ConvKernel: rapid.IntRange(1, 4).Draw(t, "kernel"),
-		ConvDtype:  rapid.SampledFrom([]Dtype{F32, BF16}).Draw(t, "convDtype"),
-		SSMDtype:   rapid.SampledFrom([]Dtype{F32, BF16}).Draw(t, "ssmDtype"),
+		ConvDtype:  rapid.SampledFrom([]kernelspec.Dtype{kernelspec.F32, kernelspec.BF16}).Draw(t, "convDtype"),
+		SSMDtype:   rapid.SampledFrom([]kernelspec.Dtype{kernelspec.F32, kernelspec.BF16}).Draw(t, "ssmDtype"),
 		Eps:        1e-5,
 		DtMin:      rapid.SampledFrom([]float32{0, 0.001, 0.5}).Draw(t, "dtMin"),
 	}
@@ -111,7 +112,7 @@ func TestMamba2ChunkedEqualsDenseProperty(t *testing.T) {
 // continue; restoring the snapshot into another slot and continuing gives
 // the same bits; continuing from a stale snapshot does not.
 func TestMamba2SnapshotRestore(t *testing.T) {
-	m := Mamba2{Heads: 4, HeadDim: 4, State: 8, Groups: 2, ConvKernel: 4, ConvDtype: BF16, SSMDtype: F32, Eps: 1e-5}
+	m := kernelspec.Mamba2{Heads: 4, HeadDim: 4, State: 8, Groups: 2, ConvKernel: 4, ConvDtype: kernelspec.BF16, SSMDtype: kernelspec.F32, Eps: 1e-5}
 	r := rand.New(rand.NewPCG(41, 42))
 	const T, cut = 20, 12
 	c := newMambaCase(r, m, T)
@@ -149,11 +150,11 @@ func TestMamba2SnapshotRestore(t *testing.T) {
 // a floor below every step gives the unfloored bits, one above some steps
 // changes the output, and a negative floor is invalid.
 func TestMamba2DtMin(t *testing.T) {
-	m := Mamba2{Heads: 4, HeadDim: 2, State: 4, Groups: 2, ConvKernel: 3, ConvDtype: F32, SSMDtype: F32, Eps: 1e-5}
+	m := kernelspec.Mamba2{Heads: 4, HeadDim: 2, State: 4, Groups: 2, ConvKernel: 3, ConvDtype: kernelspec.F32, SSMDtype: kernelspec.F32, Eps: 1e-5}
 	r := rand.New(rand.NewPCG(8, 9))
 	const T = 6
 	c := newMambaCase(r, m, T)
-	run := func(m Mamba2) []float32 {
+	run := func(m kernelspec.Mamba2) []float32 {
 		out := make([]float32, T*m.Inner())
 		if _, _, err := DenseMamba2(m, c.w, c.z, c.xBC, c.dt, out); err != nil {
 			t.Fatal(err)
@@ -178,13 +179,13 @@ func TestMamba2DtMin(t *testing.T) {
 	}
 	neg := m
 	neg.DtMin = -1
-	if err := neg.Validate(); !errors.Is(err, ErrInvalid) {
-		t.Errorf("DtMin -1: Validate = %v, want ErrInvalid", err)
+	if err := neg.Validate(); !errors.Is(err, kernelspec.ErrInvalid) {
+		t.Errorf("DtMin -1: Validate = %v, want kernelspec.ErrInvalid", err)
 	}
 }
 
 func TestMamba2Errors(t *testing.T) {
-	m := Mamba2{Heads: 2, HeadDim: 2, State: 2, Groups: 1, ConvKernel: 3, ConvDtype: F32, SSMDtype: F32}
+	m := kernelspec.Mamba2{Heads: 2, HeadDim: 2, State: 2, Groups: 1, ConvKernel: 3, ConvDtype: kernelspec.F32, SSMDtype: kernelspec.F32}
 	r := rand.New(rand.NewPCG(1, 1))
 	c := newMambaCase(r, m, 2)
 	conv, ssm := make([]byte, m.ConvBytes()), make([]byte, m.SSMBytes())
@@ -192,20 +193,20 @@ func TestMamba2Errors(t *testing.T) {
 	badM := m
 	badM.Groups = 3
 	fp8 := m
-	fp8.SSMDtype = FP8
+	fp8.SSMDtype = kernelspec.FP8
 	for _, tc := range []struct {
 		name string
 		err  error
 	}{
-		{"groups", badM.Forward(c.w, conv, ssm, c.z, c.xBC, c.dt, out)},
+		{"groups", Mamba2(badM, c.w, conv, ssm, c.z, c.xBC, c.dt, out)},
 		{"ssm dtype", fp8.Validate()},
-		{"xBC", m.Forward(c.w, conv, ssm, c.z, c.xBC[1:], c.dt, out)},
-		{"dt", m.Forward(c.w, conv, ssm, c.z, c.xBC, c.dt[1:], out)},
-		{"state", m.Forward(c.w, conv[1:], ssm, c.z, c.xBC, c.dt, out)},
-		{"weights", m.Forward(&Mamba2Weights{}, conv, ssm, c.z, c.xBC, c.dt, out)},
+		{"xBC", Mamba2(m, c.w, conv, ssm, c.z, c.xBC[1:], c.dt, out)},
+		{"dt", Mamba2(m, c.w, conv, ssm, c.z, c.xBC, c.dt[1:], out)},
+		{"state", Mamba2(m, c.w, conv[1:], ssm, c.z, c.xBC, c.dt, out)},
+		{"weights", Mamba2(m, &Mamba2Weights{}, conv, ssm, c.z, c.xBC, c.dt, out)},
 	} {
-		if !errors.Is(tc.err, ErrInvalid) {
-			t.Errorf("%s: %v, want ErrInvalid", tc.name, tc.err)
+		if !errors.Is(tc.err, kernelspec.ErrInvalid) {
+			t.Errorf("%s: %v, want kernelspec.ErrInvalid", tc.name, tc.err)
 		} else {
 			t.Logf("%s: %v", tc.name, tc.err)
 		}
@@ -218,7 +219,7 @@ func TestMamba2Errors(t *testing.T) {
 // floor, the D skip, the gate and the grouped norm all show.
 func TestMamba2OneTokenOracle(t *testing.T) {
 	for _, dtMin := range []float32{0, 0.8} {
-		m := Mamba2{Heads: 4, HeadDim: 2, State: 3, Groups: 2, ConvKernel: 3, ConvDtype: F32, SSMDtype: F32, Eps: 1e-5, DtMin: dtMin}
+		m := kernelspec.Mamba2{Heads: 4, HeadDim: 2, State: 3, Groups: 2, ConvKernel: 3, ConvDtype: kernelspec.F32, SSMDtype: kernelspec.F32, Eps: 1e-5, DtMin: dtMin}
 		r := rand.New(rand.NewPCG(12, 13))
 		c := newMambaCase(r, m, 1)
 		out := make([]float32, m.Inner())

@@ -1,6 +1,10 @@
 package kernel
 
-import "math"
+import (
+	"math"
+
+	"github.com/kvx-dev/kvx/device/kernelspec"
+)
 
 // Dot returns the dot product of x and y[:len(x)] in the one summation order
 // every kernel of this package uses: four partial sums, element i going to
@@ -137,47 +141,14 @@ func Argmax(x []float32) int {
 	return best
 }
 
-// RoPE is rotary position embedding over the first Dim elements of each head.
-// Theta 0 disables it (Apply is a no-op), for callers that rotate themselves.
-type RoPE struct {
-	Dim   int     // rotated elements per head (even); the rest pass through
-	Theta float64 // base (rope_theta), e.g. 10000
-	// Interleaved rotates pairs (x[2i], x[2i+1]) (GPT-J, DeepSeek's
-	// reference code); false rotates (x[i], x[i+Dim/2]) (GPT-NeoX, HF Llama).
-	Interleaved bool
-	// InvFreq, when set, holds the Dim/2 frequencies (radians per position)
-	// in place of Theta^(-2i/Dim): the scaled RoPE variants (llama3, yarn)
-	// compute them from the checkpoint's rope parameters. Theta is then
-	// ignored. The caller must not modify it.
-	InvFreq []float64
-	// Scale, when not 0, multiplies every cosine and sine before they are
-	// rounded to float32 (yarn's attention factor).
-	Scale float64
-}
-
-func (r RoPE) on() bool { return (r.Theta != 0 || len(r.InvFreq) > 0) && r.Dim > 0 }
-
-func (r RoPE) validate(name string, headDim int) error {
-	if !r.on() {
-		return nil
-	}
-	if r.Dim%2 != 0 || r.Dim > headDim {
-		return invalidf("%s: rope dim %d must be even and <= %d", name, r.Dim, headDim)
-	}
-	if len(r.InvFreq) > 0 && len(r.InvFreq) != r.Dim/2 {
-		return invalidf("%s: %d rope frequencies, want dim/2 = %d", name, len(r.InvFreq), r.Dim/2)
-	}
-	return nil
-}
-
-// Apply rotates, for position pos, x[h*stride : h*stride+Dim] for every head
+// RoPE rotates by r, for position pos, x[h*stride : h*stride+Dim] for every head
 // h with h*stride < len(x). Frequency i is Theta^(-2i/Dim), or InvFreq[i]
 // when InvFreq is set; the angle pos·freq, its cosine and sine (times Scale
 // when Scale != 0) are computed in float64 and rounded to float32. It
 // panics if stride <= 0, a head's rope part runs past len(x), or InvFreq
 // is set but shorter than Dim/2.
-func (r RoPE) Apply(x []float32, stride, pos int) {
-	if !r.on() {
+func RoPE(r kernelspec.RoPE, x []float32, stride, pos int) {
+	if !r.On() {
 		return
 	}
 	if stride <= 0 {

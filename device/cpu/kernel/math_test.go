@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/kvx-dev/kvx/device/kernelspec"
 )
 
 func TestDotOrder(t *testing.T) {
@@ -75,17 +77,17 @@ func TestSoftmaxRMSNormSiLUArgmax(t *testing.T) {
 func TestRoPE(t *testing.T) {
 	r := rand.New(rand.NewPCG(4, 5))
 	for _, inter := range []bool{false, true} {
-		rp := RoPE{Dim: 8, Theta: 10000, Interleaved: inter}
+		rp := kernelspec.RoPE{Dim: 8, Theta: 10000, Interleaved: inter}
 		q, k := randVec(r, 10, 1), randVec(r, 10, 1)
 		// Position 0 is the identity.
 		q0 := append([]float32(nil), q...)
-		rp.Apply(q0, 10, 0)
+		RoPE(rp, q0, 10, 0)
 		checkEqual(t, "RoPE at 0", q0, q)
 		// Scores depend on the distance only; dims past Dim pass through.
 		score := func(pq, pk int) float64 {
 			a, b := append([]float32(nil), q...), append([]float32(nil), k...)
-			rp.Apply(a, 10, pq)
-			rp.Apply(b, 10, pk)
+			RoPE(rp, a, 10, pq)
+			RoPE(rp, b, 10, pk)
 			if a[8] != q[8] || a[9] != q[9] {
 				t.Fatalf("RoPE touched dims past Dim")
 			}
@@ -96,7 +98,7 @@ func TestRoPE(t *testing.T) {
 		}
 		// Two heads rotate alike.
 		two := append(append([]float32(nil), q...), q...)
-		rp.Apply(two, 10, 5)
+		RoPE(rp, two, 10, 5)
 		checkEqual(t, "RoPE head 2", two[10:], two[:10])
 	}
 }
@@ -105,20 +107,20 @@ func TestRoPE(t *testing.T) {
 // the rotated vector's length.
 func TestRoPEInvFreqAndScale(t *testing.T) {
 	x := []float32{0.3, -1.2, 0.7, 2.0, 1.5, -0.25, 0.9, -0.4}
-	base := RoPE{Dim: 8, Theta: 10000}
+	base := kernelspec.RoPE{Dim: 8, Theta: 10000}
 	inv := make([]float64, 4)
 	for i := range inv {
 		inv[i] = math.Pow(10000, -float64(2*i)/8)
 	}
 	a, b, c := append([]float32(nil), x...), append([]float32(nil), x...), append([]float32(nil), x...)
-	base.Apply(a, 8, 37)
-	RoPE{Dim: 8, InvFreq: inv}.Apply(b, 8, 37)
+	RoPE(base, a, 8, 37)
+	RoPE(kernelspec.RoPE{Dim: 8, InvFreq: inv}, b, 8, 37)
 	for i := range a {
 		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
 			t.Fatalf("InvFreq = the Theta table: element %d is %v, Theta gives %v", i, b[i], a[i])
 		}
 	}
-	RoPE{Dim: 8, InvFreq: inv, Scale: 2}.Apply(c, 8, 37)
+	RoPE(kernelspec.RoPE{Dim: 8, InvFreq: inv, Scale: 2}, c, 8, 37)
 	for i := range 4 {
 		na := math.Hypot(float64(a[i]), float64(a[i+4]))
 		nc := math.Hypot(float64(c[i]), float64(c[i+4]))
@@ -126,7 +128,7 @@ func TestRoPEInvFreqAndScale(t *testing.T) {
 			t.Errorf("Scale 2: pair %d has length %v, want 2 × %v", i, nc, na)
 		}
 	}
-	if err := (RoPE{Dim: 8, InvFreq: inv[:3]}).validate("t", 8); err == nil {
+	if err := (kernelspec.GQA{Heads: 1, KVHeads: 1, HeadDim: 8, RoPE: kernelspec.RoPE{Dim: 8, InvFreq: inv[:3]}}).Validate(); err == nil {
 		t.Errorf("3 frequencies for dim 8: no error")
 	}
 }

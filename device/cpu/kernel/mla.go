@@ -1,48 +1,10 @@
 package kernel
 
 import (
-	"math"
 	"runtime"
-)
 
-// MLA is multi-head latent attention (DeepSeek-V2/V3) on the latent cache, in
-// absorbed form: the up-projections never expand the cache; each query is
-// absorbed into the latent space instead.
-//
-// Row layout of one token (RowBytes bytes, at Dtype, little-endian):
-//
-//	c_kv[KVLoraRank] then k_pe[QKRopeHeadDim]
-//
-// (KVLoraRank+QKRopeHeadDim)*Dtype.Size() bytes, what plugins/model.FillBuffers
-// sizes the latent buffer with. c_kv is the compressed KV after its norm;
-// k_pe is the shared rope key after RoPE. fp8 latents are stored without a
-// scale (the model sizes none): a plain saturating e4m3 cast.
-//
-// Per query token at position p and head h, in this order (DenseMLA and the
-// sparse path of DSA do the same):
-//
-//	q_lat[r] = Σ_d q_nope[h][d] * UK[h][d][r]   (d ascending, from 0)
-//	s_j      = (Dot(q_lat, c_j) + Dot(q_pe[h], k_pe_j)) * scale
-//	e_j      = exp(s_j - max s), l = Σ e_j      (j ascending)
-//	o_lat    = (Σ e_j c_j) / l                  (j ascending, Axpy)
-//	out[h][e] = Dot(UV[h][e], o_lat)
-//
-// over j = 0..p (dense) or the selected positions, ascending (DSA). Prefill
-// and decode use this same per-query formulation, so a token's output does
-// not depend on how the sequence was chunked.
-type MLA struct {
-	Heads         int // query heads (per rank)
-	KVLoraRank    int
-	QKNopeHeadDim int
-	QKRopeHeadDim int
-	VHeadDim      int
-	Scale         float32 // softmax scale; 0 = 1/sqrt(QKNopeHeadDim+QKRopeHeadDim)
-	Dtype         Dtype   // latent cache dtype
-	// RoPE, when Theta != 0, is applied by the kernel to q_pe and to the new
-	// k_pe at their positions; its Dim must be QKRopeHeadDim. Theta 0 =
-	// inputs come rotated.
-	RoPE RoPE
-}
+	"github.com/kvx-dev/kvx/device/kernelspec"
+)
 
 // MLAWeights are the up-projections of kv_b_proj, split per head; the kernel
 // reads them and never retains them.
@@ -60,40 +22,9 @@ type MLAInput struct {
 	KPE   []float32 // n × QKRopeHeadDim (rope key of the new tokens)
 }
 
-// Validate checks the dimensions.
-func (m MLA) Validate() error {
-	switch {
-	case m.Heads <= 0:
-		return invalidf("mla: heads %d must be > 0", m.Heads)
-	case m.KVLoraRank <= 0:
-		return invalidf("mla: kv lora rank %d must be > 0", m.KVLoraRank)
-	case m.QKNopeHeadDim <= 0:
-		return invalidf("mla: qk nope head dim %d must be > 0", m.QKNopeHeadDim)
-	case m.QKRopeHeadDim < 0:
-		return invalidf("mla: qk rope head dim %d must be >= 0", m.QKRopeHeadDim)
-	case m.VHeadDim <= 0:
-		return invalidf("mla: v head dim %d must be > 0", m.VHeadDim)
-	case !m.Dtype.valid():
-		return invalidf("mla: dtype %d: allowed bf16, fp8, float32", m.Dtype)
-	case m.RoPE.on() && m.RoPE.Dim != m.QKRopeHeadDim:
-		return invalidf("mla: rope dim %d must equal qk rope head dim %d", m.RoPE.Dim, m.QKRopeHeadDim)
-	}
-	return m.RoPE.validate("mla", m.QKRopeHeadDim)
-}
-
-// RowBytes returns the bytes of one token's latent row.
-func (m MLA) RowBytes() int { return (m.KVLoraRank + m.QKRopeHeadDim) * m.Dtype.Size() }
-
-func (m MLA) scale() float32 {
-	if m.Scale != 0 {
-		return m.Scale
-	}
-	return float32(1 / math.Sqrt(float64(m.QKNopeHeadDim+m.QKRopeHeadDim)))
-}
-
-// check validates w and in and returns n; dense says in.CKV/KPE hold every
+// mlaCheck validates w and in and returns n; dense says in.CKV/KPE hold every
 // position 0..Pos+n-1 rather than the n new ones.
-func (m MLA) check(w *MLAWeights, in *MLAInput, out []float32, dense bool) (int, error) {
+func mlaCheck(m kernelspec.MLA, w *MLAWeights, in *MLAInput, out []float32, dense bool) (int, error) {
 	if err := m.Validate(); err != nil {
 		return 0, err
 	}
@@ -131,7 +62,7 @@ func (m MLA) check(w *MLAWeights, in *MLAInput, out []float32, dense bool) (int,
 }
 
 // write stores the new tokens' rows (k_pe rotated).
-func (m MLA) write(lat Paged, stride int, in *MLAInput, n int) {
+func mlaWrite(m kernelspec.MLA, lat Paged, stride int, in *MLAInput, n int) {
 	R, P := m.KVLoraRank, m.QKRopeHeadDim
 	kp := make([]float32, P)
 	rb := m.RowBytes()
@@ -139,30 +70,30 @@ func (m MLA) write(lat Paged, stride int, in *MLAInput, n int) {
 		row := lat.rowAt(stride, rb, in.Pos+i)
 		encodeRow(m.Dtype, row, in.CKV[i*R:(i+1)*R])
 		copy(kp, in.KPE[i*P:(i+1)*P])
-		m.RoPE.Apply(kp, max(P, 1), in.Pos+i)
+		RoPE(m.RoPE, kp, max(P, 1), in.Pos+i)
 		encodeRow(m.Dtype, row[R*m.Dtype.Size():], kp)
 	}
 }
 
-// rotateQ returns q_pe rotated at the query positions (q itself when RoPE is off).
-func (m MLA) rotateQ(pos int, qpe []float32) []float32 {
-	if !m.RoPE.on() {
+// mlaRotateQ returns q_pe rotated at the query positions (q itself when the RoPE is off).
+func mlaRotateQ(m kernelspec.MLA, pos int, qpe []float32) []float32 {
+	if !m.RoPE.On() {
 		return qpe
 	}
 	w := m.Heads * m.QKRopeHeadDim
 	r := append([]float32(nil), qpe...)
 	for i := 0; i < len(r)/w; i++ {
-		m.RoPE.Apply(r[i*w:(i+1)*w], m.QKRopeHeadDim, pos+i)
+		RoPE(m.RoPE, r[i*w:(i+1)*w], m.QKRopeHeadDim, pos+i)
 	}
 	return r
 }
 
-// Forward writes the new tokens' latent rows into lat, then computes every
+// MLA writes the new tokens' latent rows into lat, then computes every
 // query's output (out: n × Heads × VHeadDim) against positions 0..p of the
 // cache, new rows read back from it. See the type's doc for the formulas
-// and order. Errors wrap ErrInvalid. in's slices are not modified.
-func (m MLA) Forward(lat Paged, w *MLAWeights, in MLAInput, out []float32) error {
-	n, err := m.check(w, &in, out, false)
+// and order. Errors wrap kernelspec.ErrInvalid. in's slices are not modified.
+func MLA(m kernelspec.MLA, lat Paged, w *MLAWeights, in MLAInput, out []float32) error {
+	n, err := mlaCheck(m, w, &in, out, false)
 	if err != nil || n == 0 {
 		return err
 	}
@@ -170,8 +101,8 @@ func (m MLA) Forward(lat Paged, w *MLAWeights, in MLAInput, out []float32) error
 	if err != nil {
 		return err
 	}
-	m.write(lat, stride, &in, n)
-	m.attend(lat, stride, w, in.Pos, n, m.rotateQ(in.Pos, in.QPE), in.QNope, nil, out)
+	mlaWrite(m, lat, stride, &in, n)
+	mlaAttend(m, lat, stride, w, in.Pos, n, mlaRotateQ(m, in.Pos, in.QPE), in.QNope, nil, out)
 	return nil
 }
 
@@ -192,7 +123,7 @@ func headsPerUnit(heads, n int) int {
 // attend computes every query's heads; sel[i], when sel is not nil, lists
 // query i's positions ascending, else it reads 0..p. One unit = one query ×
 // a run of heads sharing each decoded latent row.
-func (m MLA) attend(lat Paged, stride int, w *MLAWeights, pos, n int, qpe, qnope []float32, sel [][]int32, out []float32) {
+func mlaAttend(m kernelspec.MLA, lat Paged, stride int, w *MLAWeights, pos, n int, qpe, qnope []float32, sel [][]int32, out []float32) {
 	H, R, P := m.Heads, m.KVLoraRank, m.QKRopeHeadDim
 	ctx := pos + n
 	if sel != nil {
@@ -214,7 +145,7 @@ func (m MLA) attend(lat Paged, stride int, w *MLAWeights, pos, n int, qpe, qnope
 			if sel != nil {
 				pick = sel[i]
 			}
-			m.attendHeads(lat, stride, w, s, i, h0, h1, pos+i, qnope, qpe, pick, sel != nil, out)
+			mlaAttendHeads(m, lat, stride, w, s, i, h0, h1, pos+i, qnope, qpe, pick, sel != nil, out)
 		})
 }
 
@@ -231,7 +162,7 @@ func absorb(qlat, qn, uk []float32) {
 }
 
 // attendHeads computes heads h0..h1-1 of query i at position p.
-func (m MLA) attendHeads(lat Paged, stride int, w *MLAWeights, s *mlaScratch, i, h0, h1, p int, qnope, qpe []float32, pick []int32, sparse bool, out []float32) {
+func mlaAttendHeads(m kernelspec.MLA, lat Paged, stride int, w *MLAWeights, s *mlaScratch, i, h0, h1, p int, qnope, qpe []float32, pick []int32, sparse bool, out []float32) {
 	R, N, V, P := m.KVLoraRank, m.QKNopeHeadDim, m.VHeadDim, m.QKRopeHeadDim
 	G := h1 - h0
 	ctx := p + 1
@@ -242,11 +173,11 @@ func (m MLA) attendHeads(lat Paged, stride int, w *MLAWeights, s *mlaScratch, i,
 		h := h0 + g
 		absorb(s.qlat[g*R:(g+1)*R], qnope[(i*m.Heads+h)*N:][:N], w.UK[h*N*R:(h+1)*N*R])
 	}
-	scale := m.scale()
+	scale := m.SoftmaxScale()
 	rb := m.RowBytes()
 	row := s.row
 	cb := R * m.Dtype.Size()
-	bf16 := m.Dtype == BF16
+	bf16 := m.Dtype == kernelspec.BF16
 	score := func(k int, raw []byte) {
 		if bf16 { // fused: two heads per pass over the row
 			for g := 0; g < G; g += 2 {
@@ -329,18 +260,18 @@ func (m MLA) attendHeads(lat Paged, stride int, w *MLAWeights, s *mlaScratch, i,
 	}
 }
 
-// DenseMLA is the dense reference of MLA.Forward: no cache, naive loops.
+// DenseMLA is the dense reference of MLA: no cache, naive loops.
 // in.CKV and in.KPE hold every position 0..Pos+n-1 (before RoPE and before
 // rounding: it rotates k_pe at each position and rounds to m.Dtype as the
 // cache would); in.QNope and in.QPE hold the n queries at Pos..Pos+n-1. Its
-// output is bit-identical to Forward's.
-func DenseMLA(m MLA, w *MLAWeights, in MLAInput, out []float32) error {
-	n, err := m.check(w, &in, out, true)
+// output is bit-identical to MLA's.
+func DenseMLA(m kernelspec.MLA, w *MLAWeights, in MLAInput, out []float32) error {
+	n, err := mlaCheck(m, w, &in, out, true)
 	if err != nil {
 		return err
 	}
-	c, kpe := m.denseLatents(in)
-	qpe := m.rotateQ(in.Pos, in.QPE)
+	c, kpe := mlaDenseLatents(m, in)
+	qpe := mlaRotateQ(m, in.Pos, in.QPE)
 	for i := 0; i < n; i++ {
 		p := in.Pos + i
 		all := make([]int32, p+1)
@@ -348,21 +279,21 @@ func DenseMLA(m MLA, w *MLAWeights, in MLAInput, out []float32) error {
 			all[j] = int32(j)
 		}
 		for h := 0; h < m.Heads; h++ {
-			m.denseOne(w, c, kpe, h, in.QNope[(i*m.Heads+h)*m.QKNopeHeadDim:][:m.QKNopeHeadDim],
+			mlaDenseOne(m, w, c, kpe, h, in.QNope[(i*m.Heads+h)*m.QKNopeHeadDim:][:m.QKNopeHeadDim],
 				qpe[(i*m.Heads+h)*m.QKRopeHeadDim:][:m.QKRopeHeadDim], all, out[(i*m.Heads+h)*m.VHeadDim:][:m.VHeadDim])
 		}
 	}
 	return nil
 }
 
-// denseLatents returns the latents and rope keys of every position as the
+// mlaDenseLatents returns the latents and rope keys of every position as the
 // cache holds them (k_pe rotated, both rounded).
-func (m MLA) denseLatents(in MLAInput) (c, kpe []float32) {
+func mlaDenseLatents(m kernelspec.MLA, in MLAInput) (c, kpe []float32) {
 	c = append([]float32(nil), in.CKV...)
 	kpe = append([]float32(nil), in.KPE...)
 	P := m.QKRopeHeadDim
 	for t := 0; t < len(kpe)/max(P, 1); t++ {
-		m.RoPE.Apply(kpe[t*P:(t+1)*P], P, t)
+		RoPE(m.RoPE, kpe[t*P:(t+1)*P], P, t)
 	}
 	Round(m.Dtype, c)
 	Round(m.Dtype, kpe)
@@ -371,7 +302,7 @@ func (m MLA) denseLatents(in MLAInput) (c, kpe []float32) {
 
 // denseOne is one head of one query over positions pos (ascending), written
 // as plainly as possible.
-func (m MLA) denseOne(w *MLAWeights, c, kpe []float32, h int, qn, qpe []float32, pos []int32, out []float32) {
+func mlaDenseOne(m kernelspec.MLA, w *MLAWeights, c, kpe []float32, h int, qn, qpe []float32, pos []int32, out []float32) {
 	R, N, V, P := m.KVLoraRank, m.QKNopeHeadDim, m.VHeadDim, m.QKRopeHeadDim
 	qlat := make([]float32, R)
 	for r := 0; r < R; r++ {
@@ -383,7 +314,7 @@ func (m MLA) denseOne(w *MLAWeights, c, kpe []float32, h int, qn, qpe []float32,
 	}
 	s := make([]float32, len(pos))
 	for k, j := range pos {
-		s[k] = (Dot(qlat, c[int(j)*R:][:R]) + Dot(qpe, kpe[int(j)*P:][:P])) * m.scale()
+		s[k] = (Dot(qlat, c[int(j)*R:][:R]) + Dot(qpe, kpe[int(j)*P:][:P])) * m.SoftmaxScale()
 	}
 	mx := s[0]
 	for _, x := range s {

@@ -6,19 +6,20 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"pgregory.net/rapid"
 )
 
 type mlaCase struct {
-	m  MLA
+	m  kernelspec.MLA
 	w  *MLAWeights
 	in MLAInput   // all T tokens: QNope, QPE, CKV, KPE
 	ix IndexInput // all T tokens
-	x  Indexer
+	x  kernelspec.Indexer
 }
 
-func newMLACase(r *rand.Rand, m MLA, x Indexer, T int) mlaCase {
+func newMLACase(r *rand.Rand, m kernelspec.MLA, x kernelspec.Indexer, T int) mlaCase {
 	H, R := m.Heads, m.KVLoraRank
 	return mlaCase{
 		m: m, x: x,
@@ -70,7 +71,7 @@ func runMLAPaged(t tb, c mlaCase, lat Paged, chunks []int) []float32 {
 	pos := 0
 	for _, n := range chunks {
 		in, _ := c.slice(pos, pos+n)
-		if err := c.m.Forward(lat, c.w, in, out[pos*ow:(pos+n)*ow]); err != nil {
+		if err := MLA(c.m, lat, c.w, in, out[pos*ow:(pos+n)*ow]); err != nil {
 			t.Fatalf("MLA.Forward(pos %d, n %d): %v", pos, n, err)
 		}
 		pos += n
@@ -80,14 +81,14 @@ func runMLAPaged(t tb, c mlaCase, lat Paged, chunks []int) []float32 {
 
 func runDSAPaged(t tb, c mlaCase, lat, idx Paged, chunks []int) ([]float32, [][]int32) {
 	t.Helper()
-	d := DSA{MLA: c.m, Indexer: c.x}
+	d := kernelspec.DSA{MLA: c.m, Indexer: c.x}
 	ow := c.m.Heads * c.m.VHeadDim
 	out := make([]float32, c.tokens()*ow)
 	sel := make([][]int32, c.tokens())
 	pos := 0
 	for _, n := range chunks {
 		in, ix := c.slice(pos, pos+n)
-		if err := d.Forward(lat, idx, c.w, in, ix, out[pos*ow:(pos+n)*ow], sel[pos:pos+n]); err != nil {
+		if err := DSA(d, lat, idx, c.w, in, ix, out[pos*ow:(pos+n)*ow], sel[pos:pos+n]); err != nil {
 			t.Fatalf("DSA.Forward(pos %d, n %d): %v", pos, n, err)
 		}
 		pos += n
@@ -95,8 +96,8 @@ func runDSAPaged(t tb, c mlaCase, lat, idx Paged, chunks []int) ([]float32, [][]
 	return out, sel
 }
 
-func drawMLA(t *rapid.T) MLA {
-	m := MLA{
+func drawMLA(t *rapid.T) kernelspec.MLA {
+	m := kernelspec.MLA{
 		Heads:         rapid.IntRange(1, 3).Draw(t, "heads"),
 		KVLoraRank:    rapid.IntRange(1, 9).Draw(t, "rank"),
 		QKNopeHeadDim: rapid.IntRange(1, 5).Draw(t, "nope"),
@@ -105,7 +106,7 @@ func drawMLA(t *rapid.T) MLA {
 		Dtype:         drawDtype(t),
 	}
 	if m.QKRopeHeadDim > 0 && rapid.Bool().Draw(t, "rope") {
-		m.RoPE = RoPE{Dim: m.QKRopeHeadDim, Theta: 10000, Interleaved: rapid.Bool().Draw(t, "interleaved")}
+		m.RoPE = kernelspec.RoPE{Dim: m.QKRopeHeadDim, Theta: 10000, Interleaved: rapid.Bool().Draw(t, "interleaved")}
 	}
 	return m
 }
@@ -115,7 +116,7 @@ func TestMLAPagedEqualsDenseProperty(t *testing.T) {
 		m := drawMLA(rt)
 		T := rapid.IntRange(1, 30).Draw(rt, "T")
 		r := rand.New(rand.NewPCG(rapid.Uint64().Draw(rt, "seed"), 2))
-		c := newMLACase(r, m, Indexer{Heads: 1, HeadDim: 1, TopK: 1}, T)
+		c := newMLACase(r, m, kernelspec.Indexer{Heads: 1, HeadDim: 1, TopK: 1}, T)
 		pos := rapid.IntRange(0, T-1).Draw(rt, "densePos")
 		in, _ := c.dense(pos)
 		want := make([]float32, (T-pos)*m.Heads*m.VHeadDim)
@@ -135,7 +136,7 @@ func TestMLAPagedEqualsDenseProperty(t *testing.T) {
 func TestDSAPagedEqualsDenseProperty(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		m := drawMLA(rt)
-		x := Indexer{Heads: rapid.IntRange(1, 3).Draw(rt, "iheads"), HeadDim: rapid.IntRange(1, 8).Draw(rt, "idim"), TopK: rapid.IntRange(1, 12).Draw(rt, "topk")}
+		x := kernelspec.Indexer{Heads: rapid.IntRange(1, 3).Draw(rt, "iheads"), HeadDim: rapid.IntRange(1, 8).Draw(rt, "idim"), TopK: rapid.IntRange(1, 12).Draw(rt, "topk")}
 		if rapid.Bool().Draw(rt, "plain") { // transformers' layout: unquantized keys, a scale inside the ReLU
 			x.Plain, x.Keys, x.Scale = true, drawDtype(rt), float32(rapid.Float64Range(0, 2).Draw(rt, "iscale"))
 		}
@@ -150,7 +151,7 @@ func TestDSAPagedEqualsDenseProperty(t *testing.T) {
 		in, ix := c.dense(0)
 		want := make([]float32, T*m.Heads*m.VHeadDim)
 		wantSel := make([][]int32, T)
-		if err := DenseDSA(DSA{MLA: m, Indexer: x}, c.w, in, ix, want, wantSel); err != nil {
+		if err := DenseDSA(kernelspec.DSA{MLA: m, Indexer: x}, c.w, in, ix, want, wantSel); err != nil {
 			rt.Fatalf("DenseDSA: %v", err)
 		}
 		l := drawLayout(rt, T)
@@ -178,14 +179,14 @@ func TestDSAPagedEqualsDenseProperty(t *testing.T) {
 // TestDSAWithLargeTopKIsMLA: when top-k covers the whole context, sparse
 // MLA is dense MLA bit for bit.
 func TestDSAWithLargeTopKIsMLA(t *testing.T) {
-	m := MLA{Heads: 2, KVLoraRank: 16, QKNopeHeadDim: 8, QKRopeHeadDim: 4, VHeadDim: 8, Dtype: BF16, RoPE: RoPE{Dim: 4, Theta: 10000}}
-	x := Indexer{Heads: 2, HeadDim: 8, TopK: 64}
+	m := kernelspec.MLA{Heads: 2, KVLoraRank: 16, QKNopeHeadDim: 8, QKRopeHeadDim: 4, VHeadDim: 8, Dtype: kernelspec.BF16, RoPE: kernelspec.RoPE{Dim: 4, Theta: 10000}}
+	x := kernelspec.Indexer{Heads: 2, HeadDim: 8, TopK: 64}
 	r := rand.New(rand.NewPCG(21, 22))
 	c := newMLACase(r, m, x, 40)
 	l := layout{tpb: 8, perm: seq(5)}
 	a := runMLAPaged(t, c, newPaged(r, l, m.RowBytes()), []int{17, 23})
 	b, _ := runDSAPaged(t, c, newPaged(r, l, m.RowBytes()), newPaged(r, l, x.RowBytes()), []int{1, 39})
-	checkEqual(t, "DSA(top-k 64) vs MLA", b, a)
+	checkEqual(t, "DSA(top-k 64) vs kernelspec.MLA", b, a)
 }
 
 func TestTopKTieBreak(t *testing.T) {
@@ -231,9 +232,9 @@ func TestIndexKeyQuantization(t *testing.T) {
 // TestMLAStaleBlockDetected: one table entry pointing at a stale block
 // changes the output.
 func TestMLAStaleBlockDetected(t *testing.T) {
-	m := MLA{Heads: 2, KVLoraRank: 8, QKNopeHeadDim: 4, QKRopeHeadDim: 2, VHeadDim: 4, Dtype: FP8}
+	m := kernelspec.MLA{Heads: 2, KVLoraRank: 8, QKNopeHeadDim: 4, QKRopeHeadDim: 2, VHeadDim: 4, Dtype: kernelspec.FP8}
 	r := rand.New(rand.NewPCG(31, 32))
-	c := newMLACase(r, m, Indexer{Heads: 1, HeadDim: 1, TopK: 1}, 12)
+	c := newMLACase(r, m, kernelspec.Indexer{Heads: 1, HeadDim: 1, TopK: 1}, 12)
 	lat := newPaged(r, layout{tpb: 4, perm: seq(4)}, m.RowBytes())
 	lat.Table = lat.Table[:3]
 	good := runMLAPaged(t, c, lat, []int{12})
@@ -243,7 +244,7 @@ func TestMLAStaleBlockDetected(t *testing.T) {
 		v.Table = []kvcache.BlockID{0, 1, 2}
 		v.Table[b] = 3 // never written: garbage
 		out := make([]float32, m.Heads*m.VHeadDim)
-		if err := m.Forward(v, c.w, in, out); err != nil {
+		if err := MLA(m, v, c.w, in, out); err != nil {
 			t.Fatal(err)
 		}
 		if sameBits(out, good[11*m.Heads*m.VHeadDim:]) < 0 {
@@ -253,9 +254,9 @@ func TestMLAStaleBlockDetected(t *testing.T) {
 }
 
 func TestMLAErrors(t *testing.T) {
-	m := MLA{Heads: 2, KVLoraRank: 8, QKNopeHeadDim: 4, QKRopeHeadDim: 2, VHeadDim: 4, Dtype: BF16}
+	m := kernelspec.MLA{Heads: 2, KVLoraRank: 8, QKNopeHeadDim: 4, QKRopeHeadDim: 2, VHeadDim: 4, Dtype: kernelspec.BF16}
 	r := rand.New(rand.NewPCG(1, 1))
-	c := newMLACase(r, m, Indexer{Heads: 1, HeadDim: 4, TopK: 2}, 2)
+	c := newMLACase(r, m, kernelspec.Indexer{Heads: 1, HeadDim: 4, TopK: 2}, 2)
 	lat := newPaged(r, layout{tpb: 1, perm: seq(2)}, m.RowBytes())
 	in, ix := c.slice(0, 2)
 	out := make([]float32, 2*m.Heads*m.VHeadDim)
@@ -263,19 +264,19 @@ func TestMLAErrors(t *testing.T) {
 		name string
 		err  error
 	}{
-		{"rank", MLA{Heads: 1, QKNopeHeadDim: 1, VHeadDim: 1}.Forward(lat, c.w, in, out)},
-		{"weights", m.Forward(lat, &MLAWeights{UK: c.w.UK[1:], UV: c.w.UV}, in, out)},
-		{"nil weights", m.Forward(lat, nil, in, out)},
-		{"out", m.Forward(lat, c.w, in, out[1:])},
-		{"table", m.Forward(Paged{Data: lat.Data, BlockBytes: lat.BlockBytes, TokensPerBlock: 1, Table: lat.Table[:1]}, c.w, in, out)},
-		{"rope dim", MLA{Heads: 2, KVLoraRank: 8, QKNopeHeadDim: 4, QKRopeHeadDim: 2, VHeadDim: 4, RoPE: RoPE{Dim: 4, Theta: 1}}.Validate()},
-		{"topk", DSA{MLA: m, Indexer: Indexer{Heads: 1, HeadDim: 4}}.Forward(lat, lat, c.w, in, ix, out, nil)},
-		{"index K", DSA{MLA: m, Indexer: c.x}.Forward(lat, lat, c.w, in, IndexInput{Q: ix.Q, W: ix.W}, out, nil)},
-		{"sel", DSA{MLA: m, Indexer: c.x}.Forward(lat, lat, c.w, in, ix, out, make([][]int32, 1))},
+		{"rank", MLA(kernelspec.MLA{Heads: 1, QKNopeHeadDim: 1, VHeadDim: 1}, lat, c.w, in, out)},
+		{"weights", MLA(m, lat, &MLAWeights{UK: c.w.UK[1:], UV: c.w.UV}, in, out)},
+		{"nil weights", MLA(m, lat, nil, in, out)},
+		{"out", MLA(m, lat, c.w, in, out[1:])},
+		{"table", MLA(m, Paged{Data: lat.Data, BlockBytes: lat.BlockBytes, TokensPerBlock: 1, Table: lat.Table[:1]}, c.w, in, out)},
+		{"rope dim", kernelspec.MLA{Heads: 2, KVLoraRank: 8, QKNopeHeadDim: 4, QKRopeHeadDim: 2, VHeadDim: 4, RoPE: kernelspec.RoPE{Dim: 4, Theta: 1}}.Validate()},
+		{"topk", DSA(kernelspec.DSA{MLA: m, Indexer: kernelspec.Indexer{Heads: 1, HeadDim: 4}}, lat, lat, c.w, in, ix, out, nil)},
+		{"index K", DSA(kernelspec.DSA{MLA: m, Indexer: c.x}, lat, lat, c.w, in, IndexInput{Q: ix.Q, W: ix.W}, out, nil)},
+		{"sel", DSA(kernelspec.DSA{MLA: m, Indexer: c.x}, lat, lat, c.w, in, ix, out, make([][]int32, 1))},
 	}
 	for _, b := range bad {
-		if !errors.Is(b.err, ErrInvalid) {
-			t.Errorf("%s: %v, want ErrInvalid", b.name, b.err)
+		if !errors.Is(b.err, kernelspec.ErrInvalid) {
+			t.Errorf("%s: %v, want kernelspec.ErrInvalid", b.name, b.err)
 		} else {
 			t.Logf("%s: %v", b.name, b.err)
 		}

@@ -1,4 +1,4 @@
-package main
+package generate
 
 import (
 	"strings"
@@ -9,7 +9,7 @@ import (
 // the prompt (the duration in ns); bad values name the field, the value and
 // the range.
 func TestPromptRetention(t *testing.T) {
-	lim := promptLimits{vocab: 10, maxSeqLen: 64, model: "m"}
+	lim := Limits{Vocab: 10, MaxSeqLen: 64, Model: "m"}
 	p, msg := parsePrompt([]byte(`{"prompt_ids": [1, 2], "max_tokens": 3, "retention_priority": 90, "retention_duration_s": 2.5}`), lim)
 	if msg != "" || p.RetentionPriority != 90 || p.RetentionDuration != 2_500_000_000 {
 		t.Fatalf("parsePrompt = %+v, %q; want priority 90 for 2.5e9 ns", p, msg)

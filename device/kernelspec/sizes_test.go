@@ -1,10 +1,10 @@
-package kernel_test
+package kernelspec_test
 
 import (
 	"errors"
 	"testing"
 
-	"github.com/kvx-dev/kvx/device/cpu/kernel"
+	"github.com/kvx-dev/kvx/device/kernelspec"
 	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
 )
@@ -24,17 +24,17 @@ func TestRowBytesMatchFillBuffers(t *testing.T) {
 		if err := model.FillBuffers(&m, model.Dtypes{KV: tc.kv, SSM: tc.ssm, Conv: tc.conv}, tc.tp); err != nil {
 			t.Fatal(err)
 		}
-		kvDt, err1 := kernel.ParseDtype(tc.kv)
-		ssmDt, err2 := kernel.ParseDtype(tc.ssm)
-		convDt, err3 := kernel.ParseDtype(tc.conv)
+		kvDt, err1 := kernelspec.ParseDtype(tc.kv)
+		ssmDt, err2 := kernelspec.ParseDtype(tc.ssm)
+		convDt, err3 := kernelspec.ParseDtype(tc.conv)
 		if err := errors.Join(err1, err2, err3); err != nil {
 			t.Fatal(err)
 		}
 		kvh := max(m.KVHeads/tc.tp, 1)
-		g := kernel.GQA{Heads: m.Heads / tc.tp, KVHeads: kvh, HeadDim: m.HeadDim, Dtype: kvDt}
-		mla := kernel.MLA{Heads: m.Heads / tc.tp, KVLoraRank: m.KVLoraRank, QKNopeHeadDim: m.QKNopeHeadDim, QKRopeHeadDim: m.QKRopeHeadDim, VHeadDim: m.VHeadDim, Dtype: kvDt}
-		ix := kernel.Indexer{Heads: m.IndexHeads, HeadDim: m.IndexHeadDim, TopK: m.IndexTopK}
-		mb := kernel.Mamba2{Heads: m.MambaHeads / tc.tp, HeadDim: m.MambaHeadDim, State: m.SSMStateSize,
+		g := kernelspec.GQA{Heads: m.Heads / tc.tp, KVHeads: kvh, HeadDim: m.HeadDim, Dtype: kvDt}
+		mla := kernelspec.MLA{Heads: m.Heads / tc.tp, KVLoraRank: m.KVLoraRank, QKNopeHeadDim: m.QKNopeHeadDim, QKRopeHeadDim: m.QKRopeHeadDim, VHeadDim: m.VHeadDim, Dtype: kvDt}
+		ix := kernelspec.Indexer{Heads: m.IndexHeads, HeadDim: m.IndexHeadDim, TopK: m.IndexTopK}
+		mb := kernelspec.Mamba2{Heads: m.MambaHeads / tc.tp, HeadDim: m.MambaHeadDim, State: m.SSMStateSize,
 			Groups: max(m.NGroups/tc.tp, 1), ConvKernel: m.ConvKernel, ConvDtype: convDt, SSMDtype: ssmDt}
 		for _, c := range []struct {
 			name      string
@@ -55,7 +55,7 @@ func TestRowBytesMatchFillBuffers(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	if _, err := kernel.ParseDtype("fp4"); !errors.Is(err, kernel.ErrInvalid) {
+	if _, err := kernelspec.ParseDtype("fp4"); !errors.Is(err, kernelspec.ErrInvalid) {
 		t.Errorf("ParseDtype(fp4) = %v, want ErrInvalid", err)
 	}
 }

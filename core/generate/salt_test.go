@@ -1,4 +1,4 @@
-package main
+package generate
 
 import (
 	"strings"
@@ -8,7 +8,7 @@ import (
 // TestPromptCacheSalt: a prompts line may carry cache_salt (a non-empty
 // string of at most 256 bytes) into the request.
 func TestPromptCacheSalt(t *testing.T) {
-	lim := promptLimits{vocab: 1000, maxSeqLen: 100, model: "m"}
+	lim := Limits{Vocab: 1000, MaxSeqLen: 100, Model: "m"}
 	p, msg := parsePrompt([]byte(`{"prompt_ids": [1, 2], "max_tokens": 3, "cache_salt": "tenant"}`), lim)
 	if msg != "" || p.CacheSalt != "tenant" {
 		t.Fatalf("parsePrompt = %+v, %q; want CacheSalt tenant", p, msg)
@@ -27,7 +27,7 @@ func TestPromptCacheSalt(t *testing.T) {
 // TestPromptMaxTokensOverflow: max_tokens near 2^63 is refused against
 // max_seq_len (prompt + max_tokens once overflowed past the check).
 func TestPromptMaxTokensOverflow(t *testing.T) {
-	lim := promptLimits{vocab: 1000, maxSeqLen: 100, model: "m"}
+	lim := Limits{Vocab: 1000, MaxSeqLen: 100, Model: "m"}
 	for _, mt := range []string{"9223372036854775807", "9223372036854775806", "99"} {
 		if p, msg := parsePrompt([]byte(`{"prompt_ids": [1, 2], "max_tokens": `+mt+`}`), lim); !strings.Contains(msg, "exceed max_seq_len 100 (at most 98 for this prompt)") {
 			t.Errorf("max_tokens %s: %+v, %q; want it refused against max_seq_len", mt, p, msg)
