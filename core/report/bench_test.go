@@ -26,7 +26,7 @@ func benchSample() Report {
 func TestBenchRows(t *testing.T) {
 	mixed := append(sample(), benchSample())
 	var buf bytes.Buffer
-	if err := WriteTable(&buf, mixed); err != nil {
+	if err := writeTable(&buf, mixed, unlimited); err != nil {
 		t.Fatal(err)
 	}
 	table := buf.String()
@@ -41,7 +41,7 @@ func TestBenchRows(t *testing.T) {
 		}
 	}
 	buf.Reset()
-	if err := WriteTable(&buf, []Report{benchSample()}); err != nil {
+	if err := writeTable(&buf, []Report{benchSample()}, unlimited); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(buf.String(), "invariant checks") || strings.Contains(buf.String(), "cache manager") {

@@ -12,14 +12,17 @@
 package report
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"unicode/utf8"
 )
 
 // Report is the outcome of one run. Times are simulated on the sim device and
@@ -620,7 +623,7 @@ var rows = []row{
 		}
 		return fmt.Sprintf("%.1f%%", 100*float64(r.Tokens.PrefixReused)/float64(b.Reused))
 	}, onlyEngine},
-	{"  miss reasons", func(r *Report) string { return missRow(r.Tokens) }, onlyEngine},
+	{missReasonsRow, nil, onlyEngine}, // a row per reason (missRows)
 	{"  recomputed", func(r *Report) string { return i64(r.Tokens.Recomputed) }, onlyEngine},
 	{"generated tokens", func(r *Report) string { return i64(r.Tokens.Generated) }, 0},
 	{"  streamed / usage", func(r *Report) string {
@@ -681,12 +684,12 @@ var rows = []row{
 	{"wall time s", func(r *Report) string { return fmt.Sprintf("%.2f", r.Engine.WallS) }, 0},
 	{"outputs digest", func(r *Report) string { return r.Outputs.Digest }, 0},
 	{"error", func(r *Report) string {
-		const width = 48
+		const width = 32 // a column that fits beside the names in tableWidth
 		switch {
 		case r.Error == "":
 			return "-"
 		case len(r.Error) > width:
-			return r.Error[:width] + "... (see the message below)"
+			return r.Error[:width] + "... (see below)"
 		}
 		return r.Error
 	}, 0},
@@ -704,9 +707,71 @@ func shownRows(rs []Report) []row {
 		if (rw.only == onlyEngine && !engine) || (rw.only == onlyBench && !bench) {
 			continue
 		}
+		if rw.name == missReasonsRow {
+			out = append(out, missRows(rs)...)
+			continue
+		}
 		out = append(out, rw)
 	}
 	return out
+}
+
+// missReasonsRow stands in rows for the rows missRows makes, each named
+// missedPrefix + a reason.
+const (
+	missReasonsRow = "  miss reasons"
+	missedPrefix   = "  missed: "
+)
+
+// missRows are a row for each miss reason among the top three (by computed
+// tokens) of any variant, the largest share first, each cell the reason's
+// share of that variant's computed tokens: "  missed: evicted   61%". One
+// row of "-" when no variant has a miss.
+func missRows(rs []Report) []row {
+	best := map[string]float64{} // reason -> its largest share in any variant
+	for i := range rs {
+		for j, m := range rs[i].Tokens.TopMisses() {
+			if j == 3 {
+				break
+			}
+			best[m.Reason] = max(best[m.Reason], m.Share)
+		}
+	}
+	if len(best) == 0 {
+		return []row{{missReasonsRow, func(*Report) string { return "-" }, onlyEngine}}
+	}
+	reasons := slices.SortedFunc(maps.Keys(best), func(a, b string) int {
+		if c := cmp.Compare(best[b], best[a]); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	out := make([]row, 0, len(reasons))
+	for _, reason := range reasons {
+		name := reason
+		if name == "partial_block" {
+			name = "partial"
+		}
+		out = append(out, row{missedPrefix + name, func(r *Report) string {
+			for _, m := range r.Tokens.TopMisses() {
+				if m.Reason == reason {
+					return shareCell(m.Share)
+				}
+			}
+			return "0%"
+		}, onlyEngine})
+	}
+	return out
+}
+
+// shareCell is a share as a whole percentage, "<1%" for one that rounds to
+// zero but is not.
+func shareCell(f float64) string {
+	s := fmt.Sprintf("%.0f%%", 100*f)
+	if s == "0%" && f > 0 {
+		return "<1%"
+	}
+	return s
 }
 
 // cell is row rw's value for r: "-" where rw is not for r's kind of run.
@@ -799,7 +864,11 @@ var resultsFrom = slices.IndexFunc(rows, func(r row) bool { return r.name == "re
 // isResult reports whether rw is a run's result rather than its
 // configuration.
 func isResult(rw row) bool {
-	return slices.IndexFunc(rows, func(r row) bool { return r.name == rw.name }) >= resultsFrom
+	name := rw.name
+	if strings.HasPrefix(name, missedPrefix) {
+		name = missReasonsRow // a row missRows made
+	}
+	return slices.IndexFunc(rows, func(r row) bool { return r.name == name }) >= resultsFrom
 }
 
 // neverRan reports whether r is a variant that stopped before its engine
@@ -812,11 +881,19 @@ func neverRan(r *Report) bool {
 	return r.Status != "" && r.Status != StatusFinished && r.Engine.Steps == 0
 }
 
+// tableWidth is the widest line WriteTable prints (a terminal's 80
+// columns) when one variant a block fits in it.
+const tableWidth = 80
+
 // WriteTable prints the reports side by side, one column per variant
-// (numbered, with a legend, when a name is longer than maxHeader). A
-// variant that never ran shows "-" for every result and its error; "wall
-// time vs first" compares with the first variant that ran.
-func WriteTable(w io.Writer, rs []Report) error {
+// (numbered, with a legend, when a name is longer than maxHeader), in as
+// many blocks of columns, one under another, as keep each line within
+// tableWidth. A variant that never ran shows "-" for every result and its
+// error; "wall time vs first" compares with the first variant that ran.
+func WriteTable(w io.Writer, rs []Report) error { return writeTable(w, rs, tableWidth) }
+
+// writeTable is WriteTable with lines of up to width runes.
+func writeTable(w io.Writer, rs []Report, width int) error {
 	// Long variant names (several --vary keys) would make every column as
 	// wide as its name: the columns are then numbered, and a legend above
 	// the table names them.
@@ -826,50 +903,90 @@ func WriteTable(w io.Writer, rs []Report) error {
 	}
 	if long {
 		for i := range rs {
-			fmt.Fprintf(w, "#%d  %s\n", i+1, rs[i].Variant)
+			if _, err := fmt.Fprintf(w, "#%d  %s\n", i+1, rs[i].Variant); err != nil {
+				return err
+			}
 		}
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprint(tw, "variant")
+	// The table as lines of cells: the row's name, then one a variant.
+	head := []string{"variant"}
 	for i := range rs {
 		if long {
-			fmt.Fprintf(tw, "\t#%d", i+1)
+			head = append(head, fmt.Sprintf("#%d", i+1))
 		} else {
-			fmt.Fprintf(tw, "\t%s", rs[i].Variant)
+			head = append(head, rs[i].Variant)
 		}
 	}
-	fmt.Fprintln(tw)
+	lines := [][]string{head}
 	for _, rw := range shownRows(rs) {
-		fmt.Fprint(tw, rw.name)
+		line := []string{rw.name}
 		for i := range rs {
 			v := rw.cell(&rs[i])
 			if isResult(rw) && rw.name != "error" && neverRan(&rs[i]) {
 				v = "-"
 			}
-			fmt.Fprintf(tw, "\t%s", v)
+			line = append(line, v)
 		}
-		fmt.Fprintln(tw)
+		lines = append(lines, line)
 	}
 	first := slices.IndexFunc(rs, func(r Report) bool { return !neverRan(&r) && r.Engine.WallS > 0 })
 	if len(rs) > 1 && first >= 0 {
-		fmt.Fprint(tw, "wall time vs first")
+		line := []string{"wall time vs first"}
 		for i := range rs {
 			if neverRan(&rs[i]) {
-				fmt.Fprint(tw, "\t-")
+				line = append(line, "-")
 				continue
 			}
-			fmt.Fprintf(tw, "\t%.2fx", rs[i].Engine.WallS/rs[first].Engine.WallS)
+			line = append(line, fmt.Sprintf("%.2fx", rs[i].Engine.WallS/rs[first].Engine.WallS))
 		}
-		fmt.Fprintln(tw)
+		lines = append(lines, line)
+	}
+	cols := make([]int, len(head)) // each column's width, in runes
+	for _, line := range lines {
+		for c, v := range line {
+			cols[c] = max(cols[c], utf8.RuneCountInString(v))
+		}
+	}
+	// Blocks of variants: as many as fit beside the names' column.
+	for from := 1; from < len(head); {
+		to, used := from+1, cols[0]+2+cols[from]
+		for to < len(head) && used+2+cols[to] <= width {
+			used += 2 + cols[to]
+			to++
+		}
+		if from > 1 {
+			if _, err := fmt.Fprintln(w); err != nil {
+				return err
+			}
+		}
+		for _, line := range lines {
+			var b strings.Builder
+			b.WriteString(pad(line[0], cols[0]))
+			for c := from; c < to; c++ {
+				b.WriteString("  ")
+				b.WriteString(pad(line[c], cols[c]))
+			}
+			if _, err := fmt.Fprintln(w, strings.TrimRight(b.String(), " ")); err != nil {
+				return err
+			}
+		}
+		from = to
 	}
 	if len(rs) > 0 && rs[0].Engine.Modelled {
+		note := "times are simulated by an uncalibrated roofline cost model"
 		if c := calibrationOf(rs); c != "" {
-			fmt.Fprintf(tw, "times are simulated by a roofline cost model calibrated by %s\n", c)
-		} else {
-			fmt.Fprintln(tw, "times are simulated by an uncalibrated roofline cost model")
+			note = "times are simulated by a roofline cost model calibrated by " + c
+		}
+		if _, err := fmt.Fprintln(w, note); err != nil {
+			return err
 		}
 	}
-	return tw.Flush()
+	return nil
+}
+
+// pad is s followed by spaces to n runes.
+func pad(s string, n int) string {
+	return s + strings.Repeat(" ", max(0, n-utf8.RuneCountInString(s)))
 }
 
 // ceilingCell is one of r's ceilings as "1,234 (28.9%)", "-" when r has
@@ -883,32 +1000,6 @@ func ceilingCell(r *Report, at func(*Ceiling) *CeilingAt) string {
 		return "-"
 	}
 	return fmt.Sprintf("%s (%.1f%%)", i64(a.Reused), 100*a.HitRate)
-}
-
-// missRow is the top miss reasons by computed tokens, as
-// "evicted 61% · in_flight 22% · partial 9%" ("-" for none).
-func missRow(t Tokens) string {
-	top := t.TopMisses()
-	if len(top) == 0 {
-		return "-"
-	}
-	const shown = 3
-	parts := make([]string, 0, shown)
-	for i, m := range top {
-		if i == shown {
-			break
-		}
-		name := m.Reason
-		if name == "partial_block" {
-			name = "partial"
-		}
-		share := fmt.Sprintf("%.0f%%", 100*m.Share)
-		if share == "0%" {
-			share = "<1%"
-		}
-		parts = append(parts, name+" "+share)
-	}
-	return strings.Join(parts, " · ")
 }
 
 func itoa(n int) string { return i64(int64(n)) }

@@ -3,9 +3,17 @@ package report
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
+
+// unlimited is a table width that keeps every variant in one block, for
+// the tests that read a row across the variants.
+const unlimited = 1 << 30
 
 func sample() []Report {
 	a := Report{Variant: "cache_manager=v1"}
@@ -28,7 +36,7 @@ func TestWriteTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := buf.String()
-	for _, want := range []string{"cache_manager=v1", "cache_manager=v2", "1,000", "250 (25.0%)", "12 / 40", "1.50x", "see the message below", "uncalibrated"} {
+	for _, want := range []string{"cache_manager=v1", "cache_manager=v2", "1,000", "250 (25.0%)", "12 / 40", "1.50x", "(see below)", "uncalibrated"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
@@ -41,7 +49,7 @@ func TestWriteTableNamesCalibration(t *testing.T) {
 		rs[i].Config.Calibration = "embedded:h200.json"
 	}
 	var buf bytes.Buffer
-	if err := WriteTable(&buf, rs); err != nil {
+	if err := writeTable(&buf, rs, unlimited); err != nil {
 		t.Fatal(err)
 	}
 	out := buf.String()
@@ -130,7 +138,9 @@ func TestPercentile(t *testing.T) {
 }
 
 // TestWriteTableCacheRows: the table says how much of the reuse came from
-// the host tier and the top miss reasons by computed tokens, largest first.
+// the host tier, and has a row for each miss reason among any variant's top
+// three by computed tokens, the largest share first, each variant's share
+// in it.
 func TestWriteTableCacheRows(t *testing.T) {
 	rs := sample()
 	rs[0].Tokens.PrefixReusedByTier = TierTokens{Device: 150, Host: 100}
@@ -140,29 +150,73 @@ func TestWriteTableCacheRows(t *testing.T) {
 	}
 	rs[1].Tokens.MissReasons = map[string]MissCount{"unknown": {Requests: 9, Tokens: 9990}, "partial_block": {Tokens: 10}}
 	var buf bytes.Buffer
-	if err := WriteTable(&buf, rs); err != nil {
+	if err := writeTable(&buf, rs, unlimited); err != nil {
 		t.Fatal(err)
 	}
-	var host, miss string
+	var host string
+	var miss []string
 	for _, line := range strings.Split(buf.String(), "\n") {
 		switch {
 		case strings.HasPrefix(line, "    from host tier"):
 			host = line
-		case strings.HasPrefix(line, "  miss reasons"):
-			miss = line
+		case strings.HasPrefix(line, "  missed: "):
+			miss = append(miss, strings.Join(strings.Fields(line)[1:], " "))
 		}
 	}
 	if f := strings.Fields(host); len(f) != 5 || f[3] != "100" || f[4] != "0" {
 		t.Errorf("host tier row = %q, want 100 for v1 and 0 for v2", host)
 	}
-	if !strings.Contains(miss, "evicted 61% · in_flight 22% · partial 9%") || strings.Contains(miss, "never_stored") {
-		t.Errorf("miss reasons row = %q, want the top three by tokens", miss)
+	// v1's top three are evicted 61%, in_flight 22%, partial 9% (never_stored
+	// is fourth); v2's unknown 100%, partial 0.1%.
+	want := []string{"unknown 0% 100%", "evicted 61% 0%", "in_flight 22% 0%", "partial 9% <1%"}
+	if !slices.Equal(miss, want) {
+		t.Errorf("miss rows = %q, want %q", miss, want)
 	}
-	if !strings.HasSuffix(strings.TrimSpace(miss), "unknown 100% · partial <1%") {
-		t.Errorf("miss reasons row = %q, want a share under 1%% said so, not 0%%", miss)
+
+	buf.Reset()
+	none := sample()
+	for i := range none {
+		none[i].Tokens.MissReasons = nil
 	}
-	if got := missRow(Tokens{}); got != "-" {
-		t.Errorf("miss reasons of a variant without any = %q, want -", got)
+	if err := writeTable(&buf, none, unlimited); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^  miss reasons +- +-$`).MatchString(buf.String()) {
+		t.Errorf("variants without misses: want one miss reasons row of -, got\n%s", buf.String())
+	}
+}
+
+// TestWriteTableFits: a table of many variants is printed in blocks of
+// columns, each line within tableWidth, every block with the row names, and
+// every variant's column once.
+func TestWriteTableFits(t *testing.T) {
+	var rs []Report
+	for i := range 7 {
+		r := sample()[i%2]
+		r.Variant = fmt.Sprintf("cache_manager=v%d", 1+i%2) + strings.Repeat("x", i)
+		rs = append(rs, r)
+	}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, rs); err != nil {
+		t.Fatal(err)
+	}
+	heads := 0
+	var seen []string
+	for _, line := range strings.Split(strings.TrimRight(buf.String(), "\n"), "\n") {
+		if n := utf8.RuneCountInString(line); n > tableWidth {
+			t.Errorf("line of %d runes, want at most %d: %q", n, tableWidth, line)
+		}
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "variant" {
+			heads++
+			seen = append(seen, f[1:]...)
+		}
+	}
+	var want []string
+	for _, r := range rs {
+		want = append(want, r.Variant)
+	}
+	if heads < 2 || !slices.Equal(seen, want) {
+		t.Errorf("%d blocks with the variants %q, want 2 or more blocks with %q once each, in order", heads, seen, want)
 	}
 }
 
@@ -203,20 +257,21 @@ func TestWriteExplain(t *testing.T) {
 func TestWriteTableNeverRan(t *testing.T) {
 	ok := sample()[0]
 	ok.Engine.WallS = 2
+	ok.Tokens.MissReasons = map[string]MissCount{"evicted": {Requests: 1, Tokens: 10}}
 	dead := Report{Variant: "cache_manager=./kvx-broken", Status: StatusFailed, Error: "plugin did not start"}
 	dead.Engine.WallS = 0.5
 	dead.Outputs.Digest = "ffffffffffffffff"
 	ok2 := ok
 	ok2.Variant, ok2.Engine.WallS = "cache_manager=v2", 4
 	var buf bytes.Buffer
-	if err := WriteTable(&buf, []Report{dead, ok, ok2}); err != nil {
+	if err := writeTable(&buf, []Report{dead, ok, ok2}, unlimited); err != nil {
 		t.Fatal(err)
 	}
 	out := buf.String()
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
 		switch {
-		case strings.HasPrefix(line, "requests total"), strings.HasPrefix(line, "outputs digest"):
+		case strings.HasPrefix(line, "requests total"), strings.HasPrefix(line, "outputs digest"), strings.HasPrefix(line, "  missed: evicted"):
 			if len(f) < 3 || f[2] != "-" {
 				t.Errorf("row %q: the never-ran variant shows %q, want -", line, f)
 			}
@@ -226,7 +281,7 @@ func TestWriteTableNeverRan(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(out, "plugin did not start") || strings.Contains(out, "ffffffffffffffff") {
+	if !strings.Contains(out, "  missed: evicted") || !strings.Contains(out, "plugin did not start") || strings.Contains(out, "ffffffffffffffff") {
 		t.Errorf("table:\n%s", out)
 	}
 }
@@ -239,7 +294,7 @@ func TestWriteTableLongNames(t *testing.T) {
 	rs[0].Variant = "cache_manager=v1 kv_cache_config.enable_block_reuse=true"
 	rs[1].Variant = "cache_manager=v2 kv_cache_config.enable_block_reuse=false"
 	var buf bytes.Buffer
-	if err := WriteTable(&buf, rs); err != nil {
+	if err := writeTable(&buf, rs, unlimited); err != nil {
 		t.Fatal(err)
 	}
 	out := buf.String()
@@ -247,8 +302,8 @@ func TestWriteTableLongNames(t *testing.T) {
 		t.Errorf("no legend first:\n%s", out)
 	}
 	for _, line := range strings.Split(out, "\n") {
-		if strings.HasPrefix(line, "variant") && (!strings.Contains(line, "#1") || strings.Contains(line, "enable_block_reuse")) {
-			t.Errorf("header %q: want #1 and #2, not the names", line)
+		if strings.HasPrefix(line, "variant") && (!strings.Contains(line, "#") || strings.Contains(line, "enable_block_reuse")) {
+			t.Errorf("header %q: want the numbers #1, #2, not the names", line)
 		}
 	}
 }
