@@ -168,6 +168,7 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 		Reuse:    reuse,
 		ReuseOff: fmt.Sprintf("enable_block_reuse %v, attention groups %d, snapshots %v", cfg.EnableBlockReuse, n, p.snapshots),
 		Hooks:    &m.life,
+		Layout:   p.layout.Pools,
 	})
 	m.life.tree = m.Tree()
 	m.life.cfg = &cfg
