@@ -34,7 +34,7 @@ func (t *Tree) EvictLeaf() *Node { return t.evictLeaf() }
 func (t *Tree) Attached(n *Node) bool {
 	for n != t.root {
 		p := n.parent
-		if p == nil || p.children[n.hash] != n {
+		if p == nil || p.children.get(n.hash) != n {
 			return false
 		}
 		n = p
@@ -56,7 +56,7 @@ func (t *Tree) Depth(n *Node) int {
 func (t *Tree) Walk(f func(n *Node)) {
 	var walk func(n *Node)
 	walk = func(n *Node) {
-		for _, c := range n.children {
+		for c := range n.children.all() {
 			f(c)
 			walk(c)
 		}
@@ -109,7 +109,7 @@ func (t *Tree) Check() []string {
 
 	// Pass 1: list positions, parent links and hash keys, the child-map
 	// census, live kids recounted into the parents' scratch.
-	listed := len(t.root.children)
+	listed := t.root.children.len()
 	rootLive := int32(0)
 	for i, n := range t.all {
 		if int(n.allIdx) != i {
@@ -117,12 +117,12 @@ func (t *Tree) Check() []string {
 		}
 		t.scratch(n)
 		p := n.parent
-		if p == nil || p.children[n.hash] != n {
+		if p == nil || p.children.get(n.hash) != n {
 			bad("tree: node %p: parent link or hash key wrong", n)
 			continue
 		}
 		n.chkFlags |= chkLinked
-		listed += len(n.children)
+		listed += n.children.len()
 		if n.nPages > 0 {
 			if p == t.root {
 				rootLive++
@@ -237,7 +237,7 @@ func (t *Tree) checkNodeCounts(n *Node, live, pins int32, bad func(string, ...an
 	if n.nPages == 0 && live > 0 {
 		bad("tree: node %p: no pages but %d children with pages", n, live)
 	}
-	if n.nPages == 0 && n.h.n == 0 && n.pins == 0 && !n.queued && len(n.children) == 0 {
+	if n.nPages == 0 && n.h.n == 0 && n.pins == 0 && !n.queued && n.children.len() == 0 {
 		bad("tree: node %p: empty and unpinned but not queued for pruning", n)
 	}
 }
