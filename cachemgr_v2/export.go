@@ -54,14 +54,28 @@ func (t *Tree) Depth(n *Node) int {
 // Walk calls f for every node attached to the tree, root excluded, parents
 // before their children. f must not change the tree.
 func (t *Tree) Walk(f func(n *Node)) {
-	var walk func(n *Node)
-	walk = func(n *Node) {
-		for c := range n.children.all() {
-			f(c)
-			walk(c)
+	t.WalkDepth(func(n *Node, _ int) { f(n) })
+}
+
+// WalkDepth is Walk that also gives each node's depth (Depth: the root's
+// children are at 1). It keeps its own stack, so a path of a million-token
+// prompt does not grow the goroutine's.
+func (t *Tree) WalkDepth(f func(n *Node, depth int)) {
+	type entry struct {
+		n     *Node
+		depth int
+	}
+	stack := []entry{{t.root, 0}}
+	for len(stack) > 0 {
+		e := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if e.n != t.root {
+			f(e.n, e.depth)
+		}
+		for c := range e.n.children.all() {
+			stack = append(stack, entry{c, e.depth + 1})
 		}
 	}
-	walk(t.root)
 }
 
 // BeginCheck starts a deep self-check of the tree: the caller then counts,

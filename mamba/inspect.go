@@ -208,9 +208,14 @@ func (m *Manager) check() []string {
 	if st := l.ssm.stats(); st.Cached != len(l.snaps) {
 		bad("ssm: stats %+v with %d installed snapshots", st, len(l.snaps))
 	}
-	// Depth of every attached node, parents first.
-	depth := map[*cachemgrv2.Node]int{}
-	l.tree.Walk(func(n *cachemgrv2.Node) { depth[n] = depth[n.Parent()] + 1 })
+	// Depth of every attached node that holds a snapshot (the nodes
+	// checkSnap asks about), from one walk of the tree.
+	depth := make(map[*cachemgrv2.Node]int, len(l.snaps)+len(l.hsnaps))
+	l.tree.WalkDepth(func(n *cachemgrv2.Node, d int) {
+		if l.snaps[n] != nil || l.hsnaps[n] != nil {
+			depth[n] = d
+		}
+	})
 	checkSnap := func(n *cachemgrv2.Node, sn *snapshot, host bool, pool *slots) {
 		tier := "ssm"
 		if host {
