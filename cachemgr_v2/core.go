@@ -70,6 +70,11 @@ type Core struct {
 	ck         coreCheck // the incremental deep check (dirty.go)
 
 	undo undoState // Unreserve's put-back of evicted nodes (undo.go)
+
+	// layout is the layout's pools (CoreConfig.Layout) for Seal; seal the
+	// scratch that Snapshot hands out for it (inspect.go).
+	layout []kvcache.Pool
+	seal   sealScratch
 }
 
 // NewCore returns an unconfigured core of the manager name (in errors);
@@ -89,6 +94,10 @@ type CoreConfig struct {
 	Reuse                 bool   // prefix reuse on (usually Config.EnableBlockReuse)
 	ReuseOff              string // why not, when off: "enable_block_reuse is off"
 	Hooks                 Hooks  // nil for none
+	// Layout is the layout's pools, all of them (the Hooks' too), in Layout
+	// order; Inspect checks a deep snapshot's tables against its reference
+	// counts over them (Seal). Nil: the caller checks them.
+	Layout []kvcache.Pool
 }
 
 // Init resets c to an empty stage laid out by cc: its pools (each group's
@@ -112,6 +121,7 @@ func (c *Core) Init(cc CoreConfig) {
 		seqs:      map[kvcache.SeqID]*Seq{},
 		partial:   c.partial,
 		pages:     make([]kvcache.BlockID, len(cc.Groups)),
+		layout:    layoutPools(cc.Layout),
 	}
 	for g, pg := range cc.Groups {
 		pg.Dev = NewBlockPool(g, kvcache.TierDevice, cc.DevBlocks[g])
@@ -137,6 +147,18 @@ func (c *Core) Init(cc CoreConfig) {
 		c.tree.ev = &events{}
 		c.tree.ev.Cleared()
 	}
+}
+
+// layoutPools is pools without their layers (Seal needs names and sizes).
+func layoutPools(pools []kvcache.Pool) []kvcache.Pool {
+	if pools == nil {
+		return nil
+	}
+	out := slices.Clone(pools)
+	for i := range out {
+		out[i].Layers = nil
+	}
+	return out
 }
 
 // SetPartialReuse turns partial-block reuse on or off (see the package doc,

@@ -487,7 +487,7 @@ func (t *Tree) listed(n *Node) bool {
 func (t *Tree) nodeDelta(n *Node, bad func(string, ...any)) {
 	k := &n.ck
 	if n == t.root {
-		kids := int32(len(n.children))
+		kids := int32(n.children.len())
 		t.ck.listed += int(kids - k.kids)
 		k.kids = kids
 		return
@@ -503,7 +503,7 @@ func (t *Tree) nodeDelta(n *Node, bad func(string, ...any)) {
 	live, pinned, evict := false, false, false
 	onHost, hevict := false, false
 	if in {
-		parent, kids = n.parent, int32(len(n.children))
+		parent, kids = n.parent, int32(n.children.len())
 		live, pinned, evict = n.nPages > 0, n.pins > 0, n.pins == 0 && n.nPages > 0
 		onHost = n.OnHost()
 		hevict = onHost && n.pins == 0 && n.h.pend == 0
@@ -667,7 +667,7 @@ func (t *Tree) reachesRoot(n *Node) bool {
 	m := n
 	for m != t.root && m.ck.seen != t.ck.epoch {
 		p := m.parent
-		if !t.listed(m) || p == nil || p.children[m.hash] != m {
+		if !t.listed(m) || p == nil || p.children.get(m.hash) != m {
 			return false
 		}
 		if steps++; steps > len(t.all) {

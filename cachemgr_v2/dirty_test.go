@@ -129,10 +129,10 @@ var corruptions = map[string]corruption{
 			return "", nil
 		}
 		p := n.parent
-		delete(p.children, n.hash)
+		p.children.del(n)
 		c.tree.touch(p)
 		c.tree.touch(n)
-		return "cut", func() { p.children[n.hash] = n; c.tree.touch(p); c.tree.touch(n) }
+		return "cut", func() { p.children.put(n); c.tree.touch(p); c.tree.touch(n) }
 	},
 	"heap index": func(t *rapid.T, c *Core) (string, func()) {
 		n := pickNode(t, c)

@@ -34,7 +34,7 @@ func (t *Tree) EvictLeaf() *Node { return t.evictLeaf() }
 func (t *Tree) Attached(n *Node) bool {
 	for n != t.root {
 		p := n.parent
-		if p == nil || p.children[n.hash] != n {
+		if p == nil || p.children.get(n.hash) != n {
 			return false
 		}
 		n = p
@@ -54,14 +54,28 @@ func (t *Tree) Depth(n *Node) int {
 // Walk calls f for every node attached to the tree, root excluded, parents
 // before their children. f must not change the tree.
 func (t *Tree) Walk(f func(n *Node)) {
-	var walk func(n *Node)
-	walk = func(n *Node) {
-		for _, c := range n.children {
-			f(c)
-			walk(c)
+	t.WalkDepth(func(n *Node, _ int) { f(n) })
+}
+
+// WalkDepth is Walk that also gives each node's depth (Depth: the root's
+// children are at 1). It keeps its own stack, so a path of a million-token
+// prompt does not grow the goroutine's.
+func (t *Tree) WalkDepth(f func(n *Node, depth int)) {
+	type entry struct {
+		n     *Node
+		depth int
+	}
+	stack := []entry{{t.root, 0}}
+	for len(stack) > 0 {
+		e := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if e.n != t.root {
+			f(e.n, e.depth)
+		}
+		for c := range e.n.children.all() {
+			stack = append(stack, entry{c, e.depth + 1})
 		}
 	}
-	walk(t.root)
 }
 
 // BeginCheck starts a deep self-check of the tree: the caller then counts,
@@ -109,7 +123,7 @@ func (t *Tree) Check() []string {
 
 	// Pass 1: list positions, parent links and hash keys, the child-map
 	// census, live kids recounted into the parents' scratch.
-	listed := len(t.root.children)
+	listed := t.root.children.len()
 	rootLive := int32(0)
 	for i, n := range t.all {
 		if int(n.allIdx) != i {
@@ -117,12 +131,12 @@ func (t *Tree) Check() []string {
 		}
 		t.scratch(n)
 		p := n.parent
-		if p == nil || p.children[n.hash] != n {
+		if p == nil || p.children.get(n.hash) != n {
 			bad("tree: node %p: parent link or hash key wrong", n)
 			continue
 		}
 		n.chkFlags |= chkLinked
-		listed += len(n.children)
+		listed += n.children.len()
 		if n.nPages > 0 {
 			if p == t.root {
 				rootLive++
@@ -237,7 +251,7 @@ func (t *Tree) checkNodeCounts(n *Node, live, pins int32, bad func(string, ...an
 	if n.nPages == 0 && live > 0 {
 		bad("tree: node %p: no pages but %d children with pages", n, live)
 	}
-	if n.nPages == 0 && n.h.n == 0 && n.pins == 0 && !n.queued && len(n.children) == 0 {
+	if n.nPages == 0 && n.h.n == 0 && n.pins == 0 && !n.queued && n.children.len() == 0 {
 		bad("tree: node %p: empty and unpinned but not queued for pruning", n)
 	}
 }

@@ -67,3 +67,46 @@ func TestExportsForMamba(t *testing.T) {
 		t.Fatalf("Check after Prune: %v", v)
 	}
 }
+
+// TestWalkDepth: WalkDepth visits every attached node once, parents before
+// their children, each at its Depth, on a tree with branches and a path
+// deeper than a recursive walk would like.
+func TestWalkDepth(t *testing.T) {
+	const tpb, deep = 2, 5000
+	pool := NewBlockPool(0, kvcache.TierDevice, deep+16)
+	tr := NewTree(tpb, []*BlockPool{pool})
+	extend := func(parent *Node, k int32) *Node {
+		n, adopted := tr.Extend(parent, []int32{k, k}, pool.Take(nil, 1))
+		if !adopted {
+			t.Fatalf("Extend(%d) did not adopt", k)
+		}
+		return n
+	}
+	a := extend(tr.Root(), 1)
+	b := extend(tr.Root(), 2)
+	a1, a2 := extend(a, 3), extend(a, 4)
+	extend(a1, 5)
+	extend(b, 6)
+	n := a2
+	for k := range int32(deep) {
+		n = extend(n, 100+k)
+	}
+	seen := map[*Node]int{}
+	tr.WalkDepth(func(n *Node, d int) {
+		if _, ok := seen[n]; ok {
+			t.Fatalf("node %p visited twice", n)
+		}
+		if p := n.Parent(); p != tr.Root() {
+			if _, ok := seen[p]; !ok {
+				t.Fatalf("node %p before its parent", n)
+			}
+		}
+		if want := tr.Depth(n); d != want {
+			t.Fatalf("WalkDepth gives depth %d, Depth %d", d, want)
+		}
+		seen[n] = d
+	})
+	if len(seen) != tr.Nodes() || seen[n] != deep+2 {
+		t.Fatalf("walked %d nodes (deepest at %d), want %d (deepest at %d)", len(seen), seen[n], tr.Nodes(), deep+2)
+	}
+}

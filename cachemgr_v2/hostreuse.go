@@ -353,7 +353,7 @@ func (c *Core) dropHostKids(n *Node, evicted bool) {
 		return
 	}
 	var kids []*Node
-	for _, ch := range n.children {
+	for ch := range n.children.all() {
 		if ch.OnHost() {
 			kids = append(kids, ch)
 		}

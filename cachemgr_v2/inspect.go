@@ -13,11 +13,29 @@ import (
 // logical order (blocks on the host tier left out) and each host pool's table
 // its host blocks; RefCounts are the pools' reference counts. Violations come
 // from the deep self-check (see check: a full recount, or the same
-// properties over what changed since the last one).
+// properties over what changed since the last one). With Tables and
+// CheckTables the core checks the tables against the reference counts
+// itself (Seal), so a deep check copies no pool's counts into the snapshot.
 func (c *Core) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
+	snap, err := c.Snapshot(ctx, opts)
+	if err != nil {
+		return snap, err
+	}
+	c.Seal(opts, &snap)
+	return snap, nil
+}
+
+// Snapshot is Inspect before Seal. When Seal will check the tables (opts
+// Tables and CheckTables, and a layout given to Init), the snapshot's
+// tables and reference counts are the core's scratch, valid until the next
+// Snapshot: a manager built on Core appends its own pools' tables and
+// counts (its scratch too, if it likes) and then calls Seal, which checks
+// and drops them. Otherwise they are the caller's, as Inspect's.
+func (c *Core) Snapshot(ctx context.Context, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
 	if err := c.ready(ctx, "Inspect"); err != nil {
 		return kvcache.Snapshot{}, err
 	}
+	scratch := c.sealing(opts)
 	var snap kvcache.Snapshot
 	snap.Pools = make([]kvcache.PoolStats, 0, len(c.pools))
 	for _, p := range c.pools {
@@ -27,17 +45,36 @@ func (c *Core) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcach
 	ids := c.ids
 	snap.Seqs = make([]kvcache.SeqState, 0, len(ids))
 	blocks := make([]int, len(ids)*len(c.pools)) // one allocation: Inspect runs after every step
+	np := len(c.pools)
+	if scratch {
+		c.seal.tables = slices.Grow(c.seal.tables[:0], len(ids)*np)[:len(ids)*np]
+		c.seal.entries = c.seal.entries[:0]
+	}
 	for i, id := range ids {
 		s := c.seqs[id]
 		st := kvcache.SeqState{
 			Seq: id, History: s.led.History, Capacity: s.led.Capacity, Hold: s.led.Hold,
-			Suspended: s.suspended, Blocks: blocks[i*len(c.pools) : (i+1)*len(c.pools) : (i+1)*len(c.pools)],
+			Suspended: s.suspended, Blocks: blocks[i*np : (i+1)*np : (i+1)*np],
 		}
 		if s.led.Reserved {
 			st.Reserved, st.Draft = s.led.Tokens+s.led.Draft, s.led.Draft
 		}
 		if opts.Tables {
-			st.Tables = make([][]kvcache.BlockID, len(c.pools))
+			if scratch {
+				// capped: a manager appending its own pools' tables
+				// reallocates instead of writing into the next sequence's
+				st.Tables = c.seal.tables[i*np : (i+1)*np : (i+1)*np]
+			} else {
+				st.Tables = make([][]kvcache.BlockID, np)
+			}
+		}
+		table := func(t []kvcache.BlockID) []kvcache.BlockID {
+			if !scratch {
+				return present(t)
+			}
+			from := len(c.seal.entries)
+			c.seal.entries = appendPresent(c.seal.entries, t)
+			return c.seal.entries[from:len(c.seal.entries):len(c.seal.entries)]
 		}
 		for g := range c.dev {
 			// Only a suspended sequence has holes (blocks on the host tier);
@@ -48,26 +85,58 @@ func (c *Core) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcach
 				st.Blocks[g] = len(s.tables[g])
 			}
 			if opts.Tables {
-				st.Tables[g] = present(s.tables[g])
+				st.Tables[g] = table(s.tables[g])
 			}
 			if c.host != nil {
 				st.Blocks[len(c.dev)+g] = countPresent(s.host[g])
 				if opts.Tables {
-					st.Tables[len(c.dev)+g] = present(s.host[g])
+					st.Tables[len(c.dev)+g] = table(s.host[g])
 				}
 			}
 		}
 		snap.Seqs = append(snap.Seqs, st)
 	}
 	if opts.Tables {
-		for _, p := range c.pools {
-			snap.RefCounts = append(snap.RefCounts, slices.Clone(p.refs))
+		if scratch && len(c.seal.refs) != np {
+			c.seal.refs = make([][]int32, np)
 		}
-	}
-	if opts.Tables {
+		for i, p := range c.pools {
+			if scratch {
+				c.seal.refs[i] = append(c.seal.refs[i][:0], p.refs...)
+				snap.RefCounts = append(snap.RefCounts, c.seal.refs[i])
+			} else {
+				snap.RefCounts = append(snap.RefCounts, slices.Clone(p.refs))
+			}
+		}
 		snap.Violations = c.check()
 	}
 	return snap, nil
+}
+
+// Seal does what opts.CheckTables asks of the side that holds the tables
+// (kvcache.SealTables over the layout's pools given to Init): it checks
+// snap's tables against its reference counts, adds the findings to
+// Violations and drops both. It does nothing unless opts asks for it and
+// Init was given the layout.
+func (c *Core) Seal(opts kvcache.InspectOptions, snap *kvcache.Snapshot) {
+	if c.sealing(opts) {
+		kvcache.SealTables(c.layout, opts, snap)
+	}
+}
+
+// sealing reports whether Seal checks the tables of a snapshot taken with
+// opts (and Snapshot may hand them out as scratch).
+func (c *Core) sealing(opts kvcache.InspectOptions) bool {
+	return opts.Tables && opts.CheckTables && c.layout != nil
+}
+
+// sealScratch is what Snapshot hands out for Seal to check and drop:
+// reference counts per pool, the sequences' tables (len(pools) per
+// sequence) and their entries.
+type sealScratch struct {
+	refs    [][]int32
+	tables  [][]kvcache.BlockID
+	entries []kvcache.BlockID
 }
 
 // seqIDs is the sequences' ids in order, in a new slice.
@@ -98,13 +167,17 @@ func countPresent(t []kvcache.BlockID) int {
 
 // present returns the entries of t that are not NoBlock, in a new slice.
 func present(t []kvcache.BlockID) []kvcache.BlockID {
-	out := make([]kvcache.BlockID, 0, len(t))
+	return appendPresent(make([]kvcache.BlockID, 0, len(t)), t)
+}
+
+// appendPresent appends the entries of t that are not NoBlock to dst.
+func appendPresent(dst, t []kvcache.BlockID) []kvcache.BlockID {
 	for _, b := range t {
 		if b != NoBlock {
-			out = append(out, b)
+			dst = append(dst, b)
 		}
 	}
-	return out
+	return dst
 }
 
 // check is the deep self-check behind Inspect's Violations. The first one,

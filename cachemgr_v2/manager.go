@@ -79,6 +79,7 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 		Name: "cachemgr_v2", Config: cfg, Groups: groups,
 		DevBlocks: devBlocks, HostBlocks: hostBlocks, HostID: len(groups),
 		Reuse: cfg.EnableBlockReuse, ReuseOff: "enable_block_reuse is off",
+		Layout: lay.Pools,
 	})
 	return cloneLayout(lay), nil
 }

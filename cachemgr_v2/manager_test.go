@@ -376,22 +376,22 @@ func TestSelfCheckFindsCorruption(t *testing.T) {
 		want    string
 	}{
 		{"pins", func(m *Manager) {
-			for _, c := range m.tree.root.children {
+			for c := range m.tree.root.children.all() {
 				c.pins++
 				return
 			}
 		}, "pins"},
 		{"evictable", func(m *Manager) { m.tree.evictable++ }, "evictable"},
 		{"detached", func(m *Manager) {
-			for h, c := range m.tree.root.children {
+			for c := range m.tree.root.children.all() {
 				if c.pins > 0 {
-					delete(m.tree.root.children, h)
+					m.tree.root.children.del(c)
 					return
 				}
 			}
 		}, "not attached"},
 		{"heap", func(m *Manager) {
-			for _, c := range m.tree.root.children {
+			for c := range m.tree.root.children.all() {
 				m.tree.heap = append(m.tree.heap, c) // pinned: no evictable leaf
 				return
 			}

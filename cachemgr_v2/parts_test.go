@@ -158,7 +158,7 @@ func TestTreeEvictsLeavesFirstByLRUAndPrunesLater(t *testing.T) {
 		t.Fatalf("free = %d after evicting all, want 16", f.pool.Free())
 	}
 	f.tree.Prune()
-	if f.tree.Nodes() != 0 || len(f.tree.Root().children) != 0 {
+	if f.tree.Nodes() != 0 || f.tree.Root().children.len() != 0 {
 		t.Fatalf("nodes = %d after Prune, want 0", f.tree.Nodes())
 	}
 }

@@ -1,6 +1,7 @@
 package cachemgrv2
 
 import (
+	"iter"
 	"slices"
 	"unsafe"
 
@@ -27,7 +28,7 @@ type Node struct {
 	parent   *Node
 	hash     uint64
 	tokens   []int32
-	children map[uint64]*Node
+	children kids
 	pages    []kvcache.BlockID
 	nPages   int
 	pins     int32
@@ -76,6 +77,72 @@ const (
 	chkLeaf               // an unpinned leaf with pages
 	chkLinked             // its parent lists it under its hash
 )
+
+// kids is a node's children, each under its key (Node.hash): the first
+// one in first and any others in more, so that the common node, a block
+// followed by at most one other, has no map of its own (a map a node was
+// a cost of Commit and of every mark phase of the GC in a tree of
+// hundreds of thousands of nodes). Iteration order is unspecified, as a
+// map's.
+type kids struct {
+	first *Node
+	more  map[uint64]*Node
+}
+
+// get is the child under key h, or nil.
+func (k *kids) get(h uint64) *Node {
+	if k.first != nil && k.first.hash == h {
+		return k.first
+	}
+	if k.more == nil {
+		return nil
+	}
+	return k.more[h]
+}
+
+// put adds c under its key, which no child holds.
+func (k *kids) put(c *Node) {
+	if k.first == nil {
+		k.first = c
+		return
+	}
+	if k.more == nil {
+		k.more = make(map[uint64]*Node, 1)
+	}
+	k.more[c.hash] = c
+}
+
+// del removes c, a child under its key.
+func (k *kids) del(c *Node) {
+	if k.first == c {
+		k.first = nil
+		return
+	}
+	delete(k.more, c.hash)
+}
+
+// len is the number of children.
+func (k *kids) len() int {
+	n := len(k.more)
+	if k.first != nil {
+		n++
+	}
+	return n
+}
+
+// all yields every child.
+func (k *kids) all() iter.Seq[*Node] {
+	return func(yield func(*Node) bool) {
+		if k.first != nil && !yield(k.first) {
+			return
+		}
+		for _, c := range k.more {
+			if !yield(c) {
+				return
+			}
+		}
+	}
+}
 
 // Pages returns the node's page per pool group (NoBlock where absent); the
 // slice belongs to the node and must not be modified.
@@ -185,7 +252,7 @@ func (s *nodeSlab) node(tpb, groups, hostGroups int) *Node {
 // page in each of pools (one device pool per pool group).
 func NewTree(tpb int, pools []*BlockPool) *Tree {
 	t := &Tree{tpb: tpb, pools: pools}
-	t.root = &Node{heapIdx: -1, expIdx: -1, children: map[uint64]*Node{}}
+	t.root = &Node{heapIdx: -1, expIdx: -1}
 	return t
 }
 
@@ -246,7 +313,7 @@ func (t *Tree) key(parent *Node, salt string, tokens []int32) uint64 {
 // child returns parent's child holding exactly tokens (under salt, when
 // parent is the root), or nil.
 func (t *Tree) child(parent *Node, salt string, tokens []int32) *Node {
-	c := parent.children[t.key(parent, salt, tokens)]
+	c := parent.children.get(t.key(parent, salt, tokens))
 	if c == nil || !sameTokens(c.tokens, tokens) || c.salt != salt && parent == t.root {
 		return nil
 	}
@@ -307,7 +374,7 @@ func (t *Tree) MatchPartial(parent *Node, tokens []int32) (*Node, int) {
 func (t *Tree) matchPartial(parent *Node, salt string, tokens []int32) (*Node, int) {
 	var best *Node
 	bestN := 0
-	for _, c := range parent.children {
+	for c := range parent.children.all() {
 		if !c.complete() || c.h.pend > 0 || parent == t.root && c.salt != salt {
 			continue
 		}
@@ -346,7 +413,7 @@ func (t *Tree) Extend(parent *Node, tokens []int32, pages []kvcache.BlockID) (n 
 // root). With KV events on, a node that adopts pages is reported stored.
 func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache.BlockID) (n *Node, adopted bool) {
 	h := t.key(parent, salt, tokens)
-	c := parent.children[h]
+	c := parent.children.get(h)
 	switch {
 	case c == nil:
 		c = t.newNode(parent, h, tokens)
@@ -356,10 +423,7 @@ func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache
 		if t.ev != nil {
 			c.chain = t.ev.chain(parent, c, salt)
 		}
-		if parent.children == nil {
-			parent.children = make(map[uint64]*Node, 1)
-		}
-		parent.children[h] = c
+		parent.children.put(c)
 		t.touch(parent)
 	case !slices.Equal(c.tokens, tokens) || parent == t.root && c.salt != salt:
 		return nil, false
@@ -528,9 +592,9 @@ func (t *Tree) Prune() {
 		t.pruneQ = t.pruneQ[:len(t.pruneQ)-1]
 		n.queued = false
 		t.touch(n)
-		for n != t.root && !n.queued && n.pins == 0 && n.nPages == 0 && n.h.n == 0 && len(n.children) == 0 {
+		for n != t.root && !n.queued && n.pins == 0 && n.nPages == 0 && n.h.n == 0 && n.children.len() == 0 {
 			p := n.parent
-			delete(p.children, n.hash)
+			p.children.del(n)
 			t.touch(p)
 			t.recycle(n)
 			n = p

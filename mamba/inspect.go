@@ -14,12 +14,24 @@ import (
 // ssm table lists a resident sequence's live slot followed by the slots its
 // outstanding step writes, the host-ssm table a suspended sequence's host
 // slot. Violations are the core's deep self-check and this manager's
-// (check).
+// (check). With Tables and CheckTables the core checks all the tables
+// against the reference counts (cachemgrv2.Core.Seal), this manager's pools
+// included.
 func (m *Manager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvcache.Snapshot, error) {
-	snap, err := m.Core.Inspect(ctx, opts)
-	l := &m.life
-	if err != nil || l.ssm == nil {
+	snap, err := m.Core.Snapshot(ctx, opts)
+	if err != nil {
 		return snap, err
+	}
+	m.inspect(opts, &snap)
+	m.Core.Seal(opts, &snap)
+	return snap, nil
+}
+
+// inspect adds the state pools to snap.
+func (m *Manager) inspect(opts kvcache.InspectOptions, snap *kvcache.Snapshot) {
+	l := &m.life
+	if l.ssm == nil {
+		return
 	}
 	snap.Pools = l.poolStats(snap.Pools)
 	for i := range snap.Seqs {
@@ -48,7 +60,6 @@ func (m *Manager) Inspect(ctx context.Context, opts kvcache.InspectOptions) (kvc
 		}
 		snap.Violations = append(snap.Violations, m.check()...)
 	}
-	return snap, nil
 }
 
 // ssmTable is a sequence's table in the ssm pool: the live slot, then the
@@ -197,9 +208,14 @@ func (m *Manager) check() []string {
 	if st := l.ssm.stats(); st.Cached != len(l.snaps) {
 		bad("ssm: stats %+v with %d installed snapshots", st, len(l.snaps))
 	}
-	// Depth of every attached node, parents first.
-	depth := map[*cachemgrv2.Node]int{}
-	l.tree.Walk(func(n *cachemgrv2.Node) { depth[n] = depth[n.Parent()] + 1 })
+	// Depth of every attached node that holds a snapshot (the nodes
+	// checkSnap asks about), from one walk of the tree.
+	depth := make(map[*cachemgrv2.Node]int, len(l.snaps)+len(l.hsnaps))
+	l.tree.WalkDepth(func(n *cachemgrv2.Node, d int) {
+		if l.snaps[n] != nil || l.hsnaps[n] != nil {
+			depth[n] = d
+		}
+	})
 	checkSnap := func(n *cachemgrv2.Node, sn *snapshot, host bool, pool *slots) {
 		tier := "ssm"
 		if host {

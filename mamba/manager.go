@@ -65,7 +65,8 @@ type life struct {
 	stats    kvcache.SnapshotStats
 	tick     uint64
 
-	bounds []int
+	bounds  []int
+	victims victimQueue // planSnaps's eviction candidates (victim)
 }
 
 // snapshot is an SSM state installed on the tree node of the block that ends
@@ -168,6 +169,7 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 		Reuse:    reuse,
 		ReuseOff: fmt.Sprintf("enable_block_reuse %v, attention groups %d, snapshots %v", cfg.EnableBlockReuse, n, p.snapshots),
 		Hooks:    &m.life,
+		Layout:   p.layout.Pools,
 	})
 	m.life.tree = m.Tree()
 	m.life.cfg = &cfg
@@ -613,6 +615,8 @@ func (l *life) planSnaps(s *cachemgrv2.Seq, x *seqState, tokens int, g *kvcache.
 	if len(bs) == 0 {
 		return
 	}
+	l.victims.reset()
+	defer l.victims.reset()
 	slices.Sort(bs)
 	path := s.Path()
 	node, depth := l.tree.Root(), 0
@@ -665,9 +669,28 @@ func (l *life) snapSlot(level int, x *seqState, g *kvcache.Grant) (kvcache.Block
 // level) snapshot on no live path; else the unpinned snapshot on a live
 // path of the lowest node priority, then level, if its level is below
 // level; else nil.
+//
+// The first eviction of a planSnaps scans the snapshots; a second one
+// builds the victim queue (victims), whose heaps then give each next pick
+// in O(log n): inside one planSnaps nothing but those evictions changes
+// the candidates or their keys, and the orders are total, so the picks
+// are the scan's (TestVictimQueueMatchesScan).
 func (l *life) victim(level int) *snapshot {
+	q := &l.victims
+	q.calls++
+	if q.calls == 1 {
+		return scanVictim(l.snapList, level)
+	}
+	if q.calls == 2 {
+		q.build(l.snapList)
+	}
+	return q.pop(level)
+}
+
+// scanVictim is victim by a scan of list (every installed snapshot).
+func scanVictim(list []*snapshot, level int) *snapshot {
 	var cold, hot *snapshot
-	for _, sn := range l.snapList { // l.snaps; the orders are total, so its order does not matter
+	for _, sn := range list { // l.snaps; the orders are total, so its order does not matter
 		if sn.pins > 0 {
 			continue
 		}
@@ -686,6 +709,125 @@ func (l *life) victim(level int) *snapshot {
 		return hot
 	}
 	return nil
+}
+
+// victimQueue is victim's eviction candidates during one planSnaps (reset
+// at its start): the unpinned snapshots on no live path in a heap by
+// coldLess, those on a live path in one by hotLess, their keys copied
+// once. It is valid only while nothing but its own picks changes the
+// installed snapshots, their pins, their nodes' pins and priorities, and
+// their ticks.
+type victimQueue struct {
+	calls     int
+	cold, hot []victimKey
+}
+
+type victimKey struct {
+	prio  int
+	level int
+	tick  uint64
+	id    uint64
+	sn    *snapshot
+}
+
+func (q *victimQueue) reset() {
+	q.calls = 0
+	clear(q.cold) // drop the snapshots
+	clear(q.hot)
+	q.cold, q.hot = q.cold[:0], q.hot[:0]
+}
+
+func (q *victimQueue) build(list []*snapshot) {
+	for _, sn := range list {
+		if sn.pins > 0 {
+			continue
+		}
+		k := victimKey{prio: sn.node.Priority(), level: sn.level, tick: sn.tick, id: sn.id, sn: sn}
+		if sn.node.Pins() == 0 {
+			q.cold = append(q.cold, k)
+		} else {
+			q.hot = append(q.hot, k)
+		}
+	}
+	heapify(q.cold, coldKeyLess)
+	heapify(q.hot, hotKeyLess)
+}
+
+// pop is victim's pick from the heaps (the snapshot is taken out).
+func (q *victimQueue) pop(level int) *snapshot {
+	switch {
+	case len(q.cold) > 0:
+		var k victimKey
+		k, q.cold = heapPop(q.cold, coldKeyLess)
+		return k.sn
+	case len(q.hot) > 0 && q.hot[0].level < level:
+		var k victimKey
+		k, q.hot = heapPop(q.hot, hotKeyLess)
+		return k.sn
+	}
+	return nil
+}
+
+// coldKeyLess and hotKeyLess are coldLess and hotLess over copied keys.
+func coldKeyLess(a, b *victimKey) bool {
+	if a.prio != b.prio {
+		return a.prio < b.prio
+	}
+	if a.tick != b.tick {
+		return a.tick < b.tick
+	}
+	if a.level != b.level {
+		return a.level < b.level
+	}
+	return a.id < b.id
+}
+
+func hotKeyLess(a, b *victimKey) bool {
+	if a.prio != b.prio {
+		return a.prio < b.prio
+	}
+	if a.level != b.level {
+		return a.level < b.level
+	}
+	if a.tick != b.tick {
+		return a.tick < b.tick
+	}
+	return a.id < b.id
+}
+
+// heapify makes h a binary min-heap under less.
+func heapify(h []victimKey, less func(a, b *victimKey) bool) {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		siftDown(h, i, less)
+	}
+}
+
+// heapPop removes and returns h's minimum.
+func heapPop(h []victimKey, less func(a, b *victimKey) bool) (victimKey, []victimKey) {
+	top := h[0]
+	last := len(h) - 1
+	h[0] = h[last]
+	h[last] = victimKey{}
+	h = h[:last]
+	siftDown(h, 0, less)
+	return top, h
+}
+
+func siftDown(h []victimKey, i int, less func(a, b *victimKey) bool) {
+	for {
+		m, l, r := i, 2*i+1, 2*i+2
+		if l < len(h) && less(&h[l], &h[m]) {
+			m = l
+		}
+		if r < len(h) && less(&h[r], &h[m]) {
+			m = r
+		}
+		if m == i {
+			return
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
 }
 
 func coldLess(a, b *snapshot) bool {
