@@ -38,8 +38,8 @@ const fgemmTiledRows = 256
 // loaded only on a device of compute capability 9.0). Every tile is bm
 // rows × 128 columns, and all give the same bits.
 type tiledKernel struct {
-	bm, threads, smem int // rows a tile, threads and dynamic shared memory a block
-	sm90a             bool
+	bm, threads, smem int  // rows a tile, threads and dynamic shared memory a block
+	sm90a             bool // in ptx/sm90a: loaded on compute capability 9.0 only
 	name              string
 }
 
@@ -70,9 +70,10 @@ const tlBN, tlBK = 128, 32
 // tiledVariants are every tiled kernel (the tests run each loaded one on
 // every shape); tiled picks the one fgemm runs. BenchmarkFastTiled on the
 // H200 at Llama-3-8B's prefill shapes, with the weights in the fragments'
-// order: wide128s3s 198-209 TFLOP/s, wide256s3s 204-220, wide128s4g
-// 129-141 (its running sums in C spill registers); scripts/wgemm-check.cu
-// there: ws256w2s4k1s 239-250, ws192w2s5k2r 222-237, wide256s3s 209-224.
+// order (20 iterations, 2026-12-02): ws256w2s4k1s 241-254 TFLOP/s,
+// ws192w2s5k2r 217-233, wide256s3s 205-220, wide128s3s 200-211,
+// wide128s4g 128-141 (its running sums in C spill registers); cuBLAS
+// 738-794 on the same shapes (scripts/wgemm-check.cu).
 var tiledVariants = []tiledKernel{
 	wide(128, 3, true), wide(256, 3, true), wide(128, 4, false),
 	wgmmaWS(256, 4, 1, true), wgmmaWS(192, 5, 2, false),
