@@ -94,7 +94,7 @@ func (m *Manager) check() []string {
 
 	// Pools.
 	for pi, p := range m.paged {
-		refs := make([]int32, p.n)
+		refs := m.checkRefs(p.n)
 		for _, s := range m.seqs {
 			for _, b := range s.tables[pi] {
 				if b >= 0 && int(b) < p.n {
@@ -108,7 +108,7 @@ func (m *Manager) check() []string {
 		m.checkHost(add)
 	}
 	if m.ssm != nil {
-		refs := make([]int32, m.ssm.n)
+		refs := m.checkRefs(m.ssm.n)
 		for _, s := range m.seqs {
 			if s.slot >= 0 && int(s.slot) < m.ssm.n {
 				refs[s.slot]++
@@ -216,6 +216,17 @@ func (m *Manager) checkHost(add func(string, ...any)) {
 	}
 }
 
+// checkRefs returns n zeroed counters from the check's scratch, valid until
+// the next call.
+func (m *Manager) checkRefs(n int) []int32 {
+	if cap(m.chkRefs) < n {
+		m.chkRefs = make([]int32, n)
+	}
+	refs := m.chkRefs[:n]
+	clear(refs)
+	return refs
+}
+
 // checkPool verifies a pool block by block (device and state pools):
 // refcounts equal the tables' references; the free stack holds distinct
 // unreferenced unregistered blocks; each level's list (LRU, stamps
@@ -225,7 +236,11 @@ func (m *Manager) checkHost(add func(string, ...any)) {
 // nothing else; retention fields are in range, no priority is overdue and
 // every expiry has a live entry in the expiry heap.
 func (m *Manager) checkPool(p *pool, refs []int32, add func(string, ...any)) {
-	where := make([]uint8, p.n)
+	if cap(m.chkWhere) < p.n {
+		m.chkWhere = make([]uint8, p.n)
+	}
+	where := m.chkWhere[:p.n]
+	clear(where)
 	for b, r := range refs {
 		if p.ref[b] != r {
 			add("pool %d: block %d has refcount %d, tables reference it %d times", p.id, b, p.ref[b], r)
