@@ -22,13 +22,16 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 # Packages that run goroutines of their own (plugin transport and data
 # plane, the SDK's signal handling, host, engine with started calls and step
-# overlap, setup's launcher, the worker runtime and the cpu kernels'
-# parallel loops, kvx bench's request loops) or drive them over a real gRPC pair (the conformance
+# overlap, setup's launcher, the cpu kernels' parallel loops, kvx bench's
+# request loops) or drive them over a real gRPC pair (the conformance
 # suite): the race detector runs their tests. The other device packages
-# (synth, hf, sim, paged) and the contract's type packages start no
-# goroutine: the race pass would only run their tests ten times slower.
+# (synth, hf, sim, paged), the worker runtime (device/: its tests run the
+# sim device, with no goroutine, channel, lock or atomic in the package or
+# its tests), the pipeline helpers (plugins/v1/pipeline: likewise) and the
+# contract's type packages start no goroutine, so the race detector has
+# nothing to find in them: their tests run in the plain pass only.
 RACE_PKGS := ./core/host/ ./core/engine/ ./core/setup/ ./core/bench/ ./plugins/internal/plane/ ./plugins/sdk/ \
-	./plugins/v1/pluginrpc/ ./plugins/v1/pipeline/ ./plugins/conformance/ ./device/ ./device/cpu/...
+	./plugins/v1/pluginrpc/ ./plugins/conformance/ ./device/cpu/...
 
 all: build
 
@@ -64,25 +67,38 @@ fmt-check:
 	@out="$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-# After vet, the plain pass, the race pass and the examples run side by
-# side (they share no compiled package: -race compiles its own), so one's
-# waits (plugin processes, deadlines, the soak's clients) are filled by
-# another's compiling; lines are kept whole. The benchmarks run once in the
-# plain pass (-bench . -benchtime 1x, what bench-smoke does on its own).
-# Tests that run kvx and the plugins as processes use the binaries make
-# build has just made ($(TESTBIN_ENV)). go test's own vet (a subset of go
-# vet's analyzers) is off in both passes: make vet has run all of them over
-# the same packages.
+# make test runs its passes side by side (make -j), so one's waits (plugin
+# processes, deadlines, the soak's clients) are filled by another's
+# compiling; lines are kept whole:
+#   - the race pass from the start, beside make build: it compiles its own
+#     copy of every package (-race), so the two share nothing to wait for;
+#   - after make build, the plain pass, the generators (which build against
+#     the protobuf make build has just compiled) and the example plugins.
+# The plain pass vets as it tests (-vet=all: every analyzer go vet runs,
+# over the same packages, ./..., on the packages it has just compiled for
+# the tests, where a separate go vet would load and type-check them all
+# again); make vet stays for a vet on its own. It runs up to TEST_P test
+# binaries at once (go test's default is one per core), since the long
+# ones mostly wait. The benchmarks run once in the plain pass (-bench .
+# -benchtime 1x, what bench-smoke does on its own). Tests that run kvx and
+# the plugins as processes use the binaries make build has just made
+# ($(TESTBIN_ENV)). Test binaries are linked without DWARF (-ldflags=-w):
+# no test reads it, and it is about a third of a link's CPU (cmd/kvx's test
+# binary: 3.4 s with DWARF, 2.4 s without); stack traces come from
+# the symbol table, which stays.
 
 ## test: formatting, vet, the whole suite, the concurrent packages under the
 ## race detector, every benchmark once, and the example plugin proved against
 ## v1 (sim and cpu devices; no GPU needed)
-test: tools build fmt-check vet
-	@$(MAKE) --no-print-directory -j3 --output-sync=line test-plain test-race examples
+test: fmt-check
+	@$(MAKE) --no-print-directory -j4 --output-sync=line test-plain test-race examples
 
-# test-plain: make test's plain pass, every test and every benchmark once.
-test-plain:
-	$(TESTBIN_ENV) $(GO) test -vet=off -timeout 15m -count=1 -bench . -benchtime 1x ./...
+TEST_P ?= 4
+
+# test-plain: make test's plain pass, vet and every test and benchmark once.
+test-plain: build
+	@$(MAKE) --no-print-directory tools
+	$(TESTBIN_ENV) $(GO) test -vet=all -p $(TEST_P) -ldflags=-w -timeout 15m -count=1 -bench . -benchtime 1x ./...
 
 # What the tests that need kvx's binaries are told after make build: use
 # these (core/testbin links them instead of building them again).
@@ -94,7 +110,7 @@ test-short: build
 
 ## test-race: the packages with goroutines of their own, under -race (short mode)
 test-race:
-	$(GO) test -vet=off -race -short -timeout 15m -count=1 $(RACE_PKGS)
+	$(GO) test -vet=off -race -short -ldflags=-w -timeout 15m -count=1 $(RACE_PKGS)
 
 SOAK_TIME    ?= 10m
 SOAK_TIMEOUT ?= 2h

@@ -180,6 +180,12 @@ type Manager struct {
 	// tend to repeat their order step after step, so Reserve and Commit
 	// find sequences here before asking the map.
 	hint []*sequence
+	// The self-check's per-block scratch (check.go), as large as the
+	// largest pool checked so far: a check clears what it uses instead of
+	// allocating two arrays the size of each pool (millions of blocks on a
+	// cpu stage's default memory) on every call.
+	chkRefs  []int32
+	chkWhere []uint8
 
 	c  counters
 	ev events

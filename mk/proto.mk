@@ -7,10 +7,15 @@
 #
 # protoc itself comes from the system (Debian: apt-get install -y
 # protobuf-compiler; 3.21.12 is what the committed files were made with). The
-# two Go generators are pinned and installed with `go install` into a local
-# GOBIN, one directory per version, so a stale or foreign protoc-gen-go on PATH
-# is never used. plugins/internal/kvxpb/stale_test.go runs the same protoc
-# command line: keep them in sync.
+# two Go generators are tools of the root module (go.mod's tool block), so
+# go.mod pins their versions and they build against the module's own
+# protobuf runtime: on a cold cache nothing is compiled for them that make
+# build does not compile anyway (a `go install pkg@version` built a second,
+# older protobuf for protoc-gen-go-grpc on every fresh clone). They go into
+# bin/tools, one directory per version, so a stale or foreign protoc-gen-go on
+# PATH is never used. The versions below must be go.mod's (the binary reports
+# its version, and plugins/internal/kvxpb/stale_test.go, which runs the same
+# protoc command line, refuses any other): keep them in sync.
 
 PROTOC                     ?= protoc
 PROTOC_GEN_GO_VERSION      ?= v1.36.12
@@ -30,10 +35,10 @@ PROTOC_GEN_GO_GRPC := $(PROTO_TOOLS_DIR)/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC
 proto-tools: $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
 
 $(PROTOC_GEN_GO):
-	GOBIN=$(abspath $(dir $@)) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	$(GO) build -o $@ google.golang.org/protobuf/cmd/protoc-gen-go
 
 $(PROTOC_GEN_GO_GRPC):
-	GOBIN=$(abspath $(dir $@)) go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	$(GO) build -o $@ google.golang.org/grpc/cmd/protoc-gen-go-grpc
 
 proto: $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
 	@command -v $(PROTOC) >/dev/null || { echo "proto: $(PROTOC) not found; install it (Debian: apt-get install -y protobuf-compiler)" >&2; exit 1; }

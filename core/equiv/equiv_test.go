@@ -220,6 +220,7 @@ func firstDiff(a, b []float32) string {
 func TestEquivalence(t *testing.T) {
 	for _, f := range families {
 		t.Run(f.name, func(t *testing.T) {
+			t.Parallel() // the families share nothing: each its own runs and reference
 			var o *oracle
 			smallReused := map[string]int64{} // per manager
 			for _, v := range variants(f) {

@@ -132,6 +132,7 @@ func choicesDigest(toks [][]int32, lps [][]float64) string {
 func TestForkedEquivalence(t *testing.T) {
 	for _, f := range []family{families[0], families[3]} {
 		t.Run(f.name, func(t *testing.T) {
+			t.Parallel() // the families share nothing: each its own runs and reference
 			base := slices.Concat(common, f.sets, variants(f)[0].sets)
 			alone, alps, forked := liveChoices(t, base, false)
 			if forked != 0 {

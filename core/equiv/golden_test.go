@@ -25,6 +25,7 @@ import (
 func TestCheckpointGoldens(t *testing.T) {
 	for _, fam := range []string{"llama", "llama_tied", "mistral", "qwen3", "extra/llama_yarn", "extra/qwen3_swa", "deepseek_v3", "deepseek_v32", "nemotron_h", "qwen3_next"} {
 		t.Run(fam, func(t *testing.T) {
+			t.Parallel() // the families share nothing: each its own runs and reference
 			dir, err := filepath.Abs(filepath.Join("..", "..", "device", "hf", "testdata", fam))
 			if err != nil {
 				t.Fatal(err)

@@ -64,6 +64,7 @@ func TestSampledEquivalence(t *testing.T) {
 	none := func(uint64) []int32 { return nil }
 	for _, f := range families[:2] {
 		t.Run(f.name, func(t *testing.T) {
+			t.Parallel() // the families share nothing: each its own runs and reference
 			var ref, refStop report.Report
 			var first string
 			var stops map[uint64]int32

@@ -9,7 +9,8 @@ import (
 	"testing"
 )
 
-// Pinned generator versions; keep in sync with mk/proto.mk.
+// Pinned generator versions: go.mod's (the tool block builds them), as in
+// mk/proto.mk; keep the three in sync.
 const (
 	protocGenGoVersion     = "v1.36.12"
 	protocGenGoGRPCVersion = "v1.5.1"
