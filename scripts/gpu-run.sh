@@ -37,6 +37,8 @@
 #   fastcompare  the compares on device cuda, dtype bfloat16 (the fast
 #            numerics), plus chunk sizes and batch sizes: one digest each
 #   goldensfast  the goldens with dtype bfloat16, by vLLM's top-5 rule
+#   sampled  each golden's prompts sampled with a seed: the same tokens on
+#            cpu and cuda (float32), alone and batched (bfloat16)
 #   invariance  each golden prompt alone and in mixed batches, dtype
 #            bfloat16: the same tokens and top-5 logprobs, bit for bit
 #   wgmma    scripts/wgmma-probe.cu compiled here (nvcc for sm_90a) and
@@ -226,6 +228,75 @@ PY
 	return $rc
 }
 
+# sampled: every golden checkpoint's prompts sampled with a seed (temperature,
+# top_p, top_k, min_p and the three penalties on every line) through kvx
+# generate. A seeded request's tokens are drawn from its seed and positions
+# only, so on each numerics they must not depend on the device, the
+# manager or the batch: with dtype float32 the cpu (alone) and cuda (v1
+# batched and chunked, the family's manager alone) give the same tokens;
+# with dtype bfloat16 cuda gives the same tokens and top-5 logprobs alone
+# (v1) and batched (the family's manager). Some line must differ from the
+# greedy tokens (expected.json), or the sampling did not run.
+step_sampled() {
+	local rc=0 dir name backend manager mt
+	mkdir -p "$OUT/sampled"
+	for dir in hf/testdata/*/ hf/testdata/extra/*/; do
+		[[ -f $dir/prompts.jsonl && -f $dir/config.json ]] || continue
+		name=$(basename "$dir")
+		read -r mt backend manager < <(bash scripts/golden-family.sh "$dir") || { echo "$name: no model_type"; rc=1; continue; }
+		[[ $mt == qwen3_next ]] && { echo "$name: skipped (no Gated DeltaNet kernel on cuda)"; continue; }
+		local o=$OUT/sampled/$name model
+		model=$(cd "$dir" && pwd)
+		python3 - "$dir/prompts.jsonl" "$o-prompts.jsonl" <<'PY' || { rc=1; continue; }
+import json, sys
+with open(sys.argv[2], "w") as f:
+    for i, l in enumerate(x for x in open(sys.argv[1]) if x.strip()):
+        p = json.loads(l)
+        p.update(temperature=0.9, top_p=0.95, top_k=40, min_p=0.02, seed=1000 + i,
+                 presence_penalty=0.3, frequency_penalty=0.2, repetition_penalty=1.1)
+        f.write(json.dumps(p) + "\n")
+PY
+		local alone="--set max_batch_size=1 --set max_num_tokens=128"
+		local batched="--set max_batch_size=12 --set max_num_tokens=24 --set kv_cache_config.tokens_per_block=8"
+		local runs=(
+			"f32-cpu-v1 cpu float32 v1 $alone"
+			"f32-cuda-v1 cuda float32 v1 $batched"
+			"f32-cuda-$manager cuda float32 $manager $alone"
+			"bf16-cuda-v1 cuda bfloat16 v1 $alone"
+			"bf16-cuda-$manager cuda bfloat16 $manager $batched"
+		)
+		local r ok=1
+		for r in "${runs[@]}"; do
+			read -r tag dev dtype mgr sets <<<"$r"
+			# shellcheck disable=SC2086
+			bin/kvx generate -c scenarios/hf-llama.yaml --set model="$model" --set device=$dev --set dtype=$dtype \
+				--set attention_backend=$backend --set cache_manager=$mgr $sets \
+				--prompts "$o-prompts.jsonl" --top-logprobs 5 --json "$o-$tag.json" >"$o-$tag.log" 2>&1 ||
+				{ echo "$name $tag: failed"; tail -3 "$o-$tag.log"; ok=0; }
+		done
+		((ok)) || { rc=1; continue; }
+		python3 - "$name" "$dir/expected.json" "$o-f32-cpu-v1.json" "$o-f32-cuda-v1.json" "$o-f32-cuda-$manager.json" \
+			"$o-bf16-cuda-v1.json" "$o-bf16-cuda-$manager.json" <<'PY' || rc=1
+import json, sys
+name, expected, f32, bf16 = sys.argv[1], sys.argv[2], sys.argv[3:6], sys.argv[6:8]
+def load(p, logprobs):
+    return {r["line"]: (r["output_ids"], r.get("top_logprobs") if logprobs else None) for r in json.load(open(p))}
+ok = True
+for label, files, lp in (("float32, cpu and cuda", f32, False), ("bfloat16, cuda alone and batched", bf16, True)):
+    runs = [load(p, lp) for p in files]
+    same = sum(1 for k in runs[0] if all(r.get(k) == runs[0][k] for r in runs[1:]))
+    print(f"{name}: {label}: {same}/{len(runs[0])} sampled prompts give the same tokens{' and top-5 logprobs' if lp else ''}")
+    ok = ok and same == len(runs[0]) > 0
+greedy = [r["output_ids"] for r in json.load(open(expected))]
+cpu = load(f32[0], False)
+differ = sum(1 for i, g in enumerate(greedy) if cpu.get(i + 1, (None,))[0] != g)
+print(f"{name}: {differ}/{len(greedy)} sampled prompts differ from the greedy tokens")
+sys.exit(0 if ok and differ > 0 else 1)
+PY
+	done
+	return $rc
+}
+
 # e2e: kvx's cuda device on a full-size random-weight Llama-3-8B checkpoint
 # that transformers makes here (E2E_CKPT, reused when there), against
 # transformers eager bf16 (sdpa) on the same prompts (scripts/e2e.py):
@@ -342,7 +413,7 @@ step_calibrate() {
 failed=0
 for step in $STEPS; do
 	if ! declare -F "step_$step" >/dev/null; then
-		echo "run.sh: unknown step $step (known: test compare fastcompare goldens goldensfast invariance bf16goldens e2e bench tokenizers calibrate serve)" | tee -a "$OUT/summary.txt"
+		echo "run.sh: unknown step $step (known: test compare fastcompare goldens goldensfast invariance sampled bf16goldens e2e bench tokenizers calibrate serve)" | tee -a "$OUT/summary.txt"
 		failed=1
 		continue
 	fi
