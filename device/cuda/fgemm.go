@@ -107,28 +107,46 @@ const fgemmPart = 1024
 // column warps and k slots a block, and how the warps are fed: the direct
 // kernels (u > 0: kvx_fgemm_gemv*) load the weight straight into registers
 // u 32-wide k blocks a chunk, the ring ones (kvx_fgemm_skinny*) through a
-// cp.async ring of stages k tiles bk wide. Its entry point's name is made
-// once, not per call.
+// cp.async ring of stages k tiles bk wide. The split ones (nw > 0:
+// kvx_fgemm_split*) are ring kernels whose warps own nw n8 tiles each and
+// whose blocks run one part each (no k slots), then kvx_fgemm_fold adds
+// the parts. Its entry point's name is made once, not per call.
 type skinnyKernel struct {
-	mt, wc, wk, bk, stages, u int
-	name                      string
+	mt, wc, wk, bk, stages, u, nw int
+	name                          string
+}
+
+// gemvB is gemv's variant whose registers are bounded so that minb blocks
+// fit an SM.
+func gemvB(mt, wc, wk, u, minb int) skinnyKernel {
+	k := gemv(mt, wc, wk, u)
+	k.name += fmt.Sprintf("m%d", minb)
+	return k
 }
 
 func skinny(mt, wc, wk, bk, stages int) skinnyKernel {
-	return skinnyKernel{mt, wc, wk, bk, stages, 0, fmt.Sprintf("kvx_fgemm_skinny%dc%dk%db%ds%d", mt, wc, wk, bk, stages)}
+	return skinnyKernel{mt: mt, wc: wc, wk: wk, bk: bk, stages: stages, name: fmt.Sprintf("kvx_fgemm_skinny%dc%dk%db%ds%d", mt, wc, wk, bk, stages)}
 }
 
 func gemv(mt, wc, wk, u int) skinnyKernel {
 	return skinnyKernel{mt: mt, wc: wc, wk: wk, u: u, name: fmt.Sprintf("kvx_fgemm_gemv%dc%dk%du%d", mt, wc, wk, u)}
 }
 
+func split(mt, wc, nw, bk, stages int) skinnyKernel {
+	return skinnyKernel{mt: mt, wc: wc, wk: 1, bk: bk, stages: stages, nw: nw,
+		name: fmt.Sprintf("kvx_fgemm_split%dc%dn%db%ds%d", mt, wc, nw, bk, stages)}
+}
+
 // warps is the variant's warps a block.
 func (k skinnyKernel) warps() int { return k.wc * k.wk }
+
+// cols is the columns a block covers.
+func (k skinnyKernel) cols() int { return 8 * k.wc * max(k.nw, 1) }
 
 // smem is the variant's dynamic shared memory: a ring a k slot (ring
 // kernels), and the other slots' partial sums.
 func (k skinnyKernel) smem() int {
-	return k.wk*k.stages*(16*k.mt+8*k.wc)*k.bk*2 + (k.wk-1)*k.mt*k.wc*32*4*4
+	return k.wk*k.stages*(16*k.mt+k.cols())*k.bk*2 + (k.wk-1)*k.mt*k.wc*32*4*4
 }
 
 // skinnyVariants are every skinny variant (the tests run each on every
@@ -137,6 +155,9 @@ var skinnyVariants = []skinnyKernel{
 	gemv(1, 2, 4, 4), gemv(1, 2, 8, 4), gemv(1, 2, 4, 8), gemv(1, 1, 4, 8), gemv(1, 4, 4, 4), gemv(1, 4, 1, 8),
 	gemv(2, 2, 4, 4), gemv(4, 4, 2, 4),
 	skinny(1, 2, 4, 64, 4), skinny(2, 2, 4, 64, 4), skinny(2, 4, 2, 64, 4), skinny(4, 4, 2, 64, 4),
+	split(4, 4, 4, 64, 4), split(4, 4, 2, 64, 4), split(4, 8, 2, 64, 4), split(4, 4, 1, 64, 4), split(2, 4, 2, 64, 4),
+	split(4, 4, 4, 64, 3), split(4, 4, 2, 64, 3), split(4, 8, 2, 64, 3), split(2, 4, 2, 64, 3), split(2, 8, 2, 64, 3),
+	gemvB(1, 2, 4, 4, 3), gemvB(1, 2, 4, 4, 4), gemvB(1, 2, 8, 4, 2), gemvB(1, 2, 4, 8, 3),
 }
 
 // skinnyFor is the variant for n rows of a k range padded to ld: the m16
@@ -149,8 +170,14 @@ var skinnyVariants = []skinnyKernel{
 //     the ring kernel's 2.47, 1.82, 2.10, 1.91 (1 row);
 //   - up to 16 rows, the ring kernel, 2 × 4 (8 rows: 2.41, —, 2.04, 1.82;
 //     the direct kernel's A loads cost it there: 2.18, —, 1.47, 1.83);
-//   - up to 32 rows, the ring kernel 4 × 2 (1.97 at 28672 × 4096); up to
-//     64, 4 × 2 (1.21 at 28672 × 4096, 0.79 at 4096 × 14336).
+//   - up to 32 rows, the ring kernel 4 × 2 (1.97 at 28672 × 4096);
+//   - more, the split kernel, 4 column warps of 2 n8 tiles, one part a
+//     block (64 rows, 2026-12-02: 1.23 / 0.92 / 1.40 / 1.19 TB/s at 6144,
+//     4096, 28672 × 4096 and 4096 × 14336, against the ring kernel's 0.91
+//     / 0.71 / 1.21 / 0.80). Its 8-warp, 3-stage variant measured faster
+//     again (1.19 / 0.90 / 1.77 / 1.52 at 64 rows) but has not been run
+//     end to end; the other split and bounded-register gemv variants are
+//     kept for the tests and the benchmark.
 func skinnyFor(n, ld int) skinnyKernel {
 	switch {
 	case n <= 4 && ld >= 8*fgemmPart:
@@ -164,7 +191,7 @@ func skinnyFor(n, ld int) skinnyKernel {
 	case 2:
 		return skinny(2, 4, 2, 64, 4)
 	}
-	return skinny(4, 4, 2, 64, 4)
+	return split(4, 4, 2, 64, 4)
 }
 
 // bf16Weights reports whether a weight of rows × cols is kept as bf16 in
@@ -362,15 +389,25 @@ func (o *ops) fgemmSkinny(a cu.DevicePtr, n, ld int, outs []gemmOut, k skinnyKer
 	}
 	args := []any{a, n, ld}
 	m := 0
+	var fold []any // kvx_fgemm_fold's outputs
 	for i := range 3 {
 		g := gemmOut{w: outs[0].w} // an unused weight: no columns
 		if i < len(outs) {
 			g = outs[i]
 		}
 		args = append(args, g.c, g.w, g.m)
+		fold = append(fold, g.c, g.m)
 		m += g.m
 	}
-	o.runShared(k.name, dim{blocks(n, 16*k.mt), blocks(m, 8*k.wc), 1}, dim{32 * k.warps(), 1, 1}, k.smem(), args...)
+	if k.nw == 0 {
+		o.runShared(k.name, dim{blocks(n, 16*k.mt), blocks(m, k.cols()), 1}, dim{32 * k.warps(), 1, 1}, k.smem(), args...)
+		return
+	}
+	parts := blocks(ld, fgemmPart)
+	p := o.scratch(int64(parts) * int64(n) * int64(m) * 4)
+	o.runShared(k.name, dim{blocks(n, 16*k.mt), blocks(m, k.cols()), parts}, dim{32 * k.warps(), 1, 1}, k.smem(), append(args, p)...)
+	g, b := flat(n * m)
+	o.run("kvx_fgemm_fold", g, b, 0, append([]any{p, parts, n}, fold...)...)
 }
 
 // fgemmTiled runs tiled kernel k (any of tiledVariants, any n).

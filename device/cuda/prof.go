@@ -80,8 +80,15 @@ func (p *kernelProf) around(name string, s cu.Stream, launch func() error) error
 	return err
 }
 
-// begin marks the start of a Forward.
-func (p *kernelProf) begin() { p.start = time.Now() }
+// begin marks the start of a Forward. Launches made since the last
+// Forward's end (loading the weights) are no step's: they are dropped.
+func (p *kernelProf) begin() {
+	p.start = time.Now()
+	for _, m := range p.pending {
+		p.free = append(p.free, m.start, m.end)
+	}
+	p.pending = p.pending[:0]
+}
 
 // end adds the Forward's launches (the stream synchronized) to the totals.
 func (p *kernelProf) end() {

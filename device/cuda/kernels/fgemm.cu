@@ -292,6 +292,144 @@ SKINNY(2, 2, 4, 64, 4)
 SKINNY(2, 4, 2, 64, 4)
 SKINNY(4, 4, 2, 64, 4)
 
+// The split kernels, for tens of rows (decode of larger batches): the ring
+// kernels' warps own one n8 tile each, so every warp reads all of the
+// block's A fragments from shared memory for 8 columns, and each block
+// copies all of A for 8·WC columns; at 64 rows that traffic is several
+// times the weight's. Here a warp owns NW n8 tiles (one A fragment feeds NW
+// mma), a block covers 8·WC·NW columns, and the parts run in separate
+// blocks (grid z) instead of k slots, so there are blocks enough for the
+// GPU however few the columns. Each block writes its part's sums to P
+// (parts × M × N float32, N every weight's columns); kvx_fgemm_fold then
+// adds each output's parts in part order, ((p0 + p1) + p2) + ..., the sum
+// sk_fold makes: the same bits as every other kernel.
+template <int MT, int WC, int NW, int BK, int STAGES>
+__device__ __forceinline__ void fgemm_split(const unsigned short* A, const skinnyOut& o, float* P, long long M, long long ld) {
+	extern __shared__ __align__(16) unsigned char sp_smem[];
+	constexpr int AR = 16 * MT, BR = 8 * WC * NW, CH = BK / 8, TPP = FG_PART / BK;
+	const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+	unsigned short* sA = (unsigned short*)sp_smem;
+	unsigned short* sB = sA + STAGES * AR * BK;
+	const long long m0 = (long long)blockIdx.x * AR, n0 = (long long)blockIdx.y * BR;
+	const long long N = o.n(), kb = (long long)blockIdx.z * FG_PART;
+	const int arows = (int)(M - m0 < AR ? M - m0 : AR);
+	auto load = [&](int i) {
+		const int st = i % STAGES;
+		const long long k0 = kb + (long long)i * BK;
+		if (i >= TPP || k0 >= ld) return; // past a short last part's end
+		for (int c = tid; c < (arows + BR) * CH; c += 32 * WC) {
+			const int r = c / CH, ch = c % CH;
+			const bool kin = k0 + ch * 8 < ld;
+			if (r < arows) {
+				cp_async16_zfill(sA + st * AR * BK + sk_swz(r, ch, BK), A + (m0 + r) * ld + (kin ? k0 + ch * 8 : 0), kin);
+			} else {
+				const long long n = n0 + r - arows;
+				const bool ok = n < N && kin;
+				cp_async16_zfill(sB + st * BR * BK + sk_swz(r - arows, ch, BK), ok ? o.row(n, ld) + k0 + ch * 8 : o.W0, ok);
+			}
+		}
+	};
+
+	float acc[MT][NW][4];
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+		for (int j = 0; j < NW; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+#pragma unroll
+	for (int s = 0; s < STAGES - 1; s++) {
+		load(s);
+		cp_async_commit();
+	}
+	for (int i = 0; i < TPP; i++) {
+		cp_async_wait<STAGES - 2>();
+		__syncthreads(); // tile i landed; every warp is done with tile i-1's stage
+		load(i + STAGES - 1);
+		cp_async_commit();
+		const long long k0 = kb + (long long)i * BK;
+		if (k0 >= ld) break;
+		const int st = i % STAGES;
+		const unsigned short* a = sA + st * AR * BK;
+		const unsigned short* b = sB + st * BR * BK;
+		const int steps = (int)(ld - k0 < BK ? (ld - k0) / 16 : BK / 16);
+#pragma unroll
+		for (int kk = 0; kk < BK / 16; kk += 2) {
+			if (kk >= steps) break; // ld is a multiple of 64: steps is even
+			// bf[j]: n8 tile j's fragments of k16 steps kk and kk+1 (one
+			// chunk of the 32-wide block in the fragments' order).
+			unsigned bf[NW][4];
+#pragma unroll
+			for (int j = 0; j < NW; j++) lds128(bf[j], b + sk_swz((warp * NW + j) * 8 + g, kk * 2 + t4, BK));
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+#pragma unroll
+				for (int mt = 0; mt < MT; mt++) {
+					unsigned af[4];
+					ldsm_x4(af, a + sk_swz(mt * 16 + lane % 16, (kk + h) * 2 + lane / 16, BK));
+#pragma unroll
+					for (int j = 0; j < NW; j++) mma_bf16(acc[mt][j], af, bf[j][2 * h], bf[j][2 * h + 1]);
+				}
+			}
+		}
+	}
+	cp_async_wait<0>();
+	float* Pp = P + (long long)blockIdx.z * M * N;
+#pragma unroll
+	for (int j = 0; j < NW; j++)
+#pragma unroll
+		for (int e = 0; e < 2; e++) {
+			const long long c = n0 + (warp * NW + j) * 8 + 2 * t4 + e;
+			if (c >= N) continue;
+#pragma unroll
+			for (int mt = 0; mt < MT; mt++) {
+				const long long r = m0 + mt * 16 + g;
+				if (r < M) Pp[r * N + c] = acc[mt][j][e];
+				if (r + 8 < M) Pp[(r + 8) * N + c] = acc[mt][j][2 + e];
+			}
+		}
+}
+
+// kvx_fgemm_split<MT>c<WC>n<NW>b<BK>s<STAGES>: grid (ceil(M / (16·MT)),
+// ceil((N0 + N1 + N2) / (8·WC·NW)), parts), block 32·WC, skinnyKernel.smem()
+// bytes of dynamic shared memory; P as above. Then kvx_fgemm_fold.
+#define SPLIT(MT, WC, NW, BK, STAGES)                                                                                  \
+	extern "C" __global__ void __launch_bounds__(32 * WC) kvx_fgemm_split##MT##c##WC##n##NW##b##BK##s##STAGES(        \
+		const unsigned short* A, long long M, long long ld, float* C0, const unsigned short* W0, long long N0,         \
+		float* C1, const unsigned short* W1, long long N1, float* C2, const unsigned short* W2, long long N2, float* P) { \
+		const skinnyOut o = {C0, C1, C2, W0, W1, W2, N0, N1, N2};                                                     \
+		fgemm_split<MT, WC, NW, BK, STAGES>(A, o, P, M, ld);                                                          \
+	}
+SPLIT(4, 4, 4, 64, 4)
+SPLIT(4, 4, 2, 64, 4)
+SPLIT(4, 8, 2, 64, 4)
+SPLIT(4, 4, 1, 64, 4)
+SPLIT(2, 4, 2, 64, 4)
+SPLIT(4, 4, 4, 64, 3)
+SPLIT(4, 4, 2, 64, 3)
+SPLIT(4, 8, 2, 64, 3)
+SPLIT(2, 4, 2, 64, 3)
+SPLIT(2, 8, 2, 64, 3)
+
+// kvx_fgemm_fold: every output of a split call, its parts of P added in
+// part order, into its weight's C. Grid-stride over M × (N0 + N1 + N2).
+extern "C" __global__ void kvx_fgemm_fold(const float* P, long long parts, long long M, float* C0, long long N0, float* C1,
+		long long N1, float* C2, long long N2) {
+	const long long N = N0 + N1 + N2, n = M * N;
+	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+		float v = P[i];
+		for (long long p = 1; p < parts; p++) v = __fadd_rn(v, P[p * n + i]);
+		const long long r = i / N;
+		long long c = i - r * N;
+		if (c < N0) {
+			C0[r * N0 + c] = v;
+		} else if ((c -= N0) < N1) {
+			C1[r * N1 + c] = v;
+		} else {
+			c -= N1;
+			C2[r * N2 + c] = v;
+		}
+	}
+}
+
 // The direct kernel: a lane's weight fragments of a 32-wide k block are one
 // 16-byte chunk of its column's row (the fragments' order), loaded into
 // registers with no shared memory between; U blocks make a chunk, and the
@@ -398,6 +536,21 @@ GEMV(1, 2, 4, 8)
 GEMV(1, 1, 4, 8)
 GEMV(1, 4, 4, 4)
 GEMV(1, 4, 1, 8)
+
+// kvx_fgemm_gemv<MT>c<WC>k<WK>u<U>m<MINB>: GEMV with registers bounded so
+// that MINB blocks fit an SM (88 registers a thread leave a 256-thread
+// block two an SM: 384 blocks of a 6144-column weight take two waves).
+#define GEMVB(MT, WC, WK, U, MINB)                                                                                    \
+	extern "C" __global__ void __launch_bounds__(32 * WC * WK, MINB) kvx_fgemm_gemv##MT##c##WC##k##WK##u##U##m##MINB( \
+		const unsigned short* A, long long M, long long ld, float* C0, const unsigned short* W0, long long N0,        \
+		float* C1, const unsigned short* W1, long long N1, float* C2, const unsigned short* W2, long long N2) {        \
+		const skinnyOut o = {C0, C1, C2, W0, W1, W2, N0, N1, N2};                                                    \
+		fgemm_gemv<MT, WC, WK, U>(A, o, M, ld);                                                                      \
+	}
+GEMVB(1, 2, 4, 4, 3)
+GEMVB(1, 2, 4, 4, 4)
+GEMVB(1, 2, 8, 4, 2)
+GEMVB(1, 2, 4, 8, 3)
 GEMV(2, 2, 4, 4)
 GEMV(4, 4, 2, 4)
 
