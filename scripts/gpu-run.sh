@@ -196,19 +196,35 @@ step_goldensfast() {
 	DTYPE=bfloat16 SCENARIO=scenarios/hf-llama.yaml bash scripts/goldens.sh cuda hf/testdata "$OUT/goldens-fast"
 }
 
+# cuda_goldens sets goldens to "dir name backend manager" for every golden
+# checkpoint (with prompts) that the cuda device runs, with the attention
+# backend and cache manager of its family (scripts/golden-family.sh);
+# qwen3_next is skipped (no Gated DeltaNet kernel on cuda). It returns 1
+# when a checkpoint has no model_type.
+cuda_goldens() {
+	goldens=()
+	local dir name mt backend manager rc=0
+	for dir in hf/testdata/*/ hf/testdata/extra/*/; do
+		[[ -f $dir/prompts.jsonl && -f $dir/config.json ]] || continue
+		name=$(basename "$dir")
+		read -r mt backend manager < <(bash scripts/golden-family.sh "$dir") || { echo "$name: no model_type"; rc=1; continue; }
+		[[ $mt == qwen3_next ]] && { echo "$name: skipped (no Gated DeltaNet kernel on cuda)"; continue; }
+		goldens+=("$dir $name $backend $manager")
+	done
+	return $rc
+}
+
 # invariance: every golden checkpoint's prompts through kvx generate on
 # device cuda, fast numerics, each prompt alone (max_batch_size 1, whole
 # prompts in one chunk) and all together in batches of up to 12 with
 # chunks of up to 24 tokens and blocks of 8 beside other prompts' decodes: the tokens and the top
 # logprobs must be the same bits.
 step_invariance() {
-	local rc=0 dir name backend manager mt
+	local rc=0 g dir name backend manager
 	mkdir -p "$OUT/invariance"
-	for dir in hf/testdata/*/ hf/testdata/extra/*/; do
-		[[ -f $dir/prompts.jsonl && -f $dir/config.json ]] || continue
-		name=$(basename "$dir")
-		read -r mt backend manager < <(bash scripts/golden-family.sh "$dir") || { echo "$name: no model_type"; rc=1; continue; }
-		[[ $mt == qwen3_next ]] && { echo "$name: skipped (no Gated DeltaNet kernel on cuda)"; continue; }
+	cuda_goldens || rc=1
+	for g in "${goldens[@]}"; do
+		read -r dir name backend manager <<<"$g"
 		local a=$OUT/invariance/$name-alone.json b=$OUT/invariance/$name-batched.json
 		bin/kvx generate -c scenarios/hf-llama.yaml --set model="$(cd "$dir" && pwd)" --set device=cuda --set dtype=bfloat16 \
 			--set attention_backend=$backend --set cache_manager=$manager --set max_batch_size=1 --set max_num_tokens=128 \
@@ -238,13 +254,11 @@ PY
 # (v1) and batched (the family's manager). Some line must differ from the
 # greedy tokens (expected.json), or the sampling did not run.
 step_sampled() {
-	local rc=0 dir name backend manager mt
+	local rc=0 g dir name backend manager
 	mkdir -p "$OUT/sampled"
-	for dir in hf/testdata/*/ hf/testdata/extra/*/; do
-		[[ -f $dir/prompts.jsonl && -f $dir/config.json ]] || continue
-		name=$(basename "$dir")
-		read -r mt backend manager < <(bash scripts/golden-family.sh "$dir") || { echo "$name: no model_type"; rc=1; continue; }
-		[[ $mt == qwen3_next ]] && { echo "$name: skipped (no Gated DeltaNet kernel on cuda)"; continue; }
+	cuda_goldens || rc=1
+	for g in "${goldens[@]}"; do
+		read -r dir name backend manager <<<"$g"
 		local o=$OUT/sampled/$name model
 		model=$(cd "$dir" && pwd)
 		python3 - "$dir/prompts.jsonl" "$o-prompts.jsonl" <<'PY' || { rc=1; continue; }
