@@ -186,17 +186,38 @@ __device__ __forceinline__ int sk_swz(int r, int ch, int bk) { return r * bk + (
 // sk_bar synchronizes the nthreads threads of named barrier id (1...).
 __device__ __forceinline__ void sk_bar(int id, int nthreads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads)); }
 
+// sk_load copies one BK-wide k tile from k0 into a ring stage: A's arows
+// rows from m0 into a, and br weight columns from n0 into b (zeros past the
+// weights' columns or past ld). Thread t of the nthreads that share the
+// stage copies chunks t, t + nthreads, ...
+template <int BK>
+__device__ __forceinline__ void sk_load(unsigned short* a, unsigned short* b, const unsigned short* A, const skinnyOut& o,
+		long long m0, long long n0, int arows, int br, long long k0, long long ld, int t, int nthreads) {
+	constexpr int CH = BK / 8;
+	const long long N = o.n();
+	for (int c = t; c < (arows + br) * CH; c += nthreads) {
+		const int r = c / CH, ch = c % CH;
+		const bool kin = k0 + ch * 8 < ld;
+		if (r < arows) {
+			cp_async16_zfill(a + sk_swz(r, ch, BK), A + (m0 + r) * ld + (kin ? k0 + ch * 8 : 0), kin);
+		} else {
+			const long long n = n0 + r - arows;
+			const bool ok = n < N && kin;
+			cp_async16_zfill(b + sk_swz(r - arows, ch, BK), ok ? o.row(n, ld) + k0 + ch * 8 : o.W0, ok);
+		}
+	}
+}
+
 template <int MT, int WC, int WK, int BK, int STAGES>
 __device__ __forceinline__ void fgemm_skinny(const unsigned short* A, const skinnyOut& o, long long M, long long ld) {
 	extern __shared__ __align__(16) unsigned char sk_smem[];
-	constexpr int AR = 16 * MT, BR = 8 * WC, CH = BK / 8, SLOT = STAGES * (AR + BR) * BK; // bf16 a slot's ring
+	constexpr int AR = 16 * MT, BR = 8 * WC, SLOT = STAGES * (AR + BR) * BK; // bf16 a slot's ring
 	const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 	const int ks = warp / WC, wc = warp % WC, st0 = tid - ks * 32 * WC; // k slot, column warp, thread in slot
 	unsigned short* sA = (unsigned short*)sk_smem + ks * SLOT;
 	unsigned short* sB = sA + STAGES * AR * BK;
 	float* red = (float*)((unsigned short*)sk_smem + WK * SLOT); // (WK - 1) slots' partial sums
 	const long long m0 = (long long)blockIdx.x * AR, n0 = (long long)blockIdx.y * BR;
-	const long long N = o.n();
 	const int arows = (int)(M - m0 < AR ? M - m0 : AR);
 	const int parts = (int)((ld + FG_PART - 1) / FG_PART);
 
@@ -211,18 +232,7 @@ __device__ __forceinline__ void fgemm_skinny(const unsigned short* A, const skin
 		const int st = i % STAGES;
 		const long long k0 = kOf(i);
 		if (k0 >= ld) return;
-		for (int c = st0; c < (arows + BR) * CH; c += 32 * WC) {
-			const int r = c / CH, ch = c % CH;
-			const bool kin = k0 + ch * 8 < ld;
-			if (r < arows) {
-				cp_async16_zfill(sA + st * AR * BK + sk_swz(r, ch, BK), A + (m0 + r) * ld + (kin ? k0 + ch * 8 : 0), kin);
-			} else {
-				const int rb = r - arows;
-				const long long n = n0 + rb;
-				const bool ok = n < N && kin;
-				cp_async16_zfill(sB + st * BR * BK + sk_swz(rb, ch, BK), ok ? o.row(n, ld) + k0 + ch * 8 : o.W0, ok);
-			}
-		}
+		sk_load<BK>(sA + st * AR * BK, sB + st * BR * BK, A, o, m0, n0, arows, BR, k0, ld, st0, 32 * WC);
 	};
 
 	float acc[MT][4], tot[MT][4];
@@ -306,7 +316,7 @@ SKINNY(4, 4, 2, 64, 4)
 template <int MT, int WC, int NW, int BK, int STAGES>
 __device__ __forceinline__ void fgemm_split(const unsigned short* A, const skinnyOut& o, float* P, long long M, long long ld) {
 	extern __shared__ __align__(16) unsigned char sp_smem[];
-	constexpr int AR = 16 * MT, BR = 8 * WC * NW, CH = BK / 8, TPP = FG_PART / BK;
+	constexpr int AR = 16 * MT, BR = 8 * WC * NW, TPP = FG_PART / BK;
 	const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
 	unsigned short* sA = (unsigned short*)sp_smem;
 	unsigned short* sB = sA + STAGES * AR * BK;
@@ -317,17 +327,7 @@ __device__ __forceinline__ void fgemm_split(const unsigned short* A, const skinn
 		const int st = i % STAGES;
 		const long long k0 = kb + (long long)i * BK;
 		if (i >= TPP || k0 >= ld) return; // past a short last part's end
-		for (int c = tid; c < (arows + BR) * CH; c += 32 * WC) {
-			const int r = c / CH, ch = c % CH;
-			const bool kin = k0 + ch * 8 < ld;
-			if (r < arows) {
-				cp_async16_zfill(sA + st * AR * BK + sk_swz(r, ch, BK), A + (m0 + r) * ld + (kin ? k0 + ch * 8 : 0), kin);
-			} else {
-				const long long n = n0 + r - arows;
-				const bool ok = n < N && kin;
-				cp_async16_zfill(sB + st * BR * BK + sk_swz(r - arows, ch, BK), ok ? o.row(n, ld) + k0 + ch * 8 : o.W0, ok);
-			}
-		}
+		sk_load<BK>(sA + st * AR * BK, sB + st * BR * BK, A, o, m0, n0, arows, BR, k0, ld, tid, 32 * WC);
 	};
 
 	float acc[MT][NW][4];
