@@ -58,7 +58,8 @@ type watchdog struct {
 	log   func(msg string, args ...any)
 	mu    sync.Mutex
 	slots [numSlots]watch
-	done  chan struct{}
+	done  chan struct{} // closed by close: the goroutine returns
+	ended chan struct{} // closed by the goroutine as it returns
 }
 
 // watch is one armed wait.
@@ -76,15 +77,18 @@ func newWatchdog(l Liveness, s Stopper, log func(msg string, args ...any)) *watc
 	if !l.on() || s == nil {
 		return nil
 	}
-	d := &watchdog{stop: s, log: log, done: make(chan struct{})}
+	d := &watchdog{stop: s, log: log, done: make(chan struct{}), ended: make(chan struct{})}
 	go d.run()
 	return d
 }
 
-// close stops the watchdog's goroutine.
+// close stops the watchdog's goroutine and waits for it to return, so that
+// no Stopper.Stop is in progress, or starts, once close has returned: the
+// engine's caller may read or reuse its Launcher as soon as Run returns.
 func (d *watchdog) close() {
 	if d != nil {
 		close(d.done)
+		<-d.ended
 	}
 }
 
@@ -119,6 +123,7 @@ func (d *watchdog) disarm(slot int) {
 }
 
 func (d *watchdog) run() {
+	defer close(d.ended)
 	t := time.NewTicker(watchTick)
 	defer t.Stop()
 	for {

@@ -65,7 +65,11 @@ func (w hangingWorker) Forward(ctx context.Context, b worker.Batch) (worker.Resu
 }
 
 // killingLauncher stops a hanging plugin when the engine asks, as
-// setup.Launcher kills the process; it counts the stops.
+// setup.Launcher kills the process; it counts the stops. It counts after
+// the stop, which lets the engine go on: only Run's waiting for its
+// watchdog orders the count before Run returns, and the test reads it
+// after Run, without the lock, so the race detector sees a Run that
+// returns with its watchdog still touching the launcher.
 type killingLauncher struct {
 	inproc
 	mu    sync.Mutex
@@ -73,15 +77,15 @@ type killingLauncher struct {
 }
 
 func (l *killingLauncher) Stop(client any) {
-	l.mu.Lock()
-	l.stops++
-	l.mu.Unlock()
 	switch c := client.(type) {
 	case hangingManager:
 		c.stop()
 	case hangingWorker:
 		c.stop()
 	}
+	l.mu.Lock()
+	l.stops++
+	l.mu.Unlock()
 }
 
 // TestHungPluginIsKilledAndRestarted: a manager that stops answering in the
