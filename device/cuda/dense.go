@@ -247,17 +247,34 @@ func (o *ops) MatMul(x, w synth.Tensor) synth.Tensor {
 
 // rmsNorm runs kernel.RMSNorm over rows of cols values with gains w.
 func (o *ops) rmsNorm(x, w *tensor, rows, cols int, eps float32) *tensor {
+	return o.addRMSNorm(x, nil, w, rows, cols, eps)
+}
+
+// addRMSNorm is rmsNorm after x += y when y is not nil: in one launch where
+// the fast RMSNorm runs (kvx_frmsnorm adds y first, kvx_add's sum), else
+// Add's launch first.
+func (o *ops) addRMSNorm(x, y, w *tensor, rows, cols int, eps float32) *tensor {
+	fast := o.fast && cols >= fastNormCols
+	if y != nil && (!fast || cols != x.c) {
+		o.Add(x, y)
+		y = nil
+	}
 	out := o.newTensor(x.r, x.c)
 	switch {
 	case rows == 0 || cols == 0:
-	case o.fast && cols >= fastNormCols:
+	case fast:
 		var ob cu.DevicePtr
 		ld := padK(cols)
 		if cols == x.c { // whole rows (not RMSNormGroups' groups): the matmul's input
 			ob = o.scratch(int64(rows) * int64(ld) * 2)
 			out.b = ob
 		}
-		o.run("kvx_frmsnorm", dim{min(rows, 65535), 1, 1}, dim{256, 1, 1}, 0, out.p, ob, x.p, w.p, rows, cols, ld, eps)
+		var yp cu.DevicePtr
+		if y != nil {
+			dropBF16(x)
+			yp = y.p
+		}
+		o.run("kvx_frmsnorm", dim{min(rows, 65535), 1, 1}, dim{256, 1, 1}, 0, out.p, ob, x.p, yp, w.p, rows, cols, ld, eps)
 	default:
 		o.run("kvx_rmsnorm", dim{blocks(rows, 4), 1, 1}, dim{128, 1, 1}, 0, out.p, x.p, w.p, rows, cols, eps)
 	}
@@ -274,6 +291,17 @@ func (o *ops) RMSNorm(x, w synth.Tensor, eps float32) synth.Tensor {
 	xt, wt := cudaTensor(x), cudaTensor(w)
 	shape("RMSNorm gains", wt, 1, xt.c)
 	return o.rmsNorm(xt, wt, xt.r, xt.c, eps)
+}
+
+var _ hf.AddNormer = (*ops)(nil)
+
+// AddRMSNorm implements hf.AddNormer: x += y, then RMSNorm(x, w, eps), the
+// values Add and RMSNorm give.
+func (o *ops) AddRMSNorm(x, y, w synth.Tensor, eps float32) synth.Tensor {
+	xt, yt, wt := cudaTensor(x), cudaTensor(y), cudaTensor(w)
+	shape("AddRMSNorm addend", yt, xt.r, xt.c)
+	shape("AddRMSNorm gains", wt, 1, xt.c)
+	return o.addRMSNorm(xt, yt, wt, xt.r, xt.c, eps)
 }
 
 // RMSNormGroups implements hf.Ops: kernel.RMSNorm of every w.Cols()-wide

@@ -89,3 +89,30 @@ func TestFastBF16Copies(t *testing.T) {
 		sameBits(t, "MatMul after Add", o.ToHost(o.MatMul(fresh, w)), o.ToHost(o.MatMul(norm, w)))
 	})
 }
+
+// TestFastAddRMSNorm: AddRMSNorm (the residual add inside the fast
+// RMSNorm's launch) gives the bits of Add and then RMSNorm, in x and in the
+// output and its bf16 copy, at the widths the fast kernel takes and those
+// it leaves to the exact one (where AddRMSNorm is the two launches).
+func TestFastAddRMSNorm(t *testing.T) {
+	o := fastOps(t)
+	for _, cols := range []int{64, 512, 4096, 7168 + 3} {
+		t.Run(fmt.Sprintf("%d", cols), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(cols), 7))
+			const rows = 9
+			xv, yv, wv := randVals(rng, rows*cols, 2), randVals(rng, rows*cols, 2), randVals(rng, cols, 1)
+			on(t, o, func() {
+				w := o.Weight(randVals(rng, 70*cols, 1), 70, cols)
+				g := hostTensor(o, wv, 1, cols)
+				x1, y1 := hostTensor(o, xv, rows, cols), hostTensor(o, yv, rows, cols)
+				o.Add(x1, y1)
+				want := o.RMSNorm(x1, g, 1e-5)
+				x2, y2 := hostTensor(o, xv, rows, cols), hostTensor(o, yv, rows, cols)
+				got := o.AddRMSNorm(x2, y2, g, 1e-5)
+				sameBits(t, "x += y", o.ToHost(x1), o.ToHost(x2))
+				sameBits(t, "RMSNorm(x)", o.ToHost(want), o.ToHost(got))
+				sameBits(t, "MatMul of RMSNorm(x) (its bf16 copy)", o.ToHost(o.MatMul(want, w)), o.ToHost(o.MatMul(got, w)))
+			})
+		})
+	}
+}

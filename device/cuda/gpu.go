@@ -5,6 +5,31 @@ package cuda
 /*
 #cgo LDFLAGS: -lcuda
 #include <cuda.h>
+#include <string.h>
+
+// kvx_launch launches f with the n 8-byte argument values vals (copied by
+// the driver before it returns), as a programmatic dependent of the kernel
+// before it in the stream when pdl is not 0 (kernels/pdl.cuh).
+static CUresult kvx_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+		unsigned smem, CUstream s, unsigned long long* vals, int n, int pdl) {
+	void* args[64];
+	if (n > 64) return CUDA_ERROR_INVALID_VALUE;
+	for (int i = 0; i < n; i++) args[i] = &vals[i];
+	if (!pdl) return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, s, args, NULL);
+	CUlaunchAttribute a;
+	memset(&a, 0, sizeof a);
+	a.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+	a.value.programmaticStreamSerializationAllowed = 1;
+	CUlaunchConfig c;
+	memset(&c, 0, sizeof c);
+	c.gridDimX = gx, c.gridDimY = gy, c.gridDimZ = gz;
+	c.blockDimX = bx, c.blockDimY = by, c.blockDimZ = bz;
+	c.sharedMemBytes = smem;
+	c.hStream = s;
+	c.attrs = &a;
+	c.numAttrs = 1;
+	return cuLaunchKernelEx(&c, f, args, NULL);
+}
 */
 import "C"
 
@@ -12,9 +37,9 @@ import (
 	"embed"
 	"fmt"
 	"math"
+	"os"
 	"path"
 	"runtime"
-	"sort"
 	"strings"
 	"unsafe"
 
@@ -40,15 +65,21 @@ type gpu struct {
 	fns    map[string]cu.Function
 	stream cu.Stream   // the null stream: launches and copies run in issue order
 	prof   *kernelProf // CUDA_KVX_PROFILE's kernel timer, or nil
-	// slots and ptrs are launch's argument buffers, reused by every launch
-	// (the driver copies the arguments before cuLaunchKernel returns).
+	// pdl is the kernels launched as programmatic dependents of the kernel
+	// before them (their PTX waits for it: ptxKernels); nil when that is
+	// off (CUDA_KVX_PDL=0, or the kernel profile's events between launches).
+	pdl map[string]bool
+	// slots is launch's argument buffer, reused by every launch (the
+	// driver copies the arguments before the launch returns).
 	slots []uint64
-	ptrs  []unsafe.Pointer
 }
 
 // newGPU makes a context on device ordinal and loads the kernels.
 func newGPU(ordinal int) (*gpu, error) {
 	g := &gpu{calls: make(chan func()), fns: map[string]cu.Function{}, prof: newKernelProf()}
+	if g.prof == nil && os.Getenv(pdlEnv) != "0" {
+		g.pdl = map[string]bool{}
+	}
 	started := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // the context is current on this thread only
@@ -116,7 +147,8 @@ func (g *gpu) load(dir string) error {
 		if err := setExpMode(mod); err != nil {
 			return fmt.Errorf("cuda: %s: %w", name, err)
 		}
-		for _, fn := range entries(string(src)) {
+		names, waits := ptxKernels(string(src))
+		for _, fn := range names {
 			h, err := mod.Function(fn)
 			if err != nil {
 				return fmt.Errorf("cuda: %s: function %s: %w", name, fn, err)
@@ -125,6 +157,9 @@ func (g *gpu) load(dir string) error {
 				return fmt.Errorf("cuda: kernel %s is defined twice (%s)", fn, name)
 			}
 			g.fns[fn] = h
+			if waits[fn] && g.pdl != nil {
+				g.pdl[fn] = true
+			}
 		}
 	}
 	return nil
@@ -142,21 +177,6 @@ func setExpMode(mod cu.Module) error {
 		return err
 	}
 	return upload(p, []int64{int64(mode)})
-}
-
-// entries lists the kernels (.entry) of a PTX module.
-func entries(ptx string) []string {
-	var names []string
-	for _, line := range strings.Split(ptx, "\n") {
-		line = strings.TrimSpace(line)
-		if rest, ok := strings.CutPrefix(line, ".visible .entry "); ok {
-			if i := strings.IndexByte(rest, '('); i > 0 {
-				names = append(names, rest[:i])
-			}
-		}
-	}
-	sort.Strings(names)
-	return names
 }
 
 // do runs f on the context's goroutine and returns its error.
@@ -194,9 +214,9 @@ func (g *gpu) launch(name string, grid, block dim, shmem int, args ...any) error
 		return fmt.Errorf("cuda: no kernel %s in the embedded PTX", name)
 	}
 	if cap(g.slots) < len(args) {
-		g.slots, g.ptrs = make([]uint64, len(args)), make([]unsafe.Pointer, len(args))
+		g.slots = make([]uint64, len(args))
 	}
-	slots, ptrs := g.slots[:len(args)], g.ptrs[:len(args)]
+	slots := g.slots[:len(args)]
 	for i, a := range args {
 		switch v := a.(type) {
 		case cu.DevicePtr:
@@ -210,13 +230,22 @@ func (g *gpu) launch(name string, grid, block dim, shmem int, args ...any) error
 		default:
 			panic(fmt.Sprintf("cuda: launch %s: argument %d of type %T", name, i, a))
 		}
-		ptrs[i] = unsafe.Pointer(&slots[i])
 	}
 	if grid.x <= 0 || grid.y <= 0 || grid.z <= 0 {
 		return nil // nothing to do (an empty tensor)
 	}
+	pdl := 0
+	if g.pdl[name] {
+		pdl = 1
+	}
+	var vals *C.ulonglong
+	if len(slots) > 0 {
+		vals = (*C.ulonglong)(unsafe.Pointer(&slots[0]))
+	}
 	run := func() error {
-		return fn.Launch(grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem, g.stream, ptrs)
+		r := C.kvx_launch(cfn(fn), C.uint(grid.x), C.uint(grid.y), C.uint(grid.z), C.uint(block.x), C.uint(block.y),
+			C.uint(block.z), C.uint(shmem), nil, vals, C.int(len(slots)), C.int(pdl))
+		return cuError(r)
 	}
 	var err error
 	if g.prof != nil {
@@ -228,6 +257,25 @@ func (g *gpu) launch(name string, grid, block dim, shmem int, args ...any) error
 		return fmt.Errorf("cuda: launch %s grid %v block %v: %w", name, grid, block, err)
 	}
 	return nil
+}
+
+// cfn is fn's driver handle (cu.Function is a struct holding just it).
+func cfn(fn cu.Function) C.CUfunction {
+	var _ [unsafe.Sizeof(fn) - unsafe.Sizeof(C.CUfunction(nil))]struct{}
+	var _ [unsafe.Sizeof(C.CUfunction(nil)) - unsafe.Sizeof(fn)]struct{}
+	return *(*C.CUfunction)(unsafe.Pointer(&fn))
+}
+
+// cuError is the error of a driver call's result, nil on success.
+func cuError(r C.CUresult) error {
+	if r == C.CUDA_SUCCESS {
+		return nil
+	}
+	var name *C.char
+	if C.cuGetErrorName(r, &name) != C.CUDA_SUCCESS || name == nil {
+		return fmt.Errorf("CUresult %d", int(r))
+	}
+	return fmt.Errorf("%s (CUresult %d)", C.GoString(name), int(r))
 }
 
 // alloc returns n bytes of device memory (never managed memory).

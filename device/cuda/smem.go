@@ -10,7 +10,6 @@ import "C"
 import (
 	"fmt"
 	"sync"
-	"unsafe"
 )
 
 // bigShared records the kernels whose dynamic shared memory limit has been
@@ -37,11 +36,7 @@ func (g *gpu) allowShared(name string, bytes int) error {
 	if !ok {
 		return fmt.Errorf("cuda: no kernel %s in the embedded PTX", name)
 	}
-	// cu.Function is a struct holding just the CUfunction handle.
-	var _ [unsafe.Sizeof(fn) - unsafe.Sizeof(C.CUfunction(nil))]struct{}
-	var _ [unsafe.Sizeof(C.CUfunction(nil)) - unsafe.Sizeof(fn)]struct{}
-	h := *(*C.CUfunction)(unsafe.Pointer(&fn))
-	if r := C.cuFuncSetAttribute(h, C.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, C.int(bytes)); r != C.CUDA_SUCCESS {
+	if r := C.cuFuncSetAttribute(cfn(fn), C.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, C.int(bytes)); r != C.CUDA_SUCCESS {
 		return fmt.Errorf("cuda: %s: allow %d bytes of shared memory: CUresult %d", name, bytes, int(r))
 	}
 	if bigShared.done[g] == nil {

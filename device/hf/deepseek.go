@@ -350,8 +350,7 @@ func (s *Stage) dsLayer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x
 	if err != nil {
 		return err
 	}
-	ops.Add(x, lw.o.apply(ops, core))
-	post := ops.RMSNorm(x, lw.postNorm, eps)
+	post := addNorm(ops, x, lw.o.apply(ops, core), lw.postNorm, eps)
 	if lw.dense != nil {
 		ops.Add(x, lw.dense.apply(ops, post))
 		return nil

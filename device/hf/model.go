@@ -89,6 +89,27 @@ type MatMulser interface {
 	MatMuls(x synth.Tensor, ws ...synth.Tensor) []synth.Tensor
 }
 
+// AddNormer is an optional interface of a device's ops: AddRMSNorm does
+// Add(x, y) and returns RMSNorm(x, w, eps), the same bits, in one pass
+// where the device can (the fast cuda device adds the residual inside its
+// RMSNorm's launch).
+type AddNormer interface {
+	AddRMSNorm(x, y, w synth.Tensor, eps float32) synth.Tensor
+}
+
+// addNorm is x += y, then RMSNorm(x, w, eps), through AddRMSNorm where ops
+// has it; with y nil it is RMSNorm alone.
+func addNorm(ops Ops, x, y, w synth.Tensor, eps float32) synth.Tensor {
+	if y == nil {
+		return ops.RMSNorm(x, w, eps)
+	}
+	if an, ok := ops.(AddNormer); ok {
+		return an.AddRMSNorm(x, y, w, eps)
+	}
+	ops.Add(x, y)
+	return ops.RMSNorm(x, w, eps)
+}
+
 type linear struct{ w, b synth.Tensor }
 
 // applyAll is apply of every linear of ls to the same x, through MatMuls
@@ -305,13 +326,18 @@ func (s *Stage) Forward(ctx context.Context, ops Ops, st synth.Step) (synth.Resu
 		}
 		x = ops.FromHost(hid, rows, h)
 	}
+	var pending synth.Tensor // the last layer's residual addend, not yet added to x
 	for i := s.first; i < s.last; i++ {
 		if err := ctx.Err(); err != nil {
 			return synth.Result{}, err
 		}
-		if err := s.layer(ctx, ops, i, segs, x); err != nil {
+		var err error
+		if pending, err = s.layer(ctx, ops, i, segs, x, pending); err != nil {
 			return synth.Result{}, err
 		}
+	}
+	if pending != nil {
+		ops.Add(x, pending)
 	}
 	if s.last != len(s.m.Layers) {
 		hid := ops.ToHost(x)
@@ -388,20 +414,27 @@ func (s *Stage) checkItem(it synth.Item) error {
 }
 
 // layer runs decoder layer i on x in place, as transformers' LlamaDecoderLayer
-// (and Mistral's, Qwen3's) does.
-func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x synth.Tensor) error {
-	if s.ds != nil {
-		return s.dsLayer(ctx, ops, i, segs, x)
-	}
-	if s.nemo != nil {
-		return s.nemo.layer(ctx, ops, s, i, segs, x)
-	}
-	if s.q3n != nil {
-		return s.q3n.layer(ctx, ops, s, i, segs, x)
+// (and Mistral's, Qwen3's) does. pending, when not nil, is the layer
+// before's last residual addend, which x has not had yet: the layer adds it
+// (in its first RMSNorm's pass where the device can: AddNormer). It returns
+// its own last addend in the same way, or nil when x has everything.
+func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x, pending synth.Tensor) (synth.Tensor, error) {
+	if s.ds != nil || s.nemo != nil || s.q3n != nil {
+		if pending != nil {
+			ops.Add(x, pending)
+		}
+		switch {
+		case s.ds != nil:
+			return nil, s.dsLayer(ctx, ops, i, segs, x)
+		case s.nemo != nil:
+			return nil, s.nemo.layer(ctx, ops, s, i, segs, x)
+		default:
+			return nil, s.q3n.layer(ctx, ops, s, i, segs, x)
+		}
 	}
 	lw := &s.layers[i-s.first]
 	eps := s.cfg.Eps
-	in := ops.RMSNorm(x, lw.inNorm, eps)
+	in := addNorm(ops, x, pending, lw.inNorm, eps)
 	qkv := applyAll(ops, in, lw.q, lw.k, lw.v)
 	q, k, v := qkv[0], qkv[1], qkv[2]
 	if lw.qNorm != nil {
@@ -411,11 +444,9 @@ func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x s
 	ops.RoPE(k, segs, s.m.HeadDim, s.rope)
 	core, err := ops.GQA(ctx, i, segs, q, k, v)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	ops.Add(x, lw.o.apply(ops, core))
-	post := ops.RMSNorm(x, lw.postNorm, eps)
+	post := addNorm(ops, x, lw.o.apply(ops, core), lw.postNorm, eps)
 	gu := applyAll(ops, post, lw.gate, lw.up)
-	ops.Add(x, lw.down.apply(ops, ops.SwiGLU(gu[0], gu[1])))
-	return nil
+	return lw.down.apply(ops, ops.SwiGLU(gu[0], gu[1])), nil
 }

@@ -311,6 +311,7 @@ func (q3 *qwen3Next) layer(ctx context.Context, o Ops, s *Stage, i int, segs []s
 	lw := &q3.layers[i-s.first]
 	eps := s.cfg.Eps
 	in := ops.RMSNorm(x, lw.inNorm, eps)
+	var mixed synth.Tensor // the mixer's output, x's residual addend
 	if lw.gdn {
 		p := ops.Split(lw.qkvz.apply(ops, in), 1, q3.convDim, q3.valueDim)
 		ba := ops.Split(lw.ba.apply(ops, in), 1, q3.valueHds, q3.valueHds)
@@ -318,7 +319,7 @@ func (q3 *qwen3Next) layer(ctx context.Context, o Ops, s *Stage, i int, segs []s
 		if err != nil {
 			return err
 		}
-		ops.Add(x, lw.out.apply(ops, core))
+		mixed = lw.out.apply(ops, core)
 	} else {
 		d := s.m.HeadDim
 		qg := ops.Split(lw.q.apply(ops, in), s.m.Heads, d, d)
@@ -331,9 +332,9 @@ func (q3 *qwen3Next) layer(ctx context.Context, o Ops, s *Stage, i int, segs []s
 			return err
 		}
 		ops.SigmoidMul(core, qg[1])
-		ops.Add(x, lw.o.apply(ops, core))
+		mixed = lw.o.apply(ops, core)
 	}
-	post := ops.RMSNorm(x, lw.postNorm, eps)
+	post := addNorm(ops, x, mixed, lw.postNorm, eps)
 	if lw.dense != nil {
 		ops.Add(x, lw.dense.apply(ops, post))
 		return nil

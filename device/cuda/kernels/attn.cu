@@ -194,6 +194,7 @@ __device__ __forceinline__ float dotF(const float* x, const float* y, long long 
 }
 
 #include "gomath.cuh"
+#include "pdl.cuh"
 
 // blockMax returns, on every thread of an ATT block, m of expNormalize
 // from each thread's largest score (-Inf when it had none; NaN never
@@ -227,6 +228,7 @@ __device__ float blockMax(float mx, bool firstNaN) {
 extern "C" __global__ void kvx_attn_write(const long long* desc, const int* rowSeg, const float* a, long long aw,
                                           const float* b, long long bw, char* base, long long blockBytes,
                                           long long offset, long long stride, long long tpb, long long dt) {
+	pdl_wait();
 	view v = {desc, rowSeg, base, blockBytes, offset, stride, tpb};
 	long long row = blockIdx.x;
 	const long long* sd = segOf(v, row);

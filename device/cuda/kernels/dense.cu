@@ -8,6 +8,7 @@
 // order-free work (products, exps, copies, max with index ties) is spread.
 
 #include "gomath.cuh"
+#include "pdl.cuh"
 
 
 // ---- copies and element-wise ops (grid-stride over n elements) ----
@@ -20,6 +21,7 @@ extern "C" __global__ void kvx_fill(float* p, ll n, float v) {
 
 // kvx_gather_rows sets row i of out (cols wide) to row idx[i] of src.
 extern "C" __global__ void kvx_gather_rows(float* out, const float* src, const int* idx, ll rows, ll cols) {
+	pdl_wait();
 	for (ll r = blockIdx.x; r < rows; r += gridDim.x) {
 		const float* s = src + (ll)idx[r] * cols;
 		float* d = out + r * cols;
@@ -33,6 +35,7 @@ extern "C" __global__ void kvx_gather_rows(float* out, const float* src, const i
 // src + r*srs + g*sgs + soff to dst + r*drs + g*dgs + doff.
 extern "C" __global__ void kvx_copy2d(float* dst, ll drs, ll dgs, ll doff, const float* src, ll srs, ll sgs, ll soff,
 				      ll rows, ll groups, ll w) {
+	pdl_wait();
 	ll per = groups * w, n = rows * per;
 	for (ll e = (ll)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (ll)gridDim.x * blockDim.x) {
 		ll r = e / per, rem = e - r * per, g = rem / w, j = rem - g * w;
@@ -41,12 +44,14 @@ extern "C" __global__ void kvx_copy2d(float* dst, ll drs, ll dgs, ll doff, const
 }
 
 extern "C" __global__ void kvx_add(float* dst, const float* src, ll n) {
+	pdl_wait();
 	for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (ll)gridDim.x * blockDim.x) {
 		dst[i] = __fadd_rn(dst[i], src[i]);
 	}
 }
 
 extern "C" __global__ void kvx_scale(float* x, ll n, float s) {
+	pdl_wait();
 	for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (ll)gridDim.x * blockDim.x) {
 		x[i] = __fmul_rn(x[i], s);
 	}
@@ -54,6 +59,7 @@ extern "C" __global__ void kvx_scale(float* x, ll n, float s) {
 
 // kvx_add_bias sets x[r][i] += b[i].
 extern "C" __global__ void kvx_add_bias(float* x, const float* b, ll n, ll cols) {
+	pdl_wait();
 	for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (ll)gridDim.x * blockDim.x) {
 		x[i] = __fadd_rn(x[i], b[i % cols]);
 	}
@@ -61,6 +67,7 @@ extern "C" __global__ void kvx_add_bias(float* x, const float* b, ll n, ll cols)
 
 // kvx_swiglu is kernel.SiLU(g) * u: g / (1 + exp32(-g)), times u.
 extern "C" __global__ void kvx_swiglu(float* out, const float* g, const float* u, ll n, ll fma) {
+	pdl_wait();
 	for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (ll)gridDim.x * blockDim.x) {
 		float v = g[i];
 		float s = __fdiv_rn(v, __fadd_rn(1.0f, exp32(-v, fma)));
@@ -70,6 +77,7 @@ extern "C" __global__ void kvx_swiglu(float* out, const float* g, const float* u
 
 // kvx_relu2 is Go's r := max(v, 0); r * r (NaN stays NaN, -0 becomes +0).
 extern "C" __global__ void kvx_relu2(float* out, const float* x, ll n) {
+	pdl_wait();
 	for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (ll)gridDim.x * blockDim.x) {
 		float v = x[i];
 		float r = (v != v) ? v : (v > 0.0f ? v : 0.0f);
@@ -190,6 +198,7 @@ extern "C" __global__ void kvx_layernorm(float* out, const float* x, const float
 // kernel.RoPE.Apply rounds them.
 extern "C" __global__ void kvx_rope_table(float* cs, float* sn, const ll* pos, const double* freq, ll rows, ll half,
 					  ll scaleBits, ll hasScale) {
+	pdl_wait();
 	double scale = __longlong_as_double(scaleBits);
 	ll n = rows * half;
 	for (ll e = (ll)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (ll)gridDim.x * blockDim.x) {
@@ -210,6 +219,7 @@ extern "C" __global__ void kvx_rope_table(float* cs, float* sn, const ll* pos, c
 // each row by the row's table entries. One block per row.
 extern "C" __global__ void kvx_rope_apply(float* x, const float* cs, const float* sn, ll rows, ll cols, ll stride, ll dim,
 					  ll interleaved) {
+	pdl_wait();
 	ll half = dim / 2, heads = (cols + stride - 1) / stride;
 	for (ll r = blockIdx.x; r < rows; r += gridDim.x) {
 		float* row = x + r * cols;
@@ -406,6 +416,7 @@ __device__ __forceinline__ void am_block(float* v, ll* i, float* sv, ll* si) {
 // the winner of chunk c of row r goes to pv/pi[r · chunks + c] (index -1:
 // only NaNs).
 extern "C" __global__ void kvx_argmax_part(const float* x, ll rows, ll cols, float* pv, ll* pi) {
+	pdl_wait();
 	__shared__ float sv[AM_THREADS];
 	__shared__ ll si[AM_THREADS];
 	const ll r = blockIdx.y, c0 = (ll)blockIdx.x * AM_CHUNK;
@@ -436,6 +447,7 @@ extern "C" __global__ void kvx_argmax_part(const float* x, ll rows, ll cols, flo
 // kvx_argmax_final: grid rows, AM_THREADS threads; out[r] is the best of
 // row r's chunks (-1 when every element is NaN).
 extern "C" __global__ void kvx_argmax_final(const float* pv, const ll* pi, ll chunks, int* out) {
+	pdl_wait();
 	__shared__ float sv[AM_THREADS];
 	__shared__ ll si[AM_THREADS];
 	const ll r = blockIdx.x;

@@ -34,6 +34,7 @@
 // gets the same bits alone, batched, chunked, or recomputed after a
 // preemption (fattn_test.go checks each, and that both kernels agree).
 #include "mma.cuh"
+#include "pdl.cuh"
 
 #define FA_KT 64                   // keys a tile
 #define FA_PART 256                // keys a partition
@@ -393,12 +394,14 @@ __device__ void fa_split(const long long* desc, const int* work, const float* q,
 	extern "C" __global__ void __launch_bounds__(32) kvx_fa_split_d##D(const long long* desc, const int* work,         \
 		const float* q, float* part, float* ml, const char* base, long long blockBytes, long long offset,               \
 		long long stride, int tpb, int heads, int kvHeads, int window, float qs) {                                      \
+		pdl_wait();                                                                                                      \
 		fa_split<D>(desc, work, q, part, ml, faPool{base, blockBytes, offset, stride, tpb}, heads, kvHeads, window, qs); \
 	}
 #define FA_PREFILL(D, W)                                                                                                \
 	extern "C" __global__ void __launch_bounds__(32 * W) kvx_fa_prefill_d##D##w##W(const long long* desc,              \
 		const int* work, const float* q, float* out, const char* base, long long blockBytes, long long offset,          \
 		long long stride, int tpb, int heads, int kvHeads, int window, float qs) {                                      \
+		pdl_wait();                                                                                                      \
 		fa_prefill<D, W>(desc, work, q, out, faPool{base, blockBytes, offset, stride, tpb}, heads, kvHeads, window, qs); \
 	}
 FA_ENTRIES(64)
@@ -409,6 +412,7 @@ FA_ENTRIES(128)
 // ascending order, as fa_prefill does, and writes out.
 extern "C" __global__ void kvx_fa_merge(const long long* desc, const int* work, const float* part, const float* ml,
 		float* out, int parts, int heads, int kvHeads, int D, int window) {
+	pdl_wait();
 	const int kvh = blockIdx.y, item = blockIdx.x;
 	const long long* sd = desc + 4 * (long long)work[item];
 	const long long pos = sd[1], row0 = sd[3];

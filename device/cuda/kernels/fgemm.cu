@@ -18,6 +18,7 @@
 // the fast matmul is batch-invariant (fgemm_test.go checks it bit for
 // bit).
 #include "mma.cuh"
+#include "pdl.cuh"
 
 // cp_async16_zfill copies 16 bytes global -> shared when ok, and writes 16
 // zero bytes (reading nothing) when not: rows past M or N.
@@ -48,6 +49,7 @@ __device__ __forceinline__ long long wperm(long long c) {
 // kvx_to_bf16: y (rows × ld bf16) = x (rows × cols float32) rounded to
 // nearest even, columns cols..ld-1 zero. Grid-stride over rows × ld.
 extern "C" __global__ void kvx_to_bf16(unsigned short* y, const float* x, long long rows, long long cols, long long ld, int perm) {
+	pdl_wait();
 	const long long n = rows * ld;
 	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
 		const long long r = i / ld, p = i - r * ld, c = perm ? wperm(p) : p;
@@ -67,6 +69,7 @@ extern "C" __global__ void kvx_pad_bf16(unsigned short* y, const unsigned short*
 
 // kvx_bf16_to_f32: y (rows × cols float32) = x (rows × ld bf16), exactly.
 extern "C" __global__ void kvx_bf16_to_f32(float* y, const unsigned short* x, long long rows, long long cols, long long ld, int perm) {
+	pdl_wait();
 	const long long n = rows * cols;
 	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
 		const long long r = i / cols, c = i - r * cols;
@@ -77,6 +80,7 @@ extern "C" __global__ void kvx_bf16_to_f32(float* y, const unsigned short* x, lo
 // kvx_gather_bf16: out row i (cols float32) = row idx[i] of table (ld bf16),
 // exactly. Grid: one block per row (grid-stride past 65535).
 extern "C" __global__ void kvx_gather_bf16(float* out, const unsigned short* table, const int* idx, long long rows, long long cols, long long ld, int perm) {
+	pdl_wait();
 	for (long long i = blockIdx.x; i < rows; i += gridDim.x) {
 		const unsigned short* src = table + (long long)idx[i] * ld;
 		for (long long c = threadIdx.x; c < cols; c += blockDim.x) out[i * cols + c] = bf16_float(src[perm ? wperm(c) : c]);
@@ -210,6 +214,7 @@ __device__ __forceinline__ void sk_load(unsigned short* a, unsigned short* b, co
 
 template <int MT, int WC, int WK, int BK, int STAGES>
 __device__ __forceinline__ void fgemm_skinny(const unsigned short* A, const skinnyOut& o, long long M, long long ld) {
+	pdl_wait();
 	extern __shared__ __align__(16) unsigned char sk_smem[];
 	constexpr int AR = 16 * MT, BR = 8 * WC, SLOT = STAGES * (AR + BR) * BK; // bf16 a slot's ring
 	const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -315,6 +320,7 @@ SKINNY(4, 4, 2, 64, 4)
 // sk_fold makes: the same bits as every other kernel.
 template <int MT, int WC, int NW, int BK, int STAGES>
 __device__ __forceinline__ void fgemm_split(const unsigned short* A, const skinnyOut& o, float* P, long long M, long long ld) {
+	pdl_wait();
 	extern __shared__ __align__(16) unsigned char sp_smem[];
 	constexpr int AR = 16 * MT, BR = 8 * WC * NW, TPP = FG_PART / BK;
 	const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
@@ -413,6 +419,7 @@ SPLIT(2, 8, 2, 64, 3)
 // part order, into its weight's C. Grid-stride over M × (N0 + N1 + N2).
 extern "C" __global__ void kvx_fgemm_fold(const float* P, long long parts, long long M, float* C0, long long N0, float* C1,
 		long long N1, float* C2, long long N2) {
+	pdl_wait();
 	const long long N = N0 + N1 + N2, n = M * N;
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
 		float v = P[i];
@@ -500,6 +507,9 @@ __device__ __forceinline__ void fgemm_gemv(const unsigned short* A, const skinny
 #pragma unroll
 	for (int u = 0; u < U; u++) w0[u] = w1[u] = make_uint4(0, 0, 0, 0);
 	if (myParts > 0) ldw(w0, ks, 0);
+	// The first chunk of weights is in flight before the wait: it overlaps
+	// the end of the kernel before (pdl.cuh); A is loaded after it.
+	pdl_wait();
 	const int rounds = (parts + WK - 1) / WK;
 	for (int rd = 0; rd < rounds; rd++) {
 		if (rd < myParts) {
@@ -580,6 +590,7 @@ __device__ __forceinline__ int tl_swz(int r, int ch) { return r * TL_BK + ((ch ^
 // never stored.
 template <int BM, int STAGES, bool TOT_SMEM>
 __device__ __forceinline__ void fgemm_wide(float* C, const unsigned short* A, const unsigned short* W, long long M, long long N, long long ld) {
+	pdl_wait();
 	constexpr int BN = TL_BN, BK = TL_BK, THREADS = BM / 64 * 2 * 32;
 	extern __shared__ __align__(16) unsigned char wd_smem[];
 	unsigned short* sA = (unsigned short*)wd_smem;

@@ -15,22 +15,39 @@
 // would otherwise make in a launch of its own (kvx_to_bf16, the same
 // rounding). kvx_fswiglu does the same for SwiGLU.
 #include "mma.cuh"
+#include "pdl.cuh"
 #include "gomath.cuh" // ll, and exp32 for SiLU
 
 #define FN_THREADS 256
 
 // kvx_frmsnorm: grid min(rows, 65535) (grid-stride), FN_THREADS threads.
-extern "C" __global__ void __launch_bounds__(FN_THREADS) kvx_frmsnorm(float* out, unsigned short* ob, const float* x,
-		const float* w, ll rows, ll cols, ll ld, float eps) {
+// When y is not 0 the residual add before the norm is done here too: x +=
+// y (in place, kvx_add's sum), then out = RMSNorm(x): one launch and one
+// read of x instead of two (hf.AddNormer).
+extern "C" __global__ void __launch_bounds__(FN_THREADS) kvx_frmsnorm(float* out, unsigned short* ob, float* x,
+		const float* y, const float* w, ll rows, ll cols, ll ld, float eps) {
+	pdl_wait();
 	__shared__ float ws[FN_THREADS / 32];
 	const int t = threadIdx.x, lane = t % 32, warp = t / 32;
 	for (ll r = blockIdx.x; r < rows; r += gridDim.x) {
-		const float* xr = x + r * cols;
+		float* xr = x + r * cols;
 		float s = 0.0f;
 		// Unrolled so that a thread's loads are in flight together (the adds
-		// stay one chain in ascending i).
+		// stay one chain in ascending i). With y, x's row becomes x + y
+		// first, as kvx_add makes it; the thread reads back only what it
+		// wrote itself below.
+		if (y) {
+			const float* yr = y + r * cols;
 #pragma unroll 8
-		for (ll i = t; i < cols; i += FN_THREADS) s = __fadd_rn(s, __fmul_rn(xr[i], xr[i]));
+			for (ll i = t; i < cols; i += FN_THREADS) {
+				const float v = __fadd_rn(xr[i], yr[i]);
+				xr[i] = v;
+				s = __fadd_rn(s, __fmul_rn(v, v));
+			}
+		} else {
+#pragma unroll 8
+			for (ll i = t; i < cols; i += FN_THREADS) s = __fadd_rn(s, __fmul_rn(xr[i], xr[i]));
+		}
 #pragma unroll
 		for (int m = 16; m > 0; m >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, m));
 		if (lane == 0) ws[warp] = s;
@@ -73,6 +90,7 @@ extern "C" __global__ void __launch_bounds__(FN_THREADS) kvx_frmsnorm(float* out
 // over rows × ld.
 extern "C" __global__ void kvx_fswiglu(float* out, unsigned short* ob, const float* g, const float* u, ll rows, ll cols,
 		ll ld, ll fma) {
+	pdl_wait();
 	const ll n = rows * ld;
 	for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (ll)gridDim.x * blockDim.x) {
 		const ll r = i / ld, c = i - r * ld;
