@@ -53,10 +53,19 @@ var families = []family{
 }
 
 // common are the keys every run shares: the cpu device, chunked prefill, a
-// generated workload with shared prefixes (so reuse has something to find).
+// generated workload with shared prefixes (so reuse has something to find),
+// and a cache of 16,384 tokens: four times what the whole workload holds
+// (6 requests of at most 172 tokens, each as 4 choices in the forked
+// runs), so nothing is evicted or paused where a variant sets no smaller
+// one (pressure, small-cache and host-tier do, and check that they paused
+// or reused from the host), yet small enough that the deep checks, which
+// walk every block of a pool, and the cpu device's pools cost little (the
+// default, 90% of setup.CPUMemoryBytes a stage, holds far more blocks of
+// these small models: clearing and checking them took more than half the
+// suite's CPU time, 54 CPU-s against 24).
 var common = []string{
 	"device=cpu", "seed=11", "enable_chunked_prefill=true", "max_batch_size=4", "max_seq_len=512",
-	"kv_cache_config.tokens_per_block=16", "check_invariants=every", "deep_check_every=4",
+	"kv_cache_config.tokens_per_block=16", "kv_cache_config.max_tokens=16384", "check_invariants=every", "deep_check_every=4",
 	"workload.requests=6", "workload.prompt_tokens={min: 60, max: 160}", "workload.output_tokens={min: 4, max: 12}",
 	"workload.shared_prefix_tokens=48", "workload.shared_prefix_groups=2", "workload.seed=5", "workload.concurrency=4",
 }
