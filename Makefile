@@ -79,8 +79,11 @@ fmt-check:
 # the tests, where a separate go vet would load and type-check them all
 # again); make vet stays for a vet on its own. It runs up to TEST_P test
 # binaries at once (go test's default is one per core), since the long
-# ones mostly wait. The benchmarks run once in the plain pass (-bench .
-# -benchtime 1x, what bench-smoke does on its own). Tests that run kvx and
+# ones mostly wait. The benchmarks are not in it: make bench-smoke runs
+# each once, and .ci/run runs it after make test (at one iteration the
+# managers' benchmarks still replay every bundled scenario in process and
+# as plugins, about 70 CPU-s, more than a tenth of make test's time on a
+# cold cache). Tests that run kvx and
 # the plugins as processes use the binaries make build has just made
 # ($(TESTBIN_ENV)). Test binaries are linked without DWARF (-ldflags=-w):
 # no test reads it, and it is about a third of a link's CPU (cmd/kvx's test
@@ -88,17 +91,17 @@ fmt-check:
 # the symbol table, which stays.
 
 ## test: formatting, vet, the whole suite, the concurrent packages under the
-## race detector, every benchmark once, and the example plugin proved against
-## v1 (sim and cpu devices; no GPU needed)
+## race detector, and the example plugins proved against v1 and gqa (sim and
+## cpu devices; no GPU needed); CI also runs bench-smoke and fuzz
 test: fmt-check
 	@$(MAKE) --no-print-directory -j4 --output-sync=line test-plain test-race examples
 
 TEST_P ?= 4
 
-# test-plain: make test's plain pass, vet and every test and benchmark once.
+# test-plain: make test's plain pass, vet and every test once.
 test-plain: build
 	@$(MAKE) --no-print-directory tools
-	$(TESTBIN_ENV) $(GO) test -vet=all -p $(TEST_P) -ldflags=-w -timeout 15m -count=1 -bench . -benchtime 1x ./...
+	$(TESTBIN_ENV) $(GO) test -vet=all -p $(TEST_P) -ldflags=-w -timeout 15m -count=1 ./...
 
 # What the tests that need kvx's binaries are told after make build: use
 # these (core/testbin links them instead of building them again).
@@ -121,9 +124,10 @@ SOAK_TIMEOUT ?= 2h
 soak: build
 	$(TESTBIN_ENV) $(GO) test -vet=off -count=1 -timeout $(SOAK_TIMEOUT) -run '^TestServeSoak$$' -v ./cmd/kvx/soaktest -args -soak=$(SOAK_TIME)
 
-## bench-smoke: every benchmark once, so a broken benchmark fails the suite
-bench-smoke:
-	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 15m ./...
+## bench-smoke: every benchmark once, so a broken benchmark fails CI (.ci/run runs it
+## after make test; the managers' benchmarks check the runs' invariants too)
+bench-smoke: build
+	$(TESTBIN_ENV) $(GO) test -vet=off -ldflags=-w -run '^$$' -bench . -benchtime 1x -timeout 15m ./...
 
 ## demo: side-by-side comparison of the cache managers on the bundled scenario (sim device)
 demo: build
