@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"math"
-	"slices"
 	"unsafe"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -378,13 +377,14 @@ func (c *Core) seqCount(s *Seq, bad func(string, ...any)) {
 		if d > 0 && d <= len(path) {
 			parent = path[d-1]
 		}
+		s.sizeMarks()
 		// (d beyond the path: the loop below does nothing.)
 		for i := d; i < len(path); i++ {
 			n := path[i]
 			if n.parent != parent {
 				bad("seq %d: path node %d is not a child of path node %d", id, i, i-1)
 			}
-			if i < len(s.prompt)/tpb && !slices.Equal(n.tokens, s.prompt[i*tpb:(i+1)*tpb]) {
+			if i < len(s.prompt)/tpb && !s.holdsPromptBlock(i, tpb) {
 				bad("seq %d: path node %d holds other tokens than prompt block %d", id, i, i)
 			}
 			for g := 0; g < ng; g++ {

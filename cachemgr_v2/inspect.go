@@ -318,6 +318,36 @@ type pathMark struct {
 	gen uint32
 }
 
+// sizeMarks gives s.chkPath one entry per path node. Entries beyond the
+// last check's are not trusted (a mark of an earlier, longer path): they
+// are cleared, so they compare again.
+func (s *Seq) sizeMarks() {
+	was := len(s.chkPath)
+	s.chkPath = slices.Grow(s.chkPath[:0], len(s.path))[:len(s.path)]
+	if was < len(s.chkPath) {
+		clear(s.chkPath[was:])
+	}
+}
+
+// holdsPromptBlock reports whether path node i holds prompt block i (S10;
+// s.chkPath sized by sizeMarks). A node's tokens are set once per
+// generation (newNode), and a sequence's prompt never changes, so a (node,
+// generation) already found holding prompt block i, by a full or an
+// incremental check, needs no second comparison.
+func (s *Seq) holdsPromptBlock(i, tpb int) bool {
+	n := s.path[i]
+	mark := pathMark{n, n.gen}
+	if s.chkPath[i] == mark {
+		return true
+	}
+	if slices.Equal(n.tokens, s.prompt[i*tpb:(i+1)*tpb]) {
+		s.chkPath[i] = mark
+		return true
+	}
+	s.chkPath[i] = pathMark{}
+	return false
+}
+
 // recount is checkFull's check proper.
 func (c *Core) recount() []string {
 	var v []string
@@ -398,29 +428,14 @@ func (c *Core) recount() []string {
 			}
 		}
 		parent := c.tree.root
-		// Entries beyond the last check's are not trusted (a mark of an
-		// earlier, longer path): cleared, so they compare again.
-		was := len(s.chkPath)
-		s.chkPath = slices.Grow(s.chkPath[:0], len(s.path))[:len(s.path)]
-		if was < len(s.chkPath) {
-			clear(s.chkPath[was:])
-		}
+		s.sizeMarks()
 		for i, n := range s.path {
 			c.tree.CountPin(n)
 			if n.parent != parent {
 				bad("seq %d: path node %d is not a child of path node %d", id, i, i-1)
 			}
-			// A node's tokens are set once per generation (newNode), and a
-			// sequence's prompt never changes, so a (node, generation) already
-			// found holding prompt block i needs no second comparison.
-			mark := pathMark{n, n.gen}
-			if i < len(s.prompt)/tpb && s.chkPath[i] != mark {
-				if slices.Equal(n.tokens, s.prompt[i*tpb:(i+1)*tpb]) {
-					s.chkPath[i] = mark
-				} else {
-					s.chkPath[i] = pathMark{}
-					bad("seq %d: path node %d holds other tokens than prompt block %d", id, i, i)
-				}
+			if i < len(s.prompt)/tpb && !s.holdsPromptBlock(i, tpb) {
+				bad("seq %d: path node %d holds other tokens than prompt block %d", id, i, i)
 			}
 			for g, pool := range c.dev {
 				if b := s.tables[g][i]; b == NoBlock || pool.owner[b] != n {
