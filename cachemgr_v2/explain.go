@@ -339,16 +339,33 @@ func (c *Core) reused(s *Seq) {
 // eviction explains as MissNeverStored.
 type ghosts struct {
 	m    ghostSet
-	ring []uint64 // positions in eviction order, a ring once full
-	next int      // the ring slot the next eviction overwrites, once full
+	ring []ghostRec // evictions in order, a ring once full
+	next int        // the ring slot the next eviction overwrites, once full
 	max  int
 }
 
+// ghostRec is one eviction in the ring: its position and when it was
+// evicted (kept here, not in the index, which an eviction probes: 16
+// bytes a slot there, four to a cache line).
+type ghostRec struct {
+	pos uint64
+	at  int64
+}
+
+// ghost is a remembered eviction as the ghost record answers it.
 type ghost struct {
 	at   int64
-	slot int32 // its ring slot: an older entry of the same position does not forget it
 	tier uint8 // 0 device, 1 host
 	by   uint8 // byLRU, byLFU, byPriority
+}
+
+// ghostEntry is a position's entry in the index: the ring slot of its
+// latest eviction (an older ring entry of the same position does not
+// forget it) and how it was evicted.
+type ghostEntry struct {
+	slot int32
+	tier uint8
+	by   uint8
 }
 
 func (g *ghosts) add(pos uint64, tier kvcache.Tier, by uint8, at int64) {
@@ -357,23 +374,32 @@ func (g *ghosts) add(pos uint64, tier kvcache.Tier, by uint8, at int64) {
 	}
 	slot := len(g.ring)
 	if slot < g.max {
-		g.ring = append(g.ring, pos)
+		g.ring = append(g.ring, ghostRec{pos: pos, at: at})
 	} else {
 		slot = g.next
-		if i, ok := g.m.find(g.ring[slot]); ok && g.m.slots[i].g.slot == int32(slot) {
+		if i, ok := g.m.find(g.ring[slot].pos); ok && g.m.slots[i].slot == int32(slot) {
 			g.m.del(i)
 		}
-		g.ring[slot] = pos
+		g.ring[slot] = ghostRec{pos: pos, at: at}
 		g.next = (slot + 1) % g.max
 	}
-	e := ghost{at: at, slot: int32(slot), by: by}
+	e := ghostEntry{slot: int32(slot), by: by}
 	if tier == kvcache.TierHost {
 		e.tier = 1
 	}
 	g.m.put(pos, e)
 }
 
-// ghostSet is the ghost record's index, position -> ghost: open addressing
+// get is pos's latest remembered eviction, if any.
+func (g *ghosts) get(pos uint64) (ghost, bool) {
+	e, ok := g.m.get(pos)
+	if !ok {
+		return ghost{}, false
+	}
+	return ghost{at: g.ring[e.slot].at, tier: e.tier, by: e.by}, true
+}
+
+// ghostSet is the ghost record's index, position -> entry: open addressing
 // with linear probing and backward-shift deletion, grown by doubling at 3/4
 // load. Once full the record deletes as often as it adds; Go's map left
 // deleted slots behind that every insert then probed past (the hot spot of
@@ -385,11 +411,16 @@ type ghostSet struct {
 	n     int         // used slots
 }
 
+// ghostSlot is one slot of the index: 16 bytes, the entry's fields
+// inlined beside used.
 type ghostSlot struct {
-	pos  uint64
-	g    ghost
-	used bool
+	pos      uint64
+	slot     int32
+	tier, by uint8
+	used     bool
 }
+
+func (s *ghostSlot) entry() ghostEntry { return ghostEntry{slot: s.slot, tier: s.tier, by: s.by} }
 
 // find returns pos's slot and true, or the empty slot where it would go
 // and false (0, false on an empty table).
@@ -408,23 +439,23 @@ func (s *ghostSet) find(pos uint64) (int, bool) {
 	}
 }
 
-// get is pos's ghost, if any.
-func (s *ghostSet) get(pos uint64) (ghost, bool) {
+// get is pos's entry, if any.
+func (s *ghostSet) get(pos uint64) (ghostEntry, bool) {
 	if i, ok := s.find(pos); ok {
-		return s.slots[i].g, true
+		return s.slots[i].entry(), true
 	}
-	return ghost{}, false
+	return ghostEntry{}, false
 }
 
-// put sets pos's ghost.
-func (s *ghostSet) put(pos uint64, g ghost) {
+// put sets pos's entry.
+func (s *ghostSet) put(pos uint64, e ghostEntry) {
 	if 4*(s.n+1) > 3*len(s.slots) {
 		old := s.slots
 		s.slots = make([]ghostSlot, max(2*len(old), 16))
-		for _, e := range old {
-			if e.used {
-				i, _ := s.find(e.pos)
-				s.slots[i] = e
+		for _, o := range old {
+			if o.used {
+				i, _ := s.find(o.pos)
+				s.slots[i] = o
 			}
 		}
 	}
@@ -432,7 +463,7 @@ func (s *ghostSet) put(pos uint64, g ghost) {
 	if !ok {
 		s.n++
 	}
-	s.slots[i] = ghostSlot{pos: pos, g: g, used: true}
+	s.slots[i] = ghostSlot{pos: pos, slot: e.slot, tier: e.tier, by: e.by, used: true}
 }
 
 // del empties used slot i, shifting back the entries after it in its probe
@@ -537,7 +568,7 @@ func (c *Core) missAt(e *kvcache.Explanation, salt string, p []int32, i int, par
 	tpb := c.tpb
 	blk := p[i*tpb : (i+1)*tpb]
 	pos := mixPos(parent.pos, c.tree.key(parent, salt, blk))
-	switch g, ok := c.tree.ret.ghosts.m.get(pos); {
+	switch g, ok := c.tree.ret.ghosts.get(pos); {
 	case c.inFlight(salt, p, i, pos):
 		e.Miss = kvcache.MissInFlight
 	case ok:

@@ -326,7 +326,7 @@ func TestGhostsForgetOldest(t *testing.T) {
 	has(3, 4)
 	g.add(5, kvcache.TierDevice, byLRU, 60) // overwrites 3's old slot: 3 stays
 	has(3, 4, 5)
-	if e, _ := g.m.get(3); e.at != 50 || e.tier != 1 || e.by != byPriority {
+	if e, _ := g.get(3); e.at != 50 || e.tier != 1 || e.by != byPriority {
 		t.Fatalf("ghost 3 = %+v, want its second eviction", e)
 	}
 	g.add(6, kvcache.TierDevice, byLRU, 70)
@@ -422,7 +422,7 @@ func TestSameTokens(t *testing.T) {
 func TestGhostSet(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		var s ghostSet
-		want := map[uint64]ghost{}
+		want := map[uint64]ghostEntry{}
 		crowd := rapid.Bool().Draw(t, "crowd")
 		pos := func() uint64 {
 			p := rapid.Uint64Range(0, 40).Draw(t, "pos")
@@ -435,7 +435,7 @@ func TestGhostSet(t *testing.T) {
 			p := pos()
 			switch rapid.IntRange(0, 2).Draw(t, "op") {
 			case 0:
-				g := ghost{at: int64(i), slot: int32(i)}
+				g := ghostEntry{slot: int32(i), by: uint8(i % 3)}
 				s.put(p, g)
 				want[p] = g
 			case 1:
@@ -459,4 +459,4 @@ func TestGhostSet(t *testing.T) {
 	})
 }
 
-func hasGhost(m map[uint64]ghost, p uint64) bool { _, ok := m[p]; return ok }
+func hasGhost(m map[uint64]ghostEntry, p uint64) bool { _, ok := m[p]; return ok }
