@@ -106,8 +106,7 @@ type nodeCheck struct {
 	// shadow: the node as the last check counted it
 	in                        bool // listed in Tree.all
 	parent                    *Node
-	allIdx                    int32
-	pages                     []kvcache.BlockID
+	allIdx                    int32 // (the shadow pages are Node.ckPages)
 	kids                      int32 // len(children) while listed
 	live, pinned, evict, leaf bool
 	// recounts from the shadows
@@ -117,8 +116,7 @@ type nodeCheck struct {
 
 	// the host tier for reuse: shadow host pages, host-only, host evictable,
 	// host leaf (as verifyNode last found it); the recount of host-only
-	// listed children
-	hpages         []kvcache.BlockID
+	// listed children (the shadow host pages are Node.ckHPages)
 	onHost, hevict bool
 	hleaf          bool
 	hostKids       int32
@@ -139,10 +137,10 @@ type poolCheck struct {
 	refs   []int32           // references recounted from the sequences' shadows
 	inFree []bool            // on the free stack (as of free)
 	free   []kvcache.BlockID // shadow of the free stack
-	owner  []*Node           // shadow owners
+	owner  []int32           // shadow owners (Node.ref)
 	cached []bool            // shadow: counted cached
 	ncache int               // recount of cached
-	exp    []*Node           // the path node whose table entry names the block (device pools)
+	exp    []int32           // the path node (Node.ref) whose table entry names the block (device pools)
 	expN   []int32           // how many path entries name it
 	holds  []int32           // pending moves holding the block, recounted from the sequences' shadows (host pools, host tier for reuse)
 	// low is the least length of the free stack since the last check: its
@@ -312,7 +310,7 @@ func (c *Core) seqUncount(s *Seq) {
 			if b := c.pathPage(g, k.tables, k.path, j); b != NoBlock {
 				ck := &c.dev[g].ck
 				if ck.expN[b]--; ck.expN[b] == 0 {
-					ck.exp[b] = nil
+					ck.exp[b] = 0
 				}
 				c.dev[g].touch(b)
 			}
@@ -398,10 +396,10 @@ func (c *Core) seqCount(s *Seq, bad func(string, ...any)) {
 					continue
 				}
 				ck := &c.dev[g].ck
-				if ck.expN[pb] > 0 && ck.exp[pb] != n {
+				if ck.expN[pb] > 0 && ck.exp[pb] != n.ref {
 					bad("seq %d: pool %s: table block %d (%d) is the page of two path nodes", id, c.groups[g].Name, i, pb)
 				}
-				ck.exp[pb] = n
+				ck.exp[pb] = n.ref
 				ck.expN[pb]++
 				c.dev[g].touch(pb)
 			}
@@ -525,31 +523,21 @@ func (t *Tree) nodeDelta(n *Node, bad func(string, ...any)) {
 	t.ck.listed += int(kids) - int(k.kids)
 	t.ck.evictable += b2i(evict) - b2i(k.evict)
 	t.ck.hevictable += b2i(hevict) - b2i(k.hevict)
-	if len(k.hpages) != len(n.h.pages) {
-		k.hpages = make([]kvcache.BlockID, len(n.h.pages))
-		for g := range k.hpages {
-			k.hpages[g] = NoBlock
-		}
-	}
-	for g, b := range n.h.pages {
-		if old := k.hpages[g]; old != b {
+	shadow := n.ckHPages()
+	for g, b := range n.hpages() {
+		if old := shadow[g]; old != b {
 			t.ht.pools[g].touch(old)
 			t.ht.pools[g].touch(b)
-			k.hpages[g] = b
+			shadow[g] = b
 		}
 	}
 	k.onHost, k.hevict = onHost, hevict
-	if len(k.pages) != len(n.pages) {
-		k.pages = make([]kvcache.BlockID, len(n.pages))
-		for g := range k.pages {
-			k.pages[g] = NoBlock
-		}
-	}
+	shadow = n.ckPages()
 	for g, b := range n.pages {
-		if old := k.pages[g]; old != b {
+		if old := shadow[g]; old != b {
 			t.pools[g].touch(old)
 			t.pools[g].touch(b)
-			k.pages[g] = b
+			shadow[g] = b
 		}
 	}
 	k.in, k.parent, k.allIdx, k.kids = in, parent, n.allIdx, kids
@@ -621,8 +609,8 @@ func (t *Tree) verifyHost(n *Node, bad func(string, ...any)) bool {
 	k := &n.ck
 	t.checkHostPages(n, bad)
 	pend := int32(0)
-	if n.h.n > 0 && len(n.h.pages) > 0 {
-		if b := n.h.pages[0]; b >= 0 && int(b) < t.ht.pools[0].Total() {
+	if n.h.n > 0 && len(n.hpages()) > 0 {
+		if b := n.hpages()[0]; b >= 0 && int(b) < t.ht.pools[0].Total() {
 			pend = t.ht.pools[0].held(int(b))
 		}
 	}
@@ -701,7 +689,7 @@ func (c *Core) verifyBlock(pi int, b kvcache.BlockID, bad func(string, ...any)) 
 	switch {
 	case o == nil:
 	case !host && o.pages[pi] != b,
-		host && (o.h.pages == nil || o.h.pages[pi-len(c.dev)] != b):
+		host && (o.hpages() == nil || o.hpages()[pi-len(c.dev)] != b):
 		bad("pool %d: block %d owned by a node that does not hold it", p.id, b)
 	}
 	if host && k.holds != nil {
@@ -713,12 +701,12 @@ func (c *Core) verifyBlock(pi int, b kvcache.BlockID, bad func(string, ...any)) 
 		}
 		c.tree.touch(o) // its pending count is its host pages' holds (verifyNode)
 	}
-	if o != k.owner[b] {
-		c.tree.touch(k.owner[b])
+	if r := refOf(o); r != k.owner[b] {
+		c.tree.touch(c.tree.nodeAt(k.owner[b]))
 		c.tree.touch(o)
-		k.owner[b] = o
+		k.owner[b] = r
 	}
-	if pi < len(c.dev) && k.expN[b] > 0 && o != k.exp[b] {
+	if pi < len(c.dev) && k.expN[b] > 0 && refOf(o) != k.exp[b] {
 		bad("pool %s: block %d is a table block of a path node that is not its owner", c.groups[pi].Name, b)
 	}
 }
@@ -841,8 +829,8 @@ func (c *Core) resync() {
 	}
 	c.ck.seqs = c.ck.seqs[:0]
 	resetNode := func(n *Node) {
-		pages, hpages := n.ck.pages, n.ck.hpages
-		n.ck = nodeCheck{pages: pages, hpages: hpages, allIdx: -1}
+		n.ck = nodeCheck{allIdx: -1}
+		pages, hpages := n.ckPages(), n.ckHPages()
 		for g := range pages {
 			pages[g] = NoBlock
 		}
@@ -880,7 +868,10 @@ func (c *Core) resync() {
 		k.refs = resized(k.refs, n)
 		k.inFree = resized(k.inFree, n)
 		k.cached = resized(k.cached, n)
-		k.owner = append(k.owner[:0], p.owner...)
+		k.owner = resized(k.owner, n)
+		for b, o := range p.owner {
+			k.owner[b] = refOf(o)
+		}
 		k.free = append(k.free[:0], p.free...)
 		k.low = len(p.free)
 		for _, b := range p.free {

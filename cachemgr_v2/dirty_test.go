@@ -187,16 +187,16 @@ var corruptions = map[string]corruption{
 		if n == nil || n.h.n == 0 {
 			return "", nil
 		}
-		g := rapid.IntRange(0, len(n.h.pages)-1).Draw(t, "group")
+		g := rapid.IntRange(0, len(n.hpages())-1).Draw(t, "group")
 		hp := c.tree.ht.pools[g]
-		old := n.h.pages[g]
+		old := n.hpages()[g]
 		b := kvcache.BlockID(rapid.IntRange(0, hp.Total()-1).Draw(t, "host block"))
 		if b == old {
 			return "", nil
 		}
-		n.h.pages[g] = b
+		n.hpages()[g] = b
 		c.tree.touch(n)
-		return "host page", func() { n.h.pages[g] = old; c.tree.touch(n) }
+		return "host page", func() { n.hpages()[g] = old; c.tree.touch(n) }
 	},
 	"host block holds": func(t *rapid.T, c *Core) (string, func()) {
 		if !c.hostReuse() {

@@ -14,7 +14,7 @@ import (
 // Tiers section states the shared budget):
 //
 //   - A node holds its block on at most one tier: device pages (Node.pages)
-//     or host pages (Node.h.pages). The one exception is a pending
+//     or host pages (Node.hpages()). The one exception is a pending
 //     promotion, which holds both until it settles. The device nodes form
 //     the top of the tree: a device node's parent is on the device, a host
 //     node's parent holds content on some tier, and a node without content
@@ -56,17 +56,16 @@ import (
 
 // hostNode is a node's host tier state.
 type hostNode struct {
-	pages   []kvcache.BlockID // page per group in its host pool; NoBlock when absent
-	n       int32             // pages held: 0 or the number of groups
-	kids    int32             // children on the host tier only
-	hidx    int32             // position in the host eviction heap + 1; 0 when not in it
-	pend    int32             // outstanding moves that fill the node's content
-	call    uint32            // the Reserve call that promoted it (pending promotions)
-	filled  bool              // a holder of the pending promotion committed or released
-	told    bool              // with KV events: a host BlockStored announced its settled host content (events.go)
-	counted bool              // in hostTree.evictable
-	chkKids int32             // host-only children, recounted by the deep self-check
-	chkPend int32             // pending moves naming it, recounted by the deep self-check
+	n       int32  // pages held: 0 or the number of groups
+	kids    int32  // children on the host tier only
+	hidx    int32  // position in the host eviction heap + 1; 0 when not in it
+	pend    int32  // outstanding moves that fill the node's content
+	call    uint32 // the Reserve call that promoted it (pending promotions)
+	filled  bool   // a holder of the pending promotion committed or released
+	told    bool   // with KV events: a host BlockStored announced its settled host content (events.go)
+	counted bool   // in hostTree.evictable
+	chkKids int32  // host-only children, recounted by the deep self-check
+	chkPend int32  // pending moves naming it, recounted by the deep self-check
 	// pendKids counts its children with a pending offload, pendSeq the
 	// sequence whose reservation made them all (nil: several). A hint for
 	// evictOne (not a checked invariant): see keepParents.
@@ -102,7 +101,7 @@ func (n *Node) Stored() bool { return n.nPages > 0 || n.h.n > 0 }
 
 // HostPages returns the node's page per group in the host pools (nil
 // without a host tier); the slice belongs to the node.
-func (n *Node) HostPages() []kvcache.BlockID { return n.h.pages }
+func (n *Node) HostPages() []kvcache.BlockID { return n.hpages() }
 
 // settled reports whether the node holds content no pending copy fills.
 func (n *Node) settled() bool { return n.h.pend == 0 && (n.nPages > 0 && n.complete() || n.h.n > 0) }
@@ -112,14 +111,11 @@ func (t *Tree) initHost(n *Node) {
 	if t.ht.pools == nil {
 		return
 	}
-	pages := n.h.pages
-	if pages == nil {
-		pages = make([]kvcache.BlockID, len(t.ht.pools))
-	}
+	pages := n.hpages()
 	for g := range pages {
 		pages[g] = NoBlock
 	}
-	n.h = hostNode{pages: pages}
+	n.h = hostNode{}
 }
 
 // HostEvictable is the number of cached host nodes that a Suspend or an
@@ -170,8 +166,8 @@ func (t *Tree) hostOnlyChanged(n *Node, was bool) {
 func (t *Tree) leaveHost(n *Node) {
 	t.hostRemoved(n)
 	for g, hp := range t.ht.pools {
-		hp.disown(n.h.pages[g])
-		n.h.pages[g] = NoBlock
+		hp.disown(n.hpages()[g])
+		n.hpages()[g] = NoBlock
 	}
 	n.h.n, n.h.pend, n.h.filled = 0, 0, false
 	t.hostOnlyChanged(n, true)
@@ -211,7 +207,7 @@ func (c *Core) evictOne() (n *Node, kept bool) {
 	}
 	for g, hp := range t.ht.pools {
 		h := hp.takeFor(n)
-		n.h.pages[g] = h
+		n.hpages()[g] = h
 		c.copies = append(c.copies, kvcache.Copy{SrcPool: c.dev[g].id, SrcBlock: src[g], DstPool: hp.id, DstBlock: h})
 	}
 	n.h.n = int32(len(t.ht.pools))
@@ -220,7 +216,7 @@ func (c *Core) evictOne() (n *Node, kept bool) {
 		// the worker in order (this one before the copy that refills the
 		// device block), so the host node is settled at once.
 		for g, hp := range t.ht.pools {
-			hp.unhold(n.h.pages[g]) // takeFor's hold: no move is pending
+			hp.unhold(n.hpages()[g]) // takeFor's hold: no move is pending
 		}
 		c.offloaded++
 		t.hostOnlyChanged(n, false)
@@ -242,7 +238,7 @@ func (c *Core) evictOne() (n *Node, kept bool) {
 		mv.parent, mv.pgen = p, p.gen
 	}
 	s.moves = append(s.moves, mv)
-	s.moveBlk = append(s.moveBlk, n.h.pages...)
+	s.moveBlk = append(s.moveBlk, n.hpages()...)
 	c.moving++
 	c.offloaded++
 	t.hostOnlyChanged(n, false)
@@ -329,8 +325,8 @@ func (c *Core) dropHost(n *Node, evicted bool) {
 	}
 	t.hostRemoved(n)
 	for g, hp := range t.ht.pools {
-		hp.disown(n.h.pages[g])
-		n.h.pages[g] = NoBlock
+		hp.disown(n.hpages()[g])
+		n.hpages()[g] = NoBlock
 	}
 	n.h.n, n.h.pend, n.h.filled = 0, 0, false
 	t.hostOnlyChanged(n, was)
@@ -460,12 +456,12 @@ func (c *Core) promote(s *Seq, need int) int {
 		t.touch(n)
 		n.h.pend++
 		for g, hp := range t.ht.pools {
-			hp.hold(n.h.pages[g])
-			c.copies = append(c.copies, kvcache.Copy{SrcPool: hp.id, SrcBlock: n.h.pages[g], DstPool: c.dev[g].id, DstBlock: n.pages[g]})
+			hp.hold(n.hpages()[g])
+			c.copies = append(c.copies, kvcache.Copy{SrcPool: hp.id, SrcBlock: n.hpages()[g], DstPool: c.dev[g].id, DstBlock: n.pages[g]})
 		}
 		s.moves = append(s.moves, hostMove{n: n, promote: true, at: int32(len(s.moveBlk))})
 		c.moving++
-		s.moveBlk = append(s.moveBlk, n.h.pages...)
+		s.moveBlk = append(s.moveBlk, n.hpages()...)
 		fromHost++
 	}
 	return fromHost
@@ -494,7 +490,7 @@ func (c *Core) settle(s *Seq, keep bool) {
 		}
 		blk := s.moveBlk[mv.at : int(mv.at)+ng]
 		n := mv.n
-		live := n.h.n > 0 && n.h.pages[0] == blk[0] // a block is held by one node at a time
+		live := n.h.n > 0 && n.hpages()[0] == blk[0] // a block is held by one node at a time
 		for g, hp := range t.ht.pools {
 			hp.unhold(blk[g])
 		}
@@ -535,8 +531,8 @@ func (c *Core) settle(s *Seq, keep bool) {
 func (t *Tree) releaseHost(n *Node) {
 	t.hostRemoved(n)
 	for g, hp := range t.ht.pools {
-		hp.disown(n.h.pages[g])
-		n.h.pages[g] = NoBlock
+		hp.disown(n.hpages()[g])
+		n.hpages()[g] = NoBlock
 	}
 	n.h.n, n.h.filled = 0, false
 	t.hostFix(n)
@@ -734,7 +730,7 @@ func (c *Core) checkMoves(s *Seq, holds [][]int32, bad func(string, ...any)) {
 			}
 		}
 		n := mv.n
-		live := n.h.n > 0 && slices.Equal(n.h.pages, blk)
+		live := n.h.n > 0 && slices.Equal(n.hpages(), blk)
 		switch {
 		case mv.promote && (!live || n.nPages == 0 || !s.created || !slices.Contains(s.path, n)):
 			bad("seq %d: pending promotion of a node that is not on both tiers on its new path", id)
@@ -817,7 +813,7 @@ func (c *Core) checkHostTree(bad func(string, ...any)) {
 // owned by n in their pools and that n counts them (all groups or none).
 func (t *Tree) checkHostPages(n *Node, bad func(string, ...any)) {
 	got := int32(0)
-	for g, b := range n.h.pages {
+	for g, b := range n.hpages() {
 		if b == NoBlock {
 			continue
 		}
@@ -826,8 +822,8 @@ func (t *Tree) checkHostPages(n *Node, bad func(string, ...any)) {
 			bad("tree: node %p: host page %d in pool %d not owned by it", n, b, t.ht.pools[g].id)
 		}
 	}
-	if got != n.h.n || got != 0 && int(got) != len(n.h.pages) {
-		bad("tree: node %p: %d host pages, counted %d of %d", n, n.h.n, got, len(n.h.pages))
+	if got != n.h.n || got != 0 && int(got) != len(n.hpages()) {
+		bad("tree: node %p: %d host pages, counted %d of %d", n, n.h.n, got, len(n.hpages()))
 	}
 }
 

@@ -362,10 +362,10 @@ func TestHostCheckFindsCorruption(t *testing.T) {
 		break_ func()
 		undo   func()
 	}{
-		{"host page not owned", func() { m.host[0].owner[hostNode.h.pages[0]] = nil }, func() { m.host[0].owner[hostNode.h.pages[0]] = hostNode }},
+		{"host page not owned", func() { m.host[0].owner[hostNode.hpages()[0]] = nil }, func() { m.host[0].owner[hostNode.hpages()[0]] = hostNode }},
 		{"pending count", func() { hostNode.h.pend++ }, func() { hostNode.h.pend-- }},
 		{"host evictable", func() { m.tree.ht.evictable++ }, func() { m.tree.ht.evictable-- }},
-		{"hold without a move", func() { m.host[0].holds[hostNode.h.pages[0]]++ }, func() { m.host[0].holds[hostNode.h.pages[0]]-- }},
+		{"hold without a move", func() { m.host[0].holds[hostNode.hpages()[0]]++ }, func() { m.host[0].holds[hostNode.hpages()[0]]-- }},
 	} {
 		tc.break_()
 		snap, _ := m.Inspect(ctx, kvcache.InspectOptions{Tables: true})

@@ -314,7 +314,7 @@ func (c *Core) checkFull() []string {
 
 // pathMark is a path node as a deep check verified it (Seq.chkPath).
 type pathMark struct {
-	n   *Node
+	ref int32 // Node.ref: no pointer for the GC to follow
 	gen uint32
 }
 
@@ -336,7 +336,7 @@ func (s *Seq) sizeMarks() {
 // incremental check, needs no second comparison.
 func (s *Seq) holdsPromptBlock(i, tpb int) bool {
 	n := s.path[i]
-	mark := pathMark{n, n.gen}
+	mark := pathMark{n.ref, n.gen}
 	if s.chkPath[i] == mark {
 		return true
 	}
@@ -481,7 +481,7 @@ func (c *Core) recount() []string {
 			switch {
 			case o == nil:
 			case !host && o.pages[i] != kvcache.BlockID(b),
-				host && (o.h.pages == nil || o.h.pages[i-len(c.dev)] != kvcache.BlockID(b)):
+				host && (o.hpages() == nil || o.hpages()[i-len(c.dev)] != kvcache.BlockID(b)):
 				bad("pool %d: block %d owned by a node that does not hold it", p.id, b)
 			}
 			if host && p.refs[b] > 0 && (o != nil || held > 0) {

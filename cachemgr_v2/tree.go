@@ -45,6 +45,10 @@ type Node struct {
 	queued  bool   // in the prune queue
 	allIdx  int32  // position in Tree.all while attached
 	gen     uint32 // bumped each time the node is (re)used for a block (newNode)
+	// ref names the node for good (nodeSlab: its place in the slab; 1 for
+	// the root): the deep check's shadows hold refs, not pointers, so the
+	// GC has none of theirs to follow (Tree.nodeAt).
+	ref int32
 
 	// h is the node's host tier state (hostreuse.go); zero without reuse
 	// offload.
@@ -204,9 +208,14 @@ type Tree struct {
 // node (a pruned one waits on spare for reuse), so a chunk is garbage only
 // with the whole tree; meanwhile the GC marks one object per chunk instead
 // of five or six per node, and a tree of hundreds of thousands of nodes is
-// most of a manager's heap (each mark phase walks it).
+// most of a manager's heap (each mark phase walks it). A node's four block
+// arrays are one: Node.pages, whose capacity holds the other three
+// (Node.hpages, ckPages, ckHPages), so a node has one pointer for them, not
+// four (the GC follows each of every node's pointers at every cycle: with
+// tens of thousands of nodes, most of a run's GC time).
 type nodeSlab struct {
 	nodes  []Node
+	chunks [][]Node // every chunk, in order: a node's ref finds it (Tree.nodeAt)
 	tokens []int32
 	blocks []kvcache.BlockID
 }
@@ -217,13 +226,16 @@ const slabChunk = 64
 // node returns a zero node whose tokens have capacity tpb (length 0), whose
 // pages (groups of them) are NoBlock, and, with hostGroups > 0, whose host
 // pages are allocated (initHost sets them); the deep check's shadows of
-// both are allocated and NoBlock (nothing counted yet). Every slice is
-// capped at its length, so an append never writes into a neighbour.
+// both are allocated and NoBlock (nothing counted yet). Tokens are capped
+// at tpb, and pages at the node's four arrays (nothing appends to pages),
+// so an append never writes into a neighbour.
 func (s *nodeSlab) node(tpb, groups, hostGroups int) *Node {
 	if len(s.nodes) == 0 {
 		s.nodes = make([]Node, slabChunk)
+		s.chunks = append(s.chunks, s.nodes)
 	}
 	n := &s.nodes[0]
+	n.ref = int32((len(s.chunks)-1)*slabChunk+slabChunk-len(s.nodes)) + firstSlabRef
 	s.nodes = s.nodes[1:]
 	if len(s.tokens) < tpb {
 		s.tokens = make([]int32, tpb*slabChunk)
@@ -239,20 +251,71 @@ func (s *nodeSlab) node(tpb, groups, hostGroups int) *Node {
 	for i := range b {
 		b[i] = NoBlock
 	}
-	n.pages, b = b[:groups:groups], b[groups:]
-	n.ck.pages, b = b[:groups:groups], b[groups:]
-	if hostGroups > 0 {
-		n.h.pages, b = b[:hostGroups:hostGroups], b[hostGroups:]
-		n.ck.hpages = b[:hostGroups:hostGroups]
-	}
+	n.pages = b[:groups]
 	return n
+}
+
+// Node refs: 0 is no node, rootRef the root, and a slab node's is its
+// index in the slab plus firstSlabRef.
+const (
+	rootRef      = 1
+	firstSlabRef = 2
+)
+
+// refOf is n's ref, 0 for nil.
+func refOf(n *Node) int32 {
+	if n == nil {
+		return 0
+	}
+	return n.ref
+}
+
+// nodeAt is the node of ref r (refOf's inverse over the tree's nodes).
+func (t *Tree) nodeAt(r int32) *Node {
+	switch r {
+	case 0:
+		return nil
+	case rootRef:
+		return t.root
+	}
+	i := int(r - firstSlabRef)
+	return &t.slab.chunks[i/slabChunk][i%slabChunk]
+}
+
+// The block arrays of a slab node, in Node.pages's capacity: pages (g
+// entries), their shadow, the host pages (hg entries), their shadow.
+
+// hpages is n's host page per group (hostreuse.go; NoBlock where absent):
+// the third of its block arrays, nil without a host tier for reuse.
+func (n *Node) hpages() []kvcache.BlockID {
+	g := len(n.pages)
+	hg := (cap(n.pages) - 2*g) / 2
+	if hg <= 0 {
+		return nil
+	}
+	return n.pages[2*g : 2*g+hg : 2*g+hg]
+}
+
+// ckPages is the deep check's shadow of n.pages (dirty.go): the second of
+// its block arrays.
+func (n *Node) ckPages() []kvcache.BlockID {
+	g := len(n.pages)
+	return n.pages[g : 2*g : 2*g]
+}
+
+// ckHPages is the deep check's shadow of n.hpages(): the fourth of its
+// block arrays (empty without a host tier for reuse).
+func (n *Node) ckHPages() []kvcache.BlockID {
+	g := len(n.pages)
+	hg := max((cap(n.pages)-2*g)/2, 0)
+	return n.pages[2*g+hg : 2*g+2*hg : 2*g+2*hg]
 }
 
 // NewTree returns an empty tree of blocks of tpb tokens whose nodes hold one
 // page in each of pools (one device pool per pool group).
 func NewTree(tpb int, pools []*BlockPool) *Tree {
 	t := &Tree{tpb: tpb, pools: pools}
-	t.root = &Node{heapIdx: -1, expIdx: -1}
+	t.root = &Node{heapIdx: -1, expIdx: -1, ref: rootRef}
 	return t
 }
 

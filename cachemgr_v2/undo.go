@@ -141,7 +141,7 @@ func (h *undoHook) noteHost(n *Node) {
 	}
 	h.clock++
 	r.hnodes = append(r.hnodes, evicted{n: n, gen: n.gen, at: h.clock, off: len(r.hpages), pend: n.h.pend, told: n.h.told})
-	r.hpages = append(r.hpages, n.h.pages...)
+	r.hpages = append(r.hpages, n.hpages()...)
 }
 
 // undoState is Unreserve's scratch (Core.undo).
@@ -271,7 +271,7 @@ func (c *Core) putBackHost() {
 			hp := c.host[g]
 			hp.touch(p)
 			hp.owner[p] = n
-			n.h.pages[g] = p
+			n.hpages()[g] = p
 			if e.pend > 0 {
 				continue // held: counted cached, not on the free stack
 			}
