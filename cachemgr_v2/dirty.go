@@ -104,8 +104,8 @@ type nodeCheck struct {
 	dirty bool   // on Tree.ck.dirty
 	seen  uint32 // == Tree.ck.epoch: reaches the root (this check)
 	// shadow: the node as the last check counted it
-	in                        bool // listed in Tree.all
-	parent                    *Node
+	in                        bool  // listed in Tree.all
+	parent                    int32 // Node.ref
 	allIdx                    int32 // (the shadow pages are Node.ckPages)
 	kids                      int32 // len(children) while listed
 	live, pinned, evict, leaf bool
@@ -506,8 +506,8 @@ func (t *Tree) nodeDelta(n *Node, bad func(string, ...any)) {
 		onHost = n.OnHost()
 		hevict = onHost && n.pins == 0 && n.h.pend == 0
 	}
-	if k.in != in || k.parent != parent || k.live != live || k.pinned != pinned || k.onHost != onHost {
-		if p := k.parent; k.in && p != nil {
+	if k.in != in || k.parent != refOf(parent) || k.live != live || k.pinned != pinned || k.onHost != onHost {
+		if p := t.nodeAt(k.parent); k.in && p != nil {
 			p.ck.liveKids -= int32(b2i(k.live))
 			p.ck.pinnedKids -= int32(b2i(k.pinned))
 			p.ck.hostKids -= int32(b2i(k.onHost))
@@ -540,7 +540,7 @@ func (t *Tree) nodeDelta(n *Node, bad func(string, ...any)) {
 			shadow[g] = b
 		}
 	}
-	k.in, k.parent, k.allIdx, k.kids = in, parent, n.allIdx, kids
+	k.in, k.parent, k.allIdx, k.kids = in, refOf(parent), n.allIdx, kids
 	k.live, k.pinned, k.evict = live, pinned, evict
 }
 
