@@ -160,36 +160,59 @@ var skinnyVariants = []skinnyKernel{
 	gemvB(1, 2, 4, 4, 3), gemvB(1, 2, 4, 4, 4), gemvB(1, 2, 8, 4, 2), gemvB(1, 2, 4, 8, 3),
 }
 
-// skinnyFor is the variant for n rows of a k range padded to ld: the m16
-// tiles n needs, and k slots that give the parts of the k range their own
-// warps. BenchmarkFastSkinny on the H200 at Llama-3-8B's decode shapes
-// (28672, 4096 and 6144 × 4096; 4096 × 14336), in TB/s:
+// skinnyFor is the variant for n rows, m output columns (the widest weight
+// of the launch) and a k range padded to ld. Every variant gives the same
+// bits (parts folded in part order), so the choice is speed alone.
+// BenchmarkFastSkinny on the H200 with programmatic dependent launch
+// (2026-12-03, 20x), GB/s at Llama-3-8B's decode shapes: q/k/v 6144 ×
+// 4096, o 4096 × 4096, gate/up 28672 × 4096, down 4096 × 14336, the LM
+// head 128256 × 4096:
 //   - up to 4 rows, the direct kernel, 2 column warps × 4 k slots (1 row:
-//     3.15, 2.45, 2.06, 2.19; 4 rows: 2.88, —, 1.79, 2.05), or × 8 k slots
-//     from 8 parts (2.41 at 4096 × 14336, 1 row; 2.25, 4 rows), against
-//     the ring kernel's 2.47, 1.82, 2.10, 1.91 (1 row);
-//   - up to 16 rows, the ring kernel, 2 × 4 (8 rows: 2.41, —, 2.04, 1.82;
-//     the direct kernel's A loads cost it there: 2.18, —, 1.47, 1.83);
-//   - up to 32 rows, the ring kernel 4 × 2 (1.97 at 28672 × 4096);
-//   - more, the split kernel, 4 column warps of 2 n8 tiles, one part a
-//     block (64 rows, 2026-12-02: 1.23 / 0.92 / 1.40 / 1.19 TB/s at 6144,
-//     4096, 28672 × 4096 and 4096 × 14336, against the ring kernel's 0.91
-//     / 0.71 / 1.21 / 0.80). Its 8-warp, 3-stage variant measured faster
-//     again (1.19 / 0.90 / 1.77 / 1.52 at 64 rows) but has not been run
-//     end to end; the other split and bounded-register gemv variants are
-//     kept for the tests and the benchmark.
-func skinnyFor(n, ld int) skinnyKernel {
+//     2650 at o, 3134 at gate/up); bounded to 3 blocks an SM for 4097–8192
+//     columns (2549 at q/k/v); 1 column warp × 8 unrolled loads from 65536
+//     columns (4108 at the LM head); from 8 parts, the split kernel, 2 m16
+//     tiles × 4 column warps (2461 at down, against the direct kernel's
+//     2226);
+//   - up to 16 rows, the ring kernel, 1 m16 tile × 2 column warps × 4 k
+//     slots (8 rows: 2234 at q/k/v); the split kernel 2 × 4, 3 stages from
+//     16384 columns (2886 at gate/up, the ring kernel 2545), 4 stages from
+//     8 parts (2406 at down);
+//   - up to 32 rows, the split kernel 2 × 4 (1580 at q/k/v), 2 × 8 with 3
+//     stages from 16384 columns (2409 at gate/up);
+//   - more, the split kernel, 4 m16 tiles × 4 column warps of 2 n8 tiles
+//     (64 rows: 1283 at q/k/v); of 1 n8 tile up to 4096 columns (1111 at
+//     o, 934 with 2); 8 column warps and 3 stages from 16384 columns (1803
+//     at gate/up, 1398 with the default); 3 stages from 8 parts (1496 at
+//     down, 1205 with 4).
+//
+// The other variants are kept for the tests and the benchmark.
+func skinnyFor(n, m, ld int) skinnyKernel {
+	parts := blocks(ld, fgemmPart)
 	switch {
-	case n <= 4 && ld >= 8*fgemmPart:
-		return gemv(1, 2, 8, 4)
+	case n <= 4 && parts >= 8:
+		return split(2, 4, 2, 64, 4)
+	case n <= 4 && m >= 65536:
+		return gemv(1, 1, 4, 8)
+	case n <= 4 && m > 4096 && m <= 8192:
+		return gemvB(1, 2, 4, 4, 3)
 	case n <= 4:
 		return gemv(1, 2, 4, 4)
-	}
-	switch skinnyTile(n) {
-	case 1:
+	case n <= 16 && parts >= 8:
+		return split(2, 4, 2, 64, 4)
+	case n <= 16 && m >= 16384:
+		return split(2, 4, 2, 64, 3)
+	case n <= 16:
 		return skinny(1, 2, 4, 64, 4)
-	case 2:
-		return skinny(2, 4, 2, 64, 4)
+	case n <= 32 && m >= 16384:
+		return split(2, 8, 2, 64, 3)
+	case n <= 32:
+		return split(2, 4, 2, 64, 4)
+	case m >= 16384:
+		return split(4, 8, 2, 64, 3)
+	case parts >= 8:
+		return split(4, 4, 2, 64, 3)
+	case m <= 4096:
+		return split(4, 4, 1, 64, 4)
 	}
 	return split(4, 4, 2, 64, 4)
 }
@@ -362,7 +385,11 @@ func (o *ops) fgemm(a cu.DevicePtr, n, ld int, outs []gemmOut) {
 		}
 		return
 	}
-	k := skinnyFor(n, ld)
+	m := 0
+	for _, g := range outs {
+		m = max(m, g.m)
+	}
+	k := skinnyFor(n, m, ld)
 	for len(outs) > 0 {
 		take := min(3, len(outs))
 		o.fgemmSkinny(a, n, ld, outs[:take], k)
