@@ -288,13 +288,16 @@ func (t *Tree) nodeAt(r int32) *Node {
 // hpages is n's host page per group (hostreuse.go; NoBlock where absent):
 // the third of its block arrays, nil without a host tier for reuse.
 func (n *Node) hpages() []kvcache.BlockID {
-	g := len(n.pages)
-	hg := (cap(n.pages) - 2*g) / 2
-	if hg <= 0 {
+	g, hg := len(n.pages), n.hostGroups()
+	if hg == 0 {
 		return nil
 	}
 	return n.pages[2*g : 2*g+hg : 2*g+hg]
 }
+
+// hostGroups is the length of n's host page arrays: what pages's capacity
+// holds past the device pages and their shadow, in two halves.
+func (n *Node) hostGroups() int { return max((cap(n.pages)-2*len(n.pages))/2, 0) }
 
 // ckPages is the deep check's shadow of n.pages (dirty.go): the second of
 // its block arrays.
@@ -306,8 +309,7 @@ func (n *Node) ckPages() []kvcache.BlockID {
 // ckHPages is the deep check's shadow of n.hpages(): the fourth of its
 // block arrays (empty without a host tier for reuse).
 func (n *Node) ckHPages() []kvcache.BlockID {
-	g := len(n.pages)
-	hg := max((cap(n.pages)-2*g)/2, 0)
+	g, hg := len(n.pages), n.hostGroups()
 	return n.pages[2*g+hg : 2*g+2*hg : 2*g+2*hg]
 }
 

@@ -255,7 +255,7 @@ func (o *ops) rmsNorm(x, w *tensor, rows, cols int, eps float32) *tensor {
 // Add's launch first.
 func (o *ops) addRMSNorm(x, y, w *tensor, rows, cols int, eps float32) *tensor {
 	fast := o.fast && cols >= fastNormCols
-	if y != nil && (!fast || cols != x.c) {
+	if y != nil && !fast {
 		o.Add(x, y)
 		y = nil
 	}
