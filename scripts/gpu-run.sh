@@ -41,8 +41,10 @@
 #            cpu and cuda (float32), alone and batched (bfloat16)
 #   invariance  each golden prompt alone and in mixed batches, dtype
 #            bfloat16: the same tokens and top-5 logprobs, bit for bit
-#   wgmma    scripts/wgmma-probe.cu compiled here (nvcc for sm_90a) and
-#            run: whether wgmma and mma.sync give the same bits
+#   wgmma    scripts/wgmma-probe.cu and scripts/kperm-probe.cu compiled
+#            here (nvcc for sm_90a) and run: whether wgmma and mma.sync give
+#            the same bits, and whether a k16 step's bits depend on the
+#            order of its 16 k values
 #   bf16goldens  transformers' bf16 outputs of the goldens into $OUT/bf16
 #   e2e      a full-size Llama-3-8B checkpoint against transformers
 #            (scripts/e2e.py): $OUT/e2e/e2e.md
@@ -369,7 +371,8 @@ PY
 
 # wgmma: does Hopper's wgmma give mma.sync's bits (scripts/wgmma-probe.cu)?
 step_wgmma() {
-	nvcc -gencode arch=compute_90a,code=sm_90a -O2 -o "$OUT/wgmma-probe" scripts/wgmma-probe.cu && "$OUT/wgmma-probe"
+	nvcc -gencode arch=compute_90a,code=sm_90a -O2 -o "$OUT/wgmma-probe" scripts/wgmma-probe.cu && "$OUT/wgmma-probe" &&
+		nvcc -gencode arch=compute_90a,code=sm_90a -O2 -o "$OUT/kperm-probe" scripts/kperm-probe.cu && "$OUT/kperm-probe" 12 && "$OUT/kperm-probe" 40
 }
 
 # bench: the cuda kernels' benchmarks (the test binary's), then PyTorch's

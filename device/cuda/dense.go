@@ -121,7 +121,7 @@ func (o *ops) Embed(table synth.Tensor, tokens []int32) synth.Tensor {
 		out := o.newTensor(len(tokens), tb.c)
 		if len(tokens) > 0 && tb.c > 0 {
 			g, b := perRow(len(tokens), 128)
-			o.run("kvx_gather_bf16", g, b, 0, out.p, tb.h, put(o, tokens), len(tokens), tb.c, tb.ld, weightOrder)
+			o.run("kvx_gather_bf16", g, b, 0, out.p, tb.h, put(o, tokens), len(tokens), tb.c, tb.ld)
 		}
 		return out
 	}

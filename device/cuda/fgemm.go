@@ -33,13 +33,14 @@ const fgemmTiledRows = 256
 // tiledKernel is one of the kernels for many rows: kernels/fgemm.cu's
 // kvx_fgemm_wide<bm>s<stages><s|g> (mma.sync: bm / 32 warps of 64 × 64,
 // running sums in shared memory or in C) or sm90a/fgemm_wg.cu's
-// kvx_fgemm_ws<bm>w2s<stages>k<kpi><s|r> (wgmma, warp-specialized: two
-// computing warpgroups of 64 features × bm tokens and a copying one;
+// kvx_fgemm_tma<bn>s<stages> (TMA and wgmma, warp-specialized: two
+// computing warpgroups of 64 tokens × bn features and a copying one;
 // loaded only on a device of compute capability 9.0). Every tile is bm
 // rows × 128 columns, and all give the same bits.
 type tiledKernel struct {
 	bm, threads, smem int  // rows a tile, threads and dynamic shared memory a block
 	sm90a             bool // in ptx/sm90a: loaded on compute capability 9.0 only
+	tma               bool // takes A's and W's tensor maps (bf16Map) first
 	name              string
 }
 
@@ -50,38 +51,34 @@ func wide(bm, stages int, totShared bool) tiledKernel {
 		suffix = "s"
 		smem += bm * tlBN * 4 // the running sums
 	}
-	return tiledKernel{bm, bm, smem, false, fmt.Sprintf("kvx_fgemm_wide%ds%d%s", bm, stages, suffix)}
+	return tiledKernel{bm, bm, smem, false, false, fmt.Sprintf("kvx_fgemm_wide%ds%d%s", bm, stages, suffix)}
 }
 
-func wgmmaWS(bm, stages, kpi int, totShared bool) tiledKernel {
-	suffix := "r"
-	smem := stages*(bm+tlBN)*tlBK*kpi*2 + 2*stages*8 // the ring and its barriers
-	if totShared {
-		suffix = "s"
-		smem += bm * tlBN * 4
-	}
-	return tiledKernel{bm, 3 * 128, smem, true, fmt.Sprintf("kvx_fgemm_ws%dw2s%dk%d%s", bm, stages, kpi, suffix)}
+// tmaTiled is kvx_fgemm_tma128s<stages>: 128 tokens × 128 features a
+// block, a ring of stages 64-wide k stages (and their two barriers each),
+// 1 KiB for aligning it to the 128-byte swizzle's 1024-byte pattern.
+func tmaTiled(stages int) tiledKernel {
+	smem := stages*(128+tlBN)*tmaBK*2 + 16*stages + 1024
+	return tiledKernel{128, 3 * 128, smem, true, true, fmt.Sprintf("kvx_fgemm_tma128s%d", stages)}
 }
 
-// The tile of every tiled kernel: bm × 128, k steps of 32 (the wgmma
-// kernels' stages are 32·kpi wide).
-const tlBN, tlBK = 128, 32
+// The tile of every tiled kernel: bm × 128, k steps of 32 (the TMA
+// kernels' stages are 64 wide: one 128-byte row).
+const tlBN, tlBK, tmaBK = 128, 32, 64
 
 // tiledVariants are every tiled kernel (the tests run each loaded one on
-// every shape); tiled picks the one fgemm runs. BenchmarkFastTiled on the
-// H200 at Llama-3-8B's prefill shapes, with the weights in the fragments'
-// order (20 iterations, 2026-12-02): ws256w2s4k1s 241-254 TFLOP/s,
-// ws192w2s5k2r 217-233, wide256s3s 205-220, wide128s3s 200-211,
-// wide128s4g 128-141 (its running sums in C spill registers); cuBLAS
-// 738-794 on the same shapes (scripts/wgemm-check.cu).
+// every shape); tiled picks the one fgemm runs. scripts/wgemm-check.cu on
+// the H200 at Llama-3-8B's prefill shapes (2048 × 6144 × 4096, 8192 ×
+// 4096 × 4096, 8192 × 28672 × 4096, 8192 × 4096 × 14336; 20 iterations,
+// 2026-12-03): tma128s4 435-481 TFLOP/s, tma128s6 405-463, wide256s3s
+// 209-224; cuBLAS 717-748 on the same shapes.
 var tiledVariants = []tiledKernel{
-	wide(128, 3, true), wide(256, 3, true), wide(128, 4, false),
-	wgmmaWS(256, 4, 1, true), wgmmaWS(192, 5, 2, false),
+	wide(128, 3, true), wide(256, 3, true), wide(128, 4, false), tmaTiled(4), tmaTiled(6),
 }
 
 var (
 	tiledWide  = wide(256, 3, true)
-	tiledWGMMA = wgmmaWS(256, 4, 1, true)
+	tiledWGMMA = tmaTiled(4)
 )
 
 // loaded reports whether the device has kernel k (the sm90a ones only on
@@ -223,23 +220,13 @@ func skinnyFor(n, m, ld int) skinnyKernel {
 // float32: the kernels that read them take float32.
 func bf16Weights(rows, cols int) bool { return rows >= 16 && cols >= 16 }
 
-// The k order of a bf16 row, the last argument of the conversion kernels:
-// a weight's rows are kept in the mma fragments' order (inside each
-// 32-value block, position 8t+2q+e holds k 8q+2t+e; kernels/fgemm.cu), so a
-// decode lane loads its fragments with one 16-byte load; activations keep
-// the logical order.
-const (
-	logicalOrder = 0
-	weightOrder  = 1
-)
-
 func padK(k int) int { return (k + fgemmPad - 1) / fgemmPad * fgemmPad }
 
 var _ hf.BF16Loader = (*ops)(nil)
 
 // WeightBF16 implements hf.BF16Loader: in fast mode a checkpoint's bf16
-// linear weight goes to the device as it is in the file (padded and put
-// in the fragments' order there), with no float32 copy on the host.
+// linear weight goes to the device as it is in the file (padded there),
+// with no float32 copy on the host.
 func (o *ops) WeightBF16(raw []byte, rows, cols int) (synth.Tensor, bool) {
 	if !o.fast || !bf16Weights(rows, cols) {
 		return nil, false
@@ -262,7 +249,7 @@ func (o *ops) WeightBF16(raw []byte, rows, cols int) (synth.Tensor, bool) {
 		return t, true
 	}
 	g, b := flat(rows * t.ld)
-	o.run("kvx_pad_bf16", g, b, 0, h, o.stage.p, rows, cols, t.ld, weightOrder)
+	o.run("kvx_pad_bf16", g, b, 0, h, o.stage.p, rows, cols, t.ld)
 	return t, true
 }
 
@@ -303,7 +290,7 @@ func (o *ops) weightBF16(t *tensor, data []float32) {
 		return
 	}
 	g, b := flat(t.r * t.ld)
-	o.run("kvx_to_bf16", g, b, 0, t.h, o.stage.p, t.r, t.c, t.ld, weightOrder)
+	o.run("kvx_to_bf16", g, b, 0, t.h, o.stage.p, t.r, t.c, t.ld)
 }
 
 // freeStage releases Weight's staging buffer (after loading). The caller
@@ -331,7 +318,7 @@ func (o *ops) f32(t *tensor) cu.DevicePtr {
 	}
 	*o.weights = append(*o.weights, p)
 	g, b := flat(t.r * t.c)
-	o.run("kvx_bf16_to_f32", g, b, 0, p, t.h, t.r, t.c, t.ld, weightOrder)
+	o.run("kvx_bf16_to_f32", g, b, 0, p, t.h, t.r, t.c, t.ld)
 	t.p = p
 	return p
 }
@@ -363,7 +350,7 @@ func (o *ops) fastMatMuls(xt *tensor, ws []*tensor) []*tensor {
 	if xa == 0 {
 		xa = o.scratch(int64(n) * int64(ld) * 2)
 		g, b := flat(n * ld)
-		o.run("kvx_to_bf16", g, b, 0, xa, xt.p, n, k, ld, logicalOrder)
+		o.run("kvx_to_bf16", g, b, 0, xa, xt.p, n, k, ld)
 	}
 	o.fgemm(xa, n, ld, gs)
 	return outs
@@ -439,5 +426,18 @@ func (o *ops) fgemmSkinny(a cu.DevicePtr, n, ld int, outs []gemmOut, k skinnyKer
 
 // fgemmTiled runs tiled kernel k (any of tiledVariants, any n).
 func (o *ops) fgemmTiled(c, a, w cu.DevicePtr, n, m, ld int, k tiledKernel) {
-	o.runShared(k.name, dim{blocks(n, k.bm) * blocks(m, tlBN), 1, 1}, dim{k.threads, 1, 1}, k.smem, c, a, w, n, m, ld)
+	grid, block := dim{blocks(n, k.bm) * blocks(m, tlBN), 1, 1}, dim{k.threads, 1, 1}
+	if !k.tma {
+		o.runShared(k.name, grid, block, k.smem, c, a, w, n, m, ld)
+		return
+	}
+	ma, err := bf16Map(a, n, ld, k.bm)
+	if o.fail(err); o.err != nil {
+		return
+	}
+	mw, err := bf16Map(w, m, ld, tlBN)
+	if o.fail(err); o.err != nil {
+		return
+	}
+	o.runShared(k.name, grid, block, k.smem, ma, mw, c, n, m, ld)
 }

@@ -111,7 +111,7 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 				reversed = o.ToHost(o.MatMul(o.Rows(x, rows), w))
 				xa := o.scratch(int64(n) * int64(w.ld) * 2)
 				g, b := flat(n * w.ld)
-				o.run("kvx_to_bf16", g, b, 0, xa, x.p, n, k, w.ld, logicalOrder)
+				o.run("kvx_to_bf16", g, b, 0, xa, x.p, n, k, w.ld)
 				for _, v := range skinnyVariants {
 					c := o.newTensor(n, m)
 					o.fgemmSkinny(xa, n, w.ld, []gemmOut{{c.p, w.h, m}}, v)
@@ -137,10 +137,6 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 	}
 }
 
-// TestFastMatMuls: MatMuls of several weights (q, k and v; gate and up;
-// four, past one launch's three) gives each weight's MatMul bit for bit,
-// at widths that split a warp's 8 columns between two weights, for rows of
-// the skinny and the tiled kernel.
 // TestTiledWGMMALoaded checks that a device of compute capability 9.0 has
 // loaded the sm90a (wgmma) tiled kernels and runs them by default, and that
 // another device has neither (TestFastMatMulBatchInvariant runs every
@@ -169,6 +165,10 @@ func TestTiledWGMMALoaded(t *testing.T) {
 	}
 }
 
+// TestFastMatMuls: MatMuls of several weights (q, k and v; gate and up;
+// four, past one launch's three) gives each weight's MatMul bit for bit,
+// at widths that split a warp's 8 columns between two weights, for rows of
+// the skinny and the tiled kernel.
 func TestFastMatMuls(t *testing.T) {
 	o := fastOps(t)
 	for _, s := range []struct {
@@ -304,7 +304,7 @@ func lazyOperands(outer *testing.B, n, m, k int) func(b *testing.B) *gemmOperand
 			}
 			*o.weights = append(*o.weights, p.x, p.c)
 			g, bl := flat(n * p.w.ld)
-			o.run("kvx_to_bf16", g, bl, 0, p.x, xt.p, n, k, p.w.ld, logicalOrder)
+			o.run("kvx_to_bf16", g, bl, 0, p.x, xt.p, n, k, p.w.ld)
 			o.freeStage()
 		})
 		return p

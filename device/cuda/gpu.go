@@ -7,14 +7,15 @@ package cuda
 #include <cuda.h>
 #include <string.h>
 
-// kvx_launch launches f with the n 8-byte argument values vals (copied by
-// the driver before it returns), as a programmatic dependent of the kernel
-// before it in the stream when pdl is not 0 (kernels/pdl.cuh).
+// kvx_launch launches f with n arguments (copied by the driver before it
+// returns): argument i's bytes start at vals[offs[i]] (at vals[i] when
+// offs is NULL: every argument 8 bytes), as a programmatic dependent of the
+// kernel before it in the stream when pdl is not 0 (kernels/pdl.cuh).
 static CUresult kvx_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-		unsigned smem, CUstream s, unsigned long long* vals, int n, int pdl) {
+		unsigned smem, CUstream s, unsigned long long* vals, const int* offs, int n, int pdl) {
 	void* args[64];
 	if (n > 64) return CUDA_ERROR_INVALID_VALUE;
-	for (int i = 0; i < n; i++) args[i] = &vals[i];
+	for (int i = 0; i < n; i++) args[i] = &vals[offs ? offs[i] : i];
 	if (!pdl) return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, s, args, NULL);
 	CUlaunchAttribute a;
 	memset(&a, 0, sizeof a);
@@ -29,6 +30,29 @@ static CUresult kvx_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, 
 	c.attrs = &a;
 	c.numAttrs = 1;
 	return cuLaunchKernelEx(&c, f, args, NULL);
+}
+
+// cuTensorMapEncodeTiled (CUDA 12; this cuda.h is 11.8's, so its type and
+// the enumerators used here are written out), looked up in the driver once.
+typedef CUresult (*kvx_encode_fn)(void*, int, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+	const cuuint32_t*, int, int, int, int);
+static kvx_encode_fn kvx_encode;
+
+// kvx_tmap_encode writes into out (128 bytes) the tensor map of a bf16
+// matrix of rows × ld at p (row stride ld) with boxes of 64 × box rows and
+// the 128-byte swizzle, zeros past the rows (sm90a/fgemm_wg.cu's TMA).
+static CUresult kvx_tmap_encode(void* out, CUdeviceptr p, unsigned long long rows, unsigned long long ld, unsigned box) {
+	if (!kvx_encode) {
+		void* fn = NULL;
+		CUresult r = cuGetProcAddress("cuTensorMapEncodeTiled", &fn, 12000, 0);
+		if (r != CUDA_SUCCESS) return r;
+		if (!fn) return CUDA_ERROR_NOT_FOUND;
+		kvx_encode = (kvx_encode_fn)fn;
+	}
+	cuuint64_t dims[2] = {ld, rows}, strides[1] = {ld * 2};
+	cuuint32_t boxes[2] = {64, box}, elems[2] = {1, 1};
+	// BFLOAT16 = 9, INTERLEAVE_NONE = 0, SWIZZLE_128B = 3, L2_PROMOTION_L2_256B = 3, FLOAT_OOB_FILL_NONE = 0.
+	return kvx_encode(out, 9, 2, (void*)p, dims, strides, boxes, elems, 0, 3, 3, 0);
 }
 */
 import "C"
@@ -69,9 +93,26 @@ type gpu struct {
 	// before them (their PTX waits for it: ptxKernels); nil when that is
 	// off (CUDA_KVX_PDL=0, or the kernel profile's events between launches).
 	pdl map[string]bool
-	// slots is launch's argument buffer, reused by every launch (the
-	// driver copies the arguments before the launch returns).
+	// slots is launch's argument buffer and offs each argument's first
+	// slot, reused by every launch (the driver copies the arguments before
+	// the launch returns).
 	slots []uint64
+	offs  []C.int
+}
+
+// tensorMap is a CUtensorMap (128 bytes), a kernel argument of the TMA
+// kernels (sm90a/fgemm_wg.cu's kvx_tmap).
+type tensorMap [16]uint64
+
+// bf16Map returns the tensor map of a bf16 matrix of rows × ld at p with
+// boxes of 64 × box rows (kvx_tmap_encode).
+func bf16Map(p cu.DevicePtr, rows, ld, box int) (tensorMap, error) {
+	var m tensorMap
+	r := C.kvx_tmap_encode(unsafe.Pointer(&m[0]), C.CUdeviceptr(p), C.ulonglong(rows), C.ulonglong(ld), C.uint(box))
+	if err := cuError(r); err != nil {
+		return m, fmt.Errorf("cuda: tensor map of %d × %d bf16 (box %d rows): %w", rows, ld, box, err)
+	}
+	return m, nil
 }
 
 // newGPU makes a context on device ordinal and loads the kernels.
@@ -206,31 +247,34 @@ type dim struct{ x, y, z int }
 
 // launch runs kernel name on the context's goroutine (the caller must be
 // on it). Arguments: cu.DevicePtr, int, int64 (a kernel's long long), float32
-// (a kernel's float). cu passes every argument as 8 bytes, so smaller
-// scalars travel in the low bytes of a 64-bit slot.
+// (a kernel's float), each passed as 8 bytes (smaller scalars travel in the
+// low bytes of a 64-bit slot), and tensorMap (128 bytes).
 func (g *gpu) launch(name string, grid, block dim, shmem int, args ...any) error {
 	fn, ok := g.fns[name]
 	if !ok {
 		return fmt.Errorf("cuda: no kernel %s in the embedded PTX", name)
 	}
-	if cap(g.slots) < len(args) {
-		g.slots = make([]uint64, len(args))
-	}
-	slots := g.slots[:len(args)]
+	slots, offs := g.slots[:0], g.offs[:0]
+	wide := false // an argument of more than 8 bytes
 	for i, a := range args {
+		offs = append(offs, C.int(len(slots)))
 		switch v := a.(type) {
 		case cu.DevicePtr:
-			slots[i] = uint64(v)
+			slots = append(slots, uint64(v))
 		case int:
-			slots[i] = uint64(int64(v))
+			slots = append(slots, uint64(int64(v)))
 		case int64:
-			slots[i] = uint64(v)
+			slots = append(slots, uint64(v))
 		case float32:
-			slots[i] = uint64(math.Float32bits(v))
+			slots = append(slots, uint64(math.Float32bits(v)))
+		case tensorMap:
+			slots = append(slots, v[:]...)
+			wide = true
 		default:
 			panic(fmt.Sprintf("cuda: launch %s: argument %d of type %T", name, i, a))
 		}
 	}
+	g.slots, g.offs = slots, offs
 	if grid.x <= 0 || grid.y <= 0 || grid.z <= 0 {
 		return nil // nothing to do (an empty tensor)
 	}
@@ -242,9 +286,13 @@ func (g *gpu) launch(name string, grid, block dim, shmem int, args ...any) error
 	if len(slots) > 0 {
 		vals = (*C.ulonglong)(unsafe.Pointer(&slots[0]))
 	}
+	var offp *C.int
+	if wide {
+		offp = &offs[0]
+	}
 	run := func() error {
 		r := C.kvx_launch(cfn(fn), C.uint(grid.x), C.uint(grid.y), C.uint(grid.z), C.uint(block.x), C.uint(block.y),
-			C.uint(block.z), C.uint(shmem), nil, vals, C.int(len(slots)), C.int(pdl))
+			C.uint(block.z), C.uint(shmem), nil, vals, offp, C.int(len(args)), C.int(pdl))
 		return cuError(r)
 	}
 	var err error

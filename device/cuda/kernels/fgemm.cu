@@ -26,64 +26,59 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, boo
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(ok ? 16 : 0));
 }
 
-// # Weights in the fragments' k order
+// # A k16 step's values in any order
 //
-// A weight's row is stored in blocks of 32 k values, and inside a block
-// physical position 8t + 2q + e holds logical k 8q + 2t + e (t, q < 4,
-// e < 2): lane t of an mma quad finds its B fragments of both k16 steps
-// of the block (k 2t, 2t+1, 2t+8, 2t+9 and those plus 16) in one 16-byte
-// chunk, which the decode kernel loads straight from global memory into
-// registers and the tiled ones with one shared-memory load. The map is its
-// own inverse, and a row's stride (a multiple of 64) holds whole blocks.
-// Activations keep the logical order. The order changes which bytes hold a
-// value, never the values an mma step multiplies: the bits of every output
-// are those of the logical layout.
-__device__ __forceinline__ long long wperm(long long c) {
-	const int i = (int)(c & 31);
-	return (c & ~31LL) | (long long)((((i >> 1) & 3) << 3) | ((i >> 3) << 1) | (i & 1));
-}
-
-// In the conversions below, perm != 0 means y (or x) is a weight, its rows
-// in the fragments' order; 0, an activation in the logical order.
+// Weights and activations keep the logical k order. One tensor-core step
+// (mma.sync m16n8k16, wgmma m64nNk16) sums its 16 products as one fused
+// operation: on the H200 a permutation of the 16 k values of a step (the
+// same on both operands) gives the same bits on every output
+// (scripts/kperm-probe.cu: 16.8 million outputs over spreads from 2^-3 to
+// 2^-60..2^60, random permutations, halves swapped), and wgmma with both
+// operands in shared memory gives mma.sync's. So a step is defined by its
+// set of k values (16s..16s+15), not by which lane holds which: the ring,
+// split and tiled kernels load the standard fragments with ldmatrix, the
+// direct decode kernel hands lane t of a quad k 4t..4t+3 of a step (one
+// 8-byte load a step), and the wgmma kernels read k-contiguous rows from
+// shared memory; all run the same chains.
 
 // kvx_to_bf16: y (rows × ld bf16) = x (rows × cols float32) rounded to
 // nearest even, columns cols..ld-1 zero. Grid-stride over rows × ld.
-extern "C" __global__ void kvx_to_bf16(unsigned short* y, const float* x, long long rows, long long cols, long long ld, int perm) {
+extern "C" __global__ void kvx_to_bf16(unsigned short* y, const float* x, long long rows, long long cols, long long ld) {
 	pdl_wait();
 	const long long n = rows * ld;
 	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-		const long long r = i / ld, p = i - r * ld, c = perm ? wperm(p) : p;
+		const long long r = i / ld, c = i - r * ld;
 		y[i] = c < cols ? to_bf16(x[r * cols + c]) : (unsigned short)0;
 	}
 }
 
 // kvx_pad_bf16: y (rows × ld bf16) = x (rows × cols bf16), columns
 // cols..ld-1 zero. Grid-stride over rows × ld.
-extern "C" __global__ void kvx_pad_bf16(unsigned short* y, const unsigned short* x, long long rows, long long cols, long long ld, int perm) {
+extern "C" __global__ void kvx_pad_bf16(unsigned short* y, const unsigned short* x, long long rows, long long cols, long long ld) {
 	const long long n = rows * ld;
 	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-		const long long r = i / ld, p = i - r * ld, c = perm ? wperm(p) : p;
+		const long long r = i / ld, c = i - r * ld;
 		y[i] = c < cols ? x[r * cols + c] : (unsigned short)0;
 	}
 }
 
 // kvx_bf16_to_f32: y (rows × cols float32) = x (rows × ld bf16), exactly.
-extern "C" __global__ void kvx_bf16_to_f32(float* y, const unsigned short* x, long long rows, long long cols, long long ld, int perm) {
+extern "C" __global__ void kvx_bf16_to_f32(float* y, const unsigned short* x, long long rows, long long cols, long long ld) {
 	pdl_wait();
 	const long long n = rows * cols;
 	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
 		const long long r = i / cols, c = i - r * cols;
-		y[i] = bf16_float(x[r * ld + (perm ? wperm(c) : c)]);
+		y[i] = bf16_float(x[r * ld + c]);
 	}
 }
 
 // kvx_gather_bf16: out row i (cols float32) = row idx[i] of table (ld bf16),
 // exactly. Grid: one block per row (grid-stride past 65535).
-extern "C" __global__ void kvx_gather_bf16(float* out, const unsigned short* table, const int* idx, long long rows, long long cols, long long ld, int perm) {
+extern "C" __global__ void kvx_gather_bf16(float* out, const unsigned short* table, const int* idx, long long rows, long long cols, long long ld) {
 	pdl_wait();
 	for (long long i = blockIdx.x; i < rows; i += gridDim.x) {
 		const unsigned short* src = table + (long long)idx[i] * ld;
-		for (long long c = threadIdx.x; c < cols; c += blockDim.x) out[i * cols + c] = bf16_float(src[perm ? wperm(c) : c]);
+		for (long long c = threadIdx.x; c < cols; c += blockDim.x) out[i * cols + c] = bf16_float(src[c]);
 	}
 }
 
@@ -99,7 +94,7 @@ extern "C" __global__ void kvx_gather_bf16(float* out, const unsigned short* tab
 // weight columns run together and all but the first find them in L2.
 //
 // Two ways to feed the warps: kvx_fgemm_gemv* loads each lane's weight
-// fragments straight from global memory into registers (one 16-byte load
+// fragments straight from global memory into registers (two 8-byte loads
 // a 32-wide k block, U blocks a chunk, two chunks in flight), and its A
 // fragments from global memory too (L1 keeps the few rows); the ring
 // kernels kvx_fgemm_skinny* stage A and W through a cp.async ring of
@@ -251,7 +246,6 @@ __device__ __forceinline__ void fgemm_skinny(const unsigned short* A, const skin
 		if (s < tiles) load(s);
 		cp_async_commit();
 	}
-	const int g = lane / 4, t4 = lane % 4;
 	const int rounds = (parts + WK - 1) / WK;
 	for (int rd = 0; rd < rounds; rd++) {
 		// This slot's part of the round (none when the round is short).
@@ -270,10 +264,9 @@ __device__ __forceinline__ void fgemm_skinny(const unsigned short* A, const skin
 #pragma unroll
 				for (int kk = 0; kk < BK / 16; kk += 2) {
 					if (kk >= steps) break; // ld is a multiple of 64: steps is even
-					// bf[0], bf[1]: this warp's 8 columns at k16 step kk; bf[2], bf[3] at kk+1
-					// (one chunk of the 32-wide block in the fragments' order).
+					// bf[0], bf[1]: this warp's 8 columns at k16 step kk; bf[2], bf[3] at kk+1.
 					unsigned bf[4];
-					lds128(bf, b + sk_swz(wc * 8 + g, kk * 2 + t4, BK));
+					ldsm_x4(bf, b + sk_swz(wc * 8 + lane % 8, kk * 2 + lane / 8, BK));
 #pragma unroll
 					for (int j = 0; j < 2; j++) {
 #pragma unroll
@@ -360,11 +353,10 @@ __device__ __forceinline__ void fgemm_split(const unsigned short* A, const skinn
 #pragma unroll
 		for (int kk = 0; kk < BK / 16; kk += 2) {
 			if (kk >= steps) break; // ld is a multiple of 64: steps is even
-			// bf[j]: n8 tile j's fragments of k16 steps kk and kk+1 (one
-			// chunk of the 32-wide block in the fragments' order).
+			// bf[j]: n8 tile j's fragments of k16 steps kk and kk+1.
 			unsigned bf[NW][4];
 #pragma unroll
-			for (int j = 0; j < NW; j++) lds128(bf[j], b + sk_swz((warp * NW + j) * 8 + g, kk * 2 + t4, BK));
+			for (int j = 0; j < NW; j++) ldsm_x4(bf[j], b + sk_swz((warp * NW + j) * 8 + lane % 8, kk * 2 + lane / 8, BK));
 #pragma unroll
 			for (int h = 0; h < 2; h++) {
 #pragma unroll
@@ -437,12 +429,14 @@ extern "C" __global__ void kvx_fgemm_fold(const float* P, long long parts, long 
 	}
 }
 
-// The direct kernel: a lane's weight fragments of a 32-wide k block are one
-// 16-byte chunk of its column's row (the fragments' order), loaded into
-// registers with no shared memory between; U blocks make a chunk, and the
-// next chunk's loads are issued before the current one's mma, so two
-// chunks (2·U·512 bytes a warp) are in flight. A's fragments are 4-byte
-// loads of the few rows, which L1 keeps.
+// The direct kernel: lane t of a quad takes k 4t..4t+3 of each k16 step
+// (the step's values in another order, which gives the same bits: see the
+// top of the file), so its weight fragments of a 32-wide k block are two
+// 8-byte loads of its column's row, straight into registers with no shared
+// memory between; U blocks make a chunk, and the next chunk's loads are
+// issued before the current one's mma, so two chunks (2·U·512 bytes a
+// warp) are in flight. A's fragments, in the same order, are 4-byte loads
+// of the few rows, which L1 keeps.
 template <int MT, int WC, int WK, int U>
 __device__ __forceinline__ void fgemm_gemv(const unsigned short* A, const skinnyOut& o, long long M, long long ld) {
 	constexpr int NCH = FG_PART / 32 / U; // chunks a part
@@ -453,29 +447,33 @@ __device__ __forceinline__ void fgemm_gemv(const unsigned short* A, const skinny
 	const int ks = warp / WC, wc = warp % WC;
 	const long long m0 = (long long)blockIdx.x * 16 * MT, n0 = (long long)blockIdx.y * 8 * WC;
 	const long long n = n0 + wc * 8 + g;
-	const unsigned short* wr = n < o.n() ? o.row(n, ld) + 8 * t4 : nullptr;
+	const unsigned short* wr = n < o.n() ? o.row(n, ld) + 4 * t4 : nullptr;
 	const int parts = (int)((ld + FG_PART - 1) / FG_PART);
 	const int myParts = parts > ks ? (parts - ks + WK - 1) / WK : 0;
 
-	// ar[mt][h]: row m0 + 16·mt + g + 8·h of A at k 2·t4, or none past M.
+	// ar[mt][h]: row m0 + 16·mt + g + 8·h of A at k 4·t4, or none past M.
 	const unsigned short* ar[MT][2];
 #pragma unroll
 	for (int mt = 0; mt < MT; mt++)
 #pragma unroll
 		for (int h = 0; h < 2; h++) {
 			const long long r = m0 + mt * 16 + g + 8 * h;
-			ar[mt][h] = r < M ? A + r * ld + 2 * t4 : nullptr;
+			ar[mt][h] = r < M ? A + r * ld + 4 * t4 : nullptr;
 		}
 	auto a32 = [&](int mt, int h, long long k) -> unsigned {
 		return ar[mt][h] ? __ldg((const unsigned*)(ar[mt][h] + k)) : 0u;
 	};
-	// ldw loads chunk ch of part p: blocks past ld are not loaded.
+	// ldw loads chunk ch of part p: blocks past ld are not loaded. w[u].x,
+	// .y are the block's first k16 step's fragments, .z, .w its second's.
 	auto ldw = [&](uint4 (&w)[U], int p, int ch) {
 		const long long k0 = (long long)p * FG_PART + (long long)ch * U * 32;
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			const long long kb = k0 + u * 32;
-			if (wr && kb < ld) w[u] = ldg_stream(wr + kb);
+			if (wr && kb < ld) {
+				const uint2 s0 = ldg_stream64(wr + kb), s1 = ldg_stream64(wr + kb + 16);
+				w[u] = make_uint4(s0.x, s0.y, s1.x, s1.y);
+			}
 		}
 	};
 	// mm runs chunk ch of part p: two k16 steps a block, in k order.
@@ -491,7 +489,7 @@ __device__ __forceinline__ void fgemm_gemv(const unsigned short* A, const skinny
 #pragma unroll
 				for (int mt = 0; mt < MT; mt++) {
 					const long long k = kb + 16 * j;
-					const unsigned af[4] = {a32(mt, 0, k), a32(mt, 1, k), a32(mt, 0, k + 8), a32(mt, 1, k + 8)};
+					const unsigned af[4] = {a32(mt, 0, k), a32(mt, 1, k), a32(mt, 0, k + 2), a32(mt, 1, k + 2)};
 					mma_bf16(acc[mt], af, b0, b1);
 				}
 			}
@@ -577,8 +575,8 @@ __device__ __forceinline__ int tl_swz(int r, int ch) { return r * TL_BK + ((ch ^
 
 // The wide tiled kernels for many rows: block tile BM × 128 × 32 with
 // BM / 32 warps of 64 × 64 (4 × 8 m16n8k16 tiles, 128 float32 accumulators
-// a thread: a 32-wide k tile reads 8 ldmatrix fragments of A and 8
-// 16-byte chunks of W, in the fragments' order, for 64 mma), a
+// a thread: a 32-wide k tile reads 8 ldmatrix fragments of A and 8 of W
+// for 64 mma), a
 // STAGES-deep cp.async ring. The part sums
 // are those of every kernel above: at a part's end the thread adds its
 // accumulators, in part order, to a running sum that lives outside its
@@ -647,11 +645,10 @@ __device__ __forceinline__ void fgemm_wide(float* C, const unsigned short* A, co
 		const int st = kt % STAGES;
 		const unsigned short* a = sA + st * BM * BK;
 		const unsigned short* b = sB + st * BN * BK;
-		// The k tile is one 32-wide block of the weights' fragment order:
-		// bf[nt] holds n tile nt's fragments of both k16 steps.
+		// bf[nt]: n tile nt's fragments of the tile's two k16 steps.
 		unsigned bf[8][4];
 #pragma unroll
-		for (int nt = 0; nt < 8; nt++) lds128(bf[nt], b + tl_swz(wn + nt * 8 + g, t4));
+		for (int nt = 0; nt < 8; nt++) ldsm_x4(bf[nt], b + tl_swz(wn + nt * 8 + lane % 8, lane / 8));
 #pragma unroll
 		for (int kk = 0; kk < BK / 16; kk++) {
 			unsigned af[4][4];

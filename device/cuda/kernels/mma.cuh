@@ -49,6 +49,13 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
 	return v;
 }
 
+// ldg_stream64 is ldg_stream's 8-byte load.
+__device__ __forceinline__ uint2 ldg_stream64(const void* p) {
+	uint2 v;
+	asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+	return v;
+}
+
 // mma_bf16: c += a · b, one m16n8k16 tile.
 __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
 	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
