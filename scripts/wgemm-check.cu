@@ -63,6 +63,7 @@ struct kern {
 	skinnyFn skinny; // a direct or ring kernel (mt m16 tiles, wc column warps, wk k slots)
 	splitFn split;   // a split kernel (nw n8 tiles a warp), then kvx_fgemm_fold
 	int rows, cols, threads, smem, maxM;
+	bool tsplit; // a split TMA kernel: one part a block, then kvx_fgemm_fold
 };
 
 #define SK_SMEM(MT, WC, WK, BK, ST, NW) ((WK) * (ST) * (16 * (MT) + 8 * (WC) * ((NW) > 0 ? (NW) : 1)) * (BK) * 2 + ((WK) - 1) * (MT) * (WC) * 32 * 4 * 4)
@@ -70,6 +71,9 @@ static kern kerns[] = {
 	{"wide256s3s (mma.sync)", kvx_fgemm_wide256s3s, 0, 0, 0, 256, 128, 256, 3 * (256 + 128) * 32 * 2 + 256 * 128 * 4, 1 << 30},
 	{"tma128s4 (wgmma)", 0, kvx_fgemm_tma128s4, 0, 0, 128, 128, 384, 4 * (128 + 128) * 64 * 2 + 16 * 4 + 1024, 1 << 30},
 	{"tma128s6 (wgmma)", 0, kvx_fgemm_tma128s6, 0, 0, 128, 128, 384, 6 * (128 + 128) * 64 * 2 + 16 * 6 + 1024, 1 << 30},
+	{"tmap128s4 (wgmma split)", 0, kvx_fgemm_tmap128s4, 0, 0, 128, 128, 384, 4 * (128 + 128) * 64 * 2 + 16 * 4 + 1024, 1 << 30, true},
+	{"tmap64s6 (wgmma split)", 0, kvx_fgemm_tmap64s6, 0, 0, 64, 128, 256, 6 * (64 + 128) * 64 * 2 + 16 * 6 + 1024, 1 << 30, true},
+	{"tmap64s8 (wgmma split)", 0, kvx_fgemm_tmap64s8, 0, 0, 64, 128, 256, 8 * (64 + 128) * 64 * 2 + 16 * 8 + 1024, 1 << 30, true},
 	{"gemv1c2k4u4 (direct)", 0, 0, kvx_fgemm_gemv1c2k4u4, 0, 16, 16, 256, SK_SMEM(1, 2, 4, 0, 0, 0), 16},
 	{"gemv2c2k4u4 (direct)", 0, 0, kvx_fgemm_gemv2c2k4u4, 0, 32, 16, 256, SK_SMEM(2, 2, 4, 0, 0, 0), 64},
 	{"skinny1c2k4b64s4 (ring)", 0, 0, kvx_fgemm_skinny1c2k4b64s4, 0, 16, 16, 256, SK_SMEM(1, 2, 4, 64, 4, 0), 64},
@@ -82,8 +86,12 @@ static void launch(const kern& k, float* C, const unsigned short* A, const unsig
 	const unsigned gx = (unsigned)((M + k.rows - 1) / k.rows), gy = (unsigned)((N + k.cols - 1) / k.cols);
 	if (k.wide) {
 		k.wide<<<gx * gy, k.threads, k.smem>>>(C, A, W, M, N, ld);
+	} else if (k.tma && k.tsplit) {
+		const long long parts = (ld + 1023) / 1024;
+		k.tma<<<dim3(gx * gy, (unsigned)parts), k.threads, k.smem>>>(tmap(A, M, ld, k.rows), tmap(W, N, ld, k.cols), P, M, N, ld);
+		kvx_fgemm_fold<<<1024, 256>>>(P, parts, M, C, N, 0, 0, 0, 0);
 	} else if (k.tma) {
-		k.tma<<<gx * gy, k.threads, k.smem>>>(tmap(A, M, ld, 128), tmap(W, N, ld, k.cols), C, M, N, ld);
+		k.tma<<<gx * gy, k.threads, k.smem>>>(tmap(A, M, ld, k.rows), tmap(W, N, ld, k.cols), C, M, N, ld);
 	} else if (k.skinny) {
 		k.skinny<<<dim3(gx, gy), k.threads, k.smem>>>(A, M, ld, C, W, N, 0, W, 0, 0, W, 0);
 	} else {
@@ -164,7 +172,7 @@ int main(int argc, char** argv) {
 			cudaEventCreate(&e1);
 			const double flop = 2.0 * M * N * K;
 			for (int i = 0; i <= NK; i++) {
-				if (i < NK && !kerns[i].wide && !kerns[i].tma) continue;
+				if (i < NK && !kerns[i].wide && (!kerns[i].tma || kerns[i].tsplit)) continue;
 				auto run = [&]() {
 					if (i < NK) {
 						launch(kerns[i], dC[i], dA, dW, M, N, ld, dP);

@@ -11,6 +11,7 @@ package cuda
 
 import (
 	"fmt"
+	"strings"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -33,14 +34,16 @@ const fgemmTiledRows = 256
 // tiledKernel is one of the kernels for many rows: kernels/fgemm.cu's
 // kvx_fgemm_wide<bm>s<stages><s|g> (mma.sync: bm / 32 warps of 64 × 64,
 // running sums in shared memory or in C) or sm90a/fgemm_wg.cu's
-// kvx_fgemm_tma<bn>s<stages> (TMA and wgmma, warp-specialized: two
-// computing warpgroups of 64 tokens × bn features and a copying one;
-// loaded only on a device of compute capability 9.0). Every tile is bm
-// rows × 128 columns, and all give the same bits.
+// kvx_fgemm_tma<bm>s<stages> (TMA and wgmma, warp-specialized: bm / 64
+// computing warpgroups of 64 tokens × 128 features and a copying one;
+// loaded only on a device of compute capability 9.0) and its split form
+// kvx_fgemm_tmap<bm>s<stages> (a block a part, folded by kvx_fgemm_fold).
+// Every tile is bm rows × 128 columns, and all give the same bits.
 type tiledKernel struct {
 	bm, threads, smem int  // rows a tile, threads and dynamic shared memory a block
 	sm90a             bool // in ptx/sm90a: loaded on compute capability 9.0 only
 	tma               bool // takes A's and W's tensor maps (bf16Map) first
+	split             bool // one part a block (grid y), then kvx_fgemm_fold
 	name              string
 }
 
@@ -51,15 +54,21 @@ func wide(bm, stages int, totShared bool) tiledKernel {
 		suffix = "s"
 		smem += bm * tlBN * 4 // the running sums
 	}
-	return tiledKernel{bm, bm, smem, false, false, fmt.Sprintf("kvx_fgemm_wide%ds%d%s", bm, stages, suffix)}
+	return tiledKernel{bm, bm, smem, false, false, false, fmt.Sprintf("kvx_fgemm_wide%ds%d%s", bm, stages, suffix)}
 }
 
-// tmaTiled is kvx_fgemm_tma128s<stages>: 128 tokens × 128 features a
-// block, a ring of stages 64-wide k stages (and their two barriers each),
-// 1 KiB for aligning it to the 128-byte swizzle's 1024-byte pattern.
-func tmaTiled(stages int) tiledKernel {
-	smem := stages*(128+tlBN)*tmaBK*2 + 16*stages + 1024
-	return tiledKernel{128, 3 * 128, smem, true, true, fmt.Sprintf("kvx_fgemm_tma128s%d", stages)}
+// tmaTiled is kvx_fgemm_tma<64·cw>s<stages> (kvx_fgemm_tmap... when split):
+// 64·cw tokens × 128 features a block, a ring of stages 64-wide k stages
+// (and their two barriers each), 1 KiB for aligning it to the 128-byte
+// swizzle's 1024-byte pattern.
+func tmaTiled(cw, stages int, split bool) tiledKernel {
+	bm := 64 * cw
+	smem := stages*(bm+tlBN)*tmaBK*2 + 16*stages + 1024
+	kind := "tma"
+	if split {
+		kind = "tmap"
+	}
+	return tiledKernel{bm, 128 * (cw + 1), smem, true, true, split, fmt.Sprintf("kvx_fgemm_%s%ds%d", kind, bm, stages)}
 }
 
 // The tile of every tiled kernel: bm × 128, k steps of 32 (the TMA
@@ -73,12 +82,13 @@ const tlBN, tlBK, tmaBK = 128, 32, 64
 // 2026-12-03): tma128s4 435-481 TFLOP/s, tma128s6 405-463, wide256s3s
 // 209-224; cuBLAS 717-748 on the same shapes.
 var tiledVariants = []tiledKernel{
-	wide(128, 3, true), wide(256, 3, true), wide(128, 4, false), tmaTiled(4), tmaTiled(6),
+	wide(128, 3, true), wide(256, 3, true), wide(128, 4, false), tmaTiled(2, 4, false), tmaTiled(2, 6, false),
+	tmaTiled(2, 4, true), tmaTiled(1, 6, true), tmaTiled(1, 8, true),
 }
 
 var (
 	tiledWide  = wide(256, 3, true)
-	tiledWGMMA = tmaTiled(4)
+	tiledWGMMA = tmaTiled(2, 4, false)
 )
 
 // loaded reports whether the device has kernel k (the sm90a ones only on
@@ -129,6 +139,13 @@ func gemv(mt, wc, wk, u int) skinnyKernel {
 	return skinnyKernel{mt: mt, wc: wc, wk: wk, u: u, name: fmt.Sprintf("kvx_fgemm_gemv%dc%dk%du%d", mt, wc, wk, u)}
 }
 
+// gemvx is gemv's variant with the exchanged loads (one 16-byte load a
+// lane a k block, half of it traded with another lane).
+func gemvx(k skinnyKernel) skinnyKernel {
+	k.name = strings.Replace(k.name, "kvx_fgemm_gemv", "kvx_fgemm_gemvx", 1)
+	return k
+}
+
 func split(mt, wc, nw, bk, stages int) skinnyKernel {
 	return skinnyKernel{mt: mt, wc: wc, wk: 1, bk: bk, stages: stages, nw: nw,
 		name: fmt.Sprintf("kvx_fgemm_split%dc%dn%db%ds%d", mt, wc, nw, bk, stages)}
@@ -155,32 +172,33 @@ var skinnyVariants = []skinnyKernel{
 	split(4, 4, 4, 64, 4), split(4, 4, 2, 64, 4), split(4, 8, 2, 64, 4), split(4, 4, 1, 64, 4), split(2, 4, 2, 64, 4),
 	split(4, 4, 4, 64, 3), split(4, 4, 2, 64, 3), split(4, 8, 2, 64, 3), split(2, 4, 2, 64, 3), split(2, 8, 2, 64, 3),
 	gemvB(1, 2, 4, 4, 3), gemvB(1, 2, 4, 4, 4), gemvB(1, 2, 8, 4, 2), gemvB(1, 2, 4, 8, 3),
+	gemvx(gemv(1, 2, 4, 4)), gemvx(gemv(1, 2, 8, 4)), gemvx(gemv(1, 1, 4, 8)), gemvx(gemv(1, 4, 4, 4)),
+	gemvx(gemv(2, 2, 4, 4)), gemvx(gemvB(1, 2, 4, 4, 3)), gemvx(gemvB(1, 2, 4, 8, 3)),
 }
 
 // skinnyFor is the variant for n rows, m output columns (the widest weight
 // of the launch) and a k range padded to ld. Every variant gives the same
 // bits (parts folded in part order), so the choice is speed alone.
-// BenchmarkFastSkinny on the H200 with programmatic dependent launch
-// (2026-12-03, 20x), GB/s at Llama-3-8B's decode shapes: q/k/v 6144 ×
-// 4096, o 4096 × 4096, gate/up 28672 × 4096, down 4096 × 14336, the LM
-// head 128256 × 4096:
-//   - up to 4 rows, the direct kernel, 2 column warps × 4 k slots (1 row:
-//     2650 at o, 3134 at gate/up); bounded to 3 blocks an SM for 4097–8192
-//     columns (2549 at q/k/v); 1 column warp × 8 unrolled loads from 65536
-//     columns (4108 at the LM head); from 8 parts, the split kernel, 2 m16
-//     tiles × 4 column warps (2461 at down, against the direct kernel's
-//     2226);
-//   - up to 16 rows, the ring kernel, 1 m16 tile × 2 column warps × 4 k
-//     slots (8 rows: 2234 at q/k/v); the split kernel 2 × 4, 3 stages from
-//     16384 columns (2886 at gate/up, the ring kernel 2545), 4 stages from
-//     8 parts (2406 at down);
-//   - up to 32 rows, the split kernel 2 × 4 (1580 at q/k/v), 2 × 8 with 3
-//     stages from 16384 columns (2409 at gate/up);
-//   - more, the split kernel, 4 m16 tiles × 4 column warps of 2 n8 tiles
-//     (64 rows: 1283 at q/k/v); of 1 n8 tile up to 4096 columns (1111 at
-//     o, 934 with 2); 8 column warps and 3 stages from 16384 columns (1803
-//     at gate/up, 1398 with the default); 3 stages from 8 parts (1496 at
-//     down, 1205 with 4).
+// BenchmarkFastSkinny on the H200 with the weights in k order (2026-12-03,
+// 20x), GB/s at Llama-3-8B's decode shapes: q/k/v 6144 × 4096, o 4096 ×
+// 4096, gate/up 28672 × 4096, down 4096 × 14336, the LM head 128256 × 4096:
+//   - up to 4 rows (measured at 1), the direct kernel with the exchanged
+//     loads, 1 column warp × 4 k slots × 8 unrolled blocks (4002 at the LM
+//     head, 3116 at gate/up, 2176 at o; the plain loads 3074, 2415, 2144);
+//     bounded to 3 blocks an SM, 2 column warps, for 4097–8192 columns
+//     (2289 at q/k/v); from 8 parts, the split kernel, 2 m16 tiles × 4
+//     column warps (2428 at down, the direct kernels 1637-2175);
+//   - up to 16 rows (measured at 8), the ring kernel, 1 m16 tile × 2 column
+//     warps × 4 k slots (2276 at q/k/v); where the split TMA kernel is not
+//     loaded (tmapFor), the split kernel 2 × 4, 3 stages from 16384 columns
+//     (2890 at gate/up), 4 stages from 8 parts (2391 at down);
+//   - more rows, the split kernel where tmapFor declines (weights under
+//     4096 columns, devices other than compute capability 9.0): 2 × 4 up to
+//     32 rows (1592 at q/k/v), 2 × 8 with 3 stages from 16384 columns (2440
+//     at gate/up); from 33 rows 4 m16 tiles × 4 column warps of 2 n8 tiles
+//     (64 rows: 1224 at q/k/v); of 1 n8 tile up to 4096 columns (1103 at
+//     o); 8 column warps and 3 stages from 16384 columns (1814 at gate/up);
+//     3 stages from 8 parts (1500 at down).
 //
 // The other variants are kept for the tests and the benchmark.
 func skinnyFor(n, m, ld int) skinnyKernel {
@@ -188,12 +206,10 @@ func skinnyFor(n, m, ld int) skinnyKernel {
 	switch {
 	case n <= 4 && parts >= 8:
 		return split(2, 4, 2, 64, 4)
-	case n <= 4 && m >= 65536:
-		return gemv(1, 1, 4, 8)
 	case n <= 4 && m > 4096 && m <= 8192:
-		return gemvB(1, 2, 4, 4, 3)
+		return gemvx(gemvB(1, 2, 4, 4, 3))
 	case n <= 4:
-		return gemv(1, 2, 4, 4)
+		return gemvx(gemv(1, 1, 4, 8))
 	case n <= 16 && parts >= 8:
 		return split(2, 4, 2, 64, 4)
 	case n <= 16 && m >= 16384:
@@ -212,6 +228,28 @@ func skinnyFor(n, m, ld int) skinnyKernel {
 		return split(4, 4, 1, 64, 4)
 	}
 	return split(4, 4, 2, 64, 4)
+}
+
+// tmapFor is the split TMA kernel (kvx_fgemm_tmap64s8: a block of 64 rows ×
+// 128 columns a part, TMA and wgmma; compute capability 9.0) for n rows (up
+// to fgemmTiledRows) of a weight of m columns, where it streams the weight
+// faster than the skinny kernels. BenchmarkFastSkinny on the H200
+// (2026-12-03, 20x), GB/s, the split TMA kernel against skinnyFor's choice:
+// 8 rows (it takes 5-16): 3085 / 2890 at gate/up, 2689 / 2391 at down, 2251
+// / 2276 at q/k/v (so not there); 32 rows: 2829 / 2440 at gate/up, 2073 / 1592 at q/k/v; 64
+// rows: 2550 / 1814 at gate/up, 2603 (6 stages; 8: 2562) / 1103 at o, 2351 /
+// 1500 at down, 1936 / 1224 at q/k/v. Weights of fewer than 4096 columns
+// make too few blocks (32 column tiles × the parts) and stay with the
+// skinny kernel, which runs several weights in one launch.
+func (g *gpu) tmapFor(n, m, ld int) (tiledKernel, bool) {
+	k := tmaTiled(1, 8, true)
+	switch {
+	case n <= 4 || n >= fgemmTiledRows || m < 4096 || !g.loaded(k):
+		return k, false
+	case n <= 16 && m < 16384 && blocks(ld, fgemmPart) < 8:
+		return k, false
+	}
+	return k, true
 }
 
 // bf16Weights reports whether a weight of rows × cols is kept as bf16 in
@@ -363,8 +401,9 @@ type gemmOut struct {
 }
 
 // fgemm launches C = A (n × ld bf16) · Wᵀ for every weight of outs: the
-// tiled kernel for each when n is large, else the skinny one for up to
-// three weights a launch.
+// tiled kernel for each when n is large, else the split TMA kernel for
+// each weight tmapFor takes and the skinny one for the rest, up to three
+// weights a launch.
 func (o *ops) fgemm(a cu.DevicePtr, n, ld int, outs []gemmOut) {
 	if n >= fgemmTiledRows {
 		for _, g := range outs {
@@ -372,10 +411,17 @@ func (o *ops) fgemm(a cu.DevicePtr, n, ld int, outs []gemmOut) {
 		}
 		return
 	}
+	var rest []gemmOut // the weights tmapFor declines
 	m := 0
 	for _, g := range outs {
+		if k, ok := o.g.tmapFor(n, g.m, ld); ok {
+			o.fgemmTiled(g.c, a, g.w, n, g.m, ld, k)
+			continue
+		}
+		rest = append(rest, g)
 		m = max(m, g.m)
 	}
+	outs = rest
 	k := skinnyFor(n, m, ld)
 	for len(outs) > 0 {
 		take := min(3, len(outs))
@@ -439,5 +485,14 @@ func (o *ops) fgemmTiled(c, a, w cu.DevicePtr, n, m, ld int, k tiledKernel) {
 	if o.fail(err); o.err != nil {
 		return
 	}
-	o.runShared(k.name, grid, block, k.smem, ma, mw, c, n, m, ld)
+	if !k.split {
+		o.runShared(k.name, grid, block, k.smem, ma, mw, c, n, m, ld)
+		return
+	}
+	parts := blocks(ld, fgemmPart)
+	p := o.scratch(int64(parts) * int64(n) * int64(m) * 4)
+	grid.y = parts
+	o.runShared(k.name, grid, block, k.smem, ma, mw, p, n, m, ld)
+	g, b := flat(n * m)
+	o.run("kvx_fgemm_fold", g, b, 0, p, parts, n, c, m, c, 0, c, 0)
 }

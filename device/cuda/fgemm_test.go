@@ -332,15 +332,23 @@ func BenchmarkFastSkinny(b *testing.B) {
 				b.ReportMetric(float64(m)*float64(k)*2/(d.Seconds()/float64(b.N))/1e9, "GB/s")
 			})
 		}
-		if n >= 8 { // where the tiled kernel could take over
-			b.Run(fmt.Sprintf("%dx%dx%d/tiled", n, m, k), func(b *testing.B) {
-				p := setup(b)
-				f := func() { p.o.fgemmTiled(p.c, p.x, p.w.h, n, m, p.w.ld, p.o.g.tiled()) }
-				timeOps(b, p.o, 3, f)
-				b.ResetTimer()
-				d := timeOps(b, p.o, b.N, f)
-				b.ReportMetric(float64(m)*float64(k)*2/(d.Seconds()/float64(b.N))/1e9, "GB/s")
-			})
+		if n >= 4 { // where a tiled kernel could take over: the default one and the split ones
+			for _, v := range tiledVariants {
+				if !v.split && v.name != tiledWGMMA.name {
+					continue
+				}
+				b.Run(fmt.Sprintf("%dx%dx%d/%s", n, m, k, strings.TrimPrefix(v.name, "kvx_fgemm_")), func(b *testing.B) {
+					p := setup(b)
+					if !p.o.g.loaded(v) {
+						b.Skipf("%s is not loaded on this device (sm90a only)", v.name)
+					}
+					f := func() { p.o.fgemmTiled(p.c, p.x, p.w.h, n, m, p.w.ld, v) }
+					timeOps(b, p.o, 3, f)
+					b.ResetTimer()
+					d := timeOps(b, p.o, b.N, f)
+					b.ReportMetric(float64(m)*float64(k)*2/(d.Seconds()/float64(b.N))/1e9, "GB/s")
+				})
+			}
 		}
 	}
 }

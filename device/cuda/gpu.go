@@ -60,6 +60,7 @@ import "C"
 import (
 	"embed"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path"
@@ -152,6 +153,9 @@ func (g *gpu) init(ordinal int) error {
 	if err != nil {
 		return fmt.Errorf("cuda device %d (%s): compute capability: %w", ordinal, g.name, err)
 	}
+	if d := os.Getenv(ptxEnv); d != "" {
+		fmt.Fprintf(os.Stderr, "cuda: kernels from %s/ptx (%s), not the embedded PTX\n", d, ptxEnv)
+	}
 	dirs := []string{"ptx"}
 	if major == 9 && minor == 0 {
 		dirs = append(dirs, "ptx/sm90a")
@@ -164,23 +168,39 @@ func (g *gpu) init(ordinal int) error {
 	return nil
 }
 
-// load loads every PTX module of the embedded directory dir and looks up
+// ptxEnv names a directory whose ptx/ and ptx/sm90a/ replace the embedded
+// PTX (the layout of device/cuda): for trying kernels compiled on the GPU
+// machine (make ptx, scripts/ptx-sm90a.sh) without rebuilding the Go
+// binaries. The device says so on stderr when it is set.
+const ptxEnv = "CUDA_KVX_PTX"
+
+// ptxSource is where the PTX modules are read from: the embedded ones, or
+// ptxEnv's directory.
+func ptxSource() fs.FS {
+	if d := os.Getenv(ptxEnv); d != "" {
+		return os.DirFS(d)
+	}
+	return ptxFS
+}
+
+// load loads every PTX module of directory dir (of ptxSource) and looks up
 // its kernels.
 func (g *gpu) load(dir string) error {
-	files, err := ptxFS.ReadDir(dir)
+	src := ptxSource()
+	files, err := fs.ReadDir(src, dir)
 	if err != nil {
-		return err
+		return fmt.Errorf("cuda: PTX directory %s: %w", dir, err)
 	}
 	for _, f := range files {
 		if !strings.HasSuffix(f.Name(), ".ptx") {
 			continue
 		}
 		name := path.Join(dir, f.Name())
-		src, err := ptxFS.ReadFile(name)
+		text, err := fs.ReadFile(src, name)
 		if err != nil {
 			return err
 		}
-		mod, err := cu.LoadData(string(src))
+		mod, err := cu.LoadData(string(text))
 		if err != nil {
 			return fmt.Errorf("cuda: load %s: %w", name, err)
 		}
@@ -188,7 +208,7 @@ func (g *gpu) load(dir string) error {
 		if err := setExpMode(mod); err != nil {
 			return fmt.Errorf("cuda: %s: %w", name, err)
 		}
-		names, waits := ptxKernels(string(src))
+		names, waits := ptxKernels(string(text))
 		for _, fn := range names {
 			h, err := mod.Function(fn)
 			if err != nil {

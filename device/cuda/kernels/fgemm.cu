@@ -429,15 +429,21 @@ extern "C" __global__ void kvx_fgemm_fold(const float* P, long long parts, long 
 	}
 }
 
-// The direct kernel: lane t of a quad takes k 4t..4t+3 of each k16 step
-// (the step's values in another order, which gives the same bits: see the
-// top of the file), so its weight fragments of a 32-wide k block are two
-// 8-byte loads of its column's row, straight into registers with no shared
-// memory between; U blocks make a chunk, and the next chunk's loads are
-// issued before the current one's mma, so two chunks (2·U·512 bytes a
-// warp) are in flight. A's fragments, in the same order, are 4-byte loads
-// of the few rows, which L1 keeps.
-template <int MT, int WC, int WK, int U>
+// The direct kernel: the weight's fragments go from global memory straight
+// into registers, with no shared memory between; U 32-wide k blocks make a
+// chunk, and the next chunk's loads are issued before the current one's
+// mma, so two chunks (2·U·512 bytes a warp) are in flight. A lane's values
+// of each k16 step are in another order than mma's (which gives the same
+// bits: see the top of the file):
+//   - plain (XCH false): lane t of a quad takes k 4t..4t+3 of each step,
+//     two 8-byte loads a block;
+//   - exchanged (XCH true): lane t loads k 8t..8t+7 of a block (one
+//     16-byte load), all of one step, and trades half of it with lane t^2
+//     (two shuffles), so lane t takes k o..o+3 of each step, o = 8·(t%2) +
+//     4·(t/2).
+// A's fragments, in the same order, are 4-byte loads of the few rows,
+// which L1 keeps.
+template <int MT, int WC, int WK, int U, bool XCH>
 __device__ __forceinline__ void fgemm_gemv(const unsigned short* A, const skinnyOut& o, long long M, long long ld) {
 	constexpr int NCH = FG_PART / 32 / U; // chunks a part
 	static_assert(NCH >= 2 && NCH % 2 == 0, "a part is an even number of chunks");
@@ -447,34 +453,49 @@ __device__ __forceinline__ void fgemm_gemv(const unsigned short* A, const skinny
 	const int ks = warp / WC, wc = warp % WC;
 	const long long m0 = (long long)blockIdx.x * 16 * MT, n0 = (long long)blockIdx.y * 8 * WC;
 	const long long n = n0 + wc * 8 + g;
-	const unsigned short* wr = n < o.n() ? o.row(n, ld) + 4 * t4 : nullptr;
+	const int off = XCH ? 8 * (t4 & 1) + 4 * (t4 >> 1) : 4 * t4; // this lane's first k of a step
+	const unsigned short* wr = n < o.n() ? o.row(n, ld) + (XCH ? 8 * t4 : 4 * t4) : nullptr;
 	const int parts = (int)((ld + FG_PART - 1) / FG_PART);
 	const int myParts = parts > ks ? (parts - ks + WK - 1) / WK : 0;
 
-	// ar[mt][h]: row m0 + 16·mt + g + 8·h of A at k 4·t4, or none past M.
+	// ar[mt][h]: row m0 + 16·mt + g + 8·h of A at k off, or none past M.
 	const unsigned short* ar[MT][2];
 #pragma unroll
 	for (int mt = 0; mt < MT; mt++)
 #pragma unroll
 		for (int h = 0; h < 2; h++) {
 			const long long r = m0 + mt * 16 + g + 8 * h;
-			ar[mt][h] = r < M ? A + r * ld + 4 * t4 : nullptr;
+			ar[mt][h] = r < M ? A + r * ld + off : nullptr;
 		}
 	auto a32 = [&](int mt, int h, long long k) -> unsigned {
 		return ar[mt][h] ? __ldg((const unsigned*)(ar[mt][h] + k)) : 0u;
 	};
-	// ldw loads chunk ch of part p: blocks past ld are not loaded. w[u].x,
-	// .y are the block's first k16 step's fragments, .z, .w its second's.
+	// ldw loads chunk ch of part p: blocks past ld are not loaded. Plain,
+	// w[u].x, .y are the block's first k16 step's fragments and .z, .w its
+	// second's; exchanged, w[u] is k 8t..8t+7 of the block.
 	auto ldw = [&](uint4 (&w)[U], int p, int ch) {
 		const long long k0 = (long long)p * FG_PART + (long long)ch * U * 32;
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			const long long kb = k0 + u * 32;
 			if (wr && kb < ld) {
-				const uint2 s0 = ldg_stream64(wr + kb), s1 = ldg_stream64(wr + kb + 16);
-				w[u] = make_uint4(s0.x, s0.y, s1.x, s1.y);
+				if (XCH) {
+					w[u] = ldg_stream(wr + kb);
+				} else {
+					const uint2 s0 = ldg_stream64(wr + kb), s1 = ldg_stream64(wr + kb + 16);
+					w[u] = make_uint4(s0.x, s0.y, s1.x, s1.y);
+				}
 			}
 		}
+	};
+	// frag is the block's fragments in the plain layout: exchanged, lanes 0
+	// and 1 (k of the first step) give their upper halves to lanes 2 and 3
+	// (k of the second) for their lower halves. Every lane shuffles.
+	const bool hi = t4 >= 2;
+	auto frag = [&](const uint4& w) -> uint4 {
+		if (!XCH) return w;
+		const unsigned r0 = __shfl_xor_sync(0xffffffffu, hi ? w.x : w.z, 2), r1 = __shfl_xor_sync(0xffffffffu, hi ? w.y : w.w, 2);
+		return hi ? make_uint4(r0, r1, w.z, w.w) : make_uint4(w.x, w.y, r0, r1);
 	};
 	// mm runs chunk ch of part p: two k16 steps a block, in k order.
 	auto mm = [&](const uint4 (&w)[U], int p, int ch, float (&acc)[MT][4]) {
@@ -483,9 +504,10 @@ __device__ __forceinline__ void fgemm_gemv(const unsigned short* A, const skinny
 		for (int u = 0; u < U; u++) {
 			const long long kb = k0 + u * 32;
 			if (kb >= ld) break;
+			const uint4 f = frag(w[u]);
 #pragma unroll
 			for (int j = 0; j < 2; j++) {
-				const unsigned b0 = j ? w[u].z : w[u].x, b1 = j ? w[u].w : w[u].y;
+				const unsigned b0 = j ? f.z : f.x, b1 = j ? f.w : f.y;
 #pragma unroll
 				for (int mt = 0; mt < MT; mt++) {
 					const long long k = kb + 16 * j;
@@ -529,38 +551,50 @@ __device__ __forceinline__ void fgemm_gemv(const unsigned short* A, const skinny
 	if (ks == 0) sk_store<MT>(o, tot, M, m0, n0, wc, lane);
 }
 
-// kvx_fgemm_gemv<MT>c<WC>k<WK>u<U>: grid and arguments as the ring
+// kvx_fgemm_gemv<MT>c<WC>k<WK>u<U> (plain) and kvx_fgemm_gemvx... (the
+// exchanged loads; x is "x" or empty): grid and arguments as the ring
 // kernels', skinnyKernel.smem() bytes of dynamic shared memory.
-#define GEMV(MT, WC, WK, U)                                                                                    \
-	extern "C" __global__ void __launch_bounds__(32 * WC * WK) kvx_fgemm_gemv##MT##c##WC##k##WK##u##U(      \
+#define GEMV_(X, XCH, MT, WC, WK, U)                                                                             \
+	extern "C" __global__ void __launch_bounds__(32 * WC * WK) kvx_fgemm_gemv##X##MT##c##WC##k##WK##u##U(     \
 		const unsigned short* A, long long M, long long ld, float* C0, const unsigned short* W0, long long N0, \
 		float* C1, const unsigned short* W1, long long N1, float* C2, const unsigned short* W2, long long N2) { \
 		const skinnyOut o = {C0, C1, C2, W0, W1, W2, N0, N1, N2};                                             \
-		fgemm_gemv<MT, WC, WK, U>(A, o, M, ld);                                                               \
+		fgemm_gemv<MT, WC, WK, U, XCH>(A, o, M, ld);                                                          \
 	}
+#define GEMV(MT, WC, WK, U) GEMV_(, false, MT, WC, WK, U)
+#define GEMVX(MT, WC, WK, U) GEMV_(x, true, MT, WC, WK, U)
 GEMV(1, 2, 4, 4)
 GEMV(1, 2, 8, 4)
 GEMV(1, 2, 4, 8)
 GEMV(1, 1, 4, 8)
 GEMV(1, 4, 4, 4)
 GEMV(1, 4, 1, 8)
+GEMV(2, 2, 4, 4)
+GEMV(4, 4, 2, 4)
+GEMVX(1, 2, 4, 4)
+GEMVX(1, 2, 8, 4)
+GEMVX(1, 1, 4, 8)
+GEMVX(1, 4, 4, 4)
+GEMVX(2, 2, 4, 4)
 
-// kvx_fgemm_gemv<MT>c<WC>k<WK>u<U>m<MINB>: GEMV with registers bounded so
+// kvx_fgemm_gemv[x]<MT>c<WC>k<WK>u<U>m<MINB>: GEMV with registers bounded so
 // that MINB blocks fit an SM (88 registers a thread leave a 256-thread
 // block two an SM: 384 blocks of a 6144-column weight take two waves).
-#define GEMVB(MT, WC, WK, U, MINB)                                                                                    \
-	extern "C" __global__ void __launch_bounds__(32 * WC * WK, MINB) kvx_fgemm_gemv##MT##c##WC##k##WK##u##U##m##MINB( \
-		const unsigned short* A, long long M, long long ld, float* C0, const unsigned short* W0, long long N0,        \
-		float* C1, const unsigned short* W1, long long N1, float* C2, const unsigned short* W2, long long N2) {        \
-		const skinnyOut o = {C0, C1, C2, W0, W1, W2, N0, N1, N2};                                                    \
-		fgemm_gemv<MT, WC, WK, U>(A, o, M, ld);                                                                      \
+#define GEMVB_(X, XCH, MT, WC, WK, U, MINB)                                                                            \
+	extern "C" __global__ void __launch_bounds__(32 * WC * WK, MINB) kvx_fgemm_gemv##X##MT##c##WC##k##WK##u##U##m##MINB( \
+		const unsigned short* A, long long M, long long ld, float* C0, const unsigned short* W0, long long N0,          \
+		float* C1, const unsigned short* W1, long long N1, float* C2, const unsigned short* W2, long long N2) {          \
+		const skinnyOut o = {C0, C1, C2, W0, W1, W2, N0, N1, N2};                                                      \
+		fgemm_gemv<MT, WC, WK, U, XCH>(A, o, M, ld);                                                                   \
 	}
+#define GEMVB(MT, WC, WK, U, MINB) GEMVB_(, false, MT, WC, WK, U, MINB)
+#define GEMVBX(MT, WC, WK, U, MINB) GEMVB_(x, true, MT, WC, WK, U, MINB)
 GEMVB(1, 2, 4, 4, 3)
 GEMVB(1, 2, 4, 4, 4)
 GEMVB(1, 2, 8, 4, 2)
 GEMVB(1, 2, 4, 8, 3)
-GEMV(2, 2, 4, 4)
-GEMV(4, 4, 2, 4)
+GEMVBX(1, 2, 4, 4, 3)
+GEMVBX(1, 2, 4, 8, 3)
 
 // The tile width, k tile and row grouping of the tiled kernels below:
 // blocks go down TL_GROUP row tiles before the next column tile, so a wave

@@ -12,10 +12,10 @@
 //
 // # The block
 //
-// Warp-specialized, 384 threads: two computing warpgroups of 64 tokens
-// each (a 128-token × BN-feature tile of C) and one copying warpgroup, of
-// which one thread issues the copies. A ring of STAGES k stages, 64 k
-// wide: a stage is A's 128 token rows and W's BN feature rows, each row
+// Warp-specialized: CW computing warpgroups of 64 tokens each (a 64·CW-
+// token × 128-feature tile of C) and one copying warpgroup, of which one
+// thread issues the copies. A ring of STAGES k stages, 64 k wide: a stage
+// is A's 64·CW token rows and W's 128 feature rows, each row
 // 128 bytes, brought by the tensor memory accelerator (TMA) with the
 // 128-byte swizzle (chunk c of row r at c ^ (r % 8)), which is the K-major
 // layout wgmma reads without bank conflicts; the stage's full barrier
@@ -25,8 +25,8 @@
 // while it waits for the next stage, and frees a stage on its empty
 // barrier once the wgmma that read it are done. The first step of a part
 // starts from zero (scale-d 0); at a part's end the warpgroup waits for its
-// wgmma and adds the part to its running sums, in registers (BN/2
-// accumulators and BN/2 sums a thread), in part order. Tokens past M and
+// wgmma and adds the part to its running sums, in registers (64
+// accumulators and 64 sums a thread), in part order. Tokens past M and
 // feature rows past N are zero-filled by TMA and never stored.
 #include "mma.cuh"
 
@@ -112,12 +112,15 @@ __device__ __forceinline__ void tma_load(void* dst, const kvx_tmap* tm, int x, i
 		: "memory");
 }
 
-// fgemm_tma is the kernel described at the top. Warpgroups 0 and 1
-// compute, warpgroup 2 copies.
-template <int BN, int STAGES>
+// fgemm_tma is the kernel described at the top, with CW computing
+// warpgroups (64·CW tokens a block; warpgroup CW copies). Split, a block
+// runs one part (blockIdx.y) and writes its chain's sums to P (parts × M ×
+// N float32) for kvx_fgemm_fold to add in part order (kernels/fgemm.cu): at
+// a few tens of rows the tiles alone are too few blocks to stream the
+// weight on every SM.
+template <int CW, int STAGES, bool SPLIT>
 __device__ __forceinline__ void fgemm_tma(const kvx_tmap* tmA, const kvx_tmap* tmW, float* C, long long M, long long N, long long ld) {
-	static_assert(BN == 128, "wg_mma128 is the only shape");
-	constexpr int V = BN / 2, SA = WG_BM * WG_BK * 2, SW = BN * WG_BK * 2, STAGE = SA + SW;
+	constexpr int BN = 128, BM = 64 * CW, V = BN / 2, SA = BM * WG_BK * 2, SW = BN * WG_BK * 2, STAGE = SA + SW;
 	extern __shared__ __align__(1024) unsigned char wg_smem[];
 	// The dynamic shared memory is 1024-byte aligned for the swizzle
 	// (tiledKernel.smem asks for 1 KiB more and the base is rounded up).
@@ -127,24 +130,26 @@ __device__ __forceinline__ void fgemm_tma(const kvx_tmap* tmA, const kvx_tmap* t
 	const int tid = threadIdx.x, wg = tid / 128;
 	long long bm, bn;
 	{
-		const long long mt = (M + WG_BM - 1) / WG_BM, nt = (N + BN - 1) / BN, pid = blockIdx.x;
+		const long long mt = (M + BM - 1) / BM, nt = (N + BN - 1) / BN, pid = blockIdx.x;
 		const long long per = WG_GROUP * nt, grp = pid / per, first = grp * WG_GROUP;
 		const long long rows = mt - first < WG_GROUP ? mt - first : WG_GROUP;
-		bm = (first + (pid % per) % rows) * WG_BM;
+		bm = (first + (pid % per) % rows) * BM;
 		bn = ((pid % per) / rows) * BN;
 	}
-	const int KS = (int)(ld / WG_BK), SPP = WG_PART / WG_BK;
+	const int SPP = WG_PART / WG_BK, KS = (int)(ld / WG_BK);
+	// The block's k stages: all of them, or its part's.
+	const int kb = SPLIT ? (int)blockIdx.y * SPP : 0, ke = SPLIT ? (kb + SPP < KS ? kb + SPP : KS) : KS;
 	if (tid == 0) {
-		for (int i = 0; i < STAGES; i++) mb_init(full + i, 1), mb_init(empty + i, 8);
+		for (int i = 0; i < STAGES; i++) mb_init(full + i, 1), mb_init(empty + i, 4 * CW);
 		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 	}
 	__syncthreads();
 
-	if (wg == 2) { // the copier: one thread issues every stage's two copies
-		if (tid == 256) {
-			for (int ks = 0; ks < KS; ks++) {
-				const int st = ks % STAGES;
-				if (ks >= STAGES) mb_wait(empty + st, (ks / STAGES - 1) & 1);
+	if (wg == CW) { // the copier: one thread issues every stage's two copies
+		if (tid == 128 * CW) {
+			for (int ks = kb; ks < ke; ks++) {
+				const int i = ks - kb, st = i % STAGES;
+				if (i >= STAGES) mb_wait(empty + st, (i / STAGES - 1) & 1);
 				unsigned char* s = ring + st * STAGE;
 				mb_expect(full + st, STAGE);
 				tma_load(s, tmA, ks * WG_BK, (int)bm, full + st);
@@ -155,19 +160,18 @@ __device__ __forceinline__ void fgemm_tma(const kvx_tmap* tmA, const kvx_tmap* t
 	}
 
 	const int warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
-	float d[V], tot[V];
+	float d[V], tot[SPLIT ? 1 : V];
 #pragma unroll
-	for (int i = 0; i < V; i++) d[i] = tot[i] = 0.f;
-	const int parts = (KS + SPP - 1) / SPP;
-	for (int p = 0; p < parts; p++) {
+	for (int i = 0; i < V; i++) d[i] = 0.f;
+	for (int p = kb / SPP; p * SPP < ke; p++) {
 		// The part's chain. Nothing but wgmma writes the accumulators in
 		// this loop, and no branch depends on a lane (a stage is freed by a
 		// predicated arrive): either would make ptxas wait for every wgmma
 		// before the next is issued.
-		const int k0 = p * SPP, k1 = k0 + SPP < KS ? k0 + SPP : KS;
+		const int k0 = p * SPP, k1 = k0 + SPP < ke ? k0 + SPP : ke;
 		for (int ks = k0; ks < k1; ks++) {
-			const int st = ks % STAGES;
-			mb_wait(full + st, (ks / STAGES) & 1);
+			const int i = ks - kb, st = i % STAGES;
+			mb_wait(full + st, (i / STAGES) & 1);
 			const unsigned char* s = ring + st * STAGE;
 			const unsigned char* a = s + wg * 64 * 128; // this warpgroup's 64 token rows
 			const unsigned char* w = s + SA;
@@ -176,18 +180,22 @@ __device__ __forceinline__ void fgemm_tma(const kvx_tmap* tmA, const kvx_tmap* t
 			for (int kk = 0; kk < WG_BK / 16; kk++) wg_mma128(d, wg_desc(a + 32 * kk), wg_desc(w + 32 * kk), kk > 0 || ks > k0);
 			wg_commit();
 			wg_wait<1>(); // the stage before this one is read: free it
-			mb_arrive_if(empty + (ks + STAGES - 1) % STAGES, lane == 0 && ks > k0);
+			mb_arrive_if(empty + (i + STAGES - 1) % STAGES, lane == 0 && ks > k0);
 		}
 		wg_wait<0>();
-		mb_arrive_if(empty + (k1 - 1) % STAGES, lane == 0);
-		// The end of a part: add it to the running sum, in part order.
-		wg_keep(d);
+		mb_arrive_if(empty + (k1 - 1 - kb) % STAGES, lane == 0);
+		if (!SPLIT) {
+			// The end of a part: add it to the running sum, in part order.
+			wg_keep(d);
 #pragma unroll
-		for (int v = 0; v < V; v++) tot[v] = p == 0 ? d[v] : __fadd_rn(tot[v], d[v]);
-		wg_keep(d);
+			for (int v = 0; v < V; v++) tot[SPLIT ? 0 : v] = p == 0 ? d[v] : __fadd_rn(tot[SPLIT ? 0 : v], d[v]);
+			wg_keep(d);
+		}
 	}
-	// tot[4j + e] is token bm + 64·wg + 16·warp + g + 8·(e / 2), feature
+	// out[4j + e] is token bm + 64·wg + 16·warp + g + 8·(e / 2), feature
 	// bn + 8j + 2t + e % 2.
+	auto out = [&](int v) { return SPLIT ? d[v] : tot[SPLIT ? 0 : v]; };
+	float* dst = SPLIT ? C + (long long)blockIdx.y * M * N : C;
 	const long long r0 = bm + wg * 64 + warp * 16 + g;
 #pragma unroll
 	for (int j = 0; j < BN / 8; j++) {
@@ -196,28 +204,32 @@ __device__ __forceinline__ void fgemm_tma(const kvx_tmap* tmA, const kvx_tmap* t
 		for (int h = 0; h < 2; h++) {
 			const long long r = r0 + 8 * h;
 			if (r >= M) continue;
-			float* c = C + r * N + f;
+			float* c = dst + r * N + f;
 			if (f + 1 < N && (N & 1) == 0) {
-				*(float2*)c = make_float2(tot[4 * j + 2 * h], tot[4 * j + 2 * h + 1]);
+				*(float2*)c = make_float2(out(4 * j + 2 * h), out(4 * j + 2 * h + 1));
 			} else {
-				if (f < N) c[0] = tot[4 * j + 2 * h];
-				if (f + 1 < N) c[1] = tot[4 * j + 2 * h + 1];
+				if (f < N) c[0] = out(4 * j + 2 * h);
+				if (f + 1 < N) c[1] = out(4 * j + 2 * h + 1);
 			}
 		}
 	}
 }
 
-// kvx_fgemm_tma<BN>s<STAGES>: grid ceil(M / 128) · ceil(N / BN) blocks of
-// 384 threads; dynamic shared memory STAGES·(128 + BN)·64·2 bytes, 16·STAGES
-// for the barriers and 1024 of alignment slack (fgemm.go's tiledKernel.smem).
-// tmA and tmW are A's (ld × M) and W's (ld × N) bf16 tensor maps with
-// boxes of 64 × 128 and 64 × BN and the 128-byte swizzle. ld a multiple of
-// 64.
-#define FGEMM_TMA(BN, STAGES)                                                                                      \
-	extern "C" __global__ void __launch_bounds__(384, 1) kvx_fgemm_tma##BN##s##STAGES(                             \
+// kvx_fgemm_tma<64·CW>s<STAGES>: grid ceil(M / (64·CW)) · ceil(N / 128)
+// blocks of 128·(CW + 1) threads; dynamic shared memory STAGES·(64·CW +
+// 128)·64·2 bytes, 16·STAGES for the barriers and 1024 of alignment slack
+// (fgemm.go's tiledKernel.smem). tmA and tmW are A's (ld × M) and W's (ld ×
+// N) bf16 tensor maps with boxes of 64 × 64·CW and 64 × 128 and the
+// 128-byte swizzle. ld a multiple of 64. kvx_fgemm_tmap<64·CW>s<STAGES>,
+// the split one: grid y the parts, C is P.
+#define FGEMM_TMA(CW, STAGES, SPLIT, NAME)                                                                         \
+	extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) NAME(                                          \
 		const __grid_constant__ kvx_tmap tmA, const __grid_constant__ kvx_tmap tmW, float* C, long long M, long long N, \
 		long long ld) {                                                                                            \
-		fgemm_tma<BN, STAGES>(&tmA, &tmW, C, M, N, ld);                                                          \
+		fgemm_tma<CW, STAGES, SPLIT>(&tmA, &tmW, C, M, N, ld);                                                   \
 	}
-FGEMM_TMA(128, 4)
-FGEMM_TMA(128, 6)
+FGEMM_TMA(2, 4, false, kvx_fgemm_tma128s4)
+FGEMM_TMA(2, 6, false, kvx_fgemm_tma128s6)
+FGEMM_TMA(2, 4, true, kvx_fgemm_tmap128s4)
+FGEMM_TMA(1, 6, true, kvx_fgemm_tmap64s6)
+FGEMM_TMA(1, 8, true, kvx_fgemm_tmap64s8)
