@@ -7,8 +7,9 @@
 // Both operands are stored with a row stride ld, a multiple of 64 that
 // depends on K alone (fgemm.go pads K with zeros to it). The k range is
 // cut into parts of FG_PART values (the last one shorter). Every output
-// element is, per part, one float32 accumulator that mma.sync.m16n8k16
-// advances over the part's k16 steps in ascending order from zero, and the
+// element is, per part, one float32 accumulator that a tensor-core step
+// (mma.sync.m16n8k16 here, wgmma in sm90a/fgemm_wg.cu) advances over the
+// part's k16 steps in ascending order from zero, and the
 // parts' sums are added in ascending order: ((p0 + p1) + p2) + ... . No
 // atomics, no split chosen by the shape of the call. Every kernel here
 // (the skinny one for few rows, whose warps run different parts at once
@@ -32,13 +33,14 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, boo
 // (mma.sync m16n8k16, wgmma m64nNk16) sums its 16 products as one fused
 // operation: on the H200 a permutation of the 16 k values of a step (the
 // same on both operands) gives the same bits on every output
-// (scripts/kperm-probe.cu: 16.8 million outputs over spreads from 2^-3 to
-// 2^-60..2^60, random permutations, halves swapped), and wgmma with both
+// (scripts/kperm-probe.cu: 16.8 million outputs, operands spread from
+// 2^-3..2^3 to 2^-60..2^60, random permutations, halves swapped; moving
+// one value to the next step changes 31-78% of them), and wgmma with both
 // operands in shared memory gives mma.sync's. So a step is defined by its
 // set of k values (16s..16s+15), not by which lane holds which: the ring,
 // split and tiled kernels load the standard fragments with ldmatrix, the
-// direct decode kernel hands lane t of a quad k 4t..4t+3 of a step (one
-// 8-byte load a step), and the wgmma kernels read k-contiguous rows from
+// direct decode kernel hands each lane of a quad 4 consecutive k values of
+// a step (fgemm_gemv), and the wgmma kernels read k-contiguous rows from
 // shared memory; all run the same chains.
 
 // kvx_to_bf16: y (rows × ld bf16) = x (rows × cols float32) rounded to
