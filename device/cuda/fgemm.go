@@ -79,8 +79,9 @@ const tlBN, tlBK, tmaBK = 128, 32, 64
 // every shape); tiled picks the one fgemm runs. scripts/wgemm-check.cu on
 // the H200 at Llama-3-8B's prefill shapes (2048 × 6144 × 4096, 8192 ×
 // 4096 × 4096, 8192 × 28672 × 4096, 8192 × 4096 × 14336; 20 iterations,
-// 2026-12-03): tma128s4 435-481 TFLOP/s, tma128s6 405-463, wide256s3s
-// 209-224; cuBLAS 717-748 on the same shapes.
+// 2026-12-03): tma128s4 552-623 TFLOP/s, tma128s6 494-558, wide256s3s
+// 210-225; cuBLAS 689-769 in the same run. The split ones (tmap) are for
+// tens of rows (tmapFor).
 var tiledVariants = []tiledKernel{
 	wide(128, 3, true), wide(256, 3, true), wide(128, 4, false), tmaTiled(2, 4, false), tmaTiled(2, 6, false),
 	tmaTiled(2, 4, true), tmaTiled(1, 6, true), tmaTiled(1, 8, true),
@@ -235,12 +236,12 @@ func skinnyFor(n, m, ld int) skinnyKernel {
 // to fgemmTiledRows) of a weight of m columns, where it streams the weight
 // faster than the skinny kernels. BenchmarkFastSkinny on the H200
 // (2026-12-03, 20x), GB/s, the split TMA kernel against skinnyFor's choice:
-// 8 rows (it takes 5-16): 3085 / 2890 at gate/up, 2689 / 2391 at down, 2251
-// / 2276 at q/k/v (so not there); 32 rows: 2829 / 2440 at gate/up, 2073 / 1592 at q/k/v; 64
-// rows: 2550 / 1814 at gate/up, 2603 (6 stages; 8: 2562) / 1103 at o, 2351 /
-// 1500 at down, 1936 / 1224 at q/k/v. Weights of fewer than 4096 columns
-// make too few blocks (32 column tiles × the parts) and stay with the
-// skinny kernel, which runs several weights in one launch.
+// 8 rows (for 5-16 rows): 3085 / 2890 at gate/up, 2689 / 2391 at down, 2251
+// / 2276 at q/k/v (so not there); 32 rows: 2829 / 2440 at gate/up, 2073 /
+// 1592 at q/k/v; 64 rows: 2550 / 1814 at gate/up, 2562 (6 stages: 2603) /
+// 1103 at o, 2351 / 1500 at down, 1936 / 1224 at q/k/v. Weights of fewer
+// than 4096 columns make too few blocks (32 column tiles × the parts) and
+// stay with the skinny kernel, which runs several weights in one launch.
 func (g *gpu) tmapFor(n, m, ld int) (tiledKernel, bool) {
 	k := tmaTiled(1, 8, true)
 	switch {
