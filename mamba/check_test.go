@@ -44,6 +44,25 @@ func TestCheckFindsCorruption(t *testing.T) {
 			m.life.snapList[0] = &sn
 		}},
 		{"live slot count", func(m *Manager) { m.life.liveUsed-- }},
+		{"in-use slot count", func(m *Manager) { m.life.ssm.inUse++ }},
+		// Reusable, release touches and the check's own walk skip the
+		// depths the index says hold no snapshot.
+		{"depth index", func(m *Manager) { m.life.atDepth[m.life.snapList[0].pos/tpb]-- }},
+		// The victim queue outlives a planSnaps: its places and order must
+		// hold between them.
+		{"victim queue place", func(m *Manager) {
+			m.life.victims.sync(m.life.snapList)
+			m.life.victims.cold.h[0].sn.hi++
+		}},
+		{"victim queue order", func(m *Manager) {
+			m.life.victims.sync(m.life.snapList)
+			m.life.victims.cold.h[0].prio = kvcache.MaxPriority + 1
+		}},
+		{"victim queue holds a dropped snapshot", func(m *Manager) {
+			m.life.victims.sync(m.life.snapList)
+			sn := *m.life.victims.cold.h[0].sn
+			m.life.victims.cold.push(keyOf(&sn))
+		}},
 		{"node evicted under its snapshot", func(m *Manager) {
 			// Evict behind the manager's back, as an eviction that forgets
 			// the snapshot would.

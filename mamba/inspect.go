@@ -208,11 +208,29 @@ func (m *Manager) check() []string {
 	if st := l.ssm.stats(); st.Cached != len(l.snaps) {
 		bad("ssm: stats %+v with %d installed snapshots", st, len(l.snaps))
 	}
+	// The depth index against a recount from the snapshots' positions
+	// (checkSnap proves each is its node's depth).
+	atDepth := make([]int32, len(l.atDepth))
+	for _, snaps := range []map[*cachemgrv2.Node]*snapshot{l.snaps, l.hsnaps} {
+		for _, sn := range snaps {
+			if d := sn.pos / tpb; d < 0 || d >= len(atDepth) {
+				bad("snapshot at %d beyond the depth index (%d depths)", sn.pos, len(atDepth))
+			} else {
+				atDepth[d]++
+			}
+		}
+	}
+	for d, n := range atDepth {
+		if n != l.atDepth[d] {
+			bad("snapshots at depth %d: %d indexed, %d recounted", d, l.atDepth[d], n)
+		}
+	}
 	// Depth of every attached node that holds a snapshot (the nodes
-	// checkSnap asks about), from one walk of the tree.
+	// checkSnap asks about), from one walk of the tree; the index spares
+	// the maps at the depths that hold none.
 	depth := make(map[*cachemgrv2.Node]int, len(l.snaps)+len(l.hsnaps))
 	l.tree.WalkDepth(func(n *cachemgrv2.Node, d int) {
-		if l.snaps[n] != nil || l.hsnaps[n] != nil {
+		if l.anyAt(d) && (l.snaps[n] != nil || l.hsnaps[n] != nil) {
 			depth[n] = d
 		}
 	})
@@ -251,6 +269,23 @@ func (m *Manager) check() []string {
 	for i, sn := range l.snapList {
 		if int(sn.at) != i || l.snaps[sn.node] != sn {
 			bad("ssm: listed snapshot %d at %d (records %d) is not its node's", sn.id, i, sn.at)
+		}
+		if h := sn.heap; h != nil && (h != &l.victims.cold && h != &l.victims.hot || sn.hi < 0 || int(sn.hi) >= len(h.h) || h.h[sn.hi].sn != sn) {
+			bad("victim queue: snapshot %d not at the place it records (%d)", sn.id, sn.hi)
+		}
+	}
+	// The victim queue holds listed snapshots at the places they record,
+	// with their level and id, in heap order; the other keys and the heap
+	// itself may be stale until the next planSnaps syncs it.
+	for _, h := range []*keyHeap{&l.victims.cold, &l.victims.hot} {
+		for i := range h.h {
+			k := &h.h[i]
+			switch sn := k.sn; {
+			case sn == nil || l.snaps[sn.node] != sn || sn.heap != h || int(sn.hi) != i || k.level != sn.level || k.id != sn.id:
+				bad("victim queue: entry %d is not a listed snapshot placed there", i)
+			case i > 0 && h.less(k, &h.h[(i-1)/2]):
+				bad("victim queue: entry %d (snapshot %d) ahead of its parent", i, sn.id)
+			}
 		}
 	}
 	for n, sn := range l.snaps {

@@ -56,14 +56,21 @@ type life struct {
 	step     int
 	offsets  []int
 	snaps    map[*cachemgrv2.Node]*snapshot // snapshots in ssm slots
-	// snapList is snaps' values, snapshot.at each one's index, for victim's
-	// scan of every snapshot: iterating the map cost more than the rest of
-	// the scan (the deep check proves the two agree).
+	// snapList is snaps' values, snapshot.at each one's index, for the
+	// victim queue's pass over every snapshot (victimQueue.sync):
+	// iterating the map cost more than the rest of such a pass (the deep
+	// check proves the two agree).
 	snapList []*snapshot
 	hsnaps   map[*cachemgrv2.Node]*snapshot // snapshots in host-ssm slots, cached or pending
-	snapSeq  uint64
-	stats    kvcache.SnapshotStats
-	tick     uint64
+	// atDepth counts the snapshots, on either tier, at each depth of the
+	// tree (a snapshot at pos is on a node at depth pos/tpb). A long path
+	// holds snapshots at few of its depths: a look at the count spares the
+	// maps' lookups at the others (Reusable at every block a Lookup walks,
+	// a release's touch of its path, the deep check's walk).
+	atDepth []int32
+	snapSeq uint64
+	stats   kvcache.SnapshotStats
+	tick    uint64
 
 	bounds  []int
 	victims victimQueue // planSnaps's eviction candidates (victim)
@@ -79,10 +86,12 @@ type snapshot struct {
 	pend  *seqState // host: the sequence whose outstanding grant copies it there; nil once settled
 	pos   int
 	level int
-	tick  uint64 // LRU key: install, reuse, release of a sequence on its path
-	id    uint64 // creation order, the last tie-break
-	pins  int32  // sequences whose grant copies it into their live slot
-	at    int32  // in ssm: its index in life.snapList
+	tick  uint64   // LRU key: install, reuse, release of a sequence on its path
+	id    uint64   // creation order, the last tie-break
+	pins  int32    // sequences whose grant copies it into their live slot
+	at    int32    // in ssm: its index in life.snapList
+	heap  *keyHeap // the victim heap holding it (life.victims); nil when none
+	hi    int32    // its index there
 }
 
 // pendingOff is an offload that a sequence's outstanding grant copies: the
@@ -163,6 +172,7 @@ func (m *Manager) Configure(ctx context.Context, cfg kvcache.Config) (kvcache.La
 		offsets: p.offsets,
 		snaps:   map[*cachemgrv2.Node]*snapshot{},
 		hsnaps:  map[*cachemgrv2.Node]*snapshot{},
+		victims: newVictimQueue(),
 	}
 	m.Init(cachemgrv2.CoreConfig{
 		Name: Name, Config: cfg, Groups: p.groups, DevBlocks: p.devBlocks, HostBlocks: p.hostBlocks, HostID: n,
@@ -273,9 +283,10 @@ func (l *life) poolStats(out []kvcache.PoolStats) []kvcache.PoolStats {
 // Reusable implements cachemgrv2.Hooks: on a stage with state layers, reuse
 // must end on a block boundary that holds a snapshot on either tier, a
 // pending offload excepted (so partial-block reuse never applies there);
-// elsewhere any cached prefix is reusable.
+// elsewhere any cached prefix is reusable. end, the node of the last full
+// block, is at depth tokens/tpb.
 func (l *life) Reusable(end *cachemgrv2.Node, tokens int) bool {
-	return l.ssm == nil || tokens%l.tpb == 0 && l.source(end) != nil
+	return l.ssm == nil || tokens%l.tpb == 0 && l.anyAt(tokens/l.tpb) && l.source(end) != nil
 }
 
 // source is the snapshot a new sequence may copy at n: the device one, else
@@ -290,8 +301,25 @@ func (l *life) source(n *cachemgrv2.Node) *snapshot {
 	return nil
 }
 
-// held reports whether n holds a snapshot on either tier (pending or not).
-func (l *life) held(n *cachemgrv2.Node) bool { return l.snaps[n] != nil || l.hsnaps[n] != nil }
+// held reports whether n, a node at depth d, holds a snapshot on either
+// tier (pending or not).
+func (l *life) held(n *cachemgrv2.Node, d int) bool {
+	return l.anyAt(d) && (l.snaps[n] != nil || l.hsnaps[n] != nil)
+}
+
+// anyAt reports whether some snapshot, on either tier, is on a node at
+// depth d.
+func (l *life) anyAt(d int) bool { return d < len(l.atDepth) && l.atDepth[d] > 0 }
+
+// index adds delta to the count of snapshots at the depth of pos
+// (atDepth).
+func (l *life) index(pos int, delta int32) {
+	d := pos / l.tpb
+	if d >= len(l.atDepth) {
+		l.atDepth = append(l.atDepth, make([]int32, d+1-len(l.atDepth))...)
+	}
+	l.atDepth[d] += delta
+}
 
 // Admit implements cachemgrv2.Hooks: a new sequence needs a free live slot.
 func (l *life) Admit(it *kvcache.ReserveItem) string {
@@ -410,7 +438,10 @@ func (l *life) Dropped(s *cachemgrv2.Seq, touch bool) {
 		}
 	}
 	if touch {
-		for _, n := range s.Path() {
+		for i, n := range s.Path() {
+			if !l.anyAt(i + 1) {
+				continue
+			}
 			if sn := l.snaps[n]; sn != nil {
 				sn.tick = l.tick
 			}
@@ -507,6 +538,10 @@ func (l *life) Resumed(s *cachemgrv2.Seq, copies []kvcache.Copy) []kvcache.Copy 
 // becomes free; the tree is not touched.
 func (l *life) dropSnap(sn *snapshot) {
 	delete(l.snaps, sn.node)
+	l.index(sn.pos, -1)
+	if sn.heap != nil {
+		sn.heap.remove(int(sn.hi))
+	}
 	last := l.snapList[len(l.snapList)-1]
 	l.snapList[sn.at], last.at = last, sn.at
 	l.snapList[len(l.snapList)-1] = nil
@@ -520,6 +555,7 @@ func (l *life) dropSnap(sn *snapshot) {
 // becomes free, a pending one stays held by its offload until that settles.
 func (l *life) dropHostSnap(sn *snapshot) {
 	delete(l.hsnaps, sn.node)
+	l.index(sn.pos, -1)
 	l.host.evict(sn.slot)
 	l.stats.Evicted++
 }
@@ -534,7 +570,7 @@ func (l *life) offload(sn *snapshot, from kvcache.BlockID, x *seqState, g *kvcac
 	}
 	if len(l.host.free) == 0 {
 		v := l.hostVictim()
-		if v == nil || !coldLess(v, sn) {
+		if v == nil || !colder(v, sn) {
 			return
 		}
 		l.dropHostSnap(v)
@@ -542,6 +578,7 @@ func (l *life) offload(sn *snapshot, from kvcache.BlockID, x *seqState, g *kvcac
 	sn.host, sn.pend = true, x
 	sn.slot = l.host.takeFor(sn)
 	l.hsnaps[sn.node] = sn
+	l.index(sn.pos, 1)
 	x.offs = append(x.offs, pendingOff{sn: sn, slot: sn.slot})
 	g.Copies = append(g.Copies, kvcache.Copy{SrcPool: l.ssm.id, SrcBlock: from, DstPool: l.host.id, DstBlock: sn.slot})
 }
@@ -570,7 +607,7 @@ func (l *life) settleOffs(x *seqState, keep bool) {
 func (l *life) hostVictim() *snapshot {
 	var v *snapshot
 	for _, sn := range l.hsnaps {
-		if sn.pins == 0 && sn.pend == nil && (v == nil || coldLess(sn, v)) {
+		if sn.pins == 0 && sn.pend == nil && (v == nil || colder(sn, v)) {
 			v = sn
 		}
 	}
@@ -615,8 +652,7 @@ func (l *life) planSnaps(s *cachemgrv2.Seq, x *seqState, tokens int, g *kvcache.
 	if len(bs) == 0 {
 		return
 	}
-	l.victims.reset()
-	defer l.victims.reset()
+	l.victims.synced = false
 	slices.Sort(bs)
 	path := s.Path()
 	node, depth := l.tree.Root(), 0
@@ -633,7 +669,7 @@ func (l *life) planSnaps(s *cachemgrv2.Seq, x *seqState, tokens int, g *kvcache.
 				node = l.tree.SaltedChild(node, s.Salt(), prompt[(depth-1)*tpb:depth*tpb])
 			}
 		}
-		if node != nil && node.Stored() && l.held(node) {
+		if node != nil && node.Stored() && l.held(node, d) {
 			continue // already held by the cache, on either tier
 		}
 		slot, ok := l.snapSlot(boundaryLevel(b, l.step), x, g)
@@ -664,198 +700,6 @@ func (l *life) snapSlot(level int, x *seqState, g *kvcache.Grant) (kvcache.Block
 	return l.ssm.take(), true
 }
 
-// victim is the snapshot to evict for a new one of level: the coldest
-// (lowest node priority, then least recently used lineage, then lowest
-// level) snapshot on no live path; else the unpinned snapshot on a live
-// path of the lowest node priority, then level, if its level is below
-// level; else nil.
-//
-// The first eviction of a planSnaps scans the snapshots; a second one
-// builds the victim queue (victims), whose heaps then give each next pick
-// in O(log n): inside one planSnaps nothing but those evictions changes
-// the candidates or their keys, and the orders are total, so the picks
-// are the scan's (TestVictimQueueMatchesScan).
-func (l *life) victim(level int) *snapshot {
-	q := &l.victims
-	q.calls++
-	if q.calls == 1 {
-		return scanVictim(l.snapList, level)
-	}
-	if q.calls == 2 {
-		q.build(l.snapList)
-	}
-	return q.pop(level)
-}
-
-// scanVictim is victim by a scan of list (every installed snapshot).
-func scanVictim(list []*snapshot, level int) *snapshot {
-	var cold, hot *snapshot
-	for _, sn := range list { // l.snaps; the orders are total, so its order does not matter
-		if sn.pins > 0 {
-			continue
-		}
-		if sn.node.Pins() == 0 {
-			if cold == nil || coldLess(sn, cold) {
-				cold = sn
-			}
-		} else if hot == nil || hotLess(sn, hot) {
-			hot = sn
-		}
-	}
-	if cold != nil {
-		return cold
-	}
-	if hot != nil && hot.level < level {
-		return hot
-	}
-	return nil
-}
-
-// victimQueue is victim's eviction candidates during one planSnaps (reset
-// at its start): the unpinned snapshots on no live path in a heap by
-// coldLess, those on a live path in one by hotLess, their keys copied
-// once. It is valid only while nothing but its own picks changes the
-// installed snapshots, their pins, their nodes' pins and priorities, and
-// their ticks.
-type victimQueue struct {
-	calls     int
-	cold, hot []victimKey
-}
-
-type victimKey struct {
-	prio  int
-	level int
-	tick  uint64
-	id    uint64
-	sn    *snapshot
-}
-
-func (q *victimQueue) reset() {
-	q.calls = 0
-	clear(q.cold) // drop the snapshots
-	clear(q.hot)
-	q.cold, q.hot = q.cold[:0], q.hot[:0]
-}
-
-func (q *victimQueue) build(list []*snapshot) {
-	for _, sn := range list {
-		if sn.pins > 0 {
-			continue
-		}
-		k := victimKey{prio: sn.node.Priority(), level: sn.level, tick: sn.tick, id: sn.id, sn: sn}
-		if sn.node.Pins() == 0 {
-			q.cold = append(q.cold, k)
-		} else {
-			q.hot = append(q.hot, k)
-		}
-	}
-	heapify(q.cold, coldKeyLess)
-	heapify(q.hot, hotKeyLess)
-}
-
-// pop is victim's pick from the heaps (the snapshot is taken out).
-func (q *victimQueue) pop(level int) *snapshot {
-	switch {
-	case len(q.cold) > 0:
-		var k victimKey
-		k, q.cold = heapPop(q.cold, coldKeyLess)
-		return k.sn
-	case len(q.hot) > 0 && q.hot[0].level < level:
-		var k victimKey
-		k, q.hot = heapPop(q.hot, hotKeyLess)
-		return k.sn
-	}
-	return nil
-}
-
-// coldKeyLess and hotKeyLess are coldLess and hotLess over copied keys.
-func coldKeyLess(a, b *victimKey) bool {
-	if a.prio != b.prio {
-		return a.prio < b.prio
-	}
-	if a.tick != b.tick {
-		return a.tick < b.tick
-	}
-	if a.level != b.level {
-		return a.level < b.level
-	}
-	return a.id < b.id
-}
-
-func hotKeyLess(a, b *victimKey) bool {
-	if a.prio != b.prio {
-		return a.prio < b.prio
-	}
-	if a.level != b.level {
-		return a.level < b.level
-	}
-	if a.tick != b.tick {
-		return a.tick < b.tick
-	}
-	return a.id < b.id
-}
-
-// heapify makes h a binary min-heap under less.
-func heapify(h []victimKey, less func(a, b *victimKey) bool) {
-	for i := len(h)/2 - 1; i >= 0; i-- {
-		siftDown(h, i, less)
-	}
-}
-
-// heapPop removes and returns h's minimum.
-func heapPop(h []victimKey, less func(a, b *victimKey) bool) (victimKey, []victimKey) {
-	top := h[0]
-	last := len(h) - 1
-	h[0] = h[last]
-	h[last] = victimKey{}
-	h = h[:last]
-	siftDown(h, 0, less)
-	return top, h
-}
-
-func siftDown(h []victimKey, i int, less func(a, b *victimKey) bool) {
-	for {
-		m, l, r := i, 2*i+1, 2*i+2
-		if l < len(h) && less(&h[l], &h[m]) {
-			m = l
-		}
-		if r < len(h) && less(&h[r], &h[m]) {
-			m = r
-		}
-		if m == i {
-			return
-		}
-		h[i], h[m] = h[m], h[i]
-		i = m
-	}
-}
-
-func coldLess(a, b *snapshot) bool {
-	if pa, pb := a.node.Priority(), b.node.Priority(); pa != pb {
-		return pa < pb
-	}
-	if a.tick != b.tick {
-		return a.tick < b.tick
-	}
-	if a.level != b.level {
-		return a.level < b.level
-	}
-	return a.id < b.id
-}
-
-func hotLess(a, b *snapshot) bool {
-	if pa, pb := a.node.Priority(), b.node.Priority(); pa != pb {
-		return pa < pb
-	}
-	if a.level != b.level {
-		return a.level < b.level
-	}
-	if a.tick != b.tick {
-		return a.tick < b.tick
-	}
-	return a.id < b.id
-}
-
 // install puts the snapshots the committed step wrote on the tree nodes of
 // their boundaries (pinned by s's path). A boundary whose node already holds
 // a snapshot, or that registration could not reach, frees its slot.
@@ -863,7 +707,7 @@ func (l *life) install(s *cachemgrv2.Seq, x *seqState) {
 	path := s.Path()
 	for _, p := range x.pend {
 		d := p.pos / l.tpb
-		if d < 1 || d > len(path) || l.held(path[d-1]) {
+		if d < 1 || d > len(path) || l.held(path[d-1], d) {
 			if d < 1 || d > len(path) {
 				l.stats.Skipped++
 			}
@@ -875,6 +719,7 @@ func (l *life) install(s *cachemgrv2.Seq, x *seqState) {
 		l.snapSeq++
 		sn := &snapshot{node: n, slot: p.slot, pos: p.pos, level: boundaryLevel(p.pos, l.step), tick: l.tick, id: l.snapSeq}
 		l.snaps[n] = sn
+		l.index(sn.pos, 1)
 		sn.at = int32(len(l.snapList))
 		l.snapList = append(l.snapList, sn)
 		l.ssm.install(p.slot, sn)

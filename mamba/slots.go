@@ -26,6 +26,9 @@ type slots struct {
 	refs  []int32
 	holds []int32 // pending offloads writing the slot: 0 or 1
 	owner []*snapshot
+	// inUse counts the referenced slots, so that stats, asked at every
+	// step's Inspect, need not visit every slot (recount does).
+	inUse int
 }
 
 func newSlots(id, n int) *slots {
@@ -41,6 +44,7 @@ func (s *slots) take() kvcache.BlockID {
 	b := s.free[len(s.free)-1]
 	s.free = s.free[:len(s.free)-1]
 	s.refs[b] = 1
+	s.inUse++
 	return b
 }
 
@@ -57,7 +61,7 @@ func (s *slots) takeFor(sn *snapshot) kvcache.BlockID {
 
 // unref drops the reference to an in-use slot; it becomes free.
 func (s *slots) unref(b kvcache.BlockID) {
-	s.refs[b]--
+	s.deref(b)
 	s.freeIfIdle(b)
 }
 
@@ -70,8 +74,16 @@ func (s *slots) unhold(b kvcache.BlockID) {
 
 // install turns an in-use slot (written by a step) into sn's cached slot.
 func (s *slots) install(b kvcache.BlockID, sn *snapshot) {
-	s.refs[b]--
+	s.deref(b)
 	s.owner[b] = sn
+}
+
+// deref drops a reference to b, no longer in use once it has none.
+func (s *slots) deref(b kvcache.BlockID) {
+	s.refs[b]--
+	if s.refs[b] == 0 {
+		s.inUse--
+	}
 }
 
 // evict takes b from its snapshot: a cached slot becomes free; a pending one
@@ -90,8 +102,15 @@ func (s *slots) freeIfIdle(b kvcache.BlockID) {
 }
 
 // stats counts referenced slots as InUse, owned or held ones (cached and
-// pending) as Cached.
+// pending) as Cached: the slots neither free nor in use, which check
+// proves are those recount finds.
 func (s *slots) stats() kvcache.PoolStats {
+	total, free := len(s.refs), len(s.free)
+	return kvcache.PoolStats{Pool: s.id, Total: total, Free: free, InUse: s.inUse, Cached: total - free - s.inUse}
+}
+
+// recount is stats from every slot's state.
+func (s *slots) recount() kvcache.PoolStats {
 	st := kvcache.PoolStats{Pool: s.id, Total: len(s.refs), Free: len(s.free)}
 	for b, r := range s.refs {
 		switch {
@@ -138,8 +157,8 @@ func (s *slots) check(name string, refs, holds []int32, owned func(o *snapshot, 
 			bad("slot %d: unreferenced, unheld and unowned %v, on the free stack %v", b, f, onFree[b])
 		}
 	}
-	if st := s.stats(); st.Free+st.Cached+st.InUse != st.Total {
-		bad("stats %+v", st)
+	if st, want := s.stats(), s.recount(); st != want || st.Free+st.Cached+st.InUse != st.Total {
+		bad("stats %+v, recounted %+v", st, want)
 	}
 	return v
 }
