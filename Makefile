@@ -51,12 +51,14 @@ build:
 	$(GO) build -trimpath -ldflags='-X main.version=$(VERSION)' -o $(BIN)/ ./cmd/...
 
 ## tools: what the tests need beyond Go (protoc and its Go generators)
+# The generators are built one after the other (-j1, also under make -j):
+# the second reuses the protogen packages the first compiled.
 tools:
 	@command -v protoc >/dev/null 2>&1 || { \
 	  echo "installing protobuf-compiler (protoc) with apt-get"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler) >/dev/null || \
 	  echo "warning: could not install protoc; the generated-code staleness test will be skipped"; }
-	@$(MAKE) --no-print-directory proto-tools
+	@$(MAKE) --no-print-directory -j1 proto-tools
 
 ## vet: go vet over everything
 vet:
@@ -112,8 +114,18 @@ test-short: build
 	$(TESTBIN_ENV) $(GO) test -short -count=1 ./...
 
 ## test-race: the packages with goroutines of their own, under -race (short mode)
+# The race pass shares no compiled package with the others (-race compiles
+# its own copy of everything), so it compiles without DWARF
+# (-gcflags=all=-dwarf=false: a race report's stacks come from the symbol
+# table, which stays), and its compiler runs with GOGC=800 (RACE_TOOLGC,
+# through -toolexec, which the test binaries do not see). Each takes a
+# sixth to an eighth off its compiling on a cold cache (measured in pairs:
+# 112 -> 93 CPU-s without DWARF, 119 -> 102 with GOGC=800); the other go
+# commands share make build's packages, and GOGC=800 gained them nothing.
 test-race:
-	$(GO) test -vet=off -race -short -ldflags=-w -timeout 15m -count=1 $(RACE_PKGS)
+	$(GO) test $(RACE_TOOLGC) -vet=off -race -short -gcflags=all=-dwarf=false -ldflags=-w -timeout 15m -count=1 $(RACE_PKGS)
+
+RACE_TOOLGC := -toolexec='env GOGC=800'
 
 SOAK_TIME    ?= 10m
 SOAK_TIMEOUT ?= 2h

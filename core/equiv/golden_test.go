@@ -38,8 +38,13 @@ func TestCheckpointGoldens(t *testing.T) {
 			for i, p := range ps {
 				wl.Requests = append(wl.Requests, workload.Request{ID: uint64(i), Prompt: slices.Clip(p.PromptIDs), OutputLen: p.MaxTokens})
 			}
+			// A cache of 4,096 tokens: about three times what a golden's
+			// twelve prompts and outputs hold in whole blocks, so nothing
+			// is evicted. The default (90% of setup.CPUMemoryBytes a
+			// stage) gave the ten families 1.5 GB of pools to clear and
+			// check, a quarter of the test's CPU time.
 			base := []string{"model=" + dir, "device=cpu", "enable_chunked_prefill=true", "max_batch_size=4", "max_seq_len=256",
-				"kv_cache_config.tokens_per_block=16", "check_invariants=every"}
+				"kv_cache_config.tokens_per_block=16", "kv_cache_config.max_tokens=4096", "check_invariants=every"}
 			var first [][]int32
 			var firstLogits [][]float32
 			variants := [][]string{

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvx-dev/kvx/device/cpu"
+	"github.com/kvx-dev/kvx/internal/race"
 	"github.com/kvx-dev/kvx/plugins/model"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -63,31 +64,64 @@ func runEquiv(t *testing.T, c equivCase) {
 	}
 }
 
+// raceCases is cases, or under -race (make test-race) the first case of
+// each backend. The device's only goroutines are its parallel loops
+// (kernel.parallelFor in each attention kernel, and matMul), which every
+// case of a backend reaches through the same kernels, each unit writing
+// only its own outputs: the KV dtype, drafts, windows and pipeline stages
+// (run one after another) change what a unit reads, not where it writes.
+// The plain pass runs every case; under -race each takes about ten times
+// as long.
+func raceCases(cases []equivCase) []equivCase {
+	if !race.Enabled {
+		return cases
+	}
+	var first []equivCase
+	seen := map[string]bool{}
+	for _, c := range cases {
+		if !seen[c.backend] {
+			seen[c.backend] = true
+			first = append(first, c)
+		}
+	}
+	return first
+}
+
+// skipVariantsUnderRace skips, under -race, a test of drafts, windows or
+// stages: the raceCases of TestEquivalenceLlama, DeepSeek and NemotronH
+// race the same loops of every backend.
+func skipVariantsUnderRace(t *testing.T) {
+	t.Helper()
+	if race.Enabled {
+		t.Skip("the same parallel loops as the other equivalence tests' race cases: run without -race (make test's main pass)")
+	}
+}
+
 func TestEquivalenceLlama(t *testing.T) {
-	for _, c := range []equivCase{
+	for _, c := range raceCases([]equivCase{
 		{preset: "llama-3.1-8b", backend: "gqa", manager: "v1", kv: "bf16"},
 		{preset: "llama-3.1-8b", backend: "gqa", manager: "v2", kv: "fp8"},
-	} {
+	}) {
 		t.Run(c.name(), func(t *testing.T) { runEquiv(t, c) })
 	}
 }
 
 func TestEquivalenceDeepSeek(t *testing.T) {
-	for _, c := range []equivCase{
+	for _, c := range raceCases([]equivCase{
 		{preset: "deepseek-v3.2", backend: "dsa", manager: "v2", kv: "bf16"},
 		{preset: "deepseek-v3.2", backend: "dsa", manager: "v1", kv: "fp8", drafts: 1},
 		{preset: "deepseek-v3.2", backend: "mla", manager: "v2", kv: "bf16", drafts: 1},
 		{preset: "deepseek-v3.2", backend: "mla", manager: "v1", kv: "fp8"},
-	} {
+	}) {
 		t.Run(c.name(), func(t *testing.T) { runEquiv(t, c) })
 	}
 }
 
 func TestEquivalenceNemotronH(t *testing.T) {
-	for _, c := range []equivCase{
+	for _, c := range raceCases([]equivCase{
 		{preset: "nemotron-3-nano-30b-a3b", backend: "gqa", manager: "mamba", kv: "bf16"},
 		{preset: "nemotron-3-nano-30b-a3b", backend: "gqa", manager: "mamba", kv: "fp8"},
-	} {
+	}) {
 		t.Run(c.name(), func(t *testing.T) { runEquiv(t, c) })
 	}
 }
@@ -115,6 +149,7 @@ func windowed(m *spec.Model) {
 }
 
 func TestEquivalenceDraftsAndWindows(t *testing.T) {
+	skipVariantsUnderRace(t)
 	for _, c := range []equivCase{
 		{preset: "nemotron-3-nano-30b-a3b", backend: "gqa", manager: "mamba", kv: "bf16", drafts: 1, edit: withMTP},
 		{preset: "llama-3.1-8b", backend: "gqa", manager: "v2", kv: "bf16", edit: windowed},
@@ -126,6 +161,7 @@ func TestEquivalenceDraftsAndWindows(t *testing.T) {
 }
 
 func TestEquivalencePipeline(t *testing.T) {
+	skipVariantsUnderRace(t)
 	for _, c := range []equivCase{
 		{preset: "llama-3.1-8b", backend: "gqa", manager: "v2", kv: "bf16", pp: 2},
 		{preset: "deepseek-v3.2", backend: "dsa", manager: "v1", kv: "bf16", drafts: 1, pp: 2},

@@ -74,6 +74,7 @@ func TestWrongBlockTableIsCaught(t *testing.T) {
 }
 
 func TestStaleStateSlotIsCaught(t *testing.T) {
+	skipUnderRace(t)
 	m := synthModel(t, "nemotron-3-nano-30b-a3b", model.SyntheticSpec{}, "bf16")
 	ref, err := cpu.NewReference(m, seed, backends["gqa"].Kernel)
 	if err != nil {
