@@ -18,6 +18,9 @@ transformers eager bf16 (sdpa) on the same prompts, in one run.
    TPOT, prefill of 64 x 2048 (engine time of a 1-token run), and 64 x 2048 +
    256 (TTFT, TPOT p50/p99, output tok/s); batch-1 TPOT also with dtype
    float32 (the exact numerics) for reference.
+5. kvx serve on the checkpoint under 64 streaming clients (kvx bench, 256
+   generated prompts of 1024 token ids + 128 new): TTFT and TPOT p50/p99,
+   output tok/s.
 
 Writes OUT/e2e.json and OUT/e2e.md (the table with each goal met or not).
 Usage: python3 scripts/e2e.py --kvx bin/kvx --scenario scenarios/e2e-llama8b.yaml --out OUT [--ckpt DIR] [--skip-hf]
@@ -141,9 +144,71 @@ def hf_baseline(d):
     return res
 
 
-def kvx_run(kvx, scen, ckpt, out, tag, sets, timeout=600, prof=False):
+def nsys_gaps(rep, out, tag):
+    """Where a run's GPU time goes between kernels, from an Nsight Systems
+    report of it: the union of its kernel and copy intervals, and the gaps
+    between them, split at 50 us into gaps inside a step (the GPU waiting
+    for a launch) and gaps between steps (the engine, the manager and the
+    sampled tokens' trip to the host). Written to OUT/nsys-TAG.txt."""
+    import sqlite3
+    db = rep[:-len(".nsys-rep")] + ".sqlite"
+    subprocess.run(["nsys", "export", "--type", "sqlite", "--force-overwrite", "true", "-o", db, rep],
+                   capture_output=True, text=True, timeout=600)
+    con = sqlite3.connect(db)
+    iv = []
+    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+        try:
+            iv += con.execute(f"SELECT start, end FROM {table}").fetchall()
+        except sqlite3.Error:
+            pass
+    kernels = con.execute("SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    iv.sort()
+    # The steady state: drop the first and last 10% of the run (load, warm-up, drain).
+    lo, hi = iv[len(iv) // 10][0], iv[len(iv) * 9 // 10][1]
+    busy, inside, between, steps = 0, 0, 0, 0
+    cur_s, cur_e = None, None
+    for s0, e0 in iv:
+        if e0 < lo or s0 > hi:
+            continue
+        s0, e0 = max(s0, lo), min(e0, hi)
+        if cur_e is None:
+            cur_s, cur_e = s0, e0
+            continue
+        if s0 > cur_e:
+            busy += cur_e - cur_s
+            gap = s0 - cur_e
+            if gap >= 50_000:
+                between += gap
+                steps += 1
+            else:
+                inside += gap
+            cur_s, cur_e = s0, e0
+        else:
+            cur_e = max(cur_e, e0)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    span = hi - lo
+    lines = [f"nsys {tag}: {kernels} kernels in the run; steady window {span / 1e6:.1f} ms ({steps} gaps of 50 us or more)",
+             f"  GPU busy (kernels and copies, overlaps merged) {busy / 1e6:.1f} ms = {100 * busy / span:.1f}%",
+             f"  gaps inside steps (< 50 us) {inside / 1e6:.1f} ms = {100 * inside / span:.1f}%",
+             f"  gaps between steps (>= 50 us) {between / 1e6:.1f} ms = {100 * between / span:.1f}%"]
+    if steps:
+        lines.append(f"  per step: {span / steps / 1e3:.3f} ms, of which GPU idle inside {inside / steps / 1e3:.3f} ms, "
+                     f"between {between / steps / 1e3:.3f} ms")
+    txt = "\n".join(lines)
+    open(os.path.join(out, f"nsys-{tag}.txt"), "w").write(txt + "\n")
+    log(txt)
+    return {"busy_pct": 100 * busy / span, "inside_gap_pct": 100 * inside / span, "between_gap_pct": 100 * between / span,
+            "steps": steps}
+
+
+def kvx_run(kvx, scen, ckpt, out, tag, sets, timeout=600, prof=False, nsys=False):
     js = os.path.join(out, f"e2e-kvx-{tag}.json")
     cmd = [kvx, "run", "-c", scen, "--set", f"model={ckpt}", "--json", js, "--no-progress"]
+    rep = None
+    if nsys:
+        rep = os.path.join("/tmp", f"kvx-nsys-{tag}.nsys-rep")
+        cmd = ["nsys", "profile", "-t", "cuda", "--force-overwrite", "true", "-o", rep] + cmd
     for s in sets:
         cmd += ["--set", s]
     env = dict(os.environ)
@@ -170,9 +235,72 @@ def kvx_run(kvx, scen, ckpt, out, tag, sets, timeout=600, prof=False):
     doc = json.load(open(js))
     v = doc["variants"][0]
     lat, thr = v.get("latency") or {}, v.get("throughput") or {}
-    return {"wall_s": wall, "ttft_p50_ms": lat.get("ttft_p50_ms"), "ttft_p99_ms": lat.get("ttft_p99_ms"),
+    gaps = {}
+    if rep:
+        try:
+            gaps = {"nsys": nsys_gaps(rep, out, tag)}
+        except Exception as e:  # a profile that cannot be read leaves the run's figures
+            log(f"nsys {tag}: {e}")
+    return gaps | {"wall_s": wall, "ttft_p50_ms": lat.get("ttft_p50_ms"), "ttft_p99_ms": lat.get("ttft_p99_ms"),
             "tpot_p50_ms": lat.get("tpot_p50_ms"), "tpot_p99_ms": lat.get("tpot_p99_ms"),
             "out_tok_s": thr.get("output_tokens_per_s"), "engine_s": thr.get("engine_s")}
+
+
+def kvx_serve_bench(kvx, scen, ckpt, out, tag, clients, requests, prompt, new, timeout=600):
+    """kvx serve of the checkpoint, then kvx bench against it: requests
+    generated prompts of prompt token ids, new tokens each (ignore_eos), clients
+    streaming in a closed loop; then SIGTERM, which must drain and exit 0."""
+    import socket
+    import urllib.request
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    slog = open(os.path.join(out, f"e2e-kvx-{tag}-server.log"), "w")
+    cmd = [kvx, "serve", "-c", scen, "--set", f"model={ckpt}", "--set", f"max_batch_size={clients}", "--port", str(port)]
+    log("kvx:", " ".join(cmd))
+    t = time.perf_counter()
+    srv = subprocess.Popen(cmd, stdout=slog, stderr=subprocess.STDOUT)
+    res = {}
+    try:
+        while True:
+            if srv.poll() is not None:
+                return {"error": f"kvx serve exit {srv.returncode} before /health"}
+            if time.perf_counter() - t > 300:
+                return {"error": "kvx serve: /health not 200 within 300 s"}
+            try:
+                if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+                    break
+            except Exception:
+                time.sleep(0.2)
+        res["ready_s"] = time.perf_counter() - t
+        js = os.path.join(out, f"e2e-kvx-{tag}.json")
+        bcmd = [kvx, "bench", "--url", url, "--concurrency", str(clients), "--requests", str(requests),
+                "--prompt-tokens", str(prompt), "--output-tokens", str(new), "--json", js, "--no-progress"]
+        log("kvx:", " ".join(bcmd))
+        p = subprocess.run(bcmd, capture_output=True, text=True, timeout=timeout)
+        with open(os.path.join(out, f"e2e-kvx-{tag}.log"), "w") as f:
+            f.write(p.stdout + p.stderr)
+        if p.returncode != 0:
+            res["error"] = f"kvx bench exit {p.returncode}"
+            log(p.stderr[-2000:])
+            return res
+        v = json.load(open(js))["variants"][0]
+        lat, thr, rq = v.get("latency") or {}, v.get("throughput") or {}, v.get("requests") or {}
+        res.update({"ttft_p50_ms": lat.get("ttft_p50_ms"), "ttft_p99_ms": lat.get("ttft_p99_ms"),
+                    "tpot_p50_ms": lat.get("tpot_p50_ms"), "tpot_p99_ms": lat.get("tpot_p99_ms"),
+                    "out_tok_s": thr.get("output_tokens_per_s"), "requests": rq})
+    except subprocess.TimeoutExpired:
+        res["error"] = f"kvx bench: no end within {timeout} s"
+    finally:
+        srv.terminate()
+        try:
+            res["serve_exit"] = srv.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            res["serve_exit"] = "killed after 120 s"
+        slog.close()
+    return res
 
 
 def work(n, prompt, new):
@@ -187,8 +315,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--ckpt", default="/tmp/kvx-e2e/llama8b")
     ap.add_argument("--skip-hf", action="store_true")
-    ap.add_argument("--only", default="", help="comma-separated kvx runs (load,b1,b1exact,b8,b64,prefill,gen)")
+    ap.add_argument("--only", default="", help="comma-separated kvx runs (serve64,load,b1,b1exact,b8,b64,prefill,gen)")
     ap.add_argument("--profile", default="", help="comma-separated kvx runs to profile with the worker's kernel timer (prof-<run>.txt beside)")
+    ap.add_argument("--nsys", default="", help="comma-separated kvx runs to run under Nsight Systems (nsys-<run>.txt: GPU busy and idle gaps)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.ckpt, exist_ok=True)
@@ -212,13 +341,19 @@ def main():
         "b1prof": work(1, 32, 64),
         "b64prof": work(64, 32, 64),
         "prefillprof": work(8, 2048, 1),
+        # for --nsys (under Nsight Systems: its times carry its tracing)
+        "b1nsys": work(1, 32, 128),
+        "b64nsys": work(64, 32, 128),
     }
     only = set(filter(None, a.only.split(",")))
     res["kvx"] = {}
+    if not only or "serve64" in only:
+        res["kvx"]["serve64"] = kvx_serve_bench(a.kvx, a.scenario, a.ckpt, a.out, "serve64", 64, 256, 1024, 128)
+        log("kvx serve64:", res["kvx"]["serve64"])
     for tag, sets in runs.items():
         if only and tag not in only:
             continue
-        res["kvx"][tag] = kvx_run(a.kvx, a.scenario, a.ckpt, a.out, tag, sets, prof=tag in a.profile.split(","),
+        res["kvx"][tag] = kvx_run(a.kvx, a.scenario, a.ckpt, a.out, tag, sets, prof=tag in a.profile.split(","), nsys=tag in a.nsys.split(","),
                                   timeout=int(os.environ.get("E2E_RUN_TIMEOUT", "600")))
         log(f"kvx {tag}:", res["kvx"][tag])
     json.dump(res, open(os.path.join(a.out, "e2e.json"), "w"), indent=1)
@@ -266,6 +401,14 @@ def write_table(res, path):
         extra = f" (TTFT p50 {g('gen', 'ttft_p50_ms'):.0f} / p99 {g('gen', 'ttft_p99_ms'):.0f} ms, TPOT p50 {g('gen', 'tpot_p50_ms'):.1f} / p99 {g('gen', 'tpot_p99_ms'):.1f} ms)"
     row("64 × 2048 + 256 new, output tok/s", f"{o:.0f} tok/s{extra}" if o else "failed", base, "—",
         "≥ 1.5× transformers", o is not None and "gen_64x2048_256_out_tok_s" in hf and o >= 1.5 * hf["gen_64x2048_256_out_tok_s"], "gen")
+    o = g("serve64", "out_tok_s")
+    if o:
+        q = k["serve64"].get("requests") or {}
+        extra = (f" (TTFT p50 {g('serve64', 'ttft_p50_ms'):.0f} / p99 {g('serve64', 'ttft_p99_ms'):.0f} ms, TPOT p50 "
+                 f"{g('serve64', 'tpot_p50_ms'):.1f} / p99 {g('serve64', 'tpot_p99_ms'):.1f} ms; {q.get('completed', '?')}/{q.get('total', '?')} completed)")
+        row("kvx serve, 64 streaming clients (kvx bench: 256 × 1024 + 128 new)", f"{o:.0f} tok/s{extra}", "—", "—", "reported", True, "serve64")
+    elif "serve64" in k:
+        row("kvx serve, 64 streaming clients", k["serve64"].get("error", "failed"), "—", "—", "reported", False, "serve64")
     head = [f"Measured on the H200 in one run: copy {lim['copy_GBps']:.0f} GB/s (read + write), cuBLAS bf16 "
             f"{lim['cublas_bf16_TFLOPs']:.0f} TFLOP/s; weights {res['weight_bytes'] / 1e9:.2f} GB, read once in {wread_ms:.2f} ms.", "",
             "| work | kvx (cuda, dtype bfloat16) | transformers eager bf16 (sdpa) | limit | goal | |", "|---|---|---|---|---|---|"]

@@ -104,6 +104,38 @@ func attnRows(name string, segs []synth.Seg, n int) {
 // returns every query row's attention over its window, as
 // kernel.GQA.
 func (o *ops) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.Tensor) (synth.Tensor, error) {
+	return o.gqa(layer, segs, q, k, v, nil)
+}
+
+// RoPEGQA is RoPE of q and of k (heads stride apart), then GQA (hf's
+// RoPEGQAer): q is rotated in place and the rotated k is written into the
+// pool with v by one kernel (kvx_rope_write, the roundings of the three
+// launches it replaces); k itself is left as it was.
+func (o *ops) RoPEGQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.Tensor, stride int, r synth.RoPE) (synth.Tensor, error) {
+	dropBF16(q)
+	qt, kt := cudaTensor(q), cudaTensor(k)
+	rq, rk := ropeCheck("RoPEGQA q", qt, segs, stride, r), ropeCheck("RoPEGQA k", kt, segs, stride, r)
+	if !rq || !rk {
+		// Nothing to rotate in one of them (no columns): the ops one
+		// by one.
+		o.RoPE(q, segs, stride, r)
+		o.RoPE(k, segs, stride, r)
+		return o.gqa(layer, segs, q, k, v, nil)
+	}
+	return o.gqa(layer, segs, q, k, v, &gqaRoPE{stride: stride, r: r})
+}
+
+// ropeThreads are the threads of a kvx_rope_write block.
+const ropeThreads = 256
+
+// gqaRoPE is the rotation RoPEGQA folds into GQA's cache write.
+type gqaRoPE struct {
+	stride int
+	r      synth.RoPE
+}
+
+// gqa is GQA, with q and k rotated by rope first when it is not nil.
+func (o *ops) gqa(layer int, segs []synth.Seg, q, k, v synth.Tensor, rope *gqaRoPE) (synth.Tensor, error) {
 	x, err := o.attnMixer(layer, device.KernelGQA)
 	if err != nil {
 		return nil, err
@@ -146,8 +178,21 @@ func (o *ops) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.
 	}
 	rs := o.attnRowSegs(segs)
 	dt := int(g.Dtype)
-	o.run("kvx_attn_write", dim{n, 1, 1}, dim{attThreads, 1, 1}, 0,
-		append([]any{desc, rs, kt.p, kw, vt.p, kw}, append(pv.attnArgs(), dt)...)...)
+	if rope != nil {
+		cs, sn := o.ropeTable(segs, rope.r)
+		il := 0
+		if rope.r.Interleaved {
+			il = 1
+		}
+		// One unit (a q pair, or a k or v value) a thread, over blocks of
+		// ropeThreads: a decode row spreads over many SMs.
+		units := blocks(qt.c, rope.stride)*(rope.r.Dim/2) + 2*kw
+		o.run("kvx_rope_write", dim{n, min(blocks(units, ropeThreads), 1<<16-1), 1}, dim{ropeThreads, 1, 1}, 0,
+			append([]any{desc, rs, qt.p, qt.c, kt.p, vt.p, kw, cs, sn, rope.stride, rope.r.Dim, il}, append(pv.attnArgs(), dt)...)...)
+	} else {
+		o.run("kvx_attn_write", dim{n, 1, 1}, dim{attThreads, 1, 1}, 0,
+			append([]any{desc, rs, kt.p, kw, vt.p, kw}, append(pv.attnArgs(), dt)...)...)
+	}
 	if o.fast && fastGQA(g, pv) {
 		o.fastAttend(g, segs, desc, pv, qt, out, scale)
 		return out, nil

@@ -393,36 +393,50 @@ const ropeReduce = 1 << 29
 func (o *ops) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
 	dropBF16(x)
 	xt := cudaTensor(x)
+	if !ropeCheck("RoPE", xt, segs, stride, r) {
+		return
+	}
+	cs, sn := o.ropeTable(segs, r)
+	o.ropeApply(xt, cs, sn, xt.r, stride, r)
+}
+
+// ropeCheck panics unless x's rows are segs' and every head of r.Dim
+// (stride apart) fits x's columns, as kernel.RoPE's slicing demands; it
+// reports whether there is anything to rotate.
+func ropeCheck(name string, xt *tensor, segs []synth.Seg, stride int, r synth.RoPE) bool {
 	rows := 0
 	for _, sg := range segs {
 		rows += sg.Rows
 	}
 	if rows != xt.r {
-		panic(fmt.Sprintf("cuda: RoPE: segments cover %d rows of %d", rows, xt.r))
+		panic(fmt.Sprintf("cuda: %s: segments cover %d rows of %d", name, rows, xt.r))
 	}
 	if (r.Theta == 0 && len(r.InvFreq) == 0) || r.Dim <= 0 || xt.r == 0 {
-		return
+		return false
 	}
 	if stride <= 0 {
-		panic("cuda: RoPE: stride must be > 0")
+		panic(fmt.Sprintf("cuda: %s: stride must be > 0", name))
 	}
 	half := r.Dim / 2
 	if len(r.InvFreq) > 0 && len(r.InvFreq) < half {
-		panic(fmt.Sprintf("cuda: RoPE: %d frequencies for dim %d", len(r.InvFreq), r.Dim))
+		panic(fmt.Sprintf("cuda: %s: %d frequencies for dim %d", name, len(r.InvFreq), r.Dim))
 	}
 	// Every head must fit (as kernel.RoPE's slicing demands), which
 	// also means stride >= Dim: heads never overlap.
 	if xt.c > 0 && (xt.c-1)/stride*stride+r.Dim > xt.c {
-		panic(fmt.Sprintf("cuda: RoPE: heads of %d (stride %d) run past %d columns", r.Dim, stride, xt.c))
+		panic(fmt.Sprintf("cuda: %s: heads of %d (stride %d) run past %d columns", name, r.Dim, stride, xt.c))
 	}
-	if xt.c == 0 || half == 0 {
-		return
-	}
+	return xt.c > 0 && half > 0
+}
+
+// ropeTable returns the cosine and sine tables (rows × Dim/2 float32) of
+// segs' positions under r, made once a step.
+func (o *ops) ropeTable(segs []synth.Seg, r synth.RoPE) (cs, sn cu.DevicePtr) {
 	m, key := o.memoFor(segs), ropeKeyOf(r)
 	if t, ok := m.rope[key]; ok {
-		o.ropeApply(xt, t[0], t[1], rows, stride, r)
-		return
+		return t[0], t[1]
 	}
+	half := r.Dim / 2
 	freq := make([]float64, half)
 	maxFreq, finite := 0.0, true
 	for i := range freq {
@@ -434,7 +448,7 @@ func (o *ops) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
 		finite = finite && !math.IsNaN(freq[i]) && !math.IsInf(freq[i], 0)
 		maxFreq = max(maxFreq, math.Abs(freq[i]))
 	}
-	pos := make([]int64, 0, rows)
+	var pos []int64
 	maxPos := 0
 	for _, sg := range segs {
 		for j := range sg.Rows {
@@ -442,7 +456,7 @@ func (o *ops) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
 			maxPos = max(maxPos, sg.Pos+j)
 		}
 	}
-	var cs, sn cu.DevicePtr
+	rows := len(pos)
 	if !finite || float64(maxPos)*maxFreq >= ropeReduce {
 		cs, sn = o.ropeHost(pos, freq, r.Scale)
 	} else {
@@ -459,7 +473,7 @@ func (o *ops) RoPE(x synth.Tensor, segs []synth.Seg, stride int, r synth.RoPE) {
 		m.rope = map[ropeKey][2]cu.DevicePtr{}
 	}
 	m.rope[key] = [2]cu.DevicePtr{cs, sn}
-	o.ropeApply(xt, cs, sn, rows, stride, r)
+	return cs, sn
 }
 
 // ropeApply rotates every row of x by the tables cs, sn.

@@ -244,3 +244,45 @@ func BenchmarkFastAttn(b *testing.B) {
 		})
 	}
 }
+
+// TestFastGQABF16Copy: a call of decode rows only (the split kernel and
+// its merge) comes back with the bf16 copy of its output that the merge
+// wrote, and MatMul through it (o_proj) gives the bits of MatMul of the
+// same values uploaded afresh; a call with a prefill segment has no copy
+// (its rows come from two kernels) and MatMul rounds them itself.
+func TestFastGQABF16Copy(t *testing.T) {
+	m := &spec.Model{Heads: 8, KVHeads: 2, HeadDim: 128}
+	steps := attnSteps(300)
+	g := newAttnRig(t, m, spec.Layer{Mixer: spec.MixerGQA}, device.KernelGQA, kernelspec.BF16, 16, attnSeqs(steps), nil)
+	g.o.fast = true
+	t.Cleanup(func() { g.o.g.do(func() error { g.o.freeStage(); return nil }) })
+	qw, kw := m.Heads*m.HeadDim, m.KVHeads*m.HeadDim
+	const outs = 96
+	wv := g.rand(outs*qw, 1)
+	var w synth.Tensor
+	on(t, g.o, func() { w = g.o.Weight(wv, outs, qw) })
+	for si, segs := range steps {
+		rows, decode := 0, true
+		for _, sg := range segs {
+			rows += sg.Rows
+			decode = decode && sg.Rows*(m.Heads/m.KVHeads) <= faSplitRows
+		}
+		q, k, v := g.rand(rows*qw, 4), g.rand(rows*kw, 4), g.rand(rows*kw, 1.5)
+		on(t, g.o, func() {
+			o := g.o
+			res, err := o.GQA(context.Background(), attnLayer, segs, hostTensor(o, q, rows, qw), hostTensor(o, k, rows, kw), hostTensor(o, v, rows, kw))
+			if err != nil {
+				t.Errorf("step %d: GQA: %v", si, err)
+				return
+			}
+			y := cudaTensor(res)
+			if got := y.b != 0; got != decode {
+				t.Errorf("step %d (decode rows only: %v): bf16 copy %v", si, decode, got)
+			}
+			fresh := hostTensor(o, o.ToHost(y), rows, qw)
+			sameBits(t, fmt.Sprintf("step %d: MatMul of the attention output", si), o.ToHost(o.MatMul(fresh, w)), o.ToHost(o.MatMul(y, w)))
+			o.fail(o.g.sync())
+			o.fail(o.ar.reset())
+		})
+	}
+}

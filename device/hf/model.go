@@ -97,6 +97,26 @@ type AddNormer interface {
 	AddRMSNorm(x, y, w synth.Tensor, eps float32) synth.Tensor
 }
 
+// RoPEGQAer is an optional interface of a device's ops: RoPEGQA does
+// RoPE(q, segs, stride, r) and RoPE(k, segs, stride, r), then returns
+// GQA(ctx, layer, segs, q, k, v): the same bits, in fewer passes where the
+// device can (the cuda device writes the rotated k into the pool with v in
+// the launch that rotates q). q is rotated as RoPE leaves it; k's contents
+// afterwards are unspecified (the cuda device leaves it unrotated).
+type RoPEGQAer interface {
+	RoPEGQA(ctx context.Context, layer int, segs []synth.Seg, q, k, v synth.Tensor, stride int, r synth.RoPE) (synth.Tensor, error)
+}
+
+// ropeGQA is RoPE of q and k, then GQA, through RoPEGQA where ops has it.
+func ropeGQA(ctx context.Context, ops Ops, layer int, segs []synth.Seg, q, k, v synth.Tensor, stride int, r synth.RoPE) (synth.Tensor, error) {
+	if rg, ok := ops.(RoPEGQAer); ok {
+		return rg.RoPEGQA(ctx, layer, segs, q, k, v, stride, r)
+	}
+	ops.RoPE(q, segs, stride, r)
+	ops.RoPE(k, segs, stride, r)
+	return ops.GQA(ctx, layer, segs, q, k, v)
+}
+
 // addNorm is x += y, then RMSNorm(x, w, eps), through AddRMSNorm where ops
 // has it; with y nil it is RMSNorm alone.
 func addNorm(ops Ops, x, y, w synth.Tensor, eps float32) synth.Tensor {
@@ -440,9 +460,7 @@ func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []synth.Seg, x, 
 	if lw.qNorm != nil {
 		q, k = ops.RMSNormGroups(q, lw.qNorm, eps), ops.RMSNormGroups(k, lw.kNorm, eps)
 	}
-	ops.RoPE(q, segs, s.m.HeadDim, s.rope)
-	ops.RoPE(k, segs, s.m.HeadDim, s.rope)
-	core, err := ops.GQA(ctx, i, segs, q, k, v)
+	core, err := ropeGQA(ctx, ops, i, segs, q, k, v, s.m.HeadDim, s.rope)
 	if err != nil {
 		return nil, err
 	}

@@ -325,9 +325,7 @@ func (q3 *qwen3Next) layer(ctx context.Context, o Ops, s *Stage, i int, segs []s
 		qg := ops.Split(lw.q.apply(ops, in), s.m.Heads, d, d)
 		q := ops.RMSNormGroups(qg[0], lw.qNorm, eps)
 		k := ops.RMSNormGroups(lw.k.apply(ops, in), lw.kNorm, eps)
-		ops.RoPE(q, segs, d, s.rope)
-		ops.RoPE(k, segs, d, s.rope)
-		core, err := ops.GQA(ctx, i, segs, q, k, lw.v.apply(ops, in))
+		core, err := ropeGQA(ctx, ops, i, segs, q, k, lw.v.apply(ops, in), d, s.rope)
 		if err != nil {
 			return err
 		}

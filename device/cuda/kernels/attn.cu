@@ -238,6 +238,65 @@ extern "C" __global__ void kvx_attn_write(const long long* desc, const int* rowS
 	}
 }
 
+// roped is element j of a row of x after kvx_rope_apply (dense.cu) with
+// the row's tables c, s: the first dim elements of every head (stride
+// apart) rotated in pairs, NeoX (i, i + dim/2) or interleaved (2i, 2i+1),
+// with its roundings; the rest as they are.
+__device__ __forceinline__ float roped(const float* x, int j, int stride, int dim, bool interleaved, const float* c,
+                                       const float* s) {
+	const int h = j / stride, e = j - h * stride, half = dim / 2;
+	if (e >= 2 * half) {
+		return x[j];
+	}
+	const float* v = x + h * stride;
+	const int i = interleaved ? e / 2 : (e < half ? e : e - half);
+	const bool first = interleaved ? (e % 2 == 0) : e < half;
+	const float x0 = v[interleaved ? 2 * i : i], x1 = v[interleaved ? 2 * i + 1 : i + half];
+	return first ? __fsub_rn(__fmul_rn(x0, c[i]), __fmul_rn(x1, s[i])) : __fadd_rn(__fmul_rn(x0, s[i]), __fmul_rn(x1, c[i]));
+}
+
+// kvx_rope_write is kvx_rope_apply of every call row's q (qw values, in
+// place) and k (kw values), then kvx_attn_write of the rotated k and of v
+// (kw values) into the row of its position at dtype dt: the same bits as
+// the three launches, in one. k itself is left as it was. cs, sn are the
+// rows' tables (half = dim/2 entries a row); stride >= dim, and every head
+// fits (the host checks both). Grid (call rows, blocks a row): a row's
+// units (q's pairs, then the k and v values it writes) are spread over
+// gridDim.y blocks, one unit a thread, so a decode step's few rows do not
+// wait on one block's loads in turn.
+extern "C" __global__ void kvx_rope_write(const long long* desc, const int* rowSeg, float* q, long long qw, const float* k,
+                                          const float* vv, long long kw, const float* cs, const float* sn, long long stride,
+                                          long long dim, long long interleaved, char* base, long long blockBytes,
+                                          long long offset, long long rstride, long long tpb, long long dt) {
+	pdl_wait();
+	view v = {desc, rowSeg, base, blockBytes, offset, rstride, tpb};
+	const long long row = blockIdx.x;
+	const int half = (int)(dim / 2), st_ = (int)stride, d = (int)dim;
+	const bool il = interleaved != 0;
+	const float* c = cs + row * half;
+	const float* s = sn + row * half;
+	float* qr = q + row * qw;
+	const int heads = (int)((qw + stride - 1) / stride), pairs = heads * half, kv = (int)kw;
+	const long long* sd = segOf(v, row);
+	char* dst = rowAt(v, (const int*)sd[0], sd[1] + row - sd[3]);
+	const float* kr = k + row * kw;
+	const float* vr = vv + row * kw;
+	for (int u = blockIdx.y * blockDim.x + threadIdx.x; u < pairs + 2 * kv; u += gridDim.y * blockDim.x) {
+		if (u < pairs) {
+			// q in place: a thread rotates a whole pair, as kvx_rope_apply does.
+			const int h = u / half, i = u - h * half;
+			float* x = qr + h * st_;
+			const int a = il ? 2 * i : i, b = il ? 2 * i + 1 : i + half;
+			const float x0 = x[a], x1 = x[b];
+			x[a] = __fsub_rn(__fmul_rn(x0, c[i]), __fmul_rn(x1, s[i]));
+			x[b] = __fadd_rn(__fmul_rn(x0, s[i]), __fmul_rn(x1, c[i]));
+		} else {
+			const int i = u - pairs;
+			st(dst, i, dt, i < kv ? roped(kr, i, st_, d, il, c, s) : vr[i - kv]);
+		}
+	}
+}
+
 // kvx_dsa_index_write stores every call row's indexer key (d values) as
 // kernel.QuantizeIndexKey does: fp8 codes of k/scale, then the float32
 // scale = max(max|k|, 1e-4)/448. Grid: one block of ATT threads per row.

@@ -409,9 +409,12 @@ FA_ENTRIES(128)
 
 // kvx_fa_merge: grid (work items, kv heads), 128 threads; folds every
 // row's partition states (kvx_fa_split_d*'s part and ml, parts a row) in
-// ascending order, as fa_prefill does, and writes out.
+// ascending order, as fa_prefill does, and writes out; when ob is not 0,
+// also out rounded to bf16 (to_bf16, kvx_to_bf16's rounding) at the same
+// index: the next matmul's input, whose padded row is out's row when
+// heads·D is a multiple of its pad (the host checks).
 extern "C" __global__ void kvx_fa_merge(const long long* desc, const int* work, const float* part, const float* ml,
-		float* out, int parts, int heads, int kvHeads, int D, int window) {
+		float* out, unsigned short* ob, int parts, int heads, int kvHeads, int D, int window) {
 	pdl_wait();
 	const int kvh = blockIdx.y, item = blockIdx.x;
 	const long long* sd = desc + 4 * (long long)work[item];
@@ -432,6 +435,11 @@ extern "C" __global__ void kvx_fa_merge(const long long* desc, const int* work, 
 			L = fa_fold(L, a, ml[aj * 2 + 1], b);
 			M = Mn;
 		}
-		out[(row0 + r / G) * (long long)heads * D + (long long)(kvh * G + r % G) * D + d] = __fdiv_rn(F, L);
+		const long long o = (row0 + r / G) * (long long)heads * D + (long long)(kvh * G + r % G) * D + d;
+		const float y = __fdiv_rn(F, L);
+		out[o] = y;
+		if (ob) {
+			ob[o] = to_bf16(y);
+		}
 	}
 }

@@ -32,7 +32,6 @@
 
 #define WG_PART 1024 // k values a part, FG_PART in kernels/fgemm.cu
 #define WG_BK 64     // k values a stage: one 128-byte row
-#define WG_BM 128    // tokens a block: two computing warpgroups of 64
 #define WG_GROUP 8   // token tiles a column of blocks walks before the next feature tile
 
 // kvx_tmap is a CUtensorMap (cuda.h, CUDA 12): 128 opaque bytes, made on
