@@ -46,8 +46,9 @@ import (
 //     n_shared_experts) added. Experts are stored one by one
 //     (mlp.experts.N.{gate,up,down}_proj.weight).
 //
-// MTP layers are not run: plugins/model drops them when the checkpoint holds
-// no weights for them, and New refuses a model that still has them.
+// MTP layers (num_nextn_predict_layers) run on the last stage and propose
+// drafts (mtp.go); plugins/model drops them when the checkpoint holds no
+// weights for them (transformers' save_pretrained does not save them).
 
 // DeepSeekOps are the ops the DeepSeek families need beyond synth.Ops,
 // with synth.Ops' row-wise contract (each output row from its own input
@@ -171,8 +172,12 @@ type dsLayer struct {
 // newDeepSeek is New for the DeepSeek families (cfg read, m's architecture checked).
 func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cfg model.Numerics) (*Stage, error) {
 	n := len(m.Layers)
-	if m.NumNextN > 0 {
-		return nil, fmt.Errorf("hf: model %q: %d MTP layers; the %s code has no MTP head (limit 0)", m.Name, m.NumNextN, m.Arch)
+	dec := n - m.NumNextN
+	if m.NumNextN < 0 || dec < 1 {
+		return nil, fmt.Errorf("hf: model %q: %d MTP layers of %d leave no decoder layer", m.Name, m.NumNextN, n)
+	}
+	if last > dec && last != n {
+		return nil, fmt.Errorf("hf: layers [%d, %d) hold MTP layers but not the last layer %d (MTP layers are on the last stage)", first, last, n-1)
 	}
 	ds, err := readDeepSeek(cfg, m)
 	if err != nil {
@@ -183,9 +188,12 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 	if sparse {
 		mixer = spec.MixerDSA
 	}
-	for _, l := range m.Layers {
+	for i, l := range m.Layers {
 		if l.Mixer != mixer || (l.FFN != spec.FFNDense && l.FFN != spec.FFNMoE) {
 			return nil, fmt.Errorf("hf: model %q layer %d: mixer %q, ffn %q; the %s code runs %s with a dense or MoE MLP", m.Name, l.Index, l.Mixer, l.FFN, m.Arch, mixer)
+		}
+		if l.MTP != (i >= dec) {
+			return nil, fmt.Errorf("hf: model %q layer %d: MTP %v; the last %d of its %d layers (num_nextn_predict_layers) are the MTP layers", m.Name, i, l.MTP, m.NumNextN, n)
 		}
 	}
 	h, v, H := m.Hidden, m.Vocab, m.Heads
@@ -205,9 +213,13 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 	defer t.close()
 
 	t.ends("model.embed_tokens.weight", "model.norm.weight", v, h, cfg.Tied)
-	for i, l := range m.Layers {
+	// declare declares layer i's tensors in t.
+	declare := func(t *manifest, i int, l spec.Layer) {
 		p := LayerPrefix(i)
 		a := p + "self_attn."
+		if l.MTP {
+			t.declareMTP(i, h, v)
+		}
 		t.need(p+"input_layernorm.weight", h)
 		t.need(p+"post_attention_layernorm.weight", h)
 		if ds.QLora {
@@ -233,7 +245,7 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 			t.linear(f+"gate_proj", m.Intermediate, h, cfg.MLPBias)
 			t.linear(f+"up_proj", m.Intermediate, h, cfg.MLPBias)
 			t.linear(f+"down_proj", h, m.Intermediate, cfg.MLPBias)
-			continue
+			return
 		}
 		t.need(f+"gate.weight", m.Experts, h)
 		t.need(f+"gate.e_score_correction_bias", m.Experts)
@@ -247,6 +259,28 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 			t.linear(f+"shared_experts.gate_proj", ds.SharedIntermediate, h, false)
 			t.linear(f+"shared_experts.up_proj", ds.SharedIntermediate, h, false)
 			t.linear(f+"shared_experts.down_proj", h, ds.SharedIntermediate, false)
+		}
+	}
+	for i, l := range m.Layers {
+		declare(t, i, l)
+	}
+	// The checkpoint's MTP layers that m leaves out (speculative decoding
+	// off drops them) are allowed, their shapes checked, and not loaded.
+	held, err := model.CheckpointMTPLayers(dir)
+	if err != nil {
+		return nil, fmt.Errorf("hf: %w", err)
+	}
+	ffn := spec.FFNDense
+	if m.Experts > 0 {
+		ffn = spec.FFNMoE
+	}
+	for i := n; i < dec+held; i++ {
+		u := &manifest{want: map[string][]int{}, may: map[string][]int{}}
+		declare(u, i, spec.Layer{Index: i, Mixer: mixer, FFN: ffn, MTP: true})
+		for _, names := range []map[string][]int{u.want, u.may} {
+			for name, shape := range names {
+				t.allow(name, shape...)
+			}
 		}
 	}
 	if err := t.check(m.Arch, n); err != nil {
@@ -265,6 +299,7 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 		s.rope.Scale = scale
 	}
 	t.loadEnds(s, "model.embed_tokens.weight", "model.norm.weight")
+	modelEmbed := s.embed // the MTP layers' embedding where they have none of their own
 	for i := first; i < last; i++ {
 		p := LayerPrefix(i)
 		a := p + "self_attn."
@@ -303,6 +338,16 @@ func newDeepSeek(m spec.Model, dir string, first, last int, ops synth.Loader, cf
 			}
 		}
 		s.dsLayers = append(s.dsLayers, l)
+		if m.Layers[i].MTP {
+			ml := t.loadMTP(i, s.lmHead)
+			if ml.embed == nil {
+				if modelEmbed == nil {
+					modelEmbed = load("model.embed_tokens.weight")
+				}
+				ml.embed = modelEmbed
+			}
+			s.mtp = append(s.mtp, ml)
+		}
 	}
 	if err := t.err(); err != nil {
 		return nil, err

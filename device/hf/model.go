@@ -43,8 +43,9 @@
 //     expert; the delta net runs on the device's GDN kernel (GDNOps, an
 //     optional interface of the device's ops).
 //
-// Greedy ties break to the lowest token id (synth.Ops.Argmax). The model
-// has no MTP head: drafts are refused.
+// Greedy ties break to the lowest token id (synth.Ops.Argmax). DeepSeek's
+// MTP layers propose drafts (mtp.go); the other families have no MTP head
+// and refuse drafts.
 package hf
 
 import (
@@ -187,6 +188,7 @@ type Stage struct {
 	rope        synth.RoPE
 	ds          *DeepSeekConfig // the DeepSeek families (deepseek.go): dsLayers in place of layers
 	dsLayers    []dsLayer
+	mtp         []mtpLayer // DeepSeek's MTP layers on the last stage (mtp.go), their blocks in dsLayers
 	nemo        *nemotron  // Nemotron-H's blocks (nemotron.go); nil for the Llama family
 	q3n         *qwen3Next // Qwen3-Next's layers (qwen3next.go)
 }
@@ -312,12 +314,15 @@ func (s *Stage) Model() spec.Model { return s.m }
 // last stage samples after every item with Sample (greedily, or by
 // synth.Choose for an item whose Sampling is not greedy), with the
 // logits when st.Logits and the item's TopLogprobs most likely tokens
-// (synth.TopLogprobs) when it asks for them. The rows of item i are Tokens' positions
-// Pos..Pos+len-1, in item order. Item problems (no tokens, drafts, a token
-// outside the vocabulary, positions beyond max_position) are
-// *kvcache.Error values with Seqs set; a Hidden of the wrong length is a
-// plain error; the GQA kernel's errors are returned as they are. The result
-// is the caller's.
+// (synth.TopLogprobs) when it asks for them; a last stage with MTP layers
+// (DeepSeek, mtp.go) also verifies the items' drafts and proposes
+// st.Drafts drafts per sampling item (synth.Head). The rows of item i are Tokens' positions
+// Pos..Pos+len-1, in item order. Item problems (no tokens, drafts on a
+// model without MTP layers or outside [0, tokens), a token outside the
+// vocabulary, positions beyond max_position) are *kvcache.Error values
+// with Seqs set; more st.Drafts than MTP layers and a Hidden of the wrong
+// length are plain errors; the kernels' errors are returned as they are.
+// The result is the caller's.
 func (s *Stage) Forward(ctx context.Context, ops Ops, st synth.Step) (synth.Result, error) {
 	rows := 0
 	segs := make([]synth.Seg, len(st.Items))
@@ -325,11 +330,11 @@ func (s *Stage) Forward(ctx context.Context, ops Ops, st synth.Step) (synth.Resu
 		if err := s.checkItem(it); err != nil {
 			return synth.Result{}, err
 		}
-		segs[i] = synth.Seg{Seq: it.Seq, Pos: it.Pos, Rows: len(it.Tokens)}
+		segs[i] = synth.Seg{Seq: it.Seq, Pos: it.Pos, Rows: len(it.Tokens), Draft: it.Draft}
 		rows += len(it.Tokens)
 	}
-	if st.Drafts > 0 {
-		return synth.Result{}, fmt.Errorf("hf: %d drafts per step: model %q has no MTP head (limit 0)", st.Drafts, s.m.Name)
+	if err := s.checkDrafts(st); err != nil {
+		return synth.Result{}, err
 	}
 	h := s.m.Hidden
 	var x synth.Tensor
@@ -347,7 +352,7 @@ func (s *Stage) Forward(ctx context.Context, ops Ops, st synth.Step) (synth.Resu
 		x = ops.FromHost(hid, rows, h)
 	}
 	var pending synth.Tensor // the last layer's residual addend, not yet added to x
-	for i := s.first; i < s.last; i++ {
+	for i := s.first; i < min(s.last, s.decoderEnd()); i++ {
 		if err := ctx.Err(); err != nil {
 			return synth.Result{}, err
 		}
@@ -362,6 +367,9 @@ func (s *Stage) Forward(ctx context.Context, ops Ops, st synth.Step) (synth.Resu
 	if s.last != len(s.m.Layers) {
 		hid := ops.ToHost(x)
 		return synth.Result{Hidden: synth.EncodeHidden(make([]byte, 0, 4*len(hid)), hid)}, nil
+	}
+	if len(s.mtp) > 0 {
+		return synth.Head(ctx, ops, st, x, mtpHead{s, ops})
 	}
 	var idx []int
 	var items []synth.Item // the sampling items, in order
@@ -416,14 +424,15 @@ func (s *Stage) checkItem(it synth.Item) error {
 	switch {
 	case n == 0:
 		return kvcache.ItemErrorf(seqs, "hf: sequence %d has no tokens", it.Seq)
-	case it.Draft != 0:
-		return kvcache.ItemErrorf(seqs, "hf: sequence %d: %d drafts; model %q has no MTP head (limit 0)", it.Seq, it.Draft, s.m.Name)
 	case it.TopLogprobs < 0:
 		return kvcache.ItemErrorf(seqs, "hf: sequence %d: top logprobs %d must be >= 0", it.Seq, it.TopLogprobs)
 	case it.PromptTopLogprobs < 0:
 		return kvcache.ItemErrorf(seqs, "hf: sequence %d: prompt top logprobs %d must be >= 0", it.Seq, it.PromptTopLogprobs)
 	case it.Pos < 0 || (s.m.MaxPosition > 0 && it.Pos+n > s.m.MaxPosition):
 		return kvcache.ItemErrorf(seqs, "hf: sequence %d: positions %d..%d outside [0, max_position %d)", it.Seq, it.Pos, it.Pos+n-1, s.m.MaxPosition)
+	}
+	if err := s.checkMTPItem(it); err != nil {
+		return err
 	}
 	for _, t := range it.Tokens {
 		if t < 0 || int(t) >= s.m.Vocab {

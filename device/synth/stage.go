@@ -334,7 +334,7 @@ func (s *Stage) Forward(ctx context.Context, ops Ops, st Step) (Result, error) {
 		hid := ops.ToHost(x)
 		return Result{Hidden: EncodeHidden(make([]byte, 0, 4*len(hid)), hid)}, nil
 	}
-	return s.head(ctx, ops, st, x)
+	return Head(ctx, ops, st, x, stageHead{s})
 }
 
 func (s *Stage) checkItem(it Item) error {
@@ -409,14 +409,6 @@ func (s *Stage) layer(ctx context.Context, ops Ops, i int, segs []Seg, x Tensor)
 	return nil
 }
 
-// greedy returns the greedy token after each row idx of x (the main
-// model's or an MTP depth's hidden, before the final norm), and the logits
-// tensor of those rows, in idx order.
-func (s *Stage) greedy(ops Ops, x Tensor, idx []int) ([]int32, Tensor) {
-	lg := ops.MatMul(ops.RMSNorm(ops.Rows(x, idx), s.finalNorm, NormEps), s.lmHead)
-	return ops.Argmax(lg), lg
-}
-
 // TopLogprobs returns the k most likely tokens of one position from its
 // final logits (min(k, the non-NaN logits) of them): the log-softmax
 // computed in float64 (logit - log Σ exp over the non-NaN logits, with the
@@ -481,10 +473,70 @@ func Verify(tokens []int32, draft int, greedy []int32) []int32 {
 	return append(slices.Clone(d[:a]), greedy[a])
 }
 
-// head runs the last stage's sampling, verification and MTP head. x is the
-// main model's final hidden (before the final norm).
-func (s *Stage) head(ctx context.Context, ops Ops, st Step, x Tensor) (Result, error) {
-	res := Result{Prompt: PromptRows(ops, x, s.finalNorm, s.lmHead, NormEps, s.m.Vocab, st.Items)}
+// HeadModel is what Head needs of a model's last stage: its LM head and its
+// MTP depths, over the stage's Ops. The synthetic model implements it, and
+// so does a checkpoint's DeepSeek MTP head (package hf), so drafts are
+// proposed and verified by one piece of code for both.
+type HeadModel interface {
+	// Vocab returns the width of the logits.
+	Vocab() int
+	// Logits returns the main model's logits of rows idx of x (the last
+	// decoder layer's output, before the final norm), in idx order.
+	Logits(ops Ops, x Tensor, idx []int) Tensor
+	// Prompt returns the prompt rows of items from x (PromptRows).
+	Prompt(ops Ops, x Tensor, items []Item) []worker.PromptLogprobs
+	// MTP runs MTP depth k (1..Step.Drafts) on segs: row j of prev (the
+	// previous depth's output, the main model's x for k = 1) paired with
+	// the token toks[j], through the depth's MTP layer and its cache. It
+	// returns the depth's output, one row per row of prev, before its
+	// head's norm.
+	MTP(ctx context.Context, ops Ops, k int, segs []Seg, toks []int32, prev Tensor) (Tensor, error)
+	// MTPLogits returns depth k's logits of rows idx of its output h.
+	MTPLogits(ops Ops, k int, h Tensor, idx []int) Tensor
+}
+
+// stageHead is the synthetic model's HeadModel: the shared final norm and
+// LM head for the main model and every MTP depth.
+type stageHead struct{ s *Stage }
+
+func (h stageHead) Vocab() int { return h.s.m.Vocab }
+
+func (h stageHead) Logits(ops Ops, x Tensor, idx []int) Tensor {
+	return ops.MatMul(ops.RMSNorm(ops.Rows(x, idx), h.s.finalNorm, NormEps), h.s.lmHead)
+}
+
+func (h stageHead) Prompt(ops Ops, x Tensor, items []Item) []worker.PromptLogprobs {
+	return PromptRows(ops, x, h.s.finalNorm, h.s.lmHead, NormEps, h.s.m.Vocab, items)
+}
+
+func (h stageHead) MTP(ctx context.Context, ops Ops, k int, segs []Seg, toks []int32, prev Tensor) (Tensor, error) {
+	s := h.s
+	li := s.decEnd + k - 1
+	lw := &s.layers[li-s.first]
+	e := ops.RMSNorm(ops.Embed(s.embed, toks), lw.enorm, NormEps)
+	cur := ops.MatMul(ops.Concat(e, ops.RMSNorm(prev, lw.hnorm, NormEps)), lw.ehProj)
+	if err := s.layer(ctx, ops, li, segs, cur); err != nil {
+		return nil, err
+	}
+	return cur, nil
+}
+
+func (h stageHead) MTPLogits(ops Ops, _ int, x Tensor, idx []int) Tensor {
+	return h.Logits(ops, x, idx)
+}
+
+// Head runs a last stage's sampling, draft verification and MTP head over
+// m: x is the main model's output of st's rows (the last decoder layer's,
+// before the final norm). Sampling items get the greedy token (or Choose's)
+// after their last non-draft row, their drafts verified by Verify; with
+// st.Drafts > 0, MTP depths 1..st.Drafts run on every item's kept rows
+// (the rows of a prefill chunk, a sampling item's rows up to its last
+// accepted draft), so each MTP layer's cache covers exactly the positions
+// the main model's does, and each sampling item gets st.Drafts drafts. The
+// caller checks st.Drafts against its MTP layers. The result is the
+// caller's.
+func Head(ctx context.Context, ops Ops, st Step, x Tensor, m HeadModel) (Result, error) {
+	res := Result{Prompt: m.Prompt(ops, x, st.Items)}
 	type mtpItem struct {
 		seq  kvcache.SeqID
 		pos  int
@@ -513,13 +565,14 @@ func (s *Stage) head(ctx context.Context, ops Ops, st Step, x Tensor) (Result, e
 	var greedy []int32
 	var lg Tensor
 	if len(idx) > 0 {
-		greedy, lg = s.greedy(ops, x, idx)
+		lg = m.Logits(ops, x, idx)
+		greedy = ops.Argmax(lg)
 	}
 	// The host has every row of lg when a sampled item, logprobs or top
 	// logprobs need them; a sampled item's rows then get Choose's tokens in
 	// place of the greedy ones, and its drafts are verified against those.
 	var host []float32
-	v := s.m.Vocab
+	v := m.Vocab()
 	if slices.ContainsFunc(st.Items, func(it Item) bool {
 		return it.Sample && (!it.Sampling.Greedy() || it.Logprobs || it.TopLogprobs > 0)
 	}) {
@@ -599,7 +652,7 @@ func (s *Stage) head(ctx context.Context, ops Ops, st Step, x Tensor) (Result, e
 		return res, nil
 	}
 
-	// MTP depth k (1..Drafts) runs MTP layer decEnd+k-1 on the same
+	// MTP depth k (1..Drafts; the synthetic model's MTP layer decEnd+k-1) runs on the same
 	// positions as the kept rows: row j pairs the previous depth's hidden
 	// at j (the main model's for k = 1) with the token at j+k, and its
 	// output at the last row proposes draft k. Positions never leave the
@@ -618,15 +671,12 @@ func (s *Stage) head(ctx context.Context, ops Ops, st Step, x Tensor) (Result, e
 		if err := ctx.Err(); err != nil {
 			return Result{}, err
 		}
-		li := s.decEnd + k - 1
-		lw := &s.layers[li-s.first]
 		toks = toks[:0]
 		for _, it := range mi {
 			toks = append(toks, it.ext[k:k+it.m]...)
 		}
-		e := ops.RMSNorm(ops.Embed(s.embed, toks), lw.enorm, NormEps)
-		cur := ops.MatMul(ops.Concat(e, ops.RMSNorm(prev, lw.hnorm, NormEps)), lw.ehProj)
-		if err := s.layer(ctx, ops, li, segs, cur); err != nil {
+		cur, err := m.MTP(ctx, ops, k, segs, toks, prev)
+		if err != nil {
 			return Result{}, err
 		}
 		// Draft k of each sampling item, and the guess at position m+k of a
@@ -644,7 +694,7 @@ func (s *Stage) head(ctx context.Context, ops Ops, st Step, x Tensor) (Result, e
 			who = append(who, i)
 		}
 		if len(last) > 0 {
-			d, _ := s.greedy(ops, cur, last)
+			d := ops.Argmax(m.MTPLogits(ops, k, cur, last))
 			for j, i := range who {
 				it := &mi[i]
 				if len(it.ext) <= it.m+k {

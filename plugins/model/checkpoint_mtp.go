@@ -84,3 +84,15 @@ func checkpointNames(dir string) ([]string, error) {
 	}
 	return names, nil
 }
+
+// CheckpointMTPLayers returns the MTP layers the checkpoint in dir holds:
+// its config.json's num_nextn_predict_layers, or 0 when its weights hold
+// none of them (LoadCheckpoint's rule). A model may run fewer (speculative
+// decoding off drops them), and a loader then allows the rest unread.
+func CheckpointMTPLayers(dir string) (int, error) {
+	m, err := LoadCheckpoint(dir)
+	if err != nil {
+		return 0, err
+	}
+	return m.NumNextN, nil
+}

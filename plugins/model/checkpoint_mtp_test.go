@@ -10,7 +10,8 @@ import (
 
 // A checkpoint whose config.json lists MTP layers but whose weights hold
 // none (deepseek_v3's golden: num_nextn_predict_layers 1) loads without
-// them; an index naming the MTP layer's tensors keeps them. The DSA
+// them; an index naming the MTP layer's tensors keeps them, and
+// CheckpointMTPLayers counts the same. The DSA
 // indexer keys of a checkpoint are unquantized at the KV dtype.
 func TestCheckpointMTPAndIndexKeys(t *testing.T) {
 	src := filepath.Join("..", "..", "device", "hf", "testdata", "deepseek_v3")
@@ -34,6 +35,18 @@ func TestCheckpointMTPAndIndexKeys(t *testing.T) {
 	}
 	if mt, err := Load(dir); err != nil || mt.NumNextN != 1 || len(mt.Layers) != 4 || !mt.Layers[3].MTP {
 		t.Errorf("Load(index with model.layers.3.*) = %d MTP of %d layers, %v; want 1 of 4", mt.NumNextN, len(mt.Layers), err)
+	}
+	// The MTP layers a checkpoint holds, whatever a model runs of them.
+	for _, c := range []struct {
+		dir  string
+		want int
+	}{{src, 0}, {dir, 1}} {
+		if n, err := CheckpointMTPLayers(c.dir); n != c.want || err != nil {
+			t.Errorf("CheckpointMTPLayers(%s) = %d, %v; want %d", c.dir, n, err, c.want)
+		}
+	}
+	if _, err := CheckpointMTPLayers(t.TempDir()); err == nil {
+		t.Errorf("CheckpointMTPLayers(an empty directory) = nil error, want config.json's")
 	}
 
 	v32, err := Load(filepath.Join("..", "..", "device", "hf", "testdata", "deepseek_v32"))
