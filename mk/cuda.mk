@@ -86,6 +86,7 @@ gpu-bundle: cuda-build
 	rm -rf $(GPU_DIR)/scenarios $(GPU_DIR)/hf $(GPU_DIR)/scripts $(GPU_DIR)/bundle.tar.xz
 	cp -r scenarios $(GPU_DIR)/scenarios
 	mkdir -p $(GPU_DIR)/hf && cp -r device/hf/testdata $(GPU_DIR)/hf/testdata
+	$(GO) run ./device/hf/hftest/mtpckpt -testdata device/hf/testdata -out $(GPU_DIR)/hf/mtp
 	mkdir -p $(GPU_DIR)/scripts && cp scripts/*.py scripts/*.cu scripts/goldens.sh scripts/golden-family.sh $(GPU_DIR)/scripts/
 	@# One xz stream with a 64 MiB window: the binaries share most of
 	@# their code, so they pack to about a fifth of their size.

@@ -49,6 +49,11 @@
 #   e2e      a full-size Llama-3-8B checkpoint against transformers
 #            (scripts/e2e.py): $OUT/e2e/e2e.md
 #   tokenizers  scripts/hf_tokenizer_goldens.py into $OUT/tokenizers
+#   mtp      the DeepSeek goldens with two MTP layers (hf/mtp, written by
+#            make gpu-bundle: random, and quiet ones whose drafts are mostly
+#            accepted) through kvx generate on device cuda, dtype float32
+#            and bfloat16: the tokens with two drafts a step equal those
+#            without, and float32 equals the cpu's; prints the acceptance
 #   serve    kvx serve of the llama golden on device cuda, its prompts
 #            through /v1/completions (transformers' tokens), then SIGTERM
 #   calibrate  kvx calibrate on device cuda at real model shapes
@@ -322,6 +327,42 @@ step_e2e() {
 	# shellcheck disable=SC2086
 	python3 scripts/e2e.py --kvx bin/kvx --scenario scenarios/e2e-llama8b.yaml --out "$OUT/e2e" \
 		--ckpt "${E2E_CKPT:-/tmp/kvx-e2e/llama8b}" ${E2E_ARGS:-}
+}
+
+# mtp: every checkpoint of hf/mtp through kvx generate on cuda without
+# drafts and with two MTP drafts a step (dtype float32 and bfloat16), and
+# on cpu without drafts: the tokens must be the same with drafts as
+# without, and cuda float32's the cpu's.
+step_mtp() {
+	local rc=0 dir name mt backend manager dt
+	mkdir -p "$OUT/mtp"
+	for dir in hf/mtp/*/; do
+		name=$(basename "$dir")
+		read -r mt backend manager < <(bash scripts/golden-family.sh "$dir") || { echo "$name: no model_type"; rc=1; continue; }
+		local gen=(bin/kvx generate -c scenarios/hf-llama.yaml --set model="$(cd "$dir" && pwd)" --set attention_backend=$backend
+			--set cache_manager=$manager --prompts "$dir/prompts.jsonl")
+		local drafts=(--set speculative_config.decoding_type=MTP --set speculative_config.max_draft_len=2)
+		"${gen[@]}" --set device=cpu --json "$OUT/mtp/$name-cpu.json" >"$OUT/mtp/$name-cpu.log" 2>&1 || { echo "$name: cpu failed"; tail -3 "$OUT/mtp/$name-cpu.log"; rc=1; continue; }
+		for dt in float32 bfloat16; do
+			"${gen[@]}" --set device=cuda --set dtype=$dt --json "$OUT/mtp/$name-$dt.json" >"$OUT/mtp/$name-$dt.log" 2>&1 || { echo "$name $dt: failed"; tail -3 "$OUT/mtp/$name-$dt.log"; rc=1; continue; }
+			"${gen[@]}" --set device=cuda --set dtype=$dt "${drafts[@]}" --json "$OUT/mtp/$name-$dt-mtp.json" >"$OUT/mtp/$name-$dt-mtp.log" 2>&1 || { echo "$name $dt mtp: failed"; tail -3 "$OUT/mtp/$name-$dt-mtp.log"; rc=1; continue; }
+			python3 - "$OUT/mtp/$name-$dt.json" "$OUT/mtp/$name-$dt-mtp.json" "$OUT/mtp/$name-cpu.json" "$name $dt" "$(grep -o 'MTP drafts accepted [0-9]* of [0-9]*' "$OUT/mtp/$name-$dt-mtp.log")" <<'PY' || rc=1
+import json, sys
+ids = lambda f: {r["line"]: r.get("output_ids") for r in json.load(open(f))}
+a, b, c = ids(sys.argv[1]), ids(sys.argv[2]), ids(sys.argv[3])
+same = sum(1 for k in a if a[k] == b.get(k))
+ok = same == len(a) > 0 and sys.argv[5] != ""
+msg = f"{sys.argv[4]}: {same}/{len(a)} prompts give the same tokens with two MTP drafts a step as without ({sys.argv[5] or 'no drafts reported'})"
+if sys.argv[4].endswith("float32"):
+    cpu = sum(1 for k in a if a[k] == c.get(k))
+    ok = ok and cpu == len(a)
+    msg += f"; {cpu}/{len(a)} equal the cpu's"
+print(msg)
+sys.exit(0 if ok else 1)
+PY
+		done
+	done
+	return $rc
 }
 
 # bf16goldens: transformers' outputs of the golden checkpoints in bfloat16
