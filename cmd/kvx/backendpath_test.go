@@ -16,6 +16,7 @@ import (
 // registered, stops the run before it starts (exit 2) naming the key, the
 // value and what is allowed.
 func TestAttentionBackendByPath(t *testing.T) {
+	t.Parallel()
 	gqa := filepath.Join(binDir, "kvx-backend-gqa")
 	body, err := os.ReadFile(gqa)
 	if err != nil {

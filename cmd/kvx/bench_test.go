@@ -29,7 +29,7 @@ func TestBenchAgainstServe(t *testing.T) {
 		outTok   = 12
 		prefix   = 64 // 4 blocks of 16 tokens
 	)
-	srv := servetest.Start(t, execKVX("serve", "-c", genScenario, "--port", "0", "--set", "kv_cache_config.max_tokens=4096"))
+	srv := servetest.Start(t, kvxCommand(t, "serve", "-c", genScenario, "--port", "0", "--set", "kv_cache_config.max_tokens=4096"))
 	dir := t.TempDir()
 	js, page := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.html")
 	out, stderr, code := kvx(t, "bench", "--url", srv.Base, "--url", srv.Base+"/v1", "--name", "first", "--name", "second",
@@ -170,6 +170,7 @@ func TestBenchAgainstServe(t *testing.T) {
 // TestBenchFlags: bad flags are one usage error (exit 2) naming each flag,
 // its value and the limit, before any request is sent.
 func TestBenchFlags(t *testing.T) {
+	t.Parallel()
 	_, stderr, code := kvx(t, "bench", "--url", "ftp://x", "--rate", "-2", "--arrivals", "bursty", "--prompt-tokens", "9-3", "--extra-body", "[1]")
 	if code != 2 {
 		t.Fatalf("exit %d, want 2\n%s", code, stderr)

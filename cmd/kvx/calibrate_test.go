@@ -32,6 +32,7 @@ func calibrate(t *testing.T) (string, string, string) {
 // every point is consistent, and prints it with --json; the table and the
 // progress go to stderr.
 func TestCalibrateEndToEnd(t *testing.T) {
+	t.Parallel()
 	path, stdout, stderr := calibrate(t)
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -106,6 +107,7 @@ func TestCalibrateEndToEnd(t *testing.T) {
 // its report and takes other times than the datasheet roofline's; with
 // sim_calibration: none it is the datasheet sim, as before.
 func TestCalibrationChangesTheSim(t *testing.T) {
+	t.Parallel()
 	path, _, _ := calibrate(t)
 	dir := t.TempDir()
 	run := func(cal string) (string, float64) {
@@ -135,6 +137,7 @@ func TestCalibrationChangesTheSim(t *testing.T) {
 // usage errors naming the problem; a bad calibration file is refused by
 // every command that loads the config.
 func TestCalibrateRefuses(t *testing.T) {
+	t.Parallel()
 	bad := filepath.Join(t.TempDir(), "bad.json")
 	if err := os.WriteFile(bad, []byte(`{"schema": "kvx.calibration/v0", "hardware": "h200"}`), 0o644); err != nil {
 		t.Fatal(err)

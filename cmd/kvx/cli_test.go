@@ -15,6 +15,7 @@ import (
 // TestJSONToStdoutIsOnlyJSON: --json - writes one kvx.report/v1 document to
 // stdout, for run and compare alike, and the table goes to stderr.
 func TestJSONToStdoutIsOnlyJSON(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{
 		{"run", "-c", "testdata/small.yaml", "--set", "isolation=inprocess", "--set", "workload.requests=5", "--json", "-"},
 		{"compare", "-c", "testdata/small.yaml", "--set", "isolation=inprocess", "--set", "workload.requests=5", "--json", "-"},
@@ -40,6 +41,7 @@ func TestJSONToStdoutIsOnlyJSON(t *testing.T) {
 // TestCompareChecksEveryVariantFirst: a variant with a bad value is found
 // before any variant runs: exit 2, nothing on stdout, no report written.
 func TestCompareChecksEveryVariantFirst(t *testing.T) {
+	t.Parallel()
 	js := filepath.Join(t.TempDir(), "r.json")
 	out, stderr, code := kvx(t, "compare", "-c", "testdata/small.yaml", "--vary", "max_batch_size=16,0", "--json", js)
 	if code != 2 || out != "" || !strings.Contains(stderr, "max_batch_size=0") || !strings.Contains(stderr, "max_batch_size") {
@@ -55,6 +57,7 @@ func TestCompareChecksEveryVariantFirst(t *testing.T) {
 // variants' results stay in the table and the JSON, the failed one is
 // marked with its error, and the exit status says bad configuration.
 func TestFailedVariantKeepsTheOthers(t *testing.T) {
+	t.Parallel()
 	js := filepath.Join(t.TempDir(), "r.json")
 	wrong := filepath.Join(binDir, "kvx-backend-gqa")
 	out, stderr, code := kvx(t, "compare", "-c", "testdata/small.yaml", "--set", "workload.requests=5",
@@ -89,6 +92,7 @@ func TestFailedVariantKeepsTheOthers(t *testing.T) {
 // and an unwritable output are configuration errors found before anything
 // runs: exit 2, one message, no table of zeros.
 func TestPluginAndOutputPathsCheckedFirst(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	noexec := filepath.Join(dir, "kvx-cachemgr-noexec")
 	if err := os.WriteFile(noexec, []byte("#!/bin/sh\n"), 0o644); err != nil {
@@ -120,6 +124,7 @@ func TestPluginAndOutputPathsCheckedFirst(t *testing.T) {
 // TestVersion: kvx --version names the version, the plugin contract and
 // the build.
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	out, stderr, code := kvx(t, "--version")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
@@ -135,6 +140,7 @@ func TestVersion(t *testing.T) {
 // rejected against max_seq_len before any token is made; the others run,
 // and the rejected ones count in no token total.
 func TestHugeTraceLinesRejectedCheaply(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "t.jsonl")
 	var b strings.Builder
@@ -179,6 +185,7 @@ func TestHugeTraceLinesRejectedCheaply(t *testing.T) {
 // TestPlanPluginErrorsAreConfigErrors: plan with a missing plugin or one of
 // the wrong kind exits 2, as run does.
 func TestPlanPluginErrorsAreConfigErrors(t *testing.T) {
+	t.Parallel()
 	for _, cm := range []string{filepath.Join(t.TempDir(), "nope"), filepath.Join(binDir, "kvx-backend-dsa")} {
 		if _, stderr, code := kvx(t, "plan", "-c", "testdata/small.yaml", "--set", "cache_manager="+cm); code != 2 {
 			t.Errorf("plan with cache_manager %s: exit %d, want 2\n%s", cm, code, stderr)
@@ -189,6 +196,7 @@ func TestPlanPluginErrorsAreConfigErrors(t *testing.T) {
 // TestMaxTokensHintNamesMaxTokens: a max_tokens below one request is
 // refused before any manager runs, saying to raise max_tokens.
 func TestMaxTokensHintNamesMaxTokens(t *testing.T) {
+	t.Parallel()
 	for _, cmd := range []string{"plan", "run"} {
 		out, stderr, code := kvx(t, cmd, "-c", "testdata/small.yaml", "--set", "kv_cache_config.max_tokens=4000")
 		if code != 2 || strings.Contains(out, "requests total") || !strings.Contains(stderr, "raise kv_cache_config.max_tokens") ||
@@ -202,6 +210,7 @@ func TestMaxTokensHintNamesMaxTokens(t *testing.T) {
 // reports each one's capacity in the table and the JSON; under a generous
 // SLO every load is kept, under a tiny one none is.
 func TestCompareCapacity(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		slo  string
 		want float64 // -1: none

@@ -13,6 +13,7 @@ import (
 // preemptions, the same figures as its record; the JSON report carries the
 // records only with --requests.
 func TestRunExplain(t *testing.T) {
+	t.Parallel()
 	js := filepath.Join(t.TempDir(), "r.json")
 	args := []string{"run", "-c", "testdata/small.yaml", "--set", "isolation=inprocess", "--set", "workload.requests=12", "--no-progress"}
 	out, stderr, code := kvx(t, append(args, "--explain", "3", "--explain", "5,7", "--json", js)...)
@@ -78,6 +79,7 @@ func commas(n int) string {
 // TestEvictionPolicyRefused, on a manager that lists none), and a value
 // outside lru and lfu is refused before any run.
 func TestEvictionPolicy(t *testing.T) {
+	t.Parallel()
 	for _, cm := range []string{"v1", "v2"} {
 		out, _, code := kvx(t, "run", "-c", "testdata/small.yaml", "--set", "cache_manager="+cm, "--set", "workload.requests=4",
 			"--set", "kv_cache_config.eviction_policy=lfu", "--no-progress", "--json", "-")

@@ -53,6 +53,7 @@ func generate(t *testing.T, prompts string, args ...string) ([]completion, strin
 // each position's top logprobs sorted and led by the token generated there,
 // the last position's equal to those of the reference's logits.
 func TestGenerateSameEverywhere(t *testing.T) {
+	t.Parallel()
 	k := "--top-logprobs=5"
 	variants := [][]string{
 		{"--set", "cache_manager=v1", "--set", "isolation=inprocess"},
@@ -93,6 +94,7 @@ func TestGenerateSameEverywhere(t *testing.T) {
 // head, seed 6 does once) the completions and their top logprobs are those
 // without drafts.
 func TestGenerateDraftsChangeNothing(t *testing.T) {
+	t.Parallel()
 	mla := []string{"--set", "model=deepseek-v3", "--set", "attention_backend=mla", "--set", "isolation=inprocess",
 		"--set", "synthetic.layers=3", "--set", "synthetic.hidden=48", "--set", "synthetic.heads=4", "--set", "synthetic.experts=4",
 		"--set", "synthetic.experts_per_token=2", "--set", "synthetic.kv_heads=0", "--set", "synthetic.head_dim=0", "--set", "synthetic.intermediate=0",
@@ -187,6 +189,7 @@ func checkAgainstReference(t *testing.T, cs []completion) {
 // TestGenerateBadLinesFailAlone: each bad line fails with its line number,
 // the field, the value and the limit; the good lines still run; exit 1.
 func TestGenerateBadLinesFailAlone(t *testing.T) {
+	t.Parallel()
 	lines := []struct {
 		line string
 		want []string // in the failure message; nil for a good line
@@ -243,6 +246,7 @@ func TestGenerateBadLinesFailAlone(t *testing.T) {
 // TestGenerateRefusals: the sim device, --top-logprobs out of bounds, and
 // missing flags or files are usage errors (exit 2) that say why.
 func TestGenerateRefusals(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		args []string
 		want []string

@@ -58,6 +58,7 @@ func writeLines(t *testing.T, lines ...string) string {
 // encodes text prompts (its BOS first) to the ids a prompt_ids line gives
 // by hand, and decodes the completions without special tokens.
 func TestGenerateCheckpointTokenizer(t *testing.T) {
+	t.Parallel()
 	data, err := os.ReadFile(ckptTokenize)
 	if err != nil {
 		t.Fatal(err)
@@ -107,6 +108,7 @@ func TestGenerateCheckpointTokenizer(t *testing.T) {
 // ids do not fit the model fails the text line alone; without one, text
 // prompts fail and prompt_ids lines run.
 func TestGenerateCheckpointTokenizerErrors(t *testing.T) {
+	t.Parallel()
 	good, err := os.ReadFile(ckptTokenize)
 	if err != nil {
 		t.Fatal(err)

@@ -86,7 +86,7 @@ func noPluginLeft(t *testing.T) {
 // startKvx starts the kvx binary with args; stderr is collected.
 func startKvx(t *testing.T, args ...string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "kvx"), args...)
+	cmd := kvxCommand(t, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
@@ -188,6 +188,7 @@ func wantProcessesGone(t *testing.T, pids []int) {
 // (it sleeps, holding go-plugin's pipes) fails the run at the start timeout
 // with a message that names it, and its child goes with it.
 func TestHangingWrapperTimesOut(t *testing.T) {
+	t.Parallel()
 	script, pids := wrapperScript(t, t.TempDir(), 100000, "")
 	cmd, stderr := startKvx(t, "run", "-c", "testdata/small.yaml", "--set", "cache_manager="+script,
 		"--set", "plugin_timeouts.start=1s", "--no-progress")
@@ -209,6 +210,7 @@ func TestHangingWrapperTimesOut(t *testing.T) {
 // mid-run, stop kvx with exit 130, 143 and 129; the run's report says it
 // was interrupted (not that a plugin failed) and no process is left.
 func TestSignalsStopKvx(t *testing.T) {
+	t.Parallel()
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
 		want := 128 + int(sig)
 		t.Run(signalName(sig)+"/start-up", func(t *testing.T) {
@@ -252,6 +254,7 @@ func TestSignalsStopKvx(t *testing.T) {
 // stops the comparison: no next variant runs, and the report holds the one
 // that was interrupted.
 func TestInterruptedCompareStopsAtOnce(t *testing.T) {
+	t.Parallel()
 	js := filepath.Join(t.TempDir(), "r.json")
 	cmd, stderr := startKvx(t, "compare", "-c", "testdata/small.yaml", "--set", "workload.requests=20000", "--set", "workload.rate=0",
 		"--vary", "cache_manager=v1,v2", "--no-progress", "--json", js)

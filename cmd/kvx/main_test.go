@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"maps"
 	"math"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,12 +30,102 @@ import (
 // binDir holds kvx and every plugin binary, built once for the package.
 var binDir string
 
-func TestMain(m *testing.M) { testbin.Main(m, &binDir) }
+// TestMain builds the binaries (testbin.Build), runs the tests, and fails
+// when a plugin process of binDir outlives them all for 5 s: each test's
+// own checks see only its own kvx processes' plugins (kvxCommand), this one
+// every plugin of the package's binaries, whichever test left it.
+//
+// The tests that run kvx mostly wait on it (its plugins, their deadlines,
+// a drain), so they run side by side (t.Parallel), six at once unless
+// -test.parallel says otherwise, whatever the number of cores. Those whose
+// check needs kvx to act within a narrow window run one after the other,
+// before them: a kill between two stages' start, a reset while a stream
+// runs, a 100 ms drain, one restart at a deadline of 1 or 2 s.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		flag.Set("test.parallel", "6")
+	}
+	d, err := testbin.Build()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = d
+	code := m.Run()
+	deadline := time.Now().Add(5 * time.Second)
+	left, err := servetest.Plugins(binDir, nil)
+	for err == nil && len(left) > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		left, err = servetest.Plugins(binDir, nil)
+	}
+	if len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: plugin processes left after the tests: %v\n", left)
+		code = 1
+	}
+	os.RemoveAll(d)
+	os.Exit(code)
+}
+
+// started holds, for each running test, the kvx commands it made with
+// kvxCommand.
+var started struct {
+	sync.Mutex
+	cmds map[testing.TB][]*exec.Cmd
+}
+
+// kvxCommand returns the command that runs the built kvx with args for t.
+// It starts in a session of its own, which the plugin processes it starts
+// keep, also once orphaned (servetest.Plugins): pluginPIDs(t) lists those
+// of t's own kvx processes only, so that tests that run kvx side by side
+// (t.Parallel) do not see each other's plugins.
+func kvxCommand(t testing.TB, args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(binDir, "kvx"), args...)
+	servetest.NewSession(cmd)
+	started.Lock()
+	defer started.Unlock()
+	if started.cmds == nil {
+		started.cmds = map[testing.TB][]*exec.Cmd{}
+	}
+	if started.cmds[t] == nil {
+		t.Cleanup(func() {
+			started.Lock()
+			defer started.Unlock()
+			delete(started.cmds, t)
+		})
+	}
+	started.cmds[t] = append(started.cmds[t], cmd)
+	return cmd
+}
+
+// pluginPIDs lists the live plugin processes that t's kvx processes
+// (kvxCommand) started, left running included.
+func pluginPIDs(t testing.TB) []int {
+	t.Helper()
+	started.Lock()
+	var sessions []int
+	for _, cmd := range started.cmds[t] {
+		if cmd.Process != nil {
+			sessions = append(sessions, cmd.Process.Pid)
+		}
+	}
+	started.Unlock()
+	if len(sessions) == 0 {
+		return nil
+	}
+	pids, err := servetest.Plugins(binDir, sessions)
+	if err != nil {
+		t.Skip("no /proc")
+	}
+	return pids
+}
 
 // kvx runs the built kvx binary and returns stdout, stderr and the exit code.
 func kvx(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "kvx"), args...)
+	cmd := kvxCommand(t, args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -76,6 +168,7 @@ func comparable(r report.Report) report.Report {
 // TestPluginAndInprocessGiveIdenticalReports: isolation changes nothing but
 // wall time, for both managers.
 func TestPluginAndInprocessGiveIdenticalReports(t *testing.T) {
+	t.Parallel()
 	js := filepath.Join(t.TempDir(), "r.json")
 	out, stderr, code := kvx(t, "compare", "-c", "testdata/small.yaml", "--vary", "cache_manager=v1,v2", "--vary", "isolation=inprocess,plugin", "--json", js)
 	if code != 0 {
@@ -107,6 +200,7 @@ func TestPluginAndInprocessGiveIdenticalReports(t *testing.T) {
 // by side (the next step scheduled during the forward, in a closed loop)
 // give the same report as one after the other.
 func TestStepOverlapChangesNothing(t *testing.T) {
+	t.Parallel()
 	js := filepath.Join(t.TempDir(), "r.json")
 	out, stderr, code := kvx(t, "compare", "-c", "testdata/small.yaml", "--set", "workload.concurrency=8", "--set", "workload.rate=0",
 		"--vary", "step_overlap=auto,off", "--json", js)
@@ -131,12 +225,10 @@ func TestStepOverlapChangesNothing(t *testing.T) {
 	}
 }
 
-// pluginPIDs lists live processes whose executable is one of our plugins.
-func pluginPIDs(t *testing.T) []int { return servetest.PluginPIDs(t, binDir) }
-
 // TestNoOrphanPluginProcesses: after a run, and after a run interrupted with
 // SIGINT, no plugin process is left.
 func TestNoOrphanPluginProcesses(t *testing.T) {
+	t.Parallel()
 	if _, _, code := kvx(t, "run", "-c", "testdata/small.yaml", "--set", "workload.requests=10"); code != 0 {
 		t.Fatalf("run exit %d", code)
 	}
@@ -144,7 +236,7 @@ func TestNoOrphanPluginProcesses(t *testing.T) {
 		t.Fatalf("plugin processes left after a run: %v", pids)
 	}
 
-	cmd := exec.Command(filepath.Join(binDir, "kvx"), "run", "-c", "testdata/small.yaml", "--set", "workload.requests=100000", "--set", "workload.rate=0")
+	cmd := kvxCommand(t, "run", "-c", "testdata/small.yaml", "--set", "workload.requests=100000", "--set", "workload.rate=0")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -176,6 +268,7 @@ func TestNoOrphanPluginProcesses(t *testing.T) {
 // the worker plugin, mid-run (each serves both pipeline stages); the engine
 // restarts it, recomputes, and every request completes.
 func TestKilledPluginIsRestarted(t *testing.T) {
+	t.Parallel()
 	for _, binary := range []string{"kvx-cachemgr-v2", "kvx-backend-dsa"} {
 		t.Run(binary, func(t *testing.T) { killPluginMidRun(t, binary) })
 	}
@@ -185,7 +278,7 @@ func killPluginMidRun(t *testing.T, binary string) {
 	js := filepath.Join(t.TempDir(), "r.json")
 	// At debug level kvx logs each stage's plugin instances as they become
 	// ready; stage 1's worker is the last: the run is under way after it.
-	cmd := exec.Command(filepath.Join(binDir, "kvx"), "run", "-c", "testdata/small.yaml", "--set", "workload.requests=400", "--json", js,
+	cmd := kvxCommand(t, "run", "-c", "testdata/small.yaml", "--set", "workload.requests=400", "--json", js,
 		"--log-level", "debug")
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
@@ -233,7 +326,7 @@ func killPluginMidRun(t *testing.T, binary string) {
 // restarts, exit 1), and every request completes.
 func TestManagerKilledWhileStagesStart(t *testing.T) {
 	js := filepath.Join(t.TempDir(), "r.json")
-	cmd := exec.Command(filepath.Join(binDir, "kvx"), "run", "-c", "testdata/small.yaml", "--set", "workload.requests=50", "--json", js,
+	cmd := kvxCommand(t, "run", "-c", "testdata/small.yaml", "--set", "workload.requests=50", "--json", js,
 		"--log-level", "debug")
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
@@ -269,6 +362,7 @@ func TestManagerKilledWhileStagesStart(t *testing.T) {
 // TestBadConfigExitsTwoNamingTheKey: typos, bad values and bad files are
 // reported at once with the key, the value and what is allowed.
 func TestBadConfigExitsTwoNamingTheKey(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		args []string
 		want []string
@@ -300,6 +394,7 @@ func TestBadConfigExitsTwoNamingTheKey(t *testing.T) {
 // TestPlanAndPluginsCommands: plan prints every stage's budget and layout;
 // plugins lists every binary with what it supports.
 func TestPlanAndPluginsCommands(t *testing.T) {
+	t.Parallel()
 	out, stderr, code := kvx(t, "plan", "-c", "testdata/small.yaml")
 	if code != 0 {
 		t.Fatalf("plan exit %d: %s", code, stderr)
@@ -329,6 +424,7 @@ func TestPlanAndPluginsCommands(t *testing.T) {
 
 // TestBundledScenariosPlan: every bundled scenario loads and plans.
 func TestBundledScenariosPlan(t *testing.T) {
+	t.Parallel()
 	files, err := filepath.Glob("../../scenarios/*.yaml")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no scenarios: %v", err)
@@ -357,6 +453,7 @@ func gpuOnly(t *testing.T, f string) bool {
 // TestDefaultDtypesRun: kv_cache_config.dtype left at auto reaches the
 // worker as a dtype it runs (a short run of the seed-A scenario's shape).
 func TestDefaultDtypesRun(t *testing.T) {
+	t.Parallel()
 	out, stderr, code := kvx(t, "run", "-c", "../../scenarios/seed-a.yaml", "--set", "isolation=inprocess",
 		"--set", "workload.requests=3", "--set", "workload.prompt_tokens=20000", "--set", "workload.output_tokens=50")
 	if code != 0 {
@@ -367,6 +464,7 @@ func TestDefaultDtypesRun(t *testing.T) {
 // TestConformanceCommand: the suite runs against plugin binaries from the
 // CLI, one process per check, and refuses what is not a plugin.
 func TestConformanceCommand(t *testing.T) {
+	t.Parallel()
 	for _, bin := range []string{"kvx-cachemgr-v2", "kvx-backend-gqa"} {
 		out, stderr, code := kvx(t, "conformance", filepath.Join(binDir, bin))
 		if code != 0 || !strings.Contains(out, " 0 failed") || !strings.Contains(out, fmt.Sprintf("protocol %d, features %v", pluginrpc.Protocol, pluginrpc.Current().Features)) {
@@ -385,6 +483,7 @@ func TestConformanceCommand(t *testing.T) {
 // the table and the resolved config, whose charts all render in headless
 // Chromium without a console error or a request for anything.
 func TestHTMLReport(t *testing.T) {
+	t.Parallel()
 	page := filepath.Join(t.TempDir(), "r.html")
 	if _, stderr, code := kvx(t, "compare", "-c", "testdata/small.yaml", "--set", "isolation=inprocess", "--set", "workload.requests=10", "--html", page); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
@@ -425,6 +524,7 @@ func TestHTMLReport(t *testing.T) {
 // resolved config (every known key), the workload, latency quantiles and a
 // bounded series over engine time that ends at the run's totals.
 func TestReportRecordsAndSeries(t *testing.T) {
+	t.Parallel()
 	js := filepath.Join(t.TempDir(), "r.json")
 	if _, stderr, code := kvx(t, "run", "-c", "testdata/small.yaml", "--set", "isolation=inprocess", "--set", "workload.requests=40", "--requests", "--json", js); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
@@ -515,6 +615,7 @@ func TestReportRecordsAndSeries(t *testing.T) {
 // real KV, as plugins) the outputs digest is the same whatever the manager
 // and with block reuse on or off, and each variant does what it is named for.
 func TestCPUScenariosSameOutputs(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		scenario string
 		vary     []string

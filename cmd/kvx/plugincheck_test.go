@@ -10,6 +10,7 @@ import (
 // binary, or one that does not match its plugin_sha256 pin, is a
 // configuration error (exit 2) that names it, in every command.
 func TestMissingPluginExit2(t *testing.T) {
+	t.Parallel()
 	const missing = "/nonexistent/kvx-cachemgr-missing"
 	const hfLlama, calib = "../../scenarios/hf-llama.yaml", "../../scenarios/calib-cpu.yaml"
 	commands := [][]string{

@@ -39,7 +39,7 @@ type served = servetest.Served
 // returns once it listens.
 func startServed(t *testing.T, env []string, args ...string) *served {
 	t.Helper()
-	cmd := execKVX(append([]string{"serve", "-c", serveSim, "--port", "0"}, args...)...)
+	cmd := kvxCommand(t, append([]string{"serve", "-c", serveSim, "--port", "0"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	return servetest.Start(t, cmd)
 }
@@ -239,6 +239,7 @@ func afterLoad(t *testing.T, base string, restarts float64) {
 // process is left after SIGTERM (exit 0). It logs the figures of issue 14's
 // closing note.
 func TestServeLoadWithKills(t *testing.T) {
+	t.Parallel()
 	if n := len(pluginPIDs(t)); n > 0 {
 		t.Fatalf("%d plugin processes before the test", n)
 	}
@@ -296,6 +297,7 @@ func TestServeLoadWithKills(t *testing.T) {
 // OpenAI's shape (or an SSE error event), and the process exits 1 instead
 // of answering 503 forever; no plugin process is left.
 func TestServeUnrecoverableExitsNonZero(t *testing.T) {
+	t.Parallel()
 	s := startServed(t, []string{engine.FaultEnv + "=kill:worker:20,kill:worker:40"}, "--set", "plugin_restarts.max=1",
 		"--set", "plugin_restarts.backoff=1ms")
 	var wg sync.WaitGroup
@@ -432,6 +434,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 // 200 again, the next request completes, and after SIGTERM no plugin is
 // left. It logs how long the replacement took.
 func TestServeIdleKillIsFoundAndRestarted(t *testing.T) {
+	t.Parallel()
 	s := startServed(t, nil)
 	victim := pluginOf(t, "kvx-backend-gqa") // serve-sim.yaml: Llama, attention_backend gqa
 	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
@@ -475,6 +478,7 @@ func TestServeIdleKillIsFoundAndRestarted(t *testing.T) {
 // freed (no request running, KV usage 0), well before they would have
 // finished.
 func TestServeDisconnectWithPlugins(t *testing.T) {
+	t.Parallel()
 	s := startServed(t, nil)
 	const n, maxTok = 4, 3000
 	for i := range n {

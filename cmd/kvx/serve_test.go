@@ -612,7 +612,8 @@ func TestServeSim(t *testing.T) {
 // TestServeBinary: the real binary serves on loopback with its plugins as
 // processes and stops cleanly on SIGINT, leaving no plugin process behind.
 func TestServeBinary(t *testing.T) {
-	cmd := execKVX("serve", "-c", genScenario, "--port", "0")
+	t.Parallel()
+	cmd := kvxCommand(t, "serve", "-c", genScenario, "--port", "0")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -651,8 +652,6 @@ func TestServeBinary(t *testing.T) {
 		t.Errorf("plugin processes left after kvx serve stopped: %v", pids)
 	}
 }
-
-func execKVX(args ...string) *exec.Cmd { return exec.Command(filepath.Join(binDir, "kvx"), args...) }
 
 // TestServeOpenAIClient: the official openai npm client (installed by
 // .ci/run into testdata/openai) lists the model, completes, streams and

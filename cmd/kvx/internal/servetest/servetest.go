@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,9 +113,23 @@ func (s *Served) Wait(t testing.TB) int {
 // of binDir (anything there but kvx itself); zombies are not alive.
 func PluginPIDs(t testing.TB, binDir string) []int {
 	t.Helper()
-	entries, err := os.ReadDir("/proc")
+	pids, err := Plugins(binDir, nil)
 	if err != nil {
 		t.Skip("no /proc")
+	}
+	return pids
+}
+
+// Plugins lists the live processes whose executable is a plugin binary of
+// binDir (anything there but kvx itself); zombies are not alive. With
+// sessions, only the processes of one of those sessions: a kvx started in
+// a session of its own (NewSession) keeps its plugins in it, also once
+// they are orphaned (core/host gives each plugin a process group of its
+// own, not a session).
+func Plugins(binDir string, sessions []int) ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
 	}
 	var pids []int
 	for _, e := range entries {
@@ -126,10 +141,29 @@ func PluginPIDs(t testing.TB, binDir string) []int {
 		if err != nil || !strings.HasPrefix(exe, binDir) || strings.HasSuffix(exe, "/kvx") {
 			continue
 		}
-		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && strings.Contains(string(stat), ") Z ") {
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // gone
+		}
+		// pid (comm) state ppid pgrp session ...; comm may hold spaces
+		// and parentheses, so the fields are counted from the last ')'.
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) < 4 || f[0] == "Z" {
 			continue // a zombie: dead, waiting for a reaper
+		}
+		if sid, _ := strconv.Atoi(f[3]); sessions != nil && !slices.Contains(sessions, sid) {
+			continue
 		}
 		pids = append(pids, pid)
 	}
-	return pids
+	return pids, nil
+}
+
+// NewSession makes cmd start in a session of its own, whose id is its
+// pid (Plugins' sessions).
+func NewSession(cmd *exec.Cmd) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setsid = true
 }
