@@ -144,6 +144,16 @@ def hf_baseline(d):
     return res
 
 
+def nsys_path():
+    """nsys on PATH, or the one Nsight Compute or Systems installs (the GPU
+    machine has it only inside Nsight Compute's directory)."""
+    import glob
+    import shutil
+    found = shutil.which("nsys") or sorted(glob.glob("/opt/nvidia/nsight-*/*/host/target-linux-x64/nsys") +
+                                            glob.glob("/opt/nvidia/nsight-systems/*/bin/nsys"))
+    return found if isinstance(found, str) else (found[-1] if found else "nsys")
+
+
 def nsys_gaps(rep, out, tag):
     """Where a run's GPU time goes between kernels, from an Nsight Systems
     report of it: the union of its kernel and copy intervals, and the gaps
@@ -152,7 +162,7 @@ def nsys_gaps(rep, out, tag):
     sampled tokens' trip to the host). Written to OUT/nsys-TAG.txt."""
     import sqlite3
     db = rep[:-len(".nsys-rep")] + ".sqlite"
-    subprocess.run(["nsys", "export", "--type", "sqlite", "--force-overwrite", "true", "-o", db, rep],
+    subprocess.run([nsys_path(), "export", "--type", "sqlite", "--force-overwrite", "true", "-o", db, rep],
                    capture_output=True, text=True, timeout=600)
     con = sqlite3.connect(db)
     iv = []
@@ -208,7 +218,7 @@ def kvx_run(kvx, scen, ckpt, out, tag, sets, timeout=600, prof=False, nsys=False
     rep = None
     if nsys:
         rep = os.path.join("/tmp", f"kvx-nsys-{tag}.nsys-rep")
-        cmd = ["nsys", "profile", "-t", "cuda", "--force-overwrite", "true", "-o", rep] + cmd
+        cmd = [nsys_path(), "profile", "-t", "cuda", "--force-overwrite", "true", "-o", rep] + cmd
     for s in sets:
         cmd += ["--set", s]
     env = dict(os.environ)

@@ -54,6 +54,13 @@
 #            accepted) through kvx generate on device cuda, dtype float32
 #            and bfloat16: the tokens with two drafts a step equal those
 #            without, and float32 equals the cpu's; prints the acceptance
+#   faults   a cuda worker that dies mid-run is replaced and its requests
+#            recomputed: an injected illegal address and an injected
+#            out-of-memory (CUDA_KVX_FAULT, once each) and a kill -9 from
+#            outside, each run giving the clean run's outputs digest with
+#            every request completed and a restart counted; and pools larger
+#            than the GPU's free memory refused before anything is allocated
+#            (TestOpenPoolsAboveFree)
 #   serve    kvx serve of the llama golden on device cuda, its prompts
 #            through /v1/completions (transformers' tokens), then SIGTERM
 #   calibrate  kvx calibrate on device cuda at real model shapes
@@ -362,6 +369,49 @@ sys.exit(0 if ok else 1)
 PY
 		done
 	done
+	return $rc
+}
+
+# faults: GPU faults survived (see the header). Each faulted run must give
+# the clean run's digest, all requests completed and at least one plugin
+# restart.
+step_faults() {
+	local rc=0 f pid
+	mkdir -p "$OUT/faults"
+	local run=(bin/kvx run -c scenarios/hf-llama.yaml --set model="$here/hf/testdata/llama" --set device=cuda --set isolation=plugin
+		--set workload.requests=${FAULTS_REQUESTS:-1500} --no-progress)
+	"${run[@]}" --json "$OUT/faults/clean.json" >"$OUT/faults/clean.log" 2>&1 || { echo "faults: the clean run failed"; tail -5 "$OUT/faults/clean.log"; return 1; }
+	check_fault() {
+		python3 - "$OUT/faults/clean.json" "$OUT/faults/$1.json" "$1" <<'PY'
+import json, sys
+c, f = (json.load(open(p))["variants"][0] for p in sys.argv[1:3])
+rq, eng = f["requests"], f["engine"]
+same = c["outputs"]["digest"] == f["outputs"]["digest"]
+ok = same and rq["completed"] == rq["total"] == c["requests"]["total"] and eng["plugin_restarts"] >= 1
+digest = "the clean run's" if same else "not the clean run's " + c["outputs"]["digest"]
+print(f"faults {sys.argv[3]}: {rq['completed']}/{rq['total']} completed, {eng['plugin_restarts']} plugin restarts, "
+      f"digest {f['outputs']['digest']} ({digest}), wall {eng['wall_s']:.1f} s against {c['engine']['wall_s']:.1f} s clean")
+sys.exit(0 if ok else 1)
+PY
+	}
+	for f in illegal oom; do
+		rm -f "/tmp/kvx-fault-$f"
+		CUDA_KVX_FAULT=$f:40:/tmp/kvx-fault-$f "${run[@]}" --json "$OUT/faults/$f.json" >"$OUT/faults/$f.log" 2>&1 || { echo "faults $f: kvx run exit $?"; tail -5 "$OUT/faults/$f.log"; rc=1; continue; }
+		grep -m1 "the CUDA context is lost" "$OUT/faults/$f.log" | sed 's/^/  /'
+		check_fault "$f" || rc=1
+	done
+	"${run[@]}" --json "$OUT/faults/kill.json" >"$OUT/faults/kill.log" 2>&1 &
+	pid=$!
+	for _ in $(seq 100); do pgrep -f kvx-backend-gqa >/dev/null && break; sleep 0.1; done
+	sleep 1.5
+	pkill -9 -f kvx-backend-gqa && echo "faults kill: kill -9 of the cuda worker 1.5 s after it started"
+	if wait "$pid"; then check_fault kill || rc=1; else echo "faults kill: kvx run exit $?"; tail -5 "$OUT/faults/kill.log"; rc=1; fi
+	# Pools larger than the GPU's free memory: refused before anything is
+	# allocated (kvx sizes the pools within free_gpu_memory_fraction of the
+	# free memory NVML reports, so a config cannot ask for more; the test
+	# gives allocPools such a layout).
+	(cd test && ./cuda.test -test.run '^TestOpenPoolsAboveFree$' -test.v -test.count=1) >"$OUT/faults/toobig.log" 2>&1 &&
+		echo "faults toobig: TestOpenPoolsAboveFree passed" || { echo "faults toobig: TestOpenPoolsAboveFree failed"; tail -5 "$OUT/faults/toobig.log"; rc=1; }
 	return $rc
 }
 

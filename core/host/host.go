@@ -814,8 +814,10 @@ func (h *Host) WorkerFactory(ctx context.Context, path string, onErr func(error)
 
 // inheritedEnv is what of the host's environment a plugin process gets:
 // the GPU runtime's variables (CUDA_*, NVIDIA_*, NCCL_*: visible devices,
-// the profilers' injection, CUDA_KVX_PROFILE), where shared libraries come
-// from (LD_LIBRARY_PATH, and LD_PRELOAD, how Nsight attaches) and TMPDIR.
+// the profilers' injection, CUDA_KVX_PROFILE), Nsight Systems' session
+// (NSYS_*, QUADD_*: without them `nsys profile kvx run` traces no kernel of
+// the worker it injected into), where shared libraries come from
+// (LD_LIBRARY_PATH, and LD_PRELOAD, how Nsight attaches) and TMPDIR.
 // Nothing else: a plugin's behaviour comes from its configuration, not
 // from the shell kvx ran in (KVX_* variables are config keys of kvx).
 func inheritedEnv(environ []string) []string {
@@ -824,6 +826,7 @@ func inheritedEnv(environ []string) []string {
 		name, _, _ := strings.Cut(kv, "=")
 		switch {
 		case strings.HasPrefix(name, "CUDA_"), strings.HasPrefix(name, "NVIDIA_"), strings.HasPrefix(name, "NCCL_"),
+			strings.HasPrefix(name, "NSYS_"), strings.HasPrefix(name, "QUADD_"),
 			name == "LD_LIBRARY_PATH", name == "LD_PRELOAD", name == "TMPDIR":
 			out = append(out, kv)
 		}

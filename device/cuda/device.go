@@ -5,6 +5,7 @@ package cuda
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -51,6 +52,9 @@ type Device struct {
 	tables  map[tableKey]*devTable
 	queued  []kvcache.Copy // CopyBlocks since the last Forward
 	seqs    map[kvcache.SeqID]*seqState
+
+	forwards int    // Forward calls so far
+	fault    *fault // CUDA_KVX_FAULT (fault.go)
 }
 
 // pool is one pool of the layout: device memory, or pinned device-mapped
@@ -94,12 +98,16 @@ func Open(s device.Stage) (device.Device, error) {
 	if m := &s.Config.Model; m.Arch == paged.ArchGDN {
 		return nil, fmt.Errorf("cuda: model %q arch %s: the cuda device has no Gated DeltaNet kernel; run it on the cpu device (device: cpu)", m.Name, m.Arch)
 	}
+	f, err := parseFault(os.Getenv(faultEnv))
+	if err != nil {
+		return nil, err
+	}
 	g, err := sharedGPU()
 	if err != nil {
 		return nil, err
 	}
 	d := &Device{g: g, cfg: *s.Config, hidden: s.Config.Model.Hidden, idx: map[int]int{},
-		tables: map[tableKey]*devTable{}, seqs: map[kvcache.SeqID]*seqState{}}
+		tables: map[tableKey]*devTable{}, seqs: map[kvcache.SeqID]*seqState{}, fault: f}
 	d.cfg.Layout = kvcache.Layout{}
 	d.cfg.Model.Layers = nil
 	d.ar.g = g
@@ -437,6 +445,9 @@ func (d *Device) Forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 		return err
 	})
 	if err != nil {
+		if why := lostContext(err); why != "" {
+			exitLost(why, err)
+		}
 		return device.Pass{}, err
 	}
 	pass.Nanos = time.Since(start).Nanoseconds()
@@ -449,6 +460,8 @@ func (d *Device) forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 		return device.Pass{}, err
 	}
 	o := &ops{g: d.g, ar: &d.ar, weights: &d.weights, fast: d.fast(), d: d, t: t, items: make(map[kvcache.SeqID]*worker.Item, len(b.Items))}
+	d.forwards++
+	d.fault.inject(o, d.forwards)
 	copies := append(d.queued, b.Copies...)
 	d.queued = nil
 	d.copyBlocks(o, copies)
@@ -485,4 +498,26 @@ func (d *Device) forward(ctx context.Context, b *worker.Batch, t *device.Tables)
 		d.finishStates(o, b.Items)
 	}
 	return device.Pass{Hidden: slices.Clip(res.Hidden), Outputs: res.Outputs, Prompt: res.Prompt}, o.err
+}
+
+// inject makes forward number n fail as f says, when it is f's.
+func (f *fault) inject(o *ops, n int) {
+	if f == nil || n != f.forward {
+		return
+	}
+	if f.once != "" {
+		fd, err := os.OpenFile(f.once, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+		if err != nil {
+			return // fired in an earlier process (or cannot be marked: do not fire)
+		}
+		fd.Close()
+	}
+	fmt.Fprintf(os.Stderr, "cuda: %s: injecting %s at forward %d\n", faultEnv, f.kind, n)
+	switch f.kind {
+	case "illegal":
+		o.run("kvx_fault_store", dim{1, 1, 1}, dim{1, 1, 1}, 0, int64(16))
+	case "oom":
+		_, err := o.g.alloc(1 << 62)
+		o.fail(err)
+	}
 }

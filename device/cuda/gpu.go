@@ -339,11 +339,12 @@ func cuError(r C.CUresult) error {
 	if r == C.CUDA_SUCCESS {
 		return nil
 	}
+	e := &resultError{code: int(r)}
 	var name *C.char
-	if C.cuGetErrorName(r, &name) != C.CUDA_SUCCESS || name == nil {
-		return fmt.Errorf("CUresult %d", int(r))
+	if C.cuGetErrorName(r, &name) == C.CUDA_SUCCESS && name != nil {
+		e.name = C.GoString(name)
 	}
-	return fmt.Errorf("%s (CUresult %d)", C.GoString(name), int(r))
+	return e
 }
 
 // alloc returns n bytes of device memory (never managed memory).

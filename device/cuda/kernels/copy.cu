@@ -20,3 +20,10 @@ extern "C" __global__ void kvx_copy_blocks(const unsigned long long* pairs, long
 		dst[i] = src[i];
 	}
 }
+
+// kvx_fault_store writes to addr, which the fault injection (CUDA_KVX_FAULT,
+// fault.go) gives as an address nothing is mapped at: the launch ends in an
+// illegal address, the error after which a context is lost.
+extern "C" __global__ void kvx_fault_store(unsigned long long addr) {
+	*(volatile float*)addr = 1.0f;
+}
