@@ -34,10 +34,7 @@ func TestCheckpointGoldens(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wl := workload.Workload{Concurrency: 4}
-			for i, p := range ps {
-				wl.Requests = append(wl.Requests, workload.Request{ID: uint64(i), Prompt: slices.Clip(p.PromptIDs), OutputLen: p.MaxTokens})
-			}
+			wl := goldenWorkload(ps)
 			// A cache of 4,096 tokens: about three times what a golden's
 			// twelve prompts and outputs hold in whole blocks, so nothing
 			// is evicted. The default (90% of setup.CPUMemoryBytes a
@@ -158,4 +155,14 @@ func inTop(tok int32, top [][2]float64) bool {
 		}
 	}
 	return false
+}
+
+// goldenWorkload is a golden's prompts as a workload of four in flight,
+// each asking for the golden's output length.
+func goldenWorkload(ps []hftest.Prompt) workload.Workload {
+	wl := workload.Workload{Concurrency: 4}
+	for i, p := range ps {
+		wl.Requests = append(wl.Requests, workload.Request{ID: uint64(i), Prompt: slices.Clip(p.PromptIDs), OutputLen: p.MaxTokens})
+	}
+	return wl
 }

@@ -56,10 +56,7 @@ func TestCheckpointMTP(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wl := workload.Workload{Concurrency: 4}
-			for i, p := range ps {
-				wl.Requests = append(wl.Requests, workload.Request{ID: uint64(i), Prompt: slices.Clip(p.PromptIDs), OutputLen: p.MaxTokens})
-			}
+			wl := goldenWorkload(ps)
 			base := []string{"model=" + dir, "device=cpu", "isolation=inprocess", "enable_chunked_prefill=true", "max_batch_size=4",
 				"max_seq_len=256", "kv_cache_config.tokens_per_block=16", "kv_cache_config.max_tokens=4096", "check_invariants=every"}
 			mtp1 := []string{"speculative_config.decoding_type=MTP", "speculative_config.max_draft_len=1"}
