@@ -149,9 +149,9 @@ def nsys_path():
     machine has it only inside Nsight Compute's directory)."""
     import glob
     import shutil
-    found = shutil.which("nsys") or sorted(glob.glob("/opt/nvidia/nsight-*/*/host/target-linux-x64/nsys") +
-                                            glob.glob("/opt/nvidia/nsight-systems/*/bin/nsys"))
-    return found if isinstance(found, str) else (found[-1] if found else "nsys")
+    installed = sorted(glob.glob("/opt/nvidia/nsight-*/*/host/target-linux-x64/nsys") +
+                       glob.glob("/opt/nvidia/nsight-systems/*/bin/nsys"))
+    return shutil.which("nsys") or (installed[-1] if installed else "nsys")
 
 
 def nsys_gaps(rep, out, tag):

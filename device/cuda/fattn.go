@@ -82,12 +82,10 @@ func (o *ops) fastAttend(g kernelspec.GQA, segs []synth.Seg, desc cu.DevicePtr, 
 		// A call of split rows only (a decode step) has the merge write
 		// out's bf16 copy too, for the next matmul (o_proj), which then
 		// skips its own rounding launch; out's row is its padded row.
-		var ob cu.DevicePtr
 		if wk.npre == 0 && out.c%fgemmPad == 0 {
-			ob = o.scratch(int64(out.r) * int64(out.c) * 2)
+			out.b = o.scratch(int64(out.r) * int64(out.c) * 2)
 		}
-		o.run("kvx_fa_merge", dim{wk.nsplit, g.KVHeads, 1}, dim{128, 1, 1}, 0, desc, wk.split, part, ml, out.p, ob, wk.parts, g.Heads, g.KVHeads, d, g.Window)
-		out.b = ob
+		o.run("kvx_fa_merge", dim{wk.nsplit, g.KVHeads, 1}, dim{128, 1, 1}, 0, desc, wk.split, part, ml, out.p, out.b, wk.parts, g.Heads, g.KVHeads, d, g.Window)
 	}
 }
 

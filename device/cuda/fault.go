@@ -17,19 +17,23 @@ import (
 // errors (a bad argument, an item a request cannot run) stay errors of the
 // call.
 
-// lostCodes are the CUresults after which the worker exits.
-var lostCodes = map[int]string{
-	2:   "out of memory",
-	214: "uncorrectable ECC error",
-	700: "illegal address",
-	702: "launch timeout",
-	710: "device-side assert",
-	714: "hardware stack error",
-	715: "illegal instruction",
-	716: "misaligned address",
-	717: "invalid address space",
-	718: "invalid program counter",
-	719: "launch failed",
+// lostResults are the CUresults after which the worker exits: code, the
+// name gorgonia.org/cu prints for it, and what it means.
+var lostResults = []struct {
+	code     int
+	cu, what string
+}{
+	{2, "OutOfMemory", "out of memory"},
+	{214, "EccUncorrectable", "uncorrectable ECC error"},
+	{700, "IllegalAddress", "illegal address"},
+	{702, "LaunchTimeout", "launch timeout"},
+	{710, "Assert", "device-side assert"},
+	{714, "HardwareStackError", "hardware stack error"},
+	{715, "IllegalInstruction", "illegal instruction"},
+	{716, "MisalignedAddress", "misaligned address"},
+	{717, "InvalidAddressSpace", "invalid address space"},
+	{718, "InvalidPc", "invalid program counter"},
+	{719, "LaunchFailed", "launch failed"},
 }
 
 // resultError is a CUresult that is not CUDA_SUCCESS.
@@ -54,14 +58,11 @@ func lostContext(err error) string {
 		return ""
 	}
 	var re *resultError
-	if errors.As(err, &re) {
-		return lostCodes[re.code]
-	}
+	isResult := errors.As(err, &re)
 	msg := err.Error()
-	for _, n := range []string{"OutOfMemory", "EccUncorrectable", "IllegalAddress", "LaunchTimeout", "Assert",
-		"HardwareStackError", "IllegalInstruction", "MisalignedAddress", "InvalidAddressSpace", "InvalidPc", "LaunchFailed"} {
-		if strings.Contains(msg, n) {
-			return n
+	for _, l := range lostResults {
+		if (isResult && re.code == l.code) || (!isResult && strings.Contains(msg, l.cu)) {
+			return l.what
 		}
 	}
 	return ""

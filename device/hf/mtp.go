@@ -90,25 +90,12 @@ func (s *Stage) checkDrafts(st synth.Step) error {
 }
 
 // checkMTPItem checks an item's drafts and lookahead: no drafts for a model
-// without an MTP head; otherwise Draft in [0, len(Tokens)) and only on a
-// sampling item; Lookahead tokens in the vocabulary.
+// without an MTP head, else synth.CheckDrafts.
 func (s *Stage) checkMTPItem(it synth.Item) error {
-	seqs := []kvcache.SeqID{it.Seq}
-	n := len(it.Tokens)
-	switch {
-	case it.Draft != 0 && s.m.NumNextN == 0:
-		return kvcache.ItemErrorf(seqs, "hf: sequence %d: %d drafts; model %q has no MTP head (limit 0)", it.Seq, it.Draft, s.m.Name)
-	case it.Draft < 0 || it.Draft >= n:
-		return kvcache.ItemErrorf(seqs, "hf: sequence %d: draft %d outside [0, %d) (tokens %d)", it.Seq, it.Draft, n, n)
-	case it.Draft > 0 && !it.Sample:
-		return kvcache.ItemErrorf(seqs, "hf: sequence %d: %d drafts without sample", it.Seq, it.Draft)
+	if it.Draft != 0 && s.m.NumNextN == 0 {
+		return kvcache.ItemErrorf([]kvcache.SeqID{it.Seq}, "hf: sequence %d: %d drafts; model %q has no MTP head (limit 0)", it.Seq, it.Draft, s.m.Name)
 	}
-	for _, t := range it.Lookahead {
-		if t < 0 || int(t) >= s.m.Vocab {
-			return kvcache.ItemErrorf(seqs, "hf: sequence %d: lookahead token %d outside the vocabulary [0, %d)", it.Seq, t, s.m.Vocab)
-		}
-	}
-	return nil
+	return synth.CheckDrafts("hf", it, s.m.Vocab)
 }
 
 // mtpHead is a DeepSeek last stage with MTP layers, over the ops of one

@@ -343,10 +343,6 @@ func (s *Stage) checkItem(it Item) error {
 	switch {
 	case n == 0:
 		return kvcache.ItemErrorf(seqs, "synth: sequence %d has no tokens", it.Seq)
-	case it.Draft < 0 || it.Draft >= n:
-		return kvcache.ItemErrorf(seqs, "synth: sequence %d: draft %d outside [0, %d) (tokens %d)", it.Seq, it.Draft, n, n)
-	case it.Draft > 0 && !it.Sample:
-		return kvcache.ItemErrorf(seqs, "synth: sequence %d: %d drafts without sample", it.Seq, it.Draft)
 	case it.TopLogprobs < 0:
 		return kvcache.ItemErrorf(seqs, "synth: sequence %d: top logprobs %d must be >= 0", it.Seq, it.TopLogprobs)
 	case it.PromptTopLogprobs < 0:
@@ -354,14 +350,36 @@ func (s *Stage) checkItem(it Item) error {
 	case it.Pos < 0 || (s.m.MaxPosition > 0 && it.Pos+n > s.m.MaxPosition):
 		return kvcache.ItemErrorf(seqs, "synth: sequence %d: positions %d..%d outside [0, max_position %d)", it.Seq, it.Pos, it.Pos+n-1, s.m.MaxPosition)
 	}
-	for _, toks := range [][]int32{it.Tokens, it.Lookahead} {
-		for _, t := range toks {
-			if t < 0 || int(t) >= s.m.Vocab {
-				return kvcache.ItemErrorf(seqs, "synth: sequence %d: token %d outside the vocabulary [0, %d)", it.Seq, t, s.m.Vocab)
-			}
+	for _, t := range it.Tokens {
+		if t < 0 || int(t) >= s.m.Vocab {
+			return kvcache.ItemErrorf(seqs, "synth: sequence %d: token %d outside the vocabulary [0, %d)", it.Seq, t, s.m.Vocab)
 		}
 	}
+	if err := CheckDrafts("synth", it, s.m.Vocab); err != nil {
+		return err
+	}
 	return CheckSampling(it, s.m.Vocab)
+}
+
+// CheckDrafts checks an item's drafts and lookahead for a model with an
+// MTP head: Draft in [0, len(Tokens)) and only on a sampling item, the
+// Lookahead tokens in [0, vocab). Problems are *kvcache.Error values naming
+// the sequence, after who ("synth", "hf").
+func CheckDrafts(who string, it Item, vocab int) error {
+	n := len(it.Tokens)
+	seqs := []kvcache.SeqID{it.Seq}
+	switch {
+	case it.Draft < 0 || it.Draft >= n:
+		return kvcache.ItemErrorf(seqs, "%s: sequence %d: draft %d outside [0, %d) (tokens %d)", who, it.Seq, it.Draft, n, n)
+	case it.Draft > 0 && !it.Sample:
+		return kvcache.ItemErrorf(seqs, "%s: sequence %d: %d drafts without sample", who, it.Seq, it.Draft)
+	}
+	for _, t := range it.Lookahead {
+		if t < 0 || int(t) >= vocab {
+			return kvcache.ItemErrorf(seqs, "%s: sequence %d: lookahead token %d outside the vocabulary [0, %d)", who, it.Seq, t, vocab)
+		}
+	}
+	return nil
 }
 
 // CheckSampling checks an item's Sampling (worker.Sampling.Check) and that
