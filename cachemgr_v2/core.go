@@ -497,6 +497,11 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 		}
 	}
 	s := c.newSeq(it.Seq)
+	if c.reuse {
+		// The path grows to the prompt's full blocks (reused here, then
+		// registered at each Commit): one allocation, not a doubling at each.
+		s.path = slices.Grow(s.path, len(it.Prompt)/tpb)
+	}
 	full, rem := reuse/tpb, reuse%tpb
 	if reuse > 0 {
 		if c.hostReuse() {

@@ -593,7 +593,7 @@ func (c *Core) inFlight(salt string, p []int32, i int, pos uint64) bool {
 	blk := p[i*tpb : (i+1)*tpb]
 	for _, s := range c.seqs {
 		if s.regStop || s.salt != salt || len(s.path) > i || len(s.prompt) < (i+1)*tpb ||
-			!slices.Equal(s.prompt[i*tpb:(i+1)*tpb], blk) {
+			!sameTokens(s.prompt[i*tpb:(i+1)*tpb], blk) {
 			continue
 		}
 		for j := len(s.posh); j <= i; j++ {
@@ -618,7 +618,7 @@ func (c *Core) inFlight(salt string, p []int32, i int, pos uint64) bool {
 // pages, under a salt other than salt.
 func (t *Tree) otherSalt(salt string, blk []int32) bool {
 	for _, n := range t.ret.firsts[hashTokens(blk)] {
-		if n.salt != salt && n.complete() && slices.Equal(n.tokens, blk) {
+		if n.salt != salt && n.complete() && sameTokens(n.tokens, blk) {
 			return true
 		}
 	}

@@ -340,7 +340,7 @@ func (s *Seq) holdsPromptBlock(i, tpb int) bool {
 	if s.chkPath[i] == mark {
 		return true
 	}
-	if slices.Equal(n.tokens, s.prompt[i*tpb:(i+1)*tpb]) {
+	if sameTokens(n.tokens, s.prompt[i*tpb:(i+1)*tpb]) {
 		s.chkPath[i] = mark
 		return true
 	}

@@ -2,7 +2,6 @@ package cachemgrv2
 
 import (
 	"iter"
-	"slices"
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
@@ -318,6 +317,13 @@ func (n *Node) ckHPages() []kvcache.BlockID {
 func NewTree(tpb int, pools []*BlockPool) *Tree {
 	t := &Tree{tpb: tpb, pools: pools}
 	t.root = &Node{heapIdx: -1, expIdx: -1, ref: rootRef}
+	if len(pools) > 0 {
+		// Room for a node per device block up front: the list is the
+		// tree's, grown node by node as prompts are committed, and each
+		// doubling of a slice of pointers copies it under the GC's write
+		// barrier.
+		t.all = make([]*Node, 0, pools[0].Total())
+	}
 	return t
 }
 
@@ -490,7 +496,7 @@ func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache
 		}
 		parent.children.put(c)
 		t.touch(parent)
-	case !slices.Equal(c.tokens, tokens) || parent == t.root && c.salt != salt:
+	case !sameTokens(c.tokens, tokens) || parent == t.root && c.salt != salt:
 		return nil, false
 	}
 	t.Pin(c)
