@@ -61,6 +61,13 @@ type Core struct {
 	copies  []kvcache.Copy
 	copyAt  []copyRange
 	ids     []kvcache.SeqID // Inspect's (the snapshot does not keep it)
+	// hint is the path the last walk matched, hint[i] the node of prompt
+	// block i: the next walk or Reserve of the same prompt (an Explain, its
+	// Reserve, a request explained at every step while it waits) confirms
+	// each block against it (Tree.childVia) instead of hashing the block
+	// again. Its nodes are only guesses: each is checked as Tree.child
+	// would find it, so a stale one costs a hash and nothing else.
+	hint []*Node
 	// resuming: Resume is making room (evictOne offloads, settled at once).
 	resuming bool
 	// the deep self-check's recounts, per pool (check)
@@ -323,45 +330,67 @@ func (c *Core) Lookup(ctx context.Context, items []kvcache.LookupItem) ([]int, e
 func (c *Core) walk(salt string, p []int32) (best, blocks int, end *Node) {
 	limit, tpb := len(p)-1, c.tpb
 	n, i := c.tree.root, 0
+	hint := c.hint
 	switch {
 	case c.hooks == nil && !c.hostReuse(): // every cached prefix is reusable: the tight loop
 		for ; i < limit/tpb; i++ {
-			ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
+			ch := c.tree.childVia(guess(hint, i), n, salt, p[i*tpb:(i+1)*tpb])
 			if ch == nil || !ch.complete() {
 				break
 			}
-			n = ch
+			n, hint = ch, note(hint, i, ch)
 		}
 		best = i * tpb
 	case !c.hostReuse():
 		for ; i < limit/tpb; i++ {
-			ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
+			ch := c.tree.childVia(guess(hint, i), n, salt, p[i*tpb:(i+1)*tpb])
 			if ch == nil || !ch.complete() {
 				break
 			}
-			n = ch
+			n, hint = ch, note(hint, i, ch)
 			if c.hooks.Reusable(n, (i+1)*tpb) {
 				best = (i + 1) * tpb
 			}
 		}
 	default: // a host tier for reuse: settled nodes on either tier (pending ones are not visible)
 		for ; i < limit/tpb; i++ {
-			ch := c.tree.child(n, salt, p[i*tpb:(i+1)*tpb])
+			ch := c.tree.childVia(guess(hint, i), n, salt, p[i*tpb:(i+1)*tpb])
 			if ch == nil || !ch.settled() {
 				break
 			}
-			n = ch
+			n, hint = ch, note(hint, i, ch)
 			if c.reusable(n, (i+1)*tpb) {
 				best = (i + 1) * tpb
 			}
 		}
 	}
+	clear(hint[i:])
+	c.hint = hint[:i]
 	if c.partial && best == i*tpb {
 		if _, k := c.tree.matchPartial(n, salt, p[i*tpb:min((i+1)*tpb, limit)]); k > 0 && c.reusable(n, i*tpb+k) {
 			best = i*tpb + k
 		}
 	}
 	return best, i, n
+}
+
+// guess is hint[i], nil beyond it.
+func guess(hint []*Node, i int) *Node {
+	if i < len(hint) {
+		return hint[i]
+	}
+	return nil
+}
+
+// note sets hint[i] (i <= len(hint)) to n.
+func note(hint []*Node, i int, n *Node) []*Node {
+	if i < len(hint) {
+		if hint[i] != n {
+			hint[i] = n
+		}
+		return hint
+	}
+	return append(hint, n)
 }
 
 func (c *Core) reusable(end *Node, tokens int) bool {
@@ -507,7 +536,7 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 		if c.hostReuse() {
 			s.path = c.matchReserve(it.CacheSalt, it.Prompt, full, s.path)
 		} else {
-			s.path = c.tree.match(it.CacheSalt, it.Prompt, full, s.path)
+			s.path = c.tree.matchVia(c.hint, it.CacheSalt, it.Prompt, full, s.path)
 		}
 		got := len(s.path) * tpb
 		end := c.tree.root

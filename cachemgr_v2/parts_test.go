@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 
+	"pgregory.net/rapid"
+
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
@@ -230,4 +232,71 @@ func TestTreeMatchPartial(t *testing.T) {
 			t.Errorf("MatchPartial(%v) = %v, %d; want %v, %d", tc.q, n, k, tc.want, tc.n)
 		}
 	}
+}
+
+// TestChildViaIsChild: a walk's guessed child (Tree.childVia, the hint of
+// Core.walk and Reserve's matchVia) is the child Tree.child finds, whatever
+// the guess: the right node, a node of another prefix, salt or depth, an
+// evicted, pruned or recycled one, or none.
+func TestChildViaIsChild(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		pool := NewBlockPool(0, kvcache.TierDevice, 12)
+		tr := NewTree(2, []*BlockPool{pool})
+		seen := []*Node{tr.Root()}
+		var pinned [][]*Node
+		blk := func(label string) []int32 {
+			return []int32{rapid.Int32Range(1, 2).Draw(rt, label), rapid.Int32Range(1, 2).Draw(rt, label)}
+		}
+		salt := func() string { return rapid.SampledFrom([]string{"", "s"}).Draw(rt, "salt") }
+		for range rapid.IntRange(1, 30).Draw(rt, "ops") {
+			switch rapid.IntRange(0, 2).Draw(rt, "op") {
+			case 0: // register a prompt of a few blocks, pinned
+				parent, sl := tr.Root(), salt()
+				var path []*Node
+				for range rapid.IntRange(1, 3).Draw(rt, "blocks") {
+					if pool.Free() == 0 && !tr.EvictOne() {
+						break
+					}
+					b := pool.Take(nil, 1)
+					n, adopted := tr.extend(parent, sl, blk("tok"), b)
+					pool.Unref(b[0])
+					if n == nil {
+						break
+					}
+					if adopted {
+						pool.Ref(b[0])
+					}
+					path = append(path, n)
+					seen = append(seen, n)
+					parent = n
+				}
+				pinned = append(pinned, path)
+			case 1: // release one
+				if len(pinned) > 0 {
+					i := rapid.IntRange(0, len(pinned)-1).Draw(rt, "release")
+					for j := len(pinned[i]) - 1; j >= 0; j-- {
+						n := pinned[i][j]
+						if n.nPages > 0 && pool.Refs(n.pages[0]) > 0 {
+							pool.Unref(n.pages[0])
+						}
+						tr.Unpin(n, true)
+					}
+					pinned = append(pinned[:i], pinned[i+1:]...)
+				}
+			case 2: // evict, then prune (detached nodes go to the spare list)
+				for range rapid.IntRange(0, 3).Draw(rt, "evict") {
+					tr.EvictOne()
+				}
+				tr.Prune()
+			}
+		}
+		for range 50 {
+			parent := rapid.SampledFrom(seen).Draw(rt, "parent")
+			g := rapid.SampledFrom(append([]*Node{nil}, seen...)).Draw(rt, "guess")
+			sl, b := salt(), blk("query")
+			if got, want := tr.childVia(g, parent, sl, b), tr.child(parent, sl, b); got != want {
+				rt.Fatalf("childVia(%p, %p, %q, %v) = %p, want child's %p", g, parent, sl, b, got, want)
+			}
+		}
+	})
 }

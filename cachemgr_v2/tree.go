@@ -391,6 +391,20 @@ func (t *Tree) child(parent *Node, salt string, tokens []int32) *Node {
 	return c
 }
 
+// childVia is child(parent, salt, tokens) found through guess, a node an
+// earlier walk found there (nil: none), when guess still is that child:
+// listed by parent under its key, holding exactly tokens, under salt at the
+// root. Then the block needs no hash: a node's key is the hash of its
+// tokens (and salt) as newNode wrote them, and its tokens change only there,
+// so child would find guess. Otherwise it is child.
+func (t *Tree) childVia(guess, parent *Node, salt string, tokens []int32) *Node {
+	if guess != nil && guess.parent == parent && parent.children.get(guess.hash) == guess &&
+		sameTokens(guess.tokens, tokens) && (parent != t.root || guess.salt == salt) {
+		return guess
+	}
+	return t.child(parent, salt, tokens)
+}
+
 // Match walks the tree from the root with tokens, one full block at a time, up
 // to maxBlocks blocks, and appends each matched node that holds all its pages
 // to path. It changes nothing; the nodes are not pinned.
@@ -403,6 +417,25 @@ func (t *Tree) match(salt string, tokens []int32, maxBlocks int, path []*Node) [
 	n := t.root
 	for i := 0; i < maxBlocks; i++ {
 		c := t.child(n, salt, tokens[i*t.tpb:(i+1)*t.tpb])
+		if c == nil || !c.complete() {
+			break
+		}
+		path = append(path, c)
+		n = c
+	}
+	return path
+}
+
+// matchVia is match with hint[i] the guess for block i (childVia): the
+// same nodes, without hashing the blocks an earlier walk matched.
+func (t *Tree) matchVia(hint []*Node, salt string, tokens []int32, maxBlocks int, path []*Node) []*Node {
+	n := t.root
+	for i := 0; i < maxBlocks; i++ {
+		var g *Node
+		if i < len(hint) {
+			g = hint[i]
+		}
+		c := t.childVia(g, n, salt, tokens[i*t.tpb:(i+1)*t.tpb])
 		if c == nil || !c.complete() {
 			break
 		}
