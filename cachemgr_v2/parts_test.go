@@ -234,66 +234,98 @@ func TestTreeMatchPartial(t *testing.T) {
 	}
 }
 
+// randomTree is a tree of 2-token blocks over a 2-token alphabet (so
+// prompts share prefixes and nodes have one child or several), under two
+// salts, after random registrations, releases, evictions and prunes; it
+// returns every node it ever made (pruned and recycled ones too) and the
+// root.
+func randomTree(rt *rapid.T) (*Tree, []*Node) {
+	pool := NewBlockPool(0, kvcache.TierDevice, 12)
+	tr := NewTree(2, []*BlockPool{pool})
+	seen := []*Node{tr.Root()}
+	var pinned [][]*Node
+	for range rapid.IntRange(1, 30).Draw(rt, "ops") {
+		switch rapid.IntRange(0, 2).Draw(rt, "op") {
+		case 0: // register a prompt of a few blocks, pinned
+			parent, sl := tr.Root(), randomSalt(rt)
+			var path []*Node
+			for range rapid.IntRange(1, 3).Draw(rt, "blocks") {
+				if pool.Free() == 0 && !tr.EvictOne() {
+					break
+				}
+				b := pool.Take(nil, 1)
+				n, adopted := tr.extend(parent, sl, randomBlock(rt, "tok"), b)
+				pool.Unref(b[0])
+				if n == nil {
+					break
+				}
+				if adopted {
+					pool.Ref(b[0])
+				}
+				path = append(path, n)
+				seen = append(seen, n)
+				parent = n
+			}
+			pinned = append(pinned, path)
+		case 1: // release one
+			if len(pinned) > 0 {
+				i := rapid.IntRange(0, len(pinned)-1).Draw(rt, "release")
+				for j := len(pinned[i]) - 1; j >= 0; j-- {
+					n := pinned[i][j]
+					if n.nPages > 0 && pool.Refs(n.pages[0]) > 0 {
+						pool.Unref(n.pages[0])
+					}
+					tr.Unpin(n, true)
+				}
+				pinned = append(pinned[:i], pinned[i+1:]...)
+			}
+		case 2: // evict, then prune (detached nodes go to the spare list)
+			for range rapid.IntRange(0, 3).Draw(rt, "evict") {
+				tr.EvictOne()
+			}
+			tr.Prune()
+		}
+	}
+	return tr, seen
+}
+
+func randomBlock(rt *rapid.T, label string) []int32 {
+	return []int32{rapid.Int32Range(1, 2).Draw(rt, label), rapid.Int32Range(1, 2).Draw(rt, label)}
+}
+
+func randomSalt(rt *rapid.T) string { return rapid.SampledFrom([]string{"", "s"}).Draw(rt, "salt") }
+
+// TestChildIsKeyLookup: Tree.child, which skips the key when a parent has
+// one child, finds what the lookup by key finds (the child under the key
+// of the block, when it holds the block, under the same salt at the root).
+func TestChildIsKeyLookup(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		tr, seen := randomTree(rt)
+		for range 50 {
+			parent := rapid.SampledFrom(seen).Draw(rt, "parent")
+			sl, b := randomSalt(rt), randomBlock(rt, "query")
+			want := parent.children.get(tr.key(parent, sl, b))
+			if want != nil && (!slices.Equal(want.tokens, b) || parent == tr.root && want.salt != sl) {
+				want = nil
+			}
+			if got := tr.child(parent, sl, b); got != want {
+				rt.Fatalf("child(%p, %q, %v) = %p, want the keyed child %p", parent, sl, b, got, want)
+			}
+		}
+	})
+}
+
 // TestChildViaIsChild: a walk's guessed child (Tree.childVia, the hint of
 // Core.walk and Reserve's matchVia) is the child Tree.child finds, whatever
 // the guess: the right node, a node of another prefix, salt or depth, an
 // evicted, pruned or recycled one, or none.
 func TestChildViaIsChild(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		pool := NewBlockPool(0, kvcache.TierDevice, 12)
-		tr := NewTree(2, []*BlockPool{pool})
-		seen := []*Node{tr.Root()}
-		var pinned [][]*Node
-		blk := func(label string) []int32 {
-			return []int32{rapid.Int32Range(1, 2).Draw(rt, label), rapid.Int32Range(1, 2).Draw(rt, label)}
-		}
-		salt := func() string { return rapid.SampledFrom([]string{"", "s"}).Draw(rt, "salt") }
-		for range rapid.IntRange(1, 30).Draw(rt, "ops") {
-			switch rapid.IntRange(0, 2).Draw(rt, "op") {
-			case 0: // register a prompt of a few blocks, pinned
-				parent, sl := tr.Root(), salt()
-				var path []*Node
-				for range rapid.IntRange(1, 3).Draw(rt, "blocks") {
-					if pool.Free() == 0 && !tr.EvictOne() {
-						break
-					}
-					b := pool.Take(nil, 1)
-					n, adopted := tr.extend(parent, sl, blk("tok"), b)
-					pool.Unref(b[0])
-					if n == nil {
-						break
-					}
-					if adopted {
-						pool.Ref(b[0])
-					}
-					path = append(path, n)
-					seen = append(seen, n)
-					parent = n
-				}
-				pinned = append(pinned, path)
-			case 1: // release one
-				if len(pinned) > 0 {
-					i := rapid.IntRange(0, len(pinned)-1).Draw(rt, "release")
-					for j := len(pinned[i]) - 1; j >= 0; j-- {
-						n := pinned[i][j]
-						if n.nPages > 0 && pool.Refs(n.pages[0]) > 0 {
-							pool.Unref(n.pages[0])
-						}
-						tr.Unpin(n, true)
-					}
-					pinned = append(pinned[:i], pinned[i+1:]...)
-				}
-			case 2: // evict, then prune (detached nodes go to the spare list)
-				for range rapid.IntRange(0, 3).Draw(rt, "evict") {
-					tr.EvictOne()
-				}
-				tr.Prune()
-			}
-		}
+		tr, seen := randomTree(rt)
 		for range 50 {
 			parent := rapid.SampledFrom(seen).Draw(rt, "parent")
 			g := rapid.SampledFrom(append([]*Node{nil}, seen...)).Draw(rt, "guess")
-			sl, b := salt(), blk("query")
+			sl, b := randomSalt(rt), randomBlock(rt, "query")
 			if got, want := tr.childVia(g, parent, sl, b), tr.child(parent, sl, b); got != want {
 				rt.Fatalf("childVia(%p, %p, %q, %v) = %p, want child's %p", g, parent, sl, b, got, want)
 			}

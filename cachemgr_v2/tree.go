@@ -382,9 +382,28 @@ func (t *Tree) key(parent *Node, salt string, tokens []int32) uint64 {
 }
 
 // child returns parent's child holding exactly tokens (under salt, when
-// parent is the root), or nil.
+// parent is the root), or nil: the child under the key of tokens, when it
+// holds them. A parent with one child at most (most nodes: a prompt's blocks
+// are a chain) needs no key: its child, if any, is under the key of its own
+// tokens (newNode keyed it by them, and they change only there), so it is
+// the answer exactly when it holds tokens. TestChildIsKeyLookup pins this to
+// the lookup by key.
 func (t *Tree) child(parent *Node, salt string, tokens []int32) *Node {
+	if c := t.onlyChild(parent, salt, tokens); c != nil || parent.children.more == nil {
+		return c
+	}
 	c := parent.children.get(t.key(parent, salt, tokens))
+	if c == nil || !sameTokens(c.tokens, tokens) || c.salt != salt && parent == t.root {
+		return nil
+	}
+	return c
+}
+
+// onlyChild is parent's first child when it holds tokens (under salt at the
+// root), else nil; with no other children (kids.more nil) it is what child
+// returns.
+func (t *Tree) onlyChild(parent *Node, salt string, tokens []int32) *Node {
+	c := parent.children.first
 	if c == nil || !sameTokens(c.tokens, tokens) || c.salt != salt && parent == t.root {
 		return nil
 	}
@@ -516,8 +535,12 @@ func (t *Tree) Extend(parent *Node, tokens []int32, pages []kvcache.BlockID) (n 
 // extend is Extend under cache salt salt (which matters when parent is the
 // root). With KV events on, a node that adopts pages is reported stored.
 func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache.BlockID) (n *Node, adopted bool) {
-	h := t.key(parent, salt, tokens)
-	c := parent.children.get(h)
+	var h uint64
+	c := t.onlyChild(parent, salt, tokens) // child's shortcut: no key to compute
+	if c == nil {
+		h = t.key(parent, salt, tokens)
+		c = parent.children.get(h)
+	}
 	switch {
 	case c == nil:
 		c = t.newNode(parent, h, tokens)
