@@ -253,6 +253,156 @@ func (g *gpu) tmapFor(n, m, ld int) (tiledKernel, bool) {
 	return k, true
 }
 
+// streamKernel is sm90a/fgemm_wg.cu's kvx_fgemm_stream<nt>s<stages> (and
+// kvx_fgemm_stream<nt>w<fw>s<stages>): the persistent kernel for up to nt
+// rows (a multiple of 8 up to 64), wgmma with the weight as its A (64·fw
+// features a unit, fw m64 blocks) and the rows as its B, a
+// ring of stages 64-wide k stages running on across a block's units
+// (feature tiles × parts), its parts folded by kvx_fgemm_fold. Loaded only
+// on a device of compute capability 9.0.
+type streamKernel struct {
+	nt, fw, stages int
+	name           string
+}
+
+func stream(nt, stages int) streamKernel {
+	return streamKernel{nt, 1, stages, fmt.Sprintf("kvx_fgemm_stream%ds%d", nt, stages)}
+}
+
+func streamW(nt, fw, stages int) streamKernel {
+	return streamKernel{nt, fw, stages, fmt.Sprintf("kvx_fgemm_stream%dw%ds%d", nt, fw, stages)}
+}
+
+// features is a unit's features.
+func (k streamKernel) features() int { return 64 * k.fw }
+
+// smem is the kernel's dynamic shared memory: the ring (64·fw feature rows
+// and nt token rows of 128 bytes a stage), its two barriers a stage, and
+// 1 KiB for aligning the ring to the swizzle's 1024-byte pattern.
+func (k streamKernel) smem() int { return k.stages*(k.features()+k.nt)*tmaBK*2 + 16*k.stages + 1024 }
+
+// streamThreads is a stream block: a computing warpgroup and a copying warp.
+const streamThreads = 160
+
+// streamVariants are every stream kernel (the tests run each loaded one
+// against the skinny kernels, bit for bit); streamFor picks one for a call.
+var streamVariants = []streamKernel{
+	stream(8, 4), stream(8, 6), stream(8, 8), stream(8, 10), stream(16, 4), stream(16, 6), stream(32, 4), stream(32, 6),
+	stream(64, 4), stream(64, 6), streamW(16, 2, 6), streamW(32, 2, 4), streamW(32, 2, 6), streamW(64, 2, 3), streamW(64, 2, 4),
+}
+
+// streamFor is the stream kernel for n rows and weights of up to m
+// features, where it is loaded: the fewest token rows that hold n, and the
+// stages that stream fastest. BenchmarkFastSkinny on the H200 (2026-12-04,
+// 20x, with kvx_fgemm_fold), GB/s at Llama-3-8B's decode shapes (q/k/v
+// 6144 × 4096, o 4096 × 4096, gate/up 28672 × 4096, down 4096 × 14336,
+// the LM head 128256 × 4096), two runs:
+//   - 1 row: 6 stages (4 blocks an SM) 3169-3331, 2711-2919, 3373-3588,
+//     3044-3440 and 3631-3657; 8 stages (3 blocks) 3173-3266, 2777-3055,
+//     3452-3718, 3126-3190 and 3666-4116 (so from 65536 features); 4
+//     stages (6 blocks) 2534-3301, 2296-2881, 3613-3799, 3065-3288 and
+//     3567-3840; the direct kernel it replaces 1863-2404, 2541, 3139, 2166
+//     and 3993;
+//   - 8 rows: 6 stages 2801-2875 at q/k/v, 3260-3402 at gate/up,
+//     3170-3276 at down; the ring and split kernels 1359-2265, 2065-2582,
+//     1343-2398; the split TMA kernel 2184-2202, 2995-3058, 2652-2668;
+//   - 32 rows: 32 token rows, 6 stages, 2599-2606 and 3080-3087 at q/k/v
+//     and gate/up; 4 stages 2502-2546, 3050-3053; the split TMA kernel
+//     2045-2091, 2780-2798;
+//   - 64 rows: 4 stages 2239-2264, 2042-2075, 2646, 2234-2293; 6 stages
+//     1920-1987, 2240-2253, 2704-2708, 2216-2443; the split TMA kernel
+//     1886-1934, 2477-2484, 2516-2539, 2315-2327. Two m64 feature blocks a
+//     unit (streamW: a stage's token rows read once for 128 features) gave
+//     1866, 2238, 2519, 2322, and a Llama-3-8B decode step at batch 64 of
+//     8.89 ms against 8.50 with 4 stages of one.
+func (g *gpu) streamFor(n, m int) (streamKernel, bool) {
+	var k streamKernel
+	switch {
+	case n <= 8 && m >= 65536:
+		k = stream(8, 8)
+	case n <= 8:
+		k = stream(8, 6)
+	case n <= 16:
+		k = stream(16, 6)
+	case n <= 32:
+		k = stream(32, 6)
+	case n <= 64:
+		k = stream(64, 4)
+	default:
+		return k, false
+	}
+	_, ok := g.fns[k.name]
+	return k, ok
+}
+
+// weightMap is a weight's tensor map for the stream kernel (boxes of 64 k
+// × box features), made once: weights stay where they are until the device
+// closes.
+func (o *ops) weightMap(w cu.DevicePtr, rows, ld, box int) (tensorMap, error) {
+	key := weightMapKey{w, rows, ld, box}
+	if m, ok := o.g.wmaps[key]; ok {
+		return m, nil
+	}
+	m, err := bf16Map(w, rows, ld, box)
+	if err != nil {
+		return m, err
+	}
+	if o.g.wmaps == nil {
+		o.g.wmaps = map[weightMapKey]tensorMap{}
+	}
+	o.g.wmaps[key] = m
+	return m, nil
+}
+
+type weightMapKey struct {
+	w             cu.DevicePtr
+	rows, ld, box int
+}
+
+// fgemmStream runs stream kernel k (n ≤ k.nt rows) over up to three
+// weights, then folds the parts (kvx_fgemm_fold).
+func (o *ops) fgemmStream(a cu.DevicePtr, n, ld int, outs []gemmOut, k streamKernel) {
+	if len(outs) == 0 || len(outs) > 3 || n > k.nt {
+		panic(fmt.Sprintf("cuda: stream matmul %s of %d weights at %d rows", k.name, len(outs), n))
+	}
+	if o.err != nil {
+		return
+	}
+	ma, err := bf16Map(a, n, ld, k.nt)
+	if o.fail(err); o.err != nil {
+		return
+	}
+	var maps [3]tensorMap
+	var ms [3]int
+	var fold []any // kvx_fgemm_fold's outputs
+	m, tiles := 0, 0
+	for i := range 3 {
+		g := gemmOut{w: outs[0].w} // an unused weight: no features
+		if i < len(outs) {
+			g = outs[i]
+		}
+		maps[i], err = o.weightMap(g.w, max(g.m, 1), ld, k.features())
+		if o.fail(err); o.err != nil {
+			return
+		}
+		ms[i] = g.m
+		fold = append(fold, g.c, g.m)
+		m += g.m
+		tiles += blocks(g.m, k.features())
+	}
+	parts := blocks(ld, fgemmPart)
+	p := o.scratch(int64(parts) * int64(n) * int64(m) * 4)
+	o.fail(o.g.allowShared(k.name, k.smem()))
+	per, err := o.g.residentBlocks(k.name, streamThreads, k.smem())
+	if o.fail(err); o.err != nil {
+		return
+	}
+	grid := min(o.g.sms*per, tiles*parts)
+	o.run(k.name, dim{grid, 1, 1}, dim{streamThreads, 1, 1}, k.smem(), ma, maps[0], maps[1], maps[2], p, n, ms[0], ms[1], ms[2], ld)
+	g, b := flat(n * m)
+	o.run("kvx_fgemm_fold", g, b, 0, append([]any{p, parts, n}, fold...)...)
+}
+
 // bf16Weights reports whether a weight of rows × cols is kept as bf16 in
 // fast mode: the matrices of linear layers (and embedding tables). Vectors
 // (norm gains, biases) and narrow matrices (a Mamba2 conv's taps) stay
@@ -402,13 +552,27 @@ type gemmOut struct {
 }
 
 // fgemm launches C = A (n × ld bf16) · Wᵀ for every weight of outs: the
-// tiled kernel for each when n is large, else the split TMA kernel for
-// each weight tmapFor takes and the skinny one for the rest, up to three
-// weights a launch.
+// tiled kernel for each when n is large; up to 64 rows the stream kernel
+// where it is loaded, up to three weights a launch; else the split TMA
+// kernel for each weight tmapFor takes and the skinny one for the rest, up
+// to three weights a launch.
 func (o *ops) fgemm(a cu.DevicePtr, n, ld int, outs []gemmOut) {
 	if n >= fgemmTiledRows {
 		for _, g := range outs {
 			o.fgemmTiled(g.c, a, g.w, n, g.m, ld, o.g.tiled())
+		}
+		return
+	}
+	if _, ok := o.g.streamFor(n, 0); ok {
+		for len(outs) > 0 {
+			take := min(3, len(outs))
+			m := 0
+			for _, g := range outs[:take] {
+				m = max(m, g.m)
+			}
+			k, _ := o.g.streamFor(n, m)
+			o.fgemmStream(a, n, ld, outs[:take], k)
+			outs = outs[take:]
 		}
 		return
 	}

@@ -33,6 +33,7 @@ var fgemmShapes = [][3]int{
 	{1, 40, 100}, {3, 17, 64}, {16, 96, 200}, {33, 130, 128}, {70, 64, 64},
 	{255, 136, 320}, {256, 128, 64}, {300, 200, 96}, {1, 4096, 4096}, {64, 1024, 4096}, {384, 512, 14336},
 	{40, 72, 1600}, {300, 96, 2112}, {7, 300, 9000}, // parts of the k range: a short last one, one of 64, 9
+	{9, 70, 1100}, {24, 200, 2048}, // the stream kernels' 16 and 32 rows, a partial feature tile
 }
 
 // TestFastMatMul: MatMul with a bf16 weight equals x (rounded to bf16) ·
@@ -85,7 +86,8 @@ func bf16Round(f float32) float32 { return kernel.Float32FromBF16(kernel.BF16Fro
 // TestFastMatMulBatchInvariant: a row's outputs are the same bits whatever
 // else is in the call: the row alone, inside a batch at any offset, in
 // reverse order, and through every kernel (every skinny variant and the
-// tiled ones), for every shape of fgemmShapes.
+// tiled ones, and every stream kernel that takes the rows), for every
+// shape of fgemmShapes.
 func TestFastMatMulBatchInvariant(t *testing.T) {
 	o := fastOps(t)
 	for _, s := range fgemmShapes {
@@ -125,6 +127,14 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 					o.fgemmTiled(c.p, xa, w.h, n, m, w.ld, v)
 					kernels[v.name] = o.ToHost(c)
 				}
+				for _, v := range streamVariants {
+					if _, ok := o.g.fns[v.name]; !ok || n > v.nt {
+						continue // sm90a only (TestStreamLoaded), or too many rows
+					}
+					c := o.newTensor(n, m)
+					o.fgemmStream(xa, n, w.ld, []gemmOut{{c.p, w.h, m}}, v)
+					kernels[v.name] = o.ToHost(c)
+				}
 			})
 			for i := range n {
 				sameBits(t, fmt.Sprintf("row %d in the whole call", i), alone[i], whole[i*m:(i+1)*m])
@@ -162,6 +172,42 @@ func TestTiledWGMMALoaded(t *testing.T) {
 	}
 	if want := map[bool]string{true: tiledWGMMA.name, false: tiledWide.name}[sm90]; g.tiled().name != want {
 		t.Errorf("compute capability %d.%d: the tiled kernel is %s, want %s", major, minor, g.tiled().name, want)
+	}
+}
+
+// TestStreamLoaded checks that a device of compute capability 9.0 has
+// loaded every stream kernel and runs it up to 64 rows (the kernel for the
+// rows), and that another device has none and runs the others.
+func TestStreamLoaded(t *testing.T) {
+	g, err := sharedGPU()
+	if err != nil {
+		t.Fatalf("no GPU: %v", err)
+	}
+	major, minor := 0, 0
+	if err := g.do(func() error {
+		var err error
+		major, minor, err = g.dev.ComputeCapability()
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sm90 := major == 9 && minor == 0
+	for _, v := range streamVariants {
+		if _, ok := g.fns[v.name]; ok != sm90 {
+			t.Errorf("compute capability %d.%d: %s loaded %v, want %v", major, minor, v.name, ok, sm90)
+		}
+	}
+	for _, n := range []int{1, 8, 9, 16, 17, 32, 33, 64, 65} {
+		k, ok := g.streamFor(n, 4096)
+		if want := sm90 && n <= 64; ok != want {
+			t.Errorf("compute capability %d.%d: streamFor(%d) = %s, %v; want ok %v", major, minor, n, k.name, ok, want)
+		}
+		if ok && (k.nt < n || k.nt >= 2*n && k.nt > 8) {
+			t.Errorf("streamFor(%d) = %s: not the kernel for %d rows", n, k.name, n)
+		}
+	}
+	if g.sms < 1 {
+		t.Errorf("the device has %d multiprocessors", g.sms)
 	}
 }
 
@@ -326,6 +372,22 @@ func BenchmarkFastSkinny(b *testing.B) {
 			b.Run(fmt.Sprintf("%dx%dx%d/%s", n, m, k, strings.TrimPrefix(v.name, "kvx_fgemm_")), func(b *testing.B) {
 				p := setup(b)
 				f := func() { p.o.fgemmSkinny(p.x, n, p.w.ld, []gemmOut{{p.c, p.w.h, m}}, v) }
+				timeOps(b, p.o, 3, f)
+				b.ResetTimer()
+				d := timeOps(b, p.o, b.N, f)
+				b.ReportMetric(float64(m)*float64(k)*2/(d.Seconds()/float64(b.N))/1e9, "GB/s")
+			})
+		}
+		for _, v := range streamVariants {
+			if n > v.nt {
+				continue
+			}
+			b.Run(fmt.Sprintf("%dx%dx%d/%s", n, m, k, strings.TrimPrefix(v.name, "kvx_fgemm_")), func(b *testing.B) {
+				p := setup(b)
+				if _, ok := p.o.g.fns[v.name]; !ok {
+					b.Skipf("%s is not loaded on this device (sm90a only)", v.name)
+				}
+				f := func() { p.o.fgemmStream(p.x, n, p.w.ld, []gemmOut{{p.c, p.w.h, m}}, v) }
 				timeOps(b, p.o, 3, f)
 				b.ResetTimer()
 				d := timeOps(b, p.o, b.N, f)

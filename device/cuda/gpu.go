@@ -99,6 +99,10 @@ type gpu struct {
 	// the launch returns).
 	slots []uint64
 	offs  []C.int
+	// sms is the device's multiprocessors (the stream matmul's grid).
+	sms int
+	// wmaps is the weights' tensor maps for the stream matmul (weightMap).
+	wmaps map[weightMapKey]tensorMap
 }
 
 // tensorMap is a CUtensorMap (128 bytes), a kernel argument of the TMA
@@ -156,6 +160,11 @@ func (g *gpu) init(ordinal int) error {
 	if d := os.Getenv(ptxEnv); d != "" {
 		fmt.Fprintf(os.Stderr, "cuda: kernels from %s/ptx (%s), not the embedded PTX\n", d, ptxEnv)
 	}
+	var sms C.int
+	if r := C.cuDeviceGetAttribute(&sms, C.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, C.CUdevice(g.dev)); r != C.CUDA_SUCCESS {
+		return fmt.Errorf("cuda device %d (%s): multiprocessors: %w", ordinal, g.name, cuError(r))
+	}
+	g.sms = int(sms)
 	dirs := []string{"ptx"}
 	if major == 9 && minor == 0 {
 		dirs = append(dirs, "ptx/sm90a")

@@ -232,3 +232,228 @@ FGEMM_TMA(2, 6, false, kvx_fgemm_tma128s6)
 FGEMM_TMA(2, 4, true, kvx_fgemm_tmap128s4)
 FGEMM_TMA(1, 6, true, kvx_fgemm_tmap64s6)
 FGEMM_TMA(1, 8, true, kvx_fgemm_tmap64s8)
+
+// # The stream kernel: decode and small batches
+//
+// At a few rows a matmul only streams its weight: the GPU is bound by
+// reading it, and what costs is every SM not reading at every moment. The
+// stream kernel swaps the operands (wgmma's A is the weight, 64 features a
+// unit, and its B the NT token rows: m64nNTk16), so neither operand is
+// padded to 64 tokens, and it is persistent: the grid is the blocks that
+// fit the GPU at once, and block b takes the units b·U/G .. (b+1)·U/G - 1
+// of the U = feature tiles × parts, in order (a tile's parts one after
+// another), through one ring that runs on across units, so no SM waits
+// for a block to start or drain. The weights of the first STAGES stages
+// are requested before the kernel waits for the one before it (pdl.cuh):
+// no kernel of a step writes them. A unit's chain is the part's k16
+// steps in ascending order from zero, as every other kernel's (wgmma's
+// product sums do not depend on which operand is A: each output is the
+// same 16 products a step); its sums go to P (parts × M × N float32, N
+// every weight's features) and kvx_fgemm_fold adds the parts in part
+// order. One computing warpgroup and one copying warp a block. (Folding
+// in the kernel instead, the block that stores a tile's last part adding
+// its parts, counted by an atomic counter a tile, was slower on the H200:
+// 6.33 ms a Llama-3-8B decode step at batch 1 against 5.79, 13.4 at 64
+// against 8.50; the consumers wait on the fence and the count.)
+// A unit is FW m64 blocks of features (64·FW): at tens of rows the token
+// rows a stage are as large as its weight rows, and every unit reads them
+// again, so FW = 2 halves what the blocks read of them.
+
+// wg_mma_st: d (64 features × NT tokens float32 a warpgroup, NT / 2 a
+// thread) = a · b^T (+ d when acc), a and b the K-major descriptors of 64
+// and NT rows × 16 k.
+template <int NT>
+__device__ __forceinline__ void wg_mma_st(float (&d)[NT / 2], unsigned long long a, unsigned long long b, int acc);
+template <>
+__device__ __forceinline__ void wg_mma_st<8>(float (&d)[4], unsigned long long a, unsigned long long b, int acc) {
+	asm volatile(
+		"{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+		"wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+		: "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		: "l"(a), "l"(b), "r"(acc));
+}
+template <>
+__device__ __forceinline__ void wg_mma_st<16>(float (&d)[8], unsigned long long a, unsigned long long b, int acc) {
+	asm volatile(
+		"{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+		"wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+		: WG_F8(0)
+		: "l"(a), "l"(b), "r"(acc));
+}
+template <>
+__device__ __forceinline__ void wg_mma_st<32>(float (&d)[16], unsigned long long a, unsigned long long b, int acc) {
+	asm volatile(
+		"{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+		"wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+		"{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+		: WG_F8(0), WG_F8(8)
+		: "l"(a), "l"(b), "r"(acc));
+}
+template <>
+__device__ __forceinline__ void wg_mma_st<64>(float (&d)[32], unsigned long long a, unsigned long long b, int acc) {
+	asm volatile(
+		"{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+		"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+		"{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+		"%32, %33, p, 1, 1, 0, 0;\n}\n"
+		: WG_F32(0)
+		: "l"(a), "l"(b), "r"(acc));
+}
+
+// stUnits is the stream kernel's work: up to three weights of N0, N1, N2
+// features (tiles of bf), each tile's parts.
+struct stUnits {
+	long long t0, t1, t2; // tiles of each weight
+	long long n0, n1;     // features before weight 1 and before weight 2
+	int parts, last;      // parts, and k stages of the last one
+	int bf;               // features a tile
+
+	__device__ __forceinline__ int stages(long long u) const { return (int)(u % parts) == parts - 1 ? last : WG_PART / WG_BK; }
+	__device__ __forceinline__ long long k(long long u, int s) const { return (u % parts) * WG_PART + (long long)s * WG_BK; }
+	// weight is unit u's weight (0, 1, 2) and its first feature in it.
+	__device__ __forceinline__ int weight(long long u, long long& f) const {
+		long long t = u / parts;
+		if (t < t0) return f = t * bf, 0;
+		if ((t -= t0) < t1) return f = t * bf, 1;
+		return f = (t - t1) * bf, 2;
+	}
+};
+
+template <int NT, int FW, int STAGES>
+__device__ __forceinline__ void fgemm_stream(const kvx_tmap* tmA, const kvx_tmap* tmW0, const kvx_tmap* tmW1, const kvx_tmap* tmW2, float* P,
+		long long M, long long N0, long long N1, long long N2, long long ld) {
+	constexpr int BF = 64 * FW, SW = BF * WG_BK * 2, SA = NT * WG_BK * 2, STAGE = SW + SA, V = NT / 2;
+	static_assert(SA % 1024 == 0, "a stage's token rows are whole 1024-byte swizzle patterns");
+	extern __shared__ __align__(1024) unsigned char st_smem[];
+	unsigned char* ring = (unsigned char*)(((unsigned long long)st_smem + 1023) & ~1023ull);
+	unsigned long long* full = (unsigned long long*)(ring + STAGES * STAGE);
+	unsigned long long* empty = full + STAGES;
+	const int tid = threadIdx.x;
+	const stUnits w = {(N0 + BF - 1) / BF, (N1 + BF - 1) / BF, (N2 + BF - 1) / BF, N0, N0 + N1,
+		(int)((ld + WG_PART - 1) / WG_PART), (int)((ld - ((ld - 1) / WG_PART) * WG_PART) / WG_BK), BF};
+	const long long units = (w.t0 + w.t1 + w.t2) * w.parts;
+	const long long u0 = units * blockIdx.x / gridDim.x, u1 = units * (blockIdx.x + 1) / gridDim.x;
+	if (tid == 0) {
+		for (int i = 0; i < STAGES; i++) mb_init(full + i, 1), mb_init(empty + i, 4);
+		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+	}
+	__syncthreads();
+
+	if (tid >= 128) { // the copier: one thread issues every copy
+		if (tid != 128) return;
+		auto loadW = [&](long long u, int s, int st) {
+			long long f;
+			const int wi = w.weight(u, f);
+			tma_load(ring + st * STAGE, wi == 0 ? tmW0 : (wi == 1 ? tmW1 : tmW2), (int)w.k(u, s), (int)f, full + st);
+		};
+		// The weights of the first stages, before the wait; then their
+		// token rows, then the rest in turn.
+		long long u = u0;
+		int s = 0, i = 0;
+		for (; i < STAGES && u < u1; i++) {
+			mb_expect(full + i, STAGE);
+			loadW(u, s, i);
+			if (++s == w.stages(u)) s = 0, u++;
+		}
+		asm volatile("griddepcontrol.wait;\n" ::: "memory");
+		asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+		{
+			long long v = u0;
+			int r = 0;
+			for (int j = 0; j < i; j++) {
+				tma_load(ring + j * STAGE + SW, tmA, (int)w.k(v, r), 0, full + j);
+				if (++r == w.stages(v)) r = 0, v++;
+			}
+		}
+		for (; u < u1; i++) {
+			const int st = i % STAGES;
+			mb_wait(empty + st, (i / STAGES - 1) & 1);
+			mb_expect(full + st, STAGE);
+			loadW(u, s, st);
+			tma_load(ring + st * STAGE + SW, tmA, (int)w.k(u, s), 0, full + st);
+			if (++s == w.stages(u)) s = 0, u++;
+		}
+		return;
+	}
+
+	// P may be scratch the kernel before still reads.
+	asm volatile("griddepcontrol.wait;\n" ::: "memory");
+	asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+	const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+	const long long N = N0 + N1 + N2;
+	float d[FW][V];
+#pragma unroll
+	for (int b = 0; b < FW; b++)
+#pragma unroll
+		for (int v = 0; v < V; v++) d[b][v] = 0.f;
+	int i = 0;
+	for (long long u = u0; u < u1; u++) {
+		const int ns = w.stages(u);
+		for (int s = 0; s < ns; s++, i++) {
+			const int st = i % STAGES;
+			mb_wait(full + st, (i / STAGES) & 1);
+			const unsigned char* wt = ring + st * STAGE; // the weight's BF feature rows
+			const unsigned char* a = wt + SW;            // the NT token rows
+			wg_fence();
+#pragma unroll
+			for (int kk = 0; kk < WG_BK / 16; kk++)
+#pragma unroll
+				for (int b = 0; b < FW; b++) wg_mma_st<NT>(d[b], wg_desc(wt + 8192 * b + 32 * kk), wg_desc(a + 32 * kk), kk > 0 || s > 0);
+			wg_commit();
+			wg_wait<1>(); // the stage before this one is read: free it
+			mb_arrive_if(empty + (i + STAGES - 1) % STAGES, lane == 0 && s > 0);
+		}
+		wg_wait<0>();
+		mb_arrive_if(empty + (i + STAGES - 1) % STAGES, lane == 0);
+#pragma unroll
+		for (int b = 0; b < FW; b++) wg_keep(d[b]);
+		// d[b][4j + e] is feature f0 + 64·b + 16·warp + g + 8·(e / 2), token
+		// 8j + 2t + e % 2.
+		long long f0;
+		const int wi = w.weight(u, f0);
+		const long long nw = wi == 0 ? N0 : (wi == 1 ? N1 : N2), cb = wi == 0 ? 0 : (wi == 1 ? w.n0 : w.n1);
+		float* dst = P + (u % w.parts) * M * N + cb;
+#pragma unroll
+		for (int b = 0; b < FW; b++)
+#pragma unroll
+			for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const long long f = f0 + 64 * b + 16 * warp + g + 8 * (e / 2), tok = 8 * j + 2 * t + e % 2;
+					if (f < nw && tok < M) dst[tok * N + f] = d[b][4 * j + e];
+				}
+#pragma unroll
+		for (int b = 0; b < FW; b++) wg_keep(d[b]);
+	}
+}
+
+// kvx_fgemm_stream<NT>s<STAGES> (64 features a unit) and
+// kvx_fgemm_stream<NT>w<FW>s<STAGES> (64·FW): grid G (fgemm.go: the blocks
+// that fit the GPU at once, at most the units) of 160 threads; dynamic
+// shared memory STAGES·(64·FW + NT)·64·2 bytes, 16·STAGES for the barriers
+// and 1024 of alignment slack. tmA is A's tensor map (ld × M, box 64 ×
+// NT), tmW0..2 the weights' (ld × N_i, box 64 × 64·FW; an unused one
+// repeats W0's with N_i 0); M ≤ NT. P as above, then kvx_fgemm_fold.
+#define FGEMM_STREAM_(NAME, NT, FW, STAGES)                                                                            \
+	extern "C" __global__ void __launch_bounds__(160, 1) NAME(const __grid_constant__ kvx_tmap tmA,                    \
+		const __grid_constant__ kvx_tmap tmW0, const __grid_constant__ kvx_tmap tmW1, const __grid_constant__ kvx_tmap tmW2, \
+		float* P, long long M, long long N0, long long N1, long long N2, long long ld) {                               \
+		fgemm_stream<NT, FW, STAGES>(&tmA, &tmW0, &tmW1, &tmW2, P, M, N0, N1, N2, ld);                               \
+	}
+#define FGEMM_STREAM(NT, STAGES) FGEMM_STREAM_(kvx_fgemm_stream##NT##s##STAGES, NT, 1, STAGES)
+#define FGEMM_STREAMW(NT, FW, STAGES) FGEMM_STREAM_(kvx_fgemm_stream##NT##w##FW##s##STAGES, NT, FW, STAGES)
+FGEMM_STREAM(8, 4)
+FGEMM_STREAM(8, 6)
+FGEMM_STREAM(8, 8)
+FGEMM_STREAM(8, 10)
+FGEMM_STREAM(16, 4)
+FGEMM_STREAM(16, 6)
+FGEMM_STREAM(32, 4)
+FGEMM_STREAM(32, 6)
+FGEMM_STREAM(64, 4)
+FGEMM_STREAM(64, 6)
+FGEMM_STREAMW(32, 2, 4)
+FGEMM_STREAMW(32, 2, 6)
+FGEMM_STREAMW(64, 2, 3)
+FGEMM_STREAMW(64, 2, 4)
+FGEMM_STREAMW(16, 2, 6)
