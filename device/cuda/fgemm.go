@@ -336,8 +336,9 @@ func (g *gpu) streamFor(n, m int) (streamKernel, bool) {
 }
 
 // weightMap is a weight's tensor map for the stream kernel (boxes of 64 k
-// × box features), made once: weights stay where they are until the device
-// closes.
+// × box features), made once per address and shape: a map is a function of
+// the key alone, so an address a closed device freed and another weight of
+// the same shape got again has the same map.
 func (o *ops) weightMap(w cu.DevicePtr, rows, ld, box int) (tensorMap, error) {
 	key := weightMapKey{w, rows, ld, box}
 	if m, ok := o.g.wmaps[key]; ok {
