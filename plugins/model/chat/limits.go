@@ -455,11 +455,60 @@ const (
 var blockKeywords = map[string]bool{"if": true, "for": true, "macro": true, "call": true, "filter": true, "block": true,
 	"with": true, "autoescape": true, "trans": true, "raw": true, "set": true}
 
+// lexTokens is gtokens.LexAll with a bound on the tokens: it runs gonja's
+// lexer on its channel and gives up past maxLexTokens of the input. Every
+// token but the last takes at least one byte, so a lexer that makes more
+// has stopped advancing: gonja v2.9.1's scanNumber, after a number and a
+// '.', backs up by the width of the rune that follows rather than the '.',
+// so "{%0.\ueab5" lexes without end (LexAll's slice grows until memory
+// runs out). The stopped lexer's goroutine stays parked on its channel;
+// the template is refused, and a template is parsed once. A panic of the
+// lexer (the same inputs can slice out of range) is an error here, as
+// Parse makes one of a panic in gonja's parser.
+func lexTokens(text string) ([]*gtokens.Token, error) {
+	l := gtokens.NewLexer(text, templateConfig)
+	fault := make(chan any, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				fault <- p
+			}
+		}()
+		l.Run()
+	}()
+	limit := maxLexTokens(len(l.Input))
+	var toks []*gtokens.Token
+	for {
+		select {
+		case tok, ok := <-l.Tokens:
+			if !ok {
+				return toks, nil
+			}
+			if len(toks) == limit {
+				return nil, fmt.Errorf("the lexer made more than %d tokens of the template's %d bytes, the limit, at byte %d: it stopped advancing (gonja)",
+					limit, len(l.Input), tok.Pos)
+			}
+			toks = append(toks, tok)
+		case p := <-fault:
+			return nil, fmt.Errorf("does not lex: gonja panicked: %v", p)
+		}
+	}
+}
+
+// maxLexTokens is the most tokens a lexer that advances makes of n bytes,
+// with room to spare.
+func maxLexTokens(n int) int { return 2*n + 64 }
+
 // checkShape fails, naming the limit, when a tag of text has more than
 // MaxTemplateTagTokens tokens or its blocks nest deeper than
-// MaxTemplateBlockDepth. Lexing errors are left to the parser.
+// MaxTemplateBlockDepth, or when the lexer stops advancing (lexTokens).
+// Lexing errors are left to the parser.
 func checkShape(text string) error {
-	s := gtokens.LexAll(text, templateConfig)
+	toks, err := lexTokens(text)
+	if err != nil {
+		return err
+	}
+	s := gtokens.NewStream(toks)
 	depth, inTag, n := 0, false, 0
 	var keyword string
 	assign := false

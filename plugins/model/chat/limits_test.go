@@ -151,6 +151,41 @@ func FuzzChatTemplate(f *testing.F) {
 	})
 }
 
+// TestTemplateLexerStops: a template on which gonja's lexer backs up too
+// far (a number, a '.', then a rune of more than one byte that is not a
+// letter) is refused at once: where the lexer stops advancing, naming the
+// limit, instead of lexing until memory runs out (the fuzzer's crasher,
+// kept in testdata/fuzz/FuzzChatTemplate); where it slices out of range,
+// as an error, not a panic on the lexer's goroutine.
+func TestTemplateLexerStops(t *testing.T) {
+	for _, text := range []string{"{%\xee0.\ueab50\xf4", "{{ 0.\u2603 }}"} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := Parse("lexer", text, "", "")
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "stopped advancing") && !strings.Contains(err.Error(), "gonja panicked") {
+				t.Errorf("Parse(%q): %v, want the lexer's limit or its panic as an error", text, err)
+			}
+			t.Logf("Parse(%q): %v", text, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("Parse(%q) did not return in 10 s", text)
+		}
+	}
+	// The bound leaves every real template alone.
+	for _, name := range []string{"llama3.jinja", "chatml.jinja"} {
+		data, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := lexTokens(string(data)); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
 // TestTemplateCycles: a set that makes a namespace or dict contain itself
 // fails the render (gonja would print it by recursing without end).
 func TestTemplateCycles(t *testing.T) {
