@@ -31,7 +31,11 @@
 // Either call HandleSignals once at startup (SIGINT/SIGTERM kill the children,
 // then end the process as the signal would have), or, when the program
 // handles those signals itself, call Close from its handler before exiting.
-// plugin.CleanupClients also kills every child (all launches are Managed).
+// Launches are not Managed: go-plugin keeps every Managed client in a
+// package-level list for plugin.CleanupClients and never drops one, so each
+// plugin restart of a long-running kvx serve kept the dead client (its
+// logger, process, TLS certificates) for good; CleanupClients does not know
+// these children.
 // On Linux a child also gets SIGKILL when the host dies without running any
 // of that (kill -9), through the parent-death signal.
 package host
@@ -500,7 +504,6 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 		VersionedPlugins: map[int]plugin.PluginSet{ours.Protocol: pluginrpc.HostPlugins(h.clientOptions()...)[pluginrpc.Protocol]},
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		Logger:           h.logger.Named(filepath.Base(path)),
-		Managed:          true,
 		AutoMTLS:         h.AutoMTLS,
 		StartTimeout:     timeout,
 		GRPCDialOptions:  pluginrpc.DialOptions(),

@@ -5,5 +5,5 @@ package host
 import "os/exec"
 
 // setParentDeathSignal does nothing where the kernel has no parent-death
-// signal; Close, HandleSignals or plugin.CleanupClients must end children.
+// signal; Close or HandleSignals must end children.
 func setParentDeathSignal(*exec.Cmd) {}
