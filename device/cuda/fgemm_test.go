@@ -147,16 +147,13 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 	}
 }
 
-// TestTiledWGMMALoaded checks that a device of compute capability 9.0 has
-// loaded the sm90a (wgmma) tiled kernels and runs them by default, and that
-// another device has neither (TestFastMatMulBatchInvariant runs every
-// loaded tiled kernel against the skinny ones, bit for bit).
-func TestTiledWGMMALoaded(t *testing.T) {
+// sharedCapability is the shared GPU and its compute capability.
+func sharedCapability(t *testing.T) (g *gpu, major, minor int) {
+	t.Helper()
 	g, err := sharedGPU()
 	if err != nil {
 		t.Fatalf("no GPU: %v", err)
 	}
-	major, minor := 0, 0
 	if err := g.do(func() error {
 		var err error
 		major, minor, err = g.dev.ComputeCapability()
@@ -164,6 +161,15 @@ func TestTiledWGMMALoaded(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	return g, major, minor
+}
+
+// TestTiledWGMMALoaded checks that a device of compute capability 9.0 has
+// loaded the sm90a (wgmma) tiled kernels and runs them by default, and that
+// another device has neither (TestFastMatMulBatchInvariant runs every
+// loaded tiled kernel against the skinny ones, bit for bit).
+func TestTiledWGMMALoaded(t *testing.T) {
+	g, major, minor := sharedCapability(t)
 	sm90 := major == 9 && minor == 0
 	for _, v := range tiledVariants {
 		if want := !v.sm90a || sm90; g.loaded(v) != want {
@@ -179,18 +185,7 @@ func TestTiledWGMMALoaded(t *testing.T) {
 // loaded every stream kernel and runs it up to 64 rows (the kernel for the
 // rows), and that another device has none and runs the others.
 func TestStreamLoaded(t *testing.T) {
-	g, err := sharedGPU()
-	if err != nil {
-		t.Fatalf("no GPU: %v", err)
-	}
-	major, minor := 0, 0
-	if err := g.do(func() error {
-		var err error
-		major, minor, err = g.dev.ComputeCapability()
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	g, major, minor := sharedCapability(t)
 	sm90 := major == 9 && minor == 0
 	for _, v := range streamVariants {
 		if _, ok := g.fns[v.name]; ok != sm90 {
