@@ -296,13 +296,12 @@ var streamVariants = []streamKernel{
 // stages that stream fastest. BenchmarkFastSkinny on the H200 (2026-12-04,
 // 20x, with kvx_fgemm_fold), GB/s at Llama-3-8B's decode shapes (q/k/v
 // 6144 × 4096, o 4096 × 4096, gate/up 28672 × 4096, down 4096 × 14336,
-// the LM head 128256 × 4096), two runs:
-//   - 1 row: 6 stages (4 blocks an SM) 3169-3331, 2711-2919, 3373-3588,
-//     3044-3440 and 3631-3657; 8 stages (3 blocks) 3173-3266, 2777-3055,
-//     3452-3718, 3126-3190 and 3666-4116 (so from 65536 features); 4
-//     stages (6 blocks) 2534-3301, 2296-2881, 3613-3799, 3065-3288 and
-//     3567-3840; the direct kernel it replaces 1863-2404, 2541, 3139, 2166
-//     and 3993;
+// the LM head 128256 × 4096), one run at 1 row and two at more:
+//   - 1 row: 6 stages (4 blocks an SM) 3331, 2919, 3588, 3440 and 3631;
+//     8 stages (3 blocks) 3266, 2777, 3718, 3190 and 4116 (so from 65536
+//     features); 4 stages (6 blocks) 3301, 2881, 3799, 3288 and 3567; 24
+//     stages (1 block) 1935, 1765, 2304, 2190 and 2476; the direct kernel
+//     it replaces 1863-2404, 2541, 3139, 2166 and 3993;
 //   - 8 rows: 6 stages 2801-2875 at q/k/v, 3260-3402 at gate/up,
 //     3170-3276 at down; the ring and split kernels 1359-2265, 2065-2582,
 //     1343-2398; the split TMA kernel 2184-2202, 2995-3058, 2652-2668;
