@@ -41,7 +41,7 @@ func TestCalibrateEndToEnd(t *testing.T) {
 	if !bytes.Equal(data, []byte(stdout)) {
 		t.Errorf("--json printed something else than the file it wrote")
 	}
-	for _, want := range []string{"calibrate: [  1] prefill", "kernel class", "calibrated sim, held-out points", "datasheet roofline, held-out points",
+	for _, want := range []string{"calibrate: [  1] prefill", "kernel class", "calibrated sim, held-out points", "datasheet roofline, held-out points", "held-out error by kind",
 		"plugin crossings' share of an engine step", "wrote " + path} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr)
@@ -78,6 +78,13 @@ func TestCalibrateEndToEnd(t *testing.T) {
 	}
 	if held != len(c.Points)/4 || c.HeldOut.Points != held || c.Fit.Points != len(c.Points)-held {
 		t.Errorf("%d of %d points held out (stats: fit %d, held out %d), want every 4th", held, len(c.Points), c.Fit.Points, c.HeldOut.Points)
+	}
+	byKind := 0
+	for _, s := range c.HeldOutByKind {
+		byKind += s.Points
+	}
+	if byKind != held || len(c.HeldOutByKind) == 0 {
+		t.Errorf("held_out_by_kind %+v has %d points, want the %d held out", c.HeldOutByKind, byKind, held)
 	}
 	if !(c.Crossing.Total > 0 && c.Crossing.Total < 1) {
 		t.Errorf("crossing share %+v, want in (0, 1)", c.Crossing)

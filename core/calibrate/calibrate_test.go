@@ -50,9 +50,18 @@ func TestMeasureAndFit(t *testing.T) {
 	if c.HeldOut.Points != len(m.Points)/4 || c.Fit.Points != len(m.Points)-c.HeldOut.Points || c.Notes == nil {
 		t.Errorf("Fit: %d fitted, %d held out of %d, notes %v; want every 4th held out and a list of notes", c.Fit.Points, c.HeldOut.Points, len(m.Points), c.Notes)
 	}
+	heldByKind := map[string]int{}
 	for i, p := range c.Points {
 		if got := builtin.SimCost().Predict(&c.Params, p.Features); math.Abs(got-p.PredictedS) > 1e-12*p.PredictedS || p.HeldOut != (i%4 == 3) {
 			t.Errorf("point %d: predicted %g (the sim says %g), held out %v", i, p.PredictedS, got, p.HeldOut)
+		}
+		if p.HeldOut {
+			heldByKind[p.Kind]++
+		}
+	}
+	for _, kind := range hw.PointKinds {
+		if got := c.HeldOutByKind[kind].Points; got != heldByKind[kind] {
+			t.Errorf("HeldOutByKind[%s] has %d points, want its %d held-out points", kind, got, heldByKind[kind])
 		}
 	}
 }

@@ -301,7 +301,7 @@ func (s *session) calibDesign(ctx context.Context, layout kvcache.Layout) (int, 
 			if len(fwd) == 0 {
 				break
 			}
-			if err := s.forward(ctx, "prefill", fwd); err != nil {
+			if err := s.forward(ctx, hw.KindPrefill, fwd); err != nil {
 				return 0, err
 			}
 		}
@@ -311,7 +311,7 @@ func (s *session) calibDesign(ctx context.Context, layout kvcache.Layout) (int, 
 				for i := range fwd {
 					fwd[i] = part{seq: seqs[i], tokens: 1, sample: true}
 				}
-				if err := s.forward(ctx, "decode", fwd); err != nil {
+				if err := s.forward(ctx, hw.KindDecode, fwd); err != nil {
 					return 0, err
 				}
 			}
@@ -334,7 +334,7 @@ func (s *session) calibDesign(ctx context.Context, layout kvcache.Layout) (int, 
 			for i := range b {
 				fwd = append(fwd, part{seq: seqs[i], tokens: 1, sample: true})
 			}
-			if err := s.forward(ctx, "mixed", fwd); err != nil {
+			if err := s.forward(ctx, hw.KindMixed, fwd); err != nil {
 				return 0, err
 			}
 		}

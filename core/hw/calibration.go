@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/kvx-dev/kvx/plugins/v1/spec"
@@ -34,9 +36,14 @@ type Calibration struct {
 	// Fit is the error on the points the fit used; HeldOut on the points
 	// it did not see; Datasheet is the uncalibrated roofline's error on the
 	// held-out points, for comparison. Errors are |sim-measured|/measured.
-	Fit       ErrorStats `json:"fit"`
-	HeldOut   ErrorStats `json:"held_out"`
-	Datasheet ErrorStats `json:"datasheet"`
+	Fit     ErrorStats `json:"fit"`
+	HeldOut ErrorStats `json:"held_out"`
+	// HeldOutByKind is HeldOut split by the points' Kind (PointKinds): the
+	// error on the held-out points of that kind only. A kind without a
+	// held-out point has no entry; nil in a file written before kvx kept
+	// it.
+	HeldOutByKind map[string]ErrorStats `json:"held_out_by_kind,omitempty"`
+	Datasheet     ErrorStats            `json:"datasheet"`
 	// Crossing is the plugin crossings' share of an engine step over all
 	// points: 1 - (worker forward time) / (host step time).
 	Crossing CrossingStats `json:"crossing"`
@@ -63,10 +70,22 @@ type CrossingStats struct {
 	Total float64 `json:"total"`
 }
 
+// Kinds of a CalibrationPoint: a forward of prefill chunks only, of
+// decode tokens only, or of both.
+const (
+	KindPrefill = "prefill"
+	KindDecode  = "decode"
+	KindMixed   = "mixed"
+)
+
+// PointKinds are the kinds of a CalibrationPoint, in the order tables
+// print them.
+var PointKinds = []string{KindPrefill, KindDecode, KindMixed}
+
 // CalibrationPoint is one measured forward.
 type CalibrationPoint struct {
 	Config  string `json:"config"` // the config file it came from
-	Kind    string `json:"kind"`   // prefill, decode or mixed
+	Kind    string `json:"kind"`   // a PointKinds value
 	Seqs    int    `json:"seqs"`
 	Tokens  int    `json:"tokens"`
 	Context int    `json:"context"` // the longest sequence's context after the step
@@ -131,9 +150,11 @@ func LoadCalibration(path string) (*Calibration, error) {
 }
 
 // ParseCalibration decodes a calibration file and checks it: the schema, a
-// known hardware preset, and parameters the sim accepts (every figure
-// finite and >= 0, every class known and listed once). name becomes
-// Params.Name. Errors name the field, the value and what is allowed.
+// known hardware preset, parameters the sim accepts (every figure finite
+// and >= 0, every class known and listed once) and, when the file has
+// held_out_by_kind, stats of known kinds that agree with its points
+// (checkByKind). name becomes Params.Name. Errors name the field, the value
+// and what is allowed.
 func ParseCalibration(b []byte, name string) (*Calibration, error) {
 	var c Calibration
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -149,6 +170,9 @@ func ParseCalibration(b []byte, name string) (*Calibration, error) {
 	c.Params.Name = name
 	if err := CheckParams(&c.Params); err != nil {
 		return nil, err
+	}
+	if err := checkByKind(&c); err != nil {
+		return nil, fmt.Errorf("calibration %q: %w", name, err)
 	}
 	return &c, nil
 }
@@ -180,6 +204,41 @@ func CheckParams(p *spec.SimCalibration) error {
 		case strings.HasPrefix(k.Class, "mixer.") && len(k.Class) > len("mixer."):
 		default:
 			return fmt.Errorf("calibration %q: classes[%d]: class %q is not one of gemm, moe, memory or mixer.<mixer>", p.Name, i, k.Class)
+		}
+	}
+	return nil
+}
+
+// checkByKind checks c.HeldOutByKind: every key a PointKinds value, every
+// entry of at least one point with 0 <= median <= p90 <= max, and, when
+// the file has its points, an entry for just the kinds with held-out
+// points, each of their count. A file without the field passes.
+func checkByKind(c *Calibration) error {
+	if c.HeldOutByKind == nil {
+		return nil
+	}
+	for _, kind := range slices.Sorted(maps.Keys(c.HeldOutByKind)) {
+		s := c.HeldOutByKind[kind]
+		if !slices.Contains(PointKinds, kind) {
+			return fmt.Errorf("held_out_by_kind: kind %q is not one of %s", kind, strings.Join(PointKinds, ", "))
+		}
+		if s.Points < 1 || !(0 <= s.Median && s.Median <= s.P90 && s.P90 <= s.Max) || math.IsInf(s.Max, 0) {
+			return fmt.Errorf("held_out_by_kind.%s: points %d, median %g, p90 %g, max %g: want points >= 1 and 0 <= median <= p90 <= max, finite",
+				kind, s.Points, s.Median, s.P90, s.Max)
+		}
+	}
+	if len(c.Points) == 0 {
+		return nil
+	}
+	for _, kind := range PointKinds {
+		held := 0
+		for _, p := range c.Points {
+			if p.HeldOut && p.Kind == kind {
+				held++
+			}
+		}
+		if got := c.HeldOutByKind[kind].Points; got != held {
+			return fmt.Errorf("held_out_by_kind.%s: %d points, but the file has %d held-out %s points", kind, got, held, kind)
 		}
 	}
 	return nil
