@@ -139,5 +139,5 @@ func runBench(ctx context.Context, o *benchOpts) error {
 			fmt.Fprintf(table, "%s: request %d: %s\n", r.Variant, f.ID, f.Reason)
 		}
 	}
-	return writeDocument(reports, "kvx bench "+strings.Join(o.URLs, " "), o.JSONOut, o.HTMLOut, nil)
+	return writeDocument(reports, "kvx bench "+strings.Join(o.URLs, " "), o.JSONOut, o.HTMLOut, nil, nil)
 }

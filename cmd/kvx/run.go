@@ -67,6 +67,13 @@ Each --vary key=a,b,c adds one variant per value; several --vary flags give
 every combination; without --vary, compare varies cache_manager=v1,v2.
 Without --config, the bundled demo scenario runs.
 
+A compare that varies device over the sim and a device that computes
+(--vary device=sim,cpu) also gives, for each sim variant and the measured
+variant of the same other --vary values, the sim's error against the
+measured figures (TTFT and TPOT p50 and p99, output tok/s, preemptions),
+each against a goal of 10%: "sim against measured" after the table, and
+sim_against_measured in the JSON and the HTML page.
+
 ` + runExitStatus,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -167,6 +174,10 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []setup.Variant
 			return err
 		}
 	}
+	sims := report.NewSimErrors(reports) // compare --vary device=sim,cpu: the sim against the measured runs
+	if err := report.WriteSimErrors(table, sims); err != nil {
+		return err
+	}
 	if err := report.WriteExplains(table, o.explainIDs, reports, out.Records); err != nil {
 		return err
 	}
@@ -181,7 +192,7 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []setup.Variant
 		}
 		capacity = c
 	}
-	if err := writeDocument(reports, scenarioName(g), o.jsonOut, o.htmlOut, capacity); err != nil {
+	if err := writeDocument(reports, scenarioName(g), o.jsonOut, o.htmlOut, capacity, sims); err != nil {
 		return err
 	}
 	if len(failed) > 0 {
@@ -206,10 +217,12 @@ func scenarioName(g *globals) string {
 // writeDocument writes the kvx.report/v1 document of reports, named for
 // scenario, as JSON to jsonOut and as the HTML page to htmlOut (either ""
 // for none, "-" for standard output), with capacity (compare --capacity)
-// when not nil.
-func writeDocument(reports []report.Report, scenario, jsonOut, htmlOut string, capacity *report.Capacity) error {
+// when not nil and the sim's errors against the measured runs (sims,
+// report.NewSimErrors) when any.
+func writeDocument(reports []report.Report, scenario, jsonOut, htmlOut string, capacity *report.Capacity, sims []report.SimError) error {
 	doc := report.NewDocument("kvx "+kvxVersion(), reports)
 	doc.Capacity = capacity
+	doc.SimAgainstMeasured = sims
 	doc.Created = time.Now().UTC().Format(time.RFC3339)
 	doc.Scenario = scenario
 	doc.Command = os.Args

@@ -41,7 +41,7 @@ dl.meta { display: grid; grid-template-columns: max-content auto; gap: 2px 14px;
 dl.meta dt { font-weight: 600 } dl.meta dd { margin: 0 }
 .charts { display: flex; flex-wrap: wrap; gap: 16px }
 .chart { position: relative; width: 410px; height: 280px; border: 1px solid #eee; padding: 6px }
-.note { color: #666 } .diff td { background: #fff6d6 } code { font-size: 13px }
+.note { color: #666 } .diff td { background: #fff6d6 } .miss td { background: #fde2e2 } code { font-size: 13px }
 details summary { cursor: pointer; margin: .5em 0 }
 table.cfg td { max-width: 30em; overflow-wrap: anywhere }
 </style>
@@ -65,7 +65,12 @@ table.cfg td { max-width: 30em; overflow-wrap: anywhere }
 {{range .Rows}}<tr><td>{{.Name}}</td>{{range .Cells}}<td>{{.}}</td>{{end}}</tr>
 {{end}}</table>
 {{range .Doc.Variants}}{{if .Error}}<p class="note">{{.Variant}}: {{.Error}}</p>{{end}}{{end}}
-<h2>Headline figures</h2>
+{{with .Doc.SimAgainstMeasured}}<h2>Sim against measured</h2>
+{{range .}}<p class="note">{{.Title}}</p>
+<table class="sim">
+{{range $i, $line := .Cells}}<tr{{if and (gt $i 0) (eq (index $line 5) "not met")}} class="miss"{{end}}>{{range $line}}{{if eq $i 0}}<th>{{.}}</th>{{else}}<td>{{.}}</td>{{end}}{{end}}</tr>
+{{end}}</table>
+{{end}}{{end}}<h2>Headline figures</h2>
 <div class="charts" id="bars"></div>
 <h2>Latency distributions ({{.TimeWord}})</h2>
 <div class="charts" id="cdfs"></div>
@@ -87,10 +92,12 @@ table.cfg td { max-width: 30em; overflow-wrap: anywhere }
 
 // WriteHTML writes d as a self-contained page that needs no network:
 // metadata (scenario, generator, date, device, variants), the side-by-side
-// table, bar charts of the headline figures with their values, latency
-// CDFs per variant, the series over engine time, and the resolved
-// configuration. Chart.js is inlined; the page's script sets
-// window.kvxCharts to the number of charts it drew.
+// table, the sim's error against the measured runs (a table for each of
+// Document.SimAgainstMeasured, the figures that miss the goal marked), bar
+// charts of the headline figures with their values, latency CDFs per
+// variant, the series over engine time, and the resolved configuration.
+// Chart.js is inlined; the page's script sets window.kvxCharts to the
+// number of charts it drew.
 func WriteHTML(w io.Writer, d Document) error {
 	type row struct {
 		Name  string

@@ -100,7 +100,11 @@ func TestHTMLInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	withCapacity.Capacity = c
-	for i, d := range []Document{richSample(true), richSample(false), failed, withCapacity} {
+	// A compare of the sim against a computing device adds its tables and
+	// no chart.
+	withSims := richSample(false)
+	withSims.SimAgainstMeasured = NewSimErrors(simCompare())
+	for i, d := range []Document{richSample(true), richSample(false), failed, withCapacity, withSims} {
 		path := filepath.Join(dir, fmt.Sprintf("r%d.html", i))
 		var buf bytes.Buffer
 		if err := WriteHTML(&buf, d); err != nil {
@@ -120,7 +124,8 @@ func TestHTMLInChromium(t *testing.T) {
 	CheckPage(t, pages[1], chartsOnPage, false)
 	CheckPage(t, pages[2], chartsOnPage, true)
 	CheckPage(t, pages[3], chartsOnPage+1, false)
-	checkBadPage(t, pages[4])
+	CheckPage(t, pages[4], chartsOnPage, false)
+	checkBadPage(t, pages[5])
 }
 
 // CheckPage checks what Chromium saw of a report page with want charts.

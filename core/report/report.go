@@ -8,7 +8,9 @@
 // peak_usage, kv_usage) are fractions in [0, 1]. Besides the totals, a
 // variant carries its resolved config, its workload, latency quantiles,
 // a Series over engine time (series.go) and, when asked, one record per
-// request. WriteHTML (html.go) draws the same figures.
+// request. A compare of the sim against a device that computes also
+// carries the sim's error per figure against the measured runs
+// (simerror.go). WriteHTML (html.go) draws the same figures.
 package report
 
 import (
@@ -505,6 +507,10 @@ type Document struct {
 	// Capacity is the capacity KPI of a compare that swept a load key
 	// (kvx compare --capacity); nil otherwise.
 	Capacity *Capacity `json:"capacity,omitempty"`
+	// SimAgainstMeasured is the sim's error against the measured runs of
+	// a compare that varies device over the sim and a device that computes
+	// (NewSimErrors); nil when it has no such pair.
+	SimAgainstMeasured []SimError `json:"sim_against_measured,omitempty"`
 }
 
 // NewDocument returns the document of reports rs, written by generator.
