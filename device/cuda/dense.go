@@ -252,12 +252,20 @@ func (o *ops) rmsNorm(x, w *tensor, rows, cols int, eps float32) *tensor {
 
 // addRMSNorm is rmsNorm after x += y when y is not nil: in one launch where
 // the fast RMSNorm runs (kvx_frmsnorm adds y first, kvx_add's sum), else
-// Add's launch first.
+// Add's launch first. A pending y alone in its matmul (o_proj's, down's)
+// is folded there too.
 func (o *ops) addRMSNorm(x, y, w *tensor, rows, cols int, eps float32) *tensor {
 	fast := o.fast && cols >= fastNormCols
 	if y != nil && !fast {
 		o.Add(x, y)
 		y = nil
+	}
+	var f *pendingFold // y's parts, read by kvx_frmsnorm
+	if y != nil && y.fold != nil {
+		if f = y.fold; len(f.outs) != 1 || cols != x.c {
+			f.run()
+			f = nil
+		}
 	}
 	out := o.newTensor(x.r, x.c)
 	switch {
@@ -269,12 +277,18 @@ func (o *ops) addRMSNorm(x, y, w *tensor, rows, cols int, eps float32) *tensor {
 			ob = o.scratch(int64(rows) * int64(ld) * 2)
 			out.b = ob
 		}
-		var yp cu.DevicePtr
-		if y != nil {
-			dropBF16(x)
+		var yp, fp cu.DevicePtr
+		parts := 0
+		switch {
+		case f != nil:
+			fp, parts = f.p, f.parts
+		case y != nil:
 			yp = y.p
 		}
-		o.run("kvx_frmsnorm", dim{min(rows, 65535), 1, 1}, dim{256, 1, 1}, 0, out.p, ob, x.p, yp, w.p, rows, cols, ld, eps)
+		if y != nil {
+			dropBF16(x)
+		}
+		o.run("kvx_frmsnorm", dim{min(rows, 65535), 1, 1}, dim{256, 1, 1}, 0, out.p, ob, x.p, yp, fp, parts, w.p, rows, cols, ld, eps)
 	default:
 		o.run("kvx_rmsnorm", dim{blocks(rows, 4), 1, 1}, dim{128, 1, 1}, 0, out.p, x.p, w.p, rows, cols, eps)
 	}
@@ -298,7 +312,7 @@ var _ hf.AddNormer = (*ops)(nil)
 // AddRMSNorm implements hf.AddNormer: x += y, then RMSNorm(x, w, eps), the
 // values Add and RMSNorm give.
 func (o *ops) AddRMSNorm(x, y, w synth.Tensor, eps float32) synth.Tensor {
-	xt, yt, wt := cudaTensor(x), cudaTensor(y), cudaTensor(w)
+	xt, yt, wt := cudaTensor(x), unfolded(y), cudaTensor(w)
 	shape("AddRMSNorm addend", yt, xt.r, xt.c)
 	shape("AddRMSNorm gains", wt, 1, xt.c)
 	return o.addRMSNorm(xt, yt, wt, xt.r, xt.c, eps)
@@ -356,15 +370,24 @@ func (o *ops) AddBias(x, b synth.Tensor) {
 	o.run("kvx_add_bias", g, bl, 0, xt.p, bt.p, xt.r*xt.c, xt.c)
 }
 
+// SwiGLU is kernel.SiLU(gate) · up. Gate and up pending from one matmul
+// (MatMuls of the gate and up weights) are folded in the same launch.
 func (o *ops) SwiGLU(gate, up synth.Tensor) synth.Tensor {
-	gt, ut := cudaTensor(gate), cudaTensor(up)
+	gt, ut := unfolded(gate), unfolded(up)
 	shape("SwiGLU", ut, gt.r, gt.c)
+	if f := gt.fold; f == nil || f != ut.fold || !o.fast {
+		gt, ut = cudaTensor(gate), cudaTensor(up)
+	}
 	out := o.newTensor(gt.r, gt.c)
 	fma := o.expFMA()
 	if o.fast && gt.r > 0 {
 		ld := padK(gt.c)
 		out.b = o.scratch(int64(gt.r) * int64(ld) * 2)
 		g, b := flat(gt.r * ld)
+		if f := gt.fold; f != nil {
+			o.run("kvx_fswiglu_fold", g, b, 0, out.p, out.b, f.p, f.parts, f.m, f.col(gt), f.col(ut), gt.r, gt.c, ld, fma)
+			return out
+		}
 		o.run("kvx_fswiglu", g, b, 0, out.p, out.b, gt.p, ut.p, gt.r, gt.c, ld, fma)
 		return out
 	}

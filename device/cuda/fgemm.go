@@ -360,7 +360,7 @@ type weightMapKey struct {
 }
 
 // fgemmStream runs stream kernel k (n ≤ k.nt rows) over up to three
-// weights, then folds the parts (kvx_fgemm_fold).
+// weights; their parts are folded by o.fold.
 func (o *ops) fgemmStream(a cu.DevicePtr, n, ld int, outs []gemmOut, k streamKernel) {
 	if len(outs) == 0 || len(outs) > 3 || n > k.nt {
 		panic(fmt.Sprintf("cuda: stream matmul %s of %d weights at %d rows", k.name, len(outs), n))
@@ -374,7 +374,6 @@ func (o *ops) fgemmStream(a cu.DevicePtr, n, ld int, outs []gemmOut, k streamKer
 	}
 	var maps [3]tensorMap
 	var ms [3]int
-	var fold []any // kvx_fgemm_fold's outputs
 	m, tiles := 0, 0
 	for i := range 3 {
 		g := gemmOut{w: outs[0].w} // an unused weight: no features
@@ -386,7 +385,6 @@ func (o *ops) fgemmStream(a cu.DevicePtr, n, ld int, outs []gemmOut, k streamKer
 			return
 		}
 		ms[i] = g.m
-		fold = append(fold, g.c, g.m)
 		m += g.m
 		tiles += blocks(g.m, k.features())
 	}
@@ -399,8 +397,80 @@ func (o *ops) fgemmStream(a cu.DevicePtr, n, ld int, outs []gemmOut, k streamKer
 	}
 	grid := min(o.g.sms*per, tiles*parts)
 	o.run(k.name, dim{grid, 1, 1}, dim{streamThreads, 1, 1}, k.smem(), ma, maps[0], maps[1], maps[2], p, n, ms[0], ms[1], ms[2], ld)
-	g, b := flat(n * m)
-	o.run("kvx_fgemm_fold", g, b, 0, append([]any{p, parts, n}, fold...)...)
+	o.fold(p, parts, n, outs)
+}
+
+// pendingFold is a split matmul whose parts are not added yet: P holds
+// parts × n × m float32 (n rows, m the columns of every output together,
+// in outs' order). The first op that reads one of its outputs through
+// cudaTensor runs the fold (kvx_fgemm_fold, every output at once); SwiGLU
+// and AddRMSNorm read the parts themselves (kvx_fswiglu_fold, kvx_frmsnorm
+// with P), in the fold's order, so a decode step skips most fold launches
+// (three of the four matmuls of a Llama layer) with the same bits.
+//
+// P is in the step's arena, which nothing reuses before reset: a fold is
+// valid for the step (gen) that made it.
+type pendingFold struct {
+	o           *ops
+	gen         uint64
+	p           cu.DevicePtr
+	parts, n, m int
+	outs        []gemmOut
+}
+
+// fold adds P's parts into outs: later, at the first read, when every
+// output is a tensor (fastMatMuls'); at once when one is bare memory (the
+// kernel tests').
+func (o *ops) fold(p cu.DevicePtr, parts, n int, outs []gemmOut) {
+	f := &pendingFold{o: o, gen: o.ar.gen, p: p, parts: parts, n: n, outs: append([]gemmOut(nil), outs...)}
+	later := true
+	for _, g := range outs {
+		f.m += g.m
+		later = later && g.t != nil
+	}
+	if !later {
+		f.run()
+		return
+	}
+	for _, g := range outs {
+		g.t.fold = f
+	}
+}
+
+// run launches the fold into every output and marks them folded.
+func (f *pendingFold) run() {
+	for _, g := range f.outs {
+		if g.t != nil {
+			g.t.fold = nil
+		}
+	}
+	o := f.o
+	if f.gen != o.ar.gen {
+		panic(fmt.Sprintf("cuda: a matmul's parts folded after its step (arena generation %d, now %d)", f.gen, o.ar.gen))
+	}
+	args := []any{f.p, f.parts, f.n}
+	for i := range 3 {
+		var c cu.DevicePtr // an unused output: no columns
+		m := 0
+		if i < len(f.outs) {
+			c, m = f.outs[i].c, f.outs[i].m
+		}
+		args = append(args, c, m)
+	}
+	g, b := flat(f.n * f.m)
+	o.run("kvx_fgemm_fold", g, b, 0, args...)
+}
+
+// col is the first of t's columns among the launch's m.
+func (f *pendingFold) col(t *tensor) int {
+	c := 0
+	for _, g := range f.outs {
+		if g.t == t {
+			return c
+		}
+		c += g.m
+	}
+	panic("cuda: a tensor not among its fold's outputs")
 }
 
 // bf16Weights reports whether a weight of rows × cols is kept as bf16 in
@@ -530,7 +600,7 @@ func (o *ops) fastMatMuls(xt *tensor, ws []*tensor) []*tensor {
 			panic(fmt.Sprintf("cuda: fast MatMul: weight %d × %d (stride %d) for %d columns", w.r, w.c, w.ld, k))
 		}
 		outs[i] = o.newTensor(n, w.r)
-		gs[i] = gemmOut{outs[i].p, w.h, w.r}
+		gs[i] = gemmOut{outs[i].p, w.h, w.r, outs[i]}
 	}
 	if n == 0 {
 		return outs
@@ -545,10 +615,13 @@ func (o *ops) fastMatMuls(xt *tensor, ws []*tensor) []*tensor {
 	return outs
 }
 
-// gemmOut is one weight of a fast matmul: C (n × m float32) = A · Wᵀ.
+// gemmOut is one weight of a fast matmul: C (n × m float32) = A · Wᵀ; t is
+// C's tensor when there is one (a split launch's fold then waits for the
+// first read: pendingFold).
 type gemmOut struct {
 	c, w cu.DevicePtr
 	m    int
+	t    *tensor
 }
 
 // fgemm launches C = A (n × ld bf16) · Wᵀ for every weight of outs: the
@@ -614,14 +687,12 @@ func (o *ops) fgemmSkinny(a cu.DevicePtr, n, ld int, outs []gemmOut, k skinnyKer
 	}
 	args := []any{a, n, ld}
 	m := 0
-	var fold []any // kvx_fgemm_fold's outputs
 	for i := range 3 {
 		g := gemmOut{w: outs[0].w} // an unused weight: no columns
 		if i < len(outs) {
 			g = outs[i]
 		}
 		args = append(args, g.c, g.w, g.m)
-		fold = append(fold, g.c, g.m)
 		m += g.m
 	}
 	if k.nw == 0 {
@@ -631,8 +702,7 @@ func (o *ops) fgemmSkinny(a cu.DevicePtr, n, ld int, outs []gemmOut, k skinnyKer
 	parts := blocks(ld, fgemmPart)
 	p := o.scratch(int64(parts) * int64(n) * int64(m) * 4)
 	o.runShared(k.name, dim{blocks(n, 16*k.mt), blocks(m, k.cols()), parts}, dim{32 * k.warps(), 1, 1}, k.smem(), append(args, p)...)
-	g, b := flat(n * m)
-	o.run("kvx_fgemm_fold", g, b, 0, append([]any{p, parts, n}, fold...)...)
+	o.fold(p, parts, n, outs)
 }
 
 // fgemmTiled runs tiled kernel k (any of tiledVariants, any n).

@@ -116,7 +116,7 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 				o.run("kvx_to_bf16", g, b, 0, xa, x.p, n, k, w.ld)
 				for _, v := range skinnyVariants {
 					c := o.newTensor(n, m)
-					o.fgemmSkinny(xa, n, w.ld, []gemmOut{{c.p, w.h, m}}, v)
+					o.fgemmSkinny(xa, n, w.ld, []gemmOut{{c.p, w.h, m, nil}}, v)
 					kernels[v.name] = o.ToHost(c)
 				}
 				for _, v := range tiledVariants {
@@ -132,7 +132,7 @@ func TestFastMatMulBatchInvariant(t *testing.T) {
 						continue // sm90a only (TestStreamLoaded), or too many rows
 					}
 					c := o.newTensor(n, m)
-					o.fgemmStream(xa, n, w.ld, []gemmOut{{c.p, w.h, m}}, v)
+					o.fgemmStream(xa, n, w.ld, []gemmOut{{c.p, w.h, m, nil}}, v)
 					kernels[v.name] = o.ToHost(c)
 				}
 			})
@@ -366,7 +366,7 @@ func BenchmarkFastSkinny(b *testing.B) {
 			}
 			b.Run(fmt.Sprintf("%dx%dx%d/%s", n, m, k, strings.TrimPrefix(v.name, "kvx_fgemm_")), func(b *testing.B) {
 				p := setup(b)
-				f := func() { p.o.fgemmSkinny(p.x, n, p.w.ld, []gemmOut{{p.c, p.w.h, m}}, v) }
+				f := func() { p.o.fgemmSkinny(p.x, n, p.w.ld, []gemmOut{{p.c, p.w.h, m, nil}}, v) }
 				timeOps(b, p.o, 3, f)
 				b.ResetTimer()
 				d := timeOps(b, p.o, b.N, f)
@@ -382,7 +382,7 @@ func BenchmarkFastSkinny(b *testing.B) {
 				if _, ok := p.o.g.fns[v.name]; !ok {
 					b.Skipf("%s is not loaded on this device (sm90a only)", v.name)
 				}
-				f := func() { p.o.fgemmStream(p.x, n, p.w.ld, []gemmOut{{p.c, p.w.h, m}}, v) }
+				f := func() { p.o.fgemmStream(p.x, n, p.w.ld, []gemmOut{{p.c, p.w.h, m, nil}}, v) }
 				timeOps(b, p.o, 3, f)
 				b.ResetTimer()
 				d := timeOps(b, p.o, b.N, f)

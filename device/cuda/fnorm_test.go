@@ -116,3 +116,60 @@ func TestFastAddRMSNorm(t *testing.T) {
 		})
 	}
 }
+
+// TestFusedFold: SwiGLU of gate and up pending from one split matmul
+// (kvx_fswiglu_fold) and AddRMSNorm of a pending down projection
+// (kvx_frmsnorm reading the parts) give the bits of the fold's launch and
+// then the op: in the output, its bf16 copy (MatMul through it), the
+// residual x, and in the pending outputs folded afterwards. Where the
+// stream kernel runs (compute capability 9.0, up to 64 rows) the ops must
+// take the fused path: the matmuls' outputs are still pending after them.
+func TestFusedFold(t *testing.T) {
+	o := fastOps(t)
+	for _, c := range []struct{ n, k, m int }{{1, 4096, 1100}, {5, 1000, 640}, {8, 4096, 2048}, {33, 2048, 700}, {64, 512, 1024}} {
+		t.Run(fmt.Sprintf("%dx%dx%d", c.n, c.k, c.m), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.n*c.k), uint64(c.m)))
+			xv, rv, nv := randVals(rng, c.n*c.k, 2), randVals(rng, c.n*c.k, 2), randVals(rng, c.k, 1)
+			on(t, o, func() {
+				wg, wu := o.Weight(randVals(rng, c.m*c.k, 1), c.m, c.k), o.Weight(randVals(rng, c.m*c.k, 1), c.m, c.k)
+				wd, wn := o.Weight(randVals(rng, c.k*c.m, 1), c.k, c.m), o.Weight(randVals(rng, 70*c.k, 1), 70, c.k)
+				gains := hostTensor(o, nv, 1, c.k)
+				_, stream := o.g.streamFor(c.n, 0)
+				type run struct{ gate, up, h, hw, y, x, norm, nw []float32 }
+				step := func(fuse bool) run {
+					gu := o.MatMuls(hostTensor(o, xv, c.n, c.k), wg, wu)
+					if !fuse {
+						cudaTensor(gu[0])
+					}
+					if stream && fuse && unfolded(gu[0]).fold == nil {
+						t.Fatal("the stream matmul's gate is not pending")
+					}
+					h := o.SwiGLU(gu[0], gu[1])
+					if stream && fuse && (unfolded(gu[0]).fold == nil || unfolded(gu[1]).fold == nil) {
+						t.Error("SwiGLU folded its pending inputs in a launch of their own")
+					}
+					y := o.MatMul(h, wd)
+					if !fuse {
+						cudaTensor(y)
+					}
+					x := hostTensor(o, rv, c.n, c.k)
+					norm := o.AddRMSNorm(x, y, gains, 1e-5)
+					if stream && fuse && unfolded(y).fold == nil {
+						t.Error("AddRMSNorm folded its pending addend in a launch of its own")
+					}
+					return run{o.ToHost(gu[0]), o.ToHost(gu[1]), o.ToHost(h), o.ToHost(o.MatMul(h, wd)), o.ToHost(y),
+						o.ToHost(x), o.ToHost(norm), o.ToHost(o.MatMul(norm, wn))}
+				}
+				want, got := step(false), step(true)
+				sameBits(t, "gate", want.gate, got.gate)
+				sameBits(t, "up", want.up, got.up)
+				sameBits(t, "SwiGLU", want.h, got.h)
+				sameBits(t, "MatMul of SwiGLU (its bf16 copy)", want.hw, got.hw)
+				sameBits(t, "down", want.y, got.y)
+				sameBits(t, "x += down", want.x, got.x)
+				sameBits(t, "RMSNorm(x)", want.norm, got.norm)
+				sameBits(t, "MatMul of RMSNorm(x) (its bf16 copy)", want.nw, got.nw)
+			})
+		})
+	}
+}

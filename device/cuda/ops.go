@@ -25,12 +25,19 @@ import (
 // to bf16 (rows padded to padK(c)), written by the op that made it
 // (RMSNorm, SwiGLU) for the fast matmul, which then skips rounding them
 // itself. An op that changes a tensor in place drops b (dropBF16).
+//
+// The output of a split fast matmul may be pending (fold not nil): its
+// values are the launch's parts, not yet added. cudaTensor adds them (one
+// fold launch for every output of the matmul) before any op reads p; the
+// ops that take the parts themselves (SwiGLU, AddRMSNorm) read t through
+// unfolded instead.
 type tensor struct {
 	p    cu.DevicePtr
 	r, c int
 	h    cu.DevicePtr
 	ld   int
 	b    cu.DevicePtr
+	fold *pendingFold
 }
 
 // dropBF16 forgets t's bf16 copy: an in-place op is about to change it.
@@ -45,10 +52,20 @@ func (t *tensor) bytes() int64 { return int64(t.r) * int64(t.c) * 4 }
 // row returns the address of row i.
 func (t *tensor) row(i int) cu.DevicePtr { return t.p + cu.DevicePtr(int64(i)*int64(t.c)*4) }
 
-// cudaTensor returns t as the cuda device's tensor. It panics on another
-// device's tensor (a programmer error: tensors are valid only on their
-// device).
+// cudaTensor returns t as the cuda device's tensor, its values in place
+// (a pending fold run first). It panics on another device's tensor (a
+// programmer error: tensors are valid only on their device).
 func cudaTensor(t synth.Tensor) *tensor {
+	ct := unfolded(t)
+	if ct.fold != nil {
+		ct.fold.run()
+	}
+	return ct
+}
+
+// unfolded is cudaTensor without running t's pending fold: for the ops that
+// read the parts themselves.
+func unfolded(t synth.Tensor) *tensor {
 	ct, ok := t.(*tensor)
 	if !ok {
 		panic(fmt.Sprintf("cuda: tensor %T is not the cuda device's", t))

@@ -14,18 +14,35 @@
 // stride ld, columns past cols zero): the fast matmul's input, which it
 // would otherwise make in a launch of its own (kvx_to_bf16, the same
 // rounding). kvx_fswiglu does the same for SwiGLU.
+//
+// Both also take their input straight from a split matmul's parts (P:
+// parts × n float32, n = rows × the launch's columns), added here in
+// kvx_fgemm_fold's order, so the fold's own launch (and its write and read
+// of the sum) is skipped: the values and so the bits are the fold's
+// (device/cuda's pendingFold).
 #include "mma.cuh"
 #include "pdl.cuh"
 #include "gomath.cuh" // ll, and exp32 for SiLU
 
 #define FN_THREADS 256
 
+// fold_at is element i of a split matmul's sum: P[i] + P[n + i] + ... in
+// part order, each add rounded, as kvx_fgemm_fold (kernels/fgemm.cu) adds
+// them. The two must stay one order: TestFusedFold compares them bit for
+// bit.
+__device__ __forceinline__ float fold_at(const float* P, ll parts, ll n, ll i) {
+	float v = P[i];
+	for (ll p = 1; p < parts; p++) v = __fadd_rn(v, P[p * n + i]);
+	return v;
+}
+
 // kvx_frmsnorm: grid min(rows, 65535) (grid-stride), FN_THREADS threads.
 // When y is not 0 the residual add before the norm is done here too: x +=
 // y (in place, kvx_add's sum), then out = RMSNorm(x): one launch and one
-// read of x instead of two (hf.AddNormer).
+// read of x instead of two (hf.AddNormer). When P is not 0 (and y is), y
+// is the fold of P's parts (a rows × cols matmul's alone in its launch).
 extern "C" __global__ void __launch_bounds__(FN_THREADS) kvx_frmsnorm(float* out, unsigned short* ob, float* x,
-		const float* y, const float* w, ll rows, ll cols, ll ld, float eps) {
+		const float* y, const float* P, ll parts, const float* w, ll rows, ll cols, ll ld, float eps) {
 	pdl_wait();
 	__shared__ float ws[FN_THREADS / 32];
 	const int t = threadIdx.x, lane = t % 32, warp = t / 32;
@@ -41,6 +58,15 @@ extern "C" __global__ void __launch_bounds__(FN_THREADS) kvx_frmsnorm(float* out
 #pragma unroll 8
 			for (ll i = t; i < cols; i += FN_THREADS) {
 				const float v = __fadd_rn(xr[i], yr[i]);
+				xr[i] = v;
+				s = __fadd_rn(s, __fmul_rn(v, v));
+			}
+		} else if (P) {
+			const float* pr = P + r * cols;
+			const ll n = rows * cols;
+#pragma unroll 8
+			for (ll i = t; i < cols; i += FN_THREADS) {
+				const float v = __fadd_rn(xr[i], fold_at(pr, parts, n, i));
 				xr[i] = v;
 				s = __fadd_rn(s, __fmul_rn(v, v));
 			}
@@ -102,6 +128,26 @@ extern "C" __global__ void kvx_fswiglu(float* out, unsigned short* ob, const flo
 		const float v = g[at];
 		const float y = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, exp32(-v, fma))), u[at]);
 		out[at] = y;
+		ob[i] = to_bf16(y);
+	}
+}
+
+// kvx_fswiglu_fold is kvx_fswiglu with g and u the folds of one split
+// matmul's parts: P holds rows × N sums (N the launch's columns), g's at
+// columns gc.., u's at uc.. of each row.
+extern "C" __global__ void kvx_fswiglu_fold(float* out, unsigned short* ob, const float* P, ll parts, ll N, ll gc,
+		ll uc, ll rows, ll cols, ll ld, ll fma) {
+	pdl_wait();
+	const ll n = rows * ld, np = rows * N;
+	for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (ll)gridDim.x * blockDim.x) {
+		const ll r = i / ld, c = i - r * ld;
+		if (c >= cols) {
+			ob[i] = 0;
+			continue;
+		}
+		const float v = fold_at(P, parts, np, r * N + gc + c);
+		const float y = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, exp32(-v, fma))), fold_at(P, parts, np, r * N + uc + c));
+		out[r * cols + c] = y;
 		ob[i] = to_bf16(y);
 	}
 }
