@@ -81,6 +81,9 @@ func TestCompareSimAgainstMeasured(t *testing.T) {
 				if w.sim == 0 && (f.RelativeError == nil || *f.RelativeError != 0 || !f.Met) {
 					t.Errorf("%s: %s 0 against 0: %+v, want a relative error of 0, met", group, w.key, f)
 				}
+				if w.sim != 0 && (f.RelativeError != nil || f.Met) {
+					t.Errorf("%s: %s %g against 0: %+v, want no relative error, not met", group, w.key, w.sim, f)
+				}
 				continue
 			}
 			rel := (w.sim - w.got) / w.got

@@ -43,6 +43,26 @@ type CapacityPoint struct {
 	Met       bool     `json:"met"`
 }
 
+// variantGroup splits a compare's variant name, its --vary values
+// "key=value ..." (setup.Variants), at key: group is the other fields in
+// order ("all" when there are none), the name of the variant's group in a
+// Capacity or a SimError; value is key's; found is false when the name does
+// not set key.
+func variantGroup(variant, key string) (group, value string, found bool) {
+	var rest []string
+	for _, f := range strings.Fields(variant) {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			value, found = v, true
+			continue
+		}
+		rest = append(rest, f)
+	}
+	if len(rest) == 0 {
+		return "all", value, found
+	}
+	return strings.Join(rest, " "), value, found
+}
+
 // NewCapacity groups rs (a compare's variants, named by their --vary
 // values "key=value ...") by every value but loadKey's, and finds each
 // group's capacity within a p95 TTFT of sloMs. Every variant must vary
@@ -53,26 +73,13 @@ func NewCapacity(rs []Report, loadKey string, sloMs float64) (*Capacity, error) 
 	}
 	c := &Capacity{LoadKey: loadKey, SLOMs: sloMs}
 	for _, r := range rs {
-		var rest []string
-		load, found := 0.0, false
-		for _, f := range strings.Fields(r.Variant) {
-			v, ok := strings.CutPrefix(f, loadKey+"=")
-			if !ok {
-				rest = append(rest, f)
-				continue
-			}
-			x, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return nil, fmt.Errorf("capacity: variant %q: %s=%q is not a number", r.Variant, loadKey, v)
-			}
-			load, found = x, true
-		}
+		name, v, found := variantGroup(r.Variant, loadKey)
 		if !found {
 			return nil, fmt.Errorf("capacity: variant %q does not vary %s: sweep it with --vary %s=a,b,c", r.Variant, loadKey, loadKey)
 		}
-		name := strings.Join(rest, " ")
-		if name == "" {
-			name = "all"
+		load, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return nil, fmt.Errorf("capacity: variant %q: %s=%q is not a number", r.Variant, loadKey, v)
 		}
 		i := slices.IndexFunc(c.Groups, func(g CapacityGroup) bool { return g.Name == name })
 		if i < 0 {

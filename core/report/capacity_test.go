@@ -109,3 +109,25 @@ func TestCapacityRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestVariantGroup: a variant name splits at a key wherever the key is,
+// the other fields keep their order, "all" when none is left, and a key
+// is matched whole (device= is not sim_device=).
+func TestVariantGroup(t *testing.T) {
+	for _, c := range []struct {
+		variant, key, group, value string
+		found                      bool
+	}{
+		{"cache_manager=v1 device=sim", "device", "cache_manager=v1", "sim", true},
+		{"device=cpu cache_manager=v1 block_size=16", "device", "cache_manager=v1 block_size=16", "cpu", true},
+		{"cache_manager=v1 device=cuda block_size=16", "device", "cache_manager=v1 block_size=16", "cuda", true},
+		{"device=sim", "device", "all", "sim", true},
+		{"sim_device=x cache_manager=v2", "device", "sim_device=x cache_manager=v2", "", false},
+		{"", "workload.concurrency", "all", "", false},
+	} {
+		group, value, found := variantGroup(c.variant, c.key)
+		if group != c.group || value != c.value || found != c.found {
+			t.Errorf("variantGroup(%q, %q) = %q, %q, %v; want %q, %q, %v", c.variant, c.key, group, value, found, c.group, c.value, c.found)
+		}
+	}
+}

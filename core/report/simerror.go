@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -86,14 +85,11 @@ func NewSimErrors(rs []Report) []SimError {
 		if !ran(s) || !s.Engine.Modelled {
 			continue
 		}
+		group, _, _ := variantGroup(s.Variant, deviceKey)
 		for j := range rs {
 			m := &rs[j]
-			if !ran(m) || m.Engine.Modelled || m.Variant == s.Variant || otherValues(m.Variant) != otherValues(s.Variant) {
+			if mg, _, _ := variantGroup(m.Variant, deviceKey); !ran(m) || m.Engine.Modelled || mg != group {
 				continue
-			}
-			group := otherValues(s.Variant)
-			if group == "" {
-				group = "all"
 			}
 			e := SimError{Group: group, SimVariant: s.Variant, MeasuredVariant: m.Variant, MeasuredDevice: m.Config.Device,
 				Calibration: s.Config.Calibration, Goal: SimGoal}
@@ -106,12 +102,8 @@ func NewSimErrors(rs []Report) []SimError {
 	return out
 }
 
-// otherValues is a variant name's key=value fields but device's, in order.
-func otherValues(variant string) string {
-	fields := slices.DeleteFunc(strings.Fields(variant), func(f string) bool { return strings.HasPrefix(f, deviceKey+"=") })
-	return strings.Join(fields, " ")
-}
-
+// newFigureError is figure key of a SimError: sim against measured, met
+// within goal.
 func newFigureError(key string, sim, measured, goal float64) FigureError {
 	f := FigureError{Figure: key, Sim: sim, Measured: measured, Difference: sim - measured}
 	switch {
@@ -158,7 +150,9 @@ func (e SimError) Cells() [][]string {
 // measured: ..."), and how many figures meet the goal.
 func WriteSimErrors(w io.Writer, es []SimError) error {
 	for _, e := range es {
-		fmt.Fprintf(w, "\nsim against measured: %s\n", e.Title())
+		if _, err := fmt.Fprintf(w, "\nsim against measured: %s\n", e.Title()); err != nil {
+			return err
+		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		for _, line := range e.Cells() {
 			fmt.Fprintln(tw, strings.Join(line, "\t"))

@@ -85,6 +85,20 @@ func TestNewSimErrors(t *testing.T) {
 		t.Errorf("0 preemptions against 0: %+v, want a relative error of 0, met", f)
 	}
 
+	// Pairs are made by the other values, not by the variants' places: the
+	// measured variants first and device between two other keys.
+	shuffled := []Report{rs[3], rs[1], rs[2], rs[0]}
+	for i := range shuffled {
+		dev, mgr, _ := strings.Cut(strings.TrimPrefix(shuffled[i].Variant, "device="), " cache_manager=")
+		shuffled[i].Variant = "cache_manager=" + mgr + " device=" + dev + " block_size=16"
+	}
+	es = NewSimErrors(shuffled)
+	if len(es) != 2 || es[0].SimVariant != "cache_manager=v2 device=sim block_size=16" || es[0].MeasuredVariant != "cache_manager=v2 device=cpu block_size=16" ||
+		es[0].Group != "cache_manager=v2 block_size=16" || es[1].SimVariant != "cache_manager=v1 device=sim block_size=16" ||
+		es[1].MeasuredVariant != "cache_manager=v1 device=cpu block_size=16" {
+		t.Errorf("measured variants first, device in the middle: %+v, want v2's pair, then v1's", es)
+	}
+
 	// device the only key varied: one pair, group all.
 	two := []Report{rs[0], rs[1]}
 	two[0].Variant, two[1].Variant = "device=sim", "device=cpu"
