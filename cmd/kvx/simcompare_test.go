@@ -102,6 +102,16 @@ func TestCompareSimAgainstMeasured(t *testing.T) {
 			t.Errorf("the table has %d rows %q of the sim against measured, want 2:\n%s", n, row, out)
 		}
 	}
+	// The footnotes under the table say which variants' times were
+	// simulated and which measured (the names are long: the columns are
+	// numbered in the variants' order, v1 and v2 on the sim, then on the
+	// cpu).
+	for _, note := range []string{"\ntimes of #1, #3 are simulated by a roofline cost model calibrated by " + cal + "\n",
+		"\ntimes of #2, #4 are measured on the device\n"} {
+		if !strings.Contains(out, note) {
+			t.Errorf("the table lacks the footnote %q:\n%s", note, out)
+		}
+	}
 	html, err := os.ReadFile(page)
 	if err != nil {
 		t.Fatal(err)
@@ -125,6 +135,11 @@ func TestCompareSimAgainstMeasured(t *testing.T) {
 		validateReport(t, js, data)
 		if strings.Contains(out, "sim against measured") || bytes.Contains(data, []byte("sim_against_measured")) {
 			t.Errorf("a compare of v1 and v2 on %s alone has the sim against measured:\n%s", device, out)
+		}
+		// One clock: the sim's said once for every variant, the measured
+		// one not at all.
+		if simulated := strings.Contains(out, "\ntimes are simulated by "); simulated != (device == "sim") || strings.Contains(out, "\ntimes of ") {
+			t.Errorf("a compare of v1 and v2 on %s alone: the footnote says \"times are simulated\" %v, or names variants:\n%s", device, simulated, out)
 		}
 	}
 }

@@ -295,10 +295,12 @@ func pageData(rs []Report) []pageVariant {
 	return out
 }
 
-// calibrationOf is the first report's sim calibration, "" when none.
+// calibrationOf is the sim calibration of the first report whose times
+// were modelled, "" when it has none or no report's times were.
 func calibrationOf(rs []Report) string {
-	if len(rs) == 0 || rs[0].Config.Calibration == "none" {
+	i := slices.IndexFunc(rs, func(r Report) bool { return r.Engine.Modelled })
+	if i < 0 || rs[i].Config.Calibration == "none" {
 		return ""
 	}
-	return rs[0].Config.Calibration
+	return rs[i].Config.Calibration
 }

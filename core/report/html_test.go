@@ -192,3 +192,16 @@ func checkBadPage(t *testing.T, p pagecheck.Page) {
 		t.Errorf("charts %d / %d on a page without any", p.Drawn, len(p.Charts))
 	}
 }
+
+// TestTimeNoteNamesCalibration: the page's note on its times names the sim
+// calibration of a modelled variant wherever it is among the variants, not
+// the first variant's when that one's times were measured.
+func TestTimeNoteNamesCalibration(t *testing.T) {
+	sim, cpu := simCompare()[0], simCompare()[1]
+	for _, rs := range [][]Report{{sim, cpu}, {cpu, sim}} {
+		want := "engine time: measured on the real devices, simulated by a roofline cost model calibrated by cal.json on device sim"
+		if got := timeNote(rs); got != want {
+			t.Errorf("timeNote(%s, %s) = %q, want %q", rs[0].Config.Device, rs[1].Config.Device, got, want)
+		}
+	}
+}

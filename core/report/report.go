@@ -978,16 +978,65 @@ func writeTable(w io.Writer, rs []Report, width int) error {
 		}
 		from = to
 	}
-	if len(rs) > 0 && rs[0].Engine.Modelled {
-		note := "times are simulated by an uncalibrated roofline cost model"
-		if c := calibrationOf(rs); c != "" {
-			note = "times are simulated by a roofline cost model calibrated by " + c
-		}
+	for _, note := range timesNotes(rs, head[1:]) {
 		if _, err := fmt.Fprintln(w, note); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// timesNotes are the table's footnotes on where its times come from, by
+// each variant's Engine.Modelled (not its device's name): a line for the
+// variants whose times the sim modelled, one for each cost model (its
+// calibration), and one for those whose times were measured. Each line
+// names its variants (labels[i] is rs[i]'s column) unless it is the only
+// line, which says "times are ..." of every variant. A variant that never
+// ran has no times and is in no line; a table without modelled times has
+// no footnote.
+func timesNotes(rs []Report, labels []string) []string {
+	type clock struct {
+		what     string // "simulated by ...", "measured on the device"
+		variants []string
+	}
+	var clocks []clock
+	modelled := false
+	for i := range rs {
+		r := &rs[i]
+		if neverRan(r) {
+			continue
+		}
+		what := "measured on the device"
+		if r.Engine.Modelled {
+			what, modelled = "simulated by "+costModel(r), true
+		}
+		j := slices.IndexFunc(clocks, func(c clock) bool { return c.what == what })
+		if j < 0 {
+			clocks = append(clocks, clock{what: what})
+			j = len(clocks) - 1
+		}
+		clocks[j].variants = append(clocks[j].variants, labels[i])
+	}
+	if !modelled {
+		return nil
+	}
+	if len(clocks) == 1 {
+		return []string{"times are " + clocks[0].what}
+	}
+	out := make([]string, len(clocks))
+	for i, c := range clocks {
+		out[i] = "times of " + strings.Join(c.variants, ", ") + " are " + c.what
+	}
+	return out
+}
+
+// costModel names the cost model that simulated r's times: the roofline,
+// calibrated by r's sim calibration when it has one.
+func costModel(r *Report) string {
+	if c := r.Config.Calibration; c != "" && c != "none" {
+		return "a roofline cost model calibrated by " + c
+	}
+	return "an uncalibrated roofline cost model"
 }
 
 // pad is s followed by spaces to n runes.

@@ -61,6 +61,72 @@ func TestWriteTableNamesCalibration(t *testing.T) {
 	}
 }
 
+// TestWriteTableSaysWhichTimesAreModelled: a compare of the sim against a
+// device that computes says, under the table, which variants' times were
+// simulated (by which cost model) and which measured, whichever comes
+// first, by Engine.Modelled and not by a device's name; a table of one
+// clock says it once, of measured times alone not at all, and a variant
+// that never ran is in no line.
+func TestWriteTableSaysWhichTimesAreModelled(t *testing.T) {
+	footer := func(rs []Report) []string {
+		t.Helper()
+		var buf bytes.Buffer
+		if err := writeTable(&buf, rs, unlimited); err != nil {
+			t.Fatal(err)
+		}
+		var notes []string
+		for _, line := range strings.Split(buf.String(), "\n") {
+			if strings.HasPrefix(line, "times ") {
+				notes = append(notes, line)
+			}
+		}
+		return notes
+	}
+	named := func(rs []Report, names ...string) []Report {
+		for i := range rs {
+			rs[i].Variant = names[i]
+		}
+		return rs
+	}
+	sim, cpu := simCompare()[0], simCompare()[1] // cal.json, none
+	other := sim
+	other.Config.Calibration = "other.json"
+	uncal := sim
+	uncal.Config.Calibration = "none"
+	modelled := func(r Report, m bool) Report { r.Engine.Modelled = m; return r }
+	failed := sim
+	failed.Status, failed.Error, failed.Engine = StatusFailed, "plugin died", Engine{}
+	const (
+		simCal   = "simulated by a roofline cost model calibrated by cal.json"
+		measured = "measured on the device"
+	)
+	for _, c := range []struct {
+		name string
+		rs   []Report
+		want []string
+	}{
+		{"sim, then cpu", named([]Report{sim, cpu}, "device=sim", "device=cpu"),
+			[]string{"times of device=sim are " + simCal, "times of device=cpu are " + measured}},
+		{"cpu, then sim", named([]Report{cpu, sim}, "device=cpu", "device=sim"),
+			[]string{"times of device=cpu are " + measured, "times of device=sim are " + simCal}},
+		{"numbered columns", simCompare(), // long names: the columns are #1..#4
+			[]string{"times of #1, #3 are " + simCal, "times of #2, #4 are " + measured}},
+		{"by Engine.Modelled, not the name", named([]Report{modelled(cpu, true), modelled(sim, false)}, "device=cpu", "device=sim"),
+			[]string{"times of device=cpu are simulated by an uncalibrated roofline cost model", "times of device=sim are " + measured}},
+		{"two calibrations and none", named([]Report{sim, other, uncal}, "a", "b", "c"),
+			[]string{"times of a are " + simCal, "times of b are simulated by a roofline cost model calibrated by other.json",
+				"times of c are simulated by an uncalibrated roofline cost model"}},
+		{"the sim alone", named([]Report{sim, sim}, "v1", "v2"), []string{"times are " + simCal}},
+		{"a sim variant that never ran", named([]Report{sim, failed}, "v1", "v2"), []string{"times are " + simCal}},
+		{"measured alone", named([]Report{cpu, cpu}, "v1", "v2"), nil},
+		{"measured, and a sim variant that never ran", named([]Report{cpu, failed}, "v1", "v2"), nil},
+	} {
+		if got := footer(c.rs); !slices.Equal(got, c.want) {
+			t.Errorf("%s: the footnotes are %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
 func TestWriteJSONFields(t *testing.T) {
 	var buf bytes.Buffer
 	if err := WriteJSON(&buf, NewDocument("kvx test", sample())); err != nil {
