@@ -260,7 +260,7 @@ func (o *ops) addRMSNorm(x, y, w *tensor, rows, cols int, eps float32) *tensor {
 		o.Add(x, y)
 		y = nil
 	}
-	var f *pendingFold // y's parts, read by kvx_frmsnorm
+	var f *pendingFold // y's parts, read by kvx_frmsnorm_fold
 	if y != nil && y.fold != nil {
 		if f = y.fold; len(f.outs) != 1 || cols != x.c {
 			f.run()
@@ -277,18 +277,16 @@ func (o *ops) addRMSNorm(x, y, w *tensor, rows, cols int, eps float32) *tensor {
 			ob = o.scratch(int64(rows) * int64(ld) * 2)
 			out.b = ob
 		}
-		var yp, fp cu.DevicePtr
-		parts := 0
-		switch {
-		case f != nil:
-			fp, parts = f.p, f.parts
-		case y != nil:
-			yp = y.p
-		}
+		var yp cu.DevicePtr
 		if y != nil {
 			dropBF16(x)
+			yp = y.p
 		}
-		o.run("kvx_frmsnorm", dim{min(rows, 65535), 1, 1}, dim{256, 1, 1}, 0, out.p, ob, x.p, yp, fp, parts, w.p, rows, cols, ld, eps)
+		if f != nil {
+			o.run("kvx_frmsnorm_fold", dim{min(rows, 65535), 1, 1}, dim{1024, 1, 1}, 0, out.p, ob, x.p, f.p, f.parts, w.p, rows, cols, ld, eps)
+			break
+		}
+		o.run("kvx_frmsnorm", dim{min(rows, 65535), 1, 1}, dim{256, 1, 1}, 0, out.p, ob, x.p, yp, w.p, rows, cols, ld, eps)
 	default:
 		o.run("kvx_rmsnorm", dim{blocks(rows, 4), 1, 1}, dim{128, 1, 1}, 0, out.p, x.p, w.p, rows, cols, eps)
 	}

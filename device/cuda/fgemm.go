@@ -404,8 +404,8 @@ func (o *ops) fgemmStream(a cu.DevicePtr, n, ld int, outs []gemmOut, k streamKer
 // parts × n × m float32 (n rows, m the columns of every output together,
 // in outs' order). The first op that reads one of its outputs through
 // cudaTensor runs the fold (kvx_fgemm_fold, every output at once); SwiGLU
-// and AddRMSNorm read the parts themselves (kvx_fswiglu_fold, kvx_frmsnorm
-// with P), in the fold's order, so a decode step skips most fold launches
+// and AddRMSNorm read the parts themselves (kvx_fswiglu_fold,
+// kvx_frmsnorm_fold), in the fold's order, so a decode step skips most fold launches
 // (three of the four matmuls of a Llama layer) with the same bits.
 //
 // P is in the step's arena, which nothing reuses before reset: a fold is

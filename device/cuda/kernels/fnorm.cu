@@ -15,11 +15,11 @@
 // would otherwise make in a launch of its own (kvx_to_bf16, the same
 // rounding). kvx_fswiglu does the same for SwiGLU.
 //
-// Both also take their input straight from a split matmul's parts (P:
-// parts × n float32, n = rows × the launch's columns), added here in
-// kvx_fgemm_fold's order, so the fold's own launch (and its write and read
-// of the sum) is skipped: the values and so the bits are the fold's
-// (device/cuda's pendingFold).
+// Each also has a variant that takes its input straight from a split
+// matmul's parts (P: parts × n float32, n = rows × the launch's columns),
+// added in kvx_fgemm_fold's order, so the fold's own launch (and its write
+// and read of the sum) is skipped with the fold's values and so its bits:
+// kvx_frmsnorm_fold and kvx_fswiglu_fold (device/cuda's pendingFold).
 #include "mma.cuh"
 #include "pdl.cuh"
 #include "gomath.cuh" // ll, and exp32 for SiLU
@@ -36,16 +36,62 @@ __device__ __forceinline__ float fold_at(const float* P, ll parts, ll n, ll i) {
 	return v;
 }
 
+// frms_inv is a row's 1/sqrt(sum/cols + eps) from s, the sum of squares
+// of each of the block's first FN_THREADS threads (0 in the others): the
+// warps' sums meet in the xor butterfly and then in warp order. Every
+// thread gets it; ws is the block's FN_THREADS/32 floats.
+__device__ __forceinline__ float frms_inv(float s, float* ws, ll cols, float eps) {
+	const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+	for (int m = 16; m > 0; m >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, m));
+	if (lane == 0 && warp < FN_THREADS / 32) ws[warp] = s;
+	__syncthreads();
+	float dot = ws[0];
+#pragma unroll
+	for (int i = 1; i < FN_THREADS / 32; i++) dot = __fadd_rn(dot, ws[i]);
+	const float ms = __fdiv_rn(dot, __ll2float_rn(cols));
+	return __double2float_rn(__ddiv_rn(1.0, __dsqrt_rn((double)__fadd_rn(ms, eps))));
+}
+
+// frms_out writes row r's outputs float32(x·inv)·w (and their bf16 copy
+// when ob is not 0), nt threads, each value the same whatever nt. A
+// thread's 8 loads are issued before its first store (out may be x).
+__device__ __forceinline__ void frms_out(float* out, unsigned short* ob, const float* xr, const float* w, float inv,
+		ll r, ll cols, ll ld, int nt) {
+	const int t = threadIdx.x;
+	float* o = out + r * cols;
+	unsigned short* b = ob ? ob + r * ld : nullptr;
+	for (ll i0 = t; i0 < cols; i0 += 8 * nt) {
+		float xv[8], wv[8];
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			const ll i = i0 + j * nt;
+			xv[j] = i < cols ? xr[i] : 0.0f;
+			wv[j] = i < cols ? w[i] : 0.0f;
+		}
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			const ll i = i0 + j * nt;
+			if (i >= cols) break;
+			const float y = __fmul_rn(__fmul_rn(xv[j], inv), wv[j]);
+			o[i] = y;
+			if (b) b[i] = to_bf16(y);
+		}
+	}
+	if (b) {
+		for (ll i = cols + t; i < ld; i += nt) b[i] = 0;
+	}
+}
+
 // kvx_frmsnorm: grid min(rows, 65535) (grid-stride), FN_THREADS threads.
 // When y is not 0 the residual add before the norm is done here too: x +=
 // y (in place, kvx_add's sum), then out = RMSNorm(x): one launch and one
-// read of x instead of two (hf.AddNormer). When P is not 0 (and y is), y
-// is the fold of P's parts (a rows × cols matmul's alone in its launch).
+// read of x instead of two (hf.AddNormer).
 extern "C" __global__ void __launch_bounds__(FN_THREADS) kvx_frmsnorm(float* out, unsigned short* ob, float* x,
-		const float* y, const float* P, ll parts, const float* w, ll rows, ll cols, ll ld, float eps) {
+		const float* y, const float* w, ll rows, ll cols, ll ld, float eps) {
 	pdl_wait();
 	__shared__ float ws[FN_THREADS / 32];
-	const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+	const int t = threadIdx.x;
 	for (ll r = blockIdx.x; r < rows; r += gridDim.x) {
 		float* xr = x + r * cols;
 		float s = 0.0f;
@@ -61,53 +107,69 @@ extern "C" __global__ void __launch_bounds__(FN_THREADS) kvx_frmsnorm(float* out
 				xr[i] = v;
 				s = __fadd_rn(s, __fmul_rn(v, v));
 			}
-		} else if (P) {
-			const float* pr = P + r * cols;
-			const ll n = rows * cols;
-#pragma unroll 8
-			for (ll i = t; i < cols; i += FN_THREADS) {
-				const float v = __fadd_rn(xr[i], fold_at(pr, parts, n, i));
-				xr[i] = v;
-				s = __fadd_rn(s, __fmul_rn(v, v));
-			}
 		} else {
 #pragma unroll 8
 			for (ll i = t; i < cols; i += FN_THREADS) s = __fadd_rn(s, __fmul_rn(xr[i], xr[i]));
 		}
-#pragma unroll
-		for (int m = 16; m > 0; m >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, m));
-		if (lane == 0) ws[warp] = s;
-		__syncthreads();
-		float dot = ws[0];
-#pragma unroll
-		for (int i = 1; i < FN_THREADS / 32; i++) dot = __fadd_rn(dot, ws[i]);
-		const float ms = __fdiv_rn(dot, __ll2float_rn(cols));
-		const float inv = __double2float_rn(__ddiv_rn(1.0, __dsqrt_rn((double)__fadd_rn(ms, eps))));
-		// The row's outputs, 8 a thread at a time: all 8 loads are issued
-		// before the first store (out may be x itself).
-		float* o = out + r * cols;
-		unsigned short* b = ob ? ob + r * ld : nullptr;
-		for (ll i0 = t; i0 < cols; i0 += 8 * FN_THREADS) {
-			float xv[8], wv[8];
-#pragma unroll
-			for (int j = 0; j < 8; j++) {
-				const ll i = i0 + j * FN_THREADS;
-				xv[j] = i < cols ? xr[i] : 0.0f;
-				wv[j] = i < cols ? w[i] : 0.0f;
-			}
-#pragma unroll
-			for (int j = 0; j < 8; j++) {
-				const ll i = i0 + j * FN_THREADS;
-				if (i >= cols) break;
-				const float y = __fmul_rn(__fmul_rn(xv[j], inv), wv[j]);
-				o[i] = y;
-				if (b) b[i] = to_bf16(y);
-			}
-		}
-		if (b) {
-			for (ll i = cols + t; i < ld; i += FN_THREADS) b[i] = 0;
-		}
+		frms_out(out, ob, xr, w, frms_inv(s, ws, cols, eps), r, cols, ld, FN_THREADS);
 		__syncthreads(); // ws is read by every thread before the next row writes it
+	}
+}
+
+// kvx_frmsnorm_fold is kvx_frmsnorm with y the fold of P's parts (a rows
+// × cols matmul alone in its launch), FNF_THREADS threads a row: first x
+// += the fold, every thread 4 values at a time and their parts 4 at a time
+// (a decode step's one row is one block: its loads must be many in
+// flight), then the sum of squares by the first FN_THREADS threads in
+// kvx_frmsnorm's order, so the bits are the fold launch's and then
+// kvx_frmsnorm's.
+#define FNF_THREADS 1024
+extern "C" __global__ void __launch_bounds__(FNF_THREADS) kvx_frmsnorm_fold(float* out, unsigned short* ob, float* x,
+		const float* P, ll parts, const float* w, ll rows, ll cols, ll ld, float eps) {
+	pdl_wait();
+	__shared__ float ws[FN_THREADS / 32];
+	const int t = threadIdx.x;
+	const ll n = rows * cols;
+	for (ll r = blockIdx.x; r < rows; r += gridDim.x) {
+		float* xr = x + r * cols;
+		const float* pr = P + r * cols;
+		for (ll i0 = t; i0 < cols; i0 += 4 * FNF_THREADS) {
+			float v[4];
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				const ll i = i0 + j * FNF_THREADS;
+				v[j] = i < cols ? pr[i] : 0.0f;
+			}
+			for (ll p = 1; p < parts; p += 4) {
+				float q[4][4];
+#pragma unroll
+				for (int a = 0; a < 4; a++) {
+#pragma unroll
+					for (int j = 0; j < 4; j++) {
+						const ll i = i0 + j * FNF_THREADS;
+						q[a][j] = p + a < parts && i < cols ? pr[(p + a) * n + i] : 0.0f;
+					}
+				}
+#pragma unroll
+				for (int a = 0; a < 4; a++) {
+					if (p + a >= parts) break;
+#pragma unroll
+					for (int j = 0; j < 4; j++) v[j] = __fadd_rn(v[j], q[a][j]);
+				}
+			}
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				const ll i = i0 + j * FNF_THREADS;
+				if (i < cols) xr[i] = __fadd_rn(xr[i], v[j]);
+			}
+		}
+		__syncthreads(); // x's row is whole before any thread reads it back
+		float s = 0.0f;
+		if (t < FN_THREADS) {
+			for (ll i = t; i < cols; i += FN_THREADS) s = __fadd_rn(s, __fmul_rn(xr[i], xr[i]));
+		}
+		frms_out(out, ob, xr, w, frms_inv(s, ws, cols, eps), r, cols, ld, FNF_THREADS);
+		__syncthreads(); // ws and x's row are read before the next row writes them
 	}
 }
 
