@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/hashicorp/go-hclog"
 )
 
 // A CUDA context that saw a kernel fault (an illegal or misaligned address,
@@ -69,9 +71,12 @@ func lostContext(err error) string {
 }
 
 // exitLost ends the worker process after a lost context's error, saying so
-// on stderr (kvx logs a plugin's stderr).
+// through the plugin's logger, which writes the stderr kvx reads (kvx logs
+// it). Not os.Stderr: plugin.Serve has replaced that by a pipe that
+// go-plugin streams to the host, and what is still in it when the process
+// exits is lost (a worker that died of this gave kvx no reason).
 func exitLost(why string, err error) {
-	fmt.Fprintf(os.Stderr, "cuda: %s (%v): the CUDA context is lost; the worker exits so that kvx starts another and recomputes its requests\n", why, err)
+	hclog.Default().Error(fmt.Sprintf("cuda: %s (%v): the CUDA context is lost; the worker exits so that kvx starts another and recomputes its requests", why, err))
 	os.Exit(3)
 }
 
