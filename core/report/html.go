@@ -202,34 +202,22 @@ func timeWord(rs []Report) string {
 	return "simulated time"
 }
 
-// timeNote says where the page's times come from.
+// timeNote says where the page's times come from: kvx bench's clock at
+// the client, or the table's footnotes (timesNotes, the variants by name),
+// so that the page and the table say the same of every variant.
 func timeNote(rs []Report) string {
 	benched := slices.ContainsFunc(rs, func(r Report) bool { return r.Bench != nil })
 	if benched && !slices.ContainsFunc(rs, func(r Report) bool { return r.Bench == nil }) {
 		return "measured by kvx bench at the client: wall-clock times from sending a request to its streamed tokens"
 	}
-	sim, measured := 0, 0
-	uncal := false
-	for _, r := range rs {
-		if r.Engine.Modelled {
-			sim++
-			uncal = uncal || r.Engine.Uncalibrated
-		} else if r.Engine.Steps > 0 {
-			measured++
-		}
+	names := make([]string, len(rs))
+	for i, r := range rs {
+		names[i] = r.Variant
 	}
-	model := "a roofline cost model"
-	if c := calibrationOf(rs); c != "" {
-		model = "a roofline cost model calibrated by " + c
-	} else if uncal {
-		model = "an uncalibrated roofline cost model"
+	if notes := timesNotes(rs, names); len(notes) > 0 {
+		return timeWord(rs) + ": " + strings.Join(notes, "; ")
 	}
-	switch {
-	case sim > 0 && measured == 0:
-		return "simulated: every time comes from " + model + " (device sim), not a clock"
-	case sim > 0:
-		return "engine time: measured on the real devices, simulated by " + model + " on device sim"
-	case benched:
+	if benched {
 		return "engine time measured on the device for the engine runs; wall-clock times at the client for the kvx bench runs"
 	}
 	return "engine time, measured on the device"
@@ -293,14 +281,4 @@ func pageData(rs []Report) []pageVariant {
 		}
 	}
 	return out
-}
-
-// calibrationOf is the sim calibration of the first report whose times
-// were modelled, "" when it has none or no report's times were.
-func calibrationOf(rs []Report) string {
-	i := slices.IndexFunc(rs, func(r Report) bool { return r.Engine.Modelled })
-	if i < 0 || rs[i].Config.Calibration == "none" {
-		return ""
-	}
-	return rs[i].Config.Calibration
 }

@@ -193,15 +193,32 @@ func checkBadPage(t *testing.T, p pagecheck.Page) {
 	}
 }
 
-// TestTimeNoteNamesCalibration: the page's note on its times names the sim
-// calibration of a modelled variant wherever it is among the variants, not
-// the first variant's when that one's times were measured.
+// TestTimeNoteNamesCalibration: the page's note on its times says what the
+// table's footnotes say: each variant by name with the calibration of its
+// own cost model, wherever it is among the variants, or that it was
+// measured.
 func TestTimeNoteNamesCalibration(t *testing.T) {
 	sim, cpu := simCompare()[0], simCompare()[1]
-	for _, rs := range [][]Report{{sim, cpu}, {cpu, sim}} {
-		want := "engine time: measured on the real devices, simulated by a roofline cost model calibrated by cal.json on device sim"
-		if got := timeNote(rs); got != want {
-			t.Errorf("timeNote(%s, %s) = %q, want %q", rs[0].Config.Device, rs[1].Config.Device, got, want)
+	other := sim
+	other.Variant, other.Config.Calibration = "device=sim cache_manager=v2", "other.json"
+	const (
+		simNote   = "times of device=sim cache_manager=v1 are simulated by a roofline cost model calibrated by cal.json"
+		cpuNote   = "times of device=cpu cache_manager=v1 are measured on the device"
+		otherNote = "times of device=sim cache_manager=v2 are simulated by a roofline cost model calibrated by other.json"
+	)
+	for _, c := range []struct {
+		rs   []Report
+		want string
+	}{
+		{[]Report{sim, cpu}, "engine time: " + simNote + "; " + cpuNote},
+		{[]Report{cpu, sim}, "engine time: " + cpuNote + "; " + simNote},
+		{[]Report{cpu, sim, other}, "engine time: " + cpuNote + "; " + simNote + "; " + otherNote},
+		{[]Report{sim, other}, "simulated time: " + simNote + "; " + otherNote},
+		{[]Report{sim}, "simulated time: times are simulated by a roofline cost model calibrated by cal.json"},
+		{[]Report{cpu}, "engine time, measured on the device"},
+	} {
+		if got := timeNote(c.rs); got != c.want {
+			t.Errorf("timeNote(%d variants) = %q, want %q", len(c.rs), got, c.want)
 		}
 	}
 }
