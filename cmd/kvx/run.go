@@ -174,8 +174,8 @@ func runVariants(ctx context.Context, g *globals, o *runOpts, vs []setup.Variant
 			return err
 		}
 	}
-	sims := report.NewSimErrors(reports) // compare --vary device=sim,cpu: the sim against the measured runs
-	if err := report.WriteSimErrors(table, sims); err != nil {
+	sims := report.NewSimPairs(reports) // compare --vary device=sim,cpu: the sim against the measured runs
+	if err := report.WriteSimPairs(table, sims); err != nil {
 		return err
 	}
 	if err := report.WriteExplains(table, o.explainIDs, reports, out.Records); err != nil {
@@ -218,8 +218,8 @@ func scenarioName(g *globals) string {
 // scenario, as JSON to jsonOut and as the HTML page to htmlOut (either ""
 // for none, "-" for standard output), with capacity (compare --capacity)
 // when not nil and the sim's errors against the measured runs (sims,
-// report.NewSimErrors) when any.
-func writeDocument(reports []report.Report, scenario, jsonOut, htmlOut string, capacity *report.Capacity, sims []report.SimError) error {
+// report.NewSimPairs) when any.
+func writeDocument(reports []report.Report, scenario, jsonOut, htmlOut string, capacity *report.Capacity, sims []report.SimPair) error {
 	doc := report.NewDocument("kvx "+kvxVersion(), reports)
 	doc.Capacity = capacity
 	doc.SimAgainstMeasured = sims

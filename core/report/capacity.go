@@ -46,7 +46,7 @@ type CapacityPoint struct {
 // variantGroup splits a compare's variant name, its --vary values
 // "key=value ..." (setup.Variants), at key: group is the other fields in
 // order ("all" when there are none), the name of the variant's group in a
-// Capacity or a SimError; value is key's; found is false when the name does
+// Capacity or a SimPair; value is key's; found is false when the name does
 // not set key.
 func variantGroup(variant, key string) (group, value string, found bool) {
 	var rest []string

@@ -103,7 +103,7 @@ func TestHTMLInChromium(t *testing.T) {
 	// A compare of the sim against a computing device adds its tables and
 	// no chart.
 	withSims := richSample(false)
-	withSims.SimAgainstMeasured = NewSimErrors(simCompare())
+	withSims.SimAgainstMeasured = NewSimPairs(simCompare())
 	for i, d := range []Document{richSample(true), richSample(false), failed, withCapacity, withSims} {
 		path := filepath.Join(dir, fmt.Sprintf("r%d.html", i))
 		var buf bytes.Buffer

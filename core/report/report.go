@@ -10,7 +10,7 @@
 // a Series over engine time (series.go) and, when asked, one record per
 // request. A compare of the sim against a device that computes also
 // carries the sim's error per figure against the measured runs
-// (simerror.go). WriteHTML (html.go) draws the same figures.
+// (simpair.go). WriteHTML (html.go) draws the same figures.
 package report
 
 import (
@@ -509,8 +509,8 @@ type Document struct {
 	Capacity *Capacity `json:"capacity,omitempty"`
 	// SimAgainstMeasured is the sim's error against the measured runs of
 	// a compare that varies device over the sim and a device that computes
-	// (NewSimErrors); nil when it has no such pair.
-	SimAgainstMeasured []SimError `json:"sim_against_measured,omitempty"`
+	// (NewSimPairs); nil when it has no such pair.
+	SimAgainstMeasured []SimPair `json:"sim_against_measured,omitempty"`
 }
 
 // NewDocument returns the document of reports rs, written by generator.

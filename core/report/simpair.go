@@ -13,13 +13,13 @@ import (
 // simulator that states its error).
 const SimGoal = 0.10
 
-// SimError is the sim's error against a measured run of the same
-// configuration: in a compare that varies device over the sim and a device
+// SimPair is a sim run and a measured run of the same configuration, and
+// the sim's error: in a compare that varies device over the sim and a device
 // that computes (--vary device=sim,cpu), a variant whose times the sim
 // modelled (Engine.Modelled) and one whose times were measured, whose other
 // --vary values are the same. Each figure of the pair is the sim's against
 // the measured one's.
-type SimError struct {
+type SimPair struct {
 	// Group is the pair's other --vary values ("cache_manager=v1"), "all"
 	// when device is the only key varied.
 	Group           string `json:"group"`
@@ -27,14 +27,14 @@ type SimError struct {
 	MeasuredVariant string `json:"measured_variant"`
 	// MeasuredDevice is the measured variant's device (cpu, cuda);
 	// Calibration the sim variant's sim calibration (Setup.Calibration).
-	MeasuredDevice string        `json:"measured_device"`
-	Calibration    string        `json:"sim_calibration"`
-	Goal           float64       `json:"goal"` // SimGoal
-	Figures        []FigureError `json:"figures"`
+	MeasuredDevice string      `json:"measured_device"`
+	Calibration    string      `json:"sim_calibration"`
+	Goal           float64     `json:"goal"` // SimGoal
+	Figures        []FigureGap `json:"figures"`
 }
 
-// FigureError is one figure of a SimError.
-type FigureError struct {
+// FigureGap is one figure of a SimPair.
+type FigureGap struct {
 	// Figure is the variant's key it compares: ttft_p50_ms, ttft_p99_ms,
 	// tpot_p50_ms, tpot_p99_ms (latency), output_tokens_per_s (throughput),
 	// preemptions (requests).
@@ -50,7 +50,7 @@ type FigureError struct {
 	Met bool `json:"met"`
 }
 
-// simFigures are the figures a SimError compares, in order: the key, the
+// simFigures are the figures a SimPair compares, in order: the key, the
 // table's name, and the value of a report.
 var simFigures = []struct {
 	key, name string
@@ -68,18 +68,18 @@ var simFigures = []struct {
 // a device that computes.
 const deviceKey = "device"
 
-// NewSimErrors pairs rs (a compare's variants, named by their --vary
-// values "key=value ...") as SimError describes: every engine variant that
+// NewSimPairs pairs rs (a compare's variants, named by their --vary
+// values "key=value ...") as SimPair describes: every engine variant that
 // finished with its times modelled against every one that finished with
 // them measured and the same --vary values but device's, in rs's order
 // (the sim variant's, then the measured one's). It returns nil when no
 // pair is found: no variant ran on the sim, or none on a device that
 // computes, or one of them failed. rs is not modified.
-func NewSimErrors(rs []Report) []SimError {
+func NewSimPairs(rs []Report) []SimPair {
 	ran := func(r *Report) bool {
 		return r.Bench == nil && r.Error == "" && (r.Status == "" || r.Status == StatusFinished) && r.Engine.Steps > 0
 	}
-	var out []SimError
+	var out []SimPair
 	for i := range rs {
 		s := &rs[i]
 		if !ran(s) || !s.Engine.Modelled {
@@ -91,10 +91,10 @@ func NewSimErrors(rs []Report) []SimError {
 			if mg, _, _ := variantGroup(m.Variant, deviceKey); !ran(m) || m.Engine.Modelled || mg != group {
 				continue
 			}
-			e := SimError{Group: group, SimVariant: s.Variant, MeasuredVariant: m.Variant, MeasuredDevice: m.Config.Device,
+			e := SimPair{Group: group, SimVariant: s.Variant, MeasuredVariant: m.Variant, MeasuredDevice: m.Config.Device,
 				Calibration: s.Config.Calibration, Goal: SimGoal}
 			for _, f := range simFigures {
-				e.Figures = append(e.Figures, newFigureError(f.key, f.val(s), f.val(m), SimGoal))
+				e.Figures = append(e.Figures, newFigureGap(f.key, f.val(s), f.val(m), SimGoal))
 			}
 			out = append(out, e)
 		}
@@ -102,10 +102,10 @@ func NewSimErrors(rs []Report) []SimError {
 	return out
 }
 
-// newFigureError is figure key of a SimError: sim against measured, met
+// newFigureGap is figure key of a SimPair: sim against measured, met
 // within goal.
-func newFigureError(key string, sim, measured, goal float64) FigureError {
-	f := FigureError{Figure: key, Sim: sim, Measured: measured, Difference: sim - measured}
+func newFigureGap(key string, sim, measured, goal float64) FigureGap {
+	f := FigureGap{Figure: key, Sim: sim, Measured: measured, Difference: sim - measured}
 	switch {
 	case measured != 0:
 		rel := (sim - measured) / measured
@@ -119,7 +119,7 @@ func newFigureError(key string, sim, measured, goal float64) FigureError {
 }
 
 // Title says what e compares, for a table's heading.
-func (e SimError) Title() string {
+func (e SimPair) Title() string {
 	return fmt.Sprintf("%s against %s (device %s; sim calibration %s); goal: within %s of the measured figure",
 		e.SimVariant, e.MeasuredVariant, e.MeasuredDevice, e.Calibration, percent(e.Goal))
 }
@@ -127,7 +127,7 @@ func (e SimError) Title() string {
 // Cells are e's table: a header line, then a line per figure: its name,
 // the sim's and the measured value, the difference, the relative error
 // and whether the goal is met.
-func (e SimError) Cells() [][]string {
+func (e SimPair) Cells() [][]string {
 	out := [][]string{{"figure", "sim", "measured", "sim - measured", "error", "goal"}}
 	for i, f := range e.Figures {
 		name := f.Figure
@@ -146,9 +146,9 @@ func (e SimError) Cells() [][]string {
 	return out
 }
 
-// WriteSimErrors prints es, a table each after a heading ("sim against
+// WriteSimPairs prints es, a table each after a heading ("sim against
 // measured: ..."), and how many figures meet the goal.
-func WriteSimErrors(w io.Writer, es []SimError) error {
+func WriteSimPairs(w io.Writer, es []SimPair) error {
 	for _, e := range es {
 		if _, err := fmt.Fprintf(w, "\nsim against measured: %s\n", e.Title()); err != nil {
 			return err

@@ -32,16 +32,16 @@ func simCompare() []Report {
 	return rs
 }
 
-// TestNewSimErrors: each sim variant is paired with the measured variant
+// TestNewSimPairs: each sim variant is paired with the measured variant
 // of the same other --vary values, and each figure is the sim's against
 // the measured one's; 0 against 0 meets the goal, a figure against a
 // measured 0 has no relative error and does not; a failed or bench variant
 // and a compare without both kinds of device give no pair.
-func TestNewSimErrors(t *testing.T) {
+func TestNewSimPairs(t *testing.T) {
 	rs := simCompare()
-	es := NewSimErrors(rs)
+	es := NewSimPairs(rs)
 	if len(es) != 2 {
-		t.Fatalf("NewSimErrors = %d pairs, want 2: %+v", len(es), es)
+		t.Fatalf("NewSimPairs = %d pairs, want 2: %+v", len(es), es)
 	}
 	for i, e := range es {
 		sim, meas := &rs[2*i], &rs[2*i+1]
@@ -57,7 +57,7 @@ func TestNewSimErrors(t *testing.T) {
 			}
 		}
 	}
-	rel := func(f FigureError) float64 {
+	rel := func(f FigureGap) float64 {
 		if f.RelativeError == nil {
 			return math.NaN()
 		}
@@ -81,7 +81,7 @@ func TestNewSimErrors(t *testing.T) {
 	}
 	// 0 preemptions against 0 is no error.
 	rs[0].Requests.Preemptions = 0
-	if f := NewSimErrors(rs)[0].Figures[5]; f.RelativeError == nil || *f.RelativeError != 0 || !f.Met || f.Difference != 0 {
+	if f := NewSimPairs(rs)[0].Figures[5]; f.RelativeError == nil || *f.RelativeError != 0 || !f.Met || f.Difference != 0 {
 		t.Errorf("0 preemptions against 0: %+v, want a relative error of 0, met", f)
 	}
 
@@ -92,7 +92,7 @@ func TestNewSimErrors(t *testing.T) {
 		dev, mgr, _ := strings.Cut(strings.TrimPrefix(shuffled[i].Variant, "device="), " cache_manager=")
 		shuffled[i].Variant = "cache_manager=" + mgr + " device=" + dev + " block_size=16"
 	}
-	es = NewSimErrors(shuffled)
+	es = NewSimPairs(shuffled)
 	if len(es) != 2 || es[0].SimVariant != "cache_manager=v2 device=sim block_size=16" || es[0].MeasuredVariant != "cache_manager=v2 device=cpu block_size=16" ||
 		es[0].Group != "cache_manager=v2 block_size=16" || es[1].SimVariant != "cache_manager=v1 device=sim block_size=16" ||
 		es[1].MeasuredVariant != "cache_manager=v1 device=cpu block_size=16" {
@@ -102,13 +102,13 @@ func TestNewSimErrors(t *testing.T) {
 	// device the only key varied: one pair, group all.
 	two := []Report{rs[0], rs[1]}
 	two[0].Variant, two[1].Variant = "device=sim", "device=cpu"
-	if es := NewSimErrors(two); len(es) != 1 || es[0].Group != "all" {
+	if es := NewSimPairs(two); len(es) != 1 || es[0].Group != "all" {
 		t.Errorf("device=sim,cpu: %+v, want one pair of group all", es)
 	}
 	failed := simCompare()
 	failed[1].Error, failed[1].Status = "plugin died", StatusFailed
 	failed[2].Bench = &Bench{}
-	if es := NewSimErrors(failed); len(es) != 0 {
+	if es := NewSimPairs(failed); len(es) != 0 {
 		t.Errorf("with the v1 cpu variant failed and the v2 sim one a bench: %+v, want no pair", es)
 	}
 	for name, rs := range map[string][]Report{
@@ -116,17 +116,17 @@ func TestNewSimErrors(t *testing.T) {
 		"measured only": {simCompare()[1], simCompare()[3]},
 		"other values":  {simCompare()[0], simCompare()[3]},
 	} {
-		if es := NewSimErrors(rs); es != nil {
+		if es := NewSimPairs(rs); es != nil {
 			t.Errorf("%s: %+v, want nil", name, es)
 		}
 	}
 }
 
-// TestWriteSimErrors: a table per pair under its heading, the relative
+// TestWriteSimPairs: a table per pair under its heading, the relative
 // error signed, the goal per figure, and the count that meets it.
-func TestWriteSimErrors(t *testing.T) {
+func TestWriteSimPairs(t *testing.T) {
 	var buf bytes.Buffer
-	if err := WriteSimErrors(&buf, NewSimErrors(simCompare())[:1]); err != nil {
+	if err := WriteSimPairs(&buf, NewSimPairs(simCompare())[:1]); err != nil {
 		t.Fatal(err)
 	}
 	out := buf.String()
@@ -147,14 +147,14 @@ func TestWriteSimErrors(t *testing.T) {
 	}
 }
 
-// TestSimErrorsInDocument: the JSON of a document with its pairs matches
+// TestSimPairsInDocument: the JSON of a document with its pairs matches
 // the schema, which refuses a figure it does not know and one without its
 // relative error; the HTML page has the pairs' tables with the figures
 // that miss the goal marked, and a page without pairs has no such section.
-func TestSimErrorsInDocument(t *testing.T) {
+func TestSimPairsInDocument(t *testing.T) {
 	d := richSample(false)
 	d.Variants = simCompare()
-	d.SimAgainstMeasured = NewSimErrors(d.Variants)
+	d.SimAgainstMeasured = NewSimPairs(d.Variants)
 	var buf bytes.Buffer
 	if err := WriteJSON(&buf, d); err != nil {
 		t.Fatal(err)
