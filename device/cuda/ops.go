@@ -80,12 +80,12 @@ func shape(name string, t *tensor, r, c int) {
 }
 
 // arena hands out the device memory of one step's activations: bump
-// allocation in chunks, all of it reused after reset. After a step that
-// needed more than one chunk, reset replaces them by one chunk of their
-// total size (when the device has it), so a steady workload allocates
-// nothing. Chunks grow by doubling up to arenaStep, so a step's memory is
-// what it uses rounded up by at most arenaStep, never a power of two past
-// it.
+// allocation in chunks, every chunk reused after reset (a step fills them
+// in order, from the first). After a step that needed more than one
+// chunk, reset replaces them by one chunk of their total size, so a
+// steady workload allocates nothing. Chunks grow by doubling up to
+// arenaStep, so a step's memory is what it uses rounded up by at most
+// arenaStep, never a power of two past it.
 //
 // The arena also stages the small host tables of a step (put): in pinned
 // host memory, copied to the device asynchronously in stream order, so
@@ -93,6 +93,7 @@ func shape(name string, t *tensor, r, c int) {
 type arena struct {
 	g      *gpu
 	chunks []chunk
+	cur    int // the chunk allocations come from; those before it are full
 	peak   int64
 
 	pin     unsafe.Pointer // pinned staging of put, pinSize bytes
@@ -119,9 +120,8 @@ func (a *arena) alloc(n int64) (cu.DevicePtr, error) {
 	if n == 0 {
 		n = arenaAlign
 	}
-	if k := len(a.chunks); k > 0 {
-		c := &a.chunks[k-1]
-		if c.off+n <= c.size {
+	for ; a.cur < len(a.chunks); a.cur++ {
+		if c := &a.chunks[a.cur]; c.off+n <= c.size {
 			p := c.p + cu.DevicePtr(c.off)
 			c.off += n
 			return p, nil
@@ -134,10 +134,30 @@ func (a *arena) alloc(n int64) (cu.DevicePtr, error) {
 	size = max(size, n)
 	p, err := a.g.alloc(size)
 	if err != nil {
-		return 0, err
+		return 0, a.grown(err, n)
 	}
 	a.chunks = append(a.chunks, chunk{p: p, size: size, off: n})
+	a.cur = len(a.chunks) - 1
 	return p, nil
+}
+
+// grown says, of an allocation of the step's workspace that failed, how
+// much the step already holds and how much the device has left, so that
+// an out-of-memory names what took the memory (err is kept for
+// lostContext).
+func (a *arena) grown(err error, n int64) error {
+	var held, used int64
+	for _, c := range a.chunks {
+		held += c.size
+		used += c.off
+	}
+	free, total, ierr := a.g.memInfo()
+	if ierr != nil {
+		return fmt.Errorf("cuda: step workspace: %d more bytes (this step holds %d in %d chunks, %d of them in use; the most a step held: %d): %w",
+			n, held, len(a.chunks), used, a.peak, err)
+	}
+	return fmt.Errorf("cuda: step workspace: %d more bytes (this step holds %d in %d chunks, %d of them in use; the most a step held: %d; %d of %d bytes free on the device): %w",
+		n, held, len(a.chunks), used, a.peak, free, total, err)
 }
 
 // stage copies n bytes at src to dst (device memory of this step) in
@@ -181,16 +201,25 @@ func (a *arena) reset() error {
 	}
 	a.peak = max(a.peak, total)
 	if len(a.chunks) > 1 {
-		if p, err := a.g.alloc(total); err == nil {
-			for _, c := range a.chunks {
-				cu.MemFree(c.p)
-			}
+		// The one chunk is allocated before the old ones are freed, so
+		// their memory is never handed to anything else; when the device
+		// has not room for both, the old ones go first (nothing uses them
+		// now). Should even that fail, the next step grows the arena again.
+		p, err := a.g.alloc(total)
+		if err != nil {
+			a.release()
+			p, err = a.g.alloc(total)
+		} else {
+			a.release()
+		}
+		if err == nil {
 			a.chunks = []chunk{{p: p, size: total}}
 		}
 	}
 	for i := range a.chunks {
 		a.chunks[i].off = 0
 	}
+	a.cur = 0
 	if want := max(a.pinPeak, pinMin); want > a.pinSize {
 		if a.pin != nil {
 			a.g.freeHost(a.pin)
@@ -206,11 +235,16 @@ func (a *arena) reset() error {
 	return nil
 }
 
-func (a *arena) free() {
+// release frees the arena's chunks.
+func (a *arena) release() {
 	for _, c := range a.chunks {
 		cu.MemFree(c.p)
 	}
-	a.chunks = nil
+	a.chunks, a.cur = nil, 0
+}
+
+func (a *arena) free() {
+	a.release()
 	if a.pin != nil {
 		a.g.freeHost(a.pin)
 		a.pin, a.pinSize = nil, 0
