@@ -68,8 +68,6 @@ type Core struct {
 	// again. Its nodes are only guesses: each is checked as Tree.child
 	// would find it, so a stale one costs a hash and nothing else.
 	hint []*Node
-	// serials is the last Seq.serial handed out.
-	serials uint64
 	// resuming: Resume is making room (evictOne offloads, settled at once).
 	resuming bool
 	// the deep self-check's recounts, per pool (check)
@@ -191,10 +189,6 @@ func (c *Core) HostTier() bool { return c.hostTier }
 type Seq struct {
 	id  kvcache.SeqID
 	led Ledger
-	// serial names this Seq value for good (1, 2, ... in allocation
-	// order; kept across recycle): a node's hostNode.pendSer holds it
-	// instead of a pointer, which the GC would not see there (nodeSlab).
-	serial uint64
 	// tables[g] is the block table in group g's device pool, one block per
 	// tpb tokens of capacity; NoBlock where the block is on the host tier.
 	tables [][]kvcache.BlockID
@@ -937,8 +931,7 @@ func (c *Core) newSeq(id kvcache.SeqID) *Seq {
 		s = c.spare[k-1]
 		c.spare = c.spare[:k-1]
 	} else {
-		c.serials++
-		s = &Seq{serial: c.serials, tables: make([][]kvcache.BlockID, len(c.dev)), host: make([][]kvcache.BlockID, len(c.dev))}
+		s = &Seq{tables: make([][]kvcache.BlockID, len(c.dev)), host: make([][]kvcache.BlockID, len(c.dev))}
 	}
 	s.id = id
 	return s
@@ -958,7 +951,7 @@ func (c *Core) recycle(s *Seq) {
 	clear(s.path)
 	clear(s.chkPath)
 	clear(s.moves)
-	*s = Seq{serial: s.serial, tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0], ck: s.ck, undo: s.undo.emptied(), posh: s.posh[:0],
+	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0], ck: s.ck, undo: s.undo.emptied(), posh: s.posh[:0],
 		moves: s.moves[:0], moveBlk: s.moveBlk[:0]}
 	s.ck.reset = true
 	c.touch(s)

@@ -66,12 +66,11 @@ type hostNode struct {
 	counted bool   // in hostTree.evictable
 	chkKids int32  // host-only children, recounted by the deep self-check
 	chkPend int32  // pending moves naming it, recounted by the deep self-check
-	// pendKids counts its children with a pending offload, pendSer the
-	// Seq.serial of the sequence whose reservation made them all (0:
-	// several). A hint for evictOne (not a checked invariant): see
-	// keepParents.
+	// pendKids counts its children with a pending offload, pendSeq the
+	// sequence whose reservation made them all (nil: several). A hint for
+	// evictOne (not a checked invariant): see keepParents.
 	pendKids int32
-	pendSer  uint64
+	pendSeq  *Seq
 }
 
 // hostTree is the tree's host tier of cached nodes.
@@ -231,9 +230,9 @@ func (c *Core) evictOne() (n *Node, kept bool) {
 	mv := hostMove{n: n, at: int32(len(s.moveBlk))}
 	if p := n.parent; p != t.root {
 		if p.h.pendKids == 0 {
-			p.h.pendSer = s.serial
-		} else if p.h.pendSer != s.serial {
-			p.h.pendSer = 0
+			p.h.pendSeq = s
+		} else if p.h.pendSeq != s {
+			p.h.pendSeq = nil
 		}
 		p.h.pendKids++
 		mv.parent, mv.pgen = p, p.gen
@@ -486,7 +485,7 @@ func (c *Core) settle(s *Seq, keep bool) {
 		mv := s.moves[i]
 		if p := mv.parent; p != nil && p.gen == mv.pgen && p.h.pendKids > 0 {
 			if p.h.pendKids--; p.h.pendKids == 0 {
-				p.h.pendSer = 0
+				p.h.pendSeq = nil
 			}
 		}
 		blk := s.moveBlk[mv.at : int(mv.at)+ng]
@@ -841,7 +840,7 @@ func (c *Core) keepParents() []*Node {
 	var skipped []*Node
 	for len(t.heap) > 0 {
 		n := t.heap[0]
-		if n.h.pendKids == 0 || n.h.pendSer == serialOf(c.cur) {
+		if n.h.pendKids == 0 || n.h.pendSeq == c.cur {
 			return skipped
 		}
 		t.heapRemove(n)
@@ -879,12 +878,4 @@ func (t *Tree) checkHostNode(n *Node, pend int32, bad func(string, ...any)) {
 	if settled := n.h.n > 0 && (n.nPages > 0 || n.h.pend == 0); n.h.told != (settled && t.ev != nil) {
 		bad("tree: node %p: host content announced %v, settled %v (pending %d, device pages %d, events on %v)", n, n.h.told, settled, n.h.pend, n.nPages, t.ev != nil)
 	}
-}
-
-// serialOf is s's Seq.serial, 0 (no sequence) for nil.
-func serialOf(s *Seq) uint64 {
-	if s == nil {
-		return 0
-	}
-	return s.serial
 }

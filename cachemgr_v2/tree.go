@@ -103,19 +103,16 @@ func (k *kids) get(h uint64) *Node {
 	return k.more[h]
 }
 
-// put adds c under its key, which no child holds, and reports whether it
-// made k's map (the slab must keep it: nodeSlab).
-func (k *kids) put(c *Node) (made bool) {
+// put adds c under its key, which no child holds.
+func (k *kids) put(c *Node) {
 	if k.first == nil {
 		k.first = c
-		return false
+		return
 	}
 	if k.more == nil {
 		k.more = make(map[uint64]*Node, 1)
-		made = true
 	}
 	k.more[c.hash] = c
-	return made
 }
 
 // del removes c, a child under its key.
@@ -215,53 +212,11 @@ type Tree struct {
 // (Node.hpages, ckPages, ckHPages), so a node has one pointer for them, not
 // four (the GC follows each of every node's pointers at every cycle: with
 // tens of thousands of nodes, most of a run's GC time).
-//
-// The node chunks themselves are allocated as memory without pointers, so
-// the GC never scans them (scanning them was most of v2's GC time: 28 of
-// 73 ms a run on the demo, over v1's). That is sound because everything a
-// slab node points to is kept alive by something the GC does see:
-//
-//	parent, children.first  slab nodes (chunks) or the root (Tree.root)
-//	tokens, pages           the slab's arrays (toks, blks; newNode never
-//	                        reallocates them)
-//	children.more           maps (kept when kids.put makes one)
-//	salt                    salts (a count per salt of the root's
-//	                        children holding it)
-//
-// and a Seq is named by its serial (hostNode.pendSer), not a pointer.
-// TestNodePointersKept fails when a pointer field is added to Node without
-// a keeper here.
 type nodeSlab struct {
 	nodes  []Node
 	chunks [][]Node // every chunk, in order: a node's ref finds it (Tree.nodeAt)
 	tokens []int32
 	blocks []kvcache.BlockID
-	toks   [][]int32           // every tokens array handed out
-	blks   [][]kvcache.BlockID // every blocks array handed out
-	maps   []map[uint64]*Node
-	salts  map[string]int32
-}
-
-// keepSalt counts one more root child with salt and returns it.
-func (s *nodeSlab) keepSalt(salt string) string {
-	if salt == "" {
-		return ""
-	}
-	if s.salts == nil {
-		s.salts = make(map[string]int32)
-	}
-	s.salts[salt]++
-	return salt
-}
-
-// dropSalt counts one root child with salt fewer.
-func (s *nodeSlab) dropSalt(salt string) {
-	if salt == "" {
-		return
-	}
-	if s.salts[salt]--; s.salts[salt] <= 0 {
-		delete(s.salts, salt)
-	}
 }
 
 // slabChunk is the number of nodes per chunk.
@@ -275,9 +230,7 @@ const slabChunk = 64
 // so an append never writes into a neighbour.
 func (s *nodeSlab) node(tpb, groups, hostGroups int) *Node {
 	if len(s.nodes) == 0 {
-		// A chunk of memory the GC does not scan (see nodeSlab).
-		raw := make([]uint64, (int(unsafe.Sizeof(Node{}))*slabChunk+7)/8)
-		s.nodes = unsafe.Slice((*Node)(unsafe.Pointer(unsafe.SliceData(raw))), slabChunk)
+		s.nodes = make([]Node, slabChunk)
 		s.chunks = append(s.chunks, s.nodes)
 	}
 	n := &s.nodes[0]
@@ -285,14 +238,12 @@ func (s *nodeSlab) node(tpb, groups, hostGroups int) *Node {
 	s.nodes = s.nodes[1:]
 	if len(s.tokens) < tpb {
 		s.tokens = make([]int32, tpb*slabChunk)
-		s.toks = append(s.toks, s.tokens)
 	}
 	n.tokens = s.tokens[:0:tpb]
 	s.tokens = s.tokens[tpb:]
 	nb := 2 * (groups + hostGroups)
 	if len(s.blocks) < nb {
 		s.blocks = make([]kvcache.BlockID, nb*slabChunk)
-		s.blks = append(s.blks, s.blocks)
 	}
 	b := s.blocks[:nb:nb]
 	s.blocks = s.blocks[nb:]
@@ -594,14 +545,12 @@ func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache
 	case c == nil:
 		c = t.newNode(parent, h, tokens)
 		if parent == t.root {
-			c.salt = t.slab.keepSalt(salt)
+			c.salt = salt
 		}
 		if t.ev != nil {
 			c.chain = t.ev.chain(parent, c, salt)
 		}
-		if parent.children.put(c) {
-			t.slab.maps = append(t.slab.maps, parent.children.more)
-		}
+		parent.children.put(c)
 		t.touch(parent)
 	case !sameTokens(c.tokens, tokens) || parent == t.root && c.salt != salt:
 		return nil, false
@@ -648,12 +597,9 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 	}
 	n.parent, n.hash, n.heapIdx = parent, h, -1
 	n.prio, n.until, n.expIdx, n.hits = DefaultPriority, 0, -1, 0
-	n.h.pendKids, n.h.pendSer = 0, 0
+	n.h.pendKids, n.h.pendSeq = 0, nil
 	n.pos = mixPos(parent.pos, h)
-	// Within the slab's array (a longer block panics here rather than
-	// reallocate where the GC would not see it: nodeSlab).
-	n.tokens = n.tokens[:len(tokens)]
-	copy(n.tokens, tokens)
+	n.tokens = append(n.tokens[:0], tokens...)
 	for g := range n.pages {
 		n.pages[g] = NoBlock
 	}
@@ -785,7 +731,6 @@ func (t *Tree) Prune() {
 
 func (t *Tree) recycle(n *Node) {
 	t.forget(n)
-	t.slab.dropSalt(n.salt)
 	n.parent, n.salt, n.chain = nil, "", 0
 	n.tokens = n.tokens[:0] // children is empty and kept for reuse
 	last := t.all[len(t.all)-1]
