@@ -102,7 +102,7 @@ def limits():
     b = torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda")
     s = cuda_time(lambda: a @ b, 20)
     flops = 2 * 8192 * 4096 * 4096 / s
-    return {"copy_GBps": copy / 1e9, "cublas_bf16_TFLOPs": flops / 1e12}
+    return {"copy_GBps": copy / 1e9, "cublas_bf16_TFLOPs": flops / 1e12, "gpu": torch.cuda.get_device_name()}
 
 
 def prompts(n, length, seed):
@@ -419,7 +419,7 @@ def write_table(res, path):
         row("kvx serve, 64 streaming clients (kvx bench: 256 × 1024 + 128 new)", f"{o:.0f} tok/s{extra}", "—", "—", "reported", True, "serve64")
     elif "serve64" in k:
         row("kvx serve, 64 streaming clients", k["serve64"].get("error", "failed"), "—", "—", "reported", False, "serve64")
-    head = [f"Measured on the H200 in one run: copy {lim['copy_GBps']:.0f} GB/s (read + write), cuBLAS bf16 "
+    head = [f"Measured on the {lim.get('gpu', 'GPU')} in one run: copy {lim['copy_GBps']:.0f} GB/s (read + write), cuBLAS bf16 "
             f"{lim['cublas_bf16_TFLOPs']:.0f} TFLOP/s; weights {res['weight_bytes'] / 1e9:.2f} GB, read once in {wread_ms:.2f} ms.", "",
             "| work | kvx (cuda, dtype bfloat16) | transformers eager bf16 (sdpa) | limit | goal | |", "|---|---|---|---|---|---|"]
     open(path, "w").write("\n".join(head + rows) + "\n")
