@@ -10,14 +10,14 @@ import (
 )
 
 // TestArenaSteadyWhenTight: a step that outgrows the arena's chunk adds
-// chunks, and the reset after it makes them one; on a device without room
-// for the new chunk beside the old ones (ballast leaves half a step's
-// memory free beside it), the old ones are freed first. Either way a steady workload then reuses what
-// the arena holds: the same steps leave it one chunk of the same size, and
-// every chunk is filled, not only the last. (An arena that kept its chunks
-// when the merge failed and then allocated from the last chunk alone added
-// a chunk every step: 40 chunks, 39.7 GB of which 2.1 GB in use, at batch
-// 64 of Llama-3-8B on an 80 GB H100.)
+// chunks, and the reset after it merges them into one, on a device without
+// room for the merged chunk beside the old ones (ballast leaves half a
+// step's memory free beside the arena). A steady workload then reuses what
+// the arena holds: the same steps leave it one chunk of the same size.
+// (An arena that kept its chunks when the merge did not fit beside them,
+// and then allocated from the last chunk alone, added a chunk every step:
+// 40 chunks, 39.7 GB of which 2.1 GB in use, at batch 64 of Llama-3-8B on
+// an 80 GB H100.)
 func TestArenaSteadyWhenTight(t *testing.T) {
 	g, err := sharedGPU()
 	if err != nil {

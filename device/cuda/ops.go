@@ -153,10 +153,10 @@ func (a *arena) grown(err error, n int64) error {
 	}
 	free, total, ierr := a.g.memInfo()
 	if ierr != nil {
-		return fmt.Errorf("cuda: step workspace: %d more bytes (this step holds %d in %d chunks, %d of them in use; the most a step held: %d): %w",
+		return fmt.Errorf("cuda: step workspace: %d more bytes (this step holds %d bytes in %d chunks, %d of them in use; the most a step held: %d): %w",
 			n, held, len(a.chunks), used, a.peak, err)
 	}
-	return fmt.Errorf("cuda: step workspace: %d more bytes (this step holds %d in %d chunks, %d of them in use; the most a step held: %d; %d of %d bytes free on the device): %w",
+	return fmt.Errorf("cuda: step workspace: %d more bytes (this step holds %d bytes in %d chunks, %d of them in use; the most a step held: %d; %d of %d bytes free on the device): %w",
 		n, held, len(a.chunks), used, a.peak, free, total, err)
 }
 
@@ -201,18 +201,11 @@ func (a *arena) reset() error {
 	}
 	a.peak = max(a.peak, total)
 	if len(a.chunks) > 1 {
-		// The one chunk is allocated before the old ones are freed, so
-		// their memory is never handed to anything else; when the device
-		// has not room for both, the old ones go first (nothing uses them
-		// now). Should even that fail, the next step grows the arena again.
-		p, err := a.g.alloc(total)
-		if err != nil {
-			a.release()
-			p, err = a.g.alloc(total)
-		} else {
-			a.release()
-		}
-		if err == nil {
+		// The old chunks go first (nothing uses them now), so the merge
+		// needs no room beside them; should it fail all the same, the
+		// next step grows the arena again.
+		a.release()
+		if p, err := a.g.alloc(total); err == nil {
 			a.chunks = []chunk{{p: p, size: total}}
 		}
 	}
