@@ -151,13 +151,12 @@ func (a *arena) grown(err error, n int64) error {
 		held += c.size
 		used += c.off
 	}
-	free, total, ierr := a.g.memInfo()
-	if ierr != nil {
-		return fmt.Errorf("cuda: step workspace: %d more bytes (this step holds %d bytes in %d chunks, %d of them in use; the most a step held: %d): %w",
-			n, held, len(a.chunks), used, a.peak, err)
+	device := ""
+	if free, total, ierr := a.g.memInfo(); ierr == nil {
+		device = fmt.Sprintf("; %d of %d bytes free on the device", free, total)
 	}
-	return fmt.Errorf("cuda: step workspace: %d more bytes (this step holds %d bytes in %d chunks, %d of them in use; the most a step held: %d; %d of %d bytes free on the device): %w",
-		n, held, len(a.chunks), used, a.peak, free, total, err)
+	return fmt.Errorf("cuda: step workspace: %d more bytes (this step holds %d bytes in %d chunks, %d of them in use; the most a step held: %d%s): %w",
+		n, held, len(a.chunks), used, a.peak, device, err)
 }
 
 // stage copies n bytes at src to dst (device memory of this step) in
