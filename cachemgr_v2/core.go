@@ -197,12 +197,21 @@ type Seq struct {
 	host      [][]kvcache.BlockID
 	suspended bool
 
-	prompt  []int32 // the prompt's full blocks, kept when block reuse is on
-	plen    int     // the prompt's length, when prompt is kept
-	salt    string  // the cache salt its blocks are stored under, with prompt
-	path    []*Node // pinned: path[i] holds prompt block i, and table block i is its page
-	regStop bool    // a hash collision (or a pending promotion) stopped registration
-	cow     *Node   // pinned source of a copy-on-write, until the next Commit
+	// The prompt's full blocks, kept when block reuse is on (PromptBlock):
+	// the first split blocks, those reused at Reserve, in head and the
+	// others in tail, each a copy of the caller's (kvcache: slices passed
+	// in are not retained) made once per request and never written after.
+	// The tree nodes that s's Commits create hold their blocks' tokens as
+	// slices of tail (register, Tree.extend), so a block is stored once, not
+	// copied into every node; the reused blocks are apart so that those
+	// nodes do not keep them alive. A fork shares both.
+	head, tail  []int32
+	split, nblk int     // blocks in head; blocks in all
+	plen        int     // the prompt's length, when its blocks are kept
+	salt        string  // the cache salt its blocks are stored under, with them
+	path        []*Node // pinned: path[i] holds prompt block i, and table block i is its page
+	regStop     bool    // a hash collision (or a pending promotion) stopped registration
+	cow         *Node   // pinned source of a copy-on-write, until the next Commit
 
 	// chkPath[i] is path[i] as the last deep check found it holding prompt
 	// block i (node and generation), so a check compares a path block's
@@ -250,11 +259,40 @@ func (s *Seq) New() bool { return s.created }
 // Suspended reports whether s is on the host tier.
 func (s *Seq) Suspended() bool { return s.suspended }
 
-// Prompt is the prompt's full blocks (empty when block reuse is off or the
-// prompt is shorter than a block) and PromptLen the prompt's length (0
-// then); the slice belongs to s.
-func (s *Seq) Prompt() []int32 { return s.prompt }
-func (s *Seq) PromptLen() int  { return s.plen }
+// PromptBlocks is the number of the prompt's full blocks that s keeps (0
+// when block reuse is off or the prompt is shorter than a block) and
+// PromptLen the prompt's length (0 then).
+func (s *Seq) PromptBlocks() int { return s.nblk }
+func (s *Seq) PromptLen() int    { return s.plen }
+
+// PromptBlock is the tokens of prompt block i, 0 <= i < PromptBlocks; the
+// slice belongs to s, must not be modified, and its capacity ends with the
+// block.
+func (s *Seq) PromptBlock(i, tpb int) []int32 {
+	if i < s.split {
+		return s.head[i*tpb : (i+1)*tpb : (i+1)*tpb]
+	}
+	j := i - s.split
+	return s.tail[j*tpb : (j+1)*tpb : (j+1)*tpb]
+}
+
+// keepPrompt keeps a copy of p's full blocks, the first split of them
+// (reused) apart (Seq.head).
+func (s *Seq) keepPrompt(p []int32, split, tpb int) {
+	s.nblk = len(p) / tpb
+	s.split = min(split, s.nblk)
+	s.head = cloneTokens(p[:s.split*tpb])
+	s.tail = cloneTokens(p[s.split*tpb : s.nblk*tpb])
+}
+
+// cloneTokens is a copy of p in an array of its own (nil when p is empty:
+// slices.Clone's empty result would point into p's).
+func cloneTokens(p []int32) []int32 {
+	if len(p) == 0 {
+		return nil
+	}
+	return append(make([]int32, 0, len(p)), p...)
+}
 
 // Salt is the cache salt s's prompt blocks are stored under ("" for none).
 func (s *Seq) Salt() string { return s.salt }
@@ -596,7 +634,7 @@ func (c *Core) reserveNew(it *kvcache.ReserveItem, gi int, g *kvcache.Grant) str
 		}
 	}
 	if c.reuse && len(it.Prompt) >= tpb {
-		s.prompt = append(s.prompt, it.Prompt[:len(it.Prompt)/tpb*tpb]...)
+		s.keepPrompt(it.Prompt, full, tpb)
 		s.plen = len(it.Prompt)
 		s.salt = it.CacheSalt
 	}
@@ -797,7 +835,7 @@ func (c *Core) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.
 		if s.created && s.reusePend > 0 { // created first: the hot fields
 			c.reused(s)
 		}
-		if len(s.path) < len(s.prompt)/c.tpb && !s.regStop {
+		if len(s.path) < s.nblk && !s.regStop {
 			c.register(s)
 		}
 		if c.hooks != nil {
@@ -825,7 +863,7 @@ func (c *Core) Commit(ctx context.Context, items []kvcache.CommitItem) (kvcache.
 // from s's next grant (sent moves back): it reads s's table only in a
 // forward of s, which needs that grant.
 func (c *Core) register(s *Seq) {
-	limit := min(s.led.History, len(s.prompt)) / c.tpb
+	limit := min(s.led.History/c.tpb, s.nblk)
 	for i := len(s.path); i < limit; i++ {
 		parent := c.tree.root
 		if i > 0 {
@@ -834,7 +872,7 @@ func (c *Core) register(s *Seq) {
 		for g := range c.pages {
 			c.pages[g] = s.tables[g][i]
 		}
-		n, adopted := c.tree.extend(parent, s.salt, s.prompt[i*c.tpb:(i+1)*c.tpb], c.pages)
+		n, adopted := c.tree.extend(parent, s.salt, s.PromptBlock(i, c.tpb), c.pages)
 		switch {
 		case n == nil:
 			s.regStop = true
@@ -951,7 +989,7 @@ func (c *Core) recycle(s *Seq) {
 	clear(s.path)
 	clear(s.chkPath)
 	clear(s.moves)
-	*s = Seq{tables: s.tables, host: s.host, prompt: s.prompt[:0], path: s.path[:0], chkPath: s.chkPath[:0], ck: s.ck, undo: s.undo.emptied(), posh: s.posh[:0],
+	*s = Seq{tables: s.tables, host: s.host, path: s.path[:0], chkPath: s.chkPath[:0], ck: s.ck, undo: s.undo.emptied(), posh: s.posh[:0],
 		moves: s.moves[:0], moveBlk: s.moveBlk[:0]}
 	s.ck.reset = true
 	c.touch(s)

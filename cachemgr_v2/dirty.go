@@ -382,7 +382,7 @@ func (c *Core) seqCount(s *Seq, bad func(string, ...any)) {
 			if n.parent != parent {
 				bad("seq %d: path node %d is not a child of path node %d", id, i, i-1)
 			}
-			if i < len(s.prompt)/tpb && !s.holdsPromptBlock(i, tpb) {
+			if i < s.nblk && !s.holdsPromptBlock(i, tpb) {
 				bad("seq %d: path node %d holds other tokens than prompt block %d", id, i, i)
 			}
 			for g := 0; g < ng; g++ {
@@ -451,8 +451,8 @@ func (c *Core) seqOwn(s *Seq, bad func(string, ...any)) {
 			bad("seq %d: resident with %d host entries", id, len(s.host[g]))
 		}
 	}
-	if len(s.path) > l.History/tpb || len(s.path) > len(s.prompt)/tpb {
-		bad("seq %d: tree path of %d blocks beyond history %d / prompt %d", id, len(s.path), l.History, len(s.prompt))
+	if len(s.path) > l.History/tpb || len(s.path) > s.nblk {
+		bad("seq %d: tree path of %d blocks beyond history %d / prompt %d", id, len(s.path), l.History, s.nblk*tpb)
 	}
 }
 

@@ -592,8 +592,8 @@ func (c *Core) inFlight(salt string, p []int32, i int, pos uint64) bool {
 	tpb := c.tpb
 	blk := p[i*tpb : (i+1)*tpb]
 	for _, s := range c.seqs {
-		if s.regStop || s.salt != salt || len(s.path) > i || len(s.prompt) < (i+1)*tpb ||
-			!sameTokens(s.prompt[i*tpb:(i+1)*tpb], blk) {
+		if s.regStop || s.salt != salt || len(s.path) > i || s.nblk <= i ||
+			!sameTokens(s.PromptBlock(i, tpb), blk) {
 			continue
 		}
 		for j := len(s.posh); j <= i; j++ {
@@ -601,7 +601,7 @@ func (c *Core) inFlight(salt string, p []int32, i int, pos uint64) bool {
 			if j > 0 {
 				prev = s.posh[j-1]
 			}
-			key := hashTokens(s.prompt[j*tpb : (j+1)*tpb])
+			key := hashTokens(s.PromptBlock(j, tpb))
 			if j == 0 {
 				key = saltKey(key, s.salt)
 			}

@@ -340,7 +340,7 @@ func (s *Seq) holdsPromptBlock(i, tpb int) bool {
 	if s.chkPath[i] == mark {
 		return true
 	}
-	if sameTokens(n.tokens, s.prompt[i*tpb:(i+1)*tpb]) {
+	if sameTokens(n.tokens, s.PromptBlock(i, tpb)) {
 		s.chkPath[i] = mark
 		return true
 	}
@@ -434,7 +434,7 @@ func (c *Core) recount() []string {
 			if n.parent != parent {
 				bad("seq %d: path node %d is not a child of path node %d", id, i, i-1)
 			}
-			if i < len(s.prompt)/tpb && !s.holdsPromptBlock(i, tpb) {
+			if i < s.nblk && !s.holdsPromptBlock(i, tpb) {
 				bad("seq %d: path node %d holds other tokens than prompt block %d", id, i, i)
 			}
 			for g, pool := range c.dev {

@@ -41,8 +41,10 @@ func NewBlockPool(id int, tier kvcache.Tier, n int) *BlockPool {
 		free:  make([]kvcache.BlockID, n),
 		refs:  make([]int32, n),
 		owner: make([]*Node, n),
-		ck:    poolCheck{mark: make([]bool, n)},
-		gen:   make([]uint32, n),
+		// Each block is on the dirty list at most once: room for all of
+		// them up front, not a doubling at each growth.
+		ck:  poolCheck{mark: make([]bool, n), dirty: make([]kvcache.BlockID, 0, n)},
+		gen: make([]uint32, n),
 	}
 	for i := range p.free {
 		p.free[i] = kvcache.BlockID(n - 1 - i)

@@ -157,7 +157,8 @@ func (n *Node) Pins() int { return int(n.pins) }
 // Parent is the node's parent; nil for the root.
 func (n *Node) Parent() *Node { return n.parent }
 
-// Tokens are the block's tokens; the slice belongs to the node.
+// Tokens are the block's tokens; the slice must not be modified (it is
+// the prompt copy of the sequence that stored the block: Seq.PromptBlock).
 func (n *Node) Tokens() []int32 { return n.tokens }
 
 // complete reports whether the node holds a page in every pool group, so a
@@ -202,8 +203,9 @@ type Tree struct {
 	slab nodeSlab
 }
 
-// nodeSlab hands out new nodes and their arrays (tokens, pages, host pages
-// and the deep check's shadows of both) from chunks. A tree never frees a
+// nodeSlab hands out new nodes and their arrays (pages, host pages and the
+// deep check's shadows of both) from chunks (a node's tokens are a slice of
+// its sequence's prompt copy, Tree.extend). A tree never frees a
 // node (a pruned one waits on spare for reuse), so a chunk is garbage only
 // with the whole tree; meanwhile the GC marks one object per chunk instead
 // of five or six per node, and a tree of hundreds of thousands of nodes is
@@ -215,20 +217,18 @@ type Tree struct {
 type nodeSlab struct {
 	nodes  []Node
 	chunks [][]Node // every chunk, in order: a node's ref finds it (Tree.nodeAt)
-	tokens []int32
 	blocks []kvcache.BlockID
 }
 
 // slabChunk is the number of nodes per chunk.
 const slabChunk = 64
 
-// node returns a zero node whose tokens have capacity tpb (length 0), whose
-// pages (groups of them) are NoBlock, and, with hostGroups > 0, whose host
-// pages are allocated (initHost sets them); the deep check's shadows of
-// both are allocated and NoBlock (nothing counted yet). Tokens are capped
-// at tpb, and pages at the node's four arrays (nothing appends to pages),
-// so an append never writes into a neighbour.
-func (s *nodeSlab) node(tpb, groups, hostGroups int) *Node {
+// node returns a zero node whose pages (groups of them) are NoBlock, and,
+// with hostGroups > 0, whose host pages are allocated (initHost sets them);
+// the deep check's shadows of both are allocated and NoBlock (nothing
+// counted yet). Pages are capped at the node's four arrays (nothing appends
+// to pages), so an append never writes into a neighbour.
+func (s *nodeSlab) node(groups, hostGroups int) *Node {
 	if len(s.nodes) == 0 {
 		s.nodes = make([]Node, slabChunk)
 		s.chunks = append(s.chunks, s.nodes)
@@ -236,11 +236,6 @@ func (s *nodeSlab) node(tpb, groups, hostGroups int) *Node {
 	n := &s.nodes[0]
 	n.ref = int32((len(s.chunks)-1)*slabChunk+slabChunk-len(s.nodes)) + firstSlabRef
 	s.nodes = s.nodes[1:]
-	if len(s.tokens) < tpb {
-		s.tokens = make([]int32, tpb*slabChunk)
-	}
-	n.tokens = s.tokens[:0:tpb]
-	s.tokens = s.tokens[tpb:]
 	nb := 2 * (groups + hostGroups)
 	if len(s.blocks) < nb {
 		s.blocks = make([]kvcache.BlockID, nb*slabChunk)
@@ -323,6 +318,9 @@ func NewTree(tpb int, pools []*BlockPool) *Tree {
 		// doubling of a slice of pointers copies it under the GC's write
 		// barrier.
 		t.all = make([]*Node, 0, pools[0].Total())
+		// The deep check's dirty list too: until a check, every node a
+		// prompt's Commit creates is on it.
+		t.ck.dirty = make([]*Node, 0, pools[0].Total())
 	}
 	return t
 }
@@ -514,7 +512,7 @@ func (t *Tree) matchPartial(parent *Node, salt string, tokens []int32) (*Node, i
 }
 
 // Extend continues a sequence's path below parent (pinned by the caller) with
-// the block tokens whose KV sits in pages (one block per pool group, each
+// the block tokens (copied, when a new node holds them) whose KV sits in pages (one block per pool group, each
 // referenced by the sequence). It returns the node now pinned for the path:
 //
 //   - a new node, which adopts pages (adopted true);
@@ -529,11 +527,13 @@ func (t *Tree) matchPartial(parent *Node, salt string, tokens []int32) (*Node, i
 // practice): the caller stops registering that sequence's blocks. Extend
 // never allocates blocks, never evicts and never prunes.
 func (t *Tree) Extend(parent *Node, tokens []int32, pages []kvcache.BlockID) (n *Node, adopted bool) {
-	return t.extend(parent, "", tokens, pages)
+	return t.extend(parent, "", cloneTokens(tokens), pages)
 }
 
 // extend is Extend under cache salt salt (which matters when parent is the
-// root). With KV events on, a node that adopts pages is reported stored.
+// root), whose new node keeps tokens itself, not a copy: the caller never
+// writes them again, and their capacity ends with the block (Seq.PromptBlock).
+// With KV events on, a node that adopts pages is reported stored.
 func (t *Tree) extend(parent *Node, salt string, tokens []int32, pages []kvcache.BlockID) (n *Node, adopted bool) {
 	var h uint64
 	c := t.onlyChild(parent, salt, tokens) // child's shortcut: no key to compute
@@ -593,13 +593,13 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 		n = t.spare[k-1]
 		t.spare = t.spare[:k-1]
 	} else {
-		n = t.slab.node(t.tpb, len(t.pools), len(t.ht.pools))
+		n = t.slab.node(len(t.pools), len(t.ht.pools))
 	}
 	n.parent, n.hash, n.heapIdx = parent, h, -1
 	n.prio, n.until, n.expIdx, n.hits = DefaultPriority, 0, -1, 0
 	n.h.pendKids, n.h.pendSeq = 0, nil
 	n.pos = mixPos(parent.pos, h)
-	n.tokens = append(n.tokens[:0], tokens...)
+	n.tokens = tokens
 	for g := range n.pages {
 		n.pages[g] = NoBlock
 	}
@@ -732,7 +732,7 @@ func (t *Tree) Prune() {
 func (t *Tree) recycle(n *Node) {
 	t.forget(n)
 	n.parent, n.salt, n.chain = nil, "", 0
-	n.tokens = n.tokens[:0] // children is empty and kept for reuse
+	n.tokens = nil // its sequence's prompt copy may go; children is empty and kept for reuse
 	last := t.all[len(t.all)-1]
 	t.touch(n)
 	t.touch(last)

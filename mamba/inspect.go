@@ -149,8 +149,8 @@ func (m *Manager) check() []string {
 				continue
 			}
 			srefs[p.slot]++
-			if p.pos <= led.History || p.pos > led.History+led.Tokens || p.pos%tpb != 0 || p.pos > len(s.Prompt()) {
-				bad("seq %d: snapshot at %d outside its step (history %d, tokens %d, prompt blocks %d)", id, p.pos, led.History, led.Tokens, len(s.Prompt())/tpb)
+			if p.pos <= led.History || p.pos > led.History+led.Tokens || p.pos%tpb != 0 || p.pos > s.PromptBlocks()*tpb {
+				bad("seq %d: snapshot at %d outside its step (history %d, tokens %d, prompt blocks %d)", id, p.pos, led.History, led.Tokens, s.PromptBlocks())
 			}
 		}
 		if len(x.offs) > 0 && !led.Reserved {

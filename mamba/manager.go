@@ -626,12 +626,12 @@ func (l *life) freePending(x *seqState) {
 // for each snapshot boundary it crosses, best-effort; the snapshots it
 // evicts are offloaded with copies in g.
 func (l *life) planSnaps(s *cachemgrv2.Seq, x *seqState, tokens int, g *kvcache.Grant) {
-	prompt := s.Prompt()
-	if !l.snapOn || len(prompt) == 0 {
+	nblk := s.PromptBlocks()
+	if !l.snapOn || nblk == 0 {
 		return
 	}
 	hist := s.Ledger().History
-	lo, hi := hist, min(hist+tokens, len(prompt))
+	lo, hi := hist, min(hist+tokens, nblk*l.tpb)
 	if hi <= lo {
 		return
 	}
@@ -666,7 +666,7 @@ func (l *life) planSnaps(s *cachemgrv2.Seq, x *seqState, tokens int, g *kvcache.
 			if depth <= len(path) {
 				node = path[depth-1]
 			} else {
-				node = l.tree.SaltedChild(node, s.Salt(), prompt[(depth-1)*tpb:depth*tpb])
+				node = l.tree.SaltedChild(node, s.Salt(), s.PromptBlock(depth-1, tpb))
 			}
 		}
 		if node != nil && node.Stored() && l.held(node, d) {
