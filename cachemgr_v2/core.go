@@ -285,13 +285,17 @@ func (s *Seq) keepPrompt(p []int32, split, tpb int) {
 	s.tail = cloneTokens(p[s.split*tpb : s.nblk*tpb])
 }
 
-// cloneTokens is a copy of p in an array of its own (nil when p is empty:
-// slices.Clone's empty result would point into p's).
+// cloneTokens is a copy of p in an array of its own, capped at len(p) (nil
+// when p is empty: slices.Clone's empty result would point into p's). It
+// appends to nil, as slices.Clone does, so that the runtime does not clear
+// the array before the copy overwrites it (make does: a prompt of a million
+// tokens is megabytes).
 func cloneTokens(p []int32) []int32 {
 	if len(p) == 0 {
 		return nil
 	}
-	return append(make([]int32, 0, len(p)), p...)
+	c := append([]int32(nil), p...)
+	return c[:len(p):len(p)]
 }
 
 // Salt is the cache salt s's prompt blocks are stored under ("" for none).
