@@ -283,7 +283,7 @@ func (o *ops) addRMSNorm(x, y, w *tensor, rows, cols int, eps float32) *tensor {
 			yp = y.p
 		}
 		if f != nil {
-			o.run("kvx_frmsnorm_fold", dim{min(rows, 65535), 1, 1}, dim{1024, 1, 1}, 0, out.p, ob, x.p, f.p, f.parts, w.p, rows, cols, ld, eps)
+			o.foldNorm(rows <= fnSliceRows && cols <= fnSliceCols, out.p, ob, x.p, f.p, f.parts, w.p, rows, cols, ld, eps)
 			break
 		}
 		o.run("kvx_frmsnorm", dim{min(rows, 65535), 1, 1}, dim{256, 1, 1}, 0, out.p, ob, x.p, yp, w.p, rows, cols, ld, eps)
@@ -292,6 +292,25 @@ func (o *ops) addRMSNorm(x, y, w *tensor, rows, cols int, eps float32) *tensor {
 	}
 	return out
 }
+
+// foldNorm launches x += the fold of P's parts, then out = RMSNorm(x)
+// (and ob, its bf16 copy, when not 0): kvx_frmsnorm_fold8 when sliced,
+// else kvx_frmsnorm_fold. The same bits either way.
+func (o *ops) foldNorm(sliced bool, out, ob, x, p cu.DevicePtr, parts int, w cu.DevicePtr, rows, cols, ld int, eps float32) {
+	if sliced {
+		o.run("kvx_frmsnorm_fold8", dim{8, min(rows, 65535), 1}, dim{512, 1, 1}, 0, out, ob, x, p, parts, w, rows, cols, ld, eps)
+		return
+	}
+	o.run("kvx_frmsnorm_fold", dim{min(rows, 65535), 1, 1}, dim{1024, 1, 1}, 0, out, ob, x, p, parts, w, rows, cols, ld, eps)
+}
+
+// fnSliceRows is the most rows whose pending-fold norm runs
+// kvx_frmsnorm_fold8 (a cluster of 8 blocks a row, each folding an eighth
+// of the columns: a decode step's few rows on eight SMs each) rather than
+// kvx_frmsnorm_fold (a block a row); fnSliceCols is the widest row it
+// takes (its shared memory: FNS_MAXCOLS in kernels/fnorm.cu). Both give the
+// same bits, so the choice is speed alone.
+const fnSliceRows, fnSliceCols = 16, 16384
 
 // fastNormCols is the narrowest row the fast numerics' RMSNorm
 // (kernels/fnorm.cu, a block a row) takes; narrower ones (Qwen3's per-head

@@ -9,7 +9,8 @@ package cuda
 // partitions in registers; segments of at most faSplitRows rows (decode and
 // short verification steps) run kvx_fa_split_d*, one warp a partition, and
 // kvx_fa_merge folds the partitions in the same order with the same
-// arithmetic, so both give the same bits.
+// arithmetic, so both give the same bits (a call of one partition skips the
+// merge: the split kernel divides by the sum itself).
 
 import (
 	"math"
@@ -75,17 +76,26 @@ func (o *ops) fastAttend(g kernelspec.GQA, segs []synth.Seg, desc cu.DevicePtr, 
 			append([]any{desc, wk.pre, q.p, out.p}, pool...)...)
 	}
 	if wk.nsplit > 0 {
-		n := int64(wk.nsplit) * int64(g.KVHeads) * int64(wk.parts) * faSplitRows
-		part, ml := o.scratch(n*int64(d)*4), o.scratch(n*2*4)
-		o.runShared(faSplitName(d), dim{wk.parts, g.KVHeads, wk.nsplit}, dim{32, 1, 1}, shm,
-			append([]any{desc, wk.split, q.p, part, ml}, pool...)...)
 		// A call of split rows only (a decode step) has the merge write
 		// out's bf16 copy too, for the next matmul (o_proj), which then
 		// skips its own rounding launch; out's row is its padded row.
 		if wk.npre == 0 && out.c%fgemmPad == 0 {
 			out.b = o.scratch(int64(out.r) * int64(out.c) * 2)
 		}
-		o.run("kvx_fa_merge", dim{wk.nsplit, g.KVHeads, 1}, dim{128, 1, 1}, 0, desc, wk.split, part, ml, out.p, out.b, wk.parts, g.Heads, g.KVHeads, d, g.Window)
+		var part, ml cu.DevicePtr
+		if wk.parts > 1 {
+			n := int64(wk.nsplit) * int64(g.KVHeads) * int64(wk.parts) * faSplitRows
+			part, ml = o.scratch(n*int64(d)*4), o.scratch(n*2*4)
+		}
+		// With one partition (every split row's context within the first
+		// faPart positions) the split kernel writes the merge's output
+		// itself (part 0): the same division of the same values, a launch
+		// fewer a layer.
+		o.runShared(faSplitName(d), dim{wk.parts, g.KVHeads, wk.nsplit}, dim{32, 1, 1}, shm,
+			append([]any{desc, wk.split, q.p, part, ml, out.p, out.b}, pool...)...)
+		if wk.parts > 1 {
+			o.run("kvx_fa_merge", dim{wk.nsplit, g.KVHeads, 1}, dim{128, 1, 1}, 0, desc, wk.split, part, ml, out.p, out.b, wk.parts, g.Heads, g.KVHeads, d, g.Window)
+		}
 	}
 }
 

@@ -26,7 +26,8 @@ type fastGQACase struct {
 // fastGQACases cross both head dims, group sizes from 1 to 32 (above 16
 // the decode rows of a kv head no longer fit one warp and go to the prefill
 // kernel), sliding windows shorter and longer than a partition, block sizes
-// that do not divide a tile, and contexts crossing partitions.
+// that do not divide a tile, and contexts crossing partitions or (the
+// last) not.
 var fastGQACases = []fastGQACase{
 	{"d128-g4", 8, 2, 128, 0, 16, 700},
 	{"d64-mha-window", 4, 4, 64, 100, 8, 1100},
@@ -34,6 +35,9 @@ var fastGQACases = []fastGQACase{
 	{"d64-g3-tpb5", 6, 2, 64, 0, 5, 300},
 	{"d128-mqa-g16", 16, 1, 128, 0, 16, 530},
 	{"d128-g32", 32, 1, 128, 0, 64, 200},
+	// every context within one partition: the split kernel's calls skip
+	// the merge
+	{"d128-g4-window-short", 8, 2, 128, 100, 16, 180},
 }
 
 // gqaCall runs one GQA call on the rig's device and returns its output.

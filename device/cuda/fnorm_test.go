@@ -119,7 +119,9 @@ func TestFastAddRMSNorm(t *testing.T) {
 
 // TestFusedFold: SwiGLU of gate and up pending from one split matmul
 // (kvx_fswiglu_fold) and AddRMSNorm of a pending down projection
-// (kvx_frmsnorm reading the parts) give the bits of the fold's launch and
+// (kvx_frmsnorm_fold8 up to fnSliceRows rows, a cluster of blocks a row,
+// kvx_frmsnorm_fold above: the cases of 33 and 64 rows) give the bits of
+// the fold's launch and
 // then the op: in the output, its bf16 copy (MatMul through it), the
 // residual x, and in the pending outputs folded afterwards. Where the
 // stream kernel runs (compute capability 9.0, up to 64 rows) the ops must
@@ -171,5 +173,39 @@ func TestFusedFold(t *testing.T) {
 				sameBits(t, "MatMul of RMSNorm(x) (its bf16 copy)", want.nw, got.nw)
 			})
 		})
+	}
+}
+
+// BenchmarkFoldNorm times AddRMSNorm of a pending split matmul's parts at
+// Llama-3-8B's down projection (14 parts of 4096 columns) on both kernels,
+// kvx_frmsnorm_fold8 (sliced) and kvx_frmsnorm_fold (block), a chain of
+// launches as a step makes them; fnSliceRows is where the first stops
+// being the faster.
+func BenchmarkFoldNorm(b *testing.B) {
+	const cols, parts = 4096, 14
+	for _, rows := range []int{1, 8, 16, 32, 64} {
+		for _, sliced := range []bool{true, false} {
+			kind := "block"
+			if sliced {
+				kind = "sliced"
+			}
+			b.Run(fmt.Sprintf("rows-%d-%s", rows, kind), func(b *testing.B) {
+				o := fastOps(b)
+				rng := rand.New(rand.NewPCG(uint64(rows), 3))
+				ld := padK(cols)
+				var x, p, w, out, ob *tensor
+				on(b, o, func() {
+					x, p = keptTensor(o, randVals(rng, rows*cols, 1), rows, cols), keptTensor(o, randVals(rng, parts*rows*cols, 1e-3), parts*rows, cols)
+					w, out = keptTensor(o, randVals(rng, cols, 1), 1, cols), keptTensor(o, make([]float32, rows*cols), rows, cols)
+					ob = keptTensor(o, make([]float32, rows*ld/2), rows, ld/2)
+				})
+				f := func() { o.foldNorm(sliced, out.p, ob.p, x.p, p.p, parts, w.p, rows, cols, ld, 1e-5) }
+				timeOps(b, o, 10, f)
+				b.ResetTimer()
+				per := timeOps(b, o, b.N, f).Seconds() / float64(b.N)
+				b.ReportMetric(per*1e6, "us/call")
+				b.ReportMetric(float64((parts+2)*rows*cols*4)/per/1e9, "GB/s")
+			})
+		}
 	}
 }

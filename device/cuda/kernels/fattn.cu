@@ -335,10 +335,15 @@ __device__ void fa_prefill(const long long* desc, const int* work, const float* 
 // is segment work[i], of at most 16 flattened rows (decode). The block
 // computes partition blockIdx.x's state of every row that sees it into
 // part (items × kvHeads × parts × 16 × D) and ml (the same × 2: m, l).
+// When part is 0 the call has one partition (every row's context lies in
+// the first FA_PART positions), so each row's fold is that partition's
+// state alone and the block writes kvx_fa_merge's output itself: out =
+// acc / l, the merge's one division of the same two values (and ob, its
+// bf16 copy, when not 0), and the merge's launch is skipped.
 // Dynamic shared memory as fa_prefill's.
 template <int D>
-__device__ void fa_split(const long long* desc, const int* work, const float* q, float* part, float* ml, faPool v,
-		int heads, int kvHeads, int window, float qs) {
+__device__ void fa_split(const long long* desc, const int* work, const float* q, float* part, float* ml, float* out,
+		unsigned short* ob, faPool v, int heads, int kvHeads, int window, float qs) {
 	extern __shared__ __align__(16) unsigned char fa_smem[];
 	unsigned short* sK = (unsigned short*)fa_smem;
 	unsigned short* sV = sK + 2 * FA_KT * D;
@@ -378,6 +383,20 @@ __device__ void fa_split(const long long* desc, const int* work, const float* q,
 	for (int h = 0; h < 2; h++) {
 		const int r = lane / 4 + 8 * h;
 		if (rw.p[h] < 0 || j < rw.lo[h] / FA_PART || j > rw.p[h] / FA_PART) continue;
+		if (!part) {
+			const long long oa = (row0 + r / G) * (long long)heads * D + (long long)(kvh * G + r % G) * D;
+#pragma unroll
+			for (int jd = 0; jd < D / 8; jd++) {
+				const long long i = oa + 8 * jd + 2 * t;
+				const float y0 = __fdiv_rn(o[jd][2 * h], l[h]), y1 = __fdiv_rn(o[jd][2 * h + 1], l[h]);
+				*(float2*)(out + i) = make_float2(y0, y1);
+				if (ob) {
+					ob[i] = to_bf16(y0);
+					ob[i + 1] = to_bf16(y1);
+				}
+			}
+			continue;
+		}
 		float* pr = part + (base * 16 + r) * D;
 #pragma unroll
 		for (int jd = 0; jd < D / 8; jd++) *(float2*)(pr + 8 * jd + 2 * t) = make_float2(o[jd][2 * h], o[jd][2 * h + 1]);
@@ -392,10 +411,11 @@ __device__ void fa_split(const long long* desc, const int* work, const float* q,
 	FA_PREFILL(D, 4)                                                                                                    \
 	FA_PREFILL(D, 8)                                                                                                    \
 	extern "C" __global__ void __launch_bounds__(32) kvx_fa_split_d##D(const long long* desc, const int* work,         \
-		const float* q, float* part, float* ml, const char* base, long long blockBytes, long long offset,               \
-		long long stride, int tpb, int heads, int kvHeads, int window, float qs) {                                      \
+		const float* q, float* part, float* ml, float* out, unsigned short* ob, const char* base, long long blockBytes,  \
+		long long offset, long long stride, int tpb, int heads, int kvHeads, int window, float qs) {                    \
 		pdl_wait();                                                                                                      \
-		fa_split<D>(desc, work, q, part, ml, faPool{base, blockBytes, offset, stride, tpb}, heads, kvHeads, window, qs); \
+		fa_split<D>(desc, work, q, part, ml, out, ob, faPool{base, blockBytes, offset, stride, tpb}, heads, kvHeads,     \
+			window, qs);                                                                                                 \
 	}
 #define FA_PREFILL(D, W)                                                                                                \
 	extern "C" __global__ void __launch_bounds__(32 * W) kvx_fa_prefill_d##D##w##W(const long long* desc,              \

@@ -173,6 +173,92 @@ extern "C" __global__ void __launch_bounds__(FNF_THREADS) kvx_frmsnorm_fold(floa
 	}
 }
 
+// kvx_frmsnorm_fold8 is kvx_frmsnorm_fold for a few rows (a decode
+// step's): a row is a cluster of FNS_SLICES blocks (grid (FNS_SLICES,
+// rows)), so that its fold's loads come from eight SMs instead of one. The
+// block of rank s owns the columns i with (i mod FN_THREADS) / 32 == s: the
+// columns whose squares kvx_frmsnorm's warp s sums. Each thread folds its
+// columns and adds them to x (kvx_frmsnorm_fold's order), and keeps them in
+// shared memory; warp 0 sums the squares of its lane's chain (kvx_frmsnorm's
+// thread 32·s + lane: ascending i) and the warp's sums meet in the same xor
+// butterfly; then every block of the cluster reads the eight warp sums from
+// the others' shared memory in rank order, the order in which frms_inv adds
+// them, so every block gets kvx_frmsnorm's inv and writes its own columns'
+// outputs. The same bits as kvx_frmsnorm_fold (TestFusedFold).
+#define FNS_SLICES (FN_THREADS / 32)
+#define FNS_THREADS 512
+#define FNS_MAXCOLS 16384 // xs's columns: FNS_MAXCOLS / FNS_SLICES a block (device/cuda's fnSliceCols)
+__device__ __forceinline__ void cluster_sync() {
+	asm volatile("barrier.cluster.arrive;\nbarrier.cluster.wait;\n" ::: "memory");
+}
+extern "C" __global__ void __cluster_dims__(FNS_SLICES, 1, 1) __launch_bounds__(FNS_THREADS)
+		kvx_frmsnorm_fold8(float* out, unsigned short* ob, float* x, const float* P, ll parts, const float* w, ll rows,
+		ll cols, ll ld, float eps) {
+	pdl_wait();
+	__shared__ float xs[FNS_MAXCOLS / FNS_SLICES]; // the block's columns of x, by (j, lane): column 256·j + 32·s + lane
+	__shared__ float ws;                            // the warp sum of the block's chains
+	const int s = blockIdx.x, t = threadIdx.x, lane = t % 32;
+	const ll n = rows * cols, J = (cols + FN_THREADS - 1) / FN_THREADS;
+	for (ll r = blockIdx.y; r < rows; r += gridDim.y) {
+		float* xr = x + r * cols;
+		const float* pr = P + r * cols;
+		for (ll j = t / 32; j < J; j += FNS_THREADS / 32) {
+			const ll i = FN_THREADS * j + 32 * s + lane;
+			if (i >= cols) continue;
+			const float x0 = xr[i];
+			float v = pr[i];
+			for (ll p = 1; p < parts; p += 8) {
+				float q[8];
+#pragma unroll
+				for (int a = 0; a < 8; a++) q[a] = p + a < parts ? pr[(p + a) * n + i] : 0.0f;
+#pragma unroll
+				for (int a = 0; a < 8; a++) {
+					if (p + a >= parts) break;
+					v = __fadd_rn(v, q[a]);
+				}
+			}
+			const float y = __fadd_rn(x0, v);
+			xr[i] = y;
+			xs[32 * j + lane] = y;
+		}
+		__syncthreads();
+		if (t < 32) {
+			float sq = 0.0f;
+			for (ll j = 0; j < J && FN_THREADS * j + 32 * s + lane < cols; j++) sq = __fadd_rn(sq, __fmul_rn(xs[32 * j + lane], xs[32 * j + lane]));
+#pragma unroll
+			for (int m = 16; m > 0; m >>= 1) sq = __fadd_rn(sq, __shfl_xor_sync(0xffffffffu, sq, m));
+			if (lane == 0) ws = sq;
+		}
+		cluster_sync(); // every block's ws is written
+		const unsigned at = (unsigned)__cvta_generic_to_shared(&ws);
+		float dot = 0.0f;
+#pragma unroll
+		for (unsigned k = 0; k < FNS_SLICES; k++) {
+			unsigned ra;
+			float v;
+			asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(at), "r"(k));
+			asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+			dot = k == 0 ? v : __fadd_rn(dot, v);
+		}
+		cluster_sync(); // every block has read the others' ws before any writes its next row's
+		const float ms = __fdiv_rn(dot, __ll2float_rn(cols));
+		const float inv = __double2float_rn(__ddiv_rn(1.0, __dsqrt_rn((double)__fadd_rn(ms, eps))));
+		float* o = out + r * cols;
+		unsigned short* b = ob ? ob + r * ld : nullptr;
+		for (ll j = t / 32; j < J; j += FNS_THREADS / 32) {
+			const ll i = FN_THREADS * j + 32 * s + lane;
+			if (i >= cols) continue;
+			const float y = __fmul_rn(__fmul_rn(xs[32 * j + lane], inv), w[i]);
+			o[i] = y;
+			if (b) b[i] = to_bf16(y);
+		}
+		if (b && s == 0) {
+			for (ll i = cols + t; i < ld; i += FNS_THREADS) b[i] = 0;
+		}
+		__syncthreads(); // xs is read before the next row writes it
+	}
+}
+
 // kvx_fswiglu is kvx_swiglu (kernel.SiLU(g) * u, the same arithmetic) of a
 // rows × cols tensor, plus its bf16 copy ob (row stride ld). Grid-stride
 // over rows × ld.
