@@ -88,9 +88,9 @@ func (o *ops) fastAttend(g kernelspec.GQA, segs []synth.Seg, desc cu.DevicePtr, 
 			part, ml = o.scratch(n*int64(d)*4), o.scratch(n*2*4)
 		}
 		// With one partition (every split row's context within the first
-		// faPart positions) the split kernel writes the merge's output
-		// itself (part 0): the same division of the same values, a launch
-		// fewer a layer.
+		// faPart positions) part and ml stay 0 and the split kernel writes
+		// the merge's output itself: the same division of the same values,
+		// a launch fewer a layer.
 		o.runShared(faSplitName(d), dim{wk.parts, g.KVHeads, wk.nsplit}, dim{32, 1, 1}, shm,
 			append([]any{desc, wk.split, q.p, part, ml, out.p, out.b}, pool...)...)
 		if wk.parts > 1 {
