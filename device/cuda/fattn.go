@@ -7,10 +7,10 @@ package cuda
 // operations per query row whatever its batch, chunk or kernel. Segments of
 // many rows (prefill) run kvx_fa_prefill_d*, which folds the context's
 // partitions in registers; segments of at most faSplitRows rows (decode and
-// short verification steps) run kvx_fa_split_d*, one warp a partition, and
-// kvx_fa_merge folds the partitions in the same order with the same
-// arithmetic, so both give the same bits (a call of one partition skips the
-// merge: the split kernel divides by the sum itself).
+// short verification steps) run kvx_fa_split_d*, a block of faSplitWarps
+// warps a partition, and kvx_fa_merge folds the partitions in the same
+// order with the same arithmetic, so both give the same bits (a call of one
+// partition skips the merge: the split kernel divides by the sum itself).
 
 import (
 	"math"
@@ -28,6 +28,13 @@ const (
 	// faSplitRows is the most (token, query head) rows of a segment the
 	// split kernel takes: one warp's m16 tile.
 	faSplitRows = 16
+	// faSplitWarps is the warps of a split block (FA_SW), which share each
+	// tile's copy, scores and P·V; faScoreStride is the floats between two
+	// rows of their scores in shared memory (FA_SS).
+	faSplitWarps  = 4
+	faScoreStride = faKT + 8
+	// faMergeThreads is kvx_fa_merge's block.
+	faMergeThreads = 256
 )
 
 // faForcePrefill, set by tests, runs every segment on the prefill kernel,
@@ -54,6 +61,10 @@ func faWarpsFor(most int) int {
 // head dim d: two stages of a tile's K and V.
 func faSmem(d int) int { return 2 * 2 * faKT * d * 2 }
 
+// faSplitSmem is the split kernel's: faSmem's stages and a tile's scores
+// of its 16 rows.
+func faSplitSmem(d int) int { return faSmem(d) + faSplitRows*faScoreStride*4 }
+
 // fastGQA reports whether GQA layer g over pool view v runs on the fast
 // kernels: bf16 rows, head dim 64 or 128, every row and head 16-byte
 // aligned for cp.async. Other layers (fp8 or float32 KV, other head dims)
@@ -70,9 +81,8 @@ func (o *ops) fastAttend(g kernelspec.GQA, segs []synth.Seg, desc cu.DevicePtr, 
 	wk := o.fastWork(segs, grp)
 	qs := float32(float64(scale) * math.Log2E)
 	pool := []any{v.base, v.blockBytes, v.offset, v.stride, v.tokensPerBlock, g.Heads, g.KVHeads, g.Window, qs}
-	shm := faSmem(d)
 	if wk.npre > 0 {
-		o.runShared(faPrefillName(d, wk.warps), dim{wk.npre, g.KVHeads, 1}, dim{32 * wk.warps, 1, 1}, shm,
+		o.runShared(faPrefillName(d, wk.warps), dim{wk.npre, g.KVHeads, 1}, dim{32 * wk.warps, 1, 1}, faSmem(d),
 			append([]any{desc, wk.pre, q.p, out.p}, pool...)...)
 	}
 	if wk.nsplit > 0 {
@@ -91,10 +101,10 @@ func (o *ops) fastAttend(g kernelspec.GQA, segs []synth.Seg, desc cu.DevicePtr, 
 		// faPart positions) part and ml stay 0 and the split kernel writes
 		// the merge's output itself: the same division of the same values,
 		// a launch fewer a layer.
-		o.runShared(faSplitName(d), dim{wk.parts, g.KVHeads, wk.nsplit}, dim{32, 1, 1}, shm,
+		o.runShared(faSplitName(d), dim{wk.parts, g.KVHeads, wk.nsplit}, dim{32 * faSplitWarps, 1, 1}, faSplitSmem(d),
 			append([]any{desc, wk.split, q.p, part, ml, out.p, out.b}, pool...)...)
 		if wk.parts > 1 {
-			o.run("kvx_fa_merge", dim{wk.nsplit, g.KVHeads, 1}, dim{128, 1, 1}, 0, desc, wk.split, part, ml, out.p, out.b, wk.parts, g.Heads, g.KVHeads, d, g.Window)
+			o.run("kvx_fa_merge", dim{wk.nsplit, g.KVHeads, 1}, dim{faMergeThreads, 1, 1}, 0, desc, wk.split, part, ml, out.p, out.b, wk.parts, g.Heads, g.KVHeads, d, g.Window)
 		}
 	}
 }

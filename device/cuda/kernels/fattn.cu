@@ -102,43 +102,53 @@ struct faRows {
 	long long p[2], lo[2];
 };
 
-// fa_tile advances one warp's softmax states (m, l in log2 units, o
-// unnormalized) over the tile at positions tb ... tb + FA_KT - 1 held in
-// sK, sV. qa: the warp's queries as mma A fragments; qs: the softmax scale
-// times log2(e).
-template <int D>
-__device__ __forceinline__ void fa_tile(const unsigned short* sK, const unsigned short* sV, long long tb,
-		const unsigned (&qa)[D / 16][4], float (&o)[D / 8][4], float (&m)[2], float (&l)[2], const faRows& rw,
-		float qs, int lane) {
+// fa_scores computes S = Q·Kᵀ of the tile at positions tb ... tb + FA_KT
+// - 1 (in sK) for its key n8 tiles j0 ... j0 + NJ - 1 (keys 8j ... 8j + 7),
+// each over the d16 steps in ascending order, masked to -inf outside
+// [lo(p), p] and scaled by qs (the softmax scale times log2(e)). qa: the
+// warp's queries as mma A fragments. A score's value does not depend on
+// which warp computes it or on the other key tiles it computes.
+template <int D, int NJ>
+__device__ __forceinline__ void fa_scores(float (&s)[NJ][4], const unsigned short* sK, long long tb, int j0,
+		const unsigned (&qa)[D / 16][4], const faRows& rw, float qs, int lane) {
 	const int t = lane % 4;
-	float s[FA_KT / 8][4];
 #pragma unroll
-	for (int j = 0; j < FA_KT / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-	// S = Q·Kᵀ: for each key n8 tile, the d16 steps in ascending order.
+	for (int j = 0; j < NJ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
 	for (int kk = 0; kk < D / 16; kk += 2) {
 #pragma unroll
-		for (int j = 0; j < FA_KT / 8; j++) {
+		for (int j = 0; j < NJ; j++) {
 			unsigned kb[4];
-			ldsm_x4(kb, sK + fa_swz<D>(8 * j + lane % 8, 2 * kk + lane / 8));
+			ldsm_x4(kb, sK + fa_swz<D>(8 * (j0 + j) + lane % 8, 2 * kk + lane / 8));
 			mma_bf16(s[j], qa[kk], kb[0], kb[1]);
 			mma_bf16(s[j], qa[kk + 1], kb[2], kb[3]);
 		}
 	}
-	// Mask, scale, the tile's row maxima (over the quad: lanes 4g ... 4g+3
-	// hold row g's 64 scores).
+#pragma unroll
+	for (int j = 0; j < NJ; j++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int h = e / 2;
+			const long long kp = tb + 8 * (j0 + j) + 2 * t + (e % 2);
+			s[j][e] = kp <= rw.p[h] && kp >= rw.lo[h] ? __fmul_rn(s[j][e], qs) : -INFINITY;
+		}
+}
+
+// fa_softmax advances a row pair's softmax state (m, l in log2 units) over
+// a tile's masked, scaled scores s (a thread's two rows g and g + 8, g =
+// lane / 4, of the quad that holds their 64), and returns the factor corr
+// that the unnormalized output must be scaled by and P = exp2(S - m),
+// rounded to bf16, as the A fragments of P·V. The row sums are taken in a
+// fixed order: the thread's 16 in j order, then the quad's butterfly, whose
+// sums are the same on all four lanes.
+__device__ __forceinline__ void fa_softmax(const float (&s)[FA_KT / 8][4], float (&m)[2], float (&l)[2],
+		unsigned (&pa)[FA_KT / 16][4], float (&corr)[2]) {
 	float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
 	for (int j = 0; j < FA_KT / 8; j++)
 #pragma unroll
-		for (int e = 0; e < 4; e++) {
-			const int h = e / 2;
-			const long long kp = tb + 8 * j + 2 * t + (e % 2);
-			const float x = kp <= rw.p[h] && kp >= rw.lo[h] ? __fmul_rn(s[j][e], qs) : -INFINITY;
-			s[j][e] = x;
-			mx[h] = fmaxf(mx[h], x);
-		}
-	float mu[2], corr[2];
+		for (int e = 0; e < 4; e++) mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+	float mu[2];
 #pragma unroll
 	for (int h = 0; h < 2; h++) {
 		mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
@@ -148,10 +158,6 @@ __device__ __forceinline__ void fa_tile(const unsigned short* sK, const unsigned
 		corr[h] = exp2f(__fsub_rn(m[h], mu[h]));
 		m[h] = mn;
 	}
-	// P = exp2(S - m), rounded to bf16 as the A fragments of P·V; the row
-	// sums in float32, in a fixed order (the thread's 16 in j order, then
-	// the quad's butterfly, whose sums are the same on all four lanes).
-	unsigned pa[FA_KT / 16][4];
 	float rs[2] = {0.f, 0.f};
 #pragma unroll
 	for (int j = 0; j < FA_KT / 8; j++) {
@@ -169,24 +175,46 @@ __device__ __forceinline__ void fa_tile(const unsigned short* sK, const unsigned
 		rs[h] = __fadd_rn(rs[h], __shfl_xor_sync(0xffffffffu, rs[h], 2));
 		l[h] = __fadd_rn(__fmul_rn(l[h], corr[h]), rs[h]);
 	}
+}
+
+// fa_pv scales a warp's unnormalized outputs of d n8 tiles jd0 ... jd0 +
+// NJD - 1 by corr and adds P·V over the tile (in sV): each d n8 tile over
+// the tile's k16 steps in ascending order, whichever d tiles the warp has.
+template <int D, int NJD>
+__device__ __forceinline__ void fa_pv(float (&o)[NJD][4], const unsigned (&pa)[FA_KT / 16][4], const float (&corr)[2],
+		const unsigned short* sV, int jd0, int lane) {
+	static_assert(NJD % 2 == 0, "d tiles go in pairs (one ldmatrix.x4)");
 #pragma unroll
-	for (int jd = 0; jd < D / 8; jd++) {
+	for (int jd = 0; jd < NJD; jd++) {
 		o[jd][0] = __fmul_rn(o[jd][0], corr[0]);
 		o[jd][1] = __fmul_rn(o[jd][1], corr[0]);
 		o[jd][2] = __fmul_rn(o[jd][2], corr[1]);
 		o[jd][3] = __fmul_rn(o[jd][3], corr[1]);
 	}
-	// O += P·V: for each d n8 tile, the tile's k16 steps in ascending order.
 #pragma unroll
 	for (int kk = 0; kk < FA_KT / 16; kk++) {
 #pragma unroll
-		for (int jd = 0; jd < D / 8; jd += 2) {
+		for (int jd = 0; jd < NJD; jd += 2) {
 			unsigned vb[4];
-			ldsm_x4_trans(vb, sV + fa_swz<D>(16 * kk + lane % 8 + ((lane / 8) % 2) * 8, jd + lane / 16));
+			ldsm_x4_trans(vb, sV + fa_swz<D>(16 * kk + lane % 8 + ((lane / 8) % 2) * 8, jd0 + jd + lane / 16));
 			mma_bf16(o[jd], pa[kk], vb[0], vb[1]);
 			mma_bf16(o[jd + 1], pa[kk], vb[2], vb[3]);
 		}
 	}
+}
+
+// fa_tile advances one warp's softmax states (m, l in log2 units, o
+// unnormalized) over the tile at positions tb ... tb + FA_KT - 1 held in
+// sK, sV: its scores, the softmax, P·V, all of them in the warp.
+template <int D>
+__device__ __forceinline__ void fa_tile(const unsigned short* sK, const unsigned short* sV, long long tb,
+		const unsigned (&qa)[D / 16][4], float (&o)[D / 8][4], float (&m)[2], float (&l)[2], const faRows& rw,
+		float qs, int lane) {
+	float s[FA_KT / 8][4], corr[2];
+	unsigned pa[FA_KT / 16][4];
+	fa_scores<D, FA_KT / 8>(s, sK, tb, 0, qa, rw, qs, lane);
+	fa_softmax(s, m, l, pa, corr);
+	fa_pv<D, D / 8>(o, pa, corr, sV, 0, lane);
 }
 
 // fa_merge_factors: the factors of folding a partition's state (m, l)
@@ -331,24 +359,39 @@ __device__ void fa_prefill(const long long* desc, const int* work, const float* 
 	}
 }
 
-// fa_split: grid (partitions, kv heads, work items), one warp; work item i
-// is segment work[i], of at most 16 flattened rows (decode). The block
-// computes partition blockIdx.x's state of every row that sees it into
-// part (items × kvHeads × parts × 16 × D) and ml (the same × 2: m, l).
+// fa_split: grid (partitions, kv heads, work items), FA_SW warps; work
+// item i is segment work[i], of at most 16 flattened rows (decode). The
+// block computes partition blockIdx.x's state of every row that sees it
+// into part (items × kvHeads × parts × 16 × D) and ml (the same × 2: m, l).
 // When part is 0 the call has one partition (every row's context lies in
 // the first FA_PART positions), so each row's fold is that partition's
 // state alone and the block writes kvx_fa_merge's output itself: out =
 // acc / l, the merge's one division of the same two values (and ob, its
 // bf16 copy, when not 0), and the merge's launch is skipped.
-// Dynamic shared memory as fa_prefill's.
+//
+// The warps share the 16 rows' work on each tile without changing a value
+// of fa_tile's: all of them copy the tile, warp w computes the scores of
+// key n8 tiles w·NJ ... (fa_scores), the scores meet in shared memory,
+// every warp runs the softmax on the whole tile (the same values in the
+// same order, so every warp holds the same P, m and l), and warp w adds
+// P·V to its D / FA_SW output columns (fa_pv). So the rows' bits are the
+// prefill kernel's (TestFastGQAInvariant).
+// Dynamic shared memory: fa_prefill's, then 16 rows of FA_KT scores
+// (FA_SS floats apart).
+#define FA_SW 4
+#define FA_SS (FA_KT + 8)
 template <int D>
 __device__ void fa_split(const long long* desc, const int* work, const float* q, float* part, float* ml, float* out,
 		unsigned short* ob, faPool v, int heads, int kvHeads, int window, float qs) {
+	constexpr int NJ = FA_KT / 8 / FA_SW, NJD = D / 8 / FA_SW;
+	static_assert(NJ * FA_SW == FA_KT / 8 && NJD * FA_SW == D / 8, "warps must share key and d tiles evenly");
 	extern __shared__ __align__(16) unsigned char fa_smem[];
 	unsigned short* sK = (unsigned short*)fa_smem;
 	unsigned short* sV = sK + 2 * FA_KT * D;
+	float* sS = (float*)(sV + 2 * FA_KT * D);
 	const long long j = blockIdx.x;
-	const int kvh = blockIdx.y, item = blockIdx.z, lane = threadIdx.x;
+	const int kvh = blockIdx.y, item = blockIdx.z, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+	const int g = lane / 4, t = lane % 4;
 	const long long* sd = desc + 4 * (long long)work[item];
 	const int* tab = (const int*)sd[0];
 	const long long pos = sd[1], row0 = sd[3];
@@ -360,33 +403,53 @@ __device__ void fa_split(const long long* desc, const int* work, const float* q,
 	const faRows rw = fa_rows(0, R, G, pos, window, lane);
 	unsigned qa[D / 16][4];
 	fa_queries<D>(qa, q, row0, 0, R, G, kvh, heads, lane);
-	float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+	float o[NJD][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
-	for (int jd = 0; jd < D / 8; jd++) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = 0.f;
+	for (int jd = 0; jd < NJD; jd++) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = 0.f;
 
-	fa_load<D, 32>(sK, sV, v, tab, t0 * FA_KT, kfirst, klast, kvh, kvHeads, lane);
+	fa_load<D, 32 * FA_SW>(sK, sV, v, tab, t0 * FA_KT, kfirst, klast, kvh, kvHeads, tid);
 	cp_async_commit();
 	for (long long tile = t0; tile <= t1; tile++) {
 		const int st = (int)((tile - t0) & 1);
 		if (tile < t1)
-			fa_load<D, 32>(sK + (st ^ 1) * FA_KT * D, sV + (st ^ 1) * FA_KT * D, v, tab, (tile + 1) * FA_KT, kfirst, klast, kvh,
-				kvHeads, lane);
+			fa_load<D, 32 * FA_SW>(sK + (st ^ 1) * FA_KT * D, sV + (st ^ 1) * FA_KT * D, v, tab, (tile + 1) * FA_KT, kfirst,
+				klast, kvh, kvHeads, tid);
 		cp_async_commit();
 		cp_async_wait<1>();
-		__syncwarp();
-		fa_tile<D>(sK + st * FA_KT * D, sV + st * FA_KT * D, tile * FA_KT, qa, o, m, l, rw, qs, lane);
-		__syncwarp();
+		__syncthreads();
+		{
+			float sw[NJ][4];
+			fa_scores<D, NJ>(sw, sK + st * FA_KT * D, tile * FA_KT, warp * NJ, qa, rw, qs, lane);
+#pragma unroll
+			for (int jj = 0; jj < NJ; jj++) {
+				const int c = 8 * (warp * NJ + jj) + 2 * t;
+				*(float2*)(sS + g * FA_SS + c) = make_float2(sw[jj][0], sw[jj][1]);
+				*(float2*)(sS + (g + 8) * FA_SS + c) = make_float2(sw[jj][2], sw[jj][3]);
+			}
+		}
+		__syncthreads();
+		float s[FA_KT / 8][4], corr[2];
+#pragma unroll
+		for (int jj = 0; jj < FA_KT / 8; jj++) {
+			const float2 a = *(const float2*)(sS + g * FA_SS + 8 * jj + 2 * t);
+			const float2 b = *(const float2*)(sS + (g + 8) * FA_SS + 8 * jj + 2 * t);
+			s[jj][0] = a.x, s[jj][1] = a.y, s[jj][2] = b.x, s[jj][3] = b.y;
+		}
+		unsigned pa[FA_KT / 16][4];
+		fa_softmax(s, m, l, pa, corr);
+		fa_pv<D, NJD>(o, pa, corr, sV + st * FA_KT * D, warp * NJD, lane);
+		__syncthreads(); // every warp is done with stage st and the scores before they are written again
 	}
 	const long long parts = gridDim.x, base = ((long long)item * kvHeads + kvh) * parts + j;
-	const int t = lane % 4;
+	const int c0 = 8 * NJD * warp; // the warp's first output column
 #pragma unroll
 	for (int h = 0; h < 2; h++) {
-		const int r = lane / 4 + 8 * h;
+		const int r = g + 8 * h;
 		if (rw.p[h] < 0 || j < rw.lo[h] / FA_PART || j > rw.p[h] / FA_PART) continue;
 		if (!part) {
-			const long long oa = (row0 + r / G) * (long long)heads * D + (long long)(kvh * G + r % G) * D;
+			const long long oa = (row0 + r / G) * (long long)heads * D + (long long)(kvh * G + r % G) * D + c0;
 #pragma unroll
-			for (int jd = 0; jd < D / 8; jd++) {
+			for (int jd = 0; jd < NJD; jd++) {
 				const long long i = oa + 8 * jd + 2 * t;
 				const float y0 = __fdiv_rn(o[jd][2 * h], l[h]), y1 = __fdiv_rn(o[jd][2 * h + 1], l[h]);
 				*(float2*)(out + i) = make_float2(y0, y1);
@@ -397,10 +460,10 @@ __device__ void fa_split(const long long* desc, const int* work, const float* q,
 			}
 			continue;
 		}
-		float* pr = part + (base * 16 + r) * D;
+		float* pr = part + (base * 16 + r) * D + c0;
 #pragma unroll
-		for (int jd = 0; jd < D / 8; jd++) *(float2*)(pr + 8 * jd + 2 * t) = make_float2(o[jd][2 * h], o[jd][2 * h + 1]);
-		if (t == 0) {
+		for (int jd = 0; jd < NJD; jd++) *(float2*)(pr + 8 * jd + 2 * t) = make_float2(o[jd][2 * h], o[jd][2 * h + 1]);
+		if (warp == 0 && t == 0) {
 			ml[(base * 16 + r) * 2] = m[h];
 			ml[(base * 16 + r) * 2 + 1] = l[h];
 		}
@@ -410,7 +473,7 @@ __device__ void fa_split(const long long* desc, const int* work, const float* q,
 #define FA_ENTRIES(D)                                                                                                   \
 	FA_PREFILL(D, 4)                                                                                                    \
 	FA_PREFILL(D, 8)                                                                                                    \
-	extern "C" __global__ void __launch_bounds__(32) kvx_fa_split_d##D(const long long* desc, const int* work,         \
+	extern "C" __global__ void __launch_bounds__(32 * FA_SW) kvx_fa_split_d##D(const long long* desc, const int* work,         \
 		const float* q, float* part, float* ml, float* out, unsigned short* ob, const char* base, long long blockBytes,  \
 		long long offset, long long stride, int tpb, int heads, int kvHeads, int window, float qs) {                    \
 		pdl_wait();                                                                                                      \
@@ -427,12 +490,15 @@ __device__ void fa_split(const long long* desc, const int* work, const float* q,
 FA_ENTRIES(64)
 FA_ENTRIES(128)
 
-// kvx_fa_merge: grid (work items, kv heads), 128 threads; folds every
+// kvx_fa_merge: grid (work items, kv heads), any threads; folds every
 // row's partition states (kvx_fa_split_d*'s part and ml, parts a row) in
 // ascending order, as fa_prefill does, and writes out; when ob is not 0,
 // also out rounded to bf16 (to_bf16, kvx_to_bf16's rounding) at the same
 // index: the next matmul's input, whose padded row is out's row when
-// heads·D is a multiple of its pad (the host checks).
+// heads·D is a multiple of its pad (the host checks). A thread loads
+// FA_MU partitions' states before it folds them, so that many loads are in
+// flight at once; the folds keep their order.
+#define FA_MU 8
 extern "C" __global__ void kvx_fa_merge(const long long* desc, const int* work, const float* part, const float* ml,
 		float* out, unsigned short* ob, int parts, int heads, int kvHeads, int D, int window) {
 	pdl_wait();
@@ -447,13 +513,23 @@ extern "C" __global__ void kvx_fa_merge(const long long* desc, const int* work, 
 		const long long jlo = fa_lo(p, window) / FA_PART, jhi = p / FA_PART;
 		const long long at = (base + jlo) * 16 + r;
 		float F = part[at * D + d], M = ml[at * 2], L = ml[at * 2 + 1];
-		for (long long j = jlo + 1; j <= jhi; j++) {
-			const long long aj = (base + j) * 16 + r;
-			float a, b, Mn;
-			fa_merge_factors(M, ml[aj * 2], &a, &b, &Mn);
-			F = fa_fold(F, a, part[aj * D + d], b);
-			L = fa_fold(L, a, ml[aj * 2 + 1], b);
-			M = Mn;
+		for (long long j = jlo + 1; j <= jhi; j += FA_MU) {
+			float pm[FA_MU], pl[FA_MU], px[FA_MU];
+#pragma unroll
+			for (int u = 0; u < FA_MU; u++) {
+				if (j + u > jhi) break;
+				const long long aj = (base + j + u) * 16 + r;
+				pm[u] = ml[aj * 2], pl[u] = ml[aj * 2 + 1], px[u] = part[aj * D + d];
+			}
+#pragma unroll
+			for (int u = 0; u < FA_MU; u++) {
+				if (j + u > jhi) break;
+				float a, b, Mn;
+				fa_merge_factors(M, pm[u], &a, &b, &Mn);
+				F = fa_fold(F, a, px[u], b);
+				L = fa_fold(L, a, pl[u], b);
+				M = Mn;
+			}
 		}
 		const long long o = (row0 + r / G) * (long long)heads * D + (long long)(kvh * G + r % G) * D + d;
 		const float y = __fdiv_rn(F, L);
