@@ -512,7 +512,7 @@ func (t *Tree) matchPartial(parent *Node, salt string, tokens []int32) (*Node, i
 }
 
 // Extend continues a sequence's path below parent (pinned by the caller) with
-// the block tokens (copied, when a new node holds them) whose KV sits in pages (one block per pool group, each
+// a copy of the block tokens (which a new node keeps) whose KV sits in pages (one block per pool group, each
 // referenced by the sequence). It returns the node now pinned for the path:
 //
 //   - a new node, which adopts pages (adopted true);
