@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
@@ -197,16 +200,19 @@ type Seq struct {
 	host      [][]kvcache.BlockID
 	suspended bool
 
-	// The prompt's full blocks, kept when block reuse is on (PromptBlock):
-	// the first split blocks, those reused at Reserve, in head and the
-	// others in tail, each a copy of the caller's (kvcache: slices passed
+	// The prompt's full blocks, kept when block reuse is on (PromptBlock).
+	// The first split blocks, those reused at Reserve, are the tokens of
+	// their path nodes (path[i] was matched against prompt block i), so
+	// they are not copied: headSum keeps only each one's checksum, taken
+	// from the caller's prompt, for the deep check (S10, holdsPromptBlock).
+	// The others are in tail, a copy of the caller's (kvcache: slices passed
 	// in are not retained) made once per request and never written after.
 	// The tree nodes that s's Commits create hold their blocks' tokens as
 	// slices of tail (register, Tree.extend), so a block is stored once, not
-	// copied into every node; the reused blocks are apart so that those
-	// nodes do not keep them alive. A fork shares both.
-	head, tail  []int32
-	split, nblk int     // blocks in head; blocks in all
+	// copied into every node. A fork shares both.
+	headSum     []blockSum
+	tail        []int32
+	split, nblk int     // reused blocks (in headSum); blocks in all
 	plen        int     // the prompt's length, when its blocks are kept
 	salt        string  // the cache salt its blocks are stored under, with them
 	path        []*Node // pinned: path[i] holds prompt block i, and table block i is its page
@@ -266,23 +272,40 @@ func (s *Seq) PromptBlocks() int { return s.nblk }
 func (s *Seq) PromptLen() int    { return s.plen }
 
 // PromptBlock is the tokens of prompt block i, 0 <= i < PromptBlocks; the
-// slice belongs to s, must not be modified, and its capacity ends with the
-// block.
+// slice belongs to s (a reused block's to its path node), must not be
+// modified, and its capacity ends with the block.
 func (s *Seq) PromptBlock(i, tpb int) []int32 {
 	if i < s.split {
-		return s.head[i*tpb : (i+1)*tpb : (i+1)*tpb]
+		return s.path[i].tokens
 	}
 	j := i - s.split
 	return s.tail[j*tpb : (j+1)*tpb : (j+1)*tpb]
 }
 
-// keepPrompt keeps a copy of p's full blocks, the first split of them
-// (reused) apart (Seq.head).
+// keepPrompt keeps p's full blocks: the first split of them, which s's
+// path holds (reused), as checksums (Seq.headSum), the others as a copy.
 func (s *Seq) keepPrompt(p []int32, split, tpb int) {
 	s.nblk = len(p) / tpb
 	s.split = min(split, s.nblk)
-	s.head = cloneTokens(p[:s.split*tpb])
+	s.headSum = make([]blockSum, s.split)
+	for i := range s.headSum {
+		s.headSum[i] = sumTokens(p[i*tpb : (i+1)*tpb])
+	}
 	s.tail = cloneTokens(p[s.split*tpb : s.nblk*tpb])
+}
+
+// blockSum is a 128-bit checksum of a block's tokens: what a sequence keeps
+// of a prompt block its path holds, for the deep check to compare the
+// node's tokens with (two different blocks share one with probability
+// 2^-128).
+type blockSum = xxh3.Uint128
+
+// sumTokens is the checksum of a block's tokens.
+func sumTokens(tokens []int32) blockSum {
+	if len(tokens) == 0 {
+		return xxh3.Hash128(nil)
+	}
+	return xxh3.Hash128(unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens)))
 }
 
 // cloneTokens is a copy of p in an array of its own, capped at len(p) (nil

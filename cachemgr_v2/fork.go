@@ -82,7 +82,7 @@ func (c *Core) fork(it kvcache.ForkItem, g *kvcache.Grant) string {
 		c.tree.Pin(n)
 	}
 	s.path = append(s.path, p.path...)
-	s.head, s.tail, s.split, s.nblk = p.head, p.tail, p.split, p.nblk // never written: shared
+	s.headSum, s.tail, s.split, s.nblk = p.headSum, p.tail, p.split, p.nblk // never written: shared
 	s.plen, s.salt, s.regStop = p.plen, p.salt, p.regStop
 	s.prio, s.until = p.prio, p.until
 	s.led = Ledger{History: h, Capacity: h}

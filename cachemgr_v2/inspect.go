@@ -330,17 +330,21 @@ func (s *Seq) sizeMarks() {
 }
 
 // holdsPromptBlock reports whether path node i holds prompt block i (S10;
-// s.chkPath sized by sizeMarks). A node's tokens are set once per
-// generation (newNode), and a sequence's prompt never changes, so a (node,
-// generation) already found holding prompt block i, by a full or an
-// incremental check, needs no second comparison.
+// s.chkPath sized by sizeMarks): its tokens are the block's copy, or, for
+// a reused block (i < split, whose tokens s takes from the node), their
+// checksum is the one taken from the caller's prompt (Seq.headSum). A
+// node's tokens are set once per generation (newNode), and a sequence's
+// prompt never changes, so a (node, generation) already found holding
+// prompt block i, by a full or an incremental check, needs no second
+// comparison.
 func (s *Seq) holdsPromptBlock(i, tpb int) bool {
 	n := s.path[i]
 	mark := pathMark{n.ref, n.gen}
 	if s.chkPath[i] == mark {
 		return true
 	}
-	if sameTokens(n.tokens, s.PromptBlock(i, tpb)) {
+	if i < s.split && len(n.tokens) == tpb && sumTokens(n.tokens) == s.headSum[i] ||
+		i >= s.split && sameTokens(n.tokens, s.PromptBlock(i, tpb)) {
 		s.chkPath[i] = mark
 		return true
 	}

@@ -419,3 +419,36 @@ func TestSelfCheckFindsCorruption(t *testing.T) {
 		}
 	}
 }
+
+// TestSelfCheckFindsReusedBlockTokens: a sequence keeps only a checksum of
+// the prompt blocks it reuses (Seq.headSum); the deep check still finds a
+// reused path node whose tokens are not the prompt's (S10).
+func TestSelfCheckFindsReusedBlockTokens(t *testing.T) {
+	m, _ := configure(t, smallCfg(16, 0))
+	m.SetFullCheckEvery(1)
+	p := tokens(13, 1)
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 13, New: true, Prompt: p})
+	mustCommit(t, m, 1, 13)
+	deep := func() []string {
+		snap, err := m.Inspect(ctx, kvcache.InspectOptions{Tables: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return snap.Violations
+	}
+	if v := deep(); len(v) != 0 {
+		t.Fatalf("violations before reuse: %v", v)
+	}
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 2, Tokens: 1, New: true, Prompt: p, Reuse: 12})
+	s := m.seqs[2]
+	if got := s.PromptBlock(1, m.tpb); !slices.Equal(got, p[4:8]) {
+		t.Fatalf("PromptBlock(1) = %v, want %v", got, p[4:8])
+	}
+	n := s.path[1]
+	n.tokens = slices.Clone(n.tokens)
+	n.tokens[2]++
+	want := "seq 2: path node 1 holds other tokens than prompt block 1"
+	if v := deep(); !slices.ContainsFunc(v, func(s string) bool { return strings.Contains(s, want) }) {
+		t.Errorf("violations %v, want %q", v, want)
+	}
+}
