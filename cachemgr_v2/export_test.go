@@ -1,6 +1,7 @@
 package cachemgrv2
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
@@ -109,4 +110,53 @@ func TestWalkDepth(t *testing.T) {
 	if len(seen) != tr.Nodes() || seen[n] != deep+2 {
 		t.Fatalf("walked %d nodes (deepest at %d), want %d (deepest at %d)", len(seen), seen[n], tr.Nodes(), deep+2)
 	}
+}
+
+// TestAttachedDepth: AttachedDepth answers Depth and Attached for every
+// node, whatever order they are asked in, a node cut from its parent and
+// the nodes below it are detached, and a later call forgets the memo.
+func TestAttachedDepth(t *testing.T) {
+	const tpb, deep = 2, 3000
+	pool := NewBlockPool(0, kvcache.TierDevice, deep+16)
+	tr := NewTree(tpb, []*BlockPool{pool})
+	extend := func(parent *Node, k int32) *Node {
+		n, adopted := tr.Extend(parent, []int32{k, k}, pool.Take(nil, 1))
+		if !adopted {
+			t.Fatalf("Extend(%d) did not adopt", k)
+		}
+		return n
+	}
+	a := extend(tr.Root(), 1)
+	b := extend(tr.Root(), 2)
+	a1, a2 := extend(a, 3), extend(a, 4)
+	a11 := extend(a1, 5)
+	b1 := extend(b, 6)
+	nodes := []*Node{a, b, a1, a2, a11, b1}
+	n := a2
+	for k := range int32(deep) {
+		n = extend(n, 100+k)
+		nodes = append(nodes, n)
+	}
+	check := func(order []*Node) {
+		t.Helper()
+		tr.AttachedDepth(func(depth func(*Node) (int, bool)) {
+			for _, n := range order {
+				d, ok := depth(n)
+				if ok != tr.Attached(n) || ok && d != tr.Depth(n) {
+					t.Fatalf("depth(node at %d) = %d, %v; want %d, %v", tr.Depth(n), d, ok, tr.Depth(n), tr.Attached(n))
+				}
+			}
+		})
+	}
+	check(nodes)
+	back := slices.Clone(nodes)
+	slices.Reverse(back)
+	check(back) // the deepest first: its pass memoises the path
+	check([]*Node{n, a11, b1, a2, nodes[deep/2]})
+	a.children.del(a1) // a1 and a11 are detached now, the rest still attached
+	if tr.Attached(a1) || tr.Attached(a11) || !tr.Attached(a2) {
+		t.Fatal("cutting a1 from a did not detach a1 and a11 only")
+	}
+	check(nodes)
+	check([]*Node{a11, a1, n})
 }

@@ -201,6 +201,11 @@ type Tree struct {
 	undo undoHook
 	ret  retention
 	slab nodeSlab
+	// depths is AttachedDepth's memo, by node ref: the call's epoch in the
+	// high half, depth+1 (0: detached) in the low; depthUp its scratch stack.
+	depths     []uint64
+	depthEpoch uint32
+	depthUp    []*Node
 }
 
 // nodeSlab hands out new nodes and their arrays (pages, host pages and the

@@ -2,8 +2,11 @@ package mamba
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 
+	cachemgrv2 "github.com/kvx-dev/kvx/cachemgr_v2"
 	"github.com/kvx-dev/kvx/plugins/v1/kvcache"
 )
 
@@ -157,5 +160,30 @@ func TestCheckFindsHostSnapshotCorruption(t *testing.T) {
 				t.Fatal("check found nothing")
 			}
 		})
+	}
+}
+
+// TestCheckFindsDetachedSnapshotNode: a snapshot whose node was evicted and
+// pruned behind the manager's back is on a node that is not attached to
+// the tree (the check's AttachedDepth), and the check says so.
+func TestCheckFindsDetachedSnapshotNode(t *testing.T) {
+	const tpb = 16
+	m, _ := configured(t, testConfig(tpb, 256, 4+16))
+	prefill(t, m, 1, tokens(10*tpb+3, 1), 4*tpb)
+	release(t, m, 1)
+	mustClean(t, m, "before")
+	var n *cachemgrv2.Node
+	for n = m.Tree().EvictLeaf(); n != nil && m.life.snaps[n] == nil; n = m.Tree().EvictLeaf() {
+	}
+	if n == nil {
+		t.Fatal("no snapshot node to evict")
+	}
+	m.Tree().Prune()
+	if m.Tree().Attached(n) {
+		t.Fatal("Prune left the evicted snapshot node attached")
+	}
+	want := "not attached to the tree"
+	if v := m.check(); !slices.ContainsFunc(v, func(s string) bool { return strings.Contains(s, want) }) {
+		t.Errorf("check() = %q, want a violation %q", v, want)
 	}
 }

@@ -225,21 +225,17 @@ func (m *Manager) check() []string {
 			bad("snapshots at depth %d: %d indexed, %d recounted", d, l.atDepth[d], n)
 		}
 	}
-	// Depth of every attached node that holds a snapshot (the nodes
-	// checkSnap asks about), from one walk of the tree; the index spares
-	// the maps at the depths that hold none.
-	depth := make(map[*cachemgrv2.Node]int, len(l.snaps)+len(l.hsnaps))
-	l.tree.WalkDepth(func(n *cachemgrv2.Node, d int) {
-		if l.anyAt(d) && (l.snaps[n] != nil || l.hsnaps[n] != nil) {
-			depth[n] = d
-		}
-	})
+	// The depth of each node that holds a snapshot, and whether it is
+	// attached, from passes up through its parents that visit each node
+	// once per check (Tree.AttachedDepth): a walk of the whole tree cost
+	// most of this check on seed-b.yaml, whose snapshots lie on few paths.
+	var depth func(n *cachemgrv2.Node) (int, bool)
 	checkSnap := func(n *cachemgrv2.Node, sn *snapshot, host bool, pool *slots) {
 		tier := "ssm"
 		if host {
 			tier = "host-ssm"
 		}
-		d, ok := depth[n]
+		d, ok := depth(n)
 		switch {
 		case sn.node != n || sn.host != host:
 			bad("%s snapshot at %d keyed by another node or tier (host %v)", tier, sn.pos, sn.host)
@@ -288,16 +284,19 @@ func (m *Manager) check() []string {
 			}
 		}
 	}
-	for n, sn := range l.snaps {
-		checkSnap(n, sn, false, l.ssm)
-		if l.hsnaps[n] != nil {
-			bad("snapshot at %d held on both tiers", sn.pos)
+	l.tree.AttachedDepth(func(f func(n *cachemgrv2.Node) (int, bool)) {
+		depth = f
+		for n, sn := range l.snaps {
+			checkSnap(n, sn, false, l.ssm)
+			if l.hsnaps[n] != nil {
+				bad("snapshot at %d held on both tiers", sn.pos)
+			}
 		}
-	}
-	if l.host != nil {
-		for n, sn := range l.hsnaps {
-			checkSnap(n, sn, true, l.host)
+		if l.host != nil {
+			for n, sn := range l.hsnaps {
+				checkSnap(n, sn, true, l.host)
+			}
 		}
-	}
+	})
 	return v
 }
