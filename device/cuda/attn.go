@@ -111,9 +111,14 @@ func (o *ops) GQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.
 // RoPEGQAer): q is rotated in place and the rotated k is written into the
 // pool with v by one kernel (kvx_rope_write, the roundings of the three
 // launches it replaces); k itself is left as it was.
+// When q, k and v are the three outputs of one pending split matmul (the
+// fast decode's q/k/v projection), the kernel reads them from the parts
+// (kvx_rope_write_fold) and no fold is launched: q is written, k and v stay
+// pending for any later reader.
 func (o *ops) RoPEGQA(_ context.Context, layer int, segs []synth.Seg, q, k, v synth.Tensor, stride int, r synth.RoPE) (synth.Tensor, error) {
 	dropBF16(q)
-	qt, kt := cudaTensor(q), cudaTensor(k)
+	f := qkvFold(q, k, v)
+	qt, kt := unfolded(q), unfolded(k)
 	rq, rk := ropeCheck("RoPEGQA q", qt, segs, stride, r), ropeCheck("RoPEGQA k", kt, segs, stride, r)
 	if !rq || !rk {
 		// Nothing to rotate in one of them (no columns): the ops one
@@ -122,16 +127,29 @@ func (o *ops) RoPEGQA(_ context.Context, layer int, segs []synth.Seg, q, k, v sy
 		o.RoPE(k, segs, stride, r)
 		return o.gqa(layer, segs, q, k, v, nil)
 	}
-	return o.gqa(layer, segs, q, k, v, &gqaRoPE{stride: stride, r: r})
+	return o.gqa(layer, segs, q, k, v, &gqaRoPE{stride: stride, r: r, fold: f})
+}
+
+// qkvFold is the pending fold whose outputs are q, k and v, each of them
+// still pending, or nil.
+func qkvFold(q, k, v synth.Tensor) *pendingFold {
+	qt, kt, vt := unfolded(q), unfolded(k), unfolded(v)
+	f := qt.fold
+	if f == nil || kt.fold != f || vt.fold != f || len(f.outs) != 3 || f.n != qt.r || qt == kt || kt == vt || qt == vt {
+		return nil
+	}
+	return f
 }
 
 // ropeThreads are the threads of a kvx_rope_write block.
 const ropeThreads = 256
 
-// gqaRoPE is the rotation RoPEGQA folds into GQA's cache write.
+// gqaRoPE is the rotation RoPEGQA folds into GQA's cache write, and the
+// pending matmul q, k and v are read from when fold is not nil.
 type gqaRoPE struct {
 	stride int
 	r      synth.RoPE
+	fold   *pendingFold
 }
 
 // gqa is GQA, with q and k rotated by rope first when it is not nil.
@@ -141,7 +159,12 @@ func (o *ops) gqa(layer int, segs []synth.Seg, q, k, v synth.Tensor, rope *gqaRo
 		return nil, err
 	}
 	g := x.GQA
-	qt, kt, vt := cudaTensor(q), cudaTensor(k), cudaTensor(v)
+	var qt, kt, vt *tensor
+	if rope != nil && rope.fold != nil {
+		qt, kt, vt = unfolded(q), unfolded(k), unfolded(v)
+	} else {
+		qt, kt, vt = cudaTensor(q), cudaTensor(k), cudaTensor(v)
+	}
 	n, kw := qt.r, g.KVHeads*g.HeadDim
 	shape("gqa q", qt, n, g.Heads*g.HeadDim)
 	shape("gqa k", kt, n, kw)
@@ -186,9 +209,19 @@ func (o *ops) gqa(layer int, segs []synth.Seg, q, k, v synth.Tensor, rope *gqaRo
 		}
 		// One unit (a q pair, or a k or v value) a thread, over blocks of
 		// ropeThreads: a decode row spreads over many SMs.
-		units := blocks(qt.c, rope.stride)*(rope.r.Dim/2) + 2*kw
-		o.run("kvx_rope_write", dim{n, min(blocks(units, ropeThreads), 1<<16-1), 1}, dim{ropeThreads, 1, 1}, 0,
-			append([]any{desc, rs, qt.p, qt.c, kt.p, vt.p, kw, cs, sn, rope.stride, rope.r.Dim, il}, append(pv.attnArgs(), dt)...)...)
+		if f := rope.fold; f != nil {
+			// One unit a q, k or v value: q's values past the rotary
+			// dims are written too (the fold's).
+			units := qt.c + 2*kw
+			o.run("kvx_rope_write_fold", dim{n, min(blocks(units, ropeThreads), 1<<16-1), 1}, dim{ropeThreads, 1, 1}, 0,
+				append([]any{desc, rs, qt.p, qt.c, f.p, f.parts, f.m, f.col(qt), f.col(kt), f.col(vt), kw, cs, sn, rope.stride, rope.r.Dim, il},
+					append(pv.attnArgs(), dt)...)...)
+			f.drop(qt)
+		} else {
+			units := blocks(qt.c, rope.stride)*(rope.r.Dim/2) + 2*kw
+			o.run("kvx_rope_write", dim{n, min(blocks(units, ropeThreads), 1<<16-1), 1}, dim{ropeThreads, 1, 1}, 0,
+				append([]any{desc, rs, qt.p, qt.c, kt.p, vt.p, kw, cs, sn, rope.stride, rope.r.Dim, il}, append(pv.attnArgs(), dt)...)...)
+		}
 	} else {
 		o.run("kvx_attn_write", dim{n, 1, 1}, dim{attThreads, 1, 1}, 0,
 			append([]any{desc, rs, kt.p, kw, vt.p, kw}, append(pv.attnArgs(), dt)...)...)

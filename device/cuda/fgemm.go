@@ -440,7 +440,7 @@ func (o *ops) fold(p cu.DevicePtr, parts, n int, outs []gemmOut) {
 // run launches the fold into every output and marks them folded.
 func (f *pendingFold) run() {
 	for _, g := range f.outs {
-		if g.t != nil {
+		if g.t != nil && g.t.fold == f {
 			g.t.fold = nil
 		}
 	}
@@ -459,6 +459,20 @@ func (f *pendingFold) run() {
 	}
 	g, b := flat(f.n * f.m)
 	o.run("kvx_fgemm_fold", g, b, 0, args...)
+}
+
+// drop takes t out of f's outputs: an op has written t's values from the
+// parts itself (kvx_rope_write_fold's q). A later fold skips its columns
+// (kvx_fgemm_fold writes no output whose C is 0); col still counts them.
+func (f *pendingFold) drop(t *tensor) {
+	for i, g := range f.outs {
+		if g.t == t {
+			f.outs[i].c = 0
+			t.fold = nil
+			return
+		}
+	}
+	panic("cuda: a tensor not among its fold's outputs")
 }
 
 // col is the first of t's columns among the launch's m.

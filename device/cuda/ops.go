@@ -41,7 +41,7 @@ type tensor struct {
 }
 
 // dropBF16 forgets t's bf16 copy: an in-place op is about to change it.
-func dropBF16(t synth.Tensor) { cudaTensor(t).b = 0 }
+func dropBF16(t synth.Tensor) { unfolded(t).b = 0 }
 
 func (t *tensor) Rows() int { return t.r }
 func (t *tensor) Cols() int { return t.c }

@@ -97,7 +97,7 @@ func TestPTXDependentLaunch(t *testing.T) {
 		}
 	}
 	for _, k := range []string{"kvx_frmsnorm", "kvx_fgemm_gemv1c2k4u4", "kvx_fgemm_gemv1c2k8u4", "kvx_fgemm_skinny1c2k4b64s4",
-		"kvx_fgemm_skinny2c4k2b64s4", "kvx_fgemm_split4c4n2b64s4", "kvx_fgemm_fold", "kvx_rope_apply", "kvx_attn_write", "kvx_rope_write",
+		"kvx_fgemm_skinny2c4k2b64s4", "kvx_fgemm_split4c4n2b64s4", "kvx_fgemm_fold", "kvx_rope_apply", "kvx_attn_write", "kvx_rope_write", "kvx_rope_write_fold",
 		"kvx_fa_split_d128", "kvx_fa_merge", "kvx_to_bf16", "kvx_add", "kvx_fswiglu", "kvx_fswiglu_fold", "kvx_frmsnorm_fold", "kvx_frmsnorm_fold8", "kvx_gather_bf16", "kvx_argmax_part",
 		"kvx_argmax_final", "kvx_gather_rows", "kvx_fa_prefill_d128w4", "kvx_fgemm_wide256s3s"} {
 		if !all[k] {

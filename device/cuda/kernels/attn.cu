@@ -195,6 +195,7 @@ __device__ __forceinline__ float dotF(const float* x, const float* y, long long 
 
 #include "gomath.cuh"
 #include "pdl.cuh"
+#include "fold.cuh"
 
 // blockMax returns, on every thread of an ATT block, m of expNormalize
 // from each thread's largest score (-Inf when it had none; NaN never
@@ -238,20 +239,32 @@ extern "C" __global__ void kvx_attn_write(const long long* desc, const int* rowS
 	}
 }
 
-// roped is element j of a row of x after kvx_rope_apply (dense.cu) with
-// the row's tables c, s: the first dim elements of every head (stride
-// apart) rotated in pairs, NeoX (i, i + dim/2) or interleaved (2i, 2i+1),
-// with its roundings; the rest as they are.
-__device__ __forceinline__ float roped(const float* x, int j, int stride, int dim, bool interleaved, const float* c,
-                                       const float* s) {
+// rowMem reads a row's values from memory; rowFold reads them from a
+// pending split matmul's parts (fold.cuh's order: the fold launch's bits),
+// the row's values starting at element base of the parts' n.
+struct rowMem {
+	const float* p;
+	__device__ __forceinline__ float operator()(int i) const { return p[i]; }
+};
+struct rowFold {
+	const float* P;
+	long long parts, n, base;
+	__device__ __forceinline__ float operator()(int i) const { return fold_at(P, parts, n, base + i); }
+};
+
+// roped is element j of a row x after kvx_rope_apply (dense.cu) with the
+// row's tables c, s: the first dim elements of every head (stride apart)
+// rotated in pairs, NeoX (i, i + dim/2) or interleaved (2i, 2i+1), with
+// its roundings; the rest as they are.
+template <class Row>
+__device__ __forceinline__ float roped(Row x, int j, int stride, int dim, bool interleaved, const float* c, const float* s) {
 	const int h = j / stride, e = j - h * stride, half = dim / 2;
 	if (e >= 2 * half) {
-		return x[j];
+		return x(j);
 	}
-	const float* v = x + h * stride;
 	const int i = interleaved ? e / 2 : (e < half ? e : e - half);
 	const bool first = interleaved ? (e % 2 == 0) : e < half;
-	const float x0 = v[interleaved ? 2 * i : i], x1 = v[interleaved ? 2 * i + 1 : i + half];
+	const float x0 = x(h * stride + (interleaved ? 2 * i : i)), x1 = x(h * stride + (interleaved ? 2 * i + 1 : i + half));
 	return first ? __fsub_rn(__fmul_rn(x0, c[i]), __fmul_rn(x1, s[i])) : __fadd_rn(__fmul_rn(x0, s[i]), __fmul_rn(x1, c[i]));
 }
 
@@ -292,7 +305,42 @@ extern "C" __global__ void kvx_rope_write(const long long* desc, const int* rowS
 			x[b] = __fadd_rn(__fmul_rn(x0, s[i]), __fmul_rn(x1, c[i]));
 		} else {
 			const int i = u - pairs;
-			st(dst, i, dt, i < kv ? roped(kr, i, st_, d, il, c, s) : vr[i - kv]);
+			st(dst, i, dt, i < kv ? roped(rowMem{kr}, i, st_, d, il, c, s) : vr[i - kv]);
+		}
+	}
+}
+
+// kvx_rope_write_fold is kvx_rope_write with q, k and v the outputs of one
+// pending split matmul (P: parts × n float32, n = rows × m, the launch's m
+// columns; q, k and v at columns qc, kc and vc of a row), read from the
+// parts in the fold's order: q is written folded and rotated (every value:
+// the columns past the rotary dims as the fold leaves them), the rotated k
+// and v go to the row of its position at dtype dt. The bits of the fold
+// launch and kvx_rope_write, without the fold's launch and its write and
+// read of q, k and v. k and v themselves are not written (they stay
+// pending). Grid (call rows, blocks a row), one value a thread.
+extern "C" __global__ void kvx_rope_write_fold(const long long* desc, const int* rowSeg, float* q, long long qw,
+                                               const float* P, long long parts, long long m, long long qc, long long kc,
+                                               long long vc, long long kw, const float* cs, const float* sn,
+                                               long long stride, long long dim, long long interleaved, char* base,
+                                               long long blockBytes, long long offset, long long rstride, long long tpb,
+                                               long long dt) {
+	pdl_wait();
+	view v = {desc, rowSeg, base, blockBytes, offset, rstride, tpb};
+	const long long row = blockIdx.x, n = (long long)gridDim.x * m;
+	const int st_ = (int)stride, d = (int)dim, kv = (int)kw, w = (int)qw;
+	const bool il = interleaved != 0;
+	const float* c = cs + row * (dim / 2);
+	const float* s = sn + row * (dim / 2);
+	const rowFold qr = {P, parts, n, row * m + qc}, kr = {P, parts, n, row * m + kc}, vr = {P, parts, n, row * m + vc};
+	const long long* sd = segOf(v, row);
+	char* dst = rowAt(v, (const int*)sd[0], sd[1] + row - sd[3]);
+	for (int u = blockIdx.y * blockDim.x + threadIdx.x; u < w + 2 * kv; u += gridDim.y * blockDim.x) {
+		if (u < w) {
+			q[row * qw + u] = roped(qr, u, st_, d, il, c, s);
+		} else {
+			const int i = u - w;
+			st(dst, i, dt, i < kv ? roped(kr, i, st_, d, il, c, s) : vr(i - kv));
 		}
 	}
 }

@@ -20,6 +20,7 @@
 // bit).
 #include "mma.cuh"
 #include "pdl.cuh"
+#include "fold.cuh"
 
 // cp_async16_zfill copies 16 bytes global -> shared when ok, and writes 16
 // zero bytes (reading nothing) when not: rows past M or N.
@@ -411,22 +412,26 @@ SPLIT(2, 8, 2, 64, 3)
 
 // kvx_fgemm_fold: every output of a split call, its parts of P added in
 // part order, into its weight's C. Grid-stride over M × (N0 + N1 + N2).
+// An output whose C is 0 is skipped: its values were taken from the parts
+// already (kvx_rope_write_fold's q).
 extern "C" __global__ void kvx_fgemm_fold(const float* P, long long parts, long long M, float* C0, long long N0, float* C1,
 		long long N1, float* C2, long long N2) {
 	pdl_wait();
 	const long long N = N0 + N1 + N2, n = M * N;
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-		float v = P[i];
-		for (long long p = 1; p < parts; p++) v = __fadd_rn(v, P[p * n + i]);
 		const long long r = i / N;
 		long long c = i - r * N;
+		float* dst;
 		if (c < N0) {
-			C0[r * N0 + c] = v;
+			dst = C0 ? C0 + r * N0 + c : nullptr;
 		} else if ((c -= N0) < N1) {
-			C1[r * N1 + c] = v;
+			dst = C1 ? C1 + r * N1 + c : nullptr;
 		} else {
 			c -= N1;
-			C2[r * N2 + c] = v;
+			dst = C2 ? C2 + r * N2 + c : nullptr;
+		}
+		if (dst) {
+			*dst = fold_at(P, parts, n, i);
 		}
 	}
 }

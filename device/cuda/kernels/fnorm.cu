@@ -23,18 +23,9 @@
 #include "mma.cuh"
 #include "pdl.cuh"
 #include "gomath.cuh" // ll, and exp32 for SiLU
+#include "fold.cuh"
 
 #define FN_THREADS 256
-
-// fold_at is element i of a split matmul's sum: P[i] + P[n + i] + ... in
-// part order, each add rounded, as kvx_fgemm_fold (kernels/fgemm.cu) adds
-// them. The two must stay one order: TestFusedFold compares them bit for
-// bit.
-__device__ __forceinline__ float fold_at(const float* P, ll parts, ll n, ll i) {
-	float v = P[i];
-	for (ll p = 1; p < parts; p++) v = __fadd_rn(v, P[p * n + i]);
-	return v;
-}
 
 // frms_inv is a row's 1/sqrt(sum/cols + eps) from s, the sum of squares
 // of each of the block's first FN_THREADS threads (0 in the others): the
