@@ -61,6 +61,17 @@ func faWarpsFor(most int) int {
 // head dim d: two stages of a tile's K and V.
 func faSmem(d int) int { return 2 * 2 * faKT * d * 2 }
 
+// faPrefillSmem is the prefill kernel's (w warps): faSmem's stages and,
+// above head dim 64, the warps' folded partitions (kernels/fattn.cu's
+// faFold: 32 threads × d/8 × 4 float32 a warp), which would not fit in
+// registers beside the running state.
+func faPrefillSmem(d, w int) int {
+	if d <= 64 {
+		return faSmem(d)
+	}
+	return faSmem(d) + w*32*(d/8)*4*4
+}
+
 // faSplitSmem is the split kernel's: faSmem's stages and a tile's scores
 // of its 16 rows.
 func faSplitSmem(d int) int { return faSmem(d) + faSplitRows*faScoreStride*4 }
@@ -82,7 +93,7 @@ func (o *ops) fastAttend(g kernelspec.GQA, segs []synth.Seg, desc cu.DevicePtr, 
 	qs := float32(float64(scale) * math.Log2E)
 	pool := []any{v.base, v.blockBytes, v.offset, v.stride, v.tokensPerBlock, g.Heads, g.KVHeads, g.Window, qs}
 	if wk.npre > 0 {
-		o.runShared(faPrefillName(d, wk.warps), dim{wk.npre, g.KVHeads, 1}, dim{32 * wk.warps, 1, 1}, faSmem(d),
+		o.runShared(faPrefillName(d, wk.warps), dim{wk.npre, g.KVHeads, 1}, dim{32 * wk.warps, 1, 1}, faPrefillSmem(d, wk.warps),
 			append([]any{desc, wk.pre, q.p, out.p}, pool...)...)
 	}
 	if wk.nsplit > 0 {

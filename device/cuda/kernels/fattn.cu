@@ -268,6 +268,32 @@ __device__ __forceinline__ faRows fa_rows(long long wr0, long long R, int G, lon
 	return rw;
 }
 
+// faFold holds a prefill warp's folded partitions (F: a thread's D / 8 × 4
+// float32, the fold of every partition its rows have finished): in
+// registers, or, where registers run short (D = 128: the running state,
+// the fold and the queries would be 255 registers with spills), in shared
+// memory, each thread's values 32 floats apart (lane-consecutive: no bank
+// conflicts). Only its own thread reads or writes them, at a partition's
+// end, so no barrier is needed. The same values either way.
+template <int D, bool SHARED>
+struct faFold;
+template <int D>
+struct faFold<D, false> {
+	float F[D / 8][4];
+	__device__ __forceinline__ faFold(float*, int, int) {}
+	__device__ __forceinline__ float& at(int jd, int e) { return F[jd][e]; }
+};
+template <int D>
+struct faFold<D, true> {
+	float* p;
+	__device__ __forceinline__ faFold(float* sF, int warp, int lane) : p(sF + warp * (D / 8) * 4 * 32 + lane) {}
+	__device__ __forceinline__ float& at(int jd, int e) { return p[(jd * 4 + e) * 32]; }
+};
+
+// FA_FOLD_SHARED is whether a prefill kernel of head dim D keeps its fold in
+// shared memory (fattn.go's faPrefillSmem counts it).
+#define FA_FOLD_SHARED(D) ((D) > 64)
+
 // The segment descriptors (long long ×4 a segment, as attn.cu's): block
 // table address, tokens before the call, rows, first call row.
 
@@ -275,7 +301,8 @@ __device__ __forceinline__ faRows fa_rows(long long wr0, long long R, int G, lon
 // (segment, first flattened row) at work[2i], work[2i+1]; each block takes
 // 16·W rows of its segment and folds every partition as it goes. W does
 // not change a row's arithmetic: more warps share each K and V tile.
-// Dynamic shared memory: 2 stages × (K, V) × FA_KT × D bf16.
+// Dynamic shared memory: 2 stages × (K, V) × FA_KT × D bf16, then the
+// warps' folds when FA_FOLD_SHARED(D) (W × 32 × D / 2 float32).
 template <int D, int W>
 __device__ void fa_prefill(const long long* desc, const int* work, const float* q, float* out, faPool v, int heads,
 		int kvHeads, int window, float qs) {
@@ -299,9 +326,12 @@ __device__ void fa_prefill(const long long* desc, const int* work, const float* 
 	unsigned qa[D / 16][4];
 	fa_queries<D>(qa, q, row0, wr0, rEnd, G, kvh, heads, lane);
 
-	float o[D / 8][4], F[D / 8][4], m[2], l[2], FM[2], FL[2];
+	faFold<D, FA_FOLD_SHARED(D)> F((float*)(sV + 2 * FA_KT * D), warp, lane);
+	float o[D / 8][4], m[2], l[2], FM[2], FL[2];
 #pragma unroll
-	for (int jd = 0; jd < D / 8; jd++) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = F[jd][0] = F[jd][1] = F[jd][2] = F[jd][3] = 0.f;
+	for (int jd = 0; jd < D / 8; jd++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) o[jd][e] = F.at(jd, e) = 0.f;
 	m[0] = m[1] = FM[0] = FM[1] = -INFINITY;
 	l[0] = l[1] = FL[0] = FL[1] = 0.f;
 
@@ -327,7 +357,7 @@ __device__ void fa_prefill(const long long* desc, const int* work, const float* 
 				if (j == rw.lo[h] / FA_PART) {
 					FM[h] = m[h], FL[h] = l[h];
 #pragma unroll
-					for (int jd = 0; jd < D / 8; jd++) F[jd][2 * h] = o[jd][2 * h], F[jd][2 * h + 1] = o[jd][2 * h + 1];
+					for (int jd = 0; jd < D / 8; jd++) F.at(jd, 2 * h) = o[jd][2 * h], F.at(jd, 2 * h + 1) = o[jd][2 * h + 1];
 				} else {
 					float a, b, Mn;
 					fa_merge_factors(FM[h], m[h], &a, &b, &Mn);
@@ -335,8 +365,8 @@ __device__ void fa_prefill(const long long* desc, const int* work, const float* 
 					FL[h] = fa_fold(FL[h], a, l[h], b);
 #pragma unroll
 					for (int jd = 0; jd < D / 8; jd++) {
-						F[jd][2 * h] = fa_fold(F[jd][2 * h], a, o[jd][2 * h], b);
-						F[jd][2 * h + 1] = fa_fold(F[jd][2 * h + 1], a, o[jd][2 * h + 1], b);
+						F.at(jd, 2 * h) = fa_fold(F.at(jd, 2 * h), a, o[jd][2 * h], b);
+						F.at(jd, 2 * h + 1) = fa_fold(F.at(jd, 2 * h + 1), a, o[jd][2 * h + 1], b);
 					}
 				}
 			}
@@ -355,7 +385,7 @@ __device__ void fa_prefill(const long long* desc, const int* work, const float* 
 		float* orow = out + (row0 + r / G) * (long long)heads * D + (long long)(kvh * G + r % G) * D;
 #pragma unroll
 		for (int jd = 0; jd < D / 8; jd++)
-			*(float2*)(orow + 8 * jd + 2 * t) = make_float2(__fdiv_rn(F[jd][2 * h], FL[h]), __fdiv_rn(F[jd][2 * h + 1], FL[h]));
+			*(float2*)(orow + 8 * jd + 2 * t) = make_float2(__fdiv_rn(F.at(jd, 2 * h), FL[h]), __fdiv_rn(F.at(jd, 2 * h + 1), FL[h]));
 	}
 }
 
