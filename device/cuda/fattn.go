@@ -13,7 +13,9 @@ package cuda
 // partition skips the merge: the split kernel divides by the sum itself).
 
 import (
+	"cmp"
 	"math"
+	"slices"
 
 	"gorgonia.org/cu"
 
@@ -143,6 +145,8 @@ func (o *ops) fastWork(segs []synth.Seg, grp int) faWork {
 	if v, ok := m.work[key]; ok {
 		return faWork{v.pre, v.split, v.npre, v.nsplit, w, v.parts}
 	}
+	type item struct{ seg, r0, keys int }
+	var items []item
 	var pre, split []int32
 	parts := 0
 	for i, sg := range segs {
@@ -151,9 +155,18 @@ func (o *ops) fastWork(segs []synth.Seg, grp int) faWork {
 			parts = max(parts, blocks(sg.Pos+sg.Rows, faPart))
 		} else {
 			for r0 := 0; r0 < r; r0 += 16 * w {
-				pre = append(pre, int32(i), int32(r0))
+				// The keys its last row sees (without a window: the
+				// list serves every layer of the step).
+				items = append(items, item{i, r0, sg.Pos + (min(r, r0+16*w)-1)/grp + 1})
 			}
 		}
+	}
+	// The longest blocks first: a causal prefill's last rows see the most
+	// keys, and in row order they would start last and run alone at the
+	// end. The order changes no row's arithmetic.
+	slices.SortStableFunc(items, func(a, b item) int { return cmp.Compare(b.keys, a.keys) })
+	for _, it := range items {
+		pre = append(pre, int32(it.seg), int32(it.r0))
 	}
 	v := workVal{npre: len(pre) / 2, nsplit: len(split), parts: parts}
 	if len(pre) > 0 {
