@@ -69,20 +69,33 @@ func TestExportsForMamba(t *testing.T) {
 	}
 }
 
-// TestWalkDepth: WalkDepth visits every attached node once, parents before
-// their children, each at its Depth, on a tree with branches and a path
-// deeper than a recursive walk would like.
-func TestWalkDepth(t *testing.T) {
-	const tpb, deep = 2, 5000
-	pool := NewBlockPool(0, kvcache.TierDevice, deep+16)
+// growTree returns an empty tree of tpb-token blocks over a pool of blocks
+// pages, and extend, which adds child (k, k, ...) of parent and fails the
+// test when the tree does not adopt it.
+func growTree(t *testing.T, tpb, blocks int) (*Tree, func(parent *Node, k int32) *Node) {
+	t.Helper()
+	pool := NewBlockPool(0, kvcache.TierDevice, blocks)
 	tr := NewTree(tpb, []*BlockPool{pool})
-	extend := func(parent *Node, k int32) *Node {
-		n, adopted := tr.Extend(parent, []int32{k, k}, pool.Take(nil, 1))
+	return tr, func(parent *Node, k int32) *Node {
+		t.Helper()
+		toks := make([]int32, tpb)
+		for i := range toks {
+			toks[i] = k
+		}
+		n, adopted := tr.Extend(parent, toks, pool.Take(nil, 1))
 		if !adopted {
 			t.Fatalf("Extend(%d) did not adopt", k)
 		}
 		return n
 	}
+}
+
+// TestWalkDepth: WalkDepth visits every attached node once, parents before
+// their children, each at its Depth, on a tree with branches and a path
+// deeper than a recursive walk would like.
+func TestWalkDepth(t *testing.T) {
+	const tpb, deep = 2, 5000
+	tr, extend := growTree(t, tpb, deep+16)
 	a := extend(tr.Root(), 1)
 	b := extend(tr.Root(), 2)
 	a1, a2 := extend(a, 3), extend(a, 4)
@@ -117,15 +130,7 @@ func TestWalkDepth(t *testing.T) {
 // the nodes below it are detached, and a later call forgets the memo.
 func TestAttachedDepth(t *testing.T) {
 	const tpb, deep = 2, 3000
-	pool := NewBlockPool(0, kvcache.TierDevice, deep+16)
-	tr := NewTree(tpb, []*BlockPool{pool})
-	extend := func(parent *Node, k int32) *Node {
-		n, adopted := tr.Extend(parent, []int32{k, k}, pool.Take(nil, 1))
-		if !adopted {
-			t.Fatalf("Extend(%d) did not adopt", k)
-		}
-		return n
-	}
+	tr, extend := growTree(t, tpb, deep+16)
 	a := extend(tr.Root(), 1)
 	b := extend(tr.Root(), 2)
 	a1, a2 := extend(a, 3), extend(a, 4)

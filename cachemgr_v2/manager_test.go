@@ -402,13 +402,7 @@ func TestSelfCheckFindsCorruption(t *testing.T) {
 		m.SetFullCheckEvery(1)
 		mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 13, New: true, Prompt: tokens(13, 1)})
 		mustCommit(t, m, 1, 13)
-		deep := func() []string {
-			snap, err := m.Inspect(ctx, kvcache.InspectOptions{Tables: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return snap.Violations
-		}
+		deep := func() []string { return deepViolations(t, m) }
 		if v := deep(); len(v) != 0 {
 			t.Fatalf("%s: violations before corrupting: %v", tc.name, v)
 		}
@@ -420,6 +414,16 @@ func TestSelfCheckFindsCorruption(t *testing.T) {
 	}
 }
 
+// deepViolations is what a full Inspect of m (tables included) reports.
+func deepViolations(t *testing.T, m *Manager) []string {
+	t.Helper()
+	snap, err := m.Inspect(ctx, kvcache.InspectOptions{Tables: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap.Violations
+}
+
 // TestSelfCheckFindsReusedBlockTokens: a sequence keeps only a checksum of
 // the prompt blocks it reuses (Seq.headSum); the deep check still finds a
 // reused path node whose tokens are not the prompt's (S10).
@@ -429,13 +433,7 @@ func TestSelfCheckFindsReusedBlockTokens(t *testing.T) {
 	p := tokens(13, 1)
 	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 13, New: true, Prompt: p})
 	mustCommit(t, m, 1, 13)
-	deep := func() []string {
-		snap, err := m.Inspect(ctx, kvcache.InspectOptions{Tables: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return snap.Violations
-	}
+	deep := func() []string { return deepViolations(t, m) }
 	if v := deep(); len(v) != 0 {
 		t.Fatalf("violations before reuse: %v", v)
 	}
