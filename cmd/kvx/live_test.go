@@ -21,13 +21,23 @@ import (
 
 // processAlive reports whether pid runs (a zombie does not).
 func processAlive(pid int) bool {
+	st := processState(pid)
+	return st != 0 && st != 'Z'
+}
+
+// processState is the state letter of /proc/pid/stat (R, S, T, Z, ...), or
+// 0 when there is no such process.
+func processState(pid int) byte {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return false
+		return 0
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+	if i < 0 || i+2 >= len(s) {
+		return '?'
+	}
+	return s[i+2]
 }
 
 // pluginOf returns the pid of a running plugin process of binary, waiting
@@ -103,14 +113,25 @@ func TestStoppedPluginIsReplaced(t *testing.T) {
 	for _, binary := range []string{"kvx-cachemgr-v2", "kvx-backend-dsa"} {
 		t.Run(binary, func(t *testing.T) {
 			js := filepath.Join(t.TempDir(), "r.json")
-			cmd, stderr := startKvx(t, "run", "-c", "testdata/small.yaml", "--set", "workload.requests=600", "--no-progress",
+			cmd, stderr := startKvx(t, "run", "-c", "testdata/small.yaml", "--set", "workload.requests=1500", "--no-progress",
 				"--set", "plugin_timeouts.call=2s", "--set", "plugin_timeouts.forward=2s", "--set", "plugin_timeouts.configure=5s", "--json", js)
 			victim := pluginOf(t, binary)
 			pluginOf(t, "kvx-backend-dsa") // the worker starts after the manager
-			time.Sleep(time.Second)        // mid-run: the 600 requests take several seconds
+			time.Sleep(500 * time.Millisecond) // mid-run: the 1500 requests take about 4 s
 			if err := syscall.Kill(victim, syscall.SIGSTOP); err != nil {
 				waitExit(t, cmd, 60*time.Second, stderr)
-				t.Skipf("the run ended before the stop landed: %v", err)
+				t.Fatalf("the stop of pid %d did not land: %v", victim, err)
+			}
+			// A zombie takes the signal too: only a process that reaches
+			// state T (the signal is delivered when it next runs) was
+			// stopped mid-run.
+			st := processState(victim)
+			for wait := time.Now(); st != 'T' && st != 'Z' && st != 0 && time.Since(wait) < time.Second; st = processState(victim) {
+				time.Sleep(time.Millisecond)
+			}
+			if st != 'T' {
+				waitExit(t, cmd, 60*time.Second, stderr)
+				t.Fatalf("pid %d is in state %q after SIGSTOP, not stopped: the run ended (or the plugin exited) first\n%s", victim, st, stderr)
 			}
 			stopped := time.Now()
 			var gone time.Duration
