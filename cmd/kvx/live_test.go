@@ -116,7 +116,7 @@ func TestStoppedPluginIsReplaced(t *testing.T) {
 			cmd, stderr := startKvx(t, "run", "-c", "testdata/small.yaml", "--set", "workload.requests=1500", "--no-progress",
 				"--set", "plugin_timeouts.call=2s", "--set", "plugin_timeouts.forward=2s", "--set", "plugin_timeouts.configure=5s", "--json", js)
 			victim := pluginOf(t, binary)
-			pluginOf(t, "kvx-backend-dsa") // the worker starts after the manager
+			pluginOf(t, "kvx-backend-dsa")     // the worker starts after the manager
 			time.Sleep(500 * time.Millisecond) // mid-run: the 1500 requests take about 4 s
 			if err := syscall.Kill(victim, syscall.SIGSTOP); err != nil {
 				waitExit(t, cmd, 60*time.Second, stderr)
