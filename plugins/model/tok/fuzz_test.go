@@ -157,9 +157,9 @@ func BenchmarkUnigramLongPiece(b *testing.B) {
 }
 
 // TestParseRefusesAmbiguousVocab: found by FuzzParse: a vocab whose two
-// tokens share an id, an empty token, or a post-processor id no token has
-// made Encode return an id that Token (and so Decode) does not know; each
-// is refused, naming it.
+// tokens share an id, an empty token, a Unigram unk_id whose piece is listed
+// again, or a post-processor id no token has made Encode return an id that
+// Token (and so Decode) does not know; each is refused, naming it.
 func TestParseRefusesAmbiguousVocab(t *testing.T) {
 	for _, tc := range []struct{ vocab, want string }{
 		{`{"a": 0, "b": 0}`, `model.vocab: tokens "a" and "b" both have id 0`},
@@ -170,8 +170,14 @@ func TestParseRefusesAmbiguousVocab(t *testing.T) {
 			t.Errorf("vocab %s: %v, want an error containing %q", tc.vocab, err, tc.want)
 		}
 	}
+	// A Unigram unk_id whose piece is listed again later, so that the piece
+	// keeps the later id and unk's id names no token (found the same way).
+	js := `{"model": {"type": "Unigram", "vocab": [["a", -1], ["b", -2], ["a", -3]], "unk_id": 0}}`
+	if _, err := Parse([]byte(js)); err == nil || !strings.Contains(err.Error(), `model.unk_id 0: its piece "a" is listed again at id 2`) {
+		t.Errorf("an unk_id whose piece is listed again: %v", err)
+	}
 	// A post-processor's BOS that no token has (found the same way).
-	js := `{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "post_processor": {"type": "TemplateProcessing",
+	js = `{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "post_processor": {"type": "TemplateProcessing",
 		"single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
 		"special_tokens": {"<s>": {"id": "<s>", "ids": [30], "tokens": ["<s>"]}}}}`
 	if _, err := Parse([]byte(js)); err == nil || !strings.Contains(err.Error(), "special token id 30 is neither in model.vocab nor an added token") {

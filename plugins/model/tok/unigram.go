@@ -38,6 +38,7 @@ func newUnigram(j modelJSON) (*unigram, error) {
 	}
 	m := &unigram{vocab: make(map[string]int32, len(vocab)), scores: make([]float64, len(vocab)), unk: -1, byteFallback: j.ByteFallback}
 	minScore := math.Inf(1)
+	pieces := make([]string, len(vocab))
 	for i, e := range vocab {
 		var piece string
 		if err := json.Unmarshal(e[0], &piece); err != nil {
@@ -46,6 +47,7 @@ func newUnigram(j modelJSON) (*unigram, error) {
 		if err := json.Unmarshal(e[1], &m.scores[i]); err != nil {
 			return nil, fmt.Errorf("model.vocab[%d] (%q): score: %w", i, piece, err)
 		}
+		pieces[i] = piece
 		m.vocab[piece] = int32(i) // a piece listed twice keeps its last id, as tokenizers' map does
 		m.maxLen = max(m.maxLen, len(piece))
 		minScore = min(minScore, m.scores[i])
@@ -55,6 +57,11 @@ func newUnigram(j modelJSON) (*unigram, error) {
 			return nil, fmt.Errorf("model.unk_id %d: outside the vocabulary [0, %d)", *j.UnkID, len(vocab))
 		}
 		m.unk = int32(*j.UnkID)
+		// Encode returns the unk id, so it must name a token: a piece
+		// listed again later keeps only its last id (found by FuzzParse).
+		if p := pieces[m.unk]; m.vocab[p] != m.unk {
+			return nil, fmt.Errorf("model.unk_id %d: its piece %q is listed again at id %d, the id the piece keeps", m.unk, p, m.vocab[p])
+		}
 	}
 	m.unkScore = minScore - unkPenalty
 	for p := range m.vocab {
