@@ -42,7 +42,7 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 	limit := make([]int, len(ids))   // prompt length asked about
 	open := make([]int, 0, len(ids)) // indexes of ids still to settle
 	for i, id := range ids {
-		limit[i] = len(e.byID[id].tokens)
+		limit[i] = e.byID[id].tok.Len()
 		if e.byID[id].wantPrompt {
 			continue // every prompt position is computed: out[i] = 0
 		}
@@ -58,7 +58,7 @@ func (a admission) Lookup(ids []kvcache.SeqID) []int {
 		items := make([]kvcache.LookupItem, len(open))
 		for k, i := range open {
 			r := e.byID[ids[i]]
-			items[k] = kvcache.LookupItem{Seq: ids[i], Prompt: r.tokens[:limit[i]], CacheSalt: r.salt, Now: e.now}
+			items[k] = kvcache.LookupItem{Seq: ids[i], Prompt: r.tok.Span(0, limit[i]), CacheSalt: r.salt, Now: e.now}
 		}
 		answers := make([][]kvcache.Explanation, len(e.stages))
 		err := e.eachManager(func(st *stage) func() error {
@@ -165,7 +165,7 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 		}
 		r := e.byID[asks[i].Seq]
 		if reuse {
-			asks[i].Prompt, asks[i].CacheSalt = r.tokens, r.salt
+			asks[i].Prompt, asks[i].CacheSalt = r.tok.All(), r.salt
 		}
 		asks[i].Priority, asks[i].PriorityDuration = r.priority, r.priorityDur
 		if r.priority != 0 {
@@ -232,7 +232,7 @@ func (a admission) Reserve(asks []kvcache.ReserveItem) []bool {
 		}
 		r := e.byID[ask.Seq]
 		if ask.New {
-			e.ceil.Admit(uint64(ask.Seq), r.salt, r.tokens[:r.prompt], ask.Reuse)
+			e.ceil.Admit(uint64(ask.Seq), r.salt, r.tok.Prompt(), ask.Reuse)
 			r.resident = true
 			r.history = ask.Reuse
 			e.resident++

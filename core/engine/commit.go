@@ -54,7 +54,7 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 			e.rep.Tokens.DraftAccepted += int64(acc)
 			emit := out.Tokens
 			sampled[i] = len(emit)
-			if rem := r.maxNew - (len(r.tokens) - r.prompt); len(emit) > rem {
+			if rem := r.maxNew - (len(r.tok.Generated())); len(emit) > rem {
 				emit = emit[:rem]
 			}
 			if n, ok := r.stopAt(emit); ok {
@@ -62,13 +62,13 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 				// release below see the shorter length.
 				emit = emit[:n]
 				r.stopped = true
-				r.maxNew = len(r.tokens) - r.prompt + n
+				r.maxNew = len(r.tok.Generated()) + n
 				e.sched.Shorten(it.ID, r.maxNew)
 			}
 			emits[i] = emit
 			r.drafts = append(r.drafts[:0], out.Drafts...)
 			if e.spec.KeepOutputs && out.Logits != nil {
-				r.logits, r.logitsAt = out.Logits, len(r.tokens)-r.prompt+len(out.Tokens)-1
+				r.logits, r.logitsAt = out.Logits, len(r.tok.Generated())+len(out.Tokens)-1
 			}
 			if r.topK > 0 && len(out.TopLogprobs) == len(out.Tokens) {
 				// One list per emitted token, as the tokens are cut.
@@ -87,7 +87,7 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 	ends := make([]bool, len(mb.items))
 	for i, it := range mb.items {
 		r := e.byID[it.ID]
-		if ends[i] = len(r.tokens)-r.prompt+len(emits[i]) >= r.maxNew; ends[i] && r.group == nil {
+		if ends[i] = len(r.tok.Generated())+len(emits[i]) >= r.maxNew; ends[i] && r.group == nil {
 			finishing = append(finishing, it.ID)
 		}
 	}
@@ -134,7 +134,7 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 		if it.Prefill {
 			e.ceil.Hold(uint64(it.ID), min(r.history, r.prompt))
 		}
-		r.tokens = append(r.tokens, emits[i]...)
+		r.tok.Append(emits[i]...)
 		if len(emits[i]) > 0 && r.firstTok < 0 {
 			r.firstTok = mb.done
 		}
@@ -267,7 +267,7 @@ func (r *request) stopAt(emit []int32) (int, bool) {
 	if len(emit) == 0 || len(d.StopIDs) == 0 && d.StopText == nil {
 		return 0, false
 	}
-	before := len(r.tokens) - r.prompt
+	before := len(r.tok.Generated())
 	n, stop := len(emit), false
 	for j, t := range emit {
 		if before+j+1 >= d.MinTokens && slices.Contains(d.StopIDs, t) {
@@ -276,7 +276,7 @@ func (r *request) stopAt(emit []int32) (int, bool) {
 		}
 	}
 	if d.StopText != nil {
-		gen := append(slices.Clone(r.tokens[r.prompt:]), emit[:n]...)
+		gen := slices.Concat(r.tok.Generated(), emit[:n])
 		if keep, ok := d.StopText(gen, before); ok && keep > before && keep <= len(gen) {
 			n, stop = keep-before, true
 		}
@@ -303,7 +303,7 @@ func (r *request) sampling(pos int) *worker.Sampling {
 		s.MinTokens, s.StopIDs = d.MinTokens, d.StopIDs
 	}
 	if s.Penalized() {
-		s.Context = r.tokens[:pos]
+		s.Context = r.tok.Span(0, pos)
 	}
 	return &s
 }

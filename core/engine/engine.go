@@ -123,12 +123,12 @@ type request struct {
 	arrival  int64
 	prompt   int
 	maxNew   int
-	tokens   []int32 // prompt followed by generated tokens
-	drafts   []int32 // draft proposals from the last sample
-	history  int     // KV tokens committed on every stage
-	resident bool    // the managers hold a sequence for it
-	reserved bool    // an outstanding reservation exists (in flight)
-	firstTok int64   // simulated ns of the first token; -1 before
+	tok      tokenLog // the prompt, then the generated tokens
+	drafts   []int32  // draft proposals from the last sample
+	history  int      // KV tokens committed on every stage
+	resident bool     // the managers hold a sequence for it
+	reserved bool     // an outstanding reservation exists (in flight)
+	firstTok int64    // simulated ns of the first token; -1 before
 	finish   int64
 	preempts int
 	state    reqState
@@ -337,7 +337,7 @@ func (e *Engine) setup(ctx context.Context) error {
 	for _, r := range e.spec.Workload.Requests {
 		req := &request{
 			id: kvcache.SeqID(r.ID), arrival: r.Arrival, prompt: len(r.Prompt), maxNew: r.OutputLen,
-			tokens: r.Prompt, firstTok: -1, topK: r.TopLogprobs, rejected: r.Rejected, salt: r.CacheSalt, dec: r.Decoding,
+			tok: newTokenLog(r.Prompt), firstTok: -1, topK: r.TopLogprobs, rejected: r.Rejected, salt: r.CacheSalt, dec: r.Decoding,
 		}
 		req.priority, req.priorityDur = e.spec.Workload.Retention(r)
 		if err := checkRetention(req.priority, req.priorityDur); err != nil {

@@ -98,9 +98,10 @@ func (e *Engine) startOnce(ctx context.Context, mb *microBatch, items []sched.It
 		// boundary) has none, and its reserved draft slots are released by
 		// the commit like rejected drafts.
 		draft := min(it.Draft, len(r.drafts))
-		toks := make([]int32, 0, it.Tokens+draft)
-		toks = append(toks, r.tokens[it.Pos:it.Pos+it.Tokens]...)
-		toks = append(toks, r.drafts[:draft]...)
+		toks := r.tok.Span(it.Pos, it.Pos+it.Tokens) // the worker only reads them
+		if draft > 0 {
+			toks = slices.Concat(toks, r.drafts[:draft])
+		}
 		wItems[i] = worker.Item{Seq: it.ID, Pos: it.Pos, Tokens: toks, Draft: draft, Sample: it.Sample}
 		if it.Sample {
 			wItems[i].TopLogprobs = r.topK
@@ -111,8 +112,8 @@ func (e *Engine) startOnce(ctx context.Context, mb *microBatch, items []sched.It
 		if r.wantPrompt && it.Prefill && it.Pos <= len(r.promptLP) && len(r.promptLP) < r.prompt-1 {
 			// This chunk holds the next positions without a row.
 			wItems[i].PromptLogprobs, wItems[i].PromptTopLogprobs = true, r.promptTopK
-			if end := it.Pos + it.Tokens; !it.Sample && end < len(r.tokens) {
-				wItems[i].Next = r.tokens[end]
+			if end := it.Pos + it.Tokens; !it.Sample && end < r.tok.Len() {
+				wItems[i].Next = r.tok.At(end)
 			}
 		}
 		tokens += len(toks)

@@ -441,7 +441,7 @@ func (lv *Live) turn(ctx context.Context, e *Engine) error {
 	for _, h := range subs {
 		lr := h.req
 		h.req = LiveRequest{}
-		r := &request{id: h.ID, arrival: e.now, prompt: len(lr.Prompt), maxNew: lr.MaxTokens, tokens: lr.Prompt, firstTok: -1, salt: lr.CacheSalt,
+		r := &request{id: h.ID, arrival: e.now, prompt: len(lr.Prompt), maxNew: lr.MaxTokens, tok: newTokenLog(lr.Prompt), firstTok: -1, salt: lr.CacheSalt,
 			topK: lr.TopLogprobs, dec: lr.Decoding, wantPrompt: lr.PromptLogprobs, promptTopK: lr.PromptTopLogprobs}
 		r.priority, r.priorityDur = e.spec.Workload.Retention(workload.Request{RetentionPriority: lr.RetentionPriority, RetentionDuration: lr.RetentionDuration})
 		h.Arrival = e.now
@@ -450,7 +450,7 @@ func (lv *Live) turn(ctx context.Context, e *Engine) error {
 			if len(g.hs) > 1 && len(lr.Prompt) > 1 && !lr.PromptLogprobs && e.forks() {
 				// The hidden prefix: the prompt but its last token, greedy,
 				// one token that nobody sees (fork.go).
-				pre := &request{id: g.pre, arrival: e.now, prompt: r.prompt - 1, maxNew: 1, tokens: slices.Clip(lr.Prompt[:r.prompt-1]), firstTok: -1,
+				pre := &request{id: g.pre, arrival: e.now, prompt: r.prompt - 1, maxNew: 1, tok: newTokenLog(lr.Prompt[:r.prompt-1]), firstTok: -1,
 					salt: r.salt, priority: r.priority, priorityDur: r.priorityDur}
 				group = &forkGroup{pre: pre}
 				pre.group = group
@@ -459,7 +459,6 @@ func (lv *Live) turn(ctx context.Context, e *Engine) error {
 			}
 		}
 		if group != nil && h.grp != nil && h.grp.pre == group.pre.id {
-			r.tokens = slices.Clone(lr.Prompt) // each child appends its own tokens
 			group.children = append(group.children, r)
 		} else {
 			e.reqs = append(e.reqs, r)
@@ -544,13 +543,13 @@ func (lv *Live) publish(e *Engine) {
 	lv.seenRej, lv.seenFail = len(e.rep.Requests.Rejections), len(e.rep.Requests.Failures)
 	for id, o := range lv.open {
 		r := o.r
-		gen := len(r.tokens) - r.prompt
+		gen := len(r.tok.Generated())
 		var ev Event
 		if gen > o.sent {
 			if o.sent == 0 {
 				lv.queued.Add(-1)
 			}
-			ev.Tokens = slices.Clone(r.tokens[r.prompt+o.sent:])
+			ev.Tokens = slices.Clone(r.tok.Generated()[o.sent:])
 			if r.dec.Logprobs && len(r.chosen) == gen {
 				ev.Logprobs = slices.Clone(r.chosen[o.sent:])
 			}

@@ -207,8 +207,8 @@ func (e *Engine) requeueRejected(rs []sched.Rejection) {
 		if r == nil || r.state != stActive {
 			continue
 		}
-		generated := len(r.tokens) - r.prompt
-		e.sched.Add(sched.Request{ID: r.id, Prompt: len(r.tokens), MaxNew: r.maxNew - generated})
+		generated := len(r.tok.Generated())
+		e.sched.Add(sched.Request{ID: r.id, Prompt: r.tok.Len(), MaxNew: r.maxNew - generated})
 	}
 }
 

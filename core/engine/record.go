@@ -28,7 +28,7 @@ func record(r *request) report.RequestRecord {
 	}
 	rec := report.RequestRecord{
 		ID: uint64(r.id), Status: report.RequestUnfinished, ArrivalMs: float64(r.arrival) / 1e6,
-		PromptTokens: r.prompt, Generated: len(r.tokens) - r.prompt, ReusedTokens: r.reused,
+		PromptTokens: r.prompt, Generated: len(r.tok.Generated()), ReusedTokens: r.reused,
 		RecomputedTokens: r.recomputed, Preemptions: r.preempts, Suspensions: r.suspends,
 		Cache: cacheRecord(r),
 	}

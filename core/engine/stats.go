@@ -32,7 +32,7 @@ func (e *Engine) finishReport(ctx context.Context) {
 			rep.Requests.Completed++
 			ttft = append(ttft, float64(r.firstTok-r.arrival)/1e6)
 			e2e = append(e2e, float64(r.finish-r.arrival)/1e6)
-			if n := len(r.tokens) - r.prompt; n > 1 {
+			if n := len(r.tok.Generated()); n > 1 {
 				tpot = append(tpot, float64(r.finish-r.firstTok)/1e6/float64(n-1))
 			}
 			end = max(end, r.finish)
@@ -41,7 +41,7 @@ func (e *Engine) finishReport(ctx context.Context) {
 		case stFailed:
 			rep.Requests.Failed++
 		}
-		for _, t := range r.tokens[r.prompt:] {
+		for _, t := range r.tok.Generated() {
 			buf[0], buf[1], buf[2], buf[3] = byte(t), byte(t>>8), byte(t>>16), byte(t>>24)
 			digest.Write(buf[:])
 		}
@@ -49,7 +49,7 @@ func (e *Engine) finishReport(ctx context.Context) {
 		digest.Write(buf[:])
 		if e.spec.KeepOutputs {
 			o := report.RequestOutput{
-				ID: uint64(r.id), Tokens: slices.Clone(r.tokens[r.prompt:]), Logits: r.logits, LogitsAt: r.logitsAt,
+				ID: uint64(r.id), Tokens: slices.Clone(r.tok.Generated()), Logits: r.logits, LogitsAt: r.logitsAt,
 			}
 			if r.topK > 0 && len(r.logprobs) == len(o.Tokens) {
 				o.TopLogprobs = make([][]report.TokenLogprob, len(r.logprobs))
