@@ -67,7 +67,7 @@ import (
 // safe for concurrent use.
 type Recorder struct {
 	tpb    int
-	blocks map[blockKey]int32 // (parent, content) → block
+	blocks map[uint64]int32 // blockKey(parent, content) → block
 	depth  []int32            // per block: its index in a chain, from 1
 	salts  map[string]int32
 	seqs   map[uint64]int32 // seq id → index into seq
@@ -75,9 +75,12 @@ type Recorder struct {
 	ev     []event
 }
 
-type blockKey struct {
-	parent  int32 // the block before it, or -1 - salt index for a first block
-	content uint64
+// blockKey names a block by its tokens and the block before it (parent,
+// or -1 - salt index for a first block): a 64-bit hash of both, so that
+// the map takes a word (two blocks share one with probability 2^-64, as
+// two contents did in the (parent, content hash) pair this replaced).
+func blockKey(parent int32, b []int32) uint64 {
+	return xxh3.HashSeed(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(b))), len(b)*4), uint64(int64(parent)))
 }
 
 type seqState struct {
@@ -105,7 +108,7 @@ type event struct {
 // NewRecorder returns a recorder for blocks of tokensPerBlock tokens (at
 // least 1).
 func NewRecorder(tokensPerBlock int) *Recorder {
-	return &Recorder{tpb: max(1, tokensPerBlock), blocks: map[blockKey]int32{}, salts: map[string]int32{}, seqs: map[uint64]int32{}}
+	return &Recorder{tpb: max(1, tokensPerBlock), blocks: map[uint64]int32{}, salts: map[string]int32{}, seqs: map[uint64]int32{}}
 }
 
 // TokensPerBlock is the recorder's block size.
@@ -191,7 +194,7 @@ func (r *Recorder) state(seq uint64, salt string, prompt []int32) int32 {
 	parent := -1 - si
 	for k := range n {
 		b := prompt[k*r.tpb : (k+1)*r.tpb]
-		key := blockKey{parent: parent, content: xxh3.Hash(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(b))), len(b)*4))}
+		key := blockKey(parent, b)
 		id, ok := r.blocks[key]
 		if !ok {
 			id = int32(len(r.depth))
