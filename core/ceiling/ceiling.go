@@ -68,7 +68,7 @@ import (
 type Recorder struct {
 	tpb    int
 	blocks map[uint64]int32 // blockKey(parent, content) → block
-	depth  []int32            // per block: its index in a chain, from 1
+	depth  []int32          // per block: its index in a chain, from 1
 	salts  map[string]int32
 	seqs   map[uint64]int32 // seq id → index into seq
 	seq    []seqState
