@@ -19,7 +19,9 @@
 //     variable-length parts (prompts, tokens, block ids) concatenated and a
 //     length column to split them. A 256-request step then decodes into a
 //     dozen slices instead of hundreds of small messages, and block ids,
-//     tokens and sequence ids cost a few bytes each. Entry i of a columnar
+//     tokens and sequence ids cost a few bytes each (prompts, the longest
+//     columns, travel as raw little-endian int32s with feature raw_tokens:
+//     a copy each way instead of a varint a token). Entry i of a columnar
 //     message is the i-th value of every column. One column, named in the
 //     message's comment, is always complete and sets the number of entries;
 //     any other column that is zero for every entry may be left empty (it
@@ -932,11 +934,14 @@ func (x *Layout) GetWarnings() []string {
 
 // kvcache.LookupItem
 type LookupItem struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
-	Prompt        []int32                `protobuf:"varint,2,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
-	CacheSalt     string                 `protobuf:"bytes,3,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
-	Now           int64                  `protobuf:"varint,4,opt,name=now,proto3" json:"now,omitempty"` // engine ns
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Seq       uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Prompt    []int32                `protobuf:"varint,2,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
+	CacheSalt string                 `protobuf:"bytes,3,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
+	Now       int64                  `protobuf:"varint,4,opt,name=now,proto3" json:"now,omitempty"` // engine ns
+	// The prompt as raw tokens (feature raw_tokens): little-endian int32s,
+	// 4 bytes a token, instead of prompt. A sender sets one of the two.
+	PromptRaw     []byte `protobuf:"bytes,5,opt,name=prompt_raw,json=promptRaw,proto3" json:"prompt_raw,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -997,6 +1002,13 @@ func (x *LookupItem) GetNow() int64 {
 		return x.Now
 	}
 	return 0
+}
+
+func (x *LookupItem) GetPromptRaw() []byte {
+	if x != nil {
+		return x.PromptRaw
+	}
+	return nil
 }
 
 // explain asks for kvcache.Explainer.Explain instead of Lookup; the plugin
@@ -1159,8 +1171,12 @@ type ReserveRequest struct {
 	Priority         []int64                `protobuf:"varint,11,rep,packed,name=priority,proto3" json:"priority,omitempty"`
 	PriorityDuration []int64                `protobuf:"varint,12,rep,packed,name=priority_duration,json=priorityDuration,proto3" json:"priority_duration,omitempty"` // engine ns
 	Now              []int64                `protobuf:"varint,13,rep,packed,name=now,proto3" json:"now,omitempty"`                                                   // engine ns
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The prompt column as raw tokens (feature raw_tokens): little-endian
+	// int32s, 4 bytes a token, instead of prompt. A sender sets one of the
+	// two; prompt_len splits either.
+	PromptRaw     []byte `protobuf:"bytes,14,opt,name=prompt_raw,json=promptRaw,proto3" json:"prompt_raw,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveRequest) Reset() {
@@ -1280,6 +1296,13 @@ func (x *ReserveRequest) GetPriorityDuration() []int64 {
 func (x *ReserveRequest) GetNow() []int64 {
 	if x != nil {
 		return x.Now
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetPromptRaw() []byte {
+	if x != nil {
+		return x.PromptRaw
 	}
 	return nil
 }
@@ -4267,14 +4290,16 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\x05pools\x18\x01 \x03(\v2\f.kvx.v1.PoolR\x05pools\x12$\n" +
 	"\x0emax_seq_tokens\x18\x02 \x01(\x03R\fmaxSeqTokens\x12#\n" +
 	"\rmax_sequences\x18\x03 \x01(\x03R\fmaxSequences\x12\x1a\n" +
-	"\bwarnings\x18\x04 \x03(\tR\bwarnings\"g\n" +
+	"\bwarnings\x18\x04 \x03(\tR\bwarnings\"\x86\x01\n" +
 	"\n" +
 	"LookupItem\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x16\n" +
 	"\x06prompt\x18\x02 \x03(\x05R\x06prompt\x12\x1d\n" +
 	"\n" +
 	"cache_salt\x18\x03 \x01(\tR\tcacheSalt\x12\x10\n" +
-	"\x03now\x18\x04 \x01(\x03R\x03now\"S\n" +
+	"\x03now\x18\x04 \x01(\x03R\x03now\x12\x1d\n" +
+	"\n" +
+	"prompt_raw\x18\x05 \x01(\fR\tpromptRaw\"S\n" +
 	"\rLookupRequest\x12(\n" +
 	"\x05items\x18\x01 \x03(\v2\x12.kvx.v1.LookupItemR\x05items\x12\x18\n" +
 	"\aexplain\x18\x02 \x01(\bR\aexplain\"\xbe\x01\n" +
@@ -4287,7 +4312,7 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	"\n" +
 	"evicted_by\x18\x05 \x03(\tR\tevictedBy\x12\x1d\n" +
 	"\n" +
-	"evicted_at\x18\x06 \x03(\x03R\tevictedAt\"\xcf\x02\n" +
+	"evicted_at\x18\x06 \x03(\x03R\tevictedAt\"\xee\x02\n" +
 	"\x0eReserveRequest\x12\x10\n" +
 	"\x03seq\x18\x01 \x03(\x04R\x03seq\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x03R\x06tokens\x12\x14\n" +
@@ -4303,7 +4328,9 @@ const file_kvx_v1_kvx_proto_rawDesc = "" +
 	" \x03(\tR\x04salt\x12\x1a\n" +
 	"\bpriority\x18\v \x03(\x03R\bpriority\x12+\n" +
 	"\x11priority_duration\x18\f \x03(\x03R\x10priorityDuration\x12\x10\n" +
-	"\x03now\x18\r \x03(\x03R\x03now\"s\n" +
+	"\x03now\x18\r \x03(\x03R\x03now\x12\x1d\n" +
+	"\n" +
+	"prompt_raw\x18\x0e \x01(\fR\tpromptRaw\"s\n" +
 	"\vTableDeltas\x12\x12\n" +
 	"\x04item\x18\x01 \x03(\x05R\x04item\x12\x12\n" +
 	"\x04pool\x18\x02 \x03(\x03R\x04pool\x12\x12\n" +

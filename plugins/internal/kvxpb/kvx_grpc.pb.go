@@ -19,7 +19,9 @@
 //     variable-length parts (prompts, tokens, block ids) concatenated and a
 //     length column to split them. A 256-request step then decodes into a
 //     dozen slices instead of hundreds of small messages, and block ids,
-//     tokens and sequence ids cost a few bytes each. Entry i of a columnar
+//     tokens and sequence ids cost a few bytes each (prompts, the longest
+//     columns, travel as raw little-endian int32s with feature raw_tokens:
+//     a copy each way instead of a varint a token). Entry i of a columnar
 //     message is the i-th value of every column. One column, named in the
 //     message's comment, is always complete and sets the number of entries;
 //     any other column that is zero for every entry may be left empty (it

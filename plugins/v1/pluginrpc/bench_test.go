@@ -179,7 +179,7 @@ func BenchmarkConvert(b *testing.B) {
 	b.Run("reserve", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			_, _ = fromProtoReserveRequest(toProtoReserveRequest(reserve))
+			_, _ = fromProtoReserveRequest(toProtoReserveRequest(reserve, true))
 			_, _ = fromProtoReserveResponse(toProtoReserveResponse(grants))
 		}
 	})

@@ -113,6 +113,13 @@ const (
 	// without it would return none, so the client refuses such a batch,
 	// naming the feature, for the asking items alone.
 	FeaturePromptLogprobs Feature = "prompt_logprobs"
+	// FeatureRawTokens: LookupItem.prompt_raw and ReserveRequest.prompt_raw
+	// carry prompts as little-endian int32s instead of packed varints (a
+	// copy each way instead of an encode and a decode a token: a 256k-token
+	// prompt sent at every admission round was most of a long-prompt
+	// run's host time as plugins). The client sends them only to a plugin
+	// that lists it; a plugin reads either form.
+	FeatureRawTokens Feature = "raw_tokens"
 )
 
 // featureDef is a feature and the proto elements it adds: full names of
@@ -174,6 +181,7 @@ var features = []featureDef{
 		"kvx.v1.Result.prompt_top_n", "kvx.v1.Result.prompt_top_ids", "kvx.v1.Result.prompt_top_logprobs",
 		"kvx.v1.Result.prompt_top_len",
 	}},
+	{Name: FeatureRawTokens, Adds: []string{"kvx.v1.LookupItem.prompt_raw", "kvx.v1.ReserveRequest.prompt_raw"}},
 }
 
 // Contract is what one side speaks.

@@ -252,27 +252,37 @@ func fromProtoLayout(p *kvxpb.Layout) kvcache.Layout {
 
 // --- Lookup ---
 
-func toProtoLookupRequest(items []kvcache.LookupItem, explain bool) *kvxpb.LookupRequest {
+// toProtoLookupRequest: with raw, the prompts travel as raw tokens
+// (FeatureRawTokens).
+func toProtoLookupRequest(items []kvcache.LookupItem, explain, raw bool) *kvxpb.LookupRequest {
 	msgs := make([]kvxpb.LookupItem, len(items))
 	for i := range items {
 		msgs[i].Seq = uint64(items[i].Seq)
-		msgs[i].Prompt = share(items[i].Prompt)
+		if raw {
+			msgs[i].PromptRaw = rawTokens(items[i].Prompt)
+		} else {
+			msgs[i].Prompt = share(items[i].Prompt)
+		}
 		msgs[i].CacheSalt = items[i].CacheSalt
 		msgs[i].Now = items[i].Now
 	}
 	return &kvxpb.LookupRequest{Items: ptrs(msgs), Explain: explain}
 }
 
-func fromProtoLookupRequest(p *kvxpb.LookupRequest) []kvcache.LookupItem {
+func fromProtoLookupRequest(p *kvxpb.LookupRequest) ([]kvcache.LookupItem, error) {
 	ms := p.GetItems()
 	if len(ms) == 0 {
-		return nil
+		return nil, nil
 	}
 	items := make([]kvcache.LookupItem, len(ms))
 	for i, m := range ms {
-		items[i] = kvcache.LookupItem{Seq: kvcache.SeqID(m.GetSeq()), Prompt: share(m.GetPrompt()), CacheSalt: m.GetCacheSalt(), Now: m.GetNow()}
+		prompt, err := promptColumn(fmt.Sprintf("LookupRequest: items[%d]", i), "prompt", m.GetPrompt(), m.GetPromptRaw())
+		if err != nil {
+			return nil, err
+		}
+		items[i] = kvcache.LookupItem{Seq: kvcache.SeqID(m.GetSeq()), Prompt: prompt, CacheSalt: m.GetCacheSalt(), Now: m.GetNow()}
 	}
-	return items
+	return items, nil
 }
 
 func toProtoLookupResponse(tokens []int) *kvxpb.LookupResponse {
@@ -323,7 +333,9 @@ func fromProtoExplainResponse(p *kvxpb.LookupResponse) ([]kvcache.Explanation, e
 
 // --- Reserve ---
 
-func toProtoReserveRequest(items []kvcache.ReserveItem) *kvxpb.ReserveRequest {
+// toProtoReserveRequest: with raw, the prompt column travels as raw tokens
+// (FeatureRawTokens).
+func toProtoReserveRequest(items []kvcache.ReserveItem, raw bool) *kvxpb.ReserveRequest {
 	n := len(items)
 	m := &kvxpb.ReserveRequest{
 		Seq:    make([]uint64, n),
@@ -346,6 +358,9 @@ func toProtoReserveRequest(items []kvcache.ReserveItem) *kvxpb.ReserveRequest {
 	}
 	m.Seq = share(m.Seq)
 	m.PromptLen, m.Prompt = concat(n, func(i int) []int32 { return items[i].Prompt })
+	if raw {
+		m.PromptRaw, m.Prompt = rawTokens(m.Prompt), nil // a view of the column concat made
+	}
 	return m
 }
 
@@ -358,7 +373,11 @@ func fromProtoReserveRequest(p *kvxpb.ReserveRequest) ([]kvcache.ReserveItem, er
 	hold, err3 := optional(msg, "hold", p.GetHold(), n)
 	isNew, err4 := optional(msg, "new", p.GetNew(), n)
 	reuse, err5 := optional(msg, "reuse", p.GetReuse(), n)
-	prompt, err6 := newSplitter(msg, "prompt_len", "prompt", p.GetPromptLen(), p.GetPrompt(), n)
+	promptCol, err6 := promptColumn(msg, "prompt", p.GetPrompt(), p.GetPromptRaw())
+	if err6 != nil {
+		return nil, err6
+	}
+	prompt, err6 := newSplitter(msg, "prompt_len", "prompt", p.GetPromptLen(), promptCol, n)
 	prio, err7 := optional(msg, "priority", p.GetPriority(), n)
 	dur, err8 := optional(msg, "priority_duration", p.GetPriorityDuration(), n)
 	now, err9 := optional(msg, "now", p.GetNow(), n)

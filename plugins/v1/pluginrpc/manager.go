@@ -116,7 +116,7 @@ func (c *ManagerClient) Lookup(ctx context.Context, items []kvcache.LookupItem) 
 	if exited(c.done) {
 		return nil, errExited(m)
 	}
-	resp, err := c.rpc.Lookup(ctx, toProtoLookupRequest(items, false), callOpts...)
+	resp, err := c.rpc.Lookup(ctx, toProtoLookupRequest(items, false, c.fam.has(FeatureRawTokens)), callOpts...)
 	return c.lookupAnswer(ctx, resp, err)
 }
 
@@ -129,7 +129,7 @@ func (c *ManagerClient) Explain(ctx context.Context, items []kvcache.LookupItem)
 	if exited(c.done) {
 		return nil, errExited(m)
 	}
-	resp, err := c.rpc.Lookup(ctx, toProtoLookupRequest(items, true), callOpts...)
+	resp, err := c.rpc.Lookup(ctx, toProtoLookupRequest(items, true, c.fam.has(FeatureRawTokens)), callOpts...)
 	return c.explainAnswer(ctx, resp, err)
 }
 
@@ -155,7 +155,7 @@ func (c *ManagerClient) Reserve(ctx context.Context, items []kvcache.ReserveItem
 	if exited(c.done) {
 		return nil, errExited(m)
 	}
-	resp, err := c.rpc.Reserve(ctx, toProtoReserveRequest(items), callOpts...)
+	resp, err := c.rpc.Reserve(ctx, toProtoReserveRequest(items, c.fam.has(FeatureRawTokens)), callOpts...)
 	return c.reserveAnswer(ctx, resp, err)
 }
 
@@ -367,14 +367,22 @@ func (s *managerServer) Lookup(ctx context.Context, req *kvxpb.LookupRequest) (*
 		if !ok {
 			return nil, toStatus(kvcache.Errorf(kvcache.KindUnsupported, "Lookup: explain: the cache manager does not explain (it is no kvcache.Explainer)"), nil)
 		}
-		res, err := ex.Explain(ctx, fromProtoLookupRequest(req))
+		items, err := fromProtoLookupRequest(req)
+		if err != nil {
+			return nil, toStatus(err, nil)
+		}
+		res, err := ex.Explain(ctx, items)
 		out := toProtoExplainResponse(res)
 		if err != nil {
 			return nil, toStatus(err, out)
 		}
 		return out, nil
 	}
-	tokens, err := s.impl.Lookup(ctx, fromProtoLookupRequest(req))
+	items, err := fromProtoLookupRequest(req)
+	if err != nil {
+		return nil, toStatus(err, nil)
+	}
+	tokens, err := s.impl.Lookup(ctx, items)
 	out := toProtoLookupResponse(tokens)
 	if err != nil {
 		return nil, toStatus(err, out)
@@ -592,7 +600,7 @@ func (c *ManagerClient) StartLookup(ctx context.Context, items []kvcache.LookupI
 	if exited(c.done) {
 		return func() ([]int, error) { return nil, errExited(m) }
 	}
-	in := toProtoLookupRequest(items, false)
+	in := toProtoLookupRequest(items, false, c.fam.has(FeatureRawTokens))
 	wait := startCall(ctx, c, plane.Lookup, in, func(ctx context.Context) (*kvxpb.LookupResponse, error) {
 		return c.rpc.Lookup(ctx, in, callOpts...)
 	})
@@ -608,7 +616,7 @@ func (c *ManagerClient) StartExplain(ctx context.Context, items []kvcache.Lookup
 	if exited(c.done) {
 		return func() ([]kvcache.Explanation, error) { return nil, errExited(m) }
 	}
-	in := toProtoLookupRequest(items, true)
+	in := toProtoLookupRequest(items, true, c.fam.has(FeatureRawTokens))
 	wait := startCall(ctx, c, plane.Lookup, in, func(ctx context.Context) (*kvxpb.LookupResponse, error) {
 		return c.rpc.Lookup(ctx, in, callOpts...)
 	})
@@ -624,7 +632,7 @@ func (c *ManagerClient) StartReserve(ctx context.Context, items []kvcache.Reserv
 	if exited(c.done) {
 		return func() ([]kvcache.Grant, error) { return nil, errExited(m) }
 	}
-	in := toProtoReserveRequest(items)
+	in := toProtoReserveRequest(items, c.fam.has(FeatureRawTokens))
 	wait := startCall(ctx, c, plane.Reserve, in, func(ctx context.Context) (*kvxpb.ReserveResponse, error) {
 		return c.rpc.Reserve(ctx, in, callOpts...)
 	})
