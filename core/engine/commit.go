@@ -54,7 +54,7 @@ func (e *Engine) complete(ctx context.Context, mb *microBatch) error {
 			e.rep.Tokens.DraftAccepted += int64(acc)
 			emit := out.Tokens
 			sampled[i] = len(emit)
-			if rem := r.maxNew - (len(r.tok.Generated())); len(emit) > rem {
+			if rem := r.maxNew - len(r.tok.Generated()); len(emit) > rem {
 				emit = emit[:rem]
 			}
 			if n, ok := r.stopAt(emit); ok {
