@@ -124,7 +124,10 @@ type nodeCheck struct {
 
 // treeCheck is the tree's part of the incremental check.
 type treeCheck struct {
-	dirty                     []*Node
+	// dirty holds the marked nodes' refs (Node.ref, Tree.nodeAt), not
+	// pointers: a mark is an append on every mutation, and a pointer's
+	// would be a write barrier while the GC marks.
+	dirty                     []int32
 	epoch                     uint32
 	listed, evictable, leaves int // recounts: child-map census, evictable nodes, evictable leaves
 	hevictable, hleaves       int // recounts of the host tier for reuse: host evictable nodes, host leaves
@@ -171,7 +174,7 @@ type coreCheck struct {
 func (t *Tree) touch(n *Node) {
 	if n != nil && !n.ck.dirty {
 		n.ck.dirty = true
-		t.ck.dirty = append(t.ck.dirty, n)
+		t.ck.dirty = append(t.ck.dirty, n.ref)
 	}
 }
 
@@ -574,6 +577,9 @@ func (t *Tree) verifyNode(n *Node, bad func(string, ...any)) {
 		bad("tree: node %p: parent link or hash key wrong, or does not reach the root through its parents", n)
 		return
 	}
+	if n.depth != n.parent.depth+1 {
+		bad("tree: node %p: depth %d under a parent at depth %d", n, n.depth, n.parent.depth)
+	}
 	t.checkNodeCounts(n, k.liveKids, k.pins, bad)
 	if n.pins == 0 && k.pinnedKids > 0 {
 		bad("tree: node %p: not pinned but %d of its children are", n, k.pinnedKids)
@@ -760,7 +766,7 @@ func (c *Core) checkIncremental() []string {
 	for more := true; more; {
 		more = false
 		for ; ni < len(t.ck.dirty); ni++ {
-			t.nodeDelta(t.ck.dirty[ni], bad)
+			t.nodeDelta(t.nodeAt(t.ck.dirty[ni]), bad)
 			more = true
 		}
 		for pi, p := range c.pools {
@@ -774,7 +780,8 @@ func (c *Core) checkIncremental() []string {
 	for _, k := range bi {
 		c.ck.work += k
 	}
-	for _, n := range t.ck.dirty {
+	for _, r := range t.ck.dirty {
+		n := t.nodeAt(r)
 		t.verifyNode(n, bad)
 		n.ck.dirty = false
 	}
@@ -838,8 +845,8 @@ func (c *Core) resync() {
 			hpages[g] = NoBlock
 		}
 	}
-	for _, n := range t.ck.dirty {
-		resetNode(n)
+	for _, r := range t.ck.dirty {
+		resetNode(t.nodeAt(r))
 	}
 	t.ck.dirty = t.ck.dirty[:0]
 	for _, n := range t.all {
@@ -900,8 +907,8 @@ func (c *Core) resync() {
 	for _, n := range t.all {
 		t.nodeDelta(n, nobad) // shadows and parents' recounts from zero
 	}
-	for _, n := range t.ck.dirty {
-		n.ck.dirty = false // nodeDelta marked the parents
+	for _, r := range t.ck.dirty {
+		t.nodeAt(r).ck.dirty = false // nodeDelta marked the parents
 	}
 	t.ck.dirty = t.ck.dirty[:0]
 	for _, n := range t.all {
@@ -935,8 +942,8 @@ func (c *Core) resync() {
 		}
 		p.ck.dirty = p.ck.dirty[:0]
 	}
-	for _, n := range t.ck.dirty {
-		n.ck.dirty = false
+	for _, r := range t.ck.dirty {
+		t.nodeAt(r).ck.dirty = false
 	}
 	t.ck.dirty = t.ck.dirty[:0]
 	c.ck.valid = true

@@ -108,6 +108,16 @@ var corruptions = map[string]corruption{
 		c.tree.touch(n)
 		return "parent", func() { n.parent = old; c.tree.touch(n) }
 	},
+	"node depth": func(t *rapid.T, c *Core) (string, func()) {
+		n := pickNode(t, c)
+		if n == nil {
+			return "", nil
+		}
+		old := n.depth
+		n.depth += delta(t)
+		c.tree.touch(n)
+		return "depth", func() { n.depth = old; c.tree.touch(n) }
+	},
 	"node unqueued": func(t *rapid.T, c *Core) (string, func()) {
 		// A node awaiting pruning (evicted or unpinned without pages) that
 		// is no longer queued would never be pruned.

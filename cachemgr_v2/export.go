@@ -51,6 +51,20 @@ func (t *Tree) Depth(n *Node) int {
 	return d
 }
 
+// Placed reports whether n is listed among the tree's attached nodes (at
+// its recorded list position), and its depth (Depth) when it is, in O(1):
+// from the node's own records, which the deep check proves (Tree.Check
+// and its incremental form: every listed node reaches the root through
+// linked parents, and its depth is its parent's plus one), so after a
+// clean check of the same tree, Placed answers what Attached and Depth
+// would.
+func (t *Tree) Placed(n *Node) (depth int, ok bool) {
+	if !t.listed(n) {
+		return 0, false
+	}
+	return int(n.depth), true
+}
+
 // AttachedDepth reports, for each node that f is given, whether it is
 // attached (Attached) and its depth (Depth) when it is: f calls depth for
 // the nodes it asks about, and each answer comes from one pass up through
@@ -140,7 +154,7 @@ func (t *Tree) BeginCheck() {
 func (t *Tree) CountPin(n *Node) {
 	t.scratch(n)
 	if n.chkPins == 0 {
-		t.counted = append(t.counted, n)
+		t.counted = append(t.counted, n.ref)
 	}
 	n.chkPins++
 }
@@ -187,6 +201,9 @@ func (t *Tree) Check() []string {
 			continue
 		}
 		n.chkFlags |= chkLinked
+		if n.depth != p.depth+1 {
+			bad("tree: node %p: depth %d under a parent at depth %d", n, n.depth, p.depth)
+		}
 		listed += n.children.len()
 		if n.nPages > 0 {
 			if p == t.root {
@@ -239,8 +256,8 @@ func (t *Tree) Check() []string {
 			}
 		}
 	}
-	for _, n := range t.counted {
-		if n.chkFlags&chkSeen == 0 {
+	for _, r := range t.counted {
+		if n := t.nodeAt(r); n.chkFlags&chkSeen == 0 {
 			bad("tree: node %p: pinned %d times by sequences but not attached to the tree", n, n.chkPins)
 		}
 	}

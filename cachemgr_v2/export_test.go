@@ -127,7 +127,8 @@ func TestWalkDepth(t *testing.T) {
 
 // TestAttachedDepth: AttachedDepth answers Depth and Attached for every
 // node, whatever order they are asked in, a node cut from its parent and
-// the nodes below it are detached, and a later call forgets the memo.
+// the nodes below it are detached, and a later call forgets the memo;
+// Placed answers the same for every attached node.
 func TestAttachedDepth(t *testing.T) {
 	const tpb, deep = 2, 3000
 	tr, extend := growTree(t, tpb, deep+16)
@@ -149,6 +150,9 @@ func TestAttachedDepth(t *testing.T) {
 				d, ok := depth(n)
 				if ok != tr.Attached(n) || ok && d != tr.Depth(n) {
 					t.Fatalf("depth(node at %d) = %d, %v; want %d, %v", tr.Depth(n), d, ok, tr.Depth(n), tr.Attached(n))
+				}
+				if pd, pok := tr.Placed(n); ok && (!pok || pd != d) {
+					t.Fatalf("Placed(node at %d) = %d, %v", tr.Depth(n), pd, pok)
 				}
 			}
 		})

@@ -48,6 +48,10 @@ type Node struct {
 	// the root): the deep check's shadows hold refs, not pointers, so the
 	// GC has none of theirs to follow (Tree.nodeAt).
 	ref int32
+	// depth is the number of blocks from the root to the node, its own
+	// included (0 for the root), set with its parent by newNode; the deep
+	// check proves it is its parent's plus one (Tree.Placed).
+	depth int32
 
 	// h is the node's host tier state (hostreuse.go); zero without reuse
 	// offload.
@@ -190,7 +194,7 @@ type Tree struct {
 	all       []*Node // every attached node (root excluded), Node.allIdx its index
 	spare     []*Node
 	epoch     uint32  // of the current deep self-check (BeginCheck)
-	counted   []*Node // nodes CountPin counted in this check
+	counted   []int32 // refs of the nodes CountPin counted in this check (no pointers: no write barriers)
 	ev        *events // KV events; nil when off
 
 	// ht is the host tier of cached nodes (hostreuse.go); zero without one.
@@ -325,7 +329,7 @@ func NewTree(tpb int, pools []*BlockPool) *Tree {
 		t.all = make([]*Node, 0, pools[0].Total())
 		// The deep check's dirty list too: until a check, every node a
 		// prompt's Commit creates is on it.
-		t.ck.dirty = make([]*Node, 0, pools[0].Total())
+		t.ck.dirty = make([]int32, 0, pools[0].Total())
 	}
 	return t
 }
@@ -601,6 +605,7 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 		n = t.slab.node(len(t.pools), len(t.ht.pools))
 	}
 	n.parent, n.hash, n.heapIdx = parent, h, -1
+	n.depth = parent.depth + 1
 	n.prio, n.until, n.expIdx, n.hits = DefaultPriority, 0, -1, 0
 	n.h.pendKids, n.h.pendSeq = 0, nil
 	n.pos = mixPos(parent.pos, h)

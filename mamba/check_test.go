@@ -165,7 +165,7 @@ func TestCheckFindsHostSnapshotCorruption(t *testing.T) {
 
 // TestCheckFindsDetachedSnapshotNode: a snapshot whose node was evicted and
 // pruned behind the manager's back is on a node that is not attached to
-// the tree (the check's AttachedDepth), and the check says so.
+// the tree (Tree.Placed), and the check says so.
 func TestCheckFindsDetachedSnapshotNode(t *testing.T) {
 	const tpb = 16
 	m, _ := configured(t, testConfig(tpb, 256, 4+16))

@@ -226,16 +226,16 @@ func (m *Manager) check() []string {
 		}
 	}
 	// The depth of each node that holds a snapshot, and whether it is
-	// attached, from passes up through its parents that visit each node
-	// once per check (Tree.AttachedDepth): a walk of the whole tree cost
-	// most of this check on seed-b.yaml, whose snapshots lie on few paths.
-	var depth func(n *cachemgrv2.Node) (int, bool)
+	// attached, from the node's records (Tree.Placed), which the core's
+	// part of the same deep check proves: a walk up from each snapshot's
+	// node (Tree.AttachedDepth, memoised) cost most of this check on
+	// seed-b.yaml, whose snapshots lie on paths of thousands of blocks.
 	checkSnap := func(n *cachemgrv2.Node, sn *snapshot, host bool, pool *slots) {
 		tier := "ssm"
 		if host {
 			tier = "host-ssm"
 		}
-		d, ok := depth(n)
+		d, ok := l.tree.Placed(n)
 		switch {
 		case sn.node != n || sn.host != host:
 			bad("%s snapshot at %d keyed by another node or tier (host %v)", tier, sn.pos, sn.host)
@@ -284,19 +284,16 @@ func (m *Manager) check() []string {
 			}
 		}
 	}
-	l.tree.AttachedDepth(func(f func(n *cachemgrv2.Node) (int, bool)) {
-		depth = f
-		for n, sn := range l.snaps {
-			checkSnap(n, sn, false, l.ssm)
-			if l.hsnaps[n] != nil {
-				bad("snapshot at %d held on both tiers", sn.pos)
-			}
+	for n, sn := range l.snaps {
+		checkSnap(n, sn, false, l.ssm)
+		if l.hsnaps[n] != nil {
+			bad("snapshot at %d held on both tiers", sn.pos)
 		}
-		if l.host != nil {
-			for n, sn := range l.hsnaps {
-				checkSnap(n, sn, true, l.host)
-			}
+	}
+	if l.host != nil {
+		for n, sn := range l.hsnaps {
+			checkSnap(n, sn, true, l.host)
 		}
-	})
+	}
 	return v
 }
