@@ -101,8 +101,7 @@ type seqCheck struct {
 
 // nodeCheck is a node's part of the incremental check.
 type nodeCheck struct {
-	dirty bool   // on Tree.ck.dirty
-	seen  uint32 // == Tree.ck.epoch: reaches the root (this check)
+	seen uint32 // == Tree.ck.epoch: reaches the root (this check); the mark is Node.dirty
 	// shadow: the node as the last check counted it
 	in                        bool  // listed in Tree.all
 	parent                    int32 // Node.ref
@@ -172,8 +171,8 @@ type coreCheck struct {
 
 // touch marks n dirty for the next deep check.
 func (t *Tree) touch(n *Node) {
-	if n != nil && !n.ck.dirty {
-		n.ck.dirty = true
+	if n != nil && !n.dirty {
+		n.dirty = true
 		t.ck.dirty = append(t.ck.dirty, n.ref)
 	}
 }
@@ -783,7 +782,7 @@ func (c *Core) checkIncremental() []string {
 	for _, r := range t.ck.dirty {
 		n := t.nodeAt(r)
 		t.verifyNode(n, bad)
-		n.ck.dirty = false
+		n.dirty = false
 	}
 	t.ck.dirty = t.ck.dirty[:0]
 	for _, p := range c.pools {
@@ -837,6 +836,7 @@ func (c *Core) resync() {
 	c.ck.seqs = c.ck.seqs[:0]
 	resetNode := func(n *Node) {
 		n.ck = nodeCheck{allIdx: -1}
+		n.dirty = false
 		pages, hpages := n.ckPages(), n.ckHPages()
 		for g := range pages {
 			pages[g] = NoBlock
@@ -908,7 +908,7 @@ func (c *Core) resync() {
 		t.nodeDelta(n, nobad) // shadows and parents' recounts from zero
 	}
 	for _, r := range t.ck.dirty {
-		t.nodeAt(r).ck.dirty = false // nodeDelta marked the parents
+		t.nodeAt(r).dirty = false // nodeDelta marked the parents
 	}
 	t.ck.dirty = t.ck.dirty[:0]
 	for _, n := range t.all {
@@ -943,7 +943,7 @@ func (c *Core) resync() {
 		p.ck.dirty = p.ck.dirty[:0]
 	}
 	for _, r := range t.ck.dirty {
-		t.nodeAt(r).ck.dirty = false
+		t.nodeAt(r).dirty = false
 	}
 	t.ck.dirty = t.ck.dirty[:0]
 	c.ck.valid = true

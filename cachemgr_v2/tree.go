@@ -33,6 +33,14 @@ type Node struct {
 	pins     int32
 	liveKids int32 // children that hold at least one page
 	prio     int8  // retention priority, the eviction heap's first key (see below)
+	// dirty: on Tree.ck.dirty for the next deep check (dirty.go); here,
+	// with ref, beside the fields every mutation writes, so that marking a
+	// node (Tree.touch, at every mutation) reads no other cache line.
+	dirty bool
+	// ref names the node for good (nodeSlab: its place in the slab; 1 for
+	// the root): the deep check's shadows hold refs, not pointers, so the
+	// GC has none of theirs to follow (Tree.nodeAt).
+	ref int32
 	// salt is the cache salt of a child of the root (its key mixes it in);
 	// "" elsewhere. Deeper nodes inherit their ancestor's by position.
 	salt string
@@ -44,10 +52,6 @@ type Node struct {
 	queued  bool   // in the prune queue
 	allIdx  int32  // position in Tree.all while attached
 	gen     uint32 // bumped each time the node is (re)used for a block (newNode)
-	// ref names the node for good (nodeSlab: its place in the slab; 1 for
-	// the root): the deep check's shadows hold refs, not pointers, so the
-	// GC has none of theirs to follow (Tree.nodeAt).
-	ref int32
 	// depth is the number of blocks from the root to the node, its own
 	// included (0 for the root), set with its parent by newNode; the deep
 	// check proves it is its parent's plus one (Tree.Placed).
