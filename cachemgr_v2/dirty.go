@@ -949,6 +949,28 @@ func (c *Core) resync() {
 	c.ck.valid = true
 }
 
+// unmark forgets every mark and drops the shadows: the next check is full
+// (check, when a full one did not resync), and a resync rebuilds every
+// shadow from scratch, the spare nodes' and sequences' included.
+func (c *Core) unmark() {
+	for _, s := range c.ck.seqs {
+		s.ck.dirty = false
+	}
+	c.ck.seqs = c.ck.seqs[:0]
+	t := c.tree
+	for _, r := range t.ck.dirty {
+		t.nodeAt(r).dirty = false
+	}
+	t.ck.dirty = t.ck.dirty[:0]
+	for _, p := range c.pools {
+		for _, b := range p.ck.dirty {
+			p.ck.mark[b] = false
+		}
+		p.ck.dirty = p.ck.dirty[:0]
+	}
+	c.ck.valid = false
+}
+
 // resized is s with length n, all zero.
 func resized[T any](s []T, n int) []T {
 	if cap(s) < n {

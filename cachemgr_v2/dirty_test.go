@@ -1,6 +1,7 @@
 package cachemgrv2
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"testing"
@@ -503,7 +504,8 @@ func TestIncrementalCheckIsUsed(t *testing.T) {
 // does. Over a large cached tree, decode steps of one sequence go many more
 // than 64 checks without a full one (a fixed one in 64 would recount the
 // whole tree at every 64th); once the work adds up, the next check is full;
-// and a fixed period, when set, still holds.
+// and a fixed period, when set, still holds. (The first check, after most
+// objects changed, keeps no shadows: Core.check; the second keeps them.)
 func TestFullCheckFollowsTheWork(t *testing.T) {
 	cfg := smallCfg(1024, 0) // 4 tokens per block
 	cfg.MaxNumTokens, cfg.MaxSeqLen = 32, 2048
@@ -516,22 +518,28 @@ func TestFullCheckFollowsTheWork(t *testing.T) {
 	}
 	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 1, New: true})
 	mustCommit(t, m, 1, 1)
-	inspect(t, m) // the first check is full
+	inspect(t, m) // the first check is full; most objects changed since Configure, so it keeps no shadows
+	if m.ck.fulls != 1 || m.ck.valid {
+		t.Fatalf("after the first check: %d full, shadows kept %v; want 1, false", m.ck.fulls, m.ck.valid)
+	}
+	mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 1})
+	mustCommit(t, m, 1, 1)
+	inspect(t, m) // full again, after a decode step: it keeps them
 	size := m.ck.size
-	if m.ck.fulls != 1 || size < len(m.tree.all)+m.dev[0].Total() {
-		t.Fatalf("after the first check: %d full, size %d (nodes %d, blocks %d)", m.ck.fulls, size, len(m.tree.all), m.dev[0].Total())
+	if m.ck.fulls != 2 || !m.ck.valid || size < len(m.tree.all)+m.dev[0].Total() {
+		t.Fatalf("after the second check: %d full, shadows kept %v, size %d (nodes %d, blocks %d)", m.ck.fulls, m.ck.valid, size, len(m.tree.all), m.dev[0].Total())
 	}
 	checks := 0
-	for m.ck.fulls == 1 {
+	for m.ck.fulls == 2 {
 		mustGrant(t, m, kvcache.ReserveItem{Seq: 1, Tokens: 1})
 		mustCommit(t, m, 1, 1)
 		before := m.ck.work
 		inspect(t, m)
 		checks++
-		if m.ck.fulls == 1 && m.ck.work == before {
+		if m.ck.fulls == 2 && m.ck.work == before {
 			t.Fatalf("check %d: an incremental check after a decode step counted no work", checks)
 		}
-		if m.ck.fulls == 2 && before < size {
+		if m.ck.fulls == 3 && before < size {
 			t.Fatalf("check %d was full after %d objects of work, want %d (the full check's)", checks, before, size)
 		}
 		if checks > 100*size {
@@ -548,8 +556,90 @@ func TestFullCheckFollowsTheWork(t *testing.T) {
 		mustCommit(t, m, 1, 1)
 		inspect(t, m)
 	}
-	if m.ck.fulls != 3 {
-		t.Fatalf("%d full checks after three with SetFullCheckEvery(3), want 3", m.ck.fulls)
+	if m.ck.fulls != 4 {
+		t.Fatalf("%d full checks after three more with SetFullCheckEvery(3), want 4", m.ck.fulls)
+	}
+}
+
+// TestFullCheckWithoutShadows: a check after most objects changed is full
+// and keeps no shadows (no resync), so the next check is full too. Nodes
+// that a check with shadows counted, then evicted, pruned and left spare
+// while there are none, come back clean: the incremental checks after a
+// later full check that keeps shadows find nothing when they are reused,
+// and a corruption is still found.
+func TestFullCheckWithoutShadows(t *testing.T) {
+	m, _ := configure(t, smallCfg(16, 0)) // 16 blocks of 4 tokens
+	// fill takes the whole pool: four sequences of 4 blocks, each with
+	// promptLen tokens of prompt.
+	fill := func(seed int32, promptLen int) {
+		for i := range int32(4) {
+			id := kvcache.SeqID(seed*10 + i)
+			mustGrant(t, m, kvcache.ReserveItem{Seq: id, Tokens: 13, New: true, Prompt: tokens(promptLen, seed*10+i)})
+			mustCommit(t, m, id, 13)
+		}
+	}
+	release := func(seed int32) {
+		for i := range int32(4) {
+			if err := m.Release(ctx, []kvcache.SeqID{kvcache.SeqID(seed*10 + i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := func(when string, fulls int, valid bool) {
+		t.Helper()
+		if m.ck.fulls != fulls || m.ck.valid != valid {
+			t.Fatalf("%s: %d full checks, shadows kept %v; want %d, %v", when, m.ck.fulls, m.ck.valid, fulls, valid)
+		}
+	}
+	step := func(id kvcache.SeqID, promptLen int) {
+		n := max(promptLen, 5)
+		mustGrant(t, m, kvcache.ReserveItem{Seq: id, Tokens: n, New: true, Prompt: tokens(promptLen, int32(id))})
+		mustCommit(t, m, id, n)
+		if err := m.Release(ctx, []kvcache.SeqID{id}); err != nil {
+			t.Fatal(err)
+		}
+		inspect(t, m)
+	}
+	id := kvcache.SeqID(90)
+	settle := func(when string) { // small steps until a full check keeps the shadows
+		t.Helper()
+		for range 3 {
+			if m.ck.valid {
+				return
+			}
+			fulls := m.ck.fulls
+			step(id, 1)
+			id++
+			if m.ck.fulls != fulls+1 {
+				t.Fatalf("%s: a check without shadows was not full", when)
+			}
+		}
+		if !m.ck.valid {
+			t.Fatalf("%s: three small steps and still no shadows", when)
+		}
+	}
+	fill(1, 13) // 12 nodes
+	inspect(t, m)
+	want("after filling the pool", 1, false)
+	release(1)
+	settle("after releasing it") // the shadows count seed 1's cached nodes
+	fill(2, 5)                   // evicts seed 1's nodes, reuses 4 of them: the others are spare
+	fulls := m.ck.fulls
+	inspect(t, m)
+	want("after refilling it", fulls+1, false)
+	release(2)
+	settle("after releasing it again")
+	fulls = m.ck.fulls
+	for i := range 3 {
+		step(id, 13) // three new nodes each, from the free blocks: spare ones
+		id++
+		want(fmt.Sprintf("reuse %d", i), fulls, true)
+	}
+	b := m.tree.all[0].pages[0]
+	m.dev[0].refs[b]++
+	m.dev[0].touch(b)
+	if snap, err := m.Inspect(ctx, kvcache.InspectOptions{Tables: true}); err != nil || len(snap.Violations) == 0 {
+		t.Fatalf("Inspect after a marked refcount corruption: %v, violations %q", err, snap.Violations)
 	}
 }
 
