@@ -580,6 +580,7 @@ func (t *Tree) verifyNode(n *Node, bad func(string, ...any)) {
 		bad("tree: node %p: depth %d under a parent at depth %d", n, n.depth, n.parent.depth)
 	}
 	t.checkNodeCounts(n, k.liveKids, k.pins, bad)
+	t.checkHot(n, bad)
 	if n.pins == 0 && k.pinnedKids > 0 {
 		bad("tree: node %p: not pinned but %d of its children are", n, k.pinnedKids)
 	}

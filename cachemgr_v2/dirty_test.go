@@ -109,6 +109,16 @@ var corruptions = map[string]corruption{
 		c.tree.touch(n)
 		return "parent", func() { n.parent = old; c.tree.touch(n) }
 	},
+	"node pinned and priority index": func(t *rapid.T, c *Core) (string, func()) {
+		n := pickNode(t, c)
+		if n == nil {
+			return "", nil
+		}
+		old := c.tree.hot[n.ref]
+		c.tree.hot[n.ref] ^= uint8(rapid.SampledFrom([]int{hotPinned, 1}).Draw(t, "bit"))
+		c.tree.touch(n)
+		return "hot index", func() { c.tree.hot[n.ref] = old; c.tree.touch(n) }
+	},
 	"node depth": func(t *rapid.T, c *Core) (string, func()) {
 		n := pickNode(t, c)
 		if n == nil {

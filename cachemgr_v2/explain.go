@@ -98,6 +98,7 @@ func (t *Tree) expire() {
 			t.hremove(n) // the host heap orders by the same key
 		}
 		n.prio, n.until = DefaultPriority, 0
+		t.setHot(n)
 		if in {
 			t.heapPush(n)
 		}
@@ -147,6 +148,7 @@ func (t *Tree) setRetention(n *Node, prio int8, until int64) {
 		t.hremove(n) // the host heap orders by the same key
 	}
 	n.prio, n.until = prio, until
+	t.setHot(n)
 	switch {
 	case until != 0 && n.expIdx >= 0:
 		t.expFix(int(n.expIdx))

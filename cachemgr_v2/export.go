@@ -51,6 +51,11 @@ func (t *Tree) Depth(n *Node) int {
 	return d
 }
 
+// Ref names n for good among its tree's nodes (it survives the node's
+// pruning and reuse for another block): a small integer, 1 for the root,
+// the index of PinnedPriority.
+func (n *Node) Ref() int32 { return n.ref }
+
 // Placed reports whether n is listed among the tree's attached nodes (at
 // its recorded list position), and its depth (Depth) when it is, in O(1):
 // from the node's own records, which the deep check proves (Tree.Check
@@ -248,6 +253,7 @@ func (t *Tree) Check() []string {
 			continue
 		}
 		t.checkNodeCounts(n, n.chkLive, n.chkPins, bad)
+		t.checkHot(n, bad)
 		if n.pins == 0 && n.nPages > 0 {
 			evictable++
 			if n.chkLive == 0 {
@@ -321,5 +327,12 @@ func (t *Tree) checkNodeCounts(n *Node, live, pins int32, bad func(string, ...an
 	}
 	if n.nPages == 0 && n.h.n == 0 && n.pins == 0 && !n.queued && n.children.len() == 0 {
 		bad("tree: node %p: empty and unpinned but not queued for pruning", n)
+	}
+}
+
+// checkHot checks n's entry in the index of pins and priorities (Tree.hot).
+func (t *Tree) checkHot(n *Node, bad func(string, ...any)) {
+	if r := int(n.ref); r >= len(t.hot) || t.hot[r] != hotOf(n) {
+		bad("tree: node %p: pinned and priority index wrong for pins %d, priority %d", n, n.pins, n.prio)
 	}
 }

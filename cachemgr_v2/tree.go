@@ -209,6 +209,13 @@ type Tree struct {
 	undo undoHook
 	ret  retention
 	slab nodeSlab
+	// hot is, by node ref (Node.Ref), whether the node is pinned
+	// (hotPinned) and its retention priority (the low bits, 1..100): what
+	// a hook that orders its own per-node state by them reads for many
+	// nodes at a time (mamba's victim queue, at every prefill chunk)
+	// without a cache miss on each node (PinnedPriority). Pin, Unpin and
+	// the writes of a priority keep it (setHot); the deep check proves it.
+	hot []uint8
 	// depths is AttachedDepth's memo, by node ref: the call's epoch in the
 	// high half, depth+1 (0: detached) in the low; depthUp its scratch stack.
 	depths     []uint64
@@ -325,6 +332,7 @@ func (n *Node) ckHPages() []kvcache.BlockID {
 func NewTree(tpb int, pools []*BlockPool) *Tree {
 	t := &Tree{tpb: tpb, pools: pools}
 	t.root = &Node{heapIdx: -1, expIdx: -1, ref: rootRef}
+	t.hot = make([]uint8, firstSlabRef)
 	if len(pools) > 0 {
 		// Room for a node per device block up front: the list is the
 		// tree's, grown node by node as prompts are committed, and each
@@ -611,6 +619,10 @@ func (t *Tree) newNode(parent *Node, h uint64, tokens []int32) *Node {
 	n.parent, n.hash, n.heapIdx = parent, h, -1
 	n.depth = parent.depth + 1
 	n.prio, n.until, n.expIdx, n.hits = DefaultPriority, 0, -1, 0
+	if int(n.ref) >= len(t.hot) {
+		t.hot = append(t.hot, make([]uint8, int(n.ref)+1-len(t.hot))...)
+	}
+	t.setHot(n)
 	n.h.pendKids, n.h.pendSeq = 0, nil
 	n.pos = mixPos(parent.pos, h)
 	n.tokens = tokens
@@ -648,9 +660,34 @@ func (t *Tree) Pin(n *Node) {
 		}
 	}
 	n.pins++
+	t.setHot(n)
 	if n.h.counted {
 		t.hostFix(n) // a host node a new sequence is about to promote
 	}
+}
+
+// hotPinned is the pinned bit of a Tree.hot entry.
+const hotPinned = 0x80
+
+// hotOf is n's Tree.hot entry as n's own fields have it.
+func hotOf(n *Node) uint8 {
+	h := uint8(n.prio) &^ hotPinned
+	if n.pins > 0 {
+		h |= hotPinned
+	}
+	return h
+}
+
+// setHot writes n's Tree.hot entry; every write of n.pins or n.prio is
+// followed by one.
+func (t *Tree) setHot(n *Node) { t.hot[n.ref] = hotOf(n) }
+
+// PinnedPriority is Pins() > 0 and Priority() of the node whose Ref is ref,
+// from the tree's index of them: a read of a dense byte array instead of
+// the node. ref must name a node of the tree.
+func (t *Tree) PinnedPriority(ref int32) (pinned bool, prio int) {
+	h := t.hot[ref]
+	return h&hotPinned != 0, int(h &^ hotPinned)
 }
 
 // Unpin drops a pin. touch marks the node as used now (its LRU key); undoing
@@ -662,6 +699,7 @@ func (t *Tree) Unpin(n *Node, touch bool) {
 	if n.pins > 0 {
 		return
 	}
+	t.setHot(n)
 	if touch {
 		t.tick++
 		n.tick = t.tick

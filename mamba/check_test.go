@@ -54,15 +54,15 @@ func TestCheckFindsCorruption(t *testing.T) {
 		// The victim queue outlives a planSnaps: its places and order must
 		// hold between them.
 		{"victim queue place", func(m *Manager) {
-			m.life.victims.sync(m.life.snapList)
+			m.life.victims.sync(m.life.tree, m.life.snapList)
 			m.life.victims.cold.h[0].sn.hi++
 		}},
 		{"victim queue order", func(m *Manager) {
-			m.life.victims.sync(m.life.snapList)
+			m.life.victims.sync(m.life.tree, m.life.snapList)
 			m.life.victims.cold.h[0].prio = kvcache.MaxPriority + 1
 		}},
 		{"victim queue holds a dropped snapshot", func(m *Manager) {
-			m.life.victims.sync(m.life.snapList)
+			m.life.victims.sync(m.life.tree, m.life.snapList)
 			sn := *m.life.victims.cold.h[0].sn
 			m.life.victims.cold.push(keyOf(&sn))
 		}},

@@ -237,8 +237,8 @@ func (m *Manager) check() []string {
 		}
 		d, ok := l.tree.Placed(n)
 		switch {
-		case sn.node != n || sn.host != host:
-			bad("%s snapshot at %d keyed by another node or tier (host %v)", tier, sn.pos, sn.host)
+		case sn.node != n || sn.host != host || sn.ref != n.Ref():
+			bad("%s snapshot at %d keyed by another node or tier (host %v), or its node's ref wrong", tier, sn.pos, sn.host)
 		case !ok:
 			bad("%s snapshot at %d on a node that is not attached to the tree", tier, sn.pos)
 		case !n.Stored():

@@ -81,6 +81,7 @@ type life struct {
 // node holds at most one snapshot, on one tier).
 type snapshot struct {
 	node  *cachemgrv2.Node
+	ref   int32 // node.Ref(), for the victim queue's reads of the tree's index (victimQueue.sync)
 	slot  kvcache.BlockID
 	host  bool      // slot is in host-ssm (l.hsnaps), else in ssm (l.snaps)
 	pend  *seqState // host: the sequence whose outstanding grant copies it there; nil once settled
@@ -717,7 +718,7 @@ func (l *life) install(s *cachemgrv2.Seq, x *seqState) {
 		}
 		n := path[d-1]
 		l.snapSeq++
-		sn := &snapshot{node: n, slot: p.slot, pos: p.pos, level: boundaryLevel(p.pos, l.step), tick: l.tick, id: l.snapSeq}
+		sn := &snapshot{node: n, ref: n.Ref(), slot: p.slot, pos: p.pos, level: boundaryLevel(p.pos, l.step), tick: l.tick, id: l.snapSeq}
 		l.snaps[n] = sn
 		l.index(sn.pos, 1)
 		sn.at = int32(len(l.snapList))

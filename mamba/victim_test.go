@@ -79,7 +79,7 @@ func TestVictimQueueMatchesScan(t *testing.T) {
 			}
 			// The manager's own queue: what the pops take out, the next
 			// sync puts back, as it does for a snapshot unpinned since.
-			l.victims.sync(l.snapList)
+			l.victims.sync(l.tree, l.snapList)
 			var got []*snapshot
 			for range len(want) {
 				got = append(got, l.victims.pop(level))
@@ -89,7 +89,7 @@ func TestVictimQueueMatchesScan(t *testing.T) {
 				t.Errorf("%s, level %d: queue picks %v, scan picks %v", when, level, ids(got), ids(want))
 			}
 		}
-		l.victims.sync(l.snapList)
+		l.victims.sync(l.tree, l.snapList)
 		mustClean(t, m, when+", synced")
 	}
 	picks("set up")
