@@ -387,29 +387,37 @@ func (o *ops) AddBias(x, b synth.Tensor) {
 	o.run("kvx_add_bias", g, bl, 0, xt.p, bt.p, xt.r*xt.c, xt.c)
 }
 
-// SwiGLU is kernel.SiLU(gate) · up. Gate and up pending from one matmul
-// (MatMuls of the gate and up weights) are folded in the same launch.
+// SwiGLU is kernel.SiLU(gate) · up: with its float64 exponential (the
+// cpu's bits) in the exact numerics, with float32's (fsilu_mul,
+// kernels/fsilu.cuh) in the fast ones. Gate and up pending from one matmul
+// (MatMuls of the gate and up weights) are folded in the same launch; lazy
+// from one tiled matmul, they are that matmul's epilogue
+// (pendingTiled.swiGLU).
 func (o *ops) SwiGLU(gate, up synth.Tensor) synth.Tensor {
+	if l := asTensor(gate).lazy; l != nil && o.fast {
+		if out := l.swiGLU(asTensor(gate), asTensor(up)); out != nil {
+			return out
+		}
+	}
 	gt, ut := unfolded(gate), unfolded(up)
 	shape("SwiGLU", ut, gt.r, gt.c)
 	if f := gt.fold; f == nil || f != ut.fold || !o.fast {
 		gt, ut = cudaTensor(gate), cudaTensor(up)
 	}
 	out := o.newTensor(gt.r, gt.c)
-	fma := o.expFMA()
 	if o.fast && gt.r > 0 {
 		ld := padK(gt.c)
 		out.b = o.scratch(int64(gt.r) * int64(ld) * 2)
 		g, b := flat(gt.r * ld)
 		if f := gt.fold; f != nil {
-			o.run("kvx_fswiglu_fold", g, b, 0, out.p, out.b, f.p, f.parts, f.m, f.col(gt), f.col(ut), gt.r, gt.c, ld, fma)
+			o.run("kvx_fswiglu_fold", g, b, 0, out.p, out.b, f.p, f.parts, f.m, f.col(gt), f.col(ut), gt.r, gt.c, ld)
 			return out
 		}
-		o.run("kvx_fswiglu", g, b, 0, out.p, out.b, gt.p, ut.p, gt.r, gt.c, ld, fma)
+		o.run("kvx_fswiglu", g, b, 0, out.p, out.b, gt.p, ut.p, gt.r, gt.c, ld)
 		return out
 	}
 	g, b := flat(gt.r * gt.c)
-	o.run("kvx_swiglu", g, b, 0, out.p, gt.p, ut.p, gt.r*gt.c, fma)
+	o.run("kvx_swiglu", g, b, 0, out.p, gt.p, ut.p, gt.r*gt.c, o.expFMA())
 	return out
 }
 

@@ -94,17 +94,17 @@ func (o *ops) fastAttend(g kernelspec.GQA, segs []synth.Seg, desc cu.DevicePtr, 
 	wk := o.fastWork(segs, grp)
 	qs := float32(float64(scale) * math.Log2E)
 	pool := []any{v.base, v.blockBytes, v.offset, v.stride, v.tokensPerBlock, g.Heads, g.KVHeads, g.Window, qs}
+	// The kernels write out's bf16 copy too, for the next matmul (o_proj),
+	// which then skips its own rounding launch; out's row is its padded
+	// row.
+	if out.c%fgemmPad == 0 {
+		out.b = o.scratch(int64(out.r) * int64(out.c) * 2)
+	}
 	if wk.npre > 0 {
 		o.runShared(faPrefillName(d, wk.warps), dim{wk.npre, g.KVHeads, 1}, dim{32 * wk.warps, 1, 1}, faPrefillSmem(d, wk.warps),
-			append([]any{desc, wk.pre, q.p, out.p}, pool...)...)
+			append([]any{desc, wk.pre, q.p, out.p, out.b}, pool...)...)
 	}
 	if wk.nsplit > 0 {
-		// A call of split rows only (a decode step) has the merge write
-		// out's bf16 copy too, for the next matmul (o_proj), which then
-		// skips its own rounding launch; out's row is its padded row.
-		if wk.npre == 0 && out.c%fgemmPad == 0 {
-			out.b = o.scratch(int64(out.r) * int64(out.c) * 2)
-		}
 		var part, ml cu.DevicePtr
 		if wk.parts > 1 {
 			n := int64(wk.nsplit) * int64(g.KVHeads) * int64(wk.parts) * faSplitRows

@@ -90,7 +90,17 @@ var tiledVariants = []tiledKernel{
 var (
 	tiledWide  = wide(256, 3, true)
 	tiledWGMMA = tmaTiled(2, 4, false)
+	tiledGLU   = tmaGLU()
 )
+
+// tmaGLU is kvx_fgemm_tma128s4g: tiledWGMMA over an MLP's gate and up
+// weights with SwiGLU in its epilogue, a block's 128 weight rows 64
+// features of each (pendingTiled).
+func tmaGLU() tiledKernel {
+	k := tmaTiled(2, 4, false)
+	k.name += "g"
+	return k
+}
 
 // loaded reports whether the device has kernel k (the sm90a ones only on
 // compute capability 9.0).
@@ -607,11 +617,18 @@ func (o *ops) fastMatMul(xt, wt *tensor) *tensor {
 // three a launch).
 func (o *ops) fastMatMuls(xt *tensor, ws []*tensor) []*tensor {
 	n, k, ld := xt.r, xt.c, ws[0].ld
+	// Gate and up, maybe: two weights of one shape for the tiled kernel
+	// wait for their first reader (pendingTiled), unallocated.
+	lazy := n >= fgemmTiledRows && len(ws) == 2 && ws[0].r == ws[1].r && o.g.loaded(tiledGLU)
 	outs := make([]*tensor, len(ws))
 	gs := make([]gemmOut, len(ws))
 	for i, w := range ws {
 		if w.ld != padK(k) || w.c != k {
 			panic(fmt.Sprintf("cuda: fast MatMul: weight %d × %d (stride %d) for %d columns", w.r, w.c, w.ld, k))
+		}
+		if lazy {
+			outs[i] = &tensor{r: n, c: w.r}
+			continue
 		}
 		outs[i] = o.newTensor(n, w.r)
 		gs[i] = gemmOut{outs[i].p, w.h, w.r, outs[i]}
@@ -625,8 +642,87 @@ func (o *ops) fastMatMuls(xt *tensor, ws []*tensor) []*tensor {
 		g, b := flat(n * ld)
 		o.run("kvx_to_bf16", g, b, 0, xa, xt.p, n, k, ld)
 	}
+	if lazy {
+		l := &pendingTiled{o: o, gen: o.ar.gen, a: xa, n: n, ld: ld, outs: [2]*tensor{outs[0], outs[1]}, ws: [2]*tensor{ws[0], ws[1]}}
+		outs[0].lazy, outs[1].lazy = l, l
+		return outs
+	}
 	o.fgemm(xa, n, ld, gs)
 	return outs
+}
+
+// pendingTiled is a tiled fast matmul of two weights of one shape (an MLP's
+// gate and up, through MatMuls) not launched yet: its first reader decides
+// how it runs. SwiGLU of its two outputs, in that order, runs tiledGLU,
+// SwiGLU in the matmul's epilogue, so neither output is written: at
+// Llama-3-8B's size each token saves writing and reading back 2 × 14336
+// float32. Any other read of either launches the tiled kernel for both
+// (run), into outputs allocated then. A (bf16, in the step's arena) and the
+// weights do not change within a step, so the launch is valid for the step
+// (gen) that deferred it, whenever it runs; the bits are the same either
+// way (TestFusedGLU).
+type pendingTiled struct {
+	o     *ops
+	gen   uint64
+	a     cu.DevicePtr
+	n, ld int
+	outs  [2]*tensor
+	ws    [2]*tensor
+}
+
+// check panics when the launch is read after its step.
+func (l *pendingTiled) check() {
+	if l.gen != l.o.ar.gen {
+		panic(fmt.Sprintf("cuda: a deferred matmul read after its step (arena generation %d, now %d)", l.gen, l.o.ar.gen))
+	}
+}
+
+// run launches the tiled kernel for both outputs, which stop being lazy.
+func (l *pendingTiled) run() {
+	l.check()
+	o := l.o
+	for i, t := range l.outs {
+		t.lazy = nil
+		if o.err != nil {
+			continue
+		}
+		p, err := o.ar.alloc(t.bytes())
+		if o.fail(err); o.err != nil {
+			continue
+		}
+		t.p = p
+		o.fgemmTiled(p, l.a, l.ws[i].h, l.n, t.c, l.ld, o.g.tiled())
+	}
+}
+
+// swiGLU returns SwiGLU(gate, up) through tiledGLU when gate and up are
+// l's outputs in that order (nil when they are not): out and its bf16
+// copy, rows padded to the fast matmul's stride, as kvx_fswiglu writes
+// them. gate and up stay lazy: a later read of either runs l.
+func (l *pendingTiled) swiGLU(gate, up *tensor) *tensor {
+	if gate.lazy != l || up.lazy != l || l.outs[0] != gate || l.outs[1] != up {
+		return nil
+	}
+	l.check()
+	o, k := l.o, tiledGLU
+	n, m := l.n, gate.c
+	out := o.newTensor(n, m)
+	ldo := padK(m)
+	out.b = o.scratch(int64(n) * int64(ldo) * 2)
+	ma, err := bf16Map(l.a, n, l.ld, k.bm)
+	if o.fail(err); o.err != nil {
+		return out
+	}
+	var mw [2]tensorMap
+	for i, w := range l.ws {
+		mw[i], err = o.weightMap(w.h, m, l.ld, tlBN/2)
+		if o.fail(err); o.err != nil {
+			return out
+		}
+	}
+	grid := dim{blocks(n, k.bm) * blocks(m, tlBN/2), 1, 1}
+	o.runShared(k.name, grid, dim{k.threads, 1, 1}, k.smem, ma, mw[0], mw[1], out.p, out.b, n, m, l.ld, ldo)
+	return out
 }
 
 // gemmOut is one weight of a fast matmul: C (n × m float32) = A · Wᵀ; t is

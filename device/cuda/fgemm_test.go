@@ -176,6 +176,9 @@ func TestTiledWGMMALoaded(t *testing.T) {
 			t.Errorf("compute capability %d.%d: %s loaded %v, want %v", major, minor, v.name, g.loaded(v), want)
 		}
 	}
+	if g.loaded(tiledGLU) != sm90 {
+		t.Errorf("compute capability %d.%d: %s loaded %v, want %v", major, minor, tiledGLU.name, g.loaded(tiledGLU), sm90)
+	}
 	if want := map[bool]string{true: tiledWGMMA.name, false: tiledWide.name}[sm90]; g.tiled().name != want {
 		t.Errorf("compute capability %d.%d: the tiled kernel is %s, want %s", major, minor, g.tiled().name, want)
 	}
@@ -467,5 +470,103 @@ func BenchmarkFastMatMul(b *testing.B) {
 			b.ReportMetric(sec*1e6, "us")
 			b.ReportMetric(issued.Seconds()/float64(b.N)*1e6, "host-us")
 		})
+	}
+}
+
+// TestFusedGLU: gate and up of one MatMuls call for the tiled kernel stay
+// lazy, and SwiGLU of them runs the matmul with SwiGLU in its epilogue
+// (kvx_fgemm_tma128s4g, where it is loaded: compute capability 9.0): the
+// bits of the tiled matmul and then kvx_fswiglu, in the output, in its bf16
+// copy (MatMul through it, at widths whose last tile and padded columns are
+// partial), and in gate and up read afterwards (which runs the deferred
+// matmul). SwiGLU of the outputs the other way round takes the unfused path
+// with the same bits as unfused.
+func TestFusedGLU(t *testing.T) {
+	o := fastOps(t)
+	fused := o.g.loaded(tiledGLU)
+	if !fused {
+		t.Logf("%s is not loaded (sm90a only): both paths are unfused", tiledGLU.name)
+	}
+	for _, c := range []struct{ n, k, m int }{{256, 4096, 1100}, {300, 1000, 640}, {513, 512, 700}, {1000, 2048, 4096}} {
+		t.Run(fmt.Sprintf("%dx%dx%d", c.n, c.k, c.m), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.n*c.k), uint64(c.m)))
+			xv := randVals(rng, c.n*c.k, 2)
+			on(t, o, func() {
+				wg, wu := o.Weight(randVals(rng, c.m*c.k, 1), c.m, c.k), o.Weight(randVals(rng, c.m*c.k, 1), c.m, c.k)
+				wd := o.Weight(randVals(rng, 96*c.m, 1), 96, c.m)
+				x := hostTensor(o, xv, c.n, c.k)
+				type run struct{ h, hw, gate, up []float32 }
+				step := func(fuse, swap bool) run {
+					gu := o.MatMuls(x, wg, wu)
+					if fused && asTensor(gu[0]).lazy == nil {
+						t.Error("gate of the tiled MatMuls is not lazy")
+					}
+					if !fuse {
+						cudaTensor(gu[0])
+						if asTensor(gu[1]).lazy != nil {
+							t.Error("reading gate left up lazy")
+						}
+					}
+					var h synth.Tensor
+					if swap {
+						h = o.SwiGLU(gu[1], gu[0])
+					} else {
+						h = o.SwiGLU(gu[0], gu[1])
+					}
+					if fused && fuse && !swap && (asTensor(gu[0]).lazy == nil || asTensor(gu[1]).lazy == nil) {
+						t.Error("SwiGLU ran the deferred matmul instead of fusing it")
+					}
+					if cudaTensor(h).b == 0 {
+						t.Error("SwiGLU's output has no bf16 copy")
+					}
+					return run{o.ToHost(h), o.ToHost(o.MatMul(h, wd)), o.ToHost(gu[0]), o.ToHost(gu[1])}
+				}
+				for _, swap := range []bool{false, true} {
+					want, got := step(false, swap), step(true, swap)
+					name := map[bool]string{false: "SwiGLU(gate, up)", true: "SwiGLU(up, gate)"}[swap]
+					sameBits(t, name, want.h, got.h)
+					sameBits(t, name+": MatMul through its bf16 copy", want.hw, got.hw)
+					sameBits(t, name+": gate read afterwards", want.gate, got.gate)
+					sameBits(t, name+": up read afterwards", want.up, got.up)
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkFastGLU times an MLP's gate and up matmul and SwiGLU at
+// Llama-3-8B's prefill shapes, fused (kvx_fgemm_tma128s4g) and unfused (the
+// tiled matmul of each weight, then kvx_fswiglu), as TFLOP/s of the two
+// products.
+func BenchmarkFastGLU(b *testing.B) {
+	const m, k = 14336, 4096
+	for _, n := range []int{2048, 8192} {
+		for _, fuse := range []bool{true, false} {
+			b.Run(fmt.Sprintf("%dx%dx%d/%s", n, m, k, map[bool]string{true: "fused", false: "unfused"}[fuse]), func(b *testing.B) {
+				o := fastOps(b)
+				if fuse && !o.g.loaded(tiledGLU) {
+					b.Skipf("%s is not loaded on this device (sm90a only)", tiledGLU.name)
+				}
+				r := rand.New(rand.NewPCG(uint64(n), 2))
+				var x, wg, wu synth.Tensor
+				on(b, o, func() {
+					x = keptTensor(o, randVals(r, n*k, 1), n, k)
+					wg, wu = o.Weight(randVals(r, m*k, 1), m, k), o.Weight(randVals(r, m*k, 1), m, k)
+				})
+				f := func() {
+					gu := o.MatMuls(x, wg, wu)
+					if !fuse {
+						cudaTensor(gu[0])
+					}
+					o.SwiGLU(gu[0], gu[1])
+				}
+				timeOps(b, o, 3, f)
+				b.ResetTimer()
+				d := timeOps(b, o, b.N, f)
+				sec := d.Seconds() / float64(b.N)
+				b.ReportMetric(4*float64(n)*float64(m)*float64(k)/sec/1e12, "TFLOP/s")
+				b.ReportMetric(sec*1e6, "us")
+			})
+		}
 	}
 }

@@ -31,6 +31,12 @@ import (
 // fold launch for every output of the matmul) before any op reads p; the
 // ops that take the parts themselves (SwiGLU, AddRMSNorm) read t through
 // unfolded instead.
+//
+// An output of a tiled fast matmul of two weights may be lazy (lazy not
+// nil): the launch has not run, and p is 0 until it does. unfolded (and so
+// cudaTensor) runs it; SwiGLU of the two outputs runs the matmul with
+// SwiGLU in its epilogue instead (pendingTiled), and reads t through
+// asTensor.
 type tensor struct {
 	p    cu.DevicePtr
 	r, c int
@@ -38,6 +44,7 @@ type tensor struct {
 	ld   int
 	b    cu.DevicePtr
 	fold *pendingFold
+	lazy *pendingTiled
 }
 
 // dropBF16 forgets t's bf16 copy: an in-place op is about to change it.
@@ -64,8 +71,19 @@ func cudaTensor(t synth.Tensor) *tensor {
 }
 
 // unfolded is cudaTensor without running t's pending fold: for the ops that
-// read the parts themselves.
+// read the parts themselves. A lazy matmul of t runs (its outputs are never
+// pending folds: the tiled kernels fold their parts themselves).
 func unfolded(t synth.Tensor) *tensor {
+	ct := asTensor(t)
+	if ct.lazy != nil {
+		ct.lazy.run()
+	}
+	return ct
+}
+
+// asTensor is t as the cuda device's tensor, as it is: lazy or pending,
+// for SwiGLU, which may take both.
+func asTensor(t synth.Tensor) *tensor {
 	ct, ok := t.(*tensor)
 	if !ok {
 		panic(fmt.Sprintf("cuda: tensor %T is not the cuda device's", t))

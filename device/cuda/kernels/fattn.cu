@@ -302,10 +302,12 @@ struct faFold<D, true> {
 // 16·W rows of its segment and folds every partition as it goes. W does
 // not change a row's arithmetic: more warps share each K and V tile.
 // Dynamic shared memory: 2 stages × (K, V) × FA_KT × D bf16, then the
-// warps' folds when FA_FOLD_SHARED(D) (W × 32 × D / 2 float32).
+// warps' folds when FA_FOLD_SHARED(D) (W × 32 × D / 2 float32). When ob is
+// not 0 the block writes out's bf16 copy there too (out's layout), for the
+// next matmul (o_proj).
 template <int D, int W>
-__device__ void fa_prefill(const long long* desc, const int* work, const float* q, float* out, faPool v, int heads,
-		int kvHeads, int window, float qs) {
+__device__ void fa_prefill(const long long* desc, const int* work, const float* q, float* out, unsigned short* ob,
+		faPool v, int heads, int kvHeads, int window, float qs) {
 	extern __shared__ __align__(16) unsigned char fa_smem[];
 	unsigned short* sK = (unsigned short*)fa_smem;
 	unsigned short* sV = sK + 2 * FA_KT * D;
@@ -382,10 +384,13 @@ __device__ void fa_prefill(const long long* desc, const int* work, const float* 
 	for (int h = 0; h < 2; h++) {
 		const long long r = wr0 + lane / 4 + 8 * h;
 		if (r >= rEnd) continue;
-		float* orow = out + (row0 + r / G) * (long long)heads * D + (long long)(kvh * G + r % G) * D;
+		const long long at = (row0 + r / G) * (long long)heads * D + (long long)(kvh * G + r % G) * D;
 #pragma unroll
-		for (int jd = 0; jd < D / 8; jd++)
-			*(float2*)(orow + 8 * jd + 2 * t) = make_float2(__fdiv_rn(F.at(jd, 2 * h), FL[h]), __fdiv_rn(F.at(jd, 2 * h + 1), FL[h]));
+		for (int jd = 0; jd < D / 8; jd++) {
+			const float y0 = __fdiv_rn(F.at(jd, 2 * h), FL[h]), y1 = __fdiv_rn(F.at(jd, 2 * h + 1), FL[h]);
+			*(float2*)(out + at + 8 * jd + 2 * t) = make_float2(y0, y1);
+			if (ob) *(unsigned*)(ob + at + 8 * jd + 2 * t) = (unsigned)to_bf16(y0) | (unsigned)to_bf16(y1) << 16;
+		}
 	}
 }
 
@@ -512,10 +517,11 @@ __device__ void fa_split(const long long* desc, const int* work, const float* q,
 	}
 #define FA_PREFILL(D, W)                                                                                                \
 	extern "C" __global__ void __launch_bounds__(32 * W) kvx_fa_prefill_d##D##w##W(const long long* desc,              \
-		const int* work, const float* q, float* out, const char* base, long long blockBytes, long long offset,          \
-		long long stride, int tpb, int heads, int kvHeads, int window, float qs) {                                      \
+		const int* work, const float* q, float* out, unsigned short* ob, const char* base, long long blockBytes,         \
+		long long offset, long long stride, int tpb, int heads, int kvHeads, int window, float qs) {                    \
 		pdl_wait();                                                                                                      \
-		fa_prefill<D, W>(desc, work, q, out, faPool{base, blockBytes, offset, stride, tpb}, heads, kvHeads, window, qs); \
+		fa_prefill<D, W>(desc, work, q, out, ob, faPool{base, blockBytes, offset, stride, tpb}, heads, kvHeads, window, \
+			qs);                                                                                                         \
 	}
 FA_ENTRIES(64)
 FA_ENTRIES(128)

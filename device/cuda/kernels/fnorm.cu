@@ -22,8 +22,9 @@
 // kvx_frmsnorm_fold and kvx_fswiglu_fold (device/cuda's pendingFold).
 #include "mma.cuh"
 #include "pdl.cuh"
-#include "gomath.cuh" // ll, and exp32 for SiLU
+#include "gomath.cuh" // ll
 #include "fold.cuh"
+#include "fsilu.cuh"
 
 #define FN_THREADS 256
 
@@ -250,11 +251,10 @@ extern "C" __global__ void __cluster_dims__(FNS_SLICES, 1, 1) __launch_bounds__(
 	}
 }
 
-// kvx_fswiglu is kvx_swiglu (kernel.SiLU(g) * u, the same arithmetic) of a
-// rows × cols tensor, plus its bf16 copy ob (row stride ld). Grid-stride
-// over rows × ld.
+// kvx_fswiglu is SiLU(g) * u (fsilu_mul) of a rows × cols tensor, plus
+// its bf16 copy ob (row stride ld). Grid-stride over rows × ld.
 extern "C" __global__ void kvx_fswiglu(float* out, unsigned short* ob, const float* g, const float* u, ll rows, ll cols,
-		ll ld, ll fma) {
+		ll ld) {
 	pdl_wait();
 	const ll n = rows * ld;
 	for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (ll)gridDim.x * blockDim.x) {
@@ -265,7 +265,7 @@ extern "C" __global__ void kvx_fswiglu(float* out, unsigned short* ob, const flo
 		}
 		const ll at = r * cols + c;
 		const float v = g[at];
-		const float y = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, exp32(-v, fma))), u[at]);
+		const float y = fsilu_mul(v, u[at]);
 		out[at] = y;
 		ob[i] = to_bf16(y);
 	}
@@ -275,7 +275,7 @@ extern "C" __global__ void kvx_fswiglu(float* out, unsigned short* ob, const flo
 // matmul's parts: P holds rows × N sums (N the launch's columns), g's at
 // columns gc.., u's at uc.. of each row.
 extern "C" __global__ void kvx_fswiglu_fold(float* out, unsigned short* ob, const float* P, ll parts, ll N, ll gc,
-		ll uc, ll rows, ll cols, ll ld, ll fma) {
+		ll uc, ll rows, ll cols, ll ld) {
 	pdl_wait();
 	const ll n = rows * ld, np = rows * N;
 	for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (ll)gridDim.x * blockDim.x) {
@@ -285,7 +285,7 @@ extern "C" __global__ void kvx_fswiglu_fold(float* out, unsigned short* ob, cons
 			continue;
 		}
 		const float v = fold_at(P, parts, np, r * N + gc + c);
-		const float y = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, exp32(-v, fma))), fold_at(P, parts, np, r * N + uc + c));
+		const float y = fsilu_mul(v, fold_at(P, parts, np, r * N + uc + c));
 		out[r * cols + c] = y;
 		ob[i] = to_bf16(y);
 	}

@@ -29,6 +29,7 @@
 // accumulators and 64 sums a thread), in part order. Tokens past M and
 // feature rows past N are zero-filled by TMA and never stored.
 #include "mma.cuh"
+#include "fsilu.cuh"
 
 #define WG_PART 1024 // k values a part, FG_PART in kernels/fgemm.cu
 #define WG_BK 64     // k values a stage: one 128-byte row
@@ -117,9 +118,22 @@ __device__ __forceinline__ void tma_load(void* dst, const kvx_tmap* tm, int x, i
 // N float32) for kvx_fgemm_fold to add in part order (kernels/fgemm.cu): at
 // a few tens of rows the tiles alone are too few blocks to stream the
 // weight on every SM.
-template <int CW, int STAGES, bool SPLIT>
-__device__ __forceinline__ void fgemm_tma(const kvx_tmap* tmA, const kvx_tmap* tmW, float* C, long long M, long long N, long long ld) {
-	constexpr int BN = 128, BM = 64 * CW, V = BN / 2, SA = BM * WG_BK * 2, SW = BN * WG_BK * 2, STAGE = SA + SW;
+//
+// GLU, the block's 128 weight rows are 64 features of the gate weight (tmW)
+// and the same 64 of the up weight (tmU), and the epilogue writes SwiGLU's
+// output instead of the two products: C (M × N, N the features) = SiLU(gate)
+// · up with kvx_fswiglu's arithmetic (fsilu_mul, kernels/fsilu.cuh), and ob
+// its bf16 copy (rows ldo apart, the columns past N zero). Each product is the same
+// chain and part sums as without GLU, and a thread holds feature f's gate
+// sum (accumulator 4j + e) and up sum (4(j + 8) + e) both, so the bits are
+// those of the matmul followed by kvx_fswiglu.
+template <int CW, int STAGES, bool SPLIT, bool GLU>
+__device__ __forceinline__ void fgemm_tma(const kvx_tmap* tmA, const kvx_tmap* tmW, const kvx_tmap* tmU, float* C,
+		unsigned short* ob, long long M, long long N, long long ld, long long ldo) {
+	static_assert(!(SPLIT && GLU), "a split GLU tile");
+	// FN is the features of C a tile: 128, or 64 of each weight with GLU.
+	constexpr int BN = 128, FN = GLU ? BN / 2 : BN, BM = 64 * CW, V = BN / 2, SA = BM * WG_BK * 2, SW = BN * WG_BK * 2,
+		STAGE = SA + SW;
 	extern __shared__ __align__(1024) unsigned char wg_smem[];
 	// The dynamic shared memory is 1024-byte aligned for the swizzle
 	// (tiledKernel.smem asks for 1 KiB more and the base is rounded up).
@@ -129,11 +143,11 @@ __device__ __forceinline__ void fgemm_tma(const kvx_tmap* tmA, const kvx_tmap* t
 	const int tid = threadIdx.x, wg = tid / 128;
 	long long bm, bn;
 	{
-		const long long mt = (M + BM - 1) / BM, nt = (N + BN - 1) / BN, pid = blockIdx.x;
+		const long long mt = (M + BM - 1) / BM, nt = (N + FN - 1) / FN, pid = blockIdx.x;
 		const long long per = WG_GROUP * nt, grp = pid / per, first = grp * WG_GROUP;
 		const long long rows = mt - first < WG_GROUP ? mt - first : WG_GROUP;
 		bm = (first + (pid % per) % rows) * BM;
-		bn = ((pid % per) / rows) * BN;
+		bn = ((pid % per) / rows) * FN;
 	}
 	const int SPP = WG_PART / WG_BK, KS = (int)(ld / WG_BK);
 	// The block's k stages: all of them, or its part's.
@@ -153,6 +167,7 @@ __device__ __forceinline__ void fgemm_tma(const kvx_tmap* tmA, const kvx_tmap* t
 				mb_expect(full + st, STAGE);
 				tma_load(s, tmA, ks * WG_BK, (int)bm, full + st);
 				tma_load(s + SA, tmW, ks * WG_BK, (int)bn, full + st);
+				if (GLU) tma_load(s + SA + FN * 128, tmU, ks * WG_BK, (int)bn, full + st);
 			}
 		}
 		return;
@@ -192,23 +207,51 @@ __device__ __forceinline__ void fgemm_tma(const kvx_tmap* tmA, const kvx_tmap* t
 		}
 	}
 	// out[4j + e] is token bm + 64·wg + 16·warp + g + 8·(e / 2), feature
-	// bn + 8j + 2t + e % 2.
+	// bn + 8j + 2t + e % 2 (with GLU: of the gate weight for j < 8, of the
+	// up weight, feature bn + 8(j - 8) + 2t + e % 2, from 8).
 	auto out = [&](int v) { return SPLIT ? d[v] : tot[SPLIT ? 0 : v]; };
 	float* dst = SPLIT ? C + (long long)blockIdx.y * M * N : C;
 	const long long r0 = bm + wg * 64 + warp * 16 + g;
+	if constexpr (GLU) {
 #pragma unroll
-	for (int j = 0; j < BN / 8; j++) {
-		const long long f = bn + 8 * j + 2 * t;
+		for (int j = 0; j < FN / 8; j++) {
+			const long long f = bn + 8 * j + 2 * t; // < ldo: the tiles end at N padded to 64
 #pragma unroll
-		for (int h = 0; h < 2; h++) {
-			const long long r = r0 + 8 * h;
-			if (r >= M) continue;
-			float* c = dst + r * N + f;
-			if (f + 1 < N && (N & 1) == 0) {
-				*(float2*)c = make_float2(out(4 * j + 2 * h), out(4 * j + 2 * h + 1));
-			} else {
-				if (f < N) c[0] = out(4 * j + 2 * h);
-				if (f + 1 < N) c[1] = out(4 * j + 2 * h + 1);
+			for (int h = 0; h < 2; h++) {
+				const long long r = r0 + 8 * h;
+				if (r >= M) continue;
+				float y[2];
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					// Past N both sums are of TMA's zero rows: y is 0.
+					const float gv = out(4 * j + 2 * h + e), uv = out(4 * (j + FN / 8) + 2 * h + e);
+					y[e] = fsilu_mul(gv, uv);
+				}
+				float* c = C + r * N + f;
+				if (f + 1 < N && (N & 1) == 0) {
+					*(float2*)c = make_float2(y[0], y[1]);
+				} else {
+					if (f < N) c[0] = y[0];
+					if (f + 1 < N) c[1] = y[1];
+				}
+				*(unsigned*)(ob + r * ldo + f) = (unsigned)to_bf16(y[0]) | (unsigned)to_bf16(y[1]) << 16;
+			}
+		}
+	} else {
+#pragma unroll
+		for (int j = 0; j < BN / 8; j++) {
+			const long long f = bn + 8 * j + 2 * t;
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				const long long r = r0 + 8 * h;
+				if (r >= M) continue;
+				float* c = dst + r * N + f;
+				if (f + 1 < N && (N & 1) == 0) {
+					*(float2*)c = make_float2(out(4 * j + 2 * h), out(4 * j + 2 * h + 1));
+				} else {
+					if (f < N) c[0] = out(4 * j + 2 * h);
+					if (f + 1 < N) c[1] = out(4 * j + 2 * h + 1);
+				}
 			}
 		}
 	}
@@ -225,13 +268,23 @@ __device__ __forceinline__ void fgemm_tma(const kvx_tmap* tmA, const kvx_tmap* t
 	extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) NAME(                                          \
 		const __grid_constant__ kvx_tmap tmA, const __grid_constant__ kvx_tmap tmW, float* C, long long M, long long N, \
 		long long ld) {                                                                                            \
-		fgemm_tma<CW, STAGES, SPLIT>(&tmA, &tmW, C, M, N, ld);                                                   \
+		fgemm_tma<CW, STAGES, SPLIT, false>(&tmA, &tmW, &tmW, C, nullptr, M, N, ld, 0);                             \
 	}
 FGEMM_TMA(2, 4, false, kvx_fgemm_tma128s4)
 FGEMM_TMA(2, 6, false, kvx_fgemm_tma128s6)
 FGEMM_TMA(2, 4, true, kvx_fgemm_tmap128s4)
 FGEMM_TMA(1, 6, true, kvx_fgemm_tmap64s6)
 FGEMM_TMA(1, 8, true, kvx_fgemm_tmap64s8)
+
+// kvx_fgemm_tma128s4g: kvx_fgemm_tma128s4 of the gate and up weights (tmG,
+// tmU: N × ld each, boxes of 64 × 64) with SwiGLU in the epilogue (GLU
+// above): grid ceil(M / 128) · ceil(N / 64), C the M × N float32 output and
+// ob its bf16 copy (M × ldo, ldo = N padded to 64).
+extern "C" __global__ void __launch_bounds__(384, 1) kvx_fgemm_tma128s4g(const __grid_constant__ kvx_tmap tmA,
+		const __grid_constant__ kvx_tmap tmG, const __grid_constant__ kvx_tmap tmU, float* C, unsigned short* ob, long long M,
+		long long N, long long ld, long long ldo) {
+	fgemm_tma<2, 4, false, true>(&tmA, &tmG, &tmU, C, ob, M, N, ld, ldo);
+}
 
 // # The stream kernel: decode and small batches
 //
