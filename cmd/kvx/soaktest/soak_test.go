@@ -171,6 +171,9 @@ func TestServeSoak(t *testing.T) {
 	for _, f := range res.failures {
 		t.Error(f)
 	}
+	if len(res.failures) > 0 {
+		t.Logf("kvx serve's stderr so far:\n%s", s.Stderr)
+	}
 
 	f := metricsOf(t, s.Base)
 	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); f = metricsOf(t, s.Base) {
