@@ -419,7 +419,7 @@ func TestIncrementalCheckAgrees(t *testing.T) {
 	}
 	slices.Sort(names)
 	found := map[string]int{}
-	rapid.Check(t, func(t *rapid.T) {
+	prop := func(t *rapid.T) {
 		tpb := rapid.SampledFrom([]int{2, 4}).Draw(t, "tpb")
 		layers := []spec.Layer{dsaLayer(0, false), dsaLayer(1, true)}
 		if rapid.Bool().Draw(t, "two groups") {
@@ -468,13 +468,29 @@ func TestIncrementalCheckAgrees(t *testing.T) {
 				}
 			},
 		}))
-	})
+	}
 	// Every kind of corruption must have been caught at least once (the
-	// test proves agreement, not only silence).
-	for _, name := range names {
-		if found[name] == 0 && !testing.Short() {
-			t.Errorf("corruption %q never found by the full check", name)
+	// test proves agreement, not only silence). Some are caught only by
+	// some draws (a random tick breaks the heap's order only now and then),
+	// so a run that missed one goes on, up to three runs in all: with one
+	// run, "node tick" went uncaught in about one of 80 (-count 80).
+	missed := func() []string {
+		var m []string
+		for _, name := range names {
+			if found[name] == 0 {
+				m = append(m, name)
+			}
 		}
+		return m
+	}
+	for run := 0; run < 3 && (run == 0 || len(missed()) > 0); run++ {
+		rapid.Check(t, prop)
+	}
+	if testing.Short() {
+		return
+	}
+	for _, name := range missed() {
+		t.Errorf("corruption %q never found by the full check in three runs", name)
 	}
 }
 

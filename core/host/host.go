@@ -283,6 +283,18 @@ func (p *Process) Kill() { p.stop(false) }
 // idempotent, and may follow or overlap Kill.
 func (p *Process) Abort() { p.stop(true) }
 
+// killedFromOutside reports whether the process this host started ended by
+// a signal it did not send (groupRunner.killedFromOutside), and how.
+func (p *Process) killedFromOutside() (string, bool) {
+	p.mu.Lock()
+	r := p.runner
+	p.mu.Unlock()
+	if r == nil {
+		return "", false
+	}
+	return r.killedFromOutside(startReapWait)
+}
+
 func (p *Process) stop(now bool) {
 	if now {
 		p.killGroup()
@@ -528,10 +540,19 @@ func (h *Host) launch(ctx context.Context, path, name string) (any, *Process, er
 	}
 	rpc, err := startClient(ctx, client, proc) // starts the process and connects
 	if err != nil {
-		if ctx.Err() == nil && strings.Contains(err.Error(), goPluginStartTimeout) {
+		switch {
+		case ctx.Err() != nil:
+		case strings.Contains(err.Error(), goPluginStartTimeout):
 			err = fmt.Errorf("no handshake within the start timeout of %v (%w): %v", timeout, ErrStartTimeout, err)
-		} else if ctx.Err() == nil {
-			err = startError(err, ours)
+		default:
+			// A process killed while it started (before its handshake) died,
+			// as a plugin can at any time: a restart may start it again.
+			// One that ended by itself without a handshake is not a plugin.
+			if how, killed := proc.killedFromOutside(); killed {
+				err = fmt.Errorf("the process ended (%s) before its handshake (%w): %v", how, kvcache.ErrUnavailable, err)
+			} else {
+				err = startError(err, ours)
+			}
 		}
 		return fail(err)
 	}

@@ -95,6 +95,45 @@ func TestStartTimeout(t *testing.T) {
 	}
 }
 
+// TestStartKilled: a plugin process killed from outside before its
+// handshake died while it started, as a plugin can at any time: the launch
+// fails with kvcache.ErrUnavailable (the engine then starts it again, as
+// the soak under faults needs), naming how the process ended. A binary
+// that exits by itself without a handshake is not a plugin: its error says
+// so, and is not ErrUnavailable.
+func TestStartKilled(t *testing.T) {
+	h, _ := newHost(t)
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name, body string
+		died       bool
+	}{
+		{"killed", "#!/bin/sh\nkill -9 $$\n", true},
+		{"silent", "#!/bin/sh\nexit 0\n", false},
+	} {
+		script := filepath.Join(dir, "kvx-"+c.name)
+		if err := os.WriteFile(script, []byte(c.body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := h.LaunchManager(ctxTimeout(t), script)
+		if err == nil {
+			t.Fatalf("%s: the launch succeeded", c.name)
+		}
+		if got := errors.Is(err, kvcache.ErrUnavailable); got != c.died {
+			t.Errorf("%s: LaunchManager = %v; ErrUnavailable %v, want %v", c.name, err, got, c.died)
+		}
+		if c.died && !strings.Contains(err.Error(), "killed") {
+			t.Errorf("%s: %v does not say how the process ended", c.name, err)
+		}
+		if !c.died && !strings.Contains(err.Error(), "handshake line") {
+			t.Errorf("%s: %v does not say the binary wrote no handshake", c.name, err)
+		}
+	}
+	if n := tracked(h); n != 0 {
+		t.Errorf("host tracks %d processes, want 0", n)
+	}
+}
+
 // TestStartCancelled: a launch whose ctx ends during the handshake returns
 // at once with ctx's error and leaves no process, whatever the start
 // timeout.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin/runner"
@@ -28,6 +29,11 @@ type groupRunner struct {
 	pid    int
 	reaped bool // Wait returned: the group is gone, and its id may be reused
 	killed bool // Kill was called: a death by SIGKILL is no error
+	// outside: the process was ended by a signal this host had not sent
+	// when Wait reaped it (how: its state).
+	outside bool
+	how     string
+	done    chan struct{} // closed when Wait returned
 }
 
 var _ runner.Runner = (*groupRunner)(nil)
@@ -42,7 +48,7 @@ func newGroupRunner(cmd *exec.Cmd) (*groupRunner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &groupRunner{cmd: cmd, stdout: stdout, stderr: stderr}, nil
+	return &groupRunner{cmd: cmd, stdout: stdout, stderr: stderr, done: make(chan struct{})}, nil
 }
 
 // runnerFunc is a plugin.ClientConfig.RunnerFunc that runs cmd, and keeps
@@ -91,10 +97,36 @@ func (r *groupRunner) Wait(context.Context) error {
 	defer r.mu.Unlock()
 	_ = killGroup(r.pid)
 	r.reaped = true
+	if ps := r.cmd.ProcessState; ps != nil && ps.ExitCode() == -1 && !r.killed { // -1: ended by a signal
+		r.outside, r.how = true, ps.String()
+	}
+	close(r.done)
 	if r.killed {
 		return nil
 	}
 	return err
+}
+
+// startReapWait bounds how long a failed start waits for its process to be
+// reaped before it judges how the process ended (killedFromOutside): its
+// standard output closed, so it has ended or is about to.
+const startReapWait = 500 * time.Millisecond
+
+// killedFromOutside reports, once the process has been reaped (waiting up
+// to wait for it), whether a signal this host had not sent ended it: a
+// plugin killed while it started, before its handshake, whose closed
+// standard output go-plugin reports as it does a binary that wrote no
+// handshake at all. (go-plugin kills the process after such a start, so
+// Wait, not Kill, tells: Diagnose has it reaped first.)
+func (r *groupRunner) killedFromOutside(wait time.Duration) (string, bool) {
+	select {
+	case <-r.done:
+	case <-time.After(wait):
+		return "", false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.how, r.outside
 }
 
 // Kill sends SIGKILL to the process's whole group (elsewhere than unix, to
@@ -119,7 +151,14 @@ func (r *groupRunner) Stderr() io.ReadCloser { return r.stderr }
 func (r *groupRunner) Name() string          { return r.cmd.Path }
 func (r *groupRunner) ID() string            { return fmt.Sprint(r.Pid()) }
 
+// Diagnose explains a start whose standard output ended or began without
+// go-plugin's handshake line. go-plugin asks before it kills the process,
+// so the process is reaped first (within startReapWait: its output has
+// closed) and a death from outside is told from a binary that is no plugin.
 func (r *groupRunner) Diagnose(context.Context) string {
+	if how, killed := r.killedFromOutside(startReapWait); killed {
+		return fmt.Sprintf("the process ended (%s) before it wrote its handshake: killed while it started", how)
+	}
 	return "the binary did not write go-plugin's handshake line first on its standard output: " +
 		"it is not a kvx plugin (build it with plugins/sdk), or a wrapper script wrote something first"
 }
