@@ -57,6 +57,25 @@ func pluginOf(t *testing.T, binary string) int {
 	return 0
 }
 
+// onlyPluginOf is the pid of the one process of binary (pluginOf), waiting
+// up to 20 s for there to be exactly one.
+func onlyPluginOf(t *testing.T, binary string) int {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var found []int
+		for _, pid := range pluginPIDs(t) {
+			if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); strings.HasSuffix(exe, "/"+binary) {
+				found = append(found, pid)
+			}
+		}
+		if len(found) == 1 {
+			return found[0]
+		}
+	}
+	t.Fatalf("not exactly one %s plugin process within 20 s", binary)
+	return 0
+}
+
 // waitExit waits for cmd, at most limit, and returns its exit code (-1
 // when a signal ended it).
 func waitExit(t *testing.T, cmd *exec.Cmd, limit time.Duration, stderr *bytes.Buffer) int {
@@ -115,9 +134,13 @@ func TestStoppedPluginIsReplaced(t *testing.T) {
 			js := filepath.Join(t.TempDir(), "r.json")
 			cmd, stderr := startKvx(t, "run", "-c", "testdata/small.yaml", "--set", "workload.requests=1500", "--no-progress",
 				"--set", "plugin_timeouts.call=2s", "--set", "plugin_timeouts.forward=2s", "--set", "plugin_timeouts.configure=5s", "--json", js)
-			victim := pluginOf(t, binary)
+			pluginOf(t, binary)
 			pluginOf(t, "kvx-backend-dsa")     // the worker starts after the manager
 			time.Sleep(500 * time.Millisecond) // mid-run: the 1500 requests take about 4 s
+			// The process serving now: under load a first start can time out
+			// and be replaced, and its process outlive the replacement for a
+			// while.
+			victim := onlyPluginOf(t, binary)
 			if err := syscall.Kill(victim, syscall.SIGSTOP); err != nil {
 				waitExit(t, cmd, 60*time.Second, stderr)
 				t.Fatalf("the stop of pid %d did not land: %v", victim, err)
