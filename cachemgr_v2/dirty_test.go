@@ -44,17 +44,24 @@ func pickBlock(t *rapid.T, c *Core) (*BlockPool, kvcache.BlockID) {
 
 func delta(t *rapid.T) int32 { return rapid.SampledFrom([]int32{-1, 1}).Draw(t, "delta") }
 
-var corruptions = map[string]corruption{
-	"node pins": func(t *rapid.T, c *Core) (string, func()) {
+// nodeCount is the corruption of a random node's count field (what: its
+// name) by one up or down.
+func nodeCount(what string, field func(*Node) *int32) corruption {
+	return func(t *rapid.T, c *Core) (string, func()) {
 		n := pickNode(t, c)
 		if n == nil {
 			return "", nil
 		}
-		old := n.pins
-		n.pins += delta(t)
+		f := field(n)
+		old := *f
+		*f += delta(t)
 		c.tree.touch(n)
-		return "pins", func() { n.pins = old; c.tree.touch(n) }
-	},
+		return what, func() { *f = old; c.tree.touch(n) }
+	}
+}
+
+var corruptions = map[string]corruption{
+	"node pins": nodeCount("pins", func(n *Node) *int32 { return &n.pins }),
 	"node live kids": func(t *rapid.T, c *Core) (string, func()) {
 		n := pickNode(t, c)
 		if n == nil || rapid.Bool().Draw(t, "root") {
@@ -119,16 +126,7 @@ var corruptions = map[string]corruption{
 		c.tree.touch(n)
 		return "hot index", func() { c.tree.hot[n.ref] = old; c.tree.touch(n) }
 	},
-	"node depth": func(t *rapid.T, c *Core) (string, func()) {
-		n := pickNode(t, c)
-		if n == nil {
-			return "", nil
-		}
-		old := n.depth
-		n.depth += delta(t)
-		c.tree.touch(n)
-		return "depth", func() { n.depth = old; c.tree.touch(n) }
-	},
+	"node depth": nodeCount("depth", func(n *Node) *int32 { return &n.depth }),
 	"node unqueued": func(t *rapid.T, c *Core) (string, func()) {
 		// A node awaiting pruning (evicted or unpinned without pages) that
 		// is no longer queued would never be pruned.
