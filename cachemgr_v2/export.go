@@ -70,57 +70,6 @@ func (t *Tree) Placed(n *Node) (depth int, ok bool) {
 	return int(n.depth), true
 }
 
-// AttachedDepth reports, for each node that f is given, whether it is
-// attached (Attached) and its depth (Depth) when it is: f calls depth for
-// the nodes it asks about, and each answer comes from one pass up through
-// the node's parents that stops at a node an earlier answer of the same
-// call passed (so the nodes of a shared path are visited once, whichever
-// are asked). The tree must not change during the call.
-func (t *Tree) AttachedDepth(f func(depth func(n *Node) (int, bool))) {
-	t.depthEpoch++
-	if t.depthEpoch == 0 { // wrapped: no entry may look current
-		clear(t.depths)
-		t.depthEpoch = 1
-	}
-	f(t.attachedDepth)
-}
-
-// attachedDepth is AttachedDepth's answer for n in the current call.
-func (t *Tree) attachedDepth(n *Node) (int, bool) {
-	epoch := uint64(t.depthEpoch) << 32
-	up := t.depthUp[:0]
-	var d uint64 // depth+1 of m, the node the pass stopped at; 0: detached
-	for m := n; ; {
-		if m == t.root {
-			d = 1
-			break
-		}
-		if r := int(m.ref); r < len(t.depths) && t.depths[r]>>32 == epoch>>32 {
-			d = t.depths[r] & (1<<32 - 1)
-			break
-		}
-		up = append(up, m)
-		p := m.parent
-		if p == nil || p.children.get(m.hash) != m || len(up) > len(t.all) {
-			break // m is detached (or on a cycle), and so is every node below it
-		}
-		m = p
-	}
-	for i := len(up) - 1; i >= 0; i-- {
-		if d > 0 {
-			d++
-		}
-		r := int(up[i].ref)
-		if r >= len(t.depths) {
-			t.depths = append(t.depths, make([]uint64, r+1-len(t.depths))...)
-		}
-		t.depths[r] = epoch | d
-	}
-	clear(up)
-	t.depthUp = up[:0]
-	return int(d) - 1, d > 0
-}
-
 // Walk calls f for every node attached to the tree, root excluded, parents
 // before their children. f must not change the tree.
 func (t *Tree) Walk(f func(n *Node)) {

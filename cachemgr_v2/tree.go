@@ -216,11 +216,6 @@ type Tree struct {
 	// without a cache miss on each node (PinnedPriority). Pin, Unpin and
 	// the writes of a priority keep it (setHot); the deep check proves it.
 	hot []uint8
-	// depths is AttachedDepth's memo, by node ref: the call's epoch in the
-	// high half, depth+1 (0: detached) in the low; depthUp its scratch stack.
-	depths     []uint64
-	depthEpoch uint32
-	depthUp    []*Node
 }
 
 // nodeSlab hands out new nodes and their arrays (pages, host pages and the

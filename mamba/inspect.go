@@ -228,8 +228,8 @@ func (m *Manager) check() []string {
 	// The depth of each node that holds a snapshot, and whether it is
 	// attached, from the node's records (Tree.Placed), which the core's
 	// part of the same deep check proves: a walk up from each snapshot's
-	// node (Tree.AttachedDepth, memoised) cost most of this check on
-	// seed-b.yaml, whose snapshots lie on paths of thousands of blocks.
+	// node, even memoised, cost most of this check on seed-b.yaml, whose
+	// snapshots lie on paths of thousands of blocks.
 	checkSnap := func(n *cachemgrv2.Node, sn *snapshot, host bool, pool *slots) {
 		tier := "ssm"
 		if host {
